@@ -1,0 +1,90 @@
+#pragma once
+// Backend-neutral kernel entry points. Each checks its preconditions (device, dtype,
+// shape) at the door and dispatches to the backend that owns the tensors: kernels/cpu/
+// today, kernels/cuda/ when built with CUDA. Callers never branch on the backend.
+//
+// Conventions
+//  - Row-major, contiguous. N = rows (b*t tokens), C = channels, OC = output channels.
+//  - Linear weights are (OC, C) as in PyTorch: out = inp @ weight^T + bias.
+//  - Attention tensors are (b, t, heads, head_dim): the natural output of a linear layer.
+//  - Gradients of parameters ACCUMULATE (+=): they are zeroed once per optimizer step,
+//    so gradient accumulation over micro-batches is free. Gradients of activations are
+//    overwritten unless the argument says "accumulate".
+//  - An empty Tensor (data == nullptr) means "absent" (no bias, no positions, ...).
+//  - F32 everywhere in training; every CPU kernel also accepts F64 so that tests can
+//    check backward passes against finite differences in double precision.
+//  - CPU kernels use every OpenMP thread and are bitwise deterministic for a fixed
+//    thread count (static partitions, no atomics, fixed reduction order).
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace pentad::kernels {
+
+// out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC)
+void linear_forward(Tensor out, const Tensor& inp, const Tensor& weight, const Tensor& bias);
+// dinp (N, C) = dout @ weight (or += when accumulate_dinp); dweight (OC, C) += dout^T @ inp;
+// dbias (OC) += column sums of dout. dinp/dweight/dbias may each be absent.
+void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
+                     const Tensor& inp, const Tensor& weight, bool accumulate_dinp);
+
+// LayerNorm over the last dim. mean, rstd: (N). dinp +=, dweight +=, dbias +=.
+void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, const Tensor& inp,
+                       const Tensor& weight, const Tensor& bias, float eps);
+void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
+                        const Tensor& inp, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd);
+
+// RMSNorm over the last dim (LLaMA): out = inp * rstd * weight. rstd: (N). dinp +=, dweight +=.
+void rmsnorm_forward(Tensor out, Tensor rstd, const Tensor& inp, const Tensor& weight, float eps);
+void rmsnorm_backward(Tensor dinp, Tensor dweight, const Tensor& dout, const Tensor& inp,
+                      const Tensor& weight, const Tensor& rstd);
+
+// GELU, tanh approximation (GPT-2). dinp = dout * gelu'(inp).
+void gelu_forward(Tensor out, const Tensor& inp);
+void gelu_backward(Tensor dinp, const Tensor& dout, const Tensor& inp);
+
+// SwiGLU (LLaMA): out = silu(gate) * up, all (N, F). dgate, dup overwritten.
+void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up);
+void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate,
+                     const Tensor& up);
+
+// Rotary embedding in place on x (b, t, heads, head_dim), "rotate half" pairing
+// (i, i + head_dim/2) as Hugging Face LLaMA does; token t has position pos_offset + t.
+// Backward applies the inverse rotation to the gradient in place.
+void rope_forward(Tensor x, int64_t pos_offset, float theta);
+void rope_backward(Tensor dx, int64_t pos_offset, float theta);
+
+// Causal attention with grouped-query heads: q, out (b, t, hq, d); k, v (b, t, hkv, d);
+// hq % hkv == 0 and query head h reads kv head h / (hq / hkv). Scale 1/sqrt(d).
+// lse (b, hq, t) keeps each row's log-sum-exp for backward. Never materialises
+// b*h*t*t: scores are computed in blocks of query rows per (b, h).
+void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v);
+// dq, dk, dv overwritten.
+void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
+                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse);
+
+// Softmax + cross-entropy fused with its gradient. logits (N, V), targets (N) I32.
+// losses (N) = -log softmax(logits)[target]. When dlogits is present it receives
+// (softmax - onehot) * dloss (dlogits may alias logits). Returns nothing; callers sum losses.
+void crossentropy_forward_backward(Tensor losses, Tensor dlogits, const Tensor& logits,
+                                   const Tensor& targets, float dloss);
+
+// Token (+ learned position) embedding: out (b, t, C) = wte[tokens] + wpe[t].
+// tokens (b, t) I32; wpe may be absent. dwte +=, dwpe += (scatter-add, deterministic).
+void embedding_forward(Tensor out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe);
+void embedding_backward(Tensor dwte, Tensor dwpe, const Tensor& dout, const Tensor& tokens);
+
+// out = a + b (out may alias a or b).
+void add(Tensor out, const Tensor& a, const Tensor& b);
+// x *= s
+void scale(Tensor x, float s);
+// sum of squares, accumulated in double.
+double sum_squares(const Tensor& x);
+
+// One AdamW step on a flat region (decoupled weight decay): step counts from 1 for bias
+// correction. params, grads, m, v same shape.
+void adamw_update(Tensor params, Tensor m, Tensor v, const Tensor& grads, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, int64_t step);
+
+}  // namespace pentad::kernels

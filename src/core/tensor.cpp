@@ -1,0 +1,112 @@
+#include "core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+namespace pentad {
+
+size_t dtype_bytes(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return 4;
+    case DType::F64: return 8;
+    case DType::BF16: return 2;
+    case DType::I32: return 4;
+    case DType::U16: return 2;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return "f32";
+    case DType::F64: return "f64";
+    case DType::BF16: return "bf16";
+    case DType::I32: return "i32";
+    case DType::U16: return "u16";
+  }
+  return "?";
+}
+
+const char* device_name(Device device) { return device == Device::CPU ? "cpu" : "cuda"; }
+
+Shape::Shape(std::initializer_list<int64_t> list) {
+  PENTAD_CHECK(list.size() <= kMaxDims, "at most {} dims", kMaxDims);
+  for (int64_t d : list) dims[static_cast<size_t>(ndim++)] = d;
+}
+
+int64_t Shape::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; ++i) n *= dims[static_cast<size_t>(i)];
+  return n;
+}
+
+bool Shape::operator==(const Shape& other) const {
+  if (ndim != other.ndim) return false;
+  for (int i = 0; i < ndim; ++i)
+    if (dims[static_cast<size_t>(i)] != other.dims[static_cast<size_t>(i)]) return false;
+  return true;
+}
+
+std::string Shape::str() const {
+  std::string s = "(";
+  for (int i = 0; i < ndim; ++i) s += (i ? ", " : "") + std::to_string(dims[static_cast<size_t>(i)]);
+  return s + ")";
+}
+
+Arena::Arena(std::string name, size_t bytes, Device device)
+    : name_(std::move(name)), capacity_(aligned(bytes)), device_(device) {
+  PENTAD_CHECK(device == Device::CPU, "device arenas belong to the CUDA backend");
+  if (capacity_ > 0) {
+    base_ = std::aligned_alloc(kAlignment, capacity_);
+    if (!base_) fail("cannot allocate {} for the {} arena", format_bytes(capacity_), name_);
+  }
+}
+
+Arena::~Arena() { std::free(base_); }
+
+Arena::Arena(Arena&& other) noexcept { *this = std::move(other); }
+
+Arena& Arena::operator=(Arena&& other) noexcept {
+  if (this != &other) {
+    std::free(base_);
+    name_ = std::move(other.name_);
+    base_ = std::exchange(other.base_, nullptr);
+    capacity_ = std::exchange(other.capacity_, 0);
+    used_ = std::exchange(other.used_, 0);
+    high_water_ = std::exchange(other.high_water_, 0);
+    device_ = other.device_;
+  }
+  return *this;
+}
+
+Tensor Arena::alloc(Shape shape, DType dtype) {
+  Tensor t;
+  t.dtype = dtype;
+  t.device = device_;
+  t.shape = shape;
+  size_t bytes = aligned(t.bytes());
+  PENTAD_CHECK(used_ + bytes <= capacity_, "arena {} overflow: {} used + {} requested > {}", name_,
+               used_, bytes, capacity_);
+  t.data = static_cast<char*>(base_) + used_;
+  used_ += bytes;
+  if (used_ > high_water_) high_water_ = used_;
+  return t;
+}
+
+void Arena::zero() {
+  if (base_) std::memset(base_, 0, capacity_);
+}
+
+std::string format_bytes(size_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  return u == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.1f} {}", v, units[u]);
+}
+
+}  // namespace pentad

@@ -1,0 +1,91 @@
+#pragma once
+// Tensors are views: a pointer into an arena plus dtype, shape and device. They own
+// nothing; the arena that handed out the memory outlives them.
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "core/check.h"
+
+namespace pentad {
+
+enum class DType : uint8_t { F32, F64, BF16, I32, U16 };
+enum class Device : uint8_t { CPU, CUDA };
+
+size_t dtype_bytes(DType dtype);
+const char* dtype_name(DType dtype);
+const char* device_name(Device device);
+
+constexpr int kMaxDims = 4;
+
+struct Shape {
+  std::array<int64_t, kMaxDims> dims{};
+  int ndim = 0;
+
+  Shape() = default;
+  Shape(std::initializer_list<int64_t> list);
+  int64_t operator[](int i) const { return dims[static_cast<size_t>(i)]; }
+  int64_t numel() const;
+  bool operator==(const Shape& other) const;
+  std::string str() const;  // "(4, 256)"
+};
+
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::F32;
+  Device device = Device::CPU;
+  Shape shape;
+
+  int64_t numel() const { return shape.numel(); }
+  size_t bytes() const { return static_cast<size_t>(numel()) * dtype_bytes(dtype); }
+  int64_t dim(int i) const { return shape[i]; }
+
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data);
+  }
+  float* f32() const {
+    PENTAD_CHECK(dtype == DType::F32, "tensor is {}", dtype_name(dtype));
+    return static_cast<float*>(data);
+  }
+};
+
+// A bump allocator over one allocation. Sizes are planned up front (the memory plan is
+// printed before training), so running out is a planning bug, not a user error.
+class Arena {
+ public:
+  Arena() = default;
+  Arena(std::string name, size_t bytes, Device device = Device::CPU);
+  ~Arena();
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  Arena(Arena&& other) noexcept;
+  Arena& operator=(Arena&& other) noexcept;
+
+  Tensor alloc(Shape shape, DType dtype = DType::F32);
+  void reset() { used_ = 0; }
+  void zero();
+
+  size_t capacity() const { return capacity_; }
+  size_t used() const { return used_; }
+  size_t high_water() const { return high_water_; }
+  const std::string& name() const { return name_; }
+  void* base() const { return base_; }
+
+  static constexpr size_t kAlignment = 64;
+  static size_t aligned(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
+
+ private:
+  std::string name_;
+  void* base_ = nullptr;
+  size_t capacity_ = 0;
+  size_t used_ = 0;
+  size_t high_water_ = 0;
+  Device device_ = Device::CPU;
+};
+
+std::string format_bytes(size_t bytes);  // "12.3 MiB"
+
+}  // namespace pentad

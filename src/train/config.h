@@ -1,0 +1,75 @@
+#pragma once
+// Everything a recipe can say. Recipes are TOML (recipes/*.toml); src/train/recipe.cpp
+// reads and validates them. Every field here is one key "<section>.<name>".
+#include <cstdint>
+#include <string>
+
+namespace pentad {
+
+enum class ModelFamily { GPT2, LLaMA };
+
+struct ModelConfig {                 // [model]
+  ModelFamily family = ModelFamily::GPT2;  // family = "gpt2" | "llama"
+  int64_t n_layer = 2;
+  int64_t d_model = 64;              // width C
+  int64_t n_head = 4;
+  int64_t n_kv_head = 0;             // 0 = n_head (MHA); llama may use fewer (GQA)
+  int64_t d_ff = 0;                  // 0 = 4*C (gpt2) or the LLaMA rule (see model.cpp)
+  int64_t vocab_size = 512;
+  int64_t max_seq_len = 64;          // positions (gpt2 wpe rows) and the longest sequence
+  float norm_eps = 1e-5f;
+  float rope_theta = 10000.0f;
+  float init_std = 0.02f;
+  bool tie_embeddings = true;        // gpt2 ties; llama default false (recipes say so)
+  bool recompute = false;            // recompute each layer's activations in backward
+
+  int64_t head_dim() const { return d_model / n_head; }
+  int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+};
+
+struct OptimConfig {                 // [optim]
+  float lr = 6e-4f;
+  float min_lr_ratio = 0.1f;         // final lr = lr * min_lr_ratio
+  int64_t warmup_steps = 10;
+  std::string decay = "cosine";      // "cosine" | "linear" | "constant"
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;
+  float grad_clip = 1.0f;            // global-norm clip; 0 disables
+};
+
+struct TrainConfig {                 // [train]
+  int64_t steps = 100;
+  int64_t micro_batch = 4;           // sequences per micro-batch (per data-parallel rank)
+  int64_t seq_len = 64;
+  int64_t grad_accum = 1;            // micro-batches per optimizer step
+  uint64_t seed = 1234;
+  int64_t eval_every = 50;           // 0 disables eval
+  int64_t eval_batches = 4;
+  int64_t log_every = 1;
+  int64_t threads = 0;               // 0 = every core
+  std::string out_dir = "runs/default";
+};
+
+struct DataConfig {                  // [data]
+  // "fortunes": the Debian fortune-cookie corpus, tokenized on first use;
+  // "megatron": path = prefix of a .bin/.idx pair; "llmc": path = llm.c .bin shard (or glob);
+  // "tokens": path = pentad token file; "random": uniform random tokens (benchmarks).
+  std::string source = "fortunes";
+  std::string path;                  // for megatron / llmc / tokens
+  std::string val_path;              // optional separate validation file
+  float val_fraction = 0.05f;        // when val_path is empty: tail of the stream
+  std::string tokenizer;             // tokenizer.json path; empty = learn one (fortunes)
+  std::string cache_dir = "data";    // where automatic tokenization writes
+};
+
+struct Config {
+  ModelConfig model;
+  OptimConfig optim;
+  TrainConfig train;
+  DataConfig data;
+  std::string recipe_path;           // for messages
+};
+
+}  // namespace pentad
