@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -63,6 +64,14 @@ Arena::Arena(std::string name, size_t bytes, Device device)
   }
 }
 
+Arena Arena::measuring(std::string name) {
+  Arena arena;
+  arena.name_ = std::move(name);
+  arena.capacity_ = SIZE_MAX;
+  arena.measuring_ = true;
+  return arena;
+}
+
 Arena::~Arena() { std::free(base_); }
 
 Arena::Arena(Arena&& other) noexcept { *this = std::move(other); }
@@ -76,6 +85,7 @@ Arena& Arena::operator=(Arena&& other) noexcept {
     used_ = std::exchange(other.used_, 0);
     high_water_ = std::exchange(other.high_water_, 0);
     device_ = other.device_;
+    measuring_ = other.measuring_;
   }
   return *this;
 }
@@ -86,9 +96,9 @@ Tensor Arena::alloc(Shape shape, DType dtype) {
   t.device = device_;
   t.shape = shape;
   size_t bytes = aligned(t.bytes());
-  PENTAD_CHECK(used_ + bytes <= capacity_, "arena {} overflow: {} used + {} requested > {}", name_,
+  PENTAD_CHECK(measuring_ || used_ + bytes <= capacity_, "arena {} overflow: {} used + {} requested > {}", name_,
                used_, bytes, capacity_);
-  t.data = static_cast<char*>(base_) + used_;
+  t.data = measuring_ ? nullptr : static_cast<char*>(base_) + used_;
   used_ += bytes;
   if (used_ > high_water_) high_water_ = used_;
   return t;

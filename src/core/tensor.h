@@ -46,6 +46,13 @@ struct Tensor {
   T* as() const {
     return static_cast<T*>(data);
   }
+  // The same memory seen with another shape of equal element count.
+  Tensor reshaped(Shape new_shape) const {
+    PENTAD_CHECK(new_shape.numel() == numel(), "reshape {} to {}", shape.str(), new_shape.str());
+    Tensor t = *this;
+    t.shape = new_shape;
+    return t;
+  }
   float* f32() const {
     PENTAD_CHECK(dtype == DType::F32, "tensor is {}", dtype_name(dtype));
     return static_cast<float*>(data);
@@ -63,6 +70,10 @@ class Arena {
   Arena& operator=(const Arena&) = delete;
   Arena(Arena&& other) noexcept;
   Arena& operator=(Arena&& other) noexcept;
+
+  // An arena that only counts: alloc() returns tensors without memory. Running the same
+  // allocation code against it gives the exact size to plan and print.
+  static Arena measuring(std::string name);
 
   Tensor alloc(Shape shape, DType dtype = DType::F32);
   void reset() { used_ = 0; }
@@ -84,6 +95,7 @@ class Arena {
   size_t used_ = 0;
   size_t high_water_ = 0;
   Device device_ = Device::CPU;
+  bool measuring_ = false;
 };
 
 std::string format_bytes(size_t bytes);  // "12.3 MiB"

@@ -1,0 +1,18 @@
+#pragma once
+#include <cstdint>
+
+namespace pentad::kernels::cpu {
+
+// GELU, tanh approximation, elementwise over n values. dinp is overwritten.
+template <typename T>
+void gelu_forward(T* out, const T* inp, int64_t n);
+template <typename T>
+void gelu_backward(T* dinp, const T* dout, const T* inp, int64_t n);
+
+// SwiGLU: out = silu(gate) * up, elementwise over n values. dgate, dup overwritten (either may be null).
+template <typename T>
+void swiglu_forward(T* out, const T* gate, const T* up, int64_t n);
+template <typename T>
+void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n);
+
+}  // namespace pentad::kernels::cpu

@@ -1,0 +1,23 @@
+#pragma once
+#include <cstdint>
+
+namespace pentad::kernels::cpu {
+
+// out = a + b over n values; out may alias a or b.
+template <typename T>
+void add(T* out, const T* a, const T* b, int64_t n);
+// x *= s over n values.
+template <typename T>
+void scale(T* x, T s, int64_t n);
+// sum of x^2, accumulated in double in a fixed order for a fixed thread count.
+template <typename T>
+double sum_squares(const T* x, int64_t n);
+
+// One AdamW step over n values, in torch.optim.AdamW's order (single-tensor path):
+//   p *= 1 - lr * wd;  m = lerp(m, g, 1 - b1);  v = b2 v + (1 - b2) g^2
+//   p -= lr / (1 - b1^step) * m / (sqrt(v) / sqrt(1 - b2^step) + eps)
+template <typename T>
+void adamw_update(T* params, T* m, T* v, const T* grads, int64_t n, double lr, double beta1,
+                  double beta2, double eps, double weight_decay, int64_t step);
+
+}  // namespace pentad::kernels::cpu

@@ -1,0 +1,13 @@
+#pragma once
+#include <cstdint>
+
+namespace pentad::kernels::cpu {
+
+// Rotary embedding in place on x (B, T, H, D), D even, "rotate half" pairs (i, i + D/2).
+// Token t sits at position pos_offset + t. inverse = true applies the transpose rotation
+// (the backward pass on a gradient).
+template <typename T>
+void rope_apply(T* x, int64_t B, int64_t T_, int64_t H, int64_t D, int64_t pos_offset,
+                double theta, bool inverse);
+
+}  // namespace pentad::kernels::cpu

@@ -1,0 +1,416 @@
+// The backend-neutral entry points: every precondition is checked here, at the door, and
+// this file is the only place that picks a backend and an element type.
+#include "kernels/ops.h"
+
+#include <initializer_list>
+
+#include "kernels/cpu/activations.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/crossentropy.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/norms.h"
+#include "kernels/cpu/rope.h"
+
+namespace pentad::kernels {
+
+namespace {
+
+struct Arg {
+  const char* name;
+  const Tensor& tensor;
+};
+
+bool present(const Tensor& t) { return t.data != nullptr; }
+
+void require_cpu(const char* op, const Arg& arg) {
+  if (arg.tensor.device == Device::CPU) return;
+#ifdef PENTAD_HAVE_CUDA
+  fail("{}: '{}' is a CUDA tensor, but the CUDA kernels are not implemented yet; keep the run "
+       "on the CPU",
+       op, arg.name);
+#else
+  fail("{}: '{}' is a CUDA tensor, but this build has no CUDA backend (CUDA not built); "
+       "rebuild with nvcc available or keep the run on the CPU",
+       op, arg.name);
+#endif
+}
+
+// Checks that the required tensors are present, that every present one lives on the CPU,
+// and that all present ones share one float dtype (F32 or F64), which it returns.
+DType float_args(const char* op, std::initializer_list<Arg> required,
+                 std::initializer_list<Arg> optional = {}) {
+  const Tensor* first = nullptr;
+  auto visit = [&](const Arg& arg) {
+    require_cpu(op, arg);
+    const Tensor& t = arg.tensor;
+    PENTAD_CHECK(t.dtype == DType::F32 || t.dtype == DType::F64, "{}: '{}' is {}, want f32 or f64",
+                 op, arg.name, dtype_name(t.dtype));
+    if (!first) first = &t;
+    PENTAD_CHECK(t.dtype == first->dtype, "{}: '{}' is {} but the other arguments are {}", op,
+                 arg.name, dtype_name(t.dtype), dtype_name(first->dtype));
+  };
+  for (const Arg& arg : required) {
+    PENTAD_CHECK(present(arg.tensor), "{}: '{}' is required", op, arg.name);
+    visit(arg);
+  }
+  for (const Arg& arg : optional)
+    if (present(arg.tensor)) visit(arg);
+  return first->dtype;
+}
+
+void require_i32(const char* op, const Arg& arg) {
+  PENTAD_CHECK(present(arg.tensor), "{}: '{}' is required", op, arg.name);
+  require_cpu(op, arg);
+  PENTAD_CHECK(arg.tensor.dtype == DType::I32, "{}: '{}' is {}, want i32", op, arg.name,
+               dtype_name(arg.tensor.dtype));
+}
+
+// Leading dims flatten into rows: (b, t, C) and (b*t, C) are both N = b*t rows of C.
+int64_t cols(const Tensor& t) { return t.shape.ndim == 0 ? 1 : t.dim(t.shape.ndim - 1); }
+int64_t rows(const Tensor& t) { return cols(t) == 0 ? 0 : t.numel() / cols(t); }
+
+void check_matrix(const char* op, const Arg& arg, int64_t n, int64_t c) {
+  const Tensor& t = arg.tensor;
+  PENTAD_CHECK(t.shape.ndim >= 1 && cols(t) == c && rows(t) == n,
+               "{}: '{}' has shape {}, want {} rows of {}", op, arg.name, t.shape.str(), n, c);
+}
+
+void check_shape(const char* op, const Arg& arg, const Shape& want) {
+  PENTAD_CHECK(arg.tensor.shape == want, "{}: '{}' has shape {}, want {}", op, arg.name,
+               arg.tensor.shape.str(), want.str());
+}
+
+void check_numel(const char* op, const Arg& arg, int64_t n) {
+  PENTAD_CHECK(arg.tensor.numel() == n, "{}: '{}' has shape {}, want {} elements", op, arg.name,
+               arg.tensor.shape.str(), n);
+}
+
+void check_indices(const char* op, const Tensor& t, int64_t limit, const char* what) {
+  const int32_t* idx = t.as<int32_t>();
+  for (int64_t i = 0; i < t.numel(); ++i)
+    PENTAD_CHECK(idx[i] >= 0 && idx[i] < limit, "{}: {} {} at index {} is outside [0, {})", op,
+                 what, idx[i], i, limit);
+}
+
+// Calls f with a value of the element type of dtype (F32 or F64, already checked).
+template <typename F>
+decltype(auto) dispatch(DType dtype, F&& f) {
+  if (dtype == DType::F64) return f(double{});
+  return f(float{});
+}
+
+template <typename T>
+T* ptr(const Tensor& t) {
+  return static_cast<T*>(t.data);
+}
+
+}  // namespace
+
+void linear_forward(Tensor out, const Tensor& inp, const Tensor& weight, const Tensor& bias) {
+  const char* op = "linear_forward";
+  const DType dt = float_args(op, {{"out", out}, {"inp", inp}, {"weight", weight}}, {{"bias", bias}});
+  PENTAD_CHECK(weight.shape.ndim == 2, "{}: weight has shape {}, want (OC, C)", op, weight.shape.str());
+  const int64_t OC = weight.dim(0), C = weight.dim(1), N = rows(inp);
+  check_matrix(op, {"inp", inp}, N, C);
+  check_matrix(op, {"out", out}, N, OC);
+  if (present(bias)) check_shape(op, {"bias", bias}, {OC});
+  dispatch(dt, [&]<typename T>(T) {
+    cpu::linear_forward<T>(ptr<T>(out), ptr<T>(inp), ptr<T>(weight), ptr<T>(bias), N, C, OC);
+  });
+}
+
+void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
+                     const Tensor& inp, const Tensor& weight, bool accumulate_dinp) {
+  const char* op = "linear_backward";
+  const DType dt = float_args(op, {{"dout", dout}, {"weight", weight}},
+                              {{"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}, {"inp", inp}});
+  PENTAD_CHECK(weight.shape.ndim == 2, "{}: weight has shape {}, want (OC, C)", op, weight.shape.str());
+  const int64_t OC = weight.dim(0), C = weight.dim(1), N = rows(dout);
+  check_matrix(op, {"dout", dout}, N, OC);
+  if (present(dinp)) check_matrix(op, {"dinp", dinp}, N, C);
+  if (present(dweight)) {
+    PENTAD_CHECK(present(inp), "{}: 'inp' is required to compute dweight", op);
+    check_shape(op, {"dweight", dweight}, weight.shape);
+  }
+  if (present(inp)) check_matrix(op, {"inp", inp}, N, C);
+  if (present(dbias)) check_shape(op, {"dbias", dbias}, {OC});
+  dispatch(dt, [&]<typename T>(T) {
+    cpu::linear_backward<T>(ptr<T>(dinp), ptr<T>(dweight), ptr<T>(dbias), ptr<T>(dout),
+                            ptr<T>(inp), ptr<T>(weight), N, C, OC, accumulate_dinp);
+  });
+}
+
+void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, const Tensor& inp,
+                       const Tensor& weight, const Tensor& bias, float eps) {
+  const char* op = "layernorm_forward";
+  const DType dt = float_args(op, {{"out", out}, {"inp", inp}, {"weight", weight}},
+                              {{"mean", mean}, {"rstd", rstd}, {"bias", bias}});
+  const int64_t C = cols(inp), N = rows(inp);
+  check_matrix(op, {"out", out}, N, C);
+  check_shape(op, {"weight", weight}, {C});
+  if (present(bias)) check_shape(op, {"bias", bias}, {C});
+  if (present(mean)) check_numel(op, {"mean", mean}, N);
+  if (present(rstd)) check_numel(op, {"rstd", rstd}, N);
+  dispatch(dt, [&]<typename T>(T) {
+    cpu::layernorm_forward<T>(ptr<T>(out), ptr<T>(mean), ptr<T>(rstd), ptr<T>(inp),
+                              ptr<T>(weight), ptr<T>(bias), N, C, static_cast<T>(eps));
+  });
+}
+
+void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
+                        const Tensor& inp, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd) {
+  const char* op = "layernorm_backward";
+  const DType dt = float_args(
+      op, {{"dout", dout}, {"inp", inp}, {"weight", weight}, {"mean", mean}, {"rstd", rstd}},
+      {{"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}});
+  const int64_t C = cols(inp), N = rows(inp);
+  check_matrix(op, {"dout", dout}, N, C);
+  if (present(dinp)) check_matrix(op, {"dinp", dinp}, N, C);
+  check_shape(op, {"weight", weight}, {C});
+  if (present(dweight)) check_shape(op, {"dweight", dweight}, {C});
+  if (present(dbias)) check_shape(op, {"dbias", dbias}, {C});
+  check_numel(op, {"mean", mean}, N);
+  check_numel(op, {"rstd", rstd}, N);
+  dispatch(dt, [&]<typename T>(T) {
+    cpu::layernorm_backward<T>(ptr<T>(dinp), ptr<T>(dweight), ptr<T>(dbias), ptr<T>(dout),
+                               ptr<T>(inp), ptr<T>(weight), ptr<T>(mean), ptr<T>(rstd), N, C);
+  });
+}
+
+void rmsnorm_forward(Tensor out, Tensor rstd, const Tensor& inp, const Tensor& weight, float eps) {
+  const char* op = "rmsnorm_forward";
+  const DType dt = float_args(op, {{"out", out}, {"inp", inp}, {"weight", weight}}, {{"rstd", rstd}});
+  const int64_t C = cols(inp), N = rows(inp);
+  check_matrix(op, {"out", out}, N, C);
+  check_shape(op, {"weight", weight}, {C});
+  if (present(rstd)) check_numel(op, {"rstd", rstd}, N);
+  dispatch(dt, [&]<typename T>(T) {
+    cpu::rmsnorm_forward<T>(ptr<T>(out), ptr<T>(rstd), ptr<T>(inp), ptr<T>(weight), N, C,
+                            static_cast<T>(eps));
+  });
+}
+
+void rmsnorm_backward(Tensor dinp, Tensor dweight, const Tensor& dout, const Tensor& inp,
+                      const Tensor& weight, const Tensor& rstd) {
+  const char* op = "rmsnorm_backward";
+  const DType dt =
+      float_args(op, {{"dout", dout}, {"inp", inp}, {"weight", weight}, {"rstd", rstd}},
+                 {{"dinp", dinp}, {"dweight", dweight}});
+  const int64_t C = cols(inp), N = rows(inp);
+  check_matrix(op, {"dout", dout}, N, C);
+  if (present(dinp)) check_matrix(op, {"dinp", dinp}, N, C);
+  check_shape(op, {"weight", weight}, {C});
+  if (present(dweight)) check_shape(op, {"dweight", dweight}, {C});
+  check_numel(op, {"rstd", rstd}, N);
+  dispatch(dt, [&]<typename T>(T) {
+    cpu::rmsnorm_backward<T>(ptr<T>(dinp), ptr<T>(dweight), ptr<T>(dout), ptr<T>(inp),
+                             ptr<T>(weight), ptr<T>(rstd), N, C);
+  });
+}
+
+void gelu_forward(Tensor out, const Tensor& inp) {
+  const char* op = "gelu_forward";
+  const DType dt = float_args(op, {{"out", out}, {"inp", inp}});
+  check_numel(op, {"out", out}, inp.numel());
+  dispatch(dt, [&]<typename T>(T) { cpu::gelu_forward<T>(ptr<T>(out), ptr<T>(inp), inp.numel()); });
+}
+
+void gelu_backward(Tensor dinp, const Tensor& dout, const Tensor& inp) {
+  const char* op = "gelu_backward";
+  const DType dt = float_args(op, {{"dinp", dinp}, {"dout", dout}, {"inp", inp}});
+  check_numel(op, {"dinp", dinp}, inp.numel());
+  check_numel(op, {"dout", dout}, inp.numel());
+  dispatch(dt, [&]<typename T>(T) {
+    cpu::gelu_backward<T>(ptr<T>(dinp), ptr<T>(dout), ptr<T>(inp), inp.numel());
+  });
+}
+
+void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) {
+  const char* op = "swiglu_forward";
+  const DType dt = float_args(op, {{"out", out}, {"gate", gate}, {"up", up}});
+  check_numel(op, {"out", out}, gate.numel());
+  check_numel(op, {"up", up}, gate.numel());
+  dispatch(dt, [&]<typename T>(T) {
+    cpu::swiglu_forward<T>(ptr<T>(out), ptr<T>(gate), ptr<T>(up), gate.numel());
+  });
+}
+
+void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate,
+                     const Tensor& up) {
+  const char* op = "swiglu_backward";
+  const DType dt = float_args(op, {{"dout", dout}, {"gate", gate}, {"up", up}},
+                              {{"dgate", dgate}, {"dup", dup}});
+  const int64_t n = gate.numel();
+  check_numel(op, {"dout", dout}, n);
+  check_numel(op, {"up", up}, n);
+  if (present(dgate)) check_numel(op, {"dgate", dgate}, n);
+  if (present(dup)) check_numel(op, {"dup", dup}, n);
+  dispatch(dt, [&]<typename T>(T) {
+    cpu::swiglu_backward<T>(ptr<T>(dgate), ptr<T>(dup), ptr<T>(dout), ptr<T>(gate), ptr<T>(up), n);
+  });
+}
+
+namespace {
+void rope(const char* op, Tensor x, int64_t pos_offset, float theta, bool inverse) {
+  const DType dt = float_args(op, {{"x", x}});
+  PENTAD_CHECK(x.shape.ndim == 4, "{}: x has shape {}, want (b, t, heads, head_dim)", op,
+               x.shape.str());
+  PENTAD_CHECK(x.dim(3) % 2 == 0, "{}: head_dim {} must be even", op, x.dim(3));
+  PENTAD_CHECK(theta > 0.0f && pos_offset >= 0, "{}: theta {} and pos_offset {} must be positive",
+               op, theta, pos_offset);
+  dispatch(dt, [&]<typename T>(T) {
+    cpu::rope_apply<T>(ptr<T>(x), x.dim(0), x.dim(1), x.dim(2), x.dim(3), pos_offset, theta,
+                       inverse);
+  });
+}
+}  // namespace
+
+void rope_forward(Tensor x, int64_t pos_offset, float theta) {
+  rope("rope_forward", x, pos_offset, theta, false);
+}
+
+void rope_backward(Tensor dx, int64_t pos_offset, float theta) {
+  rope("rope_backward", dx, pos_offset, theta, true);
+}
+
+namespace {
+struct AttentionDims {
+  int64_t B, T, Hq, Hkv, D;
+};
+
+AttentionDims attention_dims(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
+  PENTAD_CHECK(q.shape.ndim == 4, "{}: q has shape {}, want (b, t, hq, d)", op, q.shape.str());
+  PENTAD_CHECK(k.shape.ndim == 4, "{}: k has shape {}, want (b, t, hkv, d)", op, k.shape.str());
+  const AttentionDims d{q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
+  check_shape(op, {"k", k}, {d.B, d.T, d.Hkv, d.D});
+  check_shape(op, {"v", v}, k.shape);
+  PENTAD_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0, "{}: {} query heads are not a multiple of {} kv heads",
+               op, d.Hq, d.Hkv);
+  return d;
+}
+}  // namespace
+
+void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v) {
+  const char* op = "attention_forward";
+  const DType dt = float_args(op, {{"out", out}, {"q", q}, {"k", k}, {"v", v}}, {{"lse", lse}});
+  const AttentionDims d = attention_dims(op, q, k, v);
+  check_shape(op, {"out", out}, q.shape);
+  if (present(lse)) check_shape(op, {"lse", lse}, {d.B, d.Hq, d.T});
+  dispatch(dt, [&]<typename T>(T) {
+    cpu::attention_forward<T>(ptr<T>(out), ptr<T>(lse), ptr<T>(q), ptr<T>(k), ptr<T>(v), d.B, d.T,
+                              d.Hq, d.Hkv, d.D);
+  });
+}
+
+void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
+                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse) {
+  const char* op = "attention_backward";
+  const DType dt = float_args(op, {{"dq", dq}, {"dk", dk}, {"dv", dv}, {"dout", dout}, {"q", q},
+                                   {"k", k}, {"v", v}, {"out", out}, {"lse", lse}});
+  const AttentionDims d = attention_dims(op, q, k, v);
+  check_shape(op, {"dq", dq}, q.shape);
+  check_shape(op, {"dk", dk}, k.shape);
+  check_shape(op, {"dv", dv}, k.shape);
+  check_shape(op, {"dout", dout}, q.shape);
+  check_shape(op, {"out", out}, q.shape);
+  check_shape(op, {"lse", lse}, {d.B, d.Hq, d.T});
+  dispatch(dt, [&]<typename T>(T) {
+    cpu::attention_backward<T>(ptr<T>(dq), ptr<T>(dk), ptr<T>(dv), ptr<T>(dout), ptr<T>(q),
+                               ptr<T>(k), ptr<T>(v), ptr<T>(out), ptr<T>(lse), d.B, d.T, d.Hq,
+                               d.Hkv, d.D);
+  });
+}
+
+void crossentropy_forward_backward(Tensor losses, Tensor dlogits, const Tensor& logits,
+                                   const Tensor& targets, float dloss) {
+  const char* op = "crossentropy_forward_backward";
+  const DType dt = float_args(op, {{"logits", logits}}, {{"losses", losses}, {"dlogits", dlogits}});
+  require_i32(op, {"targets", targets});
+  const int64_t V = cols(logits), N = rows(logits);
+  check_numel(op, {"targets", targets}, N);
+  if (present(losses)) check_numel(op, {"losses", losses}, N);
+  if (present(dlogits)) check_matrix(op, {"dlogits", dlogits}, N, V);
+  check_indices(op, targets, V, "target");
+  dispatch(dt, [&]<typename T>(T) {
+    cpu::crossentropy_forward_backward<T>(ptr<T>(losses), ptr<T>(dlogits), ptr<T>(logits),
+                                          ptr<int32_t>(targets), N, V, static_cast<T>(dloss));
+  });
+}
+
+void embedding_forward(Tensor out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe) {
+  const char* op = "embedding_forward";
+  const DType dt = float_args(op, {{"out", out}, {"wte", wte}}, {{"wpe", wpe}});
+  require_i32(op, {"tokens", tokens});
+  PENTAD_CHECK(tokens.shape.ndim == 2, "{}: tokens has shape {}, want (b, t)", op, tokens.shape.str());
+  PENTAD_CHECK(wte.shape.ndim == 2, "{}: wte has shape {}, want (V, C)", op, wte.shape.str());
+  const int64_t B = tokens.dim(0), T_ = tokens.dim(1), V = wte.dim(0), C = wte.dim(1);
+  check_shape(op, {"out", out}, {B, T_, C});
+  if (present(wpe)) {
+    PENTAD_CHECK(wpe.shape.ndim == 2 && wpe.dim(1) == C && wpe.dim(0) >= T_,
+                 "{}: wpe has shape {}, want (>= {}, {})", op, wpe.shape.str(), T_, C);
+  }
+  check_indices(op, tokens, V, "token");
+  dispatch(dt, [&]<typename T>(T) {
+    cpu::embedding_forward<T>(ptr<T>(out), ptr<int32_t>(tokens), ptr<T>(wte), ptr<T>(wpe), B, T_, C);
+  });
+}
+
+void embedding_backward(Tensor dwte, Tensor dwpe, const Tensor& dout, const Tensor& tokens) {
+  const char* op = "embedding_backward";
+  const DType dt = float_args(op, {{"dout", dout}}, {{"dwte", dwte}, {"dwpe", dwpe}});
+  require_i32(op, {"tokens", tokens});
+  PENTAD_CHECK(tokens.shape.ndim == 2, "{}: tokens has shape {}, want (b, t)", op, tokens.shape.str());
+  const int64_t B = tokens.dim(0), T_ = tokens.dim(1), C = cols(dout);
+  check_shape(op, {"dout", dout}, {B, T_, C});
+  if (present(dwte)) {
+    PENTAD_CHECK(dwte.shape.ndim == 2 && dwte.dim(1) == C, "{}: dwte has shape {}, want (V, {})",
+                 op, dwte.shape.str(), C);
+    check_indices(op, tokens, dwte.dim(0), "token");
+  }
+  if (present(dwpe)) {
+    PENTAD_CHECK(dwpe.shape.ndim == 2 && dwpe.dim(1) == C && dwpe.dim(0) >= T_,
+                 "{}: dwpe has shape {}, want (>= {}, {})", op, dwpe.shape.str(), T_, C);
+  }
+  dispatch(dt, [&]<typename T>(T) {
+    cpu::embedding_backward<T>(ptr<T>(dwte), ptr<T>(dwpe), ptr<T>(dout), ptr<int32_t>(tokens), B,
+                               T_, C);
+  });
+}
+
+void add(Tensor out, const Tensor& a, const Tensor& b) {
+  const char* op = "add";
+  const DType dt = float_args(op, {{"out", out}, {"a", a}, {"b", b}});
+  check_numel(op, {"b", b}, a.numel());
+  check_numel(op, {"out", out}, a.numel());
+  dispatch(dt, [&]<typename T>(T) { cpu::add<T>(ptr<T>(out), ptr<T>(a), ptr<T>(b), a.numel()); });
+}
+
+void scale(Tensor x, float s) {
+  const DType dt = float_args("scale", {{"x", x}});
+  dispatch(dt, [&]<typename T>(T) { cpu::scale<T>(ptr<T>(x), static_cast<T>(s), x.numel()); });
+}
+
+double sum_squares(const Tensor& x) {
+  const DType dt = float_args("sum_squares", {{"x", x}});
+  return dispatch(dt, [&]<typename T>(T) { return cpu::sum_squares<T>(ptr<T>(x), x.numel()); });
+}
+
+void adamw_update(Tensor params, Tensor m, Tensor v, const Tensor& grads, float lr, float beta1,
+                  float beta2, float eps, float weight_decay, int64_t step) {
+  const char* op = "adamw_update";
+  const DType dt = float_args(op, {{"params", params}, {"m", m}, {"v", v}, {"grads", grads}});
+  const int64_t n = params.numel();
+  check_numel(op, {"m", m}, n);
+  check_numel(op, {"v", v}, n);
+  check_numel(op, {"grads", grads}, n);
+  PENTAD_CHECK(step >= 1, "{}: step counts from 1, got {}", op, step);
+  dispatch(dt, [&]<typename T>(T) {
+    cpu::adamw_update<T>(ptr<T>(params), ptr<T>(m), ptr<T>(v), ptr<T>(grads), n, lr, beta1, beta2,
+                         eps, weight_decay, step);
+  });
+}
+
+}  // namespace pentad::kernels

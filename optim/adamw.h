@@ -1,0 +1,38 @@
+#pragma once
+// AdamW with decoupled weight decay (none on norms and biases: ParamSpec::weight_decay),
+// global-norm gradient clipping, and the learning-rate schedule.
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "model/params.h"
+#include "train/config.h"
+
+namespace pentad {
+
+// Learning rate of step s (0-based): linear warmup to cfg.lr, then cosine or linear
+// decay to cfg.lr * min_lr_ratio at total_steps, or constant.
+float learning_rate(const OptimConfig& cfg, int64_t step, int64_t total_steps);
+
+// Sum of squares of every gradient (this rank's share; a data-parallel caller reduces it).
+double grad_sum_squares(const ParamStore& params);
+
+// Scales gradients so that their global norm is at most max_norm (torch's
+// clip_grad_norm_ rule: coefficient max_norm / (norm + 1e-6), applied when below 1).
+void clip_gradients(ParamStore& params, double norm, float max_norm);
+
+class AdamW {
+ public:
+  AdamW(const OptimConfig& cfg, const ParamStore& params);
+  void step(ParamStore& params, float lr);
+  int64_t steps_taken() const { return step_; }
+  size_t state_bytes() const { return m_.capacity() + v_.capacity(); }
+  void* m_base() const { return m_.base(); }
+  void* v_base() const { return v_.base(); }
+
+ private:
+  OptimConfig cfg_;
+  Arena m_, v_;  // first and second moments, laid out like the parameter arena
+  int64_t step_ = 0;
+};
+
+}  // namespace pentad

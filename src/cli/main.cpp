@@ -1,0 +1,119 @@
+// pentad: the command line. Subcommands: train, data prepare, tokenizer train, and the
+// developer command reference (used by the PyTorch equivalence tests).
+#include <mpi.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include "data/commands.h"
+#include "train/recipe.h"
+#include "train/reference.h"
+#include "train/trainer.h"
+
+namespace {
+
+struct Mpi {
+  int rank = 0, size = 1;
+  Mpi(int& argc, char**& argv) {
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+  }
+  ~Mpi() { MPI_Finalize(); }
+};
+
+// Recipe overrides come as --set key=value or as trailing key=value words.
+std::vector<std::string> overrides_from(const std::vector<std::string>& sets,
+                                        const std::vector<std::string>& extra) {
+  std::vector<std::string> all = sets;
+  all.insert(all.end(), extra.begin(), extra.end());
+  return all;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Mpi mpi(argc, argv);
+  spdlog::set_pattern(fmt::format("%H:%M:%S [rank {}] %v", mpi.rank));
+
+  CLI::App app{"pentad: 5D-parallel trainer for GPT and MoE language models"};
+  app.require_subcommand(1);
+
+  std::string recipe;
+  std::vector<std::string> sets, extra;
+  auto* train = app.add_subcommand("train", "Train a model from a TOML recipe");
+  train->add_option("recipe", recipe, "Recipe file (see recipes/)")->required()->check(CLI::ExistingFile);
+  train->add_option("-s,--set", sets, "Override a recipe key: section.key=value (repeatable)");
+  train->add_option("overrides", extra, "More section.key=value overrides");
+
+  std::string ref_out;
+  int64_t ref_steps = 10;
+  auto* reference = app.add_subcommand("reference",
+      "Developer: dump weights, batches, logits, gradients and losses for the PyTorch tests");
+  reference->add_option("recipe", recipe, "Recipe file")->required()->check(CLI::ExistingFile);
+  reference->add_option("-o,--out", ref_out, "Output directory")->required();
+  reference->add_option("--steps", ref_steps, "AdamW steps to record")->capture_default_str();
+  reference->add_option("-s,--set", sets, "Override a recipe key (repeatable)");
+
+  auto* data = app.add_subcommand("data", "Data preparation");
+  data->require_subcommand(1);
+  std::vector<std::string> inputs;
+  std::string tokenizer, out_prefix;
+  bool fortune_format = false;
+  auto* prepare = data->add_subcommand("prepare",
+      "Tokenize text files into a Megatron indexed dataset (PREFIX.bin + PREFIX.idx)");
+  prepare->add_option("inputs", inputs, "Text files")->required()->check(CLI::ExistingFile);
+  prepare->add_option("-t,--tokenizer", tokenizer, "tokenizer.json (Hugging Face byte-level BPE)")
+      ->required()->check(CLI::ExistingFile);
+  prepare->add_option("-o,--out", out_prefix, "Output prefix")->required();
+  prepare->add_flag("--fortune", fortune_format, "Documents are separated by lines holding '%'");
+
+  auto* tok = app.add_subcommand("tokenizer", "Tokenizers");
+  tok->require_subcommand(1);
+  int64_t vocab_size = 8192;
+  std::string tok_out;
+  auto* tok_train = tok->add_subcommand("train", "Learn a byte-level BPE vocabulary from text files");
+  tok_train->add_option("inputs", inputs, "Text files")->required()->check(CLI::ExistingFile);
+  tok_train->add_option("-v,--vocab-size", vocab_size, "Vocabulary size, <|endoftext|> included")
+      ->capture_default_str();
+  tok_train->add_option("-o,--out", tok_out, "Output tokenizer.json")->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return mpi.rank == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 2);
+  }
+
+  try {
+    if (*train) {
+      pentad::Config cfg = pentad::load_recipe(recipe, overrides_from(sets, extra));
+      if (mpi.size > 1)
+        pentad::fail("{} ranks started, but this build trains on one rank only: run without "
+                     "mpirun -np > 1 (parallel layouts arrive with the distributed runtime)",
+                     mpi.size);
+      pentad::Trainer trainer(cfg);
+      trainer.run();
+    } else if (*reference) {
+      pentad::Config cfg = pentad::load_recipe(recipe, sets);
+      pentad::export_reference(cfg, ref_out, ref_steps);
+    } else if (*prepare) {
+      pentad::data::data_prepare(inputs, tokenizer, out_prefix, fortune_format);
+    } else if (*tok_train) {
+      pentad::data::tokenizer_train(inputs, vocab_size, tok_out);
+    }
+  } catch (const pentad::Error& e) {
+    std::fprintf(stderr, "pentad: error: %s\n", e.what());
+    if (mpi.size > 1) MPI_Abort(MPI_COMM_WORLD, 2);  // one rank's error must stop them all
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pentad: internal error: %s\n", e.what());
+    if (mpi.size > 1) MPI_Abort(MPI_COMM_WORLD, 3);
+    return 3;
+  }
+  return 0;
+}

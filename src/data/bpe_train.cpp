@@ -1,0 +1,148 @@
+// Learning BPE merges. Pieces of the text are counted once ("words" with counts); pair
+// counts live in a table with, for each pair, the words that contain it, so a merge only
+// revisits the words it changes. A lazy max-heap picks the next pair: entries whose count
+// is out of date are skipped when popped.
+#include <algorithm>
+#include <queue>
+#include <string>
+#include <unordered_map>
+
+#include "core/check.h"
+#include "data/tokenizer.h"
+
+namespace pentad::data {
+
+namespace {
+
+struct Word {
+  std::vector<int32_t> symbols;
+  int64_t count = 0;
+};
+
+uint64_t key_of(int32_t left, int32_t right) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+}
+
+struct Candidate {
+  int64_t count;
+  uint64_t pair;
+  // Max-heap order: highest count first, then the smallest (left, right) ids.
+  bool operator<(const Candidate& other) const {
+    if (count != other.count) return count < other.count;
+    return pair > other.pair;
+  }
+};
+
+}  // namespace
+
+Tokenizer Tokenizer::train(std::string_view text, int64_t vocab_size) {
+  std::string_view one[] = {text};
+  return train(std::span<const std::string_view>(one), vocab_size);
+}
+
+Tokenizer Tokenizer::train(std::span<const std::string_view> documents, int64_t vocab_size) {
+  if (vocab_size < 257) fail("tokenizer vocab_size must be at least 257 (256 bytes + <|endoftext|>), got {}", vocab_size);
+  if (vocab_size > (int64_t{1} << 31) - 1) fail("tokenizer vocab_size {} is too large", vocab_size);
+
+  std::unordered_map<std::string_view, int64_t> piece_counts;
+  for (std::string_view doc : documents) {
+    for (std::string_view piece : pretokenize(doc)) ++piece_counts[piece];
+  }
+  // Sorted so that word indices (and with them every later step) are deterministic.
+  std::vector<std::pair<std::string_view, int64_t>> sorted(piece_counts.begin(), piece_counts.end());
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<Word> words(sorted.size());
+  for (size_t w = 0; w < sorted.size(); ++w) {
+    for (char c : sorted[w].first) words[w].symbols.push_back(static_cast<uint8_t>(c));
+    words[w].count = sorted[w].second;
+  }
+
+  Tokenizer tok;
+  std::unordered_map<std::string, int32_t> id_of;
+  for (int b = 0; b < 256; ++b) {
+    tok.tokens_.emplace_back(1, static_cast<char>(b));
+    id_of.emplace(tok.tokens_.back(), b);
+  }
+
+  std::unordered_map<uint64_t, int64_t> pair_count;
+  std::unordered_map<uint64_t, std::vector<int32_t>> words_with;  // may hold stale/duplicate entries
+  for (size_t w = 0; w < words.size(); ++w) {
+    const auto& s = words[w].symbols;
+    for (size_t k = 0; k + 1 < s.size(); ++k) {
+      uint64_t p = key_of(s[k], s[k + 1]);
+      pair_count[p] += words[w].count;
+      auto& list = words_with[p];
+      if (list.empty() || list.back() != static_cast<int32_t>(w)) list.push_back(static_cast<int32_t>(w));
+    }
+  }
+  std::priority_queue<Candidate> heap;
+  for (const auto& [p, c] : pair_count) heap.push({c, p});
+
+  std::unordered_map<uint64_t, int64_t> delta;
+  while (static_cast<int64_t>(tok.tokens_.size()) < vocab_size - 1 && !heap.empty()) {
+    Candidate top = heap.top();
+    heap.pop();
+    auto found = pair_count.find(top.pair);
+    if (found == pair_count.end() || found->second != top.count) continue;  // stale entry
+
+    const auto left = static_cast<int32_t>(top.pair >> 32);
+    const auto right = static_cast<int32_t>(top.pair & 0xFFFFFFFFu);
+    // Two merges can spell the same bytes ("a"+"bc", "ab"+"c"): they share one token,
+    // as in Hugging Face's trainer, so the vocab stays a map from strings to ids.
+    std::string bytes = tok.tokens_[static_cast<size_t>(left)] + tok.tokens_[static_cast<size_t>(right)];
+    auto [existing, is_new] = id_of.emplace(bytes, static_cast<int32_t>(tok.tokens_.size()));
+    const int32_t merged = existing->second;
+    if (is_new) tok.tokens_.push_back(std::move(bytes));
+    tok.merges_.push_back({left, right, merged});
+
+    std::vector<int32_t> affected = std::move(words_with[top.pair]);
+    words_with.erase(top.pair);
+    std::sort(affected.begin(), affected.end());
+    affected.erase(std::unique(affected.begin(), affected.end()), affected.end());
+
+    delta.clear();
+    for (int32_t w : affected) {
+      auto& s = words[static_cast<size_t>(w)].symbols;
+      const int64_t count = words[static_cast<size_t>(w)].count;
+      bool present = false;
+      for (size_t k = 0; k + 1 < s.size() && !present; ++k) present = s[k] == left && s[k + 1] == right;
+      if (!present) continue;
+      for (size_t k = 0; k + 1 < s.size(); ++k) delta[key_of(s[k], s[k + 1])] -= count;
+      size_t out = 0;
+      for (size_t k = 0; k < s.size(); ++k) {
+        if (k + 1 < s.size() && s[k] == left && s[k + 1] == right) {
+          s[out++] = merged;
+          ++k;
+        } else {
+          s[out++] = s[k];
+        }
+      }
+      s.resize(out);
+      for (size_t k = 0; k + 1 < s.size(); ++k) {
+        uint64_t p = key_of(s[k], s[k + 1]);
+        delta[p] += count;
+        if (s[k] == merged || s[k + 1] == merged) words_with[p].push_back(w);  // other pairs already list w
+      }
+    }
+    for (const auto& [p, d] : delta) {
+      if (d == 0) continue;
+      int64_t& c = pair_count[p];
+      c += d;
+      PENTAD_CHECK(c >= 0, "negative pair count");
+      if (c == 0) {
+        pair_count.erase(p);
+        words_with.erase(p);
+      } else {
+        heap.push({c, p});
+      }
+    }
+  }
+
+  tok.tokens_.emplace_back(kEndOfText);
+  tok.special_.assign(tok.tokens_.size(), false);
+  tok.special_.back() = true;
+  tok.build_lookup();
+  return tok;
+}
+
+}  // namespace pentad::data

@@ -1,0 +1,106 @@
+#include "model/params.h"
+
+#include <cstring>
+
+#include "core/rng.h"
+
+namespace pentad {
+
+int ParamStore::add(std::string name, Shape shape, Init init, float init_std, bool weight_decay) {
+  return add_shard(std::move(name), shape, init, init_std, weight_decay, -1, 0, 0);
+}
+
+int ParamStore::add_shard(std::string name, Shape shape, Init init, float init_std,
+                          bool weight_decay, int shard_dim, int64_t shard_start, int64_t shard_len) {
+  PENTAD_CHECK(find(name) < 0, "duplicate parameter {}", name);
+  ParamSpec spec;
+  spec.name = std::move(name);
+  spec.global_shape = shape;
+  spec.local_shape = shape;
+  if (shard_dim >= 0) {
+    PENTAD_CHECK(shard_dim < shape.ndim && shard_start >= 0 && shard_len > 0 &&
+                     shard_start + shard_len <= shape[shard_dim],
+                 "bad shard of {}", spec.name);
+    spec.shard_dim = shard_dim;
+    spec.shard_start = shard_start;
+    spec.local_shape.dims[static_cast<size_t>(shard_dim)] = shard_len;
+  }
+  spec.init = init;
+  spec.init_std = init_std;
+  spec.weight_decay = weight_decay;
+  // Align each parameter to 16 floats so every view starts on a cache line.
+  spec.offset = static_cast<size_t>((numel_ + 15) / 16 * 16);
+  numel_ = static_cast<int64_t>(spec.offset) + spec.local_shape.numel();
+  specs_.push_back(std::move(spec));
+  return static_cast<int>(specs_.size()) - 1;
+}
+
+void ParamStore::allocate() {
+  params_ = Arena("parameters", bytes());
+  grads_ = Arena("gradients", bytes());
+  params_.zero();
+  grads_.zero();
+}
+
+void ParamStore::initialize(uint64_t seed) {
+  for (int id = 0; id < static_cast<int>(specs_.size()); ++id) {
+    const ParamSpec& spec = specs_[static_cast<size_t>(id)];
+    float* p = param(id).f32();
+    int64_t n = spec.local_shape.numel();
+    if (spec.init != Init::Normal) {
+      float value = spec.init == Init::Ones ? 1.0f : 0.0f;
+      for (int64_t i = 0; i < n; ++i) p[i] = value;
+      continue;
+    }
+    uint64_t key = splitmix64(seed) ^ hash_string(spec.name);
+    // Map local element i to its global flat index (row-major) through the shard.
+    int64_t inner = 1;  // elements per step along shard_dim
+    for (int d = spec.shard_dim + 1; d < spec.global_shape.ndim; ++d) inner *= spec.global_shape[d];
+    int64_t local_dim = spec.shard_dim >= 0 ? spec.local_shape[spec.shard_dim] : 1;
+    int64_t global_dim = spec.shard_dim >= 0 ? spec.global_shape[spec.shard_dim] : 1;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t global = i;
+      if (spec.shard_dim >= 0) {
+        int64_t outer = i / (local_dim * inner);
+        int64_t along = (i / inner) % local_dim;
+        global = (outer * global_dim + spec.shard_start + along) * inner + i % inner;
+      }
+      p[i] = static_cast<float>(spec.init_std * normal_at(key, static_cast<uint64_t>(global)));
+    }
+  }
+}
+
+Tensor ParamStore::view(void* base, int id) const {
+  const ParamSpec& spec = specs_[static_cast<size_t>(id)];
+  Tensor t;
+  t.data = static_cast<float*>(base) + spec.offset;
+  t.shape = spec.local_shape;
+  return t;
+}
+
+Tensor ParamStore::all_params() const {
+  Tensor t;
+  t.data = params_.base();
+  t.shape = Shape{numel_};
+  return t;
+}
+
+Tensor ParamStore::all_grads() const {
+  Tensor t;
+  t.data = grads_.base();
+  t.shape = Shape{numel_};
+  return t;
+}
+
+void ParamStore::zero_grads() {
+  if (grads_.base()) std::memset(grads_.base(), 0, bytes());
+}
+
+int ParamStore::find(const std::string& name) const {
+  for (size_t i = 0; i < specs_.size(); ++i)
+    if (specs_[i].name == name) return static_cast<int>(i);
+  return -1;
+}
+
+}  // namespace pentad

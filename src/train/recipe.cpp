@@ -1,0 +1,485 @@
+#include "train/recipe.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <type_traits>
+#include <variant>
+
+#include <toml++/toml.h>
+
+#include "core/check.h"
+
+namespace pentad {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// ---- the key table: one row per field of config.h ----
+
+using Field = std::variant<int64_t*, uint64_t*, float*, bool*, std::string*, ModelFamily*>;
+
+// Allowed values: a numeric interval (ends open or closed) or a list of words.
+struct Rule {
+  double lo = -kInf, hi = kInf;
+  bool lo_open = false, hi_open = false;
+  std::vector<std::string_view> choices;
+
+  bool allows(double v) const {
+    return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+  }
+  bool allows(std::string_view word) const {
+    return choices.empty() || std::find(choices.begin(), choices.end(), word) != choices.end();
+  }
+  std::string text() const {
+    if (!choices.empty()) {
+      std::string words;
+      for (auto c : choices) words += fmt::format("{}\"{}\"", words.empty() ? "" : " | ", c);
+      return "one of " + words;
+    }
+    if (hi == kInf) return fmt::format("{} {}", lo_open ? ">" : ">=", lo);
+    return fmt::format("in {}{}, {}{}", lo_open ? "(" : "[", lo, hi, hi_open ? ")" : "]");
+  }
+};
+
+Rule any() { return {}; }
+Rule interval(double lo, bool lo_open, double hi, bool hi_open) {
+  Rule r;
+  r.lo = lo, r.lo_open = lo_open, r.hi = hi, r.hi_open = hi_open;
+  return r;
+}
+Rule at_least(double lo) { return interval(lo, false, kInf, false); }
+Rule above(double lo) { return interval(lo, true, kInf, false); }
+Rule closed(double lo, double hi) { return interval(lo, false, hi, false); }
+Rule half_open(double lo, double hi) { return interval(lo, false, hi, true); }
+Rule open(double lo, double hi) { return interval(lo, true, hi, true); }
+Rule one_of(std::initializer_list<std::string_view> words) {
+  Rule r;
+  r.choices = words;
+  return r;
+}
+
+struct Key {
+  std::string_view section;
+  std::string_view name;
+  Field (*field)(Config&);
+  Rule rule;
+
+  std::string full() const { return fmt::format("{}.{}", section, name); }
+};
+
+#define PENTAD_KEY(section, name, rule) \
+  Key { #section, #name, [](Config& c) -> Field { return &c.section.name; }, rule }
+
+// Order here is the order recipe_to_toml writes. Rules that involve two keys (divisibility,
+// seq_len <= max_seq_len, data.path for file sources) are in check_combinations below.
+const std::vector<Key>& key_table() {
+  static const std::vector<Key> table = {
+      PENTAD_KEY(model, family, one_of({"gpt2", "llama"})),
+      PENTAD_KEY(model, n_layer, at_least(1)),
+      PENTAD_KEY(model, d_model, at_least(1)),
+      PENTAD_KEY(model, n_head, at_least(1)),
+      PENTAD_KEY(model, n_kv_head, at_least(0)),
+      PENTAD_KEY(model, d_ff, at_least(0)),
+      PENTAD_KEY(model, vocab_size, at_least(2)),
+      PENTAD_KEY(model, max_seq_len, at_least(1)),
+      PENTAD_KEY(model, norm_eps, above(0)),
+      PENTAD_KEY(model, rope_theta, above(0)),
+      PENTAD_KEY(model, init_std, at_least(0)),
+      PENTAD_KEY(model, tie_embeddings, any()),
+      PENTAD_KEY(model, recompute, any()),
+
+      PENTAD_KEY(optim, lr, above(0)),
+      PENTAD_KEY(optim, min_lr_ratio, closed(0, 1)),
+      PENTAD_KEY(optim, warmup_steps, at_least(0)),
+      PENTAD_KEY(optim, decay, one_of({"cosine", "linear", "constant"})),
+      PENTAD_KEY(optim, beta1, half_open(0, 1)),
+      PENTAD_KEY(optim, beta2, half_open(0, 1)),
+      PENTAD_KEY(optim, eps, above(0)),
+      PENTAD_KEY(optim, weight_decay, at_least(0)),
+      PENTAD_KEY(optim, grad_clip, at_least(0)),
+
+      PENTAD_KEY(train, steps, at_least(0)),
+      PENTAD_KEY(train, micro_batch, at_least(1)),
+      PENTAD_KEY(train, seq_len, at_least(1)),
+      PENTAD_KEY(train, grad_accum, at_least(1)),
+      PENTAD_KEY(train, seed, at_least(0)),
+      PENTAD_KEY(train, eval_every, at_least(0)),
+      PENTAD_KEY(train, eval_batches, at_least(1)),
+      PENTAD_KEY(train, log_every, at_least(1)),
+      PENTAD_KEY(train, threads, at_least(0)),
+      PENTAD_KEY(train, out_dir, any()),
+
+      PENTAD_KEY(data, source, one_of({"fortunes", "megatron", "llmc", "tokens", "random"})),
+      PENTAD_KEY(data, path, any()),
+      PENTAD_KEY(data, val_path, any()),
+      PENTAD_KEY(data, val_fraction, open(0, 1)),
+      PENTAD_KEY(data, tokenizer, any()),
+      PENTAD_KEY(data, cache_dir, any()),
+  };
+  return table;
+}
+
+#undef PENTAD_KEY
+
+constexpr std::string_view kSections[] = {"model", "optim", "train", "data"};
+
+// ---- lookup and "did you mean" ----
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+bool is_section(std::string_view s) {
+  return std::find(std::begin(kSections), std::end(kSections), s) != std::end(kSections);
+}
+
+const Key* find_key(std::string_view section, std::string_view name) {
+  for (const Key& k : key_table())
+    if (k.section == section && k.name == name) return &k;
+  return nullptr;
+}
+
+std::string section_list() { return "[model], [optim], [train], [data]"; }
+
+std::string unknown_section(std::string_view section) {
+  std::string_view best;
+  size_t best_distance = 3;  // suggest only near misses
+  for (auto s : kSections) {
+    size_t d = edit_distance(section, s);
+    if (d < best_distance) best = s, best_distance = d;
+  }
+  std::string hint = best.empty() ? "" : fmt::format(" (did you mean [{}]?)", best);
+  return fmt::format("unknown section [{}]{}; sections are {}", section, hint, section_list());
+}
+
+// A key of the same name in another section ("[train] lr") beats a near spelling.
+std::string unknown_key(std::string_view section, std::string_view name) {
+  const Key* best = nullptr;
+  size_t best_score = std::max<size_t>(3, (name.size() + 2) / 3 + 1);  // score must be below
+  for (const Key& k : key_table()) {
+    size_t score = edit_distance(name, k.name) + (k.section == section ? 0 : 2);
+    if (k.name == name) score = 0;
+    if (score < best_score) best = &k, best_score = score;
+  }
+  if (best) return fmt::format("unknown key {}.{} (did you mean {}?)", section, name, best->full());
+  std::string known;
+  for (const Key& k : key_table())
+    if (k.section == section) known += fmt::format("{}{}", known.empty() ? "" : ", ", k.name);
+  return fmt::format("unknown key {}.{}; keys of [{}] are {}", section, name, section, known);
+}
+
+// ---- values ----
+
+std::string_view family_name(ModelFamily f) { return f == ModelFamily::GPT2 ? "gpt2" : "llama"; }
+
+std::string_view type_name(const toml::node& node) {
+  switch (node.type()) {
+    case toml::node_type::string: return "string";
+    case toml::node_type::integer: return "integer";
+    case toml::node_type::floating_point: return "float";
+    case toml::node_type::boolean: return "boolean";
+    case toml::node_type::table: return "table";
+    case toml::node_type::array: return "array";
+    case toml::node_type::date: return "date";
+    case toml::node_type::time: return "time";
+    case toml::node_type::date_time: return "date-time";
+    default: return "nothing";
+  }
+}
+
+std::string quote(std::string_view s);
+
+// The value as a user would write it (floats shortest, never as 17 digits).
+std::string value_text(const toml::node& node) {
+  if (auto* v = node.as_string()) return quote(v->get());
+  if (auto* v = node.as_integer()) return fmt::format("{}", v->get());
+  if (auto* v = node.as_boolean()) return v->get() ? "true" : "false";
+  if (auto* v = node.as_floating_point()) {
+    std::string s = fmt::format("{}", v->get());
+    return s.find_first_not_of("-0123456789") == std::string::npos ? s + ".0" : s;
+  }
+  std::ostringstream text;
+  node.visit([&](auto&& value) { text << value; });
+  return text.str();
+}
+
+std::string describe(const toml::node& node) {
+  if (node.is_table() || node.is_array()) return std::string(type_name(node));
+  return fmt::format("{} {}", type_name(node), value_text(node));
+}
+
+std::string quote(std::string_view s) {
+  std::string out = "\"";
+  for (unsigned char ch : s) {
+    switch (ch) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (ch < 0x20 || ch == 0x7f) out += fmt::format("\\u{:04X}", ch);
+        else out += static_cast<char>(ch);
+    }
+  }
+  return out + "\"";
+}
+
+// Shortest text that reads back as the same float through a TOML double.
+std::string format_float(float v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  std::string s = fmt::format("{}", v);
+  double back = 0;
+  std::from_chars(s.data(), s.data() + s.size(), back);
+  if (static_cast<float>(back) != v) s = fmt::format("{}", static_cast<double>(v));
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s;
+}
+
+// Stores `node` into the field of `key`, or fails with `origin` ("file:line:col") first.
+void set_value(Config& config, const Key& key, const toml::node& node, const std::string& origin) {
+  auto must_be = [&](std::string_view what) {
+    fail("{}: {} must be {}, got {}", origin, key.full(), what, describe(node));
+  };
+  auto check_number = [&](double v) {
+    if (key.rule.allows(v)) return;
+    bool underflow = node.is_floating_point() && v == 0 && node.as_floating_point()->get() != 0;
+    fail("{}: {} must be {}, got {}{}", origin, key.full(), key.rule.text(), value_text(node),
+         underflow ? " (0 as a float)" : "");
+  };
+  auto check_word = [&](const std::string& word) {
+    if (!key.rule.allows(word))
+      fail("{}: {} must be {}, got {}", origin, key.full(), key.rule.text(), quote(word));
+  };
+  std::visit(
+      [&](auto* dst) {
+        using T = std::remove_pointer_t<decltype(dst)>;
+        if constexpr (std::is_same_v<T, int64_t> || std::is_same_v<T, uint64_t>) {
+          if (!node.is_integer()) must_be("an integer");
+          int64_t v = node.as_integer()->get();
+          check_number(static_cast<double>(v));
+          *dst = static_cast<T>(v);
+        } else if constexpr (std::is_same_v<T, float>) {
+          double v = 0;
+          if (node.is_integer()) v = static_cast<double>(node.as_integer()->get());
+          else if (node.is_floating_point()) v = node.as_floating_point()->get();
+          else must_be("a number");
+          if (!std::isfinite(v) || std::abs(v) > std::numeric_limits<float>::max())
+            must_be("a finite number within float range");
+          *dst = static_cast<float>(v);
+          check_number(*dst);  // after rounding: 1e-50 is 0 as a float
+        } else if constexpr (std::is_same_v<T, bool>) {
+          if (!node.is_boolean()) must_be("a boolean (true or false)");
+          *dst = node.as_boolean()->get();
+        } else {
+          if (!node.is_string()) must_be(key.rule.choices.empty() ? "a string" : key.rule.text());
+          const std::string& word = node.as_string()->get();
+          check_word(word);
+          if constexpr (std::is_same_v<T, ModelFamily>)
+            *dst = word == "llama" ? ModelFamily::LLaMA : ModelFamily::GPT2;
+          else
+            *dst = word;
+        }
+      },
+      key.field(config));
+}
+
+std::string format_value(Field field) {
+  return std::visit(
+      [](auto* v) -> std::string {
+        using T = std::remove_pointer_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, float>) return format_float(*v);
+        else if constexpr (std::is_same_v<T, bool>) return *v ? "true" : "false";
+        else if constexpr (std::is_same_v<T, std::string>) return quote(*v);
+        else if constexpr (std::is_same_v<T, ModelFamily>) return quote(family_name(*v));
+        else return fmt::format("{}", *v);
+      },
+      field);
+}
+
+// ---- overrides: "section.key=value" ----
+
+struct Override {
+  std::string text;
+  const Key* key = nullptr;
+  toml::table holder;  // {v = value}
+};
+
+Override parse_override(const std::string& text) {
+  Override o;
+  o.text = text;
+  auto malformed = [&](std::string_view why) -> Override {
+    fail("override '{}' is malformed: {}; expected section.key=value, e.g. model.n_layer=12", text, why);
+  };
+  size_t eq = text.find('=');
+  if (eq == std::string::npos) return malformed("no '='");
+  auto trim = [](std::string_view s) {
+    size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
+    return b == std::string_view::npos ? std::string_view{} : s.substr(b, e - b + 1);
+  };
+  std::string_view lhs = trim(std::string_view(text).substr(0, eq));
+  std::string_view rhs = trim(std::string_view(text).substr(eq + 1));
+  size_t dot = lhs.find('.');
+  if (dot == std::string_view::npos || dot == 0 || dot + 1 == lhs.size() ||
+      lhs.find('.', dot + 1) != std::string_view::npos)
+    return malformed(fmt::format("'{}' is not section.key", lhs));
+  std::string_view section = lhs.substr(0, dot), name = lhs.substr(dot + 1);
+  if (!is_section(section)) fail("override '{}': {}", text, unknown_section(section));
+  o.key = find_key(section, name);
+  if (!o.key) fail("override '{}': {}", text, unknown_key(section, name));
+
+  // TOML first; a bare word that is not TOML (llama, runs/x) is a string, but text that
+  // starts like a TOML string, array or table must be valid TOML.
+  try {
+    o.holder = toml::parse(fmt::format("v = {}", rhs));
+    if (o.holder.size() != 1 || !o.holder.contains("v")) return malformed("more than one value");
+  } catch (const toml::parse_error& e) {
+    if (!rhs.empty() && std::string_view("\"'[{").find(rhs.front()) != std::string_view::npos)
+      fail("override '{}': value is not valid TOML: {}", text, e.description());
+    o.holder = toml::table{{"v", std::string(rhs)}};
+  }
+  return o;
+}
+
+// ---- checks that involve more than one key ----
+
+void check_combinations(const Config& c, const std::map<std::string, std::string>& origins,
+                        const std::string& name) {
+  // The origin of the first named key that the recipe set, for "file:line:col: ..." prefixes.
+  auto where = [&](std::initializer_list<std::string_view> keys) {
+    for (auto k : keys)
+      if (auto it = origins.find(std::string(k)); it != origins.end()) return it->second;
+    return name;
+  };
+  const ModelConfig& m = c.model;
+  if (m.d_model % m.n_head != 0)
+    fail("{}: model.d_model ({}) must be divisible by model.n_head ({})",
+         where({"model.d_model", "model.n_head"}), m.d_model, m.n_head);
+  if (m.n_kv_head > m.n_head)
+    fail("{}: model.n_kv_head ({}) must be in [0, model.n_head ({})]",
+         where({"model.n_kv_head"}), m.n_kv_head, m.n_head);
+  if (m.n_kv_head > 0 && m.n_head % m.n_kv_head != 0)
+    fail("{}: model.n_head ({}) must be divisible by model.n_kv_head ({})",
+         where({"model.n_kv_head", "model.n_head"}), m.n_head, m.n_kv_head);
+  if (m.family == ModelFamily::GPT2 && m.n_kv_head != 0 && m.n_kv_head != m.n_head)
+    fail("{}: model.n_kv_head ({}) must be 0 or model.n_head ({}) when model.family = \"gpt2\" "
+         "(GPT-2 has no grouped-query attention; use family \"llama\")",
+         where({"model.n_kv_head", "model.family"}), m.n_kv_head, m.n_head);
+  if (m.family == ModelFamily::LLaMA && m.head_dim() % 2 != 0)
+    fail("{}: head_dim = model.d_model / model.n_head = {} / {} = {} must be even when "
+         "model.family = \"llama\" (RoPE rotates pairs of dimensions)",
+         where({"model.d_model", "model.n_head", "model.family"}), m.d_model, m.n_head, m.head_dim());
+  if (c.train.seq_len > m.max_seq_len)
+    fail("{}: train.seq_len ({}) must be at most model.max_seq_len ({})",
+         where({"train.seq_len", "model.max_seq_len"}), c.train.seq_len, m.max_seq_len);
+  const std::string& source = c.data.source;
+  if ((source == "megatron" || source == "llmc" || source == "tokens") && c.data.path.empty())
+    fail("{}: data.path is required when data.source = \"{}\" ({})", where({"data.source"}), source,
+         source == "megatron" ? "prefix of a .bin/.idx pair"
+         : source == "llmc"   ? "an llm.c .bin shard or a glob of them"
+                              : "a pentad token file");
+  if (c.train.out_dir.empty()) fail("{}: train.out_dir must not be empty", where({"train.out_dir"}));
+}
+
+}  // namespace
+
+// ---- public ----
+
+Config parse_recipe(std::string_view toml_text, const std::string& name,
+                    const std::vector<std::string>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse(toml_text, name);
+  } catch (const toml::parse_error& e) {
+    fail("{}:{}:{}: {}", name, e.source().begin.line, e.source().begin.column, e.description());
+  }
+  std::vector<Override> parsed;  // all overrides are checked before any value is
+  for (const std::string& text : overrides) parsed.push_back(parse_override(text));
+
+  Config config;
+  config.recipe_path = name;
+  std::map<std::string, std::string> origins;  // full key -> where it was set
+  auto origin_of = [&](const toml::node& node) {
+    const auto& begin = node.source().begin;
+    return begin.line ? fmt::format("{}:{}:{}", name, begin.line, begin.column) : name;
+  };
+
+  for (auto&& [section_key, section_node] : root) {
+    std::string_view section = section_key.str();
+    std::string at = origin_of(section_node);
+    if (!section_node.is_table()) {
+      for (const Key& k : key_table())
+        if (k.name == section)
+          fail("{}: key '{}' is outside any section; did you mean {} (under [{}])?", at, section,
+               k.full(), k.section);
+      if (is_section(section)) fail("{}: [{}] must be a section, got {}", at, section, describe(section_node));
+    }
+    if (!is_section(section)) fail("{}: {}", at, unknown_section(section));
+    for (auto&& [name_key, node] : *section_node.as_table()) {
+      std::string where = origin_of(node);
+      const Key* key = find_key(section, name_key.str());
+      if (!key) fail("{}: {}", where, unknown_key(section, name_key.str()));
+      set_value(config, *key, node, where);
+      origins[key->full()] = where;
+    }
+  }
+  for (const Override& o : parsed) {
+    std::string where = fmt::format("{}: override '{}'", name, o.text);
+    set_value(config, *o.key, *o.holder.get("v"), where);
+    origins[o.key->full()] = where;
+  }
+
+  // Family defaults: GPT-2 ties the embedding and the LM head, LLaMA does not.
+  if (!origins.contains("model.tie_embeddings"))
+    config.model.tie_embeddings = config.model.family == ModelFamily::GPT2;
+
+  check_combinations(config, origins, name);
+  return config;
+}
+
+Config load_recipe(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) fail("cannot open recipe {}", path);
+  std::stringstream text;
+  text << file.rdbuf();
+  return parse_recipe(text.str(), path, overrides);
+}
+
+std::string recipe_to_toml(const Config& config) {
+  Config copy = config;  // the table's accessors take a mutable Config
+  std::string out = "# Effective recipe written by pentad: every key, defaults included.\n";
+  std::string_view section;
+  for (const Key& k : key_table()) {
+    if (k.section != section) {
+      out += fmt::format("{}[{}]\n", section.empty() ? "" : "\n", k.section);
+      section = k.section;
+    }
+    out += fmt::format("{} = {}\n", k.name, format_value(k.field(copy)));
+  }
+  return out;
+}
+
+std::vector<std::string> recipe_keys() {
+  std::vector<std::string> keys;
+  for (const Key& k : key_table()) keys.push_back(k.full());
+  return keys;
+}
+
+}  // namespace pentad

@@ -1,0 +1,67 @@
+#include "train/reference.h"
+
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/npy.h"
+#include "train/recipe.h"
+#include "train/trainer.h"
+
+namespace pentad {
+
+static Tensor host_tensor(void* data, Shape shape, DType dtype) {
+  Tensor t;
+  t.data = data;
+  t.shape = shape;
+  t.dtype = dtype;
+  return t;
+}
+
+void export_reference(const Config& cfg, const std::string& out_dir, int64_t steps) {
+  namespace fs = std::filesystem;
+  fs::create_directories(out_dir);
+  Trainer trainer(cfg);
+  Model& model = trainer.model();
+  ParamStore& params = model.params();
+  const int64_t b = cfg.train.micro_batch, t = cfg.train.seq_len;
+
+  nlohmann::json manifest = {{"recipe", recipe_to_toml(cfg)}, {"steps", steps}, {"params", nlohmann::json::array()}};
+  for (int id = 0; id < static_cast<int>(params.specs().size()); ++id) {
+    const ParamSpec& spec = params.spec(id);
+    std::vector<int64_t> shape(spec.global_shape.dims.begin(), spec.global_shape.dims.begin() + spec.global_shape.ndim);
+    manifest["params"].push_back({{"name", spec.name}, {"shape", shape}, {"weight_decay", spec.weight_decay}});
+    write_npy(out_dir + "/init." + spec.name + ".npy", params.param(id));
+  }
+
+  std::vector<int32_t> inputs, targets;
+  for (int64_t step = 0; step < steps; ++step)
+    for (int64_t micro = 0; micro < cfg.train.grad_accum; ++micro) {
+      trainer.fetch_batch(step, micro, inputs, targets);
+      const std::string tag = std::to_string(step) + "." + std::to_string(micro);
+      write_npy(out_dir + "/inputs." + tag + ".npy", host_tensor(inputs.data(), Shape{b, t}, DType::I32));
+      write_npy(out_dir + "/targets." + tag + ".npy", host_tensor(targets.data(), Shape{b, t}, DType::I32));
+    }
+
+  // The first micro-batch's logits and loss, from a forward that keeps the logits.
+  trainer.fetch_batch(0, 0, inputs, targets);
+  float loss = model.forward(inputs.data(), targets.data(), 0.0f);
+  write_npy(out_dir + "/logits.npy", model.logits().reshaped(Shape{b, t, cfg.model.vocab_size}));
+  manifest["first_loss"] = loss;
+
+  std::vector<float> losses;
+  for (int64_t step = 0; step < steps; ++step) {
+    auto dump_grads = [&] {
+      if (step != 0) return;
+      for (int id = 0; id < static_cast<int>(params.specs().size()); ++id)
+        write_npy(out_dir + "/grad." + params.spec(id).name + ".npy", params.grad(id));
+    };
+    losses.push_back(trainer.train_step(step, dump_grads).loss);
+  }
+  write_npy(out_dir + "/losses.npy", host_tensor(losses.data(), Shape{steps}, DType::F32));
+  std::ofstream(out_dir + "/manifest.json") << manifest.dump(2);
+}
+
+}  // namespace pentad

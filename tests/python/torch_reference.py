@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""pentad against PyTorch on the same weights and batches.
+
+Runs `pentad reference`, which dumps its initial weights, batches, first logits, first
+gradients and the losses of N AdamW steps; rebuilds the same model in PyTorch from those
+weights (fp32) and checks: logits, loss and every parameter gradient within 1e-5 relative
+(norm-wise per tensor), and every step's loss within 1e-5 relative.
+
+usage: torch_reference.py PENTAD RECIPE WORKDIR [section.key=value ...]
+"""
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+TOL = 1e-5
+
+
+def load_recipe_values(text):
+    import tomllib
+    return tomllib.loads(text)
+
+
+def rel_err(a, b):
+    a = torch.as_tensor(a, dtype=torch.float64)
+    b = torch.as_tensor(b, dtype=torch.float64)
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def rope(x, theta):
+    # x: (b, t, h, d); "rotate half" pairing (i, i + d/2); angles in double like pentad.
+    b, t, h, d = x.shape
+    inv = theta ** (-torch.arange(0, d // 2, dtype=torch.float64) * 2.0 / d)
+    ang = torch.arange(t, dtype=torch.float64)[:, None] * inv[None, :]
+    cos = torch.cos(ang).to(x.dtype)[None, :, None, :]
+    sin = torch.sin(ang).to(x.dtype)[None, :, None, :]
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def forward(p, tokens, targets, cfg):
+    m = cfg["model"]
+    gpt2 = m["family"] == "gpt2"
+    L, C, H = m["n_layer"], m["d_model"], m["n_head"]
+    Hkv = m["n_kv_head"] or H
+    d = C // H
+    eps = m["norm_eps"]
+    b, t = tokens.shape
+
+    def norm(x, prefix):
+        if gpt2:
+            return F.layer_norm(x, (C,), p[prefix + ".weight"], p[prefix + ".bias"], eps)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * p[prefix + ".weight"]
+
+    def linear(x, prefix):
+        return F.linear(x, p[prefix + ".weight"], p.get(prefix + ".bias"))
+
+    x = p["wte.weight"][tokens]
+    if gpt2:
+        x = x + p["wpe.weight"][:t][None]
+    mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+    for l in range(L):
+        pre = f"layers.{l}."
+        h = norm(x, pre + "norm1")
+        q = linear(h, pre + "attn.q").view(b, t, H, d)
+        k = linear(h, pre + "attn.k").view(b, t, Hkv, d)
+        v = linear(h, pre + "attn.v").view(b, t, Hkv, d)
+        if not gpt2:
+            q, k = rope(q, m["rope_theta"]), rope(k, m["rope_theta"])
+        k = k.repeat_interleave(H // Hkv, dim=2)
+        v = v.repeat_interleave(H // Hkv, dim=2)
+        q, k, v = (z.transpose(1, 2) for z in (q, k, v))  # (b, h, t, d)
+        s = (q @ k.transpose(-1, -2)) / math.sqrt(d)
+        s = s.masked_fill(mask, float("-inf"))
+        a = (s.softmax(-1) @ v).transpose(1, 2).reshape(b, t, C)
+        x = x + linear(a, pre + "attn.o")
+        h = norm(x, pre + "norm2")
+        if gpt2:
+            h = F.gelu(linear(h, pre + "mlp.up"), approximate="tanh")
+        else:
+            h = F.silu(linear(h, pre + "mlp.gate")) * linear(h, pre + "mlp.up")
+        x = x + linear(h, pre + "mlp.down")
+    x = norm(x, "norm_f")
+    head = p["wte.weight"] if m["tie_embeddings"] else p["lm_head.weight"]
+    logits = x @ head.T
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    return logits, loss
+
+
+def learning_rate(o, step, total):
+    if step < o["warmup_steps"]:
+        return o["lr"] * (step + 1) / o["warmup_steps"]
+    if o["decay"] == "constant":
+        return o["lr"]
+    min_lr = o["lr"] * o["min_lr_ratio"]
+    decay_steps = total - o["warmup_steps"]
+    if decay_steps <= 0:
+        return o["lr"]
+    ratio = min(1.0, (step - o["warmup_steps"]) / decay_steps)
+    factor = 1.0 - ratio if o["decay"] == "linear" else 0.5 * (1.0 + math.cos(math.pi * ratio))
+    return min_lr + factor * (o["lr"] - min_lr)
+
+
+def main():
+    pentad, recipe, work = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    overrides = sys.argv[4:]
+    steps = 10
+    cmd = [pentad, "reference", recipe, "--out", str(work), "--steps", str(steps)]
+    for o in overrides:
+        cmd += ["--set", o]
+    subprocess.run(cmd, check=True)
+    torch.set_num_threads(2)
+    manifest = json.loads((work / "manifest.json").read_text())
+    cfg = load_recipe_values(manifest["recipe"])
+    accum = cfg["train"]["grad_accum"]
+
+    params = {}
+    for entry in manifest["params"]:
+        arr = np.load(work / f"init.{entry['name']}.npy")
+        params[entry["name"]] = torch.tensor(arr, requires_grad=True)
+
+    def batch(step, micro):
+        tag = f"{step}.{micro}"
+        return (torch.tensor(np.load(work / f"inputs.{tag}.npy")).long(),
+                torch.tensor(np.load(work / f"targets.{tag}.npy")).long())
+
+    failures = []
+
+    def check(what, err):
+        status = "ok" if err <= TOL else "FAIL"
+        if err > TOL:
+            failures.append(what)
+        return f"{what}: {err:.2e} {status}"
+
+    # 1. logits and loss of the first micro-batch.
+    with torch.no_grad():
+        logits, loss = forward(params, *batch(0, 0), cfg)
+    lines = [check("logits", rel_err(np.load(work / "logits.npy"), logits)),
+             check("loss", abs(manifest["first_loss"] - loss.item()) / abs(loss.item()))]
+
+    # 2. gradients of step 0 (accumulated over micro-batches) and 3. AdamW steps.
+    o = cfg["optim"]
+    decay = [params[e["name"]] for e in manifest["params"] if e["weight_decay"]]
+    no_decay = [params[e["name"]] for e in manifest["params"] if not e["weight_decay"]]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"])
+    ref_losses = np.load(work / "losses.npy")
+    worst_grad, worst_name, worst_loss = 0.0, "", 0.0
+    for step in range(steps):
+        opt.zero_grad()
+        total = 0.0
+        for micro in range(accum):
+            _, loss = forward(params, *batch(step, micro), cfg)
+            (loss / accum).backward()
+            total += loss.item() / accum
+        if step == 0:
+            for e in manifest["params"]:
+                err = rel_err(np.load(work / f"grad.{e['name']}.npy"), params[e["name"]].grad)
+                if err > worst_grad:
+                    worst_grad, worst_name = err, e["name"]
+                if err > TOL:
+                    failures.append("grad " + e["name"])
+        if o["grad_clip"] > 0:
+            torch.nn.utils.clip_grad_norm_(list(params.values()), o["grad_clip"])
+        for g in opt.param_groups:
+            g["lr"] = learning_rate(o, step, cfg["train"]["steps"])
+        opt.step()
+        err = abs(ref_losses[step] - total) / abs(total)
+        worst_loss = max(worst_loss, err)
+        if err > TOL:
+            failures.append(f"loss of step {step + 1}")
+        print(f"step {step + 1}: pentad {ref_losses[step]:.7f} torch {total:.7f} rel {err:.2e}")
+    lines.append(f"worst gradient: {worst_name} {worst_grad:.2e}")
+    lines.append(f"worst step loss: {worst_loss:.2e}")
+    print("\n".join(lines))
+    if failures:
+        print("FAILED:", ", ".join(failures))
+        sys.exit(1)
+    print("pentad matches PyTorch")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+# Script tests. Debian's python3-torch installs for the system interpreter, so use it
+# rather than whatever python3 comes first on PATH.
+set(PENTAD_PYTHON /usr/bin/python3)
+set(REF ${CMAKE_CURRENT_SOURCE_DIR}/python/torch_reference.py)
+set(RECIPES ${CMAKE_SOURCE_DIR}/recipes)
+
+add_test(NAME torch_reference_gpt2
+  COMMAND ${PENTAD_PYTHON} ${REF} $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml
+          ${CMAKE_CURRENT_BINARY_DIR}/ref-gpt2
+          data.source=random train.steps=10 optim.warmup_steps=3 train.micro_batch=4
+          train.seq_len=32 train.threads=2)
+add_test(NAME torch_reference_llama
+  COMMAND ${PENTAD_PYTHON} ${REF} $<TARGET_FILE:pentad> ${RECIPES}/llama-tiny.toml
+          ${CMAKE_CURRENT_BINARY_DIR}/ref-llama
+          data.source=random train.steps=10 optim.warmup_steps=3 train.micro_batch=2
+          train.grad_accum=2 train.seq_len=32 train.threads=2)
+add_test(NAME torch_reference_llama_recompute
+  COMMAND ${PENTAD_PYTHON} ${REF} $<TARGET_FILE:pentad> ${RECIPES}/llama-tiny.toml
+          ${CMAKE_CURRENT_BINARY_DIR}/ref-llama-recompute
+          data.source=random train.steps=10 optim.warmup_steps=3 train.micro_batch=2
+          train.seq_len=32 model.recompute=true model.n_kv_head=1 train.threads=2)
+set_tests_properties(torch_reference_gpt2 torch_reference_llama torch_reference_llama_recompute
+  PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION "pentad matches PyTorch")
