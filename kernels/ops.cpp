@@ -22,18 +22,22 @@ struct Arg {
   const Tensor& tensor;
 };
 
-bool present(const Tensor& t) { return t.data != nullptr; }
+bool present(const Tensor& t) {
+  return t.data != nullptr;
+}
 
 void require_cpu(const char* op, const Arg& arg) {
   if (arg.tensor.device == Device::CPU) return;
 #ifdef PENTAD_HAVE_CUDA
-  fail("{}: '{}' is a CUDA tensor, but the CUDA kernels are not implemented yet; keep the run "
-       "on the CPU",
-       op, arg.name);
+  fail(
+      "{}: '{}' is a CUDA tensor, but the CUDA kernels are not implemented yet; keep the run "
+      "on the CPU",
+      op, arg.name);
 #else
-  fail("{}: '{}' is a CUDA tensor, but this build has no CUDA backend (CUDA not built); "
-       "rebuild with nvcc available or keep the run on the CPU",
-       op, arg.name);
+  fail(
+      "{}: '{}' is a CUDA tensor, but this build has no CUDA backend (CUDA not built); "
+      "rebuild with nvcc available or keep the run on the CPU",
+      op, arg.name);
 #endif
 }
 
@@ -68,8 +72,12 @@ void require_i32(const char* op, const Arg& arg) {
 }
 
 // Leading dims flatten into rows: (b, t, C) and (b*t, C) are both N = b*t rows of C.
-int64_t cols(const Tensor& t) { return t.shape.ndim == 0 ? 1 : t.dim(t.shape.ndim - 1); }
-int64_t rows(const Tensor& t) { return cols(t) == 0 ? 0 : t.numel() / cols(t); }
+int64_t cols(const Tensor& t) {
+  return t.shape.ndim == 0 ? 1 : t.dim(t.shape.ndim - 1);
+}
+int64_t rows(const Tensor& t) {
+  return cols(t) == 0 ? 0 : t.numel() / cols(t);
+}
 
 void check_matrix(const char* op, const Arg& arg, int64_t n, int64_t c) {
   const Tensor& t = arg.tensor;
@@ -110,8 +118,10 @@ T* ptr(const Tensor& t) {
 
 void linear_forward(Tensor out, const Tensor& inp, const Tensor& weight, const Tensor& bias) {
   const char* op = "linear_forward";
-  const DType dt = float_args(op, {{"out", out}, {"inp", inp}, {"weight", weight}}, {{"bias", bias}});
-  PENTAD_CHECK(weight.shape.ndim == 2, "{}: weight has shape {}, want (OC, C)", op, weight.shape.str());
+  const DType dt =
+      float_args(op, {{"out", out}, {"inp", inp}, {"weight", weight}}, {{"bias", bias}});
+  PENTAD_CHECK(weight.shape.ndim == 2, "{}: weight has shape {}, want (OC, C)", op,
+               weight.shape.str());
   const int64_t OC = weight.dim(0), C = weight.dim(1), N = rows(inp);
   check_matrix(op, {"inp", inp}, N, C);
   check_matrix(op, {"out", out}, N, OC);
@@ -124,9 +134,11 @@ void linear_forward(Tensor out, const Tensor& inp, const Tensor& weight, const T
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
                      const Tensor& inp, const Tensor& weight, bool accumulate_dinp) {
   const char* op = "linear_backward";
-  const DType dt = float_args(op, {{"dout", dout}, {"weight", weight}},
-                              {{"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}, {"inp", inp}});
-  PENTAD_CHECK(weight.shape.ndim == 2, "{}: weight has shape {}, want (OC, C)", op, weight.shape.str());
+  const DType dt =
+      float_args(op, {{"dout", dout}, {"weight", weight}},
+                 {{"dinp", dinp}, {"dweight", dweight}, {"dbias", dbias}, {"inp", inp}});
+  PENTAD_CHECK(weight.shape.ndim == 2, "{}: weight has shape {}, want (OC, C)", op,
+               weight.shape.str());
   const int64_t OC = weight.dim(0), C = weight.dim(1), N = rows(dout);
   check_matrix(op, {"dout", dout}, N, OC);
   if (present(dinp)) check_matrix(op, {"dinp", dinp}, N, C);
@@ -137,8 +149,8 @@ void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& do
   if (present(inp)) check_matrix(op, {"inp", inp}, N, C);
   if (present(dbias)) check_shape(op, {"dbias", dbias}, {OC});
   dispatch(dt, [&]<typename T>(T) {
-    cpu::linear_backward<T>(ptr<T>(dinp), ptr<T>(dweight), ptr<T>(dbias), ptr<T>(dout),
-                            ptr<T>(inp), ptr<T>(weight), N, C, OC, accumulate_dinp);
+    cpu::linear_backward<T>(ptr<T>(dinp), ptr<T>(dweight), ptr<T>(dbias), ptr<T>(dout), ptr<T>(inp),
+                            ptr<T>(weight), N, C, OC, accumulate_dinp);
   });
 }
 
@@ -154,8 +166,8 @@ void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, const Tensor& inp,
   if (present(mean)) check_numel(op, {"mean", mean}, N);
   if (present(rstd)) check_numel(op, {"rstd", rstd}, N);
   dispatch(dt, [&]<typename T>(T) {
-    cpu::layernorm_forward<T>(ptr<T>(out), ptr<T>(mean), ptr<T>(rstd), ptr<T>(inp),
-                              ptr<T>(weight), ptr<T>(bias), N, C, static_cast<T>(eps));
+    cpu::layernorm_forward<T>(ptr<T>(out), ptr<T>(mean), ptr<T>(rstd), ptr<T>(inp), ptr<T>(weight),
+                              ptr<T>(bias), N, C, static_cast<T>(eps));
   });
 }
 
@@ -182,7 +194,8 @@ void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor&
 
 void rmsnorm_forward(Tensor out, Tensor rstd, const Tensor& inp, const Tensor& weight, float eps) {
   const char* op = "rmsnorm_forward";
-  const DType dt = float_args(op, {{"out", out}, {"inp", inp}, {"weight", weight}}, {{"rstd", rstd}});
+  const DType dt =
+      float_args(op, {{"out", out}, {"inp", inp}, {"weight", weight}}, {{"rstd", rstd}});
   const int64_t C = cols(inp), N = rows(inp);
   check_matrix(op, {"out", out}, N, C);
   check_shape(op, {"weight", weight}, {C});
@@ -287,8 +300,8 @@ AttentionDims attention_dims(const char* op, const Tensor& q, const Tensor& k, c
   const AttentionDims d{q.dim(0), q.dim(1), q.dim(2), k.dim(2), q.dim(3)};
   check_shape(op, {"k", k}, {d.B, d.T, d.Hkv, d.D});
   check_shape(op, {"v", v}, k.shape);
-  PENTAD_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0, "{}: {} query heads are not a multiple of {} kv heads",
-               op, d.Hq, d.Hkv);
+  PENTAD_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0,
+               "{}: {} query heads are not a multiple of {} kv heads", op, d.Hq, d.Hkv);
   return d;
 }
 }  // namespace
@@ -308,8 +321,15 @@ void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse) {
   const char* op = "attention_backward";
-  const DType dt = float_args(op, {{"dq", dq}, {"dk", dk}, {"dv", dv}, {"dout", dout}, {"q", q},
-                                   {"k", k}, {"v", v}, {"out", out}, {"lse", lse}});
+  const DType dt = float_args(op, {{"dq", dq},
+                                   {"dk", dk},
+                                   {"dv", dv},
+                                   {"dout", dout},
+                                   {"q", q},
+                                   {"k", k},
+                                   {"v", v},
+                                   {"out", out},
+                                   {"lse", lse}});
   const AttentionDims d = attention_dims(op, q, k, v);
   check_shape(op, {"dq", dq}, q.shape);
   check_shape(op, {"dk", dk}, k.shape);
@@ -344,7 +364,8 @@ void embedding_forward(Tensor out, const Tensor& tokens, const Tensor& wte, cons
   const char* op = "embedding_forward";
   const DType dt = float_args(op, {{"out", out}, {"wte", wte}}, {{"wpe", wpe}});
   require_i32(op, {"tokens", tokens});
-  PENTAD_CHECK(tokens.shape.ndim == 2, "{}: tokens has shape {}, want (b, t)", op, tokens.shape.str());
+  PENTAD_CHECK(tokens.shape.ndim == 2, "{}: tokens has shape {}, want (b, t)", op,
+               tokens.shape.str());
   PENTAD_CHECK(wte.shape.ndim == 2, "{}: wte has shape {}, want (V, C)", op, wte.shape.str());
   const int64_t B = tokens.dim(0), T_ = tokens.dim(1), V = wte.dim(0), C = wte.dim(1);
   check_shape(op, {"out", out}, {B, T_, C});
@@ -354,7 +375,8 @@ void embedding_forward(Tensor out, const Tensor& tokens, const Tensor& wte, cons
   }
   check_indices(op, tokens, V, "token");
   dispatch(dt, [&]<typename T>(T) {
-    cpu::embedding_forward<T>(ptr<T>(out), ptr<int32_t>(tokens), ptr<T>(wte), ptr<T>(wpe), B, T_, C);
+    cpu::embedding_forward<T>(ptr<T>(out), ptr<int32_t>(tokens), ptr<T>(wte), ptr<T>(wpe), B, T_,
+                              C);
   });
 }
 
@@ -362,7 +384,8 @@ void embedding_backward(Tensor dwte, Tensor dwpe, const Tensor& dout, const Tens
   const char* op = "embedding_backward";
   const DType dt = float_args(op, {{"dout", dout}}, {{"dwte", dwte}, {"dwpe", dwpe}});
   require_i32(op, {"tokens", tokens});
-  PENTAD_CHECK(tokens.shape.ndim == 2, "{}: tokens has shape {}, want (b, t)", op, tokens.shape.str());
+  PENTAD_CHECK(tokens.shape.ndim == 2, "{}: tokens has shape {}, want (b, t)", op,
+               tokens.shape.str());
   const int64_t B = tokens.dim(0), T_ = tokens.dim(1), C = cols(dout);
   check_shape(op, {"dout", dout}, {B, T_, C});
   if (present(dwte)) {

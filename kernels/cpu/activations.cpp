@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "kernels/cpu/common.h"
+
 namespace pentad::kernels::cpu {
 
 namespace {
@@ -13,20 +15,20 @@ constexpr double kGeluCubic = 0.044715;
 template <typename T>
 void gelu_forward(T* out, const T* inp, int64_t n) {
   const T s = T(kGeluScale), k = T(kGeluCubic);
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const T x = inp[i];
-    out[i] = T(0.5) * x * (T(1) + std::tanh(s * (x + k * x * x * x)));
+    out[i] = T(0.5) * x * (T(1) + tanh_vec(s * (x + k * x * x * x)));
   }
 }
 
 template <typename T>
 void gelu_backward(T* dinp, const T* dout, const T* inp, int64_t n) {
   const T s = T(kGeluScale), k = T(kGeluCubic);
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const T x = inp[i];
-    const T th = std::tanh(s * (x + k * x * x * x));
+    const T th = tanh_vec(s * (x + k * x * x * x));
     const T sech2 = T(1) - th * th;
     const T grad = T(0.5) * (T(1) + th) + T(0.5) * x * sech2 * s * (T(1) + T(3) * k * x * x);
     dinp[i] = grad * dout[i];
@@ -35,29 +37,29 @@ void gelu_backward(T* dinp, const T* dout, const T* inp, int64_t n) {
 
 template <typename T>
 void swiglu_forward(T* out, const T* gate, const T* up, int64_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const T g = gate[i];
-    out[i] = g / (T(1) + std::exp(-g)) * up[i];
+    out[i] = g / (T(1) + exp_vec(-g)) * up[i];
   }
 }
 
 template <typename T>
 void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const T g = gate[i];
-    const T sig = T(1) / (T(1) + std::exp(-g));
+    const T sig = T(1) / (T(1) + exp_vec(-g));
     // d silu(g) / dg = sig * (1 + g * (1 - sig))
     if (dgate) dgate[i] = dout[i] * up[i] * sig * (T(1) + g * (T(1) - sig));
     if (dup) dup[i] = dout[i] * g * sig;
   }
 }
 
-#define PENTAD_INSTANTIATE(T)                                                        \
-  template void gelu_forward<T>(T*, const T*, int64_t);                              \
-  template void gelu_backward<T>(T*, const T*, const T*, int64_t);                   \
-  template void swiglu_forward<T>(T*, const T*, const T*, int64_t);                  \
+#define PENTAD_INSTANTIATE(T)                                       \
+  template void gelu_forward<T>(T*, const T*, int64_t);             \
+  template void gelu_backward<T>(T*, const T*, const T*, int64_t);  \
+  template void swiglu_forward<T>(T*, const T*, const T*, int64_t); \
   template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int64_t);
 PENTAD_INSTANTIATE(float)
 PENTAD_INSTANTIATE(double)

@@ -9,7 +9,8 @@ void gelu_forward(T* out, const T* inp, int64_t n);
 template <typename T>
 void gelu_backward(T* dinp, const T* dout, const T* inp, int64_t n);
 
-// SwiGLU: out = silu(gate) * up, elementwise over n values. dgate, dup overwritten (either may be null).
+// SwiGLU: out = silu(gate) * up, elementwise over n values. dgate, dup overwritten (either may be
+// null).
 template <typename T>
 void swiglu_forward(T* out, const T* gate, const T* up, int64_t n);
 template <typename T>

@@ -27,12 +27,14 @@ namespace {
 template <typename T>
 T softmax_row(T* row, int64_t valid, int64_t width) {
   T max = row[0];
-  for (int64_t j = 1; j < valid; ++j) max = std::max(max, row[j]);
+#pragma omp simd reduction(max : max)
+  for (int64_t j = 1; j < valid; ++j) max = row[j] > max ? row[j] : max;
   T sum = 0;
 #pragma omp simd reduction(+ : sum)
   for (int64_t j = 0; j < valid; ++j) {
-    row[j] = exp_vec(row[j] - max);
-    sum += row[j];
+    const T e = exp_vec(row[j] - max);
+    row[j] = e;
+    sum += e;
   }
   const T inv = T(1) / sum;
 #pragma omp simd
@@ -77,8 +79,8 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64
 
 template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
-                        const T* out, const T* lse, int64_t B, int64_t T_, int64_t Hq,
-                        int64_t Hkv, int64_t D) {
+                        const T* out, const T* lse, int64_t B, int64_t T_, int64_t Hq, int64_t Hkv,
+                        int64_t D) {
   const int64_t group = Hq / Hkv;
   const int64_t blocks = (T_ + kAttentionBlock - 1) / kAttentionBlock;
   const int64_t ldq = Hq * D, ldk = Hkv * D;
@@ -124,8 +126,9 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
             for (int64_t c = 0; c < D; ++c) d_i += do_row[c] * o_row[c];
 #pragma omp simd
             for (int64_t j = 0; j < valid; ++j) {
-              p_row[j] = exp_vec(p_row[j] - row_lse);
-              dp_row[j] = p_row[j] * (dp_row[j] - d_i);
+              const T p_ij = exp_vec(p_row[j] - row_lse);
+              p_row[j] = p_ij;
+              dp_row[j] = p_ij * (dp_row[j] - d_i);
             }
             std::fill(p_row + valid, p_row + r1, T(0));
             std::fill(dp_row + valid, dp_row + r1, T(0));
@@ -139,11 +142,11 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
   }
 }
 
-#define PENTAD_INSTANTIATE(T)                                                                     \
-  template void attention_forward<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t,      \
-                                     int64_t, int64_t, int64_t);                                  \
-  template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,         \
-                                      const T*, const T*, int64_t, int64_t, int64_t, int64_t,     \
+#define PENTAD_INSTANTIATE(T)                                                                 \
+  template void attention_forward<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t,  \
+                                     int64_t, int64_t, int64_t);                              \
+  template void attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,     \
+                                      const T*, const T*, int64_t, int64_t, int64_t, int64_t, \
                                       int64_t);
 PENTAD_INSTANTIATE(float)
 PENTAD_INSTANTIATE(double)

@@ -14,7 +14,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, int64
 // dq, dk, dv overwritten. Recomputes probabilities from q, k and lse.
 template <typename T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
-                        const T* out, const T* lse, int64_t B, int64_t T_, int64_t Hq,
-                        int64_t Hkv, int64_t D);
+                        const T* out, const T* lse, int64_t B, int64_t T_, int64_t Hq, int64_t Hkv,
+                        int64_t D);
 
 }  // namespace pentad::kernels::cpu

@@ -11,13 +11,13 @@ namespace pentad::kernels::cpu {
 
 template <typename T>
 void add(T* out, const T* a, const T* b, int64_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
 template <typename T>
 void scale(T* x, T s, int64_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) x[i] *= s;
 }
 
@@ -27,7 +27,7 @@ double sum_squares(const T* x, int64_t n) {
   // partials over static ranges, added in thread order, are reproducible.
   std::vector<double> partial(static_cast<size_t>(omp_get_max_threads()), 0.0);
   int used_threads = 1;
-#pragma omp parallel
+#pragma omp parallel if (n >= kParallelMin)
   {
     const int tid = omp_get_thread_num();
 #pragma omp single
@@ -35,7 +35,8 @@ double sum_squares(const T* x, int64_t n) {
     const Range r = thread_range(n, tid, omp_get_num_threads());
     double acc = 0;
 #pragma omp simd reduction(+ : acc)
-    for (int64_t i = r.begin; i < r.end; ++i) acc += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+    for (int64_t i = r.begin; i < r.end; ++i)
+      acc += static_cast<double>(x[i]) * static_cast<double>(x[i]);
     partial[static_cast<size_t>(tid)] = acc;
   }
   double total = 0;
@@ -55,7 +56,7 @@ void adamw_update(T* params, T* m, T* v, const T* grads, int64_t n, double lr, d
   const T step_size = static_cast<T>(lr / bias_c1);
   const T bias_c2_sqrt = static_cast<T>(std::sqrt(bias_c2));
   const T epsilon = static_cast<T>(eps);
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     const T g = grads[i];
     T p = params[i] * decay;

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 
+#include "kernels/cpu/common.h"
+
 namespace pentad::kernels::cpu {
 
 template <typename T>
 void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B,
                        int64_t T_, int64_t C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (B * T_ * C >= kParallelMin)
   for (int64_t bt = 0; bt < B * T_; ++bt) {
     const T* tok = wte + static_cast<int64_t>(tokens[bt]) * C;
     T* y = out + bt * C;
@@ -30,7 +32,7 @@ void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, 
     // does not depend on the thread count.
     constexpr int64_t kSlice = 64;
     const int64_t slices = (C + kSlice - 1) / kSlice;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (B * T_ * C >= kParallelMin)
     for (int64_t s = 0; s < slices; ++s) {
       const int64_t c0 = s * kSlice, c1 = std::min(C, c0 + kSlice);
       for (int64_t bt = 0; bt < B * T_; ++bt) {
@@ -42,7 +44,7 @@ void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, 
     }
   }
   if (dwpe) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (B * T_ * C >= kParallelMin)
     for (int64_t t = 0; t < T_; ++t) {
       T* row = dwpe + t * C;
       for (int64_t b = 0; b < B; ++b) {

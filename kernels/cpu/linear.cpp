@@ -12,7 +12,7 @@ void linear_forward(T* out, const T* inp, const T* weight, const T* bias, int64_
   if (N == 0 || OC == 0) return;
   // Seed every row with the bias so a single gemm with beta = 1 adds the product on top.
   if (bias) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * OC >= kParallelMin)
     for (int64_t n = 0; n < N; ++n) std::copy(bias, bias + OC, out + n * OC);
   }
   gemm(false, true, N, OC, C, T(1), inp, C, weight, C, bias ? T(1) : T(0), out, OC);
@@ -22,8 +22,11 @@ template <typename T>
 void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                      int64_t N, int64_t C, int64_t OC, bool accumulate_dinp) {
   if (dinp && N > 0 && C > 0) {
-    if (OC == 0 && !accumulate_dinp) std::fill(dinp, dinp + N * C, T(0));
-    else gemm(false, false, N, C, OC, T(1), dout, OC, weight, C, accumulate_dinp ? T(1) : T(0), dinp, C);
+    if (OC == 0 && !accumulate_dinp)
+      std::fill(dinp, dinp + N * C, T(0));
+    else
+      gemm(false, false, N, C, OC, T(1), dout, OC, weight, C, accumulate_dinp ? T(1) : T(0), dinp,
+           C);
   }
   if (dweight && N > 0 && OC > 0 && C > 0) {
     gemm(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);
@@ -33,7 +36,7 @@ void linear_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
     // fixed whatever the thread count, and rows are read contiguously within the slice.
     constexpr int64_t kSlice = 64;
     const int64_t slices = (OC + kSlice - 1) / kSlice;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * OC >= kParallelMin)
     for (int64_t s = 0; s < slices; ++s) {
       const int64_t c0 = s * kSlice, c1 = std::min(OC, c0 + kSlice);
       T acc[kSlice] = {};

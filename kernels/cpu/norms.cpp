@@ -12,7 +12,7 @@ namespace pentad::kernels::cpu {
 template <typename T>
 void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
                        int64_t N, int64_t C, T eps) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * C >= kParallelMin)
   for (int64_t n = 0; n < N; ++n) {
     const T* x = inp + n * C;
     T* y = out + n * C;
@@ -40,12 +40,12 @@ void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, 
 // its own partial (n_threads, C) slab; the slabs are then added in thread order, so the
 // result is bitwise fixed for a fixed thread count without atomics.
 template <typename T>
-void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
-                        const T* weight, const T* mean, const T* rstd, int64_t N, int64_t C) {
+void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                        const T* mean, const T* rstd, int64_t N, int64_t C) {
   const int max_threads = omp_get_max_threads();
   std::vector<T> partial_dw(dweight ? static_cast<size_t>(max_threads * C) : 0, T(0));
   std::vector<T> partial_db(dbias ? static_cast<size_t>(max_threads * C) : 0, T(0));
-#pragma omp parallel
+#pragma omp parallel if (N * C >= kParallelMin)
   {
     const int tid = omp_get_thread_num(), nthreads = omp_get_num_threads();
     const Range rows = thread_range(N, tid, nthreads);
@@ -93,7 +93,7 @@ void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* i
 
 template <typename T>
 void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* weight, int64_t N, int64_t C, T eps) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * C >= kParallelMin)
   for (int64_t n = 0; n < N; ++n) {
     const T* x = inp + n * C;
     T* y = out + n * C;
@@ -112,7 +112,7 @@ void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T*
                       const T* rstd, int64_t N, int64_t C) {
   const int max_threads = omp_get_max_threads();
   std::vector<T> partial_dw(dweight ? static_cast<size_t>(max_threads * C) : 0, T(0));
-#pragma omp parallel
+#pragma omp parallel if (N * C >= kParallelMin)
   {
     const int tid = omp_get_thread_num(), nthreads = omp_get_num_threads();
     const Range rows = thread_range(N, tid, nthreads);
@@ -145,13 +145,13 @@ void rmsnorm_backward(T* dinp, T* dweight, const T* dout, const T* inp, const T*
   }
 }
 
-#define PENTAD_INSTANTIATE(T)                                                                   \
+#define PENTAD_INSTANTIATE(T)                                                                    \
   template void layernorm_forward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, \
-                                     T);                                                        \
+                                     T);                                                         \
   template void layernorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*,        \
-                                      const T*, int64_t, int64_t);                              \
-  template void rmsnorm_forward<T>(T*, T*, const T*, const T*, int64_t, int64_t, T);            \
-  template void rmsnorm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, int64_t,    \
+                                      const T*, int64_t, int64_t);                               \
+  template void rmsnorm_forward<T>(T*, T*, const T*, const T*, int64_t, int64_t, T);             \
+  template void rmsnorm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, int64_t,     \
                                     int64_t);
 PENTAD_INSTANTIATE(float)
 PENTAD_INSTANTIATE(double)

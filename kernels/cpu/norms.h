@@ -9,8 +9,8 @@ void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* weight, 
                        int64_t N, int64_t C, T eps);
 // dinp +=, dweight +=, dbias +=; any of them may be null.
 template <typename T>
-void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
-                        const T* weight, const T* mean, const T* rstd, int64_t N, int64_t C);
+void layernorm_backward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                        const T* mean, const T* rstd, int64_t N, int64_t C);
 
 // RMSNorm: out = inp * rstd * weight, rstd = 1/sqrt(mean(inp^2) + eps). rstd may be null.
 template <typename T>

@@ -3,11 +3,13 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/common.h"
+
 namespace pentad::kernels::cpu {
 
 template <typename T>
-void rope_apply(T* x, int64_t B, int64_t T_, int64_t H, int64_t D, int64_t pos_offset,
-                double theta, bool inverse) {
+void rope_apply(T* x, int64_t B, int64_t T_, int64_t H, int64_t D, int64_t pos_offset, double theta,
+                bool inverse) {
   const int64_t half = D / 2;
   // cos/sin table (T_, half): angles in double, then rounded once, so float results sit
   // within an ulp of PyTorch's.
@@ -16,7 +18,7 @@ void rope_apply(T* x, int64_t B, int64_t T_, int64_t H, int64_t D, int64_t pos_o
     inv_freq[static_cast<size_t>(i)] =
         std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
   std::vector<T> cos_table(static_cast<size_t>(T_ * half)), sin_table(cos_table.size());
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T_ * half >= kParallelMin)
   for (int64_t t = 0; t < T_; ++t) {
     for (int64_t i = 0; i < half; ++i) {
       const double angle = static_cast<double>(pos_offset + t) * inv_freq[static_cast<size_t>(i)];
@@ -26,7 +28,7 @@ void rope_apply(T* x, int64_t B, int64_t T_, int64_t H, int64_t D, int64_t pos_o
   }
   // Forward: x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin. Inverse: sin -> -sin.
   const T sign = inverse ? T(-1) : T(1);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (B * T_ * H * D >= kParallelMin)
   for (int64_t bt = 0; bt < B * T_; ++bt) {
     const int64_t t = bt % T_;
     const T* c = cos_table.data() + t * half;

@@ -7,7 +7,7 @@ namespace pentad::kernels::cpu {
 // Token t sits at position pos_offset + t. inverse = true applies the transpose rotation
 // (the backward pass on a gradient).
 template <typename T>
-void rope_apply(T* x, int64_t B, int64_t T_, int64_t H, int64_t D, int64_t pos_offset,
-                double theta, bool inverse);
+void rope_apply(T* x, int64_t B, int64_t T_, int64_t H, int64_t D, int64_t pos_offset, double theta,
+                bool inverse);
 
 }  // namespace pentad::kernels::cpu

@@ -1,5 +1,7 @@
 #include "train/recipe.h"
 
+#include <toml++/toml.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -9,8 +11,6 @@
 #include <sstream>
 #include <type_traits>
 #include <variant>
-
-#include <toml++/toml.h>
 
 #include "core/check.h"
 
@@ -46,17 +46,29 @@ struct Rule {
   }
 };
 
-Rule any() { return {}; }
+Rule any() {
+  return {};
+}
 Rule interval(double lo, bool lo_open, double hi, bool hi_open) {
   Rule r;
   r.lo = lo, r.lo_open = lo_open, r.hi = hi, r.hi_open = hi_open;
   return r;
 }
-Rule at_least(double lo) { return interval(lo, false, kInf, false); }
-Rule above(double lo) { return interval(lo, true, kInf, false); }
-Rule closed(double lo, double hi) { return interval(lo, false, hi, false); }
-Rule half_open(double lo, double hi) { return interval(lo, false, hi, true); }
-Rule open(double lo, double hi) { return interval(lo, true, hi, true); }
+Rule at_least(double lo) {
+  return interval(lo, false, kInf, false);
+}
+Rule above(double lo) {
+  return interval(lo, true, kInf, false);
+}
+Rule closed(double lo, double hi) {
+  return interval(lo, false, hi, false);
+}
+Rule half_open(double lo, double hi) {
+  return interval(lo, false, hi, true);
+}
+Rule open(double lo, double hi) {
+  return interval(lo, true, hi, true);
+}
 Rule one_of(std::initializer_list<std::string_view> words) {
   Rule r;
   r.choices = words;
@@ -72,8 +84,10 @@ struct Key {
   std::string full() const { return fmt::format("{}.{}", section, name); }
 };
 
-#define PENTAD_KEY(section, name, rule) \
-  Key { #section, #name, [](Config& c) -> Field { return &c.section.name; }, rule }
+#define PENTAD_KEY(section, name, rule)                                        \
+  Key {                                                                        \
+#section, #name, [](Config & c) -> Field { return &c.section.name; }, rule \
+  }
 
 // Order here is the order recipe_to_toml writes. Rules that involve two keys (divisibility,
 // seq_len <= max_seq_len, data.path for file sources) are in check_combinations below.
@@ -155,7 +169,9 @@ const Key* find_key(std::string_view section, std::string_view name) {
   return nullptr;
 }
 
-std::string section_list() { return "[model], [optim], [train], [data]"; }
+std::string section_list() {
+  return "[model], [optim], [train], [data]";
+}
 
 std::string unknown_section(std::string_view section) {
   std::string_view best;
@@ -186,20 +202,32 @@ std::string unknown_key(std::string_view section, std::string_view name) {
 
 // ---- values ----
 
-std::string_view family_name(ModelFamily f) { return f == ModelFamily::GPT2 ? "gpt2" : "llama"; }
+std::string_view family_name(ModelFamily f) {
+  return f == ModelFamily::GPT2 ? "gpt2" : "llama";
+}
 
 std::string_view type_name(const toml::node& node) {
   switch (node.type()) {
-    case toml::node_type::string: return "string";
-    case toml::node_type::integer: return "integer";
-    case toml::node_type::floating_point: return "float";
-    case toml::node_type::boolean: return "boolean";
-    case toml::node_type::table: return "table";
-    case toml::node_type::array: return "array";
-    case toml::node_type::date: return "date";
-    case toml::node_type::time: return "time";
-    case toml::node_type::date_time: return "date-time";
-    default: return "nothing";
+    case toml::node_type::string:
+      return "string";
+    case toml::node_type::integer:
+      return "integer";
+    case toml::node_type::floating_point:
+      return "float";
+    case toml::node_type::boolean:
+      return "boolean";
+    case toml::node_type::table:
+      return "table";
+    case toml::node_type::array:
+      return "array";
+    case toml::node_type::date:
+      return "date";
+    case toml::node_type::time:
+      return "time";
+    case toml::node_type::date_time:
+      return "date-time";
+    default:
+      return "nothing";
   }
 }
 
@@ -228,14 +256,26 @@ std::string quote(std::string_view s) {
   std::string out = "\"";
   for (unsigned char ch : s) {
     switch (ch) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
       default:
-        if (ch < 0x20 || ch == 0x7f) out += fmt::format("\\u{:04X}", ch);
-        else out += static_cast<char>(ch);
+        if (ch < 0x20 || ch == 0x7f)
+          out += fmt::format("\\u{:04X}", ch);
+        else
+          out += static_cast<char>(ch);
     }
   }
   return out + "\"";
@@ -278,9 +318,12 @@ void set_value(Config& config, const Key& key, const toml::node& node, const std
           *dst = static_cast<T>(v);
         } else if constexpr (std::is_same_v<T, float>) {
           double v = 0;
-          if (node.is_integer()) v = static_cast<double>(node.as_integer()->get());
-          else if (node.is_floating_point()) v = node.as_floating_point()->get();
-          else must_be("a number");
+          if (node.is_integer())
+            v = static_cast<double>(node.as_integer()->get());
+          else if (node.is_floating_point())
+            v = node.as_floating_point()->get();
+          else
+            must_be("a number");
           if (!std::isfinite(v) || std::abs(v) > std::numeric_limits<float>::max())
             must_be("a finite number within float range");
           *dst = static_cast<float>(v);
@@ -305,11 +348,16 @@ std::string format_value(Field field) {
   return std::visit(
       [](auto* v) -> std::string {
         using T = std::remove_pointer_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, float>) return format_float(*v);
-        else if constexpr (std::is_same_v<T, bool>) return *v ? "true" : "false";
-        else if constexpr (std::is_same_v<T, std::string>) return quote(*v);
-        else if constexpr (std::is_same_v<T, ModelFamily>) return quote(family_name(*v));
-        else return fmt::format("{}", *v);
+        if constexpr (std::is_same_v<T, float>)
+          return format_float(*v);
+        else if constexpr (std::is_same_v<T, bool>)
+          return *v ? "true" : "false";
+        else if constexpr (std::is_same_v<T, std::string>)
+          return quote(*v);
+        else if constexpr (std::is_same_v<T, ModelFamily>)
+          return quote(family_name(*v));
+        else
+          return fmt::format("{}", *v);
       },
       field);
 }
@@ -326,7 +374,8 @@ Override parse_override(const std::string& text) {
   Override o;
   o.text = text;
   auto malformed = [&](std::string_view why) -> Override {
-    fail("override '{}' is malformed: {}; expected section.key=value, e.g. model.n_layer=12", text, why);
+    fail("override '{}' is malformed: {}; expected section.key=value, e.g. model.n_layer=12", text,
+         why);
   };
   size_t eq = text.find('=');
   if (eq == std::string::npos) return malformed("no '='");
@@ -373,19 +422,22 @@ void check_combinations(const Config& c, const std::map<std::string, std::string
     fail("{}: model.d_model ({}) must be divisible by model.n_head ({})",
          where({"model.d_model", "model.n_head"}), m.d_model, m.n_head);
   if (m.n_kv_head > m.n_head)
-    fail("{}: model.n_kv_head ({}) must be in [0, model.n_head ({})]",
-         where({"model.n_kv_head"}), m.n_kv_head, m.n_head);
+    fail("{}: model.n_kv_head ({}) must be in [0, model.n_head ({})]", where({"model.n_kv_head"}),
+         m.n_kv_head, m.n_head);
   if (m.n_kv_head > 0 && m.n_head % m.n_kv_head != 0)
     fail("{}: model.n_head ({}) must be divisible by model.n_kv_head ({})",
          where({"model.n_kv_head", "model.n_head"}), m.n_head, m.n_kv_head);
   if (m.family == ModelFamily::GPT2 && m.n_kv_head != 0 && m.n_kv_head != m.n_head)
-    fail("{}: model.n_kv_head ({}) must be 0 or model.n_head ({}) when model.family = \"gpt2\" "
-         "(GPT-2 has no grouped-query attention; use family \"llama\")",
-         where({"model.n_kv_head", "model.family"}), m.n_kv_head, m.n_head);
+    fail(
+        "{}: model.n_kv_head ({}) must be 0 or model.n_head ({}) when model.family = \"gpt2\" "
+        "(GPT-2 has no grouped-query attention; use family \"llama\")",
+        where({"model.n_kv_head", "model.family"}), m.n_kv_head, m.n_head);
   if (m.family == ModelFamily::LLaMA && m.head_dim() % 2 != 0)
-    fail("{}: head_dim = model.d_model / model.n_head = {} / {} = {} must be even when "
-         "model.family = \"llama\" (RoPE rotates pairs of dimensions)",
-         where({"model.d_model", "model.n_head", "model.family"}), m.d_model, m.n_head, m.head_dim());
+    fail(
+        "{}: head_dim = model.d_model / model.n_head = {} / {} = {} must be even when "
+        "model.family = \"llama\" (RoPE rotates pairs of dimensions)",
+        where({"model.d_model", "model.n_head", "model.family"}), m.d_model, m.n_head,
+        m.head_dim());
   if (c.train.seq_len > m.max_seq_len)
     fail("{}: train.seq_len ({}) must be at most model.max_seq_len ({})",
          where({"train.seq_len", "model.max_seq_len"}), c.train.seq_len, m.max_seq_len);
@@ -395,7 +447,8 @@ void check_combinations(const Config& c, const std::map<std::string, std::string
          source == "megatron" ? "prefix of a .bin/.idx pair"
          : source == "llmc"   ? "an llm.c .bin shard or a glob of them"
                               : "a pentad token file");
-  if (c.train.out_dir.empty()) fail("{}: train.out_dir must not be empty", where({"train.out_dir"}));
+  if (c.train.out_dir.empty())
+    fail("{}: train.out_dir must not be empty", where({"train.out_dir"}));
 }
 
 }  // namespace
@@ -429,7 +482,8 @@ Config parse_recipe(std::string_view toml_text, const std::string& name,
         if (k.name == section)
           fail("{}: key '{}' is outside any section; did you mean {} (under [{}])?", at, section,
                k.full(), k.section);
-      if (is_section(section)) fail("{}: [{}] must be a section, got {}", at, section, describe(section_node));
+      if (is_section(section))
+        fail("{}: [{}] must be a section, got {}", at, section, describe(section_node));
     }
     if (!is_section(section)) fail("{}: {}", at, unknown_section(section));
     for (auto&& [name_key, node] : *section_node.as_table()) {

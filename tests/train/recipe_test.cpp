@@ -3,15 +3,15 @@
 // the key and what is allowed.
 #include "train/recipe.h"
 
+#include <gtest/gtest.h>
+#include <unistd.h>
+
 #include <bit>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <unistd.h>
 
 #include "core/check.h"
 
@@ -20,14 +20,20 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh directory per test program for recipes the tests write.
+// A fresh directory per test program for recipes the tests write; removed at exit.
 fs::path temp_dir() {
-  static const fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() / ("pentad_recipe_test_" + std::to_string(getpid()));
-    fs::create_directories(d);
-    return d;
-  }();
-  return dir;
+  struct Dir {
+    fs::path path;
+    Dir() : path(fs::temp_directory_path() / ("pentad_recipe_test_" + std::to_string(getpid()))) {
+      fs::create_directories(path);
+    }
+    ~Dir() {
+      std::error_code ignored;
+      fs::remove_all(path, ignored);
+    }
+  };
+  static const Dir dir;
+  return dir.path;
 }
 
 std::string write_recipe(const std::string& name, const std::string& text) {
@@ -103,7 +109,8 @@ TEST(Recipe, EveryShippedRecipeLoadsAndRoundTrips) {
     EXPECT_TRUE(text.starts_with("# ")) << "a recipe starts with a comment saying what it is";
     Config c = load_recipe(path.string(), {});
     EXPECT_EQ(c.recipe_path, path.string());
-    Config again = load_recipe(write_recipe("rt_" + path.filename().string(), recipe_to_toml(c)), {});
+    Config again =
+        load_recipe(write_recipe("rt_" + path.filename().string(), recipe_to_toml(c)), {});
     expect_same(c, again);
   }
 }
@@ -145,13 +152,13 @@ TEST(Recipe, ShippedShapes) {
 }
 
 TEST(Recipe, Overrides) {
-  Config c = load_shipped("gpt-tiny", {"train.steps=7",            // integer
-                                       "optim.lr=1e-3",            // float
-                                       "optim.weight_decay=0",     // integer for a float
-                                       "data.tokenizer=\"t.json\"",  // TOML string
-                                       "train.out_dir=runs/bare",  // bare word
-                                       "model.recompute=true",     // boolean
-                                       " train.eval_every = 5 ",   // spaces around
+  Config c = load_shipped("gpt-tiny", {"train.steps=7",                   // integer
+                                       "optim.lr=1e-3",                   // float
+                                       "optim.weight_decay=0",            // integer for a float
+                                       "data.tokenizer=\"t.json\"",       // TOML string
+                                       "train.out_dir=runs/bare",         // bare word
+                                       "model.recompute=true",            // boolean
+                                       " train.eval_every = 5 ",          // spaces around
                                        "train.seed=1", "train.seed=2"});  // later wins
   EXPECT_EQ(c.train.steps, 7);
   EXPECT_EQ(c.optim.lr, 1e-3f);
@@ -175,12 +182,14 @@ TEST(Recipe, Overrides) {
 TEST(Recipe, FamilyDefaults) {
   EXPECT_TRUE(parse_recipe("", "defaults").model.tie_embeddings);
   EXPECT_FALSE(parse_recipe("[model]\nfamily = \"llama\"\n", "x").model.tie_embeddings);
-  EXPECT_TRUE(parse_recipe("[model]\nfamily = \"llama\"\ntie_embeddings = true\n", "x").model.tie_embeddings);
+  EXPECT_TRUE(parse_recipe("[model]\nfamily = \"llama\"\ntie_embeddings = true\n", "x")
+                  .model.tie_embeddings);
   EXPECT_FALSE(parse_recipe("[model]\ntie_embeddings = false\n", "x").model.tie_embeddings);
   // The default follows the family however it was set.
   EXPECT_FALSE(load_shipped("gpt-tiny", {"model.family=llama"}).model.tie_embeddings);
   // llama-tiny says tie_embeddings = false itself, so a family override keeps it.
-  EXPECT_FALSE(load_shipped("llama-tiny", {"model.family=gpt2", "model.n_kv_head=0"}).model.tie_embeddings);
+  EXPECT_FALSE(
+      load_shipped("llama-tiny", {"model.family=gpt2", "model.n_kv_head=0"}).model.tie_embeddings);
   // Defaults of an empty recipe are config.h's.
   Config defaults;
   defaults.recipe_path = "defaults";
@@ -238,73 +247,146 @@ struct BadRecipe {
 
 std::vector<BadRecipe> bad_recipes() {
   return {
-      {"unknown_key", "[model]\nn_layer = 2\nn_heads = 4\n", {},
+      {"unknown_key",
+       "[model]\nn_layer = 2\nn_heads = 4\n",
+       {},
        {"unknown_key.toml:3:", "model.n_heads", "did you mean model.n_head?"}},
       {"key_in_wrong_section", "[train]\nlr = 1e-3\n", {}, {"train.lr", "did you mean optim.lr?"}},
-      {"unknown_section", "[modle]\nn_layer = 2\n", {},
+      {"unknown_section",
+       "[modle]\nn_layer = 2\n",
+       {},
        {"unknown_section.toml", "unknown section [modle]", "did you mean [model]?"}},
       {"key_outside_section", "n_layer = 2\n", {}, {"outside any section", "model.n_layer"}},
       {"section_not_table", "model = 3\n", {}, {"[model] must be a section"}},
-      {"wrong_type", "[model]\nn_layer = \"two\"\n", {},
+      {"wrong_type",
+       "[model]\nn_layer = \"two\"\n",
+       {},
        {"wrong_type.toml:2:", "model.n_layer must be an integer, got string \"two\""}},
-      {"int_as_float", "[model]\nn_layer = 3.0\n", {},
+      {"int_as_float",
+       "[model]\nn_layer = 3.0\n",
+       {},
        {"int_as_float.toml", "model.n_layer must be an integer, got float 3.0"}},
-      {"bool_as_int", "[model]\ntie_embeddings = 1\n", {},
+      {"bool_as_int",
+       "[model]\ntie_embeddings = 1\n",
+       {},
        {"model.tie_embeddings must be a boolean", "got integer 1"}},
-      {"float_as_string", "[optim]\nlr = \"3e-4\"\n", {}, {"optim.lr must be a number, got string"}},
+      {"float_as_string",
+       "[optim]\nlr = \"3e-4\"\n",
+       {},
+       {"optim.lr must be a number, got string"}},
       {"zero_layers", "[model]\nn_layer = 0\n", {}, {"model.n_layer must be >= 1, got 0"}},
       {"tiny_vocab", "[model]\nvocab_size = 1\n", {}, {"model.vocab_size must be >= 2"}},
-      {"heads_not_dividing_width", "[model]\nd_model = 100\nn_head = 3\n", {},
-       {"heads_not_dividing_width.toml", "model.d_model (100) must be divisible by model.n_head (3)"}},
+      {"heads_not_dividing_width",
+       "[model]\nd_model = 100\nn_head = 3\n",
+       {},
+       {"heads_not_dividing_width.toml",
+        "model.d_model (100) must be divisible by model.n_head (3)"}},
       {"kv_heads_not_dividing_heads",
-       "[model]\nfamily = \"llama\"\nd_model = 96\nn_head = 6\nn_kv_head = 4\n", {},
-       {"kv_heads_not_dividing_heads.toml", "model.n_head (6) must be divisible by model.n_kv_head (4)"}},
-      {"more_kv_heads_than_heads", "[model]\nfamily = \"llama\"\nn_kv_head = 8\n", {},
+       "[model]\nfamily = \"llama\"\nd_model = 96\nn_head = 6\nn_kv_head = 4\n",
+       {},
+       {"kv_heads_not_dividing_heads.toml",
+        "model.n_head (6) must be divisible by model.n_kv_head (4)"}},
+      {"more_kv_heads_than_heads",
+       "[model]\nfamily = \"llama\"\nn_kv_head = 8\n",
+       {},
        {"model.n_kv_head (8) must be in [0, model.n_head (4)]"}},
       {"negative_kv_heads", "[model]\nn_kv_head = -1\n", {}, {"model.n_kv_head must be >= 0"}},
-      {"gpt2_with_gqa", "[model]\nfamily = \"gpt2\"\nn_kv_head = 2\n", {},
-       {"model.n_kv_head (2) must be 0 or model.n_head (4)", "GPT-2 has no grouped-query attention"}},
-      {"odd_head_dim_llama", "[model]\nfamily = \"llama\"\nd_model = 60\nn_head = 4\n", {},
+      {"gpt2_with_gqa",
+       "[model]\nfamily = \"gpt2\"\nn_kv_head = 2\n",
+       {},
+       {"model.n_kv_head (2) must be 0 or model.n_head (4)",
+        "GPT-2 has no grouped-query attention"}},
+      {"odd_head_dim_llama",
+       "[model]\nfamily = \"llama\"\nd_model = 60\nn_head = 4\n",
+       {},
        {"odd_head_dim_llama.toml", "head_dim", "= 15 must be even", "RoPE"}},
-      {"seq_len_too_long", "[train]\nseq_len = 128\n", {},
+      {"seq_len_too_long",
+       "[train]\nseq_len = 128\n",
+       {},
        {"seq_len_too_long.toml", "train.seq_len (128) must be at most model.max_seq_len (64)"}},
-      {"negative_lr", "[optim]\nlr = -0.1\n", {}, {"negative_lr.toml:2:", "optim.lr must be > 0, got -0.1"}},
+      {"negative_lr",
+       "[optim]\nlr = -0.1\n",
+       {},
+       {"negative_lr.toml:2:", "optim.lr must be > 0, got -0.1"}},
       {"zero_lr", "[optim]\nlr = 0\n", {}, {"optim.lr must be > 0, got 0"}},
-      {"lr_underflows_float", "[optim]\nlr = 1e-50\n", {}, {"optim.lr must be > 0, got 1e-50 (0 as a float)"}},
-      {"lr_overflows_float", "[optim]\nlr = 1e300\n", {}, {"optim.lr must be a finite number", "got float 1e+300"}},
+      {"lr_underflows_float",
+       "[optim]\nlr = 1e-50\n",
+       {},
+       {"optim.lr must be > 0, got 1e-50 (0 as a float)"}},
+      {"lr_overflows_float",
+       "[optim]\nlr = 1e300\n",
+       {},
+       {"optim.lr must be a finite number", "got float 1e+300"}},
       {"lr_nan", "[optim]\nlr = nan\n", {}, {"optim.lr must be a finite number"}},
       {"beta2_one", "[optim]\nbeta2 = 1.0\n", {}, {"optim.beta2 must be in [0, 1), got 1"}},
       {"negative_clip", "[optim]\ngrad_clip = -1\n", {}, {"optim.grad_clip must be >= 0"}},
-      {"bad_decay", "[optim]\ndecay = \"cosinus\"\n", {},
-       {"bad_decay.toml", "optim.decay must be one of \"cosine\" | \"linear\" | \"constant\", got \"cosinus\""}},
-      {"bad_family", "[model]\nfamily = \"mistral\"\n", {},
+      {"bad_decay",
+       "[optim]\ndecay = \"cosinus\"\n",
+       {},
+       {"bad_decay.toml",
+        "optim.decay must be one of \"cosine\" | \"linear\" | \"constant\", got \"cosinus\""}},
+      {"bad_family",
+       "[model]\nfamily = \"mistral\"\n",
+       {},
        {"bad_family.toml", "model.family must be one of \"gpt2\" | \"llama\", got \"mistral\""}},
-      {"family_not_string", "[model]\nfamily = 2\n", {}, {"model.family must be one of", "got integer 2"}},
-      {"bad_source", "[data]\nsource = \"web\"\n", {}, {"data.source must be one of", "\"megatron\""}},
-      {"megatron_without_path", "[data]\nsource = \"megatron\"\n", {},
+      {"family_not_string",
+       "[model]\nfamily = 2\n",
+       {},
+       {"model.family must be one of", "got integer 2"}},
+      {"bad_source",
+       "[data]\nsource = \"web\"\n",
+       {},
+       {"data.source must be one of", "\"megatron\""}},
+      {"megatron_without_path",
+       "[data]\nsource = \"megatron\"\n",
+       {},
        {"megatron_without_path.toml", "data.path is required when data.source = \"megatron\""}},
-      {"llmc_without_path", "[data]\nsource = \"llmc\"\n", {}, {"data.path is required", "\"llmc\""}},
-      {"val_fraction_one", "[data]\nval_fraction = 1.0\n", {}, {"data.val_fraction must be in (0, 1)"}},
+      {"llmc_without_path",
+       "[data]\nsource = \"llmc\"\n",
+       {},
+       {"data.path is required", "\"llmc\""}},
+      {"val_fraction_one",
+       "[data]\nval_fraction = 1.0\n",
+       {},
+       {"data.val_fraction must be in (0, 1)"}},
       {"zero_micro_batch", "[train]\nmicro_batch = 0\n", {}, {"train.micro_batch must be >= 1"}},
       {"negative_steps", "[train]\nsteps = -5\n", {}, {"train.steps must be >= 0, got -5"}},
       {"override_no_equals", "", {"foo"}, {"override 'foo' is malformed", "section.key=value"}},
       {"override_no_key", "", {"=3"}, {"override '=3' is malformed"}},
       {"override_empty_name", "", {"model.=2"}, {"override 'model.=2' is malformed"}},
       {"override_too_many_dots", "", {"model.a.b=2"}, {"override 'model.a.b=2' is malformed"}},
-      {"override_unknown_key", "", {"model.n_layers=3"},
-       {"override 'model.n_layers=3'", "unknown key model.n_layers", "did you mean model.n_layer?"}},
-      {"override_unknown_section", "", {"modle.n_layer=3"},
+      {"override_unknown_key",
+       "",
+       {"model.n_layers=3"},
+       {"override 'model.n_layers=3'", "unknown key model.n_layers",
+        "did you mean model.n_layer?"}},
+      {"override_unknown_section",
+       "",
+       {"modle.n_layer=3"},
        {"override 'modle.n_layer=3'", "unknown section [modle]"}},
-      {"override_wrong_type", "", {"model.n_layer=abc"},
-       {"override_wrong_type.toml", "override 'model.n_layer=abc'", "model.n_layer must be an integer, got string"}},
-      {"override_out_of_range", "[model]\nn_layer = 2\n", {"model.n_layer=-2"},
+      {"override_wrong_type",
+       "",
+       {"model.n_layer=abc"},
+       {"override_wrong_type.toml", "override 'model.n_layer=abc'",
+        "model.n_layer must be an integer, got string"}},
+      {"override_out_of_range",
+       "[model]\nn_layer = 2\n",
+       {"model.n_layer=-2"},
        {"override 'model.n_layer=-2'", "model.n_layer must be >= 1"}},
-      {"override_breaks_combination", "", {"train.seq_len=128"},
-       {"override 'train.seq_len=128'", "train.seq_len (128) must be at most model.max_seq_len (64)"}},
-      {"override_bad_toml_string", "", {"model.family=\"llama"},
+      {"override_breaks_combination",
+       "",
+       {"train.seq_len=128"},
+       {"override 'train.seq_len=128'",
+        "train.seq_len (128) must be at most model.max_seq_len (64)"}},
+      {"override_bad_toml_string",
+       "",
+       {"model.family=\"llama"},
        {"override 'model.family=\"llama'", "not valid TOML"}},
       {"syntax_error", "[model]\nn_layer = 2\nd_model = = 64\n", {}, {"syntax_error.toml:3:"}},
-      {"unterminated_string", "[data]\n\nsource = \"fortunes\n", {}, {"unterminated_string.toml:3:"}},
+      {"unterminated_string",
+       "[data]\n\nsource = \"fortunes\n",
+       {},
+       {"unterminated_string.toml:3:"}},
       {"duplicate_key", "[model]\nn_layer = 2\nn_layer = 3\n", {}, {"duplicate_key.toml:3:"}},
   };
 }

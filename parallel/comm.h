@@ -1,0 +1,153 @@
+#pragma once
+// The one communicator interface. Every collective and point-to-point transfer in pentad
+// goes through a Communicator; the backend (MPI on host memory, NCCL on device memory) is
+// chosen once, by make_communicator(), and no caller needs to know which it got.
+//
+// Every operation:
+//   - checks its tensors at the door (device, dtype, sizes; a mismatch is a bug in the
+//     caller and fails PENTAD_CHECK with the sizes involved),
+//   - gets the next sequence number of its communicator and is recorded in the trace
+//     (parallel/trace.h) with its bytes and enter time,
+//   - applies the injected delay, if any (set_injection),
+//   - is posted non-blocking; async = false waits before returning, async = true returns
+//     a pending Work that the caller test()s or wait()s. Buffers must stay untouched
+//     until then. Dropping a pending Work waits for it.
+// Tensors have no strides, so every tensor is contiguous. Ranks are 0..size()-1 within
+// the group.
+//
+// Stream rule (NCCL): operations run on the communicator's own CUDA stream, which is a
+// blocking stream and so ordered with the legacy default stream; Work::wait() blocks the
+// host until the operation finished on the device.
+#include <mpi.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "parallel/trace.h"
+
+namespace pentad::parallel {
+
+enum class ReduceOp { Sum, Max, Min };
+enum class Backend { MPI, NCCL };
+const char* reduce_op_name(ReduceOp op);
+const char* backend_name(Backend backend);
+bool backend_available(Backend backend);  // NCCL: only in builds with CUDA and NCCL
+
+class WorkImpl;  // backend-specific: an MPI request, a CUDA event (parallel/backend.h)
+
+// Handle of a possibly non-blocking operation. Default-constructed = already complete.
+class Work {
+ public:
+  Work();
+  Work(std::unique_ptr<WorkImpl> impl, TraceTicket ticket);
+  Work(Work&& other) noexcept;
+  Work& operator=(Work&& other) noexcept;  // waits for the operation it replaces
+  ~Work();                                  // waits if still pending
+
+  bool test();  // true once complete; the first true stamps the trace's leave time
+  void wait();  // blocks until complete; waiting again is a no-op
+  bool done() const { return impl_ == nullptr; }
+
+ private:
+  void finish();
+  void drop() noexcept;  // waits, reporting (not throwing) a failure
+  std::unique_ptr<WorkImpl> impl_;
+  TraceTicket ticket_;
+};
+
+struct P2POp {
+  bool is_send = true;
+  Tensor buf;
+  int peer = 0;
+  int tag = 0;
+};
+
+// A slow link or a slow rank, simulated: before each operation on a matching rank, sleep
+// delay_seconds plus bytes / bytes_per_second. For tests and benchmarks of slowness.
+struct Injection {
+  double delay_seconds = 0;
+  int slow_rank = -1;           // rank within this communicator; -1: every rank
+  double bytes_per_second = 0;  // 0: unlimited
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return name_; }
+  Backend backend() const { return backend_; }
+  Device device() const;  // where tensors must live: CPU for MPI, CUDA for NCCL
+
+  // In place: every rank ends with op over all ranks' buf.
+  Work all_reduce(Tensor buf, ReduceOp op = ReduceOp::Sum, bool async = false);
+  // in has size() * out.numel() elements; rank r gets block r of the reduction.
+  Work reduce_scatter(Tensor out, const Tensor& in, ReduceOp op = ReduceOp::Sum,
+                      bool async = false);
+  // out (size() * in.numel() elements) = every rank's in, concatenated in rank order.
+  Work all_gather(Tensor out, const Tensor& in, bool async = false);
+  // Equal splits: block p of in goes to rank p, block p of out came from rank p.
+  Work all_to_all(Tensor out, const Tensor& in, bool async = false);
+  // Counts in elements, one per peer; blocks are packed in rank order (displacement =
+  // prefix sum). Zero counts are fine. The buffers may be longer than the counts' sums.
+  Work all_to_all_v(Tensor out, std::span<const int64_t> recv_counts, const Tensor& in,
+                    std::span<const int64_t> send_counts, bool async = false);
+  Work broadcast(Tensor buf, int root, bool async = false);
+  Work send(const Tensor& buf, int peer, int tag = 0, bool async = false);
+  Work recv(Tensor buf, int peer, int tag = 0, bool async = false);
+  // Every op posted at once (a ring exchange cannot deadlock); one pending Work per op.
+  std::vector<Work> batch_p2p(std::vector<P2POp> ops);
+  void barrier();
+
+  void set_injection(const Injection& injection) { injection_ = injection; }
+  const Injection& injection() const { return injection_; }
+
+ protected:
+  Communicator(std::string name, Backend backend);
+
+  // Backend hooks, called after the checks, the trace record and the injected delay.
+  virtual void check_dtype(DType dtype, bool reduction) const = 0;  // pentad::Error if not
+  virtual std::unique_ptr<WorkImpl> post_all_reduce(Tensor buf, ReduceOp op) = 0;
+  virtual std::unique_ptr<WorkImpl> post_reduce_scatter(Tensor out, const Tensor& in,
+                                                        ReduceOp op) = 0;
+  virtual std::unique_ptr<WorkImpl> post_all_gather(Tensor out, const Tensor& in) = 0;
+  virtual std::unique_ptr<WorkImpl> post_all_to_all(Tensor out, const Tensor& in) = 0;
+  virtual std::unique_ptr<WorkImpl> post_all_to_all_v(Tensor out,
+                                                      std::span<const int64_t> recv_counts,
+                                                      const Tensor& in,
+                                                      std::span<const int64_t> send_counts) = 0;
+  virtual std::unique_ptr<WorkImpl> post_broadcast(Tensor buf, int root) = 0;
+  // Returns one WorkImpl per op, in order.
+  virtual std::vector<std::unique_ptr<WorkImpl>> post_p2p(const std::vector<P2POp>& ops) = 0;
+  virtual std::unique_ptr<WorkImpl> post_barrier() = 0;
+
+  int rank_ = 0;  // set by the backend's constructor
+  int size_ = 1;
+
+ private:
+  TraceTicket enter(CommKind kind, int64_t bytes, int peer);
+  void inject(int64_t bytes) const;
+  void check_tensor(const Tensor& t, const char* op, const char* what) const;
+  void check_peer(int peer, int tag, const char* op) const;
+  Work finish(std::unique_ptr<WorkImpl> impl, TraceTicket ticket, bool async);
+
+  std::string name_;
+  Backend backend_;
+  CommTraceChannel* trace_;
+  uint64_t next_seq_ = 0;
+  Injection injection_;
+};
+
+// The factory: duplicates `comm` (the communicator owns its own MPI communicator, and for
+// NCCL bootstraps its ncclComm over it). Collective over `comm`. Asking for NCCL in a
+// build without it throws pentad::Error.
+std::unique_ptr<Communicator> make_communicator(Backend backend, MPI_Comm comm, std::string name);
+
+}  // namespace pentad::parallel

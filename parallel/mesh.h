@@ -1,0 +1,90 @@
+#pragma once
+// The device mesh: every rank computation in pentad lives here.
+//
+// Dense layers see the world as pp × dp × cp × tp. `order` lists those four axes
+// innermost first: with the default "tp,cp,dp,pp", tp ranks are adjacent (fastest links)
+// and world_rank = tp + tp_degree * (cp + cp_degree * (dp + dp_degree * pp)).
+//
+// MoE layers see the same ranks as pp × edp × ep × etp (MoE Parallel Folding): within
+// each pp stage, the stage's dp*cp*tp ranks, numbered by their dense coordinates in
+// `order` with pp left out, are re-split with etp innermost:
+//   stage_index = etp + etp_degree * (ep + ep_degree * edp),  edp = dp*cp*tp / (ep*etp).
+// So EP may exceed DP, and ETP is chosen independently of TP.
+#include <mpi.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "parallel/comm.h"
+
+namespace pentad::parallel {
+
+enum class Axis { TP, CP, DP, PP, EP, ETP, EDP };
+constexpr int kNumAxes = 7;
+const char* axis_name(Axis axis);  // "tp", "cp", ...
+
+struct MeshConfig {
+  int tp = 1, cp = 1, dp = 1, pp = 1, ep = 1, etp = 1;
+  std::string order = "tp,cp,dp,pp";  // innermost first: tp ranks are adjacent
+};
+
+// Throws pentad::Error naming the degree to change if `config` cannot run on
+// `world_size` ranks: a degree below 1, an order that is not a permutation of
+// tp,cp,dp,pp, a product that is not world_size, or ep*etp not dividing dp*cp*tp.
+void validate(const MeshConfig& config, int world_size);
+
+// Throws pentad::Error naming the degree or model key to change if the model cannot be
+// split this way: tp must divide heads, kv heads, vocab and ffn width (and, with
+// sequence parallelism, micro_batch*seq_len); cp must divide seq_len; pp <= n_layer.
+void check_layout(const MeshConfig& config, int64_t n_head, int64_t n_kv_head,
+                  int64_t vocab_size, int64_t ffn_dim, int64_t n_layer, int64_t seq_len,
+                  int64_t micro_batch, bool sequence_parallel);
+
+// A rank's coordinate on every axis, dense and expert, indexed by Axis.
+using MeshCoords = std::array<int, kNumAxes>;
+
+// The pure rank arithmetic (no MPI): usable by planners, checkpoint tools and tests.
+// `config` must be valid for the world size.
+MeshCoords mesh_coords(const MeshConfig& config, int world_rank);
+int mesh_degree(const MeshConfig& config, Axis axis);  // EDP included
+int mesh_rank(const MeshConfig& config, int tp, int cp, int dp, int pp);  // inverse, dense
+
+class Mesh {
+ public:
+  // Collective over `world`: validates, then builds every group with MPI_Comm_split.
+  static Mesh create(const MeshConfig& config, MPI_Comm world, Backend backend = Backend::MPI);
+
+  Mesh(Mesh&&) noexcept;
+  Mesh& operator=(Mesh&&) noexcept;
+  ~Mesh();
+
+  int world_rank() const { return world_rank_; }
+  int world_size() const { return world_size_; }
+  int degree(Axis axis) const { return mesh_degree(config_, axis); }
+  int coord(Axis axis) const { return coords_[size_t(axis)]; }
+  const MeshConfig& config() const { return config_; }
+
+  // The ranks that differ from this one only along `axis`; group rank = coord(axis).
+  Communicator& group(Axis axis);
+  // Gradient reduction of dense parameters: ranks sharing the tp and pp coordinates.
+  Communicator& dp_cp();
+  Communicator& world();
+
+  // "rank 5: pp 0/1 dp 1/2 cp 0/1 tp 1/2 | ep 0/1 etp 1/2 edp 1/2" (dense axes
+  // outermost first, as the order puts them).
+  std::string describe() const;
+
+ private:
+  Mesh() = default;
+  MeshConfig config_;
+  int world_rank_ = 0;
+  int world_size_ = 1;
+  MeshCoords coords_{};
+  std::array<std::unique_ptr<Communicator>, kNumAxes> groups_;
+  std::unique_ptr<Communicator> dp_cp_;
+  std::unique_ptr<Communicator> world_;
+};
+
+}  // namespace pentad::parallel

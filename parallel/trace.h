@@ -1,0 +1,89 @@
+#pragma once
+// Communication trace: every operation of every communicator on this rank, always on.
+//
+// Each operation writes one CommEvent into a fixed ring buffer (kCommTraceCapacity
+// events, allocated once; no allocation per event). `enter_ns` is taken before any
+// injected delay and before the operation is posted; `leave_ns` is filled in when the
+// operation is first observed complete by Work::test() or Work::wait() (0 while
+// pending). Times are steady_clock nanoseconds since the process started.
+//
+// Fault detection (a hung collective: the newest event with leave_ns == 0 and the
+// sequence numbers of the other ranks), tracing and the planner's bandwidth
+// measurements read this; so does a person after SIGUSR1.
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pentad::parallel {
+
+constexpr size_t kCommTraceCapacity = 8192;
+
+enum class CommKind : uint8_t {
+  AllReduce,
+  ReduceScatter,
+  AllGather,
+  AllToAll,
+  AllToAllV,
+  Broadcast,
+  Send,
+  Recv,
+  Barrier,
+};
+const char* comm_kind_name(CommKind kind);
+
+struct CommEvent {
+  uint64_t id = 0;         // position in this rank's event stream (0, 1, 2, ...)
+  uint32_t comm_id = 0;    // unique per communicator within this process
+  char comm_name[32]{};    // the communicator's name (truncated to 31 bytes)
+  uint64_t seq = 0;        // per-communicator sequence number, from 0
+  CommKind kind = CommKind::AllReduce;
+  int peer = -1;           // send/recv peer or broadcast root (rank in the group); -1 otherwise
+  int64_t bytes = 0;       // bytes this rank contributes (send side; recv: bytes received)
+  int64_t enter_ns = 0;
+  int64_t leave_ns = 0;    // 0 while pending
+
+  std::string_view name() const { return comm_name; }
+  double seconds() const { return leave_ns ? 1e-9 * double(leave_ns - enter_ns) : 0.0; }
+};
+
+// Snapshot of the ring buffer, oldest first (at most kCommTraceCapacity events).
+std::vector<CommEvent> comm_events();
+// One line per event:
+//   "#12 dp[3] seq 7 all_reduce 4.0 KiB peer -1 enter 1.234567 s took 0.000120 s"
+void dump_comm_events(std::FILE* out);
+// Dump the ring buffer to stderr when `signo` arrives (best effort: no locks taken).
+void install_comm_dump_on_signal(int signo = SIGUSR1);
+// Forget every event (tests and benchmarks that want a clean window).
+void clear_comm_events();
+
+// Completed operations per communicator name (communicators of equal name are summed,
+// destroyed ones included). seconds = sum of (leave - enter).
+struct CommTotals {
+  int64_t bytes = 0;
+  int64_t count = 0;
+  double seconds = 0;
+};
+std::map<std::string, CommTotals> comm_totals();
+void reset_comm_totals();
+
+int64_t trace_now_ns();  // the trace clock: steady_clock ns since process start
+
+// ---- used by communicators (parallel/comm.cpp), not by callers ----
+struct CommTraceChannel;  // one per communicator: id, name, totals; lives until exit
+CommTraceChannel* trace_open_channel(const std::string& name);
+struct TraceTicket {
+  CommTraceChannel* channel = nullptr;
+  uint64_t event_id = 0;
+  int64_t bytes = 0;
+  int64_t enter_ns = 0;
+};
+TraceTicket trace_enter(CommTraceChannel* channel, uint64_t seq, CommKind kind, int64_t bytes,
+                        int peer);
+// Stamps leave_ns (unless the ring has overwritten the event) and adds to the totals.
+void trace_leave(const TraceTicket& ticket);
+
+}  // namespace pentad::parallel

@@ -1,0 +1,441 @@
+// The communicator (MPI backend) and its trace, on every rank of MPI_COMM_WORLD.
+// Values are chosen so each expected result can be checked by hand: rank r contributes
+// numbers like r*10 + i, and the closed forms are written next to each check.
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "parallel/comm.h"
+
+namespace pentad::parallel {
+namespace {
+
+template <typename T> constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::F32; }
+template <> constexpr DType dtype_of<double>() { return DType::F64; }
+template <> constexpr DType dtype_of<int32_t>() { return DType::I32; }
+
+template <typename T>
+Tensor view(std::vector<T>& v) {
+  Tensor t;
+  t.data = v.data();
+  t.dtype = dtype_of<T>();
+  t.shape = Shape{int64_t(v.size())};
+  return t;
+}
+
+// Runs f with stderr sent to a temporary file; returns what was written.
+template <typename F>
+std::string capture_stderr(F&& f) {
+  std::fflush(stderr);
+  std::FILE* file = std::tmpfile();
+  const int saved = dup(STDERR_FILENO);
+  dup2(fileno(file), STDERR_FILENO);
+  f();
+  std::fflush(stderr);
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  std::string text;
+  std::rewind(file);
+  for (int ch = std::fgetc(file); ch != EOF; ch = std::fgetc(file)) text += char(ch);
+  std::fclose(file);
+  return text;
+}
+
+class CommTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    comm = make_communicator(Backend::MPI, MPI_COMM_WORLD, "test");
+    r = comm->rank();
+    n = comm->size();
+    if (n < 2) GTEST_SKIP() << "run under mpirun with at least 2 ranks";
+  }
+  std::unique_ptr<Communicator> comm;
+  int r = 0, n = 1;
+};
+
+// Newest events of communicator `name`, oldest first.
+std::vector<CommEvent> events_of(const std::string& name) {
+  std::vector<CommEvent> out;
+  for (const CommEvent& e : comm_events())
+    if (e.name() == name) out.push_back(e);
+  return out;
+}
+
+template <typename T>
+void check_all_reduce(Communicator& comm, int r, int n) {
+  const int k = 5;
+  std::vector<T> sum(k), max(k), min(k);
+  for (int i = 0; i < k; ++i) sum[size_t(i)] = max[size_t(i)] = min[size_t(i)] = T(r * 10 + i);
+  comm.all_reduce(view(sum), ReduceOp::Sum);
+  comm.all_reduce(view(max), ReduceOp::Max);
+  comm.all_reduce(view(min), ReduceOp::Min);
+  for (int i = 0; i < k; ++i) {
+    EXPECT_EQ(sum[size_t(i)], T(10 * n * (n - 1) / 2 + n * i)) << i;  // sum_r (10r + i)
+    EXPECT_EQ(max[size_t(i)], T(10 * (n - 1) + i)) << i;
+    EXPECT_EQ(min[size_t(i)], T(i)) << i;
+  }
+}
+
+TEST_F(CommTest, AllReduceSumMaxMinEveryDType) {
+  check_all_reduce<float>(*comm, r, n);
+  check_all_reduce<double>(*comm, r, n);
+  check_all_reduce<int32_t>(*comm, r, n);
+}
+
+template <typename T>
+void check_reduce_scatter(Communicator& comm, int r, int n) {
+  const int k = 3;
+  std::vector<T> in(static_cast<size_t>(n * k)), out(static_cast<size_t>(k), T(-1));
+  for (int j = 0; j < n * k; ++j) in[size_t(j)] = T(r + j);
+  comm.reduce_scatter(view(out), view(in));
+  for (int i = 0; i < k; ++i)  // sum_q (q + r*k + i)
+    EXPECT_EQ(out[size_t(i)], T(n * (n - 1) / 2 + n * (r * k + i))) << i;
+  std::vector<T> max(static_cast<size_t>(k));
+  comm.reduce_scatter(view(max), view(in), ReduceOp::Max);
+  for (int i = 0; i < k; ++i) EXPECT_EQ(max[size_t(i)], T(n - 1 + r * k + i)) << i;
+}
+
+TEST_F(CommTest, ReduceScatterGivesRankItsBlock) {
+  check_reduce_scatter<float>(*comm, r, n);
+  check_reduce_scatter<double>(*comm, r, n);
+  check_reduce_scatter<int32_t>(*comm, r, n);
+}
+
+TEST_F(CommTest, AllGatherConcatenatesInRankOrder) {
+  const int k = 4;
+  std::vector<int32_t> in(k), out(static_cast<size_t>(n * k), -1);
+  for (int i = 0; i < k; ++i) in[size_t(i)] = r * 100 + i;
+  comm->all_gather(view(out), view(in));
+  for (int q = 0; q < n; ++q)
+    for (int i = 0; i < k; ++i) EXPECT_EQ(out[size_t(q * k + i)], q * 100 + i);
+
+  std::vector<double> one{double(r) + 0.5}, all(static_cast<size_t>(n));
+  comm->all_gather(view(all), view(one));
+  for (int q = 0; q < n; ++q) EXPECT_EQ(all[size_t(q)], q + 0.5);
+}
+
+TEST_F(CommTest, AllToAllTransposesBlocks) {
+  const int k = 2;
+  std::vector<float> in(static_cast<size_t>(n * k)), out(static_cast<size_t>(n * k), -1.0f);
+  for (int p = 0; p < n; ++p)  // block p goes to rank p
+    for (int i = 0; i < k; ++i) in[size_t(p * k + i)] = float(r * 1000 + p * 10 + i);
+  comm->all_to_all(view(out), view(in));
+  for (int q = 0; q < n; ++q)  // block q came from rank q
+    for (int i = 0; i < k; ++i) EXPECT_EQ(out[size_t(q * k + i)], float(q * 1000 + r * 10 + i));
+}
+
+TEST_F(CommTest, AllToAllVUnevenWithZeroCounts) {
+  // Rank r sends (r + p) % 3 elements to rank p: some pairs send nothing, the counts are
+  // symmetric so rank r receives (q + r) % 3 from q. Buffers are longer than the counts;
+  // the tail must stay untouched.
+  std::vector<int64_t> send_counts(static_cast<size_t>(n)), recv_counts(static_cast<size_t>(n));
+  int64_t send_total = 0, recv_total = 0;
+  for (int p = 0; p < n; ++p) {
+    send_counts[size_t(p)] = (r + p) % 3;
+    recv_counts[size_t(p)] = (p + r) % 3;
+    send_total += send_counts[size_t(p)];
+    recv_total += recv_counts[size_t(p)];
+  }
+  std::vector<int32_t> in(static_cast<size_t>(send_total + 2), -7), out(static_cast<size_t>(recv_total + 3), -1);
+  size_t at = 0;
+  for (int p = 0; p < n; ++p)
+    for (int64_t j = 0; j < send_counts[size_t(p)]; ++j) in[at++] = int32_t(r * 1000 + p * 10 + j);
+  comm->all_to_all_v(view(out), recv_counts, view(in), send_counts);
+  at = 0;
+  for (int q = 0; q < n; ++q)
+    for (int64_t j = 0; j < recv_counts[size_t(q)]; ++j)
+      EXPECT_EQ(out[at++], int32_t(q * 1000 + r * 10 + j)) << "from " << q;
+  for (; at < out.size(); ++at) EXPECT_EQ(out[at], -1) << "tail written at " << at;
+
+  // All zero: legal, and nothing moves.
+  std::vector<int64_t> zeros(static_cast<size_t>(n), 0);
+  comm->all_to_all_v(view(out), zeros, view(in), zeros);
+}
+
+TEST_F(CommTest, BroadcastFromNonZeroRoot) {
+  const int root = n - 1;
+  std::vector<double> buf(6, 0.0);
+  if (r == root)
+    for (size_t i = 0; i < buf.size(); ++i) buf[i] = 0.25 * double(i) + 3;
+  comm->broadcast(view(buf), root);
+  for (size_t i = 0; i < buf.size(); ++i) EXPECT_EQ(buf[i], 0.25 * double(i) + 3);
+}
+
+TEST_F(CommTest, BlockingSendRecvPairsWithTags) {
+  // Even ranks send to the next rank; two messages with different tags are received in
+  // the opposite order of sending (tag matching, not arrival order).
+  std::vector<float> a{float(r), 1}, b{float(r), 2};
+  if (r % 2 == 0 && r + 1 < n) {
+    Work first = comm->send(view(a), r + 1, /*tag=*/1, /*async=*/true);
+    comm->send(view(b), r + 1, /*tag=*/2);
+    first.wait();
+  } else if (r % 2 == 1) {
+    std::vector<float> got_b(2), got_a(2);
+    comm->recv(view(got_b), r - 1, 2);
+    comm->recv(view(got_a), r - 1, 1);
+    EXPECT_EQ(got_a, (std::vector<float>{float(r - 1), 1}));
+    EXPECT_EQ(got_b, (std::vector<float>{float(r - 1), 2}));
+  }
+}
+
+TEST_F(CommTest, NonBlockingPostSeveralThenTestAndWait) {
+  EXPECT_TRUE(Work().done());
+  Work nothing;
+  nothing.wait();
+  EXPECT_TRUE(nothing.test());
+
+  const int k = 1000;
+  std::vector<float> a(k, float(r + 1)), b(k, 2.0f);
+  std::vector<int32_t> mine{r}, all(static_cast<size_t>(n), -1);
+  std::vector<Work> works;
+  works.push_back(comm->all_reduce(view(a), ReduceOp::Sum, true));
+  works.push_back(comm->all_reduce(view(b), ReduceOp::Max, true));
+  works.push_back(comm->all_gather(view(all), view(mine), true));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  size_t done = 0;
+  while (done < works.size() && std::chrono::steady_clock::now() < deadline) {
+    done = 0;
+    for (Work& w : works) done += w.test() ? 1 : 0;
+  }
+  ASSERT_EQ(done, works.size()) << "non-blocking operations did not finish in 30 s";
+  for (Work& w : works) {
+    EXPECT_TRUE(w.done());
+    w.wait();  // again: a no-op
+    w.wait();
+  }
+  EXPECT_EQ(a[0], float(n * (n + 1) / 2));
+  EXPECT_EQ(a[k - 1], float(n * (n + 1) / 2));
+  EXPECT_EQ(b[7], 2.0f);
+  for (int q = 0; q < n; ++q) EXPECT_EQ(all[size_t(q)], q);
+
+  // A moved Work carries the pending operation; the moved-from one is complete.
+  std::vector<double> c{1.0};
+  Work first = comm->all_reduce(view(c), ReduceOp::Sum, true);
+  Work second = std::move(first);
+  EXPECT_TRUE(first.done());  // NOLINT(bugprone-use-after-move): documented state
+  second.wait();
+  EXPECT_EQ(c[0], double(n));
+}
+
+TEST_F(CommTest, BatchedP2PRingExchangeOfLargeMessages) {
+  // Every rank sends 4 MiB to its right neighbour and receives from its left; with
+  // blocking sends in this order a rendezvous protocol would deadlock.
+  const int k = 1 << 20;
+  const int right = (r + 1) % n, left = (r + n - 1) % n;
+  std::vector<float> out(k), in(k, -1.0f);
+  for (int i = 0; i < k; ++i) out[size_t(i)] = float(r) + float(i % 97);
+  std::vector<P2POp> ops;
+  ops.push_back(P2POp{true, view(out), right, 3});
+  ops.push_back(P2POp{false, view(in), left, 3});
+  std::vector<Work> works = comm->batch_p2p(std::move(ops));
+  ASSERT_EQ(works.size(), 2u);
+  for (Work& w : works) w.wait();
+  EXPECT_EQ(in[0], float(left));
+  EXPECT_EQ(in[size_t(k - 1)], float(left) + float((k - 1) % 97));
+}
+
+TEST_F(CommTest, InjectedDelaySlowsOnlyTheSlowRank) {
+  const double delay = 0.15;
+  auto slow = make_communicator(Backend::MPI, MPI_COMM_WORLD, "slow_link");
+  slow->set_injection(Injection{delay, /*slow_rank=*/1, 0});
+  std::vector<float> x(4, 1.0f);
+  slow->barrier();
+  slow->all_reduce(view(x));
+  const std::vector<CommEvent> events = events_of("slow_link");
+  ASSERT_FALSE(events.empty());
+  // The slow rank spends the delay inside its operation; the others spend it waiting for
+  // the slow rank (what slow-rank detection reads; a third leaves room for scheduling).
+  if (r == 1)
+    EXPECT_GE(events.back().seconds(), delay);
+  else
+    EXPECT_GE(events.back().seconds(), delay / 3);
+  EXPECT_EQ(x[0], float(n));
+
+  // Bandwidth: 4 KiB at 40 KiB/s adds 0.1 s on every rank.
+  std::vector<float> big(1024, 1.0f);
+  slow->set_injection(Injection{0, -1, 40.0 * 1024});
+  slow->all_reduce(view(big));
+  EXPECT_GE(events_of("slow_link").back().seconds(), 0.1);
+  slow->set_injection(Injection{});
+}
+
+TEST_F(CommTest, TraceRecordsSequenceBytesPeersAndTimes) {
+  clear_comm_events();
+  auto alpha = make_communicator(Backend::MPI, MPI_COMM_WORLD, "alpha");
+  auto beta = make_communicator(Backend::MPI, MPI_COMM_WORLD, "beta");
+  std::vector<float> f(10, 1.0f);
+  std::vector<double> d(3, 1.0), gathered(static_cast<size_t>(3 * n));
+  alpha->all_reduce(view(f));                 // 40 bytes
+  beta->all_gather(view(gathered), view(d));  // 24 bytes (this rank's part)
+  alpha->broadcast(view(d), n - 1);           // 24 bytes, peer = root
+  alpha->barrier();                           // 0 bytes
+  beta->all_reduce(view(d));                  // 24 bytes
+
+  std::vector<CommEvent> a = events_of("alpha"), b = events_of("beta");
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_NE(a[0].comm_id, b[0].comm_id);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].seq, i);
+  for (size_t i = 0; i < b.size(); ++i) EXPECT_EQ(b[i].seq, i);
+  EXPECT_EQ(a[0].kind, CommKind::AllReduce);
+  EXPECT_EQ(a[0].bytes, 40);
+  EXPECT_EQ(a[0].peer, -1);
+  EXPECT_EQ(a[1].kind, CommKind::Broadcast);
+  EXPECT_EQ(a[1].bytes, 24);
+  EXPECT_EQ(a[1].peer, n - 1);
+  EXPECT_EQ(a[2].kind, CommKind::Barrier);
+  EXPECT_EQ(a[2].bytes, 0);
+  EXPECT_EQ(b[0].kind, CommKind::AllGather);
+  EXPECT_EQ(b[0].bytes, 24);
+  for (const CommEvent& e : comm_events()) {
+    EXPECT_GT(e.enter_ns, 0);
+    EXPECT_GE(e.leave_ns, e.enter_ns);
+  }
+  const std::vector<CommEvent> all = comm_events();
+  for (size_t i = 1; i < all.size(); ++i) EXPECT_EQ(all[i].id, all[i - 1].id + 1);
+
+  // A pending operation has leave 0 until it is observed complete. Rank 0 posts a
+  // receive that rank 1 only matches after the barrier.
+  std::vector<int32_t> msg{0};
+  if (r == 0) {
+    Work pending = beta->recv(view(msg), 1, 9, /*async=*/true);
+    EXPECT_EQ(events_of("beta").back().kind, CommKind::Recv);
+    EXPECT_EQ(events_of("beta").back().peer, 1);
+    EXPECT_EQ(events_of("beta").back().leave_ns, 0);
+    alpha->barrier();
+    pending.wait();
+    EXPECT_EQ(msg[0], 42);
+    EXPECT_GE(events_of("beta").back().leave_ns, events_of("beta").back().enter_ns);
+    EXPECT_GT(events_of("beta").back().leave_ns, 0);
+  } else {
+    alpha->barrier();
+    if (r == 1) {
+      msg[0] = 42;
+      beta->send(view(msg), 0, 9);
+      EXPECT_EQ(events_of("beta").back().kind, CommKind::Send);
+      EXPECT_EQ(events_of("beta").back().bytes, 4);
+      EXPECT_EQ(events_of("beta").back().peer, 0);
+    }
+  }
+
+  // Totals per name: alpha ran all_reduce, broadcast and two barriers.
+  const CommTotals totals = comm_totals()["alpha"];
+  EXPECT_EQ(totals.count, 4);
+  EXPECT_EQ(totals.bytes, 64);
+  EXPECT_GT(totals.seconds, 0.0);
+
+  // The dump is one line per event plus a header.
+  std::FILE* file = std::tmpfile();
+  ASSERT_NE(file, nullptr);
+  dump_comm_events(file);
+  std::rewind(file);
+  int lines = 0;
+  for (int ch = std::fgetc(file); ch != EOF; ch = std::fgetc(file)) lines += ch == '\n';
+  std::fclose(file);
+  EXPECT_EQ(lines, int(comm_events().size()) + 1);
+}
+
+TEST_F(CommTest, TraceRingKeepsTheNewestEvents) {
+  // A one-rank communicator makes thousands of operations cheap.
+  clear_comm_events();
+  auto self = make_communicator(Backend::MPI, MPI_COMM_SELF, "self");
+  std::vector<int32_t> x{1};
+  const uint64_t total = kCommTraceCapacity + 100;
+  for (uint64_t i = 0; i < total; ++i) self->all_reduce(view(x));
+  const std::vector<CommEvent> events = comm_events();
+  ASSERT_EQ(events.size(), kCommTraceCapacity);
+  EXPECT_EQ(events.front().seq, 100u);  // the 100 oldest were overwritten
+  EXPECT_EQ(events.back().seq, total - 1);
+  for (size_t i = 1; i < events.size(); ++i) EXPECT_EQ(events[i].seq, events[i - 1].seq + 1);
+  EXPECT_EQ(x[0], 1);
+}
+
+TEST_F(CommTest, RefusesWrongSizesAndDTypes) {
+  std::vector<float> in(static_cast<size_t>(n * 2) + 1), out(2);
+  try {
+    comm->reduce_scatter(view(out), view(in));
+    ADD_FAILURE() << "a reduce_scatter with the wrong input size ran";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("reduce_scatter: in (" + std::to_string(n * 2 + 1)),
+              std::string::npos)
+        << e.what();
+  }
+  std::vector<float> gathered(static_cast<size_t>(n));
+  EXPECT_THROW(comm->all_gather(view(gathered), view(out)), std::logic_error);
+  std::vector<int64_t> counts(static_cast<size_t>(n + 1), 0);
+  EXPECT_THROW(comm->all_to_all_v(view(out), counts, view(in), counts), std::logic_error);
+  EXPECT_THROW(comm->send(view(out), n, 0), std::logic_error);
+
+  std::vector<uint16_t> bf16(4);
+  Tensor t{bf16.data(), DType::BF16, Device::CPU, Shape{4}};
+  try {
+    comm->all_reduce(t);
+    ADD_FAILURE() << "an MPI bf16 reduction ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not bf16"), std::string::npos) << e.what();
+  }
+  // bf16 moves fine (no arithmetic): all_gather of raw 16-bit words.
+  std::vector<uint16_t> words{uint16_t(r)}, all(static_cast<size_t>(n));
+  comm->all_gather(Tensor{all.data(), DType::BF16, Device::CPU, Shape{int64_t(n)}},
+                   Tensor{words.data(), DType::BF16, Device::CPU, Shape{1}});
+  for (int q = 0; q < n; ++q) EXPECT_EQ(all[size_t(q)], q);
+
+  Tensor on_gpu = view(out);
+  on_gpu.device = Device::CUDA;
+  EXPECT_THROW(comm->all_reduce(on_gpu), std::logic_error);
+}
+
+TEST_F(CommTest, SignalDumpsTheTrace) {
+  auto signalled = make_communicator(Backend::MPI, MPI_COMM_WORLD, "signalled");
+  signalled->barrier();
+  install_comm_dump_on_signal(SIGUSR2);
+  const std::string text = capture_stderr([] { std::raise(SIGUSR2); });
+  std::signal(SIGUSR2, SIG_DFL);
+  EXPECT_NE(text.find("communication trace"), std::string::npos) << text;
+  EXPECT_NE(text.find("signalled["), std::string::npos) << text;
+  EXPECT_NE(text.find(" barrier "), std::string::npos) << text;
+}
+
+TEST_F(CommTest, MpiErrorDumpsTheTraceAndThrows) {
+  // Rank 1 receives 4 elements into a 2-element buffer: MPI reports truncation.
+  auto faulty = make_communicator(Backend::MPI, MPI_COMM_WORLD, "faulty");
+  std::vector<int32_t> four{1, 2, 3, 4}, two(2);
+  if (r == 0) faulty->send(view(four), 1, 5);
+  if (r == 1) {
+    std::string message;
+    const std::string dumped = capture_stderr([&] {
+      try {
+        faulty->recv(view(two), 0, 5);
+      } catch (const Error& e) {
+        message = e.what();
+      }
+    });
+    EXPECT_NE(message.find("MPI error in MPI_Irecv on communicator 'faulty'"), std::string::npos)
+        << message;
+    EXPECT_NE(dumped.find("faulty["), std::string::npos) << dumped;
+    EXPECT_NE(dumped.find(" recv "), std::string::npos) << dumped;
+  }
+  faulty->barrier();
+}
+
+TEST_F(CommTest, NcclWithoutNcclIsAClearError) {
+  if (backend_available(Backend::NCCL))
+    GTEST_SKIP() << "this build has NCCL; creating one needs a GPU per rank";
+  try {
+    make_communicator(Backend::NCCL, MPI_COMM_WORLD, "nccl");
+    ADD_FAILURE() << "made an NCCL communicator without NCCL";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("built without NCCL"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace pentad::parallel
