@@ -1,9 +1,9 @@
 #pragma once
 // What the backends share with comm.cpp; callers include parallel/comm.h only.
+#include <mpi.h>
+
 #include <memory>
 #include <string>
-
-#include <mpi.h>
 
 namespace pentad::parallel {
 

@@ -11,16 +11,23 @@ namespace pentad::parallel {
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Max: return "max";
-    case ReduceOp::Min: return "min";
+    case ReduceOp::Sum:
+      return "sum";
+    case ReduceOp::Max:
+      return "max";
+    case ReduceOp::Min:
+      return "min";
   }
   return "?";
 }
 
-const char* backend_name(Backend backend) { return backend == Backend::MPI ? "mpi" : "nccl"; }
+const char* backend_name(Backend backend) {
+  return backend == Backend::MPI ? "mpi" : "nccl";
+}
 
-bool backend_available(Backend backend) { return backend == Backend::MPI || nccl_compiled(); }
+bool backend_available(Backend backend) {
+  return backend == Backend::MPI || nccl_compiled();
+}
 
 void fail_with_trace(const std::string& message) {
   std::fprintf(stderr, "pentad: %s\n", message.c_str());
@@ -46,7 +53,9 @@ Work& Work::operator=(Work&& other) noexcept {
   return *this;
 }
 
-Work::~Work() { drop(); }
+Work::~Work() {
+  drop();
+}
 
 void Work::drop() noexcept {
   if (!impl_) return;
@@ -89,17 +98,18 @@ Device Communicator::device() const {
 }
 
 void Communicator::check_tensor(const Tensor& t, const char* op, const char* what) const {
-  PENTAD_CHECK(t.device == device(), "communicator '{}' {}: {} is on {} but the {} backend needs {} tensors",
-               name_, op, what, device_name(t.device), backend_name(backend_),
-               device_name(device()));
+  PENTAD_CHECK(t.device == device(),
+               "communicator '{}' {}: {} is on {} but the {} backend needs {} tensors", name_, op,
+               what, device_name(t.device), backend_name(backend_), device_name(device()));
   PENTAD_CHECK(t.data != nullptr || t.numel() == 0,
                "communicator '{}' {}: {} {} has no memory (a measuring arena?)", name_, op, what,
                t.shape.str());
 }
 
 void Communicator::check_peer(int peer, int tag, const char* op) const {
-  PENTAD_CHECK(peer >= 0 && peer < size_, "communicator '{}' {}: peer {} is not a rank of a group of {}",
-               name_, op, peer, size_);
+  PENTAD_CHECK(peer >= 0 && peer < size_,
+               "communicator '{}' {}: peer {} is not a rank of a group of {}", name_, op, peer,
+               size_);
   PENTAD_CHECK(tag >= 0, "communicator '{}' {}: tag {} is negative", name_, op, tag);
 }
 
@@ -134,10 +144,10 @@ Work Communicator::reduce_scatter(Tensor out, const Tensor& in, ReduceOp op, boo
   check_tensor(in, "reduce_scatter", "in");
   PENTAD_CHECK(out.dtype == in.dtype, "communicator '{}' reduce_scatter: out is {} but in is {}",
                name_, dtype_name(out.dtype), dtype_name(in.dtype));
-  PENTAD_CHECK(in.numel() == int64_t(size_) * out.numel(),
-               "communicator '{}' reduce_scatter: in {} has {} elements but needs size {} x out {} = {}",
-               name_, in.shape.str(), in.numel(), size_, out.shape.str(),
-               int64_t(size_) * out.numel());
+  PENTAD_CHECK(
+      in.numel() == int64_t(size_) * out.numel(),
+      "communicator '{}' reduce_scatter: in {} has {} elements but needs size {} x out {} = {}",
+      name_, in.shape.str(), in.numel(), size_, out.shape.str(), int64_t(size_) * out.numel());
   check_dtype(in.dtype, true);
   const int64_t bytes = int64_t(in.bytes());
   TraceTicket ticket = enter(CommKind::ReduceScatter, bytes, -1);
@@ -150,10 +160,10 @@ Work Communicator::all_gather(Tensor out, const Tensor& in, bool async) {
   check_tensor(in, "all_gather", "in");
   PENTAD_CHECK(out.dtype == in.dtype, "communicator '{}' all_gather: out is {} but in is {}", name_,
                dtype_name(out.dtype), dtype_name(in.dtype));
-  PENTAD_CHECK(out.numel() == int64_t(size_) * in.numel(),
-               "communicator '{}' all_gather: out {} has {} elements but needs size {} x in {} = {}",
-               name_, out.shape.str(), out.numel(), size_, in.shape.str(),
-               int64_t(size_) * in.numel());
+  PENTAD_CHECK(
+      out.numel() == int64_t(size_) * in.numel(),
+      "communicator '{}' all_gather: out {} has {} elements but needs size {} x in {} = {}", name_,
+      out.shape.str(), out.numel(), size_, in.shape.str(), int64_t(size_) * in.numel());
   check_dtype(in.dtype, false);
   const int64_t bytes = int64_t(in.bytes());
   TraceTicket ticket = enter(CommKind::AllGather, bytes, -1);
@@ -196,9 +206,10 @@ Work Communicator::all_to_all_v(Tensor out, std::span<const int64_t> recv_counts
   PENTAD_CHECK(send_total <= in.numel(),
                "communicator '{}' all_to_all_v: send counts sum to {} but in {} has {} elements",
                name_, send_total, in.shape.str(), in.numel());
-  PENTAD_CHECK(recv_total <= out.numel(),
-               "communicator '{}' all_to_all_v: receive counts sum to {} but out {} has {} elements",
-               name_, recv_total, out.shape.str(), out.numel());
+  PENTAD_CHECK(
+      recv_total <= out.numel(),
+      "communicator '{}' all_to_all_v: receive counts sum to {} but out {} has {} elements", name_,
+      recv_total, out.shape.str(), out.numel());
   check_dtype(in.dtype, false);
   const int64_t bytes = send_total * int64_t(dtype_bytes(in.dtype));
   TraceTicket ticket = enter(CommKind::AllToAllV, bytes, -1);
@@ -263,8 +274,10 @@ void Communicator::barrier() {
 
 std::unique_ptr<Communicator> make_communicator(Backend backend, MPI_Comm comm, std::string name) {
   switch (backend) {
-    case Backend::MPI: return make_mpi_communicator(comm, std::move(name));
-    case Backend::NCCL: return make_nccl_communicator(comm, std::move(name));
+    case Backend::MPI:
+      return make_mpi_communicator(comm, std::move(name));
+    case Backend::NCCL:
+      return make_nccl_communicator(comm, std::move(name));
   }
   fail("communicator '{}': unknown backend", name);
 }

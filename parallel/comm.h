@@ -12,8 +12,9 @@
 //   - is posted non-blocking; async = false waits before returning, async = true returns
 //     a pending Work that the caller test()s or wait()s. Buffers must stay untouched
 //     until then. Dropping a pending Work waits for it.
-// Tensors have no strides, so every tensor is contiguous. Ranks are 0..size()-1 within
-// the group.
+// One thread issues a communicator's operations (the sequence numbers assume it); Works
+// may be tested from that thread only. Tensors have no strides, so every tensor is
+// contiguous. Ranks are 0..size()-1 within the group.
 //
 // Stream rule (NCCL): operations run on the communicator's own CUDA stream, which is a
 // blocking stream and so ordered with the legacy default stream; Work::wait() blocks the
@@ -46,7 +47,7 @@ class Work {
   Work(std::unique_ptr<WorkImpl> impl, TraceTicket ticket);
   Work(Work&& other) noexcept;
   Work& operator=(Work&& other) noexcept;  // waits for the operation it replaces
-  ~Work();                                  // waits if still pending
+  ~Work();                                 // waits if still pending
 
   bool test();  // true once complete; the first true stamps the trace's leave time
   void wait();  // blocks until complete; waiting again is a no-op

@@ -1,10 +1,10 @@
 #include "parallel/mesh.h"
 
+#include <fmt/ranges.h>
+
 #include <array>
 #include <string_view>
 #include <vector>
-
-#include <fmt/ranges.h>
 
 #include "parallel/backend.h"
 
@@ -29,9 +29,10 @@ std::array<Axis, 4> parse_order(const std::string& order) {
     for (int i = 0; i < 4; ++i)
       if (token == axis_name(kDenseAxes[size_t(i)])) found = i;
     if (found < 0)
-      fail("mesh order \"{}\": unknown axis '{}': list tp, cp, dp and pp once each, innermost "
-           "first (e.g. \"tp,cp,dp,pp\"); ep and etp are placed by the expert view",
-           order, token);
+      fail(
+          "mesh order \"{}\": unknown axis '{}': list tp, cp, dp and pp once each, innermost "
+          "first (e.g. \"tp,cp,dp,pp\"); ep and etp are placed by the expert view",
+          order, token);
     if (seen[size_t(found)])
       fail("mesh order \"{}\" names {} twice: list tp, cp, dp and pp once each", order, token);
     seen[size_t(found)] = true;
@@ -59,7 +60,8 @@ std::unique_ptr<Communicator> split(MPI_Comm world, int color, int world_rank, B
                                     const std::string& name) {
   MPI_Comm part = MPI_COMM_NULL;
   const int rc = MPI_Comm_split(world, color, world_rank, &part);
-  if (rc != MPI_SUCCESS) fail_with_trace(fmt::format("MPI_Comm_split for mesh group {} failed", name));
+  if (rc != MPI_SUCCESS)
+    fail_with_trace(fmt::format("MPI_Comm_split for mesh group {} failed", name));
   std::unique_ptr<Communicator> comm = make_communicator(backend, part, name);
   MPI_Comm_free(&part);
   return comm;
@@ -69,13 +71,20 @@ std::unique_ptr<Communicator> split(MPI_Comm world, int color, int world_rank, B
 
 const char* axis_name(Axis axis) {
   switch (axis) {
-    case Axis::TP: return "tp";
-    case Axis::CP: return "cp";
-    case Axis::DP: return "dp";
-    case Axis::PP: return "pp";
-    case Axis::EP: return "ep";
-    case Axis::ETP: return "etp";
-    case Axis::EDP: return "edp";
+    case Axis::TP:
+      return "tp";
+    case Axis::CP:
+      return "cp";
+    case Axis::DP:
+      return "dp";
+    case Axis::PP:
+      return "pp";
+    case Axis::EP:
+      return "ep";
+    case Axis::ETP:
+      return "etp";
+    case Axis::EDP:
+      return "edp";
   }
   return "?";
 }
@@ -84,7 +93,9 @@ void validate(const MeshConfig& c, int world_size) {
   const std::array<std::pair<const char*, int>, 6> degrees = {
       {{"tp", c.tp}, {"cp", c.cp}, {"dp", c.dp}, {"pp", c.pp}, {"ep", c.ep}, {"etp", c.etp}}};
   for (const auto& [name, value] : degrees)
-    if (value < 1) fail("mesh: {} is {} but every degree must be at least 1: set {} to 1 or more", name, value, name);
+    if (value < 1)
+      fail("mesh: {} is {} but every degree must be at least 1: set {} to 1 or more", name, value,
+           name);
   parse_order(c.order);
 
   const int64_t ranks = int64_t(c.tp) * c.cp * c.dp * c.pp;
@@ -101,9 +112,10 @@ void validate(const MeshConfig& c, int world_size) {
     const std::string change = stage % c.etp == 0
                                    ? fmt::format("change ep to {}", divisors_hint(stage / c.etp))
                                    : fmt::format("change etp to {}", divisors_hint(stage));
-    fail("ep {} × etp {} = {} does not divide the {} ranks of a pipeline stage (dp {} × cp {} × "
-         "tp {}): {}",
-         c.ep, c.etp, expert, stage, c.dp, c.cp, c.tp, change);
+    fail(
+        "ep {} × etp {} = {} does not divide the {} ranks of a pipeline stage (dp {} × cp {} × "
+        "tp {}): {}",
+        c.ep, c.etp, expert, stage, c.dp, c.cp, c.tp, change);
   }
 }
 
@@ -118,33 +130,44 @@ void check_layout(const MeshConfig& c, int64_t n_head, int64_t n_kv_head, int64_
   tp_divides(n_head, "model.n_head");
   tp_divides(kv_heads, "model.n_kv_head");
   if (vocab_size % c.tp != 0)
-    fail("tp {} does not divide model.vocab_size = {}: pad model.vocab_size to a multiple of {} "
-         "(e.g. {}) or change tp to {}",
-         c.tp, vocab_size, c.tp, (vocab_size + c.tp - 1) / c.tp * c.tp, divisors_hint(vocab_size));
+    fail(
+        "tp {} does not divide model.vocab_size = {}: pad model.vocab_size to a multiple of {} "
+        "(e.g. {}) or change tp to {}",
+        c.tp, vocab_size, c.tp, (vocab_size + c.tp - 1) / c.tp * c.tp, divisors_hint(vocab_size));
   tp_divides(ffn_dim, "model.d_ff");
   if (sequence_parallel && (micro_batch * seq_len) % c.tp != 0)
-    fail("with sequence parallelism tp {} must divide train.micro_batch × train.seq_len = {} × {} "
-         "= {}: change tp to {} or change train.seq_len",
-         c.tp, micro_batch, seq_len, micro_batch * seq_len, divisors_hint(micro_batch * seq_len));
+    fail(
+        "with sequence parallelism tp {} must divide train.micro_batch × train.seq_len = {} × {} "
+        "= {}: change tp to {} or change train.seq_len",
+        c.tp, micro_batch, seq_len, micro_batch * seq_len, divisors_hint(micro_batch * seq_len));
   if (seq_len % c.cp != 0)
-    fail("cp {} does not divide train.seq_len = {}: change cp to {} or train.seq_len to a "
-         "multiple of {}",
-         c.cp, seq_len, divisors_hint(seq_len), c.cp);
+    fail(
+        "cp {} does not divide train.seq_len = {}: change cp to {} or train.seq_len to a "
+        "multiple of {}",
+        c.cp, seq_len, divisors_hint(seq_len), c.cp);
   if (c.pp > n_layer)
-    fail("pp {} is more than model.n_layer = {}: every pipeline stage needs a layer; change pp to "
-         "at most {}",
-         c.pp, n_layer, n_layer);
+    fail(
+        "pp {} is more than model.n_layer = {}: every pipeline stage needs a layer; change pp to "
+        "at most {}",
+        c.pp, n_layer, n_layer);
 }
 
 int mesh_degree(const MeshConfig& c, Axis axis) {
   switch (axis) {
-    case Axis::TP: return c.tp;
-    case Axis::CP: return c.cp;
-    case Axis::DP: return c.dp;
-    case Axis::PP: return c.pp;
-    case Axis::EP: return c.ep;
-    case Axis::ETP: return c.etp;
-    case Axis::EDP: return c.dp * c.cp * c.tp / (c.ep * c.etp);
+    case Axis::TP:
+      return c.tp;
+    case Axis::CP:
+      return c.cp;
+    case Axis::DP:
+      return c.dp;
+    case Axis::PP:
+      return c.pp;
+    case Axis::EP:
+      return c.ep;
+    case Axis::ETP:
+      return c.etp;
+    case Axis::EDP:
+      return c.dp * c.cp * c.tp / (c.ep * c.etp);
   }
   return 1;
 }
@@ -212,8 +235,8 @@ Mesh Mesh::create(const MeshConfig& config, MPI_Comm world, Backend backend) {
   for (Axis axis : {Axis::EP, Axis::ETP, Axis::EDP})
     mesh.groups_[size_t(axis)] =
         split(world, expert_color(axis), mesh.world_rank_, backend, axis_name(axis));
-  mesh.dp_cp_ = split(world, mesh_rank(config, at(Axis::TP), 0, 0, pp), mesh.world_rank_, backend,
-                      "dp_cp");
+  mesh.dp_cp_ =
+      split(world, mesh_rank(config, at(Axis::TP), 0, 0, pp), mesh.world_rank_, backend, "dp_cp");
   mesh.world_ = make_communicator(backend, world, "world");
   return mesh;
 }
@@ -222,9 +245,15 @@ Mesh::Mesh(Mesh&&) noexcept = default;
 Mesh& Mesh::operator=(Mesh&&) noexcept = default;
 Mesh::~Mesh() = default;
 
-Communicator& Mesh::group(Axis axis) { return *groups_[size_t(axis)]; }
-Communicator& Mesh::dp_cp() { return *dp_cp_; }
-Communicator& Mesh::world() { return *world_; }
+Communicator& Mesh::group(Axis axis) {
+  return *groups_[size_t(axis)];
+}
+Communicator& Mesh::dp_cp() {
+  return *dp_cp_;
+}
+Communicator& Mesh::world() {
+  return *world_;
+}
 
 std::string Mesh::describe() const {
   std::string text = fmt::format("rank {}:", world_rank_);

@@ -38,9 +38,9 @@ void validate(const MeshConfig& config, int world_size);
 // Throws pentad::Error naming the degree or model key to change if the model cannot be
 // split this way: tp must divide heads, kv heads, vocab and ffn width (and, with
 // sequence parallelism, micro_batch*seq_len); cp must divide seq_len; pp <= n_layer.
-void check_layout(const MeshConfig& config, int64_t n_head, int64_t n_kv_head,
-                  int64_t vocab_size, int64_t ffn_dim, int64_t n_layer, int64_t seq_len,
-                  int64_t micro_batch, bool sequence_parallel);
+void check_layout(const MeshConfig& config, int64_t n_head, int64_t n_kv_head, int64_t vocab_size,
+                  int64_t ffn_dim, int64_t n_layer, int64_t seq_len, int64_t micro_batch,
+                  bool sequence_parallel);
 
 // A rank's coordinate on every axis, dense and expert, indexed by Axis.
 using MeshCoords = std::array<int, kNumAxes>;
@@ -48,7 +48,7 @@ using MeshCoords = std::array<int, kNumAxes>;
 // The pure rank arithmetic (no MPI): usable by planners, checkpoint tools and tests.
 // `config` must be valid for the world size.
 MeshCoords mesh_coords(const MeshConfig& config, int world_rank);
-int mesh_degree(const MeshConfig& config, Axis axis);  // EDP included
+int mesh_degree(const MeshConfig& config, Axis axis);                     // EDP included
 int mesh_rank(const MeshConfig& config, int tp, int cp, int dp, int pp);  // inverse, dense
 
 class Mesh {

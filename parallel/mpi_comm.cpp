@@ -26,20 +26,27 @@ int to_int(int64_t n, const char* what) {
 
 MPI_Datatype mpi_type(DType dtype) {
   switch (dtype) {
-    case DType::F32: return MPI_FLOAT;
-    case DType::F64: return MPI_DOUBLE;
-    case DType::I32: return MPI_INT32_T;
+    case DType::F32:
+      return MPI_FLOAT;
+    case DType::F64:
+      return MPI_DOUBLE;
+    case DType::I32:
+      return MPI_INT32_T;
     case DType::BF16:  // moved as raw 16-bit words, never reduced
-    case DType::U16: return MPI_UINT16_T;
+    case DType::U16:
+      return MPI_UINT16_T;
   }
   return MPI_DATATYPE_NULL;
 }
 
 MPI_Op mpi_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return MPI_SUM;
-    case ReduceOp::Max: return MPI_MAX;
-    case ReduceOp::Min: return MPI_MIN;
+    case ReduceOp::Sum:
+      return MPI_SUM;
+    case ReduceOp::Max:
+      return MPI_MAX;
+    case ReduceOp::Min:
+      return MPI_MIN;
   }
   return MPI_OP_NULL;
 }
@@ -80,9 +87,10 @@ class MpiCommunicator final : public Communicator {
  protected:
   void check_dtype(DType dtype, bool reduction) const override {
     if (reduction && dtype != DType::F32 && dtype != DType::F64 && dtype != DType::I32)
-      fail("communicator '{}': the MPI backend reduces f32, f64 and i32 tensors, not {}: "
-           "reduce in f32 (or use the NCCL backend for bf16)",
-           name(), dtype_name(dtype));
+      fail(
+          "communicator '{}': the MPI backend reduces f32, f64 and i32 tensors, not {}: "
+          "reduce in f32 (or use the NCCL backend for bf16)",
+          name(), dtype_name(dtype));
   }
 
   std::unique_ptr<WorkImpl> post_all_reduce(Tensor buf, ReduceOp op) override {
@@ -93,11 +101,13 @@ class MpiCommunicator final : public Communicator {
     return work;
   }
 
-  std::unique_ptr<WorkImpl> post_reduce_scatter(Tensor out, const Tensor& in, ReduceOp op) override {
+  std::unique_ptr<WorkImpl> post_reduce_scatter(Tensor out, const Tensor& in,
+                                                ReduceOp op) override {
     auto work = make_work("MPI_Ireduce_scatter_block");
-    check_mpi(MPI_Ireduce_scatter_block(in.data, out.data, to_int(out.numel(), "reduce_scatter count"),
-                                        mpi_type(in.dtype), mpi_op(op), comm_, &work->request),
-              "MPI_Ireduce_scatter_block", name());
+    check_mpi(
+        MPI_Ireduce_scatter_block(in.data, out.data, to_int(out.numel(), "reduce_scatter count"),
+                                  mpi_type(in.dtype), mpi_op(op), comm_, &work->request),
+        "MPI_Ireduce_scatter_block", name());
     return work;
   }
 
@@ -127,8 +137,7 @@ class MpiCommunicator final : public Communicator {
     pack_counts(recv_counts, work->recv_counts, work->recv_displs);
     check_mpi(MPI_Ialltoallv(in.data, work->send_counts.data(), work->send_displs.data(),
                              mpi_type(in.dtype), out.data, work->recv_counts.data(),
-                             work->recv_displs.data(), mpi_type(out.dtype), comm_,
-                             &work->request),
+                             work->recv_displs.data(), mpi_type(out.dtype), comm_, &work->request),
               "MPI_Ialltoallv", name());
     return work;
   }

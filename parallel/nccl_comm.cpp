@@ -28,11 +28,16 @@ void check_nccl(ncclResult_t rc, const char* call, const std::string& comm_name)
 
 ncclDataType_t nccl_type(DType dtype) {
   switch (dtype) {
-    case DType::F32: return ncclFloat32;
-    case DType::F64: return ncclFloat64;
-    case DType::I32: return ncclInt32;
-    case DType::BF16: return ncclBfloat16;
-    case DType::U16: return ncclUint8;  // moved as bytes (count doubled by the caller)
+    case DType::F32:
+      return ncclFloat32;
+    case DType::F64:
+      return ncclFloat64;
+    case DType::I32:
+      return ncclInt32;
+    case DType::BF16:
+      return ncclBfloat16;
+    case DType::U16:
+      return ncclUint8;  // moved as bytes (count doubled by the caller)
   }
   return ncclUint8;
 }
@@ -44,9 +49,12 @@ size_t nccl_count(DType dtype, int64_t numel) {
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return ncclSum;
-    case ReduceOp::Max: return ncclMax;
-    case ReduceOp::Min: return ncclMin;
+    case ReduceOp::Sum:
+      return ncclSum;
+    case ReduceOp::Max:
+      return ncclMax;
+    case ReduceOp::Min:
+      return ncclMin;
   }
   return ncclSum;
 }
@@ -87,9 +95,10 @@ class NcclCommunicator final : public Communicator {
     MPI_Comm_size(comm, &size_);
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
-      fail("communicator '{}': the NCCL backend needs a CUDA device and rank {} sees none; "
-           "use the MPI backend on this machine",
-           this->name(), rank_);
+      fail(
+          "communicator '{}': the NCCL backend needs a CUDA device and rank {} sees none; "
+          "use the MPI backend on this machine",
+          this->name(), rank_);
     MPI_Comm_dup(comm, &mpi_comm_);
     // Rank 0's failure to make an id must reach every rank, not leave them in MPI_Bcast.
     struct {
@@ -98,7 +107,9 @@ class NcclCommunicator final : public Communicator {
     } bootstrap{};
     if (rank_ == 0) bootstrap.ok = ncclGetUniqueId(&bootstrap.id) == ncclSuccess;
     MPI_Bcast(&bootstrap, sizeof(bootstrap), MPI_BYTE, 0, mpi_comm_);
-    if (!bootstrap.ok) fail_with_trace(fmt::format("communicator '{}': ncclGetUniqueId failed on rank 0", this->name()));
+    if (!bootstrap.ok)
+      fail_with_trace(
+          fmt::format("communicator '{}': ncclGetUniqueId failed on rank 0", this->name()));
     const ncclUniqueId& id = bootstrap.id;
     check_nccl(ncclCommInitRank(&comm_, size_, id, rank_), "ncclCommInitRank", this->name());
     check_cuda(cudaStreamCreate(&stream_), "cudaStreamCreate", this->name());
@@ -125,7 +136,8 @@ class NcclCommunicator final : public Communicator {
     return make_work();
   }
 
-  std::unique_ptr<WorkImpl> post_reduce_scatter(Tensor out, const Tensor& in, ReduceOp op) override {
+  std::unique_ptr<WorkImpl> post_reduce_scatter(Tensor out, const Tensor& in,
+                                                ReduceOp op) override {
     check_nccl(ncclReduceScatter(in.data, out.data, size_t(out.numel()), nccl_type(in.dtype),
                                  nccl_op(op), comm_, stream_),
                "ncclReduceScatter", name());
@@ -155,13 +167,12 @@ class NcclCommunicator final : public Communicator {
     for (int p = 0; p < size(); ++p) {
       const int64_t send_n = send_counts[size_t(p)], recv_n = recv_counts[size_t(p)];
       if (send_n > 0)
-        check_nccl(ncclSend(send_base + size_t(send_offset) * element,
-                            nccl_count(in.dtype, send_n), nccl_type(in.dtype), p, comm_, stream_),
+        check_nccl(ncclSend(send_base + size_t(send_offset) * element, nccl_count(in.dtype, send_n),
+                            nccl_type(in.dtype), p, comm_, stream_),
                    "ncclSend", name());
       if (recv_n > 0)
         check_nccl(ncclRecv(recv_base + size_t(recv_offset) * element,
-                            nccl_count(out.dtype, recv_n), nccl_type(out.dtype), p, comm_,
-                            stream_),
+                            nccl_count(out.dtype, recv_n), nccl_type(out.dtype), p, comm_, stream_),
                    "ncclRecv", name());
       send_offset += send_n;
       recv_offset += recv_n;
@@ -203,7 +214,9 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
-  std::unique_ptr<WorkImpl> make_work() { return std::make_unique<NcclWork>(stream_, comm_, name()); }
+  std::unique_ptr<WorkImpl> make_work() {
+    return std::make_unique<NcclWork>(stream_, comm_, name());
+  }
 
   MPI_Comm mpi_comm_ = MPI_COMM_NULL;
   ncclComm_t comm_ = nullptr;
@@ -212,7 +225,9 @@ class NcclCommunicator final : public Communicator {
 
 }  // namespace
 
-bool nccl_compiled() { return true; }
+bool nccl_compiled() {
+  return true;
+}
 
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, std::string name) {
   return std::make_unique<NcclCommunicator>(comm, std::move(name));

@@ -51,11 +51,12 @@ int format_event(char* buf, size_t size, const CommEvent& e) {
   const double took = e.leave_ns ? 1e-9 * double(e.leave_ns - e.enter_ns) : -1.0;
   const double kib = double(e.bytes) / 1024.0;
   if (took < 0)
-    return std::snprintf(buf, size, "#%llu %s[%u] seq %llu %s %.1f KiB peer %d enter %.6f s PENDING\n",
-                         (unsigned long long)e.id, e.comm_name, e.comm_id,
-                         (unsigned long long)e.seq, comm_kind_name(e.kind), kib, e.peer,
-                         1e-9 * double(e.enter_ns));
-  return std::snprintf(buf, size, "#%llu %s[%u] seq %llu %s %.1f KiB peer %d enter %.6f s took %.6f s\n",
+    return std::snprintf(
+        buf, size, "#%llu %s[%u] seq %llu %s %.1f KiB peer %d enter %.6f s PENDING\n",
+        (unsigned long long)e.id, e.comm_name, e.comm_id, (unsigned long long)e.seq,
+        comm_kind_name(e.kind), kib, e.peer, 1e-9 * double(e.enter_ns));
+  return std::snprintf(buf, size,
+                       "#%llu %s[%u] seq %llu %s %.1f KiB peer %d enter %.6f s took %.6f s\n",
                        (unsigned long long)e.id, e.comm_name, e.comm_id, (unsigned long long)e.seq,
                        comm_kind_name(e.kind), kib, e.peer, 1e-9 * double(e.enter_ns), took);
 }
@@ -79,15 +80,24 @@ void dump_on_signal(int) {
 
 const char* comm_kind_name(CommKind kind) {
   switch (kind) {
-    case CommKind::AllReduce: return "all_reduce";
-    case CommKind::ReduceScatter: return "reduce_scatter";
-    case CommKind::AllGather: return "all_gather";
-    case CommKind::AllToAll: return "all_to_all";
-    case CommKind::AllToAllV: return "all_to_all_v";
-    case CommKind::Broadcast: return "broadcast";
-    case CommKind::Send: return "send";
-    case CommKind::Recv: return "recv";
-    case CommKind::Barrier: return "barrier";
+    case CommKind::AllReduce:
+      return "all_reduce";
+    case CommKind::ReduceScatter:
+      return "reduce_scatter";
+    case CommKind::AllGather:
+      return "all_gather";
+    case CommKind::AllToAll:
+      return "all_to_all";
+    case CommKind::AllToAllV:
+      return "all_to_all_v";
+    case CommKind::Broadcast:
+      return "broadcast";
+    case CommKind::Send:
+      return "send";
+    case CommKind::Recv:
+      return "recv";
+    case CommKind::Barrier:
+      return "barrier";
   }
   return "?";
 }

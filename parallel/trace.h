@@ -36,15 +36,15 @@ enum class CommKind : uint8_t {
 const char* comm_kind_name(CommKind kind);
 
 struct CommEvent {
-  uint64_t id = 0;         // position in this rank's event stream (0, 1, 2, ...)
-  uint32_t comm_id = 0;    // unique per communicator within this process
-  char comm_name[32]{};    // the communicator's name (truncated to 31 bytes)
-  uint64_t seq = 0;        // per-communicator sequence number, from 0
+  uint64_t id = 0;       // position in this rank's event stream (0, 1, 2, ...)
+  uint32_t comm_id = 0;  // unique per communicator within this process
+  char comm_name[32]{};  // the communicator's name (truncated to 31 bytes)
+  uint64_t seq = 0;      // per-communicator sequence number, from 0
   CommKind kind = CommKind::AllReduce;
-  int peer = -1;           // send/recv peer or broadcast root (rank in the group); -1 otherwise
-  int64_t bytes = 0;       // bytes this rank contributes (send side; recv: bytes received)
+  int peer = -1;      // send/recv peer or broadcast root (rank in the group); -1 otherwise
+  int64_t bytes = 0;  // bytes this rank contributes (send side; recv: bytes received)
   int64_t enter_ns = 0;
-  int64_t leave_ns = 0;    // 0 while pending
+  int64_t leave_ns = 0;  // 0 while pending
 
   std::string_view name() const { return comm_name; }
   double seconds() const { return leave_ns ? 1e-9 * double(leave_ns - enter_ns) : 0.0; }

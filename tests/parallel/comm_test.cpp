@@ -1,6 +1,9 @@
 // The communicator (MPI backend) and its trace, on every rank of MPI_COMM_WORLD.
 // Values are chosen so each expected result can be checked by hand: rank r contributes
 // numbers like r*10 + i, and the closed forms are written next to each check.
+#include "parallel/comm.h"
+
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -10,17 +13,23 @@
 #include <thread>
 #include <vector>
 
-#include <gtest/gtest.h>
-
-#include "parallel/comm.h"
-
 namespace pentad::parallel {
 namespace {
 
-template <typename T> constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::F32; }
-template <> constexpr DType dtype_of<double>() { return DType::F64; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::I32; }
+template <typename T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::F32;
+}
+template <>
+constexpr DType dtype_of<double>() {
+  return DType::F64;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::I32;
+}
 
 template <typename T>
 Tensor view(std::vector<T>& v) {
@@ -144,7 +153,8 @@ TEST_F(CommTest, AllToAllVUnevenWithZeroCounts) {
     send_total += send_counts[size_t(p)];
     recv_total += recv_counts[size_t(p)];
   }
-  std::vector<int32_t> in(static_cast<size_t>(send_total + 2), -7), out(static_cast<size_t>(recv_total + 3), -1);
+  std::vector<int32_t> in(static_cast<size_t>(send_total + 2), -7),
+      out(static_cast<size_t>(recv_total + 3), -1);
   size_t at = 0;
   for (int p = 0; p < n; ++p)
     for (int64_t j = 0; j < send_counts[size_t(p)]; ++j) in[at++] = int32_t(r * 1000 + p * 10 + j);

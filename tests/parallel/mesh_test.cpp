@@ -1,14 +1,14 @@
 // The device mesh: validation messages, the rank arithmetic (by hand for small layouts),
 // and the groups MPI builds, checked by all_gather of world ranks. Layouts run when
 // their product equals the number of ranks started (4 and 8 in ctest).
+#include "parallel/mesh.h"
+
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-
-#include "parallel/mesh.h"
 
 namespace pentad::parallel {
 namespace {
@@ -143,9 +143,8 @@ TEST(MeshCoords, CustomOrderAndFoldedExperts) {
 }
 
 TEST(MeshCoords, EveryLayoutIsABijection) {
-  for (const MeshConfig& c :
-       {layout(2, 2, 2, 2, 4, 2), layout(4, 1, 2, 2, 2, 4, "dp,tp,pp,cp"),
-        layout(1, 2, 3, 2, 3, 2, "cp,pp,dp,tp"), layout(3, 1, 1, 1, 1, 3)}) {
+  for (const MeshConfig& c : {layout(2, 2, 2, 2, 4, 2), layout(4, 1, 2, 2, 2, 4, "dp,tp,pp,cp"),
+                              layout(1, 2, 3, 2, 3, 2, "cp,pp,dp,tp"), layout(3, 1, 1, 1, 1, 3)}) {
     const int world = c.tp * c.cp * c.dp * c.pp;
     validate(c, world);
     std::set<std::vector<int>> dense, expert;
@@ -153,8 +152,8 @@ TEST(MeshCoords, EveryLayoutIsABijection) {
       const MeshCoords x = mesh_coords(c, r);
       EXPECT_EQ(mesh_rank(c, x[0], x[1], x[2], x[3]), r) << c.order;
       dense.insert({x[0], x[1], x[2], x[3]});
-      expert.insert({x[size_t(Axis::PP)], x[size_t(Axis::EDP)], x[size_t(Axis::EP)],
-                     x[size_t(Axis::ETP)]});
+      expert.insert(
+          {x[size_t(Axis::PP)], x[size_t(Axis::EDP)], x[size_t(Axis::EP)], x[size_t(Axis::ETP)]});
       for (int a = 0; a < kNumAxes; ++a) {
         EXPECT_GE(x[size_t(a)], 0);
         EXPECT_LT(x[size_t(a)], mesh_degree(c, Axis(a)));
@@ -195,12 +194,9 @@ void check_groups(const MeshConfig& c) {
   Mesh mesh = Mesh::create(c, MPI_COMM_WORLD);
   const int me = mesh.world_rank(), world = mesh.world_size();
   const std::vector<std::pair<Axis, std::vector<Axis>>> groups = {
-      {Axis::TP, {Axis::CP, Axis::DP, Axis::PP}},
-      {Axis::CP, {Axis::TP, Axis::DP, Axis::PP}},
-      {Axis::DP, {Axis::TP, Axis::CP, Axis::PP}},
-      {Axis::PP, {Axis::TP, Axis::CP, Axis::DP}},
-      {Axis::EP, {Axis::PP, Axis::EDP, Axis::ETP}},
-      {Axis::ETP, {Axis::PP, Axis::EDP, Axis::EP}},
+      {Axis::TP, {Axis::CP, Axis::DP, Axis::PP}},   {Axis::CP, {Axis::TP, Axis::DP, Axis::PP}},
+      {Axis::DP, {Axis::TP, Axis::CP, Axis::PP}},   {Axis::PP, {Axis::TP, Axis::CP, Axis::DP}},
+      {Axis::EP, {Axis::PP, Axis::EDP, Axis::ETP}}, {Axis::ETP, {Axis::PP, Axis::EDP, Axis::EP}},
       {Axis::EDP, {Axis::PP, Axis::EP, Axis::ETP}},
   };
   for (const auto& [axis, shared] : groups) {
@@ -265,7 +261,8 @@ TEST(MeshGroups, EightRanksEveryAxisByHand) {
     EXPECT_EQ(members(mesh.group(Axis::TP), me), (std::vector<int>{me / 2 * 2, me / 2 * 2 + 1}));
     EXPECT_EQ(members(mesh.group(Axis::PP), me), (std::vector<int>{me % 4, me % 4 + 4}));
     EXPECT_EQ(members(mesh.group(Axis::ETP), me), (std::vector<int>{me / 2 * 2, me / 2 * 2 + 1}));
-    EXPECT_EQ(members(mesh.group(Axis::EP), me), (std::vector<int>{stage + me % 2, stage + me % 2 + 2}));
+    EXPECT_EQ(members(mesh.group(Axis::EP), me),
+              (std::vector<int>{stage + me % 2, stage + me % 2 + 2}));
     EXPECT_EQ(mesh.degree(Axis::EDP), 1);
     if (me == 5) {
       EXPECT_EQ(mesh.describe(), "rank 5: pp 1/2 dp 0/2 cp 0/1 tp 1/2 | ep 0/2 etp 1/2 edp 0/1");
@@ -275,9 +272,11 @@ TEST(MeshGroups, EightRanksEveryAxisByHand) {
     Mesh mesh = Mesh::create(layout(2, 2, 1, 2, 2, 1, "cp,tp,pp,dp"), MPI_COMM_WORLD);
     const int me = mesh.world_rank(), stage = me / 4 * 4;
     EXPECT_EQ(members(mesh.group(Axis::CP), me), (std::vector<int>{me / 2 * 2, me / 2 * 2 + 1}));
-    EXPECT_EQ(members(mesh.group(Axis::TP), me), (std::vector<int>{stage + me % 2, stage + me % 2 + 2}));
+    EXPECT_EQ(members(mesh.group(Axis::TP), me),
+              (std::vector<int>{stage + me % 2, stage + me % 2 + 2}));
     EXPECT_EQ(members(mesh.group(Axis::EP), me), (std::vector<int>{me / 2 * 2, me / 2 * 2 + 1}));
-    EXPECT_EQ(members(mesh.group(Axis::EDP), me), (std::vector<int>{stage + me % 2, stage + me % 2 + 2}));
+    EXPECT_EQ(members(mesh.group(Axis::EDP), me),
+              (std::vector<int>{stage + me % 2, stage + me % 2 + 2}));
     EXPECT_EQ(members(mesh.dp_cp(), me), (std::vector<int>{me / 2 * 2, me / 2 * 2 + 1}));
     if (me == 6) {
       EXPECT_EQ(mesh.describe(), "rank 6: dp 0/1 pp 1/2 tp 1/2 cp 0/2 | ep 0/2 etp 0/1 edp 1/2");
@@ -289,12 +288,16 @@ TEST(MeshGroups, EveryGroupHoldsTheRanksSharingTheOtherCoordinates) {
   const int n = world_size();
   std::vector<MeshConfig> layouts;
   if (n == 4)
-    layouts = {layout(2, 1, 2, 1), layout(2, 2, 1, 1, 2, 2), layout(1, 2, 1, 2, 2, 1, "pp,cp,tp,dp"),
-               layout(1, 1, 4, 1, 4, 1), layout(2, 1, 1, 2, 1, 2, "dp,pp,tp,cp"),
+    layouts = {layout(2, 1, 2, 1),
+               layout(2, 2, 1, 1, 2, 2),
+               layout(1, 2, 1, 2, 2, 1, "pp,cp,tp,dp"),
+               layout(1, 1, 4, 1, 4, 1),
+               layout(2, 1, 1, 2, 1, 2, "dp,pp,tp,cp"),
                layout(2, 1, 2, 1, 4, 1, "dp,tp,cp,pp")};
   else if (n == 8)
-    layouts = {layout(2, 1, 2, 2, 2, 2), layout(2, 2, 2, 1, 4, 1), layout(2, 2, 1, 2, 2, 2, "cp,tp,pp,dp"),
-               layout(1, 2, 2, 2, 2, 1, "pp,dp,cp,tp"), layout(4, 1, 2, 1, 8, 1)};
+    layouts = {layout(2, 1, 2, 2, 2, 2), layout(2, 2, 2, 1, 4, 1),
+               layout(2, 2, 1, 2, 2, 2, "cp,tp,pp,dp"), layout(1, 2, 2, 2, 2, 1, "pp,dp,cp,tp"),
+               layout(4, 1, 2, 1, 8, 1)};
   else
     GTEST_SKIP() << "layouts are listed for 4 and 8 ranks";
   for (const MeshConfig& c : layouts) {

@@ -2,12 +2,11 @@
 // rank runs every test; rank 0 prints the usual report, the other ranks print only their
 // failures, and after each test rank 0 names the ranks on which it failed. The process
 // fails if any rank failed.
+#include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cstdio>
 #include <string>
-
-#include <gtest/gtest.h>
 
 namespace {
 
