@@ -12,6 +12,7 @@
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/norms.h"
 #include "kernels/cpu/rope.h"
+#include "kernels/cpu/vocab_parallel.h"
 
 namespace pentad::kernels {
 
@@ -360,7 +361,54 @@ void crossentropy_forward_backward(Tensor losses, Tensor dlogits, const Tensor& 
   });
 }
 
-void embedding_forward(Tensor out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe) {
+void vocab_parallel_ce_max(Tensor row_max, const Tensor& logits) {
+  const char* op = "vocab_parallel_ce_max";
+  const DType dt = float_args(op, {{"row_max", row_max}, {"logits", logits}});
+  const int64_t N = rows(logits), Vl = cols(logits);
+  check_numel(op, {"row_max", row_max}, N);
+  dispatch(dt, [&]<typename T>(T) {
+    cpu::vocab_parallel_ce_max<T>(ptr<T>(row_max), ptr<T>(logits), N, Vl);
+  });
+}
+
+void vocab_parallel_ce_stats(Tensor stats, const Tensor& logits, const Tensor& row_max,
+                             const Tensor& targets, int64_t vocab_start) {
+  const char* op = "vocab_parallel_ce_stats";
+  const DType dt =
+      float_args(op, {{"stats", stats}, {"logits", logits}, {"row_max", row_max}});
+  require_i32(op, {"targets", targets});
+  const int64_t N = rows(logits), Vl = cols(logits);
+  check_numel(op, {"stats", stats}, 2 * N);
+  check_numel(op, {"row_max", row_max}, N);
+  check_numel(op, {"targets", targets}, N);
+  dispatch(dt, [&]<typename T>(T) {
+    cpu::vocab_parallel_ce_stats<T>(ptr<T>(stats), ptr<T>(logits), ptr<T>(row_max),
+                                    ptr<int32_t>(targets), N, Vl, vocab_start);
+  });
+}
+
+void vocab_parallel_ce_finish(Tensor losses, Tensor dlogits, const Tensor& logits,
+                              const Tensor& row_max, const Tensor& stats, const Tensor& targets,
+                              int64_t vocab_start, float dloss) {
+  const char* op = "vocab_parallel_ce_finish";
+  const DType dt = float_args(op, {{"logits", logits}, {"row_max", row_max}, {"stats", stats}},
+                              {{"losses", losses}, {"dlogits", dlogits}});
+  require_i32(op, {"targets", targets});
+  const int64_t N = rows(logits), Vl = cols(logits);
+  check_numel(op, {"stats", stats}, 2 * N);
+  check_numel(op, {"row_max", row_max}, N);
+  check_numel(op, {"targets", targets}, N);
+  if (present(losses)) check_numel(op, {"losses", losses}, N);
+  if (present(dlogits)) check_matrix(op, {"dlogits", dlogits}, N, Vl);
+  dispatch(dt, [&]<typename T>(T) {
+    cpu::vocab_parallel_ce_finish<T>(ptr<T>(losses), ptr<T>(dlogits), ptr<T>(logits),
+                                     ptr<T>(row_max), ptr<T>(stats), ptr<int32_t>(targets), N, Vl,
+                                     vocab_start, static_cast<T>(dloss));
+  });
+}
+
+void embedding_forward(Tensor out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
+                       int64_t vocab_start) {
   const char* op = "embedding_forward";
   const DType dt = float_args(op, {{"out", out}, {"wte", wte}}, {{"wpe", wpe}});
   require_i32(op, {"tokens", tokens});
@@ -373,14 +421,15 @@ void embedding_forward(Tensor out, const Tensor& tokens, const Tensor& wte, cons
     PENTAD_CHECK(wpe.shape.ndim == 2 && wpe.dim(1) == C && wpe.dim(0) >= T_,
                  "{}: wpe has shape {}, want (>= {}, {})", op, wpe.shape.str(), T_, C);
   }
-  check_indices(op, tokens, V, "token");
+  if (vocab_start < 0) check_indices(op, tokens, V, "token");
   dispatch(dt, [&]<typename T>(T) {
     cpu::embedding_forward<T>(ptr<T>(out), ptr<int32_t>(tokens), ptr<T>(wte), ptr<T>(wpe), B, T_,
-                              C);
+                              C, std::max<int64_t>(vocab_start, 0), V);
   });
 }
 
-void embedding_backward(Tensor dwte, Tensor dwpe, const Tensor& dout, const Tensor& tokens) {
+void embedding_backward(Tensor dwte, Tensor dwpe, const Tensor& dout, const Tensor& tokens,
+                        int64_t vocab_start) {
   const char* op = "embedding_backward";
   const DType dt = float_args(op, {{"dout", dout}}, {{"dwte", dwte}, {"dwpe", dwpe}});
   require_i32(op, {"tokens", tokens});
@@ -391,7 +440,7 @@ void embedding_backward(Tensor dwte, Tensor dwpe, const Tensor& dout, const Tens
   if (present(dwte)) {
     PENTAD_CHECK(dwte.shape.ndim == 2 && dwte.dim(1) == C, "{}: dwte has shape {}, want (V, {})",
                  op, dwte.shape.str(), C);
-    check_indices(op, tokens, dwte.dim(0), "token");
+    if (vocab_start < 0) check_indices(op, tokens, dwte.dim(0), "token");
   }
   if (present(dwpe)) {
     PENTAD_CHECK(dwpe.shape.ndim == 2 && dwpe.dim(1) == C && dwpe.dim(0) >= T_,
@@ -399,7 +448,8 @@ void embedding_backward(Tensor dwte, Tensor dwpe, const Tensor& dout, const Tens
   }
   dispatch(dt, [&]<typename T>(T) {
     cpu::embedding_backward<T>(ptr<T>(dwte), ptr<T>(dwpe), ptr<T>(dout), ptr<int32_t>(tokens), B,
-                               T_, C);
+                               T_, C, std::max<int64_t>(vocab_start, 0),
+                               present(dwte) ? dwte.dim(0) : 0);
   });
 }
 

@@ -70,10 +70,27 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
 void crossentropy_forward_backward(Tensor losses, Tensor dlogits, const Tensor& logits,
                                    const Tensor& targets, float dloss);
 
+// Cross-entropy over logits sharded along the vocabulary (tensor parallel): logits (N, Vl)
+// hold columns [vocab_start, vocab_start + Vl) of each row. Three local phases around two
+// reductions over the shards, so full logits are never gathered:
+//   1. row_max (N) = max of the local columns                      -> all-reduce MAX
+//   2. stats (2, N) = [sum exp(logit - row_max); target logit or 0] -> all-reduce SUM
+//   3. losses (N) and dlogits = (softmax - onehot) * dloss (may alias logits; either absent).
+void vocab_parallel_ce_max(Tensor row_max, const Tensor& logits);
+void vocab_parallel_ce_stats(Tensor stats, const Tensor& logits, const Tensor& row_max,
+                             const Tensor& targets, int64_t vocab_start);
+void vocab_parallel_ce_finish(Tensor losses, Tensor dlogits, const Tensor& logits,
+                              const Tensor& row_max, const Tensor& stats, const Tensor& targets,
+                              int64_t vocab_start, float dloss);
+
 // Token (+ learned position) embedding: out (b, t, C) = wte[tokens] + wpe[t].
 // tokens (b, t) I32; wpe may be absent. dwte +=, dwpe += (scatter-add, deterministic).
-void embedding_forward(Tensor out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe);
-void embedding_backward(Tensor dwte, Tensor dwpe, const Tensor& dout, const Tensor& tokens);
+// vocab_start >= 0 means wte holds only rows [vocab_start, vocab_start + wte rows) of the
+// table (vocabulary parallel): other tokens give zero rows and no gradient.
+void embedding_forward(Tensor out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
+                       int64_t vocab_start = -1);
+void embedding_backward(Tensor dwte, Tensor dwpe, const Tensor& dout, const Tensor& tokens,
+                        int64_t vocab_start = -1);
 
 // out = a + b (out may alias a or b).
 void add(Tensor out, const Tensor& a, const Tensor& b);

@@ -19,8 +19,12 @@ float learning_rate(const OptimConfig& cfg, int64_t step, int64_t total_steps) {
   return static_cast<float>(min_lr + factor * (cfg.lr - min_lr));
 }
 
-double grad_sum_squares(const ParamStore& params) {
-  return kernels::sum_squares(params.all_grads());
+GradSquares grad_sum_squares(const ParamStore& params) {
+  GradSquares sums;
+  for (int id = 0; id < static_cast<int>(params.specs().size()); ++id)
+    (params.spec(id).shard_dim >= 0 ? sums.sharded : sums.replicated) +=
+        kernels::sum_squares(params.grad(id));
+  return sums;
 }
 
 void clip_gradients(ParamStore& params, double norm, float max_norm) {

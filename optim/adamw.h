@@ -13,8 +13,12 @@ namespace pentad {
 // decay to cfg.lr * min_lr_ratio at total_steps, or constant.
 float learning_rate(const OptimConfig& cfg, int64_t step, int64_t total_steps);
 
-// Sum of squares of every gradient (this rank's share; a data-parallel caller reduces it).
-double grad_sum_squares(const ParamStore& params);
+// Sums of squares of this rank's gradients, split into parameters sharded over tensor
+// parallelism (to be summed over tp) and replicated ones (the same on every tp rank).
+struct GradSquares {
+  double sharded = 0.0, replicated = 0.0;
+};
+GradSquares grad_sum_squares(const ParamStore& params);
 
 // Scales gradients so that their global norm is at most max_norm (torch's
 // clip_grad_norm_ rule: coefficient max_norm / (norm + 1e-6), applied when below 1).

@@ -21,3 +21,15 @@ add_test(NAME torch_reference_llama_recompute
           train.seq_len=32 model.recompute=true model.n_kv_head=1 train.threads=2)
 set_tests_properties(torch_reference_gpt2 torch_reference_llama torch_reference_llama_recompute
   PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION "pentad matches PyTorch")
+
+# Parallel layouts against one rank (mpirun), both families.
+set(LAYOUT ${CMAKE_CURRENT_SOURCE_DIR}/python/layout_equivalence.py)
+add_test(NAME layouts_gpt2
+  COMMAND ${PENTAD_PYTHON} ${LAYOUT} $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml
+          ${CMAKE_CURRENT_BINARY_DIR}/layouts-gpt2 train.micro_batch=2 train.seq_len=32)
+add_test(NAME layouts_llama
+  COMMAND ${PENTAD_PYTHON} ${LAYOUT} $<TARGET_FILE:pentad> ${RECIPES}/llama-tiny.toml
+          ${CMAKE_CURRENT_BINARY_DIR}/layouts-llama train.micro_batch=2 train.seq_len=32
+          model.n_head=8 model.n_kv_head=4)
+set_tests_properties(layouts_gpt2 layouts_llama PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE
+  PASS_REGULAR_EXPRESSION "every layout matches one rank")

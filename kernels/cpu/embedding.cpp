@@ -8,11 +8,16 @@ namespace pentad::kernels::cpu {
 
 template <typename T>
 void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t B,
-                       int64_t T_, int64_t C) {
+                       int64_t T_, int64_t C, int64_t vocab_start, int64_t V) {
 #pragma omp parallel for schedule(static) if (B * T_ * C >= kParallelMin)
   for (int64_t bt = 0; bt < B * T_; ++bt) {
-    const T* tok = wte + static_cast<int64_t>(tokens[bt]) * C;
+    const int64_t row = static_cast<int64_t>(tokens[bt]) - vocab_start;
     T* y = out + bt * C;
+    if (row < 0 || row >= V) {
+      for (int64_t c = 0; c < C; ++c) y[c] = wpe ? wpe[(bt % T_) * C + c] : T(0);
+      continue;
+    }
+    const T* tok = wte + row * C;
     if (wpe) {
       const T* pos = wpe + (bt % T_) * C;
 #pragma omp simd
@@ -25,7 +30,7 @@ void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe
 
 template <typename T>
 void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t B,
-                        int64_t T_, int64_t C) {
+                        int64_t T_, int64_t C, int64_t vocab_start, int64_t V) {
   if (dwte) {
     // Repeated tokens add into the same row, so threads split channels, not tokens: each
     // owns a slice of every row and visits tokens in order. Race-free, and the sum order
@@ -36,7 +41,9 @@ void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, 
     for (int64_t s = 0; s < slices; ++s) {
       const int64_t c0 = s * kSlice, c1 = std::min(C, c0 + kSlice);
       for (int64_t bt = 0; bt < B * T_; ++bt) {
-        T* row = dwte + static_cast<int64_t>(tokens[bt]) * C;
+        const int64_t r = static_cast<int64_t>(tokens[bt]) - vocab_start;
+        if (r < 0 || r >= V) continue;
+        T* row = dwte + r * C;
         const T* g = dout + bt * C;
 #pragma omp simd
         for (int64_t c = c0; c < c1; ++c) row[c] += g[c];
@@ -57,12 +64,12 @@ void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, 
 }
 
 template void embedding_forward<float>(float*, const int32_t*, const float*, const float*, int64_t,
-                                       int64_t, int64_t);
+                                       int64_t, int64_t, int64_t, int64_t);
 template void embedding_forward<double>(double*, const int32_t*, const double*, const double*,
-                                        int64_t, int64_t, int64_t);
+                                        int64_t, int64_t, int64_t, int64_t, int64_t);
 template void embedding_backward<float>(float*, float*, const float*, const int32_t*, int64_t,
-                                        int64_t, int64_t);
+                                        int64_t, int64_t, int64_t, int64_t);
 template void embedding_backward<double>(double*, double*, const double*, const int32_t*, int64_t,
-                                         int64_t, int64_t);
+                                         int64_t, int64_t, int64_t, int64_t);
 
 }  // namespace pentad::kernels::cpu

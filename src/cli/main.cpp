@@ -50,6 +50,9 @@ int main(int argc, char** argv) {
   train->add_option("recipe", recipe, "Recipe file (see recipes/)")->required()->check(CLI::ExistingFile);
   train->add_option("-s,--set", sets, "Override a recipe key: section.key=value (repeatable)");
   train->add_option("overrides", extra, "More section.key=value overrides");
+  std::string dump_dir;
+  train->add_option("--dump-weights", dump_dir,
+                    "Developer: write the final parameter shards (.npy) to this directory");
 
   std::string ref_out;
   int64_t ref_steps = 10;
@@ -92,12 +95,12 @@ int main(int argc, char** argv) {
   try {
     if (*train) {
       pentad::Config cfg = pentad::load_recipe(recipe, overrides_from(sets, extra));
-      if (mpi.size > 1)
-        pentad::fail("{} ranks started, but this build trains on one rank only: run without "
-                     "mpirun -np > 1 (parallel layouts arrive with the distributed runtime)",
-                     mpi.size);
-      pentad::Trainer trainer(cfg);
+      auto mesh = pentad::parallel::Mesh::create(pentad::mesh_config(cfg, mpi.size), MPI_COMM_WORLD);
+      spdlog::info("mesh: {}", mesh.describe());
+      if (mpi.rank != 0) spdlog::set_level(spdlog::level::warn);  // rank 0 reports for all
+      pentad::Trainer trainer(cfg, &mesh);
       trainer.run();
+      if (!dump_dir.empty()) trainer.dump_weights(dump_dir);
     } else if (*reference) {
       pentad::Config cfg = pentad::load_recipe(recipe, sets);
       pentad::export_reference(cfg, ref_out, ref_steps);

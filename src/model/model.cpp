@@ -16,9 +16,23 @@ int64_t ffn_dim(const ModelConfig& cfg) {
   return (hidden + 255) / 256 * 256;
 }
 
-Model::Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len)
-    : cfg_(cfg), b_(micro_batch), t_(seq_len) {
+Model::Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len,
+             parallel::TensorParallel tp)
+    : cfg_(cfg), b_(micro_batch), t_(seq_len), tp_(tp) {
   PENTAD_CHECK(seq_len <= cfg.max_seq_len, "seq_len {} > max_seq_len {}", seq_len, cfg.max_seq_len);
+  const int64_t p = tp_.degree();
+  // Layouts that do not divide were refused with a user message (parallel::check_layout).
+  PENTAD_CHECK(cfg.n_head % p == 0 && cfg.kv_heads() % p == 0 && ffn_dim(cfg) % p == 0 &&
+                   cfg.vocab_size % p == 0 && (b_ * t_) % (tp_.sequence_parallel() ? p : 1) == 0,
+               "tp degree {} does not divide the model", p);
+  heads_ = cfg.n_head / p;
+  kv_heads_ = cfg.kv_heads() / p;
+  att_width_ = heads_ * cfg.head_dim();
+  kv_width_ = kv_heads_ * cfg.head_dim();
+  ffn_ = ffn_dim(cfg) / p;
+  vocab_ = cfg.vocab_size / p;
+  vocab_start_ = p > 1 ? tp_.rank() * vocab_ : -1;
+  rows_ = tp_.local_rows(b_ * t_);
   build_params();
   params_.allocate();
   Arena measure = Arena::measuring("activations");
@@ -30,88 +44,109 @@ Model::Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len)
 void Model::build_params() {
   const int64_t C = cfg_.d_model, V = cfg_.vocab_size, F = ffn_dim(cfg_);
   const int64_t Ckv = cfg_.kv_heads() * cfg_.head_dim();
+  const int64_t p = tp_.degree(), r = tp_.rank();
   const float std = cfg_.init_std;
   // Residual projections are scaled so the residual stream's variance does not grow with depth.
   const float resid_std = std / std::sqrt(2.0f * static_cast<float>(cfg_.n_layer));
-  auto matrix = [&](const std::string& name, Shape shape, float s) {
-    return params_.add(name, shape, Init::Normal, s, true);
+  // A (rows, cols) weight held whole, or split along `dim` over the tp ranks.
+  auto matrix = [&](const std::string& name, Shape shape, float s, int dim) {
+    if (p == 1 || dim < 0) return params_.add(name, shape, Init::Normal, s, true);
+    const int64_t len = shape[dim] / p;
+    return params_.add_shard(name, shape, Init::Normal, s, true, dim, r * len, len);
   };
-  auto vector = [&](const std::string& name, int64_t n, Init init) {
-    return params_.add(name, Shape{n}, init, 0.0f, false);
+  auto vector = [&](const std::string& name, int64_t n, Init init, bool sharded) {
+    if (p == 1 || !sharded) return params_.add(name, Shape{n}, init, 0.0f, false);
+    return params_.add_shard(name, Shape{n}, init, 0.0f, false, 0, r * (n / p), n / p);
   };
+  constexpr int kColumn = 0, kRow = 1, kWhole = -1;  // Megatron's column / row parallel
   const bool bias = gpt2();
 
-  wte_ = matrix("wte.weight", Shape{V, C}, std);
-  if (gpt2()) wpe_ = matrix("wpe.weight", Shape{cfg_.max_seq_len, C}, std);
+  wte_ = matrix("wte.weight", Shape{V, C}, std, kColumn);  // vocabulary parallel
+  if (gpt2()) wpe_ = matrix("wpe.weight", Shape{cfg_.max_seq_len, C}, std, kWhole);
   layers_.resize(static_cast<size_t>(cfg_.n_layer));
+  partial_.assign(static_cast<size_t>(cfg_.n_layer) + 1, {});
   for (int64_t l = 0; l < cfg_.n_layer; ++l) {
-    LayerParams& p = layers_[static_cast<size_t>(l)];
+    LayerParams& q = layers_[static_cast<size_t>(l)];
+    std::vector<int>& partial = partial_[static_cast<size_t>(l)];
     const std::string pre = "layers." + std::to_string(l) + ".";
-    p.norm1_w = vector(pre + "norm1.weight", C, Init::Ones);
-    if (bias) p.norm1_b = vector(pre + "norm1.bias", C, Init::Zeros);
-    p.q_w = matrix(pre + "attn.q.weight", Shape{C, C}, std);
-    if (bias) p.q_b = vector(pre + "attn.q.bias", C, Init::Zeros);
-    p.k_w = matrix(pre + "attn.k.weight", Shape{Ckv, C}, std);
-    if (bias) p.k_b = vector(pre + "attn.k.bias", Ckv, Init::Zeros);
-    p.v_w = matrix(pre + "attn.v.weight", Shape{Ckv, C}, std);
-    if (bias) p.v_b = vector(pre + "attn.v.bias", Ckv, Init::Zeros);
-    p.o_w = matrix(pre + "attn.o.weight", Shape{C, C}, resid_std);
-    if (bias) p.o_b = vector(pre + "attn.o.bias", C, Init::Zeros);
-    p.norm2_w = vector(pre + "norm2.weight", C, Init::Ones);
-    if (bias) p.norm2_b = vector(pre + "norm2.bias", C, Init::Zeros);
-    if (!gpt2()) p.gate_w = matrix(pre + "mlp.gate.weight", Shape{F, C}, std);
-    p.up_w = matrix(pre + "mlp.up.weight", Shape{F, C}, std);
-    if (bias) p.up_b = vector(pre + "mlp.up.bias", F, Init::Zeros);
-    p.down_w = matrix(pre + "mlp.down.weight", Shape{C, F}, resid_std);
-    if (bias) p.down_b = vector(pre + "mlp.down.bias", C, Init::Zeros);
+    q.norm1_w = vector(pre + "norm1.weight", C, Init::Ones, false);
+    if (bias) q.norm1_b = vector(pre + "norm1.bias", C, Init::Zeros, false);
+    q.q_w = matrix(pre + "attn.q.weight", Shape{C, C}, std, kColumn);
+    if (bias) q.q_b = vector(pre + "attn.q.bias", C, Init::Zeros, true);
+    q.k_w = matrix(pre + "attn.k.weight", Shape{Ckv, C}, std, kColumn);
+    if (bias) q.k_b = vector(pre + "attn.k.bias", Ckv, Init::Zeros, true);
+    q.v_w = matrix(pre + "attn.v.weight", Shape{Ckv, C}, std, kColumn);
+    if (bias) q.v_b = vector(pre + "attn.v.bias", Ckv, Init::Zeros, true);
+    q.o_w = matrix(pre + "attn.o.weight", Shape{C, C}, resid_std, kRow);
+    if (bias) q.o_b = vector(pre + "attn.o.bias", C, Init::Zeros, false);
+    q.norm2_w = vector(pre + "norm2.weight", C, Init::Ones, false);
+    if (bias) q.norm2_b = vector(pre + "norm2.bias", C, Init::Zeros, false);
+    if (!gpt2()) q.gate_w = matrix(pre + "mlp.gate.weight", Shape{F, C}, std, kColumn);
+    q.up_w = matrix(pre + "mlp.up.weight", Shape{F, C}, std, kColumn);
+    if (bias) q.up_b = vector(pre + "mlp.up.bias", F, Init::Zeros, true);
+    q.down_w = matrix(pre + "mlp.down.weight", Shape{C, F}, resid_std, kRow);
+    if (bias) q.down_b = vector(pre + "mlp.down.bias", C, Init::Zeros, false);
+    for (int id : {q.norm1_w, q.norm1_b, q.norm2_w, q.norm2_b})
+      if (id >= 0) partial.push_back(id);
   }
-  normf_w_ = vector("norm_f.weight", C, Init::Ones);
-  if (bias) normf_b_ = vector("norm_f.bias", C, Init::Zeros);
-  head_ = cfg_.tie_embeddings ? wte_ : matrix("lm_head.weight", Shape{V, C}, std);
+  normf_w_ = vector("norm_f.weight", C, Init::Ones, false);
+  if (bias) normf_b_ = vector("norm_f.bias", C, Init::Zeros, false);
+  for (int id : {normf_w_, normf_b_})
+    if (id >= 0) partial_.back().push_back(id);
+  head_ = cfg_.tie_embeddings ? wte_ : matrix("lm_head.weight", Shape{V, C}, std, kColumn);
 }
 
 void Model::plan(Arena& arena) {
-  const int64_t N = b_ * t_, C = cfg_.d_model, V = cfg_.vocab_size, F = ffn_dim(cfg_);
-  const int64_t H = cfg_.n_head, Ckv = cfg_.kv_heads() * cfg_.head_dim();
+  const int64_t N = b_ * t_, Nl = rows_, C = cfg_.d_model, F = ffn_;
+  const bool sp = tp_.sequence_parallel();
   tokens_ = arena.alloc(Shape{b_, t_}, DType::I32);
   targets_ = arena.alloc(Shape{b_, t_}, DType::I32);
   resid_.clear();
-  for (int64_t l = 0; l <= cfg_.n_layer; ++l) resid_.push_back(arena.alloc(Shape{N, C}));
+  for (int64_t l = 0; l <= cfg_.n_layer; ++l) resid_.push_back(arena.alloc(Shape{Nl, C}));
   layer_acts_.assign(cfg_.recompute ? 1 : static_cast<size_t>(cfg_.n_layer), LayerActs{});
   for (LayerActs& a : layer_acts_) {
     a.norm1 = arena.alloc(Shape{N, C});
-    if (gpt2()) a.norm1_mean = arena.alloc(Shape{N});
-    a.norm1_rstd = arena.alloc(Shape{N});
-    a.q = arena.alloc(Shape{N, C});
-    a.k = arena.alloc(Shape{N, Ckv});
-    a.v = arena.alloc(Shape{N, Ckv});
-    a.att = arena.alloc(Shape{N, C});
-    a.lse = arena.alloc(Shape{b_, H, t_});
-    a.res1 = arena.alloc(Shape{N, C});
+    if (gpt2()) a.norm1_mean = arena.alloc(Shape{Nl});
+    a.norm1_rstd = arena.alloc(Shape{Nl});
+    a.q = arena.alloc(Shape{N, att_width_});
+    a.k = arena.alloc(Shape{N, kv_width_});
+    a.v = arena.alloc(Shape{N, kv_width_});
+    a.att = arena.alloc(Shape{N, att_width_});
+    a.lse = arena.alloc(Shape{b_, heads_, t_});
+    a.res1 = arena.alloc(Shape{Nl, C});
     a.norm2 = arena.alloc(Shape{N, C});
-    if (gpt2()) a.norm2_mean = arena.alloc(Shape{N});
-    a.norm2_rstd = arena.alloc(Shape{N});
+    if (gpt2()) a.norm2_mean = arena.alloc(Shape{Nl});
+    a.norm2_rstd = arena.alloc(Shape{Nl});
     a.up = arena.alloc(Shape{N, F});
     if (!gpt2()) a.gate = arena.alloc(Shape{N, F});
     a.act = arena.alloc(Shape{N, F});
   }
+  if (sp) norm_local_ = arena.alloc(Shape{Nl, C});
+  proj_ = arena.alloc(Shape{N, C});
   normf_ = arena.alloc(Shape{N, C});
-  if (gpt2()) normf_mean_ = arena.alloc(Shape{N});
-  normf_rstd_ = arena.alloc(Shape{N});
-  logits_ = arena.alloc(Shape{N, V});
+  normf_local_ = sp ? arena.alloc(Shape{Nl, C}) : normf_;
+  if (gpt2()) normf_mean_ = arena.alloc(Shape{Nl});
+  normf_rstd_ = arena.alloc(Shape{Nl});
+  logits_ = arena.alloc(Shape{N, vocab_});
   losses_ = arena.alloc(Shape{N});
-  grads_.resid = arena.alloc(Shape{N, C});
+  if (tp_.degree() > 1) {
+    row_max_ = arena.alloc(Shape{N});
+    ce_stats_ = arena.alloc(Shape{2, N});
+  }
+  grads_.resid = arena.alloc(Shape{Nl, C});
+  grads_.full = sp ? arena.alloc(Shape{N, C}) : grads_.resid;
   grads_.norm = arena.alloc(Shape{N, C});
-  grads_.att = arena.alloc(Shape{N, C});
-  grads_.q = arena.alloc(Shape{N, C});
-  grads_.k = arena.alloc(Shape{N, Ckv});
-  grads_.v = arena.alloc(Shape{N, Ckv});
+  grads_.norm_local = sp ? arena.alloc(Shape{Nl, C}) : grads_.norm;
+  grads_.att = arena.alloc(Shape{N, att_width_});
+  grads_.q = arena.alloc(Shape{N, att_width_});
+  grads_.k = arena.alloc(Shape{N, kv_width_});
+  grads_.v = arena.alloc(Shape{N, kv_width_});
   grads_.up = arena.alloc(Shape{N, F});
   if (!gpt2()) grads_.gate = arena.alloc(Shape{N, F});
   grads_.act = arena.alloc(Shape{N, F});
 }
 
-// Views of (N, C) buffers as (b, t, heads, head_dim) for attention and RoPE.
+// Views of (N, width) buffers as (b, t, heads, head_dim) for attention and RoPE.
 static Tensor heads(const Tensor& x, int64_t b, int64_t t, int64_t d) {
   return x.reshaped(Shape{b, t, x.dim(1) / d, d});
 }
@@ -119,10 +154,14 @@ static Tensor heads(const Tensor& x, int64_t b, int64_t t, int64_t d) {
 void Model::layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a) {
   const LayerParams& p = layers_[static_cast<size_t>(l)];
   const int64_t d = cfg_.head_dim();
+  const bool sp = tp_.sequence_parallel();
+  // Norm on this rank's rows; with SP, gathered into whole rows for the column-parallel q, k, v.
+  Tensor norm1 = sp ? norm_local_ : a.norm1;
   if (gpt2())
-    k::layernorm_forward(a.norm1, a.norm1_mean, a.norm1_rstd, x, P(p.norm1_w), P(p.norm1_b), cfg_.norm_eps);
+    k::layernorm_forward(norm1, a.norm1_mean, a.norm1_rstd, x, P(p.norm1_w), P(p.norm1_b), cfg_.norm_eps);
   else
-    k::rmsnorm_forward(a.norm1, a.norm1_rstd, x, P(p.norm1_w), cfg_.norm_eps);
+    k::rmsnorm_forward(norm1, a.norm1_rstd, x, P(p.norm1_w), cfg_.norm_eps);
+  tp_.enter_forward(a.norm1, norm1);
   k::linear_forward(a.q, a.norm1, P(p.q_w), P(p.q_b));
   k::linear_forward(a.k, a.norm1, P(p.k_w), P(p.k_b));
   k::linear_forward(a.v, a.norm1, P(p.v_w), P(p.v_b));
@@ -132,26 +171,37 @@ void Model::layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a) {
   }
   k::attention_forward(heads(a.att, b_, t_, d), a.lse, heads(a.q, b_, t_, d), heads(a.k, b_, t_, d),
                        heads(a.v, b_, t_, d));
-  k::linear_forward(out, a.att, P(p.o_w), P(p.o_b));  // out holds the projection for a moment
+  // Row-parallel projection: partial sums, reduced over tp. The replicated bias is added by
+  // tp rank 0 only so that the sum holds it once.
+  const bool add_bias = tp_.rank() == 0;
+  Tensor proj = sp ? proj_ : out;
+  k::linear_forward(proj, a.att, P(p.o_w), add_bias ? P(p.o_b) : Tensor{});
+  tp_.exit_forward(out, proj);
   k::add(a.res1, x, out);
-  if (gpt2()) {
-    k::layernorm_forward(a.norm2, a.norm2_mean, a.norm2_rstd, a.res1, P(p.norm2_w), P(p.norm2_b),
+  Tensor norm2 = sp ? norm_local_ : a.norm2;
+  if (gpt2())
+    k::layernorm_forward(norm2, a.norm2_mean, a.norm2_rstd, a.res1, P(p.norm2_w), P(p.norm2_b),
                          cfg_.norm_eps);
+  else
+    k::rmsnorm_forward(norm2, a.norm2_rstd, a.res1, P(p.norm2_w), cfg_.norm_eps);
+  tp_.enter_forward(a.norm2, norm2);
+  if (gpt2()) {
     k::linear_forward(a.up, a.norm2, P(p.up_w), P(p.up_b));
     k::gelu_forward(a.act, a.up);
   } else {
-    k::rmsnorm_forward(a.norm2, a.norm2_rstd, a.res1, P(p.norm2_w), cfg_.norm_eps);
     k::linear_forward(a.gate, a.norm2, P(p.gate_w), Tensor{});
     k::linear_forward(a.up, a.norm2, P(p.up_w), Tensor{});
     k::swiglu_forward(a.act, a.gate, a.up);
   }
-  k::linear_forward(out, a.act, P(p.down_w), P(p.down_b));
+  k::linear_forward(proj, a.act, P(p.down_w), add_bias ? P(p.down_b) : Tensor{});
+  tp_.exit_forward(out, proj);
   k::add(out, out, a.res1);
 }
 
 float Model::forward(const int32_t* tokens, const int32_t* targets, float dloss) {
   const int64_t N = b_ * t_, L = cfg_.n_layer;
   const int64_t V = cfg_.vocab_size;
+  const bool sp = tp_.sequence_parallel();
   int32_t* tok = tokens_.as<int32_t>();
   int32_t* tgt = targets_.as<int32_t>();
   for (int64_t i = 0; i < N; ++i) {
@@ -160,19 +210,35 @@ float Model::forward(const int32_t* tokens, const int32_t* targets, float dloss)
     tok[i] = tokens[i];
     tgt[i] = targets[i];
   }
-  k::embedding_forward(resid_[0].reshaped(Shape{b_, t_, cfg_.d_model}), tokens_, P(wte_), P(wpe_));
+  // Vocabulary-parallel embedding: each rank adds the rows it holds (positions on rank 0),
+  // and the reduction over tp leaves whole embeddings in this rank's residual rows.
+  Tensor emb = sp ? proj_ : resid_[0];
+  k::embedding_forward(emb.reshaped(Shape{b_, t_, cfg_.d_model}), tokens_, P(wte_),
+                       tp_.rank() == 0 ? P(wpe_) : Tensor{}, vocab_start_);
+  tp_.exit_forward(resid_[0], emb);
   for (int64_t l = 0; l < L; ++l) {
     LayerActs& a = layer_acts_[cfg_.recompute ? 0 : static_cast<size_t>(l)];
     layer_forward(static_cast<int>(l), resid_[static_cast<size_t>(l)], resid_[static_cast<size_t>(l + 1)], a);
   }
   const Tensor& last = resid_[static_cast<size_t>(L)];
   if (gpt2())
-    k::layernorm_forward(normf_, normf_mean_, normf_rstd_, last, P(normf_w_), P(normf_b_), cfg_.norm_eps);
+    k::layernorm_forward(normf_local_, normf_mean_, normf_rstd_, last, P(normf_w_), P(normf_b_), cfg_.norm_eps);
   else
-    k::rmsnorm_forward(normf_, normf_rstd_, last, P(normf_w_), cfg_.norm_eps);
+    k::rmsnorm_forward(normf_local_, normf_rstd_, last, P(normf_w_), cfg_.norm_eps);
+  tp_.enter_forward(normf_, normf_local_);
   k::linear_forward(logits_, normf_, P(head_), Tensor{});
   have_dlogits_ = dloss != 0.0f;
-  k::crossentropy_forward_backward(losses_, have_dlogits_ ? logits_ : Tensor{}, logits_, targets_, dloss);
+  const Tensor dlogits = have_dlogits_ ? logits_ : Tensor{};
+  if (tp_.degree() == 1) {
+    k::crossentropy_forward_backward(losses_, dlogits, logits_, targets_, dloss);
+  } else {
+    k::vocab_parallel_ce_max(row_max_, logits_);
+    tp_.all_reduce(row_max_, parallel::ReduceOp::Max);
+    k::vocab_parallel_ce_stats(ce_stats_, logits_, row_max_, targets_, vocab_start_);
+    tp_.all_reduce(ce_stats_);
+    k::vocab_parallel_ce_finish(losses_, dlogits, logits_, row_max_, ce_stats_, targets_,
+                                vocab_start_, dloss);
+  }
   double sum = 0.0;
   const float* losses = losses_.f32();
   for (int64_t i = 0; i < N; ++i) sum += losses[i];
@@ -184,21 +250,26 @@ void Model::layer_backward(int l, const Tensor& x, LayerActs& a) {
   const int64_t d = cfg_.head_dim();
   Grads& g = grads_;
   // MLP block: g.resid holds d(out) and, through the residual, d(res1) so far.
+  tp_.exit_backward(g.full, g.resid);
   if (gpt2()) {
-    k::linear_backward(g.act, G(p.down_w), G(p.down_b), g.resid, a.act, P(p.down_w), false);
+    k::linear_backward(g.act, G(p.down_w), G(p.down_b), g.full, a.act, P(p.down_w), false);
     k::gelu_backward(g.up, g.act, a.up);
     k::linear_backward(g.norm, G(p.up_w), G(p.up_b), g.up, a.norm2, P(p.up_w), false);
-    k::layernorm_backward(g.resid, G(p.norm2_w), G(p.norm2_b), g.norm, a.res1, P(p.norm2_w),
-                          a.norm2_mean, a.norm2_rstd);
   } else {
-    k::linear_backward(g.act, G(p.down_w), Tensor{}, g.resid, a.act, P(p.down_w), false);
+    k::linear_backward(g.act, G(p.down_w), Tensor{}, g.full, a.act, P(p.down_w), false);
     k::swiglu_backward(g.gate, g.up, g.act, a.gate, a.up);
     k::linear_backward(g.norm, G(p.gate_w), Tensor{}, g.gate, a.norm2, P(p.gate_w), false);
     k::linear_backward(g.norm, G(p.up_w), Tensor{}, g.up, a.norm2, P(p.up_w), true);
-    k::rmsnorm_backward(g.resid, G(p.norm2_w), g.norm, a.res1, P(p.norm2_w), a.norm2_rstd);
   }
+  tp_.enter_backward(g.norm_local, g.norm);
+  if (gpt2())
+    k::layernorm_backward(g.resid, G(p.norm2_w), G(p.norm2_b), g.norm_local, a.res1, P(p.norm2_w),
+                          a.norm2_mean, a.norm2_rstd);
+  else
+    k::rmsnorm_backward(g.resid, G(p.norm2_w), g.norm_local, a.res1, P(p.norm2_w), a.norm2_rstd);
   // Attention block: g.resid now holds d(res1).
-  k::linear_backward(g.att, G(p.o_w), G(p.o_b), g.resid, a.att, P(p.o_w), false);
+  tp_.exit_backward(g.full, g.resid);
+  k::linear_backward(g.att, G(p.o_w), G(p.o_b), g.full, a.att, P(p.o_w), false);
   k::attention_backward(heads(g.q, b_, t_, d), heads(g.k, b_, t_, d), heads(g.v, b_, t_, d),
                         heads(g.att, b_, t_, d), heads(a.q, b_, t_, d), heads(a.k, b_, t_, d),
                         heads(a.v, b_, t_, d), heads(a.att, b_, t_, d), a.lse);
@@ -209,32 +280,50 @@ void Model::layer_backward(int l, const Tensor& x, LayerActs& a) {
   k::linear_backward(g.norm, G(p.q_w), G(p.q_b), g.q, a.norm1, P(p.q_w), false);
   k::linear_backward(g.norm, G(p.k_w), G(p.k_b), g.k, a.norm1, P(p.k_w), true);
   k::linear_backward(g.norm, G(p.v_w), G(p.v_b), g.v, a.norm1, P(p.v_w), true);
+  tp_.enter_backward(g.norm_local, g.norm);
   if (gpt2())
-    k::layernorm_backward(g.resid, G(p.norm1_w), G(p.norm1_b), g.norm, x, P(p.norm1_w),
+    k::layernorm_backward(g.resid, G(p.norm1_w), G(p.norm1_b), g.norm_local, x, P(p.norm1_w),
                           a.norm1_mean, a.norm1_rstd);
   else
-    k::rmsnorm_backward(g.resid, G(p.norm1_w), g.norm, x, P(p.norm1_w), a.norm1_rstd);
+    k::rmsnorm_backward(g.resid, G(p.norm1_w), g.norm_local, x, P(p.norm1_w), a.norm1_rstd);
 }
 
-void Model::backward() {
+void Model::sync_partial_grads(const std::vector<int>& ids) {
+  if (!tp_.sequence_parallel()) return;
+  for (int id : ids) tp_.all_reduce(G(id));
+}
+
+void Model::backward(bool last_micro_batch, const GradsReady& on_ready) {
   PENTAD_CHECK(have_dlogits_, "backward() needs a forward() with dloss != 0");
   const int64_t L = cfg_.n_layer;
   Grads& g = grads_;
+  auto ready = [&](int first_param, const std::vector<int>& partial) {
+    if (!last_micro_batch) return;
+    sync_partial_grads(partial);
+    if (on_ready) on_ready(static_cast<int64_t>(params_.spec(first_param).offset));
+  };
   k::scale(g.resid, 0.0f);  // the norm backward below accumulates into it
   k::linear_backward(g.norm, G(head_), Tensor{}, logits_, normf_, P(head_), false);
+  tp_.enter_backward(g.norm_local, g.norm);
   const Tensor& last = resid_[static_cast<size_t>(L)];
   if (gpt2())
-    k::layernorm_backward(g.resid, G(normf_w_), G(normf_b_), g.norm, last, P(normf_w_), normf_mean_,
-                          normf_rstd_);
+    k::layernorm_backward(g.resid, G(normf_w_), G(normf_b_), g.norm_local, last, P(normf_w_),
+                          normf_mean_, normf_rstd_);
   else
-    k::rmsnorm_backward(g.resid, G(normf_w_), g.norm, last, P(normf_w_), normf_rstd_);
+    k::rmsnorm_backward(g.resid, G(normf_w_), g.norm_local, last, P(normf_w_), normf_rstd_);
+  ready(normf_w_, partial_.back());
   for (int64_t l = L - 1; l >= 0; --l) {
     const Tensor& x = resid_[static_cast<size_t>(l)];
     LayerActs& a = layer_acts_[cfg_.recompute ? 0 : static_cast<size_t>(l)];
     if (cfg_.recompute) layer_forward(static_cast<int>(l), x, resid_[static_cast<size_t>(l + 1)], a);
     layer_backward(static_cast<int>(l), x, a);
+    ready(layers_[static_cast<size_t>(l)].norm1_w, partial_[static_cast<size_t>(l)]);
   }
-  k::embedding_backward(G(wte_), G(wpe_), g.resid.reshaped(Shape{b_, t_, cfg_.d_model}), tokens_);
+  // The embedding's gradient needs every row: gathered under SP (so wpe's is whole too).
+  tp_.exit_backward(g.full, g.resid);
+  k::embedding_backward(G(wte_), G(wpe_), g.full.reshaped(Shape{b_, t_, cfg_.d_model}), tokens_,
+                        vocab_start_);
+  ready(wte_, {});
   have_dlogits_ = false;
 }
 
@@ -248,7 +337,8 @@ double Model::flops_per_micro_batch() const {
   // pair each, so 2*C*t per token forward, written here in the same units as a parameter.
   const double attention = static_cast<double>(cfg_.n_layer) * C * T;
   const double tokens = static_cast<double>(b_ * t_);
-  return 3.0 * 2.0 * tokens * (matmul_params + attention);  // forward + 2x for backward
+  // Forward + 2x for backward, this rank's share of the tensor-parallel work.
+  return 3.0 * 2.0 * tokens * (matmul_params + attention) / tp_.degree();
 }
 
 }  // namespace pentad

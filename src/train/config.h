@@ -64,11 +64,22 @@ struct DataConfig {                  // [data]
   std::string cache_dir = "data";    // where automatic tokenization writes
 };
 
+struct ParallelConfig {              // [parallel]: the device mesh (see parallel/mesh.h)
+  int64_t tp = 1;                    // tensor parallel (Megatron column/row) degree
+  int64_t dp = 0;                    // data parallel degree; 0 = world size / (tp * cp * pp)
+  int64_t cp = 1;                    // context parallel degree (not in this build: must be 1)
+  int64_t pp = 1;                    // pipeline degree (not in this build: must be 1)
+  bool sequence_parallel = false;    // shard norm/residual regions along the sequence over tp
+  std::string order = "tp,cp,dp,pp"; // mesh axes, innermost (fastest links) first
+  float bucket_mb = 4.0f;             // data-parallel gradient bucket size, MiB
+};
+
 struct Config {
   ModelConfig model;
   OptimConfig optim;
   TrainConfig train;
   DataConfig data;
+  ParallelConfig parallel;
   std::string recipe_path;           // for messages
 };
 

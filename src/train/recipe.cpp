@@ -134,13 +134,21 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(data, val_fraction, open(0, 1)),
       PENTAD_KEY(data, tokenizer, any()),
       PENTAD_KEY(data, cache_dir, any()),
+
+      PENTAD_KEY(parallel, tp, at_least(1)),
+      PENTAD_KEY(parallel, dp, at_least(0)),
+      PENTAD_KEY(parallel, cp, at_least(1)),
+      PENTAD_KEY(parallel, pp, at_least(1)),
+      PENTAD_KEY(parallel, sequence_parallel, any()),
+      PENTAD_KEY(parallel, order, any()),
+      PENTAD_KEY(parallel, bucket_mb, above(0)),
   };
   return table;
 }
 
 #undef PENTAD_KEY
 
-constexpr std::string_view kSections[] = {"model", "optim", "train", "data"};
+constexpr std::string_view kSections[] = {"model", "optim", "train", "data", "parallel"};
 
 // ---- lookup and "did you mean" ----
 
@@ -441,6 +449,12 @@ void check_combinations(const Config& c, const std::map<std::string, std::string
   if (c.train.seq_len > m.max_seq_len)
     fail("{}: train.seq_len ({}) must be at most model.max_seq_len ({})",
          where({"train.seq_len", "model.max_seq_len"}), c.train.seq_len, m.max_seq_len);
+  if (c.parallel.pp != 1)
+    fail("{}: parallel.pp ({}) must be 1: pipeline parallelism is not in this build yet",
+         where({"parallel.pp"}), c.parallel.pp);
+  if (c.parallel.cp != 1)
+    fail("{}: parallel.cp ({}) must be 1: context parallelism is not in this build yet",
+         where({"parallel.cp"}), c.parallel.cp);
   const std::string& source = c.data.source;
   if ((source == "megatron" || source == "llmc" || source == "tokens") && c.data.path.empty())
     fail("{}: data.path is required when data.source = \"{}\" ({})", where({"data.source"}), source,

@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "core/npy.h"
+#include "data/corpus.h"
 #include "train/recipe.h"
 
 namespace pentad {
@@ -18,14 +20,52 @@ void set_compute_threads(int64_t threads) {
   omp_set_num_threads(n);
 }
 
-Trainer::Trainer(const Config& cfg) : cfg_(cfg) {
+parallel::MeshConfig mesh_config(const Config& cfg, int world_size) {
+  const ParallelConfig& p = cfg.parallel;
+  parallel::MeshConfig mesh;
+  mesh.tp = static_cast<int>(p.tp);
+  mesh.cp = static_cast<int>(p.cp);
+  mesh.pp = static_cast<int>(p.pp);
+  mesh.order = p.order;
+  const int64_t others = p.tp * p.cp * p.pp;
+  if (p.dp > 0)
+    mesh.dp = static_cast<int>(p.dp);
+  else if (world_size % others == 0)
+    mesh.dp = static_cast<int>(world_size / others);
+  else
+    fail("parallel.tp ({}) x parallel.cp ({}) x parallel.pp ({}) = {} does not divide the {} "
+         "ranks started: change parallel.tp or start a multiple of {} ranks",
+         p.tp, p.cp, p.pp, others, world_size, others);
+  parallel::validate(mesh, world_size);
+  parallel::check_layout(mesh, cfg.model.n_head, cfg.model.n_kv_head, cfg.model.vocab_size,
+                         ffn_dim(cfg.model), cfg.model.n_layer, cfg.train.seq_len,
+                         cfg.train.micro_batch, p.sequence_parallel);
+  return mesh;
+}
+
+Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mesh) {
   set_compute_threads(cfg.train.threads);
   const TrainConfig& t = cfg.train;
+  parallel::TensorParallel tp;
+  if (mesh_) {
+    world_rank_ = mesh_->world_rank();
+    dp_size_ = mesh_->degree(parallel::Axis::DP);
+    dp_rank_ = mesh_->coord(parallel::Axis::DP);
+    tp = parallel::TensorParallel(&mesh_->group(parallel::Axis::TP), cfg.parallel.sequence_parallel);
+    // The default corpus is tokenized once, by rank 0, before anyone opens it.
+    if (cfg.data.source == "fortunes" && world_rank_ == 0)
+      data::prepare_default_corpus(cfg.data, cfg.model.vocab_size);
+    mesh_->world().barrier();
+  }
   data_ = std::make_unique<data::DataLoader>(
       data::DataLoader::open(cfg.data, t.seq_len, cfg.model.vocab_size, t.seed));
-  model_ = std::make_unique<Model>(cfg.model, t.micro_batch, t.seq_len);
+  model_ = std::make_unique<Model>(cfg.model, t.micro_batch, t.seq_len, tp);
   model_->params().initialize(t.seed);
   optimizer_ = std::make_unique<AdamW>(cfg.optim, model_->params());
+  if (mesh_ && mesh_->dp_cp().size() > 1)
+    reducer_ = std::make_unique<parallel::GradReducer>(
+        mesh_->dp_cp(), model_->params(),
+        static_cast<size_t>(static_cast<double>(cfg.parallel.bucket_mb) * 1024 * 1024));
   inputs_.resize(static_cast<size_t>(t.micro_batch * t.seq_len));
   targets_.resize(inputs_.size());
 }
@@ -34,12 +74,13 @@ void Trainer::fetch_batch(int64_t step, int64_t micro, std::vector<int32_t>& inp
                           std::vector<int32_t>& targets) const {
   const TrainConfig& t = cfg_.train;
   // The global batch of a step is a contiguous range of the sampler's order; micro-batch m
-  // takes its m-th slice. Later layouts split the same range, so data never depends on them.
-  const int64_t global_batch = t.micro_batch * t.grad_accum;
+  // of data-parallel rank r takes slice m * dp + r. One rank reads the same range in the
+  // same order, so the data never depends on the layout.
+  const int64_t global_batch = t.micro_batch * t.grad_accum * dp_size_;
   inputs.resize(static_cast<size_t>(t.micro_batch * t.seq_len));
   targets.resize(inputs.size());
-  data_->train_samples(step * global_batch + micro * t.micro_batch, t.micro_batch, inputs.data(),
-                       targets.data());
+  data_->train_samples(step * global_batch + (micro * dp_size_ + dp_rank_) * t.micro_batch,
+                       t.micro_batch, inputs.data(), targets.data());
 }
 
 StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_backward) {
@@ -47,36 +88,79 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
   auto start = std::chrono::steady_clock::now();
   ParamStore& params = model_->params();
   params.zero_grads();
-  const float dloss = 1.0f / static_cast<float>(t.micro_batch * t.seq_len * t.grad_accum);
+  // Each token of the global batch weighs the same; data-parallel ranks' gradients are summed.
+  const float dloss =
+      1.0f / static_cast<float>(t.micro_batch * t.seq_len * t.grad_accum * dp_size_);
   double loss_sum = 0.0;
+  GradsReady on_ready;
+  if (reducer_) on_ready = [this](int64_t offset) { reducer_->ready_from(offset); };
   for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
     fetch_batch(step, micro, inputs_, targets_);
     loss_sum += model_->forward(inputs_.data(), targets_.data(), dloss);
-    model_->backward();
+    model_->backward(micro + 1 == t.grad_accum, on_ready);
   }
+  if (reducer_) reducer_->finish();
   if (after_backward) after_backward();
   StepStats s;
   s.step = step;
-  s.loss = static_cast<float>(loss_sum / static_cast<double>(t.grad_accum));
-  s.grad_norm = std::sqrt(grad_sum_squares(params));
+  s.loss = static_cast<float>(all_reduce_dp(loss_sum) / static_cast<double>(t.grad_accum * dp_size_));
+  GradSquares squares = grad_sum_squares(params);
+  if (model_->tp().degree() > 1) {
+    Tensor sharded;
+    sharded.data = &squares.sharded;
+    sharded.dtype = DType::F64;
+    sharded.shape = Shape{1};
+    mesh_->group(parallel::Axis::TP).all_reduce(sharded);
+  }
+  s.grad_norm = std::sqrt(squares.sharded + squares.replicated);
   clip_gradients(params, s.grad_norm, cfg_.optim.grad_clip);
   s.lr = learning_rate(cfg_.optim, step, t.steps);
   optimizer_->step(params, s.lr);
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const double tokens = static_cast<double>(t.micro_batch * t.seq_len * t.grad_accum);
+  const double tokens = static_cast<double>(t.micro_batch * t.seq_len * t.grad_accum * dp_size_);
   s.tokens_per_second = tokens / s.seconds;
   s.flops_per_second = model_->flops_per_micro_batch() * static_cast<double>(t.grad_accum) / s.seconds;
   return s;
 }
 
+double Trainer::all_reduce_dp(double value) {
+  if (dp_size_ == 1) return value;
+  Tensor t;
+  t.data = &value;
+  t.dtype = DType::F64;
+  t.shape = Shape{1};
+  mesh_->group(parallel::Axis::DP).all_reduce(t);
+  return value;
+}
+
 float Trainer::evaluate() {
+  // Data-parallel ranks share the eval batches (batch i on rank i % dp); every rank of a
+  // tp group evaluates the same batches together.
   const TrainConfig& t = cfg_.train;
   double sum = 0.0;
-  for (int64_t i = 0; i < t.eval_batches; ++i) {
+  for (int64_t i = dp_rank_; i < t.eval_batches; i += dp_size_) {
     data_->val_samples(i * t.micro_batch, t.micro_batch, inputs_.data(), targets_.data());
     sum += model_->forward(inputs_.data(), targets_.data(), 0.0f);
   }
-  return static_cast<float>(sum / static_cast<double>(std::max<int64_t>(1, t.eval_batches)));
+  return static_cast<float>(all_reduce_dp(sum) / static_cast<double>(t.eval_batches));
+}
+
+void Trainer::dump_weights(const std::string& dir) const {
+  if (dp_rank_ != 0) return;
+  std::filesystem::create_directories(dir);
+  const ParamStore& p = model_->params();
+  const int tp_rank = model_->tp().rank();
+  nlohmann::json shards = nlohmann::json::array();
+  for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
+    const ParamSpec& spec = p.spec(id);
+    const std::string file = fmt::format("{}.tp{}.npy", spec.name, tp_rank);
+    write_npy(dir + "/" + file, p.param(id));
+    std::vector<int64_t> shape(spec.global_shape.dims.begin(),
+                               spec.global_shape.dims.begin() + spec.global_shape.ndim);
+    shards.push_back({{"name", spec.name}, {"file", file}, {"global_shape", shape},
+                      {"shard_dim", spec.shard_dim}, {"shard_start", spec.shard_start}});
+  }
+  std::ofstream(fmt::format("{}/shards.tp{}.json", dir, tp_rank)) << shards.dump(1);
 }
 
 std::string Trainer::memory_plan() const {
@@ -92,24 +176,27 @@ std::string Trainer::memory_plan() const {
 }
 
 void Trainer::write_metrics(const std::string& json_line) {
+  if (!logs()) return;
   metrics_ << json_line << '\n';
   metrics_.flush();
 }
 
 void Trainer::run() {
   const TrainConfig& t = cfg_.train;
-  std::filesystem::create_directories(t.out_dir);
-  metrics_.open(std::filesystem::path(t.out_dir) / "metrics.jsonl", std::ios::trunc);
-  if (!metrics_) fail("cannot write {}/metrics.jsonl", t.out_dir);
-  {
+  if (logs()) {
+    std::filesystem::create_directories(t.out_dir);
+    metrics_.open(std::filesystem::path(t.out_dir) / "metrics.jsonl", std::ios::trunc);
+    if (!metrics_) fail("cannot write {}/metrics.jsonl", t.out_dir);
     std::ofstream recipe(std::filesystem::path(t.out_dir) / "recipe.toml");
     recipe << recipe_to_toml(cfg_);
   }
   spdlog::info("data: {}", data_->describe());
+  int64_t parameters = 0;
+  for (const ParamSpec& spec : model_->params().specs()) parameters += spec.global_shape.numel();
   spdlog::info("model: {} with {} layers, width {}, {} heads ({} kv), vocabulary {}: {} parameters",
                cfg_.model.family == ModelFamily::GPT2 ? "gpt2" : "llama", cfg_.model.n_layer,
                cfg_.model.d_model, cfg_.model.n_head, cfg_.model.kv_heads(), cfg_.model.vocab_size,
-               model_->params().numel());
+               parameters);
   spdlog::info("{}", memory_plan());
   spdlog::info("threads: {}", omp_get_max_threads());
   for (int64_t step = 0; step < t.steps; ++step) {

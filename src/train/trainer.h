@@ -1,6 +1,7 @@
 #pragma once
-// The training loop: one flat step (micro-batches -> gradient clipping -> AdamW), eval
-// every N steps, one log line per step and every metric as JSONL.
+// The training loop: one flat step (micro-batches -> gradient reduction -> clipping ->
+// AdamW), eval every N steps, one log line per step and every metric as JSONL. Runs on one
+// rank, or on every rank of a device mesh (data and tensor parallel).
 #include <cstdint>
 #include <fstream>
 #include <functional>
@@ -10,6 +11,8 @@
 #include "data/dataset.h"
 #include "model/model.h"
 #include "optim/adamw.h"
+#include "parallel/dp/grad_reducer.h"
+#include "parallel/mesh.h"
 #include "train/config.h"
 
 namespace pentad {
@@ -20,16 +23,17 @@ struct StepStats {
   float lr = 0.0f;
   double grad_norm = 0.0;  // before clipping
   double seconds = 0.0;
-  double tokens_per_second = 0.0;
-  double flops_per_second = 0.0;
+  double tokens_per_second = 0.0;  // global batch tokens per second
+  double flops_per_second = 0.0;   // this rank's
 };
 
 class Trainer {
  public:
-  explicit Trainer(const Config& cfg);
+  // mesh: null for one rank; otherwise every rank of the mesh constructs its Trainer.
+  explicit Trainer(const Config& cfg, parallel::Mesh* mesh = nullptr);
 
   // One optimizer step on the global batch of `step`. after_backward (optional) sees the
-  // accumulated gradients before clipping and the optimizer.
+  // reduced gradients before clipping and the optimizer.
   StepStats train_step(int64_t step, const std::function<void()>& after_backward = {});
   // Mean loss over eval_batches micro-batches of the validation stream.
   float evaluate();
@@ -38,23 +42,36 @@ class Trainer {
 
   Model& model() { return *model_; }
   const Config& config() const { return cfg_; }
-  // The micro-batch `micro` of step `step`: (b, t) inputs and targets from the data loader.
+  // This rank's micro-batch `micro` of step `step`: (b, t) inputs and targets.
   void fetch_batch(int64_t step, int64_t micro, std::vector<int32_t>& inputs,
                    std::vector<int32_t>& targets) const;
   std::string memory_plan() const;
+  // Writes this rank's parameter shards as .npy plus their global identity (shards.json),
+  // when this rank is the first of its data-parallel replicas.
+  void dump_weights(const std::string& dir) const;
 
  private:
   void write_metrics(const std::string& json_line);
+  bool logs() const { return world_rank_ == 0; }
+  double all_reduce_dp(double value);
 
   Config cfg_;
+  parallel::Mesh* mesh_ = nullptr;
+  int world_rank_ = 0;
+  int dp_size_ = 1, dp_rank_ = 0;
   std::unique_ptr<Model> model_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<data::DataLoader> data_;
+  std::unique_ptr<parallel::GradReducer> reducer_;
   std::ofstream metrics_;
   std::vector<int32_t> inputs_, targets_;
 };
 
 // Sets the number of compute threads (0 = every core) for OpenMP and OpenBLAS.
 void set_compute_threads(int64_t threads);
+
+// The mesh a recipe asks for on `world_size` ranks (dp = 0 takes what is left), checked
+// against the model: refusals name the degree to change.
+parallel::MeshConfig mesh_config(const Config& cfg, int world_size);
 
 }  // namespace pentad

@@ -52,7 +52,8 @@ float overfit(const std::string& recipe) {
     model.params().zero_grads();
     loss = model.forward(inputs.data(), targets.data(), 1.0f / static_cast<float>(b * t));
     model.backward();
-    clip_gradients(model.params(), std::sqrt(grad_sum_squares(model.params())), 1.0f);
+    const GradSquares sq = grad_sum_squares(model.params());
+    clip_gradients(model.params(), std::sqrt(sq.sharded + sq.replicated), 1.0f);
     opt.step(model.params(), 3e-3f);
   }
   return loss;

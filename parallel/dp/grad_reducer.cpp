@@ -1,0 +1,42 @@
+#include "parallel/dp/grad_reducer.h"
+
+#include <algorithm>
+
+namespace pentad::parallel {
+
+GradReducer::GradReducer(Communicator& group, const ParamStore& params, size_t bucket_bytes)
+    : group_(group), grads_(params.all_grads().f32()) {
+  const auto& specs = params.specs();
+  const int64_t bucket_elems = std::max<int64_t>(1, static_cast<int64_t>(bucket_bytes / sizeof(float)));
+  int64_t end = params.numel();
+  for (size_t i = specs.size(); i-- > 0;) {
+    const int64_t begin = static_cast<int64_t>(specs[i].offset);
+    if (end - begin >= bucket_elems || i == 0) {
+      buckets_.push_back(Bucket{begin, end, Work(), false});
+      end = begin;
+    }
+  }
+}
+
+void GradReducer::ready_from(int64_t offset) {
+  while (next_ < buckets_.size() && buckets_[next_].begin >= offset) {
+    Bucket& b = buckets_[next_++];
+    Tensor view;
+    view.data = grads_ + b.begin;
+    view.shape = Shape{b.end - b.begin};
+    b.work = group_.all_reduce(view, ReduceOp::Sum, /*async=*/true);
+    b.started = true;
+  }
+  for (size_t i = 0; i < next_; ++i) buckets_[i].work.test();  // drive progress
+}
+
+void GradReducer::finish() {
+  ready_from(0);
+  for (Bucket& b : buckets_) {
+    b.work.wait();
+    b.started = false;
+  }
+  next_ = 0;
+}
+
+}  // namespace pentad::parallel
