@@ -50,7 +50,9 @@ int main(int argc, char** argv) {
   train->add_option("recipe", recipe, "Recipe file (see recipes/)")->required()->check(CLI::ExistingFile);
   train->add_option("-s,--set", sets, "Override a recipe key: section.key=value (repeatable)");
   train->add_option("overrides", extra, "More section.key=value overrides");
-  std::string dump_dir;
+  std::string dump_dir, comm_log;
+  train->add_option("--comm-log", comm_log,
+                    "Write each rank's communication trace and step spans (rankN.json) here");
   train->add_option("--dump-weights", dump_dir,
                     "Developer: write the final parameter shards (.npy) to this directory");
 
@@ -101,6 +103,7 @@ int main(int argc, char** argv) {
       pentad::Trainer trainer(cfg, &mesh);
       trainer.run();
       if (!dump_dir.empty()) trainer.dump_weights(dump_dir);
+      if (!comm_log.empty()) trainer.write_comm_log(comm_log);
     } else if (*reference) {
       pentad::Config cfg = pentad::load_recipe(recipe, sets);
       pentad::export_reference(cfg, ref_out, ref_steps);

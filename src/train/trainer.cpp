@@ -86,6 +86,8 @@ void Trainer::fetch_batch(int64_t step, int64_t micro, std::vector<int32_t>& inp
 StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_backward) {
   const TrainConfig& t = cfg_.train;
   auto start = std::chrono::steady_clock::now();
+  StepStats s;
+  s.start_ns = parallel::trace_now_ns();
   ParamStore& params = model_->params();
   params.zero_grads();
   // Each token of the global batch weighs the same; data-parallel ranks' gradients are summed.
@@ -99,9 +101,10 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
     loss_sum += model_->forward(inputs_.data(), targets_.data(), dloss);
     model_->backward(micro + 1 == t.grad_accum, on_ready);
   }
+  s.backward_end_ns = parallel::trace_now_ns();
   if (reducer_) reducer_->finish();
+  s.reduced_ns = parallel::trace_now_ns();
   if (after_backward) after_backward();
-  StepStats s;
   s.step = step;
   s.loss = static_cast<float>(all_reduce_dp(loss_sum) / static_cast<double>(t.grad_accum * dp_size_));
   GradSquares squares = grad_sum_squares(params);
@@ -143,6 +146,32 @@ float Trainer::evaluate() {
     sum += model_->forward(inputs_.data(), targets_.data(), 0.0f);
   }
   return static_cast<float>(all_reduce_dp(sum) / static_cast<double>(t.eval_batches));
+}
+
+void Trainer::write_comm_log(const std::string& dir) const {
+  std::filesystem::create_directories(dir);
+  nlohmann::json events = nlohmann::json::array(), steps = nlohmann::json::array();
+  for (const parallel::CommEvent& e : parallel::comm_events())
+    events.push_back({{"comm", std::string(e.name())}, {"seq", e.seq},
+                      {"kind", parallel::comm_kind_name(e.kind)}, {"bytes", e.bytes},
+                      {"peer", e.peer}, {"enter_ns", e.enter_ns}, {"leave_ns", e.leave_ns}});
+  for (const StepStats& s : history_)
+    steps.push_back({{"step", s.step + 1}, {"start_ns", s.start_ns},
+                     {"backward_end_ns", s.backward_end_ns}, {"reduced_ns", s.reduced_ns},
+                     {"seconds", s.seconds}});
+  nlohmann::json log = {{"rank", world_rank_},
+                        {"tp", model_->tp().degree()},
+                        {"dp", dp_size_},
+                        {"sequence_parallel", model_->tp().sequence_parallel()},
+                        {"micro_batch", cfg_.train.micro_batch},
+                        {"seq_len", cfg_.train.seq_len},
+                        {"d_model", cfg_.model.d_model},
+                        {"n_layer", cfg_.model.n_layer},
+                        {"grad_accum", cfg_.train.grad_accum},
+                        {"parameters_local", model_->params().numel()},
+                        {"steps", steps},
+                        {"events", events}};
+  std::ofstream(fmt::format("{}/rank{}.json", dir, world_rank_)) << log.dump();
 }
 
 void Trainer::dump_weights(const std::string& dir) const {
@@ -201,6 +230,7 @@ void Trainer::run() {
   spdlog::info("threads: {}", omp_get_max_threads());
   for (int64_t step = 0; step < t.steps; ++step) {
     StepStats s = train_step(step);
+    history_.push_back(s);
     if (!std::isfinite(s.loss)) fail("loss is {} at step {}: training diverged", s.loss, step);
     nlohmann::json j = {{"step", step + 1},        {"loss", s.loss},
                         {"lr", s.lr},              {"grad_norm", s.grad_norm},

@@ -25,6 +25,9 @@ struct StepStats {
   double seconds = 0.0;
   double tokens_per_second = 0.0;  // global batch tokens per second
   double flops_per_second = 0.0;   // this rank's
+  // On the communication trace's clock (parallel::trace_now_ns): step start, the end of the
+  // last micro-batch's backward, and the moment every gradient reduction had finished.
+  int64_t start_ns = 0, backward_end_ns = 0, reduced_ns = 0;
 };
 
 class Trainer {
@@ -49,6 +52,8 @@ class Trainer {
   // Writes this rank's parameter shards as .npy plus their global identity (shards.json),
   // when this rank is the first of its data-parallel replicas.
   void dump_weights(const std::string& dir) const;
+  // Writes this rank's communication trace and step spans (rank<r>.json) for bench/.
+  void write_comm_log(const std::string& dir) const;
 
  private:
   void write_metrics(const std::string& json_line);
@@ -65,6 +70,7 @@ class Trainer {
   std::unique_ptr<parallel::GradReducer> reducer_;
   std::ofstream metrics_;
   std::vector<int32_t> inputs_, targets_;
+  std::vector<StepStats> history_;  // every step of run(), for write_comm_log
 };
 
 // Sets the number of compute threads (0 = every core) for OpenMP and OpenBLAS.

@@ -121,3 +121,46 @@ TEST(Training, BadRecipeStopsTheCliAndWritesNothing) {
   EXPECT_NE(log.str().find("model.n_layers"), std::string::npos) << log.str();
   EXPECT_FALSE(fs::exists(dir / "out"));
 }
+
+// Layouts that cannot work are refused before any rank starts, naming what to change.
+TEST(Layouts, RefusedWithTheDegreeToChange) {
+  struct Row {
+    std::vector<std::string> overrides;
+    int world;
+    std::vector<std::string> expect;
+  };
+  const std::vector<Row> rows = {
+      {{"parallel.tp=2"}, 3, {"parallel.tp (2)", "3 ranks"}},
+      {{"parallel.tp=2", "parallel.dp=3"}, 4, {"dp", "4"}},
+      {{"parallel.tp=8"}, 8, {"tp 8", "model.n_head", "change tp"}},
+      {{"parallel.tp=3"}, 3, {"tp", "3"}},
+      {{"parallel.tp=2", "parallel.sequence_parallel=true", "train.micro_batch=1",
+        "train.seq_len=3", "model.max_seq_len=64"},
+       2,
+       {"tp", "sequence"}},
+  };
+  for (const Row& row : rows) {
+    Config cfg = load_recipe(kRecipes + "gpt-tiny.toml", row.overrides);
+    try {
+      mesh_config(cfg, row.world);
+      ADD_FAILURE() << "accepted " << ::testing::PrintToString(row.overrides) << " on "
+                    << row.world << " ranks";
+    } catch (const Error& e) {
+      for (const std::string& want : row.expect)
+        EXPECT_NE(std::string(e.what()).find(want), std::string::npos)
+            << "message \"" << e.what() << "\" lacks \"" << want << "\"";
+    }
+  }
+}
+
+TEST(Layouts, PipelineAndContextDegreesAreRefusedUntilBuilt) {
+  for (const std::string key : {"parallel.pp=2", "parallel.cp=2"}) {
+    try {
+      load_recipe(kRecipes + "gpt-tiny.toml", {key});
+      ADD_FAILURE() << key << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(key.substr(0, 11)), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("not in this build"), std::string::npos) << e.what();
+    }
+  }
+}
