@@ -48,7 +48,7 @@ struct TrainConfig {                 // [train]
   int64_t eval_every = 50;           // 0 disables eval
   int64_t eval_batches = 4;
   int64_t log_every = 1;
-  int64_t threads = 0;               // 0 = every core
+  int64_t threads = 0;               // 0 = this machine's cores / ranks on it
   std::string out_dir = "runs/default";
 };
 

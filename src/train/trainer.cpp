@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <mpi.h>
 #include <omp.h>
 
 #include <chrono>
@@ -15,9 +16,20 @@
 
 namespace pentad {
 
-void set_compute_threads(int64_t threads) {
-  int n = threads > 0 ? static_cast<int>(threads) : omp_get_num_procs();
+void set_compute_threads(int64_t threads, int ranks_on_node) {
+  const int n = threads > 0 ? static_cast<int>(threads)
+                            : std::max(1, omp_get_num_procs() / std::max(1, ranks_on_node));
   omp_set_num_threads(n);
+}
+
+// Ranks sharing this machine (they share its cores).
+static int ranks_on_this_node() {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int size = 1;
+  MPI_Comm_size(node, &size);
+  MPI_Comm_free(&node);
+  return size;
 }
 
 parallel::MeshConfig mesh_config(const Config& cfg, int world_size) {
@@ -44,7 +56,7 @@ parallel::MeshConfig mesh_config(const Config& cfg, int world_size) {
 }
 
 Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mesh) {
-  set_compute_threads(cfg.train.threads);
+  set_compute_threads(cfg.train.threads, mesh_ ? ranks_on_this_node() : 1);
   const TrainConfig& t = cfg.train;
   parallel::TensorParallel tp;
   if (mesh_) {

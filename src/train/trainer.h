@@ -73,8 +73,9 @@ class Trainer {
   std::vector<StepStats> history_;  // every step of run(), for write_comm_log
 };
 
-// Sets the number of compute threads (0 = every core) for OpenMP and OpenBLAS.
-void set_compute_threads(int64_t threads);
+// Sets the number of compute threads for OpenMP and OpenBLAS: `threads`, or when 0 this
+// machine's cores shared evenly among the ranks running on it.
+void set_compute_threads(int64_t threads, int ranks_on_node = 1);
 
 // The mesh a recipe asks for on `world_size` ranks (dp = 0 takes what is left), checked
 // against the model: refusals name the degree to change.
