@@ -21,10 +21,8 @@ GradReducer::GradReducer(Communicator& group, const ParamStore& params, size_t b
 void GradReducer::ready_from(int64_t offset) {
   while (next_ < buckets_.size() && buckets_[next_].begin >= offset) {
     Bucket& b = buckets_[next_++];
-    Tensor view;
-    view.data = grads_ + b.begin;
-    view.shape = Shape{b.end - b.begin};
-    b.work = group_.all_reduce(view, ReduceOp::Sum, /*async=*/true);
+    b.work = group_.all_reduce(view_of(grads_ + b.begin, Shape{b.end - b.begin}), ReduceOp::Sum,
+                               /*async=*/true);
     b.started = true;
   }
   for (size_t i = 0; i < next_; ++i) buckets_[i].work.test();  // drive progress

@@ -59,6 +59,17 @@ struct Tensor {
   }
 };
 
+// A view of memory that something else owns (host memory unless told otherwise).
+inline Tensor view_of(void* data, Shape shape, DType dtype = DType::F32,
+                      Device device = Device::CPU) {
+  Tensor t;
+  t.data = data;
+  t.dtype = dtype;
+  t.device = device;
+  t.shape = shape;
+  return t;
+}
+
 // A bump allocator over one allocation. Sizes are planned up front (the memory plan is
 // printed before training), so running out is a planning bug, not a user error.
 class Arena {

@@ -73,25 +73,12 @@ void ParamStore::initialize(uint64_t seed) {
 
 Tensor ParamStore::view(void* base, int id) const {
   const ParamSpec& spec = specs_[static_cast<size_t>(id)];
-  Tensor t;
-  t.data = static_cast<float*>(base) + spec.offset;
-  t.shape = spec.local_shape;
-  return t;
+  return view_of(static_cast<float*>(base) + spec.offset, spec.local_shape);
 }
 
-Tensor ParamStore::all_params() const {
-  Tensor t;
-  t.data = params_.base();
-  t.shape = Shape{numel_};
-  return t;
-}
+Tensor ParamStore::all_params() const { return view_of(params_.base(), Shape{numel_}); }
 
-Tensor ParamStore::all_grads() const {
-  Tensor t;
-  t.data = grads_.base();
-  t.shape = Shape{numel_};
-  return t;
-}
+Tensor ParamStore::all_grads() const { return view_of(grads_.base(), Shape{numel_}); }
 
 void ParamStore::zero_grads() {
   if (grads_.base()) std::memset(grads_.base(), 0, bytes());

@@ -12,14 +12,6 @@
 
 namespace pentad {
 
-static Tensor host_tensor(void* data, Shape shape, DType dtype) {
-  Tensor t;
-  t.data = data;
-  t.shape = shape;
-  t.dtype = dtype;
-  return t;
-}
-
 void export_reference(const Config& cfg, const std::string& out_dir, int64_t steps) {
   namespace fs = std::filesystem;
   fs::create_directories(out_dir);
@@ -41,8 +33,8 @@ void export_reference(const Config& cfg, const std::string& out_dir, int64_t ste
     for (int64_t micro = 0; micro < cfg.train.grad_accum; ++micro) {
       trainer.fetch_batch(step, micro, inputs, targets);
       const std::string tag = std::to_string(step) + "." + std::to_string(micro);
-      write_npy(out_dir + "/inputs." + tag + ".npy", host_tensor(inputs.data(), Shape{b, t}, DType::I32));
-      write_npy(out_dir + "/targets." + tag + ".npy", host_tensor(targets.data(), Shape{b, t}, DType::I32));
+      write_npy(out_dir + "/inputs." + tag + ".npy", view_of(inputs.data(), Shape{b, t}, DType::I32));
+      write_npy(out_dir + "/targets." + tag + ".npy", view_of(targets.data(), Shape{b, t}, DType::I32));
     }
 
   // The first micro-batch's logits and loss, from a forward that keeps the logits.
@@ -60,7 +52,7 @@ void export_reference(const Config& cfg, const std::string& out_dir, int64_t ste
     };
     losses.push_back(trainer.train_step(step, dump_grads).loss);
   }
-  write_npy(out_dir + "/losses.npy", host_tensor(losses.data(), Shape{steps}, DType::F32));
+  write_npy(out_dir + "/losses.npy", view_of(losses.data(), Shape{steps}, DType::F32));
   std::ofstream(out_dir + "/manifest.json") << manifest.dump(2);
 }
 

@@ -120,13 +120,8 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
   s.step = step;
   s.loss = static_cast<float>(all_reduce_dp(loss_sum) / static_cast<double>(t.grad_accum * dp_size_));
   GradSquares squares = grad_sum_squares(params);
-  if (model_->tp().degree() > 1) {
-    Tensor sharded;
-    sharded.data = &squares.sharded;
-    sharded.dtype = DType::F64;
-    sharded.shape = Shape{1};
-    mesh_->group(parallel::Axis::TP).all_reduce(sharded);
-  }
+  if (model_->tp().degree() > 1)  // shards add up over tp; replicated ones count once
+    mesh_->group(parallel::Axis::TP).all_reduce(view_of(&squares.sharded, Shape{1}, DType::F64));
   s.grad_norm = std::sqrt(squares.sharded + squares.replicated);
   clip_gradients(params, s.grad_norm, cfg_.optim.grad_clip);
   s.lr = learning_rate(cfg_.optim, step, t.steps);
@@ -139,12 +134,7 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
 }
 
 double Trainer::all_reduce_dp(double value) {
-  if (dp_size_ == 1) return value;
-  Tensor t;
-  t.data = &value;
-  t.dtype = DType::F64;
-  t.shape = Shape{1};
-  mesh_->group(parallel::Axis::DP).all_reduce(t);
+  if (dp_size_ > 1) mesh_->group(parallel::Axis::DP).all_reduce(view_of(&value, Shape{1}, DType::F64));
   return value;
 }
 

@@ -121,7 +121,7 @@ TEST(Recipe, ShippedShapes) {
   EXPECT_EQ(tiny.model.n_layer, 2);
   EXPECT_EQ(tiny.model.d_model, 64);
   EXPECT_EQ(tiny.train.micro_batch, 8);
-  EXPECT_EQ(tiny.train.steps, 60);
+  EXPECT_EQ(tiny.train.steps, 200);
   EXPECT_EQ(tiny.optim.lr, 3e-3f);
   EXPECT_TRUE(tiny.model.tie_embeddings);
 
