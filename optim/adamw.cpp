@@ -39,6 +39,12 @@ AdamW::AdamW(const OptimConfig& cfg, const ParamStore& params)
   v_.zero();
 }
 
+void AdamW::reset() {
+  m_.zero();
+  v_.zero();
+  step_ = 0;
+}
+
 void AdamW::step(ParamStore& params, float lr) {
   ++step_;
   for (int id = 0; id < static_cast<int>(params.specs().size()); ++id) {

@@ -29,6 +29,8 @@ class AdamW {
   AdamW(const OptimConfig& cfg, const ParamStore& params);
   void step(ParamStore& params, float lr);
   int64_t steps_taken() const { return step_; }
+  void set_steps_taken(int64_t steps) { step_ = steps; }  // when resuming
+  void reset();  // zero moments, step 0
   size_t state_bytes() const { return m_.capacity() + v_.capacity(); }
   void* m_base() const { return m_.base(); }
   void* v_base() const { return v_.base(); }

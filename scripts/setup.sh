@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   openmpi-bin libopenmpi-dev          # communicators (MPI backend)
-  libhdf5-dev                         # checkpoints
+  libhdf5-dev zlib1g-dev              # checkpoints (HDF5 files, crc32 checksums)
   libspdlog-dev libfmt-dev            # logging
   libgtest-dev                        # tests
   libtomlplusplus-dev                 # recipes
@@ -15,6 +15,7 @@ packages=(
   liburing-dev                        # NVMe offload
   nlohmann-json3-dev                  # tokenizer.json, metrics
   python3-torch python3-numpy         # numerical reference in tests and benchmarks
+  python3-pip                         # for safetensors below
   fortunes                            # default English corpus
 )
 
@@ -29,4 +30,11 @@ if ((${#missing[@]})); then
   [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
   "${sudo_cmd[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# The Hugging Face export test reads model.safetensors with the `safetensors` package,
+# which Debian does not ship: take it from PyPI for the system interpreter (which has torch).
+if ! /usr/bin/python3 -c "import safetensors" 2>/dev/null; then
+  echo "setup: installing safetensors from PyPI"
+  /usr/bin/python3 -m pip install --quiet --break-system-packages safetensors
 fi

@@ -33,3 +33,10 @@ add_test(NAME layouts_llama
           model.n_head=8 model.n_kv_head=4)
 set_tests_properties(layouts_gpt2 layouts_llama PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE
   PASS_REGULAR_EXPRESSION "every layout matches one rank")
+
+# Checkpoints: bitwise resume, resharding, corruption fallback, SIGKILL during saves.
+add_test(NAME checkpoint_resume
+  COMMAND ${PENTAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/checkpoint_resume.py
+          $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml ${CMAKE_CURRENT_BINARY_DIR}/checkpoints)
+set_tests_properties(checkpoint_resume PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE
+  PASS_REGULAR_EXPRESSION "checkpoints resume exactly")

@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include "checkpoint/checkpoint.h"
 #include "data/commands.h"
 #include "train/recipe.h"
 #include "train/reference.h"
@@ -50,7 +51,10 @@ int main(int argc, char** argv) {
   train->add_option("recipe", recipe, "Recipe file (see recipes/)")->required()->check(CLI::ExistingFile);
   train->add_option("-s,--set", sets, "Override a recipe key: section.key=value (repeatable)");
   train->add_option("overrides", extra, "More section.key=value overrides");
-  std::string dump_dir, comm_log;
+  std::string dump_dir, comm_log, resume;
+  train->add_option("--resume", resume,
+                    "Resume from 'latest' (newest valid checkpoint in train.ckpt_dir) or a "
+                    "checkpoint directory; any parallel layout");
   train->add_option("--comm-log", comm_log,
                     "Write each rank's communication trace and step spans (rankN.json) here");
   train->add_option("--dump-weights", dump_dir,
@@ -88,6 +92,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   tok_train->add_option("-o,--out", tok_out, "Output tokenizer.json")->required();
 
+  auto* ckpt = app.add_subcommand("ckpt", "Checkpoint tools");
+  ckpt->require_subcommand(1);
+  std::string ckpt_path;
+  bool verify = false;
+  auto* inspect = ckpt->add_subcommand("inspect", "Show a checkpoint's step, layout and tensors");
+  inspect->add_option("checkpoint", ckpt_path, "Checkpoint directory (step-N)")->required();
+  inspect->add_flag("--verify", verify, "Read every tensor and check its checksum");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -96,7 +108,9 @@ int main(int argc, char** argv) {
 
   try {
     if (*train) {
-      pentad::Config cfg = pentad::load_recipe(recipe, overrides_from(sets, extra));
+      std::vector<std::string> overrides = overrides_from(sets, extra);
+      if (!resume.empty()) overrides.push_back("train.resume=" + resume);
+      pentad::Config cfg = pentad::load_recipe(recipe, overrides);
       auto mesh = pentad::parallel::Mesh::create(pentad::mesh_config(cfg, mpi.size), MPI_COMM_WORLD);
       spdlog::info("mesh: {}", mesh.describe());
       if (mpi.rank != 0) spdlog::set_level(spdlog::level::warn);  // rank 0 reports for all
@@ -107,6 +121,8 @@ int main(int argc, char** argv) {
     } else if (*reference) {
       pentad::Config cfg = pentad::load_recipe(recipe, sets);
       pentad::export_reference(cfg, ref_out, ref_steps);
+    } else if (*inspect) {
+      std::fputs(pentad::ckpt::inspect(ckpt_path, verify).c_str(), stdout);
     } else if (*prepare) {
       pentad::data::data_prepare(inputs, tokenizer, out_prefix, fortune_format);
     } else if (*tok_train) {

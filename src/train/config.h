@@ -50,6 +50,17 @@ struct TrainConfig {                 // [train]
   int64_t log_every = 1;
   int64_t threads = 0;               // 0 = this machine's cores / ranks on it
   std::string out_dir = "runs/default";
+  // Checkpoints (checkpoint/): every save_every steps (0: never) into ckpt_dir (empty:
+  // <out_dir>/checkpoints), keeping the newest keep_last; async_save copies the state in
+  // the background while the next step computes. resume: "" (start fresh), "latest" (the
+  // newest valid checkpoint in ckpt_dir, falling back past corrupt ones) or a checkpoint path.
+  int64_t save_every = 0;
+  std::string ckpt_dir;
+  int64_t keep_last = 3;
+  bool async_save = true;
+  std::string resume;
+  int64_t stop_at = 0;  // end this run after that many steps (0: train.steps); the schedule
+                        // still spans train.steps, so a later --resume continues it exactly
 };
 
 struct DataConfig {                  // [data]

@@ -127,6 +127,12 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(train, log_every, at_least(1)),
       PENTAD_KEY(train, threads, at_least(0)),
       PENTAD_KEY(train, out_dir, any()),
+      PENTAD_KEY(train, save_every, at_least(0)),
+      PENTAD_KEY(train, ckpt_dir, any()),
+      PENTAD_KEY(train, keep_last, at_least(0)),
+      PENTAD_KEY(train, async_save, any()),
+      PENTAD_KEY(train, resume, any()),
+      PENTAD_KEY(train, stop_at, at_least(0)),
 
       PENTAD_KEY(data, source, one_of({"fortunes", "megatron", "llmc", "tokens", "random"})),
       PENTAD_KEY(data, path, any()),

@@ -117,6 +117,7 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
   if (reducer_) reducer_->finish();
   s.reduced_ns = parallel::trace_now_ns();
   if (after_backward) after_backward();
+  saver_.wait_for_copy();  // a snapshot in flight must hold the state before this update
   s.step = step;
   s.loss = static_cast<float>(all_reduce_dp(loss_sum) / static_cast<double>(t.grad_accum * dp_size_));
   GradSquares squares = grad_sum_squares(params);
@@ -216,7 +217,8 @@ void Trainer::run() {
   const TrainConfig& t = cfg_.train;
   if (logs()) {
     std::filesystem::create_directories(t.out_dir);
-    metrics_.open(std::filesystem::path(t.out_dir) / "metrics.jsonl", std::ios::trunc);
+    metrics_.open(std::filesystem::path(t.out_dir) / "metrics.jsonl",
+                  t.resume.empty() ? std::ios::trunc : std::ios::app);
     if (!metrics_) fail("cannot write {}/metrics.jsonl", t.out_dir);
     std::ofstream recipe(std::filesystem::path(t.out_dir) / "recipe.toml");
     recipe << recipe_to_toml(cfg_);
@@ -230,25 +232,166 @@ void Trainer::run() {
                parameters);
   spdlog::info("{}", memory_plan());
   spdlog::info("threads: {}", omp_get_max_threads());
-  for (int64_t step = 0; step < t.steps; ++step) {
+  if (!t.resume.empty()) start_step_ = resume(t.resume);
+  const int64_t last = t.stop_at > 0 ? std::min(t.stop_at, t.steps) : t.steps;
+  for (int64_t step = start_step_; step < last; ++step) {
     StepStats s = train_step(step);
     history_.push_back(s);
     if (!std::isfinite(s.loss)) fail("loss is {} at step {}: training diverged", s.loss, step);
+    commit_pending(false);
+    if (t.save_every > 0 && ((step + 1) % t.save_every == 0 || step + 1 == last)) save(step + 1);
     nlohmann::json j = {{"step", step + 1},        {"loss", s.loss},
                         {"lr", s.lr},              {"grad_norm", s.grad_norm},
                         {"seconds", s.seconds},    {"tokens_per_second", s.tokens_per_second},
                         {"flops_per_second", s.flops_per_second}};
     write_metrics(j.dump());
-    if (t.log_every > 0 && ((step + 1) % t.log_every == 0 || step == 0 || step + 1 == t.steps))
+    if (t.log_every > 0 && ((step + 1) % t.log_every == 0 || step == start_step_ || step + 1 == last))
       spdlog::info("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | {:.1f} GFLOP/s",
                    step + 1, t.steps, s.loss, s.lr, s.grad_norm, s.tokens_per_second,
                    s.flops_per_second / 1e9);
-    if (t.eval_every > 0 && ((step + 1) % t.eval_every == 0 || step + 1 == t.steps)) {
+    if (t.eval_every > 0 && ((step + 1) % t.eval_every == 0 || step + 1 == last)) {
       float val = evaluate();
       write_metrics(nlohmann::json{{"step", step + 1}, {"eval_loss", val}}.dump());
       spdlog::info("step {:>5}/{} | eval loss {:.4f}", step + 1, t.steps, val);
     }
   }
+  commit_pending(true);
+  if (saves_ > 0) {
+    write_metrics(nlohmann::json{{"checkpoint_saves", saves_},
+                                 {"checkpoint_blocked_seconds", saver_.blocked_seconds()}}
+                      .dump());
+    spdlog::info("checkpoints: {} saves, training blocked {:.3f} s in all ({})", saves_,
+                 saver_.blocked_seconds(), cfg_.train.async_save ? "asynchronous" : "synchronous");
+  }
+}
+
+int Trainer::all_ranks(int value, parallel::ReduceOp op) {
+  if (mesh_) mesh_->world().all_reduce(view_of(&value, Shape{1}, DType::I32), op);
+  return value;
+}
+
+std::string Trainer::checkpoint_root() const {
+  return cfg_.train.ckpt_dir.empty() ? cfg_.train.out_dir + "/checkpoints" : cfg_.train.ckpt_dir;
+}
+
+void Trainer::save(int64_t steps_done) {
+  commit_pending(true);
+  // The first data-parallel replica of each shard writes it; the others hold copies.
+  std::vector<ckpt::LiveTensor> tensors;
+  if (dp_rank_ == 0) {
+    const ParamStore& p = model_->params();
+    struct Kind {
+      const char* prefix;
+      void* base;
+    };
+    for (const Kind& kind : {Kind{"param/", p.all_params().data}, Kind{"adam_m/", optimizer_->m_base()},
+                             Kind{"adam_v/", optimizer_->v_base()}})
+      for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
+        const ParamSpec& spec = p.spec(id);
+        if (spec.shard_dim < 0 && model_->tp().rank() != 0) continue;  // tp rank 0 has it
+        ckpt::ShardInfo info{kind.prefix + spec.name, spec.global_shape, spec.shard_dim,
+                             spec.shard_start, spec.local_shape, 0};
+        tensors.push_back({info, p.view(kind.base, id).f32()});
+      }
+  }
+  const std::string file =
+      ckpt::partial_dir(checkpoint_root(), steps_done) + "/" + ckpt::rank_file_name(world_rank_);
+  saver_.begin(file, std::move(tensors), cfg_.train.async_save);
+  pending_save_ = steps_done;
+  ++saves_;
+  pending_optimizer_steps_ = optimizer_->steps_taken();
+}
+
+void Trainer::commit_pending(bool block) {
+  if (pending_save_ < 0) return;
+  if (block) saver_.wait_for_file();
+  if (all_ranks(saver_.file_done() ? 1 : 0, parallel::ReduceOp::Min) == 0) return;  // later
+  std::string error;
+  try {
+    saver_.wait_for_file();
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  const int64_t step = pending_save_;
+  pending_save_ = -1;
+  if (all_ranks(error.empty() ? 0 : 1, parallel::ReduceOp::Max) != 0) {
+    spdlog::warn("checkpoint of step {} not committed ({}); the previous one stays the latest",
+                 step, error.empty() ? "another rank failed to write" : error);
+    return;
+  }
+  if (world_rank_ == 0) {
+    ckpt::Manifest m;
+    m.step = step;
+    m.optimizer_steps = pending_optimizer_steps_;
+    const parallel::MeshConfig* mc = mesh_ ? &mesh_->config() : nullptr;
+    m.layout = ckpt::Layout{mesh_ ? mesh_->world_size() : 1, mc ? mc->tp : 1, mc ? mc->dp : 1,
+                            mc ? mc->pp : 1, mc ? mc->cp : 1, model_->tp().sequence_parallel()};
+    m.recipe_toml = recipe_to_toml(cfg_);
+    ckpt::commit(checkpoint_root(), m, static_cast<int>(cfg_.train.keep_last));
+    spdlog::info("checkpoint: step {} committed to {}", step, ckpt::checkpoint_dir(checkpoint_root(), step));
+  }
+  if (mesh_) mesh_->world().barrier();  // nobody resumes from a checkpoint not yet visible
+}
+
+bool Trainer::load(const std::string& dir) {
+  std::string error;
+  int64_t step = 0, optimizer_steps = 0;
+  try {
+    ckpt::Reader reader(dir);
+    step = reader.manifest().step;
+    optimizer_steps = reader.manifest().optimizer_steps;
+    const ParamStore& p = model_->params();
+    // A checkpoint imported from elsewhere may carry parameters only: the optimizer then
+    // starts fresh.
+    const bool with_optimizer = reader.has("adam_m/" + p.spec(0).name);
+    struct Kind {
+      const char* prefix;
+      void* base;
+    };
+    std::vector<Kind> kinds = {{"param/", p.all_params().data}};
+    if (with_optimizer) {
+      kinds.push_back({"adam_m/", optimizer_->m_base()});
+      kinds.push_back({"adam_v/", optimizer_->v_base()});
+    } else {
+      optimizer_->reset();
+      optimizer_steps = 0;
+    }
+    for (const Kind& kind : kinds)
+      for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
+        const ParamSpec& spec = p.spec(id);
+        reader.read(kind.prefix + spec.name, spec.global_shape, spec.shard_dim, spec.shard_start,
+                    spec.local_shape, p.view(kind.base, id).f32());
+      }
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  // Every rank must take the same checkpoint: one rank's failure sends all to the previous.
+  if (all_ranks(error.empty() ? 0 : 1, parallel::ReduceOp::Max) != 0) {
+    spdlog::warn("cannot resume from {}: {}", dir, error.empty() ? "another rank failed to read it" : error);
+    return false;
+  }
+  start_step_ = step;
+  optimizer_->set_steps_taken(optimizer_steps);
+  return true;
+}
+
+int64_t Trainer::resume(const std::string& which) {
+  if (which != "latest") {
+    if (!load(which)) fail("cannot resume from {} (see the warning above)", which);
+    spdlog::info("resumed from {} at step {}", which, start_step_);
+    return start_step_;
+  }
+  for (const std::string& dir : ckpt::committed_checkpoints(checkpoint_root())) {
+    if (load(dir)) {
+      spdlog::info("resumed from {} at step {}", dir, start_step_);
+      return start_step_;
+    }
+    spdlog::warn("falling back to the checkpoint before {}", dir);
+  }
+  spdlog::warn("no usable checkpoint in {}: starting from step 0", checkpoint_root());
+  model_->params().initialize(cfg_.train.seed);  // undo what a failed load overwrote
+  optimizer_->reset();
+  return 0;
 }
 
 }  // namespace pentad

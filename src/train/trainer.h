@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "checkpoint/saver.h"
 #include "data/dataset.h"
 #include "model/model.h"
 #include "optim/adamw.h"
@@ -55,9 +56,23 @@ class Trainer {
   // Writes this rank's communication trace and step spans (rank<r>.json) for bench/.
   void write_comm_log(const std::string& dir) const;
 
+  // Checkpoints. save() starts a snapshot of the state after `steps_done` steps (lazy and
+  // asynchronous when train.async_save); commit_pending() makes the newest snapshot a
+  // committed checkpoint once every rank has written its file (block: wait for that).
+  // Collective: every rank calls them at the same points.
+  void save(int64_t steps_done);
+  void commit_pending(bool block);
+  // Loads a checkpoint (any layout) into this rank's shards; returns the step to resume
+  // at. "latest" tries the newest committed checkpoint and falls back past corrupt ones.
+  int64_t resume(const std::string& which);
+  std::string checkpoint_root() const;
+  double checkpoint_blocked_seconds() const { return saver_.blocked_seconds(); }
+
  private:
   void write_metrics(const std::string& json_line);
   bool logs() const { return world_rank_ == 0; }
+  bool load(const std::string& dir);  // false (and a warning) if the checkpoint is unusable
+  int all_ranks(int value, parallel::ReduceOp op);  // over the world; value alone on one rank
   double all_reduce_dp(double value);
 
   Config cfg_;
@@ -71,6 +86,11 @@ class Trainer {
   std::ofstream metrics_;
   std::vector<int32_t> inputs_, targets_;
   std::vector<StepStats> history_;  // every step of run(), for write_comm_log
+  ckpt::AsyncSaver saver_;
+  int64_t pending_save_ = -1;  // step of the snapshot not yet committed
+  int64_t pending_optimizer_steps_ = 0;
+  int64_t saves_ = 0;
+  int64_t start_step_ = 0;     // first step run() trains (after a resume)
 };
 
 // Sets the number of compute threads for OpenMP and OpenBLAS: `threads`, or when 0 this

@@ -1,0 +1,105 @@
+#pragma once
+// Checkpoints on disk. A checkpoint is a directory <root>/step-<8 digits>/ holding one HDF5
+// file per writing rank (rank-<5 digits>.h5) and manifest.json. Every dataset is one
+// tensor shard that carries its global identity (name, global shape, the slice it holds),
+// so any layout can read any other's checkpoint (resharding on load). While being
+// written the directory is <root>/step-<N>.partial/; rank 0 renames it into place only
+// after every rank's file is complete and the manifest is written, so a crash at any
+// instant leaves the previous checkpoint the latest valid one.
+//
+// Tensor names: "param/<parameter name>", "adam_m/<name>", "adam_v/<name>".
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace pentad::ckpt {
+
+struct ShardInfo {
+  std::string name;         // e.g. "param/layers.0.attn.q.weight"
+  Shape global_shape;
+  int shard_dim = -1;       // -1: the whole tensor
+  int64_t shard_start = 0;  // along shard_dim
+  Shape local_shape;
+  uint32_t crc32 = 0;       // zlib crc32 of the shard's bytes (little-endian f32)
+};
+
+struct ShardData {
+  ShardInfo info;           // crc32 is computed by the writer
+  const float* data = nullptr;
+};
+
+struct Layout {
+  int world = 1, tp = 1, dp = 1, pp = 1, cp = 1;
+  bool sequence_parallel = false;
+};
+
+struct Manifest {
+  int64_t step = 0;             // optimizer steps completed; training resumes at this step
+  int64_t optimizer_steps = 0;  // AdamW's step counter (bias correction)
+  Layout layout;                // of the run that wrote it
+  std::string recipe_toml;      // the effective recipe
+  struct Entry {
+    std::string file;           // rank file, relative to the checkpoint directory
+    ShardInfo shard;
+  };
+  std::vector<Entry> shards;    // every shard of every file
+};
+
+std::string checkpoint_dir(const std::string& root, int64_t step);  // <root>/step-<N>
+std::string partial_dir(const std::string& root, int64_t step);     // <root>/step-<N>.partial
+std::string rank_file_name(int rank);                               // rank-<5 digits>.h5
+
+// Writes one rank's HDF5 file with every shard (computing each checksum), then a sidecar
+// <path>.json listing the shards, and fsyncs both. Creates the parent directory.
+// Throws pentad::Error naming the file on any failure.
+void write_rank_file(const std::string& path, const std::vector<ShardData>& shards);
+
+// Rank 0, once every rank's file and sidecar exist in partial_dir(root, base.step): merges
+// the sidecars into manifest.json (with base's step, layout, recipe), fsyncs, renames the
+// directory to checkpoint_dir(root, step) and fsyncs root. Then deletes all but the newest
+// keep_last committed checkpoints (keep_last <= 0 keeps all) and stale .partial dirs.
+void commit(const std::string& root, const Manifest& base, int keep_last);
+
+// Committed checkpoints under root, newest first (directories with a manifest.json).
+std::vector<std::string> committed_checkpoints(const std::string& root);
+
+class Reader {
+ public:
+  // Parses manifest.json; throws pentad::Error naming the file if missing or malformed.
+  explicit Reader(const std::string& dir);
+  ~Reader();
+  Reader(const Reader&) = delete;
+  Reader& operator=(const Reader&) = delete;
+
+  const Manifest& manifest() const { return manifest_; }
+  const std::string& dir() const { return dir_; }
+  bool has(const std::string& name) const;
+  std::vector<std::string> tensor_names() const;
+  Shape global_shape(const std::string& name) const;
+
+  // Fills out (local_shape, row-major f32) with the slice [shard_start, shard_start +
+  // local_shape[shard_dim]) along shard_dim of global tensor `name` (shard_dim -1: whole),
+  // reading it from whichever stored shards overlap it. Every stored shard it touches is
+  // verified against its checksum once; a mismatch, a missing tensor or a shape that
+  // differs throws pentad::Error naming the file and the tensor.
+  void read(const std::string& name, const Shape& global_shape, int shard_dim,
+            int64_t shard_start, const Shape& local_shape, float* out);
+
+  // Reads every stored shard not yet verified and checks its checksum; returns the number
+  // of shards. Throws the first error (naming file and tensor).
+  int64_t verify_all();
+
+ private:
+  struct Impl;
+  std::string dir_;
+  Manifest manifest_;
+  Impl* impl_ = nullptr;
+};
+
+// `pentad ckpt inspect`: step, layout, recipe summary, every tensor with shape, shards and
+// bytes; with verify, reads every shard and checks its checksum (errors name file+tensor).
+std::string inspect(const std::string& dir, bool verify);
+
+}  // namespace pentad::ckpt

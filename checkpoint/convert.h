@@ -1,0 +1,55 @@
+#pragma once
+// `pentad ckpt convert`: pentad checkpoints to and from Hugging Face transformers
+// (safetensors + config.json) and to llm.c's GPT-2 model file. Like torchtitan's
+// checkpoint adapters, these are name-and-layout translations only: every value is copied
+// (or transposed) exactly, so pentad -> HF -> pentad gives back the same bits.
+//
+// Name map (pentad (out, in) linear weights; HF GPT-2's Conv1D stores [in, out]):
+//   gpt2                      HF GPT2LMHeadModel (stored without "transformer.")
+//   wte.weight, wpe.weight    wte.weight, wpe.weight
+//   layers.i.norm1.*          h.i.ln_1.*
+//   layers.i.attn.{q,k,v}.*   h.i.attn.c_attn.{weight [C, 3C] = [Wq^T Wk^T Wv^T], bias}
+//   layers.i.attn.o.*         h.i.attn.c_proj.*      (weight transposed)
+//   layers.i.norm2.*          h.i.ln_2.*
+//   layers.i.mlp.up.*         h.i.mlp.c_fc.*         (weight transposed)
+//   layers.i.mlp.down.*       h.i.mlp.c_proj.*       (weight transposed)
+//   norm_f.*                  ln_f.*
+//   lm_head.weight            lm_head.weight         (untied only)
+//
+//   llama                     HF LlamaForCausalLM
+//   wte.weight                model.embed_tokens.weight
+//   layers.i.norm1.weight     model.layers.i.input_layernorm.weight
+//   layers.i.attn.{q,k,v,o}   model.layers.i.self_attn.{q,k,v,o}_proj.weight
+//   layers.i.norm2.weight     model.layers.i.post_attention_layernorm.weight
+//   layers.i.mlp.{gate,up,down}  model.layers.i.mlp.{gate,up,down}_proj.weight
+//   norm_f.weight             model.norm.weight
+//   lm_head.weight            lm_head.weight         (omitted when tied)
+#include <cstdint>
+#include <string>
+
+namespace pentad::ckpt {
+
+// Reads the parameters ("param/<name>") and recipe of the committed checkpoint directory
+// `checkpoint_dir` and writes out_dir/model.safetensors (F32, HF names) and
+// out_dir/config.json (GPT2Config or LlamaConfig). Returns a one-line summary.
+// Throws pentad::Error for a model HF cannot represent (a GPT-2 with grouped-query
+// attention) or an unreadable checkpoint.
+std::string export_hf(const std::string& checkpoint_dir, const std::string& out_dir);
+
+// Reads hf_dir/config.json and hf_dir/model.safetensors (or, without it, every
+// *.safetensors in hf_dir), builds the matching recipe (model keys from config.json, every
+// other key its default) and writes a committed one-rank checkpoint of the parameters only
+// (no optimizer moments) at checkpoint_dir(checkpoint_root, step). Accepts GPT-2 names
+// with and without the "transformer." prefix and ignores the attention-mask buffers.
+// Refuses an unknown model_type, features pentad lacks (rope scaling, biases in LLaMA,
+// another activation), missing tensors, wrong shapes and unused tensors, naming them.
+// Returns a one-line summary.
+std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_root,
+                      int64_t step = 0);
+
+// Writes llm.c's GPT-2 model file (fp32, version 3: train_gpt2.c's gpt2_build_from_checkpoint
+// reads it) from a GPT-2 checkpoint with tied embeddings, 4C MLP and n_kv_head = n_head.
+// Refuses other models with a message saying why. Returns a one-line summary.
+std::string export_llmc(const std::string& checkpoint_dir, const std::string& out_path);
+
+}  // namespace pentad::ckpt

@@ -1,0 +1,198 @@
+#include "checkpoint/manifest.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+#include <zlib.h>
+
+#include "core/check.h"
+
+namespace pentad::ckpt {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr int kFormatVersion = 1;
+
+json shape_json(const Shape& shape) {
+  json dims = json::array();
+  for (int d = 0; d < shape.ndim; ++d) dims.push_back(shape[d]);
+  return dims;
+}
+
+json entry_json(const Manifest::Entry& e) {
+  const ShardInfo& s = e.shard;
+  return json{{"file", e.file},
+              {"name", s.name},
+              {"global_shape", shape_json(s.global_shape)},
+              {"shard_dim", s.shard_dim},
+              {"shard_start", s.shard_start},
+              {"local_shape", shape_json(s.local_shape)},
+              {"crc32", s.crc32}};
+}
+
+// Parse errors are Error("<what>") here; the callers prefix the file.
+int64_t integer(const json& j, const char* key) {
+  const json& v = j.at(key);
+  if (!v.is_number_integer()) fail("'{}' is not an integer", key);
+  return v.get<int64_t>();
+}
+
+Shape shape_from(const json& j, const char* key) {
+  const json& v = j.at(key);
+  if (!v.is_array() || v.size() > static_cast<size_t>(kMaxDims))
+    fail("'{}' is not an array of at most {} dims", key, kMaxDims);
+  Shape shape;
+  for (const json& d : v) {
+    if (!d.is_number_integer() || d.get<int64_t>() < 0)
+      fail("'{}' holds something other than a size", key);
+    shape.dims[static_cast<size_t>(shape.ndim++)] = d.get<int64_t>();
+  }
+  return shape;
+}
+
+Manifest::Entry entry_from(const json& j) {
+  Manifest::Entry e;
+  e.file = j.at("file").get<std::string>();
+  if (e.file.empty() || e.file == "." || e.file == ".." || e.file.find('/') != std::string::npos)
+    fail("file '{}' is not a file name inside the checkpoint directory", e.file);
+  ShardInfo& s = e.shard;
+  s.name = j.at("name").get<std::string>();
+  if (s.name.empty()) fail("a shard has an empty name");
+  s.global_shape = shape_from(j, "global_shape");
+  s.local_shape = shape_from(j, "local_shape");
+  s.shard_dim = static_cast<int>(integer(j, "shard_dim"));
+  s.shard_start = integer(j, "shard_start");
+  const int64_t crc = integer(j, "crc32");
+  if (crc < 0 || crc > 0xffffffffLL) fail("tensor {}: crc32 {} is not 32-bit", s.name, crc);
+  s.crc32 = static_cast<uint32_t>(crc);
+
+  // The shard must be a slice of its global tensor along shard_dim (or all of it).
+  const int ndim = s.global_shape.ndim;
+  bool ok = s.local_shape.ndim == ndim && s.shard_dim >= -1 && s.shard_dim < ndim &&
+            s.shard_start >= 0 && (s.shard_dim >= 0 || s.shard_start == 0);
+  for (int d = 0; ok && d < ndim; ++d)
+    ok = d == s.shard_dim ? s.shard_start + s.local_shape[d] <= s.global_shape[d]
+                          : s.local_shape[d] == s.global_shape[d];
+  if (!ok)
+    fail("tensor {}: local shape {} at {} along dim {} is not a slice of global shape {}", s.name,
+         s.local_shape.str(), s.shard_start, s.shard_dim, s.global_shape.str());
+  return e;
+}
+
+std::vector<Manifest::Entry> entries_from(const json& shards) {
+  if (!shards.is_array()) fail("'shards' is not an array");
+  std::vector<Manifest::Entry> entries;
+  entries.reserve(shards.size());
+  std::map<std::string, size_t> first;  // tensor name -> index of its first shard
+  for (const json& j : shards) {
+    entries.push_back(entry_from(j));
+    const Manifest::Entry& e = entries.back();
+    auto [it, inserted] = first.emplace(e.shard.name, entries.size() - 1);
+    const Manifest::Entry& f = entries[it->second];
+    if (!inserted && !(f.shard.global_shape == e.shard.global_shape))
+      fail("tensor {} has global shape {} in {} but {} in {}", e.shard.name,
+           f.shard.global_shape.str(), f.file, e.shard.global_shape.str(), e.file);
+  }
+  return entries;
+}
+
+json parse_json(const std::string& path) {
+  try {
+    return json::parse(read_text(path));
+  } catch (const json::exception& e) {
+    fail("{}: not valid JSON: {}", path, e.what());
+  }
+}
+
+}  // namespace
+
+uint32_t crc32_of(const float* data, int64_t count) {
+  const auto* bytes = reinterpret_cast<const Bytef*>(data);
+  return static_cast<uint32_t>(
+      crc32_z(crc32_z(0L, Z_NULL, 0), bytes, static_cast<z_size_t>(count) * sizeof(float)));
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("{}: cannot open it: {}", path, std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) fail("{}: cannot read it", path);
+  return text.str();
+}
+
+std::string sidecar_json(const std::vector<Manifest::Entry>& shards) {
+  json list = json::array();
+  for (const Manifest::Entry& e : shards) list.push_back(entry_json(e));
+  return json{{"version", kFormatVersion}, {"shards", std::move(list)}}.dump(1) + "\n";
+}
+
+std::vector<Manifest::Entry> parse_sidecar(const std::string& path) {
+  const json j = parse_json(path);
+  try {
+    return entries_from(j.at("shards"));
+  } catch (const json::exception& e) {
+    fail("{}: malformed sidecar: {}", path, e.what());
+  } catch (const Error& e) {
+    fail("{}: malformed sidecar: {}", path, e.what());
+  }
+}
+
+std::string manifest_json(const Manifest& m) {
+  json files = json::array(), shards = json::array();
+  std::set<std::string> seen;
+  for (const Manifest::Entry& e : m.shards) {
+    if (seen.insert(e.file).second) files.push_back(e.file);
+    shards.push_back(entry_json(e));
+  }
+  const Layout& l = m.layout;
+  json layout{{"world", l.world}, {"tp", l.tp}, {"dp", l.dp}, {"pp", l.pp}, {"cp", l.cp},
+              {"sequence_parallel", l.sequence_parallel}};
+  return json{{"format", "pentad-checkpoint"},
+              {"version", kFormatVersion},
+              {"step", m.step},
+              {"optimizer_steps", m.optimizer_steps},
+              {"layout", std::move(layout)},
+              {"recipe", m.recipe_toml},
+              {"files", std::move(files)},
+              {"shards", std::move(shards)}}
+             .dump(1) + "\n";
+}
+
+Manifest parse_manifest(const std::string& path) {
+  const json j = parse_json(path);
+  try {
+    if (!j.is_object()) fail("not a JSON object");
+    if (j.contains("version") && integer(j, "version") != kFormatVersion)
+      fail("format version {} (this pentad reads version {})", integer(j, "version"),
+           kFormatVersion);
+    Manifest m;
+    m.step = integer(j, "step");
+    m.optimizer_steps = integer(j, "optimizer_steps");
+    if (m.step < 0 || m.optimizer_steps < 0) fail("negative step");
+    const json& l = j.at("layout");
+    m.layout.world = static_cast<int>(integer(l, "world"));
+    m.layout.tp = static_cast<int>(integer(l, "tp"));
+    m.layout.dp = static_cast<int>(integer(l, "dp"));
+    m.layout.pp = static_cast<int>(integer(l, "pp"));
+    m.layout.cp = static_cast<int>(integer(l, "cp"));
+    m.layout.sequence_parallel = l.at("sequence_parallel").get<bool>();
+    m.recipe_toml = j.at("recipe").get<std::string>();
+    m.shards = entries_from(j.at("shards"));
+    if (m.shards.empty()) fail("no shards");
+    return m;
+  } catch (const json::exception& e) {
+    fail("{}: malformed manifest: {}", path, e.what());
+  } catch (const Error& e) {
+    fail("{}: malformed manifest: {}", path, e.what());
+  }
+}
+
+}  // namespace pentad::ckpt

@@ -1,0 +1,74 @@
+#include "checkpoint/saver.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "core/check.h"
+
+namespace pentad::ckpt {
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+}  // namespace
+
+AsyncSaver::~AsyncSaver() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void AsyncSaver::begin(std::string file, std::vector<LiveTensor> tensors, bool asynchronous) {
+  wait_for_file();  // one snapshot at a time: the previous one must be on disk
+  const auto start = std::chrono::steady_clock::now();
+  file_ = std::move(file);
+  tensors_ = std::move(tensors);
+  staging_.resize(tensors_.size());
+  for (size_t i = 0; i < tensors_.size(); ++i)
+    staging_[i].resize(static_cast<size_t>(tensors_[i].info.local_shape.numel()));
+  copied_ = false;
+  file_done_ = false;
+  error_.clear();
+  busy_ = true;
+  if (asynchronous) {
+    thread_ = std::thread([this] { run(); });
+  } else {
+    run();
+  }
+  blocked_seconds_ += seconds_since(start);
+}
+
+void AsyncSaver::run() {
+  for (size_t i = 0; i < tensors_.size(); ++i)
+    std::memcpy(staging_[i].data(), tensors_[i].live, staging_[i].size() * sizeof(float));
+  copied_.store(true);
+  copied_.notify_all();
+  try {
+    if (!tensors_.empty()) {
+      std::vector<ShardData> shards;
+      for (size_t i = 0; i < tensors_.size(); ++i)
+        shards.push_back(ShardData{tensors_[i].info, staging_[i].data()});
+      write_rank_file(file_, shards);
+    }
+  } catch (const std::exception& e) {
+    error_ = e.what();
+  }
+  file_done_.store(true);
+}
+
+void AsyncSaver::wait_for_copy() {
+  if (!busy_) return;
+  const auto start = std::chrono::steady_clock::now();
+  copied_.wait(false);
+  blocked_seconds_ += seconds_since(start);
+}
+
+void AsyncSaver::wait_for_file() {
+  if (!busy_) return;
+  const auto start = std::chrono::steady_clock::now();
+  if (thread_.joinable()) thread_.join();
+  blocked_seconds_ += seconds_since(start);
+  busy_ = false;
+  if (!error_.empty()) fail("checkpoint write failed: {}", error_);
+}
+
+}  // namespace pentad::ckpt

@@ -1,0 +1,230 @@
+// Checkpoint directories: writing a rank's file, committing a step, retention, listing.
+// Every file becomes visible only by rename after fsync, and a directory only by rename
+// after everything in it is synced, so a crash leaves either the old or the new state.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <regex>
+
+#include "checkpoint/box.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/h5.h"
+#include "checkpoint/manifest.h"
+#include "core/check.h"
+
+namespace pentad::ckpt {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void sync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (directory ? O_DIRECTORY : 0));
+  if (fd < 0) fail("{}: cannot open it to sync: {}", path, std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) fail("{}: fsync failed: {}", path, std::strerror(err));
+}
+
+std::string parent_of(const std::string& path) {
+  const fs::path parent = fs::path(path).parent_path();
+  return parent.empty() ? "." : parent.string();
+}
+
+void rename_or_fail(const std::string& from, const std::string& to) {
+  if (std::rename(from.c_str(), to.c_str()) != 0)
+    fail("cannot rename {} to {}: {}", from, to, std::strerror(errno));
+}
+
+// text -> path.tmp, fsync, rename to path. The caller syncs the directory.
+void write_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("{}: cannot create it: {}", tmp, std::strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      fail("{}: cannot write it: {}", tmp, std::strerror(err));
+    }
+    done += static_cast<size_t>(n);
+  }
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) fail("{}: fsync failed: {}", tmp, std::strerror(err));
+  rename_or_fail(tmp, path);
+}
+
+void check_shard(const ShardData& s) {
+  const ShardInfo& i = s.info;
+  PENTAD_CHECK(!i.name.empty(), "a shard without a name");
+  PENTAD_CHECK(i.local_shape.ndim == i.global_shape.ndim && i.shard_dim >= -1 &&
+                   i.shard_dim < i.global_shape.ndim,
+               "{}: local {} global {} shard_dim {}", i.name, i.local_shape.str(),
+               i.global_shape.str(), i.shard_dim);
+  const Box b = shard_box(i.global_shape, i.shard_dim, i.shard_start, i.local_shape);
+  PENTAD_CHECK(intersect(b, whole_box(i.global_shape)) == b && b.numel() == i.local_shape.numel(),
+               "{}: local {} at {} along dim {} is not a slice of {}", i.name,
+               i.local_shape.str(), i.shard_start, i.shard_dim, i.global_shape.str());
+  PENTAD_CHECK(s.data || i.local_shape.numel() == 0, "{}: no data", i.name);
+}
+
+std::optional<int64_t> step_of(const std::string& dir_name, const char* suffix) {
+  static const std::regex committed(R"(step-(\d{1,18}))");
+  static const std::regex partial(R"(step-(\d{1,18})\.partial)");
+  static const std::regex replaced(R"(step-(\d{1,18})\.replaced)");
+  std::smatch m;
+  const std::string s(suffix);
+  const std::regex& pattern = s.empty() ? committed : s == ".partial" ? partial : replaced;
+  if (!std::regex_match(dir_name, m, pattern)) return std::nullopt;
+  return std::stoll(m[1].str());
+}
+
+// Every tensor's shards together must cover it: a commit never makes a checkpoint with
+// holes the latest.
+void check_coverage(const std::string& dir, const std::vector<Manifest::Entry>& entries) {
+  std::map<std::string, std::vector<Box>> boxes;
+  std::map<std::string, Shape> shapes;
+  for (const Manifest::Entry& e : entries) {
+    const ShardInfo& s = e.shard;
+    auto [it, inserted] = shapes.emplace(s.name, s.global_shape);
+    if (!inserted && !(it->second == s.global_shape))
+      fail("{}: tensor {} has global shape {} in one rank file and {} in {}", dir, s.name,
+           it->second.str(), s.global_shape.str(), e.file);
+    boxes[s.name].push_back(shard_box(s.global_shape, s.shard_dim, s.shard_start, s.local_shape));
+  }
+  for (const auto& [name, have] : boxes) {
+    std::vector<Box> missing = {whole_box(shapes[name])};
+    for (const Box& b : have) {
+      std::vector<Box> left;
+      for (const Box& m : missing)
+        for (const Box& part : subtract(m, b)) left.push_back(part);
+      missing = std::move(left);
+    }
+    if (!missing.empty())
+      fail("{}: the rank files do not cover {} {}: not committing", dir, name,
+           describe_gap(missing.front(), shapes[name]));
+  }
+}
+
+}  // namespace
+
+std::string checkpoint_dir(const std::string& root, int64_t step) {
+  return (fs::path(root) / fmt::format("step-{:08d}", step)).string();
+}
+
+std::string partial_dir(const std::string& root, int64_t step) {
+  return checkpoint_dir(root, step) + ".partial";
+}
+
+std::string rank_file_name(int rank) { return fmt::format("rank-{:05d}.h5", rank); }
+
+void write_rank_file(const std::string& path, const std::vector<ShardData>& shards) {
+  const std::string dir = parent_of(path);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) fail("{}: cannot create the directory {}: {}", path, dir, ec.message());
+
+  std::vector<ShardData> with_crc = shards;
+  std::vector<Manifest::Entry> entries;
+  const std::string file_name = fs::path(path).filename().string();
+  for (ShardData& s : with_crc) {
+    check_shard(s);
+    s.info.crc32 = crc32_of(s.data, s.info.local_shape.numel());
+    for (const Manifest::Entry& e : entries)
+      PENTAD_CHECK(e.shard.name != s.info.name, "{}: tensor {} written twice", path, s.info.name);
+    entries.push_back({file_name, s.info});
+  }
+
+  const std::string tmp = path + ".tmp";
+  h5::write_file(tmp, path, with_crc);
+  sync_path(tmp, false);
+  rename_or_fail(tmp, path);
+  write_atomically(path + ".json", sidecar_json(entries));
+  sync_path(dir, true);
+}
+
+void commit(const std::string& root, const Manifest& base, int keep_last) {
+  const std::string partial = partial_dir(root, base.step);
+  const std::string final_dir = checkpoint_dir(root, base.step);
+  if (!fs::is_directory(partial)) fail("{}: no such checkpoint directory to commit", partial);
+
+  // Merge the sidecars, in rank order.
+  std::vector<std::string> sidecars;
+  for (const fs::directory_entry& f : fs::directory_iterator(partial)) {
+    const std::string name = f.path().filename().string();
+    if (name.size() > 8 && name.ends_with(".h5.json")) sidecars.push_back(f.path().string());
+  }
+  std::sort(sidecars.begin(), sidecars.end());
+  if (sidecars.empty()) fail("{}: no rank files to commit", partial);
+  Manifest manifest = base;
+  manifest.shards.clear();
+  for (const std::string& sidecar : sidecars) {
+    const std::string h5_file = sidecar.substr(0, sidecar.size() - 5);
+    if (!fs::is_regular_file(h5_file)) fail("{}: missing (its sidecar exists)", h5_file);
+    const std::string h5_name = fs::path(h5_file).filename().string();
+    for (Manifest::Entry& e : parse_sidecar(sidecar)) {
+      if (e.file != h5_name) fail("{}: lists shards of {}", sidecar, e.file);
+      manifest.shards.push_back(std::move(e));
+    }
+  }
+  check_coverage(partial, manifest.shards);
+  write_atomically(partial + "/manifest.json", manifest_json(manifest));
+  sync_path(partial, true);
+
+  // A committed directory for this step exists when a run resumed from an earlier step and
+  // saved this step again: move it aside, move the new one in, then delete the old.
+  const std::string replaced = final_dir + ".replaced";
+  std::error_code ec;
+  fs::remove_all(replaced, ec);
+  const bool replacing = fs::exists(final_dir);
+  if (replacing) rename_or_fail(final_dir, replaced);
+  rename_or_fail(partial, final_dir);
+  sync_path(root, true);
+  if (replacing) fs::remove_all(replaced, ec);
+
+  // Retention. Errors here cost disk space, not correctness: ignore them.
+  if (keep_last > 0) {
+    const std::vector<std::string> committed = committed_checkpoints(root);
+    for (size_t i = static_cast<size_t>(keep_last); i < committed.size(); ++i)
+      fs::remove_all(committed[i], ec);
+  }
+  std::vector<fs::path> stale;
+  for (const fs::directory_entry& d : fs::directory_iterator(root, ec)) {
+    const std::string name = d.path().filename().string();
+    for (const char* suffix : {".partial", ".replaced"}) {
+      const std::optional<int64_t> step = step_of(name, suffix);
+      if (step && *step < base.step) stale.push_back(d.path());
+    }
+  }
+  for (const fs::path& p : stale) fs::remove_all(p, ec);
+}
+
+std::vector<std::string> committed_checkpoints(const std::string& root) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (const fs::directory_entry& d : fs::directory_iterator(root, ec)) {
+    const std::optional<int64_t> step = step_of(d.path().filename().string(), "");
+    if (!step || !d.is_directory(ec)) continue;
+    const std::string dir = d.path().string();
+    if (std::ifstream(dir + "/manifest.json").good()) found.emplace_back(*step, dir);
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a > b; });
+  std::vector<std::string> dirs;
+  for (auto& [step, dir] : found) dirs.push_back(std::move(dir));
+  return dirs;
+}
+
+}  // namespace pentad::ckpt

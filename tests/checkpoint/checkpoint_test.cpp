@@ -1,0 +1,412 @@
+// Checkpoints: shards written by several fake ranks in one process read back bitwise in
+// any other split; commit, listing and retention; every kind of damage is reported with the
+// file (and tensor) to blame, never as a crash or an HDF5 error dump.
+#include <gtest/gtest.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/h5.h"
+
+namespace pentad::ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A global tensor and its reference slicing (independent of checkpoint/box.h).
+struct Global {
+  std::string name;
+  Shape shape;
+  std::vector<float> data;
+
+  // The slice [start, start + local[dim]) along dim, row-major.
+  std::vector<float> slice(int dim, int64_t start, const Shape& local) const {
+    std::vector<float> out;
+    int64_t idx[4] = {0, 0, 0, 0};
+    std::function<void(int, int64_t)> walk = [&](int d, int64_t offset) {
+      if (d == shape.ndim) {
+        out.push_back(data[static_cast<size_t>(offset)]);
+        return;
+      }
+      const int64_t lo = d == dim ? start : 0;
+      for (idx[d] = lo; idx[d] < lo + local[d]; ++idx[d]) walk(d + 1, offset * shape[d] + idx[d]);
+    };
+    walk(0, 0);
+    return out;
+  }
+};
+
+Global make_tensor(const std::string& name, Shape shape, uint32_t seed) {
+  Global g{name, shape, std::vector<float>(static_cast<size_t>(shape.numel()))};
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  for (float& x : g.data) x = normal(rng);
+  // Values whose bits a careless copy or conversion would change.
+  g.data[0] = -0.0f;
+  g.data[1] = std::numeric_limits<float>::denorm_min();
+  if (g.data.size() > 2) g.data[2] = std::numeric_limits<float>::quiet_NaN();
+  if (g.data.size() > 3) g.data[3] = -std::numeric_limits<float>::infinity();
+  return g;
+}
+
+Shape with_dim(Shape s, int dim, int64_t extent) {
+  s.dims[static_cast<size_t>(dim)] = extent;
+  return s;
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    root_ = (fs::temp_directory_path() /
+             fmt::format("pentad-ckpt-{}-{}", ::getpid(), info->name()))
+                .string();
+    fs::remove_all(root_);
+    a_ = make_tensor("param/a", Shape{8, 6}, 1);           // split along dim 0 over ranks 0-1
+    b_ = make_tensor("adam_m/blocks.0.b", Shape{4, 9}, 2);  // split along dim 1 over ranks 0-2
+    c_ = make_tensor("param/c", Shape{5}, 3);               // replicated: rank 0 writes it
+    d_ = make_tensor("param/d", Shape{2, 3, 4, 5}, 4);      // 4 dims, split along dim 2
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(root_);
+  }
+
+  ShardData shard(const Global& g, int dim, int64_t start, int64_t extent,
+                  std::vector<std::vector<float>>& keep) {
+    const Shape local = dim < 0 ? g.shape : with_dim(g.shape, dim, extent);
+    keep.push_back(g.slice(dim, start, local));
+    return ShardData{ShardInfo{g.name, g.shape, dim, start, local, 0}, keep.back().data()};
+  }
+
+  // Writes the four tensors as three ranks into partial_dir(step); returns nothing committed.
+  void write_ranks(int64_t step) {
+    std::vector<std::vector<float>> keep;
+    keep.reserve(16);
+    std::vector<std::vector<ShardData>> ranks(3);
+    ranks[0] = {shard(a_, 0, 0, 4, keep), shard(b_, 1, 0, 3, keep), shard(c_, -1, 0, 5, keep),
+                shard(d_, 2, 0, 1, keep)};
+    ranks[1] = {shard(a_, 0, 4, 4, keep), shard(b_, 1, 3, 3, keep), shard(d_, 2, 1, 3, keep)};
+    ranks[2] = {shard(b_, 1, 6, 3, keep)};
+    for (int r = 0; r < 3; ++r)
+      write_rank_file(partial_dir(root_, step) + "/" + rank_file_name(r), ranks[static_cast<size_t>(r)]);
+  }
+
+  std::string save(int64_t step, int keep_last = 0) {
+    write_ranks(step);
+    Manifest m;
+    m.step = step;
+    m.optimizer_steps = step + 1;
+    m.layout = Layout{6, 3, 2, 1, 1, true};
+    m.recipe_toml = "[model]\nd_model = 6\n[train]\nsteps = 10\n";
+    commit(root_, m, keep_last);
+    return checkpoint_dir(root_, step);
+  }
+
+  std::string file(int64_t step, int rank) {
+    return checkpoint_dir(root_, step) + "/" + rank_file_name(rank);
+  }
+
+  // The message of the pentad::Error that f throws ("" if none), with stderr checked to
+  // stay silent (no HDF5 error dump).
+  template <typename F>
+  std::string error_of(F f) {
+    ::testing::internal::CaptureStderr();
+    std::string message;
+    try {
+      f();
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(err, "") << "stderr was not silent";
+    EXPECT_NE(message, "") << "no pentad::Error thrown";
+    return message;
+  }
+
+  std::string root_;
+  Global a_, b_, c_, d_;
+};
+
+// Every request is read with a fresh reader (first touch: whole shards, checksummed) and
+// again with one shared reader (shards already verified: hyperslab reads).
+TEST_F(CheckpointTest, ReadsAnySplitBitwise) {
+  const std::string dir = save(100);
+  struct Request {
+    const Global* g;
+    int dim;
+    int64_t start, extent;
+  };
+  const std::vector<Request> requests = {
+      {&a_, -1, 0, 0},  // whole tensors
+      {&b_, -1, 0, 0},
+      {&c_, -1, 0, 0},
+      {&d_, -1, 0, 0},
+      {&a_, 1, 2, 3},   // stored along dim 0, wanted along dim 1
+      {&a_, 0, 3, 4},   // uneven, straddling the two stored shards
+      {&a_, 0, 4, 4},   // exactly one stored shard
+      {&b_, 0, 1, 2},   // stored along dim 1, wanted along dim 0
+      {&b_, 1, 2, 5},   // along the stored dim, spanning three shards unevenly
+      {&b_, 1, 3, 3},   // exactly rank 1's shard
+      {&c_, 0, 1, 3},   // a slice of a replicated vector
+      {&d_, 1, 1, 2},   // 4-D: stored along dim 2, wanted along dim 1
+      {&d_, 2, 1, 2},   // 4-D: uneven along the stored dim
+      {&d_, 3, 0, 2},   // 4-D: along the innermost dim
+  };
+  Reader shared(dir);
+  for (int pass = 0; pass < 2; ++pass)
+    for (const Request& q : requests) {
+      const Global& g = *q.g;
+      const Shape local = q.dim < 0 ? g.shape : with_dim(g.shape, q.dim, q.extent);
+      const std::vector<float> expected = g.slice(q.dim, q.start, local);
+      std::vector<float> got(expected.size(), 7.0f);
+      if (pass == 0) {
+        Reader fresh(dir);
+        fresh.read(g.name, g.shape, q.dim, q.start, local, got.data());
+      } else {
+        shared.read(g.name, g.shape, q.dim, q.start, local, got.data());
+      }
+      EXPECT_TRUE(bitwise_equal(got, expected))
+          << g.name << " dim " << q.dim << " [" << q.start << ", +" << q.extent << ") pass " << pass;
+    }
+}
+
+TEST_F(CheckpointTest, ManifestDescribesTheCheckpoint) {
+  const std::string dir = save(42);
+  Reader r(dir);
+  const Manifest& m = r.manifest();
+  EXPECT_EQ(m.step, 42);
+  EXPECT_EQ(m.optimizer_steps, 43);
+  EXPECT_EQ(m.layout.world, 6);
+  EXPECT_EQ(m.layout.tp, 3);
+  EXPECT_EQ(m.layout.dp, 2);
+  EXPECT_TRUE(m.layout.sequence_parallel);
+  EXPECT_EQ(m.recipe_toml, "[model]\nd_model = 6\n[train]\nsteps = 10\n");
+  EXPECT_EQ(m.shards.size(), 8u);
+  EXPECT_EQ(r.tensor_names(),
+            (std::vector<std::string>{"adam_m/blocks.0.b", "param/a", "param/c", "param/d"}));
+  EXPECT_TRUE(r.has("param/a"));
+  EXPECT_FALSE(r.has("param/A"));
+  EXPECT_EQ(r.global_shape("param/d"), (Shape{2, 3, 4, 5}));
+  // Checksums are zlib's crc32 of the shard's bytes.
+  for (const Manifest::Entry& e : m.shards) {
+    const Global& g = e.shard.name == a_.name ? a_ : e.shard.name == b_.name ? b_
+                      : e.shard.name == c_.name ? c_ : d_;
+    const std::vector<float> s = g.slice(e.shard.shard_dim, e.shard.shard_start, e.shard.local_shape);
+    const uLong crc = crc32(0L, reinterpret_cast<const Bytef*>(s.data()),
+                            static_cast<uInt>(s.size() * sizeof(float)));
+    EXPECT_EQ(e.shard.crc32, static_cast<uint32_t>(crc)) << e.file << " " << e.shard.name;
+  }
+  // The on-disk JSON carries the documented fields.
+  std::ifstream in(dir + "/manifest.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j.at("step"), 42);
+  EXPECT_EQ(j.at("layout").at("pp"), 1);
+  EXPECT_EQ(j.at("files").size(), 3u);
+  EXPECT_EQ(j.at("shards").at(0).at("global_shape"), nlohmann::json::array({8, 6}));
+  EXPECT_FALSE(fs::exists(partial_dir(root_, 42)));
+}
+
+TEST_F(CheckpointTest, ListsNewestFirstAndKeepsTheLastTwo) {
+  EXPECT_TRUE(committed_checkpoints(root_).empty());  // root does not exist yet
+  save(5, 2);
+  write_ranks(7);  // a crash before commit leaves a .partial directory behind
+  save(10, 2);
+  EXPECT_FALSE(fs::exists(partial_dir(root_, 7))) << "stale: older than the step committed";
+  EXPECT_EQ(committed_checkpoints(root_).size(), 2u);
+  write_ranks(30);  // an in-flight save of a later step must survive the commit of 20
+  save(20, 2);
+  EXPECT_EQ(committed_checkpoints(root_),
+            (std::vector<std::string>{checkpoint_dir(root_, 20), checkpoint_dir(root_, 10)}));
+  EXPECT_FALSE(fs::exists(checkpoint_dir(root_, 5)));
+  EXPECT_TRUE(fs::exists(partial_dir(root_, 30)));
+
+  // Ordering is numeric, beyond 8 digits too; keep_last 0 keeps everything.
+  save(123456789, 0);
+  save(99, 0);
+  EXPECT_EQ(committed_checkpoints(root_),
+            (std::vector<std::string>{checkpoint_dir(root_, 123456789), checkpoint_dir(root_, 99),
+                                      checkpoint_dir(root_, 20), checkpoint_dir(root_, 10)}));
+}
+
+TEST_F(CheckpointTest, IgnoresUncommittedDirectories) {
+  save(3);
+  write_ranks(4);                                  // crashed before commit
+  fs::create_directories(checkpoint_dir(root_, 6));  // no manifest
+  std::ofstream(root_ + "/step-00000009") << "a file, not a directory";
+  fs::create_directories(root_ + "/step-1x");
+  EXPECT_EQ(committed_checkpoints(root_), (std::vector<std::string>{checkpoint_dir(root_, 3)}));
+}
+
+TEST_F(CheckpointTest, RecommitReplacesTheStep) {
+  save(8);
+  a_.data[5] = 1234.5f;  // the re-run after a resume computed something else
+  save(8, 2);
+  EXPECT_EQ(committed_checkpoints(root_), (std::vector<std::string>{checkpoint_dir(root_, 8)}));
+  EXPECT_FALSE(fs::exists(checkpoint_dir(root_, 8) + ".replaced"));
+  Reader r(checkpoint_dir(root_, 8));
+  std::vector<float> got(a_.data.size());
+  r.read(a_.name, a_.shape, -1, 0, a_.shape, got.data());
+  EXPECT_TRUE(bitwise_equal(got, a_.data));
+}
+
+TEST_F(CheckpointTest, CommitRefusesHoles) {
+  std::vector<float> half(24, 1.0f);
+  write_rank_file(partial_dir(root_, 1) + "/" + rank_file_name(0),
+                  {ShardData{ShardInfo{"param/a", Shape{8, 6}, 0, 0, Shape{4, 6}, 0}, half.data()}});
+  Manifest m;
+  m.step = 1;
+  const std::string message = error_of([&] { commit(root_, m, 0); });
+  EXPECT_NE(message.find("param/a rows [4, 8) along dim 0"), std::string::npos) << message;
+  EXPECT_TRUE(committed_checkpoints(root_).empty());
+}
+
+TEST_F(CheckpointTest, WriteFailureNamesTheFile) {
+  fs::create_directories(root_);
+  std::ofstream(root_ + "/blocker") << "x";
+  const std::string path = root_ + "/blocker/rank-00000.h5";
+  const std::string message = error_of([&] { write_rank_file(path, {}); });
+  EXPECT_NE(message.find(path), std::string::npos) << message;
+  // HDF5 itself fails: the temporary name is taken by a directory.
+  const std::string path2 = root_ + "/rank-00001.h5";
+  fs::create_directories(path2 + ".tmp");
+  const std::string message2 = error_of([&] { write_rank_file(path2, {}); });
+  EXPECT_NE(message2.find(path2 + ": cannot create the file"), std::string::npos) << message2;
+}
+
+// Damage and the error it must produce: substrings of the message.
+TEST_F(CheckpointTest, ReportsDamageNamingTheCulprit) {
+  struct Case {
+    const char* what;
+    std::function<void(const std::string& dir)> damage;
+    std::function<void(Reader&)> use;  // after opening the reader
+    std::vector<std::string> expect;
+  };
+  std::vector<float> buffer(1024);
+  auto read_whole = [&](const Global& g) {
+    return [&](Reader& r) { r.read(g.name, g.shape, -1, 0, g.shape, buffer.data()); };
+  };
+  const std::vector<Case> cases = {
+      {"flipped byte",
+       [&](const std::string& dir) {
+         const std::string f = dir + "/" + rank_file_name(1);
+         const int64_t offset = h5::data_offset(f, a_.name) + 5 * 4 + 1;  // inside row 4's data
+         std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+         io.seekg(offset);
+         char byte = 0;
+         io.read(&byte, 1);
+         byte = static_cast<char>(byte ^ 0x10);
+         io.seekp(offset);
+         io.write(&byte, 1);
+       },
+       read_whole(a_),
+       {"rank-00001.h5", "param/a", "checksum mismatch", "corrupt"}},
+      {"truncated file",
+       [&](const std::string& dir) {
+         fs::resize_file(dir + "/" + rank_file_name(0), fs::file_size(dir + "/" + rank_file_name(0)) / 2);
+       },
+       read_whole(c_),
+       {"rank-00000.h5"}},
+      {"deleted file",
+       [&](const std::string& dir) { fs::remove(dir + "/" + rank_file_name(2)); },
+       read_whole(b_),
+       {"rank-00002.h5", "missing"}},
+      {"tensor missing from the file",
+       [&](const std::string& dir) {
+         auto j = nlohmann::json::parse(std::ifstream(dir + "/manifest.json"));
+         for (auto& s : j["shards"])
+           if (s["name"] == "param/c") s["name"] = "param/zz";
+         std::ofstream(dir + "/manifest.json") << j.dump();
+       },
+       [&](Reader& r) { r.read("param/zz", Shape{5}, -1, 0, Shape{5}, buffer.data()); },
+       {"rank-00000.h5", "param/zz", "not in the file"}},
+      {"shard missing from the manifest",
+       [&](const std::string& dir) {
+         auto j = nlohmann::json::parse(std::ifstream(dir + "/manifest.json"));
+         auto& shards = j["shards"];
+         for (size_t i = 0; i < shards.size(); ++i)
+           if (shards[i]["name"] == "param/a" && shards[i]["shard_start"] == 4) shards.erase(i);
+         std::ofstream(dir + "/manifest.json") << j.dump();
+       },
+       read_whole(a_),
+       {"does not cover param/a rows [4, 8) along dim 0"}},
+      {"tensor not stored", [](const std::string&) {},
+       [&](Reader& r) { r.read("param/nope", Shape{5}, -1, 0, Shape{5}, buffer.data()); },
+       {"param/nope", "step-00000001"}},
+      {"global shape differs", [](const std::string&) {},
+       [&](Reader& r) { r.read(a_.name, Shape{8, 7}, -1, 0, Shape{8, 7}, buffer.data()); },
+       {"param/a", "(8, 6)", "(8, 7)"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    fs::remove_all(root_);
+    const std::string dir = save(1);
+    c.damage(dir);
+    const std::string message = error_of([&] {
+      Reader r(dir);
+      c.use(r);
+    });
+    for (const std::string& s : c.expect)
+      EXPECT_NE(message.find(s), std::string::npos) << "'" << s << "' not in: " << message;
+  }
+}
+
+TEST_F(CheckpointTest, MalformedManifestIsNamed) {
+  const std::vector<std::string> manifests = {
+      "{ not json",
+      R"({"step": 1})",
+      R"({"step": 1, "optimizer_steps": 1, "layout": {"world": 1, "tp": 1, "dp": 1, "pp": 1,
+          "cp": 1, "sequence_parallel": false}, "recipe": "", "files": [],
+          "shards": [{"file": "../x.h5", "name": "param/a", "global_shape": [2],
+                      "shard_dim": -1, "shard_start": 0, "local_shape": [2], "crc32": 0}]})",
+      R"({"step": 1, "optimizer_steps": 1, "layout": {"world": 1, "tp": 1, "dp": 1, "pp": 1,
+          "cp": 1, "sequence_parallel": false}, "recipe": "", "files": [],
+          "shards": [{"file": "rank-00000.h5", "name": "param/a", "global_shape": [2, 3],
+                      "shard_dim": 1, "shard_start": 2, "local_shape": [2, 2], "crc32": 0}]})",
+  };
+  for (const std::string& text : manifests) {
+    fs::remove_all(root_);
+    const std::string dir = save(2);
+    std::ofstream(dir + "/manifest.json") << text;
+    const std::string message = error_of([&] { Reader r(dir); });
+    EXPECT_NE(message.find(dir + "/manifest.json"), std::string::npos) << message;
+  }
+  fs::remove(checkpoint_dir(root_, 2) + "/manifest.json");
+  const std::string message = error_of([&] { Reader r(checkpoint_dir(root_, 2)); });
+  EXPECT_NE(message.find("manifest.json"), std::string::npos) << message;
+}
+
+TEST_F(CheckpointTest, InspectListsAndVerifies) {
+  const std::string dir = save(12);
+  const std::string text = inspect(dir, true);
+  for (const char* s : {"step 12", "tp 3", "param/a", "adam_m/blocks.0.b", "param/c", "param/d",
+                        "(2, 3, 4, 5)", "rank-00002.h5", "all 8 shards verified"})
+    EXPECT_NE(text.find(s), std::string::npos) << "'" << s << "' not in:\n" << text;
+  EXPECT_EQ(inspect(dir, false).find("verified"), std::string::npos);
+
+  // Verification reads every shard, including ones no read would pick.
+  const std::string f = dir + "/" + rank_file_name(2);
+  const int64_t offset = h5::data_offset(f, b_.name);
+  std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+  io.seekp(offset);
+  io.write("\x7f\x7f", 2);
+  io.close();
+  const std::string message = error_of([&] { inspect(dir, true); });
+  EXPECT_NE(message.find("rank-00002.h5"), std::string::npos) << message;
+  EXPECT_NE(message.find("adam_m/blocks.0.b"), std::string::npos) << message;
+}
+
+}  // namespace
+}  // namespace pentad::ckpt

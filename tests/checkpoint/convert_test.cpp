@@ -1,0 +1,516 @@
+// Checkpoint conversion: safetensors I/O, pentad <-> Hugging Face, pentad -> llm.c.
+#include "checkpoint/convert.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors.h"
+#include "model/model.h"
+#include "train/recipe.h"
+
+namespace fs = std::filesystem;
+using namespace pentad;
+using namespace pentad::ckpt;
+
+namespace {
+
+std::string fresh_dir(const std::string& tag) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("pentad_convert_" + tag + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+Config tiny(ModelFamily family, bool tied, int64_t n_kv_head = 0) {
+  Config c = parse_recipe("", "test");
+  c.model.family = family;
+  c.model.n_layer = 2;
+  c.model.d_model = 8;
+  c.model.n_head = 2;
+  c.model.n_kv_head = n_kv_head;
+  c.model.d_ff = family == ModelFamily::LLaMA ? 12 : 0;
+  c.model.vocab_size = 24;
+  c.model.max_seq_len = 16;
+  c.model.norm_eps = 1e-6f;
+  if (family == ModelFamily::LLaMA) c.model.rope_theta = 500000.0f;  // unused by gpt2
+  c.model.tie_embeddings = tied;
+  c.train.seq_len = 16;
+  return parse_recipe(recipe_to_toml(c), "test");  // validated
+}
+
+// The parameters of `cfg` as build_params names them, filled with random values (norms and
+// biases too, so a mix-up between any two tensors shows).
+struct Params {
+  std::vector<std::string> names;
+  std::vector<Shape> shapes;
+  std::vector<std::vector<float>> values;
+};
+
+Params random_params(const Config& cfg, uint32_t seed) {
+  Model model(cfg.model, 1, 1);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  Params p;
+  for (const ParamSpec& s : model.params().specs()) {
+    p.names.push_back(s.name);
+    p.shapes.push_back(s.global_shape);
+    std::vector<float> v(static_cast<size_t>(s.global_shape.numel()));
+    for (float& x : v) x = normal(rng);
+    p.values.push_back(std::move(v));
+  }
+  return p;
+}
+
+std::string write_checkpoint(const std::string& root, const Config& cfg, const Params& p,
+                             int64_t step) {
+  std::vector<ShardData> shards;
+  for (size_t i = 0; i < p.names.size(); ++i) {
+    ShardData s;
+    s.info.name = "param/" + p.names[i];
+    s.info.global_shape = p.shapes[i];
+    s.info.local_shape = p.shapes[i];
+    s.data = p.values[i].data();
+    shards.push_back(s);
+  }
+  write_rank_file(partial_dir(root, step) + "/" + rank_file_name(0), shards);
+  Manifest m;
+  m.step = step;
+  m.recipe_toml = recipe_to_toml(cfg);
+  commit(root, m, 0);
+  return checkpoint_dir(root, step);
+}
+
+// Every parameter in dir equals p bit for bit, and dir holds nothing else.
+void expect_same_params(const std::string& dir, const Params& p) {
+  Reader r(dir);
+  EXPECT_EQ(r.tensor_names().size(), p.names.size());
+  for (size_t i = 0; i < p.names.size(); ++i) {
+    std::vector<float> got(p.values[i].size());
+    r.read("param/" + p.names[i], p.shapes[i], -1, 0, p.shapes[i], got.data());
+    EXPECT_EQ(std::memcmp(got.data(), p.values[i].data(), got.size() * sizeof(float)), 0)
+        << p.names[i];
+  }
+}
+
+const std::vector<float>& value(const Params& p, const std::string& name) {
+  for (size_t i = 0; i < p.names.size(); ++i)
+    if (p.names[i] == name) return p.values[i];
+  ADD_FAILURE() << "no parameter " << name;
+  return p.values[0];
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+// A safetensors file from a header text and data bytes, written by hand.
+std::string raw_safetensors(const std::string& header, const std::string& data) {
+  const uint64_t n = header.size();
+  return std::string(reinterpret_cast<const char*>(&n), 8) + header + data;
+}
+
+void round_trip(const std::string& tag, const Config& cfg) {
+  const std::string work = fresh_dir(tag);
+  const Params p = random_params(cfg, 7);
+  const std::string src = write_checkpoint(work + "/a", cfg, p, 42);
+  export_hf(src, work + "/hf");
+  import_hf(work + "/hf", work + "/b");
+  const std::string dst = checkpoint_dir(work + "/b", 0);
+  expect_same_params(dst, p);
+  Reader r(dst);
+  EXPECT_EQ(r.manifest().step, 0);
+  const Config back = parse_recipe(r.manifest().recipe_toml, "back");
+  Config want, got;  // the model keys come back; the others are defaults by design
+  want.model = cfg.model;
+  got.model = back.model;
+  EXPECT_EQ(recipe_to_toml(got), recipe_to_toml(want));
+  fs::remove_all(work);
+}
+
+}  // namespace
+
+// ---- safetensors ----
+
+TEST(Safetensors, WriteReadRoundTrip) {
+  const std::string dir = fresh_dir("st");
+  const std::string path = dir + "/t.safetensors";
+  std::vector<NamedTensor> in = {{"b", {2, 3}, {1, -2, 3.5f, 1e-30f, -0.0f, 7}},
+                                 {"a", {4}, {0.25f, 1, 2, 3}},
+                                 {"scalar", {}, {42}}};
+  write_safetensors(path, in, {{"format", "pt"}});
+  std::ifstream f(path, std::ios::binary);
+  uint64_t n = 0;
+  f.read(reinterpret_cast<char*>(&n), 8);
+  EXPECT_EQ(n % 8, 0u);  // header padded to 8 bytes
+  SafetensorsFile st(path);
+  EXPECT_EQ(st.metadata().at("format"), "pt");
+  EXPECT_EQ(st.tensors().size(), 3u);
+  for (const NamedTensor& t : in) {
+    EXPECT_EQ(st.tensors().at(t.name).dtype, "F32");
+    EXPECT_EQ(st.tensors().at(t.name).shape, t.shape);
+    std::vector<float> got = st.read(t.name);
+    ASSERT_EQ(got.size(), t.data.size());
+    EXPECT_EQ(std::memcmp(got.data(), t.data.data(), got.size() * 4), 0) << t.name;
+  }
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  fs::remove_all(dir);
+}
+
+TEST(Safetensors, ReadsBf16F16F64AsF32) {
+  const std::string dir = fresh_dir("st16");
+  const std::string path = dir + "/h.safetensors";
+  const uint16_t bf16[] = {0x3F80, 0xC020, 0x0000, 0x3E80};  // 1, -2.5, 0, 0.25
+  const uint16_t f16[] = {0x3C00, 0xC000, 0x7BFF,
+                          0x0001, 0x3800, 0x7C00};  // 1, -2, 65504, 2^-24, 0.5, inf
+  const double f64[] = {0.1, -3.0};
+  std::string data(reinterpret_cast<const char*>(bf16), sizeof(bf16));
+  data += std::string(reinterpret_cast<const char*>(f16), sizeof(f16));
+  data += std::string(reinterpret_cast<const char*>(f64), sizeof(f64));
+  write_bytes(path, raw_safetensors(R"({"x":{"dtype":"BF16","shape":[2,2],"data_offsets":[0,8]},)"
+                                    R"("y":{"dtype":"F16","shape":[6],"data_offsets":[8,20]},)"
+                                    R"("z":{"dtype":"F64","shape":[2],"data_offsets":[20,36]}})",
+                                    data));
+  SafetensorsFile st(path);
+  EXPECT_EQ(st.read("x"), (std::vector<float>{1.0f, -2.5f, 0.0f, 0.25f}));
+  EXPECT_EQ(st.read("y"), (std::vector<float>{1.0f, -2.0f, 65504.0f, std::ldexp(1.0f, -24), 0.5f,
+                                              std::numeric_limits<float>::infinity()}));
+  EXPECT_EQ(st.read("z"), (std::vector<float>{0.1f, -3.0f}));
+  fs::remove_all(dir);
+}
+
+TEST(Safetensors, MalformedFilesNameFileAndProblem) {
+  const std::string dir = fresh_dir("stbad");
+  const std::string path = dir + "/bad.safetensors";
+  auto message = [&](const std::string& bytes) {
+    write_bytes(path, bytes);
+    return error_of([&] { SafetensorsFile f(path); });
+  };
+  auto expect = [&](const std::string& msg, const std::string& what) {
+    EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    EXPECT_NE(msg.find(what), std::string::npos) << msg;
+  };
+  expect(message("abcd"), "shorter than the 8-byte header length");
+  expect(message(raw_safetensors("{}", "").substr(0, 8)), "runs past the end of the file");
+  std::string huge(8, '\xff');
+  expect(message(huge + "{}"), "runs past the end of the file");
+  expect(message(raw_safetensors(R"({"a": {"dtype": )", "")), "header is not valid JSON");
+  expect(message(raw_safetensors("[1, 2]", "")), "header is not a JSON object");
+  expect(message(raw_safetensors(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
+                                 std::string(4, '\0'))),
+         "tensor a: data_offsets [0, 8] out of range: the data section holds 4 bytes");
+  expect(message(raw_safetensors(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})",
+                                 std::string(8, '\0'))),
+         "hold 8 bytes but F32 of shape [3] needs 12");
+  expect(message(raw_safetensors(R"({"a":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})",
+                                 std::string(8, '\0'))),
+         "tensor a: unknown dtype \"Q7\"");
+  expect(
+      message(raw_safetensors(R"({"a":{"shape":[2],"data_offsets":[0,8]}})", std::string(8, '\0'))),
+      "tensor a: no \"dtype\" string");
+  expect(message(raw_safetensors(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                 R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                                 std::string(8, '\0'))),
+         "tensors overlap");
+  // A dtype safetensors defines but pentad does not convert: the table opens, reading refuses.
+  write_bytes(path, raw_safetensors(R"({"ids":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})",
+                                    std::string(8, '\0')));
+  SafetensorsFile ok(path);
+  expect(error_of([&] { ok.read("ids"); }), "tensor ids has dtype I64");
+  fs::remove_all(dir);
+}
+
+// ---- pentad <-> Hugging Face ----
+
+TEST(ConvertHf, Gpt2RoundTripIsBitwise) {
+  round_trip("gpt2", tiny(ModelFamily::GPT2, true));
+}
+TEST(ConvertHf, Gpt2UntiedRoundTripIsBitwise) {
+  round_trip("gpt2u", tiny(ModelFamily::GPT2, false));
+}
+TEST(ConvertHf, LlamaRoundTripIsBitwise) {
+  round_trip("llama", tiny(ModelFamily::LLaMA, false, 1));
+}
+TEST(ConvertHf, LlamaTiedRoundTripIsBitwise) {
+  round_trip("llamat", tiny(ModelFamily::LLaMA, true));
+}
+
+// The HF side is what transformers expects, checked element by element.
+TEST(ConvertHf, Gpt2LayoutIsConv1D) {
+  const std::string work = fresh_dir("gpt2layout");
+  const Config cfg = tiny(ModelFamily::GPT2, true);
+  const Params p = random_params(cfg, 3);
+  export_hf(write_checkpoint(work + "/a", cfg, p, 1), work + "/hf");
+  SafetensorsFile st(work + "/hf/model.safetensors");
+  EXPECT_EQ(st.metadata().at("format"), "pt");
+  EXPECT_EQ(st.tensors().size(), 4u + 12u * 2u);  // wte wpe ln_f.{w,b}; 12 per layer
+  EXPECT_FALSE(st.has("lm_head.weight"));
+  const int64_t C = 8, F = 32;
+  EXPECT_EQ(st.tensors().at("h.1.attn.c_attn.weight").shape, (std::vector<int64_t>{C, 3 * C}));
+  EXPECT_EQ(st.tensors().at("h.1.mlp.c_fc.weight").shape, (std::vector<int64_t>{C, F}));
+  EXPECT_EQ(st.tensors().at("h.1.mlp.c_proj.weight").shape, (std::vector<int64_t>{F, C}));
+  const std::vector<float> attn = st.read("h.1.attn.c_attn.weight");  // [in, 3C]
+  const std::vector<float>& wk = value(p, "layers.1.attn.k.weight");  // (out, in)
+  const std::vector<float>& wv = value(p, "layers.1.attn.v.weight");
+  EXPECT_EQ(attn[2 * 3 * C + C + 5], wk[5 * C + 2]);      // row in=2, k's out=5
+  EXPECT_EQ(attn[7 * 3 * C + 2 * C + 0], wv[0 * C + 7]);  // row in=7, v's out=0
+  const std::vector<float> bias = st.read("h.1.attn.c_attn.bias");
+  EXPECT_EQ(bias[C + 3], value(p, "layers.1.attn.k.bias")[3]);
+  const std::vector<float> proj = st.read("h.0.attn.c_proj.weight");  // [in, out]
+  EXPECT_EQ(proj[6 * C + 1], value(p, "layers.0.attn.o.weight")[1 * C + 6]);
+  const std::vector<float> up = st.read("h.1.mlp.c_fc.weight");  // [C, F]
+  EXPECT_EQ(up[5 * F + 20], value(p, "layers.1.mlp.up.weight")[20 * C + 5]);
+  const std::vector<float> fc = st.read("h.0.mlp.c_proj.weight");  // [F, C]
+  EXPECT_EQ(fc[17 * C + 3], value(p, "layers.0.mlp.down.weight")[3 * F + 17]);
+  EXPECT_EQ(st.read("ln_f.bias"), value(p, "norm_f.bias"));
+  const nlohmann::json c = read_json(work + "/hf/config.json");
+  EXPECT_EQ(c["model_type"], "gpt2");
+  EXPECT_EQ(c["architectures"][0], "GPT2LMHeadModel");
+  EXPECT_EQ(c["n_embd"], C);
+  EXPECT_EQ(c["n_layer"], 2);
+  EXPECT_EQ(c["n_head"], 2);
+  EXPECT_EQ(c["n_positions"], 16);
+  EXPECT_EQ(c["vocab_size"], 24);
+  EXPECT_TRUE(c["n_inner"].is_null());
+  EXPECT_EQ(c["activation_function"], "gelu_new");
+  EXPECT_EQ(c["layer_norm_epsilon"], 1e-6);
+  EXPECT_EQ(c["tie_word_embeddings"], true);
+  fs::remove_all(work);
+}
+
+TEST(ConvertHf, LlamaNamesAndConfig) {
+  const std::string work = fresh_dir("llamalayout");
+  const Config cfg = tiny(ModelFamily::LLaMA, false, 1);
+  const Params p = random_params(cfg, 5);
+  export_hf(write_checkpoint(work + "/a", cfg, p, 1), work + "/hf");
+  SafetensorsFile st(work + "/hf/model.safetensors");
+  EXPECT_EQ(st.tensors().size(), 3u + 9u * 2u);
+  EXPECT_EQ(st.tensors().at("model.layers.1.self_attn.k_proj.weight").shape,
+            (std::vector<int64_t>{4, 8}));
+  EXPECT_EQ(st.read("model.layers.1.self_attn.k_proj.weight"), value(p, "layers.1.attn.k.weight"));
+  EXPECT_EQ(st.read("model.layers.0.mlp.gate_proj.weight"), value(p, "layers.0.mlp.gate.weight"));
+  EXPECT_EQ(st.read("lm_head.weight"), value(p, "lm_head.weight"));
+  const nlohmann::json c = read_json(work + "/hf/config.json");
+  EXPECT_EQ(c["model_type"], "llama");
+  EXPECT_EQ(c["architectures"][0], "LlamaForCausalLM");
+  EXPECT_EQ(c["hidden_size"], 8);
+  EXPECT_EQ(c["intermediate_size"], 12);
+  EXPECT_EQ(c["num_hidden_layers"], 2);
+  EXPECT_EQ(c["num_attention_heads"], 2);
+  EXPECT_EQ(c["num_key_value_heads"], 1);
+  EXPECT_EQ(c["max_position_embeddings"], 16);
+  EXPECT_EQ(c["rope_theta"], 500000.0);
+  EXPECT_EQ(c["rms_norm_eps"], 1e-6);
+  EXPECT_EQ(c["hidden_act"], "silu");
+  EXPECT_EQ(c["attention_bias"], false);
+  EXPECT_EQ(c["tie_word_embeddings"], false);
+  fs::remove_all(work);
+}
+
+// transformers' own GPT-2 files differ from pentad's export: "transformer." prefixes
+// (models saved by GPT2LMHeadModel.save_pretrained) and attention-mask buffers.
+TEST(ConvertHf, ImportAcceptsTransformerPrefixAndBuffers) {
+  const std::string work = fresh_dir("prefix");
+  const Config cfg = tiny(ModelFamily::GPT2, true);
+  const Params p = random_params(cfg, 11);
+  export_hf(write_checkpoint(work + "/a", cfg, p, 1), work + "/hf");
+  SafetensorsFile st(work + "/hf/model.safetensors");
+  std::vector<NamedTensor> renamed;
+  for (const auto& [name, e] : st.tensors())
+    renamed.push_back({"transformer." + name, e.shape, st.read(name)});
+  renamed.push_back({"transformer.h.0.attn.bias", {1, 1, 16, 16}, std::vector<float>(256, 1.0f)});
+  renamed.push_back({"transformer.h.1.attn.masked_bias", {}, {-1e4f}});
+  renamed.push_back({"lm_head.weight", {24, 8}, st.read("wte.weight")});
+  fs::create_directories(work + "/hf2");
+  fs::copy_file(work + "/hf/config.json", work + "/hf2/config.json");
+  // Split over two shard files, as large models are stored.
+  std::vector<NamedTensor> half(renamed.begin() + 10, renamed.end());
+  renamed.resize(10);
+  write_safetensors(work + "/hf2/model-00001-of-00002.safetensors", renamed);
+  write_safetensors(work + "/hf2/model-00002-of-00002.safetensors", half);
+  const std::string summary = import_hf(work + "/hf2", work + "/b", 5);
+  EXPECT_NE(summary.find("2 safetensors file(s)"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("ignored 3"), std::string::npos) << summary;
+  expect_same_params(checkpoint_dir(work + "/b", 5), p);
+  fs::remove_all(work);
+}
+
+TEST(ConvertHf, ImportRefusesWhatItCannotRepresent) {
+  const std::string work = fresh_dir("refuse");
+  const Config cfg = tiny(ModelFamily::GPT2, true);
+  const Params p = random_params(cfg, 13);
+  export_hf(write_checkpoint(work + "/a", cfg, p, 1), work + "/hf");
+  const nlohmann::json config = read_json(work + "/hf/config.json");
+  SafetensorsFile st(work + "/hf/model.safetensors");
+  std::vector<NamedTensor> all;
+  for (const auto& [name, e] : st.tensors()) all.push_back({name, e.shape, st.read(name)});
+  // A variant of the exported directory: config edited, tensors filtered or added.
+  int variant = 0;
+  auto import_variant = [&](const nlohmann::json& c, const std::vector<NamedTensor>& tensors) {
+    const std::string dir = work + "/v" + std::to_string(variant++);
+    fs::create_directories(dir);
+    std::ofstream(dir + "/config.json") << c.dump();
+    write_safetensors(dir + "/model.safetensors", tensors);
+    return error_of([&] { import_hf(dir, work + "/out" + std::to_string(variant)); });
+  };
+  auto without = [&](const std::string& name) {
+    std::vector<NamedTensor> t;
+    for (const NamedTensor& x : all)
+      if (x.name != name) t.push_back(x);
+    return t;
+  };
+  nlohmann::json c = config;
+  c["model_type"] = "mistral";
+  EXPECT_NE(import_variant(c, all).find("model_type \"mistral\" is not supported"),
+            std::string::npos);
+  c = config;
+  c.erase("n_embd");
+  EXPECT_NE(import_variant(c, all).find("missing \"n_embd\""), std::string::npos);
+  c = config;
+  c["activation_function"] = "relu";
+  EXPECT_NE(import_variant(c, all).find("activation_function \"relu\""), std::string::npos);
+  std::string msg = import_variant(config, without("h.1.mlp.c_fc.bias"));
+  EXPECT_NE(msg.find("missing tensors"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("h.1.mlp.c_fc.bias"), std::string::npos) << msg;
+  c = config;
+  c["n_layer"] = 1;
+  msg = import_variant(c, all);
+  EXPECT_NE(msg.find("does not use"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("h.1.ln_1.weight"), std::string::npos) << msg;
+  c = config;
+  c["n_positions"] = 12;
+  c["n_ctx"] = 12;
+  msg = import_variant(c, all);
+  EXPECT_NE(msg.find("wpe.weight has shape [16, 8]; config.json implies [12, 8]"),
+            std::string::npos)
+      << msg;
+  const nlohmann::json llama = {{"model_type", "llama"},
+                                {"hidden_size", 8},
+                                {"intermediate_size", 12},
+                                {"num_hidden_layers", 1},
+                                {"num_attention_heads", 2},
+                                {"vocab_size", 24},
+                                {"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}}};
+  EXPECT_NE(import_variant(llama, all).find("RoPE scaling"), std::string::npos);
+  // An existing checkpoint is never overwritten.
+  import_hf(work + "/hf", work + "/same");
+  EXPECT_NE(error_of([&] { import_hf(work + "/hf", work + "/same"); }).find("already exists"),
+            std::string::npos);
+  fs::remove_all(work);
+}
+
+TEST(ConvertHf, ExportNamesAMissingParameter) {
+  const std::string work = fresh_dir("missing");
+  const Config cfg = tiny(ModelFamily::GPT2, true);
+  Params p = random_params(cfg, 17);
+  for (size_t i = 0; i < p.names.size(); ++i)
+    if (p.names[i] == "layers.1.attn.v.bias") {
+      p.names.erase(p.names.begin() + static_cast<std::ptrdiff_t>(i));
+      p.shapes.erase(p.shapes.begin() + static_cast<std::ptrdiff_t>(i));
+      p.values.erase(p.values.begin() + static_cast<std::ptrdiff_t>(i));
+      break;
+    }
+  const std::string dir = write_checkpoint(work + "/a", cfg, p, 1);
+  const std::string msg = error_of([&] { export_hf(dir, work + "/hf"); });
+  EXPECT_NE(msg.find("param/layers.1.attn.v.bias"), std::string::npos) << msg;
+  fs::remove_all(work);
+}
+
+// ---- pentad -> llm.c ----
+
+TEST(ConvertLlmc, HeaderAndParameterPositions) {
+  const std::string work = fresh_dir("llmc");
+  Config cfg = tiny(ModelFamily::GPT2, true);
+  cfg.model.vocab_size = 130;  // pads to Vp = 256
+  cfg = parse_recipe(recipe_to_toml(cfg), "test");
+  const Params p = random_params(cfg, 19);
+  const std::string out = work + "/model.bin";
+  export_llmc(write_checkpoint(work + "/a", cfg, p, 1), out);
+  const int64_t C = 8, L = 2, V = 130, Vp = 256, T = 16;
+  std::ifstream f(out, std::ios::binary);
+  std::vector<int32_t> header(256);
+  f.read(reinterpret_cast<char*>(header.data()), 256 * 4);
+  EXPECT_EQ(header[0], 20240326);
+  EXPECT_EQ(header[1], 3);
+  EXPECT_EQ(header[2], T);
+  EXPECT_EQ(header[3], V);
+  EXPECT_EQ(header[4], L);
+  EXPECT_EQ(header[5], 2);  // heads
+  EXPECT_EQ(header[6], C);
+  EXPECT_EQ(header[7], Vp);
+  for (int i = 8; i < 256; ++i) EXPECT_EQ(header[static_cast<size_t>(i)], 0);
+  const int64_t n =
+      Vp * C + T * C +
+      L * (C + C + 3 * C * C + 3 * C + C * C + C + C + C + 4 * C * C + 4 * C + 4 * C * C + C) +
+      2 * C;
+  ASSERT_EQ(static_cast<int64_t>(fs::file_size(out)), 256 * 4 + n * 4);
+  std::vector<float> w(static_cast<size_t>(n));
+  f.read(reinterpret_cast<char*>(w.data()), n * 4);
+  auto at = [&](int64_t i) { return w[static_cast<size_t>(i)]; };
+  // Offsets of llm.c's tensors, in its order.
+  const int64_t wte = 0, wpe = Vp * C, ln1w = wpe + T * C, ln1b = ln1w + L * C, qkvw = ln1b + L * C,
+                qkvb = qkvw + L * 3 * C * C, attprojw = qkvb + L * 3 * C,
+                attprojb = attprojw + L * C * C, ln2w = attprojb + L * C, ln2b = ln2w + L * C,
+                fcw = ln2b + L * C, fcb = fcw + L * 4 * C * C, fcprojw = fcb + L * 4 * C,
+                fcprojb = fcprojw + L * C * 4 * C, lnfw = fcprojb + L * C, lnfb = lnfw + C;
+  EXPECT_EQ(lnfb + C, n);
+  EXPECT_EQ(at(wte + 129 * C + 7), value(p, "wte.weight")[129 * 8 + 7]);
+  EXPECT_EQ(at(wte + 130 * C), 0.0f);  // padding rows
+  EXPECT_EQ(at(wte + 255 * C + 7), 0.0f);
+  EXPECT_EQ(at(wpe + 15 * C + 1), value(p, "wpe.weight")[15 * 8 + 1]);
+  EXPECT_EQ(at(ln1b + 1 * C + 4), value(p, "layers.1.norm1.bias")[4]);
+  // qkvw layer 1, row C + 5 (k's output 5), column 2.
+  EXPECT_EQ(at(qkvw + 1 * 3 * C * C + (C + 5) * C + 2),
+            value(p, "layers.1.attn.k.weight")[5 * 8 + 2]);
+  EXPECT_EQ(at(qkvb + 0 * 3 * C + 2 * C + 6), value(p, "layers.0.attn.v.bias")[6]);
+  EXPECT_EQ(at(attprojw + 1 * C * C + 3 * C + 1), value(p, "layers.1.attn.o.weight")[3 * 8 + 1]);
+  EXPECT_EQ(at(attprojb + 1 * C), value(p, "layers.1.attn.o.bias")[0]);
+  EXPECT_EQ(at(ln2w + 7), value(p, "layers.0.norm2.weight")[7]);
+  EXPECT_EQ(at(ln2b + C), value(p, "layers.1.norm2.bias")[0]);
+  EXPECT_EQ(at(fcw + 1 * 4 * C * C + 31 * C + 7), value(p, "layers.1.mlp.up.weight")[31 * 8 + 7]);
+  EXPECT_EQ(at(fcb + 4 * C + 31), value(p, "layers.1.mlp.up.bias")[31]);
+  EXPECT_EQ(at(fcprojw + 0 * C * 4 * C + 7 * 4 * C + 30),
+            value(p, "layers.0.mlp.down.weight")[7 * 32 + 30]);
+  EXPECT_EQ(at(fcprojb + C + 2), value(p, "layers.1.mlp.down.bias")[2]);
+  EXPECT_EQ(at(lnfw + 3), value(p, "norm_f.weight")[3]);
+  EXPECT_EQ(at(lnfb + 7), value(p, "norm_f.bias")[7]);
+  fs::remove_all(work);
+}
+
+TEST(ConvertLlmc, RefusesLlamaAndUntiedGpt2) {
+  const std::string work = fresh_dir("llmcrefuse");
+  const Config llama = tiny(ModelFamily::LLaMA, false);
+  std::string msg = error_of([&] {
+    export_llmc(write_checkpoint(work + "/a", llama, random_params(llama, 1), 1), work + "/m.bin");
+  });
+  EXPECT_NE(msg.find("GPT-2 only; this is a llama model"), std::string::npos) << msg;
+  const Config untied = tiny(ModelFamily::GPT2, false);
+  msg = error_of([&] {
+    export_llmc(write_checkpoint(work + "/b", untied, random_params(untied, 1), 1),
+                work + "/m.bin");
+  });
+  EXPECT_NE(msg.find("untied"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(work + "/m.bin"));
+  fs::remove_all(work);
+}
