@@ -3,14 +3,14 @@
 // A shard is a box of its global tensor; resharding on load is intersecting the box a rank
 // wants with the boxes stored, and copying each overlap from one row-major buffer into
 // another. Internal to checkpoint/.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "core/tensor.h"
 
@@ -42,7 +42,9 @@ inline Box shard_box(const Shape& global, int shard_dim, int64_t shard_start, co
   return b;
 }
 
-inline Box whole_box(const Shape& shape) { return shard_box(shape, -1, 0, shape); }
+inline Box whole_box(const Shape& shape) {
+  return shard_box(shape, -1, 0, shape);
+}
 
 inline Box intersect(const Box& a, const Box& b) {
   Box o;
@@ -126,10 +128,14 @@ inline void copy_region(const float* src, const Box& src_box, float* dst, const 
   for (int64_t i0 = 0; i0 < count[0]; ++i0)
     for (int64_t i1 = 0; i1 < count[1]; ++i1)
       for (int64_t i2 = 0; i2 < count[2]; ++i2) {
-        const int64_t s = (((src_at[0] + i0) * src_ext[1] + src_at[1] + i1) * src_ext[2] +
-                           src_at[2] + i2) * src_ext[3] + src_at[3];
-        const int64_t t = (((dst_at[0] + i0) * dst_ext[1] + dst_at[1] + i1) * dst_ext[2] +
-                           dst_at[2] + i2) * dst_ext[3] + dst_at[3];
+        const int64_t s =
+            (((src_at[0] + i0) * src_ext[1] + src_at[1] + i1) * src_ext[2] + src_at[2] + i2) *
+                src_ext[3] +
+            src_at[3];
+        const int64_t t =
+            (((dst_at[0] + i0) * dst_ext[1] + dst_at[1] + i1) * dst_ext[2] + dst_at[2] + i2) *
+                dst_ext[3] +
+            dst_at[3];
         std::memcpy(dst + t, src + s, run_bytes);
       }
 }

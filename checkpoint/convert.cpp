@@ -346,12 +346,16 @@ std::string export_hf(const std::string& checkpoint_dir, const std::string& out_
     values += static_cast<int64_t>(stacked.size());
     tensors.push_back({e.hf, shape, std::move(stacked)});
   }
-  fs::create_directories(out_dir);
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec) fail("{}: cannot create directory ({})", out_dir, ec.message());
   const std::string weights = (fs::path(out_dir) / "model.safetensors").string();
   const std::string config = (fs::path(out_dir) / "config.json").string();
   // transformers refuses safetensors without format metadata.
   write_safetensors(weights, tensors, {{"format", "pt"}});
-  std::ofstream(config) << hf_config(m).dump(2) << "\n";
+  std::ofstream config_out(config);
+  config_out << hf_config(m).dump(2) << "\n";
+  if (!config_out.flush()) fail("{}: write failed ({})", config, std::strerror(errno));
   return fmt::format("exported {} tensors ({} parameters, {} bytes) from {} to {} and {}",
                      tensors.size(), values, fs::file_size(weights), checkpoint_dir, weights,
                      config);
@@ -517,7 +521,7 @@ std::string export_llmc(const std::string& checkpoint_dir, const std::string& ou
   fs::rename(tmp, out_path, ec);
   if (ec) fail("{}: cannot rename {} into place ({})", out_path, tmp, ec.message());
   return fmt::format(
-      "wrote {}: llm.c GPT-2 model v3, {} parameters (vocabulary padded {} -> {}), "
+      "wrote {}: llm.c GPT-2 model v3, {} floats (vocabulary padded {} -> {}), "
       "{} bytes",
       out_path, values, V, Vp, fs::file_size(out_path));
 }

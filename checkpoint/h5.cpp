@@ -4,6 +4,7 @@
 
 #include <type_traits>
 
+#include "checkpoint/manifest.h"
 #include "core/check.h"
 
 namespace pentad::ckpt::h5 {
@@ -15,7 +16,9 @@ namespace {
 // HDF5 prints its error stack to stderr by default; we report errors ourselves. The
 // setting is per thread in thread-safe builds (the asynchronous saver writes from its own
 // thread), so every entry point calls this.
-void quiet() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+void quiet() {
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+}
 
 // The most specific message on HDF5's error stack (e.g. "truncated file: eof = ..."),
 // then clears the stack.
@@ -73,15 +76,15 @@ void write_attribute(hid_t dataset, const char* name, hid_t file_type, hid_t mem
     fail("cannot write attribute {}: {}", name, hdf5_detail());
 }
 
-void write_shard(hid_t file, hid_t lcpl, hid_t dcpl, const ShardData& shard) {
+void write_shard(hid_t file, hid_t lcpl, hid_t dcpl, const ShardData& shard, uint32_t crc32) {
   const ShardInfo& info = shard.info;
   const int ndim = info.local_shape.ndim;
   hsize_t dims[kMaxDims];
   for (int d = 0; d < ndim; ++d) dims[d] = static_cast<hsize_t>(info.local_shape[d]);
   Id space(ndim ? H5Screate_simple(ndim, dims, nullptr) : H5Screate(H5S_SCALAR), H5Sclose);
-  Id dataset(H5Dcreate2(file, info.name.c_str(), H5T_IEEE_F32LE, space.get(), lcpl, dcpl,
-                        H5P_DEFAULT),
-             H5Dclose);
+  Id dataset(
+      H5Dcreate2(file, info.name.c_str(), H5T_IEEE_F32LE, space.get(), lcpl, dcpl, H5P_DEFAULT),
+      H5Dclose);
   if (!dataset.ok()) fail("cannot create the dataset: {}", hdf5_detail());
   // One write of the whole shard; memory and file types agree, so HDF5 copies nothing.
   if (info.local_shape.numel() > 0 &&
@@ -94,15 +97,15 @@ void write_shard(hid_t file, hid_t lcpl, hid_t dcpl, const ShardData& shard) {
   write_attribute(dataset.get(), "global_shape", H5T_STD_I64LE, H5T_NATIVE_INT64, global,
                   static_cast<hsize_t>(info.global_shape.ndim));
   write_attribute(dataset.get(), "shard_dim", H5T_STD_I32LE, H5T_NATIVE_INT32, &shard_dim, 0);
-  write_attribute(dataset.get(), "shard_start", H5T_STD_I64LE, H5T_NATIVE_INT64,
-                  &info.shard_start, 0);
-  write_attribute(dataset.get(), "crc32", H5T_STD_U32LE, H5T_NATIVE_UINT32, &info.crc32, 0);
+  write_attribute(dataset.get(), "shard_start", H5T_STD_I64LE, H5T_NATIVE_INT64, &info.shard_start,
+                  0);
+  write_attribute(dataset.get(), "crc32", H5T_STD_U32LE, H5T_NATIVE_UINT32, &crc32, 0);
 }
 
 }  // namespace
 
-void write_file(const std::string& path, const std::string& shown_path,
-                const std::vector<ShardData>& shards) {
+std::vector<uint32_t> write_file(const std::string& path, const std::string& shown_path,
+                                 const std::vector<ShardData>& shards) {
   quiet();
   Id fapl(file_access(true), H5Pclose);
   Id file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
@@ -113,16 +116,19 @@ void write_file(const std::string& path, const std::string& shown_path,
   Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
   H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS);
   H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);  // every byte is written once, by us
-  H5Pset_obj_track_times(dcpl.get(), false);         // same state, same bytes
+  H5Pset_obj_track_times(dcpl.get(), false);          // same state, same bytes
+  std::vector<uint32_t> crcs;
   for (const ShardData& shard : shards) {
+    crcs.push_back(crc32_of(shard.data, shard.info.local_shape.numel()));
     try {
-      write_shard(file.get(), lcpl.get(), dcpl.get(), shard);
+      write_shard(file.get(), lcpl.get(), dcpl.get(), shard, crcs.back());
     } catch (const Error& e) {
       fail("{}: tensor {}: {}", shown_path, shard.info.name, e.what());
     }
   }
   if (H5Fclose(file.release()) < 0)
     fail("{}: cannot write the file: {}", shown_path, hdf5_detail());
+  return crcs;
 }
 
 File::File(const std::string& path) : path_(path) {
@@ -190,8 +196,8 @@ void File::read_region(const std::string& name, const Box& stored, const Box& re
     if (!file_space.ok() || !memory_space.ok() ||
         H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, file_at, nullptr, count, nullptr) <
             0 ||
-        H5Sselect_hyperslab(memory_space.get(), H5S_SELECT_SET, dst_at, nullptr, count,
-                            nullptr) < 0)
+        H5Sselect_hyperslab(memory_space.get(), H5S_SELECT_SET, dst_at, nullptr, count, nullptr) <
+            0)
       fail("{}: tensor {}: cannot select the region: {}", path_, name, hdf5_detail());
     status = H5Dread(dataset.get(), H5T_NATIVE_FLOAT, memory_space.get(), file_space.get(),
                      H5P_DEFAULT, dst);

@@ -13,10 +13,11 @@
 
 namespace pentad::ckpt::h5 {
 
-// Writes a new file at `path` (truncating any) with every shard; the shards' crc32 fields
-// must already be filled in. Does not fsync. Errors name `shown_path`.
-void write_file(const std::string& path, const std::string& shown_path,
-                const std::vector<ShardData>& shards);
+// Writes a new file at `path` (truncating any) with every shard and returns each shard's
+// crc32 (computed just before the shard is written, so the checksum of one overlaps the
+// kernel's writeback of the previous). Does not fsync. Errors name `shown_path`.
+std::vector<uint32_t> write_file(const std::string& path, const std::string& shown_path,
+                                 const std::vector<ShardData>& shards);
 
 // One rank file opened read-only. Not thread-safe (neither is serial HDF5).
 class File {

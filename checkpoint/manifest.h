@@ -18,7 +18,9 @@ std::string manifest_json(const Manifest& manifest);
 Manifest parse_manifest(const std::string& path);
 
 // zlib's crc32 of count floats' bytes: the checksum manifests list for each shard.
-uint32_t crc32_of(const float* data, int64_t count);
+// parallel: split across the OpenMP threads and combined (loading runs alone; the
+// asynchronous writer shares the cores with training and stays serial).
+uint32_t crc32_of(const float* data, int64_t count, bool parallel = false);
 
 // Throws pentad::Error naming `path` if the file cannot be read.
 std::string read_text(const std::string& path);

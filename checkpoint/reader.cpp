@@ -29,7 +29,7 @@ constexpr size_t kKeepScratchBytes = 256u << 20;  // larger scratch is freed aft
 }  // namespace
 
 struct Reader::Impl {
-  std::map<std::string, std::vector<size_t>> shards_of;  // tensor -> indices into shards
+  std::map<std::string, std::vector<size_t>> shards_of;    // tensor -> indices into shards
   std::map<std::string, std::unique_ptr<h5::File>> files;  // opened on first use
   std::vector<bool> verified;                              // per shard
   std::vector<float> scratch;                              // one stored shard
@@ -50,9 +50,13 @@ Reader::Reader(const std::string& dir)
   impl_->verified.assign(manifest_.shards.size(), false);
 }
 
-Reader::~Reader() { delete impl_; }
+Reader::~Reader() {
+  delete impl_;
+}
 
-bool Reader::has(const std::string& name) const { return impl_->shards_of.count(name) > 0; }
+bool Reader::has(const std::string& name) const {
+  return impl_->shards_of.count(name) > 0;
+}
 
 std::vector<std::string> Reader::tensor_names() const {
   std::vector<std::string> names;
@@ -73,12 +77,11 @@ void Reader::read(const std::string& name, const Shape& global_shape, int shard_
     fail("checkpoint {}: tensor {} has global shape {}, but the model needs {}", dir_, name,
          stored_shape.str(), global_shape.str());
   const Box want = shard_box(global_shape, shard_dim, shard_start, local_shape);
-  PENTAD_CHECK(local_shape.ndim == global_shape.ndim && shard_dim >= -1 &&
-                   shard_dim < global_shape.ndim &&
-                   intersect(want, whole_box(global_shape)) == want &&
-                   want.numel() == local_shape.numel(),
-               "{}: local {} at {} along dim {} is not a slice of {}", name, local_shape.str(),
-               shard_start, shard_dim, global_shape.str());
+  PENTAD_CHECK(
+      local_shape.ndim == global_shape.ndim && shard_dim >= -1 && shard_dim < global_shape.ndim &&
+          intersect(want, whole_box(global_shape)) == want && want.numel() == local_shape.numel(),
+      "{}: local {} at {} along dim {} is not a slice of {}", name, local_shape.str(), shard_start,
+      shard_dim, global_shape.str());
   if (want.numel() == 0) return;
 
   // Plan: stored shards by decreasing overlap, each only if it covers something new
@@ -121,11 +124,12 @@ void Reader::read(const std::string& name, const Shape& global_shape, int shard_
     if (!direct) impl_->scratch.resize(static_cast<size_t>(stored.numel()));
     float* whole = direct ? out + offset_in(in_want, want) : impl_->scratch.data();
     file.read(name, entry.shard.local_shape, whole);
-    const uint32_t computed = crc32_of(whole, stored.numel());
+    const uint32_t computed = crc32_of(whole, stored.numel(), true);
     if (computed != entry.shard.crc32)
-      fail("{}: tensor {}: checksum mismatch (stored 0x{:08x}, computed 0x{:08x}): the file is "
-           "corrupt",
-           file.path(), name, entry.shard.crc32, computed);
+      fail(
+          "{}: tensor {}: checksum mismatch (stored 0x{:08x}, computed 0x{:08x}): the file is "
+          "corrupt",
+          file.path(), name, entry.shard.crc32, computed);
     impl_->verified[i] = true;
     if (!direct) copy_region(whole, stored, out, want, region);
   }
@@ -140,11 +144,12 @@ int64_t Reader::verify_all() {
     h5::File& file = impl_->file(dir_, manifest_.shards[i].file);
     impl_->scratch.resize(static_cast<size_t>(s.local_shape.numel()));
     file.read(s.name, s.local_shape, impl_->scratch.data());
-    const uint32_t computed = crc32_of(impl_->scratch.data(), s.local_shape.numel());
+    const uint32_t computed = crc32_of(impl_->scratch.data(), s.local_shape.numel(), true);
     if (computed != s.crc32)
-      fail("{}: tensor {}: checksum mismatch (stored 0x{:08x}, computed 0x{:08x}): the file is "
-           "corrupt",
-           file.path(), s.name, s.crc32, computed);
+      fail(
+          "{}: tensor {}: checksum mismatch (stored 0x{:08x}, computed 0x{:08x}): the file is "
+          "corrupt",
+          file.path(), s.name, s.crc32, computed);
     impl_->verified[i] = true;
   }
   std::vector<float>().swap(impl_->scratch);
@@ -169,8 +174,8 @@ std::string inspect(const std::string& dir, bool verify) {
     if (line.starts_with("[")) sections += " " + line;
     at = end + 1;
   }
-  text += fmt::format("  recipe: {} lines{}{}\n", recipe_lines, sections.empty() ? "" : ";",
-                      sections);
+  text +=
+      fmt::format("  recipe: {} lines{}{}\n", recipe_lines, sections.empty() ? "" : ";", sections);
 
   std::set<std::string> seen;
   text += "  files:\n";
@@ -201,7 +206,8 @@ std::string inspect(const std::string& dir, bool verify) {
   text += fmt::format("  tensors ({}, {} shards):\n", rows.size(), m.shards.size());
   for (const auto& [name, r] : rows) {
     std::string split = "whole";
-    for (int d : r.dims) split = (split == "whole" ? "split along dim " : split + ",") + std::to_string(d);
+    for (int d : r.dims)
+      split = (split == "whole" ? "split along dim " : split + ",") + std::to_string(d);
     text += fmt::format("    {:<{}}  {:<16}  {:>3} shard{}  {:<18}  {}\n", name, width,
                         r.shape.str(), r.shards, r.shards == 1 ? " " : "s", split,
                         format_bytes(static_cast<size_t>(r.bytes)));

@@ -12,6 +12,7 @@
 #include <map>
 #include <optional>
 #include <regex>
+#include <set>
 
 #include "checkpoint/box.h"
 #include "checkpoint/checkpoint.h"
@@ -76,8 +77,8 @@ void check_shard(const ShardData& s) {
                i.global_shape.str(), i.shard_dim);
   const Box b = shard_box(i.global_shape, i.shard_dim, i.shard_start, i.local_shape);
   PENTAD_CHECK(intersect(b, whole_box(i.global_shape)) == b && b.numel() == i.local_shape.numel(),
-               "{}: local {} at {} along dim {} is not a slice of {}", i.name,
-               i.local_shape.str(), i.shard_start, i.shard_dim, i.global_shape.str());
+               "{}: local {} at {} along dim {} is not a slice of {}", i.name, i.local_shape.str(),
+               i.shard_start, i.shard_dim, i.global_shape.str());
   PENTAD_CHECK(s.data || i.local_shape.numel() == 0, "{}: no data", i.name);
 }
 
@@ -129,7 +130,9 @@ std::string partial_dir(const std::string& root, int64_t step) {
   return checkpoint_dir(root, step) + ".partial";
 }
 
-std::string rank_file_name(int rank) { return fmt::format("rank-{:05d}.h5", rank); }
+std::string rank_file_name(int rank) {
+  return fmt::format("rank-{:05d}.h5", rank);
+}
 
 void write_rank_file(const std::string& path, const std::vector<ShardData>& shards) {
   const std::string dir = parent_of(path);
@@ -137,21 +140,23 @@ void write_rank_file(const std::string& path, const std::vector<ShardData>& shar
   fs::create_directories(dir, ec);
   if (ec) fail("{}: cannot create the directory {}: {}", path, dir, ec.message());
 
-  std::vector<ShardData> with_crc = shards;
-  std::vector<Manifest::Entry> entries;
   const std::string file_name = fs::path(path).filename().string();
-  for (ShardData& s : with_crc) {
+  std::set<std::string> names;
+  for (const ShardData& s : shards) {
     check_shard(s);
-    s.info.crc32 = crc32_of(s.data, s.info.local_shape.numel());
-    for (const Manifest::Entry& e : entries)
-      PENTAD_CHECK(e.shard.name != s.info.name, "{}: tensor {} written twice", path, s.info.name);
-    entries.push_back({file_name, s.info});
+    PENTAD_CHECK(names.insert(s.info.name).second, "{}: tensor {} written twice", path,
+                 s.info.name);
   }
 
   const std::string tmp = path + ".tmp";
-  h5::write_file(tmp, path, with_crc);
+  const std::vector<uint32_t> crcs = h5::write_file(tmp, path, shards);
   sync_path(tmp, false);
   rename_or_fail(tmp, path);
+  std::vector<Manifest::Entry> entries;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    entries.push_back({file_name, shards[i].info});
+    entries.back().shard.crc32 = crcs[i];
+  }
   write_atomically(path + ".json", sidecar_json(entries));
   sync_path(dir, true);
 }

@@ -40,3 +40,17 @@ add_test(NAME checkpoint_resume
           $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml ${CMAKE_CURRENT_BINARY_DIR}/checkpoints)
 set_tests_properties(checkpoint_resume PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE
   PASS_REGULAR_EXPRESSION "checkpoints resume exactly")
+
+# Conversion: export to Hugging Face safetensors (and llm.c), logits of a reference model
+# written in the test against pentad's, and the import back.
+set(HF ${CMAKE_CURRENT_SOURCE_DIR}/python/hf_export.py)
+add_test(NAME hf_export_gpt2
+  COMMAND ${PENTAD_PYTHON} ${HF} $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml
+          ${CMAKE_CURRENT_BINARY_DIR}/hf-gpt2 data.source=random train.micro_batch=2
+          train.seq_len=32 train.threads=2)
+add_test(NAME hf_export_llama
+  COMMAND ${PENTAD_PYTHON} ${HF} $<TARGET_FILE:pentad> ${RECIPES}/llama-tiny.toml
+          ${CMAKE_CURRENT_BINARY_DIR}/hf-llama data.source=random train.micro_batch=2
+          train.seq_len=32 train.threads=2 model.n_head=4 model.n_kv_head=2)
+set_tests_properties(hf_export_gpt2 hf_export_llama PROPERTIES TIMEOUT 300
+  PASS_REGULAR_EXPRESSION "hf export matches")

@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/convert.h"
 #include "data/commands.h"
 #include "train/recipe.h"
 #include "train/reference.h"
@@ -99,6 +100,16 @@ int main(int argc, char** argv) {
   auto* inspect = ckpt->add_subcommand("inspect", "Show a checkpoint's step, layout and tensors");
   inspect->add_option("checkpoint", ckpt_path, "Checkpoint directory (step-N)")->required();
   inspect->add_flag("--verify", verify, "Read every tensor and check its checksum");
+  std::string convert_to, convert_from, convert_src, convert_dst;
+  auto* convert = ckpt->add_subcommand(
+      "convert",
+      "Convert checkpoints: --to hf CHECKPOINT OUT_DIR | --to llmc CHECKPOINT OUT_FILE | "
+      "--from hf HF_DIR CHECKPOINT_ROOT");
+  auto* to = convert->add_option("--to", convert_to, "Export format")->check(CLI::IsMember({"hf", "llmc"}));
+  auto* from = convert->add_option("--from", convert_from, "Import format")->check(CLI::IsMember({"hf"}));
+  to->excludes(from);
+  convert->add_option("source", convert_src, "Checkpoint directory (step-N), or HF directory")->required();
+  convert->add_option("destination", convert_dst, "Output directory, file, or checkpoint root")->required();
 
   try {
     app.parse(argc, argv);
@@ -121,6 +132,17 @@ int main(int argc, char** argv) {
     } else if (*reference) {
       pentad::Config cfg = pentad::load_recipe(recipe, sets);
       pentad::export_reference(cfg, ref_out, ref_steps);
+    } else if (*convert) {
+      std::string summary;
+      if (convert_to == "hf")
+        summary = pentad::ckpt::export_hf(convert_src, convert_dst);
+      else if (convert_to == "llmc")
+        summary = pentad::ckpt::export_llmc(convert_src, convert_dst);
+      else if (convert_from == "hf")
+        summary = pentad::ckpt::import_hf(convert_src, convert_dst);
+      else
+        pentad::fail("ckpt convert needs --to hf|llmc or --from hf");
+      std::puts(summary.c_str());
     } else if (*inspect) {
       std::fputs(pentad::ckpt::inspect(ckpt_path, verify).c_str(), stdout);
     } else if (*prepare) {

@@ -1,6 +1,8 @@
 // Checkpoints: shards written by several fake ranks in one process read back bitwise in
 // any other split; commit, listing and retention; every kind of damage is reported with the
 // file (and tensor) to blame, never as a crash or an HDF5 error dump.
+#include "checkpoint/checkpoint.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -14,7 +16,6 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "checkpoint/checkpoint.h"
 #include "checkpoint/h5.h"
 
 namespace pentad::ckpt {
@@ -71,11 +72,10 @@ class CheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    root_ = (fs::temp_directory_path() /
-             fmt::format("pentad-ckpt-{}-{}", ::getpid(), info->name()))
+    root_ = (fs::temp_directory_path() / fmt::format("pentad-ckpt-{}-{}", ::getpid(), info->name()))
                 .string();
     fs::remove_all(root_);
-    a_ = make_tensor("param/a", Shape{8, 6}, 1);           // split along dim 0 over ranks 0-1
+    a_ = make_tensor("param/a", Shape{8, 6}, 1);            // split along dim 0 over ranks 0-1
     b_ = make_tensor("adam_m/blocks.0.b", Shape{4, 9}, 2);  // split along dim 1 over ranks 0-2
     c_ = make_tensor("param/c", Shape{5}, 3);               // replicated: rank 0 writes it
     d_ = make_tensor("param/d", Shape{2, 3, 4, 5}, 4);      // 4 dims, split along dim 2
@@ -101,7 +101,8 @@ class CheckpointTest : public ::testing::Test {
     ranks[1] = {shard(a_, 0, 4, 4, keep), shard(b_, 1, 3, 3, keep), shard(d_, 2, 1, 3, keep)};
     ranks[2] = {shard(b_, 1, 6, 3, keep)};
     for (int r = 0; r < 3; ++r)
-      write_rank_file(partial_dir(root_, step) + "/" + rank_file_name(r), ranks[static_cast<size_t>(r)]);
+      write_rank_file(partial_dir(root_, step) + "/" + rank_file_name(r),
+                      ranks[static_cast<size_t>(r)]);
   }
 
   std::string save(int64_t step, int keep_last = 0) {
@@ -151,19 +152,17 @@ TEST_F(CheckpointTest, ReadsAnySplitBitwise) {
   };
   const std::vector<Request> requests = {
       {&a_, -1, 0, 0},  // whole tensors
-      {&b_, -1, 0, 0},
-      {&c_, -1, 0, 0},
-      {&d_, -1, 0, 0},
-      {&a_, 1, 2, 3},   // stored along dim 0, wanted along dim 1
-      {&a_, 0, 3, 4},   // uneven, straddling the two stored shards
-      {&a_, 0, 4, 4},   // exactly one stored shard
-      {&b_, 0, 1, 2},   // stored along dim 1, wanted along dim 0
-      {&b_, 1, 2, 5},   // along the stored dim, spanning three shards unevenly
-      {&b_, 1, 3, 3},   // exactly rank 1's shard
-      {&c_, 0, 1, 3},   // a slice of a replicated vector
-      {&d_, 1, 1, 2},   // 4-D: stored along dim 2, wanted along dim 1
-      {&d_, 2, 1, 2},   // 4-D: uneven along the stored dim
-      {&d_, 3, 0, 2},   // 4-D: along the innermost dim
+      {&b_, -1, 0, 0}, {&c_, -1, 0, 0},
+      {&d_, -1, 0, 0}, {&a_, 1, 2, 3},  // stored along dim 0, wanted along dim 1
+      {&a_, 0, 3, 4},                   // uneven, straddling the two stored shards
+      {&a_, 0, 4, 4},                   // exactly one stored shard
+      {&b_, 0, 1, 2},                   // stored along dim 1, wanted along dim 0
+      {&b_, 1, 2, 5},                   // along the stored dim, spanning three shards unevenly
+      {&b_, 1, 3, 3},                   // exactly rank 1's shard
+      {&c_, 0, 1, 3},                   // a slice of a replicated vector
+      {&d_, 1, 1, 2},                   // 4-D: stored along dim 2, wanted along dim 1
+      {&d_, 2, 1, 2},                   // 4-D: uneven along the stored dim
+      {&d_, 3, 0, 2},                   // 4-D: along the innermost dim
   };
   Reader shared(dir);
   for (int pass = 0; pass < 2; ++pass)
@@ -178,8 +177,8 @@ TEST_F(CheckpointTest, ReadsAnySplitBitwise) {
       } else {
         shared.read(g.name, g.shape, q.dim, q.start, local, got.data());
       }
-      EXPECT_TRUE(bitwise_equal(got, expected))
-          << g.name << " dim " << q.dim << " [" << q.start << ", +" << q.extent << ") pass " << pass;
+      EXPECT_TRUE(bitwise_equal(got, expected)) << g.name << " dim " << q.dim << " [" << q.start
+                                                << ", +" << q.extent << ") pass " << pass;
     }
 }
 
@@ -202,9 +201,12 @@ TEST_F(CheckpointTest, ManifestDescribesTheCheckpoint) {
   EXPECT_EQ(r.global_shape("param/d"), (Shape{2, 3, 4, 5}));
   // Checksums are zlib's crc32 of the shard's bytes.
   for (const Manifest::Entry& e : m.shards) {
-    const Global& g = e.shard.name == a_.name ? a_ : e.shard.name == b_.name ? b_
-                      : e.shard.name == c_.name ? c_ : d_;
-    const std::vector<float> s = g.slice(e.shard.shard_dim, e.shard.shard_start, e.shard.local_shape);
+    const Global& g = e.shard.name == a_.name   ? a_
+                      : e.shard.name == b_.name ? b_
+                      : e.shard.name == c_.name ? c_
+                                                : d_;
+    const std::vector<float> s =
+        g.slice(e.shard.shard_dim, e.shard.shard_start, e.shard.local_shape);
     const uLong crc = crc32(0L, reinterpret_cast<const Bytef*>(s.data()),
                             static_cast<uInt>(s.size() * sizeof(float)));
     EXPECT_EQ(e.shard.crc32, static_cast<uint32_t>(crc)) << e.file << " " << e.shard.name;
@@ -243,7 +245,7 @@ TEST_F(CheckpointTest, ListsNewestFirstAndKeepsTheLastTwo) {
 
 TEST_F(CheckpointTest, IgnoresUncommittedDirectories) {
   save(3);
-  write_ranks(4);                                  // crashed before commit
+  write_ranks(4);                                    // crashed before commit
   fs::create_directories(checkpoint_dir(root_, 6));  // no manifest
   std::ofstream(root_ + "/step-00000009") << "a file, not a directory";
   fs::create_directories(root_ + "/step-1x");
@@ -264,8 +266,9 @@ TEST_F(CheckpointTest, RecommitReplacesTheStep) {
 
 TEST_F(CheckpointTest, CommitRefusesHoles) {
   std::vector<float> half(24, 1.0f);
-  write_rank_file(partial_dir(root_, 1) + "/" + rank_file_name(0),
-                  {ShardData{ShardInfo{"param/a", Shape{8, 6}, 0, 0, Shape{4, 6}, 0}, half.data()}});
+  write_rank_file(
+      partial_dir(root_, 1) + "/" + rank_file_name(0),
+      {ShardData{ShardInfo{"param/a", Shape{8, 6}, 0, 0, Shape{4, 6}, 0}, half.data()}});
   Manifest m;
   m.step = 1;
   const std::string message = error_of([&] { commit(root_, m, 0); });
@@ -315,7 +318,8 @@ TEST_F(CheckpointTest, ReportsDamageNamingTheCulprit) {
        {"rank-00001.h5", "param/a", "checksum mismatch", "corrupt"}},
       {"truncated file",
        [&](const std::string& dir) {
-         fs::resize_file(dir + "/" + rank_file_name(0), fs::file_size(dir + "/" + rank_file_name(0)) / 2);
+         fs::resize_file(dir + "/" + rank_file_name(0),
+                         fs::file_size(dir + "/" + rank_file_name(0)) / 2);
        },
        read_whole(c_),
        {"rank-00000.h5"}},
@@ -342,11 +346,15 @@ TEST_F(CheckpointTest, ReportsDamageNamingTheCulprit) {
        },
        read_whole(a_),
        {"does not cover param/a rows [4, 8) along dim 0"}},
-      {"tensor not stored", [](const std::string&) {},
+      {"tensor not stored",
+       [](const std::string&) {},
        [&](Reader& r) { r.read("param/nope", Shape{5}, -1, 0, Shape{5}, buffer.data()); },
        {"param/nope", "step-00000001"}},
-      {"global shape differs", [](const std::string&) {},
-       [&](Reader& r) { r.read(a_.name, Shape{8, 7}, -1, 0, Shape{8, 7}, buffer.data()); },
+      {"global shape differs",
+       [](const std::string&) {},
+       [&](Reader& r) {
+         r.read(a_.name, Shape{8, 7}, -1, 0, Shape{8, 7}, buffer.data());
+       },
        {"param/a", "(8, 6)", "(8, 7)"}},
   };
   for (const Case& c : cases) {
@@ -386,6 +394,26 @@ TEST_F(CheckpointTest, MalformedManifestIsNamed) {
   fs::remove(checkpoint_dir(root_, 2) + "/manifest.json");
   const std::string message = error_of([&] { Reader r(checkpoint_dir(root_, 2)); });
   EXPECT_NE(message.find("manifest.json"), std::string::npos) << message;
+}
+
+// Shards above 8 MiB are checksummed in parallel pieces on load: the combined checksum
+// must equal the writer's serial one, or the read fails.
+TEST_F(CheckpointTest, LargeShardsVerify) {
+  const Global big = make_tensor("param/big", Shape{3, 3'000'001}, 5);  // 36 MB, odd size
+  write_rank_file(
+      partial_dir(root_, 1) + "/" + rank_file_name(0),
+      {ShardData{ShardInfo{big.name, big.shape, -1, 0, big.shape, 0}, big.data.data()}});
+  Manifest m;
+  m.step = 1;
+  commit(root_, m, 0);
+  Reader r(checkpoint_dir(root_, 1));
+  const Shape row = Shape{1, 3'000'001};
+  std::vector<float> got(static_cast<size_t>(row.numel()));
+  r.read(big.name, big.shape, 0, 2, row, got.data());
+  EXPECT_TRUE(bitwise_equal(got, big.slice(0, 2, row)));
+  const uLong crc =
+      crc32_z(0L, reinterpret_cast<const Bytef*>(big.data.data()), big.data.size() * 4);
+  EXPECT_EQ(r.manifest().shards.at(0).shard.crc32, static_cast<uint32_t>(crc));
 }
 
 TEST_F(CheckpointTest, InspectListsAndVerifies) {
