@@ -1,5 +1,9 @@
 #include "checkpoint/saver.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
 
@@ -17,20 +21,22 @@ AsyncSaver::~AsyncSaver() {
   if (thread_.joinable()) thread_.join();
 }
 
-void AsyncSaver::begin(std::string file, std::vector<LiveTensor> tensors, bool asynchronous) {
+void AsyncSaver::begin(std::vector<std::string> files, std::vector<LiveTensor> tensors,
+                       bool asynchronous) {
   wait_for_file();  // one snapshot at a time: the previous one must be on disk
   const auto start = std::chrono::steady_clock::now();
-  file_ = std::move(file);
+  files_ = std::move(files);
   tensors_ = std::move(tensors);
-  staging_.resize(tensors_.size());
-  for (size_t i = 0; i < tensors_.size(); ++i)
-    staging_[i].resize(static_cast<size_t>(tensors_[i].info.local_shape.numel()));
   copied_ = false;
   file_done_ = false;
   error_.clear();
   busy_ = true;
   if (asynchronous) {
-    thread_ = std::thread([this] { run(); });
+    thread_ = std::thread([this] {
+      // Below the training threads: on a busy node the writer takes idle cycles first.
+      setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
+      run();
+    });
   } else {
     run();
   }
@@ -38,8 +44,13 @@ void AsyncSaver::begin(std::string file, std::vector<LiveTensor> tensors, bool a
 }
 
 void AsyncSaver::run() {
-  for (size_t i = 0; i < tensors_.size(); ++i)
+  // Allocating (and first touching) the staging buffers is part of the background work:
+  // only the first snapshot pays it, and never on the training thread.
+  staging_.resize(tensors_.size());
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    staging_[i].resize(static_cast<size_t>(tensors_[i].info.local_shape.numel()));
     std::memcpy(staging_[i].data(), tensors_[i].live, staging_[i].size() * sizeof(float));
+  }
   copied_.store(true);
   copied_.notify_all();
   try {
@@ -47,7 +58,7 @@ void AsyncSaver::run() {
       std::vector<ShardData> shards;
       for (size_t i = 0; i < tensors_.size(); ++i)
         shards.push_back(ShardData{tensors_[i].info, staging_[i].data()});
-      write_rank_file(file_, shards);
+      for (const std::string& file : files_) write_rank_file(file, shards);
     }
   } catch (const std::exception& e) {
     error_ = e.what();

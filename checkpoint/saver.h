@@ -30,9 +30,10 @@ class AsyncSaver {
   AsyncSaver(const AsyncSaver&) = delete;
   AsyncSaver& operator=(const AsyncSaver&) = delete;
 
-  // Starts a snapshot of `tensors` (empty on ranks that write nothing) into `file`.
+  // Starts a snapshot of `tensors` (empty on ranks that write nothing) into each of
+  // `files` in turn: the local checkpoint first, then any further level (a shared store).
   // asynchronous = false copies and writes before returning (the synchronous peer).
-  void begin(std::string file, std::vector<LiveTensor> tensors, bool asynchronous);
+  void begin(std::vector<std::string> files, std::vector<LiveTensor> tensors, bool asynchronous);
   // Blocks until the snapshot's copy is complete: call before changing the live state.
   void wait_for_copy();
   // Whether the file is written (or failed); wait_for_file() blocks until then and
@@ -48,7 +49,7 @@ class AsyncSaver {
  private:
   void run();  // the background thread: copy, then write
 
-  std::string file_;
+  std::vector<std::string> files_;
   std::vector<LiveTensor> tensors_;
   std::vector<std::vector<float>> staging_;
   std::thread thread_;

@@ -56,6 +56,7 @@ struct TrainConfig {                 // [train]
   // newest valid checkpoint in ckpt_dir, falling back past corrupt ones) or a checkpoint path.
   int64_t save_every = 0;
   std::string ckpt_dir;
+  std::string ckpt_mirror;  // optional second level (a shared store), written after ckpt_dir
   int64_t keep_last = 3;
   bool async_save = true;
   std::string resume;

@@ -129,6 +129,7 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(train, out_dir, any()),
       PENTAD_KEY(train, save_every, at_least(0)),
       PENTAD_KEY(train, ckpt_dir, any()),
+      PENTAD_KEY(train, ckpt_mirror, any()),
       PENTAD_KEY(train, keep_last, at_least(0)),
       PENTAD_KEY(train, async_save, any()),
       PENTAD_KEY(train, resume, any()),

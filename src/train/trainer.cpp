@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
@@ -234,6 +235,7 @@ void Trainer::run() {
   spdlog::info("threads: {}", omp_get_max_threads());
   if (!t.resume.empty()) start_step_ = resume(t.resume);
   const int64_t last = t.stop_at > 0 ? std::min(t.stop_at, t.steps) : t.steps;
+  const auto run_start = std::chrono::steady_clock::now();
   for (int64_t step = start_step_; step < last; ++step) {
     StepStats s = train_step(step);
     history_.push_back(s);
@@ -243,7 +245,11 @@ void Trainer::run() {
     nlohmann::json j = {{"step", step + 1},        {"loss", s.loss},
                         {"lr", s.lr},              {"grad_norm", s.grad_norm},
                         {"seconds", s.seconds},    {"tokens_per_second", s.tokens_per_second},
-                        {"flops_per_second", s.flops_per_second}};
+                        {"flops_per_second", s.flops_per_second},
+                        // wall time since the loop began: steps plus saving, eval, logging
+                        {"elapsed_seconds", std::chrono::duration<double>(
+                                                std::chrono::steady_clock::now() - run_start)
+                                                .count()}};
     write_metrics(j.dump());
     if (t.log_every > 0 && ((step + 1) % t.log_every == 0 || step == start_step_ || step + 1 == last))
       spdlog::info("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | {:.1f} GFLOP/s",
@@ -255,13 +261,17 @@ void Trainer::run() {
       spdlog::info("step {:>5}/{} | eval loss {:.4f}", step + 1, t.steps, val);
     }
   }
+  // Blocked time while training; the last snapshot's flush at exit is reported apart.
+  const double blocked = saver_.blocked_seconds();
   commit_pending(true);
   if (saves_ > 0) {
+    const double final_flush = saver_.blocked_seconds() - blocked;
     write_metrics(nlohmann::json{{"checkpoint_saves", saves_},
-                                 {"checkpoint_blocked_seconds", saver_.blocked_seconds()}}
+                                 {"checkpoint_blocked_seconds", blocked},
+                                 {"checkpoint_final_flush_seconds", final_flush}}
                       .dump());
-    spdlog::info("checkpoints: {} saves, training blocked {:.3f} s in all ({})", saves_,
-                 saver_.blocked_seconds(), cfg_.train.async_save ? "asynchronous" : "synchronous");
+    spdlog::info("checkpoints: {} saves, training blocked {:.3f} s in all ({}), final flush {:.3f} s",
+                 saves_, blocked, cfg_.train.async_save ? "asynchronous" : "synchronous", final_flush);
   }
 }
 
@@ -272,6 +282,12 @@ int Trainer::all_ranks(int value, parallel::ReduceOp op) {
 
 std::string Trainer::checkpoint_root() const {
   return cfg_.train.ckpt_dir.empty() ? cfg_.train.out_dir + "/checkpoints" : cfg_.train.ckpt_dir;
+}
+
+std::vector<std::string> Trainer::checkpoint_roots() const {
+  std::vector<std::string> roots = {checkpoint_root()};
+  if (!cfg_.train.ckpt_mirror.empty()) roots.push_back(cfg_.train.ckpt_mirror);
+  return roots;
 }
 
 void Trainer::save(int64_t steps_done) {
@@ -294,9 +310,10 @@ void Trainer::save(int64_t steps_done) {
         tensors.push_back({info, p.view(kind.base, id).f32()});
       }
   }
-  const std::string file =
-      ckpt::partial_dir(checkpoint_root(), steps_done) + "/" + ckpt::rank_file_name(world_rank_);
-  saver_.begin(file, std::move(tensors), cfg_.train.async_save);
+  std::vector<std::string> files;
+  for (const std::string& root : checkpoint_roots())
+    files.push_back(ckpt::partial_dir(root, steps_done) + "/" + ckpt::rank_file_name(world_rank_));
+  saver_.begin(files, std::move(tensors), cfg_.train.async_save);
   pending_save_ = steps_done;
   ++saves_;
   pending_optimizer_steps_ = optimizer_->steps_taken();
@@ -327,8 +344,10 @@ void Trainer::commit_pending(bool block) {
     m.layout = ckpt::Layout{mesh_ ? mesh_->world_size() : 1, mc ? mc->tp : 1, mc ? mc->dp : 1,
                             mc ? mc->pp : 1, mc ? mc->cp : 1, model_->tp().sequence_parallel()};
     m.recipe_toml = recipe_to_toml(cfg_);
-    ckpt::commit(checkpoint_root(), m, static_cast<int>(cfg_.train.keep_last));
-    spdlog::info("checkpoint: step {} committed to {}", step, ckpt::checkpoint_dir(checkpoint_root(), step));
+    for (const std::string& root : checkpoint_roots()) {
+      ckpt::commit(root, m, static_cast<int>(cfg_.train.keep_last));
+      spdlog::info("checkpoint: step {} committed to {}", step, ckpt::checkpoint_dir(root, step));
+    }
   }
   if (mesh_) mesh_->world().barrier();  // nobody resumes from a checkpoint not yet visible
 }
@@ -381,14 +400,16 @@ int64_t Trainer::resume(const std::string& which) {
     spdlog::info("resumed from {} at step {}", which, start_step_);
     return start_step_;
   }
-  for (const std::string& dir : ckpt::committed_checkpoints(checkpoint_root())) {
-    if (load(dir)) {
-      spdlog::info("resumed from {} at step {}", dir, start_step_);
-      return start_step_;
+  // Newest first in the local level, then the mirror (the local disk may be gone).
+  for (const std::string& root : checkpoint_roots())
+    for (const std::string& dir : ckpt::committed_checkpoints(root)) {
+      if (load(dir)) {
+        spdlog::info("resumed from {} at step {}", dir, start_step_);
+        return start_step_;
+      }
+      spdlog::warn("falling back to the checkpoint before {}", dir);
     }
-    spdlog::warn("falling back to the checkpoint before {}", dir);
-  }
-  spdlog::warn("no usable checkpoint in {}: starting from step 0", checkpoint_root());
+  spdlog::warn("no usable checkpoint in {}: starting from step 0", fmt::join(checkpoint_roots(), " or "));
   model_->params().initialize(cfg_.train.seed);  // undo what a failed load overwrote
   optimizer_->reset();
   return 0;

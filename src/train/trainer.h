@@ -66,6 +66,7 @@ class Trainer {
   // at. "latest" tries the newest committed checkpoint and falls back past corrupt ones.
   int64_t resume(const std::string& which);
   std::string checkpoint_root() const;
+  std::vector<std::string> checkpoint_roots() const;  // the local level, then the mirror
   double checkpoint_blocked_seconds() const { return saver_.blocked_seconds(); }
 
  private:

@@ -6,7 +6,7 @@
 2. Reshard: the dp2 x tp2 checkpoint of step 10 resumed under tp4, one rank and dp4 (same
    global batch) continues like one rank resumed from it, within 1e-5 relative.
 3. A flipped byte in the newest checkpoint: resume names the file and the tensor and falls
-   back to the previous checkpoint.
+   back to the previous checkpoint. With the local level lost, resume uses the mirror.
 4. SIGKILL of a rank at random moments of a run saving every step, 10 trials: the latest
    committed checkpoint always loads and training resumes.
 
@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from shards import load_weights
 
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMP_NUM_THREADS="1")
@@ -55,19 +57,7 @@ def losses(out):
 
 
 def weights(out):
-    folder = out / "weights"
-    whole = {}
-    for manifest in sorted(folder.glob("shards.tp*.json")):
-        for s in json.loads(manifest.read_text()):
-            w = whole.setdefault(s["name"], np.zeros(s["global_shape"], dtype=np.float32))
-            part = np.load(folder / s["file"])
-            if s["shard_dim"] < 0:
-                w[...] = part
-            else:
-                index = [slice(None)] * w.ndim
-                index[s["shard_dim"]] = slice(s["shard_start"], s["shard_start"] + part.shape[s["shard_dim"]])
-                w[tuple(index)] = part
-    return whole
+    return load_weights(out / "weights")
 
 
 def check(ok, what):
@@ -124,6 +114,17 @@ def corruption(pentad, recipe, work):
     check("at step 5" in log, "corrupt checkpoint: fell back to the previous one (step 5)")
 
 
+def mirror(pentad, recipe, work):
+    local, shared, out = work / "mirror-local", work / "mirror-shared", work / "mirror"
+    train(pentad, recipe, 1, out, ["train.stop_at=10", "train.save_every=10",
+                                   f"train.ckpt_dir={local}", f"train.ckpt_mirror={shared}"])
+    check((shared / "step-00000010" / "manifest.json").exists(), "mirror: the second level holds step 10")
+    shutil.rmtree(local)  # the local disk is lost
+    log = train(pentad, recipe, 1, work / "mirror-resumed",
+                [f"train.ckpt_dir={local}", f"train.ckpt_mirror={shared}"], ["--resume", "latest"])
+    check("at step 10" in log and "mirror-shared" in log, "mirror: resumed from the second level")
+
+
 def sigkill_trials(pentad, recipe, work, trials=10):
     rng = random.Random(1234)
     for trial in range(trials):
@@ -160,6 +161,7 @@ def main():
                           ["parallel.tp=2", "parallel.sequence_parallel=true", "train.grad_accum=2"])
     reshard(pentad, recipe, work, ckpt)
     corruption(pentad, recipe, work)
+    mirror(pentad, recipe, work)
     sigkill_trials(pentad, recipe, work)
     if failures:
         print("FAILED:", "; ".join(failures))

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from shards import load_weights
+
 TOL = 1e-5
 STEPS = 20
 ACCUM = 2
@@ -53,24 +55,6 @@ def run(pentad, recipe, work, name, ranks, overrides):
     losses = [json.loads(l)["loss"] for l in (out / "metrics.jsonl").read_text().splitlines()
               if '"loss"' in l]
     return np.array(losses, dtype=np.float64), load_weights(out / "weights")
-
-
-def load_weights(folder):
-    whole = {}
-    for manifest in sorted(folder.glob("shards.tp*.json")):
-        for s in json.loads(manifest.read_text()):
-            w = whole.setdefault(s["name"], np.full(s["global_shape"], np.nan, dtype=np.float32))
-            part = np.load(folder / s["file"])
-            if s["shard_dim"] < 0:
-                w[...] = part
-            else:
-                index = [slice(None)] * w.ndim
-                d = s["shard_dim"]
-                index[d] = slice(s["shard_start"], s["shard_start"] + part.shape[d])
-                w[tuple(index)] = part
-    for name, w in whole.items():
-        assert not np.isnan(w).any(), f"{folder}: {name} is not fully covered by its shards"
-    return whole
 
 
 def main():

@@ -1,0 +1,27 @@
+"""Helpers shared by the script tests: reassembling parameters from the shards that
+`pentad train --dump-weights DIR` writes (one .npy per shard plus shards.tp<r>.json with
+each shard's global identity)."""
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def load_weights(folder):
+    """Every parameter as one whole array, put together from its tp shards."""
+    folder = Path(folder)
+    whole = {}
+    for manifest in sorted(folder.glob("shards.tp*.json")):
+        for s in json.loads(manifest.read_text()):
+            w = whole.setdefault(s["name"], np.full(s["global_shape"], np.nan, dtype=np.float32))
+            part = np.load(folder / s["file"])
+            if s["shard_dim"] < 0:
+                w[...] = part
+            else:
+                index = [slice(None)] * w.ndim
+                d = s["shard_dim"]
+                index[d] = slice(s["shard_start"], s["shard_start"] + part.shape[d])
+                w[tuple(index)] = part
+    for name, w in whole.items():
+        assert not np.isnan(w).any(), f"{folder}: {name} is not fully covered by its shards"
+    return whole
