@@ -4,11 +4,13 @@
 Trains a GPT-2-124M-shaped model (1.5 GB of parameters + AdamW state) on one rank for a few
 steps with no checkpoints, with a checkpoint every 10 steps and every step, each both
 asynchronous (pentad's lazy saver) and synchronous (the peer: copy + write before the next
-step). Runs alternate; reports the median step time, the blocked seconds per save that
-pentad measures, and the disk's own direct-I/O write bandwidth (dd) beside the bytes per
-second the saves reached.
+step). The configurations alternate, --reps times; reported figures are medians over the
+repetitions: median step time, wall time of the steps after warm-up (saves included),
+throughput against no checkpoints, and the seconds training was blocked per save (pentad
+measures them; the last save, flushed at exit, is not counted), next to the disk's own
+direct-I/O write bandwidth (dd).
 
-usage: bench/checkpoint_bench.py [--steps 12] [--dir /tmp/pentad-ckpt-bench]
+usage: bench/checkpoint_bench.py [--steps 16] [--reps 2] [--dir /tmp/pentad-ckpt-bench]
 """
 import argparse
 import json
@@ -53,19 +55,24 @@ def disk_bandwidth(folder):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=21)
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--dir", default="/tmp/pentad-ckpt-bench")
     args = ap.parse_args()
     Path(args.dir).mkdir(parents=True, exist_ok=True)
     print("disk (dd, 1 GiB, oflag=direct):", disk_bandwidth(args.dir))
     configs = [("none", 0, True), ("every10-async", 10, True), ("every10-sync", 10, False),
                ("every1-async", 1, True), ("every1-sync", 1, False)]
-    results = {}
-    for name, every, asynchronous in configs:
-        results[name] = run(args, name, every, asynchronous)
-        median, total, blocked, saved = results[name]
-        print(f"{name:>14}: median step {median:.3f} s, blocked per save {blocked:.3f} s, "
-              f"last checkpoint {saved / 2**30:.2f} GiB")
+    runs = {name: [] for name, _, _ in configs}
+    for rep in range(args.reps):  # alternate the configurations, rep after rep
+        for name, every, asynchronous in configs:
+            runs[name].append(run(args, name, every, asynchronous))
+            median, wall, blocked, saved = runs[name][-1]
+            print(f"rep {rep} {name:>14}: median step {median:.3f} s, wall {wall:.1f} s, "
+                  f"blocked per save {blocked:.3f} s, checkpoint {saved / 2**30:.2f} GiB")
+    # Medians over repetitions of each figure.
+    results = {name: tuple(statistics.median(r[i] for r in rs) for i in range(4))
+               for name, rs in runs.items()}
     base = results["none"][1]
     for name in ("every10-async", "every10-sync", "every1-async", "every1-sync"):
         print(f"throughput {name}: {base / results[name][1]:.2f} of no checkpoints")

@@ -31,12 +31,9 @@ void AsyncSaver::begin(std::vector<std::string> files, std::vector<LiveTensor> t
   file_done_ = false;
   error_.clear();
   busy_ = true;
+  background_ = asynchronous;
   if (asynchronous) {
-    thread_ = std::thread([this] {
-      // Below the training threads: on a busy node the writer takes idle cycles first.
-      setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
-      run();
-    });
+    thread_ = std::thread([this] { run(); });
   } else {
     run();
   }
@@ -46,18 +43,31 @@ void AsyncSaver::begin(std::vector<std::string> files, std::vector<LiveTensor> t
 void AsyncSaver::run() {
   // Allocating (and first touching) the staging buffers is part of the background work:
   // only the first snapshot pays it, and never on the training thread.
-  staging_.resize(tensors_.size());
-  for (size_t i = 0; i < tensors_.size(); ++i) {
-    staging_[i].resize(static_cast<size_t>(tensors_[i].info.local_shape.numel()));
-    std::memcpy(staging_[i].data(), tensors_[i].live, staging_[i].size() * sizeof(float));
+  // One uninitialised buffer, kept across snapshots: no zeroing pass before the copy.
+  size_t total = 0;
+  for (const LiveTensor& t : tensors_) total += static_cast<size_t>(t.info.local_shape.numel());
+  if (total > staging_capacity_) {
+    staging_.reset(new float[total]);
+    staging_capacity_ = total;
+  }
+  std::vector<const float*> copies;
+  size_t offset = 0;
+  for (const LiveTensor& t : tensors_) {
+    const size_t n = static_cast<size_t>(t.info.local_shape.numel());
+    std::memcpy(staging_.get() + offset, t.live, n * sizeof(float));
+    copies.push_back(staging_.get() + offset);
+    offset += n;
   }
   copied_.store(true);
   copied_.notify_all();
+  // The copy was on the optimizer's critical path; the write is not: below the training
+  // threads, the writer takes the cycles they leave.
+  if (background_) setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
   try {
     if (!tensors_.empty()) {
       std::vector<ShardData> shards;
       for (size_t i = 0; i < tensors_.size(); ++i)
-        shards.push_back(ShardData{tensors_[i].info, staging_[i].data()});
+        shards.push_back(ShardData{tensors_[i].info, copies[i]});
       for (const std::string& file : files_) write_rank_file(file, shards);
     }
   } catch (const std::exception& e) {

@@ -10,6 +10,7 @@
 // The staging buffers keep the newest snapshot in host memory until the next save.
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -51,9 +52,11 @@ class AsyncSaver {
 
   std::vector<std::string> files_;
   std::vector<LiveTensor> tensors_;
-  std::vector<std::vector<float>> staging_;
+  std::unique_ptr<float[]> staging_;  // every tensor's copy, back to back
+  size_t staging_capacity_ = 0;       // floats
   std::thread thread_;
   bool busy_ = false;
+  bool background_ = false;  // run() is on its own thread
   std::atomic<bool> copied_{false}, file_done_{false};
   std::string error_;
   double blocked_seconds_ = 0.0;

@@ -1,0 +1,147 @@
+// The trainer's side of checkpoints: which state a snapshot holds, when it is committed,
+// and loading one (any layout) to resume. The format and the background saver live in
+// checkpoint/.
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include "train/recipe.h"
+#include "train/trainer.h"
+
+namespace pentad {
+
+std::string Trainer::checkpoint_root() const {
+  return cfg_.train.ckpt_dir.empty() ? cfg_.train.out_dir + "/checkpoints" : cfg_.train.ckpt_dir;
+}
+
+std::vector<std::string> Trainer::checkpoint_roots() const {
+  std::vector<std::string> roots = {checkpoint_root()};
+  if (!cfg_.train.ckpt_mirror.empty()) roots.push_back(cfg_.train.ckpt_mirror);
+  return roots;
+}
+
+void Trainer::save(int64_t steps_done) {
+  commit_pending(true);
+  // The first data-parallel replica of each shard writes it; the others hold copies.
+  std::vector<ckpt::LiveTensor> tensors;
+  if (dp_rank_ == 0) {
+    const ParamStore& p = model_->params();
+    struct Kind {
+      const char* prefix;
+      void* base;
+    };
+    for (const Kind& kind : {Kind{"param/", p.all_params().data}, Kind{"adam_m/", optimizer_->m_base()},
+                             Kind{"adam_v/", optimizer_->v_base()}})
+      for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
+        const ParamSpec& spec = p.spec(id);
+        if (spec.shard_dim < 0 && model_->tp().rank() != 0) continue;  // tp rank 0 has it
+        ckpt::ShardInfo info{kind.prefix + spec.name, spec.global_shape, spec.shard_dim,
+                             spec.shard_start, spec.local_shape, 0};
+        tensors.push_back({info, p.view(kind.base, id).f32()});
+      }
+  }
+  std::vector<std::string> files;
+  for (const std::string& root : checkpoint_roots())
+    files.push_back(ckpt::partial_dir(root, steps_done) + "/" + ckpt::rank_file_name(world_rank_));
+  saver_.begin(files, std::move(tensors), cfg_.train.async_save);
+  pending_save_ = steps_done;
+  ++saves_;
+  pending_optimizer_steps_ = optimizer_->steps_taken();
+}
+
+void Trainer::commit_pending(bool block) {
+  if (pending_save_ < 0) return;
+  if (block) saver_.wait_for_file();
+  if (all_ranks(saver_.file_done() ? 1 : 0, parallel::ReduceOp::Min) == 0) return;  // later
+  std::string error;
+  try {
+    saver_.wait_for_file();
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  const int64_t step = pending_save_;
+  pending_save_ = -1;
+  if (all_ranks(error.empty() ? 0 : 1, parallel::ReduceOp::Max) != 0) {
+    spdlog::warn("checkpoint of step {} not committed ({}); the previous one stays the latest",
+                 step, error.empty() ? "another rank failed to write" : error);
+    return;
+  }
+  if (world_rank_ == 0) {
+    ckpt::Manifest m;
+    m.step = step;
+    m.optimizer_steps = pending_optimizer_steps_;
+    const parallel::MeshConfig* mc = mesh_ ? &mesh_->config() : nullptr;
+    m.layout = ckpt::Layout{mesh_ ? mesh_->world_size() : 1, mc ? mc->tp : 1, mc ? mc->dp : 1,
+                            mc ? mc->pp : 1, mc ? mc->cp : 1, model_->tp().sequence_parallel()};
+    m.recipe_toml = recipe_to_toml(cfg_);
+    for (const std::string& root : checkpoint_roots()) {
+      ckpt::commit(root, m, static_cast<int>(cfg_.train.keep_last));
+      spdlog::info("checkpoint: step {} committed to {}", step, ckpt::checkpoint_dir(root, step));
+    }
+  }
+  if (mesh_) mesh_->world().barrier();  // nobody resumes from a checkpoint not yet visible
+}
+
+bool Trainer::load(const std::string& dir) {
+  std::string error;
+  int64_t step = 0, optimizer_steps = 0;
+  try {
+    ckpt::Reader reader(dir);
+    step = reader.manifest().step;
+    optimizer_steps = reader.manifest().optimizer_steps;
+    const ParamStore& p = model_->params();
+    // A checkpoint imported from elsewhere may carry parameters only: the optimizer then
+    // starts fresh.
+    const bool with_optimizer = reader.has("adam_m/" + p.spec(0).name);
+    struct Kind {
+      const char* prefix;
+      void* base;
+    };
+    std::vector<Kind> kinds = {{"param/", p.all_params().data}};
+    if (with_optimizer) {
+      kinds.push_back({"adam_m/", optimizer_->m_base()});
+      kinds.push_back({"adam_v/", optimizer_->v_base()});
+    } else {
+      optimizer_->reset();
+      optimizer_steps = 0;
+    }
+    for (const Kind& kind : kinds)
+      for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
+        const ParamSpec& spec = p.spec(id);
+        reader.read(kind.prefix + spec.name, spec.global_shape, spec.shard_dim, spec.shard_start,
+                    spec.local_shape, p.view(kind.base, id).f32());
+      }
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  // Every rank must take the same checkpoint: one rank's failure sends all to the previous.
+  if (all_ranks(error.empty() ? 0 : 1, parallel::ReduceOp::Max) != 0) {
+    spdlog::warn("cannot resume from {}: {}", dir, error.empty() ? "another rank failed to read it" : error);
+    return false;
+  }
+  start_step_ = step;
+  optimizer_->set_steps_taken(optimizer_steps);
+  return true;
+}
+
+int64_t Trainer::resume(const std::string& which) {
+  if (which != "latest") {
+    if (!load(which)) fail("cannot resume from {} (see the warning above)", which);
+    spdlog::info("resumed from {} at step {}", which, start_step_);
+    return start_step_;
+  }
+  // Newest first in the local level, then the mirror (the local disk may be gone).
+  for (const std::string& root : checkpoint_roots())
+    for (const std::string& dir : ckpt::committed_checkpoints(root)) {
+      if (load(dir)) {
+        spdlog::info("resumed from {} at step {}", dir, start_step_);
+        return start_step_;
+      }
+      spdlog::warn("falling back to the checkpoint before {}", dir);
+    }
+  spdlog::warn("no usable checkpoint in {}: starting from step 0", fmt::join(checkpoint_roots(), " or "));
+  model_->params().initialize(cfg_.train.seed);  // undo what a failed load overwrote
+  optimizer_->reset();
+  return 0;
+}
+
+}  // namespace pentad
