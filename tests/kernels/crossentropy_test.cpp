@@ -7,20 +7,13 @@ namespace {
 using namespace testing;
 namespace k = kernels;
 
-std::vector<int32_t> random_targets(int64_t n, int64_t V, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(V));
-  return t;
-}
-
 // Large logits (std 30, offset 500) would overflow a softmax without the max subtraction.
 TEST(CrossEntropy, ForwardAndGradientMatchNaiveInFloat) {
   for (auto [N, V] : {std::pair<int64_t, int64_t>{5, 7}, {33, 1000}, {4, 50257}}) {
     auto x = randn(N * V, 1, 30.0);
     for (double& v : x) v += 500.0;
     const auto logits = to_float(x);
-    const auto targets = random_targets(N, V, 2);
+    const auto targets = random_ids(N, V, 2);
     const float dloss = 0.25f;
     std::vector<float> losses(N), dlogits(N * V);
     k::crossentropy_forward_backward(view(losses, {N}), view(dlogits, {N, V}), view(logits, {N, V}),
@@ -43,7 +36,7 @@ TEST(CrossEntropy, ForwardAndGradientMatchNaiveInFloat) {
 TEST(CrossEntropy, GradientMatchesFiniteDifferences) {
   const int64_t N = 5, V = 7;
   auto logits = randn(N * V, 3, 2.0);
-  const auto targets = random_targets(N, V, 4);
+  const auto targets = random_ids(N, V, 4);
   const float dloss = 0.5f;
   std::vector<double> losses(N);
   auto objective = [&] {
@@ -62,7 +55,7 @@ TEST(CrossEntropy, GradientMatchesFiniteDifferences) {
 TEST(CrossEntropy, DlogitsMayAliasLogits) {
   const int64_t N = 6, V = 300;
   const auto logits = to_float(randn(N * V, 5, 3.0));
-  const auto targets = random_targets(N, V, 6);
+  const auto targets = random_ids(N, V, 6);
   std::vector<float> losses(N), dlogits(N * V), aliased_losses(N);
   auto aliased = logits;
   k::crossentropy_forward_backward(view(losses, {N}), view(dlogits, {N, V}), view(logits, {N, V}),

@@ -7,17 +7,9 @@ namespace {
 using namespace testing;
 namespace k = kernels;
 
-// Few distinct tokens, so rows repeat and the backward scatter really adds.
-std::vector<int32_t> random_tokens(int64_t n, int64_t V, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(V));
-  return t;
-}
-
 TEST(Embedding, ForwardMatchesNaive) {
   const int64_t B = 2, T = 5, V = 4, C = 7, max_T = 8;
-  const auto tokens = random_tokens(B * T, V, 1);
+  const auto tokens = random_ids(B * T, V, 1);
   const auto wte = to_float(randn(V * C, 2)), wpe = to_float(randn(max_T * C, 3));
   for (bool with_wpe : {true, false}) {
     std::vector<float> out(B * T * C);
@@ -34,7 +26,7 @@ TEST(Embedding, ForwardMatchesNaive) {
 // dwte and dwpe accumulate: they start from random values.
 TEST(Embedding, BackwardMatchesFiniteDifferences) {
   const int64_t B = 2, T = 5, V = 4, C = 7, max_T = 6;
-  const auto tokens = random_tokens(B * T, V, 4);
+  const auto tokens = random_ids(B * T, V, 4);
   auto wte = randn(V * C, 5), wpe = randn(max_T * C, 6);
   const auto R = randn(B * T * C, 7);
   std::vector<double> out(B * T * C);
@@ -56,7 +48,7 @@ TEST(Embedding, BackwardMatchesFiniteDifferences) {
 
 TEST(Embedding, BackwardIsDeterministicAndAccumulates) {
   const int64_t B = 4, T = 64, V = 10, C = 200;
-  const auto tokens = random_tokens(B * T, V, 10);
+  const auto tokens = random_ids(B * T, V, 10);
   const auto dout = to_float(randn(B * T * C, 11));
   std::vector<float> runs[3][2];
   for (int run = 0; run < 3; ++run) {

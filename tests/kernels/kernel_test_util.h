@@ -110,4 +110,12 @@ inline void expect_gradient(const std::string& name, std::vector<double>& x,
                                     << analytic[worst] << ", max |grad| " << max_ref;
 }
 
+// n ids uniform in [0, V): targets, or tokens (a small V makes rows repeat).
+inline std::vector<int32_t> random_ids(int64_t n, int64_t V, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (auto& x : ids) x = static_cast<int32_t>(rng() % static_cast<uint64_t>(V));
+  return ids;
+}
+
 }  // namespace pentad::testing
