@@ -72,6 +72,12 @@ class Trainer {
  private:
   void write_metrics(const std::string& json_line);
   bool logs() const { return world_rank_ == 0; }
+  // The state a checkpoint holds, each buffer laid out like the parameter arena.
+  struct StateBuffer {
+    const char* prefix;  // tensor name prefix in the checkpoint: "param/", "adam_m/", "adam_v/"
+    void* base;
+  };
+  std::vector<StateBuffer> state_buffers(bool with_optimizer) const;
   bool load(const std::string& dir);  // false (and a warning) if the checkpoint is unusable
   int all_ranks(int value, parallel::ReduceOp op);  // over the world; value alone on one rank
   double all_reduce_dp(double value);

@@ -9,6 +9,15 @@
 
 namespace pentad {
 
+std::vector<Trainer::StateBuffer> Trainer::state_buffers(bool with_optimizer) const {
+  std::vector<StateBuffer> buffers = {{"param/", model_->params().all_params().data}};
+  if (with_optimizer) {
+    buffers.push_back({"adam_m/", optimizer_->m_base()});
+    buffers.push_back({"adam_v/", optimizer_->v_base()});
+  }
+  return buffers;
+}
+
 std::string Trainer::checkpoint_root() const {
   return cfg_.train.ckpt_dir.empty() ? cfg_.train.out_dir + "/checkpoints" : cfg_.train.ckpt_dir;
 }
@@ -25,12 +34,7 @@ void Trainer::save(int64_t steps_done) {
   std::vector<ckpt::LiveTensor> tensors;
   if (dp_rank_ == 0) {
     const ParamStore& p = model_->params();
-    struct Kind {
-      const char* prefix;
-      void* base;
-    };
-    for (const Kind& kind : {Kind{"param/", p.all_params().data}, Kind{"adam_m/", optimizer_->m_base()},
-                             Kind{"adam_v/", optimizer_->v_base()}})
+    for (const StateBuffer& kind : state_buffers(true))
       for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
         const ParamSpec& spec = p.spec(id);
         if (spec.shard_dim < 0 && model_->tp().rank() != 0) continue;  // tp rank 0 has it
@@ -92,19 +96,11 @@ bool Trainer::load(const std::string& dir) {
     // A checkpoint imported from elsewhere may carry parameters only: the optimizer then
     // starts fresh.
     const bool with_optimizer = reader.has("adam_m/" + p.spec(0).name);
-    struct Kind {
-      const char* prefix;
-      void* base;
-    };
-    std::vector<Kind> kinds = {{"param/", p.all_params().data}};
-    if (with_optimizer) {
-      kinds.push_back({"adam_m/", optimizer_->m_base()});
-      kinds.push_back({"adam_v/", optimizer_->v_base()});
-    } else {
+    if (!with_optimizer) {
       optimizer_->reset();
       optimizer_steps = 0;
     }
-    for (const Kind& kind : kinds)
+    for (const StateBuffer& kind : state_buffers(with_optimizer))
       for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
         const ParamSpec& spec = p.spec(id);
         reader.read(kind.prefix + spec.name, spec.global_shape, spec.shard_dim, spec.shard_start,
