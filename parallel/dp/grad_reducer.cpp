@@ -12,7 +12,7 @@ GradReducer::GradReducer(Communicator& group, const ParamStore& params, size_t b
   for (size_t i = specs.size(); i-- > 0;) {
     const int64_t begin = static_cast<int64_t>(specs[i].offset);
     if (end - begin >= bucket_elems || i == 0) {
-      buckets_.push_back(Bucket{begin, end, Work(), false});
+      buckets_.push_back(Bucket{begin, end, Work()});
       end = begin;
     }
   }
@@ -23,17 +23,13 @@ void GradReducer::ready_from(int64_t offset) {
     Bucket& b = buckets_[next_++];
     b.work = group_.all_reduce(view_of(grads_ + b.begin, Shape{b.end - b.begin}), ReduceOp::Sum,
                                /*async=*/true);
-    b.started = true;
   }
   for (size_t i = 0; i < next_; ++i) buckets_[i].work.test();  // drive progress
 }
 
 void GradReducer::finish() {
   ready_from(0);
-  for (Bucket& b : buckets_) {
-    b.work.wait();
-    b.started = false;
-  }
+  for (Bucket& b : buckets_) b.work.wait();
   next_ = 0;
 }
 

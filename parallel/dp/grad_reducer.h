@@ -29,7 +29,6 @@ class GradReducer {
   struct Bucket {
     int64_t begin = 0, end = 0;  // element offsets in the gradient arena
     Work work;
-    bool started = false;
   };
   Communicator& group_;
   float* grads_ = nullptr;
