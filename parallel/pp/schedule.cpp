@@ -1,0 +1,195 @@
+#include "parallel/pp/schedule.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "core/check.h"
+
+namespace pentad::parallel::pp {
+
+const char* schedule_name(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::GPipe:
+      return "gpipe";
+    case ScheduleKind::OneFOneB:
+      return "1f1b";
+    case ScheduleKind::KFKB:
+      return "kfkb";
+    case ScheduleKind::Interleaved:
+      return "interleaved";
+  }
+  return "?";
+}
+
+ScheduleKind parse_schedule(const std::string& name) {
+  for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::KFKB,
+                            ScheduleKind::Interleaved})
+    if (name == schedule_name(kind)) return kind;
+  fail("pipeline schedule \"{}\" is not known: use gpipe, 1f1b, kfkb or interleaved", name);
+}
+
+void check_schedule(const ScheduleSpec& s) {
+  const int p = s.stages, m = s.micro_batches, v = s.virtual_stages;
+  PENTAD_CHECK(p >= 1 && m >= 1 && v >= 1, "bad schedule sizes p {} m {} v {}", p, m, v);
+  if (v > 1 && s.kind != ScheduleKind::Interleaved)
+    fail("parallel.virtual_stages = {} needs parallel.pp_schedule = \"interleaved\" (it is \"{}\")",
+         v, schedule_name(s.kind));
+  if (s.kind == ScheduleKind::Interleaved) {
+    if (p < 2) fail("the interleaved schedule needs parallel.pp >= 2");
+    if (m % p != 0)
+      fail("the interleaved schedule runs micro-batches in rounds of pp = {}: train.grad_accum "
+           "= {} is not a multiple of {}; change train.grad_accum (or parallel.pp)",
+           p, m, p);
+  }
+  if (s.kind == ScheduleKind::KFKB && (s.group < 1 || s.group > m))
+    fail("parallel.pp_group = {} must be between 1 and train.grad_accum = {}", s.group, m);
+}
+
+namespace {
+
+// 1F1B over groups of k micro-batches, one chunk: warm-up groups, then one group forward /
+// one group backward, then the remaining backwards.
+std::vector<Action> grouped(int p, int m, int k, int stage) {
+  const int groups = (m + k - 1) / k;
+  const int warmup = std::min(p - stage - 1, groups);
+  std::vector<Action> out;
+  auto run = [&](Action::Type type, int g) {
+    for (int i = g * k; i < std::min(m, (g + 1) * k); ++i) out.push_back({type, i, 0});
+  };
+  for (int g = 0; g < warmup; ++g) run(Action::Forward, g);
+  for (int g = 0; g < groups - warmup; ++g) {
+    run(Action::Forward, warmup + g);
+    run(Action::Backward, g);
+  }
+  for (int g = groups - warmup; g < groups; ++g) run(Action::Backward, g);
+  return out;
+}
+
+// Megatron-Core's interleaved order: micro-batches go through the chunks in rounds of p;
+// forwards visit chunks 0..v-1, backwards v-1..0.
+std::vector<Action> interleaved(int p, int m, int v, int stage) {
+  const int total = m * v;
+  auto at = [&](int i, bool forward) {
+    const int round = i % (p * v);
+    const int chunk = forward ? round / p : v - 1 - round / p;
+    return Action{forward ? Action::Forward : Action::Backward, (i / (p * v)) * p + i % p, chunk};
+  };
+  const int warmup = m == p ? total : std::min(total, (p - stage - 1) * 2 + (v - 1) * p);
+  std::vector<Action> out;
+  for (int i = 0; i < warmup; ++i) out.push_back(at(i, true));
+  for (int i = 0; i < total - warmup; ++i) {
+    out.push_back(at(warmup + i, true));
+    out.push_back(at(i, false));
+  }
+  for (int i = total - warmup; i < total; ++i) out.push_back(at(i, false));
+  return out;
+}
+
+}  // namespace
+
+std::vector<Action> stage_actions(const ScheduleSpec& s, int stage) {
+  check_schedule(s);
+  PENTAD_CHECK(stage >= 0 && stage < s.stages, "stage {} of {}", stage, s.stages);
+  switch (s.kind) {
+    case ScheduleKind::GPipe:
+      return grouped(s.stages, s.micro_batches, s.micro_batches, stage);
+    case ScheduleKind::OneFOneB:
+      return grouped(s.stages, s.micro_batches, 1, stage);
+    case ScheduleKind::KFKB:
+      return grouped(s.stages, s.micro_batches, s.group, stage);
+    case ScheduleKind::Interleaved:
+      return interleaved(s.stages, s.micro_batches, s.virtual_stages, stage);
+  }
+  return {};
+}
+
+int peak_in_flight(const std::vector<Action>& actions) {
+  int alive = 0, peak = 0;
+  for (const Action& a : actions) {
+    alive += a.type == Action::Forward ? 1 : -1;
+    peak = std::max(peak, alive);
+  }
+  return peak;
+}
+
+double SimResult::bubble_fraction() const {
+  if (busy_seconds.empty() || step_seconds <= 0) return 0.0;
+  double busy = 0.0;
+  for (double b : busy_seconds) busy += b;
+  return 1.0 - busy / (static_cast<double>(busy_seconds.size()) * step_seconds);
+}
+
+SimResult simulate(const ScheduleSpec& spec, const SimCosts& costs) {
+  const int p = spec.stages, v = spec.virtual_stages, vstages = p * v;
+  PENTAD_CHECK(static_cast<int>(costs.forward_seconds.size()) == p &&
+                   static_cast<int>(costs.backward_seconds.size()) == p,
+               "simulate: {} stages but costs for {}", p, costs.forward_seconds.size());
+  std::vector<std::vector<Action>> lists;
+  SimResult r;
+  for (int s = 0; s < p; ++s) {
+    lists.push_back(stage_actions(spec, s));
+    r.peak_in_flight.push_back(peak_in_flight(lists.back()));
+  }
+  r.busy_seconds.assign(static_cast<size_t>(p), 0.0);
+  // Arrival time of each pass's input: key (type, micro, virtual stage).
+  std::map<std::tuple<int, int, int>, double> arrival;
+  std::map<std::pair<int, int>, double> link_free;  // directed link (from, to)
+  std::vector<size_t> next(static_cast<size_t>(p), 0);
+  std::vector<double> clock(static_cast<size_t>(p), 0.0);
+  // Local dependency: a backward needs its own forward (done earlier on the same stage).
+  auto ready_at = [&](int s, const Action& a) -> double {
+    const int vs = a.chunk * p + s;
+    const bool needs_input = a.type == Action::Forward ? vs > 0 : vs < vstages - 1;
+    if (!needs_input) return 0.0;
+    auto it = arrival.find({a.type, a.micro, vs});
+    return it == arrival.end() ? -1.0 : it->second;
+  };
+  size_t remaining = 0;
+  for (const auto& list : lists) remaining += list.size();
+  while (remaining > 0) {
+    // Run the pass that can start earliest (so links serve messages in time order).
+    int best = -1;
+    double best_start = std::numeric_limits<double>::infinity();
+    for (int s = 0; s < p; ++s) {
+      if (next[size_t(s)] == lists[size_t(s)].size()) continue;
+      const double ready = ready_at(s, lists[size_t(s)][next[size_t(s)]]);
+      if (ready < 0) continue;
+      const double start = std::max(ready, clock[size_t(s)]);
+      if (start < best_start) best_start = start, best = s;
+    }
+    if (best < 0) {
+      r.deadlock = true;
+      return r;
+    }
+    const Action a = lists[size_t(best)][next[size_t(best)]++];
+    --remaining;
+    const double cost = a.type == Action::Forward ? costs.forward_seconds[size_t(best)]
+                                                  : costs.backward_seconds[size_t(best)];
+    const double end = best_start + cost;
+    clock[size_t(best)] = end;
+    r.busy_seconds[size_t(best)] += cost;
+    r.step_seconds = std::max(r.step_seconds, end);
+    const int vs = a.chunk * p + best;
+    const int to_vs = a.type == Action::Forward ? vs + 1 : vs - 1;
+    if (to_vs < 0 || to_vs >= vstages) continue;
+    const int to = to_vs % p;
+    double& free = link_free[{best, to}];
+    const double arrive = std::max(end, free) + costs.transfer_seconds;
+    free = arrive;
+    arrival[{a.type, a.micro, to_vs}] = arrive;
+  }
+  return r;
+}
+
+double ideal_bubble_fraction(const ScheduleSpec& spec) {
+  const double p = spec.stages, m = spec.micro_batches, v = spec.virtual_stages;
+  if (spec.kind != ScheduleKind::KFKB) return (p - 1) / (v * m + p - 1);
+  SimCosts unit;
+  unit.forward_seconds.assign(size_t(spec.stages), 1.0);
+  unit.backward_seconds.assign(size_t(spec.stages), 2.0);
+  return simulate(spec, unit).bubble_fraction();
+}
+
+}  // namespace pentad::parallel::pp

@@ -1,0 +1,78 @@
+#pragma once
+// Pipeline schedules as data: for every stage, the ordered list of forward and backward
+// passes it runs in one optimizer step. Nothing here communicates; the executor
+// (parallel/pp/pipeline.h) derives every transfer from these lists, and the simulator below
+// replays them to check them (no deadlock, peak memory) and to predict step times.
+//
+// Names follow the papers: p stages, m micro-batches, v virtual stages (model chunks) per
+// stage, k micro-batches per group (Ada-Grouper's kFkB). Virtual stage j of stage s holds
+// model chunk j * p + s (Megatron's interleaving), so activations visit stages 0..p-1, then
+// 0..p-1 again, v times.
+//   GPipe:       every forward, then every backward; m micro-batches in flight.
+//   1F1B:        p - s - 1 warm-up forwards, then one forward / one backward; at most p - s.
+//   kFkB:        1F1B over groups of k micro-batches (k forwards, then k backwards); k = 1
+//                is 1F1B and k = m is GPipe. Grouping pays a link's latency once per k.
+//   interleaved: 1F1B over v chunks per stage (Megatron-Core); the bubble shrinks by v.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pentad::parallel::pp {
+
+enum class ScheduleKind { GPipe, OneFOneB, KFKB, Interleaved };
+const char* schedule_name(ScheduleKind kind);
+// "gpipe", "1f1b", "kfkb", "interleaved"; anything else throws pentad::Error listing them.
+ScheduleKind parse_schedule(const std::string& name);
+
+struct ScheduleSpec {
+  ScheduleKind kind = ScheduleKind::OneFOneB;
+  int stages = 1;          // p
+  int micro_batches = 1;   // m
+  int virtual_stages = 1;  // v (interleaved only; 1 otherwise)
+  int group = 1;           // k (kFkB only)
+};
+
+// Throws pentad::Error naming the key to change when the schedule cannot run: v > 1 for a
+// schedule other than interleaved, interleaved with m not a multiple of p, k outside [1, m].
+void check_schedule(const ScheduleSpec& spec);
+
+struct Action {
+  enum Type : uint8_t { Forward, Backward };
+  Type type = Forward;
+  int micro = 0;  // micro-batch
+  int chunk = 0;  // virtual stage on this stage (0..v-1); model chunk = chunk * p + stage
+  bool operator==(const Action&) const = default;
+};
+
+// Stage s's passes in order: 2 * m * v actions, each (micro, chunk) forward once and
+// backward once, the backward after the forward.
+std::vector<Action> stage_actions(const ScheduleSpec& spec, int stage);
+
+// Micro-batch activations alive at once on a stage running `actions` (a forward acquires
+// one set, its backward frees it): the peak over the step.
+int peak_in_flight(const std::vector<Action>& actions);
+
+// Discrete-event replay of a whole schedule: every stage runs its list in order; a pass
+// starts when its input has arrived (forward: the previous virtual stage's output; backward:
+// the next one's gradient) and the stage is free. A transfer takes `latency + bytes/bandwidth`
+// and the messages on one directed link go one at a time. Sends never block the sender.
+struct SimCosts {
+  std::vector<double> forward_seconds;   // per stage: one micro-batch through one chunk
+  std::vector<double> backward_seconds;  // per stage
+  double transfer_seconds = 0.0;         // one activation (or gradient) over one link
+};
+struct SimResult {
+  bool deadlock = false;           // some stage waited on a pass that never runs
+  double step_seconds = 0.0;       // last pass's end
+  std::vector<double> busy_seconds;  // per stage
+  std::vector<int> peak_in_flight;   // per stage
+  double bubble_fraction() const;  // 1 - mean busy / step
+};
+SimResult simulate(const ScheduleSpec& spec, const SimCosts& costs);
+
+// The bubble of an ideal pipeline (equal stages, free transfers, backward = 2 x forward):
+// (p-1) / (v*m + p-1) for GPipe, 1F1B and interleaved; kFkB has no closed form here and is
+// simulated under the same costs.
+double ideal_bubble_fraction(const ScheduleSpec& spec);
+
+}  // namespace pentad::parallel::pp
