@@ -117,11 +117,52 @@ TraceTicket Communicator::enter(CommKind kind, int64_t bytes, int peer) {
   return trace_enter(trace_, next_seq_++, kind, bytes, peer);
 }
 
-void Communicator::inject(int64_t bytes) const {
-  if (injection_.slow_rank != -1 && injection_.slow_rank != rank_) return;
+double Communicator::injected_seconds(int64_t bytes) const {
+  if (injection_.slow_rank != -1 && injection_.slow_rank != rank_) return 0.0;
   double seconds = injection_.delay_seconds;
   if (injection_.bytes_per_second > 0) seconds += double(bytes) / injection_.bytes_per_second;
+  return seconds;
+}
+
+void Communicator::inject(int64_t bytes) const {
+  const double seconds = injected_seconds(bytes);
   if (seconds > 0) std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+}
+
+// A send on a slow link: the real operation is posted by post_due_sends once its time has come.
+class DeferredSend final : public WorkImpl {
+ public:
+  explicit DeferredSend(Communicator& comm) : comm_(comm) {}
+  ~DeferredSend() override {
+    if (!posted_) comm_.post_due_sends(true);  // never leave a queued pointer behind
+  }
+  bool test() override {
+    comm_.post_due_sends(false);
+    return posted_ && posted_->test();
+  }
+  void wait() override {
+    while (!posted_) {
+      comm_.post_due_sends(false);
+      if (!posted_) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    posted_->wait();
+  }
+  std::unique_ptr<WorkImpl>* slot() { return &posted_; }
+
+ private:
+  Communicator& comm_;
+  std::unique_ptr<WorkImpl> posted_;
+};
+
+void Communicator::post_due_sends(bool wait_for_all) {
+  while (!deferred_.empty()) {
+    Deferred& d = deferred_.front();
+    if (!wait_for_all && std::chrono::steady_clock::now() < d.due) return;
+    if (wait_for_all) std::this_thread::sleep_until(d.due);
+    std::vector<std::unique_ptr<WorkImpl>> impls = post_p2p({d.op});
+    *d.posted = std::move(impls.at(0));
+    deferred_.pop_front();
+  }
 }
 
 Work Communicator::finish(std::unique_ptr<WorkImpl> impl, TraceTicket ticket, bool async) {
@@ -254,8 +295,32 @@ std::vector<Work> Communicator::batch_p2p(std::vector<P2POp> ops) {
     total_bytes += bytes;
     tickets.push_back(enter(op.is_send ? CommKind::Send : CommKind::Recv, bytes, op.peer));
   }
-  inject(total_bytes);
-  std::vector<std::unique_ptr<WorkImpl>> impls = post_p2p(ops);
+  // Sends on a slow link are delivered late (queued, in order per peer); the rest go now.
+  std::vector<std::unique_ptr<WorkImpl>> impls;
+  if (injected_seconds(1) > 0) {
+    link_free_.resize(size_t(size_), std::chrono::steady_clock::time_point{});
+    std::vector<P2POp> now_ops;
+    std::vector<size_t> now_index;
+    impls.resize(ops.size());
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (!ops[i].is_send) {
+        now_ops.push_back(ops[i]);
+        now_index.push_back(i);
+        continue;
+      }
+      const auto seconds = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double>(injected_seconds(int64_t(ops[i].buf.bytes()))));
+      auto& free = link_free_[size_t(ops[i].peer)];
+      free = std::max(free, std::chrono::steady_clock::now()) + seconds;
+      auto deferred = std::make_unique<DeferredSend>(*this);
+      deferred_.push_back(Deferred{ops[i], free, deferred->slot()});
+      impls[i] = std::move(deferred);
+    }
+    std::vector<std::unique_ptr<WorkImpl>> posted = post_p2p(now_ops);
+    for (size_t j = 0; j < posted.size(); ++j) impls[now_index[j]] = std::move(posted[j]);
+  } else {
+    impls = post_p2p(ops);
+  }
   PENTAD_CHECK(impls.size() == ops.size(), "backend returned {} handles for {} p2p ops",
                impls.size(), ops.size());
   std::vector<Work> works;

@@ -21,7 +21,9 @@
 // host until the operation finished on the device.
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <span>
 #include <string>
@@ -67,8 +69,11 @@ struct P2POp {
   int tag = 0;
 };
 
-// A slow link or a slow rank, simulated: before each operation on a matching rank, sleep
-// delay_seconds plus bytes / bytes_per_second. For tests and benchmarks of slowness.
+// A slow link or a slow rank, simulated, for tests and benchmarks of slowness. On a matching
+// rank, a collective first sleeps delay_seconds plus bytes / bytes_per_second (a slow rank);
+// a send is delivered that much later without blocking the sender (a slow outgoing link:
+// it is posted once due, messages to one peer one after another, in order).
+// Deferred sends are posted when any of this communicator's Works is tested or waited.
 struct Injection {
   double delay_seconds = 0;
   int slow_rank = -1;           // rank within this communicator; -1: every rank
@@ -135,6 +140,14 @@ class Communicator {
  private:
   TraceTicket enter(CommKind kind, int64_t bytes, int peer);
   void inject(int64_t bytes) const;
+  double injected_seconds(int64_t bytes) const;  // 0 on ranks the injection spares
+  friend class DeferredSend;
+  struct Deferred {  // a send waiting for its simulated link
+    P2POp op;
+    std::chrono::steady_clock::time_point due;
+    std::unique_ptr<WorkImpl>* posted;  // where DeferredSend keeps the real operation
+  };
+  void post_due_sends(bool wait_for_all);  // posts every due deferred send, in order
   void check_tensor(const Tensor& t, const char* op, const char* what) const;
   void check_peer(int peer, int tag, const char* op) const;
   Work finish(std::unique_ptr<WorkImpl> impl, TraceTicket ticket, bool async);
@@ -144,6 +157,8 @@ class Communicator {
   CommTraceChannel* trace_;
   uint64_t next_seq_ = 0;
   Injection injection_;
+  std::deque<Deferred> deferred_;
+  std::vector<std::chrono::steady_clock::time_point> link_free_;  // per peer
 };
 
 // The factory: duplicates `comm` (the communicator owns its own MPI communicator, and for

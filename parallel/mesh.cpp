@@ -62,6 +62,7 @@ std::unique_ptr<Communicator> split(MPI_Comm world, int color, int world_rank, B
   const int rc = MPI_Comm_split(world, color, world_rank, &part);
   if (rc != MPI_SUCCESS)
     fail_with_trace(fmt::format("MPI_Comm_split for mesh group {} failed", name));
+  if (part == MPI_COMM_NULL) return nullptr;  // color MPI_UNDEFINED: not a member
   std::unique_ptr<Communicator> comm = make_communicator(backend, part, name);
   MPI_Comm_free(&part);
   return comm;
@@ -237,6 +238,11 @@ Mesh Mesh::create(const MeshConfig& config, MPI_Comm world, Backend backend) {
         split(world, expert_color(axis), mesh.world_rank_, backend, axis_name(axis));
   mesh.dp_cp_ =
       split(world, mesh_rank(config, at(Axis::TP), 0, 0, pp), mesh.world_rank_, backend, "dp_cp");
+  // Tied embeddings under pipelining: the first and last stages hold the same table.
+  const bool ends = config.pp > 1 && (pp == 0 || pp == config.pp - 1);
+  mesh.embedding_ = split(world, ends ? mesh_rank(config, at(Axis::TP), at(Axis::CP), at(Axis::DP), 0)
+                                      : MPI_UNDEFINED,
+                          mesh.world_rank_, backend, "embedding");
   mesh.world_ = make_communicator(backend, world, "world");
   return mesh;
 }
@@ -250,6 +256,9 @@ Communicator& Mesh::group(Axis axis) {
 }
 Communicator& Mesh::dp_cp() {
   return *dp_cp_;
+}
+Communicator* Mesh::embedding_group() {
+  return embedding_.get();
 }
 Communicator& Mesh::world() {
   return *world_;

@@ -71,6 +71,9 @@ class Mesh {
   // Gradient reduction of dense parameters: ranks sharing the tp and pp coordinates.
   Communicator& dp_cp();
   Communicator& world();
+  // The first and last pipeline stages of this rank's (tp, cp, dp) coordinates, which both
+  // hold the tied embedding; null on other stages and without pipelining.
+  Communicator* embedding_group();
 
   // "rank 5: pp 0/1 dp 1/2 cp 0/1 tp 1/2 | ep 0/1 etp 1/2 edp 1/2" (dense axes
   // outermost first, as the order puts them).
@@ -84,6 +87,7 @@ class Mesh {
   MeshCoords coords_{};
   std::array<std::unique_ptr<Communicator>, kNumAxes> groups_;
   std::unique_ptr<Communicator> dp_cp_;
+  std::unique_ptr<Communicator> embedding_;
   std::unique_ptr<Communicator> world_;
 };
 

@@ -31,8 +31,15 @@ add_test(NAME layouts_llama
   COMMAND ${PENTAD_PYTHON} ${LAYOUT} $<TARGET_FILE:pentad> ${RECIPES}/llama-tiny.toml
           ${CMAKE_CURRENT_BINARY_DIR}/layouts-llama train.micro_batch=2 train.seq_len=32
           model.n_head=8 model.n_kv_head=4)
-set_tests_properties(layouts_gpt2 layouts_llama PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE
-  PASS_REGULAR_EXPRESSION "every layout matches one rank")
+add_test(NAME layouts_pipeline_gpt2
+  COMMAND ${PENTAD_PYTHON} ${LAYOUT} --pipeline $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml
+          ${CMAKE_CURRENT_BINARY_DIR}/layouts-pipeline-gpt2 train.micro_batch=2 train.seq_len=32)
+add_test(NAME layouts_pipeline_llama
+  COMMAND ${PENTAD_PYTHON} ${LAYOUT} --pipeline $<TARGET_FILE:pentad> ${RECIPES}/llama-tiny.toml
+          ${CMAKE_CURRENT_BINARY_DIR}/layouts-pipeline-llama train.micro_batch=2 train.seq_len=32
+          model.n_head=8 model.n_kv_head=4)
+set_tests_properties(layouts_gpt2 layouts_llama layouts_pipeline_gpt2 layouts_pipeline_llama
+  PROPERTIES TIMEOUT 900 RUN_SERIAL TRUE PASS_REGULAR_EXPRESSION "every layout matches one rank")
 
 # Checkpoints: bitwise resume, resharding, corruption fallback, SIGKILL during saves.
 add_test(NAME checkpoint_resume

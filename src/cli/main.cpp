@@ -52,12 +52,15 @@ int main(int argc, char** argv) {
   train->add_option("recipe", recipe, "Recipe file (see recipes/)")->required()->check(CLI::ExistingFile);
   train->add_option("-s,--set", sets, "Override a recipe key: section.key=value (repeatable)");
   train->add_option("overrides", extra, "More section.key=value overrides");
-  std::string dump_dir, comm_log, resume;
+  std::string dump_dir, comm_log, resume, trace;
   train->add_option("--resume", resume,
                     "Resume from 'latest' (newest valid checkpoint in train.ckpt_dir) or a "
                     "checkpoint directory; any parallel layout");
   train->add_option("--comm-log", comm_log,
                     "Write each rank's communication trace and step spans (rankN.json) here");
+  train->add_option("--trace", trace,
+                    "Pipeline runs: write every rank's forward/backward/transfer spans of the last "
+                    "steps as one Chrome-trace JSON (open in Perfetto) and print the bubble");
   train->add_option("--dump-weights", dump_dir,
                     "Developer: write the final parameter shards (.npy) to this directory");
 
@@ -129,6 +132,8 @@ int main(int argc, char** argv) {
       trainer.run();
       if (!dump_dir.empty()) trainer.dump_weights(dump_dir);
       if (!comm_log.empty()) trainer.write_comm_log(comm_log);
+      if (!trace.empty() && trainer.write_timeline(trace) < 0)
+        spdlog::warn("--trace: this run has no pipeline (parallel.pp = 1); no trace written");
     } else if (*reference) {
       pentad::Config cfg = pentad::load_recipe(recipe, sets);
       pentad::export_reference(cfg, ref_out, ref_steps);

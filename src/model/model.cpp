@@ -1,5 +1,6 @@
 #include "model/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -17,7 +18,7 @@ int64_t ffn_dim(const ModelConfig& cfg) {
 }
 
 Model::Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len,
-             parallel::TensorParallel tp)
+             parallel::TensorParallel tp, std::vector<Chunk> layout)
     : cfg_(cfg), b_(micro_batch), t_(seq_len), tp_(tp) {
   PENTAD_CHECK(seq_len <= cfg.max_seq_len, "seq_len {} > max_seq_len {}", seq_len, cfg.max_seq_len);
   const int64_t p = tp_.degree();
@@ -25,6 +26,12 @@ Model::Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len,
   PENTAD_CHECK(cfg.n_head % p == 0 && cfg.kv_heads() % p == 0 && ffn_dim(cfg) % p == 0 &&
                    cfg.vocab_size % p == 0 && (b_ * t_) % (tp_.sequence_parallel() ? p : 1) == 0,
                "tp degree {} does not divide the model", p);
+  if (layout.empty()) layout.push_back({0, cfg.n_layer, true, true});
+  for (const Chunk& c : layout) {
+    PENTAD_CHECK(0 <= c.layer_begin && c.layer_begin < c.layer_end && c.layer_end <= cfg.n_layer,
+                 "chunk [{}, {}) of {} layers", c.layer_begin, c.layer_end, cfg.n_layer);
+    chunks_.push_back({c, {}});
+  }
   heads_ = cfg.n_head / p;
   kv_heads_ = cfg.kv_heads() / p;
   att_width_ = heads_ * cfg.head_dim();
@@ -36,9 +43,10 @@ Model::Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len,
   build_params();
   params_.allocate();
   Arena measure = Arena::measuring("activations");
-  plan(measure);
-  acts_ = Arena("activations", measure.used());
-  plan(acts_);
+  plan_shared(measure);
+  shared_ = Arena("activations (shared)", measure.used());
+  plan_shared(shared_);
+  for (int c = 0; c < chunks(); ++c) release_slot(c, acquire_slot(c));  // one slot each, up front
 }
 
 void Model::build_params() {
@@ -61,75 +69,109 @@ void Model::build_params() {
   constexpr int kColumn = 0, kRow = 1, kWhole = -1;  // Megatron's column / row parallel
   const bool bias = gpt2();
 
-  wte_ = matrix("wte.weight", Shape{V, C}, std, kColumn);  // vocabulary parallel
-  if (gpt2()) wpe_ = matrix("wpe.weight", Shape{cfg_.max_seq_len, C}, std, kWhole);
-  layers_.resize(static_cast<size_t>(cfg_.n_layer));
+  layers_.assign(static_cast<size_t>(cfg_.n_layer), LayerParams{});
   partial_.assign(static_cast<size_t>(cfg_.n_layer) + 1, {});
-  for (int64_t l = 0; l < cfg_.n_layer; ++l) {
-    LayerParams& q = layers_[static_cast<size_t>(l)];
-    std::vector<int>& partial = partial_[static_cast<size_t>(l)];
-    const std::string pre = "layers." + std::to_string(l) + ".";
-    q.norm1_w = vector(pre + "norm1.weight", C, Init::Ones, false);
-    if (bias) q.norm1_b = vector(pre + "norm1.bias", C, Init::Zeros, false);
-    q.q_w = matrix(pre + "attn.q.weight", Shape{C, C}, std, kColumn);
-    if (bias) q.q_b = vector(pre + "attn.q.bias", C, Init::Zeros, true);
-    q.k_w = matrix(pre + "attn.k.weight", Shape{Ckv, C}, std, kColumn);
-    if (bias) q.k_b = vector(pre + "attn.k.bias", Ckv, Init::Zeros, true);
-    q.v_w = matrix(pre + "attn.v.weight", Shape{Ckv, C}, std, kColumn);
-    if (bias) q.v_b = vector(pre + "attn.v.bias", Ckv, Init::Zeros, true);
-    q.o_w = matrix(pre + "attn.o.weight", Shape{C, C}, resid_std, kRow);
-    if (bias) q.o_b = vector(pre + "attn.o.bias", C, Init::Zeros, false);
-    q.norm2_w = vector(pre + "norm2.weight", C, Init::Ones, false);
-    if (bias) q.norm2_b = vector(pre + "norm2.bias", C, Init::Zeros, false);
-    if (!gpt2()) q.gate_w = matrix(pre + "mlp.gate.weight", Shape{F, C}, std, kColumn);
-    q.up_w = matrix(pre + "mlp.up.weight", Shape{F, C}, std, kColumn);
-    if (bias) q.up_b = vector(pre + "mlp.up.bias", F, Init::Zeros, true);
-    q.down_w = matrix(pre + "mlp.down.weight", Shape{C, F}, resid_std, kRow);
-    if (bias) q.down_b = vector(pre + "mlp.down.bias", C, Init::Zeros, false);
-    for (int id : {q.norm1_w, q.norm1_b, q.norm2_w, q.norm2_b})
-      if (id >= 0) partial.push_back(id);
+  // Parameters in chunk order, each chunk's in the order its forward uses them: backward
+  // then finishes them from the end of the arena towards its start.
+  for (const ChunkState& chunk : chunks_) {
+    const Chunk& range = chunk.range;
+    if (range.first) {
+      wte_ = matrix("wte.weight", Shape{V, C}, std, kColumn);  // vocabulary parallel
+      if (gpt2()) wpe_ = matrix("wpe.weight", Shape{cfg_.max_seq_len, C}, std, kWhole);
+    }
+    for (int64_t l = range.layer_begin; l < range.layer_end; ++l) {
+      LayerParams& q = layers_[static_cast<size_t>(l)];
+      std::vector<int>& partial = partial_[static_cast<size_t>(l)];
+      const std::string pre = "layers." + std::to_string(l) + ".";
+      q.norm1_w = vector(pre + "norm1.weight", C, Init::Ones, false);
+      if (bias) q.norm1_b = vector(pre + "norm1.bias", C, Init::Zeros, false);
+      q.q_w = matrix(pre + "attn.q.weight", Shape{C, C}, std, kColumn);
+      if (bias) q.q_b = vector(pre + "attn.q.bias", C, Init::Zeros, true);
+      q.k_w = matrix(pre + "attn.k.weight", Shape{Ckv, C}, std, kColumn);
+      if (bias) q.k_b = vector(pre + "attn.k.bias", Ckv, Init::Zeros, true);
+      q.v_w = matrix(pre + "attn.v.weight", Shape{Ckv, C}, std, kColumn);
+      if (bias) q.v_b = vector(pre + "attn.v.bias", Ckv, Init::Zeros, true);
+      q.o_w = matrix(pre + "attn.o.weight", Shape{C, C}, resid_std, kRow);
+      if (bias) q.o_b = vector(pre + "attn.o.bias", C, Init::Zeros, false);
+      q.norm2_w = vector(pre + "norm2.weight", C, Init::Ones, false);
+      if (bias) q.norm2_b = vector(pre + "norm2.bias", C, Init::Zeros, false);
+      if (!gpt2()) q.gate_w = matrix(pre + "mlp.gate.weight", Shape{F, C}, std, kColumn);
+      q.up_w = matrix(pre + "mlp.up.weight", Shape{F, C}, std, kColumn);
+      if (bias) q.up_b = vector(pre + "mlp.up.bias", F, Init::Zeros, true);
+      q.down_w = matrix(pre + "mlp.down.weight", Shape{C, F}, resid_std, kRow);
+      if (bias) q.down_b = vector(pre + "mlp.down.bias", C, Init::Zeros, false);
+      for (int id : {q.norm1_w, q.norm1_b, q.norm2_w, q.norm2_b})
+        if (id >= 0) partial.push_back(id);
+    }
+    if (range.last) {
+      normf_w_ = vector("norm_f.weight", C, Init::Ones, false);
+      if (bias) normf_b_ = vector("norm_f.bias", C, Init::Zeros, false);
+      for (int id : {normf_w_, normf_b_})
+        if (id >= 0) partial_.back().push_back(id);
+      if (!cfg_.tie_embeddings) {
+        head_ = matrix("lm_head.weight", Shape{V, C}, std, kColumn);
+      } else if (wte_ >= 0) {
+        head_ = wte_;
+      } else {
+        // The tied table lives on the first stage too: this stage keeps a copy, initialised
+        // the same (same name) and kept equal by summing the two gradients every step.
+        head_ = embedding_copy_ = matrix("wte.weight", Shape{V, C}, std, kColumn);
+        params_.mark_pipeline_copy(head_);
+      }
+    }
   }
-  normf_w_ = vector("norm_f.weight", C, Init::Ones, false);
-  if (bias) normf_b_ = vector("norm_f.bias", C, Init::Zeros, false);
-  for (int id : {normf_w_, normf_b_})
-    if (id >= 0) partial_.back().push_back(id);
-  head_ = cfg_.tie_embeddings ? wte_ : matrix("lm_head.weight", Shape{V, C}, std, kColumn);
 }
 
-void Model::plan(Arena& arena) {
+bool Model::holds_last() const {
+  for (const ChunkState& c : chunks_)
+    if (c.range.last) return true;
+  return false;
+}
+
+void Model::plan_layer(Arena& arena, LayerActs& a) {
+  const int64_t N = b_ * t_, Nl = rows_, C = cfg_.d_model, F = ffn_;
+  a.norm1 = arena.alloc(Shape{N, C});
+  if (gpt2()) a.norm1_mean = arena.alloc(Shape{Nl});
+  a.norm1_rstd = arena.alloc(Shape{Nl});
+  a.q = arena.alloc(Shape{N, att_width_});
+  a.k = arena.alloc(Shape{N, kv_width_});
+  a.v = arena.alloc(Shape{N, kv_width_});
+  a.att = arena.alloc(Shape{N, att_width_});
+  a.lse = arena.alloc(Shape{b_, heads_, t_});
+  a.res1 = arena.alloc(Shape{Nl, C});
+  a.norm2 = arena.alloc(Shape{N, C});
+  if (gpt2()) a.norm2_mean = arena.alloc(Shape{Nl});
+  a.norm2_rstd = arena.alloc(Shape{Nl});
+  a.up = arena.alloc(Shape{N, F});
+  if (!gpt2()) a.gate = arena.alloc(Shape{N, F});
+  a.act = arena.alloc(Shape{N, F});
+}
+
+void Model::plan_slot(Arena& arena, const Chunk& chunk, Slot& s) {
+  const int64_t N = b_ * t_, Nl = rows_, C = cfg_.d_model;
+  const bool sp = tp_.sequence_parallel();
+  s.tokens = arena.alloc(Shape{b_, t_}, DType::I32);
+  s.targets = arena.alloc(Shape{b_, t_}, DType::I32);
+  s.resid.clear();
+  for (int64_t l = chunk.layer_begin; l <= chunk.layer_end; ++l) s.resid.push_back(arena.alloc(Shape{Nl, C}));
+  s.acts.assign(cfg_.recompute ? 0 : static_cast<size_t>(chunk.layer_end - chunk.layer_begin), {});
+  for (LayerActs& a : s.acts) plan_layer(arena, a);
+  if (!chunk.last) return;
+  s.normf = arena.alloc(Shape{N, C});
+  s.normf_local = sp ? arena.alloc(Shape{Nl, C}) : s.normf;
+  if (gpt2()) s.normf_mean = arena.alloc(Shape{Nl});
+  s.normf_rstd = arena.alloc(Shape{Nl});
+  s.logits = arena.alloc(Shape{N, vocab_});
+  s.losses = arena.alloc(Shape{N});
+}
+
+void Model::plan_shared(Arena& arena) {
   const int64_t N = b_ * t_, Nl = rows_, C = cfg_.d_model, F = ffn_;
   const bool sp = tp_.sequence_parallel();
-  tokens_ = arena.alloc(Shape{b_, t_}, DType::I32);
-  targets_ = arena.alloc(Shape{b_, t_}, DType::I32);
-  resid_.clear();
-  for (int64_t l = 0; l <= cfg_.n_layer; ++l) resid_.push_back(arena.alloc(Shape{Nl, C}));
-  layer_acts_.assign(cfg_.recompute ? 1 : static_cast<size_t>(cfg_.n_layer), LayerActs{});
-  for (LayerActs& a : layer_acts_) {
-    a.norm1 = arena.alloc(Shape{N, C});
-    if (gpt2()) a.norm1_mean = arena.alloc(Shape{Nl});
-    a.norm1_rstd = arena.alloc(Shape{Nl});
-    a.q = arena.alloc(Shape{N, att_width_});
-    a.k = arena.alloc(Shape{N, kv_width_});
-    a.v = arena.alloc(Shape{N, kv_width_});
-    a.att = arena.alloc(Shape{N, att_width_});
-    a.lse = arena.alloc(Shape{b_, heads_, t_});
-    a.res1 = arena.alloc(Shape{Nl, C});
-    a.norm2 = arena.alloc(Shape{N, C});
-    if (gpt2()) a.norm2_mean = arena.alloc(Shape{Nl});
-    a.norm2_rstd = arena.alloc(Shape{Nl});
-    a.up = arena.alloc(Shape{N, F});
-    if (!gpt2()) a.gate = arena.alloc(Shape{N, F});
-    a.act = arena.alloc(Shape{N, F});
-  }
+  if (cfg_.recompute) plan_layer(arena, shared_acts_);
   if (sp) norm_local_ = arena.alloc(Shape{Nl, C});
   proj_ = arena.alloc(Shape{N, C});
-  normf_ = arena.alloc(Shape{N, C});
-  normf_local_ = sp ? arena.alloc(Shape{Nl, C}) : normf_;
-  if (gpt2()) normf_mean_ = arena.alloc(Shape{Nl});
-  normf_rstd_ = arena.alloc(Shape{Nl});
-  logits_ = arena.alloc(Shape{N, vocab_});
-  losses_ = arena.alloc(Shape{N});
-  if (tp_.degree() > 1) {
+  if (tp_.degree() > 1 && holds_last()) {
     row_max_ = arena.alloc(Shape{N});
     ce_stats_ = arena.alloc(Shape{2, N});
   }
@@ -144,6 +186,52 @@ void Model::plan(Arena& arena) {
   grads_.up = arena.alloc(Shape{N, F});
   if (!gpt2()) grads_.gate = arena.alloc(Shape{N, F});
   grads_.act = arena.alloc(Shape{N, F});
+}
+
+int Model::acquire_slot(int c) {
+  ChunkState& chunk = chunks_[static_cast<size_t>(c)];
+  for (size_t i = 0; i < chunk.slots.size(); ++i)
+    if (!chunk.slots[i]->in_use) {
+      chunk.slots[i]->in_use = true;
+      return static_cast<int>(i);
+    }
+  auto s = std::make_unique<Slot>();
+  Arena measure = Arena::measuring("activations");
+  plan_slot(measure, chunk.range, *s);
+  s->arena = Arena(fmt::format("activations (chunk {} slot {})", c, chunk.slots.size()), measure.used());
+  plan_slot(s->arena, chunk.range, *s);
+  s->in_use = true;
+  chunk.slots.push_back(std::move(s));
+  return static_cast<int>(chunk.slots.size()) - 1;
+}
+
+void Model::release_slot(int c, int s) {
+  Slot& x = slot(c, s);
+  PENTAD_CHECK(x.in_use, "chunk {} slot {} released twice", c, s);
+  x.in_use = false;
+  x.have_dlogits = false;
+}
+
+Model::Slot& Model::slot(int c, int s) const {
+  const ChunkState& chunk = chunks_.at(static_cast<size_t>(c));
+  return *chunk.slots.at(static_cast<size_t>(s));
+}
+
+Tensor Model::chunk_input(int c, int s) const { return slot(c, s).resid.front(); }
+Tensor Model::chunk_output(int c, int s) const { return slot(c, s).resid.back(); }
+int Model::slots_made(int c) const { return static_cast<int>(chunks_.at(size_t(c)).slots.size()); }
+size_t Model::slot_bytes(int c) const { return slot(c, 0).arena.capacity(); }
+
+size_t Model::activation_bytes() const {
+  size_t bytes = shared_.capacity();
+  for (const ChunkState& c : chunks_)
+    for (const auto& s : c.slots) bytes += s->arena.capacity();
+  return bytes;
+}
+
+Tensor Model::logits() const {
+  PENTAD_CHECK(chunks() == 1 && chunk(0).last, "logits(): this rank does not hold the head");
+  return slot(0, 0).logits;
 }
 
 // Views of (N, width) buffers as (b, t, heads, head_dim) for attention and RoPE.
@@ -199,48 +287,67 @@ void Model::layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a) {
 }
 
 float Model::forward(const int32_t* tokens, const int32_t* targets, float dloss) {
-  const int64_t N = b_ * t_, L = cfg_.n_layer;
-  const int64_t V = cfg_.vocab_size;
+  PENTAD_CHECK(chunks() == 1 && chunk(0).first && chunk(0).last,
+               "forward(): this rank holds part of the model; use forward_chunk");
+  return forward_chunk(0, 0, tokens, targets, dloss);
+}
+
+void Model::backward(bool last_micro_batch, const GradsReady& on_ready) {
+  backward_chunk(0, 0, Tensor{}, last_micro_batch, on_ready);
+}
+
+float Model::forward_chunk(int c, int slot_index, const int32_t* tokens, const int32_t* targets,
+                           float dloss) {
+  const Chunk& range = chunk(c);
+  Slot& s = slot(c, slot_index);
+  const int64_t N = b_ * t_, V = cfg_.vocab_size;
   const bool sp = tp_.sequence_parallel();
-  int32_t* tok = tokens_.as<int32_t>();
-  int32_t* tgt = targets_.as<int32_t>();
-  for (int64_t i = 0; i < N; ++i) {
-    PENTAD_CHECK(tokens[i] >= 0 && tokens[i] < V && targets[i] >= 0 && targets[i] < V,
-                 "token id out of range at {}", i);
-    tok[i] = tokens[i];
-    tgt[i] = targets[i];
+  auto copy_ids = [&](Tensor dst, const int32_t* src, const char* what) {
+    PENTAD_CHECK(src != nullptr, "forward_chunk: chunk {} needs {}", c, what);
+    int32_t* out = dst.as<int32_t>();
+    for (int64_t i = 0; i < N; ++i) {
+      PENTAD_CHECK(src[i] >= 0 && src[i] < V, "{} id {} out of range at {}", what, src[i], i);
+      out[i] = src[i];
+    }
+  };
+  if (range.first) {
+    copy_ids(s.tokens, tokens, "tokens");
+    // Vocabulary-parallel embedding: each rank adds the rows it holds (positions on rank 0),
+    // and the reduction over tp leaves whole embeddings in this rank's residual rows.
+    Tensor emb = sp ? proj_ : s.resid[0];
+    k::embedding_forward(emb.reshaped(Shape{b_, t_, cfg_.d_model}), s.tokens, P(wte_),
+                         tp_.rank() == 0 ? P(wpe_) : Tensor{}, vocab_start_);
+    tp_.exit_forward(s.resid[0], emb);
   }
-  // Vocabulary-parallel embedding: each rank adds the rows it holds (positions on rank 0),
-  // and the reduction over tp leaves whole embeddings in this rank's residual rows.
-  Tensor emb = sp ? proj_ : resid_[0];
-  k::embedding_forward(emb.reshaped(Shape{b_, t_, cfg_.d_model}), tokens_, P(wte_),
-                       tp_.rank() == 0 ? P(wpe_) : Tensor{}, vocab_start_);
-  tp_.exit_forward(resid_[0], emb);
-  for (int64_t l = 0; l < L; ++l) {
-    LayerActs& a = layer_acts_[cfg_.recompute ? 0 : static_cast<size_t>(l)];
-    layer_forward(static_cast<int>(l), resid_[static_cast<size_t>(l)], resid_[static_cast<size_t>(l + 1)], a);
+  for (int64_t l = range.layer_begin; l < range.layer_end; ++l) {
+    const size_t i = static_cast<size_t>(l - range.layer_begin);
+    layer_forward(static_cast<int>(l), s.resid[i], s.resid[i + 1], cfg_.recompute ? shared_acts_ : s.acts[i]);
+    if (progress_) progress_();
   }
-  const Tensor& last = resid_[static_cast<size_t>(L)];
+  if (!range.last) return 0.0f;
+  copy_ids(s.targets, targets, "targets");
+  const Tensor& last = s.resid.back();
   if (gpt2())
-    k::layernorm_forward(normf_local_, normf_mean_, normf_rstd_, last, P(normf_w_), P(normf_b_), cfg_.norm_eps);
+    k::layernorm_forward(s.normf_local, s.normf_mean, s.normf_rstd, last, P(normf_w_), P(normf_b_),
+                         cfg_.norm_eps);
   else
-    k::rmsnorm_forward(normf_local_, normf_rstd_, last, P(normf_w_), cfg_.norm_eps);
-  tp_.enter_forward(normf_, normf_local_);
-  k::linear_forward(logits_, normf_, P(head_), Tensor{});
-  have_dlogits_ = dloss != 0.0f;
-  const Tensor dlogits = have_dlogits_ ? logits_ : Tensor{};
+    k::rmsnorm_forward(s.normf_local, s.normf_rstd, last, P(normf_w_), cfg_.norm_eps);
+  tp_.enter_forward(s.normf, s.normf_local);
+  k::linear_forward(s.logits, s.normf, P(head_), Tensor{});
+  s.have_dlogits = dloss != 0.0f;
+  const Tensor dlogits = s.have_dlogits ? s.logits : Tensor{};
   if (tp_.degree() == 1) {
-    k::crossentropy_forward_backward(losses_, dlogits, logits_, targets_, dloss);
+    k::crossentropy_forward_backward(s.losses, dlogits, s.logits, s.targets, dloss);
   } else {
-    k::vocab_parallel_ce_max(row_max_, logits_);
+    k::vocab_parallel_ce_max(row_max_, s.logits);
     tp_.all_reduce(row_max_, parallel::ReduceOp::Max);
-    k::vocab_parallel_ce_stats(ce_stats_, logits_, row_max_, targets_, vocab_start_);
+    k::vocab_parallel_ce_stats(ce_stats_, s.logits, row_max_, s.targets, vocab_start_);
     tp_.all_reduce(ce_stats_);
-    k::vocab_parallel_ce_finish(losses_, dlogits, logits_, row_max_, ce_stats_, targets_,
+    k::vocab_parallel_ce_finish(s.losses, dlogits, s.logits, row_max_, ce_stats_, s.targets,
                                 vocab_start_, dloss);
   }
   double sum = 0.0;
-  const float* losses = losses_.f32();
+  const float* losses = s.losses.f32();
   for (int64_t i = 0; i < N; ++i) sum += losses[i];
   return static_cast<float>(sum / static_cast<double>(N));
 }
@@ -293,38 +400,50 @@ void Model::sync_partial_grads(const std::vector<int>& ids) {
   for (int id : ids) tp_.all_reduce(G(id));
 }
 
-void Model::backward(bool last_micro_batch, const GradsReady& on_ready) {
-  PENTAD_CHECK(have_dlogits_, "backward() needs a forward() with dloss != 0");
-  const int64_t L = cfg_.n_layer;
+void Model::backward_chunk(int c, int slot_index, const Tensor& d_output, bool last_micro_batch,
+                           const GradsReady& on_ready) {
+  const Chunk& range = chunk(c);
+  Slot& s = slot(c, slot_index);
   Grads& g = grads_;
   auto ready = [&](int first_param, const std::vector<int>& partial) {
     if (!last_micro_batch) return;
     sync_partial_grads(partial);
     if (on_ready) on_ready(static_cast<int64_t>(params_.spec(first_param).offset));
   };
-  k::scale(g.resid, 0.0f);  // the norm backward below accumulates into it
-  k::linear_backward(g.norm, G(head_), Tensor{}, logits_, normf_, P(head_), false);
-  tp_.enter_backward(g.norm_local, g.norm);
-  const Tensor& last = resid_[static_cast<size_t>(L)];
-  if (gpt2())
-    k::layernorm_backward(g.resid, G(normf_w_), G(normf_b_), g.norm_local, last, P(normf_w_),
-                          normf_mean_, normf_rstd_);
-  else
-    k::rmsnorm_backward(g.resid, G(normf_w_), g.norm_local, last, P(normf_w_), normf_rstd_);
-  ready(normf_w_, partial_.back());
-  for (int64_t l = L - 1; l >= 0; --l) {
-    const Tensor& x = resid_[static_cast<size_t>(l)];
-    LayerActs& a = layer_acts_[cfg_.recompute ? 0 : static_cast<size_t>(l)];
-    if (cfg_.recompute) layer_forward(static_cast<int>(l), x, resid_[static_cast<size_t>(l + 1)], a);
+  if (range.last) {
+    PENTAD_CHECK(s.have_dlogits, "backward needs a forward with dloss != 0 (chunk {} slot {})", c,
+                 slot_index);
+    k::scale(g.resid, 0.0f);  // the norm backward below accumulates into it
+    k::linear_backward(g.norm, G(head_), Tensor{}, s.logits, s.normf, P(head_), false);
+    tp_.enter_backward(g.norm_local, g.norm);
+    const Tensor& last = s.resid.back();
+    if (gpt2())
+      k::layernorm_backward(g.resid, G(normf_w_), G(normf_b_), g.norm_local, last, P(normf_w_),
+                            s.normf_mean, s.normf_rstd);
+    else
+      k::rmsnorm_backward(g.resid, G(normf_w_), g.norm_local, last, P(normf_w_), s.normf_rstd);
+    ready(normf_w_, partial_.back());
+    s.have_dlogits = false;
+  } else {
+    PENTAD_CHECK(d_output.numel() == g.resid.numel(), "chunk {}: d_output has {} values, want {}", c,
+                 d_output.numel(), g.resid.numel());
+    std::copy_n(d_output.f32(), d_output.numel(), g.resid.f32());
+  }
+  for (int64_t l = range.layer_end - 1; l >= range.layer_begin; --l) {
+    const size_t i = static_cast<size_t>(l - range.layer_begin);
+    const Tensor& x = s.resid[i];
+    LayerActs& a = cfg_.recompute ? shared_acts_ : s.acts[i];
+    if (cfg_.recompute) layer_forward(static_cast<int>(l), x, s.resid[i + 1], a);
     layer_backward(static_cast<int>(l), x, a);
     ready(layers_[static_cast<size_t>(l)].norm1_w, partial_[static_cast<size_t>(l)]);
+    if (progress_) progress_();
   }
+  if (!range.first) return;
   // The embedding's gradient needs every row: gathered under SP (so wpe's is whole too).
   tp_.exit_backward(g.full, g.resid);
-  k::embedding_backward(G(wte_), G(wpe_), g.full.reshaped(Shape{b_, t_, cfg_.d_model}), tokens_,
+  k::embedding_backward(G(wte_), G(wpe_), g.full.reshaped(Shape{b_, t_, cfg_.d_model}), s.tokens,
                         vocab_start_);
   ready(wte_, {});
-  have_dlogits_ = false;
 }
 
 double Model::flops_per_micro_batch() const {
@@ -332,13 +451,15 @@ double Model::flops_per_micro_batch() const {
   const double Ckv = static_cast<double>(cfg_.kv_heads() * cfg_.head_dim());
   const double V = static_cast<double>(cfg_.vocab_size), T = static_cast<double>(t_);
   const double mlp = (gpt2() ? 2.0 : 3.0) * C * F;
-  const double matmul_params = static_cast<double>(cfg_.n_layer) * (2 * C * C + 2 * C * Ckv + mlp) + V * C;
+  int64_t layers = 0;
+  for (const ChunkState& c : chunks_) layers += c.range.layer_end - c.range.layer_begin;
   // Causal attention: each query meets t/2 keys on average; QK^T and PV cost 2*C flops per
   // pair each, so 2*C*t per token forward, written here in the same units as a parameter.
-  const double attention = static_cast<double>(cfg_.n_layer) * C * T;
+  const double per_layer = 2 * C * C + 2 * C * Ckv + mlp + C * T;
+  const double per_token = static_cast<double>(layers) * per_layer + (holds_last() ? V * C : 0.0);
   const double tokens = static_cast<double>(b_ * t_);
   // Forward + 2x for backward, this rank's share of the tensor-parallel work.
-  return 3.0 * 2.0 * tokens * (matmul_params + attention) / tp_.degree();
+  return 3.0 * 2.0 * tokens * per_token / tp_.degree();
 }
 
 }  // namespace pentad

@@ -9,8 +9,16 @@
 // the heads (q, k, v column-parallel, o row-parallel), of the MLP width (up/gate column,
 // down row) and of the vocabulary (embedding and head, with a vocabulary-parallel
 // cross-entropy). Degree 1 is the single-device model; the same code runs both.
+//
+// Pipeline parallelism: a rank may hold only some layers, as one or more chunks (virtual
+// stages), each a contiguous range of layers. The model's first chunk holds the embedding,
+// its last the final norm, head and loss. Each chunk keeps one activation slot per
+// micro-batch in flight (slots are made on first use and reused, so the slot count is the
+// measured peak); the pipeline executor (parallel/pp/pipeline.h) moves the residual stream
+// between chunks. Without pipelining there is one chunk, all layers, and one slot.
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "model/params.h"
@@ -26,11 +34,20 @@ int64_t ffn_dim(const ModelConfig& cfg);
 // are final for this micro-batch (data parallelism starts reducing them).
 using GradsReady = std::function<void(int64_t offset)>;
 
+// A contiguous range of layers run together; first: it starts with the embedding (model
+// chunk 0); last: it ends with the final norm, the head and the loss.
+struct Chunk {
+  int64_t layer_begin = 0, layer_end = 0;
+  bool first = true, last = true;
+};
+
 class Model {
  public:
+  // layout: this rank's layer ranges in parameter order (empty: every layer, one chunk).
   Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len,
-        parallel::TensorParallel tp = {});
+        parallel::TensorParallel tp = {}, std::vector<Chunk> layout = {});
 
+  // ---- one chunk holding the whole model ----
   // Mean cross-entropy of the micro-batch. tokens, targets: (b, t). When dloss != 0 the
   // gradient of (dloss * sum of token losses) w.r.t. logits is kept for backward().
   float forward(const int32_t* tokens, const int32_t* targets, float dloss);
@@ -39,20 +56,51 @@ class Model {
   // parameters whose gradients are partial per tp rank (norms, under sequence parallelism)
   // are summed over tp, and on_ready (if given) hears of each finished range.
   void backward(bool last_micro_batch = true, const GradsReady& on_ready = {});
+  Tensor logits() const;  // (b*t, V); holds dlogits after a training forward
+
+  // ---- chunks and slots (pipeline parallelism) ----
+  int chunks() const { return static_cast<int>(chunks_.size()); }
+  const Chunk& chunk(int c) const { return chunks_[static_cast<size_t>(c)].range; }
+  // A free activation slot of chunk c (made if none is free) and its release.
+  int acquire_slot(int c);
+  void release_slot(int c, int slot);
+  // The chunk's input (resid[0]) and output residual streams, (rows, C) each: what crosses
+  // stages (with sequence parallelism, only this tp rank's rows).
+  Tensor chunk_input(int c, int slot) const;
+  Tensor chunk_output(int c, int slot) const;
+  // Forward of chunk c on the micro-batch in `slot`: the first chunk embeds `tokens`, the
+  // others start from chunk_input; the last chunk returns the mean loss against `targets`
+  // (others return 0). Either pointer may be null where it is not read.
+  float forward_chunk(int c, int slot, const int32_t* tokens, const int32_t* targets, float dloss);
+  // Backward of chunk c: the last chunk starts from its kept dlogits, the others from
+  // d_output (rows, C). Afterwards input_grad() holds d(chunk input) until the next backward.
+  void backward_chunk(int c, int slot, const Tensor& d_output, bool last_micro_batch,
+                      const GradsReady& on_ready = {});
+  Tensor input_grad() const { return grads_.resid; }
+  // Called after every layer's forward and backward (the executor polls transfers there).
+  void set_progress(std::function<void()> progress) { progress_ = std::move(progress); }
+  int slots_made(int c) const;  // = the peak number of micro-batches in flight on chunk c
+  size_t slot_bytes(int c) const;
+  int64_t rows() const { return rows_; }
+
   // Whether parameter id's gradient is the same on every tp rank (replicated parameters)
   // or this rank's shard of it; the global gradient norm counts replicated ones once.
   bool tp_sharded(int id) const { return params_.spec(id).shard_dim >= 0; }
   const parallel::TensorParallel& tp() const { return tp_; }
+  // The id of this rank's tied-embedding copy (a last chunk on another stage than the
+  // first), or -1: its gradient must be summed with the first stage's wte.
+  int embedding_copy() const { return embedding_copy_; }
+  int embedding() const { return wte_; }
 
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
   const ModelConfig& config() const { return cfg_; }
-  Tensor logits() const { return logits_; }  // (b*t, V); holds dlogits after a training forward
-  size_t activation_bytes() const { return acts_.capacity(); }
-  size_t activation_high_water() const { return acts_.high_water(); }
+  // Activation memory: shared scratch plus every slot made so far.
+  size_t activation_bytes() const;
   int64_t micro_batch() const { return b_; }
   int64_t seq_len() const { return t_; }
-  // Training FLOPs of one micro-batch (forward + backward, matmuls and attention).
+  // Training FLOPs of one micro-batch on this rank (forward + backward, matmuls and
+  // attention, of the layers and head held here).
   double flops_per_micro_batch() const;
 
  private:
@@ -72,6 +120,20 @@ class Model {
     Tensor norm2, norm2_mean, norm2_rstd;  // (N, C), (Nl), (Nl)
     Tensor up, gate, act;                  // (N, F) each; gpt2: up = fc pre-GELU, act = GELU(up)
   };
+  // One micro-batch's activations in one chunk.
+  struct Slot {
+    Arena arena;
+    Tensor tokens, targets;          // (b, t) I32
+    std::vector<Tensor> resid;       // layers + 1 residual streams (Nl, C); resid[0] = input
+    std::vector<LayerActs> acts;     // per layer (empty with recompute: shared_acts_)
+    Tensor normf_local, normf, normf_mean, normf_rstd, logits, losses;  // last chunk only
+    bool have_dlogits = false;
+    bool in_use = false;
+  };
+  struct ChunkState {
+    Chunk range;
+    std::vector<std::unique_ptr<Slot>> slots;
+  };
   struct Grads {  // scratch for backward, shared by all layers
     Tensor resid;                 // (Nl, C): d(residual stream), this rank's rows
     Tensor full;                  // (N, C): resid made whole (sequence parallel only)
@@ -81,12 +143,16 @@ class Model {
 
   void build_params();
   void sync_partial_grads(const std::vector<int>& ids);  // tp all-reduce (sequence parallel)
-  void plan(Arena& arena);  // allocates every activation; run once measuring, once for real
+  void plan_shared(Arena& arena);                 // scratch of every chunk and slot
+  void plan_layer(Arena& arena, LayerActs& a);
+  void plan_slot(Arena& arena, const Chunk& chunk, Slot& slot);
+  Slot& slot(int c, int s) const;
   void layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a);
   void layer_backward(int l, const Tensor& x, LayerActs& a);
   Tensor P(int id) const { return id < 0 ? Tensor{} : params_.param(id); }
   Tensor G(int id) const { return id < 0 ? Tensor{} : params_.grad(id); }
   bool gpt2() const { return cfg_.family == ModelFamily::GPT2; }
+  bool holds_last() const;
 
   ModelConfig cfg_;
   int64_t b_, t_;
@@ -96,20 +162,18 @@ class Model {
   int64_t heads_, kv_heads_, att_width_, kv_width_, ffn_, vocab_, rows_;
   int64_t vocab_start_;  // first vocabulary row held here; -1 when the table is whole
   ParamStore params_;
-  int wte_ = -1, wpe_ = -1, normf_w_ = -1, normf_b_ = -1, head_ = -1;
-  std::vector<LayerParams> layers_;
+  int wte_ = -1, wpe_ = -1, normf_w_ = -1, normf_b_ = -1, head_ = -1, embedding_copy_ = -1;
+  std::vector<LayerParams> layers_;        // every layer; ids -1 where not held here
+  std::vector<std::vector<int>> partial_;  // per layer (and last: final norm) ids to sync under SP
+  std::vector<ChunkState> chunks_;
 
-  Arena acts_;
-  Tensor tokens_, targets_;               // (b, t) I32
-  std::vector<Tensor> resid_;             // L+1 residual streams (Nl, C); resid_[0] = embeddings
-  std::vector<std::vector<int>> partial_; // per layer (and last: final norm) ids to sync under SP
-  std::vector<LayerActs> layer_acts_;     // L entries, or 1 reused entry with recompute
+  Arena shared_;                          // scratch used by one pass at a time
+  LayerActs shared_acts_;                 // recompute: one layer's activations, rebuilt in backward
   Tensor norm_local_;                     // (Nl, C) norm output before the SP all-gather
   Tensor proj_;                           // (N, C) row-parallel partial sums before reduction
-  Tensor normf_local_, normf_, normf_mean_, normf_rstd_, logits_, losses_;
   Tensor row_max_, ce_stats_;             // (N), (2, N): vocabulary-parallel cross-entropy
   Grads grads_;
-  bool have_dlogits_ = false;
+  std::function<void()> progress_;
 };
 
 }  // namespace pentad

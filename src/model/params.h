@@ -28,6 +28,11 @@ struct ParamSpec {
   Shape local_shape;
 
   size_t offset = 0;    // element offset in each arena
+
+  // A copy of a parameter another pipeline stage holds (the tied embedding on the last
+  // stage): kept equal by summing both gradients, so it is not saved, dumped or counted
+  // in the gradient norm here.
+  bool pipeline_copy = false;
 };
 
 class ParamStore {
@@ -38,6 +43,7 @@ class ParamStore {
   // [shard_start, shard_start + shard_len) along shard_dim.
   int add_shard(std::string name, Shape shape, Init init, float init_std, bool weight_decay,
                 int shard_dim, int64_t shard_start, int64_t shard_len);
+  void mark_pipeline_copy(int id) { specs_.at(static_cast<size_t>(id)).pipeline_copy = true; }
   // Allocates params, grads (and nothing else: the optimizer owns its state).
   void allocate();
   // Fills every parameter from the seed: element i of parameter "name" is a function of

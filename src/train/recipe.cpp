@@ -146,6 +146,12 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(parallel, dp, at_least(0)),
       PENTAD_KEY(parallel, cp, at_least(1)),
       PENTAD_KEY(parallel, pp, at_least(1)),
+      PENTAD_KEY(parallel, pp_schedule, one_of({"gpipe", "1f1b", "kfkb", "interleaved", "adaptive"})),
+      PENTAD_KEY(parallel, virtual_stages, at_least(1)),
+      PENTAD_KEY(parallel, pp_group, at_least(1)),
+      PENTAD_KEY(parallel, pp_layout, any()),
+      PENTAD_KEY(parallel, pp_memory_mb, at_least(0)),
+      PENTAD_KEY(parallel, pp_adapt_every, at_least(1)),
       PENTAD_KEY(parallel, sequence_parallel, any()),
       PENTAD_KEY(parallel, order, any()),
       PENTAD_KEY(parallel, bucket_mb, above(0)),
@@ -456,9 +462,6 @@ void check_combinations(const Config& c, const std::map<std::string, std::string
   if (c.train.seq_len > m.max_seq_len)
     fail("{}: train.seq_len ({}) must be at most model.max_seq_len ({})",
          where({"train.seq_len", "model.max_seq_len"}), c.train.seq_len, m.max_seq_len);
-  if (c.parallel.pp != 1)
-    fail("{}: parallel.pp ({}) must be 1: pipeline parallelism is not in this build yet",
-         where({"parallel.pp"}), c.parallel.pp);
   if (c.parallel.cp != 1)
     fail("{}: parallel.cp ({}) must be 1: context parallelism is not in this build yet",
          where({"parallel.cp"}), c.parallel.cp);

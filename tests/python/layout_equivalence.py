@@ -7,7 +7,10 @@ their global identity) agree with the one-rank run within 1e-5 relative. The one
 run for a layout with data-parallel degree d reads the same global batch: the same
 micro-batch size with d times the gradient accumulation.
 
-usage: layout_equivalence.py PENTAD RECIPE WORKDIR [section.key=value ...]
+With --pipeline, the layouts are pipeline-parallel ones (every schedule, interleaved
+stages, and pipeline x data x tensor parallel) on an 8-layer model with 4 micro-batches.
+
+usage: layout_equivalence.py [--pipeline] PENTAD RECIPE WORKDIR [section.key=value ...]
 """
 import json
 import os
@@ -31,6 +34,26 @@ LAYOUTS = [
     ("tp2+sp", 2, ["parallel.tp=2", "parallel.sequence_parallel=true"]),
     ("dp2xtp2", 4, ["parallel.tp=2"]),
     ("dp2xtp2+sp", 4, ["parallel.tp=2", "parallel.sequence_parallel=true"]),
+]
+PIPELINE_ACCUM = 4
+PIPELINE_COMMON = ["model.n_layer=8"]
+PIPELINE_LAYOUTS = [
+    ("pp2-gpipe", 2, ["parallel.pp=2", "parallel.pp_schedule=gpipe"]),
+    ("pp2-1f1b", 2, ["parallel.pp=2", "parallel.pp_schedule=1f1b"]),
+    ("pp2-2f2b", 2, ["parallel.pp=2", "parallel.pp_schedule=kfkb", "parallel.pp_group=2"]),
+    ("pp2-adaptive", 2, ["parallel.pp=2", "parallel.pp_schedule=adaptive",
+                         "parallel.pp_adapt_every=3"]),
+    ("pp4-gpipe", 4, ["parallel.pp=4", "parallel.pp_schedule=gpipe"]),
+    ("pp4-1f1b", 4, ["parallel.pp=4", "parallel.pp_schedule=1f1b"]),
+    ("pp4-3f3b", 4, ["parallel.pp=4", "parallel.pp_schedule=kfkb", "parallel.pp_group=3"]),
+    ("pp2-uneven", 2, ["parallel.pp=2", "parallel.pp_layout=3,5"]),
+    ("pp2-interleaved-v2", 2, ["parallel.pp=2", "parallel.pp_schedule=interleaved",
+                               "parallel.virtual_stages=2"]),
+    ("pp4-interleaved-v2", 4, ["parallel.pp=4", "parallel.pp_schedule=interleaved",
+                               "parallel.virtual_stages=2"]),
+    ("pp2xdp2xtp2-1f1b", 8, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_schedule=1f1b"]),
+    ("pp2xdp2xtp2-2f2b+sp", 8, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_schedule=kfkb",
+                                "parallel.pp_group=2", "parallel.sequence_parallel=true"]),
 ]
 # Gradients that are zero in exact arithmetic (softmax ignores a constant added to every
 # score of a row, so the key bias never matters): Adam turns their rounding noise into
@@ -57,22 +80,31 @@ def run(pentad, recipe, work, name, ranks, overrides):
     return np.array(losses, dtype=np.float64), load_weights(out / "weights")
 
 
+def degree(overrides, key):
+    found = [o for o in overrides if o.startswith(f"parallel.{key}=")]
+    return int(found[0].split("=")[1]) if found else 1
+
+
 def main():
-    pentad, recipe, work = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-    common = sys.argv[4:]
+    args = sys.argv[1:]
+    pipeline = args[0] == "--pipeline"
+    if pipeline:
+        args = args[1:]
+    pentad, recipe, work = args[0], args[1], Path(args[2])
+    common = args[3:] + (PIPELINE_COMMON if pipeline else [])
+    accum = PIPELINE_ACCUM if pipeline else ACCUM
     work.mkdir(parents=True, exist_ok=True)
     lr = None
     baselines = {}
     failures = []
-    for name, ranks, overrides in LAYOUTS:
-        tp = int([o for o in overrides if o.startswith("parallel.tp=")][0].split("=")[1])
-        dp = ranks // tp
+    for name, ranks, overrides in PIPELINE_LAYOUTS if pipeline else LAYOUTS:
+        dp = ranks // (degree(overrides, "tp") * degree(overrides, "pp"))
         if dp not in baselines:
-            baselines[dp] = run(pentad, recipe, work, f"one-rank-accum{ACCUM * dp}", 1,
-                                common + [f"train.grad_accum={ACCUM * dp}"])
+            baselines[dp] = run(pentad, recipe, work, f"one-rank-accum{accum * dp}", 1,
+                                common + [f"train.grad_accum={accum * dp}"])
         ref_losses, ref_weights = baselines[dp]
         losses, weights = run(pentad, recipe, work, name, ranks,
-                              common + overrides + [f"train.grad_accum={ACCUM}"])
+                              common + overrides + [f"train.grad_accum={accum}"])
         if lr is None:
             cfg = (work / name / "recipe.toml").read_text()
             lr = float([l for l in cfg.splitlines() if l.startswith("lr ")][0].split("=")[1])
@@ -88,7 +120,7 @@ def main():
             if err > worst:
                 worst, worst_name = err, pname
         ok = loss_err <= TOL and worst <= TOL and len(losses) == STEPS
-        print(f"{name:>11} on {ranks} ranks: worst loss rel {loss_err:.2e}, "
+        print(f"{name:>20} on {ranks} ranks: worst loss rel {loss_err:.2e}, "
               f"worst weight rel {worst:.2e} ({worst_name}) {'ok' if ok else 'FAIL'}")
         if not ok:
             failures.append(name)

@@ -1,5 +1,5 @@
 """Helpers shared by the script tests: reassembling parameters from the shards that
-`pentad train --dump-weights DIR` writes (one .npy per shard plus shards.tp<r>.json with
+`pentad train --dump-weights DIR` writes (one .npy per shard plus shards.pp<s>.tp<r>.json with
 each shard's global identity)."""
 import json
 from pathlib import Path
@@ -11,7 +11,7 @@ def load_weights(folder):
     """Every parameter as one whole array, put together from its tp shards."""
     folder = Path(folder)
     whole = {}
-    for manifest in sorted(folder.glob("shards.tp*.json")):
+    for manifest in sorted(folder.glob("shards.*.json")):
         for s in json.loads(manifest.read_text()):
             w = whole.setdefault(s["name"], np.full(s["global_shape"], np.nan, dtype=np.float32))
             part = np.load(folder / s["file"])

@@ -1,0 +1,274 @@
+#include "parallel/pp/pipeline.h"
+
+#include <algorithm>
+#include <numeric>
+#include <sstream>
+
+#include <fmt/ranges.h>
+
+#include "core/check.h"
+
+namespace pentad::parallel::pp {
+
+std::vector<int64_t> chunk_layers(int64_t n_layer, int stages, int virtual_stages,
+                                  const std::string& layout) {
+  const int64_t chunks = int64_t(stages) * virtual_stages;
+  std::vector<int64_t> layers;
+  if (chunks > n_layer)
+    fail("model.n_layer = {} cannot fill parallel.pp = {} x parallel.virtual_stages = {} = {} "
+         "chunks of at least one layer: lower parallel.pp or parallel.virtual_stages",
+         n_layer, stages, virtual_stages, chunks);
+  if (layout.empty()) {
+    if (n_layer % chunks != 0) {
+      std::vector<std::string> example;
+      for (int64_t j = 0; j < chunks; ++j)
+        example.push_back(std::to_string(n_layer / chunks + (j < n_layer % chunks ? 1 : 0)));
+      fail("model.n_layer = {} does not split evenly into parallel.pp = {} x "
+           "parallel.virtual_stages = {} = {} chunks: change parallel.pp or "
+           "parallel.virtual_stages, or give parallel.pp_layout (layers per chunk, e.g. \"{}\")",
+           n_layer, stages, virtual_stages, chunks, fmt::format("{}", fmt::join(example, ",")));
+    }
+    layers.assign(size_t(chunks), n_layer / chunks);
+    return layers;
+  }
+  std::stringstream in(layout);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    int64_t n = 0;
+    try {
+      n = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || item.find_first_not_of(" 0123456789", 0) != std::string::npos || n < 1)
+      fail("parallel.pp_layout = \"{}\": \"{}\" is not a layer count of at least 1", layout, item);
+    layers.push_back(n);
+  }
+  if (int64_t(layers.size()) != chunks)
+    fail("parallel.pp_layout = \"{}\" lists {} chunks but parallel.pp = {} x "
+         "parallel.virtual_stages = {} needs {}",
+         layout, layers.size(), stages, virtual_stages, chunks);
+  const int64_t sum = std::accumulate(layers.begin(), layers.end(), int64_t{0});
+  if (sum != n_layer)
+    fail("parallel.pp_layout = \"{}\" adds up to {} layers but model.n_layer = {}", layout, sum,
+         n_layer);
+  return layers;
+}
+
+std::vector<Chunk> stage_chunks(const std::vector<int64_t>& layers, int stages, int stage) {
+  const int total = int(layers.size());
+  std::vector<Chunk> out;
+  for (int j = stage; j < total; j += stages) {
+    const int64_t begin = std::accumulate(layers.begin(), layers.begin() + j, int64_t{0});
+    out.push_back({begin, begin + layers[size_t(j)], j == 0, j == total - 1});
+  }
+  return out;
+}
+
+const char* span_name(Span::Kind kind) {
+  switch (kind) {
+    case Span::Forward:
+      return "forward";
+    case Span::Backward:
+      return "backward";
+    case Span::WaitInput:
+      return "wait activation";
+    case Span::WaitGrad:
+      return "wait gradient";
+  }
+  return "?";
+}
+
+Pipeline::Pipeline(Model& model, Communicator& group, const ScheduleSpec& spec, int keep_steps)
+    : model_(model), group_(group), spec_(spec), stage_(group.rank()), keep_steps_(keep_steps) {
+  PENTAD_CHECK(group.size() == spec.stages, "pp group of {} ranks for {} stages", group.size(),
+               spec.stages);
+  PENTAD_CHECK(model.chunks() == spec.virtual_stages, "model holds {} chunks, schedule wants {}",
+               model.chunks(), spec.virtual_stages);
+  check_schedule(spec);
+  rows_ = model.rows();
+  width_ = model.config().d_model;
+  in_flight_.assign(size_t(spec.virtual_stages), 0);
+  peak_.assign(size_t(spec.virtual_stages), 0);
+  model_.set_progress([this] { poll(); });
+}
+
+Pipeline::~Pipeline() {
+  model_.set_progress({});
+}
+
+void Pipeline::set_schedule(const ScheduleSpec& spec) {
+  PENTAD_CHECK(spec.stages == spec_.stages && spec.virtual_stages == spec_.virtual_stages,
+               "set_schedule: stages or virtual stages changed");
+  check_schedule(spec);
+  spec_ = spec;
+}
+
+int Pipeline::tag(Action::Type type, int micro, int to_virtual_stage) const {
+  const int vstages = spec_.stages * spec_.virtual_stages;
+  // Micro-batches further apart than 1024 are never in flight together.
+  return ((micro % 1024) * vstages + to_virtual_stage) * 2 + (type == Action::Backward ? 1 : 0);
+}
+
+bool Pipeline::needs_input(const Action& a) const {
+  const int vs = virtual_stage(a), last = spec_.stages * spec_.virtual_stages - 1;
+  return a.type == Action::Forward ? vs > 0 : vs < last;
+}
+
+std::vector<float> Pipeline::take_buffer() {
+  if (free_buffers_.empty()) return std::vector<float>(size_t(rows_ * width_));
+  std::vector<float> buf = std::move(free_buffers_.back());
+  free_buffers_.pop_back();
+  return buf;
+}
+
+void Pipeline::post_receive(const Action& a) {
+  if (!needs_input(a)) return;
+  const auto key = std::make_tuple(int(a.type), a.micro, a.chunk);
+  if (receives_.count(key)) return;
+  const int vs = virtual_stage(a), from = a.type == Action::Forward ? vs - 1 : vs + 1;
+  Message m{take_buffer(), Work{}};
+  m.work = group_.recv(view_of(m.buf.data(), Shape{rows_, width_}), from % spec_.stages,
+                       tag(a.type, a.micro, vs), true);
+  receives_.emplace(key, std::move(m));
+}
+
+Tensor Pipeline::wait_input(const Action& a, Span::Kind kind, int64_t step) {
+  post_receive(a);
+  auto it = receives_.find(std::make_tuple(int(a.type), a.micro, a.chunk));
+  const int64_t start = trace_now_ns();
+  it->second.work.wait();
+  record(kind, a, step, start);
+  // The buffer goes back to the pool once the caller has copied it (before the next post).
+  free_buffers_.push_back(std::move(it->second.buf));
+  receives_.erase(it);
+  return view_of(free_buffers_.back().data(), Shape{rows_, width_});
+}
+
+void Pipeline::send(const Tensor& data, Action::Type type, int micro, int to_virtual_stage) {
+  Message m{take_buffer(), Work{}};
+  std::copy_n(data.f32(), data.numel(), m.buf.data());
+  m.work = group_.send(view_of(m.buf.data(), Shape{rows_, width_}), to_virtual_stage % spec_.stages,
+                       tag(type, micro, to_virtual_stage), true);
+  sends_.push_back(std::move(m));
+}
+
+void Pipeline::poll() {
+  for (auto& [key, m] : receives_) m.work.test();
+  for (size_t i = 0; i < sends_.size();) {
+    if (sends_[i].work.test()) {
+      free_buffers_.push_back(std::move(sends_[i].buf));
+      sends_[i] = std::move(sends_.back());
+      sends_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+}
+
+void Pipeline::finish_sends() {
+  for (Message& m : sends_) {
+    m.work.wait();
+    free_buffers_.push_back(std::move(m.buf));
+  }
+  sends_.clear();
+}
+
+void Pipeline::record(Span::Kind kind, const Action& a, int64_t step, int64_t start_ns) {
+  spans_.push_back({kind, a.micro, a.chunk, step, start_ns, trace_now_ns()});
+}
+
+double Pipeline::train(int64_t step, const Fetch& fetch, float dloss, const GradsReady& on_ready) {
+  // Keep the spans of the last keep_steps_ steps.
+  if (!spans_.empty() && spans_.back().step - spans_.front().step + 1 >= keep_steps_) {
+    const int64_t first_kept = step - keep_steps_ + 1;
+    spans_.erase(spans_.begin(), std::find_if(spans_.begin(), spans_.end(), [&](const Span& s) {
+                   return s.step >= first_kept;
+                 }));
+  }
+  const std::vector<Action> actions = stage_actions(spec_, stage_);
+  std::vector<size_t> last_backward(size_t(spec_.virtual_stages), 0);
+  for (size_t i = 0; i < actions.size(); ++i)
+    if (actions[i].type == Action::Backward) last_backward[size_t(actions[i].chunk)] = i;
+  const int last_vs = spec_.stages * spec_.virtual_stages - 1;
+  std::map<std::pair<int, int>, int> slot_of;  // (micro, chunk) -> activation slot
+  std::vector<int32_t> tokens, targets;
+  double loss = 0.0, forward_ns = 0.0, backward_ns = 0.0;
+  int forwards = 0, backwards = 0;
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const Action& a = actions[i];
+    const int vs = virtual_stage(a);
+    if (i + 1 < actions.size()) post_receive(actions[i + 1]);  // arrives while this one runs
+    if (a.type == Action::Forward) {
+      const int slot = model_.acquire_slot(a.chunk);
+      slot_of[{a.micro, a.chunk}] = slot;
+      int& alive = in_flight_[size_t(a.chunk)];
+      peak_[size_t(a.chunk)] = std::max(peak_[size_t(a.chunk)], ++alive);
+      if (needs_input(a)) {
+        const Tensor in = wait_input(a, Span::WaitInput, step);
+        Tensor dst = model_.chunk_input(a.chunk, slot);
+        std::copy_n(in.f32(), in.numel(), dst.f32());
+      }
+      const Chunk& c = model_.chunk(a.chunk);
+      if (c.first || c.last) fetch(a.micro, tokens, targets);
+      const int64_t start = trace_now_ns();
+      loss += model_.forward_chunk(a.chunk, slot, tokens.data(), targets.data(), dloss);
+      record(Span::Forward, a, step, start);
+      forward_ns += double(spans_.back().end_ns - start);
+      ++forwards;
+      if (vs < last_vs) send(model_.chunk_output(a.chunk, slot), Action::Forward, a.micro, vs + 1);
+    } else {
+      const int slot = slot_of.at({a.micro, a.chunk});
+      Tensor d_output;
+      if (needs_input(a)) d_output = wait_input(a, Span::WaitGrad, step);
+      const int64_t start = trace_now_ns();
+      model_.backward_chunk(a.chunk, slot, d_output, i == last_backward[size_t(a.chunk)], on_ready);
+      record(Span::Backward, a, step, start);
+      backward_ns += double(spans_.back().end_ns - start);
+      ++backwards;
+      if (vs > 0) send(model_.input_grad(), Action::Backward, a.micro, vs - 1);
+      model_.release_slot(a.chunk, slot);
+      --in_flight_[size_t(a.chunk)];
+    }
+    poll();
+  }
+  finish_sends();
+  forward_seconds_ = forwards ? forward_ns / forwards * 1e-9 : 0.0;
+  backward_seconds_ = backwards ? backward_ns / backwards * 1e-9 : 0.0;
+  return loss;
+}
+
+double Pipeline::evaluate(int count, const Fetch& fetch) {
+  // Forward only, micro-batch by micro-batch through the chunks: activations are dropped
+  // as soon as they are sent on.
+  const int last_vs = spec_.stages * spec_.virtual_stages - 1;
+  std::vector<Action> actions;
+  for (int micro = 0; micro < count; ++micro)
+    for (int c = 0; c < spec_.virtual_stages; ++c) actions.push_back({Action::Forward, micro, c});
+  std::vector<int32_t> tokens, targets;
+  double loss = 0.0;
+  const size_t kept = spans_.size();
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const Action& a = actions[i];
+    if (i + 1 < actions.size()) post_receive(actions[i + 1]);
+    const int slot = model_.acquire_slot(a.chunk);
+    if (needs_input(a)) {
+      const Tensor in = wait_input(a, Span::WaitInput, -1);
+      Tensor dst = model_.chunk_input(a.chunk, slot);
+      std::copy_n(in.f32(), in.numel(), dst.f32());
+    }
+    const Chunk& c = model_.chunk(a.chunk);
+    if (c.first || c.last) fetch(a.micro, tokens, targets);
+    loss += model_.forward_chunk(a.chunk, slot, tokens.data(), targets.data(), 0.0f);
+    if (virtual_stage(a) < last_vs)
+      send(model_.chunk_output(a.chunk, slot), Action::Forward, a.micro, virtual_stage(a) + 1);
+    model_.release_slot(a.chunk, slot);
+    poll();
+  }
+  finish_sends();
+  spans_.resize(kept);  // the timeline is of training steps
+  return loss;
+}
+
+}  // namespace pentad::parallel::pp
