@@ -22,12 +22,15 @@ struct ShardInfo {
   int shard_dim = -1;       // -1: the whole tensor
   int64_t shard_start = 0;  // along shard_dim
   Shape local_shape;
-  uint32_t crc32 = 0;       // zlib crc32 of the shard's bytes (little-endian f32)
+  uint64_t checksum = 0;    // of the shard's bytes (little-endian f32), by the algorithm
+                            // its manifest names (Manifest::checksum)
 };
 
 struct ShardData {
-  ShardInfo info;           // crc32 is computed by the writer
-  const float* data = nullptr;
+  ShardInfo info;
+  const float* data = nullptr;  // page-aligned data is written with direct I/O
+  bool checksummed = false;     // info.checksum already holds its xxh3-64 (the saver folds it
+                                // into its copy); otherwise the writer computes it
 };
 
 struct Layout {
@@ -40,6 +43,9 @@ struct Manifest {
   int64_t optimizer_steps = 0;  // AdamW's step counter (bias correction)
   Layout layout;                // of the run that wrote it
   std::string recipe_toml;      // the effective recipe
+  // Algorithm of every shard's checksum: "xxh3-64" (what pentad writes; format version 2)
+  // or "crc32" (zlib's; version 1 checkpoints, still read).
+  std::string checksum = "xxh3-64";
   struct Entry {
     std::string file;           // rank file, relative to the checkpoint directory
     ShardInfo shard;
@@ -51,10 +57,13 @@ std::string checkpoint_dir(const std::string& root, int64_t step);  // <root>/st
 std::string partial_dir(const std::string& root, int64_t step);     // <root>/step-<N>.partial
 std::string rank_file_name(int rank);                               // rank-<5 digits>.h5
 
-// Writes one rank's HDF5 file with every shard (computing each checksum), then a sidecar
-// <path>.json listing the shards, and fsyncs both. Creates the parent directory.
-// Throws pentad::Error naming the file on any failure.
-void write_rank_file(const std::string& path, const std::vector<ShardData>& shards);
+// Writes one rank's HDF5 file with every shard (computing the checksums not given), then a
+// sidecar <path>.json listing the shards, and fsyncs both. Creates the parent directory.
+// Shard data at page-aligned addresses goes to disk with direct I/O (no copy through the
+// page cache) where the file system allows it; direct_io = false writes everything
+// buffered (the benchmark's peer). Throws pentad::Error naming the file on any failure.
+void write_rank_file(const std::string& path, const std::vector<ShardData>& shards,
+                     bool direct_io = true);
 
 // Rank 0, once every rank's file and sidecar exist in partial_dir(root, base.step): merges
 // the sidecars into manifest.json (with base's step, layout, recipe), fsyncs, renames the

@@ -4,7 +4,7 @@
 
 #include <type_traits>
 
-#include "checkpoint/manifest.h"
+#include "checkpoint/checksum.h"
 #include "core/check.h"
 
 namespace pentad::ckpt::h5 {
@@ -76,7 +76,9 @@ void write_attribute(hid_t dataset, const char* name, hid_t file_type, hid_t mem
     fail("cannot write attribute {}: {}", name, hdf5_detail());
 }
 
-void write_shard(hid_t file, hid_t lcpl, hid_t dcpl, const ShardData& shard, uint32_t crc32) {
+// Creates the dataset (its space allocated, nothing written) and its attributes; returns
+// the data's offset in the file, or -1 when it has none.
+int64_t create_shard(hid_t file, hid_t lcpl, hid_t dcpl, const ShardData& shard) {
   const ShardInfo& info = shard.info;
   const int ndim = info.local_shape.ndim;
   hsize_t dims[kMaxDims];
@@ -86,10 +88,12 @@ void write_shard(hid_t file, hid_t lcpl, hid_t dcpl, const ShardData& shard, uin
       H5Dcreate2(file, info.name.c_str(), H5T_IEEE_F32LE, space.get(), lcpl, dcpl, H5P_DEFAULT),
       H5Dclose);
   if (!dataset.ok()) fail("cannot create the dataset: {}", hdf5_detail());
-  // One write of the whole shard; memory and file types agree, so HDF5 copies nothing.
-  if (info.local_shape.numel() > 0 &&
-      H5Dwrite(dataset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, shard.data) < 0)
-    fail("cannot write the data: {}", hdf5_detail());
+  int64_t offset = -1;
+  if (info.local_shape.numel() > 0) {
+    const haddr_t at = H5Dget_offset(dataset.get());
+    if (at == HADDR_UNDEF) fail("no space was allocated for the data: {}", hdf5_detail());
+    offset = static_cast<int64_t>(at);
+  }
 
   int64_t global[kMaxDims];
   for (int d = 0; d < info.global_shape.ndim; ++d) global[d] = info.global_shape[d];
@@ -99,12 +103,14 @@ void write_shard(hid_t file, hid_t lcpl, hid_t dcpl, const ShardData& shard, uin
   write_attribute(dataset.get(), "shard_dim", H5T_STD_I32LE, H5T_NATIVE_INT32, &shard_dim, 0);
   write_attribute(dataset.get(), "shard_start", H5T_STD_I64LE, H5T_NATIVE_INT64, &info.shard_start,
                   0);
-  write_attribute(dataset.get(), "crc32", H5T_STD_U32LE, H5T_NATIVE_UINT32, &crc32, 0);
+  write_attribute(dataset.get(), checksum_name(kWrittenChecksum), H5T_STD_U64LE, H5T_NATIVE_UINT64,
+                  &info.checksum, 0);
+  return offset;
 }
 
 }  // namespace
 
-std::vector<uint32_t> write_file(const std::string& path, const std::string& shown_path,
+std::vector<int64_t> create_file(const std::string& path, const std::string& shown_path,
                                  const std::vector<ShardData>& shards) {
   quiet();
   Id fapl(file_access(true), H5Pclose);
@@ -115,20 +121,21 @@ std::vector<uint32_t> write_file(const std::string& path, const std::string& sho
   H5Pset_create_intermediate_group(lcpl.get(), 1);  // "param/x" creates group "param"
   Id dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
   H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS);
-  H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);  // every byte is written once, by us
-  H5Pset_obj_track_times(dcpl.get(), false);          // same state, same bytes
-  std::vector<uint32_t> crcs;
+  H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY);  // an offset now, data written later
+  H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);    // every byte is written once, by us
+  H5Pset_obj_track_times(dcpl.get(), false);            // same state, same bytes
+  std::vector<int64_t> offsets;
   for (const ShardData& shard : shards) {
-    crcs.push_back(crc32_of(shard.data, shard.info.local_shape.numel()));
     try {
-      write_shard(file.get(), lcpl.get(), dcpl.get(), shard, crcs.back());
+      offsets.push_back(create_shard(file.get(), lcpl.get(), dcpl.get(), shard));
     } catch (const Error& e) {
       fail("{}: tensor {}: {}", shown_path, shard.info.name, e.what());
     }
   }
+  // Closing writes the metadata; the caller writes the data.
   if (H5Fclose(file.release()) < 0)
     fail("{}: cannot write the file: {}", shown_path, hdf5_detail());
-  return crcs;
+  return offsets;
 }
 
 File::File(const std::string& path) : path_(path) {

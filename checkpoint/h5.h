@@ -2,8 +2,9 @@
 // The HDF5 side of checkpoints, kept behind this small interface so that only h5.cpp sees
 // HDF5's headers. A rank file holds one f32 dataset per shard, contiguous and uncompressed,
 // at the path of the tensor's name (groups for each '/'), with attributes global_shape,
-// shard_dim, shard_start and crc32. HDF5 never prints: every failure becomes a
-// pentad::Error naming the file (and the tensor). Internal to checkpoint/.
+// shard_dim, shard_start and the checksum (named after its algorithm: "xxh3-64"; "crc32"
+// in version 1 files). HDF5 never prints: every failure becomes a pentad::Error naming the
+// file (and the tensor). Internal to checkpoint/.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -13,10 +14,12 @@
 
 namespace pentad::ckpt::h5 {
 
-// Writes a new file at `path` (truncating any) with every shard and returns each shard's
-// crc32 (computed just before the shard is written, so the checksum of one overlaps the
-// kernel's writeback of the previous). Does not fsync. Errors name `shown_path`.
-std::vector<uint32_t> write_file(const std::string& path, const std::string& shown_path,
+// Creates a new file at `path` (truncating any) holding every shard's dataset, its space
+// allocated and its attributes (info.checksum included) written, but not its data: HDF5
+// writes only the metadata. Returns each dataset's byte offset in the file (-1 for an
+// empty shard), where the caller writes the shard's bytes; datasets of 64 KiB and more
+// start on a 4 KiB boundary (direct I/O). Does not fsync. Errors name `shown_path`.
+std::vector<int64_t> create_file(const std::string& path, const std::string& shown_path,
                                  const std::vector<ShardData>& shards);
 
 // One rank file opened read-only. Not thread-safe (neither is serial HDF5).

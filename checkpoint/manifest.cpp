@@ -1,7 +1,5 @@
 #include "checkpoint/manifest.h"
 
-#include <zlib.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -11,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "checkpoint/checksum.h"
 #include "core/check.h"
 
 namespace pentad::ckpt {
@@ -19,7 +18,9 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int kFormatVersion = 1;
+// Version 2: xxh3-64 checksums as hex strings, the algorithm named once. Version 1
+// (crc32 integers) is still read.
+constexpr int kFormatVersion = 2;
 
 json shape_json(const Shape& shape) {
   json dims = json::array();
@@ -35,7 +36,7 @@ json entry_json(const Manifest::Entry& e) {
               {"shard_dim", s.shard_dim},
               {"shard_start", s.shard_start},
               {"local_shape", shape_json(s.local_shape)},
-              {"crc32", s.crc32}};
+              {"checksum", fmt::format("{:016x}", s.checksum)}};
 }
 
 // Parse errors are Error("<what>") here; the callers prefix the file.
@@ -58,7 +59,16 @@ Shape shape_from(const json& j, const char* key) {
   return shape;
 }
 
-Manifest::Entry entry_from(const json& j) {
+uint64_t hex64(const json& j, const char* key) {
+  const json& v = j.at(key);
+  const std::string text = v.is_string() ? v.get<std::string>() : "";
+  if (text.size() != 16 || text.find_first_not_of("0123456789abcdef") != std::string::npos)
+    fail("'{}' is not 16 lowercase hex digits", key);
+  return std::stoull(text, nullptr, 16);
+}
+
+// version: the file's format version (1: crc32 integers; 2: hex checksums).
+Manifest::Entry entry_from(const json& j, int version) {
   Manifest::Entry e;
   e.file = j.at("file").get<std::string>();
   if (e.file.empty() || e.file == "." || e.file == ".." || e.file.find('/') != std::string::npos)
@@ -70,9 +80,13 @@ Manifest::Entry entry_from(const json& j) {
   s.local_shape = shape_from(j, "local_shape");
   s.shard_dim = static_cast<int>(integer(j, "shard_dim"));
   s.shard_start = integer(j, "shard_start");
-  const int64_t crc = integer(j, "crc32");
-  if (crc < 0 || crc > 0xffffffffLL) fail("tensor {}: crc32 {} is not 32-bit", s.name, crc);
-  s.crc32 = static_cast<uint32_t>(crc);
+  if (version == 1) {
+    const int64_t crc = integer(j, "crc32");
+    if (crc < 0 || crc > 0xffffffffLL) fail("tensor {}: crc32 {} is not 32-bit", s.name, crc);
+    s.checksum = static_cast<uint64_t>(crc);
+  } else {
+    s.checksum = hex64(j, "checksum");
+  }
 
   // The shard must be a slice of its global tensor along shard_dim (or all of it).
   const int ndim = s.global_shape.ndim;
@@ -87,13 +101,13 @@ Manifest::Entry entry_from(const json& j) {
   return e;
 }
 
-std::vector<Manifest::Entry> entries_from(const json& shards) {
+std::vector<Manifest::Entry> entries_from(const json& shards, int version) {
   if (!shards.is_array()) fail("'shards' is not an array");
   std::vector<Manifest::Entry> entries;
   entries.reserve(shards.size());
   std::map<std::string, size_t> first;  // tensor name -> index of its first shard
   for (const json& j : shards) {
-    entries.push_back(entry_from(j));
+    entries.push_back(entry_from(j, version));
     const Manifest::Entry& e = entries.back();
     auto [it, inserted] = first.emplace(e.shard.name, entries.size() - 1);
     const Manifest::Entry& f = entries[it->second];
@@ -112,31 +126,19 @@ json parse_json(const std::string& path) {
   }
 }
 
-}  // namespace
-
-uint32_t crc32_of(const float* data, int64_t count, bool parallel) {
-  const auto* bytes = reinterpret_cast<const Bytef*>(data);
-  const auto size = static_cast<z_size_t>(count) * sizeof(float);
-  constexpr z_size_t kPiece = z_size_t{8} << 20;  // crc32_combine costs ~ a few µs
-  const int pieces =
-      parallel ? static_cast<int>(std::min<z_size_t>((size + kPiece - 1) / kPiece, z_size_t{1024}))
-               : 1;
-  if (pieces <= 1) return static_cast<uint32_t>(crc32_z(0L, bytes, size));
-  std::vector<uLong> crcs(static_cast<size_t>(pieces));
-  const z_size_t step = (size + static_cast<z_size_t>(pieces) - 1) / static_cast<z_size_t>(pieces);
-#pragma omp parallel for schedule(static)
-  for (int p = 0; p < pieces; ++p) {
-    const z_size_t at = std::min(size, static_cast<z_size_t>(p) * step);
-    crcs[static_cast<size_t>(p)] = crc32_z(0L, bytes + at, std::min(step, size - at));
-  }
-  uLong crc = crcs[0];
-  for (int p = 1; p < pieces; ++p) {
-    const z_size_t at = std::min(size, static_cast<z_size_t>(p) * step);
-    crc = crc32_combine(crc, crcs[static_cast<size_t>(p)],
-                        static_cast<z_off_t>(std::min(step, size - at)));
-  }
-  return static_cast<uint32_t>(crc);
+// The format version of a manifest or sidecar (1 when absent) and its checksum algorithm;
+// throws if this pentad cannot check them.
+int version_of(const json& j, std::string& checksum) {
+  const int64_t version = j.contains("version") ? integer(j, "version") : 1;
+  if (version < 1 || version > kFormatVersion)
+    fail("format version {} (this pentad reads versions 1 to {})", version, kFormatVersion);
+  checksum = version == 1 ? "crc32" : j.at("checksum").get<std::string>();
+  if (!checksum_kind(checksum))
+    fail("checksum algorithm '{}' is not one this pentad knows (crc32, xxh3-64)", checksum);
+  return static_cast<int>(version);
 }
+
+}  // namespace
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -150,13 +152,22 @@ std::string read_text(const std::string& path) {
 std::string sidecar_json(const std::vector<Manifest::Entry>& shards) {
   json list = json::array();
   for (const Manifest::Entry& e : shards) list.push_back(entry_json(e));
-  return json{{"version", kFormatVersion}, {"shards", std::move(list)}}.dump(1) + "\n";
+  return json{{"version", kFormatVersion},
+              {"checksum", checksum_name(kWrittenChecksum)},
+              {"shards", std::move(list)}}
+             .dump(1) +
+         "\n";
 }
 
 std::vector<Manifest::Entry> parse_sidecar(const std::string& path) {
   const json j = parse_json(path);
   try {
-    return entries_from(j.at("shards"));
+    std::string checksum;
+    const int version = version_of(j, checksum);
+    if (checksum != checksum_name(kWrittenChecksum))
+      fail("checksums are {}, not {} (written by another pentad?)", checksum,
+           checksum_name(kWrittenChecksum));
+    return entries_from(j.at("shards"), version);
   } catch (const json::exception& e) {
     fail("{}: malformed sidecar: {}", path, e.what());
   } catch (const Error& e) {
@@ -176,6 +187,7 @@ std::string manifest_json(const Manifest& m) {
               {"pp", l.pp},       {"cp", l.cp}, {"sequence_parallel", l.sequence_parallel}};
   return json{{"format", "pentad-checkpoint"},
               {"version", kFormatVersion},
+              {"checksum", m.checksum},
               {"step", m.step},
               {"optimizer_steps", m.optimizer_steps},
               {"layout", std::move(layout)},
@@ -190,10 +202,8 @@ Manifest parse_manifest(const std::string& path) {
   const json j = parse_json(path);
   try {
     if (!j.is_object()) fail("not a JSON object");
-    if (j.contains("version") && integer(j, "version") != kFormatVersion)
-      fail("format version {} (this pentad reads version {})", integer(j, "version"),
-           kFormatVersion);
     Manifest m;
+    const int version = version_of(j, m.checksum);
     m.step = integer(j, "step");
     m.optimizer_steps = integer(j, "optimizer_steps");
     if (m.step < 0 || m.optimizer_steps < 0) fail("negative step");
@@ -205,7 +215,7 @@ Manifest parse_manifest(const std::string& path) {
     m.layout.cp = static_cast<int>(integer(l, "cp"));
     m.layout.sequence_parallel = l.at("sequence_parallel").get<bool>();
     m.recipe_toml = j.at("recipe").get<std::string>();
-    m.shards = entries_from(j.at("shards"));
+    m.shards = entries_from(j.at("shards"), version);
     if (m.shards.empty()) fail("no shards");
     return m;
   } catch (const json::exception& e) {

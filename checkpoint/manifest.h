@@ -1,6 +1,8 @@
 #pragma once
-// manifest.json and the per-rank sidecars (<rank file>.json) as text. Both list shards in
-// the same form: {file, name, global_shape, shard_dim, shard_start, local_shape, crc32}.
+// manifest.json and the per-rank sidecars (<rank file>.json) as text. Both name their
+// checksum algorithm ("checksum": "xxh3-64") and list shards in the same form: {file,
+// name, global_shape, shard_dim, shard_start, local_shape, checksum (16 hex digits)}.
+// Format version 1 (no algorithm; "crc32": zlib's crc32 as an integer) is still read.
 // Parsing validates everything a reader relies on and throws pentad::Error naming the
 // file. Internal to checkpoint/.
 #include <cstdint>
@@ -16,11 +18,6 @@ std::vector<Manifest::Entry> parse_sidecar(const std::string& path);
 
 std::string manifest_json(const Manifest& manifest);
 Manifest parse_manifest(const std::string& path);
-
-// zlib's crc32 of count floats' bytes: the checksum manifests list for each shard.
-// parallel: split across the OpenMP threads and combined (loading runs alone; the
-// asynchronous writer shares the cores with training and stays serial).
-uint32_t crc32_of(const float* data, int64_t count, bool parallel = false);
 
 // Throws pentad::Error naming `path` if the file cannot be read.
 std::string read_text(const std::string& path);

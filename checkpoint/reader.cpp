@@ -10,6 +10,7 @@
 
 #include "checkpoint/box.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/checksum.h"
 #include "checkpoint/h5.h"
 #include "checkpoint/manifest.h"
 #include "core/check.h"
@@ -33,6 +34,18 @@ struct Reader::Impl {
   std::map<std::string, std::unique_ptr<h5::File>> files;  // opened on first use
   std::vector<bool> verified;                              // per shard
   std::vector<float> scratch;                              // one stored shard
+  ChecksumKind checksum = kWrittenChecksum;                // the manifest's algorithm
+
+  // Throws naming the file and the tensor when the shard's bytes do not match.
+  void verify(const h5::File& file, const ShardInfo& shard, const float* data) const {
+    const uint64_t computed = checksum_of(
+        checksum, data, static_cast<size_t>(shard.local_shape.numel()) * sizeof(float), true);
+    if (computed != shard.checksum)
+      fail(
+          "{}: tensor {}: {} checksum mismatch (stored {:016x}, computed {:016x}): the file is "
+          "corrupt",
+          file.path(), shard.name, checksum_name(checksum), shard.checksum, computed);
+  }
 
   h5::File& file(const std::string& dir, const std::string& name) {
     auto it = files.find(name);
@@ -48,6 +61,7 @@ Reader::Reader(const std::string& dir)
   for (size_t i = 0; i < manifest_.shards.size(); ++i)
     impl_->shards_of[manifest_.shards[i].shard.name].push_back(i);
   impl_->verified.assign(manifest_.shards.size(), false);
+  impl_->checksum = *checksum_kind(manifest_.checksum);  // parse_manifest checked it
 }
 
 Reader::~Reader() {
@@ -124,12 +138,7 @@ void Reader::read(const std::string& name, const Shape& global_shape, int shard_
     if (!direct) impl_->scratch.resize(static_cast<size_t>(stored.numel()));
     float* whole = direct ? out + offset_in(in_want, want) : impl_->scratch.data();
     file.read(name, entry.shard.local_shape, whole);
-    const uint32_t computed = crc32_of(whole, stored.numel(), true);
-    if (computed != entry.shard.crc32)
-      fail(
-          "{}: tensor {}: checksum mismatch (stored 0x{:08x}, computed 0x{:08x}): the file is "
-          "corrupt",
-          file.path(), name, entry.shard.crc32, computed);
+    impl_->verify(file, entry.shard, whole);
     impl_->verified[i] = true;
     if (!direct) copy_region(whole, stored, out, want, region);
   }
@@ -144,12 +153,7 @@ int64_t Reader::verify_all() {
     h5::File& file = impl_->file(dir_, manifest_.shards[i].file);
     impl_->scratch.resize(static_cast<size_t>(s.local_shape.numel()));
     file.read(s.name, s.local_shape, impl_->scratch.data());
-    const uint32_t computed = crc32_of(impl_->scratch.data(), s.local_shape.numel(), true);
-    if (computed != s.crc32)
-      fail(
-          "{}: tensor {}: checksum mismatch (stored 0x{:08x}, computed 0x{:08x}): the file is "
-          "corrupt",
-          file.path(), s.name, s.crc32, computed);
+    impl_->verify(file, s, impl_->scratch.data());
     impl_->verified[i] = true;
   }
   std::vector<float>().swap(impl_->scratch);
@@ -161,7 +165,8 @@ std::string inspect(const std::string& dir, bool verify) {
   const Manifest& m = reader.manifest();
   const Layout& l = m.layout;
   std::string text = fmt::format("checkpoint {}\n", dir);
-  text += fmt::format("  step {}, optimizer steps {}\n", m.step, m.optimizer_steps);
+  text += fmt::format("  step {}, optimizer steps {}, {} checksums\n", m.step, m.optimizer_steps,
+                      m.checksum);
   text += fmt::format("  layout: world {} = tp {} x dp {} x pp {} x cp {}, sequence parallel {}\n",
                       l.world, l.tp, l.dp, l.pp, l.cp, l.sequence_parallel ? "on" : "off");
   int64_t recipe_lines = 0;

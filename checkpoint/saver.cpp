@@ -4,17 +4,42 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <limits>
 
+#include "checkpoint/checksum.h"
 #include "core/check.h"
 
 namespace pentad::ckpt {
 
 namespace {
+
+// Each tensor's copy starts on a page, so that the writer can hand it to direct I/O.
+constexpr size_t kPageBytes = 4096;
+constexpr size_t kAlignFloats = kPageBytes / sizeof(float);
+// Copy granularity: a piece is checksummed right after its copy, while it sits in L2,
+// and the optimizer may follow the copy piece by piece.
+constexpr size_t kPieceFloats = (size_t{256} << 10) / sizeof(float);
+
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
+
+double thread_cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_THREAD, &usage);
+  auto seconds = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
+  };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
+size_t numel_of(const LiveTensor& t) {
+  return static_cast<size_t>(t.info.local_shape.numel());
+}
+
 }  // namespace
 
 AsyncSaver::~AsyncSaver() {
@@ -27,11 +52,19 @@ void AsyncSaver::begin(std::vector<std::string> files, std::vector<LiveTensor> t
   const auto start = std::chrono::steady_clock::now();
   files_ = std::move(files);
   tensors_ = std::move(tensors);
+  staged_at_.clear();
+  size_t floats = 0;
+  for (const LiveTensor& t : tensors_) {
+    staged_at_.push_back(floats);
+    floats += (numel_of(t) + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+  }
+  copied_floats_.store(0);
   copied_ = false;
   file_done_ = false;
   error_.clear();
   busy_ = true;
   background_ = asynchronous;
+  has_snapshot_ = true;
   if (asynchronous) {
     thread_ = std::thread([this] { run(); });
   } else {
@@ -40,40 +73,99 @@ void AsyncSaver::begin(std::vector<std::string> files, std::vector<LiveTensor> t
   blocked_seconds_ += seconds_since(start);
 }
 
+void AsyncSaver::copy() {
+  // Allocating (and first touching) the staging buffer is part of the background work:
+  // only the first snapshot pays it, and never on the training thread. One uninitialised
+  // buffer, kept across snapshots: no zeroing pass before the copy.
+  const size_t floats = tensors_.empty()
+                            ? 0
+                            : staged_at_.back() + (numel_of(tensors_.back()) + kAlignFloats - 1) /
+                                                      kAlignFloats * kAlignFloats;
+  if (floats > staging_capacity_) {
+    staging_.reset();
+    staging_capacity_ = 0;
+    staging_.reset(static_cast<float*>(std::aligned_alloc(kPageBytes, floats * sizeof(float))));
+    if (!staging_)
+      fail("cannot allocate {} of host staging memory", format_bytes(floats * sizeof(float)));
+    staging_capacity_ = floats;
+  }
+  checksums_.assign(tensors_.size(), 0);
+  Xxh3Stream hash;
+  static_assert(kWrittenChecksum == ChecksumKind::Xxh3_64, "the copy computes xxh3-64");
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const size_t n = numel_of(tensors_[i]);
+    float* staged = staging_.get() + staged_at_[i];
+    hash.reset();
+    for (size_t at = 0; at < n; at += kPieceFloats) {
+      const size_t count = std::min(kPieceFloats, n - at);
+      std::memcpy(staged + at, tensors_[i].live + at, count * sizeof(float));
+      hash.update(staged + at, count * sizeof(float));
+      copied_floats_.store(staged_at_[i] + at + count, std::memory_order_release);
+      copied_floats_.notify_all();
+    }
+    checksums_[i] = hash.digest();
+  }
+}
+
 void AsyncSaver::run() {
-  // Allocating (and first touching) the staging buffers is part of the background work:
-  // only the first snapshot pays it, and never on the training thread.
-  // One uninitialised buffer, kept across snapshots: no zeroing pass before the copy.
-  size_t total = 0;
-  for (const LiveTensor& t : tensors_) total += static_cast<size_t>(t.info.local_shape.numel());
-  if (total > staging_capacity_) {
-    staging_.reset(new float[total]);
-    staging_capacity_ = total;
+  auto start = std::chrono::steady_clock::now();
+  double cpu = thread_cpu_seconds();
+  try {
+    copy();
+  } catch (const std::exception& e) {
+    error_ = e.what();
   }
-  std::vector<const float*> copies;
-  size_t offset = 0;
-  for (const LiveTensor& t : tensors_) {
-    const size_t n = static_cast<size_t>(t.info.local_shape.numel());
-    std::memcpy(staging_.get() + offset, t.live, n * sizeof(float));
-    copies.push_back(staging_.get() + offset);
-    offset += n;
-  }
-  copied_.store(true);
+  // Done (or failed): nobody waits any longer.
+  copied_floats_.store(std::numeric_limits<size_t>::max(), std::memory_order_release);
+  copied_floats_.notify_all();
+  copied_.store(true, std::memory_order_release);
   copied_.notify_all();
+  timings_ = Timings{};
+  timings_.copy_seconds = seconds_since(start);
+  timings_.copy_cpu_seconds = thread_cpu_seconds() - cpu;
+
   // The copy was on the optimizer's critical path; the write is not: below the training
   // threads, the writer takes the cycles they leave.
   if (background_) setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
+  start = std::chrono::steady_clock::now();
+  cpu = thread_cpu_seconds();
   try {
-    if (!tensors_.empty()) {
+    if (error_.empty() && !tensors_.empty()) {
       std::vector<ShardData> shards;
-      for (size_t i = 0; i < tensors_.size(); ++i)
-        shards.push_back(ShardData{tensors_[i].info, copies[i]});
+      for (size_t i = 0; i < tensors_.size(); ++i) {
+        ShardData shard{tensors_[i].info, staging_.get() + staged_at_[i], true};
+        shard.info.checksum = checksums_[i];
+        shards.push_back(std::move(shard));
+      }
       for (const std::string& file : files_) write_rank_file(file, shards);
     }
   } catch (const std::exception& e) {
     error_ = e.what();
   }
+  timings_.write_seconds = seconds_since(start);
+  timings_.write_cpu_seconds = thread_cpu_seconds() - cpu;
   file_done_.store(true);
+}
+
+void AsyncSaver::wait_for_copy(const float* begin, const float* end) {
+  if (!copying() || begin >= end) return;
+  // How far the copy must get: past the last live element of [begin, end) in staging order.
+  const auto lo = reinterpret_cast<uintptr_t>(begin), hi = reinterpret_cast<uintptr_t>(end);
+  size_t need = 0;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const auto first = reinterpret_cast<uintptr_t>(tensors_[i].live);
+    const uintptr_t last = first + numel_of(tensors_[i]) * sizeof(float);
+    if (last <= lo || first >= hi) continue;
+    need = std::max(need, staged_at_[i] + (std::min(last, hi) - first) / sizeof(float));
+  }
+  size_t have = copied_floats_.load(std::memory_order_acquire);
+  if (have >= need) return;
+  const auto start = std::chrono::steady_clock::now();
+  while (have < need) {
+    copied_floats_.wait(have, std::memory_order_acquire);
+    have = copied_floats_.load(std::memory_order_acquire);
+  }
+  blocked_seconds_ += seconds_since(start);
 }
 
 void AsyncSaver::wait_for_copy() {
@@ -90,6 +182,17 @@ void AsyncSaver::wait_for_file() {
   blocked_seconds_ += seconds_since(start);
   busy_ = false;
   if (!error_.empty()) fail("checkpoint write failed: {}", error_);
+}
+
+bool AsyncSaver::restore() {
+  if (!has_snapshot_) return false;
+  wait_for_copy();
+  // A failed copy (no staging memory) leaves no snapshot; a failed write leaves it whole.
+  if (!staging_ && !tensors_.empty()) return false;
+  for (size_t i = 0; i < tensors_.size(); ++i)
+    std::memcpy(tensors_[i].live, staging_.get() + staged_at_[i],
+                numel_of(tensors_[i]) * sizeof(float));
+  return true;
 }
 
 }  // namespace pentad::ckpt

@@ -1,15 +1,20 @@
 #pragma once
 // Lazy asynchronous saving. At a save step the state a bitwise resume needs (parameters,
 // AdamW moments; step and schedule go in the manifest) does not change until the next
-// optimizer step, so begin() returns at once and a background thread copies it into host
-// staging buffers while the next forward and backward compute. The optimizer calls
-// wait_for_copy() before it overwrites anything; then the same thread flushes the staged
-// copy to this rank's HDF5 file. Committing (every rank done, manifest, atomic rename) is
-// collective and happens on the training thread: see Trainer.
+// optimizer step, so begin() returns at once and a background thread copies it into one
+// host staging buffer while the next forward and backward compute. The thread copies the
+// tensors in the order given, in pieces, checksumming each piece while it is still in
+// cache, and publishes how far it got: the optimizer, updating in the same order, waits
+// before each chunk only until the copy has passed that chunk (wait_for_copy(begin, end)).
+// Then the same thread writes the staged copy to this rank's HDF5 file (and the mirror's).
+// Committing (every rank done, manifest, atomic rename) is collective and happens on the
+// training thread: see Trainer.
 //
-// The staging buffers keep the newest snapshot in host memory until the next save.
+// The staging buffer keeps the newest snapshot in host memory until the next save:
+// restore() copies it back into the live state, for a restart inside the job.
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
@@ -20,8 +25,8 @@
 namespace pentad::ckpt {
 
 struct LiveTensor {
-  ShardInfo info;            // global identity of the shard this rank holds
-  const float* live = nullptr;  // the training state it is copied from
+  ShardInfo info;         // global identity of the shard this rank holds
+  float* live = nullptr;  // the training state: read by the copy, written only by restore()
 };
 
 class AsyncSaver {
@@ -33,33 +38,61 @@ class AsyncSaver {
 
   // Starts a snapshot of `tensors` (empty on ranks that write nothing) into each of
   // `files` in turn: the local checkpoint first, then any further level (a shared store).
-  // asynchronous = false copies and writes before returning (the synchronous peer).
+  // The copy goes in the order of `tensors`. asynchronous = false copies and writes
+  // before returning (the synchronous peer).
   void begin(std::vector<std::string> files, std::vector<LiveTensor> tensors, bool asynchronous);
-  // Blocks until the snapshot's copy is complete: call before changing the live state.
+  // Blocks until the snapshot holds its copy of every live element in [begin, end) (at
+  // once for memory it does not hold): call before overwriting that range.
+  void wait_for_copy(const float* begin, const float* end);
+  // Blocks until the whole copy is complete.
   void wait_for_copy();
+  // Whether a snapshot's copy is still running (the only time wait_for_copy can block).
+  bool copying() const { return busy_ && !copied_.load(std::memory_order_acquire); }
   // Whether the file is written (or failed); wait_for_file() blocks until then and
   // rethrows a write failure as pentad::Error.
   bool file_done() const { return !busy_ || file_done_.load(); }
   void wait_for_file();
   bool pending() const { return busy_; }
 
+  // Copies the newest snapshot back into the live memory it was taken from (after its
+  // copy completes; its file may still be in flight). False when there is none.
+  bool restore();
+
   // Seconds the training thread spent blocked in begin(), wait_for_copy() and
   // wait_for_file(), in total.
   double blocked_seconds() const { return blocked_seconds_; }
 
+  // The background thread's last snapshot: seconds spent copying (with checksums) and
+  // writing every file, and its own CPU time for each (user + system).
+  struct Timings {
+    double copy_seconds = 0, copy_cpu_seconds = 0, write_seconds = 0, write_cpu_seconds = 0;
+  };
+  Timings last_timings() const { return timings_; }  // valid once the file is done
+
  private:
   void run();  // the background thread: copy, then write
+  void copy();
+
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
 
   std::vector<std::string> files_;
   std::vector<LiveTensor> tensors_;
-  std::unique_ptr<float[]> staging_;  // every tensor's copy, back to back
-  size_t staging_capacity_ = 0;       // floats
+  std::vector<size_t> staged_at_;           // each tensor's offset in staging_, floats
+  std::vector<uint64_t> checksums_;         // each tensor's, computed during the copy
+  std::unique_ptr<float[], Free> staging_;  // page-aligned (direct I/O), uninitialised
+  size_t staging_capacity_ = 0;             // floats
   std::thread thread_;
   bool busy_ = false;
-  bool background_ = false;  // run() is on its own thread
+  bool background_ = false;    // run() is on its own thread
+  bool has_snapshot_ = false;  // a copy of the newest snapshot is (being) staged
+  // Floats of staging_ copied so far, in staging order (gaps between tensors included).
+  std::atomic<size_t> copied_floats_{0};
   std::atomic<bool> copied_{false}, file_done_{false};
   std::string error_;
   double blocked_seconds_ = 0.0;
+  Timings timings_;
 };
 
 }  // namespace pentad::ckpt

@@ -16,6 +16,8 @@
 
 #include "checkpoint/box.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/checksum.h"
+#include "checkpoint/direct_io.h"
 #include "checkpoint/h5.h"
 #include "checkpoint/manifest.h"
 #include "core/check.h"
@@ -134,7 +136,8 @@ std::string rank_file_name(int rank) {
   return fmt::format("rank-{:05d}.h5", rank);
 }
 
-void write_rank_file(const std::string& path, const std::vector<ShardData>& shards) {
+void write_rank_file(const std::string& path, const std::vector<ShardData>& shards,
+                     bool direct_io) {
   const std::string dir = parent_of(path);
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -142,21 +145,28 @@ void write_rank_file(const std::string& path, const std::vector<ShardData>& shar
 
   const std::string file_name = fs::path(path).filename().string();
   std::set<std::string> names;
-  for (const ShardData& s : shards) {
+  std::vector<ShardData> checked = shards;
+  for (ShardData& s : checked) {
     check_shard(s);
     PENTAD_CHECK(names.insert(s.info.name).second, "{}: tensor {} written twice", path,
                  s.info.name);
+    if (!s.checksummed)
+      s.info.checksum =
+          checksum_of(kWrittenChecksum, s.data, s.info.local_shape.numel() * sizeof(float));
   }
 
+  // HDF5 lays the file out and writes its metadata; the data goes where it said.
   const std::string tmp = path + ".tmp";
-  const std::vector<uint32_t> crcs = h5::write_file(tmp, path, shards);
-  sync_path(tmp, false);
+  const std::vector<int64_t> offsets = h5::create_file(tmp, path, checked);
+  std::vector<Extent> extents;
+  for (size_t i = 0; i < checked.size(); ++i)
+    if (offsets[i] >= 0)
+      extents.push_back({offsets[i], checked[i].data,
+                         static_cast<size_t>(checked[i].info.local_shape.numel()) * sizeof(float)});
+  write_extents(tmp, path, extents, direct_io);  // and fsync
   rename_or_fail(tmp, path);
   std::vector<Manifest::Entry> entries;
-  for (size_t i = 0; i < shards.size(); ++i) {
-    entries.push_back({file_name, shards[i].info});
-    entries.back().shard.crc32 = crcs[i];
-  }
+  for (const ShardData& s : checked) entries.push_back({file_name, s.info});
   write_atomically(path + ".json", sidecar_json(entries));
   sync_path(dir, true);
 }
@@ -175,6 +185,7 @@ void commit(const std::string& root, const Manifest& base, int keep_last) {
   std::sort(sidecars.begin(), sidecars.end());
   if (sidecars.empty()) fail("{}: no rank files to commit", partial);
   Manifest manifest = base;
+  manifest.checksum = checksum_name(kWrittenChecksum);  // the sidecars' (parse_sidecar checks)
   manifest.shards.clear();
   for (const std::string& sidecar : sidecars) {
     const std::string h5_file = sidecar.substr(0, sidecar.size() - 5);

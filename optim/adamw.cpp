@@ -1,5 +1,6 @@
 #include "optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/ops.h"
@@ -21,9 +22,11 @@ float learning_rate(const OptimConfig& cfg, int64_t step, int64_t total_steps) {
 
 GradSquares grad_sum_squares(const ParamStore& params) {
   GradSquares sums;
-  for (int id = 0; id < static_cast<int>(params.specs().size()); ++id)
+  for (int id = 0; id < static_cast<int>(params.specs().size()); ++id) {
+    if (params.spec(id).pipeline_copy) continue;  // the original is counted on its own stage
     (params.spec(id).shard_dim >= 0 ? sums.sharded : sums.replicated) +=
         kernels::sum_squares(params.grad(id));
+  }
   return sums;
 }
 
@@ -45,12 +48,25 @@ void AdamW::reset() {
   step_ = 0;
 }
 
-void AdamW::step(ParamStore& params, float lr) {
+void AdamW::step(ParamStore& params, float lr, const BeforeChunk& before_chunk) {
   ++step_;
   for (int id = 0; id < static_cast<int>(params.specs().size()); ++id) {
     const float wd = params.spec(id).weight_decay ? cfg_.weight_decay : 0.0f;
-    kernels::adamw_update(params.param(id), params.view(m_.base(), id), params.view(v_.base(), id),
-                          params.grad(id), lr, cfg_.beta1, cfg_.beta2, cfg_.eps, wd, step_);
+    const size_t offset = params.spec(id).offset;
+    const size_t n = static_cast<size_t>(params.spec(id).local_shape.numel());
+    // Equal chunks (a short last one would fall below the kernel's threads threshold).
+    const size_t chunks = std::max<size_t>(1, (n + kChunkElements - 1) / kChunkElements);
+    const size_t per_chunk = (n + chunks - 1) / chunks;
+    auto flat = [&](void* base, size_t at, size_t count) {
+      return view_of(static_cast<float*>(base) + at, Shape{static_cast<int64_t>(count)});
+    };
+    for (size_t at = offset; at < offset + n; at += per_chunk) {
+      const size_t count = std::min(per_chunk, offset + n - at);
+      if (before_chunk) before_chunk(at, at + count);
+      kernels::adamw_update(flat(params.all_params().data, at, count), flat(m_.base(), at, count),
+                            flat(v_.base(), at, count), flat(params.all_grads().data, at, count),
+                            lr, cfg_.beta1, cfg_.beta2, cfg_.eps, wd, step_);
+    }
   }
 }
 

@@ -1,7 +1,9 @@
 #pragma once
 // AdamW with decoupled weight decay (none on norms and biases: ParamSpec::weight_decay),
 // global-norm gradient clipping, and the learning-rate schedule.
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 
 #include "core/tensor.h"
 #include "model/params.h"
@@ -13,7 +15,7 @@ namespace pentad {
 // decay to cfg.lr * min_lr_ratio at total_steps, or constant.
 float learning_rate(const OptimConfig& cfg, int64_t step, int64_t total_steps);
 
-// Sums of squares of this rank's gradients, split into parameters sharded over tensor
+// Sums of squares of this rank's gradients (pipeline copies left out), split into parameters sharded over tensor
 // parallelism (to be summed over tp) and replicated ones (the same on every tp rank).
 struct GradSquares {
   double sharded = 0.0, replicated = 0.0;
@@ -26,8 +28,17 @@ void clip_gradients(ParamStore& params, double norm, float max_norm);
 
 class AdamW {
  public:
+  // Called before each chunk of a step with the chunk's element range [begin, end) of the
+  // parameter arena, which is also its range of m and v: nothing in it has been written
+  // yet. A checkpoint copy in flight uses it to hold the update back only where the copy
+  // has not reached (the optimizer itself knows nothing of checkpoints).
+  using BeforeChunk = std::function<void(size_t begin, size_t end)>;
+  // Chunks lie inside one parameter, in arena order, of at most this many elements. The
+  // update is elementwise, so the bits do not depend on the chunking.
+  static constexpr size_t kChunkElements = size_t{1} << 20;
+
   AdamW(const OptimConfig& cfg, const ParamStore& params);
-  void step(ParamStore& params, float lr);
+  void step(ParamStore& params, float lr, const BeforeChunk& before_chunk = {});
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t steps) { step_ = steps; }  // when resuming
   void reset();  // zero moments, step 0

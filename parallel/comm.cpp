@@ -125,6 +125,7 @@ double Communicator::injected_seconds(int64_t bytes) const {
 }
 
 void Communicator::inject(int64_t bytes) const {
+  if (injection_.links_only) return;
   const double seconds = injected_seconds(bytes);
   if (seconds > 0) std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
 }
@@ -154,6 +155,25 @@ class DeferredSend final : public WorkImpl {
   std::unique_ptr<WorkImpl> posted_;
 };
 
+// Any operation on a communicator with deferred sends: testing or waiting also posts the
+// sends that have come due, so two ranks waiting on each other's late sends still progress.
+class PumpingWork final : public WorkImpl {
+ public:
+  PumpingWork(Communicator& comm, std::unique_ptr<WorkImpl> inner)
+      : comm_(comm), inner_(std::move(inner)) {}
+  bool test() override {
+    comm_.post_due_sends(false);
+    return inner_->test();
+  }
+  void wait() override {
+    while (!test()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+
+ private:
+  Communicator& comm_;
+  std::unique_ptr<WorkImpl> inner_;
+};
+
 void Communicator::post_due_sends(bool wait_for_all) {
   while (!deferred_.empty()) {
     Deferred& d = deferred_.front();
@@ -166,6 +186,8 @@ void Communicator::post_due_sends(bool wait_for_all) {
 }
 
 Work Communicator::finish(std::unique_ptr<WorkImpl> impl, TraceTicket ticket, bool async) {
+  if (injected_seconds(1) > 0 || !deferred_.empty())
+    impl = std::make_unique<PumpingWork>(*this, std::move(impl));
   Work work(std::move(impl), ticket);
   if (!async) work.wait();
   return work;
@@ -317,9 +339,12 @@ std::vector<Work> Communicator::batch_p2p(std::vector<P2POp> ops) {
       impls[i] = std::move(deferred);
     }
     std::vector<std::unique_ptr<WorkImpl>> posted = post_p2p(now_ops);
-    for (size_t j = 0; j < posted.size(); ++j) impls[now_index[j]] = std::move(posted[j]);
+    for (size_t j = 0; j < posted.size(); ++j)
+      impls[now_index[j]] = std::make_unique<PumpingWork>(*this, std::move(posted[j]));
   } else {
     impls = post_p2p(ops);
+    if (!deferred_.empty())
+      for (auto& impl : impls) impl = std::make_unique<PumpingWork>(*this, std::move(impl));
   }
   PENTAD_CHECK(impls.size() == ops.size(), "backend returned {} handles for {} p2p ops",
                impls.size(), ops.size());

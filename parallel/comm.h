@@ -78,6 +78,7 @@ struct Injection {
   double delay_seconds = 0;
   int slow_rank = -1;           // rank within this communicator; -1: every rank
   double bytes_per_second = 0;  // 0: unlimited
+  bool links_only = false;      // slow sends only; collectives run at full speed
 };
 
 class Communicator {
@@ -142,6 +143,7 @@ class Communicator {
   void inject(int64_t bytes) const;
   double injected_seconds(int64_t bytes) const;  // 0 on ranks the injection spares
   friend class DeferredSend;
+  friend class PumpingWork;
   struct Deferred {  // a send waiting for its simulated link
     P2POp op;
     std::chrono::steady_clock::time_point due;

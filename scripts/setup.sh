@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   openmpi-bin libopenmpi-dev          # communicators (MPI backend)
-  libhdf5-dev zlib1g-dev              # checkpoints (HDF5 files, crc32 checksums)
+  libhdf5-dev libxxhash-dev zlib1g-dev  # checkpoints (HDF5 files, xxh3 and crc32 checksums)
   libspdlog-dev libfmt-dev            # logging
   libgtest-dev                        # tests
   libtomlplusplus-dev                 # recipes

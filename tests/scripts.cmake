@@ -34,10 +34,13 @@ add_test(NAME layouts_llama
 add_test(NAME layouts_pipeline_gpt2
   COMMAND ${PENTAD_PYTHON} ${LAYOUT} --pipeline $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml
           ${CMAKE_CURRENT_BINARY_DIR}/layouts-pipeline-gpt2 train.micro_batch=2 train.seq_len=32)
+# lr 1e-3: at llama-tiny's 3e-3, 8 layers on random tokens are chaotic after warm-up: plain
+# dp2 (no pipeline) drifts from one rank by 2e-4 in 20 steps, grown from a 1e-9 difference
+# in the summation order of the gradient norm. Pipeline-only layouts are bitwise equal.
 add_test(NAME layouts_pipeline_llama
   COMMAND ${PENTAD_PYTHON} ${LAYOUT} --pipeline $<TARGET_FILE:pentad> ${RECIPES}/llama-tiny.toml
           ${CMAKE_CURRENT_BINARY_DIR}/layouts-pipeline-llama train.micro_batch=2 train.seq_len=32
-          model.n_head=8 model.n_kv_head=4)
+          model.n_head=8 model.n_kv_head=4 optim.lr=1e-3)
 set_tests_properties(layouts_gpt2 layouts_llama layouts_pipeline_gpt2 layouts_pipeline_llama
   PROPERTIES TIMEOUT 900 RUN_SERIAL TRUE PASS_REGULAR_EXPRESSION "every layout matches one rank")
 

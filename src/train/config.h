@@ -92,6 +92,9 @@ struct ParallelConfig {              // [parallel]: the device mesh (see paralle
   std::string pp_layout;             // layers per model chunk, e.g. "3,5"; empty = even split
   float pp_memory_mb = 0.0f;
   int64_t pp_adapt_every = 10;
+  // Simulated slow stage-to-stage links, for benchmarks and tests: every pipeline send is
+  // delivered this many milliseconds late (the sender does not wait).
+  float pp_link_delay_ms = 0.0f;
   bool sequence_parallel = false;    // shard norm/residual regions along the sequence over tp
   std::string order = "tp,cp,dp,pp"; // mesh axes, innermost (fastest links) first
   float bucket_mb = 4.0f;             // data-parallel gradient bucket size, MiB

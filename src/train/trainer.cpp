@@ -32,6 +32,19 @@ static int ranks_on_this_node() {
   return size;
 }
 
+parallel::pp::ScheduleSpec schedule_spec(const Config& cfg) {
+  const ParallelConfig& p = cfg.parallel;
+  parallel::pp::ScheduleSpec spec;
+  // "adaptive" runs kFkB and re-chooses its group as it goes.
+  spec.kind = p.pp_schedule == "adaptive" ? parallel::pp::ScheduleKind::KFKB
+                                          : parallel::pp::parse_schedule(p.pp_schedule);
+  spec.stages = int(p.pp);
+  spec.micro_batches = int(cfg.train.grad_accum);
+  spec.virtual_stages = int(p.virtual_stages);
+  spec.group = int(std::min(p.pp_group, cfg.train.grad_accum));
+  return spec;
+}
+
 parallel::MeshConfig mesh_config(const Config& cfg, int world_size) {
   const ParallelConfig& p = cfg.parallel;
   parallel::MeshConfig mesh;
@@ -49,6 +62,10 @@ parallel::MeshConfig mesh_config(const Config& cfg, int world_size) {
          "ranks started: change parallel.tp or start a multiple of {} ranks",
          p.tp, p.cp, p.pp, others, world_size, others);
   parallel::validate(mesh, world_size);
+  if (p.pp > 1 || p.virtual_stages > 1 || !p.pp_layout.empty()) {
+    parallel::pp::check_schedule(schedule_spec(cfg));
+    parallel::pp::chunk_layers(cfg.model.n_layer, int(p.pp), int(p.virtual_stages), p.pp_layout);
+  }
   parallel::check_layout(mesh, cfg.model.n_head, cfg.model.n_kv_head, cfg.model.vocab_size,
                          ffn_dim(cfg.model), cfg.model.n_layer, cfg.train.seq_len,
                          cfg.train.micro_batch, p.sequence_parallel);
@@ -64,6 +81,8 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
     dp_size_ = mesh_->degree(parallel::Axis::DP);
     dp_rank_ = mesh_->coord(parallel::Axis::DP);
     tp = parallel::TensorParallel(&mesh_->group(parallel::Axis::TP), cfg.parallel.sequence_parallel);
+    pp_size_ = mesh_->degree(parallel::Axis::PP);
+    pp_rank_ = mesh_->coord(parallel::Axis::PP);
     // The default corpus is tokenized once, by rank 0, before anyone opens it.
     if (cfg.data.source == "fortunes" && world_rank_ == 0)
       data::prepare_default_corpus(cfg.data, cfg.model.vocab_size);
@@ -71,8 +90,20 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
   }
   data_ = std::make_unique<data::DataLoader>(
       data::DataLoader::open(cfg.data, t.seq_len, cfg.model.vocab_size, t.seed));
-  model_ = std::make_unique<Model>(cfg.model, t.micro_batch, t.seq_len, tp);
+  std::vector<Chunk> chunks;  // empty: the whole model
+  if (pp_size_ > 1)
+    chunks = parallel::pp::stage_chunks(
+        parallel::pp::chunk_layers(cfg.model.n_layer, pp_size_, int(cfg.parallel.virtual_stages),
+                                   cfg.parallel.pp_layout),
+        pp_size_, pp_rank_);
+  model_ = std::make_unique<Model>(cfg.model, t.micro_batch, t.seq_len, tp, chunks);
   model_->params().initialize(t.seed);
+  if (pp_size_ > 1) {
+    parallel::Communicator& stages = mesh_->group(parallel::Axis::PP);
+    if (cfg.parallel.pp_link_delay_ms > 0)
+      stages.set_injection({cfg.parallel.pp_link_delay_ms * 1e-3, -1, 0, /*links_only=*/true});
+    pipeline_ = std::make_unique<parallel::pp::Pipeline>(*model_, stages, schedule_spec(cfg));
+  }
   optimizer_ = std::make_unique<AdamW>(cfg.optim, model_->params());
   if (mesh_ && mesh_->dp_cp().size() > 1)
     reducer_ = std::make_unique<parallel::GradReducer>(
@@ -108,30 +139,55 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
   double loss_sum = 0.0;
   GradsReady on_ready;
   if (reducer_) on_ready = [this](int64_t offset) { reducer_->ready_from(offset); };
-  for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
-    fetch_batch(step, micro, inputs_, targets_);
-    loss_sum += model_->forward(inputs_.data(), targets_.data(), dloss);
-    model_->backward(micro + 1 == t.grad_accum, on_ready);
+  if (pipeline_) {
+    loss_sum = pipeline_->train(
+        step,
+        [&](int micro, std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
+          fetch_batch(step, micro, inputs, targets);
+        },
+        dloss, on_ready);
+  } else {
+    for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
+      fetch_batch(step, micro, inputs_, targets_);
+      loss_sum += model_->forward(inputs_.data(), targets_.data(), dloss);
+      model_->backward(micro + 1 == t.grad_accum, on_ready);
+    }
   }
   s.backward_end_ns = parallel::trace_now_ns();
+  if (pipeline_) step_starts_.push_back({step, s.start_ns});
   if (reducer_) reducer_->finish();
+  // Tied embeddings under pipelining: the first and last stages' tables get the sum of
+  // both gradients, so they stay equal.
+  if (parallel::Communicator* ends = mesh_ ? mesh_->embedding_group() : nullptr)
+    if (cfg_.model.tie_embeddings) {
+      const int id = model_->embedding_copy() >= 0 ? model_->embedding_copy() : model_->embedding();
+      ends->all_reduce(params.grad(id));
+    }
   s.reduced_ns = parallel::trace_now_ns();
   if (after_backward) after_backward();
-  saver_.wait_for_copy();  // a snapshot in flight must hold the state before this update
   s.step = step;
-  s.loss = static_cast<float>(all_reduce_dp(loss_sum) / static_cast<double>(t.grad_accum * dp_size_));
+  // The loss is known on the last stage: summed over stages, then over data-parallel ranks.
+  s.loss = static_cast<float>(all_reduce_dp(all_reduce_pp(loss_sum)) /
+                              static_cast<double>(t.grad_accum * dp_size_));
   GradSquares squares = grad_sum_squares(params);
   if (model_->tp().degree() > 1)  // shards add up over tp; replicated ones count once
     mesh_->group(parallel::Axis::TP).all_reduce(view_of(&squares.sharded, Shape{1}, DType::F64));
-  s.grad_norm = std::sqrt(squares.sharded + squares.replicated);
+  s.grad_norm = std::sqrt(all_reduce_pp(squares.sharded + squares.replicated));
   clip_gradients(params, s.grad_norm, cfg_.optim.grad_clip);
   s.lr = learning_rate(cfg_.optim, step, t.steps);
-  optimizer_->step(params, s.lr);
+  if (pipeline_ && cfg_.parallel.pp_schedule == "adaptive" && (step + 1) % cfg_.parallel.pp_adapt_every == 0)
+    adapt_pipeline_group();
+  optimizer_->step(params, s.lr, snapshot_copied());  // a snapshot in flight copies first
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double tokens = static_cast<double>(t.micro_batch * t.seq_len * t.grad_accum * dp_size_);
   s.tokens_per_second = tokens / s.seconds;
   s.flops_per_second = model_->flops_per_micro_batch() * static_cast<double>(t.grad_accum) / s.seconds;
   return s;
+}
+
+double Trainer::all_reduce_pp(double value) {
+  if (pp_size_ > 1) mesh_->group(parallel::Axis::PP).all_reduce(view_of(&value, Shape{1}, DType::F64));
+  return value;
 }
 
 double Trainer::all_reduce_dp(double value) {
@@ -144,11 +200,22 @@ float Trainer::evaluate() {
   // tp group evaluates the same batches together.
   const TrainConfig& t = cfg_.train;
   double sum = 0.0;
-  for (int64_t i = dp_rank_; i < t.eval_batches; i += dp_size_) {
-    data_->val_samples(i * t.micro_batch, t.micro_batch, inputs_.data(), targets_.data());
-    sum += model_->forward(inputs_.data(), targets_.data(), 0.0f);
+  if (pipeline_) {
+    const int count = int((t.eval_batches - dp_rank_ + dp_size_ - 1) / dp_size_);
+    sum = pipeline_->evaluate(count, [&](int micro, std::vector<int32_t>& inputs,
+                                         std::vector<int32_t>& targets) {
+      inputs.resize(inputs_.size());
+      targets.resize(inputs_.size());
+      data_->val_samples((dp_rank_ + int64_t(micro) * dp_size_) * t.micro_batch, t.micro_batch,
+                         inputs.data(), targets.data());
+    });
+  } else {
+    for (int64_t i = dp_rank_; i < t.eval_batches; i += dp_size_) {
+      data_->val_samples(i * t.micro_batch, t.micro_batch, inputs_.data(), targets_.data());
+      sum += model_->forward(inputs_.data(), targets_.data(), 0.0f);
+    }
   }
-  return static_cast<float>(all_reduce_dp(sum) / static_cast<double>(t.eval_batches));
+  return static_cast<float>(all_reduce_dp(all_reduce_pp(sum)) / static_cast<double>(t.eval_batches));
 }
 
 void Trainer::write_comm_log(const std::string& dir) const {
@@ -165,6 +232,7 @@ void Trainer::write_comm_log(const std::string& dir) const {
   nlohmann::json log = {{"rank", world_rank_},
                         {"tp", model_->tp().degree()},
                         {"dp", dp_size_},
+                        {"pp", pp_size_},
                         {"sequence_parallel", model_->tp().sequence_parallel()},
                         {"micro_batch", cfg_.train.micro_batch},
                         {"seq_len", cfg_.train.seq_len},
@@ -185,6 +253,7 @@ void Trainer::dump_weights(const std::string& dir) const {
   nlohmann::json shards = nlohmann::json::array();
   for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
     const ParamSpec& spec = p.spec(id);
+    if (spec.pipeline_copy) continue;  // the first stage writes the original
     const std::string file = fmt::format("{}.tp{}.npy", spec.name, tp_rank);
     write_npy(dir + "/" + file, p.param(id));
     std::vector<int64_t> shape(spec.global_shape.dims.begin(),
@@ -192,18 +261,34 @@ void Trainer::dump_weights(const std::string& dir) const {
     shards.push_back({{"name", spec.name}, {"file", file}, {"global_shape", shape},
                       {"shard_dim", spec.shard_dim}, {"shard_start", spec.shard_start}});
   }
-  std::ofstream(fmt::format("{}/shards.tp{}.json", dir, tp_rank)) << shards.dump(1);
+  std::ofstream(fmt::format("{}/shards.pp{}.tp{}.json", dir, pp_rank_, tp_rank)) << shards.dump(1);
 }
 
 std::string Trainer::memory_plan() const {
   const ParamStore& p = model_->params();
   const size_t params = p.bytes(), grads = p.bytes(), optim = 2 * p.bytes();
-  const size_t acts = model_->activation_bytes();
+  size_t acts = model_->activation_bytes();
+  std::string in_flight;
+  if (pipeline_) {  // one slot per micro-batch the schedule keeps in flight on each chunk
+    const parallel::pp::ScheduleSpec& spec = pipeline_->schedule();
+    const std::vector<parallel::pp::Action> actions = parallel::pp::stage_actions(spec, pp_rank_);
+    for (int c = 0; c < model_->chunks(); ++c) {
+      std::vector<parallel::pp::Action> mine;
+      for (const parallel::pp::Action& a : actions)
+        if (a.chunk == c) mine.push_back(a);
+      const int peak = parallel::pp::peak_in_flight(mine);
+      acts += size_t(peak - model_->slots_made(c)) * model_->slot_bytes(c);
+      in_flight += fmt::format("{}chunk {} (layers {}-{}): {} micro-batches in flight x {}",
+                               c ? ", " : "; ", c, model_->chunk(c).layer_begin,
+                               model_->chunk(c).layer_end - 1, peak,
+                               format_bytes(model_->slot_bytes(c)));
+    }
+  }
   return fmt::format(
       "memory plan (this rank): parameters {} ({} values) | gradients {} | AdamW state {} | "
-      "activations {} (micro-batch {} x {}, recompute {}) | total {}",
+      "activations {} (micro-batch {} x {}, recompute {}{}) | total {}",
       format_bytes(params), p.numel(), format_bytes(grads), format_bytes(optim), format_bytes(acts),
-      cfg_.train.micro_batch, cfg_.train.seq_len, cfg_.model.recompute ? "on" : "off",
+      cfg_.train.micro_batch, cfg_.train.seq_len, cfg_.model.recompute ? "on" : "off", in_flight,
       format_bytes(params + grads + optim + acts));
 }
 

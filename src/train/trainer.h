@@ -14,6 +14,7 @@
 #include "optim/adamw.h"
 #include "parallel/dp/grad_reducer.h"
 #include "parallel/mesh.h"
+#include "parallel/pp/pipeline.h"
 #include "train/config.h"
 
 namespace pentad {
@@ -55,6 +56,13 @@ class Trainer {
   void dump_weights(const std::string& dir) const;
   // Writes this rank's communication trace and step spans (rank<r>.json) for bench/.
   void write_comm_log(const std::string& dir) const;
+  // Pipeline timeline: every rank's forward, backward and transfer-wait spans of the last
+  // steps, gathered into one Chrome-trace JSON (opens in Perfetto) by world rank 0, which
+  // returns the measured bubble fraction (-1 without pipelining; 0 on other ranks).
+  // Collective.
+  double write_timeline(const std::string& path);
+  parallel::pp::Pipeline* pipeline() { return pipeline_.get(); }
+  const std::vector<int64_t>& pipeline_group_choices() const { return pp_choices_; }
 
   // Checkpoints. save() starts a snapshot of the state after `steps_done` steps (lazy and
   // asynchronous when train.async_save); commit_pending() makes the newest snapshot a
@@ -68,6 +76,15 @@ class Trainer {
   std::string checkpoint_root() const;
   std::vector<std::string> checkpoint_roots() const;  // the local level, then the mirror
   double checkpoint_blocked_seconds() const { return saver_.blocked_seconds(); }
+  // Restarts inside the job from the newest snapshot (the last save()), which stays in
+  // host memory: parameters, AdamW moments and step, bitwise what resume() would load from
+  // its checkpoint, without reading disk. Returns the step to train next, or -1 when this
+  // job has saved nothing. Collective. Ranks that hold no staged copy (data-parallel
+  // replicas; tensor-parallel ranks for replicated parameters) receive it by broadcast.
+  int64_t restore_snapshot();
+  // For the optimizer: before each chunk it updates, waits only until a snapshot copy in
+  // flight holds that chunk's parameters and moments (empty when no copy is in flight).
+  AdamW::BeforeChunk snapshot_copied();
 
  private:
   void write_metrics(const std::string& json_line);
@@ -81,21 +98,31 @@ class Trainer {
   bool load(const std::string& dir);  // false (and a warning) if the checkpoint is unusable
   int all_ranks(int value, parallel::ReduceOp op);  // over the world; value alone on one rank
   double all_reduce_dp(double value);
+  double all_reduce_pp(double value);  // sum over the pipeline stages
+  // Adaptive kFkB: re-chooses the group size k from this step's measured pass times and a
+  // measured stage-to-stage transfer, by simulating every k within the memory limit.
+  void adapt_pipeline_group();
+  double measure_link_seconds();
 
   Config cfg_;
   parallel::Mesh* mesh_ = nullptr;
   int world_rank_ = 0;
   int dp_size_ = 1, dp_rank_ = 0;
+  int pp_size_ = 1, pp_rank_ = 0;
   std::unique_ptr<Model> model_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<data::DataLoader> data_;
   std::unique_ptr<parallel::GradReducer> reducer_;
+  std::unique_ptr<parallel::pp::Pipeline> pipeline_;  // with pp > 1
+  std::vector<int64_t> pp_choices_;                    // adaptive: k chosen at each adaptation
+  std::vector<std::pair<int64_t, int64_t>> step_starts_;  // pipelined steps: (step, start ns)
   std::ofstream metrics_;
   std::vector<int32_t> inputs_, targets_;
   std::vector<StepStats> history_;  // every step of run(), for write_comm_log
   ckpt::AsyncSaver saver_;
   int64_t pending_save_ = -1;  // step of the snapshot not yet committed
   int64_t pending_optimizer_steps_ = 0;
+  int64_t snapshot_step_ = -1, snapshot_optimizer_steps_ = 0;  // of the newest, in memory
   int64_t saves_ = 0;
   int64_t start_step_ = 0;     // first step run() trains (after a resume)
 };
@@ -107,5 +134,8 @@ void set_compute_threads(int64_t threads, int ranks_on_node = 1);
 // The mesh a recipe asks for on `world_size` ranks (dp = 0 takes what is left), checked
 // against the model: refusals name the degree to change.
 parallel::MeshConfig mesh_config(const Config& cfg, int world_size);
+
+// The pipeline schedule a recipe asks for (parallel.pp_schedule over train.grad_accum).
+parallel::pp::ScheduleSpec schedule_spec(const Config& cfg);
 
 }  // namespace pentad

@@ -1,6 +1,6 @@
 // The trainer's side of checkpoints: which state a snapshot holds, when it is committed,
-// and loading one (any layout) to resume. The format and the background saver live in
-// checkpoint/.
+// loading one (any layout) to resume, and restoring the newest from host memory. The
+// format and the background saver live in checkpoint/.
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
@@ -31,17 +31,21 @@ std::vector<std::string> Trainer::checkpoint_roots() const {
 void Trainer::save(int64_t steps_done) {
   commit_pending(true);
   // The first data-parallel replica of each shard writes it; the others hold copies.
+  // Copied in the optimizer's order (parameter by parameter: its value, m, v), so that the
+  // optimizer can follow the copy (snapshot_copied()).
   std::vector<ckpt::LiveTensor> tensors;
   if (dp_rank_ == 0) {
     const ParamStore& p = model_->params();
-    for (const StateBuffer& kind : state_buffers(true))
-      for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
-        const ParamSpec& spec = p.spec(id);
-        if (spec.shard_dim < 0 && model_->tp().rank() != 0) continue;  // tp rank 0 has it
+    for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
+      const ParamSpec& spec = p.spec(id);
+      if (spec.shard_dim < 0 && model_->tp().rank() != 0) continue;  // tp rank 0 has it
+      if (spec.pipeline_copy) continue;  // the first pipeline stage saves the original
+      for (const StateBuffer& kind : state_buffers(true)) {
         ckpt::ShardInfo info{kind.prefix + spec.name, spec.global_shape, spec.shard_dim,
                              spec.shard_start, spec.local_shape, 0};
         tensors.push_back({info, p.view(kind.base, id).f32()});
       }
+    }
   }
   std::vector<std::string> files;
   for (const std::string& root : checkpoint_roots())
@@ -50,6 +54,49 @@ void Trainer::save(int64_t steps_done) {
   pending_save_ = steps_done;
   ++saves_;
   pending_optimizer_steps_ = optimizer_->steps_taken();
+  snapshot_step_ = steps_done;
+  snapshot_optimizer_steps_ = optimizer_->steps_taken();
+}
+
+AdamW::BeforeChunk Trainer::snapshot_copied() {
+  if (!saver_.copying()) return {};
+  std::vector<const float*> bases;  // what the optimizer overwrites
+  for (const StateBuffer& b : state_buffers(true))
+    bases.push_back(static_cast<const float*>(b.base));
+  return [this, bases](size_t begin, size_t end) {
+    for (const float* base : bases) saver_.wait_for_copy(base + begin, base + end);
+  };
+}
+
+int64_t Trainer::restore_snapshot() {
+  if (snapshot_step_ < 0) return -1;  // the same on every rank: save() is collective
+  const bool restored = saver_.restore();
+  if (all_ranks(restored ? 0 : 1, parallel::ReduceOp::Max) != 0) {
+    spdlog::warn("the snapshot of step {} is not in memory (its copy failed)", snapshot_step_);
+    return -1;
+  }
+  const ParamStore& p = model_->params();
+  // Data-parallel replicas take it from the first, which staged it ...
+  if (dp_size_ > 1)
+    for (const StateBuffer& b : state_buffers(true))
+      mesh_->group(parallel::Axis::DP).broadcast(view_of(b.base, Shape{p.numel()}), 0);
+  // ... and tensor-parallel ranks their replicated parameters from tp rank 0.
+  if (model_->tp().degree() > 1)
+    for (const StateBuffer& b : state_buffers(true))
+      for (int id = 0; id < static_cast<int>(p.specs().size()); ++id)
+        if (p.spec(id).shard_dim < 0)
+          mesh_->group(parallel::Axis::TP).broadcast(p.view(b.base, id), 0);
+  // ... and the last pipeline stage its copy of the tied embedding from the first stage
+  // (group rank 0), which staged the original.
+  if (parallel::Communicator* ends = mesh_ ? mesh_->embedding_group() : nullptr)
+    if (cfg_.model.tie_embeddings) {
+      const int id = model_->embedding_copy() >= 0 ? model_->embedding_copy() : model_->embedding();
+      for (const StateBuffer& b : state_buffers(true)) ends->broadcast(p.view(b.base, id), 0);
+    }
+  optimizer_->set_steps_taken(snapshot_optimizer_steps_);
+  start_step_ = snapshot_step_;
+  spdlog::info("restored the step {} snapshot from host memory", snapshot_step_);
+  return snapshot_step_;
 }
 
 void Trainer::commit_pending(bool block) {

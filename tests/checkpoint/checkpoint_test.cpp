@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 #include <unistd.h>
+#include <xxhash.h>
 #include <zlib.h>
 
 #include <cmath>
@@ -116,6 +117,28 @@ class CheckpointTest : public ::testing::Test {
     return checkpoint_dir(root_, step);
   }
 
+  const Global& global_of(const std::string& name) const {
+    return name == a_.name ? a_ : name == b_.name ? b_ : name == c_.name ? c_ : d_;
+  }
+
+  // Rewrites a committed checkpoint's manifest as format version 1 wrote it: no algorithm
+  // named, zlib's crc32 of each shard as an integer.
+  void make_version_1(const std::string& dir) {
+    auto j = nlohmann::json::parse(std::ifstream(dir + "/manifest.json"));
+    j["version"] = 1;
+    j.erase("checksum");
+    for (auto& shard : j["shards"]) {
+      Shape shape;
+      for (const auto& d : shard["local_shape"]) shape.dims[static_cast<size_t>(shape.ndim++)] = d;
+      std::vector<float> data(static_cast<size_t>(shape.numel()));
+      h5::File(dir + "/" + shard["file"].get<std::string>())
+          .read(shard["name"], shape, data.data());
+      shard.erase("checksum");
+      shard["crc32"] = crc32_z(0L, reinterpret_cast<const Bytef*>(data.data()), data.size() * 4);
+    }
+    std::ofstream(dir + "/manifest.json") << j.dump(1);
+  }
+
   std::string file(int64_t step, int rank) {
     return checkpoint_dir(root_, step) + "/" + rank_file_name(rank);
   }
@@ -199,25 +222,25 @@ TEST_F(CheckpointTest, ManifestDescribesTheCheckpoint) {
   EXPECT_TRUE(r.has("param/a"));
   EXPECT_FALSE(r.has("param/A"));
   EXPECT_EQ(r.global_shape("param/d"), (Shape{2, 3, 4, 5}));
-  // Checksums are zlib's crc32 of the shard's bytes.
+  // Checksums are xxh3-64 (XXH3_64bits, seed 0) of the shard's bytes.
+  EXPECT_EQ(m.checksum, "xxh3-64");
   for (const Manifest::Entry& e : m.shards) {
-    const Global& g = e.shard.name == a_.name   ? a_
-                      : e.shard.name == b_.name ? b_
-                      : e.shard.name == c_.name ? c_
-                                                : d_;
     const std::vector<float> s =
-        g.slice(e.shard.shard_dim, e.shard.shard_start, e.shard.local_shape);
-    const uLong crc = crc32(0L, reinterpret_cast<const Bytef*>(s.data()),
-                            static_cast<uInt>(s.size() * sizeof(float)));
-    EXPECT_EQ(e.shard.crc32, static_cast<uint32_t>(crc)) << e.file << " " << e.shard.name;
+        global_of(e.shard.name).slice(e.shard.shard_dim, e.shard.shard_start, e.shard.local_shape);
+    EXPECT_EQ(e.shard.checksum, XXH3_64bits(s.data(), s.size() * sizeof(float)))
+        << e.file << " " << e.shard.name;
   }
   // The on-disk JSON carries the documented fields.
   std::ifstream in(dir + "/manifest.json");
   const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j.at("version"), 2);
+  EXPECT_EQ(j.at("checksum"), "xxh3-64");
   EXPECT_EQ(j.at("step"), 42);
   EXPECT_EQ(j.at("layout").at("pp"), 1);
   EXPECT_EQ(j.at("files").size(), 3u);
   EXPECT_EQ(j.at("shards").at(0).at("global_shape"), nlohmann::json::array({8, 6}));
+  EXPECT_EQ(j.at("shards").at(0).at("checksum"),
+            fmt::format("{:016x}", m.shards.at(0).shard.checksum));
   EXPECT_FALSE(fs::exists(partial_dir(root_, 42)));
 }
 
@@ -396,8 +419,8 @@ TEST_F(CheckpointTest, MalformedManifestIsNamed) {
   EXPECT_NE(message.find("manifest.json"), std::string::npos) << message;
 }
 
-// Shards above 8 MiB are checksummed in parallel pieces on load: the combined checksum
-// must equal the writer's serial one, or the read fails.
+// A large shard of odd size: the writer's checksum is XXH3_64bits of all its bytes, and a
+// slice of it reads back bitwise.
 TEST_F(CheckpointTest, LargeShardsVerify) {
   const Global big = make_tensor("param/big", Shape{3, 3'000'001}, 5);  // 36 MB, odd size
   write_rank_file(
@@ -411,9 +434,56 @@ TEST_F(CheckpointTest, LargeShardsVerify) {
   std::vector<float> got(static_cast<size_t>(row.numel()));
   r.read(big.name, big.shape, 0, 2, row, got.data());
   EXPECT_TRUE(bitwise_equal(got, big.slice(0, 2, row)));
-  const uLong crc =
-      crc32_z(0L, reinterpret_cast<const Bytef*>(big.data.data()), big.data.size() * 4);
-  EXPECT_EQ(r.manifest().shards.at(0).shard.crc32, static_cast<uint32_t>(crc));
+  EXPECT_EQ(r.manifest().shards.at(0).shard.checksum,
+            XXH3_64bits(big.data.data(), big.data.size() * 4));
+}
+
+// Checkpoints of format version 1 (zlib crc32 checksums) still load and verify; shards
+// above 8 MiB are checksummed in parallel pieces there, which must combine to the serial
+// value. Damage is still caught, and what this pentad cannot check is refused by name.
+TEST_F(CheckpointTest, ReadsVersion1AndRefusesUnknownChecksums) {
+  const Global big = make_tensor("param/big", Shape{3, 3'000'001}, 5);
+  write_ranks(1);
+  write_rank_file(
+      partial_dir(root_, 1) + "/" + rank_file_name(3),
+      {ShardData{ShardInfo{big.name, big.shape, -1, 0, big.shape, 0}, big.data.data()}});
+  Manifest m;
+  m.step = 1;
+  commit(root_, m, 0);
+  const std::string dir = checkpoint_dir(root_, 1);
+  make_version_1(dir);
+  {
+    Reader r(dir);
+    EXPECT_EQ(r.manifest().checksum, "crc32");
+    std::vector<float> got(big.data.size());
+    r.read(big.name, big.shape, -1, 0, big.shape, got.data());
+    EXPECT_TRUE(bitwise_equal(got, big.data));
+    EXPECT_EQ(r.verify_all(), 9);
+  }
+  EXPECT_NE(inspect(dir, true).find("crc32 checksums"), std::string::npos);
+
+  const std::string f = dir + "/" + rank_file_name(3);
+  const int64_t offset = h5::data_offset(f, big.name) + 4'000'001 * 4;
+  {
+    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(offset);
+    io.write("\x01", 1);
+  }
+  std::string message = error_of([&] { Reader(dir).verify_all(); });
+  for (const char* s : {"rank-00003.h5", "param/big", "crc32 checksum mismatch"})
+    EXPECT_NE(message.find(s), std::string::npos) << message;
+
+  auto j = nlohmann::json::parse(std::ifstream(dir + "/manifest.json"));
+  j["version"] = 2;
+  j["checksum"] = "sha1";
+  std::ofstream(dir + "/manifest.json") << j.dump();
+  message = error_of([&] { Reader r(dir); });
+  for (const char* s : {"manifest.json", "checksum algorithm 'sha1'"})
+    EXPECT_NE(message.find(s), std::string::npos) << message;
+  j["version"] = 3;
+  std::ofstream(dir + "/manifest.json") << j.dump();
+  message = error_of([&] { Reader r(dir); });
+  EXPECT_NE(message.find("format version 3"), std::string::npos) << message;
 }
 
 TEST_F(CheckpointTest, InspectListsAndVerifies) {

@@ -3,8 +3,9 @@
 
 1. 20 steps straight against 10 steps + save, then --resume latest for 10 more: every
    loss and every final weight bitwise identical, on one rank and on dp2 x tp2 (+SP).
-2. Reshard: the dp2 x tp2 checkpoint of step 10 resumed under tp4, one rank and dp4 (same
-   global batch) continues like one rank resumed from it, within 1e-5 relative.
+2. Reshard: the dp2 x tp2 checkpoint of step 10 resumed under tp4, one rank, dp4 and
+   pp2 x tp2 (same global batch) continues like one rank resumed from it, within 1e-5
+   relative; likewise a pp2 x dp2 checkpoint (itself resumed bitwise) under tp2.
 3. A flipped byte in the newest checkpoint: resume names the file and the tensor and falls
    back to the previous checkpoint. With the local level lost, resume uses the mirror.
 4. SIGKILL of a rank at random moments of a run saving every step, 10 trials: the latest
@@ -82,23 +83,21 @@ def bitwise_resume(pentad, recipe, work, name, ranks, layout):
     return ckpt
 
 
-def reshard(pentad, recipe, work, ckpt):
+def reshard(pentad, recipe, work, ckpt, source, runs):
     saved = ckpt / "step-00000010"
-    runs = {"one rank": (1, ["train.grad_accum=4"]), "tp4": (4, ["parallel.tp=4", "train.grad_accum=4"]),
-            "dp4": (4, ["parallel.tp=1", "train.grad_accum=1"])}
     ref = None
     for name, (ranks, layout) in runs.items():
-        out = work / f"reshard-{name.replace(' ', '-')}"
+        out = work / f"reshard-{source}-{name.replace(' ', '-')}"
         log = train(pentad, recipe, ranks, out, layout + [f"train.ckpt_dir={work / 'unused'}"],
                     ["--resume", str(saved)])
-        check("at step 10" in log, f"reshard dp2xtp2 -> {name}: resumed at step 10")
+        check("at step 10" in log, f"reshard {source} -> {name}: resumed at step 10")
         got = np.array([float(v) for _, v in sorted(losses(out).items())])
         if ref is None:
             ref = got
             check(len(got) == 10, "one rank continued for 10 steps")
             continue
         err = np.max(np.abs(got - ref) / np.abs(ref)) if len(got) == len(ref) else np.inf
-        check(err <= 1e-5, f"reshard dp2xtp2 -> {name}: losses within 1e-5 of one rank ({err:.1e})")
+        check(err <= 1e-5, f"reshard {source} -> {name}: losses within 1e-5 of one rank ({err:.1e})")
 
 
 def corruption(pentad, recipe, work):
@@ -125,6 +124,10 @@ def mirror(pentad, recipe, work):
     check("at step 10" in log and "mirror-shared" in log, "mirror: resumed from the second level")
 
 
+def committed(ckpt):
+    return [m for m in ckpt.glob("step-*/manifest.json") if not m.parent.name.endswith(".partial")]
+
+
 def sigkill_trials(pentad, recipe, work, trials=10):
     rng = random.Random(1234)
     for trial in range(trials):
@@ -132,9 +135,11 @@ def sigkill_trials(pentad, recipe, work, trials=10):
         cmd = pentad_cmd(pentad, recipe, 2, out, ["train.steps=100000", "train.save_every=1",
                                                   "train.keep_last=2", f"train.ckpt_dir={ckpt}"])
         proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # Kill once a checkpoint is committed (before that there is nothing to resume), at a
+        # random moment of the saves that follow: one every step.
         deadline = time.time() + 30
-        while not list(ckpt.glob("step-*")) and time.time() < deadline:
-            time.sleep(0.05)
+        while not committed(ckpt) and time.time() < deadline:
+            time.sleep(0.01)
         time.sleep(rng.uniform(0.0, 1.0))
         ranks = subprocess.run(["pgrep", "-f", f"train.out_dir={out}"], capture_output=True,
                                text=True).stdout.split()
@@ -159,7 +164,18 @@ def main():
     bitwise_resume(pentad, recipe, work, "one-rank", 1, ["train.grad_accum=2"])
     ckpt = bitwise_resume(pentad, recipe, work, "dp2xtp2", 4,
                           ["parallel.tp=2", "parallel.sequence_parallel=true", "train.grad_accum=2"])
-    reshard(pentad, recipe, work, ckpt)
+    reshard(pentad, recipe, work, ckpt, "dp2xtp2", {
+        "one rank": (1, ["train.grad_accum=4"]),
+        "tp4": (4, ["parallel.tp=4", "train.grad_accum=4"]),
+        "dp4": (4, ["parallel.tp=1", "train.grad_accum=1"]),
+        "pp2xtp2": (4, ["parallel.pp=2", "parallel.tp=2", "train.grad_accum=4"])})
+    # Pipeline layouts: the tied embedding is saved once (by the first stage) and loads into
+    # both ends; a pp2 x dp2 checkpoint reshards to one rank and to tp2.
+    ckpt = bitwise_resume(pentad, recipe, work, "pp2xdp2", 4,
+                          ["parallel.pp=2", "parallel.tp=1", "train.grad_accum=2"])
+    reshard(pentad, recipe, work, ckpt, "pp2xdp2", {
+        "one rank": (1, ["train.grad_accum=4"]),
+        "tp2": (2, ["parallel.tp=2", "train.grad_accum=4"])})
     corruption(pentad, recipe, work)
     mirror(pentad, recipe, work)
     sigkill_trials(pentad, recipe, work)
