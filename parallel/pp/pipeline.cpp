@@ -107,8 +107,10 @@ void Pipeline::set_schedule(const ScheduleSpec& spec) {
 
 int Pipeline::tag(Action::Type type, int micro, int to_virtual_stage) const {
   const int vstages = spec_.stages * spec_.virtual_stages;
-  // Micro-batches further apart than 1024 are never in flight together.
-  return ((micro % 1024) * vstages + to_virtual_stage) * 2 + (type == Action::Backward ? 1 : 0);
+  // Within MPI's guaranteed tag range (32767) for up to 63 virtual stages. Micro-batches 256
+  // apart share a tag; their messages still match in order, as MPI never reorders messages
+  // of one tag on one link and each stage posts its receives in micro-batch order.
+  return ((micro % 256) * vstages + to_virtual_stage) * 2 + (type == Action::Backward ? 1 : 0);
 }
 
 bool Pipeline::needs_input(const Action& a) const {

@@ -33,6 +33,10 @@ ScheduleKind parse_schedule(const std::string& name) {
 void check_schedule(const ScheduleSpec& s) {
   const int p = s.stages, m = s.micro_batches, v = s.virtual_stages;
   PENTAD_CHECK(p >= 1 && m >= 1 && v >= 1, "bad schedule sizes p {} m {} v {}", p, m, v);
+  if (p * v > 63)  // message tags (parallel/pp/pipeline.cpp) stay within MPI's range
+    fail("parallel.pp = {} x parallel.virtual_stages = {} = {} virtual stages; at most 63 are "
+         "supported: lower parallel.virtual_stages",
+         p, v, p * v);
   if (v > 1 && s.kind != ScheduleKind::Interleaved)
     fail("parallel.virtual_stages = {} needs parallel.pp_schedule = \"interleaved\" (it is \"{}\")",
          v, schedule_name(s.kind));

@@ -32,8 +32,9 @@ struct ScheduleSpec {
   int group = 1;           // k (kFkB only)
 };
 
-// Throws pentad::Error naming the key to change when the schedule cannot run: v > 1 for a
-// schedule other than interleaved, interleaved with m not a multiple of p, k outside [1, m].
+// Throws pentad::Error naming the key to change when the schedule cannot run: more than 63
+// virtual stages (p * v), v > 1 for a schedule other than interleaved, interleaved with m
+// not a multiple of p, k outside [1, m].
 void check_schedule(const ScheduleSpec& spec);
 
 struct Action {
