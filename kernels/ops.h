@@ -15,6 +15,10 @@
 //    check backward passes against finite differences in double precision.
 //  - CPU kernels use every OpenMP thread and are bitwise deterministic for a fixed
 //    thread count (static partitions, no atomics, fixed reduction order).
+//  - CUDA tensors (all of a call's tensors on the device) run the kernels of kernels/cuda/:
+//    data in F32 or BF16 with F32 accumulation; per-row statistics (mean, rstd, lse,
+//    losses, row_max, stats), parameter gradients and AdamW state in F32. They are
+//    deterministic too. kernels/cuda/cuda_ops.h has the stream rule and the limits.
 #include <cstdint>
 
 #include "core/tensor.h"
@@ -23,20 +27,39 @@ namespace pentad::kernels {
 
 // out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC)
 void linear_forward(Tensor out, const Tensor& inp, const Tensor& weight, const Tensor& bias);
+// pre_gelu (N, OC) = inp @ weight^T + bias; out (N, OC) = gelu(pre_gelu). On CUDA one
+// cuBLASLt GEMM with the GELU epilogue where it applies (OC a multiple of 8).
+void linear_gelu_forward(Tensor out, Tensor pre_gelu, const Tensor& inp, const Tensor& weight,
+                         const Tensor& bias);
 // dinp (N, C) = dout @ weight (or += when accumulate_dinp); dweight (OC, C) += dout^T @ inp;
 // dbias (OC) += column sums of dout. dinp/dweight/dbias may each be absent.
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
                      const Tensor& inp, const Tensor& weight, bool accumulate_dinp);
 
+// The backward of a linear layer whose input was gelu(pre_gelu) (GPT-2's MLP projection):
+// dpre_gelu (N, C) = (dout @ weight) * gelu'(pre_gelu), overwritten; dweight, dbias as
+// linear_backward with inp = gelu(pre_gelu). On CUDA the GELU gradient is cuBLASLt's DGELU
+// epilogue where it applies (C a multiple of 8).
+void linear_backward_gelu(Tensor dpre_gelu, Tensor dweight, Tensor dbias, const Tensor& dout,
+                          const Tensor& inp, const Tensor& weight, const Tensor& pre_gelu);
+
 // LayerNorm over the last dim. mean, rstd: (N). dinp +=, dweight +=, dbias +=.
 void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, const Tensor& inp,
                        const Tensor& weight, const Tensor& bias, float eps);
+// The residual add fused in front: residual = a + b (may alias a), out = layernorm(residual).
+// Backward needs nothing new: layernorm_backward's dinp += adds into the residual gradient.
+void residual_layernorm_forward(Tensor residual, Tensor out, Tensor mean, Tensor rstd,
+                                const Tensor& a, const Tensor& b, const Tensor& weight,
+                                const Tensor& bias, float eps);
 void layernorm_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
                         const Tensor& inp, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd);
 
 // RMSNorm over the last dim (LLaMA): out = inp * rstd * weight. rstd: (N). dinp +=, dweight +=.
 void rmsnorm_forward(Tensor out, Tensor rstd, const Tensor& inp, const Tensor& weight, float eps);
+// residual = a + b (may alias a), out = rmsnorm(residual).
+void residual_rmsnorm_forward(Tensor residual, Tensor out, Tensor rstd, const Tensor& a,
+                              const Tensor& b, const Tensor& weight, float eps);
 void rmsnorm_backward(Tensor dinp, Tensor dweight, const Tensor& dout, const Tensor& inp,
                       const Tensor& weight, const Tensor& rstd);
 
@@ -98,6 +121,9 @@ void add(Tensor out, const Tensor& a, const Tensor& b);
 void scale(Tensor x, float s);
 // sum of squares, accumulated in double.
 double sum_squares(const Tensor& x);
+// out = inp in another element type (same element count): F32, BF16 (round to nearest even)
+// and, on the CPU, F64. BF16 tensors on the CPU hold uint16_t (core/bf16.h).
+void convert(Tensor out, const Tensor& inp);
 
 // One AdamW step on a flat region (decoupled weight decay): step counts from 1 for bias
 // correction. params, grads, m, v same shape.

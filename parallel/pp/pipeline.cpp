@@ -181,6 +181,22 @@ void Pipeline::record(Span::Kind kind, const Action& a, int64_t step, int64_t st
   spans_.push_back({kind, a.micro, a.chunk, step, start_ns, trace_now_ns()});
 }
 
+float Pipeline::forward(const Action& a, int slot, int64_t step, const Fetch& fetch, float dloss) {
+  const int vs = virtual_stage(a), last_vs = spec_.stages * spec_.virtual_stages - 1;
+  if (needs_input(a)) {
+    const Tensor in = wait_input(a, Span::WaitInput, step);
+    Tensor dst = model_.chunk_input(a.chunk, slot);
+    std::copy_n(in.f32(), in.numel(), dst.f32());
+  }
+  const Chunk& c = model_.chunk(a.chunk);
+  if (c.first || c.last) fetch(a.micro, tokens_, targets_);
+  const int64_t start = trace_now_ns();
+  const float loss = model_.forward_chunk(a.chunk, slot, tokens_.data(), targets_.data(), dloss);
+  record(Span::Forward, a, step, start);
+  if (vs < last_vs) send(model_.chunk_output(a.chunk, slot), Action::Forward, a.micro, vs + 1);
+  return loss;
+}
+
 double Pipeline::train(int64_t step, const Fetch& fetch, float dloss, const GradsReady& on_ready) {
   // Keep the spans of the last keep_steps_ steps.
   if (!spans_.empty() && spans_.back().step - spans_.front().step + 1 >= keep_steps_) {
@@ -193,9 +209,7 @@ double Pipeline::train(int64_t step, const Fetch& fetch, float dloss, const Grad
   std::vector<size_t> last_backward(size_t(spec_.virtual_stages), 0);
   for (size_t i = 0; i < actions.size(); ++i)
     if (actions[i].type == Action::Backward) last_backward[size_t(actions[i].chunk)] = i;
-  const int last_vs = spec_.stages * spec_.virtual_stages - 1;
   std::map<std::pair<int, int>, int> slot_of;  // (micro, chunk) -> activation slot
-  std::vector<int32_t> tokens, targets;
   double loss = 0.0, forward_ns = 0.0, backward_ns = 0.0;
   int forwards = 0, backwards = 0;
   for (size_t i = 0; i < actions.size(); ++i) {
@@ -207,19 +221,9 @@ double Pipeline::train(int64_t step, const Fetch& fetch, float dloss, const Grad
       slot_of[{a.micro, a.chunk}] = slot;
       int& alive = in_flight_[size_t(a.chunk)];
       peak_[size_t(a.chunk)] = std::max(peak_[size_t(a.chunk)], ++alive);
-      if (needs_input(a)) {
-        const Tensor in = wait_input(a, Span::WaitInput, step);
-        Tensor dst = model_.chunk_input(a.chunk, slot);
-        std::copy_n(in.f32(), in.numel(), dst.f32());
-      }
-      const Chunk& c = model_.chunk(a.chunk);
-      if (c.first || c.last) fetch(a.micro, tokens, targets);
-      const int64_t start = trace_now_ns();
-      loss += model_.forward_chunk(a.chunk, slot, tokens.data(), targets.data(), dloss);
-      record(Span::Forward, a, step, start);
-      forward_ns += double(spans_.back().end_ns - start);
+      loss += forward(a, slot, step, fetch, dloss);
+      forward_ns += double(spans_.back().end_ns - spans_.back().start_ns);
       ++forwards;
-      if (vs < last_vs) send(model_.chunk_output(a.chunk, slot), Action::Forward, a.micro, vs + 1);
     } else {
       const int slot = slot_of.at({a.micro, a.chunk});
       Tensor d_output;
@@ -244,27 +248,16 @@ double Pipeline::train(int64_t step, const Fetch& fetch, float dloss, const Grad
 double Pipeline::evaluate(int count, const Fetch& fetch) {
   // Forward only, micro-batch by micro-batch through the chunks: activations are dropped
   // as soon as they are sent on.
-  const int last_vs = spec_.stages * spec_.virtual_stages - 1;
   std::vector<Action> actions;
   for (int micro = 0; micro < count; ++micro)
     for (int c = 0; c < spec_.virtual_stages; ++c) actions.push_back({Action::Forward, micro, c});
-  std::vector<int32_t> tokens, targets;
   double loss = 0.0;
   const size_t kept = spans_.size();
   for (size_t i = 0; i < actions.size(); ++i) {
     const Action& a = actions[i];
     if (i + 1 < actions.size()) post_receive(actions[i + 1]);
     const int slot = model_.acquire_slot(a.chunk);
-    if (needs_input(a)) {
-      const Tensor in = wait_input(a, Span::WaitInput, -1);
-      Tensor dst = model_.chunk_input(a.chunk, slot);
-      std::copy_n(in.f32(), in.numel(), dst.f32());
-    }
-    const Chunk& c = model_.chunk(a.chunk);
-    if (c.first || c.last) fetch(a.micro, tokens, targets);
-    loss += model_.forward_chunk(a.chunk, slot, tokens.data(), targets.data(), 0.0f);
-    if (virtual_stage(a) < last_vs)
-      send(model_.chunk_output(a.chunk, slot), Action::Forward, a.micro, virtual_stage(a) + 1);
+    loss += forward(a, slot, -1, fetch, 0.0f);
     model_.release_slot(a.chunk, slot);
     poll();
   }

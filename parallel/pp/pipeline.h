@@ -86,6 +86,8 @@ class Pipeline {
   void poll();
   void finish_sends();
   void record(Span::Kind kind, const Action& a, int64_t step, int64_t start_ns);
+  // One forward pass: its input received (or tokens fetched), computed, its output sent on.
+  float forward(const Action& a, int slot, int64_t step, const Fetch& fetch, float dloss);
 
   Model& model_;
   Communicator& group_;
@@ -97,6 +99,7 @@ class Pipeline {
   std::vector<Message> sends_;                              // in flight
   std::vector<std::vector<float>> free_buffers_;
   std::vector<Span> spans_;
+  std::vector<int32_t> tokens_, targets_;  // the micro-batch being fetched
   std::vector<int> in_flight_, peak_;
   double forward_seconds_ = 0.0, backward_seconds_ = 0.0;
 };

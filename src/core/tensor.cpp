@@ -5,6 +5,8 @@
 #include <cstring>
 #include <utility>
 
+#include "core/device_memory.h"
+
 namespace pentad {
 
 size_t dtype_bytes(DType dtype) {
@@ -57,11 +59,13 @@ std::string Shape::str() const {
 
 Arena::Arena(std::string name, size_t bytes, Device device)
     : name_(std::move(name)), capacity_(aligned(bytes)), device_(device) {
-  PENTAD_CHECK(device == Device::CPU, "device arenas belong to the CUDA backend");
-  if (capacity_ > 0) {
-    base_ = std::aligned_alloc(kAlignment, capacity_);
-    if (!base_) fail("cannot allocate {} for the {} arena", format_bytes(capacity_), name_);
+  if (capacity_ == 0) return;
+  if (device == Device::CUDA) {
+    base_ = device_alloc(capacity_, "the " + name_ + " arena");  // cudaMalloc: 256-byte aligned
+    return;
   }
+  base_ = std::aligned_alloc(kAlignment, capacity_);
+  if (!base_) fail("cannot allocate {} for the {} arena", format_bytes(capacity_), name_);
 }
 
 Arena Arena::measuring(std::string name) {
@@ -72,13 +76,21 @@ Arena Arena::measuring(std::string name) {
   return arena;
 }
 
-Arena::~Arena() { std::free(base_); }
+void Arena::release() noexcept {
+  if (device_ == Device::CUDA)
+    device_free(base_);
+  else
+    std::free(base_);
+  base_ = nullptr;
+}
+
+Arena::~Arena() { release(); }
 
 Arena::Arena(Arena&& other) noexcept { *this = std::move(other); }
 
 Arena& Arena::operator=(Arena&& other) noexcept {
   if (this != &other) {
-    std::free(base_);
+    release();
     name_ = std::move(other.name_);
     base_ = std::exchange(other.base_, nullptr);
     capacity_ = std::exchange(other.capacity_, 0);
@@ -105,7 +117,11 @@ Tensor Arena::alloc(Shape shape, DType dtype) {
 }
 
 void Arena::zero() {
-  if (base_) std::memset(base_, 0, capacity_);
+  if (!base_) return;
+  if (device_ == Device::CUDA)
+    device_zero(base_, capacity_);
+  else
+    std::memset(base_, 0, capacity_);
 }
 
 std::string format_bytes(size_t bytes) {

@@ -72,6 +72,8 @@ inline Tensor view_of(void* data, Shape shape, DType dtype = DType::F32,
 
 // A bump allocator over one allocation. Sizes are planned up front (the memory plan is
 // printed before training), so running out is a planning bug, not a user error.
+// Device::CUDA arenas hold device memory (core/device_memory.h); their tensors are CUDA
+// tensors, which only the kernels and the NCCL communicator may dereference.
 class Arena {
  public:
   Arena() = default;
@@ -100,6 +102,8 @@ class Arena {
   static size_t aligned(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
 
  private:
+  void release() noexcept;  // frees base_ on its device
+
   std::string name_;
   void* base_ = nullptr;
   size_t capacity_ = 0;

@@ -1,0 +1,371 @@
+// Causal attention with grouped-query heads, flash style: scores exist only as 32 x 32 tiles
+// in shared memory, never as T x T. Forward keeps a running max and sum per query row
+// (online softmax) and stores each row's log-sum-exp; backward recomputes the
+// probabilities from it. All arithmetic is F32; q, k, v, out and their gradients are F32
+// or BF16. Correctness first: plain F32 FMAs on CUDA cores, no tensor cores.
+//
+// Layout: q, out, dout, dq (B, T, Hq, D); k, v, dk, dv (B, T, Hkv, D); lse (B, Hq, T).
+// Query head h reads kv head h / (Hq / Hkv). Scale 1/sqrt(D).
+//
+// Work split (tiling.h): 128 threads per block, tiles of 32 rows.
+//  - forward: a block per (query tile, q head, batch) loops over key tiles 0..its own.
+//  - backward: D_i = dO_i . O_i first; then dQ with a block per (query tile, q head, batch)
+//    looping over key tiles, and dK, dV with a block per (key tile, kv head, batch) looping
+//    over the group's q heads and the query tiles at or after it. Each block owns the rows
+//    it writes, so there are no atomics and results are bitwise reproducible.
+// A thread owns 8 of the 32 x 32 score cells (a warp: one query row, 32 keys) and, of the
+// 32 x D output tile, the cells idx = thread + 128 c (a warp: one row, 32 columns).
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace pentad::kernels::cuda {
+
+namespace {
+
+constexpr int kTile = kAttentionTile;
+constexpr int kThreads = kAttentionThreads;
+constexpr int kWarps = kThreads / kWarp;
+constexpr int kScoreCells = kTile * kTile / kThreads;  // score cells per thread
+constexpr int kRowsPerWarp = kTile / kWarps;           // softmax rows per warp
+constexpr int kS = kTile + 1;                          // padded row stride of score tiles
+
+// Rows [row0, row0 + 32) of head `head` of x (B, T, H, D) into dst (32 rows of `stride`
+// floats); rows at or past T are zero.
+template <typename E>
+__device__ void load_tile(float* dst, int stride, const E* x, int64_t b, int64_t row0, int64_t head,
+                          int64_t H, int64_t T, int D) {
+  for (int idx = threadIdx.x; idx < kTile * D; idx += kThreads) {
+    const int i = idx / D, d = idx % D;
+    const int64_t t = row0 + i;
+    dst[i * stride + d] = t < T ? to_f32(x[((b * T + t) * H + head) * D + d]) : 0.0f;
+  }
+}
+
+// sum_d a[d] * b[d] over two shared-memory rows.
+__device__ __forceinline__ float dot(const float* a, const float* b, int D) {
+  float acc = 0.0f;
+#pragma unroll 4
+  for (int d = 0; d < D; ++d) acc += a[d] * b[d];
+  return acc;
+}
+
+template <typename E, int kMaxD>
+__global__ void __launch_bounds__(kThreads)
+    attention_forward_kernel(E* out, float* lse, const E* q, const E* k, const E* v, int64_t T,
+                             int64_t Hq, int64_t Hkv, int D, float scale) {
+  constexpr int kCells = kTile * kMaxD / kThreads;
+  extern __shared__ float smem[];
+  float* Qs = smem;                  // (32, D)
+  float* Ks = Qs + kTile * D;        // (32, D + 1)
+  float* Vs = Ks + kTile * (D + 1);  // (32, D)
+  float* S = Vs + kTile * D;         // (32, 33): scores, then probabilities
+  float* row_m = S + kTile * kS;     // running max per query row
+  float* row_l = row_m + kTile;      // running sum of exp(score - max)
+  float* row_alpha = row_l + kTile;  // rescale of the previous tiles' sums
+  const int64_t qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / (Hq / Hkv);
+  const int64_t r0 = qt * kTile;
+  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+
+  load_tile(Qs, D, q, b, r0, h, Hq, T, D);
+  if (tid < kTile) {
+    row_m[tid] = -INFINITY;
+    row_l[tid] = 0.0f;
+  }
+  float o[kCells];
+#pragma unroll
+  for (int c = 0; c < kCells; ++c) o[c] = 0.0f;
+
+  for (int64_t kt = 0; kt <= qt; ++kt) {
+    const int64_t c0 = kt * kTile;
+    __syncthreads();  // the previous tile is no longer read
+    load_tile(Ks, D + 1, k, b, c0, hk, Hkv, T, D);
+    load_tile(Vs, D, v, b, c0, hk, Hkv, T, D);
+    __syncthreads();
+#pragma unroll 1
+    for (int c = 0; c < kScoreCells; ++c) {
+      const int idx = tid + c * kThreads, i = idx / kTile, j = idx % kTile;
+      const int64_t qi = r0 + i, kj = c0 + j;
+      S[i * kS + j] = qi < T && kj <= qi ? dot(Qs + i * D, Ks + j * (D + 1), D) * scale : -INFINITY;
+    }
+    __syncthreads();
+    for (int r = 0; r < kRowsPerWarp; ++r) {  // lane j holds key j of row i
+      const int i = warp * kRowsPerWarp + r;
+      const float s = S[i * kS + lane];
+      const float m_old = row_m[i];
+      const float m_new = fmaxf(m_old, warp_max(s));
+      const bool empty = m_new == -INFINITY;  // no key seen yet (rows past T)
+      const float p = empty ? 0.0f : expf(s - m_new);
+      const float alpha = empty ? 1.0f : expf(m_old - m_new);
+      S[i * kS + lane] = p;
+      const float tile_sum = warp_sum(p);
+      __syncwarp();
+      if (lane == 0) {
+        row_m[i] = m_new;
+        row_l[i] = row_l[i] * alpha + tile_sum;
+        row_alpha[i] = alpha;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int c = 0; c < kCells; ++c) {
+      const int idx = tid + c * kThreads, i = idx / kMaxD, d = idx % kMaxD;
+      if (d < D) {
+        float acc = o[c] * row_alpha[i];
+#pragma unroll 8
+        for (int j = 0; j < kTile; ++j) acc += S[i * kS + j] * Vs[j * D + d];
+        o[c] = acc;
+      }
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int c = 0; c < kCells; ++c) {
+    const int idx = tid + c * kThreads, i = idx / kMaxD, d = idx % kMaxD;
+    const int64_t qi = r0 + i;
+    if (d < D && qi < T) out[((b * T + qi) * Hq + h) * D + d] = from_f32<E>(o[c] / row_l[i]);
+  }
+  if (lse && tid < kTile && r0 + tid < T)
+    lse[(b * Hq + h) * T + r0 + tid] = row_m[tid] + logf(row_l[tid]);
+}
+
+// Di (B, Hq, T) = sum_d dout * out, one warp per (b, t, h) row.
+template <typename E>
+__global__ void attention_row_dot_kernel(float* Di, const E* dout, const E* out, int64_t rows,
+                                         int64_t T, int64_t Hq, int D) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / kWarp;
+  if (r >= rows) return;
+  const int lane = threadIdx.x % kWarp;
+  float acc = 0.0f;
+  for (int d = lane; d < D; d += kWarp) acc += to_f32(dout[r * D + d]) * to_f32(out[r * D + d]);
+  acc = warp_sum(acc);
+  const int64_t h = r % Hq, bt = r / Hq, t = bt % T, b = bt / T;
+  if (lane == 0) Di[(b * Hq + h) * T + t] = acc;
+}
+
+// Row statistics of query rows [r0, r0 + 32) of head h, zero past T.
+__device__ void load_row_stats(float* lse_s, float* Di_s, const float* lse, const float* Di,
+                               int64_t b, int64_t h, int64_t Hq, int64_t r0, int64_t T) {
+  const int tid = threadIdx.x;
+  if (tid < kTile) {
+    const int64_t qi = r0 + tid;
+    lse_s[tid] = qi < T ? lse[(b * Hq + h) * T + qi] : 0.0f;
+    Di_s[tid] = qi < T ? Di[(b * Hq + h) * T + qi] : 0.0f;
+  }
+}
+
+// P = exp(scale q.k - lse) and dS = P (dO.v - D_i) for the score cells of this thread;
+// zero where the key is in the future or either index is past T.
+__device__ __forceinline__ void score_gradient(float& p, float& ds, const float* Qs,
+                                               const float* dOs, const float* Ks, const float* Vs,
+                                               const float* lse_s, const float* Di_s, int i, int j,
+                                               int64_t qi, int64_t kj, int64_t T, int D,
+                                               float scale) {
+  p = 0.0f;
+  ds = 0.0f;
+  if (qi < T && kj <= qi) {
+    p = expf(dot(Qs + i * D, Ks + j * (D + 1), D) * scale - lse_s[i]);
+    ds = p * (dot(dOs + i * D, Vs + j * (D + 1), D) - Di_s[i]);
+  }
+}
+
+template <typename E, int kMaxD>
+__global__ void __launch_bounds__(kThreads)
+    attention_dq_kernel(E* dq, const E* dout, const E* q, const E* k, const E* v, const float* lse,
+                        const float* Di, int64_t T, int64_t Hq, int64_t Hkv, int D, float scale) {
+  constexpr int kCells = kTile * kMaxD / kThreads;
+  extern __shared__ float smem[];
+  float* Qs = smem;                  // (32, D)
+  float* dOs = Qs + kTile * D;       // (32, D)
+  float* Ks = dOs + kTile * D;       // (32, D + 1)
+  float* Vs = Ks + kTile * (D + 1);  // (32, D + 1)
+  float* dS = Vs + kTile * (D + 1);  // (32, 33)
+  float* lse_s = dS + kTile * kS;    // (32)
+  float* Di_s = lse_s + kTile;       // (32)
+  const int64_t qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / (Hq / Hkv);
+  const int64_t r0 = qt * kTile;
+  const int tid = threadIdx.x;
+
+  load_tile(Qs, D, q, b, r0, h, Hq, T, D);
+  load_tile(dOs, D, dout, b, r0, h, Hq, T, D);
+  load_row_stats(lse_s, Di_s, lse, Di, b, h, Hq, r0, T);
+  float acc[kCells];
+#pragma unroll
+  for (int c = 0; c < kCells; ++c) acc[c] = 0.0f;
+
+  for (int64_t kt = 0; kt <= qt; ++kt) {
+    const int64_t c0 = kt * kTile;
+    __syncthreads();
+    load_tile(Ks, D + 1, k, b, c0, hk, Hkv, T, D);
+    load_tile(Vs, D + 1, v, b, c0, hk, Hkv, T, D);
+    __syncthreads();
+#pragma unroll 1
+    for (int c = 0; c < kScoreCells; ++c) {
+      const int idx = tid + c * kThreads, i = idx / kTile, j = idx % kTile;
+      float p, ds;
+      score_gradient(p, ds, Qs, dOs, Ks, Vs, lse_s, Di_s, i, j, r0 + i, c0 + j, T, D, scale);
+      dS[i * kS + j] = ds;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int c = 0; c < kCells; ++c) {  // dQ += dS K
+      const int idx = tid + c * kThreads, i = idx / kMaxD, d = idx % kMaxD;
+      if (d < D) {
+        float sum = acc[c];
+#pragma unroll 8
+        for (int j = 0; j < kTile; ++j) sum += dS[i * kS + j] * Ks[j * (D + 1) + d];
+        acc[c] = sum;
+      }
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < kCells; ++c) {
+    const int idx = tid + c * kThreads, i = idx / kMaxD, d = idx % kMaxD;
+    const int64_t qi = r0 + i;
+    if (d < D && qi < T) dq[((b * T + qi) * Hq + h) * D + d] = from_f32<E>(scale * acc[c]);
+  }
+}
+
+template <typename E, int kMaxD>
+__global__ void __launch_bounds__(kThreads)
+    attention_dkdv_kernel(E* dk, E* dv, const E* dout, const E* q, const E* k, const E* v,
+                          const float* lse, const float* Di, int64_t T, int64_t Hq, int64_t Hkv,
+                          int D, float scale) {
+  constexpr int kCells = kTile * kMaxD / kThreads;
+  extern __shared__ float smem[];
+  float* Ks = smem;                  // (32, D + 1)
+  float* Vs = Ks + kTile * (D + 1);  // (32, D + 1)
+  float* Qs = Vs + kTile * (D + 1);  // (32, D)
+  float* dOs = Qs + kTile * D;       // (32, D)
+  float* P = dOs + kTile * D;        // (32, 33): [query row][key]
+  float* dS = P + kTile * kS;        // (32, 33)
+  float* lse_s = dS + kTile * kS;    // (32)
+  float* Di_s = lse_s + kTile;       // (32)
+  const int64_t kt = blockIdx.x, hk = blockIdx.y, b = blockIdx.z, group = Hq / Hkv;
+  const int64_t c0 = kt * kTile, q_tiles = (T + kTile - 1) / kTile;
+  const int tid = threadIdx.x;
+
+  load_tile(Ks, D + 1, k, b, c0, hk, Hkv, T, D);
+  load_tile(Vs, D + 1, v, b, c0, hk, Hkv, T, D);
+  float dk_acc[kCells], dv_acc[kCells];
+#pragma unroll
+  for (int c = 0; c < kCells; ++c) dk_acc[c] = dv_acc[c] = 0.0f;
+
+  for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+    for (int64_t qt = kt; qt < q_tiles; ++qt) {  // earlier query rows cannot see these keys
+      const int64_t r0 = qt * kTile;
+      __syncthreads();
+      load_tile(Qs, D, q, b, r0, h, Hq, T, D);
+      load_tile(dOs, D, dout, b, r0, h, Hq, T, D);
+      load_row_stats(lse_s, Di_s, lse, Di, b, h, Hq, r0, T);
+      __syncthreads();
+#pragma unroll 1
+      for (int c = 0; c < kScoreCells; ++c) {
+        const int idx = tid + c * kThreads, i = idx / kTile, j = idx % kTile;
+        float p, ds;
+        score_gradient(p, ds, Qs, dOs, Ks, Vs, lse_s, Di_s, i, j, r0 + i, c0 + j, T, D, scale);
+        P[i * kS + j] = p;
+        dS[i * kS + j] = ds;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int c = 0; c < kCells; ++c) {  // dV += P^T dO, dK += dS^T Q; cell (key j, d)
+        const int idx = tid + c * kThreads, j = idx / kMaxD, d = idx % kMaxD;
+        if (d < D) {
+          float sum_v = dv_acc[c], sum_k = dk_acc[c];
+#pragma unroll 8
+          for (int i = 0; i < kTile; ++i) {
+            sum_v += P[i * kS + j] * dOs[i * D + d];
+            sum_k += dS[i * kS + j] * Qs[i * D + d];
+          }
+          dv_acc[c] = sum_v;
+          dk_acc[c] = sum_k;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < kCells; ++c) {
+    const int idx = tid + c * kThreads, j = idx / kMaxD, d = idx % kMaxD;
+    const int64_t kj = c0 + j;
+    if (d < D && kj < T) {
+      const int64_t at = ((b * T + kj) * Hkv + hk) * D + d;
+      dk[at] = from_f32<E>(scale * dk_acc[c]);
+      dv[at] = from_f32<E>(dv_acc[c]);
+    }
+  }
+}
+
+// Register tiles for head_dim up to 64 or up to kMaxHeadDim = 128 (ops.cpp refuses more).
+template <typename F>
+void by_max_d(int64_t D, F&& f) {
+  if (attention_max_d(D) == 64)
+    f(std::integral_constant<int, 64>{});
+  else
+    f(std::integral_constant<int, 128>{});
+}
+
+size_t smem_bytes(int64_t floats) {
+  return static_cast<size_t>(floats) * sizeof(float);
+}
+
+}  // namespace
+
+void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                       const Tensor& v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
+  if (B == 0 || T == 0 || Hq == 0) return;
+  const dim3 grid(static_cast<unsigned>(ceil_div(T, kTile)), static_cast<unsigned>(Hq),
+                  static_cast<unsigned>(B));
+  const size_t bytes = smem_bytes(attention_forward_smem_floats(D));
+  const float scale = 1.0f / sqrtf(static_cast<float>(D));
+  by_dtype(q.dtype, [&](auto tag) {
+    using E = typename decltype(tag)::type;
+    by_max_d(D, [&](auto max_d) {
+      constexpr int kMaxD = decltype(max_d)::value;
+      auto kernel = attention_forward_kernel<E, kMaxD>;
+      allow_shared_memory(reinterpret_cast<const void*>(kernel), bytes);
+      kernel<<<grid, kThreads, bytes, stream()>>>(ptr<E>(out), ptr<float>(lse), ptr<E>(q),
+                                                  ptr<E>(k), ptr<E>(v), T, Hq, Hkv,
+                                                  static_cast<int>(D), scale);
+    });
+  });
+  check_launch("attention_forward");
+}
+
+void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                        const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        const Tensor& lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
+                        int64_t D) {
+  if (B == 0 || T == 0 || Hq == 0) return;
+  const int64_t rows = B * T * Hq;
+  float* Di = static_cast<float*>(scratch(rows * sizeof(float)));
+  const float scale = 1.0f / sqrtf(static_cast<float>(D));
+  const size_t dq_bytes = smem_bytes(attention_dq_smem_floats(D));
+  const size_t dkdv_bytes = smem_bytes(attention_dkdv_smem_floats(D));
+  const unsigned tiles = static_cast<unsigned>(ceil_div(T, kTile));
+  by_dtype(q.dtype, [&](auto tag) {
+    using E = typename decltype(tag)::type;
+    attention_row_dot_kernel<E>
+        <<<static_cast<unsigned>(ceil_div(rows, kWarps)), kThreads, 0, stream()>>>(
+            Di, ptr<E>(dout), ptr<E>(out), rows, T, Hq, static_cast<int>(D));
+    check_launch("attention_backward (row dots)");
+    by_max_d(D, [&](auto max_d) {
+      constexpr int kMaxD = decltype(max_d)::value;
+      auto dq_kernel = attention_dq_kernel<E, kMaxD>;
+      allow_shared_memory(reinterpret_cast<const void*>(dq_kernel), dq_bytes);
+      dq_kernel<<<dim3(tiles, static_cast<unsigned>(Hq), static_cast<unsigned>(B)), kThreads,
+                  dq_bytes, stream()>>>(ptr<E>(dq), ptr<E>(dout), ptr<E>(q), ptr<E>(k), ptr<E>(v),
+                                        ptr<float>(lse), Di, T, Hq, Hkv, static_cast<int>(D),
+                                        scale);
+      check_launch("attention_backward (dq)");
+      auto dkdv_kernel = attention_dkdv_kernel<E, kMaxD>;
+      allow_shared_memory(reinterpret_cast<const void*>(dkdv_kernel), dkdv_bytes);
+      dkdv_kernel<<<dim3(tiles, static_cast<unsigned>(Hkv), static_cast<unsigned>(B)), kThreads,
+                    dkdv_bytes, stream()>>>(ptr<E>(dk), ptr<E>(dv), ptr<E>(dout), ptr<E>(q),
+                                            ptr<E>(k), ptr<E>(v), ptr<float>(lse), Di, T, Hq, Hkv,
+                                            static_cast<int>(D), scale);
+      check_launch("attention_backward (dk, dv)");
+    });
+  });
+}
+
+}  // namespace pentad::kernels::cuda

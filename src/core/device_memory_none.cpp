@@ -1,0 +1,48 @@
+// Device memory in builds without CUDA: there is no device, and nothing can be allocated
+// on one. Host-to-host copies still work.
+#include <cstring>
+
+#include "core/device_memory.h"
+
+namespace pentad {
+
+namespace {
+[[noreturn]] void no_cuda(const char* what) {
+  fail(
+      "{}: this build has no CUDA backend (CMake found no nvcc); rebuild with CUDA or keep "
+      "the run on the CPU",
+      what);
+}
+}  // namespace
+
+int cuda_device_count() {
+  return 0;
+}
+
+void* device_alloc(size_t bytes, const std::string& what) {
+  no_cuda(what.c_str());
+}
+
+void device_free(void*) noexcept {}
+
+void device_zero(void*, size_t bytes) {
+  if (bytes) no_cuda("device_zero");
+}
+
+void device_fill_ones(void*, size_t bytes) {
+  if (bytes) no_cuda("device_fill_ones");
+}
+
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  if (bytes == 0) return;
+  if (dst_device != Device::CPU || src_device != Device::CPU) no_cuda("copy");
+  std::memcpy(dst, src, bytes);
+}
+
+void copy(const Tensor& dst, const Tensor& src) {
+  PENTAD_CHECK(dst.dtype == src.dtype && dst.numel() == src.numel(), "copy: {} {} into {} {}",
+               dtype_name(src.dtype), src.shape.str(), dtype_name(dst.dtype), dst.shape.str());
+  copy_bytes(dst.data, dst.device, src.data, src.device, src.bytes());
+}
+
+}  // namespace pentad

@@ -1,0 +1,774 @@
+// Every CUDA kernel against the CPU reference: the same ops.h entry point called with CPU
+// tensors (F32) and with CUDA tensors (F32 and BF16), over a sweep of shapes with odd sizes,
+// fresh random inputs, and every overwritten output poisoned with NaN before the call
+// (accumulated outputs start from random values instead). BF16 inputs are rounded to BF16
+// on the host first, so both sides see the same values. Bounds: the largest error relative
+// to the largest reference value, 1e-5 for F32 and 1e-2 for BF16; no NaN may survive.
+//
+// Without a CUDA device every test skips with "no CUDA device", and ctest reports it as
+// skipped (tests/cuda/CMakeLists.txt); scripts/gpu_test.sh fails on a skip.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "core/bf16.h"
+#include "core/device_memory.h"
+#include "kernels/ops.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace pentad {
+namespace {
+
+using testing::randn;
+using testing::random_ids;
+using testing::rel_error;
+using testing::to_float;
+using testing::view;
+namespace k = kernels;
+
+// ---- host <-> device ----
+
+float round_to(DType dtype, float x) {
+  return dtype == DType::BF16 ? bf16_to_float(float_to_bf16(x)) : x;
+}
+
+std::vector<float> rounded(DType dtype, std::vector<float> v) {
+  for (float& x : v) x = round_to(dtype, x);
+  return v;
+}
+
+// n standard normal values (times stddev), representable in dtype.
+std::vector<float> random(DType dtype, int64_t n, uint64_t seed, double stddev = 1.0) {
+  return rounded(dtype, to_float(randn(static_cast<size_t>(n), seed, stddev)));
+}
+
+// Owns the device memory of one test; one arena per tensor.
+class Gpu {
+ public:
+  Tensor alloc(Shape shape, DType dtype) {
+    const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_bytes(dtype);
+    arenas_.emplace_back("cuda test", std::max<size_t>(bytes, 1), Device::CUDA);
+    return arenas_.back().alloc(shape, dtype);
+  }
+  // NaN in every element (0xff bytes are NaN in F32 and BF16).
+  Tensor poisoned(Shape shape, DType dtype) {
+    Tensor t = alloc(shape, dtype);
+    device_fill_ones(t.data, t.bytes());
+    return t;
+  }
+  Tensor upload(const std::vector<float>& values, Shape shape, DType dtype) {
+    EXPECT_EQ(static_cast<int64_t>(values.size()), shape.numel()) << "test bug";
+    Tensor t = alloc(shape, dtype);
+    if (dtype == DType::BF16) {
+      std::vector<uint16_t> bits(values.size());
+      for (size_t i = 0; i < values.size(); ++i) bits[i] = float_to_bf16(values[i]);
+      copy_bytes(t.data, Device::CUDA, bits.data(), Device::CPU, t.bytes());
+    } else {
+      copy_bytes(t.data, Device::CUDA, values.data(), Device::CPU, t.bytes());
+    }
+    return t;
+  }
+  Tensor upload_ids(const std::vector<int32_t>& ids, Shape shape) {
+    Tensor t = alloc(shape, DType::I32);
+    copy_bytes(t.data, Device::CUDA, ids.data(), Device::CPU, t.bytes());
+    return t;
+  }
+
+ private:
+  std::deque<Arena> arenas_;
+};
+
+std::vector<float> download(const Tensor& t) {
+  std::vector<float> values(static_cast<size_t>(t.numel()));
+  if (t.dtype == DType::BF16) {
+    std::vector<uint16_t> bits(values.size());
+    copy_bytes(bits.data(), Device::CPU, t.data, Device::CUDA, t.bytes());
+    for (size_t i = 0; i < values.size(); ++i) values[i] = bf16_to_float(bits[i]);
+  } else {
+    copy_bytes(values.data(), Device::CPU, t.data, Device::CUDA, t.bytes());
+  }
+  return values;
+}
+
+double tolerance(DType dtype) {
+  return dtype == DType::BF16 ? 1e-2 : 1e-5;
+}
+
+// got (from the GPU) against want (the CPU reference): no non-finite value where the
+// reference is finite, and the largest error relative to the largest reference value.
+void expect_close(const std::string& what, const std::vector<float>& got,
+                  const std::vector<float>& want, double tol) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t bad = 0, first_bad = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!std::isfinite(got[i]) && std::isfinite(want[i]) && bad++ == 0) first_bad = i;
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " non-finite values, the first at " << first_bad
+                     << " (an output left unwritten stays NaN)";
+  EXPECT_LT(rel_error(got, want, 1e-6), tol) << what;
+}
+void expect_close(const std::string& what, const Tensor& got, const std::vector<float>& want,
+                  DType dtype) {
+  expect_close(what, download(got), want, tolerance(dtype));
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+const char* name_of(DType dtype) {
+  return dtype_name(dtype);
+}
+
+}  // namespace
+
+// How gtest (and so the ctest names) print the dtype parameter.
+void PrintTo(DType dtype, std::ostream* os) {
+  *os << dtype_name(dtype);
+}
+
+namespace {
+
+// ---- fixtures ----
+
+bool have_device() {
+  return cuda_device_count() > 0;
+}
+
+class CudaKernel : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  }
+  DType dt() const { return GetParam(); }
+  std::vector<float> rand(int64_t n, double stddev = 1.0) {
+    return random(dt(), n, ++seed_ * 7919, stddev);
+  }
+  Gpu gpu;
+
+ private:
+  uint64_t seed_ = 0;
+};
+
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  }
+  Gpu gpu;
+};
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaKernel, ::testing::Values(DType::F32, DType::BF16),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(name_of(info.param));
+                         });
+
+// ---- linear ----
+
+struct LinearShape {
+  int64_t N, C, OC;
+};
+const LinearShape kLinearShapes[] = {{1, 1, 1},      {7, 3, 5},      {33, 17, 9},    {64, 64, 64},
+                                     {129, 96, 200}, {257, 768, 72}, {100, 256, 768}};
+
+std::string str(LinearShape s) {
+  return "N " + std::to_string(s.N) + " C " + std::to_string(s.C) + " OC " + std::to_string(s.OC);
+}
+
+TEST_P(CudaKernel, LinearForward) {
+  for (LinearShape s : kLinearShapes)
+    for (bool with_bias : {true, false}) {
+      const auto x = rand(s.N * s.C), w = rand(s.OC * s.C, 0.1), b = rand(s.OC);
+      std::vector<float> want(s.N * s.OC);
+      k::linear_forward(view(want, {s.N, s.OC}), view(x, {s.N, s.C}), view(w, {s.OC, s.C}),
+                        with_bias ? view(b, {s.OC}) : Tensor{});
+      const Tensor out = gpu.poisoned({s.N, s.OC}, dt());
+      k::linear_forward(out, gpu.upload(x, {s.N, s.C}, dt()), gpu.upload(w, {s.OC, s.C}, dt()),
+                        with_bias ? gpu.upload(b, {s.OC}, dt()) : Tensor{});
+      expect_close("linear_forward " + str(s) + (with_bias ? " bias" : ""), out, want, dt());
+    }
+}
+
+TEST_P(CudaKernel, LinearGeluForward) {
+  // OC a multiple of 8 takes cuBLASLt's GELU epilogue; other widths the fallback.
+  for (LinearShape s : kLinearShapes)
+    for (bool with_bias : {true, false}) {
+      const auto x = rand(s.N * s.C), w = rand(s.OC * s.C, 0.1), b = rand(s.OC);
+      std::vector<float> want(s.N * s.OC), want_pre(s.N * s.OC);
+      k::linear_gelu_forward(view(want, {s.N, s.OC}), view(want_pre, {s.N, s.OC}),
+                             view(x, {s.N, s.C}), view(w, {s.OC, s.C}),
+                             with_bias ? view(b, {s.OC}) : Tensor{});
+      const Tensor out = gpu.poisoned({s.N, s.OC}, dt()), pre = gpu.poisoned({s.N, s.OC}, dt());
+      k::linear_gelu_forward(out, pre, gpu.upload(x, {s.N, s.C}, dt()),
+                             gpu.upload(w, {s.OC, s.C}, dt()),
+                             with_bias ? gpu.upload(b, {s.OC}, dt()) : Tensor{});
+      expect_close("linear_gelu_forward out " + str(s), out, want, dt());
+      expect_close("linear_gelu_forward pre_gelu " + str(s), pre, want_pre, dt());
+    }
+}
+
+TEST_P(CudaKernel, LinearBackward) {
+  for (LinearShape s : kLinearShapes)
+    for (bool accumulate : {false, true}) {
+      const auto x = rand(s.N * s.C), w = rand(s.OC * s.C, 0.1), dy = rand(s.N * s.OC);
+      const auto dx0 = rand(s.N * s.C);
+      const auto dw0 = random(DType::F32, s.OC * s.C, 91), db0 = random(DType::F32, s.OC, 92);
+      std::vector<float> dx = dx0, dw = dw0, db = db0;
+      k::linear_backward(view(dx, {s.N, s.C}), view(dw, {s.OC, s.C}), view(db, {s.OC}),
+                         view(dy, {s.N, s.OC}), view(x, {s.N, s.C}), view(w, {s.OC, s.C}),
+                         accumulate);
+      const Tensor gdx =
+          accumulate ? gpu.upload(dx0, {s.N, s.C}, dt()) : gpu.poisoned({s.N, s.C}, dt());
+      const Tensor gdw = gpu.upload(dw0, {s.OC, s.C}, DType::F32);
+      const Tensor gdb = gpu.upload(db0, {s.OC}, DType::F32);
+      k::linear_backward(gdx, gdw, gdb, gpu.upload(dy, {s.N, s.OC}, dt()),
+                         gpu.upload(x, {s.N, s.C}, dt()), gpu.upload(w, {s.OC, s.C}, dt()),
+                         accumulate);
+      const std::string what = str(s) + (accumulate ? " accumulate" : "");
+      expect_close("dinp " + what, gdx, dx, dt());
+      expect_close("dweight " + what, gdw, dw, dt());
+      expect_close("dbias " + what, gdb, db, dt());
+    }
+}
+
+TEST_P(CudaKernel, LinearBackwardThroughGelu) {
+  for (LinearShape s : kLinearShapes) {
+    const auto pre = rand(s.N * s.C), w = rand(s.OC * s.C, 0.1), dy = rand(s.N * s.OC);
+    std::vector<float> x(pre.size());
+    k::gelu_forward(view(x, {s.N, s.C}), view(pre, {s.N, s.C}));
+    x = rounded(dt(), x);  // the layer's input as the GPU stores it
+    const auto dw0 = random(DType::F32, s.OC * s.C, 98), db0 = random(DType::F32, s.OC, 99);
+    std::vector<float> dpre(pre.size()), dw = dw0, db = db0;
+    k::linear_backward_gelu(view(dpre, {s.N, s.C}), view(dw, {s.OC, s.C}), view(db, {s.OC}),
+                            view(dy, {s.N, s.OC}), view(x, {s.N, s.C}), view(w, {s.OC, s.C}),
+                            view(pre, {s.N, s.C}));
+    const Tensor gdpre = gpu.poisoned({s.N, s.C}, dt());
+    const Tensor gdw = gpu.upload(dw0, {s.OC, s.C}, DType::F32);
+    const Tensor gdb = gpu.upload(db0, {s.OC}, DType::F32);
+    k::linear_backward_gelu(gdpre, gdw, gdb, gpu.upload(dy, {s.N, s.OC}, dt()),
+                            gpu.upload(x, {s.N, s.C}, dt()), gpu.upload(w, {s.OC, s.C}, dt()),
+                            gpu.upload(pre, {s.N, s.C}, dt()));
+    // C a multiple of 8 takes cuBLASLt's DGELU epilogue; other widths the fallback.
+    expect_close("dpre_gelu " + str(s), gdpre, dpre, dt());
+    expect_close("dweight " + str(s), gdw, dw, dt());
+    expect_close("dbias " + str(s), gdb, db, dt());
+  }
+}
+
+// ---- norms ----
+
+struct RowsShape {
+  int64_t N, C;
+};
+const RowsShape kRowShapes[] = {{1, 1},    {3, 7},      {17, 33},  {64, 768},
+                                {5, 1000}, {130, 4096}, {1000, 64}};
+
+std::string str(RowsShape s) {
+  return "N " + std::to_string(s.N) + " C " + std::to_string(s.C);
+}
+
+TEST_P(CudaKernel, LayerNormForward) {
+  for (RowsShape s : kRowShapes)
+    for (bool with_bias : {true, false}) {
+      // An offset mean checks the two-pass variance.
+      auto x = rand(s.N * s.C);
+      for (float& v : x) v = round_to(dt(), v + 3.0f);
+      const auto w = rand(s.C), b = rand(s.C);
+      std::vector<float> out(s.N * s.C), mean(s.N), rstd(s.N);
+      k::layernorm_forward(view(out, {s.N, s.C}), view(mean, {s.N}), view(rstd, {s.N}),
+                           view(x, {s.N, s.C}), view(w, {s.C}),
+                           with_bias ? view(b, {s.C}) : Tensor{}, 1e-5f);
+      const Tensor gout = gpu.poisoned({s.N, s.C}, dt());
+      const Tensor gmean = gpu.poisoned({s.N}, DType::F32), grstd = gpu.poisoned({s.N}, DType::F32);
+      k::layernorm_forward(gout, gmean, grstd, gpu.upload(x, {s.N, s.C}, dt()),
+                           gpu.upload(w, {s.C}, dt()),
+                           with_bias ? gpu.upload(b, {s.C}, dt()) : Tensor{}, 1e-5f);
+      expect_close("layernorm out " + str(s), gout, out, dt());
+      expect_close("layernorm mean " + str(s), gmean, mean, dt());
+      expect_close("layernorm rstd " + str(s), grstd, rstd, dt());
+    }
+}
+
+// The fused kernel equals add() then the norm, with the residual rounded to the data type
+// in between (as the GPU stores it).
+TEST_P(CudaKernel, ResidualNormsForward) {
+  for (RowsShape s : kRowShapes)
+    for (bool rms : {false, true}) {
+      const auto a = rand(s.N * s.C), b = rand(s.N * s.C), w = rand(s.C), bias = rand(s.C);
+      std::vector<float> residual(s.N * s.C), out(s.N * s.C), mean(s.N), rstd(s.N);
+      k::add(view(residual, {s.N, s.C}), view(a, {s.N, s.C}), view(b, {s.N, s.C}));
+      residual = rounded(dt(), residual);
+      if (rms)
+        k::rmsnorm_forward(view(out, {s.N, s.C}), view(rstd, {s.N}), view(residual, {s.N, s.C}),
+                           view(w, {s.C}), 1e-5f);
+      else
+        k::layernorm_forward(view(out, {s.N, s.C}), view(mean, {s.N}), view(rstd, {s.N}),
+                             view(residual, {s.N, s.C}), view(w, {s.C}), view(bias, {s.C}), 1e-5f);
+      const Tensor gres = gpu.poisoned({s.N, s.C}, dt()), gout = gpu.poisoned({s.N, s.C}, dt());
+      const Tensor grstd = gpu.poisoned({s.N}, DType::F32);
+      const Tensor ga = gpu.upload(a, {s.N, s.C}, dt()), gb = gpu.upload(b, {s.N, s.C}, dt());
+      if (rms)
+        k::residual_rmsnorm_forward(gres, gout, grstd, ga, gb, gpu.upload(w, {s.C}, dt()), 1e-5f);
+      else
+        k::residual_layernorm_forward(gres, gout, Tensor{}, grstd, ga, gb,
+                                      gpu.upload(w, {s.C}, dt()), gpu.upload(bias, {s.C}, dt()),
+                                      1e-5f);
+      const std::string what = std::string(rms ? "rmsnorm " : "layernorm ") + str(s);
+      expect_close("residual " + what, gres, residual, dt());
+      expect_close("out " + what, gout, out, dt());
+      expect_close("rstd " + what, grstd, rstd, dt());
+    }
+}
+
+// The residual may be written over its first input (residual += branch).
+TEST_P(CudaKernel, ResidualNormInPlace) {
+  const RowsShape s{37, 300};
+  const auto a = rand(s.N * s.C), b = rand(s.N * s.C), w = rand(s.C);
+  std::vector<float> residual(s.N * s.C), out(s.N * s.C);
+  k::add(view(residual, {s.N, s.C}), view(a, {s.N, s.C}), view(b, {s.N, s.C}));
+  residual = rounded(dt(), residual);
+  k::rmsnorm_forward(view(out, {s.N, s.C}), Tensor{}, view(residual, {s.N, s.C}), view(w, {s.C}),
+                     1e-6f);
+  const Tensor ga = gpu.upload(a, {s.N, s.C}, dt()), gout = gpu.poisoned({s.N, s.C}, dt());
+  k::residual_rmsnorm_forward(ga, gout, Tensor{}, ga, gpu.upload(b, {s.N, s.C}, dt()),
+                              gpu.upload(w, {s.C}, dt()), 1e-6f);
+  expect_close("residual in place", ga, residual, dt());
+  expect_close("out", gout, out, dt());
+}
+
+TEST_P(CudaKernel, LayerNormBackward) {
+  for (RowsShape s : kRowShapes) {
+    const auto x = rand(s.N * s.C), w = rand(s.C), dy = rand(s.N * s.C), dx0 = rand(s.N * s.C);
+    const auto dw0 = random(DType::F32, s.C, 93), db0 = random(DType::F32, s.C, 94);
+    std::vector<float> out(s.N * s.C), mean(s.N), rstd(s.N);
+    k::layernorm_forward(view(out, {s.N, s.C}), view(mean, {s.N}), view(rstd, {s.N}),
+                         view(x, {s.N, s.C}), view(w, {s.C}), Tensor{}, 1e-5f);
+    std::vector<float> dx = dx0, dw = dw0, db = db0;
+    k::layernorm_backward(view(dx, {s.N, s.C}), view(dw, {s.C}), view(db, {s.C}),
+                          view(dy, {s.N, s.C}), view(x, {s.N, s.C}), view(w, {s.C}),
+                          view(mean, {s.N}), view(rstd, {s.N}));
+    const Tensor gdx = gpu.upload(dx0, {s.N, s.C}, dt());
+    const Tensor gdw = gpu.upload(dw0, {s.C}, DType::F32), gdb = gpu.upload(db0, {s.C}, DType::F32);
+    k::layernorm_backward(gdx, gdw, gdb, gpu.upload(dy, {s.N, s.C}, dt()),
+                          gpu.upload(x, {s.N, s.C}, dt()), gpu.upload(w, {s.C}, dt()),
+                          gpu.upload(mean, {s.N}, DType::F32), gpu.upload(rstd, {s.N}, DType::F32));
+    expect_close("layernorm dinp " + str(s), gdx, dx, dt());
+    expect_close("layernorm dweight " + str(s), gdw, dw, dt());
+    expect_close("layernorm dbias " + str(s), gdb, db, dt());
+  }
+}
+
+TEST_P(CudaKernel, RmsNormForwardAndBackward) {
+  for (RowsShape s : kRowShapes) {
+    const auto x = rand(s.N * s.C), w = rand(s.C), dy = rand(s.N * s.C), dx0 = rand(s.N * s.C);
+    const auto dw0 = random(DType::F32, s.C, 95);
+    std::vector<float> out(s.N * s.C), rstd(s.N);
+    k::rmsnorm_forward(view(out, {s.N, s.C}), view(rstd, {s.N}), view(x, {s.N, s.C}),
+                       view(w, {s.C}), 1e-6f);
+    const Tensor gx = gpu.upload(x, {s.N, s.C}, dt()), gw = gpu.upload(w, {s.C}, dt());
+    const Tensor gout = gpu.poisoned({s.N, s.C}, dt()), grstd = gpu.poisoned({s.N}, DType::F32);
+    k::rmsnorm_forward(gout, grstd, gx, gw, 1e-6f);
+    expect_close("rmsnorm out " + str(s), gout, out, dt());
+    expect_close("rmsnorm rstd " + str(s), grstd, rstd, dt());
+
+    std::vector<float> dx = dx0, dw = dw0;
+    k::rmsnorm_backward(view(dx, {s.N, s.C}), view(dw, {s.C}), view(dy, {s.N, s.C}),
+                        view(x, {s.N, s.C}), view(w, {s.C}), view(rstd, {s.N}));
+    const Tensor gdx = gpu.upload(dx0, {s.N, s.C}, dt()), gdw = gpu.upload(dw0, {s.C}, DType::F32);
+    k::rmsnorm_backward(gdx, gdw, gpu.upload(dy, {s.N, s.C}, dt()), gx, gw,
+                        gpu.upload(rstd, {s.N}, DType::F32));
+    expect_close("rmsnorm dinp " + str(s), gdx, dx, dt());
+    expect_close("rmsnorm dweight " + str(s), gdw, dw, dt());
+  }
+}
+
+// ---- activations ----
+
+const int64_t kFlatSizes[] = {1, 7, 1000, 65537};
+
+TEST_P(CudaKernel, Gelu) {
+  for (int64_t n : kFlatSizes) {
+    const auto x = rand(n, 2.0), dy = rand(n);
+    std::vector<float> out(n), dx(n);
+    k::gelu_forward(view(out, {n}), view(x, {n}));
+    k::gelu_backward(view(dx, {n}), view(dy, {n}), view(x, {n}));
+    const Tensor gx = gpu.upload(x, {n}, dt());
+    const Tensor gout = gpu.poisoned({n}, dt()), gdx = gpu.poisoned({n}, dt());
+    k::gelu_forward(gout, gx);
+    k::gelu_backward(gdx, gpu.upload(dy, {n}, dt()), gx);
+    expect_close("gelu forward n " + std::to_string(n), gout, out, dt());
+    expect_close("gelu backward n " + std::to_string(n), gdx, dx, dt());
+  }
+}
+
+TEST_P(CudaKernel, SwiGlu) {
+  for (int64_t n : kFlatSizes) {
+    const auto g = rand(n, 2.0), u = rand(n), dy = rand(n);
+    std::vector<float> out(n), dg(n), du(n);
+    k::swiglu_forward(view(out, {n}), view(g, {n}), view(u, {n}));
+    k::swiglu_backward(view(dg, {n}), view(du, {n}), view(dy, {n}), view(g, {n}), view(u, {n}));
+    const Tensor gg = gpu.upload(g, {n}, dt()), gu = gpu.upload(u, {n}, dt());
+    const Tensor gdy = gpu.upload(dy, {n}, dt());
+    const Tensor gout = gpu.poisoned({n}, dt()), gdg = gpu.poisoned({n}, dt());
+    const Tensor gdu = gpu.poisoned({n}, dt());
+    k::swiglu_forward(gout, gg, gu);
+    k::swiglu_backward(gdg, gdu, gdy, gg, gu);
+    expect_close("swiglu forward", gout, out, dt());
+    expect_close("swiglu dgate", gdg, dg, dt());
+    expect_close("swiglu dup", gdu, du, dt());
+    // Either gradient may be absent.
+    const Tensor only_up = gpu.poisoned({n}, dt());
+    k::swiglu_backward(Tensor{}, only_up, gdy, gg, gu);
+    expect_close("swiglu dup alone", only_up, du, dt());
+  }
+}
+
+// ---- rope ----
+
+TEST_P(CudaKernel, Rope) {
+  struct RopeCase {
+    int64_t B, T, H, D, pos_offset;
+    float theta;
+  };
+  const RopeCase cases[] = {{1, 1, 1, 2, 0, 10000.0f},
+                            {2, 7, 3, 8, 17, 10000.0f},
+                            {1, 300, 4, 64, 0, 500000.0f},
+                            {2, 33, 2, 128, 4000, 10000.0f},
+                            {1, 5, 3, 6, 0, 10000.0f}};
+  for (const RopeCase& c : cases)
+    for (bool inverse : {false, true}) {
+      const Shape shape{c.B, c.T, c.H, c.D};
+      const auto x = rand(shape.numel());
+      std::vector<float> want = x;
+      const Tensor gx = gpu.upload(x, shape, dt());
+      if (inverse) {
+        k::rope_backward(view(want, shape), c.pos_offset, c.theta);
+        k::rope_backward(gx, c.pos_offset, c.theta);
+      } else {
+        k::rope_forward(view(want, shape), c.pos_offset, c.theta);
+        k::rope_forward(gx, c.pos_offset, c.theta);
+      }
+      expect_close("rope " + shape.str() + " offset " + std::to_string(c.pos_offset) +
+                       (inverse ? " inverse" : ""),
+                   gx, want, dt());
+    }
+}
+
+// ---- attention ----
+
+struct AttnShape {
+  int64_t B, T, Hq, Hkv, D;
+  Shape q() const { return {B, T, Hq, D}; }
+  Shape kv() const { return {B, T, Hkv, D}; }
+  Shape lse() const { return {B, Hq, T}; }
+  std::string str() const {
+    return "B " + std::to_string(B) + " T " + std::to_string(T) + " Hq " + std::to_string(Hq) +
+           " Hkv " + std::to_string(Hkv) + " D " + std::to_string(D);
+  }
+};
+// T around the 32-row tile (1, 31, 32, 33, 65, 150); GQA, MQA and MHA; head_dim odd, below
+// and at 64, between 64 and 128, and 128.
+const AttnShape kAttnShapes[] = {{2, 9, 4, 2, 8},    {1, 1, 2, 2, 4},    {2, 31, 2, 1, 16},
+                                 {2, 32, 4, 4, 16},  {1, 33, 3, 1, 96},  {1, 65, 4, 1, 5},
+                                 {2, 70, 6, 3, 32},  {1, 150, 2, 1, 64}, {1, 100, 2, 2, 128},
+                                 {2, 64, 12, 12, 64}};
+
+TEST_P(CudaKernel, AttentionForward) {
+  for (AttnShape s : kAttnShapes) {
+    const auto q = rand(s.q().numel()), kk = rand(s.kv().numel()), v = rand(s.kv().numel());
+    std::vector<float> out(s.q().numel()), lse(s.lse().numel());
+    k::attention_forward(view(out, s.q()), view(lse, s.lse()), view(q, s.q()), view(kk, s.kv()),
+                         view(v, s.kv()));
+    const Tensor gout = gpu.poisoned(s.q(), dt()), glse = gpu.poisoned(s.lse(), DType::F32);
+    k::attention_forward(gout, glse, gpu.upload(q, s.q(), dt()), gpu.upload(kk, s.kv(), dt()),
+                         gpu.upload(v, s.kv(), dt()));
+    expect_close("attention out " + s.str(), gout, out, dt());
+    expect_close("attention lse " + s.str(), glse, lse, dt());
+    // lse is optional.
+    const Tensor gout2 = gpu.poisoned(s.q(), dt());
+    k::attention_forward(gout2, Tensor{}, gpu.upload(q, s.q(), dt()), gpu.upload(kk, s.kv(), dt()),
+                         gpu.upload(v, s.kv(), dt()));
+    expect_close("attention out without lse " + s.str(), gout2, out, dt());
+  }
+}
+
+TEST_P(CudaKernel, AttentionBackward) {
+  for (AttnShape s : kAttnShapes) {
+    const auto q = rand(s.q().numel()), kk = rand(s.kv().numel()), v = rand(s.kv().numel());
+    const auto dy = rand(s.q().numel());
+    std::vector<float> out(s.q().numel()), lse(s.lse().numel());
+    k::attention_forward(view(out, s.q()), view(lse, s.lse()), view(q, s.q()), view(kk, s.kv()),
+                         view(v, s.kv()));
+    out = rounded(dt(), out);  // what the GPU would have stored
+    std::vector<float> dq(q.size()), dk(kk.size()), dv(v.size());
+    k::attention_backward(view(dq, s.q()), view(dk, s.kv()), view(dv, s.kv()), view(dy, s.q()),
+                          view(q, s.q()), view(kk, s.kv()), view(v, s.kv()), view(out, s.q()),
+                          view(lse, s.lse()));
+    const Tensor gq = gpu.upload(q, s.q(), dt()), gk = gpu.upload(kk, s.kv(), dt());
+    const Tensor gv = gpu.upload(v, s.kv(), dt()), gdy = gpu.upload(dy, s.q(), dt());
+    const Tensor gout = gpu.upload(out, s.q(), dt()), glse = gpu.upload(lse, s.lse(), DType::F32);
+    std::vector<float> first[3];
+    for (int run = 0; run < 2; ++run) {
+      const Tensor gdq = gpu.poisoned(s.q(), dt()), gdk = gpu.poisoned(s.kv(), dt());
+      const Tensor gdv = gpu.poisoned(s.kv(), dt());
+      k::attention_backward(gdq, gdk, gdv, gdy, gq, gk, gv, gout, glse);
+      const std::vector<float> got[3] = {download(gdq), download(gdk), download(gdv)};
+      if (run == 0) {
+        expect_close("attention dq " + s.str(), got[0], dq, tolerance(dt()));
+        expect_close("attention dk " + s.str(), got[1], dk, tolerance(dt()));
+        expect_close("attention dv " + s.str(), got[2], dv, tolerance(dt()));
+        for (int i = 0; i < 3; ++i) first[i] = got[i];
+      } else {
+        for (int i = 0; i < 3; ++i)
+          EXPECT_TRUE(bitwise_equal(first[i], got[i])) << "attention backward is not "
+                                                          "deterministic, gradient "
+                                                       << i << " " << s.str();
+      }
+    }
+  }
+}
+
+// ---- cross-entropy ----
+
+const RowsShape kLogitShapes[] = {{1, 1}, {3, 5}, {7, 1000}, {64, 50257}, {33, 4099}};
+
+TEST_P(CudaKernel, CrossEntropy) {
+  for (RowsShape s : kLogitShapes) {
+    const auto logits = rand(s.N * s.C, 3.0);
+    const auto targets = random_ids(s.N, s.C, 17);
+    const float dloss = 1.0f / static_cast<float>(s.N);
+    std::vector<float> losses(s.N), dlogits(logits.size());
+    k::crossentropy_forward_backward(view(losses, {s.N}), view(dlogits, {s.N, s.C}),
+                                     view(logits, {s.N, s.C}), view(targets, {s.N}), dloss);
+    const Tensor glogits = gpu.upload(logits, {s.N, s.C}, dt());
+    const Tensor gtargets = gpu.upload_ids(targets, {s.N});
+    const Tensor glosses = gpu.poisoned({s.N}, DType::F32);
+    const Tensor gdlogits = gpu.poisoned({s.N, s.C}, dt());
+    k::crossentropy_forward_backward(glosses, gdlogits, glogits, gtargets, dloss);
+    expect_close("ce losses " + str(s), glosses, losses, dt());
+    expect_close("ce dlogits " + str(s), gdlogits, dlogits, dt());
+    // Losses only, then the gradient written over the logits.
+    const Tensor losses_only = gpu.poisoned({s.N}, DType::F32);
+    k::crossentropy_forward_backward(losses_only, Tensor{}, glogits, gtargets, dloss);
+    expect_close("ce losses only " + str(s), losses_only, losses, dt());
+    k::crossentropy_forward_backward(Tensor{}, glogits, glogits, gtargets, dloss);
+    expect_close("ce dlogits in place " + str(s), glogits, dlogits, dt());
+  }
+}
+
+TEST_P(CudaKernel, VocabParallelCrossEntropy) {
+  const int64_t N = 37, V = 1000, start = 300, Vl = 411;  // shard [300, 711)
+  const auto logits = rand(N * Vl, 3.0);
+  const auto targets = random_ids(N, V, 19);  // some inside the shard, most outside
+  const float dloss = 0.25f;
+  std::vector<float> row_max(N), stats(2 * N), losses(N), dlogits(logits.size());
+  k::vocab_parallel_ce_max(view(row_max, {N}), view(logits, {N, Vl}));
+  k::vocab_parallel_ce_stats(view(stats, {2, N}), view(logits, {N, Vl}), view(row_max, {N}),
+                             view(targets, {N}), start);
+  k::vocab_parallel_ce_finish(view(losses, {N}), view(dlogits, {N, Vl}), view(logits, {N, Vl}),
+                              view(row_max, {N}), view(stats, {2, N}), view(targets, {N}), start,
+                              dloss);
+  const Tensor glogits = gpu.upload(logits, {N, Vl}, dt());
+  const Tensor gtargets = gpu.upload_ids(targets, {N});
+  const Tensor gmax = gpu.poisoned({N}, DType::F32), gstats = gpu.poisoned({2, N}, DType::F32);
+  k::vocab_parallel_ce_max(gmax, glogits);
+  expect_close("row_max", gmax, row_max, dt());
+  k::vocab_parallel_ce_stats(gstats, glogits, gmax, gtargets, start);
+  expect_close("stats", gstats, stats, dt());
+  // Continue from the reference statistics, so finish is checked on its own.
+  const Tensor ref_max = gpu.upload(row_max, {N}, DType::F32);
+  const Tensor ref_stats = gpu.upload(stats, {2, N}, DType::F32);
+  const Tensor glosses = gpu.poisoned({N}, DType::F32), gd = gpu.poisoned({N, Vl}, dt());
+  k::vocab_parallel_ce_finish(glosses, gd, glogits, ref_max, ref_stats, gtargets, start, dloss);
+  expect_close("losses", glosses, losses, dt());
+  expect_close("dlogits", gd, dlogits, dt());
+  k::vocab_parallel_ce_finish(Tensor{}, glogits, glogits, ref_max, ref_stats, gtargets, start,
+                              dloss);
+  expect_close("dlogits in place", glogits, dlogits, dt());
+}
+
+// ---- embedding ----
+
+struct EmbedCase {
+  int64_t B, T, V, C, vocab_start, table_rows;  // vocab_start < 0: the whole table
+  bool positions;
+};
+const EmbedCase kEmbedCases[] = {{1, 1, 1, 1, -1, 1, true},      {2, 7, 3, 5, -1, 3, true},
+                                 {4, 64, 50, 768, -1, 50, true}, {3, 33, 1000, 96, -1, 1000, false},
+                                 {2, 40, 9, 64, 3, 4, false},    {8, 256, 2, 33, -1, 2, true}};
+
+std::string str(const EmbedCase& c) {
+  return "B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " V " + std::to_string(c.V) +
+         " C " + std::to_string(c.C) + " start " + std::to_string(c.vocab_start);
+}
+
+TEST_P(CudaKernel, EmbeddingForward) {
+  for (const EmbedCase& c : kEmbedCases) {
+    const auto tokens = random_ids(c.B * c.T, c.V, 23);
+    const auto wte = rand(c.table_rows * c.C), wpe = rand(c.T * c.C);
+    std::vector<float> out(c.B * c.T * c.C);
+    const Shape out_shape{c.B, c.T, c.C};
+    k::embedding_forward(view(out, out_shape), view(tokens, {c.B, c.T}),
+                         view(wte, {c.table_rows, c.C}),
+                         c.positions ? view(wpe, {c.T, c.C}) : Tensor{}, c.vocab_start);
+    const Tensor gout = gpu.poisoned(out_shape, dt());
+    k::embedding_forward(gout, gpu.upload_ids(tokens, {c.B, c.T}),
+                         gpu.upload(wte, {c.table_rows, c.C}, dt()),
+                         c.positions ? gpu.upload(wpe, {c.T, c.C}, dt()) : Tensor{}, c.vocab_start);
+    expect_close("embedding forward " + str(c), gout, out, dt());
+  }
+}
+
+// Gradients go to F32 tables in position order, starting from the table's value, exactly
+// as on the CPU: with F32 data the result is bitwise the CPU's, and it never varies.
+TEST_P(CudaKernel, EmbeddingBackward) {
+  for (const EmbedCase& c : kEmbedCases) {
+    const auto tokens = random_ids(c.B * c.T, c.V, 29);
+    const auto dout = rand(c.B * c.T * c.C);
+    const auto dwte0 = random(DType::F32, c.table_rows * c.C, 96);
+    const auto dwpe0 = random(DType::F32, c.T * c.C, 97);
+    std::vector<float> dwte = dwte0, dwpe = dwpe0;
+    const Shape out_shape{c.B, c.T, c.C};
+    k::embedding_backward(view(dwte, {c.table_rows, c.C}),
+                          c.positions ? view(dwpe, {c.T, c.C}) : Tensor{}, view(dout, out_shape),
+                          view(tokens, {c.B, c.T}), c.vocab_start);
+    const Tensor gtokens = gpu.upload_ids(tokens, {c.B, c.T});
+    const Tensor gdout = gpu.upload(dout, out_shape, dt());
+    std::vector<float> first;
+    for (int run = 0; run < 2; ++run) {
+      const Tensor gdwte = gpu.upload(dwte0, {c.table_rows, c.C}, DType::F32);
+      const Tensor gdwpe = gpu.upload(dwpe0, {c.T, c.C}, DType::F32);
+      k::embedding_backward(gdwte, c.positions ? gdwpe : Tensor{}, gdout, gtokens, c.vocab_start);
+      const auto got = download(gdwte);
+      if (run == 0) {
+        expect_close("dwte " + str(c), got, dwte, tolerance(dt()));
+        if (c.positions) expect_close("dwpe " + str(c), gdwpe, dwpe, dt());
+        if (dt() == DType::F32) {
+          EXPECT_TRUE(bitwise_equal(got, dwte)) << "dwte not bitwise the CPU's " << str(c);
+        }
+        first = got;
+      } else {
+        EXPECT_TRUE(bitwise_equal(first, got)) << "embedding backward varies " << str(c);
+      }
+    }
+  }
+}
+
+// ---- elementwise ----
+
+TEST_P(CudaKernel, AddScaleSumSquares) {
+  for (int64_t n : kFlatSizes) {
+    const auto a = rand(n), b = rand(n);
+    std::vector<float> sum(n);
+    k::add(view(sum, {n}), view(a, {n}), view(b, {n}));
+    const Tensor ga = gpu.upload(a, {n}, dt()), gb = gpu.upload(b, {n}, dt());
+    const Tensor gsum = gpu.poisoned({n}, dt());
+    k::add(gsum, ga, gb);
+    expect_close("add n " + std::to_string(n), gsum, sum, dt());
+    k::add(ga, ga, gb);  // out aliasing a
+    expect_close("add in place n " + std::to_string(n), ga, sum, dt());
+
+    std::vector<float> scaled = b;
+    k::scale(view(scaled, {n}), -0.37f);
+    k::scale(gb, -0.37f);
+    expect_close("scale n " + std::to_string(n), gb, scaled, dt());
+
+    const double want = k::sum_squares(view(a, {n}));  // a holds values exact in dt
+    const double got = k::sum_squares(gpu.upload(a, {n}, dt()));
+    EXPECT_NEAR(got, want, 1e-12 * want) << "sum_squares n " << n;
+    EXPECT_EQ(got, k::sum_squares(gpu.upload(a, {n}, dt()))) << "sum_squares varies";
+  }
+}
+
+TEST_F(CudaOps, ConvertRoundsToNearestEven) {
+  // Ties, values just off ties, the largest and smallest floats, infinities, -0.
+  std::vector<float> x = to_float(randn(10000, 31, 100.0));
+  for (uint32_t bits : {0x3f808000u, 0x3f818000u, 0x3f808001u, 0x7f7fffffu, 0x00000001u,
+                        0x7f800000u, 0xff800000u, 0x80000000u})
+    x.push_back(std::bit_cast<float>(bits));
+  const int64_t n = static_cast<int64_t>(x.size());
+  const Tensor gx = gpu.upload(x, {n}, DType::F32), gb = gpu.poisoned({n}, DType::BF16);
+  k::convert(gb, gx);
+  std::vector<uint16_t> bits(x.size());
+  copy_bytes(bits.data(), Device::CPU, gb.data, Device::CUDA, gb.bytes());
+  for (size_t i = 0; i < x.size(); ++i)
+    ASSERT_EQ(bits[i], float_to_bf16(x[i])) << "value " << x[i] << " at " << i;
+  const Tensor back = gpu.poisoned({n}, DType::F32);
+  k::convert(back, gb);
+  const auto values = download(back);
+  for (size_t i = 0; i < x.size(); ++i)
+    ASSERT_EQ(std::bit_cast<uint32_t>(values[i]), std::bit_cast<uint32_t>(bf16_to_float(bits[i])));
+}
+
+TEST_F(CudaOps, AdamWMatchesTheCpu) {
+  const int64_t n = 100003;
+  for (int64_t step : {1, 2, 10, 1000}) {
+    const auto p0 = to_float(randn(n, 41)), m0 = to_float(randn(n, 42, 0.01));
+    auto v0 = to_float(randn(n, 43, 0.001));
+    for (float& v : v0) v = v * v;
+    const auto g = to_float(randn(n, 44));
+    std::vector<float> p = p0, m = m0, v = v0;
+    k::adamw_update(view(p, {n}), view(m, {n}), view(v, {n}), view(g, {n}), 3e-4f, 0.9f, 0.95f,
+                    1e-8f, 0.1f, step);
+    const Tensor gp = gpu.upload(p0, {n}, DType::F32), gm = gpu.upload(m0, {n}, DType::F32);
+    const Tensor gv = gpu.upload(v0, {n}, DType::F32);
+    k::adamw_update(gp, gm, gv, gpu.upload(g, {n}, DType::F32), 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                    step);
+    expect_close("adamw params step " + std::to_string(step), download(gp), p, 1e-6);
+    expect_close("adamw m", download(gm), m, 1e-6);
+    expect_close("adamw v", download(gv), v, 1e-6);
+  }
+}
+
+// ---- the door ----
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "no exception";
+}
+
+TEST_F(CudaOps, WrongDtypesDevicesAndShapesAreRefused) {
+  const Tensor f64 = gpu.alloc({4}, DType::F64), f32 = gpu.alloc({4}, DType::F32);
+  EXPECT_NE(error_of([&] { k::scale(f64, 2.0f); }).find("want f32 or bf16 on CUDA"),
+            std::string::npos);
+  const Tensor bf = gpu.alloc({4}, DType::BF16);
+  EXPECT_NE(error_of([&] { k::add(f32, f32, bf); }).find("bf16"), std::string::npos);
+  std::vector<float> host(4);
+  EXPECT_NE(error_of([&] { k::add(f32, f32, view(host, {4})); }).find("CPU tensor"),
+            std::string::npos);
+  // Statistics are F32 even with BF16 data.
+  const Tensor x = gpu.alloc({2, 2}, DType::BF16), w = gpu.alloc({2}, DType::BF16);
+  const Tensor bf_rstd = gpu.alloc({2}, DType::BF16);
+  EXPECT_NE(error_of([&] { k::rmsnorm_forward(x, bf_rstd, x, w, 1e-5f); }).find("want f32 on CUDA"),
+            std::string::npos);
+  // head_dim above what the kernels take.
+  const Tensor q = gpu.alloc({1, 2, 1, 160}, DType::F32);
+  EXPECT_NE(error_of([&] { k::attention_forward(q, Tensor{}, q, q, q); }).find("head_dim 160"),
+            std::string::npos);
+  // A CUDA tensor over host memory.
+  Tensor fake = view(host, {4});
+  fake.device = Device::CUDA;
+  EXPECT_NE(error_of([&] { k::scale(fake, 2.0f); }).find("not CUDA device memory"),
+            std::string::npos);
+}
+
+TEST_F(CudaOps, DeviceArenasAllocateAndZero) {
+  Arena arena("device", 1000, Device::CUDA);
+  const Tensor t = arena.alloc({250}, DType::F32);
+  EXPECT_EQ(t.device, Device::CUDA);
+  device_fill_ones(arena.base(), arena.capacity());
+  arena.zero();
+  for (float v : download(t)) ASSERT_EQ(v, 0.0f);
+  Arena moved = std::move(arena);
+  EXPECT_EQ(moved.base(), t.data);
+}
+
+}  // namespace
+}  // namespace pentad
