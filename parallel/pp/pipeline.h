@@ -62,7 +62,8 @@ class Pipeline {
   // Forward only over `count` micro-batches; the sum of their losses as train() returns it.
   double evaluate(int count, const Fetch& fetch);
 
-  const std::vector<Span>& spans() const { return spans_; }
+  const std::vector<Span>& spans() const { return spans_; }  // of the last keep_steps() steps
+  int keep_steps() const { return keep_steps_; }
   // Mean seconds of one forward and one backward of a chunk on this stage, over the last
   // train() (the inputs of the adaptive schedule's cost model).
   double forward_seconds() const { return forward_seconds_; }

@@ -154,7 +154,10 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
     }
   }
   s.backward_end_ns = parallel::trace_now_ns();
-  if (pipeline_) step_starts_.push_back({step, s.start_ns});
+  if (pipeline_) {  // for the timeline, which keeps the spans of the last steps only
+    step_starts_.push_back({step, s.start_ns});
+    if (step_starts_.size() > size_t(pipeline_->keep_steps())) step_starts_.erase(step_starts_.begin());
+  }
   if (reducer_) reducer_->finish();
   // Tied embeddings under pipelining: the first and last stages' tables get the sum of
   // both gradients, so they stay equal.
