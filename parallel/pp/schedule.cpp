@@ -187,6 +187,26 @@ SimResult simulate(const ScheduleSpec& spec, const SimCosts& costs) {
   return r;
 }
 
+GroupChoice choose_group(ScheduleSpec spec, const SimCosts& costs,
+                         const std::vector<double>& slot_bytes, double limit_bytes) {
+  spec.kind = ScheduleKind::KFKB;
+  GroupChoice best;
+  double best_seconds = std::numeric_limits<double>::infinity();
+  for (int k = 1; k <= spec.micro_batches; ++k) {
+    spec.group = k;
+    const SimResult r = simulate(spec, costs);
+    if (k == 1) best.one_f_one_b_seconds = r.step_seconds;
+    bool fits = true;
+    for (int s = 0; s < spec.stages; ++s)
+      fits = fits && double(r.peak_in_flight[size_t(s)]) * slot_bytes.at(size_t(s)) <= limit_bytes;
+    if (fits && !r.deadlock && r.step_seconds < best_seconds * (1 - 1e-9)) {
+      best.group = k;
+      best.step_seconds = best_seconds = r.step_seconds;
+    }
+  }
+  return best;
+}
+
 double ideal_bubble_fraction(const ScheduleSpec& spec) {
   const double p = spec.stages, m = spec.micro_batches, v = spec.virtual_stages;
   if (spec.kind != ScheduleKind::KFKB) return (p - 1) / (v * m + p - 1);

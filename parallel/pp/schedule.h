@@ -71,6 +71,17 @@ struct SimResult {
 };
 SimResult simulate(const ScheduleSpec& spec, const SimCosts& costs);
 
+// Adaptive kFkB's choice: the group size k in [1, m] whose simulated step is the shortest
+// among those whose peak activations (peak micro-batches in flight x slot_bytes[stage])
+// fit in limit_bytes on every stage; k = 1 when none fits. spec.kind is taken as kFkB.
+struct GroupChoice {
+  int group = 1;
+  double step_seconds = 0.0;        // predicted, for the chosen k
+  double one_f_one_b_seconds = 0.0;  // predicted for k = 1
+};
+GroupChoice choose_group(ScheduleSpec spec, const SimCosts& costs,
+                         const std::vector<double>& slot_bytes, double limit_bytes);
+
 // The bubble of an ideal pipeline (equal stages, free transfers, backward = 2 x forward):
 // (p-1) / (v*m + p-1) for GPipe, 1F1B and interleaved; kFkB has no closed form here and is
 // simulated under the same costs.

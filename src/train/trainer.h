@@ -62,7 +62,6 @@ class Trainer {
   // Collective.
   double write_timeline(const std::string& path);
   parallel::pp::Pipeline* pipeline() { return pipeline_.get(); }
-  const std::vector<int64_t>& pipeline_group_choices() const { return pp_choices_; }
 
   // Checkpoints. save() starts a snapshot of the state after `steps_done` steps (lazy and
   // asynchronous when train.async_save); commit_pending() makes the newest snapshot a
@@ -114,7 +113,6 @@ class Trainer {
   std::unique_ptr<data::DataLoader> data_;
   std::unique_ptr<parallel::GradReducer> reducer_;
   std::unique_ptr<parallel::pp::Pipeline> pipeline_;  // with pp > 1
-  std::vector<int64_t> pp_choices_;                    // adaptive: k chosen at each adaptation
   std::vector<std::pair<int64_t, int64_t>> step_starts_;  // pipelined steps: (step, start ns)
   std::ofstream metrics_;
   std::vector<int32_t> inputs_, targets_;

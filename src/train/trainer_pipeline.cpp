@@ -46,37 +46,25 @@ void Trainer::adapt_pipeline_group() {
   group.all_gather(view_of(all.data(), Shape{int64_t(all.size())}, DType::F64),
                    view_of(mine.data(), Shape{3}, DType::F64));
   pp::SimCosts costs;
+  std::vector<double> slot_bytes;
   for (int s = 0; s < pp_size_; ++s) {
     costs.forward_seconds.push_back(all[size_t(3 * s)]);
     costs.backward_seconds.push_back(all[size_t(3 * s + 1)]);
+    slot_bytes.push_back(all[size_t(3 * s + 2)]);
   }
   costs.transfer_seconds = link;
   const double limit = cfg_.parallel.pp_memory_mb > 0
                            ? double(cfg_.parallel.pp_memory_mb) * 1024 * 1024
                            : std::numeric_limits<double>::infinity();
   pp::ScheduleSpec spec = pipeline_->schedule();
-  int best = 1;
-  double best_seconds = std::numeric_limits<double>::infinity(), one_f_one_b = 0.0;
-  for (int k = 1; k <= spec.micro_batches; ++k) {
-    spec.group = k;
-    const pp::SimResult r = pp::simulate(spec, costs);
-    if (k == 1) one_f_one_b = r.step_seconds;
-    bool fits = true;
-    for (int s = 0; s < pp_size_; ++s)
-      fits = fits && double(r.peak_in_flight[size_t(s)]) * all[size_t(3 * s + 2)] <= limit;
-    if (fits && !r.deadlock && r.step_seconds < best_seconds * (1 - 1e-9)) {
-      best = k;
-      best_seconds = r.step_seconds;
-    }
-  }
-  spec.group = best;
+  const pp::GroupChoice choice = pp::choose_group(spec, costs, slot_bytes, limit);
+  spec.group = choice.group;
   pipeline_->set_schedule(spec);
-  pp_choices_.push_back(best);
   if (logs())
     spdlog::info("adaptive kFkB: link {:.2f} ms, forward {:.2f} ms, backward {:.2f} ms per "
                  "micro-batch: k = {} (predicted step {:.1f} ms; 1F1B {:.1f} ms)",
                  link * 1e3, costs.forward_seconds[0] * 1e3, costs.backward_seconds[0] * 1e3,
-                 best, best_seconds * 1e3, one_f_one_b * 1e3);
+                 choice.group, choice.step_seconds * 1e3, choice.one_f_one_b_seconds * 1e3);
 }
 
 double Trainer::write_timeline(const std::string& path) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include "core/check.h"
@@ -115,6 +116,23 @@ TEST(Schedule, GroupingHidesLatency) {
   const double one = simulate({ScheduleKind::OneFOneB, 2, 16, 1, 1}, costs).step_seconds;
   const double four = simulate({ScheduleKind::KFKB, 2, 16, 1, 4}, costs).step_seconds;
   EXPECT_LT(four, 0.9 * one) << "1f1b " << one << " s, 4f4b " << four << " s";
+}
+
+TEST(Schedule, AdaptiveChoiceFollowsTheLinkWithinTheMemoryLimit) {
+  SimCosts costs;
+  costs.forward_seconds = {1.0, 1.0};
+  costs.backward_seconds = {2.0, 2.0};
+  const ScheduleSpec spec{ScheduleKind::KFKB, 2, 16, 1, 1};
+  const std::vector<double> slot_bytes = {100.0, 100.0};
+  const double unlimited = std::numeric_limits<double>::infinity();
+  costs.transfer_seconds = 0.0;  // a free link: grouping only lengthens the fill
+  EXPECT_EQ(choose_group(spec, costs, slot_bytes, unlimited).group, 1);
+  costs.transfer_seconds = 2.0;  // a slow link: grouping hides it
+  const GroupChoice slow = choose_group(spec, costs, slot_bytes, unlimited);
+  EXPECT_GT(slow.group, 1);
+  EXPECT_LT(slow.step_seconds, slow.one_f_one_b_seconds);
+  // Stage 0 holds k * p micro-batches of 100 bytes: a 250-byte limit allows k = 1 only.
+  EXPECT_EQ(choose_group(spec, costs, slot_bytes, 250.0).group, 1);
 }
 
 TEST(Schedule, RefusalsNameTheKey) {
