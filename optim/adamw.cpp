@@ -37,7 +37,9 @@ void clip_gradients(ParamStore& params, double norm, float max_norm) {
 }
 
 AdamW::AdamW(const OptimConfig& cfg, const ParamStore& params)
-    : cfg_(cfg), m_("adam m", params.bytes()), v_("adam v", params.bytes()) {
+    : cfg_(cfg),
+      m_("adam m", params.bytes(), params.device()),
+      v_("adam v", params.bytes(), params.device()) {
   m_.zero();
   v_.zero();
 }
@@ -58,7 +60,8 @@ void AdamW::step(ParamStore& params, float lr, const BeforeChunk& before_chunk) 
     const size_t chunks = std::max<size_t>(1, (n + kChunkElements - 1) / kChunkElements);
     const size_t per_chunk = (n + chunks - 1) / chunks;
     auto flat = [&](void* base, size_t at, size_t count) {
-      return view_of(static_cast<float*>(base) + at, Shape{static_cast<int64_t>(count)});
+      return view_of(static_cast<float*>(base) + at, Shape{static_cast<int64_t>(count)},
+                     DType::F32, params.device());
     };
     for (size_t at = offset; at < offset + n; at += per_chunk) {
       const size_t count = std::min(per_chunk, offset + n - at);
@@ -68,6 +71,7 @@ void AdamW::step(ParamStore& params, float lr, const BeforeChunk& before_chunk) 
                             lr, cfg_.beta1, cfg_.beta2, cfg_.eps, wd, step_);
     }
   }
+  params.refresh_weights();  // the compute copy follows the new master values
 }
 
 }  // namespace pentad

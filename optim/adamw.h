@@ -38,6 +38,7 @@ class AdamW {
   static constexpr size_t kChunkElements = size_t{1} << 20;
 
   AdamW(const OptimConfig& cfg, const ParamStore& params);
+  // Updates the master parameters (on their device), then refreshes their compute copy.
   void step(ParamStore& params, float lr, const BeforeChunk& before_chunk = {});
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t steps) { step_ = steps; }  // when resuming

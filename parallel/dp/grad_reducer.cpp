@@ -5,7 +5,7 @@
 namespace pentad::parallel {
 
 GradReducer::GradReducer(Communicator& group, const ParamStore& params, size_t bucket_bytes)
-    : group_(group), grads_(params.all_grads().f32()) {
+    : group_(group), grads_(params.all_grads().f32()), device_(params.device()) {
   const auto& specs = params.specs();
   const int64_t bucket_elems = std::max<int64_t>(1, static_cast<int64_t>(bucket_bytes / sizeof(float)));
   int64_t end = params.numel();
@@ -21,8 +21,8 @@ GradReducer::GradReducer(Communicator& group, const ParamStore& params, size_t b
 void GradReducer::ready_from(int64_t offset) {
   while (next_ < buckets_.size() && buckets_[next_].begin >= offset) {
     Bucket& b = buckets_[next_++];
-    b.work = group_.all_reduce(view_of(grads_ + b.begin, Shape{b.end - b.begin}), ReduceOp::Sum,
-                               /*async=*/true);
+    b.work = group_.all_reduce(view_of(grads_ + b.begin, Shape{b.end - b.begin}, DType::F32, device_),
+                               ReduceOp::Sum, /*async=*/true);
   }
   for (size_t i = 0; i < next_; ++i) buckets_[i].work.test();  // drive progress
 }

@@ -32,6 +32,7 @@ class GradReducer {
   };
   Communicator& group_;
   float* grads_ = nullptr;
+  Device device_ = Device::CPU;  // where the gradients live
   std::vector<Bucket> buckets_;  // from the end of the arena towards its start
   size_t next_ = 0;              // first bucket not started
 };

@@ -125,7 +125,9 @@ int main(int argc, char** argv) {
       std::vector<std::string> overrides = overrides_from(sets, extra);
       if (!resume.empty()) overrides.push_back("train.resume=" + resume);
       pentad::Config cfg = pentad::load_recipe(recipe, overrides);
-      auto mesh = pentad::parallel::Mesh::create(pentad::mesh_config(cfg, mpi.size), MPI_COMM_WORLD);
+      const pentad::parallel::Backend backend = pentad::select_device(cfg);
+      auto mesh = pentad::parallel::Mesh::create(pentad::mesh_config(cfg, mpi.size), MPI_COMM_WORLD,
+                                                 backend);
       spdlog::info("mesh: {}", mesh.describe());
       if (mpi.rank != 0) spdlog::set_level(spdlog::level::warn);  // rank 0 reports for all
       pentad::Trainer trainer(cfg, &mesh);

@@ -27,4 +27,38 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
 // Copies src into dst: same dtype and element count, any devices.
 void copy(const Tensor& dst, const Tensor& src);
 
+// Makes device (local_rank modulo the visible devices) this host thread's current device
+// and returns its index; fails with a message when no CUDA device is visible.
+int select_cuda_device(int local_rank);
+// One line naming the current device ("NVIDIA H100 80GB HBM3, 79.1 GiB, sm_90").
+std::string cuda_device_description();
+// Blocks until every kernel and copy issued so far on the current device has finished.
+void device_synchronize();
+
+// Page-locks host memory so that AsyncCopier's transfers from the device run truly
+// asynchronously (cudaHostRegister). No-ops in builds without CUDA.
+void host_pin(void* ptr, size_t bytes);
+void host_unpin(void* ptr) noexcept;
+
+// Copies between device and host memory on a private CUDA stream that the compute stream
+// does not wait for, so a background thread can drain device state while kernels run.
+// begin_after_compute(), called on the thread that issues the kernels, orders the copies
+// queued after it behind everything already issued (an event on the compute stream);
+// copy() queues, synchronize() waits. Host-to-host copies are plain memcpy. Without CUDA
+// only host-to-host copies exist.
+class AsyncCopier {
+ public:
+  AsyncCopier();
+  ~AsyncCopier();
+  AsyncCopier(const AsyncCopier&) = delete;
+  AsyncCopier& operator=(const AsyncCopier&) = delete;
+  void begin_after_compute();
+  void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+  void synchronize();
+
+ private:
+  void* stream_ = nullptr;  // cudaStream_t
+  void* event_ = nullptr;   // cudaEvent_t
+};
+
 }  // namespace pentad

@@ -63,4 +63,80 @@ void copy(const Tensor& dst, const Tensor& src) {
   copy_bytes(dst.data, dst.device, src.data, src.device, src.bytes());
 }
 
+int select_cuda_device(int local_rank) {
+  const int devices = cuda_device_count();
+  if (devices == 0)
+    fail("train.device = \"cuda\" but no CUDA device is visible (check the driver, "
+         "CUDA_VISIBLE_DEVICES, or train on the CPU)");
+  const int device = local_rank % devices;
+  check(cudaSetDevice(device), "cudaSetDevice");
+  return device;
+}
+
+std::string cuda_device_description() {
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  return fmt::format("{} (device {}), {}, sm_{}{}", prop.name, device,
+                     format_bytes(prop.totalGlobalMem), prop.major, prop.minor);
+}
+
+void device_synchronize() {
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+void host_pin(void* ptr, size_t bytes) {
+  if (bytes == 0 || cuda_device_count() == 0) return;
+  check(cudaHostRegister(ptr, bytes, cudaHostRegisterDefault), "cudaHostRegister");
+}
+
+void host_unpin(void* ptr) noexcept {
+  if (ptr && cuda_device_count() > 0) {
+    if (cudaHostUnregister(ptr) != cudaSuccess) cudaGetLastError();
+  }
+}
+
+AsyncCopier::AsyncCopier() = default;
+
+AsyncCopier::~AsyncCopier() {
+  if (stream_) {
+    cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+    cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  }
+  if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+}
+
+void AsyncCopier::begin_after_compute() {
+  if (cuda_device_count() == 0) return;
+  if (!stream_) {
+    cudaStream_t stream = nullptr;
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    stream_ = stream;
+    cudaEvent_t event = nullptr;
+    check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+    event_ = event;
+  }
+  // The kernels run on the legacy default stream (kernels/cuda/cuda_ops.h).
+  check(cudaEventRecord(static_cast<cudaEvent_t>(event_), cudaStreamLegacy), "cudaEventRecord");
+  check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_), static_cast<cudaEvent_t>(event_), 0),
+        "cudaStreamWaitEvent");
+}
+
+void AsyncCopier::copy(void* dst, Device dst_device, const void* src, Device src_device,
+                       size_t bytes) {
+  if (bytes == 0) return;
+  if (dst_device == Device::CPU && src_device == Device::CPU) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  PENTAD_CHECK(stream_, "AsyncCopier: begin_after_compute() must come before device copies");
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream_)),
+        "cudaMemcpyAsync");
+}
+
+void AsyncCopier::synchronize() {
+  if (stream_) check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), "cudaStreamSynchronize");
+}
+
 }  // namespace pentad

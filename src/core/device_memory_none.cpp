@@ -45,4 +45,28 @@ void copy(const Tensor& dst, const Tensor& src) {
   copy_bytes(dst.data, dst.device, src.data, src.device, src.bytes());
 }
 
+int select_cuda_device(int) {
+  no_cuda("train.device = \"cuda\"");
+}
+
+std::string cuda_device_description() {
+  return "no CUDA device (CUDA not built)";
+}
+
+void device_synchronize() {}
+
+void host_pin(void*, size_t) {}
+void host_unpin(void*) noexcept {}
+
+AsyncCopier::AsyncCopier() = default;
+AsyncCopier::~AsyncCopier() = default;
+void AsyncCopier::begin_after_compute() {}
+
+void AsyncCopier::copy(void* dst, Device dst_device, const void* src, Device src_device,
+                       size_t bytes) {
+  copy_bytes(dst, dst_device, src, src_device, bytes);
+}
+
+void AsyncCopier::synchronize() {}
+
 }  // namespace pentad

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 
+#include "core/device_memory.h"
 #include "kernels/ops.h"
 
 namespace pentad {
@@ -18,8 +19,8 @@ int64_t ffn_dim(const ModelConfig& cfg) {
 }
 
 Model::Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len,
-             parallel::TensorParallel tp, std::vector<Chunk> layout)
-    : cfg_(cfg), b_(micro_batch), t_(seq_len), tp_(tp) {
+             parallel::TensorParallel tp, std::vector<Chunk> layout, Placement placement)
+    : cfg_(cfg), b_(micro_batch), t_(seq_len), placement_(placement), act_(placement.compute), tp_(tp) {
   PENTAD_CHECK(seq_len <= cfg.max_seq_len, "seq_len {} > max_seq_len {}", seq_len, cfg.max_seq_len);
   const int64_t p = tp_.degree();
   // Layouts that do not divide were refused with a user message (parallel::check_layout).
@@ -41,10 +42,10 @@ Model::Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len,
   vocab_start_ = p > 1 ? tp_.rank() * vocab_ : -1;
   rows_ = tp_.local_rows(b_ * t_);
   build_params();
-  params_.allocate();
+  params_.allocate(placement_);
   Arena measure = Arena::measuring("activations");
   plan_shared(measure);
-  shared_ = Arena("activations (shared)", measure.used());
+  shared_ = Arena("activations (shared)", measure.used(), placement_.device);
   plan_shared(shared_);
   for (int c = 0; c < chunks(); ++c) release_slot(c, acquire_slot(c));  // one slot each, up front
 }
@@ -130,21 +131,21 @@ bool Model::holds_last() const {
 
 void Model::plan_layer(Arena& arena, LayerActs& a) {
   const int64_t N = b_ * t_, Nl = rows_, C = cfg_.d_model, F = ffn_;
-  a.norm1 = arena.alloc(Shape{N, C});
+  a.norm1 = arena.alloc(Shape{N, C}, act_);
   if (gpt2()) a.norm1_mean = arena.alloc(Shape{Nl});
   a.norm1_rstd = arena.alloc(Shape{Nl});
-  a.q = arena.alloc(Shape{N, att_width_});
-  a.k = arena.alloc(Shape{N, kv_width_});
-  a.v = arena.alloc(Shape{N, kv_width_});
-  a.att = arena.alloc(Shape{N, att_width_});
+  a.q = arena.alloc(Shape{N, att_width_}, act_);
+  a.k = arena.alloc(Shape{N, kv_width_}, act_);
+  a.v = arena.alloc(Shape{N, kv_width_}, act_);
+  a.att = arena.alloc(Shape{N, att_width_}, act_);
   a.lse = arena.alloc(Shape{b_, heads_, t_});
-  a.res1 = arena.alloc(Shape{Nl, C});
-  a.norm2 = arena.alloc(Shape{N, C});
+  a.res1 = arena.alloc(Shape{Nl, C}, act_);
+  a.norm2 = arena.alloc(Shape{N, C}, act_);
   if (gpt2()) a.norm2_mean = arena.alloc(Shape{Nl});
   a.norm2_rstd = arena.alloc(Shape{Nl});
-  a.up = arena.alloc(Shape{N, F});
-  if (!gpt2()) a.gate = arena.alloc(Shape{N, F});
-  a.act = arena.alloc(Shape{N, F});
+  a.up = arena.alloc(Shape{N, F}, act_);
+  if (!gpt2()) a.gate = arena.alloc(Shape{N, F}, act_);
+  a.act = arena.alloc(Shape{N, F}, act_);
 }
 
 void Model::plan_slot(Arena& arena, const Chunk& chunk, Slot& s) {
@@ -153,15 +154,15 @@ void Model::plan_slot(Arena& arena, const Chunk& chunk, Slot& s) {
   s.tokens = arena.alloc(Shape{b_, t_}, DType::I32);
   s.targets = arena.alloc(Shape{b_, t_}, DType::I32);
   s.resid.clear();
-  for (int64_t l = chunk.layer_begin; l <= chunk.layer_end; ++l) s.resid.push_back(arena.alloc(Shape{Nl, C}));
+  for (int64_t l = chunk.layer_begin; l <= chunk.layer_end; ++l) s.resid.push_back(arena.alloc(Shape{Nl, C}, act_));
   s.acts.assign(cfg_.recompute ? 0 : static_cast<size_t>(chunk.layer_end - chunk.layer_begin), {});
   for (LayerActs& a : s.acts) plan_layer(arena, a);
   if (!chunk.last) return;
-  s.normf = arena.alloc(Shape{N, C});
-  s.normf_local = sp ? arena.alloc(Shape{Nl, C}) : s.normf;
+  s.normf = arena.alloc(Shape{N, C}, act_);
+  s.normf_local = sp ? arena.alloc(Shape{Nl, C}, act_) : s.normf;
   if (gpt2()) s.normf_mean = arena.alloc(Shape{Nl});
   s.normf_rstd = arena.alloc(Shape{Nl});
-  s.logits = arena.alloc(Shape{N, vocab_});
+  s.logits = arena.alloc(Shape{N, vocab_}, act_);
   s.losses = arena.alloc(Shape{N});
 }
 
@@ -169,23 +170,23 @@ void Model::plan_shared(Arena& arena) {
   const int64_t N = b_ * t_, Nl = rows_, C = cfg_.d_model, F = ffn_;
   const bool sp = tp_.sequence_parallel();
   if (cfg_.recompute) plan_layer(arena, shared_acts_);
-  if (sp) norm_local_ = arena.alloc(Shape{Nl, C});
-  proj_ = arena.alloc(Shape{N, C});
+  if (sp) norm_local_ = arena.alloc(Shape{Nl, C}, act_);
+  proj_ = arena.alloc(Shape{N, C}, act_);
   if (tp_.degree() > 1 && holds_last()) {
     row_max_ = arena.alloc(Shape{N});
     ce_stats_ = arena.alloc(Shape{2, N});
   }
-  grads_.resid = arena.alloc(Shape{Nl, C});
-  grads_.full = sp ? arena.alloc(Shape{N, C}) : grads_.resid;
-  grads_.norm = arena.alloc(Shape{N, C});
-  grads_.norm_local = sp ? arena.alloc(Shape{Nl, C}) : grads_.norm;
-  grads_.att = arena.alloc(Shape{N, att_width_});
-  grads_.q = arena.alloc(Shape{N, att_width_});
-  grads_.k = arena.alloc(Shape{N, kv_width_});
-  grads_.v = arena.alloc(Shape{N, kv_width_});
-  grads_.up = arena.alloc(Shape{N, F});
-  if (!gpt2()) grads_.gate = arena.alloc(Shape{N, F});
-  grads_.act = arena.alloc(Shape{N, F});
+  grads_.resid = arena.alloc(Shape{Nl, C}, act_);
+  grads_.full = sp ? arena.alloc(Shape{N, C}, act_) : grads_.resid;
+  grads_.norm = arena.alloc(Shape{N, C}, act_);
+  grads_.norm_local = sp ? arena.alloc(Shape{Nl, C}, act_) : grads_.norm;
+  grads_.att = arena.alloc(Shape{N, att_width_}, act_);
+  grads_.q = arena.alloc(Shape{N, att_width_}, act_);
+  grads_.k = arena.alloc(Shape{N, kv_width_}, act_);
+  grads_.v = arena.alloc(Shape{N, kv_width_}, act_);
+  grads_.up = arena.alloc(Shape{N, F}, act_);
+  if (!gpt2()) grads_.gate = arena.alloc(Shape{N, F}, act_);
+  grads_.act = arena.alloc(Shape{N, F}, act_);
 }
 
 int Model::acquire_slot(int c) {
@@ -198,7 +199,8 @@ int Model::acquire_slot(int c) {
   auto s = std::make_unique<Slot>();
   Arena measure = Arena::measuring("activations");
   plan_slot(measure, chunk.range, *s);
-  s->arena = Arena(fmt::format("activations (chunk {} slot {})", c, chunk.slots.size()), measure.used());
+  s->arena = Arena(fmt::format("activations (chunk {} slot {})", c, chunk.slots.size()),
+                   measure.used(), placement_.device);
   plan_slot(s->arena, chunk.range, *s);
   s->in_use = true;
   chunk.slots.push_back(std::move(s));
@@ -265,17 +267,16 @@ void Model::layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a) {
   Tensor proj = sp ? proj_ : out;
   k::linear_forward(proj, a.att, P(p.o_w), add_bias ? P(p.o_b) : Tensor{});
   tp_.exit_forward(out, proj);
-  k::add(a.res1, x, out);
+  // res1 = x + attention, normalised in the same pass (one kernel on CUDA).
   Tensor norm2 = sp ? norm_local_ : a.norm2;
   if (gpt2())
-    k::layernorm_forward(norm2, a.norm2_mean, a.norm2_rstd, a.res1, P(p.norm2_w), P(p.norm2_b),
-                         cfg_.norm_eps);
+    k::residual_layernorm_forward(a.res1, norm2, a.norm2_mean, a.norm2_rstd, x, out, P(p.norm2_w),
+                                  P(p.norm2_b), cfg_.norm_eps);
   else
-    k::rmsnorm_forward(norm2, a.norm2_rstd, a.res1, P(p.norm2_w), cfg_.norm_eps);
+    k::residual_rmsnorm_forward(a.res1, norm2, a.norm2_rstd, x, out, P(p.norm2_w), cfg_.norm_eps);
   tp_.enter_forward(a.norm2, norm2);
   if (gpt2()) {
-    k::linear_forward(a.up, a.norm2, P(p.up_w), P(p.up_b));
-    k::gelu_forward(a.act, a.up);
+    k::linear_gelu_forward(a.act, a.up, a.norm2, P(p.up_w), P(p.up_b));  // up = pre-GELU
   } else {
     k::linear_forward(a.gate, a.norm2, P(p.gate_w), Tensor{});
     k::linear_forward(a.up, a.norm2, P(p.up_w), Tensor{});
@@ -304,11 +305,9 @@ float Model::forward_chunk(int c, int slot_index, const int32_t* tokens, const i
   const bool sp = tp_.sequence_parallel();
   auto copy_ids = [&](Tensor dst, const int32_t* src, const char* what) {
     PENTAD_CHECK(src != nullptr, "forward_chunk: chunk {} needs {}", c, what);
-    int32_t* out = dst.as<int32_t>();
-    for (int64_t i = 0; i < N; ++i) {
+    for (int64_t i = 0; i < N; ++i)
       PENTAD_CHECK(src[i] >= 0 && src[i] < V, "{} id {} out of range at {}", what, src[i], i);
-      out[i] = src[i];
-    }
+    copy_bytes(dst.data, dst.device, src, Device::CPU, dst.bytes());
   };
   if (range.first) {
     copy_ids(s.tokens, tokens, "tokens");
@@ -346,8 +345,13 @@ float Model::forward_chunk(int c, int slot_index, const int32_t* tokens, const i
     k::vocab_parallel_ce_finish(s.losses, dlogits, s.logits, row_max_, ce_stats_, s.targets,
                                 vocab_start_, dloss);
   }
-  double sum = 0.0;
   const float* losses = s.losses.f32();
+  if (s.losses.device != Device::CPU) {
+    host_losses_.resize(static_cast<size_t>(N));
+    copy_bytes(host_losses_.data(), Device::CPU, losses, s.losses.device, s.losses.bytes());
+    losses = host_losses_.data();
+  }
+  double sum = 0.0;
   for (int64_t i = 0; i < N; ++i) sum += losses[i];
   return static_cast<float>(sum / static_cast<double>(N));
 }
@@ -358,9 +362,8 @@ void Model::layer_backward(int l, const Tensor& x, LayerActs& a) {
   Grads& g = grads_;
   // MLP block: g.resid holds d(out) and, through the residual, d(res1) so far.
   tp_.exit_backward(g.full, g.resid);
-  if (gpt2()) {
-    k::linear_backward(g.act, G(p.down_w), G(p.down_b), g.full, a.act, P(p.down_w), false);
-    k::gelu_backward(g.up, g.act, a.up);
+  if (gpt2()) {  // d(pre-GELU) straight from the projection's backward
+    k::linear_backward_gelu(g.up, G(p.down_w), G(p.down_b), g.full, a.act, P(p.down_w), a.up);
     k::linear_backward(g.norm, G(p.up_w), G(p.up_b), g.up, a.norm2, P(p.up_w), false);
   } else {
     k::linear_backward(g.act, G(p.down_w), Tensor{}, g.full, a.act, P(p.down_w), false);
@@ -427,7 +430,7 @@ void Model::backward_chunk(int c, int slot_index, const Tensor& d_output, bool l
   } else {
     PENTAD_CHECK(d_output.numel() == g.resid.numel(), "chunk {}: d_output has {} values, want {}", c,
                  d_output.numel(), g.resid.numel());
-    std::copy_n(d_output.f32(), d_output.numel(), g.resid.f32());
+    copy(g.resid, d_output);
   }
   for (int64_t l = range.layer_end - 1; l >= range.layer_begin; --l) {
     const size_t i = static_cast<size_t>(l - range.layer_begin);

@@ -44,8 +44,12 @@ struct Chunk {
 class Model {
  public:
   // layout: this rank's layer ranges in parameter order (empty: every layer, one chunk).
+  // placement: the device every parameter and activation lives on, and the compute type
+  // (activations and their gradients in it; statistics, losses and parameter gradients F32).
+  // Token ids come from host memory and losses return to it; everything else stays put.
   Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len,
-        parallel::TensorParallel tp = {}, std::vector<Chunk> layout = {});
+        parallel::TensorParallel tp = {}, std::vector<Chunk> layout = {},
+        Placement placement = {});
 
   // ---- one chunk holding the whole model ----
   // Mean cross-entropy of the micro-batch. tokens, targets: (b, t). When dloss != 0 the
@@ -70,7 +74,7 @@ class Model {
   Tensor chunk_output(int c, int slot) const;
   // Forward of chunk c on the micro-batch in `slot`: the first chunk embeds `tokens`, the
   // others start from chunk_input; the last chunk returns the mean loss against `targets`
-  // (others return 0). Either pointer may be null where it is not read.
+  // (others return 0). Either pointer may be null where it is not read; both are host memory.
   float forward_chunk(int c, int slot, const int32_t* tokens, const int32_t* targets, float dloss);
   // Backward of chunk c: the last chunk starts from its kept dlogits, the others from
   // d_output (rows, C). Afterwards input_grad() holds d(chunk input) until the next backward.
@@ -149,13 +153,15 @@ class Model {
   Slot& slot(int c, int s) const;
   void layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a);
   void layer_backward(int l, const Tensor& x, LayerActs& a);
-  Tensor P(int id) const { return id < 0 ? Tensor{} : params_.param(id); }
+  Tensor P(int id) const { return id < 0 ? Tensor{} : params_.weight(id); }
   Tensor G(int id) const { return id < 0 ? Tensor{} : params_.grad(id); }
   bool gpt2() const { return cfg_.family == ModelFamily::GPT2; }
   bool holds_last() const;
 
   ModelConfig cfg_;
   int64_t b_, t_;
+  Placement placement_;
+  DType act_ = DType::F32;  // activations and their gradients
   parallel::TensorParallel tp_;
   // Per-rank sizes: heads, kv heads, width of attention outputs, MLP width, vocabulary
   // rows, rows of the replicated regions (b*t, or b*t/p with sequence parallelism).
@@ -173,6 +179,7 @@ class Model {
   Tensor proj_;                           // (N, C) row-parallel partial sums before reduction
   Tensor row_max_, ce_stats_;             // (N), (2, N): vocabulary-parallel cross-entropy
   Grads grads_;
+  std::vector<float> host_losses_;  // a device run's per-token losses, copied back
   std::function<void()> progress_;
 };
 

@@ -2,7 +2,9 @@
 
 #include <cstring>
 
+#include "core/device_memory.h"
 #include "core/rng.h"
+#include "kernels/ops.h"
 
 namespace pentad {
 
@@ -35,17 +37,49 @@ int ParamStore::add_shard(std::string name, Shape shape, Init init, float init_s
   return static_cast<int>(specs_.size()) - 1;
 }
 
-void ParamStore::allocate() {
-  params_ = Arena("parameters", bytes());
-  grads_ = Arena("gradients", bytes());
+void ParamStore::allocate(Placement placement) {
+  PENTAD_CHECK(placement.compute == DType::F32 || placement.compute == DType::BF16,
+               "parameters compute in {}; want f32 or bf16", dtype_name(placement.compute));
+  placement_ = placement;
+  params_ = Arena("parameters", bytes(), placement.device);
+  grads_ = Arena("gradients", bytes(), placement.device);
   params_.zero();
   grads_.zero();
+  if (placement.compute != DType::F32) {
+    weights_ = Arena("parameters (compute copy)",
+                     static_cast<size_t>(numel_) * dtype_bytes(placement.compute), placement.device);
+    weights_.zero();
+  }
+}
+
+void ParamStore::refresh_weights() {
+  if (!weights_.base()) return;
+  Tensor compute = all_params();
+  compute.data = weights_.base();
+  compute.dtype = placement_.compute;
+  kernels::convert(compute, all_params());
+}
+
+Tensor ParamStore::weight(int id) const {
+  if (!weights_.base()) return param(id);
+  Tensor t = param(id);
+  t.data = static_cast<char*>(weights_.base()) + spec(id).offset * dtype_bytes(placement_.compute);
+  t.dtype = placement_.compute;
+  return t;
+}
+
+std::vector<float> ParamStore::to_host(int id) const {
+  std::vector<float> out(static_cast<size_t>(spec(id).local_shape.numel()));
+  copy_bytes(out.data(), Device::CPU, param(id).data, device(), out.size() * sizeof(float));
+  return out;
 }
 
 void ParamStore::initialize(uint64_t seed) {
+  // Device parameters are drawn into host memory and copied over.
+  std::vector<float> host(device() == Device::CPU ? 0 : static_cast<size_t>(numel_));
   for (int id = 0; id < static_cast<int>(specs_.size()); ++id) {
     const ParamSpec& spec = specs_[static_cast<size_t>(id)];
-    float* p = param(id).f32();
+    float* p = device() == Device::CPU ? param(id).f32() : host.data() + spec.offset;
     int64_t n = spec.local_shape.numel();
     if (spec.init != Init::Normal) {
       float value = spec.init == Init::Ones ? 1.0f : 0.0f;
@@ -69,19 +103,29 @@ void ParamStore::initialize(uint64_t seed) {
       p[i] = static_cast<float>(spec.init_std * normal_at(key, static_cast<uint64_t>(global)));
     }
   }
+  if (device() != Device::CPU) copy_bytes(params_.base(), device(), host.data(), Device::CPU, bytes());
+  refresh_weights();
 }
 
-Tensor ParamStore::view(void* base, int id) const {
+Tensor ParamStore::view(void* base, int id, Device device) const {
   const ParamSpec& spec = specs_[static_cast<size_t>(id)];
-  return view_of(static_cast<float*>(base) + spec.offset, spec.local_shape);
+  return view_of(static_cast<float*>(base) + spec.offset, spec.local_shape, DType::F32, device);
 }
 
-Tensor ParamStore::all_params() const { return view_of(params_.base(), Shape{numel_}); }
+Tensor ParamStore::all_params() const {
+  return view_of(params_.base(), Shape{numel_}, DType::F32, device());
+}
 
-Tensor ParamStore::all_grads() const { return view_of(grads_.base(), Shape{numel_}); }
+Tensor ParamStore::all_grads() const {
+  return view_of(grads_.base(), Shape{numel_}, DType::F32, device());
+}
 
 void ParamStore::zero_grads() {
-  if (grads_.base()) std::memset(grads_.base(), 0, bytes());
+  if (!grads_.base()) return;
+  if (device() == Device::CPU)
+    std::memset(grads_.base(), 0, bytes());
+  else
+    device_zero(grads_.base(), bytes());
 }
 
 int ParamStore::find(const std::string& name) const {

@@ -14,6 +14,15 @@ namespace pentad {
 
 enum class Init { Normal, Ones, Zeros };
 
+// Where a model's memory lives and the element type it computes in. Master parameters,
+// their gradients and the optimizer state are always F32; with compute = BF16 (CUDA only)
+// the forward and backward read a BF16 copy of the parameters (refresh_weights() after
+// each optimizer step) and keep activations in BF16.
+struct Placement {
+  Device device = Device::CPU;
+  DType compute = DType::F32;
+};
+
 struct ParamSpec {
   std::string name;     // global identity, e.g. "layers.3.attn.q.weight" (HF-like)
   Shape global_shape;   // shape of the whole parameter across all ranks
@@ -44,20 +53,33 @@ class ParamStore {
   int add_shard(std::string name, Shape shape, Init init, float init_std, bool weight_decay,
                 int shard_dim, int64_t shard_start, int64_t shard_len);
   void mark_pipeline_copy(int id) { specs_.at(static_cast<size_t>(id)).pipeline_copy = true; }
-  // Allocates params, grads (and nothing else: the optimizer owns its state).
-  void allocate();
+  // Allocates params, grads and, when the placement computes in another type than F32,
+  // the compute copy (and nothing else: the optimizer owns its state), on its device.
+  void allocate(Placement placement = {});
   // Fills every parameter from the seed: element i of parameter "name" is a function of
   // (seed, name, global index i) only, so any slice of any layout draws the same values.
+  // Device parameters are drawn on the host and copied, so they are the CPU's bits.
   void initialize(uint64_t seed);
+  // Re-derives the compute copy from the master parameters (after every change to them:
+  // optimizer step, load). Nothing to do when the model computes in F32.
+  void refresh_weights();
 
-  Tensor param(int id) const { return view(params_.base(), id); }
-  Tensor grad(int id) const { return view(grads_.base(), id); }
-  // Parameter id's view inside any buffer laid out like the parameter arena (optimizer
-  // moments, checkpoint staging, ...).
-  Tensor view(void* base, int id) const;
+  Tensor param(int id) const { return view(params_.base(), id, device()); }  // F32 master
+  Tensor grad(int id) const { return view(grads_.base(), id, device()); }
+  // What forward and backward read: the compute copy, or the master when that is F32.
+  Tensor weight(int id) const;
+  // Parameter id's view inside any F32 buffer laid out like the parameter arena (optimizer
+  // moments, checkpoint staging, ...) on `device`.
+  Tensor view(void* base, int id, Device device = Device::CPU) const;
   Tensor all_params() const;  // flat (numel) views over the whole arena
   Tensor all_grads() const;
   void zero_grads();
+  // Parameter id's master values copied to host memory (for dumps and tests).
+  std::vector<float> to_host(int id) const;
+
+  Device device() const { return placement_.device; }
+  DType compute_dtype() const { return placement_.compute; }
+  size_t compute_copy_bytes() const { return weights_.capacity(); }  // 0 when F32
 
   const std::vector<ParamSpec>& specs() const { return specs_; }
   const ParamSpec& spec(int id) const { return specs_[static_cast<size_t>(id)]; }
@@ -68,7 +90,9 @@ class ParamStore {
  private:
   std::vector<ParamSpec> specs_;
   int64_t numel_ = 0;
+  Placement placement_;
   Arena params_, grads_;
+  Arena weights_;  // the compute copy (same element offsets), when compute is not F32
 };
 
 }  // namespace pentad

@@ -49,6 +49,12 @@ struct TrainConfig {                 // [train]
   int64_t eval_batches = 4;
   int64_t log_every = 1;
   int64_t threads = 0;               // 0 = this machine's cores / ranks on it
+  // Where the model trains: "cpu", or "cuda" (one GPU per rank: local rank modulo the
+  // visible devices; communicators use NCCL for device tensors). precision: "fp32", or
+  // "bf16" (CUDA only): bf16 weights copy, activations and activation gradients, with fp32
+  // master weights, parameter gradients, AdamW state and statistics.
+  std::string device = "cpu";
+  std::string precision = "fp32";
   std::string out_dir = "runs/default";
   // Checkpoints (checkpoint/): every save_every steps (0: never) into ckpt_dir (empty:
   // <out_dir>/checkpoints), keeping the newest keep_last; async_save copies the state in

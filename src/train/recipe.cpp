@@ -126,6 +126,8 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(train, eval_batches, at_least(1)),
       PENTAD_KEY(train, log_every, at_least(1)),
       PENTAD_KEY(train, threads, at_least(0)),
+      PENTAD_KEY(train, device, one_of({"cpu", "cuda"})),
+      PENTAD_KEY(train, precision, one_of({"fp32", "bf16"})),
       PENTAD_KEY(train, out_dir, any()),
       PENTAD_KEY(train, save_every, at_least(0)),
       PENTAD_KEY(train, ckpt_dir, any()),
@@ -474,6 +476,18 @@ void check_combinations(const Config& c, const std::map<std::string, std::string
                               : "a pentad token file");
   if (c.train.out_dir.empty())
     fail("{}: train.out_dir must not be empty", where({"train.out_dir"}));
+  if (c.train.precision == "bf16" && c.train.device != "cuda")
+    fail("{}: train.precision = \"bf16\" needs train.device = \"cuda\" (the CPU kernels "
+         "compute in fp32): set train.precision = \"fp32\" or train on a GPU",
+         where({"train.precision", "train.device"}));
+  if (c.train.device == "cuda" && c.parallel.pp > 1)
+    fail("{}: parallel.pp = {} with train.device = \"cuda\" is not built yet (pipeline "
+         "transfers go through host buffers): set parallel.pp = 1 or train on the CPU",
+         where({"parallel.pp", "train.device"}), c.parallel.pp);
+  if (c.train.device == "cuda" && m.head_dim() > 128)
+    fail("{}: head_dim = model.d_model / model.n_head = {} is above 128, the largest the CUDA "
+         "attention kernels take: raise model.n_head",
+         where({"model.d_model", "model.n_head", "train.device"}), m.head_dim());
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "core/device_memory.h"
 #include "core/npy.h"
 #include "data/corpus.h"
 #include "train/recipe.h"
@@ -22,14 +23,35 @@ void set_compute_threads(int64_t threads, int ranks_on_node) {
   omp_set_num_threads(n);
 }
 
-// Ranks sharing this machine (they share its cores).
-static int ranks_on_this_node() {
+// This rank's place among the ranks sharing its machine (they share its cores and GPUs):
+// {local rank, local size}.
+static std::pair<int, int> node_rank_and_size() {
   MPI_Comm node;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  int size = 1;
+  int rank = 0, size = 1;
+  MPI_Comm_rank(node, &rank);
   MPI_Comm_size(node, &size);
   MPI_Comm_free(&node);
-  return size;
+  return {rank, size};
+}
+
+static int ranks_on_this_node() {
+  return node_rank_and_size().second;
+}
+
+Placement placement(const Config& cfg) {
+  Placement p;
+  p.device = cfg.train.device == "cuda" ? Device::CUDA : Device::CPU;
+  p.compute = cfg.train.precision == "bf16" ? DType::BF16 : DType::F32;
+  return p;
+}
+
+parallel::Backend select_device(const Config& cfg) {
+  if (placement(cfg).device == Device::CPU) return parallel::Backend::MPI;
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  select_cuda_device(initialized ? node_rank_and_size().first : 0);
+  return parallel::Backend::NCCL;
 }
 
 parallel::pp::ScheduleSpec schedule_spec(const Config& cfg) {
@@ -74,6 +96,7 @@ parallel::MeshConfig mesh_config(const Config& cfg, int world_size) {
 
 Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mesh) {
   set_compute_threads(cfg.train.threads, mesh_ ? ranks_on_this_node() : 1);
+  if (!mesh_) select_device(cfg);  // with a mesh, the launcher chose it before the mesh
   const TrainConfig& t = cfg.train;
   parallel::TensorParallel tp;
   if (mesh_) {
@@ -96,7 +119,7 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
         parallel::pp::chunk_layers(cfg.model.n_layer, pp_size_, int(cfg.parallel.virtual_stages),
                                    cfg.parallel.pp_layout),
         pp_size_, pp_rank_);
-  model_ = std::make_unique<Model>(cfg.model, t.micro_batch, t.seq_len, tp, chunks);
+  model_ = std::make_unique<Model>(cfg.model, t.micro_batch, t.seq_len, tp, chunks, placement(cfg));
   model_->params().initialize(t.seed);
   if (pp_size_ > 1) {
     parallel::Communicator& stages = mesh_->group(parallel::Axis::PP);
@@ -258,7 +281,8 @@ void Trainer::dump_weights(const std::string& dir) const {
     const ParamSpec& spec = p.spec(id);
     if (spec.pipeline_copy) continue;  // the first stage writes the original
     const std::string file = fmt::format("{}.tp{}.npy", spec.name, tp_rank);
-    write_npy(dir + "/" + file, p.param(id));
+    std::vector<float> host = p.to_host(id);
+    write_npy(dir + "/" + file, view_of(host.data(), spec.local_shape));
     std::vector<int64_t> shape(spec.global_shape.dims.begin(),
                                spec.global_shape.dims.begin() + spec.global_shape.ndim);
     shards.push_back({{"name", spec.name}, {"file", file}, {"global_shape", shape},
@@ -269,7 +293,7 @@ void Trainer::dump_weights(const std::string& dir) const {
 
 std::string Trainer::memory_plan() const {
   const ParamStore& p = model_->params();
-  const size_t params = p.bytes(), grads = p.bytes(), optim = 2 * p.bytes();
+  const size_t params = p.bytes() + p.compute_copy_bytes(), grads = p.bytes(), optim = 2 * p.bytes();
   size_t acts = model_->activation_bytes();
   std::string in_flight;
   if (pipeline_) {  // one slot per micro-batch the schedule keeps in flight on each chunk
@@ -288,9 +312,11 @@ std::string Trainer::memory_plan() const {
     }
   }
   return fmt::format(
-      "memory plan (this rank): parameters {} ({} values) | gradients {} | AdamW state {} | "
+      "memory plan (this rank, {} {}): parameters {} ({} values{}) | gradients {} | AdamW state {} | "
       "activations {} (micro-batch {} x {}, recompute {}{}) | total {}",
-      format_bytes(params), p.numel(), format_bytes(grads), format_bytes(optim), format_bytes(acts),
+      cfg_.train.device, cfg_.train.precision, format_bytes(params), p.numel(),
+      p.compute_copy_bytes() ? ", f32 master + bf16 copy" : "", format_bytes(grads),
+      format_bytes(optim), format_bytes(acts),
       cfg_.train.micro_batch, cfg_.train.seq_len, cfg_.model.recompute ? "on" : "off", in_flight,
       format_bytes(params + grads + optim + acts));
 }
@@ -320,6 +346,7 @@ void Trainer::run() {
                parameters);
   spdlog::info("{}", memory_plan());
   spdlog::info("threads: {}", omp_get_max_threads());
+  if (model_->params().device() == Device::CUDA) spdlog::info("device: {}", cuda_device_description());
   if (!t.resume.empty()) start_step_ = resume(t.resume);
   const int64_t last = t.stop_at > 0 ? std::min(t.stop_at, t.steps) : t.steps;
   const auto run_start = std::chrono::steady_clock::now();

@@ -129,6 +129,15 @@ class Trainer {
 // machine's cores shared evenly among the ranks running on it.
 void set_compute_threads(int64_t threads, int ranks_on_node = 1);
 
+// For train.device = "cuda": makes this rank's GPU current (its rank among the ranks on
+// this machine, modulo the visible devices) and returns the backend the mesh's
+// communicators need, NCCL (host tensors on them travel by MPI). MPI for the CPU.
+// Call before creating the mesh. Collective over MPI_COMM_WORLD.
+parallel::Backend select_device(const Config& cfg);
+
+// The placement (device, compute type) a recipe asks for.
+Placement placement(const Config& cfg);
+
 // The mesh a recipe asks for on `world_size` ranks (dp = 0 takes what is left), checked
 // against the model: refusals name the degree to change.
 parallel::MeshConfig mesh_config(const Config& cfg, int world_size);

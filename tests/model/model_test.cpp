@@ -4,9 +4,11 @@
 #include <cstring>
 #include <vector>
 
+#include "core/bf16.h"
 #include "core/rng.h"
 #include "model/model.h"
 #include "model/params.h"
+#include "core/device_memory.h"
 #include "train/trainer.h"
 
 using namespace pentad;
@@ -87,4 +89,55 @@ TEST(Params, ShardedInitialisationIsTheSliceOfTheWhole) {
   double sq = 0;
   for (int i = 0; i < 60; ++i) sq += static_cast<double>(w[i]) * w[i];
   EXPECT_NEAR(std::sqrt(sq / 60), 0.02, 0.006);
+}
+
+// Mixed precision: a BF16 compute copy follows the F32 master values (round to nearest
+// even) at the same element offsets, after initialisation and after every refresh.
+TEST(Params, ComputeCopyFollowsTheMasterValues) {
+  ParamStore store;
+  store.add("a", Shape{3, 7}, Init::Normal, 0.5f, true);
+  store.add("b", Shape{5}, Init::Ones, 0.0f, false);
+  store.allocate({Device::CPU, DType::BF16});
+  store.initialize(5);
+  EXPECT_EQ(store.compute_copy_bytes() >= size_t(store.numel()) * 2, true);
+  auto check = [&] {
+    for (int id = 0; id < 2; ++id) {
+      const Tensor w = store.weight(id), p = store.param(id);
+      ASSERT_EQ(w.dtype, DType::BF16);
+      ASSERT_EQ(w.shape, p.shape);
+      const uint16_t* bits = w.as<uint16_t>();
+      for (int64_t i = 0; i < p.numel(); ++i)
+        EXPECT_EQ(bits[i], float_to_bf16(p.f32()[i])) << "parameter " << id << " element " << i;
+    }
+  };
+  check();
+  store.param(0).f32()[4] = 1.2345f;  // the optimizer writes the master ...
+  store.refresh_weights();             // ... and the copy follows
+  check();
+  // F32 compute reads the master itself.
+  ParamStore plain;
+  plain.add("a", Shape{4}, Init::Normal, 0.5f, true);
+  plain.allocate();
+  EXPECT_EQ(plain.weight(0).data, plain.param(0).data);
+  EXPECT_EQ(plain.compute_copy_bytes(), 0u);
+}
+
+// Asking for a GPU where there is none (or in a build without CUDA) is a clear error, not
+// a crash or a silent CPU run.
+TEST(Placement, CudaWithoutADeviceIsAClearError) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is present";
+  Config cfg;
+  cfg.model = tiny(ModelFamily::GPT2);
+  cfg.train.device = "cuda";
+  cfg.train.seq_len = 16;
+  cfg.data.source = "random";
+  try {
+    Trainer trainer(cfg);
+    ADD_FAILURE() << "a CUDA trainer was built without a device";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_TRUE(message.find("no CUDA device is visible") != std::string::npos ||
+                message.find("no CUDA backend") != std::string::npos)
+        << message;
+  }
 }

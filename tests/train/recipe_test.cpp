@@ -388,6 +388,19 @@ std::vector<BadRecipe> bad_recipes() {
        {},
        {"unterminated_string.toml:3:"}},
       {"duplicate_key", "[model]\nn_layer = 2\nn_layer = 3\n", {}, {"duplicate_key.toml:3:"}},
+      {"bad_device", "[train]\ndevice = \"gpu\"\n", {}, {"train.device must be one of", "\"cuda\""}},
+      {"bf16_on_cpu",
+       "[train]\nprecision = \"bf16\"\n",
+       {},
+       {"bf16_on_cpu.toml", "train.precision = \"bf16\" needs train.device = \"cuda\""}},
+      {"pipeline_on_cuda",
+       "[model]\nn_layer = 4\n[train]\ndevice = \"cuda\"\n[parallel]\npp = 2\n",
+       {},
+       {"parallel.pp = 2 with train.device = \"cuda\" is not built yet", "set parallel.pp = 1"}},
+      {"head_dim_over_cuda_limit",
+       "[model]\nd_model = 512\nn_head = 2\n[train]\ndevice = \"cuda\"\n",
+       {},
+       {"head_dim = model.d_model / model.n_head = 256", "raise model.n_head"}},
   };
 }
 
