@@ -9,13 +9,21 @@ namespace pentad::parallel {
 
 class Communicator;
 
-// One posted operation. test() never blocks; wait() blocks. Both throw pentad::Error
+struct TraceTicket;
+
+// One posted operation. test() never blocks. wait() blocks until the operation is complete
+// for the caller: for host memory until it is done, for device memory until later work on
+// the compute stream is ordered after it (comm.h, "Stream rule"). Both throw pentad::Error
 // (after dumping the trace) if the operation failed.
 class WorkImpl {
  public:
   virtual ~WorkImpl() = default;
   virtual bool test() = 0;
   virtual void wait() = 0;
+  // Called once, after wait(). true: the host has not seen the operation done yet, and the
+  // backend keeps the ticket to stamp the trace's leave time when it does. false (MPI):
+  // the host saw it done, and the caller stamps the leave time now.
+  virtual bool keep_ticket(const TraceTicket&) { return false; }
 };
 
 // Dumps this rank's communication trace to stderr, then throws pentad::Error(message):

@@ -68,22 +68,24 @@ void Work::drop() noexcept {
   }
 }
 
-void Work::finish() {
+void Work::finish(bool seen_done) {
+  // After a wait() on device memory the host has not seen the operation done: its backend
+  // stamps the leave time later (comm.h, "Trace times of device operations").
+  if (seen_done || !impl_->keep_ticket(ticket_)) trace_leave(ticket_);
   impl_.reset();
-  trace_leave(ticket_);
 }
 
 bool Work::test() {
   if (!impl_) return true;
   if (!impl_->test()) return false;
-  finish();
+  finish(true);
   return true;
 }
 
 void Work::wait() {
   if (!impl_) return;
   impl_->wait();
-  finish();
+  finish(false);
 }
 
 // ---- Communicator: the checks, the trace and the injection every backend shares ----
@@ -97,13 +99,35 @@ Device Communicator::device() const {
   return backend_ == Backend::MPI ? Device::CPU : Device::CUDA;
 }
 
+void Communicator::set_host_companion(std::unique_ptr<Communicator> host) {
+  PENTAD_CHECK(
+      host && host->backend() == Backend::MPI && host->rank() == rank_ && host->size() == size_,
+      "communicator '{}': the host companion must be an MPI communicator over the same "
+      "ranks",
+      name_);
+  host_ = std::move(host);
+}
+
+std::unique_ptr<WorkImpl> Communicator::post_host_barrier() {
+  PENTAD_CHECK(host_, "communicator '{}' has no host companion", name_);
+  return host_->post_barrier();
+}
+
 void Communicator::check_tensor(const Tensor& t, const char* op, const char* what) const {
-  PENTAD_CHECK(t.device == device(),
+  PENTAD_CHECK(t.device == device() || (host_ && t.device == Device::CPU),
                "communicator '{}' {}: {} is on {} but the {} backend needs {} tensors", name_, op,
                what, device_name(t.device), backend_name(backend_), device_name(device()));
   PENTAD_CHECK(t.data != nullptr || t.numel() == 0,
                "communicator '{}' {}: {} {} has no memory (a measuring arena?)", name_, op, what,
                t.shape.str());
+  if (host_) check_memory(t, op, what);
+}
+
+void Communicator::check_same_device(const Tensor& out, const Tensor& in, const char* op) const {
+  PENTAD_CHECK(out.device == in.device,
+               "communicator '{}' {}: in is on {} but out is on {}; both must be on one device "
+               "(copy one of them first)",
+               name_, op, device_name(in.device), device_name(out.device));
 }
 
 void Communicator::check_peer(int peer, int tag, const char* op) const {
@@ -148,6 +172,7 @@ class DeferredSend final : public WorkImpl {
     }
     posted_->wait();
   }
+  bool keep_ticket(const TraceTicket& ticket) override { return posted_->keep_ticket(ticket); }
   std::unique_ptr<WorkImpl>* slot() { return &posted_; }
 
  private:
@@ -179,7 +204,7 @@ void Communicator::post_due_sends(bool wait_for_all) {
     Deferred& d = deferred_.front();
     if (!wait_for_all && std::chrono::steady_clock::now() < d.due) return;
     if (wait_for_all) std::this_thread::sleep_until(d.due);
-    std::vector<std::unique_ptr<WorkImpl>> impls = post_p2p({d.op});
+    std::vector<std::unique_ptr<WorkImpl>> impls = post_p2p_routed({d.op});
     *d.posted = std::move(impls.at(0));
     deferred_.pop_front();
   }
@@ -195,14 +220,16 @@ Work Communicator::finish(std::unique_ptr<WorkImpl> impl, TraceTicket ticket, bo
 
 Work Communicator::all_reduce(Tensor buf, ReduceOp op, bool async) {
   check_tensor(buf, "all_reduce", "buf");
-  check_dtype(buf.dtype, true);
+  Communicator& backend = route(buf);
+  backend.check_dtype(buf.dtype, true);
   const int64_t bytes = int64_t(buf.bytes());
   TraceTicket ticket = enter(CommKind::AllReduce, bytes, -1);
   inject(bytes);
-  return finish(post_all_reduce(buf, op), ticket, async);
+  return finish(backend.post_all_reduce(buf, op), ticket, async);
 }
 
 Work Communicator::reduce_scatter(Tensor out, const Tensor& in, ReduceOp op, bool async) {
+  check_same_device(out, in, "reduce_scatter");
   check_tensor(out, "reduce_scatter", "out");
   check_tensor(in, "reduce_scatter", "in");
   PENTAD_CHECK(out.dtype == in.dtype, "communicator '{}' reduce_scatter: out is {} but in is {}",
@@ -211,14 +238,16 @@ Work Communicator::reduce_scatter(Tensor out, const Tensor& in, ReduceOp op, boo
       in.numel() == int64_t(size_) * out.numel(),
       "communicator '{}' reduce_scatter: in {} has {} elements but needs size {} x out {} = {}",
       name_, in.shape.str(), in.numel(), size_, out.shape.str(), int64_t(size_) * out.numel());
-  check_dtype(in.dtype, true);
+  Communicator& backend = route(in);
+  backend.check_dtype(in.dtype, true);
   const int64_t bytes = int64_t(in.bytes());
   TraceTicket ticket = enter(CommKind::ReduceScatter, bytes, -1);
   inject(bytes);
-  return finish(post_reduce_scatter(out, in, op), ticket, async);
+  return finish(backend.post_reduce_scatter(out, in, op), ticket, async);
 }
 
 Work Communicator::all_gather(Tensor out, const Tensor& in, bool async) {
+  check_same_device(out, in, "all_gather");
   check_tensor(out, "all_gather", "out");
   check_tensor(in, "all_gather", "in");
   PENTAD_CHECK(out.dtype == in.dtype, "communicator '{}' all_gather: out is {} but in is {}", name_,
@@ -227,14 +256,16 @@ Work Communicator::all_gather(Tensor out, const Tensor& in, bool async) {
       out.numel() == int64_t(size_) * in.numel(),
       "communicator '{}' all_gather: out {} has {} elements but needs size {} x in {} = {}", name_,
       out.shape.str(), out.numel(), size_, in.shape.str(), int64_t(size_) * in.numel());
-  check_dtype(in.dtype, false);
+  Communicator& backend = route(in);
+  backend.check_dtype(in.dtype, false);
   const int64_t bytes = int64_t(in.bytes());
   TraceTicket ticket = enter(CommKind::AllGather, bytes, -1);
   inject(bytes);
-  return finish(post_all_gather(out, in), ticket, async);
+  return finish(backend.post_all_gather(out, in), ticket, async);
 }
 
 Work Communicator::all_to_all(Tensor out, const Tensor& in, bool async) {
+  check_same_device(out, in, "all_to_all");
   check_tensor(out, "all_to_all", "out");
   check_tensor(in, "all_to_all", "in");
   PENTAD_CHECK(out.dtype == in.dtype, "communicator '{}' all_to_all: out is {} but in is {}", name_,
@@ -243,15 +274,17 @@ Work Communicator::all_to_all(Tensor out, const Tensor& in, bool async) {
                "communicator '{}' all_to_all: in {} and out {} must have equal element counts "
                "divisible by the group size {}",
                name_, in.shape.str(), out.shape.str(), size_);
-  check_dtype(in.dtype, false);
+  Communicator& backend = route(in);
+  backend.check_dtype(in.dtype, false);
   const int64_t bytes = int64_t(in.bytes());
   TraceTicket ticket = enter(CommKind::AllToAll, bytes, -1);
   inject(bytes);
-  return finish(post_all_to_all(out, in), ticket, async);
+  return finish(backend.post_all_to_all(out, in), ticket, async);
 }
 
 Work Communicator::all_to_all_v(Tensor out, std::span<const int64_t> recv_counts, const Tensor& in,
                                 std::span<const int64_t> send_counts, bool async) {
+  check_same_device(out, in, "all_to_all_v");
   check_tensor(out, "all_to_all_v", "out");
   check_tensor(in, "all_to_all_v", "in");
   PENTAD_CHECK(out.dtype == in.dtype, "communicator '{}' all_to_all_v: out is {} but in is {}",
@@ -273,21 +306,23 @@ Work Communicator::all_to_all_v(Tensor out, std::span<const int64_t> recv_counts
       recv_total <= out.numel(),
       "communicator '{}' all_to_all_v: receive counts sum to {} but out {} has {} elements", name_,
       recv_total, out.shape.str(), out.numel());
-  check_dtype(in.dtype, false);
+  Communicator& backend = route(in);
+  backend.check_dtype(in.dtype, false);
   const int64_t bytes = send_total * int64_t(dtype_bytes(in.dtype));
   TraceTicket ticket = enter(CommKind::AllToAllV, bytes, -1);
   inject(bytes);
-  return finish(post_all_to_all_v(out, recv_counts, in, send_counts), ticket, async);
+  return finish(backend.post_all_to_all_v(out, recv_counts, in, send_counts), ticket, async);
 }
 
 Work Communicator::broadcast(Tensor buf, int root, bool async) {
   check_tensor(buf, "broadcast", "buf");
   check_peer(root, 0, "broadcast");
-  check_dtype(buf.dtype, false);
+  Communicator& backend = route(buf);
+  backend.check_dtype(buf.dtype, false);
   const int64_t bytes = int64_t(buf.bytes());
   TraceTicket ticket = enter(CommKind::Broadcast, bytes, root);
   inject(bytes);
-  return finish(post_broadcast(buf, root), ticket, async);
+  return finish(backend.post_broadcast(buf, root), ticket, async);
 }
 
 Work Communicator::send(const Tensor& buf, int peer, int tag, bool async) {
@@ -312,7 +347,7 @@ std::vector<Work> Communicator::batch_p2p(std::vector<P2POp> ops) {
     const char* kind = op.is_send ? "send" : "recv";
     check_tensor(op.buf, kind, "buf");
     check_peer(op.peer, op.tag, kind);
-    check_dtype(op.buf.dtype, false);
+    route(op.buf).check_dtype(op.buf.dtype, false);
     const int64_t bytes = int64_t(op.buf.bytes());
     total_bytes += bytes;
     tickets.push_back(enter(op.is_send ? CommKind::Send : CommKind::Recv, bytes, op.peer));
@@ -338,11 +373,11 @@ std::vector<Work> Communicator::batch_p2p(std::vector<P2POp> ops) {
       deferred_.push_back(Deferred{ops[i], free, deferred->slot()});
       impls[i] = std::move(deferred);
     }
-    std::vector<std::unique_ptr<WorkImpl>> posted = post_p2p(now_ops);
+    std::vector<std::unique_ptr<WorkImpl>> posted = post_p2p_routed(now_ops);
     for (size_t j = 0; j < posted.size(); ++j)
       impls[now_index[j]] = std::make_unique<PumpingWork>(*this, std::move(posted[j]));
   } else {
-    impls = post_p2p(ops);
+    impls = post_p2p_routed(ops);
     if (!deferred_.empty())
       for (auto& impl : impls) impl = std::make_unique<PumpingWork>(*this, std::move(impl));
   }
@@ -352,6 +387,25 @@ std::vector<Work> Communicator::batch_p2p(std::vector<P2POp> ops) {
   works.reserve(ops.size());
   for (size_t i = 0; i < ops.size(); ++i) works.emplace_back(std::move(impls[i]), tickets[i]);
   return works;
+}
+
+std::vector<std::unique_ptr<WorkImpl>> Communicator::post_p2p_routed(
+    const std::vector<P2POp>& ops) {
+  if (!host_) return post_p2p(ops);
+  // Host buffers go to the companion and device buffers to this backend, each as one batch
+  // posted at once, so a ring exchange mixing the two cannot deadlock either.
+  std::vector<P2POp> host_ops, device_ops;
+  for (const P2POp& op : ops) (op.buf.device == Device::CPU ? host_ops : device_ops).push_back(op);
+  std::vector<std::unique_ptr<WorkImpl>> host_impls, device_impls, impls;
+  if (!host_ops.empty()) host_impls = host_->post_p2p(host_ops);
+  if (!device_ops.empty()) device_impls = post_p2p(device_ops);
+  PENTAD_CHECK(host_impls.size() == host_ops.size() && device_impls.size() == device_ops.size(),
+               "backends returned {} + {} handles for {} + {} p2p ops", host_impls.size(),
+               device_impls.size(), host_ops.size(), device_ops.size());
+  size_t h = 0, d = 0;
+  for (const P2POp& op : ops)
+    impls.push_back(std::move(op.buf.device == Device::CPU ? host_impls[h++] : device_impls[d++]));
+  return impls;
 }
 
 void Communicator::barrier() {

@@ -16,9 +16,35 @@
 // may be tested from that thread only. Tensors have no strides, so every tensor is
 // contiguous. Ranks are 0..size()-1 within the group.
 //
-// Stream rule (NCCL): operations run on the communicator's own CUDA stream, which is a
-// blocking stream and so ordered with the legacy default stream; Work::wait() blocks the
-// host until the operation finished on the device.
+// Host and device tensors. An MPI communicator takes host (CPU) tensors only. An NCCL
+// communicator takes both: device tensors go to NCCL, host tensors (a loss sum in a
+// double, a flag) to an MPI companion over the same ranks in the same order, so callers
+// never pick a communicator by device. Both kinds share one sequence, one trace channel
+// and one injection. All tensors of one operation must be on one device (the tensors of
+// one batch_p2p may differ: each op goes to its own backend).
+//
+// Stream rule (NCCL). Kernels run on the legacy default stream (the compute stream,
+// kernels/cuda/cuda_ops.h). Each NCCL communicator runs its operations on its own stream,
+// created cudaStreamNonBlocking so that nothing orders it implicitly; events order the two:
+//   - before each operation (or group), an event recorded on the compute stream, which the
+//     communication stream waits for: the operation sees every kernel and copy issued
+//     before it;
+//   - after it, a completion event on the communication stream. Work::test() queries it;
+//     Work::wait() (and so every synchronous call) makes the compute stream wait for it
+//     and returns without blocking the host: later kernels, and cudaMemcpy to the host
+//     (which runs on the compute stream and blocks), see the result. Code that reads
+//     device memory through another stream orders itself after the compute stream
+//     (AsyncCopier::begin_after_compute) after the wait.
+//   - barrier() blocks the host until every kernel, copy and operation this rank issued
+//     before it has finished on the device, then until every rank has reached it.
+//   - Host tensors are plain MPI: a synchronous call or wait() returns once the data is
+//     in place.
+// Trace times of device operations: enter_ns is when the host enqueued the operation;
+// leave_ns is when the host first saw its completion event done (Work::test(), or the
+// communicator's poll at each of its later operations, waits and barriers), so the span is
+// an upper bound that includes queueing behind earlier kernels. An operation hung on the
+// device stays PENDING in the trace. NCCL's asynchronous errors are checked at the same
+// polls and thrown (with the trace dumped) from the next call on the communicator.
 #include <mpi.h>
 
 #include <chrono>
@@ -52,11 +78,12 @@ class Work {
   ~Work();                                 // waits if still pending
 
   bool test();  // true once complete; the first true stamps the trace's leave time
-  void wait();  // blocks until complete; waiting again is a no-op
+  void wait();  // blocks until complete (device memory: see "Stream rule"); again: a no-op
   bool done() const { return impl_ == nullptr; }
 
  private:
-  void finish();
+  // Stamps the trace's leave time, or lets the backend do it once the host sees it done.
+  void finish(bool seen_done);
   void drop() noexcept;  // waits, reporting (not throwing) a failure
   std::unique_ptr<WorkImpl> impl_;
   TraceTicket ticket_;
@@ -91,7 +118,8 @@ class Communicator {
   int size() const { return size_; }
   const std::string& name() const { return name_; }
   Backend backend() const { return backend_; }
-  Device device() const;  // where tensors must live: CPU for MPI, CUDA for NCCL
+  // The backend's own device: CPU for MPI, CUDA for NCCL (which takes host tensors too).
+  Device device() const;
 
   // In place: every rank ends with op over all ranks' buf.
   Work all_reduce(Tensor buf, ReduceOp op = ReduceOp::Sum, bool async = false);
@@ -134,6 +162,14 @@ class Communicator {
   // Returns one WorkImpl per op, in order.
   virtual std::vector<std::unique_ptr<WorkImpl>> post_p2p(const std::vector<P2POp>& ops) = 0;
   virtual std::unique_ptr<WorkImpl> post_barrier() = 0;
+  // Called for every tensor of a communicator with a host companion, after the device
+  // checks: a backend may check that the memory really is where the tensor says.
+  virtual void check_memory(const Tensor&, const char* /*op*/, const char* /*what*/) const {}
+
+  // A device backend's MPI companion (same ranks, same order): operations on host tensors
+  // are posted to it, with this communicator's checks, sequence, trace and injection.
+  void set_host_companion(std::unique_ptr<Communicator> host);
+  std::unique_ptr<WorkImpl> post_host_barrier();  // the companion's barrier
 
   int rank_ = 0;  // set by the backend's constructor
   int size_ = 1;
@@ -151,6 +187,10 @@ class Communicator {
   };
   void post_due_sends(bool wait_for_all);  // posts every due deferred send, in order
   void check_tensor(const Tensor& t, const char* op, const char* what) const;
+  void check_same_device(const Tensor& out, const Tensor& in, const char* op) const;
+  // The backend that moves t: the host companion for host tensors, if any, else this.
+  Communicator& route(const Tensor& t) { return host_ && t.device == Device::CPU ? *host_ : *this; }
+  std::vector<std::unique_ptr<WorkImpl>> post_p2p_routed(const std::vector<P2POp>& ops);
   void check_peer(int peer, int tag, const char* op) const;
   Work finish(std::unique_ptr<WorkImpl> impl, TraceTicket ticket, bool async);
 
@@ -161,6 +201,8 @@ class Communicator {
   Injection injection_;
   std::deque<Deferred> deferred_;
   std::vector<std::chrono::steady_clock::time_point> link_free_;  // per peer
+  // A device backend's MPI companion; null for MPI communicators.
+  std::unique_ptr<Communicator> host_;
 };
 
 // The factory: duplicates `comm` (the communicator owns its own MPI communicator, and for

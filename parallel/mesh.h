@@ -53,7 +53,10 @@ int mesh_rank(const MeshConfig& config, int tp, int cp, int dp, int pp);  // inv
 
 class Mesh {
  public:
-  // Collective over `world`: validates, then builds every group with MPI_Comm_split.
+  // Collective over `world`: validates, then builds every group with MPI_Comm_split, in
+  // the same order on every rank (an NCCL group's creation blocks until all its ranks join).
+  // With Backend::NCCL every group also takes host tensors (parallel/comm.h), so scalars
+  // such as loss sums and flags use the same groups as device tensors.
   static Mesh create(const MeshConfig& config, MPI_Comm world, Backend backend = Backend::MPI);
 
   Mesh(Mesh&&) noexcept;

@@ -1,16 +1,21 @@
 // The NCCL backend: device memory, the current CUDA device (the launcher picks one per
-// local rank before creating communicators), one CUDA stream per communicator.
+// local rank before creating communicators), one CUDA stream per communicator, ordered
+// with the compute stream by events (comm.h, "Stream rule"). Host tensors never reach this
+// file: comm.cpp routes them to the MPI companion made here.
 // Bootstrap: rank 0 makes an ncclUniqueId and broadcasts it over a duplicate of the MPI
 // communicator. A Work wraps a CUDA event recorded on the stream after the operation.
 // NCCL has no tags: point-to-point messages between two ranks match in posting order.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <chrono>
+#include <deque>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "parallel/backend.h"
 #include "parallel/comm.h"
-
 namespace pentad::parallel {
 namespace {
 
@@ -59,33 +64,20 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
+class NcclCommunicator;
+
+// One operation's completion event on the communication stream.
 class NcclWork final : public WorkImpl {
  public:
-  NcclWork(cudaStream_t stream, ncclComm_t comm, const std::string& comm_name)
-      : comm_(comm), comm_name_(comm_name) {
-    check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate",
-               comm_name_);
-    check_cuda(cudaEventRecord(event_, stream), "cudaEventRecord", comm_name_);
-  }
-  ~NcclWork() override { cudaEventDestroy(event_); }
-
-  bool test() override {
-    const cudaError_t rc = cudaEventQuery(event_);
-    if (rc == cudaSuccess) return true;
-    if (rc != cudaErrorNotReady) check_cuda(rc, "cudaEventQuery", comm_name_);
-    ncclResult_t async_error = ncclSuccess;
-    check_nccl(ncclCommGetAsyncError(comm_, &async_error), "ncclCommGetAsyncError", comm_name_);
-    check_nccl(async_error, "a pending operation", comm_name_);
-    return false;
-  }
-  void wait() override {
-    check_cuda(cudaEventSynchronize(event_), "cudaEventSynchronize", comm_name_);
-  }
+  NcclWork(NcclCommunicator& comm, cudaEvent_t done) : comm_(comm), done_(done) {}
+  ~NcclWork() override;
+  bool test() override;
+  void wait() override;
+  bool keep_ticket(const TraceTicket& ticket) override;
 
  private:
-  cudaEvent_t event_ = nullptr;
-  ncclComm_t comm_;
-  const std::string& comm_name_;  // the communicator outlives its operations
+  NcclCommunicator& comm_;  // the communicator outlives its operations
+  cudaEvent_t done_;        // null once handed to the communicator's watch list
 };
 
 class NcclCommunicator final : public Communicator {
@@ -99,29 +91,77 @@ class NcclCommunicator final : public Communicator {
           "communicator '{}': the NCCL backend needs a CUDA device and rank {} sees none; "
           "use the MPI backend on this machine",
           this->name(), rank_);
-    MPI_Comm_dup(comm, &mpi_comm_);
+    set_host_companion(make_mpi_communicator(comm, this->name()));
     // Rank 0's failure to make an id must reach every rank, not leave them in MPI_Bcast.
+    MPI_Comm bootstrap_comm = MPI_COMM_NULL;
+    MPI_Comm_dup(comm, &bootstrap_comm);
     struct {
       int ok;
       ncclUniqueId id;
     } bootstrap{};
     if (rank_ == 0) bootstrap.ok = ncclGetUniqueId(&bootstrap.id) == ncclSuccess;
-    MPI_Bcast(&bootstrap, sizeof(bootstrap), MPI_BYTE, 0, mpi_comm_);
+    MPI_Bcast(&bootstrap, sizeof(bootstrap), MPI_BYTE, 0, bootstrap_comm);
+    MPI_Comm_free(&bootstrap_comm);
     if (!bootstrap.ok)
       fail_with_trace(
           fmt::format("communicator '{}': ncclGetUniqueId failed on rank 0", this->name()));
-    const ncclUniqueId& id = bootstrap.id;
-    check_nccl(ncclCommInitRank(&comm_, size_, id, rank_), "ncclCommInitRank", this->name());
-    check_cuda(cudaStreamCreate(&stream_), "cudaStreamCreate", this->name());
+    check_nccl(ncclCommInitRank(&comm_, size_, bootstrap.id, rank_), "ncclCommInitRank",
+               this->name());
+    // Non-blocking: the stream is ordered with the compute stream by our events only.
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+               "cudaStreamCreateWithFlags", this->name());
+    check_cuda(cudaEventCreateWithFlags(&compute_ready_, cudaEventDisableTiming), "cudaEventCreate",
+               this->name());
   }
   ~NcclCommunicator() override {
+    // Nothing may throw here: finish what was issued, then stamp and free what is watched.
     if (stream_) cudaStreamSynchronize(stream_);
+    for (auto& [event, ticket] : watched_) {
+      if (cudaEventQuery(event) == cudaSuccess) trace_leave(ticket);
+      cudaEventDestroy(event);
+    }
+    for (cudaEvent_t event : spare_events_) cudaEventDestroy(event);
+    if (compute_ready_) cudaEventDestroy(compute_ready_);
     if (comm_) ncclCommDestroy(comm_);
     if (stream_) cudaStreamDestroy(stream_);
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Comm_free(&mpi_comm_);
   }
+
+  // Stamps the leave time of every watched operation the device has finished, and throws
+  // NCCL's asynchronous error, if any, while one is still running.
+  void poll() {
+    bool pending = false;
+    for (auto it = watched_.begin(); it != watched_.end();) {
+      if (!event_done(it->first)) {
+        pending = true;
+        ++it;
+        continue;
+      }
+      trace_leave(it->second);
+      release_event(it->first);
+      it = watched_.erase(it);
+    }
+    if (pending) check_async_error();
+  }
+
+  // Queried from NcclWork::test(): done, or not yet (and then no asynchronous error).
+  bool event_done(cudaEvent_t event) {
+    const cudaError_t rc = cudaEventQuery(event);
+    if (rc == cudaSuccess) return true;
+    if (rc != cudaErrorNotReady) check_cuda(rc, "cudaEventQuery", name());
+    return false;
+  }
+  void check_async_error() {
+    ncclResult_t async_error = ncclSuccess;
+    check_nccl(ncclCommGetAsyncError(comm_, &async_error), "ncclCommGetAsyncError", name());
+    check_nccl(async_error, "a pending operation", name());
+  }
+  // Later work on the compute stream waits for `done`; the host does not.
+  void order_compute_after(cudaEvent_t done) {
+    check_cuda(cudaStreamWaitEvent(cudaStreamLegacy, done, 0), "cudaStreamWaitEvent", name());
+    poll();
+  }
+  void watch(cudaEvent_t done, const TraceTicket& ticket) { watched_.emplace_back(done, ticket); }
+  void release_event(cudaEvent_t event) noexcept { spare_events_.push_back(event); }
 
  protected:
   void check_dtype(DType dtype, bool reduction) const override {
@@ -129,7 +169,22 @@ class NcclCommunicator final : public Communicator {
       fail("communicator '{}': the NCCL backend cannot reduce u16 tensors", name());
   }
 
+  // A tensor's device must be where its memory is: a host view of device memory would
+  // reach MPI (a crash), a device view of host memory NCCL (a fault).
+  void check_memory(const Tensor& t, const char* op, const char* what) const override {
+    if (t.numel() == 0) return;
+    cudaPointerAttributes attributes{};
+    check_cuda(cudaPointerGetAttributes(&attributes, t.data), "cudaPointerGetAttributes", name());
+    const bool on_device = attributes.type == cudaMemoryTypeDevice;
+    const bool device_usable = on_device || attributes.type == cudaMemoryTypeManaged;
+    PENTAD_CHECK(t.device == Device::CPU ? !on_device : device_usable,
+                 "communicator '{}' {}: {} is labelled {} but its memory is {} memory (build "
+                 "the view with the device of the memory it points at)",
+                 name(), op, what, device_name(t.device), on_device ? "device" : "host");
+  }
+
   std::unique_ptr<WorkImpl> post_all_reduce(Tensor buf, ReduceOp op) override {
+    after_compute();
     check_nccl(ncclAllReduce(buf.data, buf.data, size_t(buf.numel()), nccl_type(buf.dtype),
                              nccl_op(op), comm_, stream_),
                "ncclAllReduce", name());
@@ -138,6 +193,7 @@ class NcclCommunicator final : public Communicator {
 
   std::unique_ptr<WorkImpl> post_reduce_scatter(Tensor out, const Tensor& in,
                                                 ReduceOp op) override {
+    after_compute();
     check_nccl(ncclReduceScatter(in.data, out.data, size_t(out.numel()), nccl_type(in.dtype),
                                  nccl_op(op), comm_, stream_),
                "ncclReduceScatter", name());
@@ -145,6 +201,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   std::unique_ptr<WorkImpl> post_all_gather(Tensor out, const Tensor& in) override {
+    after_compute();
     check_nccl(ncclAllGather(in.data, out.data, nccl_count(in.dtype, in.numel()),
                              nccl_type(in.dtype), comm_, stream_),
                "ncclAllGather", name());
@@ -163,6 +220,7 @@ class NcclCommunicator final : public Communicator {
     auto* send_base = static_cast<const char*>(in.data);
     auto* recv_base = static_cast<char*>(out.data);
     int64_t send_offset = 0, recv_offset = 0;
+    after_compute();
     check_nccl(ncclGroupStart(), "ncclGroupStart", name());
     for (int p = 0; p < size(); ++p) {
       const int64_t send_n = send_counts[size_t(p)], recv_n = recv_counts[size_t(p)];
@@ -182,6 +240,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   std::unique_ptr<WorkImpl> post_broadcast(Tensor buf, int root) override {
+    after_compute();
     check_nccl(ncclBroadcast(buf.data, buf.data, nccl_count(buf.dtype, buf.numel()),
                              nccl_type(buf.dtype), root, comm_, stream_),
                "ncclBroadcast", name());
@@ -189,6 +248,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   std::vector<std::unique_ptr<WorkImpl>> post_p2p(const std::vector<P2POp>& ops) override {
+    after_compute();
     check_nccl(ncclGroupStart(), "ncclGroupStart", name());
     for (const P2POp& op : ops) {
       const size_t count = nccl_count(op.buf.dtype, op.buf.numel());
@@ -207,21 +267,74 @@ class NcclCommunicator final : public Communicator {
   }
 
   std::unique_ptr<WorkImpl> post_barrier() override {
-    // Device work issued so far finishes first, then the hosts meet.
-    check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", name());
-    MPI_Barrier(mpi_comm_);
-    return make_work();
+    // Every operation of this communicator finishes on the device (polled, so that an
+    // asynchronous NCCL error is thrown rather than waited on forever), then every kernel
+    // and copy on the compute stream; then the hosts meet over MPI.
+    poll();
+    for (;;) {
+      const cudaError_t rc = cudaStreamQuery(stream_);
+      if (rc == cudaSuccess) break;
+      if (rc != cudaErrorNotReady) check_cuda(rc, "cudaStreamQuery", name());
+      check_async_error();
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    check_cuda(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize", name());
+    poll();
+    return post_host_barrier();
   }
 
  private:
-  std::unique_ptr<WorkImpl> make_work() {
-    return std::make_unique<NcclWork>(stream_, comm_, name());
+  // The next operation sees every kernel and copy issued so far on the compute stream.
+  // One event serves every operation: a stream wait captures the event's latest record.
+  void after_compute() {
+    poll();
+    check_cuda(cudaEventRecord(compute_ready_, cudaStreamLegacy), "cudaEventRecord", name());
+    check_cuda(cudaStreamWaitEvent(stream_, compute_ready_, 0), "cudaStreamWaitEvent", name());
   }
 
-  MPI_Comm mpi_comm_ = MPI_COMM_NULL;
+  // The completion event of the operation just enqueued.
+  std::unique_ptr<WorkImpl> make_work() {
+    cudaEvent_t done = nullptr;
+    if (!spare_events_.empty()) {
+      done = spare_events_.back();
+      spare_events_.pop_back();
+    } else {
+      check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate",
+                 name());
+    }
+    auto work = std::make_unique<NcclWork>(*this, done);
+    check_cuda(cudaEventRecord(done, stream_), "cudaEventRecord", name());
+    return work;
+  }
+
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t compute_ready_ = nullptr;
+  // Operations waited for on the device but not yet seen done by the host, in wait order.
+  std::deque<std::pair<cudaEvent_t, TraceTicket>> watched_;
+  std::vector<cudaEvent_t> spare_events_;  // completion events for reuse
 };
+
+NcclWork::~NcclWork() {
+  if (done_) comm_.release_event(done_);
+}
+
+bool NcclWork::test() {
+  if (comm_.event_done(done_)) return true;
+  comm_.check_async_error();
+  return false;
+}
+
+void NcclWork::wait() {
+  comm_.order_compute_after(done_);
+}
+
+bool NcclWork::keep_ticket(const TraceTicket& ticket) {
+  if (comm_.event_done(done_)) return false;  // already done: the leave time is now
+  comm_.watch(done_, ticket);
+  done_ = nullptr;
+  return true;
+}
 
 }  // namespace
 

@@ -5,7 +5,9 @@
 // events, allocated once; no allocation per event). `enter_ns` is taken before any
 // injected delay and before the operation is posted; `leave_ns` is filled in when the
 // operation is first observed complete by Work::test() or Work::wait() (0 while
-// pending). Times are steady_clock nanoseconds since the process started.
+// pending); NCCL operations, whose wait() does not block the host, are stamped when the
+// host first sees their completion event (parallel/comm.h), so their span is an upper
+// bound. Times are steady_clock nanoseconds since the process started.
 //
 // Fault detection (a hung collective: the newest event with leave_ns == 0 and the
 // sequence numbers of the other ranks), tracing and the planner's bandwidth

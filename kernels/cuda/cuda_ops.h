@@ -8,8 +8,10 @@
 // losses, row_max, stats), parameter gradients (dweight, dbias, dwte, dwpe) and the AdamW
 // tensors are F32. Every kernel accumulates in F32 (sum_squares in F64).
 //
-// Stream rule: every kernel and cuBLASLt call runs on the legacy default stream, in issue
-// order, so it is ordered with the NCCL communicators' blocking streams and with cudaMemcpy.
+// Stream rule: every kernel and cuBLASLt call runs on the legacy default stream (the
+// compute stream), in issue order, so it is ordered with cudaMemcpy. NCCL runs on each
+// communicator's own non-blocking stream, ordered against this one with events
+// (parallel/comm.h); checkpoint copies run on AsyncCopier's stream (core/device_memory.h).
 // One host thread drives a device (the scratch buffer below assumes it).
 //
 // Determinism: every kernel is bitwise deterministic for a fixed shape (no floating-point
