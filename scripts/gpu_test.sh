@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
-# The GPU suite, for machines with a CUDA device: builds (scripts/build.sh), then runs every
-# CUDA kernel against the CPU reference (the ctest label "gpu": tests/cuda/). Fails when a
-# test fails, and also when the tests were skipped (no CUDA device seen) or none ran, so a
+# The GPU suite, for machines with a CUDA device: builds (scripts/build.sh), then runs the
+# ctest label "gpu" (tests/cuda/): every CUDA kernel against the CPU reference, and whole
+# training steps through the Trainer on the GPU (fp32 and bf16) against the CPU. Fails when
+# a test fails, and also when the tests were skipped (no CUDA device seen) or none ran, so a
 # success means they passed on a GPU.
+#   bash scripts/gpu_test.sh [LOG]     (LOG: keep ctest's whole output there, e.g. in $OUT)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
 if command -v nvidia-smi >/dev/null; then nvidia-smi -L || true; fi
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo "${PENTAD_COMMIT:-unknown}")
+echo "gpu_test: commit $commit"
 
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+if [[ $# -ge 1 ]]; then
+  log=$1
+  mkdir -p "$(dirname "$log")"
+else
+  log=$(mktemp)
+  trap 'rm -f "$log"' EXIT
+fi
 jobs=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
 status=0
 # Each test process also runs the CPU reference: two OpenMP threads each.
