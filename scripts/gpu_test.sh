@@ -5,6 +5,8 @@
 # a test fails, and also when the tests were skipped (no CUDA device seen) or none ran, so a
 # success means they passed on a GPU.
 #   bash scripts/gpu_test.sh [LOG]     (LOG: keep ctest's whole output there, e.g. in $OUT)
+# On a GPU machine without pentad's Debian packages (the device tool's), use the bundle
+# instead: scripts/gpu_bundle.sh here, then scripts/gpu_run.sh there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
