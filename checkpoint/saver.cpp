@@ -22,6 +22,9 @@ constexpr size_t kAlignFloats = kPageBytes / sizeof(float);
 // Copy granularity: a piece is checksummed right after its copy, while it sits in L2,
 // and the optimizer may follow the copy piece by piece.
 constexpr size_t kPieceFloats = (size_t{256} << 10) / sizeof(float);
+// From a device, pieces are larger: each costs a stream round trip (launch, synchronize),
+// and the optimizer's chunks (AdamW::kChunkElements) are this size anyway.
+constexpr size_t kDevicePieceFloats = (size_t{4} << 20) / sizeof(float);
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -44,6 +47,7 @@ size_t numel_of(const LiveTensor& t) {
 
 AsyncSaver::~AsyncSaver() {
   if (thread_.joinable()) thread_.join();
+  if (staging_pinned_) host_unpin(staging_.get());
 }
 
 void AsyncSaver::begin(std::vector<std::string> files, std::vector<LiveTensor> tensors,
@@ -59,12 +63,18 @@ void AsyncSaver::begin(std::vector<std::string> files, std::vector<LiveTensor> t
     floats += (numel_of(t) + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
   }
   copied_floats_.store(0);
+  copy_ok_ = false;
   copied_ = false;
   file_done_ = false;
   error_.clear();
   busy_ = true;
   background_ = asynchronous;
   has_snapshot_ = true;
+  // The device copies queue behind the kernels issued so far, the optimizer step that
+  // made this state among them.
+  if (std::any_of(tensors_.begin(), tensors_.end(),
+                  [](const LiveTensor& t) { return t.device != Device::CPU; }))
+    copier_.begin_after_compute();
   if (asynchronous) {
     thread_ = std::thread([this] { run(); });
   } else {
@@ -82,6 +92,8 @@ void AsyncSaver::copy() {
                             : staged_at_.back() + (numel_of(tensors_.back()) + kAlignFloats - 1) /
                                                       kAlignFloats * kAlignFloats;
   if (floats > staging_capacity_) {
+    if (staging_pinned_) host_unpin(staging_.get());
+    staging_pinned_ = false;
     staging_.reset();
     staging_capacity_ = 0;
     staging_.reset(static_cast<float*>(std::aligned_alloc(kPageBytes, floats * sizeof(float))));
@@ -89,22 +101,57 @@ void AsyncSaver::copy() {
       fail("cannot allocate {} of host staging memory", format_bytes(floats * sizeof(float)));
     staging_capacity_ = floats;
   }
+  const bool from_device = std::any_of(tensors_.begin(), tensors_.end(),
+                                       [](const LiveTensor& t) { return t.device != Device::CPU; });
+  if (from_device && !staging_pinned_) {  // once: the pinned buffer is kept across snapshots
+    host_pin(staging_.get(), staging_capacity_ * sizeof(float));
+    staging_pinned_ = true;
+  }
   checksums_.assign(tensors_.size(), 0);
   Xxh3Stream hash;
   static_assert(kWrittenChecksum == ChecksumKind::Xxh3_64, "the copy computes xxh3-64");
   for (size_t i = 0; i < tensors_.size(); ++i) {
-    const size_t n = numel_of(tensors_[i]);
-    float* staged = staging_.get() + staged_at_[i];
     hash.reset();
-    for (size_t at = 0; at < n; at += kPieceFloats) {
-      const size_t count = std::min(kPieceFloats, n - at);
-      std::memcpy(staged + at, tensors_[i].live + at, count * sizeof(float));
-      hash.update(staged + at, count * sizeof(float));
-      copied_floats_.store(staged_at_[i] + at + count, std::memory_order_release);
-      copied_floats_.notify_all();
+    if (tensors_[i].device != Device::CPU) {
+      copy_from_device(i, hash);
+    } else {
+      const size_t n = numel_of(tensors_[i]);
+      float* staged = staging_.get() + staged_at_[i];
+      for (size_t at = 0; at < n; at += kPieceFloats) {
+        const size_t count = std::min(kPieceFloats, n - at);
+        std::memcpy(staged + at, tensors_[i].live + at, count * sizeof(float));
+        hash.update(staged + at, count * sizeof(float));
+        publish(staged_at_[i] + at + count);
+      }
     }
     checksums_[i] = hash.digest();
   }
+}
+
+void AsyncSaver::copy_from_device(size_t i, Xxh3Stream& hash) {
+  // One piece in flight ahead of the checksum: piece k+1 crosses the bus while piece k is
+  // hashed. A piece is published only once synchronize() says it is in staging; then the
+  // optimizer may overwrite its live memory.
+  const LiveTensor& t = tensors_[i];
+  const size_t n = numel_of(t);
+  float* staged = staging_.get() + staged_at_[i];
+  auto queue = [&](size_t at) {
+    const size_t count = std::min(kDevicePieceFloats, n - at);
+    copier_.copy(staged + at, Device::CPU, t.live + at, t.device, count * sizeof(float));
+  };
+  if (n > 0) queue(0);
+  for (size_t at = 0; at < n; at += kDevicePieceFloats) {
+    const size_t count = std::min(kDevicePieceFloats, n - at);
+    copier_.synchronize();  // piece `at`, the only one queued, is in staging
+    publish(staged_at_[i] + at + count);
+    if (at + count < n) queue(at + count);
+    hash.update(staged + at, count * sizeof(float));
+  }
+}
+
+void AsyncSaver::publish(size_t staged_floats) {
+  copied_floats_.store(staged_floats, std::memory_order_release);
+  copied_floats_.notify_all();
 }
 
 void AsyncSaver::run() {
@@ -112,6 +159,7 @@ void AsyncSaver::run() {
   double cpu = thread_cpu_seconds();
   try {
     copy();
+    copy_ok_ = true;
   } catch (const std::exception& e) {
     error_ = e.what();
   }
@@ -187,11 +235,12 @@ void AsyncSaver::wait_for_file() {
 bool AsyncSaver::restore() {
   if (!has_snapshot_) return false;
   wait_for_copy();
-  // A failed copy (no staging memory) leaves no snapshot; a failed write leaves it whole.
-  if (!staging_ && !tensors_.empty()) return false;
+  // A failed copy (no staging memory, a device error) leaves no snapshot; a failed write
+  // leaves it whole.
+  if (!copy_ok_) return false;
   for (size_t i = 0; i < tensors_.size(); ++i)
-    std::memcpy(tensors_[i].live, staging_.get() + staged_at_[i],
-                numel_of(tensors_[i]) * sizeof(float));
+    copy_bytes(tensors_[i].live, tensors_[i].device, staging_.get() + staged_at_[i], Device::CPU,
+               numel_of(tensors_[i]) * sizeof(float));
   return true;
 }
 

@@ -10,6 +10,13 @@
 // Committing (every rank done, manifest, atomic rename) is collective and happens on the
 // training thread: see Trainer.
 //
+// Device state (LiveTensor::device CUDA): begin(), on the thread that issues the kernels,
+// orders a private copy stream after every kernel issued so far (the optimizer step that
+// made the state); the background thread then copies device -> page-locked staging in
+// pieces on that stream and publishes a piece only after the stream has finished it, so
+// the optimizer, which waits on the host before issuing each chunk's update, never
+// overwrites what the copy has yet to read. Checksums and the write use the host copy.
+//
 // The staging buffer keeps the newest snapshot in host memory until the next save:
 // restore() copies it back into the live state, for a restart inside the job.
 #include <atomic>
@@ -21,12 +28,16 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "core/device_memory.h"
 
 namespace pentad::ckpt {
+
+class Xxh3Stream;
 
 struct LiveTensor {
   ShardInfo info;         // global identity of the shard this rank holds
   float* live = nullptr;  // the training state: read by the copy, written only by restore()
+  Device device = Device::CPU;  // where `live` is
 };
 
 class AsyncSaver {
@@ -39,7 +50,8 @@ class AsyncSaver {
   // Starts a snapshot of `tensors` (empty on ranks that write nothing) into each of
   // `files` in turn: the local checkpoint first, then any further level (a shared store).
   // The copy goes in the order of `tensors`. asynchronous = false copies and writes
-  // before returning (the synchronous peer).
+  // before returning (the synchronous peer). Call it on the thread that issues the
+  // kernels when any tensor is device memory.
   void begin(std::vector<std::string> files, std::vector<LiveTensor> tensors, bool asynchronous);
   // Blocks until the snapshot holds its copy of every live element in [begin, end) (at
   // once for memory it does not hold): call before overwriting that range.
@@ -55,7 +67,8 @@ class AsyncSaver {
   bool pending() const { return busy_; }
 
   // Copies the newest snapshot back into the live memory it was taken from (after its
-  // copy completes; its file may still be in flight). False when there is none.
+  // copy completes; its file may still be in flight), device memory included (ordered
+  // with the kernels of the calling thread). False when there is none.
   bool restore();
 
   // Seconds the training thread spent blocked in begin(), wait_for_copy() and
@@ -72,6 +85,8 @@ class AsyncSaver {
  private:
   void run();  // the background thread: copy, then write
   void copy();
+  void copy_from_device(size_t i, Xxh3Stream& hash);  // tensor i, in pieces
+  void publish(size_t staged_floats);  // the copy holds staging_[0, staged_floats)
 
   struct Free {
     void operator()(float* p) const { std::free(p); }
@@ -83,10 +98,13 @@ class AsyncSaver {
   std::vector<uint64_t> checksums_;         // each tensor's, computed during the copy
   std::unique_ptr<float[], Free> staging_;  // page-aligned (direct I/O), uninitialised
   size_t staging_capacity_ = 0;             // floats
+  bool staging_pinned_ = false;             // page-locked for device copies (host_pin)
+  AsyncCopier copier_;                      // device -> staging
   std::thread thread_;
   bool busy_ = false;
   bool background_ = false;    // run() is on its own thread
   bool has_snapshot_ = false;  // a copy of the newest snapshot is (being) staged
+  bool copy_ok_ = false;       // ... and its copy completed (read after copied_)
   // Floats of staging_ copied so far, in staging order (gaps between tensors included).
   std::atomic<size_t> copied_floats_{0};
   std::atomic<bool> copied_{false}, file_done_{false};

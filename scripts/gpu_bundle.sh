@@ -32,7 +32,7 @@ grep -q "pentad: CUDA backend ON" "$build.configure.log" ||
   { echo "gpu_bundle: CMake did not enable the CUDA backend" >&2; exit 1; }
 grep -q "pentad: NCCL backend ON" "$build.configure.log" ||
   { echo "gpu_bundle: CMake found no NCCL: nccl_comm_test would be missing" >&2; exit 1; }
-targets=(pentad pentad_gpu_kernels_bench cuda_kernels_test cuda_train_test nccl_comm_test)
+targets=(pentad pentad_gpu_kernels_bench cuda_kernels_test cuda_train_test nccl_comm_test device_checkpoint_test)
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
 
 stage=$(mktemp -d /tmp/pentad-gpu-bundle.XXXXXX)
@@ -47,7 +47,7 @@ mkdir -p "$root/bin" "$root/lib" "$root/build" "$ompi_plugins" "$root/ompi/share
 
 # ---- binaries ----
 for t in pentad pentad_gpu_kernels_bench; do cp "$build/$t" "$root/bin/"; done
-for t in cuda_kernels_test cuda_train_test nccl_comm_test; do cp "$build/tests/cuda/$t" "$root/bin/"; done
+for t in cuda_kernels_test cuda_train_test nccl_comm_test device_checkpoint_test; do cp "$build/tests/cuda/$t" "$root/bin/"; done
 strip --strip-unneeded "$root"/bin/*
 
 # ---- shared libraries ----
@@ -120,7 +120,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export HWLOC_PLUGINS_PATH=$PENTAD_GPU_ROOT/hwloc-plugins
 unset cuda_libs fallback
 EOF
-for t in pentad pentad_gpu_kernels_bench cuda_kernels_test cuda_train_test nccl_comm_test; do
+for t in pentad pentad_gpu_kernels_bench cuda_kernels_test cuda_train_test nccl_comm_test device_checkpoint_test; do
   cat >"$root/build/$t" <<EOF
 #!/bin/sh
 # Runs the bundled $t with the bundle's libraries (scripts/gpu_bundle.sh).

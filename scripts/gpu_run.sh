@@ -3,8 +3,8 @@
 # network), from the bundle that scripts/gpu_bundle.sh wrote into .gpu/ on the development
 # machine. With the device tool: run(carry [".gpu"], command "bash scripts/gpu_run.sh $OUT").
 #   bash scripts/gpu_run.sh OUT_DIR [test|bench|all]
-#     test (default): the GPU suite. Runs cuda_kernels_test, cuda_train_test and
-#       nccl_comm_test (a one-rank MPI singleton) side by side, each writing
+#     test (default): the GPU suite. Runs cuda_kernels_test, cuda_train_test,
+#       nccl_comm_test (a one-rank MPI singleton) and device_checkpoint_test side by side, each writing
 #       OUT_DIR/gpu_tests/NAME.log and NAME.xml. Fails when a program failed, ran no test, or
 #       skipped any (no CUDA device seen), so a success means they passed on a GPU.
 #     bench: scripts/gpu_bench.sh on the bundle's binaries (OUT_DIR/gpu_bench.json and
@@ -96,7 +96,7 @@ $problems"
 
 # ---- the GPU suite ----
 run_tests() {
-  local dir=$out/gpu_tests names=(cuda_kernels_test cuda_train_test nccl_comm_test) n pids=()
+  local dir=$out/gpu_tests names=(cuda_kernels_test cuda_train_test nccl_comm_test device_checkpoint_test) n pids=()
   local limit=$((deadline - SECONDS - 20)) status=0 rc passed skipped failed
   mkdir -p "$dir"
   ((limit > 60)) || { echo "gpu_run: no time left for the GPU suite" >&2; return 1; }

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include "core/device_memory.h"
 #include "train/recipe.h"
 #include "train/trainer.h"
 
@@ -43,14 +44,14 @@ void Trainer::save(int64_t steps_done) {
       for (const StateBuffer& kind : state_buffers(true)) {
         ckpt::ShardInfo info{kind.prefix + spec.name, spec.global_shape, spec.shard_dim,
                              spec.shard_start, spec.local_shape, 0};
-        tensors.push_back({info, p.view(kind.base, id).f32()});
+        tensors.push_back({info, p.view(kind.base, id, p.device()).f32(), p.device()});
       }
     }
   }
   std::vector<std::string> files;
   for (const std::string& root : checkpoint_roots())
     files.push_back(ckpt::partial_dir(root, steps_done) + "/" + ckpt::rank_file_name(world_rank_));
-  saver_.begin(files, std::move(tensors), cfg_.train.async_save);
+  saver_.begin(files, std::move(tensors), cfg_.train.async_save);  // after the step's kernels
   pending_save_ = steps_done;
   ++saves_;
   pending_optimizer_steps_ = optimizer_->steps_taken();
@@ -75,24 +76,27 @@ int64_t Trainer::restore_snapshot() {
     spdlog::warn("the snapshot of step {} is not in memory (its copy failed)", snapshot_step_);
     return -1;
   }
-  const ParamStore& p = model_->params();
+  ParamStore& p = model_->params();
+  const Device device = p.device();
   // Data-parallel replicas take it from the first, which staged it ...
   if (dp_size_ > 1)
     for (const StateBuffer& b : state_buffers(true))
-      mesh_->group(parallel::Axis::DP).broadcast(view_of(b.base, Shape{p.numel()}), 0);
+      mesh_->group(parallel::Axis::DP)
+          .broadcast(view_of(b.base, Shape{p.numel()}, DType::F32, device), 0);
   // ... and tensor-parallel ranks their replicated parameters from tp rank 0.
   if (model_->tp().degree() > 1)
     for (const StateBuffer& b : state_buffers(true))
       for (int id = 0; id < static_cast<int>(p.specs().size()); ++id)
         if (p.spec(id).shard_dim < 0)
-          mesh_->group(parallel::Axis::TP).broadcast(p.view(b.base, id), 0);
+          mesh_->group(parallel::Axis::TP).broadcast(p.view(b.base, id, device), 0);
   // ... and the last pipeline stage its copy of the tied embedding from the first stage
   // (group rank 0), which staged the original.
   if (parallel::Communicator* ends = mesh_ ? mesh_->embedding_group() : nullptr)
     if (cfg_.model.tie_embeddings) {
       const int id = model_->embedding_copy() >= 0 ? model_->embedding_copy() : model_->embedding();
-      for (const StateBuffer& b : state_buffers(true)) ends->broadcast(p.view(b.base, id), 0);
+      for (const StateBuffer& b : state_buffers(true)) ends->broadcast(p.view(b.base, id, device), 0);
     }
+  p.refresh_weights();  // the compute copy (bf16) follows the restored master values
   optimizer_->set_steps_taken(snapshot_optimizer_steps_);
   start_step_ = snapshot_step_;
   spdlog::info("restored the step {} snapshot from host memory", snapshot_step_);
@@ -139,7 +143,7 @@ bool Trainer::load(const std::string& dir) {
     ckpt::Reader reader(dir);
     step = reader.manifest().step;
     optimizer_steps = reader.manifest().optimizer_steps;
-    const ParamStore& p = model_->params();
+    ParamStore& p = model_->params();
     // A checkpoint imported from elsewhere may carry parameters only: the optimizer then
     // starts fresh.
     const bool with_optimizer = reader.has("adam_m/" + p.spec(0).name);
@@ -147,12 +151,18 @@ bool Trainer::load(const std::string& dir) {
       optimizer_->reset();
       optimizer_steps = 0;
     }
+    std::vector<float> host;  // device state is read into host memory, then copied over
     for (const StateBuffer& kind : state_buffers(with_optimizer))
       for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
         const ParamSpec& spec = p.spec(id);
+        const Tensor dst = p.view(kind.base, id, p.device());
+        if (dst.device != Device::CPU) host.resize(static_cast<size_t>(dst.numel()));
+        float* out = dst.device == Device::CPU ? dst.f32() : host.data();
         reader.read(kind.prefix + spec.name, spec.global_shape, spec.shard_dim, spec.shard_start,
-                    spec.local_shape, p.view(kind.base, id).f32());
+                    spec.local_shape, out);
+        if (dst.device != Device::CPU) copy_bytes(dst.data, dst.device, out, Device::CPU, dst.bytes());
       }
+    p.refresh_weights();
   } catch (const Error& e) {
     error = e.what();
   }
