@@ -67,9 +67,16 @@ void write_rank_file(const std::string& path, const std::vector<ShardData>& shar
 
 // Rank 0, once every rank's file and sidecar exist in partial_dir(root, base.step): merges
 // the sidecars into manifest.json (with base's step, layout, recipe), fsyncs, renames the
-// directory to checkpoint_dir(root, step) and fsyncs root. Then deletes all but the newest
-// keep_last committed checkpoints (keep_last <= 0 keeps all) and stale .partial dirs.
-void commit(const std::string& root, const Manifest& base, int keep_last);
+// directory to checkpoint_dir(root, step) and fsyncs root. Then retires all but the newest
+// keep_last committed checkpoints (keep_last <= 0 keeps all), a replaced copy of this step
+// and stale .partial dirs: renames each to <name>.deleting, where no listing or resume sees
+// it, and returns those paths, with any .deleting left by an earlier run. Deleting them is
+// the caller's (remove_dirs): freeing a multi-GiB file can take most of a second (on a
+// file system mounted with discard), which the trainer keeps off its training thread.
+[[nodiscard]] std::vector<std::string> commit(const std::string& root, const Manifest& base,
+                                              int keep_last);
+// Deletes directories (what commit() retired); errors cost disk space only and are ignored.
+void remove_dirs(const std::vector<std::string>& dirs);
 
 // Committed checkpoints under root, newest first (directories with a manifest.json).
 std::vector<std::string> committed_checkpoints(const std::string& root);

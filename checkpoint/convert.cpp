@@ -442,7 +442,7 @@ std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_r
   Manifest base;
   base.step = step;
   base.recipe_toml = recipe;
-  commit(checkpoint_root, base, 0);
+  remove_dirs(commit(checkpoint_root, base, 0));
   return fmt::format(
       "imported {} tensors ({} parameters) from {} safetensors file(s) in {} into {} "
       "(ignored {} buffers)",

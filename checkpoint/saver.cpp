@@ -47,6 +47,7 @@ size_t numel_of(const LiveTensor& t) {
 
 AsyncSaver::~AsyncSaver() {
   if (thread_.joinable()) thread_.join();
+  if (remover_.joinable()) remover_.join();
   if (staging_pinned_) host_unpin(staging_.get());
 }
 
@@ -99,6 +100,7 @@ void AsyncSaver::copy() {
     staging_.reset(static_cast<float*>(std::aligned_alloc(kPageBytes, floats * sizeof(float))));
     if (!staging_)
       fail("cannot allocate {} of host staging memory", format_bytes(floats * sizeof(float)));
+    poison_host(staging_.get(), floats * sizeof(float));
     staging_capacity_ = floats;
   }
   const bool from_device = std::any_of(tensors_.begin(), tensors_.end(),
@@ -230,6 +232,23 @@ void AsyncSaver::wait_for_file() {
   blocked_seconds_ += seconds_since(start);
   busy_ = false;
   if (!error_.empty()) fail("checkpoint write failed: {}", error_);
+}
+
+void AsyncSaver::remove_later(std::vector<std::string> dirs) {
+  wait_for_removal();
+  if (dirs.empty()) return;
+  remover_ = std::thread([dirs = std::move(dirs)] {
+    // Mostly waiting on the disk; below the training threads for what CPU it takes.
+    setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
+    remove_dirs(dirs);
+  });
+}
+
+void AsyncSaver::wait_for_removal() {
+  if (!remover_.joinable()) return;
+  const auto start = std::chrono::steady_clock::now();
+  remover_.join();
+  blocked_seconds_ += seconds_since(start);
 }
 
 bool AsyncSaver::restore() {

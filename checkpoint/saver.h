@@ -71,8 +71,15 @@ class AsyncSaver {
   // with the kernels of the calling thread). False when there is none.
   bool restore();
 
-  // Seconds the training thread spent blocked in begin(), wait_for_copy() and
-  // wait_for_file(), in total.
+  // Deletes directories (what ckpt::commit retired) on a background thread, so that the
+  // training thread never waits for the file system to free them (most of a second for a
+  // GiB-sized file where it discards freed blocks). One batch at a time: a new batch first
+  // waits for the previous one, and so does wait_for_removal() and the destructor.
+  void remove_later(std::vector<std::string> dirs);
+  void wait_for_removal();
+
+  // Seconds the training thread spent blocked in begin(), wait_for_copy(),
+  // wait_for_file(), remove_later() and wait_for_removal(), in total.
   double blocked_seconds() const { return blocked_seconds_; }
 
   // The background thread's last snapshot: seconds spent copying (with checksums) and
@@ -101,6 +108,7 @@ class AsyncSaver {
   bool staging_pinned_ = false;             // page-locked for device copies (host_pin)
   AsyncCopier copier_;                      // device -> staging
   std::thread thread_;
+  std::thread remover_;  // remove_later()'s
   bool busy_ = false;
   bool background_ = false;    // run() is on its own thread
   bool has_snapshot_ = false;  // a copy of the newest snapshot is (being) staged

@@ -95,6 +95,22 @@ std::optional<int64_t> step_of(const std::string& dir_name, const char* suffix) 
   return std::stoll(m[1].str());
 }
 
+// Directories on their way out: renamed (out of every listing) first, deleted afterwards.
+constexpr const char* kRetiredSuffix = ".deleting";
+
+// Renames dir to <dir>.deleting and adds that to `retired`, for deletion later. Where that
+// name is taken (an earlier retirement of the same name not yet deleted) or the rename
+// fails, deletes dir now.
+void retire(const std::string& dir, std::vector<std::string>& retired) {
+  const std::string target = dir + kRetiredSuffix;
+  std::error_code ec;
+  if (!fs::exists(target, ec) && std::rename(dir.c_str(), target.c_str()) == 0) {
+    retired.push_back(target);
+    return;
+  }
+  fs::remove_all(dir, ec);
+}
+
 // Every tensor's shards together must cover it: a commit never makes a checkpoint with
 // holes the latest.
 void check_coverage(const std::string& dir, const std::vector<Manifest::Entry>& entries) {
@@ -171,7 +187,7 @@ void write_rank_file(const std::string& path, const std::vector<ShardData>& shar
   sync_path(dir, true);
 }
 
-void commit(const std::string& root, const Manifest& base, int keep_last) {
+std::vector<std::string> commit(const std::string& root, const Manifest& base, int keep_last) {
   const std::string partial = partial_dir(root, base.step);
   const std::string final_dir = checkpoint_dir(root, base.step);
   if (!fs::is_directory(partial)) fail("{}: no such checkpoint directory to commit", partial);
@@ -201,7 +217,7 @@ void commit(const std::string& root, const Manifest& base, int keep_last) {
   sync_path(partial, true);
 
   // A committed directory for this step exists when a run resumed from an earlier step and
-  // saved this step again: move it aside, move the new one in, then delete the old.
+  // saved this step again: move it aside, move the new one in, then retire the old.
   const std::string replaced = final_dir + ".replaced";
   std::error_code ec;
   fs::remove_all(replaced, ec);
@@ -209,23 +225,36 @@ void commit(const std::string& root, const Manifest& base, int keep_last) {
   if (replacing) rename_or_fail(final_dir, replaced);
   rename_or_fail(partial, final_dir);
   sync_path(root, true);
-  if (replacing) fs::remove_all(replaced, ec);
+  std::vector<std::string> retired;
+  if (replacing) retire(replaced, retired);
 
   // Retention. Errors here cost disk space, not correctness: ignore them.
   if (keep_last > 0) {
     const std::vector<std::string> committed = committed_checkpoints(root);
     for (size_t i = static_cast<size_t>(keep_last); i < committed.size(); ++i)
-      fs::remove_all(committed[i], ec);
+      retire(committed[i], retired);
   }
   std::vector<fs::path> stale;
   for (const fs::directory_entry& d : fs::directory_iterator(root, ec)) {
     const std::string name = d.path().filename().string();
+    if (name.starts_with("step-") && name.ends_with(kRetiredSuffix)) {
+      // Left by a run that stopped before deleting it (or just retired above).
+      if (std::find(retired.begin(), retired.end(), d.path().string()) == retired.end())
+        retired.push_back(d.path().string());
+      continue;
+    }
     for (const char* suffix : {".partial", ".replaced"}) {
       const std::optional<int64_t> step = step_of(name, suffix);
       if (step && *step < base.step) stale.push_back(d.path());
     }
   }
-  for (const fs::path& p : stale) fs::remove_all(p, ec);
+  for (const fs::path& p : stale) retire(p.string(), retired);
+  return retired;
+}
+
+void remove_dirs(const std::vector<std::string>& dirs) {
+  std::error_code ec;
+  for (const std::string& dir : dirs) fs::remove_all(dir, ec);  // errors cost space only
 }
 
 std::vector<std::string> committed_checkpoints(const std::string& root) {

@@ -2,7 +2,10 @@
 // this file is the only place that picks a backend and an element type.
 #include "kernels/ops.h"
 
+#include <cstring>
 #include <initializer_list>
+
+#include "core/device_memory.h"
 
 #include "kernels/cpu/activations.h"
 #include "kernels/cpu/attention.h"
@@ -727,6 +730,14 @@ void add(Tensor out, const Tensor& a, const Tensor& b) {
   }
   dispatch(call.dtype,
            [&]<typename T>(T) { cpu::add<T>(ptr<T>(out), ptr<T>(a), ptr<T>(b), a.numel()); });
+}
+
+void zero(Tensor x) {
+  const Call call = check_args("zero", {{"x", x}});
+  if (call.cuda())
+    device_zero(x.data, x.bytes());
+  else
+    std::memset(x.data, 0, x.bytes());
 }
 
 void scale(Tensor x, float s) {

@@ -117,6 +117,8 @@ void embedding_backward(Tensor dwte, Tensor dwpe, const Tensor& dout, const Tens
 
 // out = a + b (out may alias a or b).
 void add(Tensor out, const Tensor& a, const Tensor& b);
+// x = 0 (every byte). Not scale(x, 0): that keeps a NaN already in x.
+void zero(Tensor x);
 // x *= s
 void scale(Tensor x, float s);
 // sum of squares, accumulated in double.

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <utility>
 
 #include "core/device_memory.h"
@@ -62,10 +63,21 @@ Arena::Arena(std::string name, size_t bytes, Device device)
   if (capacity_ == 0) return;
   if (device == Device::CUDA) {
     base_ = device_alloc(capacity_, "the " + name_ + " arena");  // cudaMalloc: 256-byte aligned
+    if (poison_enabled()) device_fill_ones(base_, capacity_);
     return;
   }
   base_ = std::aligned_alloc(kAlignment, capacity_);
   if (!base_) fail("cannot allocate {} for the {} arena", format_bytes(capacity_), name_);
+  poison_host(base_, capacity_);
+}
+
+void Arena::reset() {
+  used_ = 0;
+  if (!base_ || !poison_enabled()) return;
+  if (device_ == Device::CUDA)
+    device_fill_ones(base_, capacity_);
+  else
+    poison_host(base_, capacity_);
 }
 
 Arena Arena::measuring(std::string name) {
@@ -122,6 +134,18 @@ void Arena::zero() {
     device_zero(base_, capacity_);
   else
     std::memset(base_, 0, capacity_);
+}
+
+bool poison_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("PENTAD_POISON");
+    return v != nullptr && *v != '\0' && std::string_view(v) != "0";
+  }();
+  return enabled;
+}
+
+void poison_host(void* data, size_t bytes) {
+  if (data && poison_enabled()) std::memset(data, 0xff, bytes);
 }
 
 std::string format_bytes(size_t bytes) {

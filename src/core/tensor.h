@@ -89,7 +89,7 @@ class Arena {
   static Arena measuring(std::string name);
 
   Tensor alloc(Shape shape, DType dtype = DType::F32);
-  void reset() { used_ = 0; }
+  void reset();
   void zero();
 
   size_t capacity() const { return capacity_; }
@@ -114,5 +114,13 @@ class Arena {
 };
 
 std::string format_bytes(size_t bytes);  // "12.3 MiB"
+
+// Poison mode (environment PENTAD_POISON=1, read once): every arena and staging buffer is
+// filled with 0xff bytes when it is allocated, and an arena again at reset(). 0xff..ff is
+// NaN in f32, bf16 and f64, so a read before the first write shows up as a NaN loss or
+// gradient even where the value is multiplied by zero, instead of depending on what the
+// heap happened to hold. Costs one pass over each buffer at allocation: tests only.
+bool poison_enabled();
+void poison_host(void* data, size_t bytes);  // no-op unless poison_enabled()
 
 }  // namespace pentad

@@ -416,7 +416,7 @@ void Model::backward_chunk(int c, int slot_index, const Tensor& d_output, bool l
   if (range.last) {
     PENTAD_CHECK(s.have_dlogits, "backward needs a forward with dloss != 0 (chunk {} slot {})", c,
                  slot_index);
-    k::scale(g.resid, 0.0f);  // the norm backward below accumulates into it
+    k::zero(g.resid);  // the norm backward below accumulates into it
     k::linear_backward(g.norm, G(head_), Tensor{}, s.logits, s.normf, P(head_), false);
     tp_.enter_backward(g.norm_local, g.norm);
     const Tensor& last = s.resid.back();

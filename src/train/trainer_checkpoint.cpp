@@ -128,10 +128,14 @@ void Trainer::commit_pending(bool block) {
     m.layout = ckpt::Layout{mesh_ ? mesh_->world_size() : 1, mc ? mc->tp : 1, mc ? mc->dp : 1,
                             mc ? mc->pp : 1, mc ? mc->cp : 1, model_->tp().sequence_parallel()};
     m.recipe_toml = recipe_to_toml(cfg_);
+    saver_.wait_for_removal();  // commit() hands back any *.deleting it finds
+    std::vector<std::string> retired;
     for (const std::string& root : checkpoint_roots()) {
-      ckpt::commit(root, m, static_cast<int>(cfg_.train.keep_last));
+      for (std::string& dir : ckpt::commit(root, m, static_cast<int>(cfg_.train.keep_last)))
+        retired.push_back(std::move(dir));
       spdlog::info("checkpoint: step {} committed to {}", step, ckpt::checkpoint_dir(root, step));
     }
+    saver_.remove_later(std::move(retired));  // off the training thread
   }
   if (mesh_) mesh_->world().barrier();  // nobody resumes from a checkpoint not yet visible
 }

@@ -113,7 +113,7 @@ class CheckpointTest : public ::testing::Test {
     m.optimizer_steps = step + 1;
     m.layout = Layout{6, 3, 2, 1, 1, true};
     m.recipe_toml = "[model]\nd_model = 6\n[train]\nsteps = 10\n";
-    commit(root_, m, keep_last);
+    remove_dirs(commit(root_, m, keep_last));
     return checkpoint_dir(root_, step);
   }
 
@@ -266,6 +266,30 @@ TEST_F(CheckpointTest, ListsNewestFirstAndKeepsTheLastTwo) {
                                       checkpoint_dir(root_, 20), checkpoint_dir(root_, 10)}));
 }
 
+TEST_F(CheckpointTest, CommitRetiresOldDirectoriesForLaterDeletion) {
+  save(5, 1);
+  write_ranks(10);
+  Manifest m;
+  m.step = 10;
+  std::vector<std::string> retired = commit(root_, m, 1);
+  // Step 5 is out of every listing at once, and still on disk until the caller deletes it.
+  EXPECT_EQ(retired, (std::vector<std::string>{checkpoint_dir(root_, 5) + ".deleting"}));
+  EXPECT_EQ(committed_checkpoints(root_), (std::vector<std::string>{checkpoint_dir(root_, 10)}));
+  EXPECT_FALSE(fs::exists(checkpoint_dir(root_, 5)));
+  EXPECT_TRUE(fs::exists(retired[0] + "/manifest.json"));
+  // A retired directory a run left behind (killed before deleting it) is handed back by
+  // the next commit, with what that commit retires.
+  write_ranks(20);
+  m.step = 20;
+  retired = commit(root_, m, 1);
+  std::sort(retired.begin(), retired.end());
+  EXPECT_EQ(retired, (std::vector<std::string>{checkpoint_dir(root_, 5) + ".deleting",
+                                               checkpoint_dir(root_, 10) + ".deleting"}));
+  remove_dirs(retired);
+  for (const std::string& dir : retired) EXPECT_FALSE(fs::exists(dir));
+  EXPECT_EQ(committed_checkpoints(root_), (std::vector<std::string>{checkpoint_dir(root_, 20)}));
+}
+
 TEST_F(CheckpointTest, IgnoresUncommittedDirectories) {
   save(3);
   write_ranks(4);                                    // crashed before commit
@@ -294,7 +318,7 @@ TEST_F(CheckpointTest, CommitRefusesHoles) {
       {ShardData{ShardInfo{"param/a", Shape{8, 6}, 0, 0, Shape{4, 6}, 0}, half.data()}});
   Manifest m;
   m.step = 1;
-  const std::string message = error_of([&] { commit(root_, m, 0); });
+  const std::string message = error_of([&] { remove_dirs(commit(root_, m, 0)); });
   EXPECT_NE(message.find("param/a rows [4, 8) along dim 0"), std::string::npos) << message;
   EXPECT_TRUE(committed_checkpoints(root_).empty());
 }
@@ -428,7 +452,7 @@ TEST_F(CheckpointTest, LargeShardsVerify) {
       {ShardData{ShardInfo{big.name, big.shape, -1, 0, big.shape, 0}, big.data.data()}});
   Manifest m;
   m.step = 1;
-  commit(root_, m, 0);
+  remove_dirs(commit(root_, m, 0));
   Reader r(checkpoint_dir(root_, 1));
   const Shape row = Shape{1, 3'000'001};
   std::vector<float> got(static_cast<size_t>(row.numel()));
@@ -449,7 +473,7 @@ TEST_F(CheckpointTest, ReadsVersion1AndRefusesUnknownChecksums) {
       {ShardData{ShardInfo{big.name, big.shape, -1, 0, big.shape, 0}, big.data.data()}});
   Manifest m;
   m.step = 1;
-  commit(root_, m, 0);
+  remove_dirs(commit(root_, m, 0));
   const std::string dir = checkpoint_dir(root_, 1);
   make_version_1(dir);
   {

@@ -84,7 +84,7 @@ std::string write_checkpoint(const std::string& root, const Config& cfg, const P
   Manifest m;
   m.step = step;
   m.recipe_toml = recipe_to_toml(cfg);
-  commit(root, m, 0);
+  remove_dirs(commit(root, m, 0));
   return checkpoint_dir(root, step);
 }
 

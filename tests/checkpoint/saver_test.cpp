@@ -11,6 +11,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
 
 namespace pentad::ckpt {
@@ -71,7 +72,7 @@ class SaverTest : public ::testing::Test {
   std::vector<std::vector<float>> read_back(const State& like, int64_t step) {
     Manifest m;
     m.step = step;
-    commit(root_, m, 0);
+    remove_dirs(commit(root_, m, 0));
     Reader r(checkpoint_dir(root_, step));
     std::vector<std::vector<float>> out;
     for (size_t i = 0; i < like.tensors.size(); ++i) {
@@ -148,6 +149,22 @@ TEST_F(SaverTest, RestoreBringsBackTheNewestSnapshot) {
   const auto got = read_back(second, 2);
   for (size_t i = 0; i < got.size(); ++i)
     EXPECT_TRUE(same_bits(got[i], second.tensors[i])) << "tensor " << i;
+}
+
+TEST_F(SaverTest, RemovesRetiredDirectoriesInTheBackground) {
+  std::vector<std::string> dirs;
+  for (int i = 0; i < 3; ++i) {
+    dirs.push_back(fmt::format("{}/step-{:08d}.deleting", root_, i));
+    fs::create_directories(dirs.back() + "/sub");
+    std::ofstream(dirs.back() + "/sub/rank-00000.h5") << "data";
+  }
+  AsyncSaver saver;
+  saver.remove_later({dirs[0], dirs[1]});
+  saver.remove_later({dirs[2]});  // waits for the first batch
+  saver.wait_for_removal();
+  for (const std::string& dir : dirs) EXPECT_FALSE(fs::exists(dir)) << dir;
+  saver.remove_later({root_ + "/no-such-directory"});  // errors cost space only
+  saver.wait_for_removal();
 }
 
 }  // namespace
