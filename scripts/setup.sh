@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
+  clang libomp-dev libclang-rt-dev    # ThreadSanitizer build (libarcher: OpenMP for TSan)
   openmpi-bin libopenmpi-dev          # communicators (MPI backend)
   libhdf5-dev libxxhash-dev zlib1g-dev  # checkpoints (HDF5 files, xxh3 and crc32 checksums)
   libspdlog-dev libfmt-dev            # logging

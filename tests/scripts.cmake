@@ -22,27 +22,47 @@ add_test(NAME torch_reference_llama_recompute
 set_tests_properties(torch_reference_gpt2 torch_reference_llama torch_reference_llama_recompute
   PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION "pentad matches PyTorch")
 
-# Parallel layouts against one rank (mpirun), both families.
+# Parallel layouts against one rank (mpirun), both families. Each runs twice: with
+# OpenBLAS's kernels for this machine and with its Haswell (AVX2) kernels, because
+# AVX2-only and AVX-512 machines sum in different orders and CI may run on either.
 set(LAYOUT ${CMAKE_CURRENT_SOURCE_DIR}/python/layout_equivalence.py)
-add_test(NAME layouts_gpt2
-  COMMAND ${PENTAD_PYTHON} ${LAYOUT} $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml
-          ${CMAKE_CURRENT_BINARY_DIR}/layouts-gpt2 train.micro_batch=2 train.seq_len=32)
-add_test(NAME layouts_llama
-  COMMAND ${PENTAD_PYTHON} ${LAYOUT} $<TARGET_FILE:pentad> ${RECIPES}/llama-tiny.toml
-          ${CMAKE_CURRENT_BINARY_DIR}/layouts-llama train.micro_batch=2 train.seq_len=32
-          model.n_head=8 model.n_kv_head=4)
-add_test(NAME layouts_pipeline_gpt2
-  COMMAND ${PENTAD_PYTHON} ${LAYOUT} --pipeline $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml
-          ${CMAKE_CURRENT_BINARY_DIR}/layouts-pipeline-gpt2 train.micro_batch=2 train.seq_len=32)
+# pentad_layout_test(NAME PIPELINE RECIPE overrides...): PIPELINE is ON for --pipeline.
+function(pentad_layout_test name pipeline recipe)
+  set(mode "")
+  if(pipeline)
+    set(mode --pipeline)
+  endif()
+  foreach(core native Haswell)
+    set(test ${name})
+    set(env "")
+    if(core STREQUAL "Haswell")
+      set(test ${name}_haswell)
+      set(env OPENBLAS_CORETYPE=Haswell)
+    endif()
+    add_test(NAME ${test}
+      COMMAND ${PENTAD_PYTHON} ${LAYOUT} ${mode} $<TARGET_FILE:pentad> ${RECIPES}/${recipe}
+              ${CMAKE_CURRENT_BINARY_DIR}/${test}-work ${ARGN})
+    set_tests_properties(${test} PROPERTIES TIMEOUT 900 RUN_SERIAL TRUE ENVIRONMENT "${env}"
+      PASS_REGULAR_EXPRESSION "every layout matches one rank")
+  endforeach()
+endfunction()
+pentad_layout_test(layouts_gpt2 OFF gpt-tiny.toml train.micro_batch=2 train.seq_len=32)
+pentad_layout_test(layouts_llama OFF llama-tiny.toml train.micro_batch=2 train.seq_len=32
+                   model.n_head=8 model.n_kv_head=4)
+pentad_layout_test(layouts_pipeline_gpt2 ON gpt-tiny.toml train.micro_batch=2 train.seq_len=32)
 # lr 1e-3: at llama-tiny's 3e-3, 8 layers on random tokens are chaotic after warm-up: plain
 # dp2 (no pipeline) drifts from one rank by 2e-4 in 20 steps, grown from a 1e-9 difference
 # in the summation order of the gradient norm. Pipeline-only layouts are bitwise equal.
-add_test(NAME layouts_pipeline_llama
-  COMMAND ${PENTAD_PYTHON} ${LAYOUT} --pipeline $<TARGET_FILE:pentad> ${RECIPES}/llama-tiny.toml
-          ${CMAKE_CURRENT_BINARY_DIR}/layouts-pipeline-llama train.micro_batch=2 train.seq_len=32
-          model.n_head=8 model.n_kv_head=4 optim.lr=1e-3)
-set_tests_properties(layouts_gpt2 layouts_llama layouts_pipeline_gpt2 layouts_pipeline_llama
-  PROPERTIES TIMEOUT 900 RUN_SERIAL TRUE PASS_REGULAR_EXPRESSION "every layout matches one rank")
+pentad_layout_test(layouts_pipeline_llama ON llama-tiny.toml train.micro_batch=2
+                   train.seq_len=32 model.n_head=8 model.n_kv_head=4 optim.lr=1e-3)
+
+# A read of uninitialised memory in the backward, looped on the natural heap and once
+# poisoned (tests/python/uninitialised_reads.py).
+add_test(NAME uninitialised_reads
+  COMMAND ${PENTAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/uninitialised_reads.py
+          $<TARGET_FILE:pentad> ${RECIPES} ${CMAKE_CURRENT_BINARY_DIR}/uninitialised-reads)
+set_tests_properties(uninitialised_reads PROPERTIES TIMEOUT 300
+  PASS_REGULAR_EXPRESSION "no uninitialised reads")
 
 # Checkpoints: bitwise resume, resharding, corruption fallback, SIGKILL during saves.
 add_test(NAME checkpoint_resume
@@ -64,3 +84,4 @@ add_test(NAME hf_export_llama
           train.seq_len=32 train.threads=2 model.n_head=4 model.n_kv_head=2)
 set_tests_properties(hf_export_gpt2 hf_export_llama PROPERTIES TIMEOUT 300
   PASS_REGULAR_EXPRESSION "hf export matches")
+

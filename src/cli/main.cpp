@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
   train->add_option("recipe", recipe, "Recipe file (see recipes/)")->required()->check(CLI::ExistingFile);
   train->add_option("-s,--set", sets, "Override a recipe key: section.key=value (repeatable)");
   train->add_option("overrides", extra, "More section.key=value overrides");
-  std::string dump_dir, comm_log, resume, trace;
+  std::string dump_dir, grads_dir, comm_log, resume, trace;
   train->add_option("--resume", resume,
                     "Resume from 'latest' (newest valid checkpoint in train.ckpt_dir) or a "
                     "checkpoint directory; any parallel layout");
@@ -63,6 +63,8 @@ int main(int argc, char** argv) {
                     "steps as one Chrome-trace JSON (open in Perfetto) and print the bubble");
   train->add_option("--dump-weights", dump_dir,
                     "Developer: write the final parameter shards (.npy) to this directory");
+  train->add_option("--dump-grads", grads_dir,
+                    "Developer: write the first step's reduced gradient shards (.npy) here");
 
   std::string ref_out;
   int64_t ref_steps = 10;
@@ -131,6 +133,7 @@ int main(int argc, char** argv) {
       spdlog::info("mesh: {}", mesh.describe());
       if (mpi.rank != 0) spdlog::set_level(spdlog::level::warn);  // rank 0 reports for all
       pentad::Trainer trainer(cfg, &mesh);
+      if (!grads_dir.empty()) trainer.dump_first_gradients(grads_dir);
       trainer.run();
       if (!dump_dir.empty()) trainer.dump_weights(dump_dir);
       if (!comm_log.empty()) trainer.write_comm_log(comm_log);

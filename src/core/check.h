@@ -3,6 +3,7 @@
 // pentad::Error carries messages for users (bad recipe, bad data file, bad layout).
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -18,6 +19,11 @@ template <typename... Args>
 }
 
 [[noreturn]] void check_failed(const char* expr, const char* file, int line, const std::string& msg);
+
+// Deliberate bugs for the tests that must catch them (the layout equivalence test proves
+// it fails on a broken layout): true when `name` is in the comma-separated environment
+// variable PENTAD_INJECT_BUG. Read once. Never set outside those tests.
+bool bug_injected(std::string_view name);
 
 }  // namespace pentad
 

@@ -271,7 +271,9 @@ void Trainer::write_comm_log(const std::string& dir) const {
   std::ofstream(fmt::format("{}/rank{}.json", dir, world_rank_)) << log.dump();
 }
 
-void Trainer::dump_weights(const std::string& dir) const {
+void Trainer::dump_weights(const std::string& dir) const { dump_shards(dir, false); }
+
+void Trainer::dump_shards(const std::string& dir, bool grads) const {
   if (dp_rank_ != 0) return;
   std::filesystem::create_directories(dir);
   const ParamStore& p = model_->params();
@@ -281,7 +283,11 @@ void Trainer::dump_weights(const std::string& dir) const {
     const ParamSpec& spec = p.spec(id);
     if (spec.pipeline_copy) continue;  // the first stage writes the original
     const std::string file = fmt::format("{}.tp{}.npy", spec.name, tp_rank);
-    std::vector<float> host = p.to_host(id);
+    std::vector<float> host(static_cast<size_t>(spec.local_shape.numel()));
+    if (grads)
+      copy(view_of(host.data(), spec.local_shape), p.grad(id));
+    else
+      host = p.to_host(id);
     write_npy(dir + "/" + file, view_of(host.data(), spec.local_shape));
     std::vector<int64_t> shape(spec.global_shape.dims.begin(),
                                spec.global_shape.dims.begin() + spec.global_shape.ndim);
@@ -351,7 +357,9 @@ void Trainer::run() {
   const int64_t last = t.stop_at > 0 ? std::min(t.stop_at, t.steps) : t.steps;
   const auto run_start = std::chrono::steady_clock::now();
   for (int64_t step = start_step_; step < last; ++step) {
-    StepStats s = train_step(step);
+    std::function<void()> dump;
+    if (step == start_step_ && !dump_grads_dir_.empty()) dump = [&] { dump_shards(dump_grads_dir_, true); };
+    StepStats s = train_step(step, dump);
     history_.push_back(s);
     if (!std::isfinite(s.loss)) fail("loss is {} at step {}: training diverged", s.loss, step);
     commit_pending(false);

@@ -54,6 +54,9 @@ class Trainer {
   // Writes this rank's parameter shards as .npy plus their global identity (shards.json),
   // when this rank is the first of its data-parallel replicas.
   void dump_weights(const std::string& dir) const;
+  // run() then writes the first step's reduced gradients (before clipping) the same way,
+  // for the layout tests, which compare them with one rank's.
+  void dump_first_gradients(std::string dir) { dump_grads_dir_ = std::move(dir); }
   // Writes this rank's communication trace and step spans (rank<r>.json) for bench/.
   void write_comm_log(const std::string& dir) const;
   // Pipeline timeline: every rank's forward, backward and transfer-wait spans of the last
@@ -123,6 +126,8 @@ class Trainer {
   int64_t snapshot_step_ = -1, snapshot_optimizer_steps_ = 0;  // of the newest, in memory
   int64_t saves_ = 0;
   int64_t start_step_ = 0;     // first step run() trains (after a resume)
+  std::string dump_grads_dir_;  // dump_first_gradients()
+  void dump_shards(const std::string& dir, bool grads) const;
 };
 
 // Sets the number of compute threads for OpenMP and OpenBLAS: `threads`, or when 0 this

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Sanitizer builds and their tests, part of the test command (scripts/test.sh). Each
+# builds, in its own directory, only the targets it runs, with the CUDA backend off:
+#   build-asan/  AddressSanitizer + UndefinedBehaviorSanitizer (GCC): every CPU unit test
+#                program (the slowest model-training cases left to the main build) and a
+#                short training on 2 ranks x 2 threads under mpirun;
+#   build-tsan/  ThreadSanitizer (clang, libomp + libarcher): the kernels' tests and the
+#                checkpoint saver's background-thread tests, on 2 OpenMP threads.
+# Findings are fatal. Suppressions (tests/sanitizers/) cover only leaks inside Open MPI's
+# own libraries, never pentad code. usage: sanitize.sh [asan|tsan]...
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+which=("$@")
+((${#which[@]})) || which=(asan tsan)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export PENTAD_POISON=1
+failed=()
+
+# Runs one test program; records a failure instead of stopping, so one run shows all.
+run() {
+  local name=$1
+  shift
+  echo "sanitize: $name"
+  if ! "$@" >"$log_dir/$name.log" 2>&1; then
+    echo "sanitize: FAILED $name (log: $log_dir/$name.log)"
+    tail -40 "$log_dir/$name.log"
+    failed+=("$name")
+  fi
+}
+
+unit_tests() {  # the gtest programs of the given test folders
+  for folder in "$@"; do
+    for src in tests/"$folder"/*_test.cpp; do basename "$src" .cpp; done
+  done
+}
+
+for kind in "${which[@]}"; do
+  case $kind in
+    asan)
+      dir=build-asan
+      tests=($(unit_tests core kernels data model train checkpoint optim pp))
+      cmake -S . -B $dir -G Ninja -DCMAKE_BUILD_TYPE=Release -DPENTAD_WERROR=ON \
+        -DPENTAD_CUDA=OFF -DPENTAD_SANITIZE=address >/dev/null
+      cmake --build $dir -j"$(nproc)" --target pentad "${tests[@]}"
+      export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=1
+      export LSAN_OPTIONS=suppressions=$root/tests/sanitizers/lsan.supp:print_suppressions=0
+      export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+      log_dir=$dir/sanitize-logs && mkdir -p "$log_dir"
+      # Training to convergence belongs to the main build: under ASan it takes minutes.
+      slow='Training.*OverfitsOneBatch:Training.SameSeed*:*FiniteDifferences*AcrossBlocks'
+      for t in "${tests[@]}"; do
+        run "asan-$t" env OMP_NUM_THREADS=2 $dir/tests/$t --gtest_filter="-$slow"
+      done
+      work=$(mktemp -d)
+      run asan-train-dp2 mpirun -np 2 -x ASAN_OPTIONS -x LSAN_OPTIONS -x UBSAN_OPTIONS \
+        -x PENTAD_POISON $dir/pentad train recipes/gpt-tiny.toml train.threads=2 \
+        train.steps=3 train.eval_every=2 train.save_every=2 train.micro_batch=2 \
+        train.seq_len=32 data.source=random train.out_dir="$work/run"
+      run asan-train-tp2-sp mpirun -np 2 -x ASAN_OPTIONS -x LSAN_OPTIONS -x UBSAN_OPTIONS \
+        -x PENTAD_POISON $dir/pentad train recipes/llama-tiny.toml train.threads=2 \
+        parallel.tp=2 parallel.sequence_parallel=true train.steps=3 train.eval_every=0 \
+        train.micro_batch=2 train.seq_len=32 data.source=random train.out_dir="$work/run2"
+      rm -rf "$work"
+      ;;
+    tsan)
+      dir=build-tsan
+      tests=($(unit_tests kernels) saver_test snapshot_test adamw_test)
+      CC=clang CXX=clang++ cmake -S . -B $dir -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DPENTAD_WERROR=ON -DPENTAD_CUDA=OFF -DPENTAD_SANITIZE=thread >/dev/null
+      cmake --build $dir -j"$(nproc)" --target "${tests[@]}"
+      # libarcher (an OMPT tool) gives TSan OpenMP's synchronisation; OpenBLAS runs one
+      # thread (its OpenMP build links GCC's runtime, which TSan cannot see into).
+      export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1"
+      export OMP_TOOL_LIBRARIES=$(clang++ -print-resource-dir)/../../libarcher.so
+      log_dir=$dir/sanitize-logs && mkdir -p "$log_dir"
+      for t in "${tests[@]}"; do
+        run "tsan-$t" env OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=1 $dir/tests/$t
+      done
+      ;;
+    *) echo "sanitize.sh: unknown kind '$kind' (asan or tsan)" >&2; exit 2 ;;
+  esac
+done
+
+if ((${#failed[@]})); then
+  echo "sanitize: ${#failed[@]} failed: ${failed[*]}"
+  exit 1
+fi
+echo "sanitize: all clean (${which[*]})"
