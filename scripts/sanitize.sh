@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Sanitizer builds and their tests, part of the test command (scripts/test.sh). Each
-# builds, in its own directory, only the targets it runs, with the CUDA backend off:
+# builds, in its own directory, only the targets it runs, with the CUDA backend off, at
+# -O1 and without -Werror (the main build holds the warnings; GCC's sanitizer builds warn
+# falsely inside libstdc++'s <regex>):
 #   build-asan/  AddressSanitizer + UndefinedBehaviorSanitizer (GCC): every CPU unit test
 #                program (the slowest model-training cases left to the main build) and a
 #                short training on 2 ranks x 2 threads under mpirun;
@@ -40,8 +42,8 @@ for kind in "${which[@]}"; do
     asan)
       dir=build-asan
       tests=($(unit_tests core kernels data model train checkpoint optim pp))
-      cmake -S . -B $dir -G Ninja -DCMAKE_BUILD_TYPE=Release -DPENTAD_WERROR=ON \
-        -DPENTAD_CUDA=OFF -DPENTAD_SANITIZE=address >/dev/null
+      cmake -S . -B $dir -G Ninja -DCMAKE_BUILD_TYPE=Release -DPENTAD_CUDA=OFF \
+        -DPENTAD_SANITIZE=address >/dev/null
       cmake --build $dir -j"$(nproc)" --target pentad "${tests[@]}"
       export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=1
       export LSAN_OPTIONS=suppressions=$root/tests/sanitizers/lsan.supp:print_suppressions=0
@@ -67,7 +69,7 @@ for kind in "${which[@]}"; do
       dir=build-tsan
       tests=($(unit_tests kernels) saver_test snapshot_test adamw_test)
       CC=clang CXX=clang++ cmake -S . -B $dir -G Ninja -DCMAKE_BUILD_TYPE=Release \
-        -DPENTAD_WERROR=ON -DPENTAD_CUDA=OFF -DPENTAD_SANITIZE=thread >/dev/null
+        -DPENTAD_CUDA=OFF -DPENTAD_SANITIZE=thread >/dev/null
       cmake --build $dir -j"$(nproc)" --target "${tests[@]}"
       # libarcher (an OMPT tool) gives TSan OpenMP's synchronisation; OpenBLAS runs one
       # thread (its OpenMP build links GCC's runtime, which TSan cannot see into).
