@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "train/memory_budget.h"
 #include "train/trainer.h"
 
 namespace pentad {
@@ -95,6 +96,9 @@ double Trainer::write_timeline(const std::string& path) {
   rows.resize(std::max<size_t>(rows.size(), 1));
   world.all_to_all_v(words(gathered.data(), int64_t(gathered.size())), recv_counts,
                      words(rows.data(), int64_t(rows.size())), send_counts);
+  // Spans are wall time: when the ranks' threads outnumber the cores, a rank that waits for
+  // a core looks idle, and the measured bubble counts that wait too.
+  const NodeShare node = node_share();
   if (world_rank_ != 0) return 0.0;
 
   nlohmann::json events = nlohmann::json::array();
@@ -161,14 +165,23 @@ double Trainer::write_timeline(const std::string& path) {
                           {"virtual_stages", spec.virtual_stages},
                           {"group", spec.group},
                           {"measured_bubble_fraction", bubble},
-                          {"ideal_bubble_fraction", pp::ideal_bubble_fraction(spec)}}}};
+                          {"ideal_bubble_fraction", pp::ideal_bubble_fraction(spec)},
+                          {"threads_on_node", node.threads},
+                          {"cores_on_node", node.cores}}}};
   std::ofstream out(path);
   if (!out) fail("cannot write the pipeline trace {}", path);
   out << doc.dump();
-  spdlog::info("pipeline trace: {} ({} steps) | bubble measured {:.3f}, ideal {:.3f} ({} p={} m={} v={}{})",
+  const std::string shared =
+      node.threads <= node.cores
+          ? ""
+          : fmt::format(" | oversubscribed: {} ranks ({} compute threads) share {} core{} on this "
+                        "machine, so the measured bubble includes time spent waiting for a core, "
+                        "not only for other stages",
+                        node.ranks, node.threads, node.cores, node.cores == 1 ? "" : "s");
+  spdlog::info("pipeline trace: {} ({} steps) | bubble measured {:.3f}, ideal {:.3f} ({} p={} m={} v={}{}){}",
                path, steps, bubble, pp::ideal_bubble_fraction(spec), cfg_.parallel.pp_schedule,
                spec.stages, spec.micro_batches, spec.virtual_stages,
-               spec.kind == pp::ScheduleKind::KFKB ? fmt::format(" k={}", spec.group) : "");
+               spec.kind == pp::ScheduleKind::KFKB ? fmt::format(" k={}", spec.group) : "", shared);
   return bubble;
 }
 
