@@ -96,7 +96,7 @@ CASES = [
     ("bubble_on_one_core", "gpt-tiny.toml",
      TINY + ["parallel.pp=2", "train.grad_accum=4", "train.eval_every=0", "--trace",
              "trace.json"], -2, 0,
-     ["bubble measured", "2 ranks (2 compute threads) share 1 core",
+     ["bubble measured", "by CPU time", "2 ranks (2 compute threads) share 1 core",
       "includes time spent waiting for a core"]),
 ]
 
