@@ -138,6 +138,7 @@ void Pipeline::post_receive(const Action& a) {
   receives_.emplace(key, std::move(m));
 }
 
+// CPU time of the whole process, since a pass may run on several OpenMP threads.
 static int64_t cpu_now_ns() {
   timespec ts{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
@@ -187,7 +188,8 @@ void Pipeline::finish_sends() {
 
 void Pipeline::record(Span::Kind kind, const Action& a, int64_t step, int64_t start_ns,
                       int64_t start_cpu_ns) {
-  spans_.push_back({kind, a.micro, a.chunk, step, start_ns, trace_now_ns(), cpu_now_ns() - start_cpu_ns});
+  spans_.push_back(
+      {kind, a.micro, a.chunk, step, start_ns, trace_now_ns(), cpu_now_ns() - start_cpu_ns});
 }
 
 float Pipeline::forward(const Action& a, int slot, int64_t step, const Fetch& fetch, float dloss) {
