@@ -85,3 +85,10 @@ add_test(NAME hf_export_llama
 set_tests_properties(hf_export_gpt2 hf_export_llama PROPERTIES TIMEOUT 300
   PASS_REGULAR_EXPRESSION "hf export matches")
 
+# Inputs pentad must accept or refuse (issue 12): exit codes and the words of each message,
+# run on the real binary with tiny settings, each case in well under 5 s.
+add_test(NAME cli_inputs
+  COMMAND ${PENTAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/cli_inputs.py $<TARGET_FILE:pentad>
+          ${RECIPES} ${CMAKE_CURRENT_BINARY_DIR}/cli-inputs)
+set_tests_properties(cli_inputs PROPERTIES TIMEOUT 300 RUN_SERIAL TRUE
+  PASS_REGULAR_EXPRESSION "every input case behaves")

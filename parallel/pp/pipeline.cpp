@@ -1,5 +1,7 @@
 #include "parallel/pp/pipeline.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <numeric>
 #include <sstream>
@@ -136,12 +138,19 @@ void Pipeline::post_receive(const Action& a) {
   receives_.emplace(key, std::move(m));
 }
 
+// CPU time of the whole process, since a pass may run on several OpenMP threads.
+static int64_t cpu_now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
 Tensor Pipeline::wait_input(const Action& a, Span::Kind kind, int64_t step) {
   post_receive(a);
   auto it = receives_.find(std::make_tuple(int(a.type), a.micro, a.chunk));
-  const int64_t start = trace_now_ns();
+  const int64_t start = trace_now_ns(), start_cpu = cpu_now_ns();
   it->second.work.wait();
-  record(kind, a, step, start);
+  record(kind, a, step, start, start_cpu);
   // The buffer goes back to the pool once the caller has copied it (before the next post).
   free_buffers_.push_back(std::move(it->second.buf));
   receives_.erase(it);
@@ -177,8 +186,10 @@ void Pipeline::finish_sends() {
   sends_.clear();
 }
 
-void Pipeline::record(Span::Kind kind, const Action& a, int64_t step, int64_t start_ns) {
-  spans_.push_back({kind, a.micro, a.chunk, step, start_ns, trace_now_ns()});
+void Pipeline::record(Span::Kind kind, const Action& a, int64_t step, int64_t start_ns,
+                      int64_t start_cpu_ns) {
+  spans_.push_back(
+      {kind, a.micro, a.chunk, step, start_ns, trace_now_ns(), cpu_now_ns() - start_cpu_ns});
 }
 
 float Pipeline::forward(const Action& a, int slot, int64_t step, const Fetch& fetch, float dloss) {
@@ -190,9 +201,9 @@ float Pipeline::forward(const Action& a, int slot, int64_t step, const Fetch& fe
   }
   const Chunk& c = model_.chunk(a.chunk);
   if (c.first || c.last) fetch(a.micro, tokens_, targets_);
-  const int64_t start = trace_now_ns();
+  const int64_t start = trace_now_ns(), start_cpu = cpu_now_ns();
   const float loss = model_.forward_chunk(a.chunk, slot, tokens_.data(), targets_.data(), dloss);
-  record(Span::Forward, a, step, start);
+  record(Span::Forward, a, step, start, start_cpu);
   if (vs < last_vs) send(model_.chunk_output(a.chunk, slot), Action::Forward, a.micro, vs + 1);
   return loss;
 }
@@ -228,9 +239,9 @@ double Pipeline::train(int64_t step, const Fetch& fetch, float dloss, const Grad
       const int slot = slot_of.at({a.micro, a.chunk});
       Tensor d_output;
       if (needs_input(a)) d_output = wait_input(a, Span::WaitGrad, step);
-      const int64_t start = trace_now_ns();
+      const int64_t start = trace_now_ns(), start_cpu = cpu_now_ns();
       model_.backward_chunk(a.chunk, slot, d_output, i == last_backward[size_t(a.chunk)], on_ready);
-      record(Span::Backward, a, step, start);
+      record(Span::Backward, a, step, start, start_cpu);
       backward_ns += double(spans_.back().end_ns - start);
       ++backwards;
       if (vs > 0) send(model_.input_grad(), Action::Backward, a.micro, vs - 1);

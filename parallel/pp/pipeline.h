@@ -39,6 +39,9 @@ struct Span {
   int micro = 0, chunk = 0;
   int64_t step = 0;
   int64_t start_ns = 0, end_ns = 0;
+  // CPU time of this process (all its threads) during the span: below the wall time when
+  // the rank waited for a core that other processes held.
+  int64_t cpu_ns = 0;
 };
 const char* span_name(Span::Kind kind);
 
@@ -86,7 +89,8 @@ class Pipeline {
   void send(const Tensor& data, Action::Type type, int micro, int to_virtual_stage);
   void poll();
   void finish_sends();
-  void record(Span::Kind kind, const Action& a, int64_t step, int64_t start_ns);
+  void record(Span::Kind kind, const Action& a, int64_t step, int64_t start_ns,
+              int64_t start_cpu_ns);
   // One forward pass: its input received (or tokens fetched), computed, its output sent on.
   float forward(const Action& a, int slot, int64_t step, const Fetch& fetch, float dloss);
 

@@ -12,6 +12,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/convert.h"
 #include "data/commands.h"
+#include "train/memory_budget.h"
 #include "train/recipe.h"
 #include "train/reference.h"
 #include "train/trainer.h"
@@ -128,8 +129,9 @@ int main(int argc, char** argv) {
       if (!resume.empty()) overrides.push_back("train.resume=" + resume);
       pentad::Config cfg = pentad::load_recipe(recipe, overrides);
       const pentad::parallel::Backend backend = pentad::select_device(cfg);
-      auto mesh = pentad::parallel::Mesh::create(pentad::mesh_config(cfg, mpi.size), MPI_COMM_WORLD,
-                                                 backend);
+      const pentad::parallel::MeshConfig layout = pentad::mesh_config(cfg, mpi.size);
+      pentad::check_memory(cfg, layout, pentad::node_share());  // before any large allocation
+      auto mesh = pentad::parallel::Mesh::create(layout, MPI_COMM_WORLD, backend);
       spdlog::info("mesh: {}", mesh.describe());
       if (mpi.rank != 0) spdlog::set_level(spdlog::level::warn);  // rank 0 reports for all
       pentad::Trainer trainer(cfg, &mesh);

@@ -49,6 +49,7 @@ struct TrainConfig {                 // [train]
   int64_t eval_batches = 4;
   int64_t log_every = 1;
   int64_t threads = 0;               // 0 = this machine's cores / ranks on it
+  int64_t memory_limit_mb = 0;       // per rank; 0 = its share of this machine's memory
   // Where the model trains: "cpu", or "cuda" (one GPU per rank: local rank modulo the
   // visible devices; communicators use NCCL for device tensors). precision: "fp32", or
   // "bf16" (CUDA only): bf16 weights copy, activations and activation gradients, with fp32

@@ -66,9 +66,6 @@ Rule closed(double lo, double hi) {
 Rule half_open(double lo, double hi) {
   return interval(lo, false, hi, true);
 }
-Rule open(double lo, double hi) {
-  return interval(lo, true, hi, true);
-}
 Rule one_of(std::initializer_list<std::string_view> words) {
   Rule r;
   r.choices = words;
@@ -107,7 +104,7 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(model, tie_embeddings, any()),
       PENTAD_KEY(model, recompute, any()),
 
-      PENTAD_KEY(optim, lr, above(0)),
+      PENTAD_KEY(optim, lr, at_least(0)),  // 0: a run that only measures
       PENTAD_KEY(optim, min_lr_ratio, closed(0, 1)),
       PENTAD_KEY(optim, warmup_steps, at_least(0)),
       PENTAD_KEY(optim, decay, one_of({"cosine", "linear", "constant"})),
@@ -126,6 +123,7 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(train, eval_batches, at_least(1)),
       PENTAD_KEY(train, log_every, at_least(1)),
       PENTAD_KEY(train, threads, at_least(0)),
+      PENTAD_KEY(train, memory_limit_mb, at_least(0)),
       PENTAD_KEY(train, device, one_of({"cpu", "cuda"})),
       PENTAD_KEY(train, precision, one_of({"fp32", "bf16"})),
       PENTAD_KEY(train, out_dir, any()),
@@ -140,7 +138,7 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(data, source, one_of({"fortunes", "megatron", "llmc", "tokens", "random"})),
       PENTAD_KEY(data, path, any()),
       PENTAD_KEY(data, val_path, any()),
-      PENTAD_KEY(data, val_fraction, open(0, 1)),
+      PENTAD_KEY(data, val_fraction, half_open(0, 1)),  // 0: no validation
       PENTAD_KEY(data, tokenizer, any()),
       PENTAD_KEY(data, cache_dir, any()),
 
@@ -164,7 +162,16 @@ const std::vector<Key>& key_table() {
 
 #undef PENTAD_KEY
 
-constexpr std::string_view kSections[] = {"model", "optim", "train", "data", "parallel"};
+// The sections are those of the key table, in its order.
+const std::vector<std::string_view>& sections() {
+  static const std::vector<std::string_view> names = [] {
+    std::vector<std::string_view> out;
+    for (const Key& k : key_table())
+      if (std::find(out.begin(), out.end(), k.section) == out.end()) out.push_back(k.section);
+    return out;
+  }();
+  return names;
+}
 
 // ---- lookup and "did you mean" ----
 
@@ -184,7 +191,7 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 }
 
 bool is_section(std::string_view s) {
-  return std::find(std::begin(kSections), std::end(kSections), s) != std::end(kSections);
+  return std::find(sections().begin(), sections().end(), s) != sections().end();
 }
 
 const Key* find_key(std::string_view section, std::string_view name) {
@@ -194,13 +201,15 @@ const Key* find_key(std::string_view section, std::string_view name) {
 }
 
 std::string section_list() {
-  return "[model], [optim], [train], [data]";
+  std::string list;
+  for (auto s : sections()) list += fmt::format("{}[{}]", list.empty() ? "" : ", ", s);
+  return list;
 }
 
 std::string unknown_section(std::string_view section) {
   std::string_view best;
   size_t best_distance = 3;  // suggest only near misses
-  for (auto s : kSections) {
+  for (auto s : sections()) {
     size_t d = edit_distance(section, s);
     if (d < best_distance) best = s, best_distance = d;
   }
@@ -552,7 +561,19 @@ Config load_recipe(const std::string& path, const std::vector<std::string>& over
   if (!file) fail("cannot open recipe {}", path);
   std::stringstream text;
   text << file.rdbuf();
-  return parse_recipe(text.str(), path, overrides);
+  Config config = parse_recipe(text.str(), path, overrides);
+  // A file that sets nothing (empty, truncated, only comments) would train on the defaults
+  // of config.h without a word; a recipe must say something.
+  bool sets_a_key = false;
+  for (auto&& [section, node] : toml::parse(text.str(), path))
+    sets_a_key = sets_a_key || !node.is_table() || !node.as_table()->empty();
+  if (!sets_a_key)
+    fail("{}: the recipe sets no key ({}): pentad would train on the defaults of every key; "
+         "start from a recipe in recipes/ (e.g. recipes/gpt-tiny.toml)",
+         path, text.str().find_first_not_of(" \t\r\n") == std::string::npos
+                   ? "the file is empty"
+                   : "only comments or empty sections");
+  return config;
 }
 
 std::string recipe_to_toml(const Config& config) {

@@ -13,7 +13,8 @@ namespace pentad {
 
 // Reads the recipe at `path`, applies `overrides` ("section.key=value", value in TOML
 // syntax or a bare word taken as a string, later ones win), fills in family defaults
-// (tie_embeddings: gpt2 true, llama false unless set) and validates the result.
+// (tie_embeddings: gpt2 true, llama false unless set) and validates the result. A file
+// that sets no key is refused: it would train on the defaults without a word.
 Config load_recipe(const std::string& path, const std::vector<std::string>& overrides = {});
 
 // The same for recipe text already in memory; `name` stands for the file in messages.

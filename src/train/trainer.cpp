@@ -344,6 +344,17 @@ void Trainer::run() {
     recipe << recipe_to_toml(cfg_);
   }
   spdlog::info("data: {}", data_->describe());
+  // Small data is not refused, but a run that reads its windows many times should say so.
+  const int64_t global_batch = t.micro_batch * t.grad_accum * dp_size_;
+  const double passes = double(t.steps) * double(global_batch) / double(data_->train_windows());
+  spdlog::info("data: {} steps x {} samples = {:.3g} epoch{} over the {} training samples{}", t.steps,
+               global_batch, passes, passes == 1 ? "" : "s", data_->train_windows(),
+               global_batch > data_->train_windows() ? " (fewer than one global batch: windows "
+                                                       "repeat within each step)"
+               : passes > 1 ? " (windows repeat)" : "");
+  const bool eval = t.eval_every > 0 && data_->val_windows() > 0;
+  if (t.eval_every > 0 && !eval)
+    spdlog::info("eval: off, there is no validation data (data.val_fraction = 0 and no data.val_path)");
   int64_t parameters = 0;
   for (const ParamSpec& spec : model_->params().specs()) parameters += spec.global_shape.numel();
   spdlog::info("model: {} with {} layers, width {}, {} heads ({} kv), vocabulary {}: {} parameters",
@@ -377,7 +388,7 @@ void Trainer::run() {
       spdlog::info("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | {:.1f} GFLOP/s",
                    step + 1, t.steps, s.loss, s.lr, s.grad_norm, s.tokens_per_second,
                    s.flops_per_second / 1e9);
-    if (t.eval_every > 0 && ((step + 1) % t.eval_every == 0 || step + 1 == last)) {
+    if (eval && ((step + 1) % t.eval_every == 0 || step + 1 == last)) {
       float val = evaluate();
       write_metrics(nlohmann::json{{"step", step + 1}, {"eval_loss", val}}.dump());
       spdlog::info("step {:>5}/{} | eval loss {:.4f}", step + 1, t.steps, val);

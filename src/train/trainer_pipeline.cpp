@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "train/memory_budget.h"
 #include "train/trainer.h"
 
 namespace pentad {
@@ -69,13 +70,15 @@ void Trainer::adapt_pipeline_group() {
 
 double Trainer::write_timeline(const std::string& path) {
   if (!pipeline_) return -1.0;
-  // This rank's spans as rows of 6 int64: kind, micro, chunk, step, start, end; step
-  // starts as kind -1.
+  // This rank's spans as rows of 7 int64: kind, micro, chunk, step, start, end, CPU time;
+  // step starts as kind -1.
+  constexpr int64_t kRow = 7;
   std::vector<int64_t> rows;
   for (const auto& [step, start] : step_starts_)
-    rows.insert(rows.end(), {-1, 0, 0, step, start, start});
+    rows.insert(rows.end(), {-1, 0, 0, step, start, start, 0});
   for (const pp::Span& s : pipeline_->spans())
-    rows.insert(rows.end(), {int64_t(s.kind), s.micro, s.chunk, s.step, s.start_ns, s.end_ns});
+    rows.insert(rows.end(),
+                {int64_t(s.kind), s.micro, s.chunk, s.step, s.start_ns, s.end_ns, s.cpu_ns});
   // Gathered to world rank 0; int64 values travel as pairs of int32 (the same bytes).
   auto words = [](int64_t* data, int64_t count) {
     return view_of(data, Shape{2 * count}, DType::I32);
@@ -95,15 +98,19 @@ double Trainer::write_timeline(const std::string& path) {
   rows.resize(std::max<size_t>(rows.size(), 1));
   world.all_to_all_v(words(gathered.data(), int64_t(gathered.size())), recv_counts,
                      words(rows.data(), int64_t(rows.size())), send_counts);
+  // Spans are wall time: when the ranks' threads outnumber the cores, a rank that waits for
+  // a core looks idle, and the measured bubble counts that wait too.
+  const NodeShare node = node_share();
   if (world_rank_ != 0) return 0.0;
 
   nlohmann::json events = nlohmann::json::array();
   int64_t origin = std::numeric_limits<int64_t>::max();
-  for (int64_t i = 0; i < total; i += 6) origin = std::min(origin, gathered[size_t(i + 4)]);
+  for (int64_t i = 0; i < total; i += kRow) origin = std::min(origin, gathered[size_t(i + 4)]);
   // Per step: the earliest start over ranks, the latest pass end, and each rank's busy time.
   struct StepWindow {
     int64_t start = std::numeric_limits<int64_t>::max(), end = 0;
     std::map<int, double> busy;
+    double cpu = 0;  // CPU time in passes, all ranks
   };
   std::map<int64_t, StepWindow> windows;
   int64_t offset = 0;
@@ -114,7 +121,7 @@ double Trainer::write_timeline(const std::string& path) {
                                                      x[size_t(parallel::Axis::PP)],
                                                      x[size_t(parallel::Axis::DP)],
                                                      x[size_t(parallel::Axis::TP)])}}}});
-    for (int64_t i = offset; i < offset + counts[size_t(r)]; i += 6) {
+    for (int64_t i = offset; i < offset + counts[size_t(r)]; i += kRow) {
       const int64_t* row = &gathered[size_t(i)];
       StepWindow& w = windows[row[3]];
       if (row[0] < 0) {
@@ -126,6 +133,7 @@ double Trainer::write_timeline(const std::string& path) {
       if (pass) {
         w.end = std::max(w.end, row[5]);
         w.busy[r] += double(row[5] - row[4]);
+        w.cpu += double(row[6]);
       }
       const std::string name = pass ? fmt::format("{}{}{}", kind == pp::Span::Forward ? "F" : "B",
                                                   row[1], row[2] ? fmt::format(".{}", row[2]) : "")
@@ -133,13 +141,18 @@ double Trainer::write_timeline(const std::string& path) {
       events.push_back({{"name", name}, {"cat", pp::span_name(kind)}, {"ph", "X"}, {"pid", 0},
                         {"tid", r}, {"ts", double(row[4] - origin) * 1e-3},
                         {"dur", double(row[5] - row[4]) * 1e-3},
-                        {"args", {{"step", row[3] + 1}, {"micro_batch", row[1]}, {"chunk", row[2]}}}});
+                        {"args", {{"step", row[3] + 1}, {"micro_batch", row[1]}, {"chunk", row[2]},
+                                  {"cpu_ms", double(row[6]) * 1e-6}}}});
     }
     offset += counts[size_t(r)];
   }
   // Bubble: 1 - mean busy / window, averaged over the recorded steps after the first
   // (warm-up). Assumes the ranks' steady clocks agree, as they do on one machine.
-  double bubble_sum = 0.0;
+  // The CPU-time bubble counts the cores' time instead: 1 - CPU time in passes / (cores the
+  // ranks can use x window). It is the larger one when ranks wait for a core (each other's or
+  // another program's) in the middle of a pass.
+  const double core_slots = double(std::min(node.threads, node.cores)) * std::max(1, n / node.ranks);
+  double bubble_sum = 0.0, cpu_bubble_sum = 0.0;
   int steps = 0;
   for (auto it = windows.begin(); it != windows.end(); ++it) {
     if (it == windows.begin() && windows.size() > 1) continue;
@@ -148,9 +161,11 @@ double Trainer::write_timeline(const std::string& path) {
     double busy = 0.0;
     for (const auto& [rank, b] : w.busy) busy += b;
     bubble_sum += 1.0 - busy / (double(n) * double(w.end - w.start));
+    cpu_bubble_sum += std::max(0.0, 1.0 - w.cpu / (core_slots * double(w.end - w.start)));
     ++steps;
   }
   const double bubble = steps ? bubble_sum / steps : 0.0;
+  const double cpu_bubble = steps ? cpu_bubble_sum / steps : 0.0;
   const pp::ScheduleSpec& spec = pipeline_->schedule();
   nlohmann::json doc = {{"traceEvents", events},
                         {"displayTimeUnit", "ms"},
@@ -161,14 +176,25 @@ double Trainer::write_timeline(const std::string& path) {
                           {"virtual_stages", spec.virtual_stages},
                           {"group", spec.group},
                           {"measured_bubble_fraction", bubble},
-                          {"ideal_bubble_fraction", pp::ideal_bubble_fraction(spec)}}}};
+                          {"ideal_bubble_fraction", pp::ideal_bubble_fraction(spec)},
+                          {"cpu_time_bubble_fraction", cpu_bubble},
+                          {"threads_on_node", node.threads},
+                          {"cores_on_node", node.cores}}}};
   std::ofstream out(path);
   if (!out) fail("cannot write the pipeline trace {}", path);
   out << doc.dump();
-  spdlog::info("pipeline trace: {} ({} steps) | bubble measured {:.3f}, ideal {:.3f} ({} p={} m={} v={}{})",
-               path, steps, bubble, pp::ideal_bubble_fraction(spec), cfg_.parallel.pp_schedule,
-               spec.stages, spec.micro_batches, spec.virtual_stages,
-               spec.kind == pp::ScheduleKind::KFKB ? fmt::format(" k={}", spec.group) : "");
+  const std::string shared =
+      node.threads <= node.cores
+          ? ""
+          : fmt::format(" | oversubscribed: {} ranks ({} compute threads) share {} core{} on this "
+                        "machine, so the wall-time bubble includes time spent waiting for a core, "
+                        "not only for other stages",
+                        node.ranks, node.threads, node.cores, node.cores == 1 ? "" : "s");
+  spdlog::info("pipeline trace: {} ({} steps) | bubble measured {:.3f} (wall time; {:.3f} by CPU "
+               "time), ideal {:.3f} ({} p={} m={} v={}{}){}",
+               path, steps, bubble, cpu_bubble, pp::ideal_bubble_fraction(spec),
+               cfg_.parallel.pp_schedule, spec.stages, spec.micro_batches, spec.virtual_stages,
+               spec.kind == pp::ScheduleKind::KFKB ? fmt::format(" k={}", spec.group) : "", shared);
   return bubble;
 }
 

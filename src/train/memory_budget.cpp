@@ -1,0 +1,269 @@
+#include "train/memory_budget.h"
+
+#include <mpi.h>
+#include <omp.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <vector>
+
+#include "core/check.h"
+#include "core/tensor.h"
+#include "parallel/pp/pipeline.h"
+#include "train/trainer.h"
+
+namespace pentad {
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+// format_bytes for sizes past what a size_t holds.
+std::string bytes_text(double bytes) {
+  if (bytes < 1e18) return format_bytes(size_t(bytes));
+  return fmt::format("{:.4g} EiB", bytes / (kMiB * kMiB * kMiB));
+}
+
+// Doubles throughout: a recipe may ask for 10^12-wide layers, and the product must not wrap.
+double ffn_width(const ModelConfig& m) {
+  const double C = double(m.d_model);
+  if (m.d_ff > 0) return double(m.d_ff);
+  if (m.family == ModelFamily::GPT2) return 4 * C;
+  return std::ceil(std::floor(8 * C / 3) / 256) * 256;  // ffn_dim's LLaMA rule
+}
+
+std::vector<Chunk> chunks_of_stage(const Config& cfg, int stages, int stage) {
+  const ParallelConfig& p = cfg.parallel;
+  if (stages == 1 && p.virtual_stages == 1 && p.pp_layout.empty())
+    return {Chunk{0, cfg.model.n_layer, true, true}};
+  return parallel::pp::stage_chunks(
+      parallel::pp::chunk_layers(cfg.model.n_layer, stages, int(p.virtual_stages), p.pp_layout),
+      stages, stage);
+}
+
+// One stage's bytes. Shapes as in Model::build_params, plan_layer, plan_slot and
+// plan_shared, on one tp rank: column- and row-parallel matrices split over tp, norms whole.
+MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mesh, int stage) {
+  const ModelConfig& m = cfg.model;
+  const bool gpt2 = m.family == ModelFamily::GPT2, sp = cfg.parallel.sequence_parallel;
+  const double p = mesh.tp, C = double(m.d_model), V = double(m.vocab_size), F = ffn_width(m);
+  const double Ckv = double(m.kv_heads()) * double(m.head_dim());
+  const double b = double(cfg.train.micro_batch), t = double(cfg.train.seq_len);
+  const double N = b * t, Nl = sp ? N / p : N;  // rows: whole, and this rank's
+  const double act = cfg.train.precision == "bf16" ? 2 : 4, f32 = 4;
+  const double mlp_mats = gpt2 ? 2 : 3;  // up, down (+ gate)
+
+  const double layer_values = (2 * C * C + 2 * Ckv * C + mlp_mats * F * C) / p +
+                              (gpt2 ? 6 * C + (C + 2 * Ckv + F) / p : 2 * C);  // norms (+ biases)
+  const double layer_acts =
+      act * (2 * N * C + Nl * C + 2 * N * (C / p) + 2 * N * (Ckv / p) + mlp_mats * N * (F / p)) +
+      f32 * ((gpt2 ? 4 : 2) * Nl + b * t * double(m.n_head) / p);
+  const double head_acts =
+      act * (N * C + (sp ? Nl * C : 0) + N * V / p) + f32 * ((gpt2 ? 2 : 1) * Nl + N);
+
+  MemoryEstimate e;
+  e.stage = stage;
+  const std::vector<Chunk> chunks = chunks_of_stage(cfg, mesh.pp, stage);
+  std::vector<parallel::pp::Action> actions;
+  if (mesh.pp > 1) actions = parallel::pp::stage_actions(schedule_spec(cfg), stage);
+  bool holds_last = false;
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const Chunk& chunk = chunks[c];
+    const double layers = double(chunk.layer_end - chunk.layer_begin);
+    e.values += layers * layer_values;
+    if (chunk.first) e.values += V * C / p + (gpt2 ? double(m.max_seq_len) * C : 0);
+    if (chunk.last) {
+      holds_last = true;
+      e.values += gpt2 ? 2 * C : C;
+      // A tied head is the embedding itself on one stage, a copy of it on the last stage.
+      if (!m.tie_embeddings || mesh.pp > 1) e.values += V * C / p;
+    }
+    // One activation slot per micro-batch the schedule keeps in flight on this chunk.
+    double in_flight = 1;
+    if (!actions.empty()) {
+      std::vector<parallel::pp::Action> mine;
+      for (const parallel::pp::Action& a : actions)
+        if (a.chunk == int(c)) mine.push_back(a);
+      in_flight = std::max(1, parallel::pp::peak_in_flight(mine));
+    }
+    const double slot = 8 * N + (layers + 1) * Nl * C * act +
+                        (m.recompute ? 0 : layers * layer_acts) + (chunk.last ? head_acts : 0);
+    e.activations += in_flight * slot;
+  }
+  // Scratch shared by every layer: backward's gradients, the projection output, and the
+  // recomputed layer's activations.
+  e.activations += act * (N * C + Nl * C + (sp ? N * C : 0) + N * C + (sp ? 2 * Nl * C : 0) +
+                          2 * N * (C / p) + 2 * N * (Ckv / p) + mlp_mats * N * (F / p)) +
+                   (m.recompute ? layer_acts : 0) + (p > 1 && holds_last ? 3 * f32 * N : 0);
+  e.parameters = e.values * (f32 + (cfg.train.precision == "bf16" ? 2 : 0));
+  e.gradients = e.values * f32;
+  e.optimizer = 2 * e.values * f32;  // AdamW's m and v
+  return e;
+}
+
+// The limit in bytes and how to say it.
+std::pair<double, std::string> memory_limit(const Config& cfg, const NodeShare& node) {
+  if (cfg.train.memory_limit_mb > 0)
+    return {double(cfg.train.memory_limit_mb) * kMiB,
+            fmt::format("train.memory_limit_mb = {}", cfg.train.memory_limit_mb)};
+  const double share = node.memory_bytes / std::max(1, node.ranks);
+  return {share, fmt::format("this rank's share of the machine's memory ({} / {} rank{} = {}; "
+                             "train.memory_limit_mb = 0 means automatic)",
+                             bytes_text(node.memory_bytes), node.ranks,
+                             node.ranks == 1 ? "" : "s on it", bytes_text(share))};
+}
+
+// The largest value in [lo, hi] for which fits(value) holds, fits being monotone
+// (true up to some value); lo - 1 when none fits.
+int64_t largest_fitting(int64_t lo, int64_t hi, const std::function<bool(int64_t)>& fits) {
+  if (lo > hi || !fits(lo)) return lo - 1;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid))
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& mesh) {
+  MemoryEstimate worst;
+  for (int stage = 0; stage < mesh.pp; ++stage) {
+    const MemoryEstimate e = estimate_stage(cfg, mesh, stage);
+    if (stage == 0 || e.total() > worst.total()) worst = e;
+  }
+  return worst;
+}
+
+NodeShare node_share() {
+  NodeShare node;
+  const double pages = double(sysconf(_SC_PHYS_PAGES)), page = double(sysconf(_SC_PAGE_SIZE));
+  node.memory_bytes = pages * page;
+  for (const char* path :
+       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::ifstream file(path);
+    double limit = 0;
+    if (file >> limit && limit > 0) node.memory_bytes = std::min(node.memory_bytes, limit);
+  }
+  // Cores: the union of the ranks' affinity masks, so ranks bound to distinct cores count
+  // each one and ranks started on one core count it once.
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  sched_getaffinity(0, sizeof(set), &set);
+  constexpr int kWords = CPU_SETSIZE / 64;
+  std::vector<uint64_t> mask(kWords, 0);
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &set)) mask[size_t(cpu / 64)] |= uint64_t{1} << (cpu % 64);
+  int threads = omp_get_max_threads();
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) {
+    MPI_Comm local;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+    MPI_Comm_size(local, &node.ranks);
+    MPI_Allreduce(MPI_IN_PLACE, mask.data(), kWords, MPI_UINT64_T, MPI_BOR, local);
+    MPI_Allreduce(MPI_IN_PLACE, &threads, 1, MPI_INT, MPI_SUM, local);
+    MPI_Comm_free(&local);
+  }
+  node.cores = 0;
+  for (uint64_t word : mask) node.cores += std::popcount(word);
+  node.cores = std::max(1, node.cores);
+  node.threads = threads;
+  return node;
+}
+
+void check_memory(const Config& cfg, const parallel::MeshConfig& mesh, const NodeShare& node) {
+  if (cfg.train.memory_limit_mb == 0 && cfg.train.device != "cpu") return;
+  const auto [limit, limit_text] = memory_limit(cfg, node);
+  const MemoryEstimate e = estimate_memory(cfg, mesh);
+  if (e.total() <= limit) return;
+
+  auto fits = [&](Config c) {
+    try {
+      return estimate_memory(c, mesh).total() <= limit;
+    } catch (const Error&) {  // a layout the changed value does not split into
+      return false;
+    }
+  };
+  std::vector<std::string> knobs;
+  const ModelConfig& m = cfg.model;
+  const int64_t min_layers = int64_t(mesh.pp) * cfg.parallel.virtual_stages;
+  const int64_t layers = largest_fitting(min_layers, m.n_layer - 1, [&](int64_t n) {
+    Config c = cfg;
+    c.model.n_layer = n;
+    return fits(c);
+  });
+  if (layers >= min_layers) knobs.push_back(fmt::format("model.n_layer <= {}", layers));
+  // Widths that keep the heads whole (and even for RoPE).
+  const int64_t step = m.n_head * (m.family == ModelFamily::LLaMA ? 2 : 1);
+  const int64_t widths = largest_fitting(1, m.d_model / step - 1, [&](int64_t k) {
+    Config c = cfg;
+    c.model.d_model = k * step;
+    return fits(c);
+  });
+  if (widths >= 1) knobs.push_back(fmt::format("model.d_model <= {}", widths * step));
+  const int64_t vocab = largest_fitting(2, m.vocab_size - 1, [&](int64_t v) {
+    Config c = cfg;
+    c.model.vocab_size = v;
+    return fits(c);
+  });
+  if (vocab >= 2) knobs.push_back(fmt::format("model.vocab_size <= {}", vocab));
+  const int64_t batch = largest_fitting(1, cfg.train.micro_batch - 1, [&](int64_t b) {
+    Config c = cfg;
+    c.train.micro_batch = b;
+    return fits(c);
+  });
+  if (batch >= 1)
+    knobs.push_back(
+        fmt::format("train.micro_batch <= {} (raise train.grad_accum to keep the "
+                    "batch)",
+                    batch));
+  if (!m.recompute) {
+    Config c = cfg;
+    c.model.recompute = true;
+    if (fits(c)) knobs.push_back("model.recompute = true");
+  }
+  // Parameters, gradients and AdamW state divide over tp x pp; activations mostly do not.
+  const double state = e.parameters + e.gradients + e.optimizer;
+  const double room = limit - e.activations;
+  const std::string spread =
+      room > 0 ? fmt::format("about {:.0f}x more ranks in parallel.tp x parallel.pp",
+                             std::ceil(state / room))
+               : std::string("more ranks in parallel.tp x parallel.pp");
+  knobs.push_back(fmt::format("{} (now tp {} x pp {})", spread, mesh.tp, mesh.pp));
+
+  struct Item {
+    std::string text;
+    double bytes;
+  };
+  std::vector<Item> items = {
+      {fmt::format("parameters {} ({:.4g} values)", bytes_text(e.parameters), e.values),
+       e.parameters},
+      {fmt::format("gradients {}", bytes_text(e.gradients)), e.gradients},
+      {fmt::format("AdamW state {}", bytes_text(e.optimizer)), e.optimizer},
+      {fmt::format("activations {} (micro-batch {} x {}, recompute {})", bytes_text(e.activations),
+                   cfg.train.micro_batch, cfg.train.seq_len, m.recompute ? "on" : "off"),
+       e.activations}};
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& a, const Item& b) { return a.bytes > b.bytes; });
+  std::string largest;
+  for (const Item& item : items) largest += (largest.empty() ? "" : ", ") + item.text;
+  std::string options;
+  for (const std::string& k : knobs) options += (options.empty() ? "" : "; or ") + k;
+  fail(
+      "{}: the memory plan does not fit: each rank{} needs about {} ({}), above {}. "
+      "To fit: {}; or {} train.memory_limit_mb (MiB per rank)",
+      cfg.recipe_path, mesh.pp > 1 ? fmt::format(" of pipeline stage {}", e.stage) : "",
+      bytes_text(e.total()), largest, limit_text, options,
+      cfg.train.memory_limit_mb > 0 ? "raise" : "set");
+}
+
+}  // namespace pentad

@@ -1,0 +1,42 @@
+#pragma once
+// What a run will need on each rank, worked out from the recipe alone (nothing allocated,
+// no loop over parameters), and what the machine it runs on can give. The trainer's printed
+// memory plan (Trainer::memory_plan) measures the real arenas afterwards; this estimate
+// lets a recipe that asks for terabytes fail in milliseconds, naming the keys to change.
+#include <string>
+
+#include "parallel/mesh.h"
+#include "train/config.h"
+
+namespace pentad {
+
+// Bytes on the rank that needs the most: the largest pipeline stage of any tp rank.
+struct MemoryEstimate {
+  double parameters = 0, gradients = 0, optimizer = 0, activations = 0;  // bytes
+  double values = 0;  // parameter values held by that rank
+  int stage = 0;      // its pipeline stage
+  double total() const { return parameters + gradients + optimizer + activations; }
+};
+
+// Closed form over the layer shapes of model.cpp and the schedule's micro-batches in
+// flight. Arena alignment is left out, so it is a little below the measured plan.
+MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& mesh);
+
+// The ranks on this machine and what they share. Collective over MPI_COMM_WORLD (one rank
+// alone when MPI is not initialised).
+struct NodeShare {
+  int ranks = 1;            // ranks on this machine
+  int cores = 1;            // distinct cores in the union of their affinity masks
+  int threads = 1;          // compute threads of those ranks together
+  double memory_bytes = 0;  // physical memory, or the cgroup's limit when that is lower
+};
+NodeShare node_share();
+
+// Throws pentad::Error when the estimate is above train.memory_limit_mb, or, when that key
+// is 0, above this rank's share of the machine's memory (memory / ranks on it; CPU only:
+// on CUDA the device allocator reports what does not fit). The message lists the items
+// from the largest and the values of model.n_layer, model.d_model, train.micro_batch and
+// the parallel degrees that would fit.
+void check_memory(const Config& cfg, const parallel::MeshConfig& mesh, const NodeShare& node);
+
+}  // namespace pentad

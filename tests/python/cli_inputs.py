@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Inputs pentad must accept or refuse: the table below is the specification.
+
+Each row runs the real binary on tiny settings: a recipe (a file of recipes/ or text
+written for the case), overrides, optionally under mpirun, and states the exit code and
+words the output must hold. Refusals must name the key or file to change, and come fast:
+a memory plan that cannot fit is refused before anything large is allocated.
+
+usage: cli_inputs.py PENTAD RECIPES_DIR WORKDIR
+"""
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMP_NUM_THREADS="1")
+SECONDS = 5.0  # per case; refusals take well under one (MPI start-up is most of it)
+TINY = ["train.steps=2", "train.threads=1", "train.log_every=1", "train.micro_batch=2",
+        "train.seq_len=16", "data.source=random"]
+SECTIONS = "sections are [model], [optim], [train], [data], [parallel]"
+SMALL = "small.bin"  # an llm.c shard of 400 tokens: 24 windows of 16, 22 for training
+
+
+def write_llmc_shard(path, count):
+    header = [20240520, 1, count] + [0] * 253
+    tokens = [(7 * i) % 512 for i in range(count)]
+    path.write_bytes(struct.pack(f"<256i{count}H", *header, *tokens))
+
+
+# name, recipe (a file of recipes/, or {"text": ...}), overrides, ranks, exit code,
+# words the output must hold. ranks 0: one process without mpirun.
+CASES = [
+    # Recipe mistakes (these passed before issue 12; the table keeps them).
+    ("typo_in_key", {"text": "[model]\nn_layers = 2\n"}, [], 0, 2,
+     ["typo_in_key.toml:2:", "model.n_layers", "did you mean model.n_layer?"]),
+    ("unknown_section", {"text": "[modle]\nn_layer = 2\n"}, [], 0, 2,
+     ["unknown_section.toml", "unknown section [modle]", "did you mean [model]?", SECTIONS]),
+    ("unknown_section_parallel", {"text": "[paralel]\ntp = 1\n"}, [], 0, 2,
+     ["unknown section [paralel]", "did you mean [parallel]?", SECTIONS]),
+    ("unknown_section_override", "gpt-tiny.toml", ["tran.steps=1"], 0, 2,
+     ["override 'tran.steps=1'", "did you mean [train]?", SECTIONS]),
+    ("negative_lr", "gpt-tiny.toml", ["optim.lr=-1e-3"], 0, 2, ["optim.lr must be >= 0"]),
+    ("val_fraction_one", "gpt-tiny.toml", ["data.val_fraction=1.0"], 0, 2,
+     ["data.val_fraction must be in [0, 1)"]),
+    # An empty recipe would train on the defaults of every key.
+    ("empty_recipe", {"text": ""}, [], 0, 2,
+     ["empty_recipe.toml", "sets no key", "the file is empty"]),
+    ("comments_only_recipe", {"text": "# gpt-tiny, one day\n\n[model]\n"}, [], 0, 2,
+     ["comments_only_recipe.toml", "sets no key", "only comments or empty sections"]),
+    # Meaningful values that used to be refused.
+    ("lr_zero", "gpt-tiny.toml", TINY + ["optim.lr=0"], 0, 0, ["step     2/2", "lr 0.00e+00"]),
+    ("val_fraction_zero", "gpt-tiny.toml",
+     ["train.steps=2", "train.threads=1", "train.micro_batch=2", "train.seq_len=16",
+      "train.eval_every=1", "data.source=llmc", f"data.path={SMALL}", "data.val_fraction=0"],
+     0, 0, ["val 0 tokens", "eval: off, there is no validation data", "step     2/2"]),
+    # Small data: the log says how many epochs the run reads.
+    ("small_data_epochs", "gpt-tiny.toml",
+     ["train.steps=10", "train.threads=1", "train.micro_batch=4", "train.grad_accum=2",
+      "train.seq_len=16", "train.eval_every=0", "data.source=llmc", f"data.path={SMALL}"],
+     0, 0, ["10 steps x 8 samples = 3.64 epochs over the 22 training samples (windows repeat)"]),
+    ("data_below_one_batch", "gpt-tiny.toml",
+     ["train.steps=1", "train.threads=1", "train.micro_batch=32", "train.seq_len=16",
+      "train.eval_every=0", "data.source=llmc", f"data.path={SMALL}"],
+     0, 0, ["fewer than one global batch: windows repeat within each step"]),
+    ("large_data_one_pass", "gpt-tiny.toml", TINY + ["train.eval_every=0"], 0, 0,
+     ["2 steps x 2 samples = ", "epochs over the"]),
+    # Memory plans that cannot fit: refused at once, naming the items and the keys.
+    ("layers_100000", "gpt-tiny.toml", ["model.n_layer=100000", "train.steps=0"], 0, 2,
+     ["gpt-tiny.toml", "memory plan does not fit", "activations", "AdamW state",
+      "model.n_layer <=", "parallel.tp x parallel.pp"]),
+    ("layers_10000", "gpt-tiny.toml",
+     ["model.n_layer=10000", "train.steps=0", "train.memory_limit_mb=20000"], 0, 2,
+     ["memory plan does not fit", "above train.memory_limit_mb = 20000", "model.n_layer <=",
+      "model.recompute = true", "raise train.memory_limit_mb"]),
+    ("huge_d_model", "gpt-tiny.toml", ["model.d_model=1000000000", "model.n_head=1"], 0, 2,
+     ["memory plan does not fit", "EiB", "parameters", "model.d_model <="]),
+    ("huge_vocab", "gpt-tiny.toml", ["model.vocab_size=10000000000"], 0, 2,
+     ["memory plan does not fit", "TiB", "model.vocab_size <="]),
+    ("huge_micro_batch", "gpt-tiny.toml",
+     ["train.micro_batch=100000", "train.memory_limit_mb=1024"], 0, 2,
+     ["memory plan does not fit", "activations", "train.micro_batch <="]),
+    ("memory_limit_tiny", "gpt-tiny.toml", ["train.memory_limit_mb=1"], 0, 2,
+     ["above train.memory_limit_mb = 1"]),
+    ("memory_limit_negative", "gpt-tiny.toml", ["train.memory_limit_mb=-1"], 0, 2,
+     ["train.memory_limit_mb must be >= 0"]),
+    ("memory_limit_fits", "gpt-tiny.toml", TINY + ["train.memory_limit_mb=64"], 0, 0,
+     ["memory plan (this rank"]),
+    ("pipeline_stage_over_limit", "gpt-tiny.toml",
+     ["parallel.pp=2", "model.n_layer=4000", "train.memory_limit_mb=512"], 2, 2,
+     ["each rank of pipeline stage", "memory plan does not fit"]),
+    # Two pipeline ranks on one core: the bubble line says the figure includes the wait.
+    ("bubble_on_one_core", "gpt-tiny.toml",
+     TINY + ["parallel.pp=2", "train.grad_accum=4", "train.eval_every=0", "--trace",
+             "trace.json"], -2, 0,
+     ["bubble measured", "by CPU time", "2 ranks (2 compute threads) share 1 core",
+      "includes time spent waiting for a core"]),
+]
+
+
+def command(pentad, recipe, overrides, ranks):
+    cmd = [pentad, "train", str(recipe), *overrides]
+    if ranks == 0:
+        return cmd
+    mpirun = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(abs(ranks))]
+    # ranks < 0: every rank on core 0 alone (the affinity mask the ranks inherit).
+    return (["taskset", "-c", "0"] if ranks < 0 else []) + mpirun + cmd
+
+
+def main():
+    pentad, recipes, work = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    write_llmc_shard(work / SMALL, 400)
+    failures = []
+    for name, recipe, overrides, ranks, code, words in CASES:
+        if isinstance(recipe, dict):
+            path = work / f"{name}.toml"
+            path.write_text(recipe["text"])
+        else:
+            path = recipes / recipe
+        args = overrides + [f"train.out_dir=runs/{name}", "data.cache_dir=data"]
+        start = time.monotonic()
+        try:
+            run = subprocess.run(command(pentad, path, args, ranks), cwd=work, env=ENV,
+                                 capture_output=True, text=True, timeout=60)
+            output, rc = run.stdout + run.stderr, run.returncode
+        except subprocess.TimeoutExpired as e:
+            output, rc = str(e.stdout or "") + str(e.stderr or ""), "timeout"
+        seconds = time.monotonic() - start
+        problems = [f"exit {rc}, expected {code}"] if rc != code else []
+        problems += [f"missing: {w}" for w in words if w not in output]
+        if seconds > SECONDS:
+            problems.append(f"took {seconds:.1f} s (limit {SECONDS} s)")
+        print(f"{'ok  ' if not problems else 'FAIL'} {name:28s} exit {rc} in {seconds:.2f} s")
+        if problems:
+            failures.append(name)
+            print("     " + "\n     ".join(problems))
+            print("     output tail:\n" + "\n".join("       " + l for l in output.splitlines()[-8:]))
+    if failures:
+        print(f"{len(failures)} of {len(CASES)} cases failed: {', '.join(failures)}")
+        sys.exit(1)
+    print(f"every input case behaves ({len(CASES)} cases)")
+
+
+if __name__ == "__main__":
+    main()
