@@ -114,8 +114,9 @@ class Reader {
   Impl* impl_ = nullptr;
 };
 
-// `pentad ckpt inspect`: step, layout, recipe summary, every tensor with shape, shards and
-// bytes; with verify, reads every shard and checks its checksum (errors name file+tensor).
+// `pentad ckpt inspect`: step, layout, the recorded recipe (TOML), every tensor with shape,
+// shards and bytes; with verify, reads every shard and checks its checksum (errors name
+// file+tensor).
 std::string inspect(const std::string& dir, bool verify);
 
 }  // namespace pentad::ckpt

@@ -73,10 +73,13 @@ std::vector<HfEntry> hf_table(const ModelConfig& m) {
     t.push_back({std::move(hf), transposed, {{std::move(ours), std::move(dims)}}});
   };
   if (m.family == ModelFamily::GPT2) {
-    one("wte.weight", "wte.weight", {V, C});
-    one("wpe.weight", "wpe.weight", {T, C});
+    // GPT2LMHeadModel keeps the body under "transformer." and the head beside it; a file
+    // without the prefix loads only into the bare GPT2Model, so an untied head (or any
+    // head) would make from_pretrained refuse it.
+    one("transformer.wte.weight", "wte.weight", {V, C});
+    one("transformer.wpe.weight", "wpe.weight", {T, C});
     for (int64_t l = 0; l < m.n_layer; ++l) {
-      const std::string p = fmt::format("layers.{}.", l), h = fmt::format("h.{}.", l);
+      const std::string p = fmt::format("layers.{}.", l), h = fmt::format("transformer.h.{}.", l);
       one(h + "ln_1.weight", p + "norm1.weight", {C});
       one(h + "ln_1.bias", p + "norm1.bias", {C});
       // c_attn.weight [C, 3C] = [Wq^T Wk^T Wv^T]; c_attn.bias = [bq bk bv].
@@ -97,8 +100,8 @@ std::vector<HfEntry> hf_table(const ModelConfig& m) {
       one(h + "mlp.c_proj.weight", p + "mlp.down.weight", {C, F}, true);
       one(h + "mlp.c_proj.bias", p + "mlp.down.bias", {C});
     }
-    one("ln_f.weight", "norm_f.weight", {C});
-    one("ln_f.bias", "norm_f.bias", {C});
+    one("transformer.ln_f.weight", "norm_f.weight", {C});
+    one("transformer.ln_f.bias", "norm_f.bias", {C});
   } else {
     // pentad's RoPE pairs dimension i with i + d/2 (HF's rotate_half), the convention HF
     // LLaMA checkpoints are stored in, so q_proj and k_proj are copied without permutation.
@@ -117,6 +120,8 @@ std::vector<HfEntry> hf_table(const ModelConfig& m) {
     }
     one("model.norm.weight", "norm_f.weight", {C});
   }
+  // A tied head is the embedding: transformers' save_pretrained leaves it out, and
+  // tie_word_embeddings in config.json makes from_pretrained tie it again.
   if (!m.tie_embeddings) one("lm_head.weight", "lm_head.weight", {V, C});
   return t;
 }
@@ -299,10 +304,14 @@ class HfTensors {
   }
 
   size_t files() const { return files_.size(); }
-  // The stored name of `name`: itself, or with GPT-2's "transformer." prefix; "" if absent.
+  // The stored name of `name` (as GPT2LMHeadModel or LlamaForCausalLM names it): itself,
+  // or without the base model's prefix, as the bare GPT2Model / LlamaModel and older
+  // exports store it; "" if absent.
   std::string find(const std::string& name) const {
     if (where_.count(name)) return name;
-    if (where_.count("transformer." + name)) return "transformer." + name;
+    for (const char* prefix : {"transformer.", "model."})
+      if (name.starts_with(prefix) && where_.count(name.substr(std::strlen(prefix))))
+        return name.substr(std::strlen(prefix));
     return "";
   }
   std::vector<float> read(const std::string& stored, const Dims& dims) const {
@@ -381,6 +390,15 @@ std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_r
 
   const std::string target = checkpoint_dir(checkpoint_root, step);
   if (fs::exists(target)) fail("{}: already exists; choose another root or step", target);
+  // The recipe goes beside the checkpoint, so that training starts from the two of them;
+  // one already there for another model is not overwritten.
+  const std::string recipe_path = (fs::path(checkpoint_root) / "recipe.toml").string();
+  if (fs::exists(recipe_path)) {
+    std::ifstream in(recipe_path);
+    const std::string there{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    if (there != recipe)
+      fail("{}: holds a recipe for another model; choose another root", recipe_path);
+  }
 
   HfTensors hf(hf_dir);
   std::vector<std::string> missing, used;
@@ -443,10 +461,13 @@ std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_r
   base.step = step;
   base.recipe_toml = recipe;
   remove_dirs(commit(checkpoint_root, base, 0));
+  std::ofstream recipe_out(recipe_path);
+  recipe_out << recipe;
+  if (!recipe_out.flush()) fail("{}: write failed ({})", recipe_path, std::strerror(errno));
   return fmt::format(
       "imported {} tensors ({} parameters) from {} safetensors file(s) in {} into {} "
-      "(ignored {} buffers)",
-      params.size(), values, hf.files(), hf_dir, target, ignored);
+      "(ignored {} buffers); its recipe is {} (train on: pentad train {} --resume {})",
+      params.size(), values, hf.files(), hf_dir, target, ignored, recipe_path, recipe_path, target);
 }
 
 std::string export_llmc(const std::string& checkpoint_dir, const std::string& out_path) {

@@ -5,15 +5,16 @@
 // (or transposed) exactly, so pentad -> HF -> pentad gives back the same bits.
 //
 // Name map (pentad (out, in) linear weights; HF GPT-2's Conv1D stores [in, out]):
-//   gpt2                      HF GPT2LMHeadModel (stored without "transformer.")
-//   wte.weight, wpe.weight    wte.weight, wpe.weight
-//   layers.i.norm1.*          h.i.ln_1.*
-//   layers.i.attn.{q,k,v}.*   h.i.attn.c_attn.{weight [C, 3C] = [Wq^T Wk^T Wv^T], bias}
-//   layers.i.attn.o.*         h.i.attn.c_proj.*      (weight transposed)
-//   layers.i.norm2.*          h.i.ln_2.*
-//   layers.i.mlp.up.*         h.i.mlp.c_fc.*         (weight transposed)
-//   layers.i.mlp.down.*       h.i.mlp.c_proj.*       (weight transposed)
-//   norm_f.*                  ln_f.*
+//   gpt2                      HF GPT2LMHeadModel ("transformer." before all but lm_head)
+//   wte.weight, wpe.weight    transformer.wte.weight, transformer.wpe.weight
+//   layers.i.norm1.*          transformer.h.i.ln_1.*
+//   layers.i.attn.{q,k,v}.*   transformer.h.i.attn.c_attn.{weight [C, 3C] = [Wq^T Wk^T Wv^T],
+//                             bias}
+//   layers.i.attn.o.*         transformer.h.i.attn.c_proj.*      (weight transposed)
+//   layers.i.norm2.*          transformer.h.i.ln_2.*
+//   layers.i.mlp.up.*         transformer.h.i.mlp.c_fc.*         (weight transposed)
+//   layers.i.mlp.down.*       transformer.h.i.mlp.c_proj.*       (weight transposed)
+//   norm_f.*                  transformer.ln_f.*
 //   lm_head.weight            lm_head.weight         (untied only)
 //
 //   llama                     HF LlamaForCausalLM
@@ -39,8 +40,10 @@ std::string export_hf(const std::string& checkpoint_dir, const std::string& out_
 // Reads hf_dir/config.json and hf_dir/model.safetensors (or, without it, every
 // *.safetensors in hf_dir), builds the matching recipe (model keys from config.json, every
 // other key its default) and writes a committed one-rank checkpoint of the parameters only
-// (no optimizer moments) at checkpoint_dir(checkpoint_root, step). Accepts GPT-2 names
-// with and without the "transformer." prefix and ignores the attention-mask buffers.
+// (no optimizer moments) at checkpoint_dir(checkpoint_root, step), and that recipe as
+// checkpoint_root/recipe.toml (refusing to replace a different one there). Accepts names
+// with and without the base model's prefix ("transformer.", "model.") and ignores the
+// attention-mask buffers.
 // Refuses an unknown model_type, features pentad lacks (rope scaling, biases in LLaMA,
 // another activation), missing tensors, wrong shapes and unused tensors, naming them.
 // Returns a one-line summary.

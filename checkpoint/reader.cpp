@@ -7,6 +7,7 @@
 #include <memory>
 #include <numeric>
 #include <set>
+#include <string_view>
 
 #include "checkpoint/box.h"
 #include "checkpoint/checkpoint.h"
@@ -169,18 +170,16 @@ std::string inspect(const std::string& dir, bool verify) {
                       m.checksum);
   text += fmt::format("  layout: world {} = tp {} x dp {} x pp {} x cp {}, sequence parallel {}\n",
                       l.world, l.tp, l.dp, l.pp, l.cp, l.sequence_parallel ? "on" : "off");
-  int64_t recipe_lines = 0;
-  std::string sections;
+  // The whole recipe, indented (still valid TOML): what the tensors mean, and the keys to
+  // train on from here. `--recipe` prints it alone.
+  text += "  recipe (TOML):\n";
   for (size_t at = 0; at < m.recipe_toml.size();) {
     size_t end = m.recipe_toml.find('\n', at);
     if (end == std::string::npos) end = m.recipe_toml.size();
-    const std::string line = m.recipe_toml.substr(at, end - at);
-    ++recipe_lines;
-    if (line.starts_with("[")) sections += " " + line;
+    const std::string_view line(m.recipe_toml.data() + at, end - at);
+    text += line.empty() ? std::string("\n") : fmt::format("    {}\n", line);
     at = end + 1;
   }
-  text +=
-      fmt::format("  recipe: {} lines{}{}\n", recipe_lines, sections.empty() ? "" : ";", sections);
 
   std::set<std::string> seen;
   text += "  files:\n";

@@ -16,7 +16,7 @@ packages=(
   liburing-dev                        # NVMe offload
   nlohmann-json3-dev                  # tokenizer.json, metrics
   python3-torch python3-numpy         # numerical reference in tests and benchmarks
-  python3-pip                         # for safetensors below
+  python3-venv python3-pip            # the transformers environment below
   fortunes                            # default English corpus
 )
 
@@ -33,9 +33,19 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# The Hugging Face export test reads model.safetensors with the `safetensors` package,
-# which Debian does not ship: take it from PyPI for the system interpreter (which has torch).
-if ! /usr/bin/python3 -c "import safetensors" 2>/dev/null; then
-  echo "setup: installing safetensors from PyPI"
-  /usr/bin/python3 -m pip install --quiet --break-system-packages safetensors
+# The Hugging Face tests load pentad's exports with the real transformers library (and
+# read safetensors files), which Debian does not ship. They go into a virtual environment
+# in .venv/ that also sees Debian's torch and numpy (--system-site-packages); tests/
+# scripts.cmake runs those tests with its python. transformers 4.40 is the newest that
+# runs on Debian's torch 1.13; its dependencies are pinned to versions checked with it.
+# A stamp holding the pins makes the next run a file comparison.
+venv="$(cd "$(dirname "$0")/.." && pwd)/.venv"
+hf_pins=(transformers==4.40.2 tokenizers==0.19.1 huggingface-hub==0.36.2 safetensors==0.8.0)
+stamp="$venv/pentad-pins.txt"
+if [[ ! -x $venv/bin/python || "$(cat "$stamp" 2>/dev/null)" != "${hf_pins[*]}" ]]; then
+  echo "setup: installing ${hf_pins[*]} into $venv"
+  /usr/bin/python3 -m venv --system-site-packages "$venv"
+  "$venv/bin/python" -m pip install --quiet "${hf_pins[@]}"
+  "$venv/bin/python" -c "import torch, transformers, safetensors.torch; transformers.GPT2Config()"
+  echo "${hf_pins[*]}" >"$stamp"
 fi

@@ -71,15 +71,23 @@ add_test(NAME checkpoint_resume
 set_tests_properties(checkpoint_resume PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE
   PASS_REGULAR_EXPRESSION "checkpoints resume exactly")
 
-# Conversion: export to Hugging Face safetensors (and llm.c), logits of a reference model
-# written in the test against pentad's, and the import back.
+# Hugging Face tests run with the python of the virtual environment that scripts/setup.sh
+# makes: Debian's torch and numpy plus transformers and safetensors from PyPI.
+set(PENTAD_HF_PYTHON ${CMAKE_SOURCE_DIR}/.venv/bin/python CACHE FILEPATH
+    "Python with transformers, for the Hugging Face tests (scripts/setup.sh makes it)")
+if(NOT EXISTS ${PENTAD_HF_PYTHON})
+  message(WARNING "${PENTAD_HF_PYTHON} not found: run scripts/setup.sh, or the hf_* tests fail")
+endif()
+
+# Conversion as files: pentad -> Hugging Face -> pentad -> Hugging Face is bitwise; llm.c's
+# model file holds the exported tensors in its order.
 set(HF ${CMAKE_CURRENT_SOURCE_DIR}/python/hf_export.py)
 add_test(NAME hf_export_gpt2
-  COMMAND ${PENTAD_PYTHON} ${HF} $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml
+  COMMAND ${PENTAD_HF_PYTHON} ${HF} $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml
           ${CMAKE_CURRENT_BINARY_DIR}/hf-gpt2 data.source=random train.micro_batch=2
           train.seq_len=32 train.threads=2)
 add_test(NAME hf_export_llama
-  COMMAND ${PENTAD_PYTHON} ${HF} $<TARGET_FILE:pentad> ${RECIPES}/llama-tiny.toml
+  COMMAND ${PENTAD_HF_PYTHON} ${HF} $<TARGET_FILE:pentad> ${RECIPES}/llama-tiny.toml
           ${CMAKE_CURRENT_BINARY_DIR}/hf-llama data.source=random train.micro_batch=2
           train.seq_len=32 train.threads=2 model.n_head=4 model.n_kv_head=2)
 set_tests_properties(hf_export_gpt2 hf_export_llama PROPERTIES TIMEOUT 300
@@ -92,3 +100,18 @@ add_test(NAME cli_inputs
           ${RECIPES} ${CMAKE_CURRENT_BINARY_DIR}/cli-inputs)
 set_tests_properties(cli_inputs PROPERTIES TIMEOUT 300 RUN_SERIAL TRUE
   PASS_REGULAR_EXPRESSION "every input case behaves")
+
+# The real transformers library: loads every export (tied and untied, MHA and GQA) with no
+# missing or unexpected keys and the same logits; models it makes import into pentad with
+# the same logits and train on.
+set(HF_LIB ${CMAKE_CURRENT_SOURCE_DIR}/python/hf_transformers.py)
+add_test(NAME hf_transformers_gpt2
+  COMMAND ${PENTAD_HF_PYTHON} ${HF_LIB} $<TARGET_FILE:pentad> ${RECIPES}
+          ${CMAKE_CURRENT_BINARY_DIR}/hf-transformers gpt2-tied gpt2-untied gpt2-import
+          gpt2-untied-import)
+add_test(NAME hf_transformers_llama
+  COMMAND ${PENTAD_HF_PYTHON} ${HF_LIB} $<TARGET_FILE:pentad> ${RECIPES}
+          ${CMAKE_CURRENT_BINARY_DIR}/hf-transformers llama-mha-tied llama-mha-untied
+          llama-gqa-tied llama-gqa-untied llama-gqa-import)
+set_tests_properties(hf_transformers_gpt2 hf_transformers_llama PROPERTIES TIMEOUT 300
+  PASS_REGULAR_EXPRESSION "transformers loads pentad's exports and pentad transformers' models")

@@ -67,13 +67,15 @@ int main(int argc, char** argv) {
   train->add_option("--dump-grads", grads_dir,
                     "Developer: write the first step's reduced gradient shards (.npy) here");
 
-  std::string ref_out;
+  std::string ref_out, ref_checkpoint;
   int64_t ref_steps = 10;
   auto* reference = app.add_subcommand("reference",
       "Developer: dump weights, batches, logits, gradients and losses for the PyTorch tests");
   reference->add_option("recipe", recipe, "Recipe file")->required()->check(CLI::ExistingFile);
   reference->add_option("-o,--out", ref_out, "Output directory")->required();
   reference->add_option("--steps", ref_steps, "AdamW steps to record")->capture_default_str();
+  reference->add_option("--checkpoint", ref_checkpoint,
+                        "Start from this checkpoint directory's weights, not the initialisation");
   reference->add_option("-s,--set", sets, "Override a recipe key (repeatable)");
 
   auto* data = app.add_subcommand("data", "Data preparation");
@@ -102,10 +104,12 @@ int main(int argc, char** argv) {
   auto* ckpt = app.add_subcommand("ckpt", "Checkpoint tools");
   ckpt->require_subcommand(1);
   std::string ckpt_path;
-  bool verify = false;
+  bool verify = false, recipe_only = false;
   auto* inspect = ckpt->add_subcommand("inspect", "Show a checkpoint's step, layout and tensors");
   inspect->add_option("checkpoint", ckpt_path, "Checkpoint directory (step-N)")->required();
   inspect->add_flag("--verify", verify, "Read every tensor and check its checksum");
+  inspect->add_flag("--recipe", recipe_only,
+                    "Print only the recorded recipe (TOML: a recipe file to train on from here)");
   std::string convert_to, convert_from, convert_src, convert_dst;
   auto* convert = ckpt->add_subcommand(
       "convert",
@@ -143,7 +147,7 @@ int main(int argc, char** argv) {
         spdlog::warn("--trace: this run has no pipeline (parallel.pp = 1); no trace written");
     } else if (*reference) {
       pentad::Config cfg = pentad::load_recipe(recipe, sets);
-      pentad::export_reference(cfg, ref_out, ref_steps);
+      pentad::export_reference(cfg, ref_out, ref_steps, ref_checkpoint);
     } else if (*convert) {
       std::string summary;
       if (convert_to == "hf")
@@ -156,7 +160,10 @@ int main(int argc, char** argv) {
         pentad::fail("ckpt convert needs --to hf|llmc or --from hf");
       std::puts(summary.c_str());
     } else if (*inspect) {
-      std::fputs(pentad::ckpt::inspect(ckpt_path, verify).c_str(), stdout);
+      if (recipe_only)
+        std::fputs(pentad::ckpt::Reader(ckpt_path).manifest().recipe_toml.c_str(), stdout);
+      else
+        std::fputs(pentad::ckpt::inspect(ckpt_path, verify).c_str(), stdout);
     } else if (*prepare) {
       pentad::data::data_prepare(inputs, tokenizer, out_prefix, fortune_format);
     } else if (*tok_train) {

@@ -12,10 +12,12 @@
 
 namespace pentad {
 
-void export_reference(const Config& cfg, const std::string& out_dir, int64_t steps) {
+void export_reference(const Config& cfg, const std::string& out_dir, int64_t steps,
+                      const std::string& checkpoint) {
   namespace fs = std::filesystem;
   fs::create_directories(out_dir);
   Trainer trainer(cfg);
+  if (!checkpoint.empty()) trainer.resume(checkpoint);
   Model& model = trainer.model();
   ParamStore& params = model.params();
   const int64_t b = cfg.train.micro_batch, t = cfg.train.seq_len;

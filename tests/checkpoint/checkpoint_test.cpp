@@ -517,6 +517,9 @@ TEST_F(CheckpointTest, InspectListsAndVerifies) {
                         "(2, 3, 4, 5)", "rank-00002.h5", "all 8 shards verified"})
     EXPECT_NE(text.find(s), std::string::npos) << "'" << s << "' not in:\n" << text;
   EXPECT_EQ(inspect(dir, false).find("verified"), std::string::npos);
+  // The recorded recipe itself, as TOML, not a count of its lines.
+  const std::string recipe = "  recipe (TOML):\n    [model]\n    d_model = 6\n    [train]\n";
+  EXPECT_NE(text.find(recipe + "    steps = 10\n"), std::string::npos) << text;
 
   // Verification reads every shard, including ones no read would pick.
   const std::string f = dir + "/" + rank_file_name(2);

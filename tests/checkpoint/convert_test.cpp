@@ -146,6 +146,10 @@ void round_trip(const std::string& tag, const Config& cfg) {
   want.model = cfg.model;
   got.model = back.model;
   EXPECT_EQ(recipe_to_toml(got), recipe_to_toml(want));
+  // The same recipe beside the checkpoint, to train on from it.
+  std::ifstream in(work + "/b/recipe.toml");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()),
+            r.manifest().recipe_toml);
   fs::remove_all(work);
 }
 
@@ -267,23 +271,25 @@ TEST(ConvertHf, Gpt2LayoutIsConv1D) {
   EXPECT_EQ(st.tensors().size(), 4u + 12u * 2u);  // wte wpe ln_f.{w,b}; 12 per layer
   EXPECT_FALSE(st.has("lm_head.weight"));
   const int64_t C = 8, F = 32;
-  EXPECT_EQ(st.tensors().at("h.1.attn.c_attn.weight").shape, (std::vector<int64_t>{C, 3 * C}));
-  EXPECT_EQ(st.tensors().at("h.1.mlp.c_fc.weight").shape, (std::vector<int64_t>{C, F}));
-  EXPECT_EQ(st.tensors().at("h.1.mlp.c_proj.weight").shape, (std::vector<int64_t>{F, C}));
-  const std::vector<float> attn = st.read("h.1.attn.c_attn.weight");  // [in, 3C]
-  const std::vector<float>& wk = value(p, "layers.1.attn.k.weight");  // (out, in)
+  EXPECT_EQ(st.tensors().at("transformer.h.1.attn.c_attn.weight").shape,
+            (std::vector<int64_t>{C, 3 * C}));
+  EXPECT_EQ(st.tensors().at("transformer.h.1.mlp.c_fc.weight").shape, (std::vector<int64_t>{C, F}));
+  EXPECT_EQ(st.tensors().at("transformer.h.1.mlp.c_proj.weight").shape,
+            (std::vector<int64_t>{F, C}));
+  const std::vector<float> attn = st.read("transformer.h.1.attn.c_attn.weight");  // [in, 3C]
+  const std::vector<float>& wk = value(p, "layers.1.attn.k.weight");              // (out, in)
   const std::vector<float>& wv = value(p, "layers.1.attn.v.weight");
   EXPECT_EQ(attn[2 * 3 * C + C + 5], wk[5 * C + 2]);      // row in=2, k's out=5
   EXPECT_EQ(attn[7 * 3 * C + 2 * C + 0], wv[0 * C + 7]);  // row in=7, v's out=0
-  const std::vector<float> bias = st.read("h.1.attn.c_attn.bias");
+  const std::vector<float> bias = st.read("transformer.h.1.attn.c_attn.bias");
   EXPECT_EQ(bias[C + 3], value(p, "layers.1.attn.k.bias")[3]);
-  const std::vector<float> proj = st.read("h.0.attn.c_proj.weight");  // [in, out]
+  const std::vector<float> proj = st.read("transformer.h.0.attn.c_proj.weight");  // [in, out]
   EXPECT_EQ(proj[6 * C + 1], value(p, "layers.0.attn.o.weight")[1 * C + 6]);
-  const std::vector<float> up = st.read("h.1.mlp.c_fc.weight");  // [C, F]
+  const std::vector<float> up = st.read("transformer.h.1.mlp.c_fc.weight");  // [C, F]
   EXPECT_EQ(up[5 * F + 20], value(p, "layers.1.mlp.up.weight")[20 * C + 5]);
-  const std::vector<float> fc = st.read("h.0.mlp.c_proj.weight");  // [F, C]
+  const std::vector<float> fc = st.read("transformer.h.0.mlp.c_proj.weight");  // [F, C]
   EXPECT_EQ(fc[17 * C + 3], value(p, "layers.0.mlp.down.weight")[3 * F + 17]);
-  EXPECT_EQ(st.read("ln_f.bias"), value(p, "norm_f.bias"));
+  EXPECT_EQ(st.read("transformer.ln_f.bias"), value(p, "norm_f.bias"));
   const nlohmann::json c = read_json(work + "/hf/config.json");
   EXPECT_EQ(c["model_type"], "gpt2");
   EXPECT_EQ(c["architectures"][0], "GPT2LMHeadModel");
@@ -328,20 +334,40 @@ TEST(ConvertHf, LlamaNamesAndConfig) {
   fs::remove_all(work);
 }
 
-// transformers' own GPT-2 files differ from pentad's export: "transformer." prefixes
-// (models saved by GPT2LMHeadModel.save_pretrained) and attention-mask buffers.
-TEST(ConvertHf, ImportAcceptsTransformerPrefixAndBuffers) {
+// An untied GPT-2 is the case GPT2LMHeadModel.from_pretrained refused while the body was
+// stored without "transformer.": the head sits beside the prefixed body.
+TEST(ConvertHf, Gpt2UntiedHeadBesideThePrefixedBody) {
+  const std::string work = fresh_dir("gpt2untied");
+  const Config cfg = tiny(ModelFamily::GPT2, false);
+  const Params p = random_params(cfg, 23);
+  export_hf(write_checkpoint(work + "/a", cfg, p, 1), work + "/hf");
+  SafetensorsFile st(work + "/hf/model.safetensors");
+  EXPECT_EQ(st.tensors().size(), 5u + 12u * 2u);
+  for (const auto& [name, e] : st.tensors())
+    EXPECT_TRUE(name == "lm_head.weight" || name.starts_with("transformer.")) << name;
+  EXPECT_EQ(st.read("lm_head.weight"), value(p, "lm_head.weight"));
+  EXPECT_EQ(st.read("transformer.wte.weight"), value(p, "wte.weight"));
+  EXPECT_EQ(read_json(work + "/hf/config.json")["tie_word_embeddings"], false);
+  fs::remove_all(work);
+}
+
+// Files from elsewhere differ from pentad's export: names without the base model's prefix
+// (the bare GPT2Model / LlamaModel, older exports), attention-mask buffers, a stored copy
+// of a tied head, several shard files.
+TEST(ConvertHf, ImportAcceptsUnprefixedNamesAndBuffers) {
   const std::string work = fresh_dir("prefix");
   const Config cfg = tiny(ModelFamily::GPT2, true);
   const Params p = random_params(cfg, 11);
   export_hf(write_checkpoint(work + "/a", cfg, p, 1), work + "/hf");
   SafetensorsFile st(work + "/hf/model.safetensors");
   std::vector<NamedTensor> renamed;
-  for (const auto& [name, e] : st.tensors())
-    renamed.push_back({"transformer." + name, e.shape, st.read(name)});
-  renamed.push_back({"transformer.h.0.attn.bias", {1, 1, 16, 16}, std::vector<float>(256, 1.0f)});
+  for (const auto& [name, e] : st.tensors()) {
+    ASSERT_TRUE(name.starts_with("transformer.")) << name;
+    renamed.push_back({name.substr(std::strlen("transformer.")), e.shape, st.read(name)});
+  }
+  renamed.push_back({"h.0.attn.bias", {1, 1, 16, 16}, std::vector<float>(256, 1.0f)});
   renamed.push_back({"transformer.h.1.attn.masked_bias", {}, {-1e4f}});
-  renamed.push_back({"lm_head.weight", {24, 8}, st.read("wte.weight")});
+  renamed.push_back({"lm_head.weight", {24, 8}, st.read("transformer.wte.weight")});
   fs::create_directories(work + "/hf2");
   fs::copy_file(work + "/hf/config.json", work + "/hf2/config.json");
   // Split over two shard files, as large models are stored.
@@ -390,7 +416,7 @@ TEST(ConvertHf, ImportRefusesWhatItCannotRepresent) {
   c = config;
   c["activation_function"] = "relu";
   EXPECT_NE(import_variant(c, all).find("activation_function \"relu\""), std::string::npos);
-  std::string msg = import_variant(config, without("h.1.mlp.c_fc.bias"));
+  std::string msg = import_variant(config, without("transformer.h.1.mlp.c_fc.bias"));
   EXPECT_NE(msg.find("missing tensors"), std::string::npos) << msg;
   EXPECT_NE(msg.find("h.1.mlp.c_fc.bias"), std::string::npos) << msg;
   c = config;
@@ -413,10 +439,18 @@ TEST(ConvertHf, ImportRefusesWhatItCannotRepresent) {
                                 {"vocab_size", 24},
                                 {"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}}};
   EXPECT_NE(import_variant(llama, all).find("RoPE scaling"), std::string::npos);
-  // An existing checkpoint is never overwritten.
-  import_hf(work + "/hf", work + "/same");
+  // An existing checkpoint is never overwritten, nor a recipe for another model.
+  const std::string summary = import_hf(work + "/hf", work + "/same");
+  EXPECT_NE(summary.find(work + "/same/recipe.toml"), std::string::npos) << summary;
   EXPECT_NE(error_of([&] { import_hf(work + "/hf", work + "/same"); }).find("already exists"),
             std::string::npos);
+  EXPECT_NO_THROW(import_hf(work + "/hf", work + "/same", 7));  // the same model: same recipe
+  const Config llama_cfg = tiny(ModelFamily::LLaMA, false);
+  export_hf(write_checkpoint(work + "/l", llama_cfg, random_params(llama_cfg, 2), 1),
+            work + "/hf-llama");
+  msg = error_of([&] { import_hf(work + "/hf-llama", work + "/same", 8); });
+  EXPECT_NE(msg.find("recipe.toml: holds a recipe for another model"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(checkpoint_dir(work + "/same", 8)));
   fs::remove_all(work);
 }
 

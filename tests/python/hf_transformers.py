@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""pentad <-> Hugging Face checked with the real transformers library, not a model
+written here: a hand-written model would share the exporter's assumptions.
+
+Export cases (NAME = gpt2-tied, gpt2-untied, llama-mha-tied, llama-mha-untied,
+llama-gqa-tied, llama-gqa-untied):
+1. `pentad train` a few steps and save a checkpoint;
+2. `pentad reference --checkpoint` dumps a batch and pentad's logits on it from the
+   checkpoint's weights;
+3. `pentad ckpt convert --to hf`, then AutoModelForCausalLM.from_pretrained with
+   output_loading_info: no missing, unexpected or mismatched keys, the head tied exactly
+   when the recipe ties it, and fp32 logits within TOL of pentad's.
+
+Import cases (NAME = gpt2-import, gpt2-untied-import, llama-gqa-import):
+1. transformers builds a small model with every parameter perturbed (so biases and norms
+   are not their 0 / 1 initialisation) and save_pretrained writes it;
+2. `pentad ckpt convert --from hf` imports it and writes ROOT/recipe.toml, which
+   `pentad ckpt inspect` prints back (and `--recipe` alone, byte for byte);
+3. pentad's logits on its batch (`pentad reference --checkpoint`) are within TOL of
+   transformers';
+4. `pentad train ROOT/recipe.toml --resume ROOT/step-0` trains a few steps: finite losses,
+   the first equal to transformers' cross-entropy on the same batch.
+
+usage: hf_transformers.py PENTAD RECIPES_DIR WORKDIR NAME [NAME ...]
+Prints "transformers loads pentad's exports and pentad transformers' models" on success.
+"""
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # local directories only: never look for a hub
+import transformers  # noqa: E402
+from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig,
+                          LlamaForCausalLM)
+
+TOL = 1e-5  # logits and losses, relative (norm-wise)
+TRAIN_STEPS = 3
+# Small, fast, and the same batch shape for every run.
+COMMON = ["data.source=random", "train.micro_batch=2", "train.seq_len=32", "train.threads=2",
+          "train.eval_every=0"]
+
+EXPORTS = {
+    "gpt2-tied": ("gpt-tiny.toml", ["model.tie_embeddings=true"]),
+    "gpt2-untied": ("gpt-tiny.toml", ["model.tie_embeddings=false"]),
+    "llama-mha-tied": ("llama-tiny.toml", ["model.n_kv_head=0", "model.tie_embeddings=true"]),
+    "llama-mha-untied": ("llama-tiny.toml", ["model.n_kv_head=0", "model.tie_embeddings=false"]),
+    "llama-gqa-tied": ("llama-tiny.toml", ["model.n_kv_head=2", "model.tie_embeddings=true"]),
+    "llama-gqa-untied": ("llama-tiny.toml", ["model.n_kv_head=2", "model.tie_embeddings=false"]),
+}
+
+IMPORTS = {
+    "gpt2-import": lambda: GPT2LMHeadModel(GPT2Config(
+        vocab_size=96, n_positions=64, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0,
+        embd_pdrop=0.0, attn_pdrop=0.0)),
+    "gpt2-untied-import": lambda: GPT2LMHeadModel(GPT2Config(
+        vocab_size=96, n_positions=64, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0,
+        embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=False)),
+    "llama-gqa-import": lambda: LlamaForCausalLM(LlamaConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        rms_norm_eps=1e-6, rope_theta=10000.0, attn_implementation="eager")),
+}
+
+
+def rel_err(a, b):
+    a = torch.as_tensor(np.asarray(a), dtype=torch.float64)
+    b = torch.as_tensor(np.asarray(b), dtype=torch.float64)
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def run(*cmd):
+    cmd = [str(c) for c in cmd]
+    print("+", " ".join(cmd), flush=True)
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True).stdout
+    return out
+
+
+def sets(overrides):
+    return [a for o in overrides for a in ("--set", o)]
+
+
+def newest_checkpoint(root):
+    dirs = sorted(d for d in Path(root).glob("step-*")
+                  if (d / "manifest.json").exists() and not d.name.endswith(".partial"))
+    if not dirs:
+        sys.exit(f"no committed checkpoint under {root}")
+    return dirs[-1]
+
+
+def reference(pentad, recipe, checkpoint, out, overrides):
+    """pentad's first batch (b, t), its logits (b, t, V) and loss from the checkpoint's weights."""
+    run(pentad, "reference", recipe, "--out", out, "--steps", 1, "--checkpoint", checkpoint,
+        *sets(overrides))
+    tokens = torch.tensor(np.load(out / "inputs.0.0.npy")).long()
+    targets = torch.tensor(np.load(out / "targets.0.0.npy")).long()
+    manifest = json.loads((out / "manifest.json").read_text())
+    return tokens, targets, np.load(out / "logits.npy"), manifest["first_loss"]
+
+
+def hf_logits(model, tokens):
+    model.eval()
+    with torch.no_grad():
+        return model(tokens).logits.float()
+
+
+def head_is_tied(model):
+    return model.get_output_embeddings().weight.data_ptr() == \
+        model.get_input_embeddings().weight.data_ptr()
+
+
+def check_export(pentad, recipes, work, name):
+    recipe_file, extra = EXPORTS[name]
+    recipe = Path(recipes) / recipe_file
+    overrides = COMMON + extra
+    failures = []
+    run(pentad, "train", recipe, *sets(overrides), "--set", f"train.steps={TRAIN_STEPS}",
+        "--set", "optim.warmup_steps=1", "--set", f"train.save_every={TRAIN_STEPS}",
+        "--set", f"train.ckpt_dir={work / 'ckpt'}", "--set", f"train.out_dir={work / 'run'}")
+    ckpt = newest_checkpoint(work / "ckpt")
+    tokens, _, logits, _ = reference(pentad, recipe, ckpt, work / "ref", overrides)
+    print(run(pentad, "ckpt", "convert", "--to", "hf", ckpt, work / "hf").strip())
+
+    model, info = AutoModelForCausalLM.from_pretrained(
+        work / "hf", output_loading_info=True, torch_dtype=torch.float32,
+        attn_implementation="eager")
+    for kind in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
+        if info[kind]:
+            failures.append(f"{kind}: {info[kind]}")
+    tied = "model.tie_embeddings=true" in extra
+    if head_is_tied(model) != tied:
+        failures.append(f"transformers {'ties' if head_is_tied(model) else 'unties'} the head; "
+                        f"the recipe {'ties' if tied else 'unties'} it")
+    err = rel_err(hf_logits(model, tokens), logits)
+    print(f"{name}: {type(model).__name__}, loading info {info}, logits rel err {err:.2e}")
+    if not err <= TOL:
+        failures.append(f"logits rel err {err:.2e} > {TOL}")
+    return failures
+
+
+def check_import(pentad, recipes, work, name):
+    failures = []
+    torch.manual_seed(0)
+    model = IMPORTS[name]()
+    with torch.no_grad():  # every parameter away from its 0 / 1 / tied initialisation
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    model.save_pretrained(work / "hf")
+
+    root = work / "imported"
+    summary = run(pentad, "ckpt", "convert", "--from", "hf", work / "hf", root).strip()
+    print(summary)
+    recipe = root / "recipe.toml"
+    if not recipe.exists() or str(recipe) not in summary:
+        failures.append(f"convert --from hf wrote no {recipe} or did not say so")
+        return failures
+    ckpt = newest_checkpoint(root)
+
+    # inspect prints the recorded recipe, and --recipe prints it alone, as the file holds it.
+    text = recipe.read_text()
+    inspected = run(pentad, "ckpt", "inspect", ckpt)
+    tied = model.config.tie_word_embeddings
+    kv_heads = getattr(model.config, "num_key_value_heads", 0)
+    for line in ("[model]", f'family = "{model.config.model_type}"',
+                 f"tie_embeddings = {'true' if tied else 'false'}",
+                 f"vocab_size = {model.config.vocab_size}"):
+        if line not in inspected:
+            failures.append(f"ckpt inspect does not show the recipe line '{line}'")
+    if kv_heads and f"n_kv_head = {kv_heads}" not in text:
+        failures.append(f"recipe.toml has no 'n_kv_head = {kv_heads}'")
+    if run(pentad, "ckpt", "inspect", ckpt, "--recipe") != text:
+        failures.append("ckpt inspect --recipe differs from recipe.toml")
+
+    tokens, targets, logits, first_loss = reference(pentad, recipe, ckpt, work / "ref", COMMON)
+    want = hf_logits(model, tokens)
+    err = rel_err(logits, want)
+    hf_loss = F.cross_entropy(want.reshape(-1, want.shape[-1]), targets.reshape(-1)).item()
+    print(f"{name}: logits rel err {err:.2e}, loss pentad {first_loss:.6f} transformers "
+          f"{hf_loss:.6f}")
+    if not err <= TOL:
+        failures.append(f"logits rel err {err:.2e} > {TOL}")
+
+    # Training starts from the imported weights (no optimizer state): its first loss is
+    # transformers' loss on the same batch.
+    run(pentad, "train", recipe, "--resume", ckpt, *sets(COMMON),
+        "--set", f"train.steps={TRAIN_STEPS}", "--set", "optim.warmup_steps=1",
+        "--set", f"train.out_dir={work / 'run'}")
+    losses = [json.loads(l)["loss"] for l in (work / "run" / "metrics.jsonl").read_text().splitlines()
+              if '"loss"' in l]
+    print(f"{name}: pentad trains from the import: losses {[round(x, 5) for x in losses]}")
+    if len(losses) != TRAIN_STEPS or not all(math.isfinite(x) for x in losses):
+        failures.append(f"training losses {losses}")
+    elif not abs(losses[0] - hf_loss) <= TOL * abs(hf_loss):
+        failures.append(f"first training loss {losses[0]} != transformers' {hf_loss}")
+    return failures
+
+
+def main():
+    pentad, recipes, root = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    names = sys.argv[4:]
+    unknown = [n for n in names if n not in EXPORTS and n not in IMPORTS]
+    if not names or unknown:
+        sys.exit(f"cases: {sorted(EXPORTS) + sorted(IMPORTS)}; unknown: {unknown}")
+    torch.set_num_threads(2)
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}")
+    failed = []
+    for name in names:
+        work = root / name
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        check = check_export if name in EXPORTS else check_import
+        try:
+            failed += [f"{name}: {f}" for f in check(pentad, recipes, work, name)]
+        except subprocess.CalledProcessError as e:  # the other cases still run
+            failed.append(f"{name}: {e}\n{e.stdout}")
+        except Exception as e:  # noqa: BLE001 (transformers refusing a directory, say)
+            failed.append(f"{name}: {type(e).__name__}: {e}")
+    if failed:
+        print("FAILED:\n  " + "\n  ".join(failed))
+        sys.exit(1)
+    print("transformers loads pentad's exports and pentad transformers' models")
+
+
+if __name__ == "__main__":
+    main()
