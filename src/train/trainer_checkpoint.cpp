@@ -133,8 +133,10 @@ void Trainer::commit_pending(bool block) {
     const std::string& mine = level < errors.size() ? errors[level] : std::string();
     if (!mine.empty() && world_rank_ != 0) spdlog::warn("checkpoint of step {}: {}", step, mine);
     bool failed = all_ranks(mine.empty() ? 0 : 1, parallel::ReduceOp::Max) != 0;
+    why[level] = mine.empty() ? "another rank could not write its file, or rank 0 commit it "
+                                "(see their messages)"
+                              : mine;
     if (world_rank_ == 0) {
-      why[level] = mine.empty() ? "another rank could not write its file (see its warning)" : mine;
       if (!failed) {
         try {
           commit_level(roots[level], step, retired);
@@ -150,7 +152,7 @@ void Trainer::commit_pending(bool block) {
     }
     failed = all_ranks(failed ? 1 : 0, parallel::ReduceOp::Max) != 0;  // rank 0's commit too
     failed_saves_[level] = failed ? failed_saves_[level] + 1 : 0;
-    if (failed)
+    if (failed && world_rank_ == 0)
       spdlog::warn(
           "checkpoint of step {} not committed to {} (failure {} in a row of at most "
           "train.max_failed_saves = {}): {}",
