@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "checkpoint/direct_io.h"
 #include "checkpoint/h5.h"
 
 namespace pentad::ckpt {
@@ -375,6 +376,15 @@ TEST_F(CheckpointTest, FullDiskIsOneLineWithTheBytesNeeded) {
   EXPECT_NE(message.find(" bytes free"), std::string::npos) << message;
   EXPECT_EQ(message.find('\n'), std::string::npos) << message;
   EXPECT_FALSE(fs::exists(path + ".tmp"));
+  // The disk filled after the check: the data's own write says it in one line too.
+  const std::string file = root_ + "/small/data.bin";
+  std::ofstream(file).put('x');
+  const std::string late = error_of([&] {
+    write_extents(file, file, {Extent{0, data.data(), data.size() * sizeof(float)}}, true);
+  });
+  EXPECT_NE(late.find(file + ": cannot write the data: No space left on device (400000 bytes"),
+            std::string::npos)
+      << late;
 }
 
 // Where HDF5's own metadata does not fit (the disk filled after the check): the system's
