@@ -274,6 +274,7 @@ def init_from(pentad, recipe, work):
 def main():
     pentad, recipe, work = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     COMMON.extend(sys.argv[4:])
+    subprocess.run(["umount", str(work / "full-disk")], capture_output=True)  # an interrupted run
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     bitwise_resume(pentad, recipe, work, "one-rank", 1, ["train.grad_accum=2"])
