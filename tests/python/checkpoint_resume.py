@@ -264,8 +264,11 @@ def init_from(pentad, recipe, work):
                                            f"train.ckpt_dir={work / 'init-ckpt'}",
                                            f"train.init_from={source / 'step-00000002'}"])
     a, b = losses(fresh), losses(tuned)
+    saved = json.loads((work / "init-ckpt" / "step-00000002" / "manifest.json").read_text())
     check(sorted(b) == [1, 2] and a[1] != b[1] and "optimizer fresh, step 0" in log,
           "init_from a checkpoint: trains from step 0 on its weights")
+    check(saved["optimizer_steps"] == 2, "init_from a checkpoint (of 2 AdamW steps): the optimizer "
+          f"starts fresh ({saved['optimizer_steps']} steps after 2 more)")
     rc, log = run_pentad(pentad, recipe, 1, work / "init-other", ["model.n_layer=3",
                                                                   f"train.init_from={source}"])
     check(rc != 0 and "model.n_layer:" in log, "init_from another model: refused naming the key")
