@@ -65,8 +65,10 @@ class Trainer {
 
   // Checkpoints. save() starts a snapshot of the state after `steps_done` steps (lazy and
   // asynchronous when train.async_save); commit_pending() makes the newest snapshot a
-  // committed checkpoint once every rank has written its file (block: wait for that).
-  // Collective: every rank calls them at the same points.
+  // committed checkpoint once every rank has written its file (block: wait for that), in
+  // each level (ckpt_dir, ckpt_mirror) on its own. A level that failed train.max_failed_saves
+  // saves in a row makes commit_pending() throw. Collective: every rank calls them at the
+  // same points.
   void save(int64_t steps_done);
   void commit_pending(bool block);
   // Loads a checkpoint (any layout) into this rank's shards; returns the step to resume
