@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <map>
 #include <sstream>
 
+#include "model/model.h"
 #include "train/recipe.h"
 
 namespace pentad {
@@ -41,12 +43,26 @@ bool is_model_key(const std::string& key) {
   return std::find(std::begin(kModelKeys), std::end(kModelKeys), key) != std::end(kModelKeys);
 }
 
-// n_kv_head = 0 spells "as many as n_head": compare the head counts it stands for.
-std::string kv_heads(const std::map<std::string, std::string>& values) {
-  auto kv = values.find("model.n_kv_head");
-  if (kv == values.end() || kv->second != "0") return kv == values.end() ? "" : kv->second;
-  auto heads = values.find("model.n_head");
-  return heads == values.end() ? "" : heads->second;
+// A value as the model reads it: n_kv_head = 0 means as many as n_head, and d_ff = 0 the
+// family's width rule (ffn_dim), so that a recipe spelling the number out (as an imported
+// checkpoint does) matches one that leaves the default.
+std::string effective(const std::map<std::string, std::string>& values, const std::string& key) {
+  auto get = [&](const std::string& k) {
+    auto it = values.find(k);
+    return it == values.end() ? std::string() : it->second;
+  };
+  const std::string value = get(key);
+  if (value != "0") return value;
+  if (key == "model.n_kv_head") return get("model.n_head");
+  if (key == "model.d_ff") {
+    ModelConfig m;
+    m.family = get("model.family") == "\"llama\"" ? ModelFamily::LLaMA : ModelFamily::GPT2;
+    const std::string width = get("model.d_model");
+    m.d_model = 0;  // stays 0 where the text is malformed
+    std::from_chars(width.data(), width.data() + width.size(), m.d_model);
+    return std::to_string(ffn_dim(m));
+  }
+  return value;
 }
 
 }  // namespace
@@ -58,11 +74,9 @@ RecipeComparison compare_recipes(const Config& run, const std::string& checkpoin
   for (const auto& [key, value] : mine) {
     auto it = theirs.find(key);
     if (it == theirs.end()) continue;
-    std::string run_value = value, checkpoint_value = it->second;
-    if (key == "model.n_kv_head") run_value = kv_heads(mine), checkpoint_value = kv_heads(theirs);
     // How a run starts is not part of what it trains.
     if (key == "train.resume" || key == "train.init_from") continue;
-    if (run_value == checkpoint_value) continue;
+    if (effective(mine, key) == effective(theirs, key)) continue;
     const bool model = is_model_key(key) && !(key == "data.tokenizer" && it->second == "\"\"");
     (model ? result.model : result.other).push_back({key, value, it->second});
   }

@@ -78,6 +78,13 @@ TEST(CheckpointRecipe, SpellingsOfTheSameModelAreEqual) {
                                     saved({"model.family=llama"}))
                         .model),
             (std::vector<std::string>{"model.n_kv_head"}));
+  // d_ff = 0 means the family's rule: 4C for GPT-2, 2/3 * 4C rounded up to 256 for LLaMA.
+  EXPECT_TRUE(compare_recipes(run({"model.d_ff=256"}), saved({})).model.empty());
+  EXPECT_TRUE(
+      compare_recipes(run({"model.family=llama"}), saved({"model.family=llama", "model.d_ff=256"}))
+          .model.empty());
+  EXPECT_EQ(keys_of(compare_recipes(run({"model.d_ff=128"}), saved({})).model),
+            (std::vector<std::string>{"model.d_ff"}));
 }
 
 TEST(CheckpointRecipe, TokenizerIsComparedWhereTheCheckpointNamesOne) {
