@@ -59,6 +59,8 @@ std::string rank_file_name(int rank);                               // rank-<5 d
 
 // Writes one rank's HDF5 file with every shard (computing the checksums not given), then a
 // sidecar <path>.json listing the shards, and fsyncs both. Creates the parent directory.
+// Where the file system has less room than the file needs, fails before writing anything,
+// in one line: the path, "No space left on device" and the bytes needed and free.
 // Shard data at page-aligned addresses goes to disk with direct I/O (no copy through the
 // page cache) where the file system allows it; direct_io = false writes everything
 // buffered (the benchmark's peer). Throws pentad::Error naming the file on any failure.
@@ -80,6 +82,9 @@ void remove_dirs(const std::vector<std::string>& dirs);
 
 // Committed checkpoints under root, newest first (directories with a manifest.json).
 std::vector<std::string> committed_checkpoints(const std::string& root);
+// Directories under root named like a committed checkpoint (step-<N>) but without a
+// manifest.json (deleted or lost): no resume can use them. Newest first.
+std::vector<std::string> checkpoints_without_manifest(const std::string& root);
 
 class Reader {
  public:

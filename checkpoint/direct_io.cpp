@@ -50,6 +50,13 @@ int write_all(int fd, const char* data, size_t bytes, int64_t offset) {
 
 void write_extents(const std::string& path, const std::string& shown_path,
                    const std::vector<Extent>& extents, bool direct) {
+  size_t total_bytes = 0;
+  for (const Extent& e : extents) total_bytes += e.bytes;
+  // One line, with what the write needed (a full disk: what to free).
+  auto write_failed = [&](int err) {
+    fail("{}: cannot write the data: {} ({} bytes of data)", shown_path, std::strerror(err),
+         total_bytes);
+  };
   Fd buffered(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
   if (buffered.get() < 0)
     fail("{}: cannot open it to write the data: {}", shown_path, std::strerror(errno));
@@ -67,13 +74,13 @@ void write_extents(const std::string& path, const std::string& shown_path,
       else if (err == EINVAL)  // stricter alignment rules than a page: buffered from here on
         unbuffered.reset();
       else
-        fail("{}: cannot write the data: {}", shown_path, std::strerror(err));
+        write_failed(err);
     }
     const int err = write_all(buffered.get(), data + done, e.bytes - done,
                               e.offset + static_cast<int64_t>(done));
-    if (err != 0) fail("{}: cannot write the data: {}", shown_path, std::strerror(err));
+    if (err != 0) write_failed(err);
   }
-  if (::fsync(buffered.get()) != 0) fail("{}: fsync failed: {}", shown_path, std::strerror(errno));
+  if (::fsync(buffered.get()) != 0) write_failed(errno);  // delayed allocation fails here
 }
 
 }  // namespace pentad::ckpt

@@ -2,6 +2,8 @@
 
 #include <hdf5.h>
 
+#include <cerrno>
+#include <cstring>
 #include <type_traits>
 
 #include "checkpoint/checksum.h"
@@ -16,7 +18,13 @@ namespace {
 // HDF5 prints its error stack to stderr by default; we report errors ourselves. The
 // setting is per thread in thread-safe builds (the asynchronous saver writes from its own
 // thread), so every entry point calls this.
+//
+// A file whose close failed (its metadata did not fit on a full disk) stays open inside
+// HDF5 (1.10), and closing the library at exit then loops or crashes on it. Every file
+// pentad opens is closed by pentad, so the library is left to the process's end:
+// H5dont_atexit takes effect only before HDF5's first use, and later calls do nothing.
 void quiet() {
+  H5dont_atexit();
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
 }
 
@@ -33,6 +41,16 @@ std::string hdf5_detail() {
       &detail);
   H5Eclear2(H5E_DEFAULT);
   return detail.empty() ? "HDF5 error" : detail;
+}
+
+// What a failed HDF5 call that writes says: the system's words for a full disk (HDF5's own
+// text spreads the errno over a line of offsets and a timestamp), else HDF5's message.
+// The caller sets errno to 0 before the call.
+std::string write_failure() {
+  const int err = errno;
+  if (err != ENOSPC && err != EDQUOT) return hdf5_detail();
+  H5Eclear2(H5E_DEFAULT);
+  return std::strerror(err);
 }
 
 // Owns one HDF5 identifier and closes it with the matching H5?close.
@@ -114,8 +132,9 @@ std::vector<int64_t> create_file(const std::string& path, const std::string& sho
                                  const std::vector<ShardData>& shards) {
   quiet();
   Id fapl(file_access(true), H5Pclose);
+  errno = 0;
   Id file(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()), H5Fclose);
-  if (!file.ok()) fail("{}: cannot create the file: {}", shown_path, hdf5_detail());
+  if (!file.ok()) fail("{}: cannot create the file: {}", shown_path, write_failure());
 
   Id lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
   H5Pset_create_intermediate_group(lcpl.get(), 1);  // "param/x" creates group "param"
@@ -133,8 +152,9 @@ std::vector<int64_t> create_file(const std::string& path, const std::string& sho
     }
   }
   // Closing writes the metadata; the caller writes the data.
+  errno = 0;
   if (H5Fclose(file.release()) < 0)
-    fail("{}: cannot write the file: {}", shown_path, hdf5_detail());
+    fail("{}: cannot write HDF5's metadata: {}", shown_path, write_failure());
   return offsets;
 }
 

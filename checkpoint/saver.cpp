@@ -68,6 +68,7 @@ void AsyncSaver::begin(std::vector<std::string> files, std::vector<LiveTensor> t
   copied_ = false;
   file_done_ = false;
   error_.clear();
+  file_errors_.assign(files_.size(), "");
   busy_ = true;
   background_ = asynchronous;
   has_snapshot_ = true;
@@ -179,18 +180,22 @@ void AsyncSaver::run() {
   if (background_) setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10);
   start = std::chrono::steady_clock::now();
   cpu = thread_cpu_seconds();
-  try {
-    if (error_.empty() && !tensors_.empty()) {
-      std::vector<ShardData> shards;
-      for (size_t i = 0; i < tensors_.size(); ++i) {
-        ShardData shard{tensors_[i].info, staging_.get() + staged_at_[i], true};
-        shard.info.checksum = checksums_[i];
-        shards.push_back(std::move(shard));
-      }
-      for (const std::string& file : files_) write_rank_file(file, shards);
+  file_errors_.assign(files_.size(), error_);
+  if (error_.empty() && !tensors_.empty()) {
+    std::vector<ShardData> shards;
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      ShardData shard{tensors_[i].info, staging_.get() + staged_at_[i], true};
+      shard.info.checksum = checksums_[i];
+      shards.push_back(std::move(shard));
     }
-  } catch (const std::exception& e) {
-    error_ = e.what();
+    for (size_t f = 0; f < files_.size(); ++f) {
+      try {
+        write_rank_file(files_[f], shards);
+      } catch (const std::exception& e) {
+        file_errors_[f] = e.what();
+        if (error_.empty()) error_ = e.what();
+      }
+    }
   }
   timings_.write_seconds = seconds_since(start);
   timings_.write_cpu_seconds = thread_cpu_seconds() - cpu;

@@ -61,9 +61,13 @@ class AsyncSaver {
   // Whether a snapshot's copy is still running (the only time wait_for_copy can block).
   bool copying() const { return busy_ && !copied_.load(std::memory_order_acquire); }
   // Whether the file is written (or failed); wait_for_file() blocks until then and
-  // rethrows a write failure as pentad::Error.
+  // rethrows a failure (the copy's, or the first file's) as pentad::Error.
   bool file_done() const { return !busy_ || file_done_.load(); }
   void wait_for_file();
+  // Once the file is done: each file's error ("" where it was written), in the order
+  // begin() took them. Each file is tried whatever happened to the others, so that one
+  // full level does not cost the others their checkpoint. A failed copy fails them all.
+  const std::vector<std::string>& file_errors() const { return file_errors_; }
   bool pending() const { return busy_; }
 
   // Copies the newest snapshot back into the live memory it was taken from (after its
@@ -116,7 +120,8 @@ class AsyncSaver {
   // Floats of staging_ copied so far, in staging order (gaps between tensors included).
   std::atomic<size_t> copied_floats_{0};
   std::atomic<bool> copied_{false}, file_done_{false};
-  std::string error_;
+  std::string error_;                     // the copy's, or the first file's
+  std::vector<std::string> file_errors_;  // one per file
   double blocked_seconds_ = 0.0;
   Timings timings_;
 };

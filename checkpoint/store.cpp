@@ -2,13 +2,13 @@
 // Every file becomes visible only by rename after fsync, and a directory only by rename
 // after everything in it is synced, so a crash leaves either the old or the new state.
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <regex>
@@ -138,6 +138,45 @@ void check_coverage(const std::string& dir, const std::vector<Manifest::Entry>& 
   }
 }
 
+// An upper bound on a rank file's bytes beyond its data, and its sidecar's: HDF5's
+// superblock and object headers (measured: under 600 bytes a dataset with its
+// attributes), the padding that puts datasets of 64 KiB and more on a 4 KiB boundary, and
+// the sidecar's line per shard.
+int64_t file_bytes_needed(const std::vector<ShardData>& shards) {
+  int64_t bytes = 16 << 10;
+  for (const ShardData& s : shards) {
+    const int64_t data = s.info.local_shape.numel() * static_cast<int64_t>(sizeof(float));
+    bytes += data + 1024 + (data >= (64 << 10) ? 4096 : 0);
+  }
+  return bytes;
+}
+
+// Fails, before anything is written, where the file system holding dir has no room for
+// `bytes` (an error from the writes themselves would come later and in HDF5's words).
+void check_free_space(const std::string& path, const std::string& dir, int64_t bytes) {
+  struct statvfs fs_stat {};
+  if (::statvfs(dir.c_str(), &fs_stat) != 0) return;  // the writes will say what is wrong
+  const auto free_bytes =
+      static_cast<int64_t>(fs_stat.f_bavail) * static_cast<int64_t>(fs_stat.f_frsize);
+  if (free_bytes < bytes)
+    fail("{}: {}: needs {} bytes ({}), {} bytes free", path, std::strerror(ENOSPC), bytes,
+         format_bytes(static_cast<size_t>(bytes)), free_bytes);
+}
+
+std::vector<std::pair<int64_t, std::string>> step_dirs(const std::string& root,
+                                                       bool with_manifest) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (const fs::directory_entry& d : fs::directory_iterator(root, ec)) {
+    const std::optional<int64_t> step = step_of(d.path().filename().string(), "");
+    if (!step || !d.is_directory(ec)) continue;
+    const std::string dir = d.path().string();
+    if (fs::exists(dir + "/manifest.json", ec) == with_manifest) found.emplace_back(*step, dir);
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a > b; });
+  return found;
+}
+
 }  // namespace
 
 std::string checkpoint_dir(const std::string& root, int64_t step) {
@@ -171,6 +210,7 @@ void write_rank_file(const std::string& path, const std::vector<ShardData>& shar
           checksum_of(kWrittenChecksum, s.data, s.info.local_shape.numel() * sizeof(float));
   }
 
+  check_free_space(path, dir, file_bytes_needed(checked));
   // HDF5 lays the file out and writes its metadata; the data goes where it said.
   const std::string tmp = path + ".tmp";
   const std::vector<int64_t> offsets = h5::create_file(tmp, path, checked);
@@ -258,17 +298,14 @@ void remove_dirs(const std::vector<std::string>& dirs) {
 }
 
 std::vector<std::string> committed_checkpoints(const std::string& root) {
-  std::vector<std::pair<int64_t, std::string>> found;
-  std::error_code ec;
-  for (const fs::directory_entry& d : fs::directory_iterator(root, ec)) {
-    const std::optional<int64_t> step = step_of(d.path().filename().string(), "");
-    if (!step || !d.is_directory(ec)) continue;
-    const std::string dir = d.path().string();
-    if (std::ifstream(dir + "/manifest.json").good()) found.emplace_back(*step, dir);
-  }
-  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a > b; });
   std::vector<std::string> dirs;
-  for (auto& [step, dir] : found) dirs.push_back(std::move(dir));
+  for (auto& [step, dir] : step_dirs(root, true)) dirs.push_back(std::move(dir));
+  return dirs;
+}
+
+std::vector<std::string> checkpoints_without_manifest(const std::string& root) {
+  std::vector<std::string> dirs;
+  for (auto& [step, dir] : step_dirs(root, false)) dirs.push_back(std::move(dir));
   return dirs;
 }
 

@@ -61,12 +61,20 @@ struct TrainConfig {                 // [train]
   // <out_dir>/checkpoints), keeping the newest keep_last; async_save copies the state in
   // the background while the next step computes. resume: "" (start fresh), "latest" (the
   // newest valid checkpoint in ckpt_dir, falling back past corrupt ones) or a checkpoint path.
+  // A checkpoint of another model (model.* keys, data.tokenizer) is refused, never loaded.
   int64_t save_every = 0;
   std::string ckpt_dir;
   std::string ckpt_mirror;  // optional second level (a shared store), written after ckpt_dir
   int64_t keep_last = 3;
   bool async_save = true;
   std::string resume;
+  // Weights only, for fine-tuning: a checkpoint directory (any layout, a converted one
+  // included) or a root (its newest loadable checkpoint); the optimizer starts fresh at
+  // step 0. Refused, like resume, when the checkpoint holds another model.
+  std::string init_from;
+  // Training stops once a checkpoint level (ckpt_dir or ckpt_mirror) has failed this many
+  // saves in a row (a full disk), rather than running on unprotected.
+  int64_t max_failed_saves = 3;
   int64_t stop_at = 0;  // end this run after that many steps (0: train.steps); the schedule
                         // still spans train.steps, so a later --resume continues it exactly
 };

@@ -335,14 +335,6 @@ void Trainer::write_metrics(const std::string& json_line) {
 
 void Trainer::run() {
   const TrainConfig& t = cfg_.train;
-  if (logs()) {
-    std::filesystem::create_directories(t.out_dir);
-    metrics_.open(std::filesystem::path(t.out_dir) / "metrics.jsonl",
-                  t.resume.empty() ? std::ios::trunc : std::ios::app);
-    if (!metrics_) fail("cannot write {}/metrics.jsonl", t.out_dir);
-    std::ofstream recipe(std::filesystem::path(t.out_dir) / "recipe.toml");
-    recipe << recipe_to_toml(cfg_);
-  }
   spdlog::info("data: {}", data_->describe());
   // Small data is not refused, but a run that reads its windows many times should say so.
   const int64_t global_batch = t.micro_batch * t.grad_accum * dp_size_;
@@ -364,7 +356,24 @@ void Trainer::run() {
   spdlog::info("{}", memory_plan());
   spdlog::info("threads: {}", omp_get_max_threads());
   if (model_->params().device() == Device::CUDA) spdlog::info("device: {}", cuda_device_description());
+  // Checkpoints are loaded and checked before anything is written: a refused resume
+  // leaves the run's files as they were.
+  if (!t.resume.empty() && !t.init_from.empty())
+    fail(
+        "train.init_from = {} and --resume {} are both set: resume continues a run, "
+        "init_from starts a new one from another's weights; keep one",
+        t.init_from, t.resume);
   if (!t.resume.empty()) start_step_ = resume(t.resume);
+  if (!t.init_from.empty()) init_from(t.init_from);
+  if (t.save_every > 0) check_checkpoint_roots();
+  if (logs()) {
+    std::filesystem::create_directories(t.out_dir);
+    metrics_.open(std::filesystem::path(t.out_dir) / "metrics.jsonl",
+                  t.resume.empty() ? std::ios::trunc : std::ios::app);
+    if (!metrics_) fail("cannot write {}/metrics.jsonl", t.out_dir);
+    std::ofstream recipe(std::filesystem::path(t.out_dir) / "recipe.toml");
+    recipe << recipe_to_toml(cfg_);
+  }
   const int64_t last = t.stop_at > 0 ? std::min(t.stop_at, t.steps) : t.steps;
   const auto run_start = std::chrono::steady_clock::now();
   for (int64_t step = start_step_; step < last; ++step) {

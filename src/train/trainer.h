@@ -68,13 +68,20 @@ class Trainer {
 
   // Checkpoints. save() starts a snapshot of the state after `steps_done` steps (lazy and
   // asynchronous when train.async_save); commit_pending() makes the newest snapshot a
-  // committed checkpoint once every rank has written its file (block: wait for that).
-  // Collective: every rank calls them at the same points.
+  // committed checkpoint once every rank has written its file (block: wait for that), in
+  // each level (ckpt_dir, ckpt_mirror) on its own. A level that failed train.max_failed_saves
+  // saves in a row makes commit_pending() throw. Collective: every rank calls them at the
+  // same points.
   void save(int64_t steps_done);
   void commit_pending(bool block);
   // Loads a checkpoint (any layout) into this rank's shards; returns the step to resume
-  // at. "latest" tries the newest committed checkpoint and falls back past corrupt ones.
+  // at. "latest" tries the newest committed checkpoint and falls back past corrupt ones;
+  // it starts from step 0 only where there is none. Refuses (throws, loading and writing
+  // nothing) a checkpoint of another model, and checkpoints none of which loads.
   int64_t resume(const std::string& which);
+  // train.init_from: the weights of a checkpoint (or of a root's newest loadable one),
+  // optimizer fresh, step 0. Refuses a checkpoint of another model.
+  void init_from(const std::string& path);
   std::string checkpoint_root() const;
   std::vector<std::string> checkpoint_roots() const;  // the local level, then the mirror
   double checkpoint_blocked_seconds() const { return saver_.blocked_seconds(); }
@@ -97,7 +104,18 @@ class Trainer {
     void* base;
   };
   std::vector<StateBuffer> state_buffers(bool with_optimizer) const;
-  bool load(const std::string& dir);  // false (and a warning) if the checkpoint is unusable
+  // False (and a warning) if the checkpoint is unusable (corrupt, truncated, missing).
+  // with_optimizer = false loads the parameters only and starts the optimizer afresh.
+  bool load(const std::string& dir, bool with_optimizer);
+  // Rank 0: writes the manifest of the pending save into root and renames it into place;
+  // adds what retention retired to `retired`. Throws on failure.
+  void commit_level(const std::string& root, int64_t step, std::vector<std::string>& retired);
+  // Throws unless the checkpoint at dir holds this recipe's model (`action`: what was
+  // refused, for the message); logs the other keys that changed when `log_changes`.
+  void check_same_model(const std::string& dir, const std::string& action, bool log_changes) const;
+  // Before the first save: refuses checkpoint roots that hold checkpoints this run did not
+  // resume, which its saves would write over.
+  void check_checkpoint_roots() const;
   int all_ranks(int value, parallel::ReduceOp op);  // over the world; value alone on one rank
   double all_reduce_dp(double value);
   double all_reduce_pp(double value);  // sum over the pipeline stages
@@ -125,6 +143,7 @@ class Trainer {
   int64_t pending_optimizer_steps_ = 0;
   int64_t snapshot_step_ = -1, snapshot_optimizer_steps_ = 0;  // of the newest, in memory
   int64_t saves_ = 0;
+  std::vector<int64_t> failed_saves_;  // per checkpoint level: failures in a row
   int64_t start_step_ = 0;     // first step run() trains (after a resume)
   std::string dump_grads_dir_;  // dump_first_gradients()
   void dump_shards(const std::string& dir, bool grads) const;

@@ -4,7 +4,10 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include <filesystem>
+
 #include "core/device_memory.h"
+#include "train/checkpoint_recipe.h"
 #include "train/recipe.h"
 #include "train/trainer.h"
 
@@ -105,42 +108,125 @@ int64_t Trainer::restore_snapshot() {
 
 void Trainer::commit_pending(bool block) {
   if (pending_save_ < 0) return;
-  if (block) saver_.wait_for_file();
+  if (block) {
+    try {
+      saver_.wait_for_file();
+    } catch (const Error&) {
+      // file_errors() below says which level failed.
+    }
+  }
   if (all_ranks(saver_.file_done() ? 1 : 0, parallel::ReduceOp::Min) == 0) return;  // later
-  std::string error;
   try {
     saver_.wait_for_file();
-  } catch (const Error& e) {
-    error = e.what();
+  } catch (const Error&) {
   }
   const int64_t step = pending_save_;
   pending_save_ = -1;
-  if (all_ranks(error.empty() ? 0 : 1, parallel::ReduceOp::Max) != 0) {
-    spdlog::warn("checkpoint of step {} not committed ({}); the previous one stays the latest",
-                 step, error.empty() ? "another rank failed to write" : error);
-    return;
-  }
-  if (world_rank_ == 0) {
-    ckpt::Manifest m;
-    m.step = step;
-    m.optimizer_steps = pending_optimizer_steps_;
-    const parallel::MeshConfig* mc = mesh_ ? &mesh_->config() : nullptr;
-    m.layout = ckpt::Layout{mesh_ ? mesh_->world_size() : 1, mc ? mc->tp : 1, mc ? mc->dp : 1,
-                            mc ? mc->pp : 1, mc ? mc->cp : 1, model_->tp().sequence_parallel()};
-    m.recipe_toml = recipe_to_toml(cfg_);
-    saver_.wait_for_removal();  // commit() hands back any *.deleting it finds
-    std::vector<std::string> retired;
-    for (const std::string& root : checkpoint_roots()) {
-      for (std::string& dir : ckpt::commit(root, m, static_cast<int>(cfg_.train.keep_last)))
-        retired.push_back(std::move(dir));
-      spdlog::info("checkpoint: step {} committed to {}", step, ckpt::checkpoint_dir(root, step));
+  // Each level (the local directory, the mirror) commits on its own: one that fails
+  // (a full disk) costs the others nothing.
+  const std::vector<std::string> roots = checkpoint_roots();
+  const std::vector<std::string>& errors = saver_.file_errors();
+  failed_saves_.resize(roots.size(), 0);
+  std::vector<std::string> why(roots.size());
+  std::vector<std::string> retired;
+  for (size_t level = 0; level < roots.size(); ++level) {
+    const std::string& mine = level < errors.size() ? errors[level] : std::string();
+    if (!mine.empty() && world_rank_ != 0) spdlog::warn("checkpoint of step {}: {}", step, mine);
+    bool failed = all_ranks(mine.empty() ? 0 : 1, parallel::ReduceOp::Max) != 0;
+    why[level] = mine.empty() ? "another rank could not write its file, or rank 0 commit it "
+                                "(see their messages)"
+                              : mine;
+    if (world_rank_ == 0) {
+      if (!failed) {
+        try {
+          commit_level(roots[level], step, retired);
+        } catch (const Error& e) {
+          failed = true;
+          why[level] = e.what();
+        }
+      }
+      if (failed) {
+        std::error_code ec;  // what the failed save left on the (full) disk goes
+        std::filesystem::remove_all(ckpt::partial_dir(roots[level], step), ec);
+      }
     }
-    saver_.remove_later(std::move(retired));  // off the training thread
+    failed = all_ranks(failed ? 1 : 0, parallel::ReduceOp::Max) != 0;  // rank 0's commit too
+    failed_saves_[level] = failed ? failed_saves_[level] + 1 : 0;
+    if (failed && world_rank_ == 0)
+      spdlog::warn(
+          "checkpoint of step {} not committed to {} (failure {} in a row of at most "
+          "train.max_failed_saves = {}): {}",
+          step, roots[level], failed_saves_[level], cfg_.train.max_failed_saves, why[level]);
   }
+  if (world_rank_ == 0) saver_.remove_later(std::move(retired));  // off the training thread
   if (mesh_) mesh_->world().barrier();  // nobody resumes from a checkpoint not yet visible
+  for (size_t level = 0; level < roots.size(); ++level)
+    if (failed_saves_[level] >= cfg_.train.max_failed_saves)
+      fail(
+          "stopping: {} consecutive checkpoints could not be saved to {} (train.max_failed_saves "
+          "= {}), the last because {}; training on would leave the run unprotected. Free space "
+          "there, or point train.ckpt_dir / train.ckpt_mirror elsewhere, then --resume latest",
+          failed_saves_[level], roots[level], cfg_.train.max_failed_saves, why[level]);
 }
 
-bool Trainer::load(const std::string& dir) {
+void Trainer::commit_level(const std::string& root, int64_t step,
+                           std::vector<std::string>& retired) {
+  ckpt::Manifest m;
+  m.step = step;
+  m.optimizer_steps = pending_optimizer_steps_;
+  const parallel::MeshConfig* mc = mesh_ ? &mesh_->config() : nullptr;
+  m.layout = ckpt::Layout{mesh_ ? mesh_->world_size() : 1, mc ? mc->tp : 1, mc ? mc->dp : 1,
+                          mc ? mc->pp : 1, mc ? mc->cp : 1, model_->tp().sequence_parallel()};
+  m.recipe_toml = recipe_to_toml(cfg_);
+  saver_.wait_for_removal();  // commit() hands back any *.deleting it finds
+  for (std::string& dir : ckpt::commit(root, m, static_cast<int>(cfg_.train.keep_last)))
+    retired.push_back(std::move(dir));
+  spdlog::info("checkpoint: step {} committed to {}", step, ckpt::checkpoint_dir(root, step));
+}
+
+void Trainer::check_same_model(const std::string& dir, const std::string& action,
+                               bool log_changes) const {
+  std::string recipe;
+  try {
+    recipe = ckpt::Reader(dir).manifest().recipe_toml;
+  } catch (const Error&) {
+    return;  // an unreadable manifest makes a corrupt checkpoint: load() says so
+  }
+  if (recipe.empty()) {
+    spdlog::warn("{} records no recipe: its model cannot be checked against this one", dir);
+    return;
+  }
+  const RecipeComparison changes = compare_recipes(cfg_, recipe);
+  if (!changes.model.empty())
+    fail(
+        "cannot {} {}: it holds another model than this recipe's (nothing was loaded or "
+        "written):{}\nset these keys to the checkpoint's values, or use another checkpoint "
+        "directory (train.ckpt_dir) for this model",
+        action, dir, describe_changes(changes.model));
+  if (log_changes && !changes.other.empty())
+    spdlog::info("{}: recipe keys changed since it was saved:{}", dir,
+                 describe_changes(changes.other));
+}
+
+void Trainer::check_checkpoint_roots() const {
+  for (const std::string& root : checkpoint_roots()) {
+    std::vector<std::string> dirs = ckpt::committed_checkpoints(root);
+    const std::vector<std::string> lost = ckpt::checkpoints_without_manifest(root);
+    if (dirs.empty() && lost.empty()) continue;
+    // Same step numbers, and retention by step: a new run's saves would replace these or be
+    // retired behind them.
+    if (cfg_.train.resume.empty())
+      fail(
+          "{} holds checkpoints (newest {}) that this run did not resume: its saves would "
+          "write over them. Pass --resume latest to continue them, or set {} to another "
+          "directory (or move them away)",
+          root, (dirs.empty() ? lost : dirs).front(),
+          root == checkpoint_root() ? "train.ckpt_dir" : "train.ckpt_mirror");
+    for (const std::string& dir : dirs) check_same_model(dir, "save beside", false);
+  }
+}
+
+bool Trainer::load(const std::string& dir, bool with_optimizer) {
   std::string error;
   int64_t step = 0, optimizer_steps = 0;
   try {
@@ -150,13 +236,13 @@ bool Trainer::load(const std::string& dir) {
     ParamStore& p = model_->params();
     // A checkpoint imported from elsewhere may carry parameters only: the optimizer then
     // starts fresh.
-    const bool with_optimizer = reader.has("adam_m/" + p.spec(0).name);
-    if (!with_optimizer) {
+    const bool with_state = with_optimizer && reader.has("adam_m/" + p.spec(0).name);
+    if (!with_state) {
       optimizer_->reset();
       optimizer_steps = 0;
     }
     std::vector<float> host;  // device state is read into host memory, then copied over
-    for (const StateBuffer& kind : state_buffers(with_optimizer))
+    for (const StateBuffer& kind : state_buffers(with_state))
       for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
         const ParamSpec& spec = p.spec(id);
         const Tensor dst = p.view(kind.base, id, p.device());
@@ -172,7 +258,8 @@ bool Trainer::load(const std::string& dir) {
   }
   // Every rank must take the same checkpoint: one rank's failure sends all to the previous.
   if (all_ranks(error.empty() ? 0 : 1, parallel::ReduceOp::Max) != 0) {
-    spdlog::warn("cannot resume from {}: {}", dir, error.empty() ? "another rank failed to read it" : error);
+    spdlog::warn("cannot {} {}: {}", with_optimizer ? "resume from" : "initialize from", dir,
+                 error.empty() ? "another rank failed to read it" : error);
     return false;
   }
   start_step_ = step;
@@ -182,23 +269,63 @@ bool Trainer::load(const std::string& dir) {
 
 int64_t Trainer::resume(const std::string& which) {
   if (which != "latest") {
-    if (!load(which)) fail("cannot resume from {} (see the warning above)", which);
+    check_same_model(which, "resume from", true);
+    if (!load(which, true)) fail("cannot resume from {} (see the warning above)", which);
     spdlog::info("resumed from {} at step {}", which, start_step_);
     return start_step_;
   }
   // Newest first in the local level, then the mirror (the local disk may be gone).
-  for (const std::string& root : checkpoint_roots())
+  bool found = false;
+  for (const std::string& root : checkpoint_roots()) {
+    for (const std::string& dir : ckpt::checkpoints_without_manifest(root)) {
+      spdlog::warn("{} has no manifest.json (deleted or lost): it cannot be resumed", dir);
+      found = true;
+    }
     for (const std::string& dir : ckpt::committed_checkpoints(root)) {
-      if (load(dir)) {
+      found = true;
+      check_same_model(dir, "resume from", true);
+      if (load(dir, true)) {
         spdlog::info("resumed from {} at step {}", dir, start_step_);
         return start_step_;
       }
       spdlog::warn("falling back to the checkpoint before {}", dir);
     }
-  spdlog::warn("no usable checkpoint in {}: starting from step 0", fmt::join(checkpoint_roots(), " or "));
-  model_->params().initialize(cfg_.train.seed);  // undo what a failed load overwrote
-  optimizer_->reset();
+  }
+  // Training from step 0 would write over checkpoints that are damaged, not absent.
+  if (found)
+    fail(
+        "no checkpoint in {} loads (see the warnings above); refusing to start from step 0 "
+        "and write over them: move them away, or set train.ckpt_dir to another directory",
+        fmt::join(checkpoint_roots(), " or "));
+  spdlog::info("no checkpoint in {} yet: starting from step 0",
+               fmt::join(checkpoint_roots(), " or "));
   return 0;
+}
+
+void Trainer::init_from(const std::string& path) {
+  // A checkpoint directory holds a manifest; a root holds checkpoint directories.
+  const bool one = std::filesystem::exists(path + "/manifest.json");
+  std::vector<std::string> dirs =
+      one ? std::vector<std::string>{path} : ckpt::committed_checkpoints(path);
+  if (!one)
+    for (const std::string& dir : ckpt::checkpoints_without_manifest(path))
+      spdlog::warn("{} has no manifest.json (deleted or lost): it cannot be loaded", dir);
+  if (dirs.empty())
+    fail(
+        "train.init_from = {}: neither a checkpoint (no manifest.json) nor a directory holding "
+        "committed checkpoints (step-<N>/manifest.json)",
+        path);
+  for (const std::string& dir : dirs) {
+    check_same_model(dir, "initialize the weights from", true);
+    if (load(dir, false)) {
+      start_step_ = 0;
+      optimizer_->set_steps_taken(0);
+      spdlog::info("initialized the weights from {} (optimizer fresh, step 0)", dir);
+      return;
+    }
+    if (!one) spdlog::warn("falling back to the checkpoint before {}", dir);
+  }
+  fail("train.init_from = {}: no checkpoint there loads (see the warnings above)", path);
 }
 
 }  // namespace pentad

@@ -9,6 +9,7 @@
 #include <zlib.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "checkpoint/direct_io.h"
 #include "checkpoint/h5.h"
 
 namespace pentad::ckpt {
@@ -297,6 +299,9 @@ TEST_F(CheckpointTest, IgnoresUncommittedDirectories) {
   std::ofstream(root_ + "/step-00000009") << "a file, not a directory";
   fs::create_directories(root_ + "/step-1x");
   EXPECT_EQ(committed_checkpoints(root_), (std::vector<std::string>{checkpoint_dir(root_, 3)}));
+  // The directory without its manifest is listed apart, for a warning that names it.
+  EXPECT_EQ(checkpoints_without_manifest(root_),
+            (std::vector<std::string>{checkpoint_dir(root_, 6)}));
 }
 
 TEST_F(CheckpointTest, RecommitReplacesTheStep) {
@@ -334,6 +339,71 @@ TEST_F(CheckpointTest, WriteFailureNamesTheFile) {
   fs::create_directories(path2 + ".tmp");
   const std::string message2 = error_of([&] { write_rank_file(path2, {}); });
   EXPECT_NE(message2.find(path2 + ": cannot create the file"), std::string::npos) << message2;
+}
+
+// A small file system of its own (a tmpfs; needs root), unmounted when it goes.
+class SmallDisk {
+ public:
+  SmallDisk(const std::string& dir, const std::string& size) : dir_(dir) {
+    fs::create_directories(dir);
+    mounted_ =
+        std::system(
+            fmt::format("mount -t tmpfs -o size={} tmpfs {} 2>/dev/null", size, dir).c_str()) == 0;
+  }
+  ~SmallDisk() {
+    if (mounted_) [[maybe_unused]]
+      const int rc = std::system(fmt::format("umount {}", dir_).c_str());
+  }
+  bool mounted() const { return mounted_; }
+
+ private:
+  std::string dir_;
+  bool mounted_ = false;
+};
+
+// A full disk: one line naming the file, the system's words and the bytes needed, before
+// anything is written; no HDF5 text.
+TEST_F(CheckpointTest, FullDiskIsOneLineWithTheBytesNeeded) {
+  SmallDisk disk(root_ + "/small", "64k");
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
+  std::vector<float> data(100'000, 1.0f);
+  const std::string path = root_ + "/small/step-00000001.partial/" + rank_file_name(0);
+  const std::string message = error_of([&] {
+    write_rank_file(path, {ShardData{ShardInfo{"param/a", Shape{100'000}, -1, 0, Shape{100'000}, 0},
+                                     data.data()}});
+  });
+  EXPECT_NE(message.find(path + ": No space left on device: needs "), std::string::npos) << message;
+  EXPECT_NE(message.find(" bytes free"), std::string::npos) << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  // The disk filled after the check: the data's own write says it in one line too.
+  const std::string file = root_ + "/small/data.bin";
+  std::ofstream(file).put('x');
+  const std::string late = error_of([&] {
+    write_extents(file, file, {Extent{0, data.data(), data.size() * sizeof(float)}}, true);
+  });
+  EXPECT_NE(late.find(file + ": cannot write the data: No space left on device (400000 bytes"),
+            std::string::npos)
+      << late;
+}
+
+// Where HDF5's own metadata does not fit (the disk filled after the check): the system's
+// words in one line, and the file HDF5 could not close does not hang or crash the process
+// at exit (ctest runs this test alone and sees its exit).
+TEST_F(CheckpointTest, FullDiskInsideHdf5IsOneLine) {
+  SmallDisk disk(root_ + "/small", "16k");
+  if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
+  std::vector<float> data(100, 1.0f);
+  std::vector<ShardData> shards;
+  for (int i = 0; i < 300; ++i)
+    shards.push_back({ShardInfo{fmt::format("param/t{}", i), Shape{100}, -1, 0, Shape{100}, 0},
+                      data.data(), true});
+  const std::string path = root_ + "/small/rank-00000.h5";
+  const std::string message = error_of([&] { h5::create_file(path + ".tmp", path, shards); });
+  EXPECT_NE(message.find(path + ": cannot write HDF5's metadata: No space left on device"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
 }
 
 // Damage and the error it must produce: substrings of the message.

@@ -14,6 +14,8 @@
 #include <fstream>
 #include <random>
 
+#include "core/check.h"
+
 namespace pentad::ckpt {
 namespace {
 
@@ -149,6 +151,32 @@ TEST_F(SaverTest, RestoreBringsBackTheNewestSnapshot) {
   const auto got = read_back(second, 2);
   for (size_t i = 0; i < got.size(); ++i)
     EXPECT_TRUE(same_bits(got[i], second.tensors[i])) << "tensor " << i;
+}
+
+// One level that cannot be written (a full disk, here a path under a regular file) costs
+// the other level nothing: each file's error is its own.
+TEST_F(SaverTest, AFailedLevelDoesNotStopTheOthers) {
+  State state;
+  state.tensors = {std::vector<float>(1000, 1.5f), std::vector<float>(7, -2.0f)};
+  fs::create_directories(root_);
+  std::ofstream(root_ + "/blocker") << "x";
+  const std::string bad = root_ + "/blocker/step-00000001.partial/" + rank_file_name(0);
+  const std::string good = partial_dir(root_, 1) + "/" + rank_file_name(0);
+  for (const std::vector<std::string>& files :
+       {std::vector<std::string>{bad, good}, std::vector<std::string>{good, bad}}) {
+    fs::remove_all(partial_dir(root_, 1));
+    AsyncSaver saver;
+    saver.begin(files, state.live(), true);
+    EXPECT_THROW(saver.wait_for_file(), Error);
+    const std::vector<std::string>& errors = saver.file_errors();
+    ASSERT_EQ(errors.size(), 2u);
+    const size_t bad_at = files[0] == bad ? 0 : 1;
+    EXPECT_NE(errors[bad_at].find(bad), std::string::npos) << errors[bad_at];
+    EXPECT_EQ(errors[1 - bad_at], "");
+    EXPECT_TRUE(fs::exists(good));
+  }
+  const std::vector<std::vector<float>> got = read_back(state, 1);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(same_bits(got[i], state.tensors[i]));
 }
 
 TEST_F(SaverTest, RemovesRetiredDirectoriesInTheBackground) {

@@ -10,6 +10,16 @@
    back to the previous checkpoint. With the local level lost, resume uses the mirror.
 4. SIGKILL of a rank at random moments of a run saving every step, 10 trials: the latest
    committed checkpoint always loads and training resumes.
+5. Refusals that keep checkpoints safe: a resume with another model (n_layer, d_model,
+   family, rope_theta, norm_eps, max_seq_len) or with every checkpoint corrupt, and a fresh
+   run saving into a directory of checkpoints, exit non-zero naming the key or directory
+   and leave every checkpoint file byte-identical; a checkpoint without its manifest is
+   named in a warning.
+6. A full disk (a tmpfs, where this runs as root): one line with the path, "No space
+   left" and the bytes; the other level still commits; no .partial left behind; training
+   stops after train.max_failed_saves failures in a row.
+7. train.init_from: a checkpoint's weights under another layout, bitwise, at step 0 with a
+   fresh optimizer; another model refused.
 
 usage: checkpoint_resume.py PENTAD RECIPE WORKDIR [section.key=value ...]
 """
@@ -55,6 +65,13 @@ def losses(out):
     # The text of each loss as pentad wrote it: equal text means equal float bits.
     rows = [json.loads(l, parse_float=str) for l in (out / "metrics.jsonl").read_text().splitlines()]
     return {int(r["step"]): r["loss"] for r in rows if "loss" in r}
+
+
+def run_pentad(pentad, recipe, ranks, out, overrides, extra=()):
+    """(exit status, log) of a run that may be refused."""
+    proc = subprocess.run(pentad_cmd(pentad, recipe, ranks, out, overrides, extra), env=ENV,
+                          capture_output=True, text=True)
+    return proc.returncode, proc.stdout + proc.stderr
 
 
 def weights(out):
@@ -156,9 +173,111 @@ def sigkill_trials(pentad, recipe, work, trials=10):
         shutil.rmtree(out, ignore_errors=True)
 
 
+def files(root):
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def flip_byte(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # inside the tensor data (the metadata sits at the start)
+    path.write_bytes(bytes(data))
+
+
+def refusals(pentad, recipe, work):
+    ckpt = work / "refuse-ckpt"
+    train(pentad, recipe, 1, work / "refuse", ["train.stop_at=4", "train.save_every=2",
+                                               f"train.ckpt_dir={ckpt}"])
+    before = files(ckpt)
+    saving = [f"train.ckpt_dir={ckpt}", "train.save_every=2"]
+    for change in ["model.n_layer=3", "model.d_model=128", "model.family=llama",
+                   "model.rope_theta=500000.0", "model.norm_eps=1e-6", "model.max_seq_len=128"]:
+        key = change.split("=")[0]
+        rc, log = run_pentad(pentad, recipe, 1, work / "refuse-changed", saving + [change],
+                             ["--resume", "latest"])
+        check(rc != 0 and f"{key}:" in log and "resumed from" not in log and files(ckpt) == before,
+              f"resume with {change}: refused naming {key}, checkpoint files untouched")
+    rc, log = run_pentad(pentad, recipe, 1, work / "refuse-steps", [f"train.ckpt_dir={ckpt}",
+                                                                     "train.steps=30"],
+                         ["--resume", "latest"])
+    check(rc == 0 and "at step 4" in log and "train.steps: 30" in log,
+          "resume with train.steps changed: allowed, and the change logged")
+    rc, log = run_pentad(pentad, recipe, 1, work / "refuse-fresh", saving)
+    check(rc != 0 and str(ckpt) in log and "--resume latest" in log and files(ckpt) == before,
+          "a fresh run saving into a directory of checkpoints: refused, files untouched")
+
+    corrupt = work / "refuse-corrupt"
+    shutil.copytree(ckpt, corrupt)
+    for f in corrupt.glob("step-*/rank-*.h5"):
+        flip_byte(f)
+    damaged = files(corrupt)
+    rc, log = run_pentad(pentad, recipe, 1, work / "refuse-corrupt-run",
+                         [f"train.ckpt_dir={corrupt}", "train.save_every=2"], ["--resume", "latest"])
+    check(rc != 0 and "no checkpoint in" in log and files(corrupt) == damaged,
+          "every checkpoint corrupt: refused to train from step 0 over them, files untouched")
+
+    lost = work / "refuse-lost"
+    shutil.copytree(ckpt, lost)
+    (lost / "step-00000004" / "manifest.json").unlink()
+    log = train(pentad, recipe, 1, work / "refuse-lost-run", [f"train.ckpt_dir={lost}"],
+                ["--resume", "latest"])
+    check("step-00000004 has no manifest.json" in log and "at step 2" in log,
+          "a checkpoint without its manifest: named in a warning, the previous one resumed")
+
+
+def disk_full(pentad, recipe, work):
+    full = work / "full-disk"
+    full.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(full)],
+                             capture_output=True).returncode == 0
+    if not mounted:
+        print("skip a full disk: cannot mount a tmpfs here (not root)")
+        return
+    try:
+        local, out = work / "full-local", work / "full-run"
+        rc, log = run_pentad(pentad, recipe, 1, out, [
+            "train.save_every=1", "train.max_failed_saves=3", f"train.ckpt_dir={local}",
+            f"train.ckpt_mirror={full}"])
+        lines = [l for l in log.splitlines() if "No space left" in l]
+        check(rc != 0 and sorted(losses(out)) == [1, 2, 3],
+              "full mirror: training stopped after train.max_failed_saves = 3 failed saves")
+        check(len(lines) == 4 and all(str(full) in l and "bytes" in l for l in lines),
+              "full mirror: each failure is one line naming the path, the errno text and bytes")
+        check("HDF5" not in log, "full mirror: no HDF5 text in the log")
+        check(list(full.iterdir()) == [], "full mirror: no .partial left on the full disk")
+        check(len(committed(local)) == 3, "full mirror: the local level committed every save")
+    finally:
+        subprocess.run(["umount", str(full)])
+
+
+def init_from(pentad, recipe, work):
+    source = work / "refuse-ckpt"  # steps 2 and 4 of a one-rank run: its weights at step 4
+    out = work / "init-tp2"
+    log = train(pentad, recipe, 2, out, ["parallel.tp=2", "train.steps=0",
+                                         f"train.init_from={source}"])
+    wa, wb = weights(work / "refuse"), weights(out)
+    same = wa.keys() == wb.keys() and all(np.array_equal(wa[k].view(np.uint32),
+                                                         wb[k].view(np.uint32)) for k in wa)
+    check(same and "step-00000004" in log, "init_from a root: its newest weights under tp2, bitwise")
+    fresh, tuned = work / "init-fresh", work / "init-tuned"
+    train(pentad, recipe, 1, fresh, ["train.steps=2"])
+    log = train(pentad, recipe, 1, tuned, ["train.steps=2", "train.save_every=2",
+                                           f"train.ckpt_dir={work / 'init-ckpt'}",
+                                           f"train.init_from={source / 'step-00000002'}"])
+    a, b = losses(fresh), losses(tuned)
+    saved = json.loads((work / "init-ckpt" / "step-00000002" / "manifest.json").read_text())
+    check(sorted(b) == [1, 2] and a[1] != b[1] and "optimizer fresh, step 0" in log,
+          "init_from a checkpoint: trains from step 0 on its weights")
+    check(saved["optimizer_steps"] == 2, "init_from a checkpoint (of 2 AdamW steps): the optimizer "
+          f"starts fresh ({saved['optimizer_steps']} steps after 2 more)")
+    rc, log = run_pentad(pentad, recipe, 1, work / "init-other", ["model.n_layer=3",
+                                                                  f"train.init_from={source}"])
+    check(rc != 0 and "model.n_layer:" in log, "init_from another model: refused naming the key")
+
+
 def main():
     pentad, recipe, work = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     COMMON.extend(sys.argv[4:])
+    subprocess.run(["umount", str(work / "full-disk")], capture_output=True)  # an interrupted run
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     bitwise_resume(pentad, recipe, work, "one-rank", 1, ["train.grad_accum=2"])
@@ -178,6 +297,9 @@ def main():
         "tp2": (2, ["parallel.tp=2", "train.grad_accum=4"])})
     corruption(pentad, recipe, work)
     mirror(pentad, recipe, work)
+    refusals(pentad, recipe, work)
+    disk_full(pentad, recipe, work)
+    init_from(pentad, recipe, work)
     sigkill_trials(pentad, recipe, work)
     if failures:
         print("FAILED:", "; ".join(failures))
