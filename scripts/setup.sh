@@ -5,7 +5,8 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
-  clang libomp-dev libclang-rt-dev    # ThreadSanitizer build (libarcher: OpenMP for TSan)
+  clang llvm libomp-dev libclang-rt-dev  # sanitizer builds: TSan with libarcher (OpenMP
+                                        # for TSan), llvm-symbolizer for their stacks
   openmpi-bin libopenmpi-dev          # communicators (MPI backend)
   libhdf5-dev libxxhash-dev zlib1g-dev  # checkpoints (HDF5 files, xxh3 and crc32 checksums)
   libspdlog-dev libfmt-dev            # logging

@@ -182,13 +182,14 @@ NodeShare node_share() {
 
 void check_memory(const Config& cfg, const parallel::MeshConfig& mesh, const NodeShare& node) {
   if (cfg.train.memory_limit_mb == 0 && cfg.train.device != "cpu") return;
-  const auto [limit, limit_text] = memory_limit(cfg, node);
+  const auto limits = memory_limit(cfg, node);  // (bytes, how they were chosen)
+  const auto& [limit, limit_text] = limits;
   const MemoryEstimate e = estimate_memory(cfg, mesh);
   if (e.total() <= limit) return;
 
   auto fits = [&](Config c) {
     try {
-      return estimate_memory(c, mesh).total() <= limit;
+      return estimate_memory(c, mesh).total() <= limits.first;
     } catch (const Error&) {  // a layout the changed value does not split into
       return false;
     }
