@@ -19,6 +19,22 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 export PENTAD_POISON=1
 failed=()
 
+# A sanitizer build must still catch the bug planted for it (tests/sanitizers/
+# planted_bugs.cpp), built with the same compiler and flags, and pass the clean variant.
+planted() {
+  local compiler=$1 flags=$2 bug=$3 words=$4 exe
+  exe=$log_dir/planted_bugs
+  $compiler -std=c++20 -O1 -g -fopenmp $flags tests/sanitizers/planted_bugs.cpp -o "$exe"
+  run "$bug-clean" env OMP_NUM_THREADS=2 "$exe" clean
+  if env OMP_NUM_THREADS=2 "$exe" "$bug" >"$log_dir/planted-$bug.log" 2>&1 ||
+    ! grep -q "$words" "$log_dir/planted-$bug.log"; then
+    echo "sanitize: FAILED: the planted $bug was not reported ($log_dir/planted-$bug.log)"
+    failed+=("planted-$bug")
+  else
+    echo "sanitize: the planted $bug is reported"
+  fi
+}
+
 # Runs one test program; records a failure instead of stopping, so one run shows all.
 run() {
   local name=$1
@@ -54,6 +70,7 @@ for kind in "${which[@]}"; do
       export LSAN_OPTIONS=suppressions=$root/tests/sanitizers/lsan.supp:print_suppressions=0
       export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
       log_dir=$dir/sanitize-logs && mkdir -p "$log_dir"
+      planted g++ "-fsanitize=address,undefined" overflow "heap-buffer-overflow"
       # Training to convergence belongs to the main build: under ASan it takes minutes.
       slow='Training.*OverfitsOneBatch:Training.SameSeed*:*FiniteDifferences*AcrossBlocks'
       for t in "${tests[@]}"; do
@@ -79,6 +96,7 @@ for kind in "${which[@]}"; do
       export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1"
       export OMP_TOOL_LIBRARIES=$(clang++ -print-resource-dir)/../../libarcher.so
       log_dir=$dir/sanitize-logs && mkdir -p "$log_dir"
+      planted clang++ "-fsanitize=thread -fopenmp=libomp" race "data race"
       for t in "${tests[@]}"; do
         run "tsan-$t" env OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=1 $dir/tests/$t
       done
