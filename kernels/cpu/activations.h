@@ -1,4 +1,6 @@
 #pragma once
+// CPU kernels of the activations (GELU, SwiGLU), behind kernels/activations.cpp. Like every
+// header here: raw pointers and sizes, checked at the door (kernels/door.h says why).
 #include <cstdint>
 
 namespace pentad::kernels::cpu {

@@ -1,4 +1,6 @@
 #pragma once
+// CPU kernels of causal grouped-query attention, behind kernels/attention.cpp; raw pointers
+// and sizes, checked at the door (kernels/door.h).
 #include <cstdint>
 
 namespace pentad::kernels::cpu {

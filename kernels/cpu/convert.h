@@ -1,4 +1,6 @@
 #pragma once
+// CPU element-type conversion (F32, F64, BF16), behind kernels/elementwise.cpp. Unlike the
+// other CPU kernels it is not a template: it switches on both dtypes itself.
 #include <cstdint>
 
 #include "core/tensor.h"

@@ -1,4 +1,6 @@
 #pragma once
+// CPU kernel of softmax cross-entropy fused with its gradient, behind
+// kernels/crossentropy.cpp; raw pointers and sizes, checked at the door (kernels/door.h).
 #include <cstdint>
 
 namespace pentad::kernels::cpu {

@@ -1,4 +1,7 @@
 #pragma once
+// CPU kernels of the elementwise utilities (add, scale, sum of squares) and the AdamW step,
+// behind kernels/elementwise.cpp and kernels/optim.cpp; raw pointers and sizes, checked at
+// the door (kernels/door.h).
 #include <cstdint>
 
 namespace pentad::kernels::cpu {

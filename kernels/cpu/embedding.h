@@ -1,4 +1,6 @@
 #pragma once
+// CPU kernels of the token (+ position) embedding, behind kernels/embedding.cpp; raw pointers
+// and sizes, checked at the door (kernels/door.h).
 #include <cstdint>
 
 namespace pentad::kernels::cpu {

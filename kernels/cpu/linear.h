@@ -1,4 +1,6 @@
 #pragma once
+// CPU kernels of the linear layer (BLAS GEMMs), behind kernels/linear.cpp; raw pointers and
+// sizes, checked at the door (kernels/door.h).
 #include <cstdint>
 
 namespace pentad::kernels::cpu {

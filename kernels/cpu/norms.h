@@ -1,4 +1,6 @@
 #pragma once
+// CPU kernels of LayerNorm and RMSNorm, behind kernels/norms.cpp; raw pointers and sizes,
+// checked at the door (kernels/door.h).
 #include <cstdint>
 
 namespace pentad::kernels::cpu {

@@ -1,4 +1,6 @@
 #pragma once
+// CPU kernel of the rotary embedding, behind kernels/rope.cpp; raw pointers and sizes,
+// checked at the door (kernels/door.h).
 #include <cstdint>
 
 namespace pentad::kernels::cpu {

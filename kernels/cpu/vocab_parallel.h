@@ -1,4 +1,6 @@
 #pragma once
+// CPU kernels of vocabulary-parallel cross-entropy (the three local phases), behind
+// kernels/crossentropy.cpp; raw pointers and sizes, checked at the door (kernels/door.h).
 #include <cstdint>
 
 namespace pentad::kernels::cpu {

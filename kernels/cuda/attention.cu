@@ -295,7 +295,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Register tiles for head_dim up to 64 or up to kMaxHeadDim = 128 (ops.cpp refuses more).
+// Register tiles for head_dim up to 64 or up to kMaxHeadDim = 128 (the door in
+// kernels/attention.cpp refuses more).
 template <typename F>
 void by_max_d(int64_t D, F&& f) {
   if (attention_max_d(D) == 64)

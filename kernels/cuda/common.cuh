@@ -36,7 +36,7 @@ template <typename T>
 struct Tag {
   using type = T;
 };
-// Calls f(Tag<float>) or f(Tag<bf16>) for the data dtype (checked by ops.cpp).
+// Calls f(Tag<float>) or f(Tag<bf16>) for the data dtype (checked at kernels/door.h).
 template <typename F>
 void by_dtype(DType dtype, F&& f) {
   if (dtype == DType::BF16)

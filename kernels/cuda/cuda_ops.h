@@ -1,9 +1,10 @@
 #pragma once
-// The CUDA backend behind kernels/ops.h. ops.cpp checks every argument (device, dtype, shape)
-// and calls these only in builds with CUDA, for calls whose tensors are all CUDA tensors;
-// this header needs no CUDA headers so that builds without CUDA still compile ops.cpp.
+// The CUDA backend behind kernels/ops.h. The op-family doors (kernels/linear.cpp, ...) check
+// every argument (device, dtype, shape) and call these only in builds with CUDA, for calls
+// whose tensors are all CUDA tensors (kernels/door.h); this header needs no CUDA headers so
+// that builds without CUDA still compile the doors.
 //
-// Element types (checked in ops.cpp): the data of a call (activations, weights and the
+// Element types (checked at the door): the data of a call (activations, weights and the
 // gradients of activations) share one of F32 or BF16; per-row statistics (mean, rstd, lse,
 // losses, row_max, stats), parameter gradients (dweight, dbias, dwte, dwpe) and the AdamW
 // tensors are F32. Every kernel accumulates in F32 (sum_squares in F64).
