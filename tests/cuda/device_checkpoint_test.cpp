@@ -106,7 +106,7 @@ TEST(DeviceCheckpoint, SaverCopiesDeviceStateBehindTheOptimizer) {
 
   ckpt::Manifest m;
   m.step = 1;
-  ckpt::commit(root.string(), m, 0);
+  ckpt::remove_dirs(ckpt::commit(root.string(), m, 0));
   ckpt::Reader reader(ckpt::checkpoint_dir(root.string(), 1));
   for (size_t i = 0; i < state.host.size(); ++i) {
     const Shape shape{static_cast<int64_t>(state.host[i].size())};
