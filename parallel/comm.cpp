@@ -1,9 +1,6 @@
 #include "parallel/comm.h"
 
-#include <chrono>
 #include <cstdio>
-#include <numeric>
-#include <thread>
 
 #include "parallel/backend.h"
 
@@ -88,7 +85,8 @@ void Work::wait() {
   finish(false);
 }
 
-// ---- Communicator: the checks, the trace and the injection every backend shares ----
+// ---- Communicator: the checks, the trace and the routing every backend shares ----
+// (the injected slowness is in comm_injection.cpp)
 
 Communicator::Communicator(std::string name, Backend backend)
     : name_(std::move(name)), backend_(backend), trace_(trace_open_channel(name_)) {}
@@ -141,154 +139,78 @@ TraceTicket Communicator::enter(CommKind kind, int64_t bytes, int peer) {
   return trace_enter(trace_, next_seq_++, kind, bytes, peer);
 }
 
-double Communicator::injected_seconds(int64_t bytes) const {
-  if (injection_.slow_rank != -1 && injection_.slow_rank != rank_) return 0.0;
-  double seconds = injection_.delay_seconds;
-  if (injection_.bytes_per_second > 0) seconds += double(bytes) / injection_.bytes_per_second;
-  return seconds;
-}
-
-void Communicator::inject(int64_t bytes) const {
-  if (injection_.links_only) return;
-  const double seconds = injected_seconds(bytes);
-  if (seconds > 0) std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-}
-
-// A send on a slow link: the real operation is posted by post_due_sends once its time has come.
-class DeferredSend final : public WorkImpl {
- public:
-  explicit DeferredSend(Communicator& comm) : comm_(comm) {}
-  ~DeferredSend() override {
-    if (!posted_) comm_.post_due_sends(true);  // never leave a queued pointer behind
-  }
-  bool test() override {
-    comm_.post_due_sends(false);
-    return posted_ && posted_->test();
-  }
-  void wait() override {
-    while (!posted_) {
-      comm_.post_due_sends(false);
-      if (!posted_) std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-    posted_->wait();
-  }
-  bool keep_ticket(const TraceTicket& ticket) override { return posted_->keep_ticket(ticket); }
-  std::unique_ptr<WorkImpl>* slot() { return &posted_; }
-
- private:
-  Communicator& comm_;
-  std::unique_ptr<WorkImpl> posted_;
-};
-
-// Any operation on a communicator with deferred sends: testing or waiting also posts the
-// sends that have come due, so two ranks waiting on each other's late sends still progress.
-class PumpingWork final : public WorkImpl {
- public:
-  PumpingWork(Communicator& comm, std::unique_ptr<WorkImpl> inner)
-      : comm_(comm), inner_(std::move(inner)) {}
-  bool test() override {
-    comm_.post_due_sends(false);
-    return inner_->test();
-  }
-  void wait() override {
-    while (!test()) std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
-
- private:
-  Communicator& comm_;
-  std::unique_ptr<WorkImpl> inner_;
-};
-
-void Communicator::post_due_sends(bool wait_for_all) {
-  while (!deferred_.empty()) {
-    Deferred& d = deferred_.front();
-    if (!wait_for_all && std::chrono::steady_clock::now() < d.due) return;
-    if (wait_for_all) std::this_thread::sleep_until(d.due);
-    std::vector<std::unique_ptr<WorkImpl>> impls = post_p2p_routed({d.op});
-    *d.posted = std::move(impls.at(0));
-    deferred_.pop_front();
-  }
-}
-
 Work Communicator::finish(std::unique_ptr<WorkImpl> impl, TraceTicket ticket, bool async) {
-  if (injected_seconds(1) > 0 || !deferred_.empty())
-    impl = std::make_unique<PumpingWork>(*this, std::move(impl));
-  Work work(std::move(impl), ticket);
+  Work work(pump_if_delayed(std::move(impl)), ticket);
   if (!async) work.wait();
   return work;
 }
 
+void Communicator::check_pair(const Tensor& out, const Tensor& in, const char* op) const {
+  check_same_device(out, in, op);
+  check_tensor(out, op, "out");
+  check_tensor(in, op, "in");
+  PENTAD_CHECK(out.dtype == in.dtype, "communicator '{}' {}: out is {} but in is {}", name_, op,
+               dtype_name(out.dtype), dtype_name(in.dtype));
+}
+
+TraceTicket Communicator::enter_injected(CommKind kind, int64_t bytes, int peer) {
+  TraceTicket ticket = enter(kind, bytes, peer);
+  inject(bytes);
+  return ticket;
+}
+
+// The preamble every collective shares once its tensors are checked: the backend that moves
+// `routed` checks the dtype, the trace takes a ticket, the injected delay runs; then `post`
+// posts on that backend.
+template <typename Post>
+Work Communicator::collective(CommKind kind, const Tensor& routed, bool reduction, int64_t bytes,
+                              int peer, bool async, Post post) {
+  Communicator& backend = route(routed);
+  backend.check_dtype(routed.dtype, reduction);
+  TraceTicket ticket = enter_injected(kind, bytes, peer);
+  return finish(post(backend), ticket, async);
+}
+
 Work Communicator::all_reduce(Tensor buf, ReduceOp op, bool async) {
   check_tensor(buf, "all_reduce", "buf");
-  Communicator& backend = route(buf);
-  backend.check_dtype(buf.dtype, true);
-  const int64_t bytes = int64_t(buf.bytes());
-  TraceTicket ticket = enter(CommKind::AllReduce, bytes, -1);
-  inject(bytes);
-  return finish(backend.post_all_reduce(buf, op), ticket, async);
+  return collective(CommKind::AllReduce, buf, true, int64_t(buf.bytes()), -1, async,
+                    [&](Communicator& backend) { return backend.post_all_reduce(buf, op); });
 }
 
 Work Communicator::reduce_scatter(Tensor out, const Tensor& in, ReduceOp op, bool async) {
-  check_same_device(out, in, "reduce_scatter");
-  check_tensor(out, "reduce_scatter", "out");
-  check_tensor(in, "reduce_scatter", "in");
-  PENTAD_CHECK(out.dtype == in.dtype, "communicator '{}' reduce_scatter: out is {} but in is {}",
-               name_, dtype_name(out.dtype), dtype_name(in.dtype));
+  check_pair(out, in, "reduce_scatter");
   PENTAD_CHECK(
       in.numel() == int64_t(size_) * out.numel(),
       "communicator '{}' reduce_scatter: in {} has {} elements but needs size {} x out {} = {}",
       name_, in.shape.str(), in.numel(), size_, out.shape.str(), int64_t(size_) * out.numel());
-  Communicator& backend = route(in);
-  backend.check_dtype(in.dtype, true);
-  const int64_t bytes = int64_t(in.bytes());
-  TraceTicket ticket = enter(CommKind::ReduceScatter, bytes, -1);
-  inject(bytes);
-  return finish(backend.post_reduce_scatter(out, in, op), ticket, async);
+  return collective(
+      CommKind::ReduceScatter, in, true, int64_t(in.bytes()), -1, async,
+      [&](Communicator& backend) { return backend.post_reduce_scatter(out, in, op); });
 }
 
 Work Communicator::all_gather(Tensor out, const Tensor& in, bool async) {
-  check_same_device(out, in, "all_gather");
-  check_tensor(out, "all_gather", "out");
-  check_tensor(in, "all_gather", "in");
-  PENTAD_CHECK(out.dtype == in.dtype, "communicator '{}' all_gather: out is {} but in is {}", name_,
-               dtype_name(out.dtype), dtype_name(in.dtype));
+  check_pair(out, in, "all_gather");
   PENTAD_CHECK(
       out.numel() == int64_t(size_) * in.numel(),
       "communicator '{}' all_gather: out {} has {} elements but needs size {} x in {} = {}", name_,
       out.shape.str(), out.numel(), size_, in.shape.str(), int64_t(size_) * in.numel());
-  Communicator& backend = route(in);
-  backend.check_dtype(in.dtype, false);
-  const int64_t bytes = int64_t(in.bytes());
-  TraceTicket ticket = enter(CommKind::AllGather, bytes, -1);
-  inject(bytes);
-  return finish(backend.post_all_gather(out, in), ticket, async);
+  return collective(CommKind::AllGather, in, false, int64_t(in.bytes()), -1, async,
+                    [&](Communicator& backend) { return backend.post_all_gather(out, in); });
 }
 
 Work Communicator::all_to_all(Tensor out, const Tensor& in, bool async) {
-  check_same_device(out, in, "all_to_all");
-  check_tensor(out, "all_to_all", "out");
-  check_tensor(in, "all_to_all", "in");
-  PENTAD_CHECK(out.dtype == in.dtype, "communicator '{}' all_to_all: out is {} but in is {}", name_,
-               dtype_name(out.dtype), dtype_name(in.dtype));
+  check_pair(out, in, "all_to_all");
   PENTAD_CHECK(in.numel() == out.numel() && in.numel() % size_ == 0,
                "communicator '{}' all_to_all: in {} and out {} must have equal element counts "
                "divisible by the group size {}",
                name_, in.shape.str(), out.shape.str(), size_);
-  Communicator& backend = route(in);
-  backend.check_dtype(in.dtype, false);
-  const int64_t bytes = int64_t(in.bytes());
-  TraceTicket ticket = enter(CommKind::AllToAll, bytes, -1);
-  inject(bytes);
-  return finish(backend.post_all_to_all(out, in), ticket, async);
+  return collective(CommKind::AllToAll, in, false, int64_t(in.bytes()), -1, async,
+                    [&](Communicator& backend) { return backend.post_all_to_all(out, in); });
 }
 
 Work Communicator::all_to_all_v(Tensor out, std::span<const int64_t> recv_counts, const Tensor& in,
                                 std::span<const int64_t> send_counts, bool async) {
-  check_same_device(out, in, "all_to_all_v");
-  check_tensor(out, "all_to_all_v", "out");
-  check_tensor(in, "all_to_all_v", "in");
-  PENTAD_CHECK(out.dtype == in.dtype, "communicator '{}' all_to_all_v: out is {} but in is {}",
-               name_, dtype_name(out.dtype), dtype_name(in.dtype));
+  check_pair(out, in, "all_to_all_v");
   PENTAD_CHECK(recv_counts.size() == size_t(size_) && send_counts.size() == size_t(size_),
                "communicator '{}' all_to_all_v: {} send and {} receive counts for a group of {}",
                name_, send_counts.size(), recv_counts.size(), size_);
@@ -306,23 +228,17 @@ Work Communicator::all_to_all_v(Tensor out, std::span<const int64_t> recv_counts
       recv_total <= out.numel(),
       "communicator '{}' all_to_all_v: receive counts sum to {} but out {} has {} elements", name_,
       recv_total, out.shape.str(), out.numel());
-  Communicator& backend = route(in);
-  backend.check_dtype(in.dtype, false);
-  const int64_t bytes = send_total * int64_t(dtype_bytes(in.dtype));
-  TraceTicket ticket = enter(CommKind::AllToAllV, bytes, -1);
-  inject(bytes);
-  return finish(backend.post_all_to_all_v(out, recv_counts, in, send_counts), ticket, async);
+  return collective(CommKind::AllToAllV, in, false, send_total * int64_t(dtype_bytes(in.dtype)), -1,
+                    async, [&](Communicator& backend) {
+                      return backend.post_all_to_all_v(out, recv_counts, in, send_counts);
+                    });
 }
 
 Work Communicator::broadcast(Tensor buf, int root, bool async) {
   check_tensor(buf, "broadcast", "buf");
   check_peer(root, 0, "broadcast");
-  Communicator& backend = route(buf);
-  backend.check_dtype(buf.dtype, false);
-  const int64_t bytes = int64_t(buf.bytes());
-  TraceTicket ticket = enter(CommKind::Broadcast, bytes, root);
-  inject(bytes);
-  return finish(backend.post_broadcast(buf, root), ticket, async);
+  return collective(CommKind::Broadcast, buf, false, int64_t(buf.bytes()), root, async,
+                    [&](Communicator& backend) { return backend.post_broadcast(buf, root); });
 }
 
 Work Communicator::send(const Tensor& buf, int peer, int tag, bool async) {
@@ -352,35 +268,7 @@ std::vector<Work> Communicator::batch_p2p(std::vector<P2POp> ops) {
     total_bytes += bytes;
     tickets.push_back(enter(op.is_send ? CommKind::Send : CommKind::Recv, bytes, op.peer));
   }
-  // Sends on a slow link are delivered late (queued, in order per peer); the rest go now.
-  std::vector<std::unique_ptr<WorkImpl>> impls;
-  if (injected_seconds(1) > 0) {
-    link_free_.resize(size_t(size_), std::chrono::steady_clock::time_point{});
-    std::vector<P2POp> now_ops;
-    std::vector<size_t> now_index;
-    impls.resize(ops.size());
-    for (size_t i = 0; i < ops.size(); ++i) {
-      if (!ops[i].is_send) {
-        now_ops.push_back(ops[i]);
-        now_index.push_back(i);
-        continue;
-      }
-      const auto seconds = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-          std::chrono::duration<double>(injected_seconds(int64_t(ops[i].buf.bytes()))));
-      auto& free = link_free_[size_t(ops[i].peer)];
-      free = std::max(free, std::chrono::steady_clock::now()) + seconds;
-      auto deferred = std::make_unique<DeferredSend>(*this);
-      deferred_.push_back(Deferred{ops[i], free, deferred->slot()});
-      impls[i] = std::move(deferred);
-    }
-    std::vector<std::unique_ptr<WorkImpl>> posted = post_p2p_routed(now_ops);
-    for (size_t j = 0; j < posted.size(); ++j)
-      impls[now_index[j]] = std::make_unique<PumpingWork>(*this, std::move(posted[j]));
-  } else {
-    impls = post_p2p_routed(ops);
-    if (!deferred_.empty())
-      for (auto& impl : impls) impl = std::make_unique<PumpingWork>(*this, std::move(impl));
-  }
+  std::vector<std::unique_ptr<WorkImpl>> impls = post_p2p_delayed(ops);
   PENTAD_CHECK(impls.size() == ops.size(), "backend returned {} handles for {} p2p ops",
                impls.size(), ops.size());
   std::vector<Work> works;
@@ -409,9 +297,7 @@ std::vector<std::unique_ptr<WorkImpl>> Communicator::post_p2p_routed(
 }
 
 void Communicator::barrier() {
-  TraceTicket ticket = enter(CommKind::Barrier, 0, -1);
-  inject(0);
-  finish(post_barrier(), ticket, false);
+  finish(post_barrier(), enter_injected(CommKind::Barrier, 0, -1), false);
 }
 
 // ---- the factory: the one place a backend is chosen ----

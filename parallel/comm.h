@@ -100,7 +100,8 @@ struct P2POp {
 // rank, a collective first sleeps delay_seconds plus bytes / bytes_per_second (a slow rank);
 // a send is delivered that much later without blocking the sender (a slow outgoing link:
 // it is posted once due, messages to one peer one after another, in order).
-// Deferred sends are posted when any of this communicator's Works is tested or waited.
+// Deferred sends are posted when any of this communicator's Works is tested or waited
+// (parallel/comm_injection.cpp).
 struct Injection {
   double delay_seconds = 0;
   int slow_rank = -1;           // rank within this communicator; -1: every rank
@@ -176,6 +177,12 @@ class Communicator {
 
  private:
   TraceTicket enter(CommKind kind, int64_t bytes, int peer);
+  TraceTicket enter_injected(CommKind kind, int64_t bytes, int peer);  // enter, then inject
+  template <typename Post>
+  Work collective(CommKind kind, const Tensor& routed, bool reduction, int64_t bytes, int peer,
+                  bool async, Post post);
+
+  // Injected slowness (comm_injection.cpp).
   void inject(int64_t bytes) const;
   double injected_seconds(int64_t bytes) const;  // 0 on ranks the injection spares
   friend class DeferredSend;
@@ -186,6 +193,12 @@ class Communicator {
     std::unique_ptr<WorkImpl>* posted;  // where DeferredSend keeps the real operation
   };
   void post_due_sends(bool wait_for_all);  // posts every due deferred send, in order
+  // impl, made to post due sends when tested or waited if this communicator may have any.
+  std::unique_ptr<WorkImpl> pump_if_delayed(std::unique_ptr<WorkImpl> impl);
+  // post_p2p_routed, with sends on a slow link queued to be posted late.
+  std::vector<std::unique_ptr<WorkImpl>> post_p2p_delayed(const std::vector<P2POp>& ops);
+
+  void check_pair(const Tensor& out, const Tensor& in, const char* op) const;  // + same dtype
   void check_tensor(const Tensor& t, const char* op, const char* what) const;
   void check_same_device(const Tensor& out, const Tensor& in, const char* op) const;
   // The backend that moves t: the host companion for host tensors, if any, else this.
