@@ -1,17 +1,16 @@
 // pentad: the command line. Subcommands: train, data prepare, tokenizer train, and the
 // developer command reference (used by the PyTorch equivalence tests).
 #include <mpi.h>
+#include <spdlog/spdlog.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-#include <spdlog/spdlog.h>
-
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/convert.h"
-#include "data/commands.h"
+#include "cli/convert.h"
+#include "cli/data_commands.h"
 #include "train/memory_budget.h"
 #include "train/recipe.h"
 #include "train/reference.h"
@@ -50,7 +49,9 @@ int main(int argc, char** argv) {
   std::string recipe;
   std::vector<std::string> sets, extra;
   auto* train = app.add_subcommand("train", "Train a model from a TOML recipe");
-  train->add_option("recipe", recipe, "Recipe file (see recipes/)")->required()->check(CLI::ExistingFile);
+  train->add_option("recipe", recipe, "Recipe file (see recipes/)")
+      ->required()
+      ->check(CLI::ExistingFile);
   train->add_option("-s,--set", sets, "Override a recipe key: section.key=value (repeatable)");
   train->add_option("overrides", extra, "More section.key=value overrides");
   std::string dump_dir, grads_dir, comm_log, resume, trace;
@@ -69,7 +70,8 @@ int main(int argc, char** argv) {
 
   std::string ref_out, ref_checkpoint;
   int64_t ref_steps = 10;
-  auto* reference = app.add_subcommand("reference",
+  auto* reference = app.add_subcommand(
+      "reference",
       "Developer: dump weights, batches, logits, gradients and losses for the PyTorch tests");
   reference->add_option("recipe", recipe, "Recipe file")->required()->check(CLI::ExistingFile);
   reference->add_option("-o,--out", ref_out, "Output directory")->required();
@@ -83,11 +85,12 @@ int main(int argc, char** argv) {
   std::vector<std::string> inputs;
   std::string tokenizer, out_prefix;
   bool fortune_format = false;
-  auto* prepare = data->add_subcommand("prepare",
-      "Tokenize text files into a Megatron indexed dataset (PREFIX.bin + PREFIX.idx)");
+  auto* prepare = data->add_subcommand(
+      "prepare", "Tokenize text files into a Megatron indexed dataset (PREFIX.bin + PREFIX.idx)");
   prepare->add_option("inputs", inputs, "Text files")->required()->check(CLI::ExistingFile);
   prepare->add_option("-t,--tokenizer", tokenizer, "tokenizer.json (Hugging Face byte-level BPE)")
-      ->required()->check(CLI::ExistingFile);
+      ->required()
+      ->check(CLI::ExistingFile);
   prepare->add_option("-o,--out", out_prefix, "Output prefix")->required();
   prepare->add_flag("--fortune", fortune_format, "Documents are separated by lines holding '%'");
 
@@ -95,7 +98,8 @@ int main(int argc, char** argv) {
   tok->require_subcommand(1);
   int64_t vocab_size = 8192;
   std::string tok_out;
-  auto* tok_train = tok->add_subcommand("train", "Learn a byte-level BPE vocabulary from text files");
+  auto* tok_train =
+      tok->add_subcommand("train", "Learn a byte-level BPE vocabulary from text files");
   tok_train->add_option("inputs", inputs, "Text files")->required()->check(CLI::ExistingFile);
   tok_train->add_option("-v,--vocab-size", vocab_size, "Vocabulary size, <|endoftext|> included")
       ->capture_default_str();
@@ -115,11 +119,15 @@ int main(int argc, char** argv) {
       "convert",
       "Convert checkpoints: --to hf CHECKPOINT OUT_DIR | --to llmc CHECKPOINT OUT_FILE | "
       "--from hf HF_DIR CHECKPOINT_ROOT");
-  auto* to = convert->add_option("--to", convert_to, "Export format")->check(CLI::IsMember({"hf", "llmc"}));
-  auto* from = convert->add_option("--from", convert_from, "Import format")->check(CLI::IsMember({"hf"}));
+  auto* to = convert->add_option("--to", convert_to, "Export format")
+                 ->check(CLI::IsMember({"hf", "llmc"}));
+  auto* from =
+      convert->add_option("--from", convert_from, "Import format")->check(CLI::IsMember({"hf"}));
   to->excludes(from);
-  convert->add_option("source", convert_src, "Checkpoint directory (step-N), or HF directory")->required();
-  convert->add_option("destination", convert_dst, "Output directory, file, or checkpoint root")->required();
+  convert->add_option("source", convert_src, "Checkpoint directory (step-N), or HF directory")
+      ->required();
+  convert->add_option("destination", convert_dst, "Output directory, file, or checkpoint root")
+      ->required();
 
   try {
     app.parse(argc, argv);

@@ -1,10 +1,9 @@
-// The default fortunes corpus and the two CLI actions, end to end on real files.
+// The default fortunes corpus, end to end on real files.
 #include "data/corpus.h"
 
 #include <gtest/gtest.h>
 
 #include "core/check.h"
-#include "data/commands.h"
 #include "data/dataset.h"
 #include "data/token_files.h"
 #include "data/tokenizer.h"
@@ -21,7 +20,8 @@ TEST(Corpus, SplitsFortunesAtPercentLines) {
 }
 
 TEST(Corpus, PreparesTheFortunesOnceAndDecodesBack) {
-  if (!std::filesystem::is_directory(kFortuneDir)) GTEST_SKIP() << "fortunes not installed (scripts/setup.sh)";
+  if (!std::filesystem::is_directory(kFortuneDir))
+    GTEST_SKIP() << "fortunes not installed (scripts/setup.sh)";
   ScratchDir dir;
   DataConfig cfg;
   cfg.cache_dir = dir.file("cache");
@@ -67,30 +67,12 @@ TEST(Corpus, MissingCorpusSaysHowToInstallIt) {
   }
 }
 
-TEST(Commands, TrainTokenizerThenPrepareData) {
-  ScratchDir dir;
-  testing::write_text(dir.file("a.txt"), "Hello there, world!\n%\nSecond fortune here.\n%\nHello again.\n");
-  testing::write_text(dir.file("b.txt"), "Another file, another document. Hello!\n");
-  tokenizer_train({dir.file("a.txt"), dir.file("b.txt")}, 300, dir.file("tok.json"));
-  const Tokenizer tok = Tokenizer::load(dir.file("tok.json"));
-  EXPECT_EQ(tok.vocab_size(), 300);
-
-  data_prepare({dir.file("a.txt"), dir.file("b.txt")}, dir.file("tok.json"), dir.file("fortune"), true);
-  const MegatronDataset fortunes = MegatronDataset::open(dir.file("fortune"));
-  ASSERT_EQ(fortunes.num_documents(), 4);
-  auto second = fortunes.document(1);
-  EXPECT_EQ(second.back(), tok.eot_id());
-  second.pop_back();
-  EXPECT_EQ(tok.decode(second), "Second fortune here.\n");
-
-  data_prepare({dir.file("a.txt"), dir.file("b.txt")}, dir.file("tok.json"), dir.file("whole"), false);
-  EXPECT_EQ(MegatronDataset::open(dir.file("whole")).num_documents(), 2);
-}
-
 TEST(Corpus, UsesAGivenTokenizer) {
-  if (!std::filesystem::is_directory(kFortuneDir)) GTEST_SKIP() << "fortunes not installed (scripts/setup.sh)";
+  if (!std::filesystem::is_directory(kFortuneDir))
+    GTEST_SKIP() << "fortunes not installed (scripts/setup.sh)";
   ScratchDir dir;
-  Tokenizer::train("a small text to learn a few merges from, a small text", 300).save(dir.file("tok.json"));
+  Tokenizer::train("a small text to learn a few merges from, a small text", 300)
+      .save(dir.file("tok.json"));
   DataConfig cfg;
   cfg.cache_dir = dir.file("cache");
   cfg.tokenizer = dir.file("tok.json");

@@ -1,4 +1,4 @@
-#include "checkpoint/convert.h"
+#include "cli/convert.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

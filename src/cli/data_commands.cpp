@@ -1,8 +1,8 @@
-#include "data/commands.h"
-
-#include <chrono>
+#include "cli/data_commands.h"
 
 #include <fmt/format.h>
+
+#include <chrono>
 
 #include "core/check.h"
 #include "data/corpus.h"
@@ -10,7 +10,8 @@
 
 namespace pentad::data {
 
-void tokenizer_train(const std::vector<std::string>& text_files, int64_t vocab_size, const std::string& out_json) {
+void tokenizer_train(const std::vector<std::string>& text_files, int64_t vocab_size,
+                     const std::string& out_json) {
   if (text_files.empty()) fail("tokenizer train: no text files given");
   const auto start = std::chrono::steady_clock::now();
   const std::vector<std::string> docs = read_documents(text_files, /*fortune_format=*/false);
@@ -19,9 +20,11 @@ void tokenizer_train(const std::vector<std::string>& text_files, int64_t vocab_s
   std::vector<std::string_view> views(docs.begin(), docs.end());
   const Tokenizer tokenizer = Tokenizer::train(views, vocab_size);
   tokenizer.save(out_json);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  fmt::print("tokenizer train: {} files, {} bytes -> {} tokens ({} merges), wrote {} in {:.1f} s\n", text_files.size(),
-             bytes, tokenizer.vocab_size(), tokenizer.num_merges(), out_json, seconds);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  fmt::print("tokenizer train: {} files, {} bytes -> {} tokens ({} merges), wrote {} in {:.1f} s\n",
+             text_files.size(), bytes, tokenizer.vocab_size(), tokenizer.num_merges(), out_json,
+             seconds);
 }
 
 void data_prepare(const std::vector<std::string>& text_files, const std::string& tokenizer_json,
@@ -31,7 +34,8 @@ void data_prepare(const std::vector<std::string>& text_files, const std::string&
   const std::vector<std::string> docs = read_documents(text_files, fortune_format);
   if (docs.empty()) fail("data prepare: the {} files hold no documents", text_files.size());
   const int64_t tokens = write_tokenized(tokenizer, docs, out_prefix);
-  fmt::print("data prepare: {} documents, {} tokens -> {}.bin, {}.idx\n", docs.size(), tokens, out_prefix, out_prefix);
+  fmt::print("data prepare: {} documents, {} tokens -> {}.bin, {}.idx\n", docs.size(), tokens,
+             out_prefix, out_prefix);
 }
 
 }  // namespace pentad::data

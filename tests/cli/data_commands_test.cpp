@@ -1,0 +1,39 @@
+// The `tokenizer train` and `data prepare` actions, end to end on real files.
+#include "cli/data_commands.h"
+
+#include <gtest/gtest.h>
+
+#include "../data/test_files.h"
+#include "data/dataset.h"
+#include "data/tokenizer.h"
+
+namespace pentad::data {
+namespace {
+
+using testing::ScratchDir;
+
+TEST(Commands, TrainTokenizerThenPrepareData) {
+  ScratchDir dir;
+  testing::write_text(dir.file("a.txt"),
+                      "Hello there, world!\n%\nSecond fortune here.\n%\nHello again.\n");
+  testing::write_text(dir.file("b.txt"), "Another file, another document. Hello!\n");
+  tokenizer_train({dir.file("a.txt"), dir.file("b.txt")}, 300, dir.file("tok.json"));
+  const Tokenizer tok = Tokenizer::load(dir.file("tok.json"));
+  EXPECT_EQ(tok.vocab_size(), 300);
+
+  data_prepare({dir.file("a.txt"), dir.file("b.txt")}, dir.file("tok.json"), dir.file("fortune"),
+               true);
+  const MegatronDataset fortunes = MegatronDataset::open(dir.file("fortune"));
+  ASSERT_EQ(fortunes.num_documents(), 4);
+  auto second = fortunes.document(1);
+  EXPECT_EQ(second.back(), tok.eot_id());
+  second.pop_back();
+  EXPECT_EQ(tok.decode(second), "Second fortune here.\n");
+
+  data_prepare({dir.file("a.txt"), dir.file("b.txt")}, dir.file("tok.json"), dir.file("whole"),
+               false);
+  EXPECT_EQ(MegatronDataset::open(dir.file("whole")).num_documents(), 2);
+}
+
+}  // namespace
+}  // namespace pentad::data
