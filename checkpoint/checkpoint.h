@@ -17,13 +17,13 @@
 namespace pentad::ckpt {
 
 struct ShardInfo {
-  std::string name;         // e.g. "param/layers.0.attn.q.weight"
+  std::string name;  // e.g. "param/layers.0.attn.q.weight"
   Shape global_shape;
   int shard_dim = -1;       // -1: the whole tensor
   int64_t shard_start = 0;  // along shard_dim
   Shape local_shape;
-  uint64_t checksum = 0;    // of the shard's bytes (little-endian f32), by the algorithm
-                            // its manifest names (Manifest::checksum)
+  uint64_t checksum = 0;  // of the shard's bytes (little-endian f32), by the algorithm
+                          // its manifest names (Manifest::checksum)
 };
 
 struct ShardData {
@@ -47,10 +47,10 @@ struct Manifest {
   // or "crc32" (zlib's; version 1 checkpoints, still read).
   std::string checksum = "xxh3-64";
   struct Entry {
-    std::string file;           // rank file, relative to the checkpoint directory
+    std::string file;  // rank file, relative to the checkpoint directory
     ShardInfo shard;
   };
-  std::vector<Entry> shards;    // every shard of every file
+  std::vector<Entry> shards;  // every shard of every file
 };
 
 std::string checkpoint_dir(const std::string& root, int64_t step);  // <root>/step-<N>
@@ -105,8 +105,8 @@ class Reader {
   // reading it from whichever stored shards overlap it. Every stored shard it touches is
   // verified against its checksum once; a mismatch, a missing tensor or a shape that
   // differs throws pentad::Error naming the file and the tensor.
-  void read(const std::string& name, const Shape& global_shape, int shard_dim,
-            int64_t shard_start, const Shape& local_shape, float* out);
+  void read(const std::string& name, const Shape& global_shape, int shard_dim, int64_t shard_start,
+            const Shape& local_shape, float* out);
 
   // Reads every stored shard not yet verified and checks its checksum; returns the number
   // of shards. Throws the first error (naming file and tensor).

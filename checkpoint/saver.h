@@ -35,8 +35,8 @@ namespace pentad::ckpt {
 class Xxh3Stream;
 
 struct LiveTensor {
-  ShardInfo info;         // global identity of the shard this rank holds
-  float* live = nullptr;  // the training state: read by the copy, written only by restore()
+  ShardInfo info;               // global identity of the shard this rank holds
+  float* live = nullptr;        // the training state: read by the copy, written only by restore()
   Device device = Device::CPU;  // where `live` is
 };
 
@@ -97,7 +97,7 @@ class AsyncSaver {
   void run();  // the background thread: copy, then write
   void copy();
   void copy_from_device(size_t i, Xxh3Stream& hash);  // tensor i, in pieces
-  void publish(size_t staged_floats);  // the copy holds staging_[0, staged_floats)
+  void publish(size_t staged_floats);                 // the copy holds staging_[0, staged_floats)
 
   struct Free {
     void operator()(float* p) const { std::free(p); }

@@ -14,8 +14,8 @@ float learning_rate(const OptimConfig& cfg, int64_t step, int64_t total_steps) {
   const float min_lr = cfg.lr * cfg.min_lr_ratio;
   const int64_t decay_steps = total_steps - cfg.warmup_steps;
   if (decay_steps <= 0) return cfg.lr;
-  const double ratio = std::min(1.0, static_cast<double>(step - cfg.warmup_steps) /
-                                         static_cast<double>(decay_steps));
+  const double ratio = std::min(
+      1.0, static_cast<double>(step - cfg.warmup_steps) / static_cast<double>(decay_steps));
   double factor = cfg.decay == "linear" ? 1.0 - ratio : 0.5 * (1.0 + std::cos(M_PI * ratio));
   return static_cast<float>(min_lr + factor * (cfg.lr - min_lr));
 }
@@ -60,8 +60,8 @@ void AdamW::step(ParamStore& params, float lr, const BeforeChunk& before_chunk) 
     const size_t chunks = std::max<size_t>(1, (n + kChunkElements - 1) / kChunkElements);
     const size_t per_chunk = (n + chunks - 1) / chunks;
     auto flat = [&](void* base, size_t at, size_t count) {
-      return view_of(static_cast<float*>(base) + at, Shape{static_cast<int64_t>(count)},
-                     DType::F32, params.device());
+      return view_of(static_cast<float*>(base) + at, Shape{static_cast<int64_t>(count)}, DType::F32,
+                     params.device());
     };
     for (size_t at = offset; at < offset + n; at += per_chunk) {
       const size_t count = std::min(per_chunk, offset + n - at);

@@ -15,8 +15,9 @@ namespace pentad {
 // decay to cfg.lr * min_lr_ratio at total_steps, or constant.
 float learning_rate(const OptimConfig& cfg, int64_t step, int64_t total_steps);
 
-// Sums of squares of this rank's gradients (pipeline copies left out), split into parameters sharded over tensor
-// parallelism (to be summed over tp) and replicated ones (the same on every tp rank).
+// Sums of squares of this rank's gradients (pipeline copies left out), split into parameters
+// sharded over tensor parallelism (to be summed over tp) and replicated ones (the same on every tp
+// rank).
 struct GradSquares {
   double sharded = 0.0, replicated = 0.0;
 };
@@ -42,7 +43,7 @@ class AdamW {
   void step(ParamStore& params, float lr, const BeforeChunk& before_chunk = {});
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t steps) { step_ = steps; }  // when resuming
-  void reset();  // zero moments, step 0
+  void reset();                                           // zero moments, step 0
   size_t state_bytes() const { return m_.capacity() + v_.capacity(); }
   void* m_base() const { return m_.base(); }
   void* v_base() const { return v_.base(); }

@@ -240,9 +240,9 @@ Mesh Mesh::create(const MeshConfig& config, MPI_Comm world, Backend backend) {
       split(world, mesh_rank(config, at(Axis::TP), 0, 0, pp), mesh.world_rank_, backend, "dp_cp");
   // Tied embeddings under pipelining: the first and last stages hold the same table.
   const bool ends = config.pp > 1 && (pp == 0 || pp == config.pp - 1);
-  mesh.embedding_ = split(world, ends ? mesh_rank(config, at(Axis::TP), at(Axis::CP), at(Axis::DP), 0)
-                                      : MPI_UNDEFINED,
-                          mesh.world_rank_, backend, "embedding");
+  mesh.embedding_ = split(
+      world, ends ? mesh_rank(config, at(Axis::TP), at(Axis::CP), at(Axis::DP), 0) : MPI_UNDEFINED,
+      mesh.world_rank_, backend, "embedding");
   mesh.world_ = make_communicator(backend, world, "world");
   return mesh;
 }

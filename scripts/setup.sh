@@ -11,6 +11,7 @@ packages=(
   libhdf5-dev libxxhash-dev zlib1g-dev  # checkpoints (HDF5 files, xxh3 and crc32 checksums)
   libspdlog-dev libfmt-dev            # logging
   libgtest-dev                        # tests
+  clang-format                        # scripts/format_check.sh (Debian 14; .clang-format)
   libtomlplusplus-dev                 # recipes
   libcli11-dev                        # command line
   libopenblas-openmp-dev              # CPU GEMM, sharing the OpenMP thread pool

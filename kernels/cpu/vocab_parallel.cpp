@@ -54,12 +54,12 @@ void vocab_parallel_ce_finish(T* losses, T* dlogits, const T* logits, const T* r
   }
 }
 
-#define PENTAD_INSTANTIATE(T)                                                                 \
-  template void vocab_parallel_ce_max<T>(T*, const T*, int64_t, int64_t);                     \
-  template void vocab_parallel_ce_stats<T>(T*, const T*, const T*, const int32_t*, int64_t,   \
-                                           int64_t, int64_t);                                 \
-  template void vocab_parallel_ce_finish<T>(T*, T*, const T*, const T*, const T*,             \
-                                            const int32_t*, int64_t, int64_t, int64_t, T);
+#define PENTAD_INSTANTIATE(T)                                                                     \
+  template void vocab_parallel_ce_max<T>(T*, const T*, int64_t, int64_t);                         \
+  template void vocab_parallel_ce_stats<T>(T*, const T*, const T*, const int32_t*, int64_t,       \
+                                           int64_t, int64_t);                                     \
+  template void vocab_parallel_ce_finish<T>(T*, T*, const T*, const T*, const T*, const int32_t*, \
+                                            int64_t, int64_t, int64_t, T);
 PENTAD_INSTANTIATE(float)
 PENTAD_INSTANTIATE(double)
 #undef PENTAD_INSTANTIATE

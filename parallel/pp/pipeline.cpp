@@ -1,12 +1,11 @@
 #include "parallel/pp/pipeline.h"
 
+#include <fmt/ranges.h>
 #include <time.h>
 
 #include <algorithm>
 #include <numeric>
 #include <sstream>
-
-#include <fmt/ranges.h>
 
 #include "core/check.h"
 
@@ -17,18 +16,20 @@ std::vector<int64_t> chunk_layers(int64_t n_layer, int stages, int virtual_stage
   const int64_t chunks = int64_t(stages) * virtual_stages;
   std::vector<int64_t> layers;
   if (chunks > n_layer)
-    fail("model.n_layer = {} cannot fill parallel.pp = {} x parallel.virtual_stages = {} = {} "
-         "chunks of at least one layer: lower parallel.pp or parallel.virtual_stages",
-         n_layer, stages, virtual_stages, chunks);
+    fail(
+        "model.n_layer = {} cannot fill parallel.pp = {} x parallel.virtual_stages = {} = {} "
+        "chunks of at least one layer: lower parallel.pp or parallel.virtual_stages",
+        n_layer, stages, virtual_stages, chunks);
   if (layout.empty()) {
     if (n_layer % chunks != 0) {
       std::vector<std::string> example;
       for (int64_t j = 0; j < chunks; ++j)
         example.push_back(std::to_string(n_layer / chunks + (j < n_layer % chunks ? 1 : 0)));
-      fail("model.n_layer = {} does not split evenly into parallel.pp = {} x "
-           "parallel.virtual_stages = {} = {} chunks: change parallel.pp or "
-           "parallel.virtual_stages, or give parallel.pp_layout (layers per chunk, e.g. \"{}\")",
-           n_layer, stages, virtual_stages, chunks, fmt::format("{}", fmt::join(example, ",")));
+      fail(
+          "model.n_layer = {} does not split evenly into parallel.pp = {} x "
+          "parallel.virtual_stages = {} = {} chunks: change parallel.pp or "
+          "parallel.virtual_stages, or give parallel.pp_layout (layers per chunk, e.g. \"{}\")",
+          n_layer, stages, virtual_stages, chunks, fmt::format("{}", fmt::join(example, ",")));
     }
     layers.assign(size_t(chunks), n_layer / chunks);
     return layers;
@@ -48,9 +49,10 @@ std::vector<int64_t> chunk_layers(int64_t n_layer, int stages, int virtual_stage
     layers.push_back(n);
   }
   if (int64_t(layers.size()) != chunks)
-    fail("parallel.pp_layout = \"{}\" lists {} chunks but parallel.pp = {} x "
-         "parallel.virtual_stages = {} needs {}",
-         layout, layers.size(), stages, virtual_stages, chunks);
+    fail(
+        "parallel.pp_layout = \"{}\" lists {} chunks but parallel.pp = {} x "
+        "parallel.virtual_stages = {} needs {}",
+        layout, layers.size(), stages, virtual_stages, chunks);
   const int64_t sum = std::accumulate(layers.begin(), layers.end(), int64_t{0});
   if (sum != n_layer)
     fail("parallel.pp_layout = \"{}\" adds up to {} layers but model.n_layer = {}", layout, sum,
@@ -212,9 +214,8 @@ double Pipeline::train(int64_t step, const Fetch& fetch, float dloss, const Grad
   // Keep the spans of the last keep_steps_ steps.
   if (!spans_.empty() && spans_.back().step - spans_.front().step + 1 >= keep_steps_) {
     const int64_t first_kept = step - keep_steps_ + 1;
-    spans_.erase(spans_.begin(), std::find_if(spans_.begin(), spans_.end(), [&](const Span& s) {
-                   return s.step >= first_kept;
-                 }));
+    spans_.erase(spans_.begin(), std::find_if(spans_.begin(), spans_.end(),
+                                              [&](const Span& s) { return s.step >= first_kept; }));
   }
   const std::vector<Action> actions = stage_actions(spec_, stage_);
   std::vector<size_t> last_backward(size_t(spec_.virtual_stages), 0);

@@ -46,7 +46,8 @@ struct Span {
 const char* span_name(Span::Kind kind);
 
 // Fills micro-batch `micro`'s (b, t) tokens and targets.
-using Fetch = std::function<void(int micro, std::vector<int32_t>& tokens, std::vector<int32_t>& targets)>;
+using Fetch =
+    std::function<void(int micro, std::vector<int32_t>& tokens, std::vector<int32_t>& targets)>;
 
 class Pipeline {
  public:
@@ -101,7 +102,7 @@ class Pipeline {
   int keep_steps_;
   int64_t rows_, width_;
   std::map<std::tuple<int, int, int>, Message> receives_;  // (type, micro, chunk) posted
-  std::vector<Message> sends_;                              // in flight
+  std::vector<Message> sends_;                             // in flight
   std::vector<std::vector<float>> free_buffers_;
   std::vector<Span> spans_;
   std::vector<int32_t> tokens_, targets_;  // the micro-batch being fetched

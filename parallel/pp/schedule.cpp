@@ -24,8 +24,8 @@ const char* schedule_name(ScheduleKind kind) {
 }
 
 ScheduleKind parse_schedule(const std::string& name) {
-  for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::KFKB,
-                            ScheduleKind::Interleaved})
+  for (ScheduleKind kind :
+       {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::KFKB, ScheduleKind::Interleaved})
     if (name == schedule_name(kind)) return kind;
   fail("pipeline schedule \"{}\" is not known: use gpipe, 1f1b, kfkb or interleaved", name);
 }
@@ -34,18 +34,20 @@ void check_schedule(const ScheduleSpec& s) {
   const int p = s.stages, m = s.micro_batches, v = s.virtual_stages;
   PENTAD_CHECK(p >= 1 && m >= 1 && v >= 1, "bad schedule sizes p {} m {} v {}", p, m, v);
   if (p * v > 63)  // message tags (parallel/pp/pipeline.cpp) stay within MPI's range
-    fail("parallel.pp = {} x parallel.virtual_stages = {} = {} virtual stages; at most 63 are "
-         "supported: lower parallel.virtual_stages",
-         p, v, p * v);
+    fail(
+        "parallel.pp = {} x parallel.virtual_stages = {} = {} virtual stages; at most 63 are "
+        "supported: lower parallel.virtual_stages",
+        p, v, p * v);
   if (v > 1 && s.kind != ScheduleKind::Interleaved)
     fail("parallel.virtual_stages = {} needs parallel.pp_schedule = \"interleaved\" (it is \"{}\")",
          v, schedule_name(s.kind));
   if (s.kind == ScheduleKind::Interleaved) {
     if (p < 2) fail("the interleaved schedule needs parallel.pp >= 2");
     if (m % p != 0)
-      fail("the interleaved schedule runs micro-batches in rounds of pp = {}: train.grad_accum "
-           "= {} is not a multiple of {}; change train.grad_accum (or parallel.pp)",
-           p, m, p);
+      fail(
+          "the interleaved schedule runs micro-batches in rounds of pp = {}: train.grad_accum "
+          "= {} is not a multiple of {}; change train.grad_accum (or parallel.pp)",
+          p, m, p);
   }
   if (s.kind == ScheduleKind::KFKB && (s.group < 1 || s.group > m))
     fail("parallel.pp_group = {} must be between 1 and train.grad_accum = {}", s.group, m);

@@ -63,11 +63,11 @@ struct SimCosts {
   double transfer_seconds = 0.0;         // one activation (or gradient) over one link
 };
 struct SimResult {
-  bool deadlock = false;           // some stage waited on a pass that never runs
-  double step_seconds = 0.0;       // last pass's end
+  bool deadlock = false;             // some stage waited on a pass that never runs
+  double step_seconds = 0.0;         // last pass's end
   std::vector<double> busy_seconds;  // per stage
   std::vector<int> peak_in_flight;   // per stage
-  double bubble_fraction() const;  // 1 - mean busy / step
+  double bubble_fraction() const;    // 1 - mean busy / step
 };
 SimResult simulate(const ScheduleSpec& spec, const SimCosts& costs);
 
@@ -76,7 +76,7 @@ SimResult simulate(const ScheduleSpec& spec, const SimCosts& costs);
 // fit in limit_bytes on every stage; k = 1 when none fits. spec.kind is taken as kFkB.
 struct GroupChoice {
   int group = 1;
-  double step_seconds = 0.0;        // predicted, for the chosen k
+  double step_seconds = 0.0;         // predicted, for the chosen k
   double one_f_one_b_seconds = 0.0;  // predicted for k = 1
 };
 GroupChoice choose_group(ScheduleSpec spec, const SimCosts& costs,

@@ -1,11 +1,11 @@
 #pragma once
 // Error handling. PENTAD_CHECK guards internal invariants (a bug in pentad if it fires);
 // pentad::Error carries messages for users (bad recipe, bad data file, bad layout).
+#include <fmt/format.h>
+
 #include <stdexcept>
 #include <string>
 #include <string_view>
-
-#include <fmt/format.h>
 
 namespace pentad {
 
@@ -18,7 +18,8 @@ template <typename... Args>
   throw Error(fmt::format(format, std::forward<Args>(args)...));
 }
 
-[[noreturn]] void check_failed(const char* expr, const char* file, int line, const std::string& msg);
+[[noreturn]] void check_failed(const char* expr, const char* file, int line,
+                               const std::string& msg);
 
 // Deliberate bugs for the tests that must catch them (the layout equivalence test proves
 // it fails on a broken layout): true when `name` is in the comma-separated environment
@@ -27,7 +28,7 @@ bool bug_injected(std::string_view name);
 
 }  // namespace pentad
 
-#define PENTAD_CHECK(cond, ...)                                                        \
-  do {                                                                                 \
+#define PENTAD_CHECK(cond, ...)                                                                  \
+  do {                                                                                           \
     if (!(cond)) ::pentad::check_failed(#cond, __FILE__, __LINE__, fmt::format("" __VA_ARGS__)); \
   } while (0)

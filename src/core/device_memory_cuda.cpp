@@ -66,8 +66,9 @@ void copy(const Tensor& dst, const Tensor& src) {
 int select_cuda_device(int local_rank) {
   const int devices = cuda_device_count();
   if (devices == 0)
-    fail("train.device = \"cuda\" but no CUDA device is visible (check the driver, "
-         "CUDA_VISIBLE_DEVICES, or train on the CPU)");
+    fail(
+        "train.device = \"cuda\" but no CUDA device is visible (check the driver, "
+        "CUDA_VISIBLE_DEVICES, or train on the CPU)");
   const int device = local_rank % devices;
   check(cudaSetDevice(device), "cudaSetDevice");
   return device;
@@ -119,8 +120,9 @@ void AsyncCopier::begin_after_compute() {
   }
   // The kernels run on the legacy default stream (kernels/cuda/cuda_ops.h).
   check(cudaEventRecord(static_cast<cudaEvent_t>(event_), cudaStreamLegacy), "cudaEventRecord");
-  check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_), static_cast<cudaEvent_t>(event_), 0),
-        "cudaStreamWaitEvent");
+  check(
+      cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_), static_cast<cudaEvent_t>(event_), 0),
+      "cudaStreamWaitEvent");
 }
 
 void AsyncCopier::copy(void* dst, Device dst_device, const void* src, Device src_device,
@@ -136,7 +138,8 @@ void AsyncCopier::copy(void* dst, Device dst_device, const void* src, Device src
 }
 
 void AsyncCopier::synchronize() {
-  if (stream_) check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), "cudaStreamSynchronize");
+  if (stream_)
+    check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), "cudaStreamSynchronize");
 }
 
 }  // namespace pentad

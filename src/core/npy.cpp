@@ -12,8 +12,8 @@ void write_npy(const std::string& path, const Tensor& t) {
   std::string shape;
   for (int i = 0; i < t.shape.ndim; ++i) shape += std::to_string(t.shape[i]) + ",";
   if (t.shape.ndim > 1) shape.pop_back();
-  std::string header = fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': ({}), }}",
-                                   descr, shape);
+  std::string header =
+      fmt::format("{{'descr': '{}', 'fortran_order': False, 'shape': ({}), }}", descr, shape);
   // Magic (6) + version (2) + header length (2) + header, padded with spaces to 64 bytes, '\n'.
   size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');

@@ -12,27 +12,39 @@ namespace pentad {
 
 size_t dtype_bytes(DType dtype) {
   switch (dtype) {
-    case DType::F32: return 4;
-    case DType::F64: return 8;
-    case DType::BF16: return 2;
-    case DType::I32: return 4;
-    case DType::U16: return 2;
+    case DType::F32:
+      return 4;
+    case DType::F64:
+      return 8;
+    case DType::BF16:
+      return 2;
+    case DType::I32:
+      return 4;
+    case DType::U16:
+      return 2;
   }
   return 0;
 }
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::F32: return "f32";
-    case DType::F64: return "f64";
-    case DType::BF16: return "bf16";
-    case DType::I32: return "i32";
-    case DType::U16: return "u16";
+    case DType::F32:
+      return "f32";
+    case DType::F64:
+      return "f64";
+    case DType::BF16:
+      return "bf16";
+    case DType::I32:
+      return "i32";
+    case DType::U16:
+      return "u16";
   }
   return "?";
 }
 
-const char* device_name(Device device) { return device == Device::CPU ? "cpu" : "cuda"; }
+const char* device_name(Device device) {
+  return device == Device::CPU ? "cpu" : "cuda";
+}
 
 Shape::Shape(std::initializer_list<int64_t> list) {
   PENTAD_CHECK(list.size() <= kMaxDims, "at most {} dims", kMaxDims);
@@ -54,7 +66,8 @@ bool Shape::operator==(const Shape& other) const {
 
 std::string Shape::str() const {
   std::string s = "(";
-  for (int i = 0; i < ndim; ++i) s += (i ? ", " : "") + std::to_string(dims[static_cast<size_t>(i)]);
+  for (int i = 0; i < ndim; ++i)
+    s += (i ? ", " : "") + std::to_string(dims[static_cast<size_t>(i)]);
   return s + ")";
 }
 
@@ -96,9 +109,13 @@ void Arena::release() noexcept {
   base_ = nullptr;
 }
 
-Arena::~Arena() { release(); }
+Arena::~Arena() {
+  release();
+}
 
-Arena::Arena(Arena&& other) noexcept { *this = std::move(other); }
+Arena::Arena(Arena&& other) noexcept {
+  *this = std::move(other);
+}
 
 Arena& Arena::operator=(Arena&& other) noexcept {
   if (this != &other) {
@@ -120,8 +137,8 @@ Tensor Arena::alloc(Shape shape, DType dtype) {
   t.device = device_;
   t.shape = shape;
   size_t bytes = aligned(t.bytes());
-  PENTAD_CHECK(measuring_ || used_ + bytes <= capacity_, "arena {} overflow: {} used + {} requested > {}", name_,
-               used_, bytes, capacity_);
+  PENTAD_CHECK(measuring_ || used_ + bytes <= capacity_,
+               "arena {} overflow: {} used + {} requested > {}", name_, used_, bytes, capacity_);
   t.data = measuring_ ? nullptr : static_cast<char*>(base_) + used_;
   used_ += bytes;
   if (used_ > high_water_) high_water_ = used_;

@@ -41,7 +41,9 @@ Tokenizer Tokenizer::train(std::string_view text, int64_t vocab_size) {
 }
 
 Tokenizer Tokenizer::train(std::span<const std::string_view> documents, int64_t vocab_size) {
-  if (vocab_size < 257) fail("tokenizer vocab_size must be at least 257 (256 bytes + <|endoftext|>), got {}", vocab_size);
+  if (vocab_size < 257)
+    fail("tokenizer vocab_size must be at least 257 (256 bytes + <|endoftext|>), got {}",
+         vocab_size);
   if (vocab_size > (int64_t{1} << 31) - 1) fail("tokenizer vocab_size {} is too large", vocab_size);
 
   std::unordered_map<std::string_view, int64_t> piece_counts;
@@ -49,7 +51,8 @@ Tokenizer Tokenizer::train(std::span<const std::string_view> documents, int64_t 
     for (std::string_view piece : pretokenize(doc)) ++piece_counts[piece];
   }
   // Sorted so that word indices (and with them every later step) are deterministic.
-  std::vector<std::pair<std::string_view, int64_t>> sorted(piece_counts.begin(), piece_counts.end());
+  std::vector<std::pair<std::string_view, int64_t>> sorted(piece_counts.begin(),
+                                                           piece_counts.end());
   std::sort(sorted.begin(), sorted.end());
   std::vector<Word> words(sorted.size());
   for (size_t w = 0; w < sorted.size(); ++w) {
@@ -65,14 +68,16 @@ Tokenizer Tokenizer::train(std::span<const std::string_view> documents, int64_t 
   }
 
   std::unordered_map<uint64_t, int64_t> pair_count;
-  std::unordered_map<uint64_t, std::vector<int32_t>> words_with;  // may hold stale/duplicate entries
+  std::unordered_map<uint64_t, std::vector<int32_t>>
+      words_with;  // may hold stale/duplicate entries
   for (size_t w = 0; w < words.size(); ++w) {
     const auto& s = words[w].symbols;
     for (size_t k = 0; k + 1 < s.size(); ++k) {
       uint64_t p = key_of(s[k], s[k + 1]);
       pair_count[p] += words[w].count;
       auto& list = words_with[p];
-      if (list.empty() || list.back() != static_cast<int32_t>(w)) list.push_back(static_cast<int32_t>(w));
+      if (list.empty() || list.back() != static_cast<int32_t>(w))
+        list.push_back(static_cast<int32_t>(w));
     }
   }
   std::priority_queue<Candidate> heap;
@@ -89,7 +94,8 @@ Tokenizer Tokenizer::train(std::span<const std::string_view> documents, int64_t 
     const auto right = static_cast<int32_t>(top.pair & 0xFFFFFFFFu);
     // Two merges can spell the same bytes ("a"+"bc", "ab"+"c"): they share one token,
     // as in Hugging Face's trainer, so the vocab stays a map from strings to ids.
-    std::string bytes = tok.tokens_[static_cast<size_t>(left)] + tok.tokens_[static_cast<size_t>(right)];
+    std::string bytes =
+        tok.tokens_[static_cast<size_t>(left)] + tok.tokens_[static_cast<size_t>(right)];
     auto [existing, is_new] = id_of.emplace(bytes, static_cast<int32_t>(tok.tokens_.size()));
     const int32_t merged = existing->second;
     if (is_new) tok.tokens_.push_back(std::move(bytes));
@@ -105,7 +111,8 @@ Tokenizer Tokenizer::train(std::span<const std::string_view> documents, int64_t 
       auto& s = words[static_cast<size_t>(w)].symbols;
       const int64_t count = words[static_cast<size_t>(w)].count;
       bool present = false;
-      for (size_t k = 0; k + 1 < s.size() && !present; ++k) present = s[k] == left && s[k + 1] == right;
+      for (size_t k = 0; k + 1 < s.size() && !present; ++k)
+        present = s[k] == left && s[k + 1] == right;
       if (!present) continue;
       for (size_t k = 0; k + 1 < s.size(); ++k) delta[key_of(s[k], s[k + 1])] -= count;
       size_t out = 0;
@@ -121,7 +128,8 @@ Tokenizer Tokenizer::train(std::span<const std::string_view> documents, int64_t 
       for (size_t k = 0; k + 1 < s.size(); ++k) {
         uint64_t p = key_of(s[k], s[k + 1]);
         delta[p] += count;
-        if (s[k] == merged || s[k + 1] == merged) words_with[p].push_back(w);  // other pairs already list w
+        if (s[k] == merged || s[k + 1] == merged)
+          words_with[p].push_back(w);  // other pairs already list w
       }
     }
     for (const auto& [p, d] : delta) {

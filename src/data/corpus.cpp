@@ -1,11 +1,11 @@
 #include "data/corpus.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-
-#include <spdlog/spdlog.h>
 
 #include "core/check.h"
 #include "data/token_files.h"
@@ -26,7 +26,8 @@ std::string read_text(const std::string& path) {
 }
 
 bool is_blank(std::string_view s) {
-  return std::all_of(s.begin(), s.end(), [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; });
+  return std::all_of(s.begin(), s.end(),
+                     [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; });
 }
 
 std::string content_hash(const std::string& path) {  // FNV-1a 64 of the file's bytes
@@ -45,18 +46,22 @@ bool exists(const std::string& path) {
 std::vector<std::string> list_fortune_files(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
-    fail("{}: fortune corpus not found; run scripts/setup.sh (it installs the Debian package `fortunes`), "
-         "or point data.source / data.path at other data",
-         dir);
+    fail(
+        "{}: fortune corpus not found; run scripts/setup.sh (it installs the Debian package "
+        "`fortunes`), "
+        "or point data.source / data.path at other data",
+        dir);
   }
   std::vector<std::string> files;
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string ext = entry.path().extension().string();
-    if (!entry.is_regular_file() || ext == ".dat" || ext == ".u8") continue;  // also skips the "off" folder
+    if (!entry.is_regular_file() || ext == ".dat" || ext == ".u8")
+      continue;  // also skips the "off" folder
     files.push_back(entry.path().string());
   }
   std::sort(files.begin(), files.end());
-  if (files.empty()) fail("{}: no fortune files in the corpus directory; run scripts/setup.sh", dir);
+  if (files.empty())
+    fail("{}: no fortune files in the corpus directory; run scripts/setup.sh", dir);
   return files;
 }
 
@@ -81,7 +86,8 @@ std::vector<std::string> split_fortunes(std::string_view text) {
   return docs;
 }
 
-std::vector<std::string> read_documents(const std::vector<std::string>& files, bool fortune_format) {
+std::vector<std::string> read_documents(const std::vector<std::string>& files,
+                                        bool fortune_format) {
   std::vector<std::string> docs;
   for (const auto& path : files) {
     std::string text = read_text(path);
@@ -94,7 +100,8 @@ std::vector<std::string> read_documents(const std::vector<std::string>& files, b
   return docs;
 }
 
-int64_t write_tokenized(const Tokenizer& tokenizer, const std::vector<std::string>& documents, const std::string& prefix) {
+int64_t write_tokenized(const Tokenizer& tokenizer, const std::vector<std::string>& documents,
+                        const std::string& prefix) {
   std::vector<std::string_view> views(documents.begin(), documents.end());
   std::vector<std::vector<int32_t>> encoded = tokenizer.encode_batch(views);
   MegatronWriter writer(prefix, smallest_token_dtype(tokenizer.vocab_size()));
@@ -108,7 +115,8 @@ int64_t write_tokenized(const Tokenizer& tokenizer, const std::vector<std::strin
 
 std::string default_corpus_prefix(const DataConfig& cfg, int64_t vocab_size) {
   const std::string dir = cfg.cache_dir.empty() ? "." : cfg.cache_dir;
-  if (!cfg.tokenizer.empty()) return (fs::path(dir) / ("fortunes-" + content_hash(cfg.tokenizer))).string();
+  if (!cfg.tokenizer.empty())
+    return (fs::path(dir) / ("fortunes-" + content_hash(cfg.tokenizer))).string();
   return (fs::path(dir) / fmt::format("fortunes-bpe{}", vocab_size)).string();
 }
 
@@ -117,19 +125,24 @@ std::string default_corpus_tokenizer(const DataConfig& cfg, int64_t vocab_size) 
   return default_corpus_prefix(cfg, vocab_size) + ".json";
 }
 
-std::string prepare_default_corpus(const DataConfig& cfg, int64_t vocab_size, const std::string& corpus_dir) {
+std::string prepare_default_corpus(const DataConfig& cfg, int64_t vocab_size,
+                                   const std::string& corpus_dir) {
   const std::string prefix = default_corpus_prefix(cfg, vocab_size);
   const std::string tokenizer_path = default_corpus_tokenizer(cfg, vocab_size);
   if (exists(prefix + ".idx") && exists(prefix + ".bin") && exists(tokenizer_path)) return prefix;
 
-  const std::vector<std::string> docs = read_documents(list_fortune_files(corpus_dir), /*fortune_format=*/true);
+  const std::vector<std::string> docs =
+      read_documents(list_fortune_files(corpus_dir), /*fortune_format=*/true);
   std::error_code ec;
   fs::create_directories(fs::path(prefix).parent_path(), ec);
-  if (ec) fail("{}: cannot create the data cache directory ({})", fs::path(prefix).parent_path().string(), ec.message());
+  if (ec)
+    fail("{}: cannot create the data cache directory ({})", fs::path(prefix).parent_path().string(),
+         ec.message());
 
   Tokenizer tokenizer;
   if (cfg.tokenizer.empty()) {
-    spdlog::info("fortunes: learning a {}-token BPE tokenizer on {} documents from {}", vocab_size, docs.size(), corpus_dir);
+    spdlog::info("fortunes: learning a {}-token BPE tokenizer on {} documents from {}", vocab_size,
+                 docs.size(), corpus_dir);
     std::vector<std::string_view> views(docs.begin(), docs.end());
     tokenizer = Tokenizer::train(views, vocab_size);
     tokenizer.save(tokenizer_path);

@@ -1,11 +1,11 @@
 #include "data/dataset.h"
 
+#include <glob.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <mutex>
-
-#include <glob.h>
 
 #include "core/check.h"
 #include "data/corpus.h"
@@ -22,7 +22,9 @@ uint64_t splitmix64(uint64_t& state) {
 
 namespace {
 
-uint64_t hash64(uint64_t x) { return splitmix64(x); }
+uint64_t hash64(uint64_t x) {
+  return splitmix64(x);
+}
 
 // Uniform in [0, bound) by the multiply-shift map; identical on every platform.
 __extension__ typedef unsigned __int128 uint128;
@@ -50,13 +52,14 @@ void decode_tokens(const uint8_t* src, int64_t count, int32_t* out) {
 
 // ---- TokenStream ----
 
-void TokenStream::add_segment(Storage& storage, const uint8_t* data, TokenDType dtype, int64_t count, int32_t fill,
-                              int32_t source, int64_t source_offset) {
+void TokenStream::add_segment(Storage& storage, const uint8_t* data, TokenDType dtype,
+                              int64_t count, int32_t fill, int32_t source, int64_t source_offset) {
   if (count == 0) return;
   if (!storage.segments.empty()) {  // extend the previous segment when it continues in memory
     Segment& last = storage.segments.back();
-    const bool contiguous = data != nullptr && last.data != nullptr && last.dtype == dtype && last.source == source &&
-                            last.data + static_cast<size_t>(last.count) * token_dtype_bytes(dtype) == data;
+    const bool contiguous =
+        data != nullptr && last.data != nullptr && last.dtype == dtype && last.source == source &&
+        last.data + static_cast<size_t>(last.count) * token_dtype_bytes(dtype) == data;
     if (contiguous) {
       last.count += count;
       storage.size += count;
@@ -100,7 +103,8 @@ TokenStream TokenStream::from_megatron(const MegatronDataset& dataset, int32_t e
       if (n > 0) last_token = read_token(data, dataset.dtype(), n - 1);
       file_offset += n;
     }
-    if (eot >= 0 && last_token != eot) add_segment(*storage, nullptr, TokenDType::I32, 1, eot, 0, file_offset);
+    if (eot >= 0 && last_token != eot)
+      add_segment(*storage, nullptr, TokenDType::I32, 1, eot, 0, file_offset);
   }
   return from_storage(std::move(storage));
 }
@@ -136,14 +140,15 @@ int32_t TokenStream::at(int64_t i) const {
 }
 
 void TokenStream::copy(int64_t begin, int64_t count, int32_t* out) const {
-  PENTAD_CHECK(begin >= 0 && count >= 0 && begin + count <= size_, "token range [{}, {}) outside a stream of {}", begin,
-               begin + count, size_);
+  PENTAD_CHECK(begin >= 0 && count >= 0 && begin + count <= size_,
+               "token range [{}, {}) outside a stream of {}", begin, begin + count, size_);
   if (count == 0) return;
   const Storage& st = *storage_;
   int64_t pos = begin_ + begin;
   if (st.random) {
     for (int64_t k = 0; k < count; ++k) {
-      out[k] = static_cast<int32_t>(hash64(st.random_key ^ static_cast<uint64_t>(pos + k)) % static_cast<uint64_t>(st.random_vocab));
+      out[k] = static_cast<int32_t>(hash64(st.random_key ^ static_cast<uint64_t>(pos + k)) %
+                                    static_cast<uint64_t>(st.random_vocab));
     }
     return;
   }
@@ -159,12 +164,24 @@ void TokenStream::copy(int64_t begin, int64_t count, int32_t* out) const {
     } else {
       const uint8_t* src = seg.data + static_cast<size_t>(offset) * token_dtype_bytes(seg.dtype);
       switch (seg.dtype) {
-        case TokenDType::U8: decode_tokens<uint8_t>(src, n, out); break;
-        case TokenDType::I8: decode_tokens<int8_t>(src, n, out); break;
-        case TokenDType::I16: decode_tokens<int16_t>(src, n, out); break;
-        case TokenDType::U16: decode_tokens<uint16_t>(src, n, out); break;
-        case TokenDType::I32: std::memcpy(out, src, static_cast<size_t>(n) * 4); break;
-        case TokenDType::I64: decode_tokens<int64_t>(src, n, out); break;
+        case TokenDType::U8:
+          decode_tokens<uint8_t>(src, n, out);
+          break;
+        case TokenDType::I8:
+          decode_tokens<int8_t>(src, n, out);
+          break;
+        case TokenDType::I16:
+          decode_tokens<int16_t>(src, n, out);
+          break;
+        case TokenDType::U16:
+          decode_tokens<uint16_t>(src, n, out);
+          break;
+        case TokenDType::I32:
+          std::memcpy(out, src, static_cast<size_t>(n) * 4);
+          break;
+        case TokenDType::I64:
+          decode_tokens<int64_t>(src, n, out);
+          break;
       }
     }
     out += n;
@@ -174,7 +191,8 @@ void TokenStream::copy(int64_t begin, int64_t count, int32_t* out) const {
 }
 
 TokenStream TokenStream::slice(int64_t begin, int64_t end) const {
-  PENTAD_CHECK(0 <= begin && begin <= end && end <= size_, "slice [{}, {}) of a stream of {}", begin, end, size_);
+  PENTAD_CHECK(0 <= begin && begin <= end && end <= size_, "slice [{}, {}) of a stream of {}",
+               begin, end, size_);
   TokenStream out = *this;
   out.begin_ = begin_ + begin;
   out.size_ = end - begin;
@@ -204,10 +222,14 @@ void TokenStream::check_vocab(int64_t vocab_size) const {
     if (t >= 0 && t < vocab_size) continue;
     const int64_t pos = begin_ + i;
     auto it = std::upper_bound(storage_->segments.begin(), storage_->segments.end(), pos,
-                               [](int64_t p, const Segment& s) { return p < s.start; }) - 1;
-    fail("{}: token id {} at token {} is outside the model's vocabulary [0, {}); the data was tokenized with a "
-         "different tokenizer, or model.vocab_size is too small",
-         storage_->names[static_cast<size_t>(it->source)], t, it->source_offset + (pos - it->start), vocab_size);
+                               [](int64_t p, const Segment& s) { return p < s.start; }) -
+              1;
+    fail(
+        "{}: token id {} at token {} is outside the model's vocabulary [0, {}); the data was "
+        "tokenized with a "
+        "different tokenizer, or model.vocab_size is too small",
+        storage_->names[static_cast<size_t>(it->source)], t, it->source_offset + (pos - it->start),
+        vocab_size);
   }
 }
 
@@ -227,16 +249,21 @@ struct DataLoader::PermutationCache {
   std::shared_ptr<const std::vector<int64_t>> permutation;
 };
 
-DataLoader::DataLoader(TokenStream train, TokenStream val, int64_t seq_len, uint64_t seed, bool shuffle,
-                       std::string description)
-    : train_(std::move(train)), val_(std::move(val)), seq_len_(seq_len), seed_(seed), shuffle_(shuffle),
-      description_(std::move(description)), cache_(std::make_shared<PermutationCache>()) {
+DataLoader::DataLoader(TokenStream train, TokenStream val, int64_t seq_len, uint64_t seed,
+                       bool shuffle, std::string description)
+    : train_(std::move(train)),
+      val_(std::move(val)),
+      seq_len_(seq_len),
+      seed_(seed),
+      shuffle_(shuffle),
+      description_(std::move(description)),
+      cache_(std::make_shared<PermutationCache>()) {
   if (seq_len <= 0) fail("seq_len must be positive, got {}", seq_len);
   train_windows_ = train_.size() > 0 ? (train_.size() - 1) / seq_len : 0;
   val_windows_ = val_.size() > 0 ? (val_.size() - 1) / seq_len : 0;
   if (train_windows_ < 1) {
-    fail("training data has {} tokens, fewer than one sample (seq_len + 1 = {} tokens): {}", train_.size(), seq_len + 1,
-         train_.describe());
+    fail("training data has {} tokens, fewer than one sample (seq_len + 1 = {} tokens): {}",
+         train_.size(), seq_len + 1, train_.describe());
   }
 }
 
@@ -262,7 +289,8 @@ int64_t DataLoader::train_window(int64_t g) const {
   return (*permutation(g / train_windows_))[static_cast<size_t>(g % train_windows_)];
 }
 
-void DataLoader::train_samples(int64_t first, int64_t count, int32_t* inputs, int32_t* targets) const {
+void DataLoader::train_samples(int64_t first, int64_t count, int32_t* inputs,
+                               int32_t* targets) const {
   PENTAD_CHECK(first >= 0 && count >= 0, "bad sample range first={} count={}", first, count);
   std::shared_ptr<const std::vector<int64_t>> perm;
   int64_t perm_epoch = -1;
@@ -282,9 +310,13 @@ void DataLoader::train_samples(int64_t first, int64_t count, int32_t* inputs, in
   }
 }
 
-void DataLoader::val_samples(int64_t first, int64_t count, int32_t* inputs, int32_t* targets) const {
+void DataLoader::val_samples(int64_t first, int64_t count, int32_t* inputs,
+                             int32_t* targets) const {
   PENTAD_CHECK(first >= 0 && count >= 0, "bad sample range first={} count={}", first, count);
-  if (val_windows_ < 1) fail("no validation data: {}", val_.size() == 0 ? "val_fraction is 0 and no val_path is set" : "validation stream is shorter than one sample");
+  if (val_windows_ < 1)
+    fail("no validation data: {}", val_.size() == 0
+                                       ? "val_fraction is 0 and no val_path is set"
+                                       : "validation stream is shorter than one sample");
   for (int64_t k = 0; k < count; ++k) {
     const int64_t window = (first + k) % val_windows_;
     val_.copy(window * seq_len_, seq_len_, inputs + k * seq_len_);
@@ -295,8 +327,8 @@ void DataLoader::val_samples(int64_t first, int64_t count, int32_t* inputs, int3
 std::string DataLoader::describe() const {
   return fmt::format("{}train {} tokens = {} samples of {}, val {} tokens = {} samples{}",
                      description_.empty() ? "" : description_ + "; ", human_count(train_tokens()),
-                     human_count(train_windows_), seq_len_, human_count(val_tokens()), human_count(val_windows_),
-                     shuffle_ ? "" : " (in order)");
+                     human_count(train_windows_), seq_len_, human_count(val_tokens()),
+                     human_count(val_windows_), shuffle_ ? "" : " (in order)");
 }
 
 // ---- opening the recipe's sources ----
@@ -316,7 +348,8 @@ std::vector<std::string> expand_glob(const std::string& pattern) {
 }
 
 // Opens one file source ("megatron"/"tokens": prefix; "llmc": file or glob).
-TokenStream open_files(const std::string& source, const std::string& path, int32_t eot, const char* key) {
+TokenStream open_files(const std::string& source, const std::string& path, int32_t eot,
+                       const char* key) {
   if (path.empty()) fail("data.{} is empty; source = \"{}\" needs a path", key, source);
   if (source == "megatron" || source == "tokens" || source == "fortunes") {
     return TokenStream::from_megatron(MegatronDataset::open(path), eot);
@@ -330,7 +363,8 @@ TokenStream open_files(const std::string& source, const std::string& path, int32
 
 }  // namespace
 
-DataLoader DataLoader::open(const DataConfig& cfg, int64_t seq_len, int64_t vocab_size, uint64_t seed) {
+DataLoader DataLoader::open(const DataConfig& cfg, int64_t seq_len, int64_t vocab_size,
+                            uint64_t seed) {
   if (seq_len <= 0) fail("seq_len must be positive, got {}", seq_len);
   if (vocab_size <= 0) fail("vocab_size must be positive, got {}", vocab_size);
   if (!(cfg.val_fraction >= 0.0f && cfg.val_fraction < 1.0f)) {
@@ -340,11 +374,15 @@ DataLoader DataLoader::open(const DataConfig& cfg, int64_t seq_len, int64_t voca
   if (source == "random") {
     const int64_t val_size = std::max<int64_t>(1 << 20, 16 * (seq_len + 1));
     return DataLoader(TokenStream::random(seed, vocab_size, int64_t{1} << 40),
-                      TokenStream::random(hash64(seed) ^ 0x76616Cull, vocab_size, val_size), seq_len, seed,
+                      TokenStream::random(hash64(seed) ^ 0x76616Cull, vocab_size, val_size),
+                      seq_len, seed,
                       /*shuffle=*/false, "random tokens");
   }
   if (source != "fortunes" && source != "megatron" && source != "tokens" && source != "llmc") {
-    fail("data.source = \"{}\" is unknown; use \"fortunes\", \"megatron\", \"llmc\", \"tokens\" or \"random\"", source);
+    fail(
+        "data.source = \"{}\" is unknown; use \"fortunes\", \"megatron\", \"llmc\", \"tokens\" or "
+        "\"random\"",
+        source);
   }
 
   std::string path = cfg.path;
@@ -363,18 +401,22 @@ DataLoader DataLoader::open(const DataConfig& cfg, int64_t seq_len, int64_t voca
     val = open_files(source == "fortunes" ? "megatron" : source, cfg.val_path, eot, "val_path");
     val.check_vocab(vocab_size);
     if ((val.size() - 1) / seq_len < 1) {
-      fail("{}: validation data has {} tokens, fewer than one sample (seq_len + 1 = {})", cfg.val_path, val.size(), seq_len + 1);
+      fail("{}: validation data has {} tokens, fewer than one sample (seq_len + 1 = {})",
+           cfg.val_path, val.size(), seq_len + 1);
     }
   } else if (cfg.val_fraction > 0.0f) {
     // Train keeps windows [0, k) = tokens [0, k*S]; validation starts after them (so it
     // has one window fewer than the windows - k left over; hence at least 2 of those).
     const int64_t windows = all.size() > 0 ? (all.size() - 1) / seq_len : 0;
-    const int64_t tail = std::max<int64_t>(2, std::llround(static_cast<double>(windows) * cfg.val_fraction));
+    const int64_t tail =
+        std::max<int64_t>(2, std::llround(static_cast<double>(windows) * cfg.val_fraction));
     const int64_t k = windows - tail;
     if (k < 1) {
-      fail("{}: {} tokens make {} samples of seq_len {}: too few to split into training and validation (need 3); "
-           "use more data, a shorter seq_len, or set data.val_path",
-           path, all.size(), windows, seq_len);
+      fail(
+          "{}: {} tokens make {} samples of seq_len {}: too few to split into training and "
+          "validation (need 3); "
+          "use more data, a shorter seq_len, or set data.val_path",
+          path, all.size(), windows, seq_len);
     }
     train = all.slice(0, k * seq_len + 1);
     val = all.slice(k * seq_len + 1, all.size());

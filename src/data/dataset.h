@@ -43,28 +43,28 @@ class TokenStream {
 
  private:
   struct Segment {
-    int64_t start = 0;              // position in the whole stream
+    int64_t start = 0;  // position in the whole stream
     int64_t count = 0;
     const uint8_t* data = nullptr;  // nullptr: the token `fill`, `count` times
     TokenDType dtype = TokenDType::I32;
     int32_t fill = 0;
-    int32_t source = 0;             // index into Storage::names
-    int64_t source_offset = 0;      // token index within that source, for messages
+    int32_t source = 0;         // index into Storage::names
+    int64_t source_offset = 0;  // token index within that source, for messages
   };
   struct Storage {
     std::vector<std::shared_ptr<const MappedFile>> files;
     std::vector<int32_t> memory;
     std::vector<Segment> segments;  // sorted by start, contiguous
     std::vector<std::string> names;
-    std::string kind;               // "uint16", "int32", "random", ...
+    std::string kind;  // "uint16", "int32", "random", ...
     bool random = false;
     uint64_t random_key = 0;
     int64_t random_vocab = 0;
     int64_t size = 0;
   };
   static TokenStream from_storage(std::shared_ptr<Storage> storage);
-  static void add_segment(Storage& storage, const uint8_t* data, TokenDType dtype, int64_t count, int32_t fill,
-                          int32_t source, int64_t source_offset);
+  static void add_segment(Storage& storage, const uint8_t* data, TokenDType dtype, int64_t count,
+                          int32_t fill, int32_t source, int64_t source_offset);
 
   std::shared_ptr<const Storage> storage_;
   int64_t begin_ = 0, size_ = 0;
@@ -76,8 +76,8 @@ class DataLoader {
   // sample; vocab_size = the model's vocabulary (every token id must be < vocab_size).
   static DataLoader open(const DataConfig& cfg, int64_t seq_len, int64_t vocab_size, uint64_t seed);
   // From streams directly (tests, tools). shuffle = false keeps windows in order.
-  DataLoader(TokenStream train, TokenStream val, int64_t seq_len, uint64_t seed, bool shuffle = true,
-             std::string description = "");
+  DataLoader(TokenStream train, TokenStream val, int64_t seq_len, uint64_t seed,
+             bool shuffle = true, std::string description = "");
 
   // Writes `count` samples starting at global sample index `first` of the training order:
   // inputs and targets, each (count, seq_len) int32, targets = inputs shifted by one.

@@ -1,14 +1,14 @@
 #include "data/token_files.h"
 
-#include <bit>
-#include <cerrno>
-#include <cstring>
-#include <limits>
-
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <limits>
 
 #include "core/check.h"
 
@@ -49,23 +49,33 @@ MappedFile::~MappedFile() {
 size_t token_dtype_bytes(TokenDType dtype) {
   switch (dtype) {
     case TokenDType::U8:
-    case TokenDType::I8: return 1;
+    case TokenDType::I8:
+      return 1;
     case TokenDType::I16:
-    case TokenDType::U16: return 2;
-    case TokenDType::I32: return 4;
-    case TokenDType::I64: return 8;
+    case TokenDType::U16:
+      return 2;
+    case TokenDType::I32:
+      return 4;
+    case TokenDType::I64:
+      return 8;
   }
   return 0;
 }
 
 const char* token_dtype_name(TokenDType dtype) {
   switch (dtype) {
-    case TokenDType::U8: return "uint8";
-    case TokenDType::I8: return "int8";
-    case TokenDType::I16: return "int16";
-    case TokenDType::U16: return "uint16";
-    case TokenDType::I32: return "int32";
-    case TokenDType::I64: return "int64";
+    case TokenDType::U8:
+      return "uint8";
+    case TokenDType::I8:
+      return "int8";
+    case TokenDType::I16:
+      return "int16";
+    case TokenDType::U16:
+      return "uint16";
+    case TokenDType::I32:
+      return "int32";
+    case TokenDType::I64:
+      return "int64";
   }
   return "?";
 }
@@ -77,12 +87,30 @@ TokenDType smallest_token_dtype(int64_t vocab_size) {
 int64_t read_token(const uint8_t* base, TokenDType dtype, int64_t i) {
   const uint8_t* p = base + static_cast<size_t>(i) * token_dtype_bytes(dtype);
   switch (dtype) {
-    case TokenDType::U8: return *p;
-    case TokenDType::I8: return static_cast<int8_t>(*p);
-    case TokenDType::I16: { int16_t v; std::memcpy(&v, p, 2); return v; }
-    case TokenDType::U16: { uint16_t v; std::memcpy(&v, p, 2); return v; }
-    case TokenDType::I32: { int32_t v; std::memcpy(&v, p, 4); return v; }
-    case TokenDType::I64: { int64_t v; std::memcpy(&v, p, 8); return v; }
+    case TokenDType::U8:
+      return *p;
+    case TokenDType::I8:
+      return static_cast<int8_t>(*p);
+    case TokenDType::I16: {
+      int16_t v;
+      std::memcpy(&v, p, 2);
+      return v;
+    }
+    case TokenDType::U16: {
+      uint16_t v;
+      std::memcpy(&v, p, 2);
+      return v;
+    }
+    case TokenDType::I32: {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    case TokenDType::I64: {
+      int64_t v;
+      std::memcpy(&v, p, 8);
+      return v;
+    }
   }
   return 0;
 }
@@ -91,7 +119,12 @@ namespace {
 
 bool token_dtype_from_code(uint8_t code, TokenDType& dtype) {
   switch (code) {
-    case 1: case 2: case 3: case 4: case 5: case 8:
+    case 1:
+    case 2:
+    case 3:
+    case 4:
+    case 5:
+    case 8:
       dtype = static_cast<TokenDType>(code);
       return true;
     default:
@@ -116,7 +149,8 @@ constexpr size_t kMegatronHeaderBytes = 9 + 8 + 1 + 8 + 8;
 MegatronDataset MegatronDataset::open(const std::string& prefix) {
   const std::string idx_path = prefix + ".idx", bin_path = prefix + ".bin";
   if (::access(idx_path.c_str(), F_OK) != 0) {
-    fail("{}: Megatron index file not found (data path is the prefix of a .bin/.idx pair)", idx_path);
+    fail("{}: Megatron index file not found (data path is the prefix of a .bin/.idx pair)",
+         idx_path);
   }
   MappedFile idx(idx_path);
   const uint8_t* p = idx.data();
@@ -124,24 +158,31 @@ MegatronDataset MegatronDataset::open(const std::string& prefix) {
   if (bytes < 9 || std::memcmp(p, kMegatronMagic, 9) != 0) {
     fail("{}: bad magic: not a Megatron indexed-dataset index (expected \"MMIDIDX\")", idx_path);
   }
-  if (bytes < kMegatronHeaderBytes) fail("{}: truncated index: {} bytes, the header alone is {}", idx_path, bytes, kMegatronHeaderBytes);
+  if (bytes < kMegatronHeaderBytes)
+    fail("{}: truncated index: {} bytes, the header alone is {}", idx_path, bytes,
+         kMegatronHeaderBytes);
   const auto version = read_le<uint64_t>(p + 9);
   if (version != 1) fail("{}: unsupported index version {} (expected 1)", idx_path, version);
   const uint8_t code = p[17];
   MegatronDataset ds;
   if (!token_dtype_from_code(code, ds.dtype_)) {
-    fail("{}: unknown dtype code {} (token files use 1=uint8, 3=int16, 4=int32, 8=uint16)", idx_path, code);
+    fail("{}: unknown dtype code {} (token files use 1=uint8, 3=int16, 4=int32, 8=uint16)",
+         idx_path, code);
   }
   const auto n_seq = read_le<uint64_t>(p + 18);
   const auto n_doc = read_le<uint64_t>(p + 26);
   constexpr uint64_t kLimit = uint64_t{1} << 40;  // guards the size arithmetic below
-  if (n_seq > kLimit || n_doc > kLimit) fail("{}: implausible counts ({} sequences, {} documents): corrupt header", idx_path, n_seq, n_doc);
+  if (n_seq > kLimit || n_doc > kLimit)
+    fail("{}: implausible counts ({} sequences, {} documents): corrupt header", idx_path, n_seq,
+         n_doc);
   const uint64_t expected = kMegatronHeaderBytes + n_seq * (4 + 8) + n_doc * 8;
   if (bytes < expected) {
-    fail("{}: truncated index: {} bytes, but {} sequences and {} document indices need {}", idx_path, bytes, n_seq, n_doc, expected);
+    fail("{}: truncated index: {} bytes, but {} sequences and {} document indices need {}",
+         idx_path, bytes, n_seq, n_doc, expected);
   }
   if (bytes != expected && bytes != expected + n_seq) {  // + n_seq: multimodal sequence modes
-    fail("{}: size mismatch: {} bytes, expected {} for {} sequences and {} document indices", idx_path, bytes, expected, n_seq, n_doc);
+    fail("{}: size mismatch: {} bytes, expected {} for {} sequences and {} document indices",
+         idx_path, bytes, expected, n_seq, n_doc);
   }
   const uint8_t* q = p + kMegatronHeaderBytes;
   ds.sizes_.resize(n_seq);
@@ -156,7 +197,9 @@ MegatronDataset MegatronDataset::open(const std::string& prefix) {
     fail("{}: corrupt document indices: must run from 0 to the sequence count {}", idx_path, n_seq);
   }
   for (size_t d = 1; d < di.size(); ++d) {
-    if (di[d] < di[d - 1]) fail("{}: corrupt document indices: entry {} ({}) is below entry {} ({})", idx_path, d, di[d], d - 1, di[d - 1]);
+    if (di[d] < di[d - 1])
+      fail("{}: corrupt document indices: entry {} ({}) is below entry {} ({})", idx_path, d, di[d],
+           d - 1, di[d - 1]);
   }
 
   ds.bin_ = std::make_shared<MappedFile>(bin_path);
@@ -165,16 +208,18 @@ MegatronDataset MegatronDataset::open(const std::string& prefix) {
   int64_t end_of_data = 0;
   for (uint64_t s = 0; s < n_seq; ++s) {
     const int64_t size = ds.sizes_[s], ptr = ds.pointers_[s];
-    if (size < 0 || ptr < 0) fail("{}: sequence {} has negative size or offset: corrupt index", idx_path, s);
+    if (size < 0 || ptr < 0)
+      fail("{}: sequence {} has negative size or offset: corrupt index", idx_path, s);
     if (ptr + size * item > bin_bytes) {
-      fail("{}: truncated data file: sequence {} ends at byte {} but the file has {} bytes", bin_path, s, ptr + size * item, bin_bytes);
+      fail("{}: truncated data file: sequence {} ends at byte {} but the file has {} bytes",
+           bin_path, s, ptr + size * item, bin_bytes);
     }
     ds.num_tokens_ += size;
     end_of_data = std::max(end_of_data, ptr + size * item);
   }
   if (end_of_data != bin_bytes) {
-    fail("{}: size mismatch: the index describes {} bytes of {} tokens but the file has {} bytes", bin_path, end_of_data,
-         token_dtype_name(ds.dtype_), bin_bytes);
+    fail("{}: size mismatch: the index describes {} bytes of {} tokens but the file has {} bytes",
+         bin_path, end_of_data, token_dtype_name(ds.dtype_), bin_bytes);
   }
   return ds;
 }
@@ -182,23 +227,29 @@ MegatronDataset MegatronDataset::open(const std::string& prefix) {
 std::vector<int32_t> MegatronDataset::sequence(int64_t s) const {
   std::vector<int32_t> out(static_cast<size_t>(sequence_length(s)));
   const uint8_t* base = bin_->data() + sequence_pointer(s);
-  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<int32_t>(read_token(base, dtype_, static_cast<int64_t>(i)));
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = static_cast<int32_t>(read_token(base, dtype_, static_cast<int64_t>(i)));
   return out;
 }
 
 std::vector<int32_t> MegatronDataset::document(int64_t d) const {
   std::vector<int32_t> out;
-  for (int64_t s = document_indices_[static_cast<size_t>(d)]; s < document_indices_[static_cast<size_t>(d) + 1]; ++s) {
+  for (int64_t s = document_indices_[static_cast<size_t>(d)];
+       s < document_indices_[static_cast<size_t>(d) + 1]; ++s) {
     auto seq = sequence(s);
     out.insert(out.end(), seq.begin(), seq.end());
   }
   return out;
 }
 
-std::string temporary_name(const std::string& path) { return fmt::format("{}.tmp.{}", path, ::getpid()); }
+std::string temporary_name(const std::string& path) {
+  return fmt::format("{}.tmp.{}", path, ::getpid());
+}
 
 MegatronWriter::MegatronWriter(std::string prefix, TokenDType dtype)
-    : prefix_(std::move(prefix)), bin_tmp_(temporary_name(prefix_ + ".bin")), idx_tmp_(temporary_name(prefix_ + ".idx")),
+    : prefix_(std::move(prefix)),
+      bin_tmp_(temporary_name(prefix_ + ".bin")),
+      idx_tmp_(temporary_name(prefix_ + ".idx")),
       dtype_(dtype) {
   bin_ = std::fopen(bin_tmp_.c_str(), "wb");
   if (bin_ == nullptr) fail("{}: cannot open for writing ({})", bin_tmp_, std::strerror(errno));
@@ -222,7 +273,8 @@ void MegatronWriter::add_document(std::span<const int32_t> tokens) {
   std::vector<uint8_t> buffer(tokens.size() * item);
   for (size_t i = 0; i < tokens.size(); ++i) {
     const int64_t t = tokens[i];
-    if (t < lo || t > hi) fail("{}: token id {} does not fit dtype {}", prefix_ + ".bin", t, token_dtype_name(dtype_));
+    if (t < lo || t > hi)
+      fail("{}: token id {} does not fit dtype {}", prefix_ + ".bin", t, token_dtype_name(dtype_));
     std::memcpy(buffer.data() + i * item, &t, item);  // little-endian: the low bytes
   }
   if (!buffer.empty() && std::fwrite(buffer.data(), 1, buffer.size(), bin_) != buffer.size()) {
@@ -263,8 +315,10 @@ void MegatronWriter::finish() {
   const bool ok = std::fwrite(idx.data(), 1, idx.size(), f) == idx.size();
   if (std::fclose(f) != 0 || !ok) fail("{}: write failed ({})", idx_tmp_, std::strerror(errno));
 
-  if (std::rename(bin_tmp_.c_str(), (prefix_ + ".bin").c_str()) != 0) fail("{}.bin: cannot rename into place ({})", prefix_, std::strerror(errno));
-  if (std::rename(idx_tmp_.c_str(), (prefix_ + ".idx").c_str()) != 0) fail("{}.idx: cannot rename into place ({})", prefix_, std::strerror(errno));
+  if (std::rename(bin_tmp_.c_str(), (prefix_ + ".bin").c_str()) != 0)
+    fail("{}.bin: cannot rename into place ({})", prefix_, std::strerror(errno));
+  if (std::rename(idx_tmp_.c_str(), (prefix_ + ".idx").c_str()) != 0)
+    fail("{}.idx: cannot rename into place ({})", prefix_, std::strerror(errno));
   finished_ = true;
 }
 
@@ -279,31 +333,36 @@ LlmcShard LlmcShard::open(const std::string& path) {
   if (bytes < 4 || read_le<int32_t>(p) != kMagic) {
     fail("{}: bad magic: not an llm.c token shard (expected {} in the first int32)", path, kMagic);
   }
-  if (bytes < kHeaderBytes) fail("{}: truncated: {} bytes, the llm.c header alone is {}", path, bytes, kHeaderBytes);
+  if (bytes < kHeaderBytes)
+    fail("{}: truncated: {} bytes, the llm.c header alone is {}", path, bytes, kHeaderBytes);
   const int32_t version = read_le<int32_t>(p + 4);
   if (version == 1) {
     shard.dtype_ = TokenDType::U16;
   } else if (version == 2) {
     shard.dtype_ = TokenDType::I32;
   } else {
-    fail("{}: unsupported llm.c shard version {} (expected 1 = uint16 tokens, or 2 = uint32)", path, version);
+    fail("{}: unsupported llm.c shard version {} (expected 1 = uint16 tokens, or 2 = uint32)", path,
+         version);
   }
   const int64_t count = read_le<int32_t>(p + 8);
   const auto item = static_cast<int64_t>(token_dtype_bytes(shard.dtype_));
   const int64_t expected = static_cast<int64_t>(kHeaderBytes) + count * item;
   if (count < 0) fail("{}: negative token count {} in the header", path, count);
   if (static_cast<int64_t>(bytes) < expected) {
-    fail("{}: truncated: header says {} tokens ({} bytes) but the file has {} bytes", path, count, expected, bytes);
+    fail("{}: truncated: header says {} tokens ({} bytes) but the file has {} bytes", path, count,
+         expected, bytes);
   }
   if (static_cast<int64_t>(bytes) != expected) {
-    fail("{}: size mismatch: header says {} tokens ({} bytes) but the file has {} bytes", path, count, expected, bytes);
+    fail("{}: size mismatch: header says {} tokens ({} bytes) but the file has {} bytes", path,
+         count, expected, bytes);
   }
   shard.num_tokens_ = count;
   return shard;
 }
 
 void write_llmc_shard(const std::string& path, std::span<const int32_t> tokens) {
-  if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) fail("{}: too many tokens for one llm.c shard", path);
+  if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
+    fail("{}: too many tokens for one llm.c shard", path);
   std::vector<uint8_t> data(LlmcShard::kHeaderInts * 4 + tokens.size() * 2);
   std::vector<int32_t> header(LlmcShard::kHeaderInts, 0);
   header[0] = LlmcShard::kMagic;
@@ -311,7 +370,8 @@ void write_llmc_shard(const std::string& path, std::span<const int32_t> tokens) 
   header[2] = static_cast<int32_t>(tokens.size());
   std::memcpy(data.data(), header.data(), header.size() * 4);
   for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] < 0 || tokens[i] > 65535) fail("{}: token id {} does not fit an llm.c uint16 shard", path, tokens[i]);
+    if (tokens[i] < 0 || tokens[i] > 65535)
+      fail("{}: token id {} does not fit an llm.c uint16 shard", path, tokens[i]);
     const auto t = static_cast<uint16_t>(tokens[i]);
     std::memcpy(data.data() + header.size() * 4 + i * 2, &t, 2);
   }

@@ -105,7 +105,9 @@ class LlmcShard {
 
   static LlmcShard open(const std::string& path);
   int64_t num_tokens() const { return num_tokens_; }
-  TokenDType dtype() const { return dtype_; }  // version 1: uint16; version 2 (llm.c llama3): uint32
+  TokenDType dtype() const {
+    return dtype_;
+  }  // version 1: uint16; version 2 (llm.c llama3): uint32
   const uint8_t* token_data() const { return file_->data() + kHeaderInts * 4; }
   std::shared_ptr<const MappedFile> file() const { return file_; }
   const std::string& path() const { return file_->path(); }

@@ -4,9 +4,8 @@
 
 #include <algorithm>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "core/check.h"
 #include "data/token_files.h"
@@ -34,7 +33,9 @@ constexpr std::array<uint8_t, 256> make_byte_classes() {
 }
 constexpr std::array<uint8_t, 256> kByteClass = make_byte_classes();
 
-uint8_t byte_class(char c) { return kByteClass[static_cast<uint8_t>(c)]; }
+uint8_t byte_class(char c) {
+  return kByteClass[static_cast<uint8_t>(c)];
+}
 
 // GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the other 68
 // bytes map to code points 256.. in byte order.
@@ -45,7 +46,8 @@ struct ByteAlphabet {
   ByteAlphabet() {
     uint32_t next = 256;
     for (uint32_t b = 0; b < 256; ++b) {
-      bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      bool printable =
+          (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
       uint32_t cp = printable ? b : next++;
       std::string utf8;
       if (cp < 0x80) {
@@ -101,7 +103,9 @@ uint64_t pair_key(int32_t left, int32_t right) {
 
 }  // namespace
 
-const std::string& byte_to_unicode(uint8_t byte) { return alphabet().to_unicode[byte]; }
+const std::string& byte_to_unicode(uint8_t byte) {
+  return alphabet().to_unicode[byte];
+}
 
 // The GPT-2 rule: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 std::vector<std::string_view> pretokenize(std::string_view text) {
@@ -170,14 +174,17 @@ void Tokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out) 
   ids.reserve(piece.size());
   for (char c : piece) {
     int32_t id = byte_id_[static_cast<uint8_t>(c)];
-    if (id < 0) fail("tokenizer has no token for byte 0x{:02x}; cannot encode this text", static_cast<uint8_t>(c));
+    if (id < 0)
+      fail("tokenizer has no token for byte 0x{:02x}; cannot encode this text",
+           static_cast<uint8_t>(c));
     ids.push_back(id);
   }
   while (ids.size() >= 2) {
     int32_t best_rank = -1;
     for (size_t k = 0; k + 1 < ids.size(); ++k) {
       auto it = merge_rank_.find(pair_key(ids[k], ids[k + 1]));
-      if (it != merge_rank_.end() && (best_rank < 0 || it->second < best_rank)) best_rank = it->second;
+      if (it != merge_rank_.end() && (best_rank < 0 || it->second < best_rank))
+        best_rank = it->second;
     }
     if (best_rank < 0) break;
     const Merge& m = merges_[static_cast<size_t>(best_rank)];
@@ -195,7 +202,8 @@ void Tokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out) 
   out.insert(out.end(), ids.begin(), ids.end());
 }
 
-void Tokenizer::encode_into(std::string_view text, PieceCache& cache, std::vector<int32_t>& out) const {
+void Tokenizer::encode_into(std::string_view text, PieceCache& cache,
+                            std::vector<int32_t>& out) const {
   constexpr size_t kMaxCached = 1 << 20;  // bounds memory on huge, varied inputs
   for (std::string_view piece : pretokenize(text)) {
     auto it = cache.find(piece);
@@ -206,7 +214,9 @@ void Tokenizer::encode_into(std::string_view text, PieceCache& cache, std::vecto
     size_t before = out.size();
     encode_piece(piece, out);
     if (cache.size() >= kMaxCached) cache.clear();
-    cache.emplace(std::string(piece), std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(before), out.end()));
+    cache.emplace(
+        std::string(piece),
+        std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(before), out.end()));
   }
 }
 
@@ -217,7 +227,8 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   return out;
 }
 
-std::vector<std::vector<int32_t>> Tokenizer::encode_batch(std::span<const std::string_view> texts) const {
+std::vector<std::vector<int32_t>> Tokenizer::encode_batch(
+    std::span<const std::string_view> texts) const {
   std::vector<std::vector<int32_t>> out(texts.size());
   const auto n = static_cast<int64_t>(texts.size());
   std::string error;
@@ -241,7 +252,8 @@ std::vector<std::vector<int32_t>> Tokenizer::encode_batch(std::span<const std::s
 std::string Tokenizer::decode(std::span<const int32_t> ids) const {
   std::string text;
   for (int32_t id : ids) {
-    if (id < 0 || id >= vocab_size()) fail("cannot decode token id {}: vocabulary has {} tokens", id, vocab_size());
+    if (id < 0 || id >= vocab_size())
+      fail("cannot decode token id {}: vocabulary has {} tokens", id, vocab_size());
     text += tokens_[static_cast<size_t>(id)];
   }
   return text;
@@ -256,8 +268,13 @@ void Tokenizer::save(const std::string& path) const {
   for (size_t id = 0; id < tokens_.size(); ++id) {
     if (special_[id]) {
       vocab[tokens_[id]] = id;
-      added.push_back({{"id", id}, {"content", tokens_[id]}, {"single_word", false}, {"lstrip", false},
-                       {"rstrip", false}, {"normalized", true}, {"special", true}});
+      added.push_back({{"id", id},
+                       {"content", tokens_[id]},
+                       {"single_word", false},
+                       {"lstrip", false},
+                       {"rstrip", false},
+                       {"normalized", true},
+                       {"special", true}});
     } else {
       vocab[to_byte_level(tokens_[id])] = id;
     }
@@ -268,7 +285,9 @@ void Tokenizer::save(const std::string& path) const {
     merges.push_back(to_byte_level(tokens_[static_cast<size_t>(m.left)]) + " " +
                      to_byte_level(tokens_[static_cast<size_t>(m.right)]));
   }
-  ordered_json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
+  ordered_json byte_level = {{"type", "ByteLevel"},
+                             {"add_prefix_space", false},
+                             {"trim_offsets", true},
                              {"use_regex", true}};
   ordered_json doc;
   doc["version"] = "1.0";
@@ -279,9 +298,15 @@ void Tokenizer::save(const std::string& path) const {
   doc["pre_tokenizer"] = byte_level;
   doc["post_processor"] = byte_level;
   doc["decoder"] = byte_level;
-  doc["model"] = {{"type", "BPE"},          {"dropout", nullptr},           {"unk_token", nullptr},
-                  {"continuing_subword_prefix", ""}, {"end_of_word_suffix", ""}, {"fuse_unk", false},
-                  {"byte_fallback", false}, {"vocab", vocab},               {"merges", merges}};
+  doc["model"] = {{"type", "BPE"},
+                  {"dropout", nullptr},
+                  {"unk_token", nullptr},
+                  {"continuing_subword_prefix", ""},
+                  {"end_of_word_suffix", ""},
+                  {"fuse_unk", false},
+                  {"byte_fallback", false},
+                  {"vocab", vocab},
+                  {"merges", merges}};
   const std::string text = doc.dump(1) + "\n";
   write_file_atomically(path, text.data(), text.size());
 }
@@ -317,21 +342,28 @@ Tokenizer Tokenizer::load(const std::string& path) {
     fail("{}: no \"model\" object; expected a Hugging Face tokenizer.json", path);
   }
   const auto& model = doc["model"];
-  std::string type = model.contains("type") && model["type"].is_string() ? model["type"].get<std::string>() : "";
+  std::string type =
+      model.contains("type") && model["type"].is_string() ? model["type"].get<std::string>() : "";
   if (type != "BPE") fail("{}: model type is \"{}\", only \"BPE\" is supported", path, type);
   if (!has_byte_level(doc.value("pre_tokenizer", nlohmann::json()))) {
-    fail("{}: pre_tokenizer is not ByteLevel; only byte-level BPE (GPT-2 style) tokenizers are supported", path);
+    fail(
+        "{}: pre_tokenizer is not ByteLevel; only byte-level BPE (GPT-2 style) tokenizers are "
+        "supported",
+        path);
   }
-  if (!model.contains("vocab") || !model["vocab"].is_object()) fail("{}: model.vocab missing or not an object", path);
-  if (!model.contains("merges") || !model["merges"].is_array()) fail("{}: model.merges missing or not an array", path);
+  if (!model.contains("vocab") || !model["vocab"].is_object())
+    fail("{}: model.vocab missing or not an object", path);
+  if (!model.contains("merges") || !model["merges"].is_array())
+    fail("{}: model.merges missing or not an array", path);
 
   // Special tokens first: their vocab entries are raw text, not byte-level strings.
   std::unordered_map<std::string, int64_t> specials;
   if (doc.contains("added_tokens") && doc["added_tokens"].is_array()) {
     for (const auto& t : doc["added_tokens"]) {
-      if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() || !t.contains("content") ||
-          !t["content"].is_string()) {
-        fail("{}: added_tokens entry {} needs an integer \"id\" and a string \"content\"", path, t.dump());
+      if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() ||
+          !t.contains("content") || !t["content"].is_string()) {
+        fail("{}: added_tokens entry {} needs an integer \"id\" and a string \"content\"", path,
+             t.dump());
       }
       specials[t["content"].get<std::string>()] = t["id"].get<int64_t>();
     }
@@ -360,7 +392,8 @@ Tokenizer Tokenizer::load(const std::string& path) {
     if (special) {
       bytes = key;
     } else if (!from_byte_level(key, bytes)) {
-      fail("{}: vocab token \"{}\" (id {}) has characters outside the byte-level alphabet", path, key, id);
+      fail("{}: vocab token \"{}\" (id {}) has characters outside the byte-level alphabet", path,
+           key, id);
     }
     tok.tokens_.push_back(bytes);
     tok.special_.push_back(special);
@@ -384,12 +417,15 @@ Tokenizer Tokenizer::load(const std::string& path) {
       left = m[0].get<std::string>();
       right = m[1].get<std::string>();
     } else {
-      fail("{}: merge {} is {}; expected \"left right\" or [\"left\", \"right\"]", path, r, m.dump());
+      fail("{}: merge {} is {}; expected \"left right\" or [\"left\", \"right\"]", path, r,
+           m.dump());
     }
     auto l = id_of.find(left), rt = id_of.find(right), result = id_of.find(left + right);
     if (l == id_of.end()) fail("{}: merge {} references unknown token \"{}\"", path, r, left);
     if (rt == id_of.end()) fail("{}: merge {} references unknown token \"{}\"", path, r, right);
-    if (result == id_of.end()) fail("{}: merge {} \"{} {}\" produces \"{}\", which is not in the vocab", path, r, left, right, left + right);
+    if (result == id_of.end())
+      fail("{}: merge {} \"{} {}\" produces \"{}\", which is not in the vocab", path, r, left,
+           right, left + right);
     tok.merges_.push_back({l->second, rt->second, result->second});
   }
   tok.build_lookup();

@@ -53,17 +53,18 @@ class Tokenizer {
     using is_transparent = void;
     size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
   };
-  using PieceCache = std::unordered_map<std::string, std::vector<int32_t>, PieceHash, std::equal_to<>>;
+  using PieceCache =
+      std::unordered_map<std::string, std::vector<int32_t>, PieceHash, std::equal_to<>>;
 
   void build_lookup();  // merge ranks and byte ids from tokens_ / merges_
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
   void encode_into(std::string_view text, PieceCache& cache, std::vector<int32_t>& out) const;
 
-  std::vector<std::string> tokens_;   // id -> raw bytes (special tokens: their content)
-  std::vector<bool> special_;         // id -> listed in added_tokens
-  std::vector<Merge> merges_;         // by rank
+  std::vector<std::string> tokens_;  // id -> raw bytes (special tokens: their content)
+  std::vector<bool> special_;        // id -> listed in added_tokens
+  std::vector<Merge> merges_;        // by rank
   std::unordered_map<uint64_t, int32_t> merge_rank_;  // (left << 32 | right) -> rank
-  std::array<int32_t, 256> byte_id_{};  // byte -> token id, -1 if the vocab lacks it
+  std::array<int32_t, 256> byte_id_{};                // byte -> token id, -1 if the vocab lacks it
   int32_t eot_id_ = -1;
   mutable PieceCache cache_;
 };

@@ -20,7 +20,12 @@ int64_t ffn_dim(const ModelConfig& cfg) {
 
 Model::Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len,
              parallel::TensorParallel tp, std::vector<Chunk> layout, Placement placement)
-    : cfg_(cfg), b_(micro_batch), t_(seq_len), placement_(placement), act_(placement.compute), tp_(tp) {
+    : cfg_(cfg),
+      b_(micro_batch),
+      t_(seq_len),
+      placement_(placement),
+      act_(placement.compute),
+      tp_(tp) {
   PENTAD_CHECK(seq_len <= cfg.max_seq_len, "seq_len {} > max_seq_len {}", seq_len, cfg.max_seq_len);
   const int64_t p = tp_.degree();
   // Layouts that do not divide were refused with a user message (parallel::check_layout).
@@ -154,7 +159,8 @@ void Model::plan_slot(Arena& arena, const Chunk& chunk, Slot& s) {
   s.tokens = arena.alloc(Shape{b_, t_}, DType::I32);
   s.targets = arena.alloc(Shape{b_, t_}, DType::I32);
   s.resid.clear();
-  for (int64_t l = chunk.layer_begin; l <= chunk.layer_end; ++l) s.resid.push_back(arena.alloc(Shape{Nl, C}, act_));
+  for (int64_t l = chunk.layer_begin; l <= chunk.layer_end; ++l)
+    s.resid.push_back(arena.alloc(Shape{Nl, C}, act_));
   s.acts.assign(cfg_.recompute ? 0 : static_cast<size_t>(chunk.layer_end - chunk.layer_begin), {});
   for (LayerActs& a : s.acts) plan_layer(arena, a);
   if (!chunk.last) return;
@@ -219,10 +225,18 @@ Model::Slot& Model::slot(int c, int s) const {
   return *chunk.slots.at(static_cast<size_t>(s));
 }
 
-Tensor Model::chunk_input(int c, int s) const { return slot(c, s).resid.front(); }
-Tensor Model::chunk_output(int c, int s) const { return slot(c, s).resid.back(); }
-int Model::slots_made(int c) const { return static_cast<int>(chunks_.at(size_t(c)).slots.size()); }
-size_t Model::slot_bytes(int c) const { return slot(c, 0).arena.capacity(); }
+Tensor Model::chunk_input(int c, int s) const {
+  return slot(c, s).resid.front();
+}
+Tensor Model::chunk_output(int c, int s) const {
+  return slot(c, s).resid.back();
+}
+int Model::slots_made(int c) const {
+  return static_cast<int>(chunks_.at(size_t(c)).slots.size());
+}
+size_t Model::slot_bytes(int c) const {
+  return slot(c, 0).arena.capacity();
+}
 
 size_t Model::activation_bytes() const {
   size_t bytes = shared_.capacity();
@@ -248,7 +262,8 @@ void Model::layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a) {
   // Norm on this rank's rows; with SP, gathered into whole rows for the column-parallel q, k, v.
   Tensor norm1 = sp ? norm_local_ : a.norm1;
   if (gpt2())
-    k::layernorm_forward(norm1, a.norm1_mean, a.norm1_rstd, x, P(p.norm1_w), P(p.norm1_b), cfg_.norm_eps);
+    k::layernorm_forward(norm1, a.norm1_mean, a.norm1_rstd, x, P(p.norm1_w), P(p.norm1_b),
+                         cfg_.norm_eps);
   else
     k::rmsnorm_forward(norm1, a.norm1_rstd, x, P(p.norm1_w), cfg_.norm_eps);
   tp_.enter_forward(a.norm1, norm1);
@@ -320,7 +335,8 @@ float Model::forward_chunk(int c, int slot_index, const int32_t* tokens, const i
   }
   for (int64_t l = range.layer_begin; l < range.layer_end; ++l) {
     const size_t i = static_cast<size_t>(l - range.layer_begin);
-    layer_forward(static_cast<int>(l), s.resid[i], s.resid[i + 1], cfg_.recompute ? shared_acts_ : s.acts[i]);
+    layer_forward(static_cast<int>(l), s.resid[i], s.resid[i + 1],
+                  cfg_.recompute ? shared_acts_ : s.acts[i]);
     if (progress_) progress_();
   }
   if (!range.last) return 0.0f;
@@ -428,8 +444,8 @@ void Model::backward_chunk(int c, int slot_index, const Tensor& d_output, bool l
     ready(normf_w_, partial_.back());
     s.have_dlogits = false;
   } else {
-    PENTAD_CHECK(d_output.numel() == g.resid.numel(), "chunk {}: d_output has {} values, want {}", c,
-                 d_output.numel(), g.resid.numel());
+    PENTAD_CHECK(d_output.numel() == g.resid.numel(), "chunk {}: d_output has {} values, want {}",
+                 c, d_output.numel(), g.resid.numel());
     copy(g.resid, d_output);
   }
   for (int64_t l = range.layer_end - 1; l >= range.layer_begin; --l) {

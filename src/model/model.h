@@ -48,8 +48,7 @@ class Model {
   // (activations and their gradients in it; statistics, losses and parameter gradients F32).
   // Token ids come from host memory and losses return to it; everything else stays put.
   Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len,
-        parallel::TensorParallel tp = {}, std::vector<Chunk> layout = {},
-        Placement placement = {});
+        parallel::TensorParallel tp = {}, std::vector<Chunk> layout = {}, Placement placement = {});
 
   // ---- one chunk holding the whole model ----
   // Mean cross-entropy of the micro-batch. tokens, targets: (b, t). When dloss != 0 the
@@ -127,9 +126,9 @@ class Model {
   // One micro-batch's activations in one chunk.
   struct Slot {
     Arena arena;
-    Tensor tokens, targets;          // (b, t) I32
-    std::vector<Tensor> resid;       // layers + 1 residual streams (Nl, C); resid[0] = input
-    std::vector<LayerActs> acts;     // per layer (empty with recompute: shared_acts_)
+    Tensor tokens, targets;       // (b, t) I32
+    std::vector<Tensor> resid;    // layers + 1 residual streams (Nl, C); resid[0] = input
+    std::vector<LayerActs> acts;  // per layer (empty with recompute: shared_acts_)
     Tensor normf_local, normf, normf_mean, normf_rstd, logits, losses;  // last chunk only
     bool have_dlogits = false;
     bool in_use = false;
@@ -138,16 +137,16 @@ class Model {
     Chunk range;
     std::vector<std::unique_ptr<Slot>> slots;
   };
-  struct Grads {  // scratch for backward, shared by all layers
-    Tensor resid;                 // (Nl, C): d(residual stream), this rank's rows
-    Tensor full;                  // (N, C): resid made whole (sequence parallel only)
-    Tensor norm, norm_local;      // (N, C) partial d(norm output); (Nl, C) reduced (SP only)
+  struct Grads {              // scratch for backward, shared by all layers
+    Tensor resid;             // (Nl, C): d(residual stream), this rank's rows
+    Tensor full;              // (N, C): resid made whole (sequence parallel only)
+    Tensor norm, norm_local;  // (N, C) partial d(norm output); (Nl, C) reduced (SP only)
     Tensor att, q, k, v, up, gate, act;
   };
 
   void build_params();
   void sync_partial_grads(const std::vector<int>& ids);  // tp all-reduce (sequence parallel)
-  void plan_shared(Arena& arena);                 // scratch of every chunk and slot
+  void plan_shared(Arena& arena);                        // scratch of every chunk and slot
   void plan_layer(Arena& arena, LayerActs& a);
   void plan_slot(Arena& arena, const Chunk& chunk, Slot& slot);
   Slot& slot(int c, int s) const;
@@ -173,11 +172,11 @@ class Model {
   std::vector<std::vector<int>> partial_;  // per layer (and last: final norm) ids to sync under SP
   std::vector<ChunkState> chunks_;
 
-  Arena shared_;                          // scratch used by one pass at a time
-  LayerActs shared_acts_;                 // recompute: one layer's activations, rebuilt in backward
-  Tensor norm_local_;                     // (Nl, C) norm output before the SP all-gather
-  Tensor proj_;                           // (N, C) row-parallel partial sums before reduction
-  Tensor row_max_, ce_stats_;             // (N), (2, N): vocabulary-parallel cross-entropy
+  Arena shared_;               // scratch used by one pass at a time
+  LayerActs shared_acts_;      // recompute: one layer's activations, rebuilt in backward
+  Tensor norm_local_;          // (Nl, C) norm output before the SP all-gather
+  Tensor proj_;                // (N, C) row-parallel partial sums before reduction
+  Tensor row_max_, ce_stats_;  // (N), (2, N): vocabulary-parallel cross-entropy
   Grads grads_;
   std::vector<float> host_losses_;  // a device run's per-token losses, copied back
   std::function<void()> progress_;

@@ -13,7 +13,8 @@ int ParamStore::add(std::string name, Shape shape, Init init, float init_std, bo
 }
 
 int ParamStore::add_shard(std::string name, Shape shape, Init init, float init_std,
-                          bool weight_decay, int shard_dim, int64_t shard_start, int64_t shard_len) {
+                          bool weight_decay, int shard_dim, int64_t shard_start,
+                          int64_t shard_len) {
   PENTAD_CHECK(find(name) < 0, "duplicate parameter {}", name);
   ParamSpec spec;
   spec.name = std::move(name);
@@ -46,8 +47,9 @@ void ParamStore::allocate(Placement placement) {
   params_.zero();
   grads_.zero();
   if (placement.compute != DType::F32) {
-    weights_ = Arena("parameters (compute copy)",
-                     static_cast<size_t>(numel_) * dtype_bytes(placement.compute), placement.device);
+    weights_ =
+        Arena("parameters (compute copy)",
+              static_cast<size_t>(numel_) * dtype_bytes(placement.compute), placement.device);
     weights_.zero();
   }
 }
@@ -103,7 +105,8 @@ void ParamStore::initialize(uint64_t seed) {
       p[i] = static_cast<float>(spec.init_std * normal_at(key, static_cast<uint64_t>(global)));
     }
   }
-  if (device() != Device::CPU) copy_bytes(params_.base(), device(), host.data(), Device::CPU, bytes());
+  if (device() != Device::CPU)
+    copy_bytes(params_.base(), device(), host.data(), Device::CPU, bytes());
   refresh_weights();
 }
 

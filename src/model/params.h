@@ -24,8 +24,8 @@ struct Placement {
 };
 
 struct ParamSpec {
-  std::string name;     // global identity, e.g. "layers.3.attn.q.weight" (HF-like)
-  Shape global_shape;   // shape of the whole parameter across all ranks
+  std::string name;    // global identity, e.g. "layers.3.attn.q.weight" (HF-like)
+  Shape global_shape;  // shape of the whole parameter across all ranks
   Init init = Init::Normal;
   float init_std = 0.0f;
   bool weight_decay = false;  // matrices and embeddings decay; norms and biases do not
@@ -36,7 +36,7 @@ struct ParamSpec {
   int64_t shard_start = 0;
   Shape local_shape;
 
-  size_t offset = 0;    // element offset in each arena
+  size_t offset = 0;  // element offset in each arena
 
   // A copy of a parameter another pipeline stage holds (the tied embedding on the last
   // stage): kept equal by summing both gradients, so it is not saved, dumped or counted

@@ -148,7 +148,8 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(parallel, dp, at_least(0)),
       PENTAD_KEY(parallel, cp, at_least(1)),
       PENTAD_KEY(parallel, pp, at_least(1)),
-      PENTAD_KEY(parallel, pp_schedule, one_of({"gpipe", "1f1b", "kfkb", "interleaved", "adaptive"})),
+      PENTAD_KEY(parallel, pp_schedule,
+                 one_of({"gpipe", "1f1b", "kfkb", "interleaved", "adaptive"})),
       PENTAD_KEY(parallel, virtual_stages, at_least(1)),
       PENTAD_KEY(parallel, pp_group, at_least(1)),
       PENTAD_KEY(parallel, pp_layout, any()),
@@ -488,17 +489,20 @@ void check_combinations(const Config& c, const std::map<std::string, std::string
   if (c.train.out_dir.empty())
     fail("{}: train.out_dir must not be empty", where({"train.out_dir"}));
   if (c.train.precision == "bf16" && c.train.device != "cuda")
-    fail("{}: train.precision = \"bf16\" needs train.device = \"cuda\" (the CPU kernels "
-         "compute in fp32): set train.precision = \"fp32\" or train on a GPU",
-         where({"train.precision", "train.device"}));
+    fail(
+        "{}: train.precision = \"bf16\" needs train.device = \"cuda\" (the CPU kernels "
+        "compute in fp32): set train.precision = \"fp32\" or train on a GPU",
+        where({"train.precision", "train.device"}));
   if (c.train.device == "cuda" && c.parallel.pp > 1)
-    fail("{}: parallel.pp = {} with train.device = \"cuda\" is not built yet (pipeline "
-         "transfers go through host buffers): set parallel.pp = 1 or train on the CPU",
-         where({"parallel.pp", "train.device"}), c.parallel.pp);
+    fail(
+        "{}: parallel.pp = {} with train.device = \"cuda\" is not built yet (pipeline "
+        "transfers go through host buffers): set parallel.pp = 1 or train on the CPU",
+        where({"parallel.pp", "train.device"}), c.parallel.pp);
   if (c.train.device == "cuda" && m.head_dim() > 128)
-    fail("{}: head_dim = model.d_model / model.n_head = {} is above 128, the largest the CUDA "
-         "attention kernels take: raise model.n_head",
-         where({"model.d_model", "model.n_head", "train.device"}), m.head_dim());
+    fail(
+        "{}: head_dim = model.d_model / model.n_head = {} is above 128, the largest the CUDA "
+        "attention kernels take: raise model.n_head",
+        where({"model.d_model", "model.n_head", "train.device"}), m.head_dim());
 }
 
 }  // namespace
@@ -570,11 +574,13 @@ Config load_recipe(const std::string& path, const std::vector<std::string>& over
   for (auto&& [section, node] : toml::parse(text.str(), path))
     sets_a_key = sets_a_key || !node.is_table() || !node.as_table()->empty();
   if (!sets_a_key)
-    fail("{}: the recipe sets no key ({}): pentad would train on the defaults of every key; "
-         "start from a recipe in recipes/ (e.g. recipes/gpt-tiny.toml)",
-         path, text.str().find_first_not_of(" \t\r\n") == std::string::npos
-                   ? "the file is empty"
-                   : "only comments or empty sections");
+    fail(
+        "{}: the recipe sets no key ({}): pentad would train on the defaults of every key; "
+        "start from a recipe in recipes/ (e.g. recipes/gpt-tiny.toml)",
+        path,
+        text.str().find_first_not_of(" \t\r\n") == std::string::npos
+            ? "the file is empty"
+            : "only comments or empty sections");
   return config;
 }
 

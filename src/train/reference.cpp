@@ -2,9 +2,8 @@
 
 #include <filesystem>
 #include <fstream>
-#include <vector>
-
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "core/npy.h"
 #include "train/recipe.h"
@@ -22,11 +21,14 @@ void export_reference(const Config& cfg, const std::string& out_dir, int64_t ste
   ParamStore& params = model.params();
   const int64_t b = cfg.train.micro_batch, t = cfg.train.seq_len;
 
-  nlohmann::json manifest = {{"recipe", recipe_to_toml(cfg)}, {"steps", steps}, {"params", nlohmann::json::array()}};
+  nlohmann::json manifest = {
+      {"recipe", recipe_to_toml(cfg)}, {"steps", steps}, {"params", nlohmann::json::array()}};
   for (int id = 0; id < static_cast<int>(params.specs().size()); ++id) {
     const ParamSpec& spec = params.spec(id);
-    std::vector<int64_t> shape(spec.global_shape.dims.begin(), spec.global_shape.dims.begin() + spec.global_shape.ndim);
-    manifest["params"].push_back({{"name", spec.name}, {"shape", shape}, {"weight_decay", spec.weight_decay}});
+    std::vector<int64_t> shape(spec.global_shape.dims.begin(),
+                               spec.global_shape.dims.begin() + spec.global_shape.ndim);
+    manifest["params"].push_back(
+        {{"name", spec.name}, {"shape", shape}, {"weight_decay", spec.weight_decay}});
     write_npy(out_dir + "/init." + spec.name + ".npy", params.param(id));
   }
 
@@ -35,8 +37,10 @@ void export_reference(const Config& cfg, const std::string& out_dir, int64_t ste
     for (int64_t micro = 0; micro < cfg.train.grad_accum; ++micro) {
       trainer.fetch_batch(step, micro, inputs, targets);
       const std::string tag = std::to_string(step) + "." + std::to_string(micro);
-      write_npy(out_dir + "/inputs." + tag + ".npy", view_of(inputs.data(), Shape{b, t}, DType::I32));
-      write_npy(out_dir + "/targets." + tag + ".npy", view_of(targets.data(), Shape{b, t}, DType::I32));
+      write_npy(out_dir + "/inputs." + tag + ".npy",
+                view_of(inputs.data(), Shape{b, t}, DType::I32));
+      write_npy(out_dir + "/targets." + tag + ".npy",
+                view_of(targets.data(), Shape{b, t}, DType::I32));
     }
 
   // The first micro-batch's logits and loss, from a forward that keeps the logits.

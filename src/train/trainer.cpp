@@ -2,13 +2,12 @@
 
 #include <mpi.h>
 #include <omp.h>
+#include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-
 #include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
 
 #include "core/device_memory.h"
 #include "core/npy.h"
@@ -80,9 +79,10 @@ parallel::MeshConfig mesh_config(const Config& cfg, int world_size) {
   else if (world_size % others == 0)
     mesh.dp = static_cast<int>(world_size / others);
   else
-    fail("parallel.tp ({}) x parallel.cp ({}) x parallel.pp ({}) = {} does not divide the {} "
-         "ranks started: change parallel.tp or start a multiple of {} ranks",
-         p.tp, p.cp, p.pp, others, world_size, others);
+    fail(
+        "parallel.tp ({}) x parallel.cp ({}) x parallel.pp ({}) = {} does not divide the {} "
+        "ranks started: change parallel.tp or start a multiple of {} ranks",
+        p.tp, p.cp, p.pp, others, world_size, others);
   parallel::validate(mesh, world_size);
   if (p.pp > 1 || p.virtual_stages > 1 || !p.pp_layout.empty()) {
     parallel::pp::check_schedule(schedule_spec(cfg));
@@ -103,7 +103,8 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
     world_rank_ = mesh_->world_rank();
     dp_size_ = mesh_->degree(parallel::Axis::DP);
     dp_rank_ = mesh_->coord(parallel::Axis::DP);
-    tp = parallel::TensorParallel(&mesh_->group(parallel::Axis::TP), cfg.parallel.sequence_parallel);
+    tp =
+        parallel::TensorParallel(&mesh_->group(parallel::Axis::TP), cfg.parallel.sequence_parallel);
     pp_size_ = mesh_->degree(parallel::Axis::PP);
     pp_rank_ = mesh_->coord(parallel::Axis::PP);
     // The default corpus is tokenized once, by rank 0, before anyone opens it.
@@ -179,7 +180,8 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
   s.backward_end_ns = parallel::trace_now_ns();
   if (pipeline_) {  // for the timeline, which keeps the spans of the last steps only
     step_starts_.push_back({step, s.start_ns});
-    if (step_starts_.size() > size_t(pipeline_->keep_steps())) step_starts_.erase(step_starts_.begin());
+    if (step_starts_.size() > size_t(pipeline_->keep_steps()))
+      step_starts_.erase(step_starts_.begin());
   }
   if (reducer_) reducer_->finish();
   // Tied embeddings under pipelining: the first and last stages' tables get the sum of
@@ -201,23 +203,27 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
   s.grad_norm = std::sqrt(all_reduce_pp(squares.sharded + squares.replicated));
   clip_gradients(params, s.grad_norm, cfg_.optim.grad_clip);
   s.lr = learning_rate(cfg_.optim, step, t.steps);
-  if (pipeline_ && cfg_.parallel.pp_schedule == "adaptive" && (step + 1) % cfg_.parallel.pp_adapt_every == 0)
+  if (pipeline_ && cfg_.parallel.pp_schedule == "adaptive" &&
+      (step + 1) % cfg_.parallel.pp_adapt_every == 0)
     adapt_pipeline_group();
   optimizer_->step(params, s.lr, snapshot_copied());  // a snapshot in flight copies first
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double tokens = static_cast<double>(t.micro_batch * t.seq_len * t.grad_accum * dp_size_);
   s.tokens_per_second = tokens / s.seconds;
-  s.flops_per_second = model_->flops_per_micro_batch() * static_cast<double>(t.grad_accum) / s.seconds;
+  s.flops_per_second =
+      model_->flops_per_micro_batch() * static_cast<double>(t.grad_accum) / s.seconds;
   return s;
 }
 
 double Trainer::all_reduce_pp(double value) {
-  if (pp_size_ > 1) mesh_->group(parallel::Axis::PP).all_reduce(view_of(&value, Shape{1}, DType::F64));
+  if (pp_size_ > 1)
+    mesh_->group(parallel::Axis::PP).all_reduce(view_of(&value, Shape{1}, DType::F64));
   return value;
 }
 
 double Trainer::all_reduce_dp(double value) {
-  if (dp_size_ > 1) mesh_->group(parallel::Axis::DP).all_reduce(view_of(&value, Shape{1}, DType::F64));
+  if (dp_size_ > 1)
+    mesh_->group(parallel::Axis::DP).all_reduce(view_of(&value, Shape{1}, DType::F64));
   return value;
 }
 
@@ -228,32 +234,39 @@ float Trainer::evaluate() {
   double sum = 0.0;
   if (pipeline_) {
     const int count = int((t.eval_batches - dp_rank_ + dp_size_ - 1) / dp_size_);
-    sum = pipeline_->evaluate(count, [&](int micro, std::vector<int32_t>& inputs,
-                                         std::vector<int32_t>& targets) {
-      inputs.resize(inputs_.size());
-      targets.resize(inputs_.size());
-      data_->val_samples((dp_rank_ + int64_t(micro) * dp_size_) * t.micro_batch, t.micro_batch,
-                         inputs.data(), targets.data());
-    });
+    sum = pipeline_->evaluate(
+        count, [&](int micro, std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
+          inputs.resize(inputs_.size());
+          targets.resize(inputs_.size());
+          data_->val_samples((dp_rank_ + int64_t(micro) * dp_size_) * t.micro_batch, t.micro_batch,
+                             inputs.data(), targets.data());
+        });
   } else {
     for (int64_t i = dp_rank_; i < t.eval_batches; i += dp_size_) {
       data_->val_samples(i * t.micro_batch, t.micro_batch, inputs_.data(), targets_.data());
       sum += model_->forward(inputs_.data(), targets_.data(), 0.0f);
     }
   }
-  return static_cast<float>(all_reduce_dp(all_reduce_pp(sum)) / static_cast<double>(t.eval_batches));
+  return static_cast<float>(all_reduce_dp(all_reduce_pp(sum)) /
+                            static_cast<double>(t.eval_batches));
 }
 
 void Trainer::write_comm_log(const std::string& dir) const {
   std::filesystem::create_directories(dir);
   nlohmann::json events = nlohmann::json::array(), steps = nlohmann::json::array();
   for (const parallel::CommEvent& e : parallel::comm_events())
-    events.push_back({{"comm", std::string(e.name())}, {"seq", e.seq},
-                      {"kind", parallel::comm_kind_name(e.kind)}, {"bytes", e.bytes},
-                      {"peer", e.peer}, {"enter_ns", e.enter_ns}, {"leave_ns", e.leave_ns}});
+    events.push_back({{"comm", std::string(e.name())},
+                      {"seq", e.seq},
+                      {"kind", parallel::comm_kind_name(e.kind)},
+                      {"bytes", e.bytes},
+                      {"peer", e.peer},
+                      {"enter_ns", e.enter_ns},
+                      {"leave_ns", e.leave_ns}});
   for (const StepStats& s : history_)
-    steps.push_back({{"step", s.step + 1}, {"start_ns", s.start_ns},
-                     {"backward_end_ns", s.backward_end_ns}, {"reduced_ns", s.reduced_ns},
+    steps.push_back({{"step", s.step + 1},
+                     {"start_ns", s.start_ns},
+                     {"backward_end_ns", s.backward_end_ns},
+                     {"reduced_ns", s.reduced_ns},
                      {"seconds", s.seconds}});
   nlohmann::json log = {{"rank", world_rank_},
                         {"tp", model_->tp().degree()},
@@ -271,7 +284,9 @@ void Trainer::write_comm_log(const std::string& dir) const {
   std::ofstream(fmt::format("{}/rank{}.json", dir, world_rank_)) << log.dump();
 }
 
-void Trainer::dump_weights(const std::string& dir) const { dump_shards(dir, false); }
+void Trainer::dump_weights(const std::string& dir) const {
+  dump_shards(dir, false);
+}
 
 void Trainer::dump_shards(const std::string& dir, bool grads) const {
   if (dp_rank_ != 0) return;
@@ -291,15 +306,19 @@ void Trainer::dump_shards(const std::string& dir, bool grads) const {
     write_npy(dir + "/" + file, view_of(host.data(), spec.local_shape));
     std::vector<int64_t> shape(spec.global_shape.dims.begin(),
                                spec.global_shape.dims.begin() + spec.global_shape.ndim);
-    shards.push_back({{"name", spec.name}, {"file", file}, {"global_shape", shape},
-                      {"shard_dim", spec.shard_dim}, {"shard_start", spec.shard_start}});
+    shards.push_back({{"name", spec.name},
+                      {"file", file},
+                      {"global_shape", shape},
+                      {"shard_dim", spec.shard_dim},
+                      {"shard_start", spec.shard_start}});
   }
   std::ofstream(fmt::format("{}/shards.pp{}.tp{}.json", dir, pp_rank_, tp_rank)) << shards.dump(1);
 }
 
 std::string Trainer::memory_plan() const {
   const ParamStore& p = model_->params();
-  const size_t params = p.bytes() + p.compute_copy_bytes(), grads = p.bytes(), optim = 2 * p.bytes();
+  const size_t params = p.bytes() + p.compute_copy_bytes(), grads = p.bytes(),
+               optim = 2 * p.bytes();
   size_t acts = model_->activation_bytes();
   std::string in_flight;
   if (pipeline_) {  // one slot per micro-batch the schedule keeps in flight on each chunk
@@ -311,20 +330,20 @@ std::string Trainer::memory_plan() const {
         if (a.chunk == c) mine.push_back(a);
       const int peak = parallel::pp::peak_in_flight(mine);
       acts += size_t(peak - model_->slots_made(c)) * model_->slot_bytes(c);
-      in_flight += fmt::format("{}chunk {} (layers {}-{}): {} micro-batches in flight x {}",
-                               c ? ", " : "; ", c, model_->chunk(c).layer_begin,
-                               model_->chunk(c).layer_end - 1, peak,
-                               format_bytes(model_->slot_bytes(c)));
+      in_flight +=
+          fmt::format("{}chunk {} (layers {}-{}): {} micro-batches in flight x {}", c ? ", " : "; ",
+                      c, model_->chunk(c).layer_begin, model_->chunk(c).layer_end - 1, peak,
+                      format_bytes(model_->slot_bytes(c)));
     }
   }
   return fmt::format(
-      "memory plan (this rank, {} {}): parameters {} ({} values{}) | gradients {} | AdamW state {} | "
+      "memory plan (this rank, {} {}): parameters {} ({} values{}) | gradients {} | AdamW state {} "
+      "| "
       "activations {} (micro-batch {} x {}, recompute {}{}) | total {}",
       cfg_.train.device, cfg_.train.precision, format_bytes(params), p.numel(),
       p.compute_copy_bytes() ? ", f32 master + bf16 copy" : "", format_bytes(grads),
-      format_bytes(optim), format_bytes(acts),
-      cfg_.train.micro_batch, cfg_.train.seq_len, cfg_.model.recompute ? "on" : "off", in_flight,
-      format_bytes(params + grads + optim + acts));
+      format_bytes(optim), format_bytes(acts), cfg_.train.micro_batch, cfg_.train.seq_len,
+      cfg_.model.recompute ? "on" : "off", in_flight, format_bytes(params + grads + optim + acts));
 }
 
 void Trainer::write_metrics(const std::string& json_line) {
@@ -339,14 +358,16 @@ void Trainer::run() {
   // Small data is not refused, but a run that reads its windows many times should say so.
   const int64_t global_batch = t.micro_batch * t.grad_accum * dp_size_;
   const double passes = double(t.steps) * double(global_batch) / double(data_->train_windows());
-  spdlog::info("data: {} steps x {} samples = {:.3g} epoch{} over the {} training samples{}", t.steps,
-               global_batch, passes, passes == 1 ? "" : "s", data_->train_windows(),
+  spdlog::info("data: {} steps x {} samples = {:.3g} epoch{} over the {} training samples{}",
+               t.steps, global_batch, passes, passes == 1 ? "" : "s", data_->train_windows(),
                global_batch > data_->train_windows() ? " (fewer than one global batch: windows "
                                                        "repeat within each step)"
-               : passes > 1 ? " (windows repeat)" : "");
+               : passes > 1                          ? " (windows repeat)"
+                                                     : "");
   const bool eval = t.eval_every > 0 && data_->val_windows() > 0;
   if (t.eval_every > 0 && !eval)
-    spdlog::info("eval: off, there is no validation data (data.val_fraction = 0 and no data.val_path)");
+    spdlog::info(
+        "eval: off, there is no validation data (data.val_fraction = 0 and no data.val_path)");
   int64_t parameters = 0;
   for (const ParamSpec& spec : model_->params().specs()) parameters += spec.global_shape.numel();
   spdlog::info("model: {} with {} layers, width {}, {} heads ({} kv), vocabulary {}: {} parameters",
@@ -355,7 +376,8 @@ void Trainer::run() {
                parameters);
   spdlog::info("{}", memory_plan());
   spdlog::info("threads: {}", omp_get_max_threads());
-  if (model_->params().device() == Device::CUDA) spdlog::info("device: {}", cuda_device_description());
+  if (model_->params().device() == Device::CUDA)
+    spdlog::info("device: {}", cuda_device_description());
   // Checkpoints are loaded and checked before anything is written: a refused resume
   // leaves the run's files as they were.
   if (!t.resume.empty() && !t.init_from.empty())
@@ -378,25 +400,32 @@ void Trainer::run() {
   const auto run_start = std::chrono::steady_clock::now();
   for (int64_t step = start_step_; step < last; ++step) {
     std::function<void()> dump;
-    if (step == start_step_ && !dump_grads_dir_.empty()) dump = [&] { dump_shards(dump_grads_dir_, true); };
+    if (step == start_step_ && !dump_grads_dir_.empty())
+      dump = [&] { dump_shards(dump_grads_dir_, true); };
     StepStats s = train_step(step, dump);
     history_.push_back(s);
     if (!std::isfinite(s.loss)) fail("loss is {} at step {}: training diverged", s.loss, step);
     commit_pending(false);
     if (t.save_every > 0 && ((step + 1) % t.save_every == 0 || step + 1 == last)) save(step + 1);
-    nlohmann::json j = {{"step", step + 1},        {"loss", s.loss},
-                        {"lr", s.lr},              {"grad_norm", s.grad_norm},
-                        {"seconds", s.seconds},    {"tokens_per_second", s.tokens_per_second},
-                        {"flops_per_second", s.flops_per_second},
-                        // wall time since the loop began: steps plus saving, eval, logging
-                        {"elapsed_seconds", std::chrono::duration<double>(
-                                                std::chrono::steady_clock::now() - run_start)
-                                                .count()}};
+    nlohmann::json j = {
+        {"step", step + 1},
+        {"loss", s.loss},
+        {"lr", s.lr},
+        {"grad_norm", s.grad_norm},
+        {"seconds", s.seconds},
+        {"tokens_per_second", s.tokens_per_second},
+        {"flops_per_second", s.flops_per_second},
+        // wall time since the loop began: steps plus saving, eval, logging
+        {"elapsed_seconds",
+         std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count()}};
     write_metrics(j.dump());
-    if (t.log_every > 0 && ((step + 1) % t.log_every == 0 || step == start_step_ || step + 1 == last))
-      spdlog::info("step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | {:.1f} GFLOP/s",
-                   step + 1, t.steps, s.loss, s.lr, s.grad_norm, s.tokens_per_second,
-                   s.flops_per_second / 1e9);
+    if (t.log_every > 0 &&
+        ((step + 1) % t.log_every == 0 || step == start_step_ || step + 1 == last))
+      spdlog::info(
+          "step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | {:.1f} "
+          "GFLOP/s",
+          step + 1, t.steps, s.loss, s.lr, s.grad_norm, s.tokens_per_second,
+          s.flops_per_second / 1e9);
     if (eval && ((step + 1) % t.eval_every == 0 || step + 1 == last)) {
       float val = evaluate();
       write_metrics(nlohmann::json{{"step", step + 1}, {"eval_loss", val}}.dump());
@@ -408,12 +437,14 @@ void Trainer::run() {
   commit_pending(true);
   if (saves_ > 0) {
     const double final_flush = saver_.blocked_seconds() - blocked;
-    write_metrics(nlohmann::json{{"checkpoint_saves", saves_},
-                                 {"checkpoint_blocked_seconds", blocked},
-                                 {"checkpoint_final_flush_seconds", final_flush}}
-                      .dump());
-    spdlog::info("checkpoints: {} saves, training blocked {:.3f} s in all ({}), final flush {:.3f} s",
-                 saves_, blocked, cfg_.train.async_save ? "asynchronous" : "synchronous", final_flush);
+    write_metrics(nlohmann::json{
+        {"checkpoint_saves", saves_},
+        {"checkpoint_blocked_seconds", blocked},
+        {"checkpoint_final_flush_seconds",
+         final_flush}}.dump());
+    spdlog::info(
+        "checkpoints: {} saves, training blocked {:.3f} s in all ({}), final flush {:.3f} s",
+        saves_, blocked, cfg_.train.async_save ? "asynchronous" : "synchronous", final_flush);
   }
 }
 

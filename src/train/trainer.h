@@ -21,7 +21,7 @@ namespace pentad {
 
 struct StepStats {
   int64_t step = 0;
-  float loss = 0.0f;       // mean over the global batch's tokens
+  float loss = 0.0f;  // mean over the global batch's tokens
   float lr = 0.0f;
   double grad_norm = 0.0;  // before clipping
   double seconds = 0.0;
@@ -133,7 +133,7 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<data::DataLoader> data_;
   std::unique_ptr<parallel::GradReducer> reducer_;
-  std::unique_ptr<parallel::pp::Pipeline> pipeline_;  // with pp > 1
+  std::unique_ptr<parallel::pp::Pipeline> pipeline_;      // with pp > 1
   std::vector<std::pair<int64_t, int64_t>> step_starts_;  // pipelined steps: (step, start ns)
   std::ofstream metrics_;
   std::vector<int32_t> inputs_, targets_;
@@ -144,8 +144,8 @@ class Trainer {
   int64_t snapshot_step_ = -1, snapshot_optimizer_steps_ = 0;  // of the newest, in memory
   int64_t saves_ = 0;
   std::vector<int64_t> failed_saves_;  // per checkpoint level: failures in a row
-  int64_t start_step_ = 0;     // first step run() trains (after a resume)
-  std::string dump_grads_dir_;  // dump_first_gradients()
+  int64_t start_step_ = 0;             // first step run() trains (after a resume)
+  std::string dump_grads_dir_;         // dump_first_gradients()
   void dump_shards(const std::string& dir, bool grads) const;
 };
 

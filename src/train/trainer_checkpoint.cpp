@@ -46,7 +46,7 @@ void Trainer::save(int64_t steps_done) {
       if (spec.pipeline_copy) continue;  // the first pipeline stage saves the original
       for (const StateBuffer& kind : state_buffers(true)) {
         ckpt::ShardInfo info{kind.prefix + spec.name, spec.global_shape, spec.shard_dim,
-                             spec.shard_start, spec.local_shape, 0};
+                             spec.shard_start,        spec.local_shape,  0};
         tensors.push_back({info, p.view(kind.base, id, p.device()).f32(), p.device()});
       }
     }
@@ -97,7 +97,8 @@ int64_t Trainer::restore_snapshot() {
   if (parallel::Communicator* ends = mesh_ ? mesh_->embedding_group() : nullptr)
     if (cfg_.model.tie_embeddings) {
       const int id = model_->embedding_copy() >= 0 ? model_->embedding_copy() : model_->embedding();
-      for (const StateBuffer& b : state_buffers(true)) ends->broadcast(p.view(b.base, id, device), 0);
+      for (const StateBuffer& b : state_buffers(true))
+        ends->broadcast(p.view(b.base, id, device), 0);
     }
   p.refresh_weights();  // the compute copy (bf16) follows the restored master values
   optimizer_->set_steps_taken(snapshot_optimizer_steps_);
@@ -175,8 +176,12 @@ void Trainer::commit_level(const std::string& root, int64_t step,
   m.step = step;
   m.optimizer_steps = pending_optimizer_steps_;
   const parallel::MeshConfig* mc = mesh_ ? &mesh_->config() : nullptr;
-  m.layout = ckpt::Layout{mesh_ ? mesh_->world_size() : 1, mc ? mc->tp : 1, mc ? mc->dp : 1,
-                          mc ? mc->pp : 1, mc ? mc->cp : 1, model_->tp().sequence_parallel()};
+  m.layout = ckpt::Layout{mesh_ ? mesh_->world_size() : 1,
+                          mc ? mc->tp : 1,
+                          mc ? mc->dp : 1,
+                          mc ? mc->pp : 1,
+                          mc ? mc->cp : 1,
+                          model_->tp().sequence_parallel()};
   m.recipe_toml = recipe_to_toml(cfg_);
   saver_.wait_for_removal();  // commit() hands back any *.deleting it finds
   for (std::string& dir : ckpt::commit(root, m, static_cast<int>(cfg_.train.keep_last)))
@@ -250,7 +255,8 @@ bool Trainer::load(const std::string& dir, bool with_optimizer) {
         float* out = dst.device == Device::CPU ? dst.f32() : host.data();
         reader.read(kind.prefix + spec.name, spec.global_shape, spec.shard_dim, spec.shard_start,
                     spec.local_shape, out);
-        if (dst.device != Device::CPU) copy_bytes(dst.data, dst.device, out, Device::CPU, dst.bytes());
+        if (dst.device != Device::CPU)
+          copy_bytes(dst.data, dst.device, out, Device::CPU, dst.bytes());
       }
     p.refresh_weights();
   } catch (const Error& e) {

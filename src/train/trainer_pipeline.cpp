@@ -1,12 +1,12 @@
 // The Trainer's pipeline-parallel parts that are not the step itself: adaptive kFkB and
 // the timeline (Chrome trace and measured bubble).
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <fstream>
 #include <limits>
 #include <map>
-
 #include <nlohmann/json.hpp>
-#include <spdlog/spdlog.h>
 
 #include "train/memory_budget.h"
 #include "train/trainer.h"
@@ -62,10 +62,11 @@ void Trainer::adapt_pipeline_group() {
   spec.group = choice.group;
   pipeline_->set_schedule(spec);
   if (logs())
-    spdlog::info("adaptive kFkB: link {:.2f} ms, forward {:.2f} ms, backward {:.2f} ms per "
-                 "micro-batch: k = {} (predicted step {:.1f} ms; 1F1B {:.1f} ms)",
-                 link * 1e3, costs.forward_seconds[0] * 1e3, costs.backward_seconds[0] * 1e3,
-                 choice.group, choice.step_seconds * 1e3, choice.one_f_one_b_seconds * 1e3);
+    spdlog::info(
+        "adaptive kFkB: link {:.2f} ms, forward {:.2f} ms, backward {:.2f} ms per "
+        "micro-batch: k = {} (predicted step {:.1f} ms; 1F1B {:.1f} ms)",
+        link * 1e3, costs.forward_seconds[0] * 1e3, costs.backward_seconds[0] * 1e3, choice.group,
+        choice.step_seconds * 1e3, choice.one_f_one_b_seconds * 1e3);
 }
 
 double Trainer::write_timeline(const std::string& path) {
@@ -116,11 +117,14 @@ double Trainer::write_timeline(const std::string& path) {
   int64_t offset = 0;
   for (int r = 0; r < n; ++r) {
     const parallel::MeshCoords x = parallel::mesh_coords(mesh_->config(), r);
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", r},
-                      {"args", {{"name", fmt::format("rank {} (pp {} dp {} tp {})", r,
-                                                     x[size_t(parallel::Axis::PP)],
-                                                     x[size_t(parallel::Axis::DP)],
-                                                     x[size_t(parallel::Axis::TP)])}}}});
+    events.push_back(
+        {{"name", "thread_name"},
+         {"ph", "M"},
+         {"pid", 0},
+         {"tid", r},
+         {"args",
+          {{"name", fmt::format("rank {} (pp {} dp {} tp {})", r, x[size_t(parallel::Axis::PP)],
+                                x[size_t(parallel::Axis::DP)], x[size_t(parallel::Axis::TP)])}}}});
     for (int64_t i = offset; i < offset + counts[size_t(r)]; i += kRow) {
       const int64_t* row = &gathered[size_t(i)];
       StepWindow& w = windows[row[3]];
@@ -138,11 +142,18 @@ double Trainer::write_timeline(const std::string& path) {
       const std::string name = pass ? fmt::format("{}{}{}", kind == pp::Span::Forward ? "F" : "B",
                                                   row[1], row[2] ? fmt::format(".{}", row[2]) : "")
                                     : pp::span_name(kind);
-      events.push_back({{"name", name}, {"cat", pp::span_name(kind)}, {"ph", "X"}, {"pid", 0},
-                        {"tid", r}, {"ts", double(row[4] - origin) * 1e-3},
+      events.push_back({{"name", name},
+                        {"cat", pp::span_name(kind)},
+                        {"ph", "X"},
+                        {"pid", 0},
+                        {"tid", r},
+                        {"ts", double(row[4] - origin) * 1e-3},
                         {"dur", double(row[5] - row[4]) * 1e-3},
-                        {"args", {{"step", row[3] + 1}, {"micro_batch", row[1]}, {"chunk", row[2]},
-                                  {"cpu_ms", double(row[6]) * 1e-6}}}});
+                        {"args",
+                         {{"step", row[3] + 1},
+                          {"micro_batch", row[1]},
+                          {"chunk", row[2]},
+                          {"cpu_ms", double(row[6]) * 1e-6}}}});
     }
     offset += counts[size_t(r)];
   }
@@ -151,7 +162,8 @@ double Trainer::write_timeline(const std::string& path) {
   // The CPU-time bubble counts the cores' time instead: 1 - CPU time in passes / (cores the
   // ranks can use x window). It is the larger one when ranks wait for a core (each other's or
   // another program's) in the middle of a pass.
-  const double core_slots = double(std::min(node.threads, node.cores)) * std::max(1, n / node.ranks);
+  const double core_slots =
+      double(std::min(node.threads, node.cores)) * std::max(1, n / node.ranks);
   double bubble_sum = 0.0, cpu_bubble_sum = 0.0;
   int steps = 0;
   for (auto it = windows.begin(); it != windows.end(); ++it) {
@@ -186,15 +198,17 @@ double Trainer::write_timeline(const std::string& path) {
   const std::string shared =
       node.threads <= node.cores
           ? ""
-          : fmt::format(" | oversubscribed: {} ranks ({} compute threads) share {} core{} on this "
-                        "machine, so the wall-time bubble includes time spent waiting for a core, "
-                        "not only for other stages",
-                        node.ranks, node.threads, node.cores, node.cores == 1 ? "" : "s");
-  spdlog::info("pipeline trace: {} ({} steps) | bubble measured {:.3f} (wall time; {:.3f} by CPU "
-               "time), ideal {:.3f} ({} p={} m={} v={}{}){}",
-               path, steps, bubble, cpu_bubble, pp::ideal_bubble_fraction(spec),
-               cfg_.parallel.pp_schedule, spec.stages, spec.micro_batches, spec.virtual_stages,
-               spec.kind == pp::ScheduleKind::KFKB ? fmt::format(" k={}", spec.group) : "", shared);
+          : fmt::format(
+                " | oversubscribed: {} ranks ({} compute threads) share {} core{} on this "
+                "machine, so the wall-time bubble includes time spent waiting for a core, "
+                "not only for other stages",
+                node.ranks, node.threads, node.cores, node.cores == 1 ? "" : "s");
+  spdlog::info(
+      "pipeline trace: {} ({} steps) | bubble measured {:.3f} (wall time; {:.3f} by CPU "
+      "time), ideal {:.3f} ({} p={} m={} v={}{}){}",
+      path, steps, bubble, cpu_bubble, pp::ideal_bubble_fraction(spec), cfg_.parallel.pp_schedule,
+      spec.stages, spec.micro_batches, spec.virtual_stages,
+      spec.kind == pp::ScheduleKind::KFKB ? fmt::format(" k={}", spec.group) : "", shared);
   return bubble;
 }
 

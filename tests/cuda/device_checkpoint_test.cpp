@@ -36,8 +36,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 fs::path temp_dir(const std::string& what) {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  return fs::temp_directory_path() /
-         fmt::format("pentad-{}-{}-{}", what, ::getpid(), info->name());
+  return fs::temp_directory_path() / fmt::format("pentad-{}-{}-{}", what, ::getpid(), info->name());
 }
 
 // Host values and their device copies; sizes that are not whole pages or pieces.
@@ -148,10 +147,10 @@ TEST_P(DeviceSnapshot, RestoreFromMemoryEqualsResumeFromDisk) {
       "", "device_checkpoint_test",
       {"model.family=llama", "model.n_layer=2", "model.d_model=64", "model.n_head=4",
        "model.n_kv_head=2", "model.vocab_size=512", "model.max_seq_len=64",
-       "model.tie_embeddings=false", "optim.lr=3e-3", "optim.warmup_steps=10",
-       "data.source=random", "train.steps=14", "train.micro_batch=2", "train.seq_len=32",
-       "train.grad_accum=2", "train.eval_every=0", "train.device=cuda",
-       std::string("train.precision=") + GetParam(), "train.out_dir=" + out.string()});
+       "model.tie_embeddings=false", "optim.lr=3e-3", "optim.warmup_steps=10", "data.source=random",
+       "train.steps=14", "train.micro_batch=2", "train.seq_len=32", "train.grad_accum=2",
+       "train.eval_every=0", "train.device=cuda", std::string("train.precision=") + GetParam(),
+       "train.out_dir=" + out.string()});
   constexpr int64_t kSaved = 8, kEnd = 12;
   std::vector<float> first, again, resumed, restored_params, final_params;
   {

@@ -2,11 +2,11 @@
 // independence from how ranges are split, and the validation split.
 #include "data/dataset.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <numeric>
 #include <set>
-
-#include <gtest/gtest.h>
 
 #include "core/check.h"
 #include "test_files.h"
@@ -61,7 +61,8 @@ TEST(TokenStream, LlmcShardsConcatenate) {
   const std::vector<int32_t> a = {1, 2, 3}, b = {4, 5};
   write_llmc_shard(dir.file("s_000.bin"), a);
   write_llmc_shard(dir.file("s_001.bin"), b);
-  const TokenStream s = TokenStream::from_llmc({LlmcShard::open(dir.file("s_000.bin")), LlmcShard::open(dir.file("s_001.bin"))});
+  const TokenStream s = TokenStream::from_llmc(
+      {LlmcShard::open(dir.file("s_000.bin")), LlmcShard::open(dir.file("s_001.bin"))});
   std::vector<int32_t> got(5);
   s.copy(0, 5, got.data());
   EXPECT_EQ(got, (std::vector<int32_t>{1, 2, 3, 4, 5}));
@@ -91,7 +92,8 @@ TEST(DataLoader, TargetsAreInputsShiftedByOne) {
 
 TEST(DataLoader, EachWindowExactlyOncePerEpoch) {
   const int64_t seq = 8, windows = 97;
-  const DataLoader loader(TokenStream::from_tokens(iota_tokens(windows * seq + 1)), TokenStream(), seq, 3);
+  const DataLoader loader(TokenStream::from_tokens(iota_tokens(windows * seq + 1)), TokenStream(),
+                          seq, 3);
   for (int64_t epoch = 0; epoch < 3; ++epoch) {
     std::set<int64_t> seen;
     const auto in = inputs_of(loader, epoch * windows, windows);
@@ -123,7 +125,8 @@ TEST(DataLoader, SeedDecidesTheOrder) {
 TEST(DataLoader, OrderIsPinned) {
   uint64_t state = 0;
   EXPECT_EQ(splitmix64(state), 0xE220A8397B1DCDAFull);  // splitmix64's published first output
-  const DataLoader loader(TokenStream::from_tokens(iota_tokens(10 * 4 + 1)), TokenStream(), 4, 1234);
+  const DataLoader loader(TokenStream::from_tokens(iota_tokens(10 * 4 + 1)), TokenStream(), 4,
+                          1234);
   std::vector<int64_t> order;
   for (int64_t g = 0; g < 10; ++g) order.push_back(loader.train_window(g));
   std::vector<int64_t> sorted = order;
@@ -135,7 +138,8 @@ TEST(DataLoader, OrderIsPinned) {
 
 TEST(DataLoader, SamplesDoNotDependOnHowRangesAreSplit) {
   const int64_t seq = 5;
-  const DataLoader loader(TokenStream::from_tokens(iota_tokens(23 * seq + 3)), TokenStream(), seq, 99);
+  const DataLoader loader(TokenStream::from_tokens(iota_tokens(23 * seq + 3)), TokenStream(), seq,
+                          99);
   const int64_t total = 100;  // several epochs of 23 windows
   const auto whole = inputs_of(loader, 0, total);
   // Four "ranks" each taking a contiguous quarter, and one taking odd-sized chunks.
@@ -154,7 +158,8 @@ TEST(DataLoader, SamplesDoNotDependOnHowRangesAreSplit) {
   }
   EXPECT_EQ(by_chunks, whole);
   // And a fresh loader (another process) agrees, whatever it asked for before.
-  const DataLoader other(TokenStream::from_tokens(iota_tokens(23 * seq + 3)), TokenStream(), seq, 99);
+  const DataLoader other(TokenStream::from_tokens(iota_tokens(23 * seq + 3)), TokenStream(), seq,
+                         99);
   inputs_of(other, 77, 3);
   EXPECT_EQ(inputs_of(other, 0, total), whole);
 }
@@ -193,7 +198,8 @@ TEST(DataLoader, SeparateValidationFile) {
   ScratchDir dir;
   for (const char* name : {"train", "val"}) {
     MegatronWriter writer(dir.file(name), TokenDType::U16);
-    std::vector<int32_t> tokens(std::string(name) == "train" ? 201 : 41, std::string(name) == "train" ? 1 : 2);
+    std::vector<int32_t> tokens(std::string(name) == "train" ? 201 : 41,
+                                std::string(name) == "train" ? 1 : 2);
     writer.add_document(tokens);
     writer.finish();
   }

@@ -1,9 +1,9 @@
 // Every malformed input a user can hand us, each checked for a message that names the
 // file and the problem.
+#include <gtest/gtest.h>
+
 #include <cstring>
 #include <functional>
-
-#include <gtest/gtest.h>
 
 #include "core/check.h"
 #include "data/dataset.h"
@@ -27,17 +27,24 @@ std::pair<std::vector<uint8_t>, std::vector<uint8_t>> good_megatron(const Scratc
   return {testing::read_bytes(dir.file("x.idx")), testing::read_bytes(dir.file("x.bin"))};
 }
 
-void write_idx(const ScratchDir& dir, std::vector<uint8_t> idx) { testing::write_bytes(dir.file("x.idx"), idx); }
+void write_idx(const ScratchDir& dir, std::vector<uint8_t> idx) {
+  testing::write_bytes(dir.file("x.idx"), idx);
+}
 
-void write_llmc(const ScratchDir& dir, int32_t magic, int32_t version, int32_t count, size_t token_bytes) {
+void write_llmc(const ScratchDir& dir, int32_t magic, int32_t version, int32_t count,
+                size_t token_bytes) {
   std::vector<uint8_t> bytes(1024 + token_bytes, 0);
   const int32_t header[3] = {magic, version, count};
   std::memcpy(bytes.data(), header, 12);
   testing::write_bytes(dir.file("shard.bin"), bytes);
 }
 
-void open_megatron(const ScratchDir& dir) { MegatronDataset::open(dir.file("x")); }
-void open_llmc(const ScratchDir& dir) { LlmcShard::open(dir.file("shard.bin")); }
+void open_megatron(const ScratchDir& dir) {
+  MegatronDataset::open(dir.file("x"));
+}
+void open_llmc(const ScratchDir& dir) {
+  LlmcShard::open(dir.file("shard.bin"));
+}
 
 const char* kTinyVocab = R"("vocab": {"a": 0, "b": 1, "ab": 2})";
 
@@ -46,7 +53,8 @@ void load_tokenizer(const ScratchDir& dir, const std::string& json) {
   Tokenizer::load(dir.file("tok.json"));
 }
 
-std::string tokenizer_json(const std::string& model, const std::string& pre = R"({"type": "ByteLevel"})") {
+std::string tokenizer_json(const std::string& model,
+                           const std::string& pre = R"({"type": "ByteLevel"})") {
   return R"({"pre_tokenizer": )" + pre + R"(, "model": )" + model + "}";
 }
 
@@ -59,7 +67,9 @@ struct Case {
 TEST(Malformed, EveryBadInputGetsASpecificMessage) {
   const std::vector<Case> cases = {
       // ---- Megatron .idx / .bin ----
-      {"megatron missing index", [](const ScratchDir& d) { open_megatron(d); }, {"x.idx", "index file not found"}},
+      {"megatron missing index",
+       [](const ScratchDir& d) { open_megatron(d); },
+       {"x.idx", "index file not found"}},
       {"megatron bad magic",
        [](const ScratchDir& d) {
          auto [idx, bin] = good_megatron(d);
@@ -140,7 +150,12 @@ TEST(Malformed, EveryBadInputGetsASpecificMessage) {
        },
        {"x.bin", "cannot open"}},
       // ---- llm.c shards ----
-      {"llmc bad magic", [](const ScratchDir& d) { write_llmc(d, 1234, 1, 4, 8); open_llmc(d); }, {"shard.bin", "bad magic"}},
+      {"llmc bad magic",
+       [](const ScratchDir& d) {
+         write_llmc(d, 1234, 1, 4, 8);
+         open_llmc(d);
+       },
+       {"shard.bin", "bad magic"}},
       {"llmc truncated header",
        [](const ScratchDir& d) {
          std::vector<uint8_t> bytes(100, 0);
@@ -150,11 +165,23 @@ TEST(Malformed, EveryBadInputGetsASpecificMessage) {
          open_llmc(d);
        },
        {"shard.bin", "truncated"}},
-      {"llmc wrong version", [](const ScratchDir& d) { write_llmc(d, 20240520, 7, 4, 8); open_llmc(d); },
+      {"llmc wrong version",
+       [](const ScratchDir& d) {
+         write_llmc(d, 20240520, 7, 4, 8);
+         open_llmc(d);
+       },
        {"shard.bin", "unsupported llm.c shard version 7"}},
-      {"llmc truncated tokens", [](const ScratchDir& d) { write_llmc(d, 20240520, 1, 10, 8); open_llmc(d); },
+      {"llmc truncated tokens",
+       [](const ScratchDir& d) {
+         write_llmc(d, 20240520, 1, 10, 8);
+         open_llmc(d);
+       },
        {"shard.bin", "truncated: header says 10 tokens"}},
-      {"llmc trailing bytes", [](const ScratchDir& d) { write_llmc(d, 20240520, 1, 2, 8); open_llmc(d); },
+      {"llmc trailing bytes",
+       [](const ScratchDir& d) {
+         write_llmc(d, 20240520, 1, 2, 8);
+         open_llmc(d);
+       },
        {"shard.bin", "size mismatch"}},
       // ---- token ids beyond the model's vocabulary ----
       {"megatron token >= vocab",
@@ -221,47 +248,60 @@ TEST(Malformed, EveryBadInputGetsASpecificMessage) {
        },
        {"x.bin", "fewer than one sample"}},
       // ---- tokenizer.json ----
-      {"tokenizer missing", [](const ScratchDir& d) { Tokenizer::load(d.file("none.json")); },
+      {"tokenizer missing",
+       [](const ScratchDir& d) { Tokenizer::load(d.file("none.json")); },
        {"none.json", "cannot open tokenizer file"}},
-      {"tokenizer not json", [](const ScratchDir& d) { load_tokenizer(d, "{\"model\": [1, 2"); },
+      {"tokenizer not json",
+       [](const ScratchDir& d) { load_tokenizer(d, "{\"model\": [1, 2"); },
        {"tok.json", "not a valid JSON file"}},
-      {"tokenizer without model", [](const ScratchDir& d) { load_tokenizer(d, "{\"version\": \"1.0\"}"); },
+      {"tokenizer without model",
+       [](const ScratchDir& d) { load_tokenizer(d, "{\"version\": \"1.0\"}"); },
        {"tok.json", "no \"model\" object"}},
       {"tokenizer not BPE",
-       [](const ScratchDir& d) { load_tokenizer(d, tokenizer_json(R"({"type": "WordPiece", "vocab": {}})")); },
+       [](const ScratchDir& d) {
+         load_tokenizer(d, tokenizer_json(R"({"type": "WordPiece", "vocab": {}})"));
+       },
        {"tok.json", "model type is \"WordPiece\"", "only \"BPE\""}},
       {"tokenizer not byte-level",
        [](const ScratchDir& d) {
-         load_tokenizer(d, tokenizer_json(std::string(R"({"type": "BPE", )") + kTinyVocab + R"(, "merges": []})",
+         load_tokenizer(d, tokenizer_json(std::string(R"({"type": "BPE", )") + kTinyVocab +
+                                              R"(, "merges": []})",
                                           R"({"type": "Metaspace"})"));
        },
        {"tok.json", "pre_tokenizer is not ByteLevel"}},
       {"tokenizer merges missing",
-       [](const ScratchDir& d) { load_tokenizer(d, tokenizer_json(std::string(R"({"type": "BPE", )") + kTinyVocab + "}")); },
+       [](const ScratchDir& d) {
+         load_tokenizer(d, tokenizer_json(std::string(R"({"type": "BPE", )") + kTinyVocab + "}"));
+       },
        {"tok.json", "model.merges missing"}},
       {"tokenizer merge with unknown token",
        [](const ScratchDir& d) {
-         load_tokenizer(d, tokenizer_json(std::string(R"({"type": "BPE", )") + kTinyVocab + R"(, "merges": ["a q"]})"));
+         load_tokenizer(d, tokenizer_json(std::string(R"({"type": "BPE", )") + kTinyVocab +
+                                          R"(, "merges": ["a q"]})"));
        },
        {"tok.json", "merge 0 references unknown token \"q\""}},
       {"tokenizer merge result not in vocab",
        [](const ScratchDir& d) {
-         load_tokenizer(d, tokenizer_json(std::string(R"({"type": "BPE", )") + kTinyVocab + R"(, "merges": ["a b", "b a"]})"));
+         load_tokenizer(d, tokenizer_json(std::string(R"({"type": "BPE", )") + kTinyVocab +
+                                          R"(, "merges": ["a b", "b a"]})"));
        },
        {"tok.json", "merge 1 \"b a\" produces \"ba\", which is not in the vocab"}},
       {"tokenizer malformed merge",
        [](const ScratchDir& d) {
-         load_tokenizer(d, tokenizer_json(std::string(R"({"type": "BPE", )") + kTinyVocab + R"(, "merges": ["ab"]})"));
+         load_tokenizer(d, tokenizer_json(std::string(R"({"type": "BPE", )") + kTinyVocab +
+                                          R"(, "merges": ["ab"]})"));
        },
        {"tok.json", "merge 0 \"ab\" is not of the form"}},
       {"tokenizer ids with a gap",
        [](const ScratchDir& d) {
-         load_tokenizer(d, tokenizer_json(R"({"type": "BPE", "vocab": {"a": 0, "b": 2}, "merges": []})"));
+         load_tokenizer(
+             d, tokenizer_json(R"({"type": "BPE", "vocab": {"a": 0, "b": 2}, "merges": []})"));
        },
        {"tok.json", "not contiguous: id 1 is missing"}},
       {"tokenizer token outside the byte alphabet",
        [](const ScratchDir& d) {
-         load_tokenizer(d, tokenizer_json(R"({"type": "BPE", "vocab": {"a": 0, "a b": 1}, "merges": []})"));
+         load_tokenizer(
+             d, tokenizer_json(R"({"type": "BPE", "vocab": {"a": 0, "a b": 1}, "merges": []})"));
        },
        {"tok.json", "\"a b\" (id 1)", "outside the byte-level alphabet"}},
   };
@@ -275,7 +315,8 @@ TEST(Malformed, EveryBadInputGetsASpecificMessage) {
     } catch (const Error& e) {
       const std::string message = e.what();
       for (const auto& want : c.expected) {
-        EXPECT_NE(message.find(want), std::string::npos) << c.name << ": \"" << message << "\" lacks \"" << want << "\"";
+        EXPECT_NE(message.find(want), std::string::npos)
+            << c.name << ": \"" << message << "\" lacks \"" << want << "\"";
       }
     }
   }

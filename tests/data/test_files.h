@@ -1,13 +1,13 @@
 #pragma once
 // Scratch directories and byte-level file helpers for the data tests.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <unistd.h>
 
 namespace pentad::data::testing {
 
@@ -17,7 +17,8 @@ class ScratchDir {
   ScratchDir() {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
     path_ = std::filesystem::temp_directory_path() /
-            ("pentad-data-" + std::to_string(::getpid()) + "-" + info->test_suite_name() + "-" + info->name());
+            ("pentad-data-" + std::to_string(::getpid()) + "-" + info->test_suite_name() + "-" +
+             info->name());
     std::filesystem::remove_all(path_);
     std::filesystem::create_directories(path_);
   }

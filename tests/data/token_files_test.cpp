@@ -1,9 +1,9 @@
 // Megatron .bin/.idx and llm.c shards: write -> read round trips, and the byte layout.
 #include "data/token_files.h"
 
-#include <cstring>
-
 #include <gtest/gtest.h>
+
+#include <cstring>
 
 #include "test_files.h"
 
@@ -28,7 +28,8 @@ TEST(Megatron, WriteReadRoundTrip) {
     ASSERT_EQ(ds.num_documents(), static_cast<int64_t>(kDocuments.size()));
     ASSERT_EQ(ds.num_sequences(), static_cast<int64_t>(kDocuments.size()));
     EXPECT_EQ(ds.num_tokens(), 17);
-    for (size_t d = 0; d < kDocuments.size(); ++d) EXPECT_EQ(ds.document(static_cast<int64_t>(d)), kDocuments[d]);
+    for (size_t d = 0; d < kDocuments.size(); ++d)
+      EXPECT_EQ(ds.document(static_cast<int64_t>(d)), kDocuments[d]);
     // No temporaries left behind.
     int files = 0;
     for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
@@ -49,17 +50,25 @@ TEST(Megatron, IndexLayoutMatchesMegatronLM) {
   const auto idx = testing::read_bytes(dir.file("x.idx"));
   ASSERT_EQ(idx.size(), 34u + 2 * 4 + 2 * 8 + 3 * 8);
   EXPECT_EQ(std::memcmp(idx.data(), "MMIDIDX\0\0", 9), 0);
-  auto u64 = [&](size_t at) { uint64_t v; std::memcpy(&v, idx.data() + at, 8); return v; };
-  auto i32 = [&](size_t at) { int32_t v; std::memcpy(&v, idx.data() + at, 4); return v; };
-  EXPECT_EQ(u64(9), 1u);        // version
-  EXPECT_EQ(idx[17], 8);        // uint16
-  EXPECT_EQ(u64(18), 2u);       // sequences
-  EXPECT_EQ(u64(26), 3u);       // document indices (documents + 1)
-  EXPECT_EQ(i32(34), 3);        // sizes
+  auto u64 = [&](size_t at) {
+    uint64_t v;
+    std::memcpy(&v, idx.data() + at, 8);
+    return v;
+  };
+  auto i32 = [&](size_t at) {
+    int32_t v;
+    std::memcpy(&v, idx.data() + at, 4);
+    return v;
+  };
+  EXPECT_EQ(u64(9), 1u);   // version
+  EXPECT_EQ(idx[17], 8);   // uint16
+  EXPECT_EQ(u64(18), 2u);  // sequences
+  EXPECT_EQ(u64(26), 3u);  // document indices (documents + 1)
+  EXPECT_EQ(i32(34), 3);   // sizes
   EXPECT_EQ(i32(38), 2);
-  EXPECT_EQ(u64(42), 0u);       // pointers, in bytes
+  EXPECT_EQ(u64(42), 0u);  // pointers, in bytes
   EXPECT_EQ(u64(50), 6u);
-  EXPECT_EQ(u64(58), 0u);       // document indices
+  EXPECT_EQ(u64(58), 0u);  // document indices
   EXPECT_EQ(u64(66), 1u);
   EXPECT_EQ(u64(74), 2u);
   EXPECT_EQ(testing::read_bytes(dir.file("x.bin")).size(), 10u);
@@ -109,7 +118,8 @@ TEST(Llmc, ShardRoundTrip) {
   const LlmcShard shard = LlmcShard::open(dir.file("shard.bin"));
   ASSERT_EQ(shard.num_tokens(), 1000);
   EXPECT_EQ(shard.dtype(), TokenDType::U16);
-  for (int64_t i = 0; i < 1000; ++i) EXPECT_EQ(read_token(shard.token_data(), shard.dtype(), i), tokens[static_cast<size_t>(i)]);
+  for (int64_t i = 0; i < 1000; ++i)
+    EXPECT_EQ(read_token(shard.token_data(), shard.dtype(), i), tokens[static_cast<size_t>(i)]);
 }
 
 }  // namespace

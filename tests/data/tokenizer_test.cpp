@@ -2,10 +2,10 @@
 // reference, round trips, and the tokenizer.json format.
 #include "data/tokenizer.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <map>
-
-#include <gtest/gtest.h>
 
 #include "core/check.h"
 #include "test_files.h"
@@ -78,8 +78,17 @@ TEST(Tokenizer, RoundTripsVariedText) {
   std::string all_bytes;
   for (int b = 0; b < 256; ++b) all_bytes.push_back(static_cast<char>(b));
   const std::vector<std::string> samples = {
-      "", " ", "\n\n\n", "   \t\t  \r\n  ", "The quick brown fox.", "unseen wörds ünïcödé 🦊 中文",
-      "it's they'll we've I'd", "x  y   z    w", all_bytes, kText, "<|endoftext|> stays text",
+      "",
+      " ",
+      "\n\n\n",
+      "   \t\t  \r\n  ",
+      "The quick brown fox.",
+      "unseen wörds ünïcödé 🦊 中文",
+      "it's they'll we've I'd",
+      "x  y   z    w",
+      all_bytes,
+      kText,
+      "<|endoftext|> stays text",
   };
   for (const auto& s : samples) {
     const auto ids = tok.encode(s);
@@ -93,7 +102,8 @@ TEST(Tokenizer, RoundTripsVariedText) {
 TEST(Tokenizer, EncodeBatchMatchesEncode) {
   const Tokenizer tok = Tokenizer::train(training_text(), 350);
   std::vector<std::string> docs;
-  for (int i = 0; i < 300; ++i) docs.push_back(std::string(kText).substr(static_cast<size_t>(i) % 50, 40 + i % 70));
+  for (int i = 0; i < 300; ++i)
+    docs.push_back(std::string(kText).substr(static_cast<size_t>(i) % 50, 40 + i % 70));
   std::vector<std::string_view> views(docs.begin(), docs.end());
   const auto batch = tok.encode_batch(views);
   ASSERT_EQ(batch.size(), docs.size());
@@ -131,7 +141,8 @@ std::vector<std::string> reference_bpe(const std::string& text, int64_t vocab_si
       if (it->second > best->second) best = it;
     }
     const auto [left, right] = best->first;
-    const std::string bytes = tokens[static_cast<size_t>(left)] + tokens[static_cast<size_t>(right)];
+    const std::string bytes =
+        tokens[static_cast<size_t>(left)] + tokens[static_cast<size_t>(right)];
     auto found = std::find(tokens.begin(), tokens.end(), bytes);
     const auto merged = static_cast<int32_t>(found - tokens.begin());
     if (found == tokens.end()) tokens.push_back(bytes);
@@ -186,7 +197,8 @@ TEST(Tokenizer, SaveLoadGivesIdenticalEncodings) {
   EXPECT_EQ(loaded.vocab_size(), tok.vocab_size());
   EXPECT_EQ(loaded.eot_id(), tok.eot_id());
   EXPECT_EQ(loaded.num_merges(), tok.num_merges());
-  for (const std::string& s : {std::string(kText), std::string("brand new text, 🙂 ünïcödé\n\n  x")}) {
+  for (const std::string& s :
+       {std::string(kText), std::string("brand new text, 🙂 ünïcödé\n\n  x")}) {
     EXPECT_EQ(loaded.encode(s), tok.encode(s));
   }
   // And saving the loaded one reproduces the file byte for byte.
@@ -205,7 +217,8 @@ std::string tiny_tokenizer_json(const std::string& merges) {
   "model": {
     "type": "BPE",
     "vocab": {"a": 0, "b": 1, "c": 2, "Ġ": 3, "ab": 4, "abc": 5, "Ġa": 6, "Ċ": 7, "<|endoftext|>": 8},
-    "merges": )" + merges + R"(
+    "merges": )" +
+         merges + R"(
   }
 })";
 }
@@ -213,7 +226,7 @@ std::string tiny_tokenizer_json(const std::string& merges) {
 TEST(Tokenizer, LoadsHandMadeTokenizerJson) {
   ScratchDir dir;
   for (const std::string& merges : {std::string(R"(["a b", "ab c", "Ġ a"])"),
-                                   std::string(R"([["a", "b"], ["ab", "c"], ["Ġ", "a"]])")}) {
+                                    std::string(R"([["a", "b"], ["ab", "c"], ["Ġ", "a"]])")}) {
     testing::write_text(dir.file("tiny.json"), tiny_tokenizer_json(merges));
     const Tokenizer tok = Tokenizer::load(dir.file("tiny.json"));
     EXPECT_EQ(tok.vocab_size(), 9);

@@ -27,7 +27,8 @@ TEST(VocabParallel, CrossEntropyOverShardsEqualsWhole) {
   for (size_t s = 0; s < shards; ++s) {
     const int64_t w = starts[s + 1] - starts[s];
     for (int64_t n = 0; n < N; ++n)
-      for (int64_t j = 0; j < w; ++j) part[s].push_back(logits[static_cast<size_t>(n * V + starts[s] + j)]);
+      for (int64_t j = 0; j < w; ++j)
+        part[s].push_back(logits[static_cast<size_t>(n * V + starts[s] + j)]);
   }
   auto shape = [&](size_t s) { return Shape{N, starts[s + 1] - starts[s]}; };
   std::vector<double> row_max(N, -1e300), stats(2 * N, 0.0);
@@ -38,8 +39,8 @@ TEST(VocabParallel, CrossEntropyOverShardsEqualsWhole) {
   }
   for (size_t s = 0; s < shards; ++s) {  // phase 2 + all-reduce SUM
     std::vector<double> st(2 * N);
-    k::vocab_parallel_ce_stats(view(st, Shape{2, N}), view(part[s], shape(s)), view(row_max, Shape{N}),
-                               view(targets, Shape{N}), starts[s]);
+    k::vocab_parallel_ce_stats(view(st, Shape{2, N}), view(part[s], shape(s)),
+                               view(row_max, Shape{N}), view(targets, Shape{N}), starts[s]);
     for (int64_t i = 0; i < 2 * N; ++i) stats[i] += st[i];
   }
   for (size_t s = 0; s < shards; ++s) {  // phase 3, dlogits in place of the logits
@@ -75,12 +76,13 @@ TEST(VocabParallel, EmbeddingOverShardsEqualsWhole) {
     const int64_t rows = starts[s + 1] - starts[s];
     std::vector<double> shard(wte.begin() + starts[s] * C, wte.begin() + starts[s + 1] * C);
     std::vector<double> o(out.size()), g(static_cast<size_t>(rows * C), 0.0);
-    k::embedding_forward(view(o, Shape{B, T, C}), view(tokens, Shape{B, T}), view(shard, Shape{rows, C}),
-                         Tensor{}, starts[s]);
+    k::embedding_forward(view(o, Shape{B, T, C}), view(tokens, Shape{B, T}),
+                         view(shard, Shape{rows, C}), Tensor{}, starts[s]);
     for (size_t i = 0; i < o.size(); ++i) sum[i] += o[i];
     k::embedding_backward(view(g, Shape{rows, C}), Tensor{}, view(dout, Shape{B, T, C}),
                           view(tokens, Shape{B, T}), starts[s]);
-    for (int64_t i = 0; i < rows * C; ++i) EXPECT_EQ(g[i], dwte[starts[s] * C + i]) << "shard " << s;
+    for (int64_t i = 0; i < rows * C; ++i)
+      EXPECT_EQ(g[i], dwte[starts[s] * C + i]) << "shard " << s;
   }
   for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(sum[i], out[i]);
 }

@@ -1,14 +1,15 @@
 // Model-level properties that the PyTorch comparison does not cover.
+#include "model/model.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <vector>
 
 #include "core/bf16.h"
-#include "core/rng.h"
-#include "model/model.h"
-#include "model/params.h"
 #include "core/device_memory.h"
+#include "core/rng.h"
+#include "model/params.h"
 #include "train/trainer.h"
 
 using namespace pentad;
@@ -112,7 +113,7 @@ TEST(Params, ComputeCopyFollowsTheMasterValues) {
   };
   check();
   store.param(0).f32()[4] = 1.2345f;  // the optimizer writes the master ...
-  store.refresh_weights();             // ... and the copy follows
+  store.refresh_weights();            // ... and the copy follows
   check();
   // F32 compute reads the master itself.
   ParamStore plain;

@@ -36,8 +36,8 @@ static void check_restore(const std::string& name, std::vector<std::string> keys
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   int pid = static_cast<int>(::getpid());
   MPI_Bcast(&pid, 1, MPI_INT, 0, MPI_COMM_WORLD);  // one directory for every rank
-  const std::filesystem::path out =
-      std::filesystem::temp_directory_path() / ("pentad-snapshot-" + name + "-" + std::to_string(pid));
+  const std::filesystem::path out = std::filesystem::temp_directory_path() /
+                                    ("pentad-snapshot-" + name + "-" + std::to_string(pid));
   keys.push_back("train.out_dir=" + out.string());
   const Config cfg = parse_recipe("", "snapshot-test", keys);
   parallel::Mesh mesh = parallel::Mesh::create(mesh_config(cfg, world), MPI_COMM_WORLD);

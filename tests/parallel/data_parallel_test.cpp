@@ -15,11 +15,11 @@ TEST(DataParallel, EarlyBucketsCompleteBeforeBackwardEnds) {
   if (world < 2) GTEST_SKIP() << "needs mpirun with at least 2 ranks";
   // Six layers and small buckets: several buckets per step, and enough backward after the
   // first of them for its all-reduce to finish while later layers still compute.
-  Config cfg = parse_recipe("", "overlap-test",
-                            {"model.n_layer=6", "model.d_model=256", "model.n_head=4",
-                             "model.vocab_size=512", "model.max_seq_len=128", "train.seq_len=128",
-                             "train.micro_batch=4", "train.threads=1", "data.source=random",
-                             "parallel.bucket_mb=0.5"});
+  Config cfg = parse_recipe(
+      "", "overlap-test",
+      {"model.n_layer=6", "model.d_model=256", "model.n_head=4", "model.vocab_size=512",
+       "model.max_seq_len=128", "train.seq_len=128", "train.micro_batch=4", "train.threads=1",
+       "data.source=random", "parallel.bucket_mb=0.5"});
   parallel::Mesh mesh = parallel::Mesh::create(mesh_config(cfg, world), MPI_COMM_WORLD);
   ASSERT_EQ(mesh.degree(parallel::Axis::DP), world);
   Trainer trainer(cfg, &mesh);

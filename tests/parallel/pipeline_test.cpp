@@ -22,10 +22,10 @@ int world_size() {
 }
 
 Config pipeline_recipe(std::vector<std::string> extra) {
-  std::vector<std::string> keys = {"model.n_layer=8", "model.d_model=64", "model.n_head=4",
-                                   "model.vocab_size=512", "model.max_seq_len=32",
-                                   "train.seq_len=32", "train.micro_batch=2", "train.grad_accum=8",
-                                   "train.threads=1", "data.source=random"};
+  std::vector<std::string> keys = {
+      "model.n_layer=8",      "model.d_model=64",  "model.n_head=4",      "model.vocab_size=512",
+      "model.max_seq_len=32", "train.seq_len=32",  "train.micro_batch=2", "train.grad_accum=8",
+      "train.threads=1",      "data.source=random"};
   keys.insert(keys.end(), extra.begin(), extra.end());
   return parse_recipe("", "pipeline-test", keys);
 }
@@ -138,10 +138,12 @@ TEST(Pipeline, SlowLinkDelaysDeliveryNotTheSender) {
   if (rank == 0) {
     const auto start = std::chrono::steady_clock::now();
     parallel::Work w = comm->send(view_of(x.data(), Shape{16}), 1, 7, true);
-    const double posted = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double posted =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     EXPECT_LT(posted, delay / 4) << "the sender was held up";
     w.wait();
-    EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), delay);
+    EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+              delay);
   } else if (rank == 1) {
     const auto start = std::chrono::steady_clock::now();
     comm->recv(view_of(x.data(), Shape{16}), 0, 7);

@@ -35,7 +35,8 @@ TEST(Schedule, EveryPassOnceForwardBeforeBackward) {
   for (const ScheduleSpec& spec : all_specs())
     for (int s = 0; s < spec.stages; ++s) {
       const std::vector<Action> actions = stage_actions(spec, s);
-      ASSERT_EQ(actions.size(), size_t(2 * spec.micro_batches * spec.virtual_stages)) << label(spec);
+      ASSERT_EQ(actions.size(), size_t(2 * spec.micro_batches * spec.virtual_stages))
+          << label(spec);
       std::set<std::pair<int, int>> forwarded, backwarded;
       for (const Action& a : actions) {
         ASSERT_TRUE(a.micro >= 0 && a.micro < spec.micro_batches && a.chunk >= 0 &&
@@ -94,7 +95,8 @@ TEST(Schedule, IdealBubbles) {
       const double want = double(p - 1) / double(m + p - 1);
       for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB}) {
         const SimResult r = simulate({kind, p, m, 1, 1}, costs);
-        EXPECT_NEAR(r.bubble_fraction(), want, 1e-12) << schedule_name(kind) << " p" << p << " m" << m;
+        EXPECT_NEAR(r.bubble_fraction(), want, 1e-12)
+            << schedule_name(kind) << " p" << p << " m" << m;
         EXPECT_NEAR(r.step_seconds, 3.0 * (m + p - 1), 1e-9);
       }
       if (m % p == 0)
@@ -144,11 +146,15 @@ TEST(Schedule, RefusalsNameTheKey) {
     }
     return std::string();
   };
-  EXPECT_NE(message({ScheduleKind::Interleaved, 2, 3, 2, 1}).find("train.grad_accum = 3 is not a multiple of 2"),
+  EXPECT_NE(message({ScheduleKind::Interleaved, 2, 3, 2, 1})
+                .find("train.grad_accum = 3 is not a multiple of 2"),
             std::string::npos);
-  EXPECT_NE(message({ScheduleKind::OneFOneB, 2, 4, 2, 1}).find("parallel.pp_schedule"), std::string::npos);
-  EXPECT_NE(message({ScheduleKind::KFKB, 2, 4, 1, 5}).find("parallel.pp_group = 5"), std::string::npos);
-  EXPECT_NE(message({ScheduleKind::Interleaved, 1, 4, 2, 1}).find("parallel.pp >= 2"), std::string::npos);
+  EXPECT_NE(message({ScheduleKind::OneFOneB, 2, 4, 2, 1}).find("parallel.pp_schedule"),
+            std::string::npos);
+  EXPECT_NE(message({ScheduleKind::KFKB, 2, 4, 1, 5}).find("parallel.pp_group = 5"),
+            std::string::npos);
+  EXPECT_NE(message({ScheduleKind::Interleaved, 1, 4, 2, 1}).find("parallel.pp >= 2"),
+            std::string::npos);
   EXPECT_THROW(parse_schedule("zb"), Error);
 }
 

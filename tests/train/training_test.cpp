@@ -33,7 +33,9 @@ fs::path scratch(const std::string& name) {
 }
 
 // The prepared fortunes corpus is shared by every test in this build.
-std::string corpus_cache() { return std::string(PENTAD_SOURCE_DIR) + "/build-test-data"; }
+std::string corpus_cache() {
+  return std::string(PENTAD_SOURCE_DIR) + "/build-test-data";
+}
 
 float overfit(const std::string& recipe) {
   Config cfg = load_recipe(kRecipes + recipe, {"train.threads=2"});
@@ -46,7 +48,8 @@ float overfit(const std::string& recipe) {
   std::vector<int32_t> tokens(static_cast<size_t>(b * t + 1));
   for (size_t i = 0; i < tokens.size(); ++i)
     tokens[i] = static_cast<int32_t>(splitmix64(i) % static_cast<uint64_t>(V));
-  std::vector<int32_t> inputs(tokens.begin(), tokens.end() - 1), targets(tokens.begin() + 1, tokens.end());
+  std::vector<int32_t> inputs(tokens.begin(), tokens.end() - 1),
+      targets(tokens.begin() + 1, tokens.end());
   float loss = 0.0f;
   for (int step = 0; step < 300; ++step) {
     model.params().zero_grads();
@@ -61,8 +64,12 @@ float overfit(const std::string& recipe) {
 
 }  // namespace
 
-TEST(Training, Gpt2OverfitsOneBatch) { EXPECT_LT(overfit("gpt-tiny.toml"), 0.05f); }
-TEST(Training, LlamaOverfitsOneBatch) { EXPECT_LT(overfit("llama-tiny.toml"), 0.05f); }
+TEST(Training, Gpt2OverfitsOneBatch) {
+  EXPECT_LT(overfit("gpt-tiny.toml"), 0.05f);
+}
+TEST(Training, LlamaOverfitsOneBatch) {
+  EXPECT_LT(overfit("llama-tiny.toml"), 0.05f);
+}
 
 TEST(Training, SameSeedIsBitwiseIdenticalAndSeedMatters) {
   auto run = [](const std::string& seed, std::vector<float>& losses) {
@@ -86,8 +93,9 @@ TEST(Training, DefaultRecipeLearnsTheCorpusUnderMpirun) {
   fs::path out = scratch("default");
   std::string cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 1 " +
                     std::string(PENTAD_BINARY) + " train " + kRecipes + "gpt-tiny.toml" +
-                    " --set train.out_dir=" + out.string() + " --set data.cache_dir=" +
-                    corpus_cache() + " --set train.threads=2 > " + (out / "log.txt").string() + " 2>&1";
+                    " --set train.out_dir=" + out.string() +
+                    " --set data.cache_dir=" + corpus_cache() + " --set train.threads=2 > " +
+                    (out / "log.txt").string() + " 2>&1";
   ASSERT_EQ(0, std::system(cmd.c_str())) << std::ifstream(out / "log.txt").rdbuf();
   std::ifstream metrics(out / "metrics.jsonl");
   std::vector<float> losses, evals;
@@ -110,7 +118,8 @@ TEST(Training, DefaultRecipeLearnsTheCorpusUnderMpirun) {
 TEST(Training, BadRecipeStopsTheCliAndWritesNothing) {
   fs::path dir = scratch("bad");
   fs::path recipe = dir / "bad.toml";
-  std::ofstream(recipe) << "[model]\nn_layers = 2\n[train]\nout_dir = \"" << (dir / "out").string() << "\"\n";
+  std::ofstream(recipe) << "[model]\nn_layers = 2\n[train]\nout_dir = \"" << (dir / "out").string()
+                        << "\"\n";
   std::string cmd = std::string(PENTAD_BINARY) + " train " + recipe.string() + " > " +
                     (dir / "log.txt").string() + " 2>&1";
   int status = std::system(cmd.c_str());
@@ -143,8 +152,8 @@ TEST(Layouts, RefusedWithTheDegreeToChange) {
     Config cfg = load_recipe(kRecipes + "gpt-tiny.toml", row.overrides);
     try {
       mesh_config(cfg, row.world);
-      ADD_FAILURE() << "accepted " << ::testing::PrintToString(row.overrides) << " on "
-                    << row.world << " ranks";
+      ADD_FAILURE() << "accepted " << ::testing::PrintToString(row.overrides) << " on " << row.world
+                    << " ranks";
     } catch (const Error& e) {
       for (const std::string& want : row.expect)
         EXPECT_NE(std::string(e.what()).find(want), std::string::npos)
