@@ -62,4 +62,9 @@ void convert(Tensor out, const Tensor& inp) {
       [&](auto) { cpu::convert(out.data, out.dtype, inp.data, inp.dtype, inp.numel()); });
 }
 
+void refresh_weights(ParamStore& params) {
+  const Tensor copy = params.compute_copy();
+  if (present(copy)) convert(copy, params.all_params());
+}
+
 }  // namespace pentad::kernels

@@ -25,6 +25,7 @@
 //    deterministic too. kernels/cuda/cuda_ops.h has the stream rule and the limits.
 #include <cstdint>
 
+#include "core/params.h"
 #include "core/tensor.h"
 
 namespace pentad::kernels {
@@ -130,6 +131,9 @@ double sum_squares(const Tensor& x);
 // out = inp in another element type (same element count): F32, BF16 (round to nearest even)
 // and, on the CPU, F64. BF16 tensors on the CPU hold uint16_t (core/bf16.h).
 void convert(Tensor out, const Tensor& inp);
+// The compute copy of a parameter table follows its F32 master values (nothing to do
+// when the table computes in F32).
+void refresh_weights(ParamStore& params);
 
 // One AdamW step on a flat region (decoupled weight decay): step counts from 1 for bias
 // correction. params, grads, m, v same shape.

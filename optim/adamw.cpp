@@ -71,7 +71,7 @@ void AdamW::step(ParamStore& params, float lr, const BeforeChunk& before_chunk) 
                             lr, cfg_.beta1, cfg_.beta2, cfg_.eps, wd, step_);
     }
   }
-  params.refresh_weights();  // the compute copy follows the new master values
+  kernels::refresh_weights(params);  // the compute copy follows the new master values
 }
 
 }  // namespace pentad

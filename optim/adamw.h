@@ -6,8 +6,8 @@
 #include <functional>
 
 #include "core/tensor.h"
-#include "model/params.h"
-#include "train/config.h"
+#include "core/params.h"
+#include "optim/config.h"
 
 namespace pentad {
 

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/params.h"
+#include "core/params.h"
 #include "parallel/comm.h"
 
 namespace pentad::parallel {

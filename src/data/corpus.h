@@ -6,7 +6,7 @@
 #include <string_view>
 #include <vector>
 
-#include "train/config.h"
+#include "data/config.h"
 
 namespace pentad::data {
 

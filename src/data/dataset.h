@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "data/token_files.h"
-#include "train/config.h"
+#include "data/config.h"
 
 namespace pentad::data {
 

@@ -21,9 +21,9 @@
 #include <memory>
 #include <vector>
 
-#include "model/params.h"
+#include "core/params.h"
 #include "parallel/tp/tensor_parallel.h"
-#include "train/config.h"
+#include "model/config.h"
 
 namespace pentad {
 

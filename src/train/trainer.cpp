@@ -11,6 +11,7 @@
 
 #include "core/device_memory.h"
 #include "core/npy.h"
+#include "kernels/ops.h"
 #include "data/corpus.h"
 #include "train/recipe.h"
 
@@ -122,6 +123,7 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
         pp_size_, pp_rank_);
   model_ = std::make_unique<Model>(cfg.model, t.micro_batch, t.seq_len, tp, chunks, placement(cfg));
   model_->params().initialize(t.seed);
+  kernels::refresh_weights(model_->params());
   if (pp_size_ > 1) {
     parallel::Communicator& stages = mesh_->group(parallel::Axis::PP);
     if (cfg.parallel.pp_link_delay_ms > 0)

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "core/device_memory.h"
+#include "kernels/ops.h"
 #include "train/checkpoint_recipe.h"
 #include "train/recipe.h"
 #include "train/trainer.h"
@@ -100,7 +101,7 @@ int64_t Trainer::restore_snapshot() {
       for (const StateBuffer& b : state_buffers(true))
         ends->broadcast(p.view(b.base, id, device), 0);
     }
-  p.refresh_weights();  // the compute copy (bf16) follows the restored master values
+  kernels::refresh_weights(p);  // the compute copy (bf16) follows the restored master values
   optimizer_->set_steps_taken(snapshot_optimizer_steps_);
   start_step_ = snapshot_step_;
   spdlog::info("restored the step {} snapshot from host memory", snapshot_step_);
@@ -258,7 +259,7 @@ bool Trainer::load(const std::string& dir, bool with_optimizer) {
         if (dst.device != Device::CPU)
           copy_bytes(dst.data, dst.device, out, Device::CPU, dst.bytes());
       }
-    p.refresh_weights();
+    kernels::refresh_weights(p);
   } catch (const Error& e) {
     error = e.what();
   }

@@ -16,7 +16,7 @@ enum class Init { Normal, Ones, Zeros };
 
 // Where a model's memory lives and the element type it computes in. Master parameters,
 // their gradients and the optimizer state are always F32; with compute = BF16 (CUDA only)
-// the forward and backward read a BF16 copy of the parameters (refresh_weights() after
+// the forward and backward read a BF16 copy of the parameters (kernels::refresh_weights() after
 // each optimizer step) and keep activations in BF16.
 struct Placement {
   Device device = Device::CPU;
@@ -60,9 +60,10 @@ class ParamStore {
   // (seed, name, global index i) only, so any slice of any layout draws the same values.
   // Device parameters are drawn on the host and copied, so they are the CPU's bits.
   void initialize(uint64_t seed);
-  // Re-derives the compute copy from the master parameters (after every change to them:
-  // optimizer step, load). Nothing to do when the model computes in F32.
-  void refresh_weights();
+  // The compute copy as one flat tensor (empty when the model computes in F32).
+  // kernels::refresh_weights() re-derives it from the master parameters after every
+  // change to them (initialize, optimizer step, load).
+  Tensor compute_copy() const;
 
   Tensor param(int id) const { return view(params_.base(), id, device()); }  // F32 master
   Tensor grad(int id) const { return view(grads_.base(), id, device()); }

@@ -1,10 +1,9 @@
-#include "model/params.h"
+#include "core/params.h"
 
 #include <cstring>
 
 #include "core/device_memory.h"
 #include "core/rng.h"
-#include "kernels/ops.h"
 
 namespace pentad {
 
@@ -54,12 +53,12 @@ void ParamStore::allocate(Placement placement) {
   }
 }
 
-void ParamStore::refresh_weights() {
-  if (!weights_.base()) return;
-  Tensor compute = all_params();
-  compute.data = weights_.base();
-  compute.dtype = placement_.compute;
-  kernels::convert(compute, all_params());
+Tensor ParamStore::compute_copy() const {
+  if (!weights_.base()) return {};
+  Tensor t = all_params();
+  t.data = weights_.base();
+  t.dtype = placement_.compute;
+  return t;
 }
 
 Tensor ParamStore::weight(int id) const {
@@ -107,7 +106,6 @@ void ParamStore::initialize(uint64_t seed) {
   }
   if (device() != Device::CPU)
     copy_bytes(params_.base(), device(), host.data(), Device::CPU, bytes());
-  refresh_weights();
 }
 
 Tensor ParamStore::view(void* base, int id, Device device) const {

@@ -1,0 +1,33 @@
+#pragma once
+// The [parallel] section of a recipe: the device mesh, pipeline schedule and gradient
+// buckets.
+#include <cstdint>
+#include <string>
+
+namespace pentad {
+
+struct ParallelConfig {  // [parallel]: the device mesh (see parallel/mesh.h)
+  int64_t tp = 1;        // tensor parallel (Megatron column/row) degree
+  int64_t dp = 0;        // data parallel degree; 0 = world size / (tp * cp * pp)
+  int64_t cp = 1;        // context parallel degree (not in this build: must be 1)
+  int64_t pp = 1;        // pipeline degree (stages)
+  // Pipeline schedule (parallel/pp/schedule.h) over train.grad_accum micro-batches:
+  // "gpipe" | "1f1b" | "kfkb" (groups of pp_group micro-batches) | "interleaved"
+  // (virtual_stages model chunks per stage) | "adaptive" (kfkb re-choosing its group every
+  // pp_adapt_every steps from measured compute and link times, within pp_memory_mb of
+  // activations per stage; 0 = no limit).
+  std::string pp_schedule = "1f1b";
+  int64_t virtual_stages = 1;
+  int64_t pp_group = 2;
+  std::string pp_layout;  // layers per model chunk, e.g. "3,5"; empty = even split
+  float pp_memory_mb = 0.0f;
+  int64_t pp_adapt_every = 10;
+  // Simulated slow stage-to-stage links, for benchmarks and tests: every pipeline send is
+  // delivered this many milliseconds late (the sender does not wait).
+  float pp_link_delay_ms = 0.0f;
+  bool sequence_parallel = false;     // shard norm/residual regions along the sequence over tp
+  std::string order = "tp,cp,dp,pp";  // mesh axes, innermost (fastest links) first
+  float bucket_mb = 4.0f;             // data-parallel gradient bucket size, MiB
+};
+
+}  // namespace pentad
