@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <functional>
 
-#include "core/tensor.h"
 #include "core/params.h"
+#include "core/tensor.h"
 #include "optim/config.h"
 
 namespace pentad {

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "data/token_files.h"
 #include "data/config.h"
+#include "data/token_files.h"
 
 namespace pentad::data {
 

@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "core/params.h"
-#include "parallel/tp/tensor_parallel.h"
 #include "model/config.h"
+#include "parallel/tp/tensor_parallel.h"
 
 namespace pentad {
 

@@ -11,8 +11,8 @@
 
 #include "core/device_memory.h"
 #include "core/npy.h"
-#include "kernels/ops.h"
 #include "data/corpus.h"
+#include "kernels/ops.h"
 #include "train/recipe.h"
 
 namespace pentad {

@@ -8,9 +8,9 @@
 
 #include "core/bf16.h"
 #include "core/device_memory.h"
+#include "core/params.h"
 #include "core/rng.h"
 #include "kernels/ops.h"
-#include "core/params.h"
 #include "train/trainer.h"
 
 using namespace pentad;
@@ -115,7 +115,7 @@ TEST(Params, ComputeCopyFollowsTheMasterValues) {
   };
   check();
   store.param(0).f32()[4] = 1.2345f;  // the optimizer writes the master ...
-  kernels::refresh_weights(store);            // ... and the copy follows
+  kernels::refresh_weights(store);    // ... and the copy follows
   check();
   // F32 compute reads the master itself.
   ParamStore plain;
