@@ -17,6 +17,7 @@ set(PENTAD_FLOORS
   "src/model:core,kernels"
   "src/train:core,kernels,parallel,optim,checkpoint,src/data,src/model"
   "src/cli:core,kernels,parallel,optim,checkpoint,src/data,src/model,src/train"
+  "launch:core,kernels,parallel,optim,checkpoint,src/data,src/model,src/train,src/cli"
 )
 # Includes still waiting for the model/parallelize split (issue 13), as "file:include".
 set(PENTAD_FLOOR_EXCEPTIONS
@@ -28,7 +29,7 @@ set(PENTAD_FLOOR_EXCEPTIONS
 # (src/ is on the include path too).
 function(_pentad_include_folder include out)
   string(REGEX MATCH "^[^/]+" first "${include}")
-  if(first MATCHES "^(core|kernels|parallel|optim|checkpoint)$")
+  if(first MATCHES "^(core|kernels|parallel|optim|checkpoint|launch)$")
     set(${out} "${first}" PARENT_SCOPE)
   elseif(first MATCHES "^(data|model|train|cli)$")
     set(${out} "src/${first}" PARENT_SCOPE)

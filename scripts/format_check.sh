@@ -25,8 +25,8 @@ fi
 
 # First line that is neither blank nor `#pragma once` must be a // comment.
 uncommented=()
-mapfile -t headers < <(git ls-files -- {core,src,kernels,parallel,optim,checkpoint}/'*.h' \
-  {core,src,kernels,parallel,optim,checkpoint}/'*.cuh')
+mapfile -t headers < <(git ls-files -- {core,src,kernels,parallel,optim,checkpoint,launch}/'*.h' \
+  {core,src,kernels,parallel,optim,checkpoint,launch}/'*.cuh')
 for f in "${headers[@]}"; do
   first=$(grep -v -e '^#pragma once[[:space:]]*$' -e '^[[:space:]]*$' "$f" | head -n 1 || true)
   [[ $first == //* ]] || uncommented+=("$f")

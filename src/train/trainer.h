@@ -1,7 +1,11 @@
 #pragma once
 // The training loop: one flat step (micro-batches -> gradient reduction -> clipping ->
 // AdamW), eval every N steps, one log line per step and every metric as JSONL. Runs on one
-// rank, or on every rank of a device mesh (data and tensor parallel).
+// rank, or on every rank of a device mesh (data, tensor and pipeline parallel). The rank
+// itself (threads, device) is set up before, by launch/rank.h.
+// trainer.cpp: construction, train_step, evaluate, run; reports.cpp: what it prints and
+// writes; trainer_checkpoint.cpp: saving, resuming, restoring.
+#include <chrono>
 #include <cstdint>
 #include <fstream>
 #include <functional>
@@ -16,6 +20,7 @@
 #include "parallel/mesh.h"
 #include "parallel/pp/pipeline.h"
 #include "train/config.h"
+#include "train/layout.h"
 
 namespace pentad {
 
@@ -50,6 +55,10 @@ class Trainer {
   // This rank's micro-batch `micro` of step `step`: (b, t) inputs and targets.
   void fetch_batch(int64_t step, int64_t micro, std::vector<int32_t>& inputs,
                    std::vector<int32_t>& targets) const;
+  parallel::pp::Pipeline* pipeline() { return pipeline_.get(); }
+
+  // Reports (train/reports.cpp). The memory plan: this rank's parameters, gradients,
+  // optimizer state and activations.
   std::string memory_plan() const;
   // Writes this rank's parameter shards as .npy plus their global identity (shards.json),
   // when this rank is the first of its data-parallel replicas.
@@ -64,7 +73,6 @@ class Trainer {
   // returns the measured bubble fraction (-1 without pipelining; 0 on other ranks).
   // Collective.
   double write_timeline(const std::string& path);
-  parallel::pp::Pipeline* pipeline() { return pipeline_.get(); }
 
   // Checkpoints. save() starts a snapshot of the state after `steps_done` steps (lazy and
   // asynchronous when train.async_save); commit_pending() makes the newest snapshot a
@@ -96,8 +104,16 @@ class Trainer {
   AdamW::BeforeChunk snapshot_copied();
 
  private:
-  void write_metrics(const std::string& json_line);
   bool logs() const { return world_rank_ == 0; }
+  // Reports (train/reports.cpp): the plan printed before training, then per step and eval
+  // the log line and metrics.jsonl (world rank 0 writes it, beside recipe.toml).
+  void log_plan() const;
+  void open_run_files();
+  void write_metrics(const std::string& json_line);
+  void report_step(const StepStats& s, std::chrono::steady_clock::time_point run_start,
+                   int64_t last);
+  void report_eval(int64_t step, float loss);
+  void report_checkpoints(double blocked_seconds, double final_flush_seconds);
   // The state a checkpoint holds, each buffer laid out like the parameter arena.
   struct StateBuffer {
     const char* prefix;  // tensor name prefix in the checkpoint: "param/", "adam_m/", "adam_v/"
@@ -119,10 +135,9 @@ class Trainer {
   int all_ranks(int value, parallel::ReduceOp op);  // over the world; value alone on one rank
   double all_reduce_dp(double value);
   double all_reduce_pp(double value);  // sum over the pipeline stages
-  // Adaptive kFkB: re-chooses the group size k from this step's measured pass times and a
-  // measured stage-to-stage transfer, by simulating every k within the memory limit.
+  // Adaptive kFkB (parallel/pp/adaptive.h): re-chooses the group size k from this step's
+  // measured pass times and a measured stage-to-stage transfer.
   void adapt_pipeline_group();
-  double measure_link_seconds();
 
   Config cfg_;
   parallel::Mesh* mesh_ = nullptr;
@@ -148,25 +163,5 @@ class Trainer {
   std::string dump_grads_dir_;         // dump_first_gradients()
   void dump_shards(const std::string& dir, bool grads) const;
 };
-
-// Sets the number of compute threads for OpenMP and OpenBLAS: `threads`, or when 0 this
-// machine's cores shared evenly among the ranks running on it.
-void set_compute_threads(int64_t threads, int ranks_on_node = 1);
-
-// For train.device = "cuda": makes this rank's GPU current (its rank among the ranks on
-// this machine, modulo the visible devices) and returns the backend the mesh's
-// communicators need, NCCL (host tensors on them travel by MPI). MPI for the CPU.
-// Call before creating the mesh. Collective over MPI_COMM_WORLD.
-parallel::Backend select_device(const Config& cfg);
-
-// The placement (device, compute type) a recipe asks for.
-Placement placement(const Config& cfg);
-
-// The mesh a recipe asks for on `world_size` ranks (dp = 0 takes what is left), checked
-// against the model: refusals name the degree to change.
-parallel::MeshConfig mesh_config(const Config& cfg, int world_size);
-
-// The pipeline schedule a recipe asks for (parallel.pp_schedule over train.grad_accum).
-parallel::pp::ScheduleSpec schedule_spec(const Config& cfg);
 
 }  // namespace pentad

@@ -47,6 +47,7 @@
 #include "core/device_memory.h"
 #include "core/rng.h"
 #include "data/token_files.h"
+#include "launch/rank.h"
 #include "train/recipe.h"
 #include "train/trainer.h"
 
@@ -164,6 +165,7 @@ struct Trajectory {
 
 Trajectory train(const ModelCase& m, const std::string& device, const std::string& precision) {
   const Config cfg = make_config(m, device, precision);
+  launch::start_rank(cfg);  // threads and the GPU, as the executable sets them
   Trainer trainer(cfg);
   // Guards against a silent fallback: a "cuda" run that computed on the CPU would match the
   // CPU reference bitwise and pass every comparison below.

@@ -18,6 +18,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/saver.h"
 #include "core/device_memory.h"
+#include "launch/rank.h"
 #include "train/recipe.h"
 #include "train/trainer.h"
 
@@ -153,6 +154,7 @@ TEST_P(DeviceSnapshot, RestoreFromMemoryEqualsResumeFromDisk) {
        "train.out_dir=" + out.string()});
   constexpr int64_t kSaved = 8, kEnd = 12;
   std::vector<float> first, again, resumed, restored_params, final_params;
+  launch::start_rank(cfg);  // threads and the GPU, as the executable sets them
   {
     Trainer trainer(cfg);
     for (int64_t s = 0; s < kSaved; ++s) trainer.train_step(s);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "launch/rank.h"
 #include "parallel/mesh.h"
 #include "train/recipe.h"
 #include "train/trainer.h"
@@ -40,6 +41,7 @@ static void check_restore(const std::string& name, std::vector<std::string> keys
                                     ("pentad-snapshot-" + name + "-" + std::to_string(pid));
   keys.push_back("train.out_dir=" + out.string());
   const Config cfg = parse_recipe("", "snapshot-test", keys);
+  launch::start_rank(cfg);  // threads and device, as the executable sets them
   parallel::Mesh mesh = parallel::Mesh::create(mesh_config(cfg, world), MPI_COMM_WORLD);
   constexpr int64_t kSaved = 5, kEnd = 8;
   std::vector<float> first, again, resumed, restored_params, final_params;

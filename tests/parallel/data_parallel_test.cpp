@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include "launch/rank.h"
 #include "parallel/mesh.h"
 #include "parallel/trace.h"
 #include "train/recipe.h"
@@ -20,6 +21,7 @@ TEST(DataParallel, EarlyBucketsCompleteBeforeBackwardEnds) {
       {"model.n_layer=6", "model.d_model=256", "model.n_head=4", "model.vocab_size=512",
        "model.max_seq_len=128", "train.seq_len=128", "train.micro_batch=4", "train.threads=1",
        "data.source=random", "parallel.bucket_mb=0.5"});
+  launch::start_rank(cfg);  // threads and device, as the executable sets them
   parallel::Mesh mesh = parallel::Mesh::create(mesh_config(cfg, world), MPI_COMM_WORLD);
   ASSERT_EQ(mesh.degree(parallel::Axis::DP), world);
   Trainer trainer(cfg, &mesh);

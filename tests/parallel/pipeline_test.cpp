@@ -1,12 +1,15 @@
 // Pipeline parallelism on 4 ranks: the activation memory each schedule promises, measured
-// as the slots the model actually made; the timeline; refusals; the slow-link injection.
+// as the slots the model actually made; the timeline; refusals; the slow-link injection;
+// adaptive kFkB's measurements.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <chrono>
 #include <thread>
 
+#include "launch/rank.h"
 #include "parallel/mesh.h"
+#include "parallel/pp/adaptive.h"
 #include "parallel/trace.h"
 #include "train/recipe.h"
 #include "train/trainer.h"
@@ -59,6 +62,7 @@ TEST(Pipeline, MeasuredActivationPeaks) {
     Config cfg = pipeline_recipe({fmt::format("parallel.pp={}", p),
                                   fmt::format("parallel.pp_schedule={}", c.schedule),
                                   fmt::format("parallel.pp_group={}", c.group)});
+    launch::start_rank(cfg);  // threads and device, as the executable sets them
     parallel::Mesh mesh = parallel::Mesh::create(mesh_config(cfg, p), MPI_COMM_WORLD);
     Trainer trainer(cfg, &mesh);
     const size_t before = trainer.model().activation_bytes();
@@ -79,6 +83,7 @@ TEST(Pipeline, TimelineHasEveryPassAndABubble) {
   const int p = world_size();
   if (p < 2) GTEST_SKIP() << "needs mpirun with at least 2 ranks";
   Config cfg = pipeline_recipe({fmt::format("parallel.pp={}", p), "parallel.pp_schedule=1f1b"});
+  launch::start_rank(cfg);  // threads and device, as the executable sets them
   parallel::Mesh mesh = parallel::Mesh::create(mesh_config(cfg, p), MPI_COMM_WORLD);
   Trainer trainer(cfg, &mesh);
   for (int step = 0; step < 3; ++step) trainer.train_step(step);
@@ -123,6 +128,32 @@ TEST(Pipeline, RefusalsNameWhatToChange) {
                 .find("parallel.pp_schedule = \"interleaved\""),
             std::string::npos);
   EXPECT_NE(refusal(pipeline_recipe({"parallel.pp=3"}), 4).find("parallel.pp"), std::string::npos);
+}
+
+// Adaptive kFkB's collective half: every stage gets every stage's measure in stage order,
+// and the link time is the slowest link's, on every stage.
+TEST(Pipeline, AdaptiveMeasuresEveryStageAndTheSlowestLink) {
+  const int n = world_size();
+  if (n < 2) GTEST_SKIP() << "needs mpirun with at least 2 ranks";
+  auto stages = parallel::make_communicator(parallel::Backend::MPI, MPI_COMM_WORLD, "stages");
+  const int rank = stages->rank();
+  const std::vector<parallel::pp::StageMeasure> all =
+      parallel::pp::gather_measures(*stages, {1.0 + rank, 2.0 + rank, 100.0 * rank});
+  ASSERT_EQ(all.size(), size_t(n));
+  for (int s = 0; s < n; ++s) {
+    EXPECT_EQ(all[size_t(s)].forward_seconds, 1.0 + s);
+    EXPECT_EQ(all[size_t(s)].backward_seconds, 2.0 + s);
+    EXPECT_EQ(all[size_t(s)].slot_bytes, 100.0 * s);
+  }
+  const double delay = 0.2;
+  EXPECT_LT(parallel::pp::measure_link_seconds(*stages, 1024), delay / 2);
+  stages->set_injection({delay, n - 2, 0, /*links_only=*/true});  // one slow link, the last
+  const double slow = parallel::pp::measure_link_seconds(*stages, 1024);
+  EXPECT_GE(slow, delay / 2);  // half of a round trip that crossed it once
+  double lowest = slow;
+  stages->set_injection({});
+  stages->all_reduce(view_of(&lowest, Shape{1}, DType::F64), parallel::ReduceOp::Min);
+  EXPECT_EQ(lowest, slow);  // the same on every stage
 }
 
 TEST(Pipeline, SlowLinkDelaysDeliveryNotTheSender) {

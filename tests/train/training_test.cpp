@@ -2,6 +2,7 @@
 // recipe learns on the real corpus, runs are bitwise reproducible, and bad recipes stop
 // the CLI before anything is written.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -39,7 +40,7 @@ std::string corpus_cache() {
 
 float overfit(const std::string& recipe) {
   Config cfg = load_recipe(kRecipes + recipe, {"train.threads=2"});
-  set_compute_threads(2);
+  omp_set_num_threads(2);
   const int64_t b = 4, t = 32, V = cfg.model.vocab_size;
   Model model(cfg.model, b, t);
   model.params().initialize(7);

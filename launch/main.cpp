@@ -1,5 +1,7 @@
-// pentad: the command line. Subcommands: train, data prepare, tokenizer train, and the
-// developer command reference (used by the PyTorch equivalence tests).
+// pentad: the command line. Subcommands: train, data prepare, tokenizer train, ckpt
+// inspect/convert, and the developer command reference (used by the PyTorch equivalence
+// tests). Each rank starts here: MPI, then launch/rank.h's threads and device, then the
+// mesh and the Trainer.
 #include <mpi.h>
 #include <spdlog/spdlog.h>
 
@@ -11,6 +13,7 @@
 #include "checkpoint/checkpoint.h"
 #include "cli/convert.h"
 #include "cli/data_commands.h"
+#include "launch/rank.h"
 #include "train/memory_budget.h"
 #include "train/recipe.h"
 #include "train/reference.h"
@@ -140,7 +143,7 @@ int main(int argc, char** argv) {
       std::vector<std::string> overrides = overrides_from(sets, extra);
       if (!resume.empty()) overrides.push_back("train.resume=" + resume);
       pentad::Config cfg = pentad::load_recipe(recipe, overrides);
-      const pentad::parallel::Backend backend = pentad::select_device(cfg);
+      const pentad::parallel::Backend backend = pentad::launch::start_rank(cfg);
       const pentad::parallel::MeshConfig layout = pentad::mesh_config(cfg, mpi.size);
       pentad::check_memory(cfg, layout, pentad::node_share());  // before any large allocation
       auto mesh = pentad::parallel::Mesh::create(layout, MPI_COMM_WORLD, backend);
@@ -155,6 +158,7 @@ int main(int argc, char** argv) {
         spdlog::warn("--trace: this run has no pipeline (parallel.pp = 1); no trace written");
     } else if (*reference) {
       pentad::Config cfg = pentad::load_recipe(recipe, sets);
+      pentad::launch::start_rank(cfg);
       pentad::export_reference(cfg, ref_out, ref_steps, ref_checkpoint);
     } else if (*convert) {
       std::string summary;

@@ -1,0 +1,36 @@
+#pragma once
+// Start-up of one rank, before its mesh and its Trainer exist: how many compute threads it
+// runs, where it sits among the ranks sharing its machine, and which device it computes
+// on. launch/main.cpp calls start_rank() first thing; tests that build a Trainer the way
+// the executable does call it too.
+#include <cstdint>
+
+#include "parallel/comm.h"
+#include "train/config.h"
+
+namespace pentad::launch {
+
+// This rank's place among the ranks sharing its machine (its cores and GPUs).
+struct NodePlace {
+  int rank = 0;  // local rank
+  int size = 1;  // ranks on this machine
+};
+// Collective over MPI_COMM_WORLD; {0, 1} when MPI is not initialised.
+NodePlace node_place();
+
+// Sets the number of compute threads for OpenMP and OpenBLAS: `threads`, or when 0 this
+// machine's cores shared evenly among the ranks running on it (at least one each).
+void set_compute_threads(int64_t threads, int ranks_on_node = 1);
+
+// For train.device = "cuda": makes this rank's GPU current (its local rank modulo the
+// visible devices) and returns the backend the mesh's communicators need, NCCL (host
+// tensors on them travel by MPI). MPI for the CPU. Throws pentad::Error when no GPU is
+// visible. Call before creating the mesh. Collective over MPI_COMM_WORLD for "cuda".
+parallel::Backend select_device(const Config& cfg);
+
+// Both of the above for the recipe's train.threads and train.device, the ranks on this
+// machine sharing its cores: returns the backend for the mesh. Collective over
+// MPI_COMM_WORLD when MPI is initialised.
+parallel::Backend start_rank(const Config& cfg);
+
+}  // namespace pentad::launch

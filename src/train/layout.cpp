@@ -1,0 +1,57 @@
+#include "train/layout.h"
+
+#include "core/check.h"
+#include "model/model.h"
+#include "parallel/pp/pipeline.h"
+
+namespace pentad {
+
+Placement placement(const Config& cfg) {
+  Placement p;
+  p.device = cfg.train.device == "cuda" ? Device::CUDA : Device::CPU;
+  p.compute = cfg.train.precision == "bf16" ? DType::BF16 : DType::F32;
+  return p;
+}
+
+parallel::pp::ScheduleSpec schedule_spec(const Config& cfg) {
+  const ParallelConfig& p = cfg.parallel;
+  parallel::pp::ScheduleSpec spec;
+  // "adaptive" runs kFkB and re-chooses its group as it goes.
+  spec.kind = p.pp_schedule == "adaptive" ? parallel::pp::ScheduleKind::KFKB
+                                          : parallel::pp::parse_schedule(p.pp_schedule);
+  spec.stages = int(p.pp);
+  spec.micro_batches = int(cfg.train.grad_accum);
+  spec.virtual_stages = int(p.virtual_stages);
+  spec.group = int(std::min(p.pp_group, cfg.train.grad_accum));
+  return spec;
+}
+
+parallel::MeshConfig mesh_config(const Config& cfg, int world_size) {
+  const ParallelConfig& p = cfg.parallel;
+  parallel::MeshConfig mesh;
+  mesh.tp = static_cast<int>(p.tp);
+  mesh.cp = static_cast<int>(p.cp);
+  mesh.pp = static_cast<int>(p.pp);
+  mesh.order = p.order;
+  const int64_t others = p.tp * p.cp * p.pp;
+  if (p.dp > 0)
+    mesh.dp = static_cast<int>(p.dp);
+  else if (world_size % others == 0)
+    mesh.dp = static_cast<int>(world_size / others);
+  else
+    fail(
+        "parallel.tp ({}) x parallel.cp ({}) x parallel.pp ({}) = {} does not divide the {} "
+        "ranks started: change parallel.tp or start a multiple of {} ranks",
+        p.tp, p.cp, p.pp, others, world_size, others);
+  parallel::validate(mesh, world_size);
+  if (p.pp > 1 || p.virtual_stages > 1 || !p.pp_layout.empty()) {
+    parallel::pp::check_schedule(schedule_spec(cfg));
+    parallel::pp::chunk_layers(cfg.model.n_layer, int(p.pp), int(p.virtual_stages), p.pp_layout);
+  }
+  parallel::check_layout(mesh, cfg.model.n_head, cfg.model.n_kv_head, cfg.model.vocab_size,
+                         ffn_dim(cfg.model), cfg.model.n_layer, cfg.train.seq_len,
+                         cfg.train.micro_batch, p.sequence_parallel);
+  return mesh;
+}
+
+}  // namespace pentad

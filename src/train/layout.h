@@ -1,0 +1,22 @@
+#pragma once
+// What a recipe asks of the hardware and the ranks, read from its Config: the placement
+// (device, compute type), the device mesh and the pipeline schedule. The trainer, the
+// memory budget and the launcher (launch/) read them here.
+#include "core/params.h"
+#include "parallel/mesh.h"
+#include "parallel/pp/schedule.h"
+#include "train/config.h"
+
+namespace pentad {
+
+// The placement (device, compute type) a recipe asks for.
+Placement placement(const Config& cfg);
+
+// The mesh a recipe asks for on `world_size` ranks (dp = 0 takes what is left), checked
+// against the model: refusals name the degree to change.
+parallel::MeshConfig mesh_config(const Config& cfg, int world_size);
+
+// The pipeline schedule a recipe asks for (parallel.pp_schedule over train.grad_accum).
+parallel::pp::ScheduleSpec schedule_spec(const Config& cfg);
+
+}  // namespace pentad

@@ -1,0 +1,348 @@
+// The Trainer's reports: the plan it prints before training (data, model, memory), the
+// step and eval lines and metrics.jsonl, and the files asked for on the command line (the
+// communication log, weight and gradient dumps, the pipeline timeline). None of them
+// changes what is trained.
+#include <omp.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "core/device_memory.h"
+#include "core/npy.h"
+#include "train/memory_budget.h"
+#include "train/recipe.h"
+#include "train/trainer.h"
+
+namespace pentad {
+
+namespace pp = parallel::pp;
+
+void Trainer::log_plan() const {
+  const TrainConfig& t = cfg_.train;
+  spdlog::info("data: {}", data_->describe());
+  // Small data is not refused, but a run that reads its windows many times should say so.
+  const int64_t global_batch = t.micro_batch * t.grad_accum * dp_size_;
+  const double passes = double(t.steps) * double(global_batch) / double(data_->train_windows());
+  spdlog::info("data: {} steps x {} samples = {:.3g} epoch{} over the {} training samples{}",
+               t.steps, global_batch, passes, passes == 1 ? "" : "s", data_->train_windows(),
+               global_batch > data_->train_windows() ? " (fewer than one global batch: windows "
+                                                       "repeat within each step)"
+               : passes > 1                          ? " (windows repeat)"
+                                                     : "");
+  const bool eval = t.eval_every > 0 && data_->val_windows() > 0;
+  if (t.eval_every > 0 && !eval)
+    spdlog::info(
+        "eval: off, there is no validation data (data.val_fraction = 0 and no data.val_path)");
+  int64_t parameters = 0;
+  for (const ParamSpec& spec : model_->params().specs()) parameters += spec.global_shape.numel();
+  spdlog::info("model: {} with {} layers, width {}, {} heads ({} kv), vocabulary {}: {} parameters",
+               cfg_.model.family == ModelFamily::GPT2 ? "gpt2" : "llama", cfg_.model.n_layer,
+               cfg_.model.d_model, cfg_.model.n_head, cfg_.model.kv_heads(), cfg_.model.vocab_size,
+               parameters);
+  spdlog::info("{}", memory_plan());
+  spdlog::info("threads: {}", omp_get_max_threads());
+  if (model_->params().device() == Device::CUDA)
+    spdlog::info("device: {}", cuda_device_description());
+}
+
+void Trainer::open_run_files() {
+  const TrainConfig& t = cfg_.train;
+  if (!logs()) return;
+  std::filesystem::create_directories(t.out_dir);
+  metrics_.open(std::filesystem::path(t.out_dir) / "metrics.jsonl",
+                t.resume.empty() ? std::ios::trunc : std::ios::app);
+  if (!metrics_) fail("cannot write {}/metrics.jsonl", t.out_dir);
+  std::ofstream recipe(std::filesystem::path(t.out_dir) / "recipe.toml");
+  recipe << recipe_to_toml(cfg_);
+}
+
+void Trainer::write_metrics(const std::string& json_line) {
+  if (!logs()) return;
+  metrics_ << json_line << '\n';
+  metrics_.flush();
+}
+
+void Trainer::report_step(const StepStats& s, std::chrono::steady_clock::time_point run_start,
+                          int64_t last) {
+  const TrainConfig& t = cfg_.train;
+  const int64_t step = s.step;
+  nlohmann::json j = {
+      {"step", step + 1},
+      {"loss", s.loss},
+      {"lr", s.lr},
+      {"grad_norm", s.grad_norm},
+      {"seconds", s.seconds},
+      {"tokens_per_second", s.tokens_per_second},
+      {"flops_per_second", s.flops_per_second},
+      // wall time since the loop began: steps plus saving, eval, logging
+      {"elapsed_seconds",
+       std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count()}};
+  write_metrics(j.dump());
+  if (t.log_every > 0 && ((step + 1) % t.log_every == 0 || step == start_step_ || step + 1 == last))
+    spdlog::info(
+        "step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | {:.1f} "
+        "GFLOP/s",
+        step + 1, t.steps, s.loss, s.lr, s.grad_norm, s.tokens_per_second,
+        s.flops_per_second / 1e9);
+}
+
+void Trainer::report_eval(int64_t step, float loss) {
+  write_metrics(nlohmann::json{{"step", step + 1}, {"eval_loss", loss}}.dump());
+  spdlog::info("step {:>5}/{} | eval loss {:.4f}", step + 1, cfg_.train.steps, loss);
+}
+
+void Trainer::report_checkpoints(double blocked_seconds, double final_flush_seconds) {
+  write_metrics(nlohmann::json{{"checkpoint_saves", saves_},
+                               {"checkpoint_blocked_seconds", blocked_seconds},
+                               {"checkpoint_final_flush_seconds", final_flush_seconds}}
+                    .dump());
+  spdlog::info("checkpoints: {} saves, training blocked {:.3f} s in all ({}), final flush {:.3f} s",
+               saves_, blocked_seconds, cfg_.train.async_save ? "asynchronous" : "synchronous",
+               final_flush_seconds);
+}
+
+void Trainer::write_comm_log(const std::string& dir) const {
+  std::filesystem::create_directories(dir);
+  nlohmann::json events = nlohmann::json::array(), steps = nlohmann::json::array();
+  for (const parallel::CommEvent& e : parallel::comm_events())
+    events.push_back({{"comm", std::string(e.name())},
+                      {"seq", e.seq},
+                      {"kind", parallel::comm_kind_name(e.kind)},
+                      {"bytes", e.bytes},
+                      {"peer", e.peer},
+                      {"enter_ns", e.enter_ns},
+                      {"leave_ns", e.leave_ns}});
+  for (const StepStats& s : history_)
+    steps.push_back({{"step", s.step + 1},
+                     {"start_ns", s.start_ns},
+                     {"backward_end_ns", s.backward_end_ns},
+                     {"reduced_ns", s.reduced_ns},
+                     {"seconds", s.seconds}});
+  nlohmann::json log = {{"rank", world_rank_},
+                        {"tp", model_->tp().degree()},
+                        {"dp", dp_size_},
+                        {"pp", pp_size_},
+                        {"sequence_parallel", model_->tp().sequence_parallel()},
+                        {"micro_batch", cfg_.train.micro_batch},
+                        {"seq_len", cfg_.train.seq_len},
+                        {"d_model", cfg_.model.d_model},
+                        {"n_layer", cfg_.model.n_layer},
+                        {"grad_accum", cfg_.train.grad_accum},
+                        {"parameters_local", model_->params().numel()},
+                        {"steps", steps},
+                        {"events", events}};
+  std::ofstream(fmt::format("{}/rank{}.json", dir, world_rank_)) << log.dump();
+}
+
+void Trainer::dump_weights(const std::string& dir) const {
+  dump_shards(dir, false);
+}
+
+void Trainer::dump_shards(const std::string& dir, bool grads) const {
+  if (dp_rank_ != 0) return;
+  std::filesystem::create_directories(dir);
+  const ParamStore& p = model_->params();
+  const int tp_rank = model_->tp().rank();
+  nlohmann::json shards = nlohmann::json::array();
+  for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
+    const ParamSpec& spec = p.spec(id);
+    if (spec.pipeline_copy) continue;  // the first stage writes the original
+    const std::string file = fmt::format("{}.tp{}.npy", spec.name, tp_rank);
+    std::vector<float> host(static_cast<size_t>(spec.local_shape.numel()));
+    if (grads)
+      copy(view_of(host.data(), spec.local_shape), p.grad(id));
+    else
+      host = p.to_host(id);
+    write_npy(dir + "/" + file, view_of(host.data(), spec.local_shape));
+    std::vector<int64_t> shape(spec.global_shape.dims.begin(),
+                               spec.global_shape.dims.begin() + spec.global_shape.ndim);
+    shards.push_back({{"name", spec.name},
+                      {"file", file},
+                      {"global_shape", shape},
+                      {"shard_dim", spec.shard_dim},
+                      {"shard_start", spec.shard_start}});
+  }
+  std::ofstream(fmt::format("{}/shards.pp{}.tp{}.json", dir, pp_rank_, tp_rank)) << shards.dump(1);
+}
+
+std::string Trainer::memory_plan() const {
+  const ParamStore& p = model_->params();
+  const size_t params = p.bytes() + p.compute_copy_bytes(), grads = p.bytes(),
+               optim = 2 * p.bytes();
+  size_t acts = model_->activation_bytes();
+  std::string in_flight;
+  if (pipeline_) {  // one slot per micro-batch the schedule keeps in flight on each chunk
+    const parallel::pp::ScheduleSpec& spec = pipeline_->schedule();
+    const std::vector<parallel::pp::Action> actions = parallel::pp::stage_actions(spec, pp_rank_);
+    for (int c = 0; c < model_->chunks(); ++c) {
+      std::vector<parallel::pp::Action> mine;
+      for (const parallel::pp::Action& a : actions)
+        if (a.chunk == c) mine.push_back(a);
+      const int peak = parallel::pp::peak_in_flight(mine);
+      acts += size_t(peak - model_->slots_made(c)) * model_->slot_bytes(c);
+      in_flight +=
+          fmt::format("{}chunk {} (layers {}-{}): {} micro-batches in flight x {}", c ? ", " : "; ",
+                      c, model_->chunk(c).layer_begin, model_->chunk(c).layer_end - 1, peak,
+                      format_bytes(model_->slot_bytes(c)));
+    }
+  }
+  return fmt::format(
+      "memory plan (this rank, {} {}): parameters {} ({} values{}) | gradients {} | AdamW state {} "
+      "| "
+      "activations {} (micro-batch {} x {}, recompute {}{}) | total {}",
+      cfg_.train.device, cfg_.train.precision, format_bytes(params), p.numel(),
+      p.compute_copy_bytes() ? ", f32 master + bf16 copy" : "", format_bytes(grads),
+      format_bytes(optim), format_bytes(acts), cfg_.train.micro_batch, cfg_.train.seq_len,
+      cfg_.model.recompute ? "on" : "off", in_flight, format_bytes(params + grads + optim + acts));
+}
+
+double Trainer::write_timeline(const std::string& path) {
+  if (!pipeline_) return -1.0;
+  // This rank's spans as rows of 7 int64: kind, micro, chunk, step, start, end, CPU time;
+  // step starts as kind -1.
+  constexpr int64_t kRow = 7;
+  std::vector<int64_t> rows;
+  for (const auto& [step, start] : step_starts_)
+    rows.insert(rows.end(), {-1, 0, 0, step, start, start, 0});
+  for (const pp::Span& s : pipeline_->spans())
+    rows.insert(rows.end(),
+                {int64_t(s.kind), s.micro, s.chunk, s.step, s.start_ns, s.end_ns, s.cpu_ns});
+  // Gathered to world rank 0; int64 values travel as pairs of int32 (the same bytes).
+  auto words = [](int64_t* data, int64_t count) {
+    return view_of(data, Shape{2 * count}, DType::I32);
+  };
+  parallel::Communicator& world = mesh_->world();
+  const int n = world.size();
+  int64_t count = int64_t(rows.size());
+  std::vector<int64_t> counts(static_cast<size_t>(n));
+  world.all_gather(words(counts.data(), n), words(&count, 1));
+  std::vector<int64_t> send_counts(size_t(n), 0), recv_counts(size_t(n), 0);
+  send_counts[0] = 2 * count;
+  int64_t total = 0;
+  if (world_rank_ == 0)
+    for (int r = 0; r < n; ++r) recv_counts[size_t(r)] = 2 * counts[size_t(r)];
+  for (int64_t c : recv_counts) total += c / 2;
+  std::vector<int64_t> gathered(size_t(std::max<int64_t>(total, 1)));
+  rows.resize(std::max<size_t>(rows.size(), 1));
+  world.all_to_all_v(words(gathered.data(), int64_t(gathered.size())), recv_counts,
+                     words(rows.data(), int64_t(rows.size())), send_counts);
+  // Spans are wall time: when the ranks' threads outnumber the cores, a rank that waits for
+  // a core looks idle, and the measured bubble counts that wait too.
+  const NodeShare node = node_share();
+  if (world_rank_ != 0) return 0.0;
+
+  nlohmann::json events = nlohmann::json::array();
+  int64_t origin = std::numeric_limits<int64_t>::max();
+  for (int64_t i = 0; i < total; i += kRow) origin = std::min(origin, gathered[size_t(i + 4)]);
+  // Per step: the earliest start over ranks, the latest pass end, and each rank's busy time.
+  struct StepWindow {
+    int64_t start = std::numeric_limits<int64_t>::max(), end = 0;
+    std::map<int, double> busy;
+    double cpu = 0;  // CPU time in passes, all ranks
+  };
+  std::map<int64_t, StepWindow> windows;
+  int64_t offset = 0;
+  for (int r = 0; r < n; ++r) {
+    const parallel::MeshCoords x = parallel::mesh_coords(mesh_->config(), r);
+    events.push_back(
+        {{"name", "thread_name"},
+         {"ph", "M"},
+         {"pid", 0},
+         {"tid", r},
+         {"args",
+          {{"name", fmt::format("rank {} (pp {} dp {} tp {})", r, x[size_t(parallel::Axis::PP)],
+                                x[size_t(parallel::Axis::DP)], x[size_t(parallel::Axis::TP)])}}}});
+    for (int64_t i = offset; i < offset + counts[size_t(r)]; i += kRow) {
+      const int64_t* row = &gathered[size_t(i)];
+      StepWindow& w = windows[row[3]];
+      if (row[0] < 0) {
+        w.start = std::min(w.start, row[4]);
+        continue;
+      }
+      const auto kind = pp::Span::Kind(row[0]);
+      const bool pass = kind == pp::Span::Forward || kind == pp::Span::Backward;
+      if (pass) {
+        w.end = std::max(w.end, row[5]);
+        w.busy[r] += double(row[5] - row[4]);
+        w.cpu += double(row[6]);
+      }
+      const std::string name = pass ? fmt::format("{}{}{}", kind == pp::Span::Forward ? "F" : "B",
+                                                  row[1], row[2] ? fmt::format(".{}", row[2]) : "")
+                                    : pp::span_name(kind);
+      events.push_back({{"name", name},
+                        {"cat", pp::span_name(kind)},
+                        {"ph", "X"},
+                        {"pid", 0},
+                        {"tid", r},
+                        {"ts", double(row[4] - origin) * 1e-3},
+                        {"dur", double(row[5] - row[4]) * 1e-3},
+                        {"args",
+                         {{"step", row[3] + 1},
+                          {"micro_batch", row[1]},
+                          {"chunk", row[2]},
+                          {"cpu_ms", double(row[6]) * 1e-6}}}});
+    }
+    offset += counts[size_t(r)];
+  }
+  // Bubble: 1 - mean busy / window, averaged over the recorded steps after the first
+  // (warm-up). Assumes the ranks' steady clocks agree, as they do on one machine.
+  // The CPU-time bubble counts the cores' time instead: 1 - CPU time in passes / (cores the
+  // ranks can use x window). It is the larger one when ranks wait for a core (each other's or
+  // another program's) in the middle of a pass.
+  const double core_slots =
+      double(std::min(node.threads, node.cores)) * std::max(1, n / node.ranks);
+  double bubble_sum = 0.0, cpu_bubble_sum = 0.0;
+  int steps = 0;
+  for (auto it = windows.begin(); it != windows.end(); ++it) {
+    if (it == windows.begin() && windows.size() > 1) continue;
+    const StepWindow& w = it->second;
+    if (w.end <= w.start) continue;
+    double busy = 0.0;
+    for (const auto& [rank, b] : w.busy) busy += b;
+    bubble_sum += 1.0 - busy / (double(n) * double(w.end - w.start));
+    cpu_bubble_sum += std::max(0.0, 1.0 - w.cpu / (core_slots * double(w.end - w.start)));
+    ++steps;
+  }
+  const double bubble = steps ? bubble_sum / steps : 0.0;
+  const double cpu_bubble = steps ? cpu_bubble_sum / steps : 0.0;
+  const pp::ScheduleSpec& spec = pipeline_->schedule();
+  nlohmann::json doc = {{"traceEvents", events},
+                        {"displayTimeUnit", "ms"},
+                        {"otherData",
+                         {{"schedule", cfg_.parallel.pp_schedule},
+                          {"stages", spec.stages},
+                          {"micro_batches", spec.micro_batches},
+                          {"virtual_stages", spec.virtual_stages},
+                          {"group", spec.group},
+                          {"measured_bubble_fraction", bubble},
+                          {"ideal_bubble_fraction", pp::ideal_bubble_fraction(spec)},
+                          {"cpu_time_bubble_fraction", cpu_bubble},
+                          {"threads_on_node", node.threads},
+                          {"cores_on_node", node.cores}}}};
+  std::ofstream out(path);
+  if (!out) fail("cannot write the pipeline trace {}", path);
+  out << doc.dump();
+  const std::string shared =
+      node.threads <= node.cores
+          ? ""
+          : fmt::format(
+                " | oversubscribed: {} ranks ({} compute threads) share {} core{} on this "
+                "machine, so the wall-time bubble includes time spent waiting for a core, "
+                "not only for other stages",
+                node.ranks, node.threads, node.cores, node.cores == 1 ? "" : "s");
+  spdlog::info(
+      "pipeline trace: {} ({} steps) | bubble measured {:.3f} (wall time; {:.3f} by CPU "
+      "time), ideal {:.3f} ({} p={} m={} v={}{}){}",
+      path, steps, bubble, cpu_bubble, pp::ideal_bubble_fraction(spec), cfg_.parallel.pp_schedule,
+      spec.stages, spec.micro_batches, spec.virtual_stages,
+      spec.kind == pp::ScheduleKind::KFKB ? fmt::format(" k={}", spec.group) : "", shared);
+  return bubble;
+}
+
+}  // namespace pentad
