@@ -1,0 +1,35 @@
+#pragma once
+// What the checkpoint converters (convert.cpp for Hugging Face, convert_llmc.cpp for llm.c)
+// share: a committed checkpoint's parameters read whole, by name, with the recipe they
+// belong to, and the shape helpers they use.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "core/tensor.h"
+#include "train/config.h"
+
+namespace pentad::ckpt {
+
+using Dims = std::vector<int64_t>;
+
+int64_t numel(const Dims& dims);
+Shape to_shape(const Dims& dims);
+
+// Parameters of a committed checkpoint, read whole, with the recipe they belong to.
+class CheckpointParams {
+ public:
+  explicit CheckpointParams(const std::string& dir);
+
+  const ModelConfig& model() const { return config_.model; }
+  // Parameter `name` ("param/<name>" in the checkpoint) with shape `dims`; throws
+  // pentad::Error naming the checkpoint when it has no such tensor.
+  std::vector<float> get(const std::string& name, const Dims& dims);
+
+ private:
+  Reader reader_;
+  Config config_;
+};
+
+}  // namespace pentad::ckpt
