@@ -57,7 +57,7 @@ for kind in "${which[@]}"; do
   case $kind in
     asan)
       dir=build-asan
-      tests=($(unit_tests core kernels data model train checkpoint optim pp cli))
+      tests=($(unit_tests core kernels data model train checkpoint optim pp cli launch))
       cmake -S . -B $dir -G Ninja -DCMAKE_BUILD_TYPE=Release -DPENTAD_CUDA=OFF \
         -DPENTAD_SANITIZE=address >/dev/null
       cmake --build $dir -j"$(nproc)" --target pentad "${tests[@]}"
