@@ -131,6 +131,9 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
     pipeline_ = std::make_unique<parallel::pp::Pipeline>(*model_, stages, schedule_spec(cfg));
   }
   optimizer_ = std::make_unique<AdamW>(cfg.optim, model_->params());
+  swap_snapshots_ = cfg.checkpoint.snapshot == "swap" ||
+                    (cfg.checkpoint.snapshot == "auto" && placement(cfg).device == Device::CPU);
+  prepare_snapshots();
   if (mesh_ && mesh_->dp_cp().size() > 1)
     reducer_ = std::make_unique<parallel::GradReducer>(
         mesh_->dp_cp(), model_->params(),
@@ -208,7 +211,7 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
   if (pipeline_ && cfg_.parallel.pp_schedule == "adaptive" &&
       (step + 1) % cfg_.parallel.pp_adapt_every == 0)
     adapt_pipeline_group();
-  optimizer_->step(params, s.lr, snapshot_copied());  // a snapshot in flight copies first
+  optimizer_step(s.lr);
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double tokens = static_cast<double>(t.micro_batch * t.seq_len * t.grad_accum * dp_size_);
   s.tokens_per_second = tokens / s.seconds;
@@ -321,6 +324,8 @@ std::string Trainer::memory_plan() const {
   const ParamStore& p = model_->params();
   const size_t params = p.bytes() + p.compute_copy_bytes(), grads = p.bytes(),
                optim = 2 * p.bytes();
+  // The second set of parameters and moments (swap), or the staging buffer (copy).
+  const size_t snapshot = p.has_spare() ? 3 * p.bytes() : saver_.staging_bytes();
   size_t acts = model_->activation_bytes();
   std::string in_flight;
   if (pipeline_) {  // one slot per micro-batch the schedule keeps in flight on each chunk
@@ -340,12 +345,15 @@ std::string Trainer::memory_plan() const {
   }
   return fmt::format(
       "memory plan (this rank, {} {}): parameters {} ({} values{}) | gradients {} | AdamW state {} "
-      "| "
-      "activations {} (micro-batch {} x {}, recompute {}{}) | total {}",
+      "| activations {} (micro-batch {} x {}, recompute {}{}){} | total {}",
       cfg_.train.device, cfg_.train.precision, format_bytes(params), p.numel(),
       p.compute_copy_bytes() ? ", f32 master + bf16 copy" : "", format_bytes(grads),
       format_bytes(optim), format_bytes(acts), cfg_.train.micro_batch, cfg_.train.seq_len,
-      cfg_.model.recompute ? "on" : "off", in_flight, format_bytes(params + grads + optim + acts));
+      cfg_.model.recompute ? "on" : "off", in_flight,
+      snapshot ? fmt::format(" | checkpoint snapshot {} ({})", format_bytes(snapshot),
+                             p.has_spare() ? "swap: a second set of the state" : "copy: staging")
+               : "",
+      format_bytes(params + grads + optim + acts + snapshot));
 }
 
 void Trainer::write_metrics(const std::string& json_line) {
