@@ -408,6 +408,7 @@ void Trainer::run() {
   }
   const int64_t last = t.stop_at > 0 ? std::min(t.stop_at, t.steps) : t.steps;
   const auto run_start = std::chrono::steady_clock::now();
+  double blocked_so_far = saver_.blocked_seconds();
   for (int64_t step = start_step_; step < last; ++step) {
     std::function<void()> dump;
     if (step == start_step_ && !dump_grads_dir_.empty())
@@ -428,6 +429,10 @@ void Trainer::run() {
         // wall time since the loop began: steps plus saving, eval, logging
         {"elapsed_seconds",
          std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count()}};
+    if (t.save_every > 0) {  // this step's time blocked by checkpoints (its save's start included)
+      j["blocked_seconds"] = saver_.blocked_seconds() - blocked_so_far;
+      blocked_so_far = saver_.blocked_seconds();
+    }
     write_metrics(j.dump());
     if (t.log_every > 0 &&
         ((step + 1) % t.log_every == 0 || step == start_step_ || step + 1 == last))
