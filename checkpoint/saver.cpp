@@ -183,6 +183,14 @@ void AsyncSaver::publish(size_t staged_floats) {
 }
 
 void AsyncSaver::run() {
+  // Tests stand in for a slow disk or a busy machine with PENTAD_SAVER_DELAY_MS: the
+  // background thread starts that late, so that anything that writes the state before a
+  // snapshot is on disk shows up in the file. Never set outside tests.
+  static const int delay_ms = [] {
+    const char* text = std::getenv("PENTAD_SAVER_DELAY_MS");
+    return text ? std::atoi(text) : 0;
+  }();
+  if (background_ && delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
   auto start = std::chrono::steady_clock::now();
   double cpu = thread_cpu_seconds();
   try {
