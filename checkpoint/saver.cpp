@@ -52,7 +52,7 @@ AsyncSaver::~AsyncSaver() {
 }
 
 void AsyncSaver::begin(std::vector<std::string> files, std::vector<LiveTensor> tensors,
-                       bool asynchronous) {
+                       bool asynchronous, bool frozen) {
   wait_for_file();  // one snapshot at a time: the previous one must be on disk
   const auto start = std::chrono::steady_clock::now();
   files_ = std::move(files);
@@ -71,6 +71,7 @@ void AsyncSaver::begin(std::vector<std::string> files, std::vector<LiveTensor> t
   file_errors_.assign(files_.size(), "");
   busy_ = true;
   background_ = asynchronous;
+  frozen_ = frozen;
   has_snapshot_ = true;
   // The device copies queue behind the kernels issued so far, the optimizer step that
   // made this state among them.
@@ -85,14 +86,24 @@ void AsyncSaver::begin(std::vector<std::string> files, std::vector<LiveTensor> t
   blocked_seconds_ += seconds_since(start);
 }
 
-void AsyncSaver::copy() {
-  // Allocating (and first touching) the staging buffer is part of the background work:
-  // only the first snapshot pays it, and never on the training thread. One uninitialised
-  // buffer, kept across snapshots: no zeroing pass before the copy.
-  const size_t floats = tensors_.empty()
-                            ? 0
-                            : staged_at_.back() + (numel_of(tensors_.back()) + kAlignFloats - 1) /
-                                                      kAlignFloats * kAlignFloats;
+size_t AsyncSaver::staging_floats(const std::vector<LiveTensor>& tensors) {
+  size_t floats = 0;
+  for (const LiveTensor& t : tensors)
+    floats += (numel_of(t) + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+  return floats;
+}
+
+void AsyncSaver::reserve(const std::vector<LiveTensor>& tensors) {
+  PENTAD_CHECK(!busy_, "reserve() while a snapshot is in flight");
+  const bool from_device = std::any_of(tensors.begin(), tensors.end(),
+                                       [](const LiveTensor& t) { return t.device != Device::CPU; });
+  ensure_staging(staging_floats(tensors), from_device);
+  // Written once now, so that no snapshot pays for the first touch of its pages.
+  if (staging_capacity_ > 0) std::memset(staging_.get(), 0, staging_capacity_ * sizeof(float));
+}
+
+void AsyncSaver::ensure_staging(size_t floats, bool pinned) {
+  // One uninitialised buffer, kept across snapshots: no zeroing pass before a copy.
   if (floats > staging_capacity_) {
     if (staging_pinned_) host_unpin(staging_.get());
     staging_pinned_ = false;
@@ -104,12 +115,24 @@ void AsyncSaver::copy() {
     poison_host(staging_.get(), floats * sizeof(float));
     staging_capacity_ = floats;
   }
-  const bool from_device = std::any_of(tensors_.begin(), tensors_.end(),
-                                       [](const LiveTensor& t) { return t.device != Device::CPU; });
-  if (from_device && !staging_pinned_) {  // once: the pinned buffer is kept across snapshots
+  if (pinned && !staging_pinned_ && staging_capacity_ > 0) {  // kept across snapshots
     host_pin(staging_.get(), staging_capacity_ * sizeof(float));
     staging_pinned_ = true;
   }
+}
+
+bool AsyncSaver::staged() const {
+  return !frozen_ || std::any_of(tensors_.begin(), tensors_.end(),
+                                 [](const LiveTensor& t) { return t.device != Device::CPU; });
+}
+
+void AsyncSaver::copy() {
+  // Without reserve(), the first snapshot allocates (and first touches) the staging
+  // buffer here, on the background thread. A frozen snapshot of host memory needs none:
+  // it is checksummed and written where it lies.
+  const bool from_device = std::any_of(tensors_.begin(), tensors_.end(),
+                                       [](const LiveTensor& t) { return t.device != Device::CPU; });
+  if (staged()) ensure_staging(staging_floats(tensors_), from_device);
   checksums_.assign(tensors_.size(), 0);
   Xxh3Stream hash;
   static_assert(kWrittenChecksum == ChecksumKind::Xxh3_64, "the copy computes xxh3-64");
@@ -117,6 +140,8 @@ void AsyncSaver::copy() {
     hash.reset();
     if (tensors_[i].device != Device::CPU) {
       copy_from_device(i, hash);
+    } else if (!staged()) {
+      hash.update(tensors_[i].live, numel_of(tensors_[i]) * sizeof(float));
     } else {
       const size_t n = numel_of(tensors_[i]);
       float* staged = staging_.get() + staged_at_[i];
@@ -158,6 +183,14 @@ void AsyncSaver::publish(size_t staged_floats) {
 }
 
 void AsyncSaver::run() {
+  // Tests stand in for a slow disk or a busy machine with PENTAD_SAVER_DELAY_MS: the
+  // background thread starts that late, so that anything that writes the state before a
+  // snapshot is on disk shows up in the file. Never set outside tests.
+  static const int delay_ms = [] {
+    const char* text = std::getenv("PENTAD_SAVER_DELAY_MS");
+    return text ? std::atoi(text) : 0;
+  }();
+  if (background_ && delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
   auto start = std::chrono::steady_clock::now();
   double cpu = thread_cpu_seconds();
   try {
@@ -184,7 +217,8 @@ void AsyncSaver::run() {
   if (error_.empty() && !tensors_.empty()) {
     std::vector<ShardData> shards;
     for (size_t i = 0; i < tensors_.size(); ++i) {
-      ShardData shard{tensors_[i].info, staging_.get() + staged_at_[i], true};
+      const float* data = staged() ? staging_.get() + staged_at_[i] : tensors_[i].live;
+      ShardData shard{tensors_[i].info, data, true};
       shard.info.checksum = checksums_[i];
       shards.push_back(std::move(shard));
     }
@@ -258,6 +292,7 @@ void AsyncSaver::wait_for_removal() {
 
 bool AsyncSaver::restore() {
   if (!has_snapshot_) return false;
+  PENTAD_CHECK(staged(), "a frozen snapshot of host memory is restored by its owner, not copied");
   wait_for_copy();
   // A failed copy (no staging memory, a device error) leaves no snapshot; a failed write
   // leaves it whole.

@@ -19,6 +19,12 @@
 //
 // The staging buffer keeps the newest snapshot in host memory until the next save:
 // restore() copies it back into the live state, for a restart inside the job.
+//
+// Frozen snapshots (begin(..., frozen = true)): the caller promises that the tensors stay
+// unchanged until the next begin() (the optimizer writes a second set of the state and
+// swaps: AdamW::step out of place). Nothing waits for the copy then, and host tensors are
+// not copied at all: the background thread checksums and writes them where they lie. The
+// caller keeps the snapshot in memory itself (its second set), so restore() is refused.
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -52,14 +58,19 @@ class AsyncSaver {
   // The copy goes in the order of `tensors`. asynchronous = false copies and writes
   // before returning (the synchronous peer). Call it on the thread that issues the
   // kernels when any tensor is device memory.
-  void begin(std::vector<std::string> files, std::vector<LiveTensor> tensors, bool asynchronous);
+  void begin(std::vector<std::string> files, std::vector<LiveTensor> tensors, bool asynchronous,
+             bool frozen = false);
+  // Allocates and writes the staging buffer for snapshots of `tensors` now (at start-up),
+  // so that no save pays for it. Not needed for frozen snapshots of host memory.
+  void reserve(const std::vector<LiveTensor>& tensors);
+  size_t staging_bytes() const { return staging_capacity_ * sizeof(float); }
   // Blocks until the snapshot holds its copy of every live element in [begin, end) (at
   // once for memory it does not hold): call before overwriting that range.
   void wait_for_copy(const float* begin, const float* end);
   // Blocks until the whole copy is complete.
   void wait_for_copy();
   // Whether a snapshot's copy is still running (the only time wait_for_copy can block).
-  bool copying() const { return busy_ && !copied_.load(std::memory_order_acquire); }
+  bool copying() const { return busy_ && !frozen_ && !copied_.load(std::memory_order_acquire); }
   // Whether the file is written (or failed); wait_for_file() blocks until then and
   // rethrows a failure (the copy's, or the first file's) as pentad::Error.
   bool file_done() const { return !busy_ || file_done_.load(); }
@@ -95,6 +106,9 @@ class AsyncSaver {
 
  private:
   void run();  // the background thread: copy, then write
+  static size_t staging_floats(const std::vector<LiveTensor>& tensors);
+  void ensure_staging(size_t floats, bool pinned);
+  bool staged() const;  // this snapshot goes through staging_ (not frozen host memory)
   void copy();
   void copy_from_device(size_t i, Xxh3Stream& hash);  // tensor i, in pieces
   void publish(size_t staged_floats);                 // the copy holds staging_[0, staged_floats)
@@ -115,6 +129,7 @@ class AsyncSaver {
   std::thread remover_;  // remove_later()'s
   bool busy_ = false;
   bool background_ = false;    // run() is on its own thread
+  bool frozen_ = false;        // begin(..., frozen): the tensors do not change until the next
   bool has_snapshot_ = false;  // a copy of the newest snapshot is (being) staged
   bool copy_ok_ = false;       // ... and its copy completed (read after copied_)
   // Floats of staging_ copied so far, in staging order (gaps between tensors included).

@@ -1,6 +1,7 @@
 #include "core/params.h"
 
 #include <cstring>
+#include <utility>
 
 #include "core/device_memory.h"
 #include "core/rng.h"
@@ -51,6 +52,22 @@ void ParamStore::allocate(Placement placement) {
               static_cast<size_t>(numel_) * dtype_bytes(placement.compute), placement.device);
     weights_.zero();
   }
+}
+
+void ParamStore::allocate_spare() {
+  if (has_spare()) return;
+  spare_ = Arena("parameters (spare set)", bytes(), device());
+  spare_.zero();
+}
+
+Tensor ParamStore::spare_params() const {
+  PENTAD_CHECK(has_spare(), "the parameters have no spare set (allocate_spare)");
+  return view_of(spare_.base(), Shape{numel_}, DType::F32, device());
+}
+
+void ParamStore::swap_params() {
+  PENTAD_CHECK(has_spare(), "the parameters have no spare set (allocate_spare)");
+  std::swap(params_, spare_);
 }
 
 Tensor ParamStore::compute_copy() const {

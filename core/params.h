@@ -65,6 +65,14 @@ class ParamStore {
   // change to them (initialize, optimizer step, load).
   Tensor compute_copy() const;
 
+  // A second set of master parameters, laid out like the first (allocated and written
+  // here, so that nothing pays for it later): an optimizer step can write into it while a
+  // checkpoint still reads the live set, and swap_params() then makes it the live one.
+  void allocate_spare();
+  bool has_spare() const { return spare_.base() != nullptr; }
+  Tensor spare_params() const;  // flat, like all_params()
+  void swap_params();           // the spare set becomes the live one and the other way round
+
   Tensor param(int id) const { return view(params_.base(), id, device()); }  // F32 master
   Tensor grad(int id) const { return view(grads_.base(), id, device()); }
   // What forward and backward read: the compute copy, or the master when that is F32.
@@ -93,6 +101,7 @@ class ParamStore {
   int64_t numel_ = 0;
   Placement placement_;
   Arena params_, grads_;
+  Arena spare_;    // the second set of master parameters, when allocate_spare() made it
   Arena weights_;  // the compute copy (same element offsets), when compute is not F32
 };
 

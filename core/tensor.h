@@ -97,6 +97,7 @@ class Arena {
   size_t high_water() const { return high_water_; }
   const std::string& name() const { return name_; }
   void* base() const { return base_; }
+  Device device() const { return device_; }
 
   static constexpr size_t kAlignment = 64;
   static size_t aligned(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }

@@ -139,5 +139,12 @@ void refresh_weights(ParamStore& params);
 // correction. params, grads, m, v same shape.
 void adamw_update(Tensor params, Tensor m, Tensor v, const Tensor& grads, float lr, float beta1,
                   float beta2, float eps, float weight_decay, int64_t step);
+// The same step out of place: reads `from`, writes `to` (bitwise what the update in place
+// would leave), and leaves `from` untouched, e.g. for a checkpoint that is still reading it.
+struct AdamWState {
+  Tensor params, m, v;
+};
+void adamw_update(const AdamWState& from, const AdamWState& to, const Tensor& grads, float lr,
+                  float beta1, float beta2, float eps, float weight_decay, int64_t step);
 
 }  // namespace pentad::kernels

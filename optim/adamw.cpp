@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
+#include "core/check.h"
 #include "kernels/ops.h"
 
 namespace pentad {
@@ -50,8 +52,27 @@ void AdamW::reset() {
   step_ = 0;
 }
 
-void AdamW::step(ParamStore& params, float lr, const BeforeChunk& before_chunk) {
+void AdamW::allocate_spare() {
+  if (has_spare()) return;
+  spare_m_ = Arena("adam m (spare set)", m_.capacity(), m_.device());
+  spare_v_ = Arena("adam v (spare set)", v_.capacity(), v_.device());
+  spare_m_.zero();
+  spare_v_.zero();
+}
+
+void AdamW::swap_state() {
+  PENTAD_CHECK(has_spare(), "the optimizer has no spare moments (allocate_spare)");
+  std::swap(m_, spare_m_);
+  std::swap(v_, spare_v_);
+}
+
+void AdamW::step(ParamStore& params, float lr, const BeforeChunk& before_chunk, bool out_of_place) {
+  PENTAD_CHECK(!out_of_place || (has_spare() && params.has_spare()),
+               "an optimizer step out of place needs the spare sets (allocate_spare)");
   ++step_;
+  void* const to_params = out_of_place ? params.spare_params().data : params.all_params().data;
+  void* const to_m = out_of_place ? spare_m_.base() : m_.base();
+  void* const to_v = out_of_place ? spare_v_.base() : v_.base();
   for (int id = 0; id < static_cast<int>(params.specs().size()); ++id) {
     const float wd = params.spec(id).weight_decay ? cfg_.weight_decay : 0.0f;
     const size_t offset = params.spec(id).offset;
@@ -66,10 +87,17 @@ void AdamW::step(ParamStore& params, float lr, const BeforeChunk& before_chunk) 
     for (size_t at = offset; at < offset + n; at += per_chunk) {
       const size_t count = std::min(per_chunk, offset + n - at);
       if (before_chunk) before_chunk(at, at + count);
-      kernels::adamw_update(flat(params.all_params().data, at, count), flat(m_.base(), at, count),
-                            flat(v_.base(), at, count), flat(params.all_grads().data, at, count),
-                            lr, cfg_.beta1, cfg_.beta2, cfg_.eps, wd, step_);
+      kernels::adamw_update(
+          {flat(params.all_params().data, at, count), flat(m_.base(), at, count),
+           flat(v_.base(), at, count)},
+          {flat(to_params, at, count), flat(to_m, at, count), flat(to_v, at, count)},
+          flat(params.all_grads().data, at, count), lr, cfg_.beta1, cfg_.beta2, cfg_.eps, wd,
+          step_);
     }
+  }
+  if (out_of_place) {
+    params.swap_params();
+    swap_state();
   }
   kernels::refresh_weights(params);  // the compute copy follows the new master values
 }

@@ -40,17 +40,30 @@ class AdamW {
 
   AdamW(const OptimConfig& cfg, const ParamStore& params);
   // Updates the master parameters (on their device), then refreshes their compute copy.
-  void step(ParamStore& params, float lr, const BeforeChunk& before_chunk = {});
+  // out_of_place: reads the live parameters and moments and writes the new values into
+  // the spare sets (allocate_spare(), and the parameters' own), which then become the live
+  // ones; the previous state stays untouched in the spare sets until the next step out of
+  // place (a checkpoint snapshot reads it there). Bitwise the same values as in place.
+  void step(ParamStore& params, float lr, const BeforeChunk& before_chunk = {},
+            bool out_of_place = false);
+  void allocate_spare();  // second moments set, allocated and written now
+  bool has_spare() const { return spare_m_.base() != nullptr; }
+  // Swaps the live moments with the spare ones (with ParamStore::swap_params(): back to the
+  // state before the last step out of place).
+  void swap_state();
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t steps) { step_ = steps; }  // when resuming
   void reset();                                           // zero moments, step 0
-  size_t state_bytes() const { return m_.capacity() + v_.capacity(); }
+  size_t state_bytes() const {
+    return m_.capacity() + v_.capacity() + spare_m_.capacity() + spare_v_.capacity();
+  }
   void* m_base() const { return m_.base(); }
   void* v_base() const { return v_.base(); }
 
  private:
   OptimConfig cfg_;
-  Arena m_, v_;  // first and second moments, laid out like the parameter arena
+  Arena m_, v_;              // first and second moments, laid out like the parameter arena
+  Arena spare_m_, spare_v_;  // the spare set, when allocate_spare() made it
   int64_t step_ = 0;
 };
 

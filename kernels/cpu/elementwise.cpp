@@ -45,8 +45,9 @@ double sum_squares(const T* x, int64_t n) {
 }
 
 template <typename T>
-void adamw_update(T* params, T* m, T* v, const T* grads, int64_t n, double lr, double beta1,
-                  double beta2, double eps, double weight_decay, int64_t step) {
+void adamw_update(const T* params, const T* m, const T* v, T* params_out, T* m_out, T* v_out,
+                  const T* grads, int64_t n, double lr, double beta1, double beta2, double eps,
+                  double weight_decay, int64_t step) {
   // Scalars in double as Python computes them, rounded once to T as torch does.
   const double bias_c1 = 1.0 - std::pow(beta1, static_cast<double>(step));
   const double bias_c2 = 1.0 - std::pow(beta2, static_cast<double>(step));
@@ -65,18 +66,18 @@ void adamw_update(T* params, T* m, T* v, const T* grads, int64_t n, double lr, d
     const T vi = v[i] * b2 + w2 * g * g;  // mul_(b2).addcmul_(g, g, 1 - b2)
     const T denom = std::sqrt(vi) / bias_c2_sqrt + epsilon;
     p -= step_size * mi / denom;  // addcdiv_(m, denom, -step_size)
-    m[i] = mi;
-    v[i] = vi;
-    params[i] = p;
+    m_out[i] = mi;
+    v_out[i] = vi;
+    params_out[i] = p;
   }
 }
 
-#define PENTAD_INSTANTIATE(T)                                                                  \
-  template void add<T>(T*, const T*, const T*, int64_t);                                       \
-  template void scale<T>(T*, T, int64_t);                                                      \
-  template double sum_squares<T>(const T*, int64_t);                                           \
-  template void adamw_update<T>(T*, T*, T*, const T*, int64_t, double, double, double, double, \
-                                double, int64_t);
+#define PENTAD_INSTANTIATE(T)                                                                \
+  template void add<T>(T*, const T*, const T*, int64_t);                                     \
+  template void scale<T>(T*, T, int64_t);                                                    \
+  template double sum_squares<T>(const T*, int64_t);                                         \
+  template void adamw_update<T>(const T*, const T*, const T*, T*, T*, T*, const T*, int64_t, \
+                                double, double, double, double, double, int64_t);
 PENTAD_INSTANTIATE(float)
 PENTAD_INSTANTIATE(double)
 #undef PENTAD_INSTANTIATE

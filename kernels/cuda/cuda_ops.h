@@ -101,8 +101,9 @@ void add(const Tensor& out, const Tensor& a, const Tensor& b, int64_t n);
 void scale(const Tensor& x, float s, int64_t n);
 double sum_squares(const Tensor& x, int64_t n);
 void convert(const Tensor& out, const Tensor& inp, int64_t n);
-void adamw_update(const Tensor& params, const Tensor& m, const Tensor& v, const Tensor& grads,
-                  int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
-                  int64_t step);
+// Reads params, m, v; writes params_out, m_out, v_out (the same tensors for in place).
+void adamw_update(const Tensor& params, const Tensor& m, const Tensor& v, const Tensor& params_out,
+                  const Tensor& m_out, const Tensor& v_out, const Tensor& grads, int64_t n,
+                  float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step);
 
 }  // namespace pentad::kernels::cuda

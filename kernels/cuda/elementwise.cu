@@ -57,9 +57,10 @@ __global__ void sum_partials_kernel(double* total, const double* partials, int c
 }
 
 // Same arithmetic, in the same order, as kernels/cpu/elementwise.cpp (torch.optim.AdamW).
-__global__ void adamw_kernel(float* params, float* m, float* v, const float* grads, int64_t n,
-                             float decay, float w1, float b2, float w2, float step_size,
-                             float bias_c2_sqrt, float eps) {
+__global__ void adamw_kernel(const float* params, const float* m, const float* v, float* params_out,
+                             float* m_out, float* v_out, const float* grads, int64_t n, float decay,
+                             float w1, float b2, float w2, float step_size, float bias_c2_sqrt,
+                             float eps) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
     const float g = grads[i];
     float p = params[i] * decay;
@@ -67,9 +68,9 @@ __global__ void adamw_kernel(float* params, float* m, float* v, const float* gra
     const float vi = v[i] * b2 + w2 * g * g;
     const float denom = sqrtf(vi) / bias_c2_sqrt + eps;
     p -= step_size * mi / denom;
-    m[i] = mi;
-    v[i] = vi;
-    params[i] = p;
+    m_out[i] = mi;
+    v_out[i] = vi;
+    params_out[i] = p;
   }
 }
 
@@ -125,16 +126,17 @@ double sum_squares(const Tensor& x, int64_t n) {
   return result;
 }
 
-void adamw_update(const Tensor& params, const Tensor& m, const Tensor& v, const Tensor& grads,
-                  int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
-                  int64_t step) {
+void adamw_update(const Tensor& params, const Tensor& m, const Tensor& v, const Tensor& params_out,
+                  const Tensor& m_out, const Tensor& v_out, const Tensor& grads, int64_t n,
+                  float lr, float beta1, float beta2, float eps, float weight_decay, int64_t step) {
   if (n == 0) return;
   // Scalars in double as Python computes them, rounded once to float (as the CPU kernel).
   const double lr_d = lr, beta1_d = beta1, beta2_d = beta2;
   const double bias_c1 = 1.0 - std::pow(beta1_d, static_cast<double>(step));
   const double bias_c2 = 1.0 - std::pow(beta2_d, static_cast<double>(step));
   adamw_kernel<<<grid_for(n, kThreads), kThreads, 0, stream()>>>(
-      ptr<float>(params), ptr<float>(m), ptr<float>(v), ptr<float>(grads), n,
+      ptr<float>(params), ptr<float>(m), ptr<float>(v), ptr<float>(params_out), ptr<float>(m_out),
+      ptr<float>(v_out), ptr<float>(grads), n,
       static_cast<float>(1.0 - lr_d * static_cast<double>(weight_decay)),
       static_cast<float>(1.0 - beta1_d), static_cast<float>(beta2_d),
       static_cast<float>(1.0 - beta2_d), static_cast<float>(lr_d / bias_c1),

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "checkpoint/config.h"
 #include "data/config.h"
 #include "model/config.h"
 #include "optim/config.h"
@@ -58,6 +59,7 @@ struct Config {
   TrainConfig train;
   DataConfig data;
   ParallelConfig parallel;
+  CheckpointConfig checkpoint;
   std::string recipe_path;  // for messages
 };
 

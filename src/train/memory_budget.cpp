@@ -102,7 +102,8 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
                    (m.recompute ? layer_acts : 0) + (p > 1 && holds_last ? 3 * f32 * N : 0);
   e.parameters = e.values * (f32 + (cfg.train.precision == "bf16" ? 2 : 0));
   e.gradients = e.values * f32;
-  e.optimizer = 2 * e.values * f32;  // AdamW's m and v
+  e.optimizer = 2 * e.values * f32;                               // AdamW's m and v
+  if (cfg.train.save_every > 0) e.snapshot = 3 * e.values * f32;  // values, m and v again
   return e;
 }
 
@@ -250,6 +251,10 @@ void check_memory(const Config& cfg, const parallel::MeshConfig& mesh, const Nod
        e.parameters},
       {fmt::format("gradients {}", bytes_text(e.gradients)), e.gradients},
       {fmt::format("AdamW state {}", bytes_text(e.optimizer)), e.optimizer},
+      {fmt::format("checkpoint snapshot {} (checkpoint.snapshot = \"copy\" keeps it in host "
+                   "memory on CUDA; train.save_every = 0 drops it)",
+                   bytes_text(e.snapshot)),
+       e.snapshot},
       {fmt::format("activations {} (micro-batch {} x {}, recompute {})", bytes_text(e.activations),
                    cfg.train.micro_batch, cfg.train.seq_len, m.recompute ? "on" : "off"),
        e.activations}};

@@ -13,9 +13,12 @@ namespace pentad {
 // Bytes on the rank that needs the most: the largest pipeline stage of any tp rank.
 struct MemoryEstimate {
   double parameters = 0, gradients = 0, optimizer = 0, activations = 0;  // bytes
+  // Checkpoint snapshots (when train.save_every > 0): the second set of parameters and
+  // AdamW moments (checkpoint.snapshot swap) or the host staging buffer (copy), alike in size.
+  double snapshot = 0;
   double values = 0;  // parameter values held by that rank
   int stage = 0;      // its pipeline stage
-  double total() const { return parameters + gradients + optimizer + activations; }
+  double total() const { return parameters + gradients + optimizer + activations + snapshot; }
 };
 
 // Closed form over the layer shapes of model.cpp and the schedule's micro-batches in

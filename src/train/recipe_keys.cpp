@@ -109,6 +109,8 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(parallel, sequence_parallel, any()),
       PENTAD_KEY(parallel, order, any()),
       PENTAD_KEY(parallel, bucket_mb, above(0)),
+
+      PENTAD_KEY(checkpoint, snapshot, one_of({"auto", "swap", "copy"})),
   };
   return table;
 }

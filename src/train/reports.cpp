@@ -83,6 +83,10 @@ void Trainer::report_step(const StepStats& s, std::chrono::steady_clock::time_po
       // wall time since the loop began: steps plus saving, eval, logging
       {"elapsed_seconds",
        std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count()}};
+  if (t.save_every > 0) {  // this step's time blocked by checkpoints (its save's start included)
+    j["blocked_seconds"] = saver_.blocked_seconds() - blocked_reported_;
+    blocked_reported_ = saver_.blocked_seconds();
+  }
   write_metrics(j.dump());
   if (t.log_every > 0 && ((step + 1) % t.log_every == 0 || step == start_step_ || step + 1 == last))
     spdlog::info(
@@ -175,6 +179,8 @@ std::string Trainer::memory_plan() const {
   const ParamStore& p = model_->params();
   const size_t params = p.bytes() + p.compute_copy_bytes(), grads = p.bytes(),
                optim = 2 * p.bytes();
+  // The second set of parameters and moments (swap), or the staging buffer (copy).
+  const size_t snapshot = p.has_spare() ? 3 * p.bytes() : saver_.staging_bytes();
   size_t acts = model_->activation_bytes();
   std::string in_flight;
   if (pipeline_) {  // one slot per micro-batch the schedule keeps in flight on each chunk
@@ -194,12 +200,15 @@ std::string Trainer::memory_plan() const {
   }
   return fmt::format(
       "memory plan (this rank, {} {}): parameters {} ({} values{}) | gradients {} | AdamW state {} "
-      "| "
-      "activations {} (micro-batch {} x {}, recompute {}{}) | total {}",
+      "| activations {} (micro-batch {} x {}, recompute {}{}){} | total {}",
       cfg_.train.device, cfg_.train.precision, format_bytes(params), p.numel(),
       p.compute_copy_bytes() ? ", f32 master + bf16 copy" : "", format_bytes(grads),
       format_bytes(optim), format_bytes(acts), cfg_.train.micro_batch, cfg_.train.seq_len,
-      cfg_.model.recompute ? "on" : "off", in_flight, format_bytes(params + grads + optim + acts));
+      cfg_.model.recompute ? "on" : "off", in_flight,
+      snapshot ? fmt::format(" | checkpoint snapshot {} ({})", format_bytes(snapshot),
+                             p.has_spare() ? "swap: a second set of the state" : "copy: staging")
+               : "",
+      format_bytes(params + grads + optim + acts + snapshot));
 }
 
 double Trainer::write_timeline(const std::string& path) {

@@ -46,6 +46,9 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
     pipeline_ = std::make_unique<parallel::pp::Pipeline>(*model_, stages, schedule_spec(cfg));
   }
   optimizer_ = std::make_unique<AdamW>(cfg.optim, model_->params());
+  swap_snapshots_ = cfg.checkpoint.snapshot == "swap" ||
+                    (cfg.checkpoint.snapshot == "auto" && placement(cfg).device == Device::CPU);
+  prepare_snapshots();
   if (mesh_ && mesh_->dp_cp().size() > 1)
     reducer_ = std::make_unique<parallel::GradReducer>(
         mesh_->dp_cp(), model_->params(),
@@ -123,7 +126,7 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
   if (pipeline_ && cfg_.parallel.pp_schedule == "adaptive" &&
       (step + 1) % cfg_.parallel.pp_adapt_every == 0)
     adapt_pipeline_group();
-  optimizer_->step(params, s.lr, snapshot_copied());  // a snapshot in flight copies first
+  optimizer_step(s.lr);
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double tokens = static_cast<double>(t.micro_batch * t.seq_len * t.grad_accum * dp_size_);
   s.tokens_per_second = tokens / s.seconds;
@@ -185,6 +188,7 @@ void Trainer::run() {
   open_run_files();
   const int64_t last = t.stop_at > 0 ? std::min(t.stop_at, t.steps) : t.steps;
   const auto run_start = std::chrono::steady_clock::now();
+  blocked_reported_ = saver_.blocked_seconds();
   for (int64_t step = start_step_; step < last; ++step) {
     std::function<void()> dump;
     if (step == start_step_ && !dump_grads_dir_.empty())
@@ -216,7 +220,10 @@ void Trainer::adapt_pipeline_group() {
   parallel::pp::ScheduleSpec spec = pipeline_->schedule();
   const parallel::pp::GroupChoice choice =
       parallel::pp::choose_adaptive_group(spec, measures, link, limit);
-  spec.group = choice.group;
+  // Every pipeline in the job must run one schedule: data-parallel replicas measure their
+  // own times and could choose differently, and then their gradient buckets would reach the
+  // all-reduce in different orders. World rank 0's choice holds for all.
+  spec.group = all_ranks(world_rank_ == 0 ? choice.group : 0, parallel::ReduceOp::Max);
   pipeline_->set_schedule(spec);
   if (logs())
     spdlog::info(

@@ -96,12 +96,17 @@ class Trainer {
   // Restarts inside the job from the newest snapshot (the last save()), which stays in
   // host memory: parameters, AdamW moments and step, bitwise what resume() would load from
   // its checkpoint, without reading disk. Returns the step to train next, or -1 when this
-  // job has saved nothing. Collective. Ranks that hold no staged copy (data-parallel
-  // replicas; tensor-parallel ranks for replicated parameters) receive it by broadcast.
+  // job has saved nothing. Collective. With copy snapshots, ranks that hold no staged copy
+  // (data-parallel replicas; tensor-parallel ranks for replicated parameters) receive it by
+  // broadcast; with swap snapshots every rank still holds its own set and swaps back to it.
   int64_t restore_snapshot();
   // For the optimizer: before each chunk it updates, waits only until a snapshot copy in
   // flight holds that chunk's parameters and moments (empty when no copy is in flight).
   AdamW::BeforeChunk snapshot_copied();
+  // The optimizer step of train_step(): out of place right after a swap snapshot.
+  void optimizer_step(float lr);
+  // checkpoint.snapshot resolved: true for "swap" (or "auto" on the CPU).
+  bool swap_snapshots() const { return swap_snapshots_; }
 
  private:
   bool logs() const { return world_rank_ == 0; }
@@ -120,6 +125,13 @@ class Trainer {
     void* base;
   };
   std::vector<StateBuffer> state_buffers(bool with_optimizer) const;
+  // What this rank's snapshot holds (empty on data-parallel replicas), in the optimizer's
+  // order: each parameter's value, m, v.
+  std::vector<ckpt::LiveTensor> snapshot_tensors() const;
+  // At start-up, when the run saves: the spare state sets (swap) or the staging buffer (copy),
+  // allocated and touched now rather than inside the first save.
+  void prepare_snapshots();
+  int64_t restored_snapshot();  // restore_snapshot()'s common end: step, schedule, message
   // False (and a warning) if the checkpoint is unusable (corrupt, truncated, missing).
   // with_optimizer = false loads the parameters only and starts the optimizer afresh.
   bool load(const std::string& dir, bool with_optimizer);
@@ -157,6 +169,10 @@ class Trainer {
   int64_t pending_save_ = -1;  // step of the snapshot not yet committed
   int64_t pending_optimizer_steps_ = 0;
   int64_t snapshot_step_ = -1, snapshot_optimizer_steps_ = 0;  // of the newest, in memory
+  // Swap snapshots: the newest snapshot is the live state set until the next optimizer step
+  // (swap_pending_: that step goes out of place), then the spare one (snapshot_in_spare_).
+  bool swap_snapshots_ = false, swap_pending_ = false, snapshot_in_spare_ = false;
+  double blocked_reported_ = 0;  // saver_.blocked_seconds() at the last report_step()
   int64_t saves_ = 0;
   std::vector<int64_t> failed_saves_;  // per checkpoint level: failures in a row
   int64_t start_step_ = 0;             // first step run() trains (after a resume)

@@ -33,34 +33,64 @@ std::vector<std::string> Trainer::checkpoint_roots() const {
   return roots;
 }
 
-void Trainer::save(int64_t steps_done) {
-  commit_pending(true);
+std::vector<ckpt::LiveTensor> Trainer::snapshot_tensors() const {
   // The first data-parallel replica of each shard writes it; the others hold copies.
   // Copied in the optimizer's order (parameter by parameter: its value, m, v), so that the
   // optimizer can follow the copy (snapshot_copied()).
   std::vector<ckpt::LiveTensor> tensors;
-  if (dp_rank_ == 0) {
-    const ParamStore& p = model_->params();
-    for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
-      const ParamSpec& spec = p.spec(id);
-      if (spec.shard_dim < 0 && model_->tp().rank() != 0) continue;  // tp rank 0 has it
-      if (spec.pipeline_copy) continue;  // the first pipeline stage saves the original
-      for (const StateBuffer& kind : state_buffers(true)) {
-        ckpt::ShardInfo info{kind.prefix + spec.name, spec.global_shape, spec.shard_dim,
-                             spec.shard_start,        spec.local_shape,  0};
-        tensors.push_back({info, p.view(kind.base, id, p.device()).f32(), p.device()});
-      }
+  if (dp_rank_ != 0) return tensors;
+  const ParamStore& p = model_->params();
+  for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
+    const ParamSpec& spec = p.spec(id);
+    if (spec.shard_dim < 0 && model_->tp().rank() != 0) continue;  // tp rank 0 has it
+    if (spec.pipeline_copy) continue;  // the first pipeline stage saves the original
+    for (const StateBuffer& kind : state_buffers(true)) {
+      ckpt::ShardInfo info{kind.prefix + spec.name, spec.global_shape, spec.shard_dim,
+                           spec.shard_start,        spec.local_shape,  0};
+      tensors.push_back({info, p.view(kind.base, id, p.device()).f32(), p.device()});
     }
   }
+  return tensors;
+}
+
+void Trainer::prepare_snapshots() {
+  if (cfg_.train.save_every <= 0) return;  // restore_snapshot() needs a save() too
+  if (swap_snapshots_) {
+    model_->params().allocate_spare();
+    optimizer_->allocate_spare();
+  } else {
+    saver_.reserve(snapshot_tensors());
+  }
+}
+
+void Trainer::save(int64_t steps_done) {
+  commit_pending(true);
   std::vector<std::string> files;
   for (const std::string& root : checkpoint_roots())
     files.push_back(ckpt::partial_dir(root, steps_done) + "/" + ckpt::rank_file_name(world_rank_));
-  saver_.begin(files, std::move(tensors), cfg_.train.async_save);  // after the step's kernels
+  // After the step's kernels. A swap snapshot is frozen: the next optimizer step writes the
+  // spare set, and this one stays as it is until the save after next.
+  if (swap_snapshots_) {
+    model_->params().allocate_spare();  // once; at start-up already when train.save_every > 0
+    optimizer_->allocate_spare();
+  }
+  saver_.begin(files, snapshot_tensors(), cfg_.train.async_save, swap_snapshots_);
+  swap_pending_ = swap_snapshots_;
+  snapshot_in_spare_ = false;
   pending_save_ = steps_done;
   ++saves_;
   pending_optimizer_steps_ = optimizer_->steps_taken();
   snapshot_step_ = steps_done;
   snapshot_optimizer_steps_ = optimizer_->steps_taken();
+}
+
+void Trainer::optimizer_step(float lr) {
+  // A copy in flight is followed chunk by chunk; a swap snapshot is left where it is.
+  optimizer_->step(model_->params(), lr, snapshot_copied(), swap_pending_);
+  if (swap_pending_) {
+    swap_pending_ = false;
+    snapshot_in_spare_ = true;
+  }
 }
 
 AdamW::BeforeChunk Trainer::snapshot_copied() {
@@ -75,6 +105,17 @@ AdamW::BeforeChunk Trainer::snapshot_copied() {
 
 int64_t Trainer::restore_snapshot() {
   if (snapshot_step_ < 0) return -1;  // the same on every rank: save() is collective
+  if (swap_snapshots_) {
+    // Every rank holds its own frozen set: back to it, and the next step writes the other
+    // set again, so the snapshot survives for another restore and its file's write.
+    if (snapshot_in_spare_) {
+      model_->params().swap_params();
+      optimizer_->swap_state();
+      snapshot_in_spare_ = false;
+    }
+    swap_pending_ = true;
+    return restored_snapshot();
+  }
   const bool restored = saver_.restore();
   if (all_ranks(restored ? 0 : 1, parallel::ReduceOp::Max) != 0) {
     spdlog::warn("the snapshot of step {} is not in memory (its copy failed)", snapshot_step_);
@@ -101,7 +142,11 @@ int64_t Trainer::restore_snapshot() {
       for (const StateBuffer& b : state_buffers(true))
         ends->broadcast(p.view(b.base, id, device), 0);
     }
-  kernels::refresh_weights(p);  // the compute copy (bf16) follows the restored master values
+  return restored_snapshot();
+}
+
+int64_t Trainer::restored_snapshot() {
+  kernels::refresh_weights(model_->params());  // the compute copy follows the master values
   optimizer_->set_steps_taken(snapshot_optimizer_steps_);
   start_step_ = snapshot_step_;
   spdlog::info("restored the step {} snapshot from host memory", snapshot_step_);

@@ -120,6 +120,34 @@ TEST_F(SaverTest, OverwritingBehindTheCopyKeepsTheSnapshot) {
   EXPECT_GT(t.write_seconds, 0.0);
 }
 
+// A frozen snapshot (checkpoint.snapshot = "swap") is written from where it lies, with
+// no staging buffer and nothing to wait for; the file holds the same bits, and reserve()
+// makes the copy's staging buffer ahead of the first save.
+TEST_F(SaverTest, FrozenSnapshotWritesInPlaceAndMatchesTheCopy) {
+  const State state = make_state(4);
+  State frozen = state;
+  AsyncSaver saver;
+  saver.begin({file(1)}, frozen.live(), true, /*frozen=*/true);
+  EXPECT_FALSE(saver.copying());  // nothing for an optimizer to wait for
+  saver.wait_for_file();
+  EXPECT_EQ(saver.staging_bytes(), 0u);
+  EXPECT_ANY_THROW(saver.restore());  // the owner keeps a frozen snapshot, not the saver
+  const auto got = read_back(state, 1);
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_TRUE(same_bits(got[i], state.tensors[i])) << "tensor " << i;
+
+  State copied = state;
+  AsyncSaver copier;
+  copier.reserve(copied.live());
+  const size_t reserved = copier.staging_bytes();
+  EXPECT_GE(reserved, 12'000'026 * sizeof(float));
+  copier.begin({file(2)}, copied.live(), true);
+  copier.wait_for_file();
+  EXPECT_EQ(copier.staging_bytes(), reserved) << "the save used the reserved buffer";
+  const auto again = read_back(state, 2);
+  for (size_t i = 0; i < again.size(); ++i) EXPECT_TRUE(same_bits(again[i], got[i]));
+}
+
 TEST_F(SaverTest, RestoreBringsBackTheNewestSnapshot) {
   const State first = make_state(2), second = make_state(3);
   State state = first;

@@ -720,6 +720,17 @@ TEST_F(CudaOps, AdamWMatchesTheCpu) {
     expect_close("adamw params step " + std::to_string(step), download(gp), p, 1e-6);
     expect_close("adamw m", download(gm), m, 1e-6);
     expect_close("adamw v", download(gv), v, 1e-6);
+    // Out of place (swap snapshots): the same bits as in place, and the input untouched.
+    const Tensor op = gpu.upload(p0, {n}, DType::F32), om = gpu.upload(m0, {n}, DType::F32);
+    const Tensor ov = gpu.upload(v0, {n}, DType::F32);
+    const Tensor np = gpu.upload(p0, {n}, DType::F32), nm = gpu.upload(m0, {n}, DType::F32);
+    const Tensor nv = gpu.upload(v0, {n}, DType::F32);
+    k::adamw_update({op, om, ov}, {np, nm, nv}, gpu.upload(g, {n}, DType::F32), 3e-4f, 0.9f, 0.95f,
+                    1e-8f, 0.1f, step);
+    EXPECT_EQ(download(np), download(gp)) << "out of place: params";
+    EXPECT_EQ(download(nm), download(gm)) << "out of place: m";
+    EXPECT_EQ(download(nv), download(gv)) << "out of place: v";
+    EXPECT_EQ(download(op), p0) << "out of place: the input is left as it was";
   }
 }
 

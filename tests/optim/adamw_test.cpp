@@ -110,5 +110,42 @@ TEST(AdamW, HookHearsEveryChunkInOrderBeforeItIsWritten) {
   EXPECT_FALSE(same_bits(params, p0.data(), n));  // and the step did update
 }
 
+// Swap snapshots: a step out of place gives the bits of the step in place, and leaves the
+// state before it untouched in the spare sets (where a checkpoint is still reading it).
+TEST(AdamW, StepOutOfPlaceIsBitwiseInPlaceAndKeepsThePreviousState) {
+  OptimConfig cfg;
+  ParamStore swapped = make_params(), in_place = make_params();
+  AdamW a(cfg, swapped), b(cfg, in_place);
+  swapped.allocate_spare();
+  a.allocate_spare();
+  const int64_t n = swapped.numel();
+  for (int64_t step = 1; step <= 4; ++step) {
+    fill_grads(swapped, static_cast<uint32_t>(step));
+    fill_grads(in_place, static_cast<uint32_t>(step));
+    const bool out_of_place = step % 2 == 0;  // alternate, as saves and plain steps do
+    const std::vector<float> before(swapped.all_params().f32(), swapped.all_params().f32() + n);
+    const std::vector<float> m_before(static_cast<const float*>(a.m_base()),
+                                      static_cast<const float*>(a.m_base()) + n);
+    const void* live = swapped.all_params().data;
+    a.step(swapped, 1e-3f, {}, out_of_place);
+    b.step(in_place, 1e-3f);
+    EXPECT_TRUE(same_bits(swapped.all_params().f32(), in_place.all_params().f32(), n)) << step;
+    EXPECT_TRUE(
+        same_bits(static_cast<const float*>(a.m_base()), static_cast<const float*>(b.m_base()), n));
+    EXPECT_TRUE(
+        same_bits(static_cast<const float*>(a.v_base()), static_cast<const float*>(b.v_base()), n));
+    EXPECT_EQ(swapped.all_params().data != live, out_of_place) << "the sets swap roles";
+    if (out_of_place) {  // the previous live set is now the spare one, untouched
+      EXPECT_TRUE(same_bits(swapped.spare_params().f32(), before.data(), n));
+      a.swap_state();  // and back: the moments before the step
+      EXPECT_TRUE(same_bits(static_cast<const float*>(a.m_base()), m_before.data(), n));
+      a.swap_state();
+    }
+  }
+  ParamStore plain = make_params();
+  AdamW c(cfg, plain);
+  EXPECT_ANY_THROW(c.step(plain, 1e-3f, {}, true));  // no spare sets: refused
+}
+
 }  // namespace
 }  // namespace pentad

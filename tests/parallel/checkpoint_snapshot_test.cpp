@@ -1,6 +1,7 @@
-// In-job restart from host memory (dp2 x tp2 with sequence parallelism; pp2 x dp2): only the first
-// data-parallel replica stages a snapshot, and only tp rank 0 stages replicated parameters;
-// restore_snapshot() broadcasts the rest. Every rank must end bitwise where a resume from
+// In-job restart from host memory (dp2 x tp2 with sequence parallelism; pp2 x dp2), with
+// both kinds of snapshot. Copy: only the first data-parallel replica stages a snapshot, and
+// only tp rank 0 stages replicated parameters; restore_snapshot() broadcasts the rest.
+// Swap: every rank goes back to its own frozen set. Every rank must end bitwise where a resume from
 // the step's checkpoint on disk puts it, and train on identically.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -67,27 +68,35 @@ static void check_restore(const std::string& name, std::vector<std::string> keys
   if (rank == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(out);
 }
 
-TEST(CheckpointSnapshot, RestoreFromMemoryEqualsResumeFromDiskOnDp2Tp2) {
+// Both kinds of snapshot: swap (every rank swaps back to its own frozen set) and copy
+// (staged by the first replica, broadcast to the others).
+class CheckpointSnapshot : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CheckpointSnapshot, RestoreFromMemoryEqualsResumeFromDiskOnDp2Tp2) {
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   if (world != 4) GTEST_SKIP() << "needs mpirun with 4 ranks";
-  check_restore("dp2tp2",
-                {"model.family=llama", "model.n_layer=2", "model.d_model=64", "model.n_head=4",
-                 "model.n_kv_head=2", "model.vocab_size=512", "model.tie_embeddings=false",
-                 "train.seq_len=32", "train.micro_batch=2", "train.grad_accum=2", "train.steps=10",
-                 "train.threads=1", "train.eval_every=0", "data.source=random", "parallel.tp=2",
-                 "parallel.sequence_parallel=true"});
+  check_restore(
+      std::string("dp2tp2-") + GetParam(),
+      {std::string("checkpoint.snapshot=") + GetParam(), "model.family=llama", "model.n_layer=2",
+       "model.d_model=64", "model.n_head=4", "model.n_kv_head=2", "model.vocab_size=512",
+       "model.tie_embeddings=false", "train.seq_len=32", "train.micro_batch=2",
+       "train.grad_accum=2", "train.steps=10", "train.threads=1", "train.eval_every=0",
+       "data.source=random", "parallel.tp=2", "parallel.sequence_parallel=true"});
 }
 
 // Pipeline: the last stage's copy of the tied embedding is not staged; it comes from the
 // first stage.
-TEST(CheckpointSnapshot, RestoreFromMemoryEqualsResumeFromDiskOnPp2Dp2) {
+TEST_P(CheckpointSnapshot, RestoreFromMemoryEqualsResumeFromDiskOnPp2Dp2) {
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   if (world != 4) GTEST_SKIP() << "needs mpirun with 4 ranks";
-  check_restore("pp2dp2",
-                {"model.family=gpt2", "model.n_layer=2", "model.d_model=64", "model.n_head=4",
-                 "model.vocab_size=512", "model.tie_embeddings=true", "train.seq_len=32",
-                 "train.micro_batch=2", "train.grad_accum=2", "train.steps=10", "train.threads=1",
-                 "train.eval_every=0", "data.source=random", "parallel.pp=2", "parallel.tp=1"});
+  check_restore(std::string("pp2dp2-") + GetParam(),
+                {std::string("checkpoint.snapshot=") + GetParam(), "model.family=gpt2",
+                 "model.n_layer=2", "model.d_model=64", "model.n_head=4", "model.vocab_size=512",
+                 "model.tie_embeddings=true", "train.seq_len=32", "train.micro_batch=2",
+                 "train.grad_accum=2", "train.steps=10", "train.threads=1", "train.eval_every=0",
+                 "data.source=random", "parallel.pp=2", "parallel.tp=1"});
 }
+
+INSTANTIATE_TEST_SUITE_P(Snapshot, CheckpointSnapshot, ::testing::Values("swap", "copy"));

@@ -52,9 +52,9 @@ def pentad_cmd(pentad, recipe, ranks, out, overrides, extra=()):
     return cmd
 
 
-def train(pentad, recipe, ranks, out, overrides, extra=(), check=True):
-    proc = subprocess.run(pentad_cmd(pentad, recipe, ranks, out, overrides, extra), env=ENV,
-                          capture_output=True, text=True)
+def train(pentad, recipe, ranks, out, overrides, extra=(), check=True, env=None):
+    proc = subprocess.run(pentad_cmd(pentad, recipe, ranks, out, overrides, extra),
+                          env=dict(ENV, **(env or {})), capture_output=True, text=True)
     if check and proc.returncode != 0:
         print(proc.stdout[-3000:], proc.stderr[-3000:])
         raise SystemExit(f"pentad failed in {out}")
@@ -98,6 +98,39 @@ def bitwise_resume(pentad, recipe, work, name, ranks, layout):
     same = all(np.array_equal(wa[k].view(np.uint32), wb[k].view(np.uint32)) for k in wa)
     check(same and wa.keys() == wb.keys(), f"{name}: final weights bitwise equal")
     return ckpt
+
+
+def swap_equals_copy(pentad, recipe, work):
+    """checkpoint.snapshot = "swap" (the optimizer step after a save writes a second set of
+    the state; the saver writes the first from where it lies) and "copy" (the lazy staging
+    copy) write bitwise the same files at every save, and the run's losses do not depend on
+    which, on dp2 x tp2 with a save every 3 steps (sets swapping back and forth). The saver's
+    thread starts 300 ms late (PENTAD_SAVER_DELAY_MS), several steps of this tiny model, so
+    an optimizer that wrote the saved set (or a copy it did not wait for) would change the
+    file. A run resumed from the swap run's step-6 checkpoint ends where it did."""
+    layout = ["parallel.tp=2", "parallel.sequence_parallel=true", "train.steps=12",
+              "train.save_every=3", "train.keep_last=10"]
+    runs = {}
+    for mode in ("swap", "copy"):
+        out = work / f"snapshot-{mode}"
+        log = train(pentad, recipe, 4, out, layout + [f"checkpoint.snapshot={mode}",
+                                                      f"train.ckpt_dir={out}/ckpt"],
+                    env={"PENTAD_SAVER_DELAY_MS": "300"})
+        check(f"({mode}:" in log, f"{mode}: the memory plan names the snapshot kind")
+        runs[mode] = out
+    steps = sorted(d.name for d in (runs["swap"] / "ckpt").glob("step-*"))
+    check(steps == [f"step-{s:08d}" for s in (3, 6, 9, 12)], f"swap run committed 4 checkpoints: {steps}")
+    for step in steps:
+        for f in sorted((runs["swap"] / "ckpt" / step).glob("rank-*.h5")):
+            other = runs["copy"] / "ckpt" / step / f.name
+            check(other.exists() and f.read_bytes() == other.read_bytes(),
+                  f"{step}/{f.name}: swap and copy snapshots bitwise equal")
+    check(losses(runs["swap"]) == losses(runs["copy"]), "swap and copy runs: losses bitwise equal")
+    resumed = work / "snapshot-resumed"
+    train(pentad, recipe, 4, resumed, layout + ["train.save_every=0"],
+          ["--resume", str(runs["swap"] / "ckpt" / "step-00000006")])
+    a, b = losses(runs["swap"]), losses(resumed)
+    check(all(a[s] == b[s] for s in range(7, 13)), "resumed from the swap run's step 6: losses bitwise")
 
 
 def reshard(pentad, recipe, work, ckpt, source, runs):
@@ -295,6 +328,7 @@ def main():
     reshard(pentad, recipe, work, ckpt, "pp2xdp2", {
         "one rank": (1, ["train.grad_accum=4"]),
         "tp2": (2, ["parallel.tp=2", "train.grad_accum=4"])})
+    swap_equals_copy(pentad, recipe, work)
     corruption(pentad, recipe, work)
     mirror(pentad, recipe, work)
     refusals(pentad, recipe, work)

@@ -21,7 +21,7 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 SECONDS = 5.0  # per case; refusals take well under one (MPI start-up is most of it)
 TINY = ["train.steps=2", "train.threads=1", "train.log_every=1", "train.micro_batch=2",
         "train.seq_len=16", "data.source=random"]
-SECTIONS = "sections are [model], [optim], [train], [data], [parallel]"
+SECTIONS = "sections are [model], [optim], [train], [data], [parallel], [checkpoint]"
 SMALL = "small.bin"  # an llm.c shard of 400 tokens: 24 windows of 16, 22 for training
 
 
