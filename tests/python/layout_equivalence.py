@@ -68,6 +68,10 @@ PIPELINE_LAYOUTS = [
     ("pp2-2f2b", 2, ["parallel.pp=2", "parallel.pp_schedule=kfkb", "parallel.pp_group=2"]),
     ("pp2-adaptive", 2, ["parallel.pp=2", "parallel.pp_schedule=adaptive",
                          "parallel.pp_adapt_every=3"]),
+    # Data-parallel replicas must agree on k (each measures its own times; world rank 0
+    # decides): with replicas choosing apart, gradient buckets met in different orders.
+    ("pp2xdp2-adaptive", 4, ["parallel.pp=2", "parallel.tp=1", "parallel.pp_schedule=adaptive",
+                             "parallel.pp_adapt_every=2", "parallel.pp_link_delay_ms=1"]),
     ("pp4-gpipe", 4, ["parallel.pp=4", "parallel.pp_schedule=gpipe"]),
     ("pp4-1f1b", 4, ["parallel.pp=4", "parallel.pp_schedule=1f1b"]),
     ("pp4-3f3b", 4, ["parallel.pp=4", "parallel.pp_schedule=kfkb", "parallel.pp_group=3"]),
