@@ -16,6 +16,7 @@
 #include "parallel/mesh.h"
 #include "parallel/pp/pipeline.h"
 #include "train/config.h"
+#include "train/parallelize.h"
 
 namespace pentad {
 
@@ -129,6 +130,7 @@ class Trainer {
   int world_rank_ = 0;
   int dp_size_ = 1, dp_rank_ = 0;
   int pp_size_ = 1, pp_rank_ = 0;
+  ModelWiring wiring_;  // before model_ and pipeline_, which use it
   std::unique_ptr<Model> model_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<data::DataLoader> data_;
