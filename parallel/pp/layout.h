@@ -2,7 +2,7 @@
 // How a model's layers are cut into pipeline chunks: p stages, each running v chunks
 // (virtual stages) of contiguous layers. Chunk j of the p * v, in model order, is virtual
 // stage j and runs on stage j % p (the interleaved layout of Narayanan et al. 2021); with
-// v = 1 stage s runs layers of chunk s alone.
+// v = 1, stage s runs chunk s only.
 #include <cstdint>
 #include <string>
 #include <vector>
