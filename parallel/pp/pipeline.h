@@ -22,7 +22,6 @@
 #include <vector>
 
 #include "parallel/comm.h"
-#include "parallel/pp/layout.h"
 #include "parallel/pp/schedule.h"
 #include "parallel/pp/stage.h"
 
@@ -93,7 +92,7 @@ class Pipeline {
   int acquire_slot(int chunk);
   void release_slot(int chunk, int slot);
 
-  Stage& chunks_;
+  Stage& chunks_;  // this stage's chunks
   Communicator& group_;
   ScheduleSpec spec_;
   int stage_ = 0;

@@ -15,6 +15,7 @@
 
 #include "core/check.h"
 #include "core/tensor.h"
+#include "parallel/pp/layout.h"
 #include "parallel/pp/pipeline.h"
 #include "train/trainer.h"
 

@@ -13,6 +13,7 @@
 #include "core/npy.h"
 #include "data/corpus.h"
 #include "kernels/ops.h"
+#include "parallel/pp/layout.h"
 #include "train/recipe.h"
 
 namespace pentad {
