@@ -1,74 +1,12 @@
 #include "parallel/pp/pipeline.h"
 
-#include <fmt/ranges.h>
 #include <time.h>
 
 #include <algorithm>
-#include <numeric>
-#include <sstream>
 
 #include "core/check.h"
 
 namespace pentad::parallel::pp {
-
-std::vector<int64_t> chunk_layers(int64_t n_layer, int stages, int virtual_stages,
-                                  const std::string& layout) {
-  const int64_t chunks = int64_t(stages) * virtual_stages;
-  std::vector<int64_t> layers;
-  if (chunks > n_layer)
-    fail(
-        "model.n_layer = {} cannot fill parallel.pp = {} x parallel.virtual_stages = {} = {} "
-        "chunks of at least one layer: lower parallel.pp or parallel.virtual_stages",
-        n_layer, stages, virtual_stages, chunks);
-  if (layout.empty()) {
-    if (n_layer % chunks != 0) {
-      std::vector<std::string> example;
-      for (int64_t j = 0; j < chunks; ++j)
-        example.push_back(std::to_string(n_layer / chunks + (j < n_layer % chunks ? 1 : 0)));
-      fail(
-          "model.n_layer = {} does not split evenly into parallel.pp = {} x "
-          "parallel.virtual_stages = {} = {} chunks: change parallel.pp or "
-          "parallel.virtual_stages, or give parallel.pp_layout (layers per chunk, e.g. \"{}\")",
-          n_layer, stages, virtual_stages, chunks, fmt::format("{}", fmt::join(example, ",")));
-    }
-    layers.assign(size_t(chunks), n_layer / chunks);
-    return layers;
-  }
-  std::stringstream in(layout);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    size_t used = 0;
-    int64_t n = 0;
-    try {
-      n = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || item.find_first_not_of(" 0123456789", 0) != std::string::npos || n < 1)
-      fail("parallel.pp_layout = \"{}\": \"{}\" is not a layer count of at least 1", layout, item);
-    layers.push_back(n);
-  }
-  if (int64_t(layers.size()) != chunks)
-    fail(
-        "parallel.pp_layout = \"{}\" lists {} chunks but parallel.pp = {} x "
-        "parallel.virtual_stages = {} needs {}",
-        layout, layers.size(), stages, virtual_stages, chunks);
-  const int64_t sum = std::accumulate(layers.begin(), layers.end(), int64_t{0});
-  if (sum != n_layer)
-    fail("parallel.pp_layout = \"{}\" adds up to {} layers but model.n_layer = {}", layout, sum,
-         n_layer);
-  return layers;
-}
-
-std::vector<Chunk> stage_chunks(const std::vector<int64_t>& layers, int stages, int stage) {
-  const int total = int(layers.size());
-  std::vector<Chunk> out;
-  for (int j = stage; j < total; j += stages) {
-    const int64_t begin = std::accumulate(layers.begin(), layers.begin() + j, int64_t{0});
-    out.push_back({begin, begin + layers[size_t(j)], j == 0, j == total - 1});
-  }
-  return out;
-}
 
 const char* span_name(Span::Kind kind) {
   switch (kind) {
@@ -84,22 +22,45 @@ const char* span_name(Span::Kind kind) {
   return "?";
 }
 
-Pipeline::Pipeline(Model& model, Communicator& group, const ScheduleSpec& spec, int keep_steps)
-    : model_(model), group_(group), spec_(spec), stage_(group.rank()), keep_steps_(keep_steps) {
+Pipeline::Pipeline(Stage& stage, Communicator& group, const ScheduleSpec& spec, int keep_steps)
+    : chunks_(stage), group_(group), spec_(spec), stage_(group.rank()), keep_steps_(keep_steps) {
   PENTAD_CHECK(group.size() == spec.stages, "pp group of {} ranks for {} stages", group.size(),
                spec.stages);
-  PENTAD_CHECK(model.chunks() == spec.virtual_stages, "model holds {} chunks, schedule wants {}",
-               model.chunks(), spec.virtual_stages);
+  PENTAD_CHECK(stage.chunks() == spec.virtual_stages, "stage holds {} chunks, schedule wants {}",
+               stage.chunks(), spec.virtual_stages);
   check_schedule(spec);
-  rows_ = model.rows();
-  width_ = model.config().d_model;
+  const Shape boundary = stage.boundary_shape();
+  rows_ = boundary[0];
+  width_ = boundary[1];
   in_flight_.assign(size_t(spec.virtual_stages), 0);
   peak_.assign(size_t(spec.virtual_stages), 0);
-  model_.set_progress([this] { poll(); });
+  for (int c = 0; c < spec.virtual_stages; ++c)
+    slot_busy_.push_back(std::vector<bool>(size_t(stage.slots(c)), false));
+  chunks_.set_progress([this] { poll(); });
 }
 
 Pipeline::~Pipeline() {
-  model_.set_progress({});
+  chunks_.set_progress({});
+}
+
+int Pipeline::acquire_slot(int chunk) {
+  std::vector<bool>& busy = slot_busy_[size_t(chunk)];
+  for (size_t i = 0; i < busy.size(); ++i)
+    if (!busy[i]) {
+      busy[i] = true;
+      return int(i);
+    }
+  const int slot = chunks_.add_slot(chunk);
+  PENTAD_CHECK(slot == int(busy.size()), "chunk {}: new slot {}, want {}", chunk, slot,
+               busy.size());
+  busy.push_back(true);
+  return slot;
+}
+
+void Pipeline::release_slot(int chunk, int slot) {
+  std::vector<bool>& busy = slot_busy_[size_t(chunk)];
+  PENTAD_CHECK(busy.at(size_t(slot)), "chunk {} slot {} released twice", chunk, slot);
+  busy[size_t(slot)] = false;
 }
 
 void Pipeline::set_schedule(const ScheduleSpec& spec) {
@@ -198,15 +159,15 @@ float Pipeline::forward(const Action& a, int slot, int64_t step, const Fetch& fe
   const int vs = virtual_stage(a), last_vs = spec_.stages * spec_.virtual_stages - 1;
   if (needs_input(a)) {
     const Tensor in = wait_input(a, Span::WaitInput, step);
-    Tensor dst = model_.chunk_input(a.chunk, slot);
+    Tensor dst = chunks_.input(a.chunk, slot);
     std::copy_n(in.f32(), in.numel(), dst.f32());
   }
-  const Chunk& c = model_.chunk(a.chunk);
-  if (c.first || c.last) fetch(a.micro, tokens_, targets_);
+  // The embedding is on virtual stage 0, the loss on the last.
+  if (vs == 0 || vs == last_vs) fetch(a.micro, tokens_, targets_);
   const int64_t start = trace_now_ns(), start_cpu = cpu_now_ns();
-  const float loss = model_.forward_chunk(a.chunk, slot, tokens_.data(), targets_.data(), dloss);
+  const float loss = chunks_.forward(a.chunk, slot, tokens_.data(), targets_.data(), dloss);
   record(Span::Forward, a, step, start, start_cpu);
-  if (vs < last_vs) send(model_.chunk_output(a.chunk, slot), Action::Forward, a.micro, vs + 1);
+  if (vs < last_vs) send(chunks_.output(a.chunk, slot), Action::Forward, a.micro, vs + 1);
   return loss;
 }
 
@@ -229,7 +190,7 @@ double Pipeline::train(int64_t step, const Fetch& fetch, float dloss, const Grad
     const int vs = virtual_stage(a);
     if (i + 1 < actions.size()) post_receive(actions[i + 1]);  // arrives while this one runs
     if (a.type == Action::Forward) {
-      const int slot = model_.acquire_slot(a.chunk);
+      const int slot = acquire_slot(a.chunk);
       slot_of[{a.micro, a.chunk}] = slot;
       int& alive = in_flight_[size_t(a.chunk)];
       peak_[size_t(a.chunk)] = std::max(peak_[size_t(a.chunk)], ++alive);
@@ -241,12 +202,12 @@ double Pipeline::train(int64_t step, const Fetch& fetch, float dloss, const Grad
       Tensor d_output;
       if (needs_input(a)) d_output = wait_input(a, Span::WaitGrad, step);
       const int64_t start = trace_now_ns(), start_cpu = cpu_now_ns();
-      model_.backward_chunk(a.chunk, slot, d_output, i == last_backward[size_t(a.chunk)], on_ready);
+      chunks_.backward(a.chunk, slot, d_output, i == last_backward[size_t(a.chunk)], on_ready);
       record(Span::Backward, a, step, start, start_cpu);
       backward_ns += double(spans_.back().end_ns - start);
       ++backwards;
-      if (vs > 0) send(model_.input_grad(), Action::Backward, a.micro, vs - 1);
-      model_.release_slot(a.chunk, slot);
+      if (vs > 0) send(chunks_.input_grad(), Action::Backward, a.micro, vs - 1);
+      release_slot(a.chunk, slot);
       --in_flight_[size_t(a.chunk)];
     }
     poll();
@@ -268,9 +229,9 @@ double Pipeline::evaluate(int count, const Fetch& fetch) {
   for (size_t i = 0; i < actions.size(); ++i) {
     const Action& a = actions[i];
     if (i + 1 < actions.size()) post_receive(actions[i + 1]);
-    const int slot = model_.acquire_slot(a.chunk);
+    const int slot = acquire_slot(a.chunk);
     loss += forward(a, slot, -1, fetch, 0.0f);
-    model_.release_slot(a.chunk, slot);
+    release_slot(a.chunk, slot);
     poll();
   }
   finish_sends();

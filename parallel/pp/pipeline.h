@@ -1,6 +1,8 @@
 #pragma once
 // The pipeline executor: runs this stage's share of a schedule (parallel/pp/schedule.h) on
-// the model's chunks and moves the residual stream between stages over the pp group.
+// a Stage's chunks (parallel/pp/stage.h) and moves the residual stream between stages over
+// the pp group. It chooses each micro-batch's activation slot: the lowest free one, or a new
+// one when all are taken.
 //
 // Transfers: a forward of virtual stage j receives its input from j-1 and sends its output
 // to j+1; a backward receives d(output) from j+1 and sends d(input) to j-1. Virtual stage j
@@ -19,19 +21,11 @@
 #include <string>
 #include <vector>
 
-#include "model/model.h"
 #include "parallel/comm.h"
 #include "parallel/pp/schedule.h"
+#include "parallel/pp/stage.h"
 
 namespace pentad::parallel::pp {
-
-// Layers of each model chunk (p * v of them, in model order): `layout` ("3,5": layers per
-// chunk) or an even split. Throws pentad::Error naming the key to change when the layers do
-// not split that way.
-std::vector<int64_t> chunk_layers(int64_t n_layer, int stages, int virtual_stages,
-                                  const std::string& layout);
-// Stage s's chunks in parameter order: chunk c is model chunk c * p + s.
-std::vector<Chunk> stage_chunks(const std::vector<int64_t>& layers, int stages, int stage);
 
 struct Span {
   enum Kind : uint8_t { Forward, Backward, WaitInput, WaitGrad };
@@ -51,8 +45,9 @@ using Fetch =
 
 class Pipeline {
  public:
-  // group: the pp group (group rank = stage). The model holds this stage's chunks.
-  Pipeline(Model& model, Communicator& group, const ScheduleSpec& spec, int keep_steps = 64);
+  // group: the pp group (group rank = stage); stage: this stage's chunks. Both outlive the
+  // pipeline.
+  Pipeline(Stage& stage, Communicator& group, const ScheduleSpec& spec, int keep_steps = 64);
   ~Pipeline();
 
   // Another schedule of the same stages and virtual stages (adaptive kFkB changes k).
@@ -94,8 +89,10 @@ class Pipeline {
               int64_t start_cpu_ns);
   // One forward pass: its input received (or tokens fetched), computed, its output sent on.
   float forward(const Action& a, int slot, int64_t step, const Fetch& fetch, float dloss);
+  int acquire_slot(int chunk);
+  void release_slot(int chunk, int slot);
 
-  Model& model_;
+  Stage& chunks_;  // this stage's chunks
   Communicator& group_;
   ScheduleSpec spec_;
   int stage_ = 0;
@@ -105,7 +102,8 @@ class Pipeline {
   std::vector<Message> sends_;                             // in flight
   std::vector<std::vector<float>> free_buffers_;
   std::vector<Span> spans_;
-  std::vector<int32_t> tokens_, targets_;  // the micro-batch being fetched
+  std::vector<int32_t> tokens_, targets_;     // the micro-batch being fetched
+  std::vector<std::vector<bool>> slot_busy_;  // per chunk, per slot the stage made
   std::vector<int> in_flight_, peak_;
   double forward_seconds_ = 0.0, backward_seconds_ = 0.0;
 };

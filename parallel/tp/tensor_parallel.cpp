@@ -6,11 +6,11 @@ TensorParallel::TensorParallel(Communicator* group, bool sequence_parallel)
     : group_(group && group->size() > 1 ? group : nullptr),
       sequence_parallel_(sequence_parallel && group_ != nullptr) {}
 
-void TensorParallel::enter_forward(Tensor full, const Tensor& local) {
+void TensorParallel::f_forward(Tensor full, const Tensor& local) {
   if (sequence_parallel_) group_->all_gather(full, local);
 }
 
-void TensorParallel::enter_backward(Tensor local, Tensor full) {
+void TensorParallel::f_backward(Tensor local, Tensor full) {
   if (!group_) return;
   if (sequence_parallel_)
     group_->reduce_scatter(local, full);
@@ -18,7 +18,7 @@ void TensorParallel::enter_backward(Tensor local, Tensor full) {
     group_->all_reduce(full);
 }
 
-void TensorParallel::exit_forward(Tensor local, Tensor full) {
+void TensorParallel::g_forward(Tensor local, Tensor full) {
   if (!group_) return;
   if (sequence_parallel_)
     group_->reduce_scatter(local, full);
@@ -26,7 +26,7 @@ void TensorParallel::exit_forward(Tensor local, Tensor full) {
     group_->all_reduce(full);
 }
 
-void TensorParallel::exit_backward(Tensor full, const Tensor& local) {
+void TensorParallel::g_backward(Tensor full, const Tensor& local) {
   if (sequence_parallel_) group_->all_gather(full, local);
 }
 

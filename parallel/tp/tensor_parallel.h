@@ -1,11 +1,14 @@
 #pragma once
-// The communication of Megatron tensor parallelism over one tp group, named as in the
-// paper: f is the identity forward and an all-reduce backward (before a column-parallel
-// layer), g is an all-reduce forward and the identity backward (after a row-parallel
-// layer). With sequence parallelism, the replicated regions between them (norms, residual
-// adds) hold a contiguous 1/tp share of the b*t rows instead: g becomes a reduce-scatter
-// of rows and f's forward an all-gather of rows (their transposes in backward).
-// With degree 1 every operation is a no-op, so the model calls them unconditionally.
+// The communication of Megatron tensor parallelism over one tp group, named as in the paper
+// (Shoeybi et al. 2019): f is the identity forward and an all-reduce backward (before a
+// column-parallel layer), g an all-reduce forward and the identity backward (after a
+// row-parallel layer). With sequence parallelism (Korthikanti et al. 2022) the replicated
+// regions between them (norms, residual adds) hold a contiguous 1/tp share of the b*t rows
+// instead, and f and g become the paper's pair of an all-gather of rows and a reduce-scatter
+// of rows (f: all-gather forward, reduce-scatter backward; g: the reverse).
+// These operators work on tensors and a communicator and know nothing of any model; the
+// parallelize step (src/train/parallelize.h) connects them to the model's hooks.
+// With degree 1 every operation is a no-op.
 #include <cstdint>
 
 #include "core/tensor.h"
@@ -21,19 +24,19 @@ class TensorParallel {
   int degree() const { return group_ ? group_->size() : 1; }
   int rank() const { return group_ ? group_->rank() : 0; }
   bool sequence_parallel() const { return sequence_parallel_; }
-  // Rows of the replicated regions held here: n, or n / degree with sequence parallelism.
-  int64_t local_rows(int64_t n) const { return sequence_parallel_ ? n / degree() : n; }
 
-  // Entering a column-parallel layer: full (n, C) input from this rank's rows.
-  // Without SP full and local are the same buffer and nothing moves.
-  void enter_forward(Tensor full, const Tensor& local);
-  // Its backward: the partial input gradient (n, C) summed over ranks into local rows.
-  void enter_backward(Tensor local, Tensor full);
-  // Leaving a row-parallel layer: partial sums (n, C) reduced into local rows.
-  void exit_forward(Tensor local, Tensor full);
-  // Its backward: the output gradient's local rows made whole (n, C) on every rank.
-  void exit_backward(Tensor full, const Tensor& local);
+  // f forward: the whole (n, C) input of a column-parallel layer from this rank's rows.
+  // Without sequence parallelism full and local are the same buffer and nothing moves.
+  void f_forward(Tensor full, const Tensor& local);
+  // f backward: the partial input gradient (n, C) summed over ranks into the local rows.
+  void f_backward(Tensor local, Tensor full);
+  // g forward: a row-parallel layer's partial sums (n, C) reduced into the local rows.
+  void g_forward(Tensor local, Tensor full);
+  // g backward: the output gradient's local rows made whole (n, C) on every rank.
+  void g_backward(Tensor full, const Tensor& local);
 
+  // Element-wise over the group, in place (the vocabulary-parallel cross-entropy's row max
+  // and sums; gradients of replicated parameters each rank holds a part of).
   void all_reduce(Tensor buf, ReduceOp op = ReduceOp::Sum);
 
  private:

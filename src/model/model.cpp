@@ -11,6 +11,8 @@ namespace pentad {
 
 namespace k = kernels;
 
+static TensorParallelHooks one_device;  // degree 1: every hook a no-op
+
 int64_t ffn_dim(const ModelConfig& cfg) {
   if (cfg.d_ff > 0) return cfg.d_ff;
   if (cfg.family == ModelFamily::GPT2) return 4 * cfg.d_model;
@@ -18,23 +20,24 @@ int64_t ffn_dim(const ModelConfig& cfg) {
   return (hidden + 255) / 256 * 256;
 }
 
-Model::Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len,
-             parallel::TensorParallel tp, std::vector<Chunk> layout, Placement placement)
+Model::Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Sharding sharding,
+             std::vector<LayerRange> layout, Placement placement)
     : cfg_(cfg),
       b_(micro_batch),
       t_(seq_len),
       placement_(placement),
       act_(placement.compute),
-      tp_(tp) {
+      tp_(sharding.tp ? sharding.tp : &one_device) {
   PENTAD_CHECK(seq_len <= cfg.max_seq_len, "seq_len {} > max_seq_len {}", seq_len, cfg.max_seq_len);
-  const int64_t p = tp_.degree();
+  const int64_t p = tp_->degree();
   // Layouts that do not divide were refused with a user message (parallel::check_layout).
   PENTAD_CHECK(cfg.n_head % p == 0 && cfg.kv_heads() % p == 0 && ffn_dim(cfg) % p == 0 &&
-                   cfg.vocab_size % p == 0 && (b_ * t_) % (tp_.sequence_parallel() ? p : 1) == 0,
+                   cfg.vocab_size % p == 0 && (b_ * t_) % (tp_->sequence_parallel() ? p : 1) == 0,
                "tp degree {} does not divide the model", p);
   if (layout.empty()) layout.push_back({0, cfg.n_layer, true, true});
-  for (const Chunk& c : layout) {
-    PENTAD_CHECK(0 <= c.layer_begin && c.layer_begin < c.layer_end && c.layer_end <= cfg.n_layer,
+  for (const LayerRange& c : layout) {
+    PENTAD_CHECK(0 <= c.layer_begin && c.layer_begin < c.layer_end && c.layer_end <= cfg.n_layer &&
+                     c.first == (c.layer_begin == 0) && c.last == (c.layer_end == cfg.n_layer),
                  "chunk [{}, {}) of {} layers", c.layer_begin, c.layer_end, cfg.n_layer);
     chunks_.push_back({c, {}});
   }
@@ -44,21 +47,21 @@ Model::Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len,
   kv_width_ = kv_heads_ * cfg.head_dim();
   ffn_ = ffn_dim(cfg) / p;
   vocab_ = cfg.vocab_size / p;
-  vocab_start_ = p > 1 ? tp_.rank() * vocab_ : -1;
-  rows_ = tp_.local_rows(b_ * t_);
+  vocab_start_ = p > 1 ? tp_->rank() * vocab_ : -1;
+  rows_ = tp_->local_rows(b_ * t_);
   build_params();
   params_.allocate(placement_);
   Arena measure = Arena::measuring("activations");
   plan_shared(measure);
   shared_ = Arena("activations (shared)", measure.used(), placement_.device);
   plan_shared(shared_);
-  for (int c = 0; c < chunks(); ++c) release_slot(c, acquire_slot(c));  // one slot each, up front
+  for (int c = 0; c < chunks(); ++c) add_slot(c);  // one slot each, up front
 }
 
 void Model::build_params() {
   const int64_t C = cfg_.d_model, V = cfg_.vocab_size, F = ffn_dim(cfg_);
   const int64_t Ckv = cfg_.kv_heads() * cfg_.head_dim();
-  const int64_t p = tp_.degree(), r = tp_.rank();
+  const int64_t p = tp_->degree(), r = tp_->rank();
   const float std = cfg_.init_std;
   // Residual projections are scaled so the residual stream's variance does not grow with depth.
   const float resid_std = std / std::sqrt(2.0f * static_cast<float>(cfg_.n_layer));
@@ -80,7 +83,7 @@ void Model::build_params() {
   // Parameters in chunk order, each chunk's in the order its forward uses them: backward
   // then finishes them from the end of the arena towards its start.
   for (const ChunkState& chunk : chunks_) {
-    const Chunk& range = chunk.range;
+    const LayerRange& range = chunk.range;
     if (range.first) {
       wte_ = matrix("wte.weight", Shape{V, C}, std, kColumn);  // vocabulary parallel
       if (gpt2()) wpe_ = matrix("wpe.weight", Shape{cfg_.max_seq_len, C}, std, kWhole);
@@ -153,9 +156,9 @@ void Model::plan_layer(Arena& arena, LayerActs& a) {
   a.act = arena.alloc(Shape{N, F}, act_);
 }
 
-void Model::plan_slot(Arena& arena, const Chunk& chunk, Slot& s) {
+void Model::plan_slot(Arena& arena, const LayerRange& chunk, Slot& s) {
   const int64_t N = b_ * t_, Nl = rows_, C = cfg_.d_model;
-  const bool sp = tp_.sequence_parallel();
+  const bool sp = tp_->sequence_parallel();
   s.tokens = arena.alloc(Shape{b_, t_}, DType::I32);
   s.targets = arena.alloc(Shape{b_, t_}, DType::I32);
   s.resid.clear();
@@ -174,11 +177,11 @@ void Model::plan_slot(Arena& arena, const Chunk& chunk, Slot& s) {
 
 void Model::plan_shared(Arena& arena) {
   const int64_t N = b_ * t_, Nl = rows_, C = cfg_.d_model, F = ffn_;
-  const bool sp = tp_.sequence_parallel();
+  const bool sp = tp_->sequence_parallel();
   if (cfg_.recompute) plan_layer(arena, shared_acts_);
   if (sp) norm_local_ = arena.alloc(Shape{Nl, C}, act_);
   proj_ = arena.alloc(Shape{N, C}, act_);
-  if (tp_.degree() > 1 && holds_last()) {
+  if (tp_->degree() > 1 && holds_last()) {
     row_max_ = arena.alloc(Shape{N});
     ce_stats_ = arena.alloc(Shape{2, N});
   }
@@ -195,29 +198,16 @@ void Model::plan_shared(Arena& arena) {
   grads_.act = arena.alloc(Shape{N, F}, act_);
 }
 
-int Model::acquire_slot(int c) {
-  ChunkState& chunk = chunks_[static_cast<size_t>(c)];
-  for (size_t i = 0; i < chunk.slots.size(); ++i)
-    if (!chunk.slots[i]->in_use) {
-      chunk.slots[i]->in_use = true;
-      return static_cast<int>(i);
-    }
+int Model::add_slot(int c) {
+  ChunkState& chunk = chunks_.at(static_cast<size_t>(c));
   auto s = std::make_unique<Slot>();
   Arena measure = Arena::measuring("activations");
   plan_slot(measure, chunk.range, *s);
   s->arena = Arena(fmt::format("activations (chunk {} slot {})", c, chunk.slots.size()),
                    measure.used(), placement_.device);
   plan_slot(s->arena, chunk.range, *s);
-  s->in_use = true;
   chunk.slots.push_back(std::move(s));
   return static_cast<int>(chunk.slots.size()) - 1;
-}
-
-void Model::release_slot(int c, int s) {
-  Slot& x = slot(c, s);
-  PENTAD_CHECK(x.in_use, "chunk {} slot {} released twice", c, s);
-  x.in_use = false;
-  x.have_dlogits = false;
 }
 
 Model::Slot& Model::slot(int c, int s) const {
@@ -258,7 +248,7 @@ static Tensor heads(const Tensor& x, int64_t b, int64_t t, int64_t d) {
 void Model::layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a) {
   const LayerParams& p = layers_[static_cast<size_t>(l)];
   const int64_t d = cfg_.head_dim();
-  const bool sp = tp_.sequence_parallel();
+  const bool sp = tp_->sequence_parallel();
   // Norm on this rank's rows; with SP, gathered into whole rows for the column-parallel q, k, v.
   Tensor norm1 = sp ? norm_local_ : a.norm1;
   if (gpt2())
@@ -266,7 +256,7 @@ void Model::layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a) {
                          cfg_.norm_eps);
   else
     k::rmsnorm_forward(norm1, a.norm1_rstd, x, P(p.norm1_w), cfg_.norm_eps);
-  tp_.enter_forward(a.norm1, norm1);
+  tp_->f_forward(a.norm1, norm1);
   k::linear_forward(a.q, a.norm1, P(p.q_w), P(p.q_b));
   k::linear_forward(a.k, a.norm1, P(p.k_w), P(p.k_b));
   k::linear_forward(a.v, a.norm1, P(p.v_w), P(p.v_b));
@@ -278,10 +268,10 @@ void Model::layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a) {
                        heads(a.v, b_, t_, d));
   // Row-parallel projection: partial sums, reduced over tp. The replicated bias is added by
   // tp rank 0 only so that the sum holds it once.
-  const bool add_bias = tp_.rank() == 0;
+  const bool add_bias = tp_->rank() == 0;
   Tensor proj = sp ? proj_ : out;
   k::linear_forward(proj, a.att, P(p.o_w), add_bias ? P(p.o_b) : Tensor{});
-  tp_.exit_forward(out, proj);
+  tp_->g_forward(out, proj);
   // res1 = x + attention, normalised in the same pass (one kernel on CUDA).
   Tensor norm2 = sp ? norm_local_ : a.norm2;
   if (gpt2())
@@ -289,7 +279,7 @@ void Model::layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a) {
                                   P(p.norm2_b), cfg_.norm_eps);
   else
     k::residual_rmsnorm_forward(a.res1, norm2, a.norm2_rstd, x, out, P(p.norm2_w), cfg_.norm_eps);
-  tp_.enter_forward(a.norm2, norm2);
+  tp_->f_forward(a.norm2, norm2);
   if (gpt2()) {
     k::linear_gelu_forward(a.act, a.up, a.norm2, P(p.up_w), P(p.up_b));  // up = pre-GELU
   } else {
@@ -298,7 +288,7 @@ void Model::layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a) {
     k::swiglu_forward(a.act, a.gate, a.up);
   }
   k::linear_forward(proj, a.act, P(p.down_w), add_bias ? P(p.down_b) : Tensor{});
-  tp_.exit_forward(out, proj);
+  tp_->g_forward(out, proj);
   k::add(out, out, a.res1);
 }
 
@@ -314,10 +304,10 @@ void Model::backward(bool last_micro_batch, const GradsReady& on_ready) {
 
 float Model::forward_chunk(int c, int slot_index, const int32_t* tokens, const int32_t* targets,
                            float dloss) {
-  const Chunk& range = chunk(c);
+  const LayerRange& range = chunk(c);
   Slot& s = slot(c, slot_index);
   const int64_t N = b_ * t_, V = cfg_.vocab_size;
-  const bool sp = tp_.sequence_parallel();
+  const bool sp = tp_->sequence_parallel();
   auto copy_ids = [&](Tensor dst, const int32_t* src, const char* what) {
     PENTAD_CHECK(src != nullptr, "forward_chunk: chunk {} needs {}", c, what);
     for (int64_t i = 0; i < N; ++i)
@@ -330,8 +320,8 @@ float Model::forward_chunk(int c, int slot_index, const int32_t* tokens, const i
     // and the reduction over tp leaves whole embeddings in this rank's residual rows.
     Tensor emb = sp ? proj_ : s.resid[0];
     k::embedding_forward(emb.reshaped(Shape{b_, t_, cfg_.d_model}), s.tokens, P(wte_),
-                         tp_.rank() == 0 ? P(wpe_) : Tensor{}, vocab_start_);
-    tp_.exit_forward(s.resid[0], emb);
+                         tp_->rank() == 0 ? P(wpe_) : Tensor{}, vocab_start_);
+    tp_->g_forward(s.resid[0], emb);
   }
   for (int64_t l = range.layer_begin; l < range.layer_end; ++l) {
     const size_t i = static_cast<size_t>(l - range.layer_begin);
@@ -347,17 +337,17 @@ float Model::forward_chunk(int c, int slot_index, const int32_t* tokens, const i
                          cfg_.norm_eps);
   else
     k::rmsnorm_forward(s.normf_local, s.normf_rstd, last, P(normf_w_), cfg_.norm_eps);
-  tp_.enter_forward(s.normf, s.normf_local);
+  tp_->f_forward(s.normf, s.normf_local);
   k::linear_forward(s.logits, s.normf, P(head_), Tensor{});
   s.have_dlogits = dloss != 0.0f;
   const Tensor dlogits = s.have_dlogits ? s.logits : Tensor{};
-  if (tp_.degree() == 1) {
+  if (tp_->degree() == 1) {
     k::crossentropy_forward_backward(s.losses, dlogits, s.logits, s.targets, dloss);
   } else {
     k::vocab_parallel_ce_max(row_max_, s.logits);
-    tp_.all_reduce(row_max_, parallel::ReduceOp::Max);
+    tp_->max(row_max_);
     k::vocab_parallel_ce_stats(ce_stats_, s.logits, row_max_, s.targets, vocab_start_);
-    tp_.all_reduce(ce_stats_);
+    tp_->sum(ce_stats_);
     k::vocab_parallel_ce_finish(s.losses, dlogits, s.logits, row_max_, ce_stats_, s.targets,
                                 vocab_start_, dloss);
   }
@@ -377,7 +367,7 @@ void Model::layer_backward(int l, const Tensor& x, LayerActs& a) {
   const int64_t d = cfg_.head_dim();
   Grads& g = grads_;
   // MLP block: g.resid holds d(out) and, through the residual, d(res1) so far.
-  tp_.exit_backward(g.full, g.resid);
+  tp_->g_backward(g.full, g.resid);
   if (gpt2()) {  // d(pre-GELU) straight from the projection's backward
     k::linear_backward_gelu(g.up, G(p.down_w), G(p.down_b), g.full, a.act, P(p.down_w), a.up);
     k::linear_backward(g.norm, G(p.up_w), G(p.up_b), g.up, a.norm2, P(p.up_w), false);
@@ -387,14 +377,14 @@ void Model::layer_backward(int l, const Tensor& x, LayerActs& a) {
     k::linear_backward(g.norm, G(p.gate_w), Tensor{}, g.gate, a.norm2, P(p.gate_w), false);
     k::linear_backward(g.norm, G(p.up_w), Tensor{}, g.up, a.norm2, P(p.up_w), true);
   }
-  tp_.enter_backward(g.norm_local, g.norm);
+  tp_->f_backward(g.norm_local, g.norm);
   if (gpt2())
     k::layernorm_backward(g.resid, G(p.norm2_w), G(p.norm2_b), g.norm_local, a.res1, P(p.norm2_w),
                           a.norm2_mean, a.norm2_rstd);
   else
     k::rmsnorm_backward(g.resid, G(p.norm2_w), g.norm_local, a.res1, P(p.norm2_w), a.norm2_rstd);
   // Attention block: g.resid now holds d(res1).
-  tp_.exit_backward(g.full, g.resid);
+  tp_->g_backward(g.full, g.resid);
   k::linear_backward(g.att, G(p.o_w), G(p.o_b), g.full, a.att, P(p.o_w), false);
   k::attention_backward(heads(g.q, b_, t_, d), heads(g.k, b_, t_, d), heads(g.v, b_, t_, d),
                         heads(g.att, b_, t_, d), heads(a.q, b_, t_, d), heads(a.k, b_, t_, d),
@@ -406,7 +396,7 @@ void Model::layer_backward(int l, const Tensor& x, LayerActs& a) {
   k::linear_backward(g.norm, G(p.q_w), G(p.q_b), g.q, a.norm1, P(p.q_w), false);
   k::linear_backward(g.norm, G(p.k_w), G(p.k_b), g.k, a.norm1, P(p.k_w), true);
   k::linear_backward(g.norm, G(p.v_w), G(p.v_b), g.v, a.norm1, P(p.v_w), true);
-  tp_.enter_backward(g.norm_local, g.norm);
+  tp_->f_backward(g.norm_local, g.norm);
   if (gpt2())
     k::layernorm_backward(g.resid, G(p.norm1_w), G(p.norm1_b), g.norm_local, x, P(p.norm1_w),
                           a.norm1_mean, a.norm1_rstd);
@@ -415,13 +405,13 @@ void Model::layer_backward(int l, const Tensor& x, LayerActs& a) {
 }
 
 void Model::sync_partial_grads(const std::vector<int>& ids) {
-  if (!tp_.sequence_parallel() || bug_injected("sp-skip-norm-grads")) return;
-  for (int id : ids) tp_.all_reduce(G(id));
+  if (!tp_->sequence_parallel() || bug_injected("sp-skip-norm-grads")) return;
+  for (int id : ids) tp_->sum(G(id));
 }
 
 void Model::backward_chunk(int c, int slot_index, const Tensor& d_output, bool last_micro_batch,
                            const GradsReady& on_ready) {
-  const Chunk& range = chunk(c);
+  const LayerRange& range = chunk(c);
   Slot& s = slot(c, slot_index);
   Grads& g = grads_;
   auto ready = [&](int first_param, const std::vector<int>& partial) {
@@ -434,7 +424,7 @@ void Model::backward_chunk(int c, int slot_index, const Tensor& d_output, bool l
                  slot_index);
     k::zero(g.resid);  // the norm backward below accumulates into it
     k::linear_backward(g.norm, G(head_), Tensor{}, s.logits, s.normf, P(head_), false);
-    tp_.enter_backward(g.norm_local, g.norm);
+    tp_->f_backward(g.norm_local, g.norm);
     const Tensor& last = s.resid.back();
     if (gpt2())
       k::layernorm_backward(g.resid, G(normf_w_), G(normf_b_), g.norm_local, last, P(normf_w_),
@@ -459,7 +449,7 @@ void Model::backward_chunk(int c, int slot_index, const Tensor& d_output, bool l
   }
   if (!range.first) return;
   // The embedding's gradient needs every row: gathered under SP (so wpe's is whole too).
-  tp_.exit_backward(g.full, g.resid);
+  tp_->g_backward(g.full, g.resid);
   k::embedding_backward(G(wte_), G(wpe_), g.full.reshaped(Shape{b_, t_, cfg_.d_model}), s.tokens,
                         vocab_start_);
   ready(wte_, {});
@@ -478,7 +468,7 @@ double Model::flops_per_micro_batch() const {
   const double per_token = static_cast<double>(layers) * per_layer + (holds_last() ? V * C : 0.0);
   const double tokens = static_cast<double>(b_ * t_);
   // Forward + 2x for backward, this rank's share of the tensor-parallel work.
-  return 3.0 * 2.0 * tokens * per_token / tp_.degree();
+  return 3.0 * 2.0 * tokens * per_token / tp_->degree();
 }
 
 }  // namespace pentad

@@ -5,17 +5,18 @@
 // Forward and backward are explicit, layer by layer; every activation lives in one arena
 // planned for a fixed micro-batch (b, t).
 //
-// Tensor parallelism (Megatron): with a TensorParallel of degree p, this rank holds 1/p of
-// the heads (q, k, v column-parallel, o row-parallel), of the MLP width (up/gate column,
-// down row) and of the vocabulary (embedding and head, with a vocabulary-parallel
-// cross-entropy). Degree 1 is the single-device model; the same code runs both.
+// Cut for several devices (model/sharding.h): with tensor-parallel hooks of degree p, this
+// rank holds 1/p of the heads (q, k, v column-parallel, o row-parallel), of the MLP width
+// (up/gate column, down row) and of the vocabulary (embedding and head, with a
+// vocabulary-parallel cross-entropy), and calls the hooks where the pieces must talk.
+// Degree 1 is the single-device model; the same code runs both.
 //
-// Pipeline parallelism: a rank may hold only some layers, as one or more chunks (virtual
-// stages), each a contiguous range of layers. The model's first chunk holds the embedding,
-// its last the final norm, head and loss. Each chunk keeps one activation slot per
-// micro-batch in flight (slots are made on first use and reused, so the slot count is the
-// measured peak); the pipeline executor (parallel/pp/pipeline.h) moves the residual stream
-// between chunks. Without pipelining there is one chunk, all layers, and one slot.
+// A rank may hold only some layers, as one or more chunks, each a contiguous range of layers
+// (the pipeline's stages, chosen by parallel/pp). The chunk starting at layer 0 holds the
+// embedding, the one ending at the last layer the final norm, head and loss. A chunk has
+// activation slots, one per micro-batch its caller keeps in flight (add_slot makes one; which
+// slot is free is the caller's business). Without pipelining there is one chunk, all layers,
+// and one slot.
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -23,7 +24,7 @@
 
 #include "core/params.h"
 #include "model/config.h"
-#include "parallel/tp/tensor_parallel.h"
+#include "model/sharding.h"
 
 namespace pentad {
 
@@ -34,21 +35,22 @@ int64_t ffn_dim(const ModelConfig& cfg);
 // are final for this micro-batch (data parallelism starts reducing them).
 using GradsReady = std::function<void(int64_t offset)>;
 
-// A contiguous range of layers run together; first: it starts with the embedding (model
-// chunk 0); last: it ends with the final norm, the head and the loss.
-struct Chunk {
+// A contiguous range of layers run together; first: it starts with the embedding (layer
+// 0); last: it ends with the final norm, the head and the loss (the last layer).
+struct LayerRange {
   int64_t layer_begin = 0, layer_end = 0;
   bool first = true, last = true;
 };
 
 class Model {
  public:
+  // sharding: how this rank's copy is cut (default: one device); its hooks outlive the model.
   // layout: this rank's layer ranges in parameter order (empty: every layer, one chunk).
   // placement: the device every parameter and activation lives on, and the compute type
   // (activations and their gradients in it; statistics, losses and parameter gradients F32).
   // Token ids come from host memory and losses return to it; everything else stays put.
-  Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len,
-        parallel::TensorParallel tp = {}, std::vector<Chunk> layout = {}, Placement placement = {});
+  Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Sharding sharding = {},
+        std::vector<LayerRange> layout = {}, Placement placement = {});
 
   // ---- one chunk holding the whole model ----
   // Mean cross-entropy of the micro-batch. tokens, targets: (b, t). When dloss != 0 the
@@ -63,10 +65,9 @@ class Model {
 
   // ---- chunks and slots (pipeline parallelism) ----
   int chunks() const { return static_cast<int>(chunks_.size()); }
-  const Chunk& chunk(int c) const { return chunks_[static_cast<size_t>(c)].range; }
-  // A free activation slot of chunk c (made if none is free) and its release.
-  int acquire_slot(int c);
-  void release_slot(int c, int slot);
+  const LayerRange& chunk(int c) const { return chunks_[static_cast<size_t>(c)].range; }
+  // A new activation slot of chunk c (every chunk has one from the start); returns its index.
+  int add_slot(int c);
   // The chunk's input (resid[0]) and output residual streams, (rows, C) each: what crosses
   // stages (with sequence parallelism, only this tp rank's rows).
   Tensor chunk_input(int c, int slot) const;
@@ -80,16 +81,16 @@ class Model {
   void backward_chunk(int c, int slot, const Tensor& d_output, bool last_micro_batch,
                       const GradsReady& on_ready = {});
   Tensor input_grad() const { return grads_.resid; }
-  // Called after every layer's forward and backward (the executor polls transfers there).
+  // Called after every layer's forward and backward (a pipeline polls transfers there).
   void set_progress(std::function<void()> progress) { progress_ = std::move(progress); }
-  int slots_made(int c) const;  // = the peak number of micro-batches in flight on chunk c
+  int slots_made(int c) const;
   size_t slot_bytes(int c) const;
   int64_t rows() const { return rows_; }
 
   // Whether parameter id's gradient is the same on every tp rank (replicated parameters)
   // or this rank's shard of it; the global gradient norm counts replicated ones once.
   bool tp_sharded(int id) const { return params_.spec(id).shard_dim >= 0; }
-  const parallel::TensorParallel& tp() const { return tp_; }
+  const TensorParallelHooks& tp() const { return *tp_; }
   // The id of this rank's tied-embedding copy (a last chunk on another stage than the
   // first), or -1: its gradient must be summed with the first stage's wte.
   int embedding_copy() const { return embedding_copy_; }
@@ -131,10 +132,9 @@ class Model {
     std::vector<LayerActs> acts;  // per layer (empty with recompute: shared_acts_)
     Tensor normf_local, normf, normf_mean, normf_rstd, logits, losses;  // last chunk only
     bool have_dlogits = false;
-    bool in_use = false;
   };
   struct ChunkState {
-    Chunk range;
+    LayerRange range;
     std::vector<std::unique_ptr<Slot>> slots;
   };
   struct Grads {              // scratch for backward, shared by all layers
@@ -148,7 +148,7 @@ class Model {
   void sync_partial_grads(const std::vector<int>& ids);  // tp all-reduce (sequence parallel)
   void plan_shared(Arena& arena);                        // scratch of every chunk and slot
   void plan_layer(Arena& arena, LayerActs& a);
-  void plan_slot(Arena& arena, const Chunk& chunk, Slot& slot);
+  void plan_slot(Arena& arena, const LayerRange& chunk, Slot& slot);
   Slot& slot(int c, int s) const;
   void layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a);
   void layer_backward(int l, const Tensor& x, LayerActs& a);
@@ -160,8 +160,8 @@ class Model {
   ModelConfig cfg_;
   int64_t b_, t_;
   Placement placement_;
-  DType act_ = DType::F32;  // activations and their gradients
-  parallel::TensorParallel tp_;
+  DType act_ = DType::F32;   // activations and their gradients
+  TensorParallelHooks* tp_;  // never null: one device's no-op hooks by default
   // Per-rank sizes: heads, kv heads, width of attention outputs, MLP width, vocabulary
   // rows, rows of the replicated regions (b*t, or b*t/p with sequence parallelism).
   int64_t heads_, kv_heads_, att_width_, kv_width_, ffn_, vocab_, rows_;

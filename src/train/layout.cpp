@@ -2,6 +2,7 @@
 
 #include "core/check.h"
 #include "model/model.h"
+#include "parallel/pp/layout.h"
 #include "parallel/pp/pipeline.h"
 
 namespace pentad {

@@ -15,6 +15,7 @@
 
 #include "core/check.h"
 #include "core/tensor.h"
+#include "parallel/pp/layout.h"
 #include "parallel/pp/pipeline.h"
 #include "train/trainer.h"
 
@@ -37,10 +38,10 @@ double ffn_width(const ModelConfig& m) {
   return std::ceil(std::floor(8 * C / 3) / 256) * 256;  // ffn_dim's LLaMA rule
 }
 
-std::vector<Chunk> chunks_of_stage(const Config& cfg, int stages, int stage) {
+std::vector<parallel::pp::Chunk> chunks_of_stage(const Config& cfg, int stages, int stage) {
   const ParallelConfig& p = cfg.parallel;
   if (stages == 1 && p.virtual_stages == 1 && p.pp_layout.empty())
-    return {Chunk{0, cfg.model.n_layer, true, true}};
+    return {parallel::pp::Chunk{0, cfg.model.n_layer, true, true}};
   return parallel::pp::stage_chunks(
       parallel::pp::chunk_layers(cfg.model.n_layer, stages, int(p.virtual_stages), p.pp_layout),
       stages, stage);
@@ -68,12 +69,12 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
 
   MemoryEstimate e;
   e.stage = stage;
-  const std::vector<Chunk> chunks = chunks_of_stage(cfg, mesh.pp, stage);
+  const std::vector<parallel::pp::Chunk> chunks = chunks_of_stage(cfg, mesh.pp, stage);
   std::vector<parallel::pp::Action> actions;
   if (mesh.pp > 1) actions = parallel::pp::stage_actions(schedule_spec(cfg), stage);
   bool holds_last = false;
   for (size_t c = 0; c < chunks.size(); ++c) {
-    const Chunk& chunk = chunks[c];
+    const parallel::pp::Chunk& chunk = chunks[c];
     const double layers = double(chunk.layer_end - chunk.layer_begin);
     e.values += layers * layer_values;
     if (chunk.first) e.values += V * C / p + (gpt2 ? double(m.max_seq_len) * C : 0);

@@ -9,18 +9,17 @@
 #include "data/corpus.h"
 #include "kernels/ops.h"
 #include "parallel/pp/adaptive.h"
+#include "parallel/pp/layout.h"
+#include "train/recipe.h"
 
 namespace pentad {
 
 Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mesh) {
   const TrainConfig& t = cfg.train;
-  parallel::TensorParallel tp;
   if (mesh_) {
     world_rank_ = mesh_->world_rank();
     dp_size_ = mesh_->degree(parallel::Axis::DP);
     dp_rank_ = mesh_->coord(parallel::Axis::DP);
-    tp =
-        parallel::TensorParallel(&mesh_->group(parallel::Axis::TP), cfg.parallel.sequence_parallel);
     pp_size_ = mesh_->degree(parallel::Axis::PP);
     pp_rank_ = mesh_->coord(parallel::Axis::PP);
     // The default corpus is tokenized once, by rank 0, before anyone opens it.
@@ -30,20 +29,15 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
   }
   data_ = std::make_unique<data::DataLoader>(
       data::DataLoader::open(cfg.data, t.seq_len, cfg.model.vocab_size, t.seed));
-  std::vector<Chunk> chunks;  // empty: the whole model
-  if (pp_size_ > 1)
-    chunks = parallel::pp::stage_chunks(
-        parallel::pp::chunk_layers(cfg.model.n_layer, pp_size_, int(cfg.parallel.virtual_stages),
-                                   cfg.parallel.pp_layout),
-        pp_size_, pp_rank_);
-  model_ = std::make_unique<Model>(cfg.model, t.micro_batch, t.seq_len, tp, chunks, placement(cfg));
+  model_ = parallelize(cfg, mesh_, placement(cfg), wiring_);
   model_->params().initialize(t.seed);
   kernels::refresh_weights(model_->params());
   if (pp_size_ > 1) {
     parallel::Communicator& stages = mesh_->group(parallel::Axis::PP);
     if (cfg.parallel.pp_link_delay_ms > 0)
       stages.set_injection({cfg.parallel.pp_link_delay_ms * 1e-3, -1, 0, /*links_only=*/true});
-    pipeline_ = std::make_unique<parallel::pp::Pipeline>(*model_, stages, schedule_spec(cfg));
+    pipeline_ =
+        std::make_unique<parallel::pp::Pipeline>(*wiring_.stage, stages, schedule_spec(cfg));
   }
   optimizer_ = std::make_unique<AdamW>(cfg.optim, model_->params());
   swap_snapshots_ = cfg.checkpoint.snapshot == "swap" ||

@@ -21,6 +21,7 @@
 #include "parallel/pp/pipeline.h"
 #include "train/config.h"
 #include "train/layout.h"
+#include "train/parallelize.h"
 
 namespace pentad {
 
@@ -156,6 +157,7 @@ class Trainer {
   int world_rank_ = 0;
   int dp_size_ = 1, dp_rank_ = 0;
   int pp_size_ = 1, pp_rank_ = 0;
+  ModelWiring wiring_;  // before model_ and pipeline_, which use it
   std::unique_ptr<Model> model_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<data::DataLoader> data_;

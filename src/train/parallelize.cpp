@@ -1,0 +1,87 @@
+#include "train/parallelize.h"
+
+#include "parallel/pp/layout.h"
+#include "parallel/tp/tensor_parallel.h"
+
+namespace pentad {
+
+namespace {
+
+// The model's tensor-parallel hooks run Megatron's operators over the tp group.
+class MeshTensorParallel final : public TensorParallelHooks {
+ public:
+  MeshTensorParallel(parallel::Communicator& group, bool sequence_parallel)
+      : tp_(&group, sequence_parallel) {}
+  int degree() const override { return tp_.degree(); }
+  int rank() const override { return tp_.rank(); }
+  bool sequence_parallel() const override { return tp_.sequence_parallel(); }
+  void f_forward(Tensor full, const Tensor& local) override { tp_.f_forward(full, local); }
+  void f_backward(Tensor local, Tensor full) override { tp_.f_backward(local, full); }
+  void g_forward(Tensor local, Tensor full) override { tp_.g_forward(local, full); }
+  void g_backward(Tensor full, const Tensor& local) override { tp_.g_backward(full, local); }
+  void sum(Tensor buf) override { tp_.all_reduce(buf, parallel::ReduceOp::Sum); }
+  void max(Tensor buf) override { tp_.all_reduce(buf, parallel::ReduceOp::Max); }
+
+ private:
+  parallel::TensorParallel tp_;
+};
+
+// The pipeline's stage callbacks on the model's chunks and activation slots.
+class ModelStage final : public parallel::pp::Stage {
+ public:
+  explicit ModelStage(Model& model) : model_(model) {}
+  int chunks() const override { return model_.chunks(); }
+  Shape boundary_shape() const override { return Shape{model_.rows(), model_.config().d_model}; }
+  int slots(int chunk) const override { return model_.slots_made(chunk); }
+  int add_slot(int chunk) override { return model_.add_slot(chunk); }
+  Tensor input(int chunk, int slot) override { return model_.chunk_input(chunk, slot); }
+  Tensor output(int chunk, int slot) override { return model_.chunk_output(chunk, slot); }
+  float forward(int chunk, int slot, const int32_t* tokens, const int32_t* targets,
+                float dloss) override {
+    return model_.forward_chunk(chunk, slot, tokens, targets, dloss);
+  }
+  void backward(int chunk, int slot, const Tensor& d_output, bool last_micro_batch,
+                const parallel::pp::GradsReady& on_ready) override {
+    model_.backward_chunk(chunk, slot, d_output, last_micro_batch, on_ready);
+  }
+  Tensor input_grad() override { return model_.input_grad(); }
+  void set_progress(std::function<void()> progress) override {
+    model_.set_progress(std::move(progress));
+  }
+
+ private:
+  Model& model_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> parallelize(const Config& cfg, parallel::Mesh* mesh, Placement placement,
+                                   ModelWiring& wiring) {
+  Sharding sharding;
+  std::vector<LayerRange> layout;  // empty: the whole model
+  if (mesh) {
+    parallel::Communicator& tp_group = mesh->group(parallel::Axis::TP);
+    if (tp_group.size() > 1) {
+      wiring.tp = std::make_unique<MeshTensorParallel>(tp_group, cfg.parallel.sequence_parallel);
+      sharding.tp = wiring.tp.get();
+    }
+    const int stages = mesh->degree(parallel::Axis::PP);
+    if (stages > 1) {
+      const std::vector<int64_t> layers = parallel::pp::chunk_layers(
+          cfg.model.n_layer, stages, int(cfg.parallel.virtual_stages), cfg.parallel.pp_layout);
+      for (const parallel::pp::Chunk& c :
+           parallel::pp::stage_chunks(layers, stages, mesh->coord(parallel::Axis::PP)))
+        layout.push_back({c.layer_begin, c.layer_end, c.first, c.last});
+    }
+  }
+  auto model = std::make_unique<Model>(cfg.model, cfg.train.micro_batch, cfg.train.seq_len,
+                                       sharding, layout, placement);
+  if (!layout.empty()) wiring.stage = pipeline_stage(*model);
+  return model;
+}
+
+std::unique_ptr<parallel::pp::Stage> pipeline_stage(Model& model) {
+  return std::make_unique<ModelStage>(model);
+}
+
+}  // namespace pentad

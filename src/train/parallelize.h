@@ -1,0 +1,36 @@
+#pragma once
+// The parallelize step (as torchtitan's parallelize functions): builds this rank's share of
+// the model, which is written for one device (model/model.h), and connects it to the mesh.
+// Parallelisms are applied in a fixed order:
+//   1. tensor parallelism: the model is cut by the hooks of model/sharding.h, implemented
+//      here by parallel/tp's f and g over the mesh's tp group;
+//   2. (context parallelism, expert parallelism: further hooks of model/sharding.h, to be
+//      installed here next to the tp ones);
+//   3. pipeline parallelism: the model holds this stage's layer ranges (parallel/pp/layout.h)
+//      and a Stage adapter (parallel/pp/stage.h) lets the pipeline executor drive them;
+//   4. data parallelism reduces the gradients the model produces (parallel/dp, in the trainer).
+#include <memory>
+
+#include "model/model.h"
+#include "parallel/mesh.h"
+#include "parallel/pp/stage.h"
+#include "train/config.h"
+
+namespace pentad {
+
+// What connects one rank's model to the mesh; must outlive the model and its pipeline.
+struct ModelWiring {
+  std::unique_ptr<TensorParallelHooks> tp;     // null: tp = 1 (the model's no-op hooks)
+  std::unique_ptr<parallel::pp::Stage> stage;  // pp > 1: the model's chunks, for the pipeline
+};
+
+// cfg.model at train.micro_batch x train.seq_len, cut for this rank's tp and pp coordinates
+// of `mesh` (null: one device, the whole model), its parameters not yet initialized.
+// Fills `wiring`.
+std::unique_ptr<Model> parallelize(const Config& cfg, parallel::Mesh* mesh, Placement placement,
+                                   ModelWiring& wiring);
+
+// The model's chunks as a pipeline stage sees them; the model outlives it.
+std::unique_ptr<parallel::pp::Stage> pipeline_stage(Model& model);
+
+}  // namespace pentad
