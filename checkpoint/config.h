@@ -11,7 +11,9 @@ struct CheckpointConfig {  // [checkpoint]
   // from where it lies (no copy, nothing waits; a second set of the state in memory).
   // "copy": the lazy copy into one host staging buffer, which the optimizer follows chunk
   // by chunk (the same memory on the ranks that write, none on the others).
-  // "auto": swap on the CPU, copy on CUDA (device memory is the scarcer).
+  // "auto": copy, for now. Swap writes the parameter arena where it lies, whose tensors do
+  // not start on pages, so its file goes through the page cache, and on 2 cores that cost
+  // more than the copy it saves (bench/RESULTS.md, 2026-11-24).
   std::string snapshot = "auto";
 };
 

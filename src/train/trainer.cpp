@@ -40,8 +40,9 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
         std::make_unique<parallel::pp::Pipeline>(*wiring_.stage, stages, schedule_spec(cfg));
   }
   optimizer_ = std::make_unique<AdamW>(cfg.optim, model_->params());
-  swap_snapshots_ = cfg.checkpoint.snapshot == "swap" ||
-                    (cfg.checkpoint.snapshot == "auto" && placement(cfg).device == Device::CPU);
+  // "auto" is the copy for now: swap writes its unaligned arenas through the page cache,
+  // which measured slower (bench/RESULTS.md, 2026-11-24).
+  swap_snapshots_ = cfg.checkpoint.snapshot == "swap";
   prepare_snapshots();
   if (mesh_ && mesh_->dp_cp().size() > 1)
     reducer_ = std::make_unique<parallel::GradReducer>(
