@@ -42,6 +42,10 @@ struct ParamSpec {
   // stage): kept equal by summing both gradients, so it is not saved, dumped or counted
   // in the gradient norm here.
   bool pipeline_copy = false;
+
+  // An MoE expert's parameter (src/model/moe.h): held by the ranks of its expert-parallel
+  // coordinate, so its gradient is summed over the mesh's edp group, not dp x cp.
+  bool expert = false;
 };
 
 class ParamStore {
@@ -53,6 +57,7 @@ class ParamStore {
   int add_shard(std::string name, Shape shape, Init init, float init_std, bool weight_decay,
                 int shard_dim, int64_t shard_start, int64_t shard_len);
   void mark_pipeline_copy(int id) { specs_.at(static_cast<size_t>(id)).pipeline_copy = true; }
+  void mark_expert(int id) { specs_.at(static_cast<size_t>(id)).expert = true; }
   // Allocates params, grads and, when the placement computes in another type than F32,
   // the compute copy (and nothing else: the optimizer owns its state), on its device.
   void allocate(Placement placement = {});

@@ -11,6 +11,11 @@ struct ParallelConfig {  // [parallel]: the device mesh (see parallel/mesh.h)
   int64_t dp = 0;        // data parallel degree; 0 = world size / (tp * cp * pp)
   int64_t cp = 1;        // context parallel degree (not in this build: must be 1)
   int64_t pp = 1;        // pipeline degree (stages)
+  // MoE layers (MoE Parallel Folding, parallel/mesh.h): experts split over ep ranks, each
+  // expert's width over etp ranks, on the same ranks as the dense layers' tp x cp x dp;
+  // ep x etp must divide dp x cp x tp.
+  int64_t ep = 1;
+  int64_t etp = 1;
   // Pipeline schedule (parallel/pp/schedule.h) over train.grad_accum micro-batches:
   // "gpipe" | "1f1b" | "kfkb" (groups of pp_group micro-batches) | "interleaved"
   // (virtual_stages model chunks per stage) | "adaptive" (kfkb re-choosing its group every

@@ -1,10 +1,28 @@
 #pragma once
-// The [model] section of a recipe: the architecture (src/train/recipe.cpp fills it).
+// The [model] section of a recipe: the architecture, and the [moe] section: how its
+// Mixture-of-Experts layers route (src/train/recipe.cpp fills both).
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace pentad {
 
 enum class ModelFamily { GPT2, LLaMA };
+
+// [moe]: the router and the losses that balance it (src/model/moe.h has the formulas).
+struct MoeConfig {
+  std::string score = "softmax";  // "softmax" | "sigmoid": router probabilities
+  bool renormalize = true;        // top-k weights divided by their sum
+  float aux_loss_coef = 0.0f;     // Switch/GShard load balancing, over each micro-batch
+  float seq_aux_loss_coef = 0.0f; // the same, per sequence (DeepSeek-V3's complementary loss)
+  float z_loss_coef = 0.0f;       // router z-loss: mean squared logsumexp of the logits
+  // Aux-loss-free balancing (DeepSeek-V3): after each step every expert's selection bias
+  // moves by this much toward balance (up when it got fewer tokens than the mean); 0: off.
+  float bias_update_rate = 0.0f;
+  // 0: dropless. Above 0: each expert takes at most ceil(capacity_factor * tokens * top_k /
+  // n_experts) of one micro-batch's tokens, keeping those of highest router probability.
+  float capacity_factor = 0.0f;
+};
 
 struct ModelConfig {                       // [model]
   ModelFamily family = ModelFamily::GPT2;  // family = "gpt2" | "llama"
@@ -21,8 +39,22 @@ struct ModelConfig {                       // [model]
   bool tie_embeddings = true;  // gpt2 ties; llama default false (recipes say so)
   bool recompute = false;      // recompute each layer's activations in backward
 
+  // Mixture of Experts (src/model/moe.h): layers named by moe_layers replace their MLP
+  // with n_experts routed experts (top_k per token, each an MLP of the family's kind and
+  // width d_ff_expert; 0 = ffn width) plus n_shared_experts always-on experts of that
+  // width (one MLP n_shared_experts times as wide). moe_layers: "" (dense model), "all",
+  // "every:N" (layers N-1, 2N-1, ...: every Nth), "from:K" (layers K.. last: the first K
+  // stay dense, as DeepSeek's) or a list of layer indices "1,3,5".
+  std::string moe_layers;
+  int64_t n_experts = 0;
+  int64_t top_k = 2;
+  int64_t d_ff_expert = 0;
+  int64_t n_shared_experts = 0;
+  MoeConfig moe;  // [moe]
+
   int64_t head_dim() const { return d_model / n_head; }
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  bool is_moe() const { return n_experts > 0 && !moe_layers.empty(); }
 };
 
 }  // namespace pentad

@@ -18,6 +18,7 @@
 //                        around its experts (dispatch tokens to the ranks holding their
 //                        experts, combine the results back).
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -51,10 +52,47 @@ class TensorParallelHooks {
   virtual void max(Tensor /*buf*/) {}
 };
 
+// One micro-batch's dispatch in one MoE layer. The block fills `send` (its permuted rows
+// per global expert, experts in order); plan() fills the rest.
+struct ExpertRoute {
+  std::vector<int64_t> send;  // rows this rank sends, per global expert (E)
+  std::vector<int64_t> rows;  // rows each local expert computes after dispatch
+  int64_t recv_rows = 0;      // sum of rows: the experts' input, grouped by local expert
+  std::vector<int64_t> recv;  // the hooks' own bookkeeping (counts per source and expert)
+};
+
+// Expert parallelism: this rank holds experts [first_expert, first_expert + n / ep_degree)
+// of every MoE layer, each one's width split over etp_degree ranks (up/gate by rows, down by
+// columns, as Megatron's column/row parallel). dispatch() sends every rank's permuted rows
+// to the ranks holding their experts, grouped there by local expert; combine() sums the
+// experts' partial outputs over etp and sends them back, in the order they were sent.
+// Backward uses the same two: gradients of outputs travel like inputs (dispatch), gradients
+// of inputs like outputs (combine). The defaults are one device: every expert local, both
+// a copy.
+class ExpertParallelHooks {
+ public:
+  virtual ~ExpertParallelHooks() = default;
+  virtual int ep_degree() const { return 1; }
+  virtual int ep_rank() const { return 0; }
+  virtual int etp_degree() const { return 1; }
+  virtual int etp_rank() const { return 0; }
+  int64_t local_experts(int64_t n) const { return n / ep_degree(); }
+  int64_t first_expert(int64_t n) const { return ep_rank() * local_experts(n); }
+
+  // Fills route.rows, recv_rows and recv from route.send (exchanging counts).
+  virtual void plan(ExpertRoute& route);
+  // in: (sum of send, C) rows in expert order; out: (recv_rows, C).
+  virtual void dispatch(const ExpertRoute& route, const Tensor& in, Tensor out);
+  // in: (recv_rows, C) partial outputs (this etp rank's share of the width); out: (sum of
+  // send, C), whole, in the order dispatch() took them.
+  virtual void combine(const ExpertRoute& route, const Tensor& in, Tensor out);
+};
+
 // Every cut of this rank's model; null members: not cut that way.
 struct Sharding {
-  TensorParallelHooks* tp = nullptr;  // not owned; outlives the model
-  // Context and expert parallelism add their hooks here (see the top of this file).
+  TensorParallelHooks* tp = nullptr;      // not owned; outlives the model
+  ExpertParallelHooks* ep = nullptr;      // not owned; outlives the model
+  // Context parallelism adds its hooks here (see the top of this file).
 };
 
 }  // namespace pentad

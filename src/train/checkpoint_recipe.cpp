@@ -37,6 +37,8 @@ constexpr const char* kModelKeys[] = {
     "model.family",    "model.n_layer",    "model.d_model",        "model.n_head",
     "model.n_kv_head", "model.d_ff",       "model.vocab_size",     "model.max_seq_len",
     "model.norm_eps",  "model.rope_theta", "model.tie_embeddings", "data.tokenizer",
+    "model.moe_layers", "model.n_experts", "model.top_k", "model.d_ff_expert",
+    "model.n_shared_experts", "moe.score", "moe.renormalize",
 };
 
 bool is_model_key(const std::string& key) {
@@ -69,7 +71,10 @@ std::string effective(const std::map<std::string, std::string>& values, const st
 
 RecipeComparison compare_recipes(const Config& run, const std::string& checkpoint_recipe_toml) {
   std::map<std::string, std::string> mine = recipe_values(recipe_to_toml(run));
-  const std::map<std::string, std::string> theirs = recipe_values(checkpoint_recipe_toml);
+  std::map<std::string, std::string> theirs = recipe_values(checkpoint_recipe_toml);
+  // A checkpoint written before a model key existed had that key's default.
+  for (const auto& [key, value] : recipe_values(recipe_to_toml(Config{})))
+    if (is_model_key(key)) theirs.emplace(key, value);
   RecipeComparison result;
   for (const auto& [key, value] : mine) {
     auto it = theirs.find(key);

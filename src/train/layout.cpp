@@ -33,6 +33,8 @@ parallel::MeshConfig mesh_config(const Config& cfg, int world_size) {
   mesh.tp = static_cast<int>(p.tp);
   mesh.cp = static_cast<int>(p.cp);
   mesh.pp = static_cast<int>(p.pp);
+  mesh.ep = static_cast<int>(p.ep);
+  mesh.etp = static_cast<int>(p.etp);
   mesh.order = p.order;
   const int64_t others = p.tp * p.cp * p.pp;
   if (p.dp > 0)

@@ -36,6 +36,12 @@ Rule one_of(std::initializer_list<std::string_view> words) {
 #section, #name, [](Config & c) -> Field { return &c.section.name; }, rule \
   }
 
+// [moe] lives inside ModelConfig (the model reads it) but is a section of its own.
+#define MOE_KEY(name, rule)                                                 \
+  Key {                                                                     \
+    "moe", #name, [](Config & c) -> Field { return &c.model.moe.name; }, rule \
+  }
+
 // Order here is the order recipe_to_toml writes. Rules that involve two keys (divisibility,
 // seq_len <= max_seq_len, data.path for file sources) are in recipe.cpp, check_combinations.
 const std::vector<Key>& key_table() {
@@ -53,6 +59,19 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(model, init_std, at_least(0)),
       PENTAD_KEY(model, tie_embeddings, any()),
       PENTAD_KEY(model, recompute, any()),
+      PENTAD_KEY(model, moe_layers, any()),
+      PENTAD_KEY(model, n_experts, at_least(0)),
+      PENTAD_KEY(model, top_k, at_least(1)),
+      PENTAD_KEY(model, d_ff_expert, at_least(0)),
+      PENTAD_KEY(model, n_shared_experts, at_least(0)),
+
+      MOE_KEY(score, one_of({"softmax", "sigmoid"})),
+      MOE_KEY(renormalize, any()),
+      MOE_KEY(aux_loss_coef, at_least(0)),
+      MOE_KEY(seq_aux_loss_coef, at_least(0)),
+      MOE_KEY(z_loss_coef, at_least(0)),
+      MOE_KEY(bias_update_rate, at_least(0)),
+      MOE_KEY(capacity_factor, at_least(0)),  // 0: dropless
 
       PENTAD_KEY(optim, lr, at_least(0)),  // 0: a run that only measures
       PENTAD_KEY(optim, min_lr_ratio, closed(0, 1)),
@@ -98,6 +117,8 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(parallel, dp, at_least(0)),
       PENTAD_KEY(parallel, cp, at_least(1)),
       PENTAD_KEY(parallel, pp, at_least(1)),
+      PENTAD_KEY(parallel, ep, at_least(1)),
+      PENTAD_KEY(parallel, etp, at_least(1)),
       PENTAD_KEY(parallel, pp_schedule,
                  one_of({"gpipe", "1f1b", "kfkb", "interleaved", "adaptive"})),
       PENTAD_KEY(parallel, virtual_stages, at_least(1)),
@@ -116,6 +137,7 @@ const std::vector<Key>& key_table() {
 }
 
 #undef PENTAD_KEY
+#undef MOE_KEY
 
 const std::vector<std::string_view>& sections() {
   static const std::vector<std::string_view> names = [] {
