@@ -1,4 +1,4 @@
-// pentad: the command line. Subcommands: train, data prepare, tokenizer train, ckpt
+// pentad: the command line. Subcommands: train, plan, data prepare, tokenizer train, ckpt
 // inspect/convert, and the developer command reference (used by the PyTorch equivalence
 // tests). Each rank starts here: MPI, then launch/rank.h's threads and device, then the
 // mesh and the Trainer.
@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -83,6 +84,17 @@ int main(int argc, char** argv) {
                         "Start from this checkpoint directory's weights, not the initialisation");
   reference->add_option("-s,--set", sets, "Override a recipe key (repeatable)");
 
+  int64_t plan_ranks = 0;
+  auto* plan = app.add_subcommand(
+      "plan",
+      "Check a recipe and print the memory each rank would need, allocating nothing (plans "
+      "for more ranks or larger machines than this one)");
+  plan->add_option("recipe", recipe, "Recipe file")->required()->check(CLI::ExistingFile);
+  plan->add_option("--ranks", plan_ranks,
+                   "Ranks to plan for (default: the recipe's parallel degrees, dp 0 as 1)");
+  plan->add_option("-s,--set", sets, "Override a recipe key (repeatable)");
+  plan->add_option("overrides", extra, "More section.key=value overrides");
+
   auto* data = app.add_subcommand("data", "Data preparation");
   data->require_subcommand(1);
   std::vector<std::string> inputs;
@@ -156,6 +168,16 @@ int main(int argc, char** argv) {
       if (!comm_log.empty()) trainer.write_comm_log(comm_log);
       if (!trace.empty() && trainer.write_timeline(trace) < 0)
         spdlog::warn("--trace: this run has no pipeline (parallel.pp = 1); no trace written");
+    } else if (*plan) {
+      pentad::Config cfg = pentad::load_recipe(recipe, overrides_from(sets, extra));
+      const pentad::ParallelConfig& p = cfg.parallel;
+      const int64_t ranks =
+          plan_ranks > 0 ? plan_ranks : std::max<int64_t>(p.dp, 1) * p.tp * p.cp * p.pp;
+      const pentad::parallel::MeshConfig layout = pentad::mesh_config(cfg, int(ranks));
+      if (mpi.rank == 0) std::puts(pentad::describe_memory(cfg, layout).c_str());
+      // Against train.memory_limit_mb when set (this machine's memory says nothing of the
+      // machines planned for).
+      if (cfg.train.memory_limit_mb > 0) pentad::check_memory(cfg, layout, pentad::NodeShare{});
     } else if (*reference) {
       pentad::Config cfg = pentad::load_recipe(recipe, sets);
       pentad::launch::start_rank(cfg);

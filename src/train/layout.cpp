@@ -46,6 +46,14 @@ parallel::MeshConfig mesh_config(const Config& cfg, int world_size) {
         "parallel.tp ({}) x parallel.cp ({}) x parallel.pp ({}) = {} does not divide the {} "
         "ranks started: change parallel.tp or start a multiple of {} ranks",
         p.tp, p.cp, p.pp, others, world_size, others);
+  // MoE Parallel Folding re-splits a pipeline stage's ranks into edp x ep x etp.
+  const int64_t stage_ranks = int64_t(mesh.dp) * mesh.cp * mesh.tp, expert = p.ep * p.etp;
+  if (stage_ranks % expert != 0)
+    fail(
+        "parallel.ep ({}) x parallel.etp ({}) = {} must divide the {} ranks of a pipeline stage "
+        "(dp {} x cp {} x tp {}): change parallel.ep or parallel.etp so that their product is a "
+        "divisor of {}, or start more ranks",
+        p.ep, p.etp, expert, stage_ranks, mesh.dp, mesh.cp, mesh.tp, stage_ranks);
   parallel::validate(mesh, world_size);
   if (p.pp > 1 || p.virtual_stages > 1 || !p.pp_layout.empty()) {
     parallel::pp::check_schedule(schedule_spec(cfg));

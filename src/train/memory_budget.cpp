@@ -15,6 +15,7 @@
 
 #include "core/check.h"
 #include "core/tensor.h"
+#include "model/moe.h"
 #include "parallel/pp/layout.h"
 #include "parallel/pp/pipeline.h"
 #include "train/trainer.h"
@@ -47,8 +48,16 @@ std::vector<parallel::pp::Chunk> chunks_of_stage(const Config& cfg, int stages, 
       stages, stage);
 }
 
+// The MoE layers among [begin, end).
+double moe_layers_in(const std::vector<int64_t>& moe, int64_t begin, int64_t end) {
+  return double(
+      std::count_if(moe.begin(), moe.end(), [&](int64_t l) { return begin <= l && l < end; }));
+}
+
 // One stage's bytes. Shapes as in Model::build_params, plan_layer, plan_slot and
 // plan_shared, on one tp rank: column- and row-parallel matrices split over tp, norms whole.
+// An MoE layer (model/moe.h) holds, in place of the MLP, the router, n_experts / ep routed
+// experts split over etp and the shared experts as one MLP split over tp.
 MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mesh, int stage) {
   const ModelConfig& m = cfg.model;
   const bool gpt2 = m.family == ModelFamily::GPT2, sp = cfg.parallel.sequence_parallel;
@@ -59,11 +68,35 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   const double act = cfg.train.precision == "bf16" ? 2 : 4, f32 = 4;
   const double mlp_mats = gpt2 ? 2 : 3;  // up, down (+ gate)
 
-  const double layer_values = (2 * C * C + 2 * Ckv * C + mlp_mats * F * C) / p +
-                              (gpt2 ? 6 * C + (C + 2 * Ckv + F) / p : 2 * C);  // norms (+ biases)
-  const double layer_acts =
-      act * (2 * N * C + Nl * C + 2 * N * (C / p) + 2 * N * (Ckv / p) + mlp_mats * N * (F / p)) +
-      f32 * ((gpt2 ? 4 : 2) * Nl + b * t * double(m.n_head) / p);
+  // An MLP of width W split over q ranks: matrices, and GPT-2's up bias (split) and down
+  // bias (whole).
+  auto mlp_values = [&](double W, double q) {
+    return mlp_mats * W * C / q + (gpt2 ? W / q + C : 0);
+  };
+  const double attn_values =
+      (2 * C * C + 2 * Ckv * C) / p + (gpt2 ? 5 * C + (C + 2 * Ckv) / p : 2 * C);  // + norms
+  const double layer_values = attn_values + mlp_values(F, p);
+  const double attn_acts = act * (2 * N * C + Nl * C + 2 * N * (C / p) + 2 * N * (Ckv / p)) +
+                           f32 * ((gpt2 ? 4 : 2) * Nl + b * t * double(m.n_head) / p);
+  const double layer_acts = attn_acts + act * mlp_mats * N * (F / p);
+
+  // MoE layers: E experts, k picks, width Fe (each etp rank 1/etp of it), shared width Fs.
+  const std::vector<int64_t> moe = m.is_moe() ? moe_layer_indices(m) : std::vector<int64_t>{};
+  const double E = double(m.n_experts), k = double(m.top_k), ep = mesh.ep, etp = mesh.etp;
+  const double Fe = m.is_moe() ? double(expert_ffn_dim(m)) : 0;
+  const double Fs = double(m.n_shared_experts) * Fe;
+  const double expert_values = E / ep * mlp_values(Fe, etp);
+  const double moe_values = attn_values + E * C + E + expert_values +  // router, expert bias
+                            (Fs > 0 ? mlp_values(Fs, p) : 0);
+  // Dispatch, worst case dropless: each of the ep x etp ranks that send to this one routes
+  // all its Nl rows here, each to min(k, E / ep) of its local experts. Sent: the Nl k
+  // permuted rows and their outputs; received: R rows in and out, and their activations.
+  const double R = ep * etp * Nl * std::min(k, E / ep);
+  const double dispatch =
+      act * (2 * Nl * k * C + 2 * R * C + mlp_mats * R * (Fe / etp)) +
+      f32 * (2 * Nl * E + Nl * k);  // router logits and scores; the picks' weights
+  const double moe_acts = attn_acts + (Fs > 0 ? act * mlp_mats * N * (Fs / p) : 0) + dispatch;
+
   const double head_acts =
       act * (N * C + (sp ? Nl * C : 0) + N * V / p) + f32 * ((gpt2 ? 2 : 1) * Nl + N);
 
@@ -72,11 +105,14 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   const std::vector<parallel::pp::Chunk> chunks = chunks_of_stage(cfg, mesh.pp, stage);
   std::vector<parallel::pp::Action> actions;
   if (mesh.pp > 1) actions = parallel::pp::stage_actions(schedule_spec(cfg), stage);
-  bool holds_last = false;
+  bool holds_last = false, holds_moe = false;
   for (size_t c = 0; c < chunks.size(); ++c) {
     const parallel::pp::Chunk& chunk = chunks[c];
     const double layers = double(chunk.layer_end - chunk.layer_begin);
-    e.values += layers * layer_values;
+    const double moe_layers = moe_layers_in(moe, chunk.layer_begin, chunk.layer_end);
+    holds_moe = holds_moe || moe_layers > 0;
+    e.values += (layers - moe_layers) * layer_values + moe_layers * moe_values;
+    e.expert_values += moe_layers * expert_values;
     if (chunk.first) e.values += V * C / p + (gpt2 ? double(m.max_seq_len) * C : 0);
     if (chunk.last) {
       holds_last = true;
@@ -92,20 +128,41 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
         if (a.chunk == int(c)) mine.push_back(a);
       in_flight = std::max(1, parallel::pp::peak_in_flight(mine));
     }
-    const double slot = 8 * N + (layers + 1) * Nl * C * act +
-                        (m.recompute ? 0 : layers * layer_acts) + (chunk.last ? head_acts : 0);
+    const double kept =
+        m.recompute ? 0 : (layers - moe_layers) * layer_acts + moe_layers * moe_acts;
+    const double slot = 8 * N + (layers + 1) * Nl * C * act + kept + (chunk.last ? head_acts : 0);
     e.activations += in_flight * slot;
+    if (!m.recompute) e.dispatch += in_flight * moe_layers * dispatch;
   }
   // Scratch shared by every layer: backward's gradients, the projection output, and the
-  // recomputed layer's activations.
+  // recomputed layer's activations; an MoE layer's backward also needs the gradients of
+  // its dispatched rows, and recomputing it its dispatch buffers again.
   e.activations += act * (N * C + Nl * C + (sp ? N * C : 0) + N * C + (sp ? 2 * Nl * C : 0) +
                           2 * N * (C / p) + 2 * N * (Ckv / p) + mlp_mats * N * (F / p)) +
-                   (m.recompute ? layer_acts : 0) + (p > 1 && holds_last ? 3 * f32 * N : 0);
+                   (m.recompute ? std::max(layer_acts, holds_moe ? moe_acts : 0) : 0) +
+                   (p > 1 && holds_last ? 3 * f32 * N : 0);
+  if (holds_moe) {
+    e.activations += dispatch;
+    e.dispatch += dispatch * (m.recompute ? 2 : 1);
+  }
   e.parameters = e.values * (f32 + (cfg.train.precision == "bf16" ? 2 : 0));
   e.gradients = e.values * f32;
   e.optimizer = 2 * e.values * f32;                               // AdamW's m and v
   if (cfg.train.save_every > 0) e.snapshot = 3 * e.values * f32;  // values, m and v again
   return e;
+}
+
+std::string values_text(const MemoryEstimate& e) {
+  if (e.expert_values == 0) return fmt::format("{:.4g} values", e.values);
+  return fmt::format("{:.4g} values, {:.4g} of them in routed experts", e.values, e.expert_values);
+}
+
+std::string activations_text(const Config& cfg, const MemoryEstimate& e) {
+  return fmt::format(
+      "micro-batch {} x {}, recompute {}{}", cfg.train.micro_batch, cfg.train.seq_len,
+      cfg.model.recompute ? "on" : "off",
+      e.dispatch > 0 ? fmt::format(", MoE dispatch buffers {} (worst case)", bytes_text(e.dispatch))
+                     : "");
 }
 
 // The limit in bytes and how to say it.
@@ -143,6 +200,29 @@ MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& me
     if (stage == 0 || e.total() > worst.total()) worst = e;
   }
   return worst;
+}
+
+std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh) {
+  const MemoryEstimate e = estimate_memory(cfg, mesh);
+  const ModelConfig& m = cfg.model;
+  std::string text = fmt::format(
+      "memory plan (estimate for the rank that needs the most{}; tp {} cp {} dp {} pp {} ep {} "
+      "etp {}, {} {}):\n",
+      mesh.pp > 1 ? fmt::format(": pipeline stage {}", e.stage) : "", mesh.tp, mesh.cp, mesh.dp,
+      mesh.pp, mesh.ep, mesh.etp, cfg.train.device, cfg.train.precision);
+  text += fmt::format("  parameters   {} ({})\n", bytes_text(e.parameters), values_text(e));
+  if (e.expert_values > 0)
+    text += fmt::format(
+        "    routed experts {} ({} of {} experts per MoE layer, 1/{} of width {} each)\n",
+        bytes_text(e.expert_values * e.parameters / e.values), m.n_experts / mesh.ep, m.n_experts,
+        mesh.etp, expert_ffn_dim(m));
+  text += fmt::format("  gradients    {}\n", bytes_text(e.gradients));
+  text += fmt::format("  AdamW state  {}\n", bytes_text(e.optimizer));
+  text +=
+      fmt::format("  activations  {} ({})\n", bytes_text(e.activations), activations_text(cfg, e));
+  if (e.snapshot > 0) text += fmt::format("  snapshot     {}\n", bytes_text(e.snapshot));
+  text += fmt::format("  total        {}", bytes_text(e.total()));
+  return text;
 }
 
 NodeShare node_share() {
@@ -242,22 +322,25 @@ void check_memory(const Config& cfg, const parallel::MeshConfig& mesh, const Nod
                              std::ceil(state / room))
                : std::string("more ranks in parallel.tp x parallel.pp");
   knobs.push_back(fmt::format("{} (now tp {} x pp {})", spread, mesh.tp, mesh.pp));
+  // The routed experts' state divides over ep (and etp) alone.
+  if (e.expert_values > 0 && m.n_experts / mesh.ep > 1)
+    knobs.push_back(fmt::format(
+        "spread the experts ({} of the values) over more ranks: parallel.ep up to {} (now {})",
+        bytes_text(e.expert_values * 4), m.n_experts, mesh.ep));
 
   struct Item {
     std::string text;
     double bytes;
   };
   std::vector<Item> items = {
-      {fmt::format("parameters {} ({:.4g} values)", bytes_text(e.parameters), e.values),
-       e.parameters},
+      {fmt::format("parameters {} ({})", bytes_text(e.parameters), values_text(e)), e.parameters},
       {fmt::format("gradients {}", bytes_text(e.gradients)), e.gradients},
       {fmt::format("AdamW state {}", bytes_text(e.optimizer)), e.optimizer},
       {fmt::format("checkpoint snapshot {} (checkpoint.snapshot = \"copy\" keeps it in host "
                    "memory on CUDA; train.save_every = 0 drops it)",
                    bytes_text(e.snapshot)),
        e.snapshot},
-      {fmt::format("activations {} (micro-batch {} x {}, recompute {})", bytes_text(e.activations),
-                   cfg.train.micro_batch, cfg.train.seq_len, m.recompute ? "on" : "off"),
+      {fmt::format("activations {} ({})", bytes_text(e.activations), activations_text(cfg, e)),
        e.activations}};
   std::stable_sort(items.begin(), items.end(),
                    [](const Item& a, const Item& b) { return a.bytes > b.bytes; });

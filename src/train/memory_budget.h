@@ -17,7 +17,12 @@ struct MemoryEstimate {
   // AdamW moments (checkpoint.snapshot swap) or the host staging buffer (copy), alike in size.
   double snapshot = 0;
   double values = 0;  // parameter values held by that rank
-  int stage = 0;      // its pipeline stage
+  // Of those, the routed experts' (n_experts / ep experts per MoE layer, each 1/etp of its
+  // width); and of activations, the MoE layers' dispatch buffers: the routed token rows sent
+  // and received, and the expert activations of the rows received (worst case, dropless).
+  double expert_values = 0;
+  double dispatch = 0;  // bytes
+  int stage = 0;        // its pipeline stage
   double total() const { return parameters + gradients + optimizer + activations + snapshot; }
 };
 
@@ -34,6 +39,9 @@ struct NodeShare {
   double memory_bytes = 0;  // physical memory, or the cgroup's limit when that is lower
 };
 NodeShare node_share();
+
+// The estimate as a few lines for `pentad plan`: the mesh, each item, the total.
+std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh);
 
 // Throws pentad::Error when the estimate is above train.memory_limit_mb, or, when that key
 // is 0, above this rank's share of the machine's memory (memory / ranks on it; CPU only:

@@ -13,6 +13,7 @@
 #include <variant>
 
 #include "core/check.h"
+#include "model/moe.h"
 #include "train/recipe_keys.h"
 
 namespace pentad {
@@ -289,6 +290,99 @@ Override parse_override(const std::string& text) {
 
 // ---- checks that involve more than one key ----
 
+std::string divisors_of(int64_t n) {
+  std::string list;
+  for (int64_t d = 1; d <= n && list.size() < 60; ++d)
+    if (n % d == 0) list += fmt::format("{}{}", list.empty() ? "" : ", ", d);
+  return list;
+}
+
+// Mixture of Experts (model/moe.h) against the rest of the recipe. where(keys): the origin
+// of the first of `keys` the recipe set.
+template <typename Where>
+void check_moe(const Config& c, const Where& where) {
+  const ModelConfig& m = c.model;
+  const ParallelConfig& p = c.parallel;
+  if (m.n_experts > 0 && m.moe_layers.empty())
+    fail(
+        "{}: model.n_experts = {} but model.moe_layers is empty: name the MoE layers (\"all\", "
+        "\"every:2\", \"from:1\" or a list such as \"1,3\"), or set model.n_experts = 0 for a "
+        "dense model",
+        where({"model.moe_layers", "model.n_experts"}), m.n_experts);
+  if (m.n_experts == 0 && !m.moe_layers.empty())
+    fail(
+        "{}: model.moe_layers = {} but model.n_experts = 0: set model.n_experts (e.g. 8), or "
+        "model.moe_layers = \"\" for a dense model",
+        where({"model.n_experts", "model.moe_layers"}), quote(m.moe_layers));
+  if (!m.is_moe()) {
+    if (m.n_shared_experts > 0 || m.d_ff_expert > 0)
+      fail(
+          "{}: model.{} is set but the model has no MoE layers: set model.n_experts and "
+          "model.moe_layers, or leave it 0",
+          where({"model.n_shared_experts", "model.d_ff_expert"}),
+          m.n_shared_experts > 0 ? "n_shared_experts" : "d_ff_expert");
+    if (p.ep > 1 || p.etp > 1)
+      fail(
+          "{}: parallel.ep = {} and parallel.etp = {} split experts, but the model has no MoE "
+          "layers: set both to 1, or give the model experts (model.n_experts, model.moe_layers)",
+          where({"parallel.ep", "parallel.etp"}), p.ep, p.etp);
+    return;
+  }
+  std::vector<int64_t> layers;
+  try {
+    layers = moe_layer_indices(m);
+  } catch (const Error& e) {
+    fail("{}: {}", where({"model.moe_layers", "model.n_layer"}), e.what());
+  }
+  if (layers.empty())
+    fail("{}: model.moe_layers = {} names no layer of the {}", where({"model.moe_layers"}),
+         quote(m.moe_layers), m.n_layer);
+  if (m.top_k > m.n_experts)
+    fail("{}: model.top_k ({}) must be at most model.n_experts ({})",
+         where({"model.top_k", "model.n_experts"}), m.top_k, m.n_experts);
+  const float capacity = m.moe.capacity_factor;
+  if (capacity > 0 && double(capacity) * double(m.top_k) < 1.0)
+    fail(
+        "{}: moe.capacity_factor = {} is below 1 / model.top_k = 1 / {}: the experts together "
+        "would keep fewer picks than a micro-batch has tokens, so even perfectly balanced "
+        "routing drops tokens whole; use at least {:.4g} (1 or more keeps balanced routing "
+        "whole), or 0 for dropless",
+        where({"moe.capacity_factor", "model.top_k"}), format_float(capacity), m.top_k,
+        1.0 / double(m.top_k));
+  if (c.train.device == "cuda")
+    fail(
+        "{}: MoE on CUDA is not built yet (model.n_experts = {} with train.device = \"cuda\"): "
+        "train on the CPU (train.device = \"cpu\") or set model.n_experts = 0",
+        where({"train.device", "model.n_experts"}), m.n_experts);
+  if (m.n_experts % p.ep != 0)
+    fail(
+        "{}: model.n_experts ({}) must be divisible by parallel.ep ({}): each expert-parallel "
+        "rank holds n_experts / ep whole experts; change parallel.ep to a divisor of {} ({})",
+        where({"parallel.ep", "model.n_experts"}), m.n_experts, p.ep, m.n_experts,
+        divisors_of(m.n_experts));
+  const int64_t width = expert_ffn_dim(m);
+  if (width % p.etp != 0)
+    fail(
+        "{}: the expert width ({} = {}) must be divisible by parallel.etp ({}): change "
+        "parallel.etp to a divisor of {} ({})",
+        where({"parallel.etp", "model.d_ff_expert"}),
+        m.d_ff_expert > 0 ? "model.d_ff_expert" : "model.d_ff_expert = 0: the ffn width", width,
+        p.etp, width, divisors_of(width));
+  const int64_t shared = m.n_shared_experts * width;
+  if (shared % p.tp != 0)
+    fail(
+        "{}: the shared experts' width (model.n_shared_experts x expert width = {} x {} = {}) "
+        "must be divisible by parallel.tp ({}): they run as one tensor-parallel MLP; change "
+        "parallel.tp to a divisor of {}",
+        where({"parallel.tp", "model.n_shared_experts"}), m.n_shared_experts, width, shared, p.tp,
+        shared);
+  if (p.tp > 1 && !p.sequence_parallel)
+    fail(
+        "{}: MoE layers with parallel.tp = {} need parallel.sequence_parallel = true: every rank "
+        "must route distinct tokens (as in Megatron), not tp copies of the same ones",
+        where({"parallel.tp", "parallel.sequence_parallel"}), p.tp);
+}
+
 void check_combinations(const Config& c, const std::map<std::string, std::string>& origins,
                         const std::string& name) {
   // The origin of the first named key that the recipe set, for "file:line:col: ..." prefixes.
@@ -347,6 +441,7 @@ void check_combinations(const Config& c, const std::map<std::string, std::string
         "{}: head_dim = model.d_model / model.n_head = {} is above 128, the largest the CUDA "
         "attention kernels take: raise model.n_head",
         where({"model.d_model", "model.n_head", "train.device"}), m.head_dim());
+  check_moe(c, where);
 }
 
 }  // namespace

@@ -21,7 +21,7 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 SECONDS = 5.0  # per case; refusals take well under one (MPI start-up is most of it)
 TINY = ["train.steps=2", "train.threads=1", "train.log_every=1", "train.micro_batch=2",
         "train.seq_len=16", "data.source=random"]
-SECTIONS = "sections are [model], [optim], [train], [data], [parallel], [checkpoint]"
+SECTIONS = "sections are [model], [moe], [optim], [train], [data], [parallel], [checkpoint]"
 SMALL = "small.bin"  # an llm.c shard of 400 tokens: 24 windows of 16, 22 for training
 
 
@@ -92,6 +92,44 @@ CASES = [
     ("pipeline_stage_over_limit", "gpt-tiny.toml",
      ["parallel.pp=2", "model.n_layer=4000", "train.memory_limit_mb=512"], 2, 2,
      ["each rank of pipeline stage", "memory plan does not fit"]),
+    # Mixture of Experts (issue 14): refusals name the key to change.
+    ("moe_experts_without_layers", "mixtral-tiny.toml", ["model.moe_layers="], 0, 2,
+     ["override 'model.moe_layers='", "model.n_experts = 8 but model.moe_layers is empty"]),
+    ("moe_layers_without_experts", "llama-tiny.toml", ["model.moe_layers=all"], 0, 2,
+     ["model.moe_layers = \"all\" but model.n_experts = 0"]),
+    ("moe_top_k_above_experts", "mixtral-tiny.toml", ["model.top_k=9"], 0, 2,
+     ["model.top_k (9) must be at most model.n_experts (8)"]),
+    ("moe_layers_malformed", "mixtral-tiny.toml", ["model.moe_layers=every:two"], 0, 2,
+     ["model.moe_layers = \"every:two\" does not parse", "\"every:N\""]),
+    ("moe_layers_past_the_model", "mixtral-tiny.toml", ["model.moe_layers=0,2"], 0, 2,
+     ["model.moe_layers = \"0,2\" names layer 2, but model.n_layer = 2"]),
+    ("moe_layers_from_past_the_model", "moe-fine-tiny.toml", ["model.moe_layers=from:3"], 0, 2,
+     ["model.moe_layers = \"from:3\" names no layer"]),
+    ("moe_experts_not_divisible_by_ep", "mixtral-tiny.toml", ["parallel.ep=3"], 0, 2,
+     ["model.n_experts (8) must be divisible by parallel.ep (3)"]),
+    ("moe_width_not_divisible_by_etp", "mixtral-tiny.toml", ["parallel.etp=3"], 0, 2,
+     ["model.d_ff_expert = 128) must be divisible by parallel.etp (3)"]),
+    ("moe_shared_width_not_divisible_by_tp", "moe-fine-tiny.toml",
+     ["parallel.tp=3", "parallel.sequence_parallel=true", "model.d_model=96", "model.n_head=6",
+      "model.n_kv_head=3"], 0, 2,
+     ["shared experts' width", "= 32) must be divisible by parallel.tp (3)"]),
+    ("moe_ep_etp_not_dividing_the_stage", "mixtral-tiny.toml",
+     TINY + ["parallel.ep=2", "parallel.etp=2"], 2, 2,
+     ["parallel.ep (2) x parallel.etp (2) = 4 must divide the 2 ranks of a pipeline stage"]),
+    ("moe_tp_without_sequence_parallel", "mixtral-tiny.toml", ["parallel.tp=2"], 0, 2,
+     ["parallel.tp = 2 need parallel.sequence_parallel = true"]),
+    ("moe_capacity_below_one_over_k", "mixtral-tiny.toml", ["moe.capacity_factor=0.25"], 0, 2,
+     ["moe.capacity_factor = 0.25 is below 1 / model.top_k = 1 / 2", "or 0 for dropless"]),
+    ("moe_on_cuda", "mixtral-tiny.toml", ["train.device=cuda"], 0, 2,
+     ["MoE on CUDA is not built yet"]),
+    ("moe_ep_on_a_dense_model", "llama-tiny.toml", ["parallel.ep=2"], 0, 2,
+     ["parallel.ep = 2", "the model has no MoE layers"]),
+    ("moe_shared_experts_on_a_dense_model", "llama-tiny.toml", ["model.n_shared_experts=1"], 0,
+     2, ["model.n_shared_experts is set but the model has no MoE layers"]),
+    ("moe_experts_over_the_limit", "mixtral-tiny.toml",
+     ["model.n_experts=20000", "train.memory_limit_mb=256"], 0, 2,
+     ["memory plan does not fit", "in routed experts", "MoE dispatch buffers",
+      "parallel.ep up to 20000 (now 1)"]),
     # Two pipeline ranks on one core: the bubble line says the figure includes the wait.
     ("bubble_on_one_core", "gpt-tiny.toml",
      TINY + ["parallel.pp=2", "train.grad_accum=4", "train.eval_every=0", "--trace",

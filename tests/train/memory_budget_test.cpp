@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "model/model.h"
+#include "train/layout.h"
 #include "train/recipe.h"
 
 using namespace pentad;
@@ -42,6 +43,70 @@ TEST(MemoryBudget, EstimateMatchesTheArenasOfOneRank) {
     EXPECT_EQ(e.values, double(p.numel()));
     EXPECT_NEAR(e.total() / measured, 1.0, 0.02)
         << "estimate " << e.total() << ", measured " << measured;
+  }
+}
+
+// moe-fine-tiny by hand (C 64, 2 KV heads of 16, dense width 256, vocabulary 512): layer 0
+// dense, layers 1 and 2 MoE with 16 experts of width 32 and one shared expert of width 32.
+TEST(MemoryBudget, MoeParametersByHand) {
+  const Config cfg = load_recipe(kRecipes + "moe-fine-tiny.toml");
+  const double attention = 2 * 64 * 64 + 2 * 32 * 64 + 2 * 64;  // q, o, k, v, two norms
+  const double dense = attention + 3 * 256 * 64;
+  const double experts = 16 * 3 * 32 * 64;
+  const double moe = attention + 16 * 64 + 16 + experts + 3 * 32 * 64;  // router, bias, shared
+  const double embeddings = 2 * 512 * 64 + 64;                          // untied, final norm
+  const MemoryEstimate e = estimate_memory(cfg, one_rank());
+  EXPECT_EQ(e.values, dense + 2 * moe + embeddings);
+  EXPECT_EQ(e.expert_values, 2 * experts);
+  EXPECT_GT(e.dispatch, 0);
+  EXPECT_LT(e.dispatch, e.activations);
+
+  const MemoryEstimate dense_model =
+      estimate_memory(load_recipe(kRecipes + "llama-tiny.toml"), one_rank());
+  EXPECT_EQ(dense_model.expert_values, 0);
+  EXPECT_EQ(dense_model.dispatch, 0);
+}
+
+// Each expert-parallel rank holds n_experts / ep experts, each etp rank 1/etp of their width;
+// with more ranks sending to it, a rank may receive more rows (worst case, dropless).
+TEST(MemoryBudget, MoeExpertsSplitOverEpAndEtp) {
+  const Config cfg = load_recipe(kRecipes + "mixtral-tiny.toml");
+  const MemoryEstimate one = estimate_memory(cfg, one_rank());
+  EXPECT_EQ(one.expert_values, 2 * 8 * 3 * 128 * 64);  // 2 layers of 8 SwiGLU experts
+  for (auto [ep, etp] : {std::pair{2, 1}, {1, 2}, {2, 2}, {4, 1}}) {
+    SCOPED_TRACE(fmt::format("ep {} etp {}", ep, etp));
+    parallel::MeshConfig mesh = one_rank();
+    mesh.dp = ep * etp;
+    mesh.ep = ep;
+    mesh.etp = etp;
+    const MemoryEstimate e = estimate_memory(cfg, mesh);
+    EXPECT_EQ(e.expert_values, one.expert_values / (ep * etp));
+    EXPECT_EQ(e.values - e.expert_values, one.values - one.expert_values);
+    EXPECT_GT(e.dispatch, one.dispatch);  // rows from ep x etp ranks
+  }
+  // GPT-2 experts: the up bias splits over etp, the down bias does not.
+  const Config gpt = load_recipe(kRecipes + "gpt-tiny.toml",
+                                 {"model.moe_layers=all", "model.n_experts=4", "model.top_k=2"});
+  parallel::MeshConfig mesh = one_rank();
+  mesh.dp = mesh.etp = 2;
+  const double per_expert = 2 * 256 * 64 + 256 + 64;
+  EXPECT_EQ(estimate_memory(gpt, one_rank()).expert_values, 2 * 4 * per_expert);
+  EXPECT_EQ(estimate_memory(gpt, mesh).expert_values, 2 * 4 * (2 * 128 * 64 + 128 + 64));
+}
+
+// The shipped large MoE recipes plan to fit an 80 GB GPU on the 64 ranks they name.
+TEST(MemoryBudget, LargeMoeRecipesFitTheirLayout) {
+  for (const char* name : {"mixtral-8x7b.toml", "qwen2-57b-a14b.toml"}) {
+    SCOPED_TRACE(name);
+    const Config cfg = load_recipe(kRecipes + name);
+    const parallel::MeshConfig mesh = mesh_config(cfg, 64);
+    EXPECT_EQ(mesh.ep, 8);
+    const MemoryEstimate e = estimate_memory(cfg, mesh);
+    EXPECT_GT(e.expert_values, 0.5 * e.values);
+    EXPECT_LT(e.total(), 80e9);
+    const std::string plan = describe_memory(cfg, mesh);
+    for (const char* part : {"routed experts", "MoE dispatch buffers", "ep 8", "total"})
+      EXPECT_NE(plan.find(part), std::string::npos) << plan << "\nmissing: " << part;
   }
 }
 

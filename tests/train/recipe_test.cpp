@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "core/check.h"
+#include "model/model.h"
+#include "model/moe.h"
 
 namespace pentad {
 namespace {
@@ -58,6 +60,20 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(bits(a.model.init_std), bits(b.model.init_std));
   EXPECT_EQ(a.model.tie_embeddings, b.model.tie_embeddings);
   EXPECT_EQ(a.model.recompute, b.model.recompute);
+  EXPECT_EQ(a.model.moe_layers, b.model.moe_layers);
+  EXPECT_EQ(a.model.n_experts, b.model.n_experts);
+  EXPECT_EQ(a.model.top_k, b.model.top_k);
+  EXPECT_EQ(a.model.d_ff_expert, b.model.d_ff_expert);
+  EXPECT_EQ(a.model.n_shared_experts, b.model.n_shared_experts);
+  EXPECT_EQ(a.model.moe.score, b.model.moe.score);
+  EXPECT_EQ(a.model.moe.renormalize, b.model.moe.renormalize);
+  EXPECT_EQ(bits(a.model.moe.aux_loss_coef), bits(b.model.moe.aux_loss_coef));
+  EXPECT_EQ(bits(a.model.moe.seq_aux_loss_coef), bits(b.model.moe.seq_aux_loss_coef));
+  EXPECT_EQ(bits(a.model.moe.z_loss_coef), bits(b.model.moe.z_loss_coef));
+  EXPECT_EQ(bits(a.model.moe.bias_update_rate), bits(b.model.moe.bias_update_rate));
+  EXPECT_EQ(bits(a.model.moe.capacity_factor), bits(b.model.moe.capacity_factor));
+  EXPECT_EQ(a.parallel.ep, b.parallel.ep);
+  EXPECT_EQ(a.parallel.etp, b.parallel.etp);
   EXPECT_EQ(bits(a.optim.lr), bits(b.optim.lr));
   EXPECT_EQ(bits(a.optim.min_lr_ratio), bits(b.optim.min_lr_ratio));
   EXPECT_EQ(a.optim.warmup_steps, b.optim.warmup_steps);
@@ -149,6 +165,73 @@ TEST(Recipe, ShippedShapes) {
   EXPECT_EQ(big.model.d_ff, 8192);
   EXPECT_EQ(big.model.rope_theta, 500000.0f);
   EXPECT_TRUE(big.model.tie_embeddings);
+
+  Config mixtral = load_shipped("mixtral-tiny");
+  EXPECT_EQ(mixtral.model.family, ModelFamily::LLaMA);
+  EXPECT_EQ(moe_layer_indices(mixtral.model), (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(mixtral.model.n_experts, 8);
+  EXPECT_EQ(mixtral.model.top_k, 2);
+  EXPECT_EQ(mixtral.model.moe.score, "softmax");
+  EXPECT_TRUE(mixtral.model.moe.renormalize);
+  EXPECT_EQ(mixtral.model.moe.aux_loss_coef, 0.01f);
+
+  Config fine = load_shipped("moe-fine-tiny");
+  EXPECT_EQ(moe_layer_indices(fine.model), (std::vector<int64_t>{1, 2}));  // layer 0 dense
+  EXPECT_EQ(fine.model.n_experts, 16);
+  EXPECT_EQ(fine.model.top_k, 4);
+  EXPECT_EQ(fine.model.n_shared_experts, 1);
+  EXPECT_EQ(fine.model.moe.score, "sigmoid");
+  EXPECT_EQ(fine.model.moe.aux_loss_coef, 0.0f);
+  EXPECT_GT(fine.model.moe.bias_update_rate, 0.0f);
+
+  Config m8x7b = load_shipped("mixtral-8x7b");
+  EXPECT_EQ(m8x7b.model.n_layer, 32);
+  EXPECT_EQ(m8x7b.model.d_model, 4096);
+  EXPECT_EQ(m8x7b.model.kv_heads(), 8);
+  EXPECT_EQ(expert_ffn_dim(m8x7b.model), 14336);
+  EXPECT_EQ(m8x7b.model.n_experts, 8);
+  EXPECT_EQ(m8x7b.model.rope_theta, 1e6f);
+
+  Config qwen = load_shipped("qwen2-57b-a14b");
+  EXPECT_EQ(qwen.model.n_layer, 28);
+  EXPECT_EQ(qwen.model.d_model, 3584);
+  EXPECT_EQ(qwen.model.kv_heads(), 4);
+  EXPECT_EQ(qwen.model.n_experts, 64);
+  EXPECT_EQ(qwen.model.top_k, 8);
+  EXPECT_EQ(qwen.model.n_shared_experts * expert_ffn_dim(qwen.model), 20480);
+  EXPECT_EQ(qwen.model.vocab_size, 151936);
+  EXPECT_FALSE(qwen.model.moe.renormalize);
+}
+
+TEST(Recipe, MoeLayerPatterns) {
+  auto layers = [](const std::string& pattern, int64_t n_layer) {
+    ModelConfig m;
+    m.n_layer = n_layer;
+    m.n_experts = 4;
+    m.moe_layers = pattern;
+    return moe_layer_indices(m);
+  };
+  using L = std::vector<int64_t>;
+  EXPECT_EQ(layers("all", 3), (L{0, 1, 2}));
+  EXPECT_EQ(layers("every:2", 5), (L{1, 3}));
+  EXPECT_EQ(layers("every:1", 2), (L{0, 1}));
+  EXPECT_EQ(layers("from:1", 4), (L{1, 2, 3}));
+  EXPECT_EQ(layers("from:0", 2), (L{0, 1}));
+  EXPECT_EQ(layers("3, 1", 4), (L{1, 3}));
+  EXPECT_EQ(layers("", 4), L{});
+  for (const char* bad : {"al", "every:0", "every:", "from:-1", "1,,2", "1;2", "x", "every:3"})
+    EXPECT_THROW(layers(bad, 2), Error) << bad;
+  ModelConfig m;
+  m.n_layer = 2;
+  m.moe_layers = "all";
+  EXPECT_TRUE(moe_layer_indices(m).empty()) << "n_experts = 0: a dense model";
+  m.n_experts = 2;
+  EXPECT_TRUE(is_moe_layer(m, 1));
+  m.family = ModelFamily::LLaMA;
+  m.d_model = 64;
+  EXPECT_EQ(expert_ffn_dim(m), ffn_dim(m));
+  m.d_ff_expert = 48;
+  EXPECT_EQ(expert_ffn_dim(m), 48);
 }
 
 TEST(Recipe, Overrides) {
@@ -353,7 +436,7 @@ std::vector<BadRecipe> bad_recipes() {
        "[paralel]\ntp = 2\n",
        {},
        {"did you mean [parallel]?",
-        "sections are [model], [optim], [train], [data], [parallel], [checkpoint]"}},
+        "sections are [model], [moe], [optim], [train], [data], [parallel], [checkpoint]"}},
       {"zero_micro_batch", "[train]\nmicro_batch = 0\n", {}, {"train.micro_batch must be >= 1"}},
       {"negative_steps", "[train]\nsteps = -5\n", {}, {"train.steps must be >= 0, got -5"}},
       {"override_no_equals", "", {"foo"}, {"override 'foo' is malformed", "section.key=value"}},
@@ -409,6 +492,58 @@ std::vector<BadRecipe> bad_recipes() {
        "[model]\nd_model = 512\nn_head = 2\n[train]\ndevice = \"cuda\"\n",
        {},
        {"head_dim = model.d_model / model.n_head = 256", "raise model.n_head"}},
+      // Mixture of Experts.
+      {"experts_without_layers",
+       "[model]\nn_experts = 4\n",
+       {},
+       {"experts_without_layers.toml:2:", "model.n_experts = 4 but model.moe_layers is empty"}},
+      {"layers_without_experts",
+       "[model]\nmoe_layers = \"all\"\n",
+       {},
+       {"layers_without_experts.toml:2:", "model.n_experts = 0"}},
+      {"moe_layers_malformed",
+       "[model]\nn_experts = 4\nmoe_layers = \"every 2\"\n",
+       {},
+       {"moe_layers_malformed.toml:3:", "model.moe_layers = \"every 2\" does not parse"}},
+      {"moe_layer_past_the_model",
+       "[model]\nn_experts = 4\nmoe_layers = \"1,2\"\n",
+       {},
+       {"names layer 2, but model.n_layer = 2"}},
+      {"top_k_above_experts",
+       "[model]\nn_experts = 4\ntop_k = 5\nmoe_layers = \"all\"\n",
+       {},
+       {"top_k_above_experts.toml:3:", "model.top_k (5) must be at most model.n_experts (4)"}},
+      {"capacity_below_one_over_k",
+       "[model]\nn_experts = 4\ntop_k = 2\nmoe_layers = \"all\"\n[moe]\ncapacity_factor = 0.3\n",
+       {},
+       {"capacity_below_one_over_k.toml:6:", "moe.capacity_factor = 0.3 is below 1 / model.top_k"}},
+      {"experts_not_divisible_by_ep",
+       "[model]\nn_experts = 6\nmoe_layers = \"all\"\n[parallel]\nep = 4\n",
+       {},
+       {"experts_not_divisible_by_ep.toml:5:",
+        "model.n_experts (6) must be divisible by parallel.ep (4)", "(1, 2, 3, 6)"}},
+      {"expert_width_not_divisible_by_etp",
+       "[model]\nn_experts = 4\nmoe_layers = \"all\"\nd_ff_expert = 30\n[parallel]\netp = 4\n",
+       {},
+       {"model.d_ff_expert = 30) must be divisible by parallel.etp (4)"}},
+      {"shared_width_not_divisible_by_tp",
+       "[model]\nn_experts = 4\nmoe_layers = \"all\"\nd_ff_expert = 30\nn_shared_experts = 1\n"
+       "[parallel]\ntp = 4\nsequence_parallel = true\n",
+       {},
+       {"shared experts' width", "1 x 30 = 30) must be divisible by parallel.tp (4)"}},
+      {"moe_tp_needs_sequence_parallel",
+       "[model]\nn_experts = 4\nmoe_layers = \"all\"\n[parallel]\ntp = 2\n",
+       {},
+       {"parallel.tp = 2 need parallel.sequence_parallel = true"}},
+      {"moe_on_cuda",
+       "[model]\nn_experts = 4\nmoe_layers = \"all\"\n[train]\ndevice = \"cuda\"\n",
+       {},
+       {"moe_on_cuda.toml:5:", "MoE on CUDA is not built yet"}},
+      {"ep_without_experts", "[parallel]\nep = 2\n", {}, {"the model has no MoE layers"}},
+      {"shared_experts_without_moe",
+       "[model]\nn_shared_experts = 2\n",
+       {},
+       {"model.n_shared_experts is set but the model has no MoE layers"}},
   };
 }
 
