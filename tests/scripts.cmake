@@ -19,7 +19,36 @@ add_test(NAME torch_reference_llama_recompute
           ${CMAKE_CURRENT_BINARY_DIR}/ref-llama-recompute
           data.source=random train.steps=10 optim.warmup_steps=3 train.micro_batch=2
           train.seq_len=32 model.recompute=true model.n_kv_head=1 train.threads=2)
+# Mixture of Experts (src/model/moe.h against tests/python/torch_moe.py): Mixtral's softmax
+# top-2 with the aux loss; fine-grained sigmoid routing with a shared expert, a dense first
+# layer, the sequence loss and the expert-bias rule (a rate large enough to change picks in
+# ten steps); capacity drops; and GPT-2 experts with biases, every other layer, z-loss.
+add_test(NAME torch_reference_mixtral
+  COMMAND ${PENTAD_PYTHON} ${REF} $<TARGET_FILE:pentad> ${RECIPES}/mixtral-tiny.toml
+          ${CMAKE_CURRENT_BINARY_DIR}/ref-mixtral
+          data.source=random train.steps=10 optim.warmup_steps=3 train.micro_batch=2
+          train.grad_accum=2 train.seq_len=32 train.threads=2)
+add_test(NAME torch_reference_moe_fine
+  COMMAND ${PENTAD_PYTHON} ${REF} $<TARGET_FILE:pentad> ${RECIPES}/moe-fine-tiny.toml
+          ${CMAKE_CURRENT_BINARY_DIR}/ref-moe-fine
+          data.source=random train.steps=10 optim.warmup_steps=3 train.micro_batch=2
+          train.grad_accum=2 train.seq_len=32 train.threads=2 moe.bias_update_rate=0.01
+          moe.seq_aux_loss_coef=0.01)
+add_test(NAME torch_reference_moe_capacity
+  COMMAND ${PENTAD_PYTHON} ${REF} $<TARGET_FILE:pentad> ${RECIPES}/mixtral-tiny.toml
+          ${CMAKE_CURRENT_BINARY_DIR}/ref-moe-capacity
+          data.source=random train.steps=10 optim.warmup_steps=3 train.micro_batch=2
+          train.seq_len=32 train.threads=2 moe.capacity_factor=1.0)
+add_test(NAME torch_reference_gpt2_moe
+  COMMAND ${PENTAD_PYTHON} ${REF} $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml
+          ${CMAKE_CURRENT_BINARY_DIR}/ref-gpt2-moe
+          data.source=random train.steps=10 optim.warmup_steps=3 train.micro_batch=2
+          train.grad_accum=2 train.seq_len=32 train.threads=2 model.moe_layers=every:2
+          model.n_experts=4 model.top_k=2 model.d_ff_expert=64 model.n_shared_experts=1
+          moe.z_loss_coef=0.001 moe.seq_aux_loss_coef=0.01)
 set_tests_properties(torch_reference_gpt2 torch_reference_llama torch_reference_llama_recompute
+  torch_reference_mixtral torch_reference_moe_fine torch_reference_moe_capacity
+  torch_reference_gpt2_moe
   PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION "pentad matches PyTorch")
 
 # Parallel layouts against one rank (mpirun), both families. Each runs twice: with

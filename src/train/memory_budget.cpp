@@ -88,13 +88,21 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   const double expert_values = E / ep * mlp_values(Fe, etp);
   const double moe_values = attn_values + E * C + E + expert_values +  // router, expert bias
                             (Fs > 0 ? mlp_values(Fs, p) : 0);
-  // Dispatch, worst case dropless: each of the ep x etp ranks that send to this one routes
-  // all its Nl rows here, each to min(k, E / ep) of its local experts. Sent: the Nl k
-  // permuted rows and their outputs; received: R rows in and out, and their activations.
-  const double R = ep * etp * Nl * std::min(k, E / ep);
+  // Dispatch (MoeBlock::Acts, fp32), worst case: each of the ep x etp ranks that send to
+  // this one routes all its Nl rows here, each to min(k, E / ep) of its local experts; with
+  // a capacity, a local expert takes at most min(Nl, capacity) rows from each of them.
+  // Sent: A = Nl k permuted rows and their outputs; received: R rows in and out and their
+  // activations; the router's logits, scores, picks, weights and positions.
+  const double A = Nl * k, senders = ep * etp;
+  double R = senders * Nl * std::min(k, E / ep);
+  if (m.moe.capacity_factor > 0) {
+    const double capacity = std::ceil(double(m.moe.capacity_factor) * N * k / E);
+    R = std::min(R, E / ep * senders * std::min(Nl, capacity));
+  }
   const double dispatch =
-      act * (2 * Nl * k * C + 2 * R * C + mlp_mats * R * (Fe / etp)) +
-      f32 * (2 * Nl * E + Nl * k);  // router logits and scores; the picks' weights
+      f32 * (2 * A * C + 2 * R * C + mlp_mats * R * (Fe / etp) + 2 * Nl * E + 3 * Nl * k + A);
+  // Backward's scratch: the gradients of those rows, and one expert's three of width Fe/etp.
+  const double dispatch_backward = f32 * (2 * A * C + 2 * R * C + Nl * k + 3 * R * (Fe / etp));
   const double moe_acts = attn_acts + (Fs > 0 ? act * mlp_mats * N * (Fs / p) : 0) + dispatch;
 
   const double head_acts =
@@ -105,12 +113,13 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   const std::vector<parallel::pp::Chunk> chunks = chunks_of_stage(cfg, mesh.pp, stage);
   std::vector<parallel::pp::Action> actions;
   if (mesh.pp > 1) actions = parallel::pp::stage_actions(schedule_spec(cfg), stage);
-  bool holds_last = false, holds_moe = false;
+  bool holds_last = false, holds_moe = false, holds_dense = false;
   for (size_t c = 0; c < chunks.size(); ++c) {
     const parallel::pp::Chunk& chunk = chunks[c];
     const double layers = double(chunk.layer_end - chunk.layer_begin);
     const double moe_layers = moe_layers_in(moe, chunk.layer_begin, chunk.layer_end);
     holds_moe = holds_moe || moe_layers > 0;
+    holds_dense = holds_dense || moe_layers < layers;
     e.values += (layers - moe_layers) * layer_values + moe_layers * moe_values;
     e.expert_values += moe_layers * expert_values;
     if (chunk.first) e.values += V * C / p + (gpt2 ? double(m.max_seq_len) * C : 0);
@@ -128,22 +137,27 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
         if (a.chunk == int(c)) mine.push_back(a);
       in_flight = std::max(1, parallel::pp::peak_in_flight(mine));
     }
+    // The dispatch buffers stay per micro-batch even under recompute (MoeBlock::Acts).
     const double kept =
-        m.recompute ? 0 : (layers - moe_layers) * layer_acts + moe_layers * moe_acts;
+        (m.recompute ? 0
+                     : (layers - moe_layers) * layer_acts + moe_layers * (moe_acts - dispatch)) +
+        moe_layers * dispatch;
     const double slot = 8 * N + (layers + 1) * Nl * C * act + kept + (chunk.last ? head_acts : 0);
     e.activations += in_flight * slot;
-    if (!m.recompute) e.dispatch += in_flight * moe_layers * dispatch;
+    e.dispatch += in_flight * moe_layers * dispatch;
   }
   // Scratch shared by every layer: backward's gradients, the projection output, and the
-  // recomputed layer's activations; an MoE layer's backward also needs the gradients of
-  // its dispatched rows, and recomputing it its dispatch buffers again.
+  // recomputed layer's activations, with the MLP widths of the layers held here; an MoE
+  // model adds the routed output, and an MoE layer's backward the gradients of its
+  // dispatched rows.
+  const double widest = std::max(holds_dense ? F : 0, holds_moe ? Fs : 0) / p;
   e.activations += act * (N * C + Nl * C + (sp ? N * C : 0) + N * C + (sp ? 2 * Nl * C : 0) +
-                          2 * N * (C / p) + 2 * N * (Ckv / p) + mlp_mats * N * (F / p)) +
-                   (m.recompute ? std::max(layer_acts, holds_moe ? moe_acts : 0) : 0) +
-                   (p > 1 && holds_last ? 3 * f32 * N : 0);
+                          2 * N * (C / p) + 2 * N * (Ckv / p) + mlp_mats * N * widest) +
+                   (m.recompute ? attn_acts + act * mlp_mats * N * widest : 0) +
+                   (m.is_moe() ? act * Nl * C : 0) + (p > 1 && holds_last ? 3 * f32 * N : 0);
   if (holds_moe) {
-    e.activations += dispatch;
-    e.dispatch += dispatch * (m.recompute ? 2 : 1);
+    e.activations += dispatch_backward;
+    e.dispatch += dispatch_backward;
   }
   e.parameters = e.values * (f32 + (cfg.train.precision == "bf16" ? 2 : 0));
   e.gradients = e.values * f32;
@@ -161,8 +175,10 @@ std::string activations_text(const Config& cfg, const MemoryEstimate& e) {
   return fmt::format(
       "micro-batch {} x {}, recompute {}{}", cfg.train.micro_batch, cfg.train.seq_len,
       cfg.model.recompute ? "on" : "off",
-      e.dispatch > 0 ? fmt::format(", MoE dispatch buffers {} (worst case)", bytes_text(e.dispatch))
-                     : "");
+      e.dispatch > 0
+          ? fmt::format(", MoE dispatch buffers {} (worst case{})", bytes_text(e.dispatch),
+                        cfg.model.moe.capacity_factor > 0 ? " within capacity" : ", dropless")
+          : "");
 }
 
 // The limit in bytes and how to say it.

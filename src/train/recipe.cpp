@@ -335,8 +335,9 @@ void check_moe(const Config& c, const Where& where) {
     fail("{}: {}", where({"model.moe_layers", "model.n_layer"}), e.what());
   }
   if (layers.empty())
-    fail("{}: model.moe_layers = {} names no layer of the {}", where({"model.moe_layers"}),
-         quote(m.moe_layers), m.n_layer);
+    fail("{}: model.moe_layers = {} names no layer of the {} (layers 0 to {})",
+         where({"model.moe_layers", "model.n_layer"}), quote(m.moe_layers), m.n_layer,
+         m.n_layer - 1);
   if (m.top_k > m.n_experts)
     fail("{}: model.top_k ({}) must be at most model.n_experts ({})",
          where({"model.top_k", "model.n_experts"}), m.top_k, m.n_experts);
@@ -354,6 +355,11 @@ void check_moe(const Config& c, const Where& where) {
         "{}: MoE on CUDA is not built yet (model.n_experts = {} with train.device = \"cuda\"): "
         "train on the CPU (train.device = \"cpu\") or set model.n_experts = 0",
         where({"train.device", "model.n_experts"}), m.n_experts);
+  if (m.recompute)
+    fail(
+        "{}: model.recompute = true with MoE layers is not built yet (an MoE layer keeps its "
+        "routing for backward): set model.recompute = false",
+        where({"model.recompute", "model.n_experts"}));
   if (m.n_experts % p.ep != 0)
     fail(
         "{}: model.n_experts ({}) must be divisible by parallel.ep ({}): each expert-parallel "

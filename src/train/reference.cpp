@@ -50,15 +50,25 @@ void export_reference(const Config& cfg, const std::string& out_dir, int64_t ste
   manifest["first_loss"] = loss;
 
   std::vector<float> losses;
+  std::vector<double> moe_losses;  // (steps, 3): aux, seq_aux, z
   for (int64_t step = 0; step < steps; ++step) {
     auto dump_grads = [&] {
       if (step != 0) return;
       for (int id = 0; id < static_cast<int>(params.specs().size()); ++id)
         write_npy(out_dir + "/grad." + params.spec(id).name + ".npy", params.grad(id));
     };
-    losses.push_back(trainer.train_step(step, dump_grads).loss);
+    const StepStats s = trainer.train_step(step, dump_grads);
+    losses.push_back(s.loss);
+    moe_losses.insert(moe_losses.end(), {s.moe_aux, s.moe_seq_aux, s.moe_z});
   }
   write_npy(out_dir + "/losses.npy", view_of(losses.data(), Shape{steps}, DType::F32));
+  if (cfg.model.is_moe()) {
+    write_npy(out_dir + "/moe_losses.npy", view_of(moe_losses.data(), Shape{steps, 3}, DType::F64));
+    // The expert biases after the last step's update (the sign rule, not AdamW).
+    for (int id = 0; id < static_cast<int>(params.specs().size()); ++id)
+      if (params.spec(id).name.ends_with(".moe.expert_bias"))
+        write_npy(out_dir + "/final." + params.spec(id).name + ".npy", params.param(id));
+  }
   std::ofstream(out_dir + "/manifest.json") << manifest.dump(2);
 }
 
