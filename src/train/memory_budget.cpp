@@ -241,6 +241,10 @@ std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh)
   return text;
 }
 
+MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& mesh, int stage) {
+  return estimate_stage(cfg, mesh, stage);
+}
+
 NodeShare node_share() {
   NodeShare node;
   const double pages = double(sysconf(_SC_PHYS_PAGES)), page = double(sysconf(_SC_PAGE_SIZE));

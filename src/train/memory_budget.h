@@ -29,6 +29,8 @@ struct MemoryEstimate {
 // Closed form over the layer shapes of model.cpp and the schedule's micro-batches in
 // flight. Arena alignment is left out, so it is a little below the measured plan.
 MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& mesh);
+// The same for the ranks of one pipeline stage.
+MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& mesh, int stage);
 
 // The ranks on this machine and what they share. Collective over MPI_COMM_WORLD (one rank
 // alone when MPI is not initialised).

@@ -218,17 +218,31 @@ std::string Trainer::memory_plan() const {
                       format_bytes(model_->slot_bytes(c)));
     }
   }
+  // MoE: the routed experts held here, and the dispatch buffers, which are sized at each
+  // forward by the routing (counted here at the estimate's worst case).
+  std::string experts, dispatch_text;
+  size_t dispatch = 0;
+  if (cfg_.model.is_moe()) {
+    int64_t expert_values = 0;
+    for (const ParamSpec& spec : p.specs())
+      if (spec.expert) expert_values += spec.local_shape.numel();
+    experts = fmt::format(", {} in routed experts", expert_values);
+    dispatch = size_t(
+        estimate_memory(cfg_, mesh_ ? mesh_->config() : parallel::MeshConfig{}, pp_rank_).dispatch);
+    dispatch_text = fmt::format(" | MoE dispatch buffers up to {} (worst case, sized as routed)",
+                                format_bytes(dispatch));
+  }
   return fmt::format(
-      "memory plan (this rank, {} {}): parameters {} ({} values{}) | gradients {} | AdamW state {} "
-      "| activations {} (micro-batch {} x {}, recompute {}{}){} | total {}",
+      "memory plan (this rank, {} {}): parameters {} ({} values{}{}) | gradients {} | AdamW state "
+      "{} | activations {} (micro-batch {} x {}, recompute {}{}){}{} | total {}",
       cfg_.train.device, cfg_.train.precision, format_bytes(params), p.numel(),
-      p.compute_copy_bytes() ? ", f32 master + bf16 copy" : "", format_bytes(grads),
+      p.compute_copy_bytes() ? ", f32 master + bf16 copy" : "", experts, format_bytes(grads),
       format_bytes(optim), format_bytes(acts), cfg_.train.micro_batch, cfg_.train.seq_len,
-      cfg_.model.recompute ? "on" : "off", in_flight,
+      cfg_.model.recompute ? "on" : "off", in_flight, dispatch_text,
       snapshot ? fmt::format(" | checkpoint snapshot {} ({})", format_bytes(snapshot),
                              p.has_spare() ? "swap: a second set of the state" : "copy: staging")
                : "",
-      format_bytes(params + grads + optim + acts + snapshot));
+      format_bytes(params + grads + optim + acts + dispatch + snapshot));
 }
 
 double Trainer::write_timeline(const std::string& path) {

@@ -128,6 +128,8 @@ CASES = [
      ["parallel.ep = 2", "the model has no MoE layers"]),
     ("moe_shared_experts_on_a_dense_model", "llama-tiny.toml", ["model.n_shared_experts=1"], 0,
      2, ["model.n_shared_experts is set but the model has no MoE layers"]),
+    ("moe_trains", "moe-fine-tiny.toml", TINY, 0, 0,
+     ["in routed experts", "MoE dispatch buffers up to", "step     2/2", "max/mean load"]),
     ("moe_experts_over_the_limit", "mixtral-tiny.toml",
      ["model.n_experts=20000", "train.memory_limit_mb=256"], 0, 2,
      ["memory plan does not fit", "in routed experts", "MoE dispatch buffers",
