@@ -26,11 +26,10 @@ set_tests_properties(torch_reference_gpt2 torch_reference_llama torch_reference_
 # OpenBLAS's kernels for this machine and with its Haswell (AVX2) kernels, because
 # AVX2-only and AVX-512 machines sum in different orders and CI may run on either.
 set(LAYOUT ${CMAKE_CURRENT_SOURCE_DIR}/python/layout_equivalence.py)
-# pentad_layout_test(NAME PIPELINE RECIPE overrides...): PIPELINE is ON for --pipeline.
-function(pentad_layout_test name pipeline recipe)
-  set(mode "")
-  if(pipeline)
-    set(mode --pipeline)
+# pentad_layout_test(NAME MODE RECIPE overrides...): MODE is PLAIN, --pipeline or --moe.
+function(pentad_layout_test name mode recipe)
+  if(mode STREQUAL "PLAIN")
+    set(mode "")
   endif()
   foreach(core native Haswell)
     set(test ${name})
@@ -46,15 +45,26 @@ function(pentad_layout_test name pipeline recipe)
       PASS_REGULAR_EXPRESSION "every layout matches one rank")
   endforeach()
 endfunction()
-pentad_layout_test(layouts_gpt2 OFF gpt-tiny.toml train.micro_batch=2 train.seq_len=32)
-pentad_layout_test(layouts_llama OFF llama-tiny.toml train.micro_batch=2 train.seq_len=32
+pentad_layout_test(layouts_gpt2 PLAIN gpt-tiny.toml train.micro_batch=2 train.seq_len=32)
+pentad_layout_test(layouts_llama PLAIN llama-tiny.toml train.micro_batch=2 train.seq_len=32
                    model.n_head=8 model.n_kv_head=4)
-pentad_layout_test(layouts_pipeline_gpt2 ON gpt-tiny.toml train.micro_batch=2 train.seq_len=32)
+pentad_layout_test(layouts_pipeline_gpt2 --pipeline gpt-tiny.toml train.micro_batch=2 train.seq_len=32)
 # lr 1e-3: at llama-tiny's 3e-3, 8 layers on random tokens are chaotic after warm-up: plain
 # dp2 (no pipeline) drifts from one rank by 2e-4 in 20 steps, grown from a 1e-9 difference
 # in the summation order of the gradient norm. Pipeline-only layouts are bitwise equal.
-pentad_layout_test(layouts_pipeline_llama ON llama-tiny.toml train.micro_batch=2
+pentad_layout_test(layouts_pipeline_llama --pipeline llama-tiny.toml train.micro_batch=2
                    train.seq_len=32 model.n_head=8 model.n_kv_head=4 optim.lr=1e-3)
+
+# MoE: expert parallelism over dp, folded over tp, etp, ep x pp, capacity (both families:
+# LLaMA experts with softmax routing and the balancing/z losses; GPT-2 experts with biases,
+# sigmoid routing, a shared expert, the sequence loss and the aux-loss-free bias).
+pentad_layout_test(layouts_moe_llama --moe llama-tiny.toml train.micro_batch=2 train.seq_len=32
+                   model.moe_layers=all model.n_experts=4 model.top_k=2 moe.aux_loss_coef=0.01
+                   moe.z_loss_coef=0.001)
+pentad_layout_test(layouts_moe_gpt2 --moe gpt-tiny.toml train.micro_batch=2 train.seq_len=32
+                   model.moe_layers=every:1 model.n_experts=8 model.top_k=3
+                   model.n_shared_experts=1 model.d_ff_expert=64 moe.score=sigmoid
+                   moe.seq_aux_loss_coef=0.01 moe.bias_update_rate=0.001)
 
 # A read of uninitialised memory in the backward, looped on the natural heap and once
 # poisoned (tests/python/uninitialised_reads.py).

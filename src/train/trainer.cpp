@@ -53,7 +53,8 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
     reducer_ = std::make_unique<parallel::GradReducer>(
         mesh_->dp_cp(), model_->params(), bucket_bytes,
         [](const ParamSpec& p) { return !p.expert; });
-  if (mesh_ && cfg.model.is_moe() && mesh_->degree(parallel::Axis::EDP) > 1)
+  if (mesh_ && cfg.model.is_moe() && mesh_->degree(parallel::Axis::EDP) > 1 &&
+      !bug_injected("moe-skip-edp-reduce"))  // a planted bug the layout test must catch
     expert_reducer_ = std::make_unique<parallel::GradReducer>(
         mesh_->group(parallel::Axis::EDP), model_->params(), bucket_bytes,
         [](const ParamSpec& p) { return p.expert; });

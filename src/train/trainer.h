@@ -138,6 +138,7 @@ class Trainer {
   // What this rank's snapshot holds (empty on data-parallel replicas), in the optimizer's
   // order: each parameter's value, m, v.
   std::vector<ckpt::LiveTensor> snapshot_tensors() const;
+  bool writes(const ParamSpec& spec) const;  // whether this rank's copy goes to the checkpoint
   // At start-up, when the run saves: the spare state sets (swap) or the staging buffer (copy),
   // allocated and touched now rather than inside the first save.
   void prepare_snapshots();
