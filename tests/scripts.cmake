@@ -81,6 +81,15 @@ add_test(NAME checkpoint_resume
 set_tests_properties(checkpoint_resume PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE
   PASS_REGULAR_EXPRESSION "checkpoints resume exactly")
 
+# MoE checkpoints: bitwise resume of ep layouts, resharding across ep / etp / one rank.
+add_test(NAME moe_checkpoint
+  COMMAND ${PENTAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/moe_checkpoint.py
+          $<TARGET_FILE:pentad> ${RECIPES}/llama-tiny.toml ${CMAKE_CURRENT_BINARY_DIR}/moe-checkpoints
+          model.moe_layers=all model.n_experts=4 model.top_k=2 moe.aux_loss_coef=0.01
+          moe.bias_update_rate=0.001)
+set_tests_properties(moe_checkpoint PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE
+  PASS_REGULAR_EXPRESSION "MoE checkpoints resume exactly")
+
 # Hugging Face tests run with the python of the virtual environment that scripts/setup.sh
 # makes: Debian's torch and numpy plus transformers and safetensors from PyPI.
 set(PENTAD_HF_PYTHON ${CMAKE_SOURCE_DIR}/.venv/bin/python CACHE FILEPATH
