@@ -53,6 +53,24 @@ struct Tensor {
     t.shape = new_shape;
     return t;
   }
+  // Rows [begin, begin + count) along the first dim, as a view.
+  Tensor rows(int64_t begin, int64_t count) const {
+    PENTAD_CHECK(shape.ndim >= 1 && begin >= 0 && count >= 0 && begin + count <= shape[0],
+                 "rows [{}, {}) of {}", begin, begin + count, shape.str());
+    Tensor t = *this;
+    t.shape.dims[0] = count;
+    if (begin > 0)
+      t.data = static_cast<char*>(data) +
+               static_cast<size_t>(begin) * (bytes() / static_cast<size_t>(shape[0]));
+    return t;
+  }
+  // The first shape.numel() elements seen as `shape` (a buffer planned for the largest use).
+  Tensor prefix(Shape new_shape) const {
+    PENTAD_CHECK(new_shape.numel() <= numel(), "prefix {} of {}", new_shape.str(), shape.str());
+    Tensor t = *this;
+    t.shape = new_shape;
+    return t;
+  }
   float* f32() const {
     PENTAD_CHECK(dtype == DType::F32, "tensor is {}", dtype_name(dtype));
     return static_cast<float*>(data);

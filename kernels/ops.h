@@ -4,7 +4,7 @@
 // today, kernels/cuda/ when built with CUDA. Callers never branch on the backend.
 //
 // Each family below is defined in its own file (linear.cpp, norms.cpp, activations.cpp,
-// rope.cpp, attention.cpp, crossentropy.cpp, embedding.cpp, elementwise.cpp, optim.cpp), and
+// rope.cpp, attention.cpp, crossentropy.cpp, embedding.cpp, elementwise.cpp, optim.cpp, moe.cpp), and
 // every one goes through the same door (kernels/door.h): the checks and the backend choice.
 //
 // Conventions
@@ -119,6 +119,16 @@ void embedding_forward(Tensor out, const Tensor& tokens, const Tensor& wte, cons
                        int64_t vocab_start = -1);
 void embedding_backward(Tensor dwte, Tensor dwpe, const Tensor& dout, const Tensor& tokens,
                         int64_t vocab_start = -1);
+
+// MoE token permutation (src/model/moe.h). out (A, C) = inp[src] (rows; src (A) I32).
+void moe_permute(Tensor out, const Tensor& inp, const Tensor& src);
+// out (N, C) (+)= per token the weighted sum of its picks' rows of inp (A, C): pick j of
+// token t is row pos[t, j] (pos (N, k) I32; -1: dropped), weighted by w[t, j] (w absent: 1).
+void moe_unpermute(Tensor out, const Tensor& inp, const Tensor& pos, const Tensor& w,
+                   bool accumulate);
+// Its backward: dinp[pos[t, j]] = w[t, j] * dout[t]; dw[t, j] = <dout[t], inp[pos[t, j]]>.
+void moe_unpermute_backward(Tensor dinp, Tensor dw, const Tensor& dout, const Tensor& inp,
+                            const Tensor& pos, const Tensor& w);
 
 // out = a + b (out may alias a or b).
 void add(Tensor out, const Tensor& a, const Tensor& b);

@@ -22,12 +22,17 @@ float learning_rate(const OptimConfig& cfg, int64_t step, int64_t total_steps) {
   return static_cast<float>(min_lr + factor * (cfg.lr - min_lr));
 }
 
-GradSquares grad_sum_squares(const ParamStore& params) {
+GradSquares grad_sum_squares(const ParamStore& params, bool count_etp_replicated) {
   GradSquares sums;
   for (int id = 0; id < static_cast<int>(params.specs().size()); ++id) {
-    if (params.spec(id).pipeline_copy) continue;  // the original is counted on its own stage
-    (params.spec(id).shard_dim >= 0 ? sums.sharded : sums.replicated) +=
-        kernels::sum_squares(params.grad(id));
+    const ParamSpec& spec = params.spec(id);
+    if (spec.pipeline_copy) continue;  // the original is counted on its own stage
+    if (spec.expert) {
+      if (spec.shard_dim >= 0 || count_etp_replicated)
+        sums.expert += kernels::sum_squares(params.grad(id));
+      continue;
+    }
+    (spec.shard_dim >= 0 ? sums.sharded : sums.replicated) += kernels::sum_squares(params.grad(id));
   }
   return sums;
 }

@@ -18,10 +18,13 @@ float learning_rate(const OptimConfig& cfg, int64_t step, int64_t total_steps);
 // Sums of squares of this rank's gradients (pipeline copies left out), split into parameters
 // sharded over tensor parallelism (to be summed over tp) and replicated ones (the same on every tp
 // rank).
+// MoE experts' parameters apart (to be summed over the ranks holding other experts or other
+// etp shards, parallel::Mesh::expert_model); an expert's parameter replicated over etp (the
+// GPT-2 experts' output bias) counts only where count_etp_replicated.
 struct GradSquares {
-  double sharded = 0.0, replicated = 0.0;
+  double sharded = 0.0, replicated = 0.0, expert = 0.0;
 };
-GradSquares grad_sum_squares(const ParamStore& params);
+GradSquares grad_sum_squares(const ParamStore& params, bool count_etp_replicated = true);
 
 // Scales gradients so that their global norm is at most max_norm (torch's
 // clip_grad_norm_ rule: coefficient max_norm / (norm + 1e-6), applied when below 1).

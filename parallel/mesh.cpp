@@ -243,6 +243,8 @@ Mesh Mesh::create(const MeshConfig& config, MPI_Comm world, Backend backend) {
   mesh.embedding_ = split(
       world, ends ? mesh_rank(config, at(Axis::TP), at(Axis::CP), at(Axis::DP), 0) : MPI_UNDEFINED,
       mesh.world_rank_, backend, "embedding");
+  mesh.expert_model_ =
+      split(world, pp * stage_size + at(Axis::EDP), mesh.world_rank_, backend, "ep_etp");
   mesh.world_ = make_communicator(backend, world, "world");
   return mesh;
 }
@@ -256,6 +258,9 @@ Communicator& Mesh::group(Axis axis) {
 }
 Communicator& Mesh::dp_cp() {
   return *dp_cp_;
+}
+Communicator& Mesh::expert_model() {
+  return *expert_model_;
 }
 Communicator* Mesh::embedding_group() {
   return embedding_.get();

@@ -74,6 +74,9 @@ class Mesh {
   // Gradient reduction of dense parameters: ranks sharing the tp and pp coordinates.
   Communicator& dp_cp();
   Communicator& world();
+  // MoE experts: the ranks of this one's pp stage and edp coordinate (ep x etp of them),
+  // which together hold every expert once.
+  Communicator& expert_model();
   // The first and last pipeline stages of this rank's (tp, cp, dp) coordinates, which both
   // hold the tied embedding; null on other stages and without pipelining.
   Communicator* embedding_group();
@@ -91,6 +94,7 @@ class Mesh {
   std::array<std::unique_ptr<Communicator>, kNumAxes> groups_;
   std::unique_ptr<Communicator> dp_cp_;
   std::unique_ptr<Communicator> embedding_;
+  std::unique_ptr<Communicator> expert_model_;
   std::unique_ptr<Communicator> world_;
 };
 

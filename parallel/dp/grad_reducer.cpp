@@ -4,19 +4,27 @@
 
 namespace pentad::parallel {
 
-GradReducer::GradReducer(Communicator& group, const ParamStore& params, size_t bucket_bytes)
+GradReducer::GradReducer(Communicator& group, const ParamStore& params, size_t bucket_bytes,
+                         const std::function<bool(const ParamSpec&)>& include)
     : group_(group), grads_(params.all_grads().f32()), device_(params.device()) {
   const auto& specs = params.specs();
   const int64_t bucket_elems =
       std::max<int64_t>(1, static_cast<int64_t>(bucket_bytes / sizeof(float)));
-  int64_t end = params.numel();
+  int64_t end = params.numel(), begin = end;  // the open bucket
   for (size_t i = specs.size(); i-- > 0;) {
-    const int64_t begin = static_cast<int64_t>(specs[i].offset);
-    if (end - begin >= bucket_elems || i == 0) {
+    const int64_t offset = static_cast<int64_t>(specs[i].offset);
+    if (include && !include(specs[i])) {  // closes the open bucket below the one left out
+      if (begin < end) buckets_.push_back(Bucket{begin, end, Work()});
+      end = begin = offset;
+      continue;
+    }
+    begin = offset;
+    if (end - begin >= bucket_elems) {
       buckets_.push_back(Bucket{begin, end, Work()});
       end = begin;
     }
   }
+  if (begin < end) buckets_.push_back(Bucket{begin, end, Work()});
 }
 
 void GradReducer::ready_from(int64_t offset) {

@@ -6,6 +6,7 @@
 // non-blocking all-reduce at once, and pending ones are polled so MPI makes progress
 // while the next layer's backward computes.
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/params.h"
@@ -16,7 +17,10 @@ namespace pentad::parallel {
 class GradReducer {
  public:
   // group: the dp (x cp) group; gradients are summed (callers scale the loss by 1/dp).
-  GradReducer(Communicator& group, const ParamStore& params, size_t bucket_bytes);
+  // include: the parameters this group reduces (all when empty); buckets never span one
+  // that is left out (MoE experts reduce over their own group, edp).
+  GradReducer(Communicator& group, const ParamStore& params, size_t bucket_bytes,
+              const std::function<bool(const ParamSpec&)>& include = {});
 
   // Gradients at element offsets [offset, end) are final for this step.
   void ready_from(int64_t offset);

@@ -12,6 +12,7 @@ namespace pentad {
 namespace k = kernels;
 
 static TensorParallelHooks one_device;  // degree 1: every hook a no-op
+static ExpertParallelHooks all_experts_here;
 
 int64_t ffn_dim(const ModelConfig& cfg) {
   if (cfg.d_ff > 0) return cfg.d_ff;
@@ -27,10 +28,14 @@ Model::Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Shard
       t_(seq_len),
       placement_(placement),
       act_(placement.compute),
-      tp_(sharding.tp ? sharding.tp : &one_device) {
+      tp_(sharding.tp ? sharding.tp : &one_device),
+      ep_(sharding.ep ? sharding.ep : &all_experts_here) {
   PENTAD_CHECK(seq_len <= cfg.max_seq_len, "seq_len {} > max_seq_len {}", seq_len, cfg.max_seq_len);
   const int64_t p = tp_->degree();
   // Layouts that do not divide were refused with a user message (parallel::check_layout).
+  PENTAD_CHECK(!cfg.is_moe() || p == 1 || tp_->sequence_parallel(),
+               "MoE with tp {} needs sequence parallelism", p);
+  PENTAD_CHECK(!cfg.is_moe() || !cfg.recompute, "MoE layers do not recompute yet");
   PENTAD_CHECK(cfg.n_head % p == 0 && cfg.kv_heads() % p == 0 && ffn_dim(cfg) % p == 0 &&
                    cfg.vocab_size % p == 0 && (b_ * t_) % (tp_->sequence_parallel() ? p : 1) == 0,
                "tp degree {} does not divide the model", p);
@@ -79,6 +84,8 @@ void Model::build_params() {
   const bool bias = gpt2();
 
   layers_.assign(static_cast<size_t>(cfg_.n_layer), LayerParams{});
+  layer_ffn_.assign(static_cast<size_t>(cfg_.n_layer), 0);
+  moe_.resize(static_cast<size_t>(cfg_.n_layer));
   partial_.assign(static_cast<size_t>(cfg_.n_layer) + 1, {});
   // Parameters in chunk order, each chunk's in the order its forward uses them: backward
   // then finishes them from the end of the arena towards its start.
@@ -104,13 +111,26 @@ void Model::build_params() {
       if (bias) q.o_b = vector(pre + "attn.o.bias", C, Init::Zeros, false);
       q.norm2_w = vector(pre + "norm2.weight", C, Init::Ones, false);
       if (bias) q.norm2_b = vector(pre + "norm2.bias", C, Init::Zeros, false);
-      if (!gpt2()) q.gate_w = matrix(pre + "mlp.gate.weight", Shape{F, C}, std, kColumn);
-      q.up_w = matrix(pre + "mlp.up.weight", Shape{F, C}, std, kColumn);
-      if (bias) q.up_b = vector(pre + "mlp.up.bias", F, Init::Zeros, true);
-      q.down_w = matrix(pre + "mlp.down.weight", Shape{C, F}, resid_std, kRow);
-      if (bias) q.down_b = vector(pre + "mlp.down.bias", C, Init::Zeros, false);
+      // The MLP: dense, or an MoE layer's shared experts (one MLP as wide as all of them).
+      const bool moe = is_moe_layer(cfg_, l);
+      const int64_t width = moe ? cfg_.n_shared_experts * expert_ffn_dim(cfg_) : F;
+      const std::string mlp = pre + (moe ? "moe.shared." : "mlp.");
+      layer_ffn_[static_cast<size_t>(l)] = width / p;
+      if (width > 0) {
+        if (!gpt2()) q.gate_w = matrix(mlp + "gate.weight", Shape{width, C}, std, kColumn);
+        q.up_w = matrix(mlp + "up.weight", Shape{width, C}, std, kColumn);
+        if (bias) q.up_b = vector(mlp + "up.bias", width, Init::Zeros, true);
+        q.down_w = matrix(mlp + "down.weight", Shape{C, width}, resid_std, kRow);
+        if (bias) q.down_b = vector(mlp + "down.bias", C, Init::Zeros, false);
+      }
       for (int id : {q.norm1_w, q.norm1_b, q.norm2_w, q.norm2_b})
         if (id >= 0) partial.push_back(id);
+      if (moe) {
+        auto& block = moe_[static_cast<size_t>(l)];
+        block = std::make_unique<MoeBlock>(cfg_, l, params_, *ep_, *tp_, b_, t_,
+                                           placement_.device);
+        partial.push_back(block->router());  // each tp rank routes its own rows (SP)
+      }
     }
     if (range.last) {
       normf_w_ = vector("norm_f.weight", C, Init::Ones, false);
@@ -137,8 +157,8 @@ bool Model::holds_last() const {
   return false;
 }
 
-void Model::plan_layer(Arena& arena, LayerActs& a) {
-  const int64_t N = b_ * t_, Nl = rows_, C = cfg_.d_model, F = ffn_;
+void Model::plan_layer(Arena& arena, LayerActs& a, int64_t F) {
+  const int64_t N = b_ * t_, Nl = rows_, C = cfg_.d_model;
   a.norm1 = arena.alloc(Shape{N, C}, act_);
   if (gpt2()) a.norm1_mean = arena.alloc(Shape{Nl});
   a.norm1_rstd = arena.alloc(Shape{Nl});
@@ -151,6 +171,7 @@ void Model::plan_layer(Arena& arena, LayerActs& a) {
   a.norm2 = arena.alloc(Shape{N, C}, act_);
   if (gpt2()) a.norm2_mean = arena.alloc(Shape{Nl});
   a.norm2_rstd = arena.alloc(Shape{Nl});
+  if (F == 0) return;  // an MoE layer without shared experts
   a.up = arena.alloc(Shape{N, F}, act_);
   if (!gpt2()) a.gate = arena.alloc(Shape{N, F}, act_);
   a.act = arena.alloc(Shape{N, F}, act_);
@@ -165,7 +186,8 @@ void Model::plan_slot(Arena& arena, const LayerRange& chunk, Slot& s) {
   for (int64_t l = chunk.layer_begin; l <= chunk.layer_end; ++l)
     s.resid.push_back(arena.alloc(Shape{Nl, C}, act_));
   s.acts.assign(cfg_.recompute ? 0 : static_cast<size_t>(chunk.layer_end - chunk.layer_begin), {});
-  for (LayerActs& a : s.acts) plan_layer(arena, a);
+  for (size_t i = 0; i < s.acts.size(); ++i)
+    plan_layer(arena, s.acts[i], layer_ffn_[size_t(chunk.layer_begin) + i]);
   if (!chunk.last) return;
   s.normf = arena.alloc(Shape{N, C}, act_);
   s.normf_local = sp ? arena.alloc(Shape{Nl, C}, act_) : s.normf;
@@ -176,9 +198,11 @@ void Model::plan_slot(Arena& arena, const LayerRange& chunk, Slot& s) {
 }
 
 void Model::plan_shared(Arena& arena) {
-  const int64_t N = b_ * t_, Nl = rows_, C = cfg_.d_model, F = ffn_;
+  const int64_t N = b_ * t_, Nl = rows_, C = cfg_.d_model;
+  const int64_t F = *std::max_element(layer_ffn_.begin(), layer_ffn_.end());
   const bool sp = tp_->sequence_parallel();
-  if (cfg_.recompute) plan_layer(arena, shared_acts_);
+  if (cfg_.recompute) plan_layer(arena, shared_acts_, F);  // (MoE does not recompute)
+  if (cfg_.is_moe()) moe_out_ = arena.alloc(Shape{Nl, C}, act_);
   if (sp) norm_local_ = arena.alloc(Shape{Nl, C}, act_);
   proj_ = arena.alloc(Shape{N, C}, act_);
   if (tp_->degree() > 1 && holds_last()) {
@@ -193,6 +217,7 @@ void Model::plan_shared(Arena& arena) {
   grads_.q = arena.alloc(Shape{N, att_width_}, act_);
   grads_.k = arena.alloc(Shape{N, kv_width_}, act_);
   grads_.v = arena.alloc(Shape{N, kv_width_}, act_);
+  if (F == 0) return;
   grads_.up = arena.alloc(Shape{N, F}, act_);
   if (!gpt2()) grads_.gate = arena.alloc(Shape{N, F}, act_);
   grads_.act = arena.alloc(Shape{N, F}, act_);
@@ -206,6 +231,7 @@ int Model::add_slot(int c) {
   s->arena = Arena(fmt::format("activations (chunk {} slot {})", c, chunk.slots.size()),
                    measure.used(), placement_.device);
   plan_slot(s->arena, chunk.range, *s);
+  if (cfg_.is_moe()) s->moe.resize(size_t(chunk.range.layer_end - chunk.range.layer_begin));
   chunk.slots.push_back(std::move(s));
   return static_cast<int>(chunk.slots.size()) - 1;
 }
@@ -245,7 +271,8 @@ static Tensor heads(const Tensor& x, int64_t b, int64_t t, int64_t d) {
   return x.reshaped(Shape{b, t, x.dim(1) / d, d});
 }
 
-void Model::layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a) {
+void Model::layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a, MoeBlock::Acts* moe,
+                          float moe_weight) {
   const LayerParams& p = layers_[static_cast<size_t>(l)];
   const int64_t d = cfg_.head_dim();
   const bool sp = tp_->sequence_parallel();
@@ -280,6 +307,23 @@ void Model::layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a) {
   else
     k::residual_rmsnorm_forward(a.res1, norm2, a.norm2_rstd, x, out, P(p.norm2_w), cfg_.norm_eps);
   tp_->f_forward(a.norm2, norm2);
+  const int64_t ffn = layer_ffn_[size_t(l)];
+  MoeBlock* block = moe_[size_t(l)].get();
+  if (ffn > 0) mlp_forward(p, a, ffn, out);
+  if (block) {  // the routed experts on this rank's rows, added to the shared experts' output
+    PENTAD_CHECK(moe != nullptr, "layer {}: MoE activations missing", l);
+    block->forward(*moe, moe_input(a), ffn > 0 ? moe_out_ : out, moe_weight);
+    if (ffn > 0) k::add(out, out, moe_out_);
+  }
+  k::add(out, out, a.res1);
+}
+
+// The MLP (or an MoE layer's shared experts) of width ffn on this rank: column-parallel up
+// (and gate), row-parallel down, reduced over tp into out's rows.
+void Model::mlp_forward(const LayerParams& p, LayerActs& a, int64_t ffn, Tensor out) {
+  (void)ffn;  // the activations were planned at this layer's width
+  const bool add_bias = tp_->rank() == 0;
+  Tensor proj = tp_->sequence_parallel() ? proj_ : out;
   if (gpt2()) {
     k::linear_gelu_forward(a.act, a.up, a.norm2, P(p.up_w), P(p.up_b));  // up = pre-GELU
   } else {
@@ -289,7 +333,11 @@ void Model::layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a) {
   }
   k::linear_forward(proj, a.act, P(p.down_w), add_bias ? P(p.down_b) : Tensor{});
   tp_->g_forward(out, proj);
-  k::add(out, out, a.res1);
+}
+
+Tensor Model::moe_input(const LayerActs& a) const {
+  // Under sequence parallelism norm2 holds every rank's rows, gathered in rank order.
+  return tp_->sequence_parallel() ? a.norm2.rows(tp_->rank() * rows_, rows_) : a.norm2;
 }
 
 float Model::forward(const int32_t* tokens, const int32_t* targets, float dloss) {
@@ -308,6 +356,7 @@ float Model::forward_chunk(int c, int slot_index, const int32_t* tokens, const i
   Slot& s = slot(c, slot_index);
   const int64_t N = b_ * t_, V = cfg_.vocab_size;
   const bool sp = tp_->sequence_parallel();
+  s.moe_weight = dloss * static_cast<float>(N);  // the micro-batch's weight in the objective
   auto copy_ids = [&](Tensor dst, const int32_t* src, const char* what) {
     PENTAD_CHECK(src != nullptr, "forward_chunk: chunk {} needs {}", c, what);
     for (int64_t i = 0; i < N; ++i)
@@ -326,7 +375,8 @@ float Model::forward_chunk(int c, int slot_index, const int32_t* tokens, const i
   for (int64_t l = range.layer_begin; l < range.layer_end; ++l) {
     const size_t i = static_cast<size_t>(l - range.layer_begin);
     layer_forward(static_cast<int>(l), s.resid[i], s.resid[i + 1],
-                  cfg_.recompute ? shared_acts_ : s.acts[i]);
+                  cfg_.recompute ? shared_acts_ : s.acts[i], s.moe.empty() ? nullptr : &s.moe[i],
+                  s.moe_weight);
     if (progress_) progress_();
   }
   if (!range.last) return 0.0f;
@@ -362,22 +412,40 @@ float Model::forward_chunk(int c, int slot_index, const int32_t* tokens, const i
   return static_cast<float>(sum / static_cast<double>(N));
 }
 
-void Model::layer_backward(int l, const Tensor& x, LayerActs& a) {
+void Model::mlp_backward(const LayerParams& p, LayerActs& a, int64_t ffn) {
+  Grads& g = grads_;
+  const int64_t N = b_ * t_;
+  // The scratch is planned for the widest layer; this one may be narrower.
+  Tensor up = g.up.prefix(Shape{N, ffn}), act = g.act.prefix(Shape{N, ffn});
+  tp_->g_backward(g.full, g.resid);
+  if (gpt2()) {  // d(pre-GELU) straight from the projection's backward
+    k::linear_backward_gelu(up, G(p.down_w), G(p.down_b), g.full, a.act, P(p.down_w), a.up);
+    k::linear_backward(g.norm, G(p.up_w), G(p.up_b), up, a.norm2, P(p.up_w), false);
+  } else {
+    Tensor gate = g.gate.prefix(Shape{N, ffn});
+    k::linear_backward(act, G(p.down_w), Tensor{}, g.full, a.act, P(p.down_w), false);
+    k::swiglu_backward(gate, up, act, a.gate, a.up);
+    k::linear_backward(g.norm, G(p.gate_w), Tensor{}, gate, a.norm2, P(p.gate_w), false);
+    k::linear_backward(g.norm, G(p.up_w), Tensor{}, up, a.norm2, P(p.up_w), true);
+  }
+  tp_->f_backward(g.norm_local, g.norm);
+}
+
+void Model::layer_backward(int l, const Tensor& x, LayerActs& a, MoeBlock::Acts* moe,
+                           float moe_weight) {
   const LayerParams& p = layers_[static_cast<size_t>(l)];
   const int64_t d = cfg_.head_dim();
   Grads& g = grads_;
   // MLP block: g.resid holds d(out) and, through the residual, d(res1) so far.
-  tp_->g_backward(g.full, g.resid);
-  if (gpt2()) {  // d(pre-GELU) straight from the projection's backward
-    k::linear_backward_gelu(g.up, G(p.down_w), G(p.down_b), g.full, a.act, P(p.down_w), a.up);
-    k::linear_backward(g.norm, G(p.up_w), G(p.up_b), g.up, a.norm2, P(p.up_w), false);
-  } else {
-    k::linear_backward(g.act, G(p.down_w), Tensor{}, g.full, a.act, P(p.down_w), false);
-    k::swiglu_backward(g.gate, g.up, g.act, a.gate, a.up);
-    k::linear_backward(g.norm, G(p.gate_w), Tensor{}, g.gate, a.norm2, P(p.gate_w), false);
-    k::linear_backward(g.norm, G(p.up_w), Tensor{}, g.up, a.norm2, P(p.up_w), true);
+  const int64_t ffn = layer_ffn_[size_t(l)];
+  if (ffn > 0)
+    mlp_backward(p, a, ffn);  // d(norm2 output) into g.norm_local
+  else
+    k::zero(g.norm_local);  // the routed experts' backward adds into it
+  if (MoeBlock* block = moe_[size_t(l)].get()) {
+    PENTAD_CHECK(moe != nullptr, "layer {}: MoE activations missing", l);
+    block->backward(*moe, moe_input(a), g.resid, g.norm_local, moe_weight);
   }
-  tp_->f_backward(g.norm_local, g.norm);
   if (gpt2())
     k::layernorm_backward(g.resid, G(p.norm2_w), G(p.norm2_b), g.norm_local, a.res1, P(p.norm2_w),
                           a.norm2_mean, a.norm2_rstd);
@@ -442,8 +510,9 @@ void Model::backward_chunk(int c, int slot_index, const Tensor& d_output, bool l
     const size_t i = static_cast<size_t>(l - range.layer_begin);
     const Tensor& x = s.resid[i];
     LayerActs& a = cfg_.recompute ? shared_acts_ : s.acts[i];
-    if (cfg_.recompute) layer_forward(static_cast<int>(l), x, s.resid[i + 1], a);
-    layer_backward(static_cast<int>(l), x, a);
+    MoeBlock::Acts* moe = s.moe.empty() ? nullptr : &s.moe[i];
+    if (cfg_.recompute) layer_forward(static_cast<int>(l), x, s.resid[i + 1], a, moe, 0.0f);
+    layer_backward(static_cast<int>(l), x, a, moe, s.moe_weight);
     ready(layers_[static_cast<size_t>(l)].norm1_w, partial_[static_cast<size_t>(l)]);
     if (progress_) progress_();
   }
@@ -455,17 +524,44 @@ void Model::backward_chunk(int c, int slot_index, const Tensor& d_output, bool l
   ready(wte_, {});
 }
 
+MoeStats Model::take_moe_stats() {
+  MoeStats stats;
+  stats.experts = cfg_.n_experts;
+  for (size_t l = 0; l < moe_.size(); ++l) {
+    if (!moe_[l]) continue;
+    stats.layers.push_back(int64_t(l));
+    stats.dropped.push_back(0.0);
+    moe_[l]->take_stats(stats.counts, stats.dropped.back(), stats.aux, stats.seq_aux, stats.z);
+  }
+  return stats;
+}
+
+void Model::update_expert_bias(const std::vector<double>& counts) {
+  size_t i = 0;
+  for (const auto& block : moe_)
+    if (block) block->update_bias(counts.data() + (i++) * size_t(cfg_.n_experts));
+  kernels::refresh_weights(params_);
+}
+
 double Model::flops_per_micro_batch() const {
   const double C = static_cast<double>(cfg_.d_model), F = static_cast<double>(ffn_dim(cfg_));
   const double Ckv = static_cast<double>(cfg_.kv_heads() * cfg_.head_dim());
   const double V = static_cast<double>(cfg_.vocab_size), T = static_cast<double>(t_);
-  const double mlp = (gpt2() ? 2.0 : 3.0) * C * F;
+  const double matrices = gpt2() ? 2.0 : 3.0;  // per MLP: up, down (+ gate)
+  const double Fe = static_cast<double>(expert_ffn_dim(cfg_));
+  // An MoE layer: the shared experts, top_k routed ones per token and the router.
+  const double moe_mlp = matrices * C * Fe * double(cfg_.n_shared_experts + cfg_.top_k) +
+                         C * double(cfg_.n_experts);
+  double mlp_sum = 0.0;
   int64_t layers = 0;
-  for (const ChunkState& c : chunks_) layers += c.range.layer_end - c.range.layer_begin;
+  for (const ChunkState& c : chunks_)
+    for (int64_t l = c.range.layer_begin; l < c.range.layer_end; ++l, ++layers)
+      mlp_sum += moe_[size_t(l)] ? moe_mlp : matrices * C * F;
   // Causal attention: each query meets t/2 keys on average; QK^T and PV cost 2*C flops per
   // pair each, so 2*C*t per token forward, written here in the same units as a parameter.
-  const double per_layer = 2 * C * C + 2 * C * Ckv + mlp + C * T;
-  const double per_token = static_cast<double>(layers) * per_layer + (holds_last() ? V * C : 0.0);
+  const double per_layer = 2 * C * C + 2 * C * Ckv + C * T;
+  const double per_token =
+      static_cast<double>(layers) * per_layer + mlp_sum + (holds_last() ? V * C : 0.0);
   const double tokens = static_cast<double>(b_ * t_);
   // Forward + 2x for backward, this rank's share of the tensor-parallel work.
   return 3.0 * 2.0 * tokens * per_token / tp_->degree();

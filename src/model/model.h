@@ -24,6 +24,7 @@
 
 #include "core/params.h"
 #include "model/config.h"
+#include "model/moe.h"
 #include "model/sharding.h"
 
 namespace pentad {
@@ -96,6 +97,12 @@ class Model {
   int embedding_copy() const { return embedding_copy_; }
   int embedding() const { return wte_; }
 
+  // ---- Mixture of Experts (model/moe.h) ----
+  // What this rank's MoE layers saw since the last call (then reset).
+  MoeStats take_moe_stats();
+  // Aux-loss-free balancing after a step: counts (as take_moe_stats's, summed over the job).
+  void update_expert_bias(const std::vector<double>& counts);
+
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
   const ModelConfig& config() const { return cfg_; }
@@ -132,6 +139,8 @@ class Model {
     std::vector<LayerActs> acts;  // per layer (empty with recompute: shared_acts_)
     Tensor normf_local, normf, normf_mean, normf_rstd, logits, losses;  // last chunk only
     bool have_dlogits = false;
+    std::vector<MoeBlock::Acts> moe;  // per layer of the chunk (used by MoE layers)
+    float moe_weight = 0.0f;          // the forward's micro-batch weight in the objective
   };
   struct ChunkState {
     LayerRange range;
@@ -147,11 +156,15 @@ class Model {
   void build_params();
   void sync_partial_grads(const std::vector<int>& ids);  // tp all-reduce (sequence parallel)
   void plan_shared(Arena& arena);                        // scratch of every chunk and slot
-  void plan_layer(Arena& arena, LayerActs& a);
+  void plan_layer(Arena& arena, LayerActs& a, int64_t ffn);
   void plan_slot(Arena& arena, const LayerRange& chunk, Slot& slot);
   Slot& slot(int c, int s) const;
-  void layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a);
-  void layer_backward(int l, const Tensor& x, LayerActs& a);
+  void layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a, MoeBlock::Acts* moe,
+                     float moe_weight);
+  void layer_backward(int l, const Tensor& x, LayerActs& a, MoeBlock::Acts* moe, float moe_weight);
+  void mlp_forward(const LayerParams& p, LayerActs& a, int64_t ffn, Tensor out);
+  void mlp_backward(const LayerParams& p, LayerActs& a, int64_t ffn);
+  Tensor moe_input(const LayerActs& a) const;  // this rank's rows of the MoE block's input
   Tensor P(int id) const { return id < 0 ? Tensor{} : params_.weight(id); }
   Tensor G(int id) const { return id < 0 ? Tensor{} : params_.grad(id); }
   bool gpt2() const { return cfg_.family == ModelFamily::GPT2; }
@@ -162,6 +175,7 @@ class Model {
   Placement placement_;
   DType act_ = DType::F32;   // activations and their gradients
   TensorParallelHooks* tp_;  // never null: one device's no-op hooks by default
+  ExpertParallelHooks* ep_;  // never null: every expert local by default
   // Per-rank sizes: heads, kv heads, width of attention outputs, MLP width, vocabulary
   // rows, rows of the replicated regions (b*t, or b*t/p with sequence parallelism).
   int64_t heads_, kv_heads_, att_width_, kv_width_, ffn_, vocab_, rows_;
@@ -169,6 +183,9 @@ class Model {
   ParamStore params_;
   int wte_ = -1, wpe_ = -1, normf_w_ = -1, normf_b_ = -1, head_ = -1, embedding_copy_ = -1;
   std::vector<LayerParams> layers_;        // every layer; ids -1 where not held here
+  std::vector<int64_t> layer_ffn_;         // per layer: this rank's MLP width (MoE: shared experts')
+  std::vector<std::unique_ptr<MoeBlock>> moe_;  // per layer: the MoE block, or null
+  Tensor moe_out_;                         // (Nl, C): the routed output before it joins the residual
   std::vector<std::vector<int>> partial_;  // per layer (and last: final norm) ids to sync under SP
   std::vector<ChunkState> chunks_;
 

@@ -17,9 +17,10 @@
 // The losses, each over one micro-batch (micro_batch x seq_len = T tokens, whole: the
 // shards of a sequence-parallel micro-batch add their counts first), and added to the
 // training objective with the micro-batch's weight, like its mean cross-entropy:
-//   aux     = aux_loss_coef * E / (k T) * sum_e count_e * sum_t p[t, e]
-//   seq_aux = seq_aux_loss_coef / b * sum_seq E / (k t) * sum_e count_seq,e * sum_{t in seq} p[t, e]
+//   aux     = aux_loss_coef * E / (k T^2) * sum_e count_e * sum_t p[t, e]
+//   seq_aux = seq_aux_loss_coef / b * sum_seq E / (k t^2) * sum_e count_seq,e * sum_{t in seq} p[t, e]
 //   z       = z_loss_coef / T * sum_t logsumexp(logits_t)^2
+// (E * sum_e f_e P_e with f_e = count_e / (k T) and P_e = mean_t p[t, e]: coef when balanced.)
 // count_e: tokens that picked e (before any capacity drop), a constant; p = s for softmax,
 // s / sum_e s for sigmoid. Only p carries a gradient.
 // Capacity (moe.capacity_factor = f > 0): expert e keeps at most ceil(f T k / E) of the
@@ -36,6 +37,83 @@
 #include "model/sharding.h"
 
 namespace pentad {
+
+// What the MoE layers held here saw since the last Model::take_moe_stats(), training
+// forwards only. Counts are of this rank's tokens (ranks hold disjoint tokens, so a sum over
+// the job is the global count); the loss values count each micro-batch once (its first tp
+// rank adds them), summed over micro-batches and layers.
+struct MoeStats {
+  int64_t experts = 0;
+  std::vector<int64_t> layers;  // MoE layer indices held here
+  std::vector<double> counts;   // layers x experts: picks before capacity drops
+  std::vector<double> dropped;  // per layer: picks dropped by capacity
+  double aux = 0, seq_aux = 0, z = 0;
+};
+
+// One MoE layer's router and the experts this rank holds. Its parameters are registered in
+// the constructor (in the model's parameter order); forward and backward read them from
+// the store once it is allocated.
+class MoeBlock {
+ public:
+  MoeBlock(const ModelConfig& cfg, int64_t layer, ParamStore& params, ExpertParallelHooks& ep,
+           TensorParallelHooks& tp, int64_t micro_batch, int64_t seq_len, Device device);
+
+  // One micro-batch's saved routing and expert activations; sized at each forward.
+  struct Acts {
+    Arena arena;
+    ExpertRoute route;
+    int64_t picks = 0;                       // kept picks of this rank's rows (A)
+    Tensor logits, scores, pick, w, pos;     // (Nl, E), (Nl, E), (Nl, k) I32, (Nl, k), (Nl, k) I32
+    Tensor src, xp, xr, gate, up, act, yr, yp;  // (A) I32, (A, C), (R, C), (R, F) x3, (R, C), (A, C)
+    std::vector<float> lse;                  // (Nl): logsumexp of the logits (z-loss)
+    std::vector<double> aux_coef;            // (E): d aux / d p[t, e], this micro-batch
+    std::vector<double> seq_coef;            // (b, E): d seq_aux / d p[t, e] per sequence
+  };
+
+  // x (Nl, C): this rank's rows of the normalised input; out (Nl, C) = the routed output.
+  // weight: the micro-batch's weight in the training objective (0: no backward follows and
+  // nothing is counted).
+  void forward(Acts& a, const Tensor& x, Tensor out, float weight);
+  // dx (Nl, C) += d(x) from dout (Nl, C); parameter gradients +=.
+  void backward(Acts& a, const Tensor& x, const Tensor& dout, Tensor dx, float weight);
+  // bias_e += rate * sign(mean - counts[e]) from the job's counts of one step (E values).
+  void update_bias(const double* counts);
+
+  int router() const { return router_; }  // parameter ids
+  int bias() const { return bias_; }
+  // Statistics since the last call to take_stats (counts: E values, then reset).
+  void take_stats(std::vector<double>& counts, double& dropped, double& aux, double& seq_aux,
+                  double& z);
+
+ private:
+  struct Expert {
+    int gate = -1, up = -1, up_b = -1, down = -1, down_b = -1;
+  };
+  void route(Acts& a, const Tensor& x, float weight);
+  void drop_over_capacity(Acts& a, std::vector<uint8_t>& kept) const;
+  void size_acts(Acts& a, int64_t picks, int64_t recv_rows);
+  void experts_forward(Acts& a);
+  void experts_backward(Acts& a, const Tensor& dyr, Tensor dxr);
+  void router_backward(Acts& a, const Tensor& x, const Tensor& dw, Tensor dx, float weight);
+  Tensor W(int id) const { return id < 0 ? Tensor{} : params_.weight(id); }
+  Tensor G(int id) const { return id < 0 ? Tensor{} : params_.grad(id); }
+
+  ModelConfig cfg_;
+  MoeConfig moe_;
+  ParamStore& params_;
+  ExpertParallelHooks& ep_;
+  TensorParallelHooks& tp_;
+  int64_t b_, t_, rows_, row_start_;  // micro-batch, sequence, rows held, first row held
+  int64_t E_, k_, F_, C_;             // experts, picks per token, expert width here, model width
+  Device device_;
+  bool gpt2_;
+  int router_ = -1, bias_ = -1;
+  std::vector<Expert> experts_;  // the local experts
+  Arena scratch_;                // backward's buffers, grown as needed
+  // Statistics (training forwards since take_stats).
+  std::vector<double> counts_;
+  double dropped_ = 0, aux_ = 0, seq_aux_ = 0, z_ = 0;
+};
 
 // Whether layer `layer` of `cfg` is an MoE layer (model.moe_layers). Throws pentad::Error
 // naming the key when the pattern does not parse.

@@ -83,6 +83,26 @@ void Trainer::report_step(const StepStats& s, std::chrono::steady_clock::time_po
       // wall time since the loop began: steps plus saving, eval, logging
       {"elapsed_seconds",
        std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count()}};
+  std::string moe_line;
+  if (cfg_.model.is_moe()) {
+    j["moe_aux_loss"] = s.moe_aux;
+    j["moe_seq_aux_loss"] = s.moe_seq_aux;
+    j["moe_z_loss"] = s.moe_z;
+    nlohmann::json layers = nlohmann::json::array();
+    double worst = 0.0, dropped = 0.0;
+    for (const StepStats::MoeLayer& m : s.moe_layers) {
+      layers.push_back({{"layer", m.layer},
+                        {"tokens_min", m.min},
+                        {"tokens_max", m.max},
+                        {"tokens_mean", m.mean},
+                        {"dropped_fraction", m.dropped}});
+      if (m.mean > 0) worst = std::max(worst, m.max / m.mean);
+      dropped = std::max(dropped, m.dropped);
+    }
+    j["moe_layers"] = layers;
+    moe_line = fmt::format(" | aux {:.4f} z {:.4f} | max/mean load {:.2f} | dropped {:.1f}%",
+                           s.moe_aux + s.moe_seq_aux, s.moe_z, worst, 100.0 * dropped);
+  }
   if (t.save_every > 0) {  // this step's time blocked by checkpoints (its save's start included)
     j["blocked_seconds"] = saver_.blocked_seconds() - blocked_reported_;
     blocked_reported_ = saver_.blocked_seconds();
@@ -91,9 +111,9 @@ void Trainer::report_step(const StepStats& s, std::chrono::steady_clock::time_po
   if (t.log_every > 0 && ((step + 1) % t.log_every == 0 || step == start_step_ || step + 1 == last))
     spdlog::info(
         "step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | {:.1f} "
-        "GFLOP/s",
+        "GFLOP/s{}",
         step + 1, t.steps, s.loss, s.lr, s.grad_norm, s.tokens_per_second,
-        s.flops_per_second / 1e9);
+        s.flops_per_second / 1e9, moe_line);
 }
 
 void Trainer::report_eval(int64_t step, float loss) {

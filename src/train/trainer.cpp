@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <numeric>
 
 #include "data/corpus.h"
 #include "kernels/ops.h"
@@ -44,10 +45,18 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
   // which measured slower (bench/RESULTS.md, 2026-11-24).
   swap_snapshots_ = cfg.checkpoint.snapshot == "swap";
   prepare_snapshots();
+  const auto bucket_bytes =
+      static_cast<size_t>(static_cast<double>(cfg.parallel.bucket_mb) * 1024 * 1024);
+  // Dense gradients sum over dp x cp, MoE experts' over edp (the ranks holding the same
+  // experts): each reducer leaves the other's parameters out of its buckets.
   if (mesh_ && mesh_->dp_cp().size() > 1)
     reducer_ = std::make_unique<parallel::GradReducer>(
-        mesh_->dp_cp(), model_->params(),
-        static_cast<size_t>(static_cast<double>(cfg.parallel.bucket_mb) * 1024 * 1024));
+        mesh_->dp_cp(), model_->params(), bucket_bytes,
+        [](const ParamSpec& p) { return !p.expert; });
+  if (mesh_ && cfg.model.is_moe() && mesh_->degree(parallel::Axis::EDP) > 1)
+    expert_reducer_ = std::make_unique<parallel::GradReducer>(
+        mesh_->group(parallel::Axis::EDP), model_->params(), bucket_bytes,
+        [](const ParamSpec& p) { return p.expert; });
   inputs_.resize(static_cast<size_t>(t.micro_batch * t.seq_len));
   targets_.resize(inputs_.size());
 }
@@ -77,7 +86,11 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
       1.0f / static_cast<float>(t.micro_batch * t.seq_len * t.grad_accum * dp_size_);
   double loss_sum = 0.0;
   GradsReady on_ready;
-  if (reducer_) on_ready = [this](int64_t offset) { reducer_->ready_from(offset); };
+  if (reducer_ || expert_reducer_)
+    on_ready = [this](int64_t offset) {
+      if (reducer_) reducer_->ready_from(offset);
+      if (expert_reducer_) expert_reducer_->ready_from(offset);
+    };
   if (pipeline_) {
     loss_sum = pipeline_->train(
         step,
@@ -99,6 +112,7 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
       step_starts_.erase(step_starts_.begin());
   }
   if (reducer_) reducer_->finish();
+  if (expert_reducer_) expert_reducer_->finish();
   // Tied embeddings under pipelining: the first and last stages' tables get the sum of
   // both gradients, so they stay equal.
   if (parallel::Communicator* ends = mesh_ ? mesh_->embedding_group() : nullptr)
@@ -112,16 +126,20 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
   // The loss is known on the last stage: summed over stages, then over data-parallel ranks.
   s.loss = static_cast<float>(all_reduce_dp(all_reduce_pp(loss_sum)) /
                               static_cast<double>(t.grad_accum * dp_size_));
-  GradSquares squares = grad_sum_squares(params);
+  const bool etp_first = !mesh_ || mesh_->coord(parallel::Axis::ETP) == 0;
+  GradSquares squares = grad_sum_squares(params, etp_first);
   if (model_->tp().degree() > 1)  // shards add up over tp; replicated ones count once
     mesh_->group(parallel::Axis::TP).all_reduce(view_of(&squares.sharded, Shape{1}, DType::F64));
-  s.grad_norm = std::sqrt(all_reduce_pp(squares.sharded + squares.replicated));
+  if (mesh_ && cfg_.model.is_moe() && mesh_->expert_model().size() > 1)  // each expert once
+    mesh_->expert_model().all_reduce(view_of(&squares.expert, Shape{1}, DType::F64));
+  s.grad_norm = std::sqrt(all_reduce_pp(squares.sharded + squares.replicated + squares.expert));
   clip_gradients(params, s.grad_norm, cfg_.optim.grad_clip);
   s.lr = learning_rate(cfg_.optim, step, t.steps);
   if (pipeline_ && cfg_.parallel.pp_schedule == "adaptive" &&
       (step + 1) % cfg_.parallel.pp_adapt_every == 0)
     adapt_pipeline_group();
   optimizer_step(s.lr);
+  if (cfg_.model.is_moe()) finish_moe_step(s);
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double tokens = static_cast<double>(t.micro_batch * t.seq_len * t.grad_accum * dp_size_);
   s.tokens_per_second = tokens / s.seconds;
@@ -226,6 +244,39 @@ void Trainer::adapt_pipeline_group() {
         "micro-batch: k = {} (predicted step {:.1f} ms; 1F1B {:.1f} ms)",
         link * 1e3, measures[0].forward_seconds * 1e3, measures[0].backward_seconds * 1e3,
         choice.group, choice.step_seconds * 1e3, choice.one_f_one_b_seconds * 1e3);
+}
+
+void Trainer::finish_moe_step(StepStats& s) {
+  const MoeStats mine = model_->take_moe_stats();
+  const std::vector<int64_t> layers = moe_layer_indices(cfg_.model);
+  const size_t L = layers.size(), E = size_t(cfg_.model.n_experts);
+  // [counts (L x E), dropped (L), aux, seq_aux, z] over every MoE layer of the model; each
+  // rank fills the layers it holds, and ranks hold disjoint tokens, so the sum is the job's.
+  std::vector<double> all(L * E + L + 3, 0.0);
+  for (size_t i = 0; i < mine.layers.size(); ++i) {
+    const size_t at = size_t(std::find(layers.begin(), layers.end(), mine.layers[i]) - layers.begin());
+    std::copy_n(mine.counts.begin() + long(i * E), E, all.begin() + long(at * E));
+    all[L * E + at] = mine.dropped[i];
+  }
+  all[L * E + L] = mine.aux;
+  all[L * E + L + 1] = mine.seq_aux;
+  all[L * E + L + 2] = mine.z;
+  if (mesh_) mesh_->world().all_reduce(view_of(all.data(), Shape{int64_t(all.size())}, DType::F64));
+  const double micro_batches = double(cfg_.train.grad_accum * dp_size_);
+  s.moe_aux = all[L * E + L] / micro_batches;
+  s.moe_seq_aux = all[L * E + L + 1] / micro_batches;
+  s.moe_z = all[L * E + L + 2] / micro_batches;
+  std::vector<double> held;  // the counts of this rank's layers, for their bias update
+  for (size_t i = 0; i < L; ++i) {
+    const auto first = all.begin() + long(i * E), last = first + long(E);
+    const double picks = std::accumulate(first, last, 0.0);
+    s.moe_layers.push_back({layers[i], *std::min_element(first, last),
+                            *std::max_element(first, last), picks / double(E),
+                            picks > 0 ? all[L * E + i] / picks : 0.0});
+    if (std::find(mine.layers.begin(), mine.layers.end(), layers[i]) != mine.layers.end())
+      held.insert(held.end(), first, last);
+  }
+  if (cfg_.model.moe.bias_update_rate > 0) model_->update_expert_bias(held);
 }
 
 int Trainer::all_ranks(int value, parallel::ReduceOp op) {

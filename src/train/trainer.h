@@ -36,6 +36,15 @@ struct StepStats {
   // On the communication trace's clock (parallel::trace_now_ns): step start, the end of the
   // last micro-batch's backward, and the moment every gradient reduction had finished.
   int64_t start_ns = 0, backward_end_ns = 0, reduced_ns = 0;
+  // MoE (src/model/moe.h): the balancing and z losses, each the mean over the step's
+  // micro-batches of the sum over MoE layers, and per MoE layer the picks each expert got
+  // over the global batch (min / max / mean over experts) and the fraction dropped.
+  double moe_aux = 0.0, moe_seq_aux = 0.0, moe_z = 0.0;
+  struct MoeLayer {
+    int64_t layer = 0;
+    double min = 0, max = 0, mean = 0, dropped = 0;
+  };
+  std::vector<MoeLayer> moe_layers;
 };
 
 class Trainer {
@@ -151,6 +160,9 @@ class Trainer {
   // Adaptive kFkB (parallel/pp/adaptive.h): re-chooses the group size k from this step's
   // measured pass times and a measured stage-to-stage transfer.
   void adapt_pipeline_group();
+  // MoE after the optimizer step: the step's statistics over the job into s, and the
+  // aux-loss-free bias update from them.
+  void finish_moe_step(StepStats& s);
 
   Config cfg_;
   parallel::Mesh* mesh_ = nullptr;
@@ -162,6 +174,7 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<data::DataLoader> data_;
   std::unique_ptr<parallel::GradReducer> reducer_;
+  std::unique_ptr<parallel::GradReducer> expert_reducer_;  // MoE experts, over edp
   std::unique_ptr<parallel::pp::Pipeline> pipeline_;      // with pp > 1
   std::vector<std::pair<int64_t, int64_t>> step_starts_;  // pipelined steps: (step, start ns)
   std::ofstream metrics_;

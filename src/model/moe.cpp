@@ -1,0 +1,494 @@
+#include "model/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+
+#include "core/device_memory.h"
+#include "kernels/ops.h"
+
+namespace pentad {
+
+namespace k = kernels;
+
+// ---- which layers, how wide ----
+
+bool is_moe_layer(const ModelConfig& cfg, int64_t layer) {
+  const std::string& p = cfg.moe_layers;
+  if (cfg.n_experts <= 0 || p.empty()) return false;
+  auto number = [&](const std::string& text) {
+    size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != text.size() || v < 0)
+      fail(
+          "model.moe_layers = \"{}\": \"{}\" is not a layer number; write \"all\", \"every:N\", "
+          "\"from:K\" or a list such as \"1,3\"",
+          p, text);
+    return static_cast<int64_t>(v);
+  };
+  if (p == "all") return true;
+  if (p.starts_with("every:")) {
+    const int64_t n = number(p.substr(6));
+    if (n < 1) fail("model.moe_layers = \"{}\": every:N needs N >= 1", p);
+    return (layer + 1) % n == 0;
+  }
+  if (p.starts_with("from:")) return layer >= number(p.substr(5));
+  bool found = false;
+  size_t start = 0;
+  while (start <= p.size()) {
+    const size_t comma = std::min(p.find(',', start), p.size());
+    const int64_t l = number(p.substr(start, comma - start));
+    if (l >= cfg.n_layer)
+      fail("model.moe_layers = \"{}\" names layer {}, but model.n_layer = {}", p, l, cfg.n_layer);
+    found = found || l == layer;
+    start = comma + 1;
+  }
+  return found;
+}
+
+std::vector<int64_t> moe_layer_indices(const ModelConfig& cfg) {
+  std::vector<int64_t> out;
+  for (int64_t l = 0; l < cfg.n_layer; ++l)
+    if (is_moe_layer(cfg, l)) out.push_back(l);
+  return out;
+}
+
+int64_t expert_ffn_dim(const ModelConfig& cfg) {
+  if (cfg.d_ff_expert > 0) return cfg.d_ff_expert;
+  if (cfg.d_ff > 0) return cfg.d_ff;
+  if (cfg.family == ModelFamily::GPT2) return 4 * cfg.d_model;
+  const int64_t hidden = 2 * (4 * cfg.d_model) / 3;
+  return (hidden + 255) / 256 * 256;
+}
+
+// ---- one device's expert parallelism: every expert here ----
+
+void ExpertParallelHooks::plan(ExpertRoute& route) {
+  route.rows = route.send;
+  route.recv = route.send;
+  route.recv_rows = std::accumulate(route.send.begin(), route.send.end(), int64_t{0});
+}
+void ExpertParallelHooks::dispatch(const ExpertRoute&, const Tensor& in, Tensor out) {
+  if (in.numel() > 0) copy(out, in);
+}
+void ExpertParallelHooks::combine(const ExpertRoute&, const Tensor& in, Tensor out) {
+  if (in.numel() > 0) copy(out, in);
+}
+
+// ---- the block ----
+
+MoeBlock::MoeBlock(const ModelConfig& cfg, int64_t layer, ParamStore& params,
+                   ExpertParallelHooks& ep, TensorParallelHooks& tp, int64_t micro_batch,
+                   int64_t seq_len, Device device)
+    : cfg_(cfg),
+      moe_(cfg.moe),
+      params_(params),
+      ep_(ep),
+      tp_(tp),
+      b_(micro_batch),
+      t_(seq_len),
+      E_(cfg.n_experts),
+      k_(cfg.top_k),
+      C_(cfg.d_model),
+      device_(device),
+      gpt2_(cfg.family == ModelFamily::GPT2) {
+  const int64_t N = b_ * t_;
+  rows_ = tp_.local_rows(N);
+  row_start_ = tp_.sequence_parallel() ? tp_.rank() * rows_ : 0;
+  const int64_t Fe = expert_ffn_dim(cfg), p = ep_.etp_degree(), r = ep_.etp_rank();
+  PENTAD_CHECK(E_ % ep_.ep_degree() == 0 && Fe % p == 0 && k_ <= E_,
+               "MoE layer {}: {} experts, top {}, width {} over ep {} x etp {}", layer, E_, k_, Fe,
+               ep_.ep_degree(), p);
+  F_ = Fe / p;
+  const float std = cfg.init_std;
+  const float resid_std = std / std::sqrt(2.0f * static_cast<float>(cfg.n_layer));
+  const std::string pre = "layers." + std::to_string(layer) + ".moe.";
+  router_ = params.add(pre + "router.weight", Shape{E_, C_}, Init::Normal, std, true);
+  // Selection bias: never trained (zero gradient, no decay), moved by update_bias().
+  bias_ = params.add(pre + "expert_bias", Shape{E_}, Init::Zeros, 0.0f, false);
+  auto expert = [&](const std::string& name, Shape shape, float s, bool decay, int dim) {
+    const int id = (p == 1 || dim < 0)
+                       ? params.add(name, shape, s > 0 ? Init::Normal : Init::Zeros, s, decay)
+                       : params.add_shard(name, shape, s > 0 ? Init::Normal : Init::Zeros, s,
+                                          decay, dim, r * (shape[dim] / p), shape[dim] / p);
+    params.mark_expert(id);
+    return id;
+  };
+  const int64_t first = ep_.first_expert(E_);
+  for (int64_t e = first; e < first + ep_.local_experts(E_); ++e) {
+    const std::string ex = pre + "experts." + std::to_string(e) + ".";
+    Expert x;
+    if (!gpt2_) x.gate = expert(ex + "gate.weight", Shape{Fe, C_}, std, true, 0);
+    x.up = expert(ex + "up.weight", Shape{Fe, C_}, std, true, 0);
+    if (gpt2_) x.up_b = expert(ex + "up.bias", Shape{Fe}, 0.0f, false, 0);
+    x.down = expert(ex + "down.weight", Shape{C_, Fe}, resid_std, true, 1);
+    if (gpt2_) x.down_b = expert(ex + "down.bias", Shape{C_}, 0.0f, false, -1);
+    experts_.push_back(x);
+  }
+  counts_.assign(static_cast<size_t>(E_), 0.0);
+}
+
+void MoeBlock::size_acts(Acts& a, int64_t picks, int64_t recv_rows) {
+  const int64_t Nl = rows_, A = picks, R = recv_rows;
+  auto plan = [&](Arena& arena) {
+    a.logits = arena.alloc(Shape{Nl, E_});
+    a.scores = arena.alloc(Shape{Nl, E_});
+    a.pick = arena.alloc(Shape{Nl, k_}, DType::I32);
+    a.w = arena.alloc(Shape{Nl, k_});
+    a.pos = arena.alloc(Shape{Nl, k_}, DType::I32);
+    a.src = arena.alloc(Shape{A}, DType::I32);
+    a.xp = arena.alloc(Shape{A, C_});
+    a.xr = arena.alloc(Shape{R, C_});
+    if (!gpt2_) a.gate = arena.alloc(Shape{R, F_});
+    a.up = arena.alloc(Shape{R, F_});
+    a.act = arena.alloc(Shape{R, F_});
+    a.yr = arena.alloc(Shape{R, C_});
+    a.yp = arena.alloc(Shape{A, C_});
+  };
+  Arena measure = Arena::measuring("moe");
+  plan(measure);
+  if (a.arena.capacity() < measure.used())  // grows by half again, so it settles
+    a.arena = Arena("moe activations", measure.used() + measure.used() / 2, device_);
+  else
+    a.arena.reset();
+  plan(a.arena);
+}
+
+// Scores, picks and weights of this rank's rows, the losses' statistics over the
+// micro-batch, the capacity drops, and the permutation into expert order.
+void MoeBlock::route(Acts& a, const Tensor& x, float weight) {
+  const int64_t Nl = rows_, E = E_, K = k_, N = b_ * t_;
+  // Routing is host logic: the CPU reads the tensors in place (MoE is CPU-only for now).
+  PENTAD_CHECK(device_ == Device::CPU, "MoE routing runs on the CPU only");
+  size_acts(a, 0, 0);  // the routing tensors first; the rows once they are counted
+  a.aux_coef.clear();
+  a.seq_coef.clear();
+  k::linear_forward(a.logits, x, params_.param(router_), Tensor{});
+  const float* logits = a.logits.f32();
+  float* s = a.scores.f32();
+  const float* bias = params_.param(bias_).f32();
+  int32_t* pick = a.pick.as<int32_t>();
+  float* w = a.w.f32();
+  a.lse.assign(static_cast<size_t>(Nl), 0.0f);
+  const bool sigmoid = moe_.score == "sigmoid";
+  std::vector<int64_t> order(static_cast<size_t>(E));
+  for (int64_t i = 0; i < Nl; ++i) {
+    const float* l = logits + i * E;
+    float* si = s + i * E;
+    float mx = l[0];
+    for (int64_t e = 1; e < E; ++e) mx = std::max(mx, l[e]);
+    double sum = 0.0;
+    for (int64_t e = 0; e < E; ++e) sum += std::exp(double(l[e]) - mx);
+    a.lse[size_t(i)] = static_cast<float>(mx + std::log(sum));
+    for (int64_t e = 0; e < E; ++e)
+      si[e] = sigmoid ? static_cast<float>(1.0 / (1.0 + std::exp(-double(l[e]))))
+                      : static_cast<float>(std::exp(double(l[e]) - mx) / sum);
+    // Top k of s + bias, ties to the lower index.
+    std::iota(order.begin(), order.end(), int64_t{0});
+    std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int64_t p, int64_t q) {
+      const float vp = si[p] + bias[p], vq = si[q] + bias[q];
+      return vp > vq || (vp == vq && p < q);
+    });
+    double picked = 0.0;
+    for (int64_t j = 0; j < K; ++j) picked += si[order[size_t(j)]];
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t e = order[size_t(j)];
+      pick[i * K + j] = static_cast<int32_t>(e);
+      w[i * K + j] = moe_.renormalize ? static_cast<float>(si[e] / picked) : si[e];
+    }
+  }
+
+  // The losses' statistics over the whole micro-batch: counts and probability sums per
+  // expert (and per sequence), summed over the ranks that share the micro-batch.
+  const bool aux = moe_.aux_loss_coef > 0, seq = moe_.seq_aux_loss_coef > 0;
+  const bool z = moe_.z_loss_coef > 0;
+  if (weight != 0.0f && (aux || seq || z)) {
+    // [counts (E), p sums (E), per sequence: counts (b, E), p sums (b, E), sum of lse^2]
+    std::vector<float> stats(static_cast<size_t>(2 * E + 2 * b_ * E + 1), 0.0f);
+    float* cnt = stats.data();
+    float* psum = cnt + E;
+    float* scnt = psum + E;
+    float* spsum = scnt + b_ * E;
+    for (int64_t i = 0; i < Nl; ++i) {
+      const int64_t sq = (row_start_ + i) / t_;
+      const float* si = s + i * E;
+      double norm = 1.0;
+      if (sigmoid) norm = std::accumulate(si, si + E, 0.0);
+      for (int64_t e = 0; e < E; ++e) {
+        const float p = static_cast<float>(si[e] / norm);
+        psum[e] += p;
+        spsum[sq * E + e] += p;
+      }
+      for (int64_t j = 0; j < K; ++j) {
+        cnt[pick[i * K + j]] += 1.0f;
+        scnt[sq * E + pick[i * K + j]] += 1.0f;
+      }
+      stats.back() += a.lse[size_t(i)] * a.lse[size_t(i)];
+    }
+    if (tp_.sequence_parallel()) tp_.sum(view_of(stats.data(), Shape{int64_t(stats.size())}));
+    const double kT = double(K) * double(N) * double(N), kt = double(K) * double(t_) * double(t_);
+    a.aux_coef.assign(size_t(E), 0.0);
+    a.seq_coef.assign(size_t(b_ * E), 0.0);
+    double aux_value = 0.0, seq_value = 0.0;
+    for (int64_t e = 0; e < E; ++e) {
+      if (aux) a.aux_coef[size_t(e)] = moe_.aux_loss_coef * double(E) / kT * cnt[e];
+      aux_value += a.aux_coef[size_t(e)] * psum[e];
+      for (int64_t q = 0; q < b_; ++q) {
+        const size_t qe = size_t(q * E + e);
+        if (seq) a.seq_coef[qe] = moe_.seq_aux_loss_coef / double(b_) * double(E) / kt * scnt[qe];
+        seq_value += a.seq_coef[qe] * spsum[qe];
+      }
+    }
+    if (tp_.rank() == 0) {
+      aux_ += aux_value;
+      seq_aux_ += seq_value;
+      z_ += moe_.z_loss_coef * double(stats.back()) / double(N);
+    }
+  }
+
+  std::vector<uint8_t> kept(static_cast<size_t>(Nl * K), 1);
+  if (moe_.capacity_factor > 0) drop_over_capacity(a, kept);
+
+  // Expert order: picks sorted by expert, then by row and pick (a counting sort).
+  ExpertRoute& route = a.route;
+  route.send.assign(size_t(E), 0);
+  int64_t A = 0;
+  for (int64_t i = 0; i < Nl * K; ++i) {
+    if (weight != 0.0f) {
+      counts_[size_t(pick[i])] += 1.0;
+      if (!kept[size_t(i)]) dropped_ += 1.0;
+    }
+    if (kept[size_t(i)]) ++route.send[size_t(pick[i])], ++A;
+  }
+  std::vector<int64_t> next(size_t(E), 0);
+  for (int64_t e = 1; e < E; ++e) next[size_t(e)] = next[size_t(e - 1)] + route.send[size_t(e - 1)];
+  ep_.plan(route);
+  // The routing tensors move with the arena when it grows: keep them across the resize.
+  std::vector<float> keep_logits(a.logits.f32(), a.logits.f32() + Nl * E);
+  std::vector<float> keep_scores(s, s + Nl * E);
+  std::vector<int32_t> keep_pick(pick, pick + Nl * K);
+  std::vector<float> keep_w(w, w + Nl * K);
+  size_acts(a, A, route.recv_rows);
+  std::copy(keep_logits.begin(), keep_logits.end(), a.logits.f32());
+  std::copy(keep_scores.begin(), keep_scores.end(), a.scores.f32());
+  std::copy(keep_pick.begin(), keep_pick.end(), a.pick.as<int32_t>());
+  std::copy(keep_w.begin(), keep_w.end(), a.w.f32());
+  a.picks = A;
+  int32_t* pos = a.pos.as<int32_t>();
+  int32_t* src = a.src.as<int32_t>();
+  for (int64_t i = 0; i < Nl * K; ++i) {
+    if (!kept[size_t(i)]) {
+      pos[i] = -1;
+      continue;
+    }
+    const int64_t slot = next[size_t(keep_pick[size_t(i)])]++;
+    pos[i] = static_cast<int32_t>(slot);
+    src[slot] = static_cast<int32_t>(i / K);
+  }
+}
+
+// Capacity over the micro-batch: every rank sees every pick (a sum of zero-filled shares
+// over the ranks sharing the micro-batch), decides the same drops, and keeps its own rows'.
+void MoeBlock::drop_over_capacity(Acts& a, std::vector<uint8_t>& kept) const {
+  const int64_t N = b_ * t_, K = k_, E = E_, Nl = rows_;
+  std::vector<float> all(static_cast<size_t>(2 * N * K), 0.0f);  // [expert, score] per pick
+  const int32_t* pick = a.pick.as<int32_t>();
+  const float* s = a.scores.f32();
+  for (int64_t i = 0; i < Nl; ++i)
+    for (int64_t j = 0; j < K; ++j) {
+      const size_t g = size_t((row_start_ + i) * K + j);
+      all[2 * g] = static_cast<float>(pick[i * K + j]);
+      all[2 * g + 1] = s[i * E + pick[i * K + j]];
+    }
+  if (tp_.sequence_parallel()) tp_.sum(view_of(all.data(), Shape{int64_t(all.size())}));
+  const auto capacity = static_cast<int64_t>(
+      std::ceil(double(moe_.capacity_factor) * double(N) * double(K) / double(E)));
+  std::vector<std::vector<int64_t>> by_expert(static_cast<size_t>(E));
+  for (int64_t g = 0; g < N * K; ++g) by_expert[size_t(all[size_t(2 * g)])].push_back(g);
+  for (std::vector<int64_t>& picks : by_expert) {
+    if (int64_t(picks.size()) <= capacity) continue;
+    // Highest score first; ties: earlier token, then earlier pick (g's order).
+    std::stable_sort(picks.begin(), picks.end(), [&](int64_t p, int64_t q) {
+      return all[size_t(2 * p + 1)] > all[size_t(2 * q + 1)];
+    });
+    for (size_t d = size_t(capacity); d < picks.size(); ++d) {
+      const int64_t row = picks[d] / K - row_start_;
+      if (row >= 0 && row < Nl) kept[size_t(row * K + picks[d] % K)] = 0;
+    }
+  }
+}
+
+void MoeBlock::forward(Acts& a, const Tensor& x, Tensor out, float weight) {
+  route(a, x, weight);
+  k::moe_permute(a.xp, x, a.src);
+  ep_.dispatch(a.route, a.xp, a.xr);
+  experts_forward(a);
+  ep_.combine(a.route, a.yr, a.yp);
+  k::moe_unpermute(out, a.yp, a.pos, a.w, false);
+}
+
+void MoeBlock::experts_forward(Acts& a) {
+  // Each local expert on its rows, one after another (every GEMM uses all threads).
+  const bool add_bias = ep_.etp_rank() == 0;  // a replicated bias, counted once in the etp sum
+  int64_t row = 0;
+  for (size_t e = 0; e < experts_.size(); ++e) {
+    const int64_t n = a.route.rows[e];
+    if (n == 0) continue;
+    const Expert& x = experts_[e];
+    Tensor xr = a.xr.rows(row, n), up = a.up.rows(row, n), act = a.act.rows(row, n);
+    if (gpt2_) {
+      k::linear_gelu_forward(act, up, xr, W(x.up), W(x.up_b));
+    } else {
+      Tensor gate = a.gate.rows(row, n);
+      k::linear_forward(gate, xr, W(x.gate), Tensor{});
+      k::linear_forward(up, xr, W(x.up), Tensor{});
+      k::swiglu_forward(act, gate, up);
+    }
+    k::linear_forward(a.yr.rows(row, n), act, W(x.down), add_bias ? W(x.down_b) : Tensor{});
+    row += n;
+  }
+}
+
+void MoeBlock::backward(Acts& a, const Tensor& x, const Tensor& dout, Tensor dx, float weight) {
+  const int64_t A = a.picks, R = a.route.recv_rows, Nl = rows_;
+  Tensor dyp, dw, dyr, dxr, dxp;
+  auto plan = [&](Arena& arena) {
+    dyp = arena.alloc(Shape{A, C_});
+    dw = arena.alloc(Shape{Nl, k_});
+    dyr = arena.alloc(Shape{R, C_});
+    dxr = arena.alloc(Shape{R, C_});
+    dxp = arena.alloc(Shape{A, C_});
+  };
+  Arena measure = Arena::measuring("moe");
+  plan(measure);
+  if (scratch_.capacity() < measure.used())
+    scratch_ = Arena("moe backward", measure.used() + measure.used() / 2, device_);
+  else
+    scratch_.reset();
+  plan(scratch_);
+  k::moe_unpermute_backward(dyp, dw, dout, a.yp, a.pos, a.w);
+  ep_.dispatch(a.route, dyp, dyr);
+  experts_backward(a, dyr, dxr);
+  ep_.combine(a.route, dxr, dxp);
+  k::moe_unpermute(dx, dxp, a.pos, Tensor{}, true);
+  router_backward(a, x, dw, dx, weight);
+}
+
+void MoeBlock::experts_backward(Acts& a, const Tensor& dyr, Tensor dxr) {
+  // Scratch for one expert at a time: d(act) and the pre-activation gradients.
+  const int64_t most = *std::max_element(a.route.rows.begin(), a.route.rows.end());
+  Arena arena("moe expert backward", Arena::aligned(size_t(most * F_) * sizeof(float)) * 3,
+              device_);
+  Tensor dact = arena.alloc(Shape{most, F_}), dgate = arena.alloc(Shape{most, F_}),
+         dup = arena.alloc(Shape{most, F_});
+  int64_t row = 0;
+  for (size_t e = 0; e < experts_.size(); ++e) {
+    const int64_t n = a.route.rows[e];
+    if (n == 0) continue;
+    const Expert& x = experts_[e];
+    const Tensor xr = a.xr.rows(row, n), dy = dyr.rows(row, n), up = a.up.rows(row, n),
+                 act = a.act.rows(row, n);
+    Tensor dx = dxr.rows(row, n), du = dup.rows(0, n);
+    if (gpt2_) {
+      // Every etp rank holds the whole d(output), so each sums the replicated bias's gradient.
+      k::linear_backward_gelu(du, G(x.down), G(x.down_b), dy, act, W(x.down), up);
+      k::linear_backward(dx, G(x.up), G(x.up_b), du, xr, W(x.up), false);
+    } else {
+      Tensor da = dact.rows(0, n), dg = dgate.rows(0, n);
+      k::linear_backward(da, G(x.down), Tensor{}, dy, act, W(x.down), false);
+      k::swiglu_backward(dg, du, da, a.gate.rows(row, n), up);
+      k::linear_backward(dx, G(x.gate), Tensor{}, dg, xr, W(x.gate), false);
+      k::linear_backward(dx, G(x.up), Tensor{}, du, xr, W(x.up), true);
+    }
+    row += n;
+  }
+}
+
+// d(logits) from the weights' gradients, the balancing losses and the z-loss; then the
+// router's weight gradient and its share of d(x).
+void MoeBlock::router_backward(Acts& a, const Tensor& x, const Tensor& dw_t, Tensor dx,
+                               float weight) {
+  const int64_t Nl = rows_, E = E_, K = k_;
+  const bool sigmoid = moe_.score == "sigmoid";
+  const float* s = a.scores.f32();
+  const float* l = a.logits.f32();
+  const int32_t* pick = a.pick.as<int32_t>();
+  const float* w = a.w.f32();
+  const float* dw = dw_t.f32();
+  std::vector<float> dlogits(static_cast<size_t>(Nl * E), 0.0f);
+  const bool balance = !a.aux_coef.empty();
+  std::vector<double> ds(static_cast<size_t>(E));
+  for (int64_t i = 0; i < Nl; ++i) {
+    const float* si = s + i * E;
+    std::fill(ds.begin(), ds.end(), 0.0);
+    // Weights: w_j = s_j / S (renormalised) or s_j.
+    double picked = 0.0, wdw = 0.0;
+    for (int64_t j = 0; j < K; ++j) {
+      picked += si[pick[i * K + j]];
+      wdw += double(w[i * K + j]) * dw[i * K + j];
+    }
+    for (int64_t j = 0; j < K; ++j) {
+      const size_t e = size_t(pick[i * K + j]);
+      ds[e] += moe_.renormalize ? (dw[i * K + j] - wdw) / picked : dw[i * K + j];
+    }
+    // Balancing losses: d/dp[t, e] is a constant per expert (and sequence); p = s, or s / sum s.
+    if (balance) {
+      const int64_t sq = (row_start_ + i) / t_;
+      std::vector<double> dp(static_cast<size_t>(E));
+      for (int64_t e = 0; e < E; ++e)
+        dp[size_t(e)] = weight * (a.aux_coef[size_t(e)] + a.seq_coef[size_t(sq * E + e)]);
+      if (sigmoid) {
+        const double total = std::accumulate(si, si + E, 0.0);
+        double pdp = 0.0;
+        for (int64_t e = 0; e < E; ++e) pdp += si[e] / total * dp[size_t(e)];
+        for (int64_t e = 0; e < E; ++e) ds[size_t(e)] += (dp[size_t(e)] - pdp) / total;
+      } else {
+        for (int64_t e = 0; e < E; ++e) ds[size_t(e)] += dp[size_t(e)];
+      }
+    }
+    float* dl = dlogits.data() + i * E;
+    if (sigmoid) {
+      for (int64_t e = 0; e < E; ++e) dl[e] = float(ds[size_t(e)] * si[e] * (1.0 - si[e]));
+    } else {
+      double sds = 0.0;
+      for (int64_t e = 0; e < E; ++e) sds += si[e] * ds[size_t(e)];
+      for (int64_t e = 0; e < E; ++e) dl[e] = float(si[e] * (ds[size_t(e)] - sds));
+    }
+    if (moe_.z_loss_coef > 0) {  // d/dl of coef / T * lse^2 = coef / T * 2 lse softmax(l)
+      const double lse = a.lse[size_t(i)];
+      const double c = weight * moe_.z_loss_coef / double(b_ * t_) * 2.0 * lse;
+      for (int64_t e = 0; e < E; ++e) dl[e] += float(c * std::exp(double(l[i * E + e]) - lse));
+    }
+  }
+  k::linear_backward(dx, G(router_), Tensor{}, view_of(dlogits.data(), Shape{Nl, E}), x,
+                     params_.param(router_), true);
+}
+
+void MoeBlock::update_bias(const double* counts) {
+  if (moe_.bias_update_rate <= 0) return;
+  const double mean = std::accumulate(counts, counts + E_, 0.0) / double(E_);
+  float* bias = params_.param(bias_).f32();
+  for (int64_t e = 0; e < E_; ++e) {
+    const double gap = mean - counts[e];
+    bias[e] += moe_.bias_update_rate * float((gap > 0) - (gap < 0));
+  }
+}
+
+void MoeBlock::take_stats(std::vector<double>& counts, double& dropped, double& aux,
+                          double& seq_aux, double& z) {
+  counts.insert(counts.end(), counts_.begin(), counts_.end());
+  dropped += dropped_;
+  aux += aux_;
+  seq_aux += seq_aux_;
+  z += z_;
+  std::fill(counts_.begin(), counts_.end(), 0.0);
+  dropped_ = aux_ = seq_aux_ = z_ = 0.0;
+}
+
+}  // namespace pentad
