@@ -129,6 +129,28 @@ def hf_logits(model, tokens):
         return model(tokens).logits.float()
 
 
+def switch_aux_loss(model, tokens):
+    """pentad's moe.aux_loss_coef term (src/model/moe.h), from transformers' router: per
+    layer coef * E / (k T^2) * sum_e count_e * sum_t p[t, e], summed over the layers, with
+    T tokens, p the softmax scores and count_e the tokens whose top k holds e. Also
+    transformers' own router_aux_loss_coef term, which pools the layers' tokens and has no
+    1 / k."""
+    config = model.config
+    E, k = config.num_local_experts, config.num_experts_per_tok
+    model.eval()
+    with torch.no_grad():
+        router_logits = model(tokens, output_router_logits=True).router_logits
+    ours = 0.0
+    for logits in router_logits:  # (T, E) per layer
+        p = torch.softmax(logits.double(), dim=-1)
+        count = torch.bincount(p.topk(k, dim=-1).indices.reshape(-1), minlength=E).double()
+        T = p.shape[0]
+        ours += config.router_aux_loss_coef * E / (k * T * T) * (count * p.sum(0)).sum().item()
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+    theirs = config.router_aux_loss_coef * load_balancing_loss_func(router_logits, E, k).item()
+    return ours, theirs
+
+
 def head_is_tied(model):
     return model.get_output_embeddings().weight.data_ptr() == \
         model.get_input_embeddings().weight.data_ptr()
@@ -223,13 +245,23 @@ def check_import(pentad, recipes, work, name):
     run(pentad, "train", recipe, "--resume", ckpt, *sets(COMMON),
         "--set", f"train.steps={TRAIN_STEPS}", "--set", "optim.warmup_steps=1",
         "--set", f"train.out_dir={work / 'run'}")
-    losses = [json.loads(l)["loss"] for l in (work / "run" / "metrics.jsonl").read_text().splitlines()
-              if '"loss"' in l]
+    steps = [json.loads(l) for l in (work / "run" / "metrics.jsonl").read_text().splitlines()
+             if '"loss"' in l]
+    losses = [m["loss"] for m in steps]
     print(f"{name}: pentad trains from the import: losses {[round(x, 5) for x in losses]}")
     if len(losses) != TRAIN_STEPS or not all(math.isfinite(x) for x in losses):
         failures.append(f"training losses {losses}")
     elif not abs(losses[0] - hf_loss) <= TOL * abs(hf_loss):
         failures.append(f"first training loss {losses[0]} != transformers' {hf_loss}")
+    if config.model_type == "mixtral" and steps:
+        # The balancing loss with router_aux_loss_coef as moe.aux_loss_coef: pentad's term on
+        # transformers' router scores and picks (the same batch, one micro-batch).
+        want_aux, hf_aux = switch_aux_loss(model, tokens)
+        aux = steps[0].get("moe_aux_loss", float("nan"))
+        print(f"{name}: first step's aux loss pentad {aux:.8f}, from transformers' router "
+              f"{want_aux:.8f} (transformers' own load_balancing_loss term: {hf_aux:.8f})")
+        if not abs(aux - want_aux) <= TOL * abs(want_aux):
+            failures.append(f"first step's aux loss {aux} != {want_aux} from transformers' router")
     return failures
 
 
