@@ -283,6 +283,9 @@ ModelConfig model_from_hf(const nlohmann::json& c, const std::string& path) {
       m.moe.score = "softmax";
       m.moe.renormalize = true;
       m.moe.aux_loss_coef = number("router_aux_loss_coef", 0.001);
+      if (m.n_experts < 1 || m.top_k < 1 || m.top_k > m.n_experts)
+        fail("{}: num_experts_per_tok {} of num_local_experts {}: each token needs 1 to {} experts",
+             path, m.top_k, m.n_experts, m.n_experts);
       if (has("sliding_window") && integer("sliding_window") < m.max_seq_len)
         fail(
             "{}: sliding_window {} < max_position_embeddings {}: pentad attends to the whole "

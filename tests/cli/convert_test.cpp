@@ -373,8 +373,12 @@ TEST(ConvertHf, MixtralImportKeys) {
   c["sliding_window"] = 16;  // as long as the context: no window in effect
   EXPECT_NO_THROW(import_with(c));
   c["sliding_window"] = 8;
-  const std::string msg = error_of([&] { import_with(c); });
+  std::string msg = error_of([&] { import_with(c); });
   EXPECT_NE(msg.find("sliding_window 8 < max_position_embeddings 16"), std::string::npos) << msg;
+  c["sliding_window"] = nullptr;
+  c["num_experts_per_tok"] = 4;
+  msg = error_of([&] { import_with(c); });
+  EXPECT_NE(msg.find("num_experts_per_tok 4 of num_local_experts 3"), std::string::npos) << msg;
   fs::remove_all(work);
 }
 
