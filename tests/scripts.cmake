@@ -109,7 +109,12 @@ add_test(NAME hf_export_llama
   COMMAND ${PENTAD_HF_PYTHON} ${HF} $<TARGET_FILE:pentad> ${RECIPES}/llama-tiny.toml
           ${CMAKE_CURRENT_BINARY_DIR}/hf-llama data.source=random train.micro_batch=2
           train.seq_len=32 train.threads=2 model.n_head=4 model.n_kv_head=2)
-set_tests_properties(hf_export_gpt2 hf_export_llama PROPERTIES TIMEOUT 300
+add_test(NAME hf_export_mixtral
+  COMMAND ${PENTAD_HF_PYTHON} ${HF} $<TARGET_FILE:pentad> ${RECIPES}/llama-tiny.toml
+          ${CMAKE_CURRENT_BINARY_DIR}/hf-mixtral data.source=random train.micro_batch=2
+          train.seq_len=32 train.threads=2 model.moe_layers=all model.n_experts=4
+          model.top_k=2 model.d_ff_expert=96)
+set_tests_properties(hf_export_gpt2 hf_export_llama hf_export_mixtral PROPERTIES TIMEOUT 300
   PASS_REGULAR_EXPRESSION "hf export matches")
 
 # Inputs pentad must accept or refuse (issue 12): exit codes and the words of each message,
@@ -120,9 +125,9 @@ add_test(NAME cli_inputs
 set_tests_properties(cli_inputs PROPERTIES TIMEOUT 300 RUN_SERIAL TRUE
   PASS_REGULAR_EXPRESSION "every input case behaves")
 
-# The real transformers library: loads every export (tied and untied, MHA and GQA) with no
-# missing or unexpected keys and the same logits; models it makes import into pentad with
-# the same logits and train on.
+# The real transformers library: loads every export (tied and untied, MHA and GQA, dense and
+# Mixtral) with no missing or unexpected keys and the same logits; models it makes import
+# into pentad with the same logits and train on.
 set(HF_LIB ${CMAKE_CURRENT_SOURCE_DIR}/python/hf_transformers.py)
 add_test(NAME hf_transformers_gpt2
   COMMAND ${PENTAD_HF_PYTHON} ${HF_LIB} $<TARGET_FILE:pentad> ${RECIPES}
@@ -132,5 +137,10 @@ add_test(NAME hf_transformers_llama
   COMMAND ${PENTAD_HF_PYTHON} ${HF_LIB} $<TARGET_FILE:pentad> ${RECIPES}
           ${CMAKE_CURRENT_BINARY_DIR}/hf-transformers llama-mha-tied llama-mha-untied
           llama-gqa-tied llama-gqa-untied llama-gqa-import)
-set_tests_properties(hf_transformers_gpt2 hf_transformers_llama PROPERTIES TIMEOUT 300
+add_test(NAME hf_transformers_mixtral
+  COMMAND ${PENTAD_HF_PYTHON} ${HF_LIB} $<TARGET_FILE:pentad> ${RECIPES}
+          ${CMAKE_CURRENT_BINARY_DIR}/hf-transformers mixtral-gqa-untied mixtral-top1-tied
+          mixtral-import)
+set_tests_properties(hf_transformers_gpt2 hf_transformers_llama hf_transformers_mixtral
+  PROPERTIES TIMEOUT 300
   PASS_REGULAR_EXPRESSION "transformers loads pentad's exports and pentad transformers' models")
