@@ -35,7 +35,9 @@ std::vector<int64_t> ExpertParallel::expert_rows(std::span<const int64_t> counts
 std::vector<ExpertParallel::Block> ExpertParallel::blocks(std::span<const int64_t> counts,
                                                           int64_t& share_rows) const {
   const int64_t P = ep_.size(), Q = etp_.size(), El = local_;
-  auto count = [&](int64_t q, int64_t j, int64_t i) { return counts[size_t((q * P + j) * El + i)]; };
+  auto count = [&](int64_t q, int64_t j, int64_t i) {
+    return counts[size_t((q * P + j) * El + i)];
+  };
   share_rows = 0;  // the largest etp share: the gathered layout's padded block
   for (int64_t q = 0; q < Q; ++q) {
     int64_t rows = 0;
@@ -123,8 +125,8 @@ void ExpertParallel::combine(std::span<const int64_t> send, std::span<const int6
                         view_of(gathered_.data(), Shape{Q * share_rows * C}));
     share = share_.data();
   }
-  ep_.all_to_all_v(out.reshaped(Shape{out.numel()}), to_peer,
-                   view_of(share, Shape{share_rows * C}), from_peer);
+  ep_.all_to_all_v(out.reshaped(Shape{out.numel()}), to_peer, view_of(share, Shape{share_rows * C}),
+                   from_peer);
 }
 
 }  // namespace pentad::parallel

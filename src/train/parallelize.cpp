@@ -98,9 +98,8 @@ std::unique_ptr<Model> parallelize(const Config& cfg, parallel::Mesh* mesh, Plac
     }
     if (cfg.model.is_moe() &&
         (mesh->degree(parallel::Axis::EP) > 1 || mesh->degree(parallel::Axis::ETP) > 1)) {
-      wiring.ep = std::make_unique<MeshExpertParallel>(mesh->group(parallel::Axis::EP),
-                                                       mesh->group(parallel::Axis::ETP),
-                                                       cfg.model.n_experts);
+      wiring.ep = std::make_unique<MeshExpertParallel>(
+          mesh->group(parallel::Axis::EP), mesh->group(parallel::Axis::ETP), cfg.model.n_experts);
       sharding.ep = wiring.ep.get();
     }
     const int stages = mesh->degree(parallel::Axis::PP);

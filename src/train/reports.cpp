@@ -112,8 +112,8 @@ void Trainer::report_step(const StepStats& s, std::chrono::steady_clock::time_po
     spdlog::info(
         "step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | {:.1f} "
         "GFLOP/s{}",
-        step + 1, t.steps, s.loss, s.lr, s.grad_norm, s.tokens_per_second,
-        s.flops_per_second / 1e9, moe_line);
+        step + 1, t.steps, s.loss, s.lr, s.grad_norm, s.tokens_per_second, s.flops_per_second / 1e9,
+        moe_line);
 }
 
 void Trainer::report_eval(int64_t step, float loss) {

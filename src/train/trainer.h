@@ -176,8 +176,8 @@ class Trainer {
   std::unique_ptr<data::DataLoader> data_;
   std::unique_ptr<parallel::GradReducer> reducer_;
   std::unique_ptr<parallel::GradReducer> expert_reducer_;  // MoE experts, over edp
-  std::unique_ptr<parallel::pp::Pipeline> pipeline_;      // with pp > 1
-  std::vector<std::pair<int64_t, int64_t>> step_starts_;  // pipelined steps: (step, start ns)
+  std::unique_ptr<parallel::pp::Pipeline> pipeline_;       // with pp > 1
+  std::vector<std::pair<int64_t, int64_t>> step_starts_;   // pipelined steps: (step, start ns)
   std::ofstream metrics_;
   std::vector<int32_t> inputs_, targets_;
   std::vector<StepStats> history_;  // every step of run(), for write_comm_log

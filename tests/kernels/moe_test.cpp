@@ -61,8 +61,8 @@ TEST(Moe, UnpermuteBackwardMatchesFiniteDifferences) {
   const std::vector<double> g = randn(N * C, 6);  // d(objective)/d(out)
   auto objective = [&] {
     std::vector<double> out(N * C);
-    kernels::moe_unpermute(view(out, {N, C}), view(y, {A, C}), view(pos, {N, K}),
-                           view(w, {N, K}), false);
+    kernels::moe_unpermute(view(out, {N, C}), view(y, {A, C}), view(pos, {N, K}), view(w, {N, K}),
+                           false);
     return testing::dot(out, g);
   };
   std::vector<double> dy(size_t(A * C), 9.0), dw(N * K, 9.0);
