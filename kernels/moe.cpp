@@ -32,7 +32,9 @@ void moe_permute(Tensor out, const Tensor& inp, const Tensor& src) {
   check_indices(op, src, rows(inp), "row");
   run(
       call, [&] { no_cuda(op); },
-      [&]<typename T>(T) { cpu::moe_permute<T>(ptr<T>(out), ptr<T>(inp), ptr<int32_t>(src), A, C); });
+      [&]<typename T>(T) {
+        cpu::moe_permute<T>(ptr<T>(out), ptr<T>(inp), ptr<int32_t>(src), A, C);
+      });
 }
 
 void moe_unpermute(Tensor out, const Tensor& inp, const Tensor& pos, const Tensor& w,

@@ -4,8 +4,8 @@
 // today, kernels/cuda/ when built with CUDA. Callers never branch on the backend.
 //
 // Each family below is defined in its own file (linear.cpp, norms.cpp, activations.cpp,
-// rope.cpp, attention.cpp, crossentropy.cpp, embedding.cpp, elementwise.cpp, optim.cpp, moe.cpp), and
-// every one goes through the same door (kernels/door.h): the checks and the backend choice.
+// rope.cpp, attention.cpp, crossentropy.cpp, embedding.cpp, elementwise.cpp, optim.cpp, moe.cpp),
+// and every one goes through the same door (kernels/door.h): the checks and the backend choice.
 //
 // Conventions
 //  - Row-major, contiguous. N = rows (b*t tokens), C = channels, OC = output channels.

@@ -55,11 +55,10 @@ set_tests_properties(torch_reference_gpt2 torch_reference_llama torch_reference_
 # OpenBLAS's kernels for this machine and with its Haswell (AVX2) kernels, because
 # AVX2-only and AVX-512 machines sum in different orders and CI may run on either.
 set(LAYOUT ${CMAKE_CURRENT_SOURCE_DIR}/python/layout_equivalence.py)
-# pentad_layout_test(NAME PIPELINE RECIPE overrides...): PIPELINE is ON for --pipeline.
-function(pentad_layout_test name pipeline recipe)
-  set(mode "")
-  if(pipeline)
-    set(mode --pipeline)
+# pentad_layout_test(NAME MODE RECIPE overrides...): MODE is PLAIN, --pipeline or --moe.
+function(pentad_layout_test name mode recipe)
+  if(mode STREQUAL "PLAIN")
+    set(mode "")
   endif()
   foreach(core native Haswell)
     set(test ${name})
@@ -75,15 +74,26 @@ function(pentad_layout_test name pipeline recipe)
       PASS_REGULAR_EXPRESSION "every layout matches one rank")
   endforeach()
 endfunction()
-pentad_layout_test(layouts_gpt2 OFF gpt-tiny.toml train.micro_batch=2 train.seq_len=32)
-pentad_layout_test(layouts_llama OFF llama-tiny.toml train.micro_batch=2 train.seq_len=32
+pentad_layout_test(layouts_gpt2 PLAIN gpt-tiny.toml train.micro_batch=2 train.seq_len=32)
+pentad_layout_test(layouts_llama PLAIN llama-tiny.toml train.micro_batch=2 train.seq_len=32
                    model.n_head=8 model.n_kv_head=4)
-pentad_layout_test(layouts_pipeline_gpt2 ON gpt-tiny.toml train.micro_batch=2 train.seq_len=32)
+pentad_layout_test(layouts_pipeline_gpt2 --pipeline gpt-tiny.toml train.micro_batch=2 train.seq_len=32)
 # lr 1e-3: at llama-tiny's 3e-3, 8 layers on random tokens are chaotic after warm-up: plain
 # dp2 (no pipeline) drifts from one rank by 2e-4 in 20 steps, grown from a 1e-9 difference
 # in the summation order of the gradient norm. Pipeline-only layouts are bitwise equal.
-pentad_layout_test(layouts_pipeline_llama ON llama-tiny.toml train.micro_batch=2
+pentad_layout_test(layouts_pipeline_llama --pipeline llama-tiny.toml train.micro_batch=2
                    train.seq_len=32 model.n_head=8 model.n_kv_head=4 optim.lr=1e-3)
+
+# MoE: expert parallelism over dp, folded over tp, etp, ep x pp, capacity (both families:
+# LLaMA experts with softmax routing and the balancing/z losses; GPT-2 experts with biases,
+# sigmoid routing, a shared expert, the sequence loss and the aux-loss-free bias).
+pentad_layout_test(layouts_moe_llama --moe llama-tiny.toml train.micro_batch=2 train.seq_len=32
+                   model.moe_layers=all model.n_experts=4 model.top_k=2 moe.aux_loss_coef=0.01
+                   moe.z_loss_coef=0.001)
+pentad_layout_test(layouts_moe_gpt2 --moe gpt-tiny.toml train.micro_batch=2 train.seq_len=32
+                   model.moe_layers=every:1 model.n_experts=8 model.top_k=3
+                   model.n_shared_experts=1 model.d_ff_expert=64 moe.score=sigmoid
+                   moe.seq_aux_loss_coef=0.01 moe.bias_update_rate=0.001)
 
 # A read of uninitialised memory in the backward, looped on the natural heap and once
 # poisoned (tests/python/uninitialised_reads.py).
@@ -99,6 +109,15 @@ add_test(NAME checkpoint_resume
           $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml ${CMAKE_CURRENT_BINARY_DIR}/checkpoints)
 set_tests_properties(checkpoint_resume PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE
   PASS_REGULAR_EXPRESSION "checkpoints resume exactly")
+
+# MoE checkpoints: bitwise resume of ep layouts, resharding across ep / etp / one rank.
+add_test(NAME moe_checkpoint
+  COMMAND ${PENTAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/moe_checkpoint.py
+          $<TARGET_FILE:pentad> ${RECIPES}/llama-tiny.toml ${CMAKE_CURRENT_BINARY_DIR}/moe-checkpoints
+          model.moe_layers=all model.n_experts=4 model.top_k=2 moe.aux_loss_coef=0.01
+          moe.bias_update_rate=0.001)
+set_tests_properties(moe_checkpoint PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE
+  PASS_REGULAR_EXPRESSION "MoE checkpoints resume exactly")
 
 # Hugging Face tests run with the python of the virtual environment that scripts/setup.sh
 # makes: Debian's torch and numpy plus transformers and safetensors from PyPI.
@@ -119,7 +138,12 @@ add_test(NAME hf_export_llama
   COMMAND ${PENTAD_HF_PYTHON} ${HF} $<TARGET_FILE:pentad> ${RECIPES}/llama-tiny.toml
           ${CMAKE_CURRENT_BINARY_DIR}/hf-llama data.source=random train.micro_batch=2
           train.seq_len=32 train.threads=2 model.n_head=4 model.n_kv_head=2)
-set_tests_properties(hf_export_gpt2 hf_export_llama PROPERTIES TIMEOUT 300
+add_test(NAME hf_export_mixtral
+  COMMAND ${PENTAD_HF_PYTHON} ${HF} $<TARGET_FILE:pentad> ${RECIPES}/llama-tiny.toml
+          ${CMAKE_CURRENT_BINARY_DIR}/hf-mixtral data.source=random train.micro_batch=2
+          train.seq_len=32 train.threads=2 model.moe_layers=all model.n_experts=4
+          model.top_k=2 model.d_ff_expert=96)
+set_tests_properties(hf_export_gpt2 hf_export_llama hf_export_mixtral PROPERTIES TIMEOUT 300
   PASS_REGULAR_EXPRESSION "hf export matches")
 
 # Inputs pentad must accept or refuse (issue 12): exit codes and the words of each message,
@@ -138,9 +162,9 @@ foreach(shape mixtral-8x7b qwen2-57b-a14b)
     PASS_REGULAR_EXPRESSION "routed experts [^\n]*\n.*MoE dispatch buffers")
 endforeach()
 
-# The real transformers library: loads every export (tied and untied, MHA and GQA) with no
-# missing or unexpected keys and the same logits; models it makes import into pentad with
-# the same logits and train on.
+# The real transformers library: loads every export (tied and untied, MHA and GQA, dense and
+# Mixtral) with no missing or unexpected keys and the same logits; models it makes import
+# into pentad with the same logits and train on.
 set(HF_LIB ${CMAKE_CURRENT_SOURCE_DIR}/python/hf_transformers.py)
 add_test(NAME hf_transformers_gpt2
   COMMAND ${PENTAD_HF_PYTHON} ${HF_LIB} $<TARGET_FILE:pentad> ${RECIPES}
@@ -150,5 +174,10 @@ add_test(NAME hf_transformers_llama
   COMMAND ${PENTAD_HF_PYTHON} ${HF_LIB} $<TARGET_FILE:pentad> ${RECIPES}
           ${CMAKE_CURRENT_BINARY_DIR}/hf-transformers llama-mha-tied llama-mha-untied
           llama-gqa-tied llama-gqa-untied llama-gqa-import)
-set_tests_properties(hf_transformers_gpt2 hf_transformers_llama PROPERTIES TIMEOUT 300
+add_test(NAME hf_transformers_mixtral
+  COMMAND ${PENTAD_HF_PYTHON} ${HF_LIB} $<TARGET_FILE:pentad> ${RECIPES}
+          ${CMAKE_CURRENT_BINARY_DIR}/hf-transformers mixtral-gqa-untied mixtral-top1-tied
+          mixtral-import)
+set_tests_properties(hf_transformers_gpt2 hf_transformers_llama hf_transformers_mixtral
+  PROPERTIES TIMEOUT 300
   PASS_REGULAR_EXPRESSION "transformers loads pentad's exports and pentad transformers' models")

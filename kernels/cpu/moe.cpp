@@ -53,10 +53,10 @@ void moe_unpermute_backward(T* dinp, T* dw, const T* dout, const T* inp, const i
   }
 }
 
-#define PENTAD_MOE_KERNELS(T)                                                                    \
-  template void moe_permute<T>(T*, const T*, const int32_t*, int64_t, int64_t);                  \
-  template void moe_unpermute<T>(T*, const T*, const int32_t*, const T*, int64_t, int64_t,       \
-                                 int64_t, bool);                                                 \
+#define PENTAD_MOE_KERNELS(T)                                                                   \
+  template void moe_permute<T>(T*, const T*, const int32_t*, int64_t, int64_t);                 \
+  template void moe_unpermute<T>(T*, const T*, const int32_t*, const T*, int64_t, int64_t,      \
+                                 int64_t, bool);                                                \
   template void moe_unpermute_backward<T>(T*, T*, const T*, const T*, const int32_t*, const T*, \
                                           int64_t, int64_t, int64_t);
 PENTAD_MOE_KERNELS(float)

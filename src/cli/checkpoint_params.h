@@ -23,6 +23,8 @@ class CheckpointParams {
   explicit CheckpointParams(const std::string& dir);
 
   const ModelConfig& model() const { return config_.model; }
+  // Whether the checkpoint holds parameter `name`.
+  bool has(const std::string& name) const { return reader_.has("param/" + name); }
   // Parameter `name` ("param/<name>" in the checkpoint) with shape `dims`; throws
   // pentad::Error naming the checkpoint when it has no such tensor.
   std::vector<float> get(const std::string& name, const Dims& dims);

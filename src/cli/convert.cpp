@@ -2,9 +2,11 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -13,13 +15,14 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "cli/checkpoint_params.h"
+#include "cli/hf_layout.h"
 #include "core/check.h"
-#include "model/model.h"
 #include "train/recipe.h"
 
 namespace pentad::ckpt {
@@ -35,210 +38,6 @@ std::vector<float> transpose(const std::vector<float>& m, int64_t rows, int64_t 
     for (int64_t c = 0; c < cols; ++c)
       t[static_cast<size_t>(c * rows + r)] = m[static_cast<size_t>(r * cols + c)];
   return t;
-}
-
-// One HF tensor: pentad parameters stacked along their first (out) dim, then transposed
-// for GPT-2's Conv1D ([in, out]). Most entries have one part; GPT-2's c_attn has q, k, v.
-struct HfEntry {
-  std::string hf;
-  bool transposed = false;
-  std::vector<std::pair<std::string, Dims>> parts;  // pentad name, shape
-
-  Dims hf_shape() const {
-    Dims stacked = parts[0].second;
-    for (size_t i = 1; i < parts.size(); ++i) stacked[0] += parts[i].second[0];
-    return transposed ? Dims{stacked[1], stacked[0]} : stacked;
-  }
-};
-
-std::vector<HfEntry> hf_table(const ModelConfig& m) {
-  const int64_t C = m.d_model, V = m.vocab_size, F = ffn_dim(m), T = m.max_seq_len;
-  const int64_t Ckv = m.kv_heads() * m.head_dim();
-  std::vector<HfEntry> t;
-  auto one = [&](std::string hf, std::string ours, Dims dims, bool transposed = false) {
-    t.push_back({std::move(hf), transposed, {{std::move(ours), std::move(dims)}}});
-  };
-  if (m.family == ModelFamily::GPT2) {
-    // GPT2LMHeadModel keeps the body under "transformer." and the head beside it; a file
-    // without the prefix loads only into the bare GPT2Model, so an untied head (or any
-    // head) would make from_pretrained refuse it.
-    one("transformer.wte.weight", "wte.weight", {V, C});
-    one("transformer.wpe.weight", "wpe.weight", {T, C});
-    for (int64_t l = 0; l < m.n_layer; ++l) {
-      const std::string p = fmt::format("layers.{}.", l), h = fmt::format("transformer.h.{}.", l);
-      one(h + "ln_1.weight", p + "norm1.weight", {C});
-      one(h + "ln_1.bias", p + "norm1.bias", {C});
-      // c_attn.weight [C, 3C] = [Wq^T Wk^T Wv^T]; c_attn.bias = [bq bk bv].
-      t.push_back({h + "attn.c_attn.weight",
-                   true,
-                   {{p + "attn.q.weight", {C, C}},
-                    {p + "attn.k.weight", {C, C}},
-                    {p + "attn.v.weight", {C, C}}}});
-      t.push_back({h + "attn.c_attn.bias",
-                   false,
-                   {{p + "attn.q.bias", {C}}, {p + "attn.k.bias", {C}}, {p + "attn.v.bias", {C}}}});
-      one(h + "attn.c_proj.weight", p + "attn.o.weight", {C, C}, true);
-      one(h + "attn.c_proj.bias", p + "attn.o.bias", {C});
-      one(h + "ln_2.weight", p + "norm2.weight", {C});
-      one(h + "ln_2.bias", p + "norm2.bias", {C});
-      one(h + "mlp.c_fc.weight", p + "mlp.up.weight", {F, C}, true);
-      one(h + "mlp.c_fc.bias", p + "mlp.up.bias", {F});
-      one(h + "mlp.c_proj.weight", p + "mlp.down.weight", {C, F}, true);
-      one(h + "mlp.c_proj.bias", p + "mlp.down.bias", {C});
-    }
-    one("transformer.ln_f.weight", "norm_f.weight", {C});
-    one("transformer.ln_f.bias", "norm_f.bias", {C});
-  } else {
-    // pentad's RoPE pairs dimension i with i + d/2 (HF's rotate_half), the convention HF
-    // LLaMA checkpoints are stored in, so q_proj and k_proj are copied without permutation.
-    one("model.embed_tokens.weight", "wte.weight", {V, C});
-    for (int64_t l = 0; l < m.n_layer; ++l) {
-      const std::string p = fmt::format("layers.{}.", l), h = fmt::format("model.layers.{}.", l);
-      one(h + "input_layernorm.weight", p + "norm1.weight", {C});
-      one(h + "self_attn.q_proj.weight", p + "attn.q.weight", {C, C});
-      one(h + "self_attn.k_proj.weight", p + "attn.k.weight", {Ckv, C});
-      one(h + "self_attn.v_proj.weight", p + "attn.v.weight", {Ckv, C});
-      one(h + "self_attn.o_proj.weight", p + "attn.o.weight", {C, C});
-      one(h + "post_attention_layernorm.weight", p + "norm2.weight", {C});
-      one(h + "mlp.gate_proj.weight", p + "mlp.gate.weight", {F, C});
-      one(h + "mlp.up_proj.weight", p + "mlp.up.weight", {F, C});
-      one(h + "mlp.down_proj.weight", p + "mlp.down.weight", {C, F});
-    }
-    one("model.norm.weight", "norm_f.weight", {C});
-  }
-  // A tied head is the embedding: transformers' save_pretrained leaves it out, and
-  // tie_word_embeddings in config.json makes from_pretrained tie it again.
-  if (!m.tie_embeddings) one("lm_head.weight", "lm_head.weight", {V, C});
-  return t;
-}
-
-// A float as its shortest decimal (1e-05, not 9.999999747378752e-06), for config.json.
-double decimal(float f) {
-  return std::stod(fmt::format("{}", f));
-}
-
-nlohmann::ordered_json hf_config(const ModelConfig& m) {
-  const int64_t F = ffn_dim(m);
-  nlohmann::ordered_json c;
-  if (m.family == ModelFamily::GPT2) {
-    c["architectures"] = {"GPT2LMHeadModel"};
-    c["model_type"] = "gpt2";
-    c["vocab_size"] = m.vocab_size;
-    c["n_positions"] = m.max_seq_len;
-    c["n_ctx"] = m.max_seq_len;
-    c["n_embd"] = m.d_model;
-    c["n_layer"] = m.n_layer;
-    c["n_head"] = m.n_head;
-    c["n_inner"] = F == 4 * m.d_model ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(F);
-    c["activation_function"] = "gelu_new";  // the tanh approximation pentad's GELU uses
-    c["layer_norm_epsilon"] = decimal(m.norm_eps);
-    // pentad trains without dropout; so does a model fine-tuned from this export.
-    c["resid_pdrop"] = 0.0;
-    c["embd_pdrop"] = 0.0;
-    c["attn_pdrop"] = 0.0;
-  } else {
-    c["architectures"] = {"LlamaForCausalLM"};
-    c["model_type"] = "llama";
-    c["vocab_size"] = m.vocab_size;
-    c["hidden_size"] = m.d_model;
-    c["intermediate_size"] = F;
-    c["num_hidden_layers"] = m.n_layer;
-    c["num_attention_heads"] = m.n_head;
-    c["num_key_value_heads"] = m.kv_heads();
-    c["head_dim"] = m.head_dim();
-    c["max_position_embeddings"] = m.max_seq_len;
-    c["rms_norm_eps"] = decimal(m.norm_eps);
-    c["rope_theta"] = decimal(m.rope_theta);
-    c["rope_scaling"] = nullptr;
-    c["hidden_act"] = "silu";
-    c["attention_bias"] = false;
-    c["mlp_bias"] = false;
-    c["attention_dropout"] = 0.0;
-  }
-  c["initializer_range"] = decimal(m.init_std);
-  c["tie_word_embeddings"] = m.tie_embeddings;
-  c["torch_dtype"] = "float32";
-  return c;
-}
-
-// config.json -> pentad's model keys; refuses what pentad cannot represent.
-ModelConfig model_from_hf(const nlohmann::json& c, const std::string& path) {
-  auto has = [&](const char* key) { return c.contains(key) && !c[key].is_null(); };
-  auto integer = [&](const char* key) -> int64_t {
-    if (!has(key)) fail("{}: missing \"{}\"", path, key);
-    if (!c[key].is_number_integer()) fail("{}: \"{}\" is not an integer", path, key);
-    return c[key].get<int64_t>();
-  };
-  auto number = [&](const char* key, double otherwise) -> float {
-    if (!has(key)) return static_cast<float>(otherwise);
-    if (!c[key].is_number()) fail("{}: \"{}\" is not a number", path, key);
-    return c[key].get<float>();
-  };
-  auto flag = [&](const char* key, bool otherwise) {
-    if (!has(key)) return otherwise;
-    if (!c[key].is_boolean()) fail("{}: \"{}\" is not true or false", path, key);
-    return c[key].get<bool>();
-  };
-  auto word = [&](const char* key, const char* otherwise) -> std::string {
-    if (!has(key)) return otherwise;
-    if (!c[key].is_string()) fail("{}: \"{}\" is not a string", path, key);
-    return c[key].get<std::string>();
-  };
-
-  if (!c.is_object()) fail("{}: not a JSON object", path);
-  const std::string type = word("model_type", "");
-  ModelConfig m;
-  if (type == "gpt2") {
-    m.family = ModelFamily::GPT2;
-    m.d_model = integer("n_embd");
-    m.n_layer = integer("n_layer");
-    m.n_head = integer("n_head");
-    m.vocab_size = integer("vocab_size");
-    m.max_seq_len = has("n_positions") ? integer("n_positions") : integer("n_ctx");
-    m.d_ff = has("n_inner") ? integer("n_inner") : 0;
-    m.norm_eps = number("layer_norm_epsilon", 1e-5);
-    m.tie_embeddings = flag("tie_word_embeddings", true);
-    const std::string act = word("activation_function", "gelu_new");
-    if (act != "gelu_new" && act != "gelu_pytorch_tanh")
-      fail("{}: activation_function \"{}\": pentad's GPT-2 uses the tanh GELU (\"gelu_new\")", path,
-           act);
-  } else if (type == "llama") {
-    m.family = ModelFamily::LLaMA;
-    m.d_model = integer("hidden_size");
-    m.n_layer = integer("num_hidden_layers");
-    m.n_head = integer("num_attention_heads");
-    m.n_kv_head = has("num_key_value_heads") ? integer("num_key_value_heads") : 0;
-    if (m.n_kv_head == m.n_head) m.n_kv_head = 0;  // the recipe's spelling of plain MHA
-    m.d_ff = integer("intermediate_size");
-    m.vocab_size = integer("vocab_size");
-    m.max_seq_len = has("max_position_embeddings") ? integer("max_position_embeddings") : 2048;
-    m.norm_eps = number("rms_norm_eps", 1e-6);
-    m.tie_embeddings = flag("tie_word_embeddings", false);
-    // Newer transformers keep rope_theta in rope_parameters.
-    const bool nested = has("rope_parameters") && c["rope_parameters"].is_object();
-    const nlohmann::json& rope = nested ? c["rope_parameters"] : c;
-    m.rope_theta = rope.contains("rope_theta") && rope["rope_theta"].is_number()
-                       ? rope["rope_theta"].get<float>()
-                       : 10000.0f;
-    const bool scaled = has("rope_scaling") ||
-                        (nested && rope.contains("rope_type") && rope["rope_type"] != "default");
-    if (scaled) fail("{}: RoPE scaling is set; pentad implements plain RoPE only", path);
-    if (word("hidden_act", "silu") != "silu")
-      fail("{}: hidden_act \"{}\": pentad's LLaMA uses SiLU (SwiGLU)", path,
-           word("hidden_act", ""));
-    if (flag("attention_bias", false) || flag("mlp_bias", false))
-      fail("{}: attention_bias / mlp_bias are set; pentad's LLaMA has no biases", path);
-    if (has("head_dim") && m.n_head > 0 && integer("head_dim") * m.n_head != m.d_model)
-      fail(
-          "{}: head_dim {} x {} heads != hidden_size {}; pentad needs head_dim = hidden_size / "
-          "num_attention_heads",
-          path, integer("head_dim"), m.n_head, m.d_model);
-  } else {
-    fail("{}: model_type \"{}\" is not supported: pentad converts \"gpt2\" and \"llama\"", path,
-         type);
-  }
-  m.init_std = number("initializer_range", 0.02);
-  return m;
 }
 
 // One or more safetensors files seen as one table.
@@ -301,9 +100,31 @@ class HfTensors {
 std::string export_hf(const std::string& checkpoint_dir, const std::string& out_dir) {
   CheckpointParams ckpt(checkpoint_dir);
   const ModelConfig& m = ckpt.model();
-  if (m.family == ModelFamily::GPT2 && m.kv_heads() != m.n_head)
-    fail("{}: a GPT-2 with n_kv_head {} != n_head {} has no transformers equivalent",
-         checkpoint_dir, m.kv_heads(), m.n_head);
+  check_hf_exportable(m, checkpoint_dir);
+  // The selection bias of aux-loss-free balancing has no place in Mixtral: at zero (never
+  // updated) it changes no choice and is left out; otherwise transformers would route
+  // tokens to other experts than pentad does.
+  int64_t zero_biases = 0;
+  for (const auto& [name, dims] : pentad_only_params(m)) {
+    if (!ckpt.has(name)) continue;
+    float largest = 0.0f;
+    for (float b : ckpt.get(name, dims)) largest = std::max(largest, std::abs(b));
+    if (largest != 0.0f)
+      fail(
+          "{}: param/{} is not zero (largest |value| {}): Mixtral's router has no selection "
+          "bias, so transformers would pick other experts than pentad; a model trained with "
+          "moe.bias_update_rate > 0 does not export to Mixtral",
+          checkpoint_dir, name, largest);
+    ++zero_biases;
+  }
+  if (zero_biases > 0)
+    spdlog::warn("{}: leaving out {} all-zero expert_bias tensors (Mixtral has no selection bias)",
+                 checkpoint_dir, zero_biases);
+  if (m.is_moe() && m.moe.capacity_factor > 0.0f)
+    spdlog::warn(
+        "{}: moe.capacity_factor = {}: transformers' Mixtral drops no tokens, so its outputs "
+        "differ from pentad's wherever an expert overflows",
+        checkpoint_dir, m.moe.capacity_factor);
   std::vector<NamedTensor> tensors;
   int64_t values = 0;
   for (const HfEntry& e : hf_table(m)) {
@@ -327,9 +148,9 @@ std::string export_hf(const std::string& checkpoint_dir, const std::string& out_
   std::ofstream config_out(config);
   config_out << hf_config(m).dump(2) << "\n";
   if (!config_out.flush()) fail("{}: write failed ({})", config, std::strerror(errno));
-  return fmt::format("exported {} tensors ({} parameters, {} bytes) from {} to {} and {}",
+  return fmt::format("exported {} tensors ({} parameters, {} bytes) from {} to {} and {} ({})",
                      tensors.size(), values, fs::file_size(weights), checkpoint_dir, weights,
-                     config);
+                     config, hf_model_type(m));
 }
 
 std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_root, int64_t step) {
@@ -363,7 +184,8 @@ std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_r
   }
 
   HfTensors hf(hf_dir);
-  std::vector<std::string> missing, used;
+  std::vector<std::string> missing;
+  std::set<std::string> used;
   std::vector<NamedTensor> params;
   int64_t values = 0;
   for (const HfEntry& e : hf_table(m)) {
@@ -372,7 +194,7 @@ std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_r
       missing.push_back(e.hf);
       continue;
     }
-    used.push_back(stored);
+    used.insert(stored);
     const Dims shape = e.hf_shape();
     std::vector<float> data = hf.read(stored, shape);
     if (e.transposed) data = transpose(data, shape[0], shape[1]);
@@ -387,8 +209,11 @@ std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_r
     values += static_cast<int64_t>(data.size());
   }
   if (!missing.empty())
-    fail("{}: missing tensors for the {} model config.json describes: {}", hf_dir,
-         m.family == ModelFamily::GPT2 ? "gpt2" : "llama", fmt::join(missing, ", "));
+    fail("{}: missing tensors for the {} model config.json describes: {}", hf_dir, hf_model_type(m),
+         fmt::join(missing, ", "));
+  // pentad's own state that transformers lacks starts neutral.
+  for (const auto& [name, dims] : pentad_only_params(m))
+    params.push_back({name, dims, std::vector<float>(static_cast<size_t>(numel(dims)), 0.0f)});
 
   // Buffers that are not parameters (GPT-2's causal masks, old LLaMA rotary tables) and a
   // tied model's stored copy of the embedding are skipped; anything else left over means
@@ -398,7 +223,7 @@ std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_r
   std::vector<std::string> unused;
   size_t ignored = 0;
   for (const std::string& name : hf.names()) {
-    if (std::find(used.begin(), used.end(), name) != used.end()) continue;
+    if (used.count(name)) continue;
     if (std::regex_match(name, buffer) || (m.tie_embeddings && name == "lm_head.weight"))
       ++ignored;
     else

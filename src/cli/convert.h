@@ -25,6 +25,13 @@
 //   layers.i.mlp.{gate,up,down}  model.layers.i.mlp.{gate,up,down}_proj.weight
 //   norm_f.weight             model.norm.weight
 //   lm_head.weight            lm_head.weight         (omitted when tied)
+//
+//   llama with experts in every layer    HF MixtralForCausalLM: as llama, but in each layer
+//   layers.i.moe.router.weight (E, C)    model.layers.i.block_sparse_moe.gate.weight
+//   layers.i.moe.experts.e.gate.weight   model.layers.i.block_sparse_moe.experts.e.w1.weight
+//   layers.i.moe.experts.e.down.weight   model.layers.i.block_sparse_moe.experts.e.w2.weight
+//   layers.i.moe.experts.e.up.weight     model.layers.i.block_sparse_moe.experts.e.w3.weight
+//   layers.i.moe.expert_bias (E)         (none: export requires it zero, import writes zeros)
 #include <cstdint>
 #include <string>
 
@@ -33,8 +40,12 @@ namespace pentad::ckpt {
 // Reads the parameters ("param/<name>") and recipe of the committed checkpoint directory
 // `checkpoint_dir` and writes out_dir/model.safetensors (F32, HF names) and
 // out_dir/config.json (GPT2Config or LlamaConfig). Returns a one-line summary.
-// Throws pentad::Error for a model HF cannot represent (a GPT-2 with grouped-query
-// attention) or an unreadable checkpoint.
+// An MoE model of the llama family exports as MixtralForCausalLM (num_local_experts,
+// num_experts_per_tok, intermediate_size = the experts' width, router_aux_loss_coef =
+// moe.aux_loss_coef). Throws pentad::Error for a model HF cannot represent (a GPT-2 with
+// grouped-query attention or experts; an MoE that Mixtral does not compute: dense layers,
+// shared experts, sigmoid scores, no renormalisation, a nonzero expert_bias), naming the
+// recipe key, or an unreadable checkpoint.
 std::string export_hf(const std::string& checkpoint_dir, const std::string& out_dir);
 
 // Reads hf_dir/config.json and hf_dir/model.safetensors (or, without it, every
@@ -44,8 +55,12 @@ std::string export_hf(const std::string& checkpoint_dir, const std::string& out_
 // checkpoint_root/recipe.toml (refusing to replace a different one there). Accepts names
 // with and without the base model's prefix ("transformer.", "model.") and ignores the
 // attention-mask buffers.
+// A Mixtral becomes a llama-family recipe with model.moe_layers = "all", n_experts, top_k,
+// d_ff_expert, moe.score = "softmax", moe.renormalize = true and moe.aux_loss_coef from
+// config.json, and zero expert_bias tensors.
 // Refuses an unknown model_type, features pentad lacks (rope scaling, biases in LLaMA,
-// another activation), missing tensors, wrong shapes and unused tensors, naming them.
+// another activation, Mixtral's sliding window), missing tensors, wrong shapes and unused
+// tensors, naming them.
 // Returns a one-line summary.
 std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_root,
                       int64_t step = 0);

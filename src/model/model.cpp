@@ -127,8 +127,7 @@ void Model::build_params() {
         if (id >= 0) partial.push_back(id);
       if (moe) {
         auto& block = moe_[static_cast<size_t>(l)];
-        block = std::make_unique<MoeBlock>(cfg_, l, params_, *ep_, *tp_, b_, t_,
-                                           placement_.device);
+        block = std::make_unique<MoeBlock>(cfg_, l, params_, *ep_, *tp_, b_, t_, placement_.device);
         partial.push_back(block->router());  // each tp rank routes its own rows (SP)
       }
     }
@@ -550,8 +549,8 @@ double Model::flops_per_micro_batch() const {
   const double matrices = gpt2() ? 2.0 : 3.0;  // per MLP: up, down (+ gate)
   const double Fe = static_cast<double>(expert_ffn_dim(cfg_));
   // An MoE layer: the shared experts, top_k routed ones per token and the router.
-  const double moe_mlp = matrices * C * Fe * double(cfg_.n_shared_experts + cfg_.top_k) +
-                         C * double(cfg_.n_experts);
+  const double moe_mlp =
+      matrices * C * Fe * double(cfg_.n_shared_experts + cfg_.top_k) + C * double(cfg_.n_experts);
   double mlp_sum = 0.0;
   int64_t layers = 0;
   for (const ChunkState& c : chunks_)

@@ -182,10 +182,10 @@ class Model {
   int64_t vocab_start_;  // first vocabulary row held here; -1 when the table is whole
   ParamStore params_;
   int wte_ = -1, wpe_ = -1, normf_w_ = -1, normf_b_ = -1, head_ = -1, embedding_copy_ = -1;
-  std::vector<LayerParams> layers_;        // every layer; ids -1 where not held here
-  std::vector<int64_t> layer_ffn_;         // per layer: this rank's MLP width (MoE: shared experts')
+  std::vector<LayerParams> layers_;  // every layer; ids -1 where not held here
+  std::vector<int64_t> layer_ffn_;   // per layer: this rank's MLP width (MoE: shared experts')
   std::vector<std::unique_ptr<MoeBlock>> moe_;  // per layer: the MoE block, or null
-  Tensor moe_out_;                         // (Nl, C): the routed output before it joins the residual
+  Tensor moe_out_;  // (Nl, C): the routed output before it joins the residual
   std::vector<std::vector<int>> partial_;  // per layer (and last: final norm) ids to sync under SP
   std::vector<ChunkState> chunks_;
 

@@ -115,8 +115,8 @@ MoeBlock::MoeBlock(const ModelConfig& cfg, int64_t layer, ParamStore& params,
   auto expert = [&](const std::string& name, Shape shape, float s, bool decay, int dim) {
     const int id = (p == 1 || dim < 0)
                        ? params.add(name, shape, s > 0 ? Init::Normal : Init::Zeros, s, decay)
-                       : params.add_shard(name, shape, s > 0 ? Init::Normal : Init::Zeros, s,
-                                          decay, dim, r * (shape[dim] / p), shape[dim] / p);
+                       : params.add_shard(name, shape, s > 0 ? Init::Normal : Init::Zeros, s, decay,
+                                          dim, r * (shape[dim] / p), shape[dim] / p);
     params.mark_expert(id);
     return id;
   };

@@ -18,8 +18,8 @@
 // shards of a sequence-parallel micro-batch add their counts first), and added to the
 // training objective with the micro-batch's weight, like its mean cross-entropy:
 //   aux     = aux_loss_coef * E / (k T^2) * sum_e count_e * sum_t p[t, e]
-//   seq_aux = seq_aux_loss_coef / b * sum_seq E / (k t^2) * sum_e count_seq,e * sum_{t in seq} p[t, e]
-//   z       = z_loss_coef / T * sum_t logsumexp(logits_t)^2
+//   seq_aux = seq_aux_loss_coef / b * sum_seq E / (k t^2) * sum_e count_seq,e * sum_{t in seq} p[t,
+//   e] z       = z_loss_coef / T * sum_t logsumexp(logits_t)^2
 // (E * sum_e f_e P_e with f_e = count_e / (k T) and P_e = mean_t p[t, e]: coef when balanced.)
 // count_e: tokens that picked e (before any capacity drop), a constant; p = s for softmax,
 // s / sum_e s for sigmoid. Only p carries a gradient.
@@ -62,12 +62,13 @@ class MoeBlock {
   struct Acts {
     Arena arena;
     ExpertRoute route;
-    int64_t picks = 0;                       // kept picks of this rank's rows (A)
-    Tensor logits, scores, pick, w, pos;     // (Nl, E), (Nl, E), (Nl, k) I32, (Nl, k), (Nl, k) I32
-    Tensor src, xp, xr, gate, up, act, yr, yp;  // (A) I32, (A, C), (R, C), (R, F) x3, (R, C), (A, C)
-    std::vector<float> lse;                  // (Nl): logsumexp of the logits (z-loss)
-    std::vector<double> aux_coef;            // (E): d aux / d p[t, e], this micro-batch
-    std::vector<double> seq_coef;            // (b, E): d seq_aux / d p[t, e] per sequence
+    int64_t picks = 0;                    // kept picks of this rank's rows (A)
+    Tensor logits, scores, pick, w, pos;  // (Nl, E), (Nl, E), (Nl, k) I32, (Nl, k), (Nl, k) I32
+    Tensor src, xp, xr, gate, up, act, yr,
+        yp;                        // (A) I32, (A, C), (R, C), (R, F) x3, (R, C), (A, C)
+    std::vector<float> lse;        // (Nl): logsumexp of the logits (z-loss)
+    std::vector<double> aux_coef;  // (E): d aux / d p[t, e], this micro-batch
+    std::vector<double> seq_coef;  // (b, E): d seq_aux / d p[t, e] per sequence
   };
 
   // x (Nl, C): this rank's rows of the normalised input; out (Nl, C) = the routed output.

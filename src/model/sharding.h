@@ -90,8 +90,8 @@ class ExpertParallelHooks {
 
 // Every cut of this rank's model; null members: not cut that way.
 struct Sharding {
-  TensorParallelHooks* tp = nullptr;      // not owned; outlives the model
-  ExpertParallelHooks* ep = nullptr;      // not owned; outlives the model
+  TensorParallelHooks* tp = nullptr;  // not owned; outlives the model
+  ExpertParallelHooks* ep = nullptr;  // not owned; outlives the model
   // Context parallelism adds its hooks here (see the top of this file).
 };
 

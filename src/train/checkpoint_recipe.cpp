@@ -34,11 +34,11 @@ std::map<std::string, std::string> recipe_values(const std::string& toml) {
 // Keys that define what the weights compute, or which ids the tokens get. init_std only
 // draws the first weights and recompute gives bitwise the same gradients: both may change.
 constexpr const char* kModelKeys[] = {
-    "model.family",    "model.n_layer",    "model.d_model",        "model.n_head",
-    "model.n_kv_head", "model.d_ff",       "model.vocab_size",     "model.max_seq_len",
-    "model.norm_eps",  "model.rope_theta", "model.tie_embeddings", "data.tokenizer",
-    "model.moe_layers", "model.n_experts", "model.top_k", "model.d_ff_expert",
-    "model.n_shared_experts", "moe.score", "moe.renormalize",
+    "model.family",           "model.n_layer",    "model.d_model",        "model.n_head",
+    "model.n_kv_head",        "model.d_ff",       "model.vocab_size",     "model.max_seq_len",
+    "model.norm_eps",         "model.rope_theta", "model.tie_embeddings", "data.tokenizer",
+    "model.moe_layers",       "model.n_experts",  "model.top_k",          "model.d_ff_expert",
+    "model.n_shared_experts", "moe.score",        "moe.renormalize",
 };
 
 bool is_model_key(const std::string& key) {

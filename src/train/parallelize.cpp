@@ -1,5 +1,8 @@
 #include "train/parallelize.h"
 
+#include <numeric>
+
+#include "parallel/ep/expert_parallel.h"
 #include "parallel/pp/layout.h"
 #include "parallel/tp/tensor_parallel.h"
 
@@ -24,6 +27,34 @@ class MeshTensorParallel final : public TensorParallelHooks {
 
  private:
   parallel::TensorParallel tp_;
+};
+
+// An MoE block's dispatch and combine run parallel/ep's all-to-alls over the ep and etp
+// groups (MoE Parallel Folding: the same ranks as the dense layers, re-split).
+class MeshExpertParallel final : public ExpertParallelHooks {
+ public:
+  MeshExpertParallel(parallel::Communicator& ep, parallel::Communicator& etp, int64_t experts)
+      : ep_group_(ep), etp_group_(etp), ep_(ep, etp, experts) {}
+  int ep_degree() const override { return ep_group_.size(); }
+  int ep_rank() const override { return ep_group_.rank(); }
+  int etp_degree() const override { return etp_group_.size(); }
+  int etp_rank() const override { return etp_group_.rank(); }
+  void plan(ExpertRoute& route) override {
+    route.recv = ep_.exchange_counts(route.send);
+    route.rows = ep_.expert_rows(route.recv);
+    route.recv_rows = std::accumulate(route.rows.begin(), route.rows.end(), int64_t{0});
+  }
+  void dispatch(const ExpertRoute& route, const Tensor& in, Tensor out) override {
+    ep_.dispatch(route.send, route.recv, in, out);
+  }
+  void combine(const ExpertRoute& route, const Tensor& in, Tensor out) override {
+    ep_.combine(route.send, route.recv, in, out);
+  }
+
+ private:
+  parallel::Communicator& ep_group_;
+  parallel::Communicator& etp_group_;
+  parallel::ExpertParallel ep_;
 };
 
 // The pipeline's stage callbacks on the model's chunks and activation slots.
@@ -64,6 +95,12 @@ std::unique_ptr<Model> parallelize(const Config& cfg, parallel::Mesh* mesh, Plac
     if (tp_group.size() > 1) {
       wiring.tp = std::make_unique<MeshTensorParallel>(tp_group, cfg.parallel.sequence_parallel);
       sharding.tp = wiring.tp.get();
+    }
+    if (cfg.model.is_moe() &&
+        (mesh->degree(parallel::Axis::EP) > 1 || mesh->degree(parallel::Axis::ETP) > 1)) {
+      wiring.ep = std::make_unique<MeshExpertParallel>(
+          mesh->group(parallel::Axis::EP), mesh->group(parallel::Axis::ETP), cfg.model.n_experts);
+      sharding.ep = wiring.ep.get();
     }
     const int stages = mesh->degree(parallel::Axis::PP);
     if (stages > 1) {

@@ -4,8 +4,9 @@
 // Parallelisms are applied in a fixed order:
 //   1. tensor parallelism: the model is cut by the hooks of model/sharding.h, implemented
 //      here by parallel/tp's f and g over the mesh's tp group;
-//   2. (context parallelism, expert parallelism: further hooks of model/sharding.h, to be
-//      installed here next to the tp ones);
+//   2. expert parallelism: an MoE block's dispatch and combine become parallel/ep's
+//      all-to-alls over the mesh's ep and etp groups (context parallelism will be one more
+//      hook of model/sharding.h, installed here too);
 //   3. pipeline parallelism: the model holds this stage's layer ranges (parallel/pp/layout.h)
 //      and a Stage adapter (parallel/pp/stage.h) lets the pipeline executor drive them;
 //   4. data parallelism reduces the gradients the model produces (parallel/dp, in the trainer).
@@ -21,6 +22,7 @@ namespace pentad {
 // What connects one rank's model to the mesh; must outlive the model and its pipeline.
 struct ModelWiring {
   std::unique_ptr<TensorParallelHooks> tp;     // null: tp = 1 (the model's no-op hooks)
+  std::unique_ptr<ExpertParallelHooks> ep;     // null: every expert local
   std::unique_ptr<parallel::pp::Stage> stage;  // pp > 1: the model's chunks, for the pipeline
 };
 

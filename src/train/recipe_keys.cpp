@@ -37,9 +37,9 @@ Rule one_of(std::initializer_list<std::string_view> words) {
   }
 
 // [moe] lives inside ModelConfig (the model reads it) but is a section of its own.
-#define MOE_KEY(name, rule)                                                 \
-  Key {                                                                     \
-    "moe", #name, [](Config & c) -> Field { return &c.model.moe.name; }, rule \
+#define MOE_KEY(name, rule)                                                  \
+  Key {                                                                      \
+    "moe", #name, [](Config& c) -> Field { return &c.model.moe.name; }, rule \
   }
 
 // Order here is the order recipe_to_toml writes. Rules that involve two keys (divisibility,

@@ -112,8 +112,8 @@ void Trainer::report_step(const StepStats& s, std::chrono::steady_clock::time_po
     spdlog::info(
         "step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | {:.1f} "
         "GFLOP/s{}",
-        step + 1, t.steps, s.loss, s.lr, s.grad_norm, s.tokens_per_second,
-        s.flops_per_second / 1e9, moe_line);
+        step + 1, t.steps, s.loss, s.lr, s.grad_norm, s.tokens_per_second, s.flops_per_second / 1e9,
+        moe_line);
 }
 
 void Trainer::report_eval(int64_t step, float loss) {
@@ -169,15 +169,15 @@ void Trainer::dump_weights(const std::string& dir) const {
 }
 
 void Trainer::dump_shards(const std::string& dir, bool grads) const {
-  if (dp_rank_ != 0) return;
+  // The ranks that would write each shard to a checkpoint (writes()) dump it.
   std::filesystem::create_directories(dir);
   const ParamStore& p = model_->params();
   const int tp_rank = model_->tp().rank();
   nlohmann::json shards = nlohmann::json::array();
   for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
     const ParamSpec& spec = p.spec(id);
-    if (spec.pipeline_copy) continue;  // the first stage writes the original
-    const std::string file = fmt::format("{}.tp{}.npy", spec.name, tp_rank);
+    if (spec.pipeline_copy || !writes(spec)) continue;  // the first stage writes the original
+    const std::string file = fmt::format("{}.r{}.npy", spec.name, world_rank_);
     std::vector<float> host(static_cast<size_t>(spec.local_shape.numel()));
     if (grads)
       copy(view_of(host.data(), spec.local_shape), p.grad(id));
@@ -192,7 +192,9 @@ void Trainer::dump_shards(const std::string& dir, bool grads) const {
                       {"shard_dim", spec.shard_dim},
                       {"shard_start", spec.shard_start}});
   }
-  std::ofstream(fmt::format("{}/shards.pp{}.tp{}.json", dir, pp_rank_, tp_rank)) << shards.dump(1);
+  if (!shards.empty())
+    std::ofstream(fmt::format("{}/shards.pp{}.tp{}.r{}.json", dir, pp_rank_, tp_rank, world_rank_))
+        << shards.dump(1);
 }
 
 std::string Trainer::memory_plan() const {

@@ -50,10 +50,11 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
   // Dense gradients sum over dp x cp, MoE experts' over edp (the ranks holding the same
   // experts): each reducer leaves the other's parameters out of its buckets.
   if (mesh_ && mesh_->dp_cp().size() > 1)
-    reducer_ = std::make_unique<parallel::GradReducer>(
-        mesh_->dp_cp(), model_->params(), bucket_bytes,
-        [](const ParamSpec& p) { return !p.expert; });
-  if (mesh_ && cfg.model.is_moe() && mesh_->degree(parallel::Axis::EDP) > 1)
+    reducer_ =
+        std::make_unique<parallel::GradReducer>(mesh_->dp_cp(), model_->params(), bucket_bytes,
+                                                [](const ParamSpec& p) { return !p.expert; });
+  if (mesh_ && cfg.model.is_moe() && mesh_->degree(parallel::Axis::EDP) > 1 &&
+      !bug_injected("moe-skip-edp-reduce"))  // a planted bug the layout test must catch
     expert_reducer_ = std::make_unique<parallel::GradReducer>(
         mesh_->group(parallel::Axis::EDP), model_->params(), bucket_bytes,
         [](const ParamSpec& p) { return p.expert; });
@@ -254,7 +255,8 @@ void Trainer::finish_moe_step(StepStats& s) {
   // rank fills the layers it holds, and ranks hold disjoint tokens, so the sum is the job's.
   std::vector<double> all(L * E + L + 3, 0.0);
   for (size_t i = 0; i < mine.layers.size(); ++i) {
-    const size_t at = size_t(std::find(layers.begin(), layers.end(), mine.layers[i]) - layers.begin());
+    const size_t at =
+        size_t(std::find(layers.begin(), layers.end(), mine.layers[i]) - layers.begin());
     std::copy_n(mine.counts.begin() + long(i * E), E, all.begin() + long(at * E));
     all[L * E + at] = mine.dropped[i];
   }

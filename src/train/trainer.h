@@ -138,6 +138,7 @@ class Trainer {
   // What this rank's snapshot holds (empty on data-parallel replicas), in the optimizer's
   // order: each parameter's value, m, v.
   std::vector<ckpt::LiveTensor> snapshot_tensors() const;
+  bool writes(const ParamSpec& spec) const;  // whether this rank's copy goes to the checkpoint
   // At start-up, when the run saves: the spare state sets (swap) or the staging buffer (copy),
   // allocated and touched now rather than inside the first save.
   void prepare_snapshots();
@@ -175,8 +176,8 @@ class Trainer {
   std::unique_ptr<data::DataLoader> data_;
   std::unique_ptr<parallel::GradReducer> reducer_;
   std::unique_ptr<parallel::GradReducer> expert_reducer_;  // MoE experts, over edp
-  std::unique_ptr<parallel::pp::Pipeline> pipeline_;      // with pp > 1
-  std::vector<std::pair<int64_t, int64_t>> step_starts_;  // pipelined steps: (step, start ns)
+  std::unique_ptr<parallel::pp::Pipeline> pipeline_;       // with pp > 1
+  std::vector<std::pair<int64_t, int64_t>> step_starts_;   // pipelined steps: (step, start ns)
   std::ofstream metrics_;
   std::vector<int32_t> inputs_, targets_;
   std::vector<StepStats> history_;  // every step of run(), for write_comm_log

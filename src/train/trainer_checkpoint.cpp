@@ -33,16 +33,24 @@ std::vector<std::string> Trainer::checkpoint_roots() const {
   return roots;
 }
 
+bool Trainer::writes(const ParamSpec& spec) const {
+  auto first = [&](parallel::Axis axis) { return !mesh_ || mesh_->coord(axis) == 0; };
+  if (spec.expert)
+    return first(parallel::Axis::EDP) && (spec.shard_dim >= 0 || first(parallel::Axis::ETP));
+  return dp_rank_ == 0 && (spec.shard_dim >= 0 || model_->tp().rank() == 0);
+}
+
 std::vector<ckpt::LiveTensor> Trainer::snapshot_tensors() const {
   // The first data-parallel replica of each shard writes it; the others hold copies.
   // Copied in the optimizer's order (parameter by parameter: its value, m, v), so that the
   // optimizer can follow the copy (snapshot_copied()).
+  // MoE experts have their own replicas: the ranks of one edp group hold the same experts,
+  // each etp rank a slice (and the whole of an etp-replicated bias).
   std::vector<ckpt::LiveTensor> tensors;
-  if (dp_rank_ != 0) return tensors;
   const ParamStore& p = model_->params();
   for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
     const ParamSpec& spec = p.spec(id);
-    if (spec.shard_dim < 0 && model_->tp().rank() != 0) continue;  // tp rank 0 has it
+    if (!writes(spec)) continue;
     if (spec.pipeline_copy) continue;  // the first pipeline stage saves the original
     for (const StateBuffer& kind : state_buffers(true)) {
       ckpt::ShardInfo info{kind.prefix + spec.name, spec.global_shape, spec.shard_dim,
@@ -124,15 +132,31 @@ int64_t Trainer::restore_snapshot() {
   ParamStore& p = model_->params();
   const Device device = p.device();
   // Data-parallel replicas take it from the first, which staged it ...
-  if (dp_size_ > 1)
+  const bool moe = cfg_.model.is_moe();
+  if (dp_size_ > 1 && !moe)
     for (const StateBuffer& b : state_buffers(true))
       mesh_->group(parallel::Axis::DP)
           .broadcast(view_of(b.base, Shape{p.numel()}, DType::F32, device), 0);
+  // ... (with MoE parameter by parameter: experts from their first edp and etp rank) ...
+  if (mesh_ && moe)
+    for (const StateBuffer& b : state_buffers(true))
+      for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
+        const ParamSpec& spec = p.spec(id);
+        const Tensor t = p.view(b.base, id, device);
+        if (!spec.expert) {
+          if (dp_size_ > 1) mesh_->group(parallel::Axis::DP).broadcast(t, 0);
+          continue;
+        }
+        if (mesh_->degree(parallel::Axis::EDP) > 1)
+          mesh_->group(parallel::Axis::EDP).broadcast(t, 0);
+        if (spec.shard_dim < 0 && mesh_->degree(parallel::Axis::ETP) > 1)
+          mesh_->group(parallel::Axis::ETP).broadcast(t, 0);
+      }
   // ... and tensor-parallel ranks their replicated parameters from tp rank 0.
   if (model_->tp().degree() > 1)
     for (const StateBuffer& b : state_buffers(true))
       for (int id = 0; id < static_cast<int>(p.specs().size()); ++id)
-        if (p.spec(id).shard_dim < 0)
+        if (p.spec(id).shard_dim < 0 && !p.spec(id).expert)
           mesh_->group(parallel::Axis::TP).broadcast(p.view(b.base, id, device), 0);
   // ... and the last pipeline stage its copy of the tied embedding from the first stage
   // (group rank 0), which staged the original.

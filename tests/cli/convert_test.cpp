@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -46,6 +47,18 @@ Config tiny(ModelFamily family, bool tied, int64_t n_kv_head = 0) {
   return parse_recipe(recipe_to_toml(c), "test");  // validated
 }
 
+// An MoE llama of Mixtral's shape: experts in every layer, GQA, experts of their own width.
+Config tiny_mixtral(bool tied) {
+  Config c = tiny(ModelFamily::LLaMA, tied, 1);
+  c.model.d_ff = 0;  // no dense MLP: import leaves the dense width at its default
+  c.model.moe_layers = "all";
+  c.model.n_experts = 3;
+  c.model.top_k = 2;
+  c.model.d_ff_expert = 6;
+  c.model.moe.aux_loss_coef = 0.01f;
+  return parse_recipe(recipe_to_toml(c), "test");
+}
+
 // The parameters of `cfg` as build_params names them, filled with random values (norms and
 // biases too, so a mix-up between any two tensors shows).
 struct Params {
@@ -63,7 +76,10 @@ Params random_params(const Config& cfg, uint32_t seed) {
     p.names.push_back(s.name);
     p.shapes.push_back(s.global_shape);
     std::vector<float> v(static_cast<size_t>(s.global_shape.numel()));
-    for (float& x : v) x = normal(rng);
+    // The aux-loss-free selection bias stays zero, as Mixtral export requires (and as a
+    // model trained without moe.bias_update_rate keeps it).
+    if (!s.name.ends_with(".moe.expert_bias"))
+      for (float& x : v) x = normal(rng);
     p.values.push_back(std::move(v));
   }
   return p;
@@ -160,6 +176,13 @@ TEST(ConvertHf, LlamaTiedRoundTripIsBitwise) {
   round_trip("llamat", tiny(ModelFamily::LLaMA, true));
 }
 
+TEST(ConvertHf, MixtralRoundTripIsBitwise) {
+  round_trip("mixtral", tiny_mixtral(false));
+}
+TEST(ConvertHf, MixtralTiedRoundTripIsBitwise) {
+  round_trip("mixtralt", tiny_mixtral(true));
+}
+
 // The HF side is what transformers expects, checked element by element.
 TEST(ConvertHf, Gpt2LayoutIsConv1D) {
   const std::string work = fresh_dir("gpt2layout");
@@ -231,6 +254,131 @@ TEST(ConvertHf, LlamaNamesAndConfig) {
   EXPECT_EQ(c["hidden_act"], "silu");
   EXPECT_EQ(c["attention_bias"], false);
   EXPECT_EQ(c["tie_word_embeddings"], false);
+  fs::remove_all(work);
+}
+
+// MixtralForCausalLM's names: w1 is pentad's gate, w2 its down, w3 its up; expert_bias is
+// pentad's alone.
+TEST(ConvertHf, MixtralNamesAndConfig) {
+  const std::string work = fresh_dir("mixtrallayout");
+  const Config cfg = tiny_mixtral(false);
+  const Params p = random_params(cfg, 29);
+  const std::string summary = export_hf(write_checkpoint(work + "/a", cfg, p, 1), work + "/hf");
+  EXPECT_NE(summary.find("(mixtral)"), std::string::npos) << summary;
+  SafetensorsFile st(work + "/hf/model.safetensors");
+  // embed, norm, head; per layer 4 attention, 2 norms, the router and 3 experts x 3.
+  EXPECT_EQ(st.tensors().size(), 3u + (6u + 1u + 9u) * 2u);
+  for (const auto& [name, e] : st.tensors()) {
+    EXPECT_EQ(name.find("expert_bias"), std::string::npos) << name;
+    EXPECT_EQ(name.find(".mlp."), std::string::npos) << name;
+  }
+  const std::string h = "model.layers.1.block_sparse_moe.";
+  EXPECT_EQ(st.tensors().at(h + "gate.weight").shape, (std::vector<int64_t>{3, 8}));
+  EXPECT_EQ(st.tensors().at(h + "experts.2.w1.weight").shape, (std::vector<int64_t>{6, 8}));
+  EXPECT_EQ(st.tensors().at(h + "experts.2.w2.weight").shape, (std::vector<int64_t>{8, 6}));
+  EXPECT_EQ(st.tensors().at(h + "experts.2.w3.weight").shape, (std::vector<int64_t>{6, 8}));
+  EXPECT_EQ(st.read(h + "gate.weight"), value(p, "layers.1.moe.router.weight"));
+  EXPECT_EQ(st.read(h + "experts.2.w1.weight"), value(p, "layers.1.moe.experts.2.gate.weight"));
+  EXPECT_EQ(st.read(h + "experts.2.w2.weight"), value(p, "layers.1.moe.experts.2.down.weight"));
+  EXPECT_EQ(st.read(h + "experts.2.w3.weight"), value(p, "layers.1.moe.experts.2.up.weight"));
+  EXPECT_EQ(st.read("model.layers.0.block_sparse_moe.experts.0.w1.weight"),
+            value(p, "layers.0.moe.experts.0.gate.weight"));
+  EXPECT_EQ(st.read("model.layers.0.self_attn.k_proj.weight"), value(p, "layers.0.attn.k.weight"));
+  const nlohmann::json c = read_json(work + "/hf/config.json");
+  EXPECT_EQ(c["model_type"], "mixtral");
+  EXPECT_EQ(c["architectures"][0], "MixtralForCausalLM");
+  EXPECT_EQ(c["num_local_experts"], 3);
+  EXPECT_EQ(c["num_experts_per_tok"], 2);
+  EXPECT_EQ(c["intermediate_size"], 6);
+  EXPECT_EQ(c["router_aux_loss_coef"], 0.01);
+  EXPECT_EQ(c["output_router_logits"], false);
+  EXPECT_TRUE(c["sliding_window"].is_null());
+  EXPECT_EQ(c["num_key_value_heads"], 1);
+  EXPECT_EQ(c["rope_theta"], 500000.0);
+  EXPECT_EQ(c["tie_word_embeddings"], false);
+  fs::remove_all(work);
+}
+
+// Mixtral routes every layer by softmax, top k, renormalised, with no shared experts and no
+// selection bias; any other MoE is refused by the key that makes it different.
+TEST(ConvertHf, MixtralExportRefusesOtherRouting) {
+  const std::string work = fresh_dir("mixtralrefuse");
+  int variant = 0;
+  auto export_error = [&](const Config& cfg, bool biased = false) {
+    Params p = random_params(cfg, 31);
+    if (biased)
+      for (size_t i = 0; i < p.names.size(); ++i)
+        if (p.names[i] == "layers.1.moe.expert_bias") p.values[i][2] = 0.25f;
+    const std::string root = work + "/v" + std::to_string(variant++);
+    const std::string dir = write_checkpoint(root, cfg, p, 1);
+    return error_of([&] { export_hf(dir, root + "/hf"); });
+  };
+  auto with = [](const std::string& override) {
+    return parse_recipe(recipe_to_toml(tiny_mixtral(false)), "test", {override});
+  };
+  std::string msg = export_error(with("model.n_shared_experts=1"));
+  EXPECT_NE(msg.find("model.n_shared_experts = 1"), std::string::npos) << msg;
+  msg = export_error(with("moe.score=sigmoid"));
+  EXPECT_NE(msg.find("moe.score = \"sigmoid\""), std::string::npos) << msg;
+  msg = export_error(with("moe.renormalize=false"));
+  EXPECT_NE(msg.find("moe.renormalize = false"), std::string::npos) << msg;
+  msg = export_error(with("model.moe_layers=\"1\""));
+  EXPECT_NE(msg.find("model.moe_layers = \"1\" makes 1 of 2 layers MoE"), std::string::npos) << msg;
+  msg = export_error(tiny_mixtral(false), true);
+  EXPECT_NE(msg.find("param/layers.1.moe.expert_bias is not zero (largest |value| 0.25)"),
+            std::string::npos)
+      << msg;
+  msg = export_error(parse_recipe(recipe_to_toml(tiny(ModelFamily::GPT2, true)), "test",
+                                  {"model.moe_layers=all", "model.n_experts=2"}));
+  EXPECT_NE(msg.find("transformers has no GPT-2 with experts"), std::string::npos) << msg;
+  // Every layer MoE by another spelling is Mixtral too.
+  const Config listed = with("model.moe_layers=\"0,1\"");
+  const std::string dir = write_checkpoint(work + "/listed", listed, random_params(listed, 3), 1);
+  EXPECT_NO_THROW(export_hf(dir, work + "/listed/hf"));
+  fs::remove_all(work);
+}
+
+// What a Mixtral config.json says, in pentad's keys; transformers' defaults for absent keys;
+// a sliding window shorter than the context is refused.
+TEST(ConvertHf, MixtralImportKeys) {
+  const std::string work = fresh_dir("mixtralimport");
+  const Config cfg = tiny_mixtral(false);
+  export_hf(write_checkpoint(work + "/a", cfg, random_params(cfg, 37), 1), work + "/hf");
+  nlohmann::json c = read_json(work + "/hf/config.json");
+  int variant = 0;
+  auto import_with = [&](const nlohmann::json& config) {
+    const std::string dir = work + "/v" + std::to_string(variant++);
+    fs::create_directories(dir);
+    fs::copy_file(work + "/hf/model.safetensors", dir + "/model.safetensors");
+    std::ofstream(dir + "/config.json") << config.dump();
+    const std::string root = work + "/out" + std::to_string(variant);
+    import_hf(dir, root);
+    return parse_recipe(Reader(checkpoint_dir(root, 0)).manifest().recipe_toml, "back").model;
+  };
+  c["router_aux_loss_coef"] = 0.125;
+  c.erase("rope_theta");
+  c.erase("rms_norm_eps");
+  const ModelConfig m = import_with(c);
+  EXPECT_EQ(m.family, ModelFamily::LLaMA);
+  EXPECT_EQ(m.moe_layers, "all");
+  EXPECT_EQ(m.n_experts, 3);
+  EXPECT_EQ(m.top_k, 2);
+  EXPECT_EQ(m.d_ff_expert, 6);
+  EXPECT_EQ(m.n_shared_experts, 0);
+  EXPECT_EQ(m.moe.score, "softmax");
+  EXPECT_TRUE(m.moe.renormalize);
+  EXPECT_EQ(m.moe.aux_loss_coef, 0.125f);
+  EXPECT_EQ(m.rope_theta, 1e6f);  // MixtralConfig's defaults, not LlamaConfig's
+  EXPECT_EQ(m.norm_eps, 1e-5f);
+  c["sliding_window"] = 16;  // as long as the context: no window in effect
+  EXPECT_NO_THROW(import_with(c));
+  c["sliding_window"] = 8;
+  std::string msg = error_of([&] { import_with(c); });
+  EXPECT_NE(msg.find("sliding_window 8 < max_position_embeddings 16"), std::string::npos) << msg;
+  c["sliding_window"] = nullptr;
+  c["num_experts_per_tok"] = 4;
+  msg = error_of([&] { import_with(c); });
+  EXPECT_NE(msg.find("num_experts_per_tok 4 of num_local_experts 3"), std::string::npos) << msg;
   fs::remove_all(work);
 }
 

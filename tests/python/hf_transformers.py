@@ -3,15 +3,16 @@
 written here: a hand-written model would share the exporter's assumptions.
 
 Export cases (NAME = gpt2-tied, gpt2-untied, llama-mha-tied, llama-mha-untied,
-llama-gqa-tied, llama-gqa-untied):
+llama-gqa-tied, llama-gqa-untied, mixtral-gqa-untied, mixtral-top1-tied):
 1. `pentad train` a few steps and save a checkpoint;
 2. `pentad reference --checkpoint` dumps a batch and pentad's logits on it from the
    checkpoint's weights;
 3. `pentad ckpt convert --to hf`, then AutoModelForCausalLM.from_pretrained with
-   output_loading_info: no missing, unexpected or mismatched keys, the head tied exactly
-   when the recipe ties it, and fp32 logits within TOL of pentad's.
+   output_loading_info: the class the recipe calls for (an MoE llama is a Mixtral), no
+   missing, unexpected or mismatched keys, the head tied exactly when the recipe ties it,
+   and fp32 logits within TOL of pentad's.
 
-Import cases (NAME = gpt2-import, gpt2-untied-import, llama-gqa-import):
+Import cases (NAME = gpt2-import, gpt2-untied-import, llama-gqa-import, mixtral-import):
 1. transformers builds a small model with every parameter perturbed (so biases and norms
    are not their 0 / 1 initialisation) and save_pretrained writes it;
 2. `pentad ckpt convert --from hf` imports it and writes ROOT/recipe.toml, which
@@ -39,7 +40,7 @@ import torch.nn.functional as F
 os.environ["HF_HUB_OFFLINE"] = "1"  # local directories only: never look for a hub
 import transformers  # noqa: E402
 from transformers import (AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig,
-                          LlamaForCausalLM)
+                          LlamaForCausalLM, MixtralConfig, MixtralForCausalLM)
 
 TOL = 1e-5  # logits and losses, relative (norm-wise)
 TRAIN_STEPS = 3
@@ -54,7 +55,17 @@ EXPORTS = {
     "llama-mha-untied": ("llama-tiny.toml", ["model.n_kv_head=0", "model.tie_embeddings=false"]),
     "llama-gqa-tied": ("llama-tiny.toml", ["model.n_kv_head=2", "model.tie_embeddings=true"]),
     "llama-gqa-untied": ("llama-tiny.toml", ["model.n_kv_head=2", "model.tie_embeddings=false"]),
+    # Mixtral: experts in every layer, softmax top-k renormalised (pentad's defaults); the
+    # experts' own width, and top-1 routing with the experts as wide as the LLaMA MLP.
+    "mixtral-gqa-untied": ("llama-tiny.toml", [
+        "model.moe_layers=all", "model.n_experts=4", "model.top_k=2", "model.d_ff_expert=96",
+        "model.n_kv_head=2", "model.tie_embeddings=false", "moe.aux_loss_coef=0.01"]),
+    "mixtral-top1-tied": ("llama-tiny.toml", [
+        "model.moe_layers=all", "model.n_experts=4", "model.top_k=1", "model.n_kv_head=0",
+        "model.tie_embeddings=true"]),
 }
+# The transformers class each kind of recipe exports to.
+EXPORT_CLASS = {"gpt-tiny.toml": "GPT2LMHeadModel", "llama-tiny.toml": "LlamaForCausalLM"}
 
 IMPORTS = {
     "gpt2-import": lambda: GPT2LMHeadModel(GPT2Config(
@@ -67,6 +78,12 @@ IMPORTS = {
         vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
         rms_norm_eps=1e-6, rope_theta=10000.0, attn_implementation="eager")),
+    # An expert width of its own, GQA, 4 experts with 2 per token on both layers.
+    "mixtral-import": lambda: MixtralForCausalLM(MixtralConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        rms_norm_eps=1e-6, rope_theta=10000.0, num_local_experts=4, num_experts_per_tok=2,
+        router_aux_loss_coef=0.02, attn_implementation="eager")),
 }
 
 
@@ -112,6 +129,28 @@ def hf_logits(model, tokens):
         return model(tokens).logits.float()
 
 
+def switch_aux_loss(model, tokens):
+    """pentad's moe.aux_loss_coef term (src/model/moe.h), from transformers' router: per
+    layer coef * E / (k T^2) * sum_e count_e * sum_t p[t, e], summed over the layers, with
+    T tokens, p the softmax scores and count_e the tokens whose top k holds e. Also
+    transformers' own router_aux_loss_coef term, which pools the layers' tokens and has no
+    1 / k."""
+    config = model.config
+    E, k = config.num_local_experts, config.num_experts_per_tok
+    model.eval()
+    with torch.no_grad():
+        router_logits = model(tokens, output_router_logits=True).router_logits
+    ours = 0.0
+    for logits in router_logits:  # (T, E) per layer
+        p = torch.softmax(logits.double(), dim=-1)
+        count = torch.bincount(p.topk(k, dim=-1).indices.reshape(-1), minlength=E).double()
+        T = p.shape[0]
+        ours += config.router_aux_loss_coef * E / (k * T * T) * (count * p.sum(0)).sum().item()
+    from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+    theirs = config.router_aux_loss_coef * load_balancing_loss_func(router_logits, E, k).item()
+    return ours, theirs
+
+
 def head_is_tied(model):
     return model.get_output_embeddings().weight.data_ptr() == \
         model.get_input_embeddings().weight.data_ptr()
@@ -135,6 +174,10 @@ def check_export(pentad, recipes, work, name):
     for kind in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
         if info[kind]:
             failures.append(f"{kind}: {info[kind]}")
+    want_class = "MixtralForCausalLM" if "model.moe_layers=all" in extra \
+        else EXPORT_CLASS[recipe_file]
+    if type(model).__name__ != want_class:
+        failures.append(f"transformers made a {type(model).__name__}, not a {want_class}")
     tied = "model.tie_embeddings=true" in extra
     if head_is_tied(model) != tied:
         failures.append(f"transformers {'ties' if head_is_tied(model) else 'unties'} the head; "
@@ -167,15 +210,24 @@ def check_import(pentad, recipes, work, name):
     # inspect prints the recorded recipe, and --recipe prints it alone, as the file holds it.
     text = recipe.read_text()
     inspected = run(pentad, "ckpt", "inspect", ckpt)
-    tied = model.config.tie_word_embeddings
-    kv_heads = getattr(model.config, "num_key_value_heads", 0)
-    for line in ("[model]", f'family = "{model.config.model_type}"',
+    config = model.config
+    tied = config.tie_word_embeddings
+    kv_heads = getattr(config, "num_key_value_heads", 0)
+    family = "gpt2" if config.model_type == "gpt2" else "llama"  # Mixtral: an MoE llama
+    for line in ("[model]", f'family = "{family}"',
                  f"tie_embeddings = {'true' if tied else 'false'}",
-                 f"vocab_size = {model.config.vocab_size}"):
+                 f"vocab_size = {config.vocab_size}"):
         if line not in inspected:
             failures.append(f"ckpt inspect does not show the recipe line '{line}'")
-    if kv_heads and f"n_kv_head = {kv_heads}" not in text:
-        failures.append(f"recipe.toml has no 'n_kv_head = {kv_heads}'")
+    want_lines = [f"n_kv_head = {kv_heads}"] if kv_heads else []
+    if config.model_type == "mixtral":  # Mixtral's routing, spelled in pentad's keys
+        want_lines += ['moe_layers = "all"', f"n_experts = {config.num_local_experts}",
+                       f"top_k = {config.num_experts_per_tok}",
+                       f"d_ff_expert = {config.intermediate_size}", 'score = "softmax"',
+                       "renormalize = true", f"aux_loss_coef = {config.router_aux_loss_coef}"]
+    for line in want_lines:
+        if line not in text.splitlines():
+            failures.append(f"recipe.toml has no line '{line}'")
     if run(pentad, "ckpt", "inspect", ckpt, "--recipe") != text:
         failures.append("ckpt inspect --recipe differs from recipe.toml")
 
@@ -193,13 +245,23 @@ def check_import(pentad, recipes, work, name):
     run(pentad, "train", recipe, "--resume", ckpt, *sets(COMMON),
         "--set", f"train.steps={TRAIN_STEPS}", "--set", "optim.warmup_steps=1",
         "--set", f"train.out_dir={work / 'run'}")
-    losses = [json.loads(l)["loss"] for l in (work / "run" / "metrics.jsonl").read_text().splitlines()
-              if '"loss"' in l]
+    steps = [json.loads(l) for l in (work / "run" / "metrics.jsonl").read_text().splitlines()
+             if '"loss"' in l]
+    losses = [m["loss"] for m in steps]
     print(f"{name}: pentad trains from the import: losses {[round(x, 5) for x in losses]}")
     if len(losses) != TRAIN_STEPS or not all(math.isfinite(x) for x in losses):
         failures.append(f"training losses {losses}")
     elif not abs(losses[0] - hf_loss) <= TOL * abs(hf_loss):
         failures.append(f"first training loss {losses[0]} != transformers' {hf_loss}")
+    if config.model_type == "mixtral" and steps:
+        # The balancing loss with router_aux_loss_coef as moe.aux_loss_coef: pentad's term on
+        # transformers' router scores and picks (the same batch, one micro-batch).
+        want_aux, hf_aux = switch_aux_loss(model, tokens)
+        aux = steps[0].get("moe_aux_loss", float("nan"))
+        print(f"{name}: first step's aux loss pentad {aux:.8f}, from transformers' router "
+              f"{want_aux:.8f} (transformers' own load_balancing_loss term: {hf_aux:.8f})")
+        if not abs(aux - want_aux) <= TOL * abs(want_aux):
+            failures.append(f"first step's aux loss {aux} != {want_aux} from transformers' router")
     return failures
 
 

@@ -32,7 +32,11 @@ gradients) and fails unless the checks above catch each of them.
 With --pipeline, the layouts are pipeline-parallel ones (every schedule, interleaved
 stages, and pipeline x data x tensor parallel) on an 8-layer model with 4 micro-batches.
 
-usage: layout_equivalence.py [--pipeline] PENTAD RECIPE WORKDIR [section.key=value ...]
+With --moe (an MoE recipe), the layouts are expert-parallel ones: ep over data-parallel
+ranks, ep folded over tensor-parallel ranks (MoE Parallel Folding), etp, ep x pp, and
+capacity-factor runs; the broken variant skips the experts' gradient all-reduce over edp.
+
+usage: layout_equivalence.py [--pipeline | --moe] PENTAD RECIPE WORKDIR [section.key=value ...]
 """
 import json
 import os
@@ -84,6 +88,19 @@ PIPELINE_LAYOUTS = [
     ("pp2xdp2xtp2-2f2b+sp", 8, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_schedule=kfkb",
                                 "parallel.pp_group=2", "parallel.sequence_parallel=true"]),
 ]
+SP = "parallel.sequence_parallel=true"
+MOE_LAYOUTS = [
+    ("ep2", 2, ["parallel.ep=2"]),
+    ("ep4", 4, ["parallel.ep=4"]),
+    ("dp4xep2", 4, ["parallel.ep=2"]),  # experts replicated over edp 2
+    ("ep4-on-dp2xtp2+sp", 4, ["parallel.tp=2", SP, "parallel.ep=4"]),  # folding
+    ("etp2", 2, ["parallel.etp=2"]),
+    ("ep2xetp2-on-tp2+sp", 4, ["parallel.tp=2", SP, "parallel.ep=2", "parallel.etp=2"]),
+    ("ep2xpp2-1f1b", 4, ["parallel.pp=2", "parallel.ep=2", "parallel.pp_schedule=1f1b"]),
+    ("ep2-capacity1.0", 2, ["parallel.ep=2", "moe.capacity_factor=1.0"]),
+    ("ep4-tp2+sp-capacity1.25", 4, ["parallel.tp=2", SP, "parallel.ep=4",
+                                    "moe.capacity_factor=1.25"]),
+]
 # Gradients that are zero in exact arithmetic (softmax ignores a constant added to every
 # score of a row, so the key bias never matters): their computed value is rounding noise,
 # compared against the whole model's gradient norm, and Adam turns it into drift of up
@@ -94,6 +111,9 @@ BROKEN = [
     ("dp2 missing a bucket's all-reduce", 2, ["parallel.tp=1"], "dp-skip-last-bucket"),
     ("dp2xtp2+sp missing the norms' tp sum", 4,
      ["parallel.tp=2", "parallel.sequence_parallel=true"], "sp-skip-norm-grads"),
+]
+MOE_BROKEN = [
+    ("dp4xep2 missing the experts' edp all-reduce", 4, ["parallel.ep=2"], "moe-skip-edp-reduce"),
 ]
 
 
@@ -173,7 +193,8 @@ def degree(overrides, key):
 def main():
     args = sys.argv[1:]
     pipeline = args[0] == "--pipeline"
-    if pipeline:
+    moe = args[0] == "--moe"
+    if pipeline or moe:
         args = args[1:]
     pentad, recipe, work = args[0], args[1], Path(args[2])
     common = args[3:] + (PIPELINE_COMMON if pipeline else [])
@@ -181,19 +202,23 @@ def main():
     work.mkdir(parents=True, exist_ok=True)
     baselines = {}
 
-    def baseline(dp):
-        """One rank on the global batch of dp ranks."""
-        if dp not in baselines:
-            baselines[dp] = run(pentad, recipe, work, f"one-rank-accum{accum * dp}", 1,
-                                common + [f"train.grad_accum={accum * dp}"])
-        return baselines[dp]
+    def baseline(dp, overrides):
+        """One rank on the global batch of dp ranks, with the layout's non-parallel keys."""
+        same = [o for o in overrides if not o.startswith("parallel.")]
+        key = (dp, tuple(same))
+        if key not in baselines:
+            tag = "".join("-" + o.split(".")[-1].replace("=", "") for o in same)
+            baselines[key] = run(pentad, recipe, work, f"one-rank-accum{accum * dp}{tag}", 1,
+                                 common + same + [f"train.grad_accum={accum * dp}"])
+        return baselines[key]
 
     def dp_of(ranks, overrides):
         return ranks // (degree(overrides, "tp") * degree(overrides, "pp"))
 
     failures = []
-    for name, ranks, overrides in PIPELINE_LAYOUTS if pipeline else LAYOUTS:
-        ref = baseline(dp_of(ranks, overrides))
+    layouts = PIPELINE_LAYOUTS if pipeline else MOE_LAYOUTS if moe else LAYOUTS
+    for name, ranks, overrides in layouts:
+        ref = baseline(dp_of(ranks, overrides), overrides)
         got = run(pentad, recipe, work, name, ranks,
                   common + overrides + [f"train.grad_accum={accum}"])
         problems, loss_err, worst = compare(got, ref)
@@ -207,8 +232,8 @@ def main():
             failures.append(name)
     if not pipeline:
         # The checks must catch real layout bugs: each broken variant has to fail.
-        for name, ranks, overrides, bug in BROKEN:
-            ref = baseline(dp_of(ranks, overrides))
+        for name, ranks, overrides, bug in MOE_BROKEN if moe else BROKEN:
+            ref = baseline(dp_of(ranks, overrides), overrides)
             got = run(pentad, recipe, work, "broken-" + bug, ranks,
                       common + overrides + [f"train.grad_accum={accum}"], bug=bug)
             problems = compare(got, ref)[0]

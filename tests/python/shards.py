@@ -1,6 +1,6 @@
 """Helpers shared by the script tests: reassembling parameters from the shards that
-`pentad train --dump-weights DIR` writes (one .npy per shard plus shards.pp<s>.tp<r>.json with
-each shard's global identity)."""
+`pentad train --dump-weights DIR` writes (one .npy per shard plus shards.pp<s>.tp<r>.r<rank>.json
+with each shard's global identity, from the ranks that would save it to a checkpoint)."""
 import json
 from pathlib import Path
 

@@ -1,0 +1,307 @@
+#include "cli/hf_layout.h"
+
+#include <fmt/format.h>
+
+#include "core/check.h"
+#include "model/model.h"
+#include "model/moe.h"
+
+namespace pentad::ckpt {
+
+Dims HfEntry::hf_shape() const {
+  Dims stacked = parts[0].second;
+  for (size_t i = 1; i < parts.size(); ++i) stacked[0] += parts[i].second[0];
+  return transposed ? Dims{stacked[1], stacked[0]} : stacked;
+}
+
+std::string hf_model_type(const ModelConfig& m) {
+  if (m.family == ModelFamily::GPT2) return "gpt2";
+  return m.is_moe() ? "mixtral" : "llama";
+}
+
+void check_hf_exportable(const ModelConfig& m, const std::string& where) {
+  if (m.family == ModelFamily::GPT2) {
+    if (m.kv_heads() != m.n_head)
+      fail("{}: a GPT-2 with n_kv_head {} != n_head {} has no transformers equivalent", where,
+           m.kv_heads(), m.n_head);
+    if (m.is_moe())
+      fail(
+          "{}: model.moe_layers = \"{}\": transformers has no GPT-2 with experts (an MoE of the "
+          "llama family exports as Mixtral)",
+          where, m.moe_layers);
+    return;
+  }
+  if (!m.is_moe()) return;
+  // MixtralForCausalLM: every layer routes each token to its top k experts by softmax
+  // score, weighted by those scores renormalised to sum to 1; nothing else.
+  const size_t moe_layers = moe_layer_indices(m).size();
+  if (moe_layers != static_cast<size_t>(m.n_layer))
+    fail(
+        "{}: model.moe_layers = \"{}\" makes {} of {} layers MoE; Mixtral has experts in every "
+        "layer (model.moe_layers = \"all\")",
+        where, m.moe_layers, moe_layers, m.n_layer);
+  if (m.n_shared_experts > 0)
+    fail("{}: model.n_shared_experts = {}: Mixtral has no shared experts", where,
+         m.n_shared_experts);
+  if (m.moe.score != "softmax")
+    fail("{}: moe.score = \"{}\": Mixtral's router scores with softmax", where, m.moe.score);
+  if (!m.moe.renormalize)
+    fail("{}: moe.renormalize = false: Mixtral divides the top-k weights by their sum", where);
+}
+
+std::vector<HfEntry> hf_table(const ModelConfig& m) {
+  const int64_t C = m.d_model, V = m.vocab_size, F = ffn_dim(m), T = m.max_seq_len;
+  const int64_t Ckv = m.kv_heads() * m.head_dim();
+  std::vector<HfEntry> t;
+  auto one = [&](std::string hf, std::string ours, Dims dims, bool transposed = false) {
+    t.push_back({std::move(hf), transposed, {{std::move(ours), std::move(dims)}}});
+  };
+  if (m.family == ModelFamily::GPT2) {
+    // GPT2LMHeadModel keeps the body under "transformer." and the head beside it; a file
+    // without the prefix loads only into the bare GPT2Model, so an untied head (or any
+    // head) would make from_pretrained refuse it.
+    one("transformer.wte.weight", "wte.weight", {V, C});
+    one("transformer.wpe.weight", "wpe.weight", {T, C});
+    for (int64_t l = 0; l < m.n_layer; ++l) {
+      const std::string p = fmt::format("layers.{}.", l), h = fmt::format("transformer.h.{}.", l);
+      one(h + "ln_1.weight", p + "norm1.weight", {C});
+      one(h + "ln_1.bias", p + "norm1.bias", {C});
+      // c_attn.weight [C, 3C] = [Wq^T Wk^T Wv^T]; c_attn.bias = [bq bk bv].
+      t.push_back({h + "attn.c_attn.weight",
+                   true,
+                   {{p + "attn.q.weight", {C, C}},
+                    {p + "attn.k.weight", {C, C}},
+                    {p + "attn.v.weight", {C, C}}}});
+      t.push_back({h + "attn.c_attn.bias",
+                   false,
+                   {{p + "attn.q.bias", {C}}, {p + "attn.k.bias", {C}}, {p + "attn.v.bias", {C}}}});
+      one(h + "attn.c_proj.weight", p + "attn.o.weight", {C, C}, true);
+      one(h + "attn.c_proj.bias", p + "attn.o.bias", {C});
+      one(h + "ln_2.weight", p + "norm2.weight", {C});
+      one(h + "ln_2.bias", p + "norm2.bias", {C});
+      one(h + "mlp.c_fc.weight", p + "mlp.up.weight", {F, C}, true);
+      one(h + "mlp.c_fc.bias", p + "mlp.up.bias", {F});
+      one(h + "mlp.c_proj.weight", p + "mlp.down.weight", {C, F}, true);
+      one(h + "mlp.c_proj.bias", p + "mlp.down.bias", {C});
+    }
+    one("transformer.ln_f.weight", "norm_f.weight", {C});
+    one("transformer.ln_f.bias", "norm_f.bias", {C});
+  } else {
+    // pentad's RoPE pairs dimension i with i + d/2 (HF's rotate_half), the convention HF
+    // LLaMA checkpoints are stored in, so q_proj and k_proj are copied without permutation.
+    // Mixtral is the same model with block_sparse_moe in place of mlp.
+    one("model.embed_tokens.weight", "wte.weight", {V, C});
+    for (int64_t l = 0; l < m.n_layer; ++l) {
+      const std::string p = fmt::format("layers.{}.", l), h = fmt::format("model.layers.{}.", l);
+      one(h + "input_layernorm.weight", p + "norm1.weight", {C});
+      one(h + "self_attn.q_proj.weight", p + "attn.q.weight", {C, C});
+      one(h + "self_attn.k_proj.weight", p + "attn.k.weight", {Ckv, C});
+      one(h + "self_attn.v_proj.weight", p + "attn.v.weight", {Ckv, C});
+      one(h + "self_attn.o_proj.weight", p + "attn.o.weight", {C, C});
+      one(h + "post_attention_layernorm.weight", p + "norm2.weight", {C});
+      if (m.is_moe() && is_moe_layer(m, l)) {
+        // Mixtral's expert is w2(silu(w1 x) * w3 x): w1 is pentad's gate, w3 its up.
+        const int64_t E = m.n_experts, Fe = expert_ffn_dim(m);
+        one(h + "block_sparse_moe.gate.weight", p + "moe.router.weight", {E, C});
+        for (int64_t e = 0; e < E; ++e) {
+          const std::string pe = fmt::format("{}moe.experts.{}.", p, e);
+          const std::string he = fmt::format("{}block_sparse_moe.experts.{}.", h, e);
+          one(he + "w1.weight", pe + "gate.weight", {Fe, C});
+          one(he + "w2.weight", pe + "down.weight", {C, Fe});
+          one(he + "w3.weight", pe + "up.weight", {Fe, C});
+        }
+      } else {
+        one(h + "mlp.gate_proj.weight", p + "mlp.gate.weight", {F, C});
+        one(h + "mlp.up_proj.weight", p + "mlp.up.weight", {F, C});
+        one(h + "mlp.down_proj.weight", p + "mlp.down.weight", {C, F});
+      }
+    }
+    one("model.norm.weight", "norm_f.weight", {C});
+  }
+  // A tied head is the embedding: transformers' save_pretrained leaves it out, and
+  // tie_word_embeddings in config.json makes from_pretrained tie it again.
+  if (!m.tie_embeddings) one("lm_head.weight", "lm_head.weight", {V, C});
+  return t;
+}
+
+std::vector<std::pair<std::string, Dims>> pentad_only_params(const ModelConfig& m) {
+  std::vector<std::pair<std::string, Dims>> only;
+  if (m.is_moe())
+    for (int64_t l : moe_layer_indices(m))
+      only.push_back({fmt::format("layers.{}.moe.expert_bias", l), {m.n_experts}});
+  return only;
+}
+
+namespace {
+
+// A float as its shortest decimal (1e-05, not 9.999999747378752e-06), for config.json.
+double decimal(float f) {
+  return std::stod(fmt::format("{}", f));
+}
+
+}  // namespace
+
+nlohmann::ordered_json hf_config(const ModelConfig& m) {
+  const int64_t F = ffn_dim(m);
+  const std::string type = hf_model_type(m);
+  nlohmann::ordered_json c;
+  if (type == "gpt2") {
+    c["architectures"] = {"GPT2LMHeadModel"};
+    c["model_type"] = "gpt2";
+    c["vocab_size"] = m.vocab_size;
+    c["n_positions"] = m.max_seq_len;
+    c["n_ctx"] = m.max_seq_len;
+    c["n_embd"] = m.d_model;
+    c["n_layer"] = m.n_layer;
+    c["n_head"] = m.n_head;
+    c["n_inner"] = F == 4 * m.d_model ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(F);
+    c["activation_function"] = "gelu_new";  // the tanh approximation pentad's GELU uses
+    c["layer_norm_epsilon"] = decimal(m.norm_eps);
+    // pentad trains without dropout; so does a model fine-tuned from this export.
+    c["resid_pdrop"] = 0.0;
+    c["embd_pdrop"] = 0.0;
+    c["attn_pdrop"] = 0.0;
+  } else {
+    const bool mixtral = type == "mixtral";
+    c["architectures"] = {mixtral ? "MixtralForCausalLM" : "LlamaForCausalLM"};
+    c["model_type"] = type;
+    c["vocab_size"] = m.vocab_size;
+    c["hidden_size"] = m.d_model;
+    c["intermediate_size"] = mixtral ? expert_ffn_dim(m) : F;  // Mixtral: each expert's width
+    c["num_hidden_layers"] = m.n_layer;
+    c["num_attention_heads"] = m.n_head;
+    c["num_key_value_heads"] = m.kv_heads();
+    c["head_dim"] = m.head_dim();
+    c["max_position_embeddings"] = m.max_seq_len;
+    c["rms_norm_eps"] = decimal(m.norm_eps);
+    c["rope_theta"] = decimal(m.rope_theta);
+    c["hidden_act"] = "silu";
+    c["attention_dropout"] = 0.0;
+    if (mixtral) {
+      c["sliding_window"] = nullptr;  // pentad attends to the whole sequence
+      c["num_local_experts"] = m.n_experts;
+      c["num_experts_per_tok"] = m.top_k;
+      c["router_aux_loss_coef"] = decimal(m.moe.aux_loss_coef);
+      c["router_jitter_noise"] = 0.0;
+      c["output_router_logits"] = false;
+    } else {
+      c["rope_scaling"] = nullptr;
+      c["attention_bias"] = false;
+      c["mlp_bias"] = false;
+    }
+  }
+  c["initializer_range"] = decimal(m.init_std);
+  c["tie_word_embeddings"] = m.tie_embeddings;
+  c["torch_dtype"] = "float32";
+  return c;
+}
+
+ModelConfig model_from_hf(const nlohmann::json& c, const std::string& path) {
+  auto has = [&](const char* key) { return c.contains(key) && !c[key].is_null(); };
+  auto integer = [&](const char* key) -> int64_t {
+    if (!has(key)) fail("{}: missing \"{}\"", path, key);
+    if (!c[key].is_number_integer()) fail("{}: \"{}\" is not an integer", path, key);
+    return c[key].get<int64_t>();
+  };
+  auto number = [&](const char* key, double otherwise) -> float {
+    if (!has(key)) return static_cast<float>(otherwise);
+    if (!c[key].is_number()) fail("{}: \"{}\" is not a number", path, key);
+    return c[key].get<float>();
+  };
+  auto flag = [&](const char* key, bool otherwise) {
+    if (!has(key)) return otherwise;
+    if (!c[key].is_boolean()) fail("{}: \"{}\" is not true or false", path, key);
+    return c[key].get<bool>();
+  };
+  auto word = [&](const char* key, const char* otherwise) -> std::string {
+    if (!has(key)) return otherwise;
+    if (!c[key].is_string()) fail("{}: \"{}\" is not a string", path, key);
+    return c[key].get<std::string>();
+  };
+
+  if (!c.is_object()) fail("{}: not a JSON object", path);
+  const std::string type = word("model_type", "");
+  ModelConfig m;
+  if (type == "gpt2") {
+    m.family = ModelFamily::GPT2;
+    m.d_model = integer("n_embd");
+    m.n_layer = integer("n_layer");
+    m.n_head = integer("n_head");
+    m.vocab_size = integer("vocab_size");
+    m.max_seq_len = has("n_positions") ? integer("n_positions") : integer("n_ctx");
+    m.d_ff = has("n_inner") ? integer("n_inner") : 0;
+    m.norm_eps = number("layer_norm_epsilon", 1e-5);
+    m.tie_embeddings = flag("tie_word_embeddings", true);
+    const std::string act = word("activation_function", "gelu_new");
+    if (act != "gelu_new" && act != "gelu_pytorch_tanh")
+      fail("{}: activation_function \"{}\": pentad's GPT-2 uses the tanh GELU (\"gelu_new\")", path,
+           act);
+  } else if (type == "llama" || type == "mixtral") {
+    // The two differ in their MLPs and in the defaults transformers fills in for absent keys.
+    const bool mixtral = type == "mixtral";
+    m.family = ModelFamily::LLaMA;
+    m.d_model = integer("hidden_size");
+    m.n_layer = integer("num_hidden_layers");
+    m.n_head = integer("num_attention_heads");
+    m.n_kv_head = has("num_key_value_heads") ? integer("num_key_value_heads") : mixtral ? 8 : 0;
+    if (m.n_kv_head == m.n_head) m.n_kv_head = 0;  // the recipe's spelling of plain MHA
+    m.vocab_size = integer("vocab_size");
+    m.max_seq_len = has("max_position_embeddings") ? integer("max_position_embeddings")
+                    : mixtral                      ? 4096 * 32
+                                                   : 2048;
+    m.norm_eps = number("rms_norm_eps", mixtral ? 1e-5 : 1e-6);
+    m.tie_embeddings = flag("tie_word_embeddings", false);
+    // Newer transformers keep rope_theta in rope_parameters.
+    const bool nested = has("rope_parameters") && c["rope_parameters"].is_object();
+    const nlohmann::json& rope = nested ? c["rope_parameters"] : c;
+    m.rope_theta = rope.contains("rope_theta") && rope["rope_theta"].is_number()
+                       ? rope["rope_theta"].get<float>()
+                   : mixtral ? 1e6f
+                             : 10000.0f;
+    const bool scaled = has("rope_scaling") ||
+                        (nested && rope.contains("rope_type") && rope["rope_type"] != "default");
+    if (scaled) fail("{}: RoPE scaling is set; pentad implements plain RoPE only", path);
+    if (word("hidden_act", "silu") != "silu")
+      fail("{}: hidden_act \"{}\": pentad's LLaMA uses SiLU (SwiGLU)", path,
+           word("hidden_act", ""));
+    if (flag("attention_bias", false) || flag("mlp_bias", false))
+      fail("{}: attention_bias / mlp_bias are set; pentad's LLaMA has no biases", path);
+    if (has("head_dim") && m.n_head > 0 && integer("head_dim") * m.n_head != m.d_model)
+      fail(
+          "{}: head_dim {} x {} heads != hidden_size {}; pentad needs head_dim = hidden_size / "
+          "num_attention_heads",
+          path, integer("head_dim"), m.n_head, m.d_model);
+    if (!mixtral) {
+      m.d_ff = integer("intermediate_size");
+    } else {
+      // Every layer routes: softmax scores, the top num_experts_per_tok experts, weights
+      // renormalised to sum to 1; intermediate_size is each expert's width.
+      m.moe_layers = "all";
+      m.n_experts = integer("num_local_experts");
+      m.top_k = has("num_experts_per_tok") ? integer("num_experts_per_tok") : 2;
+      m.d_ff_expert = integer("intermediate_size");
+      m.moe.score = "softmax";
+      m.moe.renormalize = true;
+      m.moe.aux_loss_coef = number("router_aux_loss_coef", 0.001);
+      if (m.n_experts < 1 || m.top_k < 1 || m.top_k > m.n_experts)
+        fail("{}: num_experts_per_tok {} of num_local_experts {}: each token needs 1 to {} experts",
+             path, m.top_k, m.n_experts, m.n_experts);
+      if (has("sliding_window") && integer("sliding_window") < m.max_seq_len)
+        fail(
+            "{}: sliding_window {} < max_position_embeddings {}: pentad attends to the whole "
+            "sequence",
+            path, integer("sliding_window"), m.max_seq_len);
+      // router_jitter_noise (multiplicative noise on the router's input while training) is
+      // a training choice that pentad lacks; the weights are the same without it.
+    }
+  } else {
+    fail(
+        "{}: model_type \"{}\" is not supported: pentad converts \"gpt2\", \"llama\" and "
+        "\"mixtral\"",
+        path, type);
+  }
+  m.init_std = number("initializer_range", 0.02);
+  return m;
+}
+
+}  // namespace pentad::ckpt
