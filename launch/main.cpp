@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -90,8 +91,10 @@ int main(int argc, char** argv) {
       "Check a recipe and print the memory each rank would need, allocating nothing (plans "
       "for more ranks or larger machines than this one)");
   plan->add_option("recipe", recipe, "Recipe file")->required()->check(CLI::ExistingFile);
-  plan->add_option("--ranks", plan_ranks,
-                   "Ranks to plan for (default: the recipe's parallel degrees, dp 0 as 1)");
+  plan->add_option(
+      "--ranks", plan_ranks,
+      "Ranks to plan for (default: the recipe's parallel degrees; dp 0: the fewest that "
+      "split the experts)");
   plan->add_option("-s,--set", sets, "Override a recipe key (repeatable)");
   plan->add_option("overrides", extra, "More section.key=value overrides");
 
@@ -171,8 +174,9 @@ int main(int argc, char** argv) {
     } else if (*plan) {
       pentad::Config cfg = pentad::load_recipe(recipe, overrides_from(sets, extra));
       const pentad::ParallelConfig& p = cfg.parallel;
-      const int64_t ranks =
-          plan_ranks > 0 ? plan_ranks : std::max<int64_t>(p.dp, 1) * p.tp * p.cp * p.pp;
+      // dp 0: the fewest data-parallel ranks over which the experts split (ep x etp).
+      const int64_t dp = p.dp > 0 ? p.dp : p.ep * p.etp / std::gcd(p.ep * p.etp, p.cp * p.tp);
+      const int64_t ranks = plan_ranks > 0 ? plan_ranks : dp * p.tp * p.cp * p.pp;
       const pentad::parallel::MeshConfig layout = pentad::mesh_config(cfg, int(ranks));
       if (mpi.rank == 0) std::puts(pentad::describe_memory(cfg, layout).c_str());
       // Against train.memory_limit_mb when set (this machine's memory says nothing of the
