@@ -36,6 +36,10 @@ Model::Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Shard
   PENTAD_CHECK(!cfg.is_moe() || p == 1 || tp_->sequence_parallel(),
                "MoE with tp {} needs sequence parallelism", p);
   PENTAD_CHECK(!cfg.is_moe() || !cfg.recompute, "MoE layers do not recompute yet");
+  // The MoE block's activations and router are F32 (its routing is host logic in fp32).
+  if (cfg.is_moe() && act_ != DType::F32)
+    fail("MoE layers compute in fp32 only for now, not {}: set train.precision = fp32",
+         dtype_name(act_));
   PENTAD_CHECK(cfg.n_head % p == 0 && cfg.kv_heads() % p == 0 && ffn_dim(cfg) % p == 0 &&
                    cfg.vocab_size % p == 0 && (b_ * t_) % (tp_->sequence_parallel() ? p : 1) == 0,
                "tp degree {} does not divide the model", p);
