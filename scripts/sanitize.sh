@@ -4,8 +4,9 @@
 # -O1 and without -Werror (the main build holds the warnings; GCC's sanitizer builds warn
 # falsely inside libstdc++'s <regex>):
 #   build-asan/  AddressSanitizer + UndefinedBehaviorSanitizer (GCC): every CPU unit test
-#                program (the slowest model-training cases left to the main build) and a
-#                short training on 2 ranks x 2 threads under mpirun;
+#                program (the slowest model-training cases left to the main build) and
+#                short trainings on 2 ranks x 2 threads under mpirun (dp, tp + SP, and MoE
+#                expert parallelism over dp and folded over tp);
 #   build-tsan/  ThreadSanitizer (clang, libomp + libarcher): the kernels' tests and the
 #                checkpoint saver's background-thread tests, on 2 OpenMP threads.
 # Findings are fatal. Suppressions (tests/sanitizers/) cover only leaks inside Open MPI's
@@ -83,6 +84,19 @@ for kind in "${which[@]}"; do
       run asan-train-tp2-sp mpirun -np 2 $dir/pentad train recipes/llama-tiny.toml train.threads=2 \
         parallel.tp=2 parallel.sequence_parallel=true train.steps=3 train.eval_every=0 \
         train.micro_batch=2 train.seq_len=32 data.source=random train.out_dir="$work/run2"
+      # MoE: expert parallelism over dp (capacity drops, the bias update, a checkpoint), and
+      # folded over tp + SP with etp (GPT-2 experts, sigmoid routing, a shared expert).
+      run asan-train-moe-ep2 mpirun -np 2 $dir/pentad train recipes/llama-tiny.toml \
+        train.threads=2 parallel.ep=2 model.moe_layers=all model.n_experts=4 model.top_k=2 \
+        moe.aux_loss_coef=0.01 moe.z_loss_coef=0.001 moe.capacity_factor=1.0 \
+        moe.bias_update_rate=0.001 train.steps=3 train.eval_every=2 train.save_every=2 \
+        train.micro_batch=2 train.seq_len=32 data.source=random train.out_dir="$work/run3"
+      run asan-train-moe-fold mpirun -np 2 $dir/pentad train recipes/gpt-tiny.toml \
+        train.threads=2 parallel.tp=2 parallel.sequence_parallel=true parallel.ep=2 \
+        model.moe_layers=every:2 model.n_experts=4 model.top_k=2 model.n_shared_experts=1 \
+        model.d_ff_expert=64 moe.score=sigmoid moe.seq_aux_loss_coef=0.01 train.steps=3 \
+        train.eval_every=0 train.micro_batch=2 train.seq_len=32 data.source=random \
+        train.out_dir="$work/run4"
       rm -rf "$work"
       ;;
     tsan)

@@ -97,6 +97,18 @@ void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& do
                         const Tensor& tokens, int64_t B, int64_t T, int64_t C, int64_t V,
                         int64_t vocab_start);
 
+// MoE token permutation: one thread per output element (a warp per pick for the backward's
+// dot products), each sum over a token's picks in pick order. inp_rows bounds the ids, which
+// are not checked on the host: a src or pos past the end of inp gives NaN, as a bad token id
+// does; pos < 0 is a dropped pick. w and dw are F32.
+void moe_permute(const Tensor& out, const Tensor& inp, const Tensor& src, int64_t A, int64_t C,
+                 int64_t inp_rows);
+void moe_unpermute(const Tensor& out, const Tensor& inp, const Tensor& pos, const Tensor& w,
+                   int64_t N, int64_t k, int64_t C, int64_t inp_rows, bool accumulate);
+void moe_unpermute_backward(const Tensor& dinp, const Tensor& dw, const Tensor& dout,
+                            const Tensor& inp, const Tensor& pos, const Tensor& w, int64_t N,
+                            int64_t k, int64_t C, int64_t inp_rows);
+
 void add(const Tensor& out, const Tensor& a, const Tensor& b, int64_t n);
 void scale(const Tensor& x, float s, int64_t n);
 double sum_squares(const Tensor& x, int64_t n);

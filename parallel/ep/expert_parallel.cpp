@@ -80,8 +80,19 @@ void ExpertParallel::per_peer(std::span<const int64_t> send, std::span<const int
     }
 }
 
+// The staging and regrouping below are host memory and memcpy: device tensors would need
+// device buffers and copy kernels, not built yet.
+static void check_host(const Tensor& in, const Tensor& out, const char* op) {
+  PENTAD_CHECK(in.device == Device::CPU && out.device == Device::CPU && in.dtype == DType::F32 &&
+                   out.dtype == DType::F32,
+               "expert parallelism {}: only host f32 tensors for now (parallel.ep or parallel.etp "
+               "above 1 with train.device = \"cuda\" is not built yet)",
+               op);
+}
+
 void ExpertParallel::dispatch(std::span<const int64_t> send, std::span<const int64_t> counts,
                               const Tensor& in, Tensor out) {
+  check_host(in, out, "dispatch");
   const int64_t C = in.shape.ndim == 2 ? in.dim(1) : out.dim(1);
   const int64_t Q = etp_.size();
   std::vector<int64_t> to_peer, from_peer;
@@ -107,6 +118,7 @@ void ExpertParallel::dispatch(std::span<const int64_t> send, std::span<const int
 
 void ExpertParallel::combine(std::span<const int64_t> send, std::span<const int64_t> counts,
                              const Tensor& in, Tensor out) {
+  check_host(in, out, "combine");
   const int64_t C = out.dim(1), Q = etp_.size();
   std::vector<int64_t> to_peer, from_peer;
   per_peer(send, counts, C, to_peer, from_peer);

@@ -181,7 +181,9 @@ nlohmann::ordered_json hf_config(const ModelConfig& m) {
       c["sliding_window"] = nullptr;  // pentad attends to the whole sequence
       c["num_local_experts"] = m.n_experts;
       c["num_experts_per_tok"] = m.top_k;
-      c["router_aux_loss_coef"] = decimal(m.moe.aux_loss_coef);
+      // transformers pools every layer's tokens into one term with no 1/k: the same
+      // gradients need its coefficient L/k times pentad's per-layer one.
+      c["router_aux_loss_coef"] = decimal(m.moe.aux_loss_coef * float(m.n_layer) / float(m.top_k));
       c["router_jitter_noise"] = 0.0;
       c["output_router_logits"] = false;
     } else {
@@ -282,7 +284,9 @@ ModelConfig model_from_hf(const nlohmann::json& c, const std::string& path) {
       m.d_ff_expert = integer("intermediate_size");
       m.moe.score = "softmax";
       m.moe.renormalize = true;
-      m.moe.aux_loss_coef = number("router_aux_loss_coef", 0.001);
+      // pentad's term is per layer with a 1/k (src/model/moe.h): k/L times transformers'.
+      m.moe.aux_loss_coef =
+          number("router_aux_loss_coef", 0.001) * float(m.top_k) / float(m.n_layer);
       if (m.n_experts < 1 || m.top_k < 1 || m.top_k > m.n_experts)
         fail("{}: num_experts_per_tok {} of num_local_experts {}: each token needs 1 to {} experts",
              path, m.top_k, m.n_experts, m.n_experts);

@@ -12,6 +12,32 @@ namespace pentad {
 
 namespace k = kernels;
 
+namespace {
+
+// The routing is host logic in fp32 (route, drop_over_capacity, router_backward, update_bias).
+// It works on host memory: on the CPU the tensors themselves, with no copy; on CUDA a host
+// copy in `mirror` (core/device_memory.h, ordered with the kernels by the stream rule),
+// filled from the tensor when `fetch`, sent back with to_device().
+template <typename V>
+V* host_side(const Tensor& t, std::vector<V>& mirror, bool fetch) {
+  if (t.device == Device::CPU) return static_cast<V*>(t.data);
+  mirror.resize(static_cast<size_t>(t.numel()));
+  if (fetch) copy_bytes(mirror.data(), Device::CPU, t.data, t.device, t.bytes());
+  return mirror.data();
+}
+// Where host_side() left a tensor's values, for reading them again later.
+template <typename V>
+const V* on_host(const Tensor& t, const std::vector<V>& mirror) {
+  return t.device == Device::CPU ? static_cast<const V*>(t.data) : mirror.data();
+}
+// The host copy back into its device tensor (on the CPU they are one memory).
+template <typename V>
+void to_device(const Tensor& t, const V* host) {
+  if (t.device != Device::CPU) copy_bytes(t.data, t.device, host, Device::CPU, t.bytes());
+}
+
+}  // namespace
+
 // ---- which layers, how wide ----
 
 bool is_moe_layer(const ModelConfig& cfg, int64_t layer) {
@@ -164,17 +190,18 @@ void MoeBlock::size_acts(Acts& a, int64_t picks, int64_t recv_rows) {
 // micro-batch, the capacity drops, and the permutation into expert order.
 void MoeBlock::route(Acts& a, const Tensor& x, float weight) {
   const int64_t Nl = rows_, E = E_, K = k_, N = b_ * t_;
-  // Routing is host logic: the CPU reads the tensors in place (MoE is CPU-only for now).
-  PENTAD_CHECK(device_ == Device::CPU, "MoE routing runs on the CPU only");
+  const bool cuda = device_ != Device::CPU;
   size_acts(a, 0, 0);  // the routing tensors first; the rows once they are counted
   a.aux_coef.clear();
   a.seq_coef.clear();
   k::linear_forward(a.logits, x, params_.param(router_), Tensor{});
-  const float* logits = a.logits.f32();
-  float* s = a.scores.f32();
-  const float* bias = params_.param(bias_).f32();
-  int32_t* pick = a.pick.as<int32_t>();
-  float* w = a.w.f32();
+  // Logits (and the selection bias) in; scores, picks and weights out (host_side above).
+  const float* logits = host_side(a.logits, a.host_logits, true);
+  float* s = host_side(a.scores, a.host_scores, false);
+  std::vector<float> host_bias;
+  const float* bias = host_side(params_.param(bias_), host_bias, true);
+  int32_t* pick = host_side(a.pick, a.host_pick, false);
+  float* w = host_side(a.w, a.host_w, false);
   a.lse.assign(static_cast<size_t>(Nl), 0.0f);
   const bool sigmoid = moe_.score == "sigmoid";
   std::vector<int64_t> order(static_cast<size_t>(E));
@@ -269,28 +296,39 @@ void MoeBlock::route(Acts& a, const Tensor& x, float weight) {
   std::vector<int64_t> next(size_t(E), 0);
   for (int64_t e = 1; e < E; ++e) next[size_t(e)] = next[size_t(e - 1)] + route.send[size_t(e - 1)];
   ep_.plan(route);
-  // The routing tensors move with the arena when it grows: keep them across the resize.
-  std::vector<float> keep_logits(a.logits.f32(), a.logits.f32() + Nl * E);
-  std::vector<float> keep_scores(s, s + Nl * E);
-  std::vector<int32_t> keep_pick(pick, pick + Nl * K);
-  std::vector<float> keep_w(w, w + Nl * K);
-  size_acts(a, A, route.recv_rows);
-  std::copy(keep_logits.begin(), keep_logits.end(), a.logits.f32());
-  std::copy(keep_scores.begin(), keep_scores.end(), a.scores.f32());
-  std::copy(keep_pick.begin(), keep_pick.end(), a.pick.as<int32_t>());
-  std::copy(keep_w.begin(), keep_w.end(), a.w.f32());
+  if (cuda) {
+    size_acts(a, A, route.recv_rows);  // the host copies hold the routing meanwhile
+  } else {
+    // The routing tensors move with the arena when it grows: keep them across the resize.
+    std::vector<float> keep_logits(logits, logits + Nl * E);
+    std::vector<float> keep_scores(s, s + Nl * E);
+    std::vector<int32_t> keep_pick(pick, pick + Nl * K);
+    std::vector<float> keep_w(w, w + Nl * K);
+    size_acts(a, A, route.recv_rows);
+    std::copy(keep_logits.begin(), keep_logits.end(), a.logits.f32());
+    std::copy(keep_scores.begin(), keep_scores.end(), a.scores.f32());
+    std::copy(keep_pick.begin(), keep_pick.end(), a.pick.as<int32_t>());
+    std::copy(keep_w.begin(), keep_w.end(), a.w.f32());
+    pick = a.pick.as<int32_t>();
+  }
   a.picks = A;
-  int32_t* pos = a.pos.as<int32_t>();
-  int32_t* src = a.src.as<int32_t>();
+  std::vector<int32_t> host_pos, host_src;
+  int32_t* pos = host_side(a.pos, host_pos, false);
+  int32_t* src = host_side(a.src, host_src, false);
   for (int64_t i = 0; i < Nl * K; ++i) {
     if (!kept[size_t(i)]) {
       pos[i] = -1;
       continue;
     }
-    const int64_t slot = next[size_t(keep_pick[size_t(i)])]++;
+    const int64_t slot = next[size_t(pick[i])]++;
     pos[i] = static_cast<int32_t>(slot);
     src[slot] = static_cast<int32_t>(i / K);
   }
+  // What the permutation kernels read. (On CUDA the device logits, scores and pick are not
+  // read again: the host copies in `a` serve drop_over_capacity and router_backward.)
+  to_device(a.w, on_host(a.w, a.host_w));
+  to_device(a.pos, pos);
+  to_device(a.src, src);
 }
 
 // Capacity over the micro-batch: every rank sees every pick (a sum of zero-filled shares
@@ -298,8 +336,8 @@ void MoeBlock::route(Acts& a, const Tensor& x, float weight) {
 void MoeBlock::drop_over_capacity(Acts& a, std::vector<uint8_t>& kept) const {
   const int64_t N = b_ * t_, K = k_, E = E_, Nl = rows_;
   std::vector<float> all(static_cast<size_t>(2 * N * K), 0.0f);  // [expert, score] per pick
-  const int32_t* pick = a.pick.as<int32_t>();
-  const float* s = a.scores.f32();
+  const int32_t* pick = on_host(a.pick, a.host_pick);
+  const float* s = on_host(a.scores, a.host_scores);
   for (int64_t i = 0; i < Nl; ++i)
     for (int64_t j = 0; j < K; ++j) {
       const size_t g = size_t((row_start_ + i) * K + j);
@@ -357,10 +395,11 @@ void MoeBlock::experts_forward(Acts& a) {
 
 void MoeBlock::backward(Acts& a, const Tensor& x, const Tensor& dout, Tensor dx, float weight) {
   const int64_t A = a.picks, R = a.route.recv_rows, Nl = rows_;
-  Tensor dyp, dw, dyr, dxr, dxp;
+  Tensor dyp, dw, dlogits, dyr, dxr, dxp;
   auto plan = [&](Arena& arena) {
     dyp = arena.alloc(Shape{A, C_});
     dw = arena.alloc(Shape{Nl, k_});
+    dlogits = arena.alloc(Shape{Nl, E_});
     dyr = arena.alloc(Shape{R, C_});
     dxr = arena.alloc(Shape{R, C_});
     dxp = arena.alloc(Shape{A, C_});
@@ -377,7 +416,7 @@ void MoeBlock::backward(Acts& a, const Tensor& x, const Tensor& dout, Tensor dx,
   experts_backward(a, dyr, dxr);
   ep_.combine(a.route, dxr, dxp);
   k::moe_unpermute(dx, dxp, a.pos, Tensor{}, true);
-  router_backward(a, x, dw, dx, weight);
+  router_backward(a, x, dw, dlogits, dx, weight);
 }
 
 void MoeBlock::experts_backward(Acts& a, const Tensor& dyr, Tensor dxr) {
@@ -412,16 +451,17 @@ void MoeBlock::experts_backward(Acts& a, const Tensor& dyr, Tensor dxr) {
 
 // d(logits) from the weights' gradients, the balancing losses and the z-loss; then the
 // router's weight gradient and its share of d(x).
-void MoeBlock::router_backward(Acts& a, const Tensor& x, const Tensor& dw_t, Tensor dx,
-                               float weight) {
+void MoeBlock::router_backward(Acts& a, const Tensor& x, const Tensor& dw_t,
+                               const Tensor& dlogits_t, Tensor dx, float weight) {
   const int64_t Nl = rows_, E = E_, K = k_;
   const bool sigmoid = moe_.score == "sigmoid";
-  const float* s = a.scores.f32();
-  const float* l = a.logits.f32();
-  const int32_t* pick = a.pick.as<int32_t>();
-  const float* w = a.w.f32();
-  const float* dw = dw_t.f32();
-  std::vector<float> dlogits(static_cast<size_t>(Nl * E), 0.0f);
+  const float* s = on_host(a.scores, a.host_scores);
+  const float* l = on_host(a.logits, a.host_logits);
+  const int32_t* pick = on_host(a.pick, a.host_pick);
+  const float* w = on_host(a.w, a.host_w);
+  std::vector<float> host_dw, host_dlogits;
+  const float* dw = host_side(dw_t, host_dw, true);
+  float* dlogits = host_side(dlogits_t, host_dlogits, false);  // every element set below
   const bool balance = !a.aux_coef.empty();
   std::vector<double> ds(static_cast<size_t>(E));
   for (int64_t i = 0; i < Nl; ++i) {
@@ -452,7 +492,7 @@ void MoeBlock::router_backward(Acts& a, const Tensor& x, const Tensor& dw_t, Ten
         for (int64_t e = 0; e < E; ++e) ds[size_t(e)] += dp[size_t(e)];
       }
     }
-    float* dl = dlogits.data() + i * E;
+    float* dl = dlogits + i * E;
     if (sigmoid) {
       for (int64_t e = 0; e < E; ++e) dl[e] = float(ds[size_t(e)] * si[e] * (1.0 - si[e]));
     } else {
@@ -466,18 +506,21 @@ void MoeBlock::router_backward(Acts& a, const Tensor& x, const Tensor& dw_t, Ten
       for (int64_t e = 0; e < E; ++e) dl[e] += float(c * std::exp(double(l[i * E + e]) - lse));
     }
   }
-  k::linear_backward(dx, G(router_), Tensor{}, view_of(dlogits.data(), Shape{Nl, E}), x,
-                     params_.param(router_), true);
+  to_device(dlogits_t, dlogits);
+  k::linear_backward(dx, G(router_), Tensor{}, dlogits_t, x, params_.param(router_), true);
 }
 
 void MoeBlock::update_bias(const double* counts) {
   if (moe_.bias_update_rate <= 0) return;
   const double mean = std::accumulate(counts, counts + E_, 0.0) / double(E_);
-  float* bias = params_.param(bias_).f32();
+  const Tensor bias_t = params_.param(bias_);
+  std::vector<float> host_bias;
+  float* bias = host_side(bias_t, host_bias, true);
   for (int64_t e = 0; e < E_; ++e) {
     const double gap = mean - counts[e];
     bias[e] += moe_.bias_update_rate * float((gap > 0) - (gap < 0));
   }
+  to_device(bias_t, bias);
 }
 
 void MoeBlock::take_stats(std::vector<double>& counts, double& dropped, double& aux,

@@ -65,7 +65,11 @@ class MoeBlock {
     int64_t picks = 0;                    // kept picks of this rank's rows (A)
     Tensor logits, scores, pick, w, pos;  // (Nl, E), (Nl, E), (Nl, k) I32, (Nl, k), (Nl, k) I32
     Tensor src, xp, xr, gate, up, act, yr,
-        yp;                        // (A) I32, (A, C), (R, C), (R, F) x3, (R, C), (A, C)
+        yp;  // (A) I32, (A, C), (R, C), (R, F) x3, (R, C), (A, C)
+    // On CUDA the routing's host copies of logits, scores, pick and w (moe.cpp: host_side);
+    // empty on the CPU, where the host logic reads the tensors in place.
+    std::vector<float> host_logits, host_scores, host_w;
+    std::vector<int32_t> host_pick;
     std::vector<float> lse;        // (Nl): logsumexp of the logits (z-loss)
     std::vector<double> aux_coef;  // (E): d aux / d p[t, e], this micro-batch
     std::vector<double> seq_coef;  // (b, E): d seq_aux / d p[t, e] per sequence
@@ -95,7 +99,8 @@ class MoeBlock {
   void size_acts(Acts& a, int64_t picks, int64_t recv_rows);
   void experts_forward(Acts& a);
   void experts_backward(Acts& a, const Tensor& dyr, Tensor dxr);
-  void router_backward(Acts& a, const Tensor& x, const Tensor& dw, Tensor dx, float weight);
+  void router_backward(Acts& a, const Tensor& x, const Tensor& dw, const Tensor& dlogits, Tensor dx,
+                       float weight);
   Tensor W(int id) const { return id < 0 ? Tensor{} : params_.weight(id); }
   Tensor G(int id) const { return id < 0 ? Tensor{} : params_.grad(id); }
 

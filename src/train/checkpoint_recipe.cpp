@@ -56,6 +56,11 @@ std::string effective(const std::map<std::string, std::string>& values, const st
   const std::string value = get(key);
   if (value != "0") return value;
   if (key == "model.n_kv_head") return get("model.n_head");
+  if (key == "model.d_ff_expert") {  // 0: the expert width follows d_ff and the family
+    if (get("model.n_experts") == "0") return value;
+    const std::string d_ff = effective(values, "model.d_ff");
+    return d_ff;
+  }
   if (key == "model.d_ff") {
     ModelConfig m;
     m.family = get("model.family") == "\"llama\"" ? ModelFamily::LLaMA : ModelFamily::GPT2;

@@ -55,6 +55,15 @@ parallel::MeshConfig mesh_config(const Config& cfg, int world_size) {
         "divisor of {}, or start more ranks",
         p.ep, p.etp, expert, stage_ranks, mesh.dp, mesh.cp, mesh.tp, stage_ranks);
   parallel::validate(mesh, world_size);
+  // Every rank of an ep group takes part in each MoE layer's all-to-alls, so data-parallel
+  // ranks must run the same number of eval micro-batches.
+  if ((p.ep > 1 || p.etp > 1) && cfg.train.eval_every > 0 && cfg.train.eval_batches % mesh.dp != 0)
+    fail(
+        "train.eval_batches ({}) must be a multiple of the data-parallel degree ({}) with "
+        "expert parallelism (parallel.ep = {}, parallel.etp = {}): every rank of an ep group "
+        "must evaluate as many batches; set train.eval_batches = {}",
+        cfg.train.eval_batches, mesh.dp, p.ep, p.etp,
+        (cfg.train.eval_batches + mesh.dp - 1) / mesh.dp * mesh.dp);
   if (p.pp > 1 || p.virtual_stages > 1 || !p.pp_layout.empty()) {
     parallel::pp::check_schedule(schedule_spec(cfg));
     parallel::pp::chunk_layers(cfg.model.n_layer, int(p.pp), int(p.virtual_stages), p.pp_layout);

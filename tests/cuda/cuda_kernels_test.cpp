@@ -9,9 +9,11 @@
 // skipped (tests/cuda/CMakeLists.txt); scripts/gpu_test.sh fails on a skip.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -657,6 +659,129 @@ TEST_P(CudaKernel, EmbeddingBackward) {
   }
 }
 
+// ---- MoE permutation ----
+
+struct MoeCase {
+  int64_t N, k, C;
+  int64_t drop_every;  // every drop_every-th pick is dropped by capacity (0: none)
+};
+// Zero tokens, one of everything, every pick dropped, and odd sizes up to k = 4.
+const MoeCase kMoeCases[] = {{0, 2, 5, 0},   {1, 1, 1, 0},   {7, 2, 3, 3},     {5, 2, 9, 1},
+                             {13, 3, 33, 5}, {64, 4, 96, 7}, {129, 4, 257, 2}, {50, 1, 768, 4}};
+
+std::string str(const MoeCase& c) {
+  return "N " + std::to_string(c.N) + " k " + std::to_string(c.k) + " C " + std::to_string(c.C) +
+         " drop every " + std::to_string(c.drop_every);
+}
+
+// A routing as MoeBlock::route leaves it: pos (N, k) sends each kept pick to its own row of
+// the expert-ordered buffer (rows 0..A-1, shuffled), -1 for a dropped pick; src (A) is the
+// token of each row.
+struct Routing {
+  int64_t A = 0;
+  std::vector<int32_t> pos, src;
+};
+
+Routing routing(const MoeCase& c, uint64_t seed) {
+  Routing r;
+  const int64_t picks = c.N * c.k;
+  auto dropped = [&](int64_t i) {
+    return c.drop_every > 0 && i % c.drop_every == c.drop_every - 1;
+  };
+  for (int64_t i = 0; i < picks; ++i) r.A += dropped(i) ? 0 : 1;
+  std::vector<int32_t> rows(static_cast<size_t>(r.A));
+  for (size_t a = 0; a < rows.size(); ++a) rows[a] = static_cast<int32_t>(a);
+  std::shuffle(rows.begin(), rows.end(), std::mt19937_64(seed));
+  r.pos.assign(static_cast<size_t>(picks), -1);
+  r.src.assign(static_cast<size_t>(r.A), 0);
+  size_t next = 0;
+  for (int64_t i = 0; i < picks; ++i)
+    if (!dropped(i)) {
+      r.pos[size_t(i)] = rows[next++];
+      r.src[size_t(r.pos[size_t(i)])] = static_cast<int32_t>(i / c.k);
+    }
+  return r;
+}
+
+// A CPU view that stays present with no elements (view() of an empty vector is absent, and
+// the doors refuse an absent required argument).
+template <typename T>
+Tensor host(const std::vector<T>& v, Shape shape) {
+  static T spare{};
+  Tensor t = view(v, shape);
+  if (!t.data) t.data = &spare;
+  return t;
+}
+
+// A row copy: exact in either dtype.
+TEST_P(CudaKernel, MoePermute) {
+  for (const MoeCase& c : kMoeCases) {
+    const Routing r = routing(c, 31);
+    const auto x = rand(c.N * c.C);
+    std::vector<float> want(r.A * c.C);
+    k::moe_permute(host(want, {r.A, c.C}), host(x, {c.N, c.C}), host(r.src, {r.A}));
+    const Tensor out = gpu.poisoned({r.A, c.C}, dt());
+    k::moe_permute(out, gpu.upload(x, {c.N, c.C}, dt()), gpu.upload_ids(r.src, {r.A}));
+    EXPECT_TRUE(bitwise_equal(download(out), want)) << "moe_permute " << str(c);
+  }
+}
+
+// Weighted or not, overwriting or accumulating into random values; w in F32 with either dtype.
+TEST_P(CudaKernel, MoeUnpermute) {
+  for (const MoeCase& c : kMoeCases) {
+    const Routing r = routing(c, 37);
+    const auto y = rand(r.A * c.C), w = random(DType::F32, c.N * c.k, 41), out0 = rand(c.N * c.C);
+    const Tensor gy = gpu.upload(y, {r.A, c.C}, dt()), gpos = gpu.upload_ids(r.pos, {c.N, c.k});
+    const Tensor gw = gpu.upload(w, {c.N, c.k}, DType::F32);
+    for (bool weighted : {true, false})
+      for (bool accumulate : {false, true}) {
+        std::vector<float> want = out0;
+        k::moe_unpermute(host(want, {c.N, c.C}), host(y, {r.A, c.C}), host(r.pos, {c.N, c.k}),
+                         weighted ? host(w, {c.N, c.k}) : Tensor{}, accumulate);
+        const Tensor out =
+            accumulate ? gpu.upload(out0, {c.N, c.C}, dt()) : gpu.poisoned({c.N, c.C}, dt());
+        k::moe_unpermute(out, gy, gpos, weighted ? gw : Tensor{}, accumulate);
+        expect_close("moe_unpermute " + str(c) + (weighted ? " weighted" : "") +
+                         (accumulate ? " accumulate" : ""),
+                     out, want, dt());
+      }
+  }
+}
+
+// dinp (every row has one writer) and dw (0 for a dropped pick, F32), twice: the same bits.
+TEST_P(CudaKernel, MoeUnpermuteBackward) {
+  for (const MoeCase& c : kMoeCases) {
+    const Routing r = routing(c, 43);
+    const auto y = rand(r.A * c.C), dout = rand(c.N * c.C), w = random(DType::F32, c.N * c.k, 47);
+    std::vector<float> dy(r.A * c.C), dw(c.N * c.k);
+    k::moe_unpermute_backward(host(dy, {r.A, c.C}), host(dw, {c.N, c.k}), host(dout, {c.N, c.C}),
+                              host(y, {r.A, c.C}), host(r.pos, {c.N, c.k}), host(w, {c.N, c.k}));
+    const Tensor gy = gpu.upload(y, {r.A, c.C}, dt()), gdout = gpu.upload(dout, {c.N, c.C}, dt());
+    const Tensor gpos = gpu.upload_ids(r.pos, {c.N, c.k});
+    const Tensor gw = gpu.upload(w, {c.N, c.k}, DType::F32);
+    std::vector<float> first_dy, first_dw;
+    for (int run = 0; run < 2; ++run) {
+      const Tensor gdy = gpu.poisoned({r.A, c.C}, dt()), gdw = gpu.poisoned({c.N, c.k}, DType::F32);
+      k::moe_unpermute_backward(gdy, gdw, gdout, gy, gpos, gw);
+      const auto got_dy = download(gdy), got_dw = download(gdw);
+      if (run == 0) {
+        expect_close("moe_unpermute_backward dinp " + str(c), got_dy, dy, tolerance(dt()));
+        expect_close("moe_unpermute_backward dw " + str(c), got_dw, dw, tolerance(dt()));
+        for (size_t i = 0; i < r.pos.size(); ++i) {
+          if (r.pos[i] < 0) {
+            EXPECT_EQ(got_dw[i], 0.0f) << "dropped pick " << i << " " << str(c);
+          }
+        }
+        first_dy = got_dy;
+        first_dw = got_dw;
+      } else {
+        EXPECT_TRUE(bitwise_equal(first_dy, got_dy) && bitwise_equal(first_dw, got_dw))
+            << "moe_unpermute_backward varies " << str(c);
+      }
+    }
+  }
+}
+
 // ---- elementwise ----
 
 TEST_P(CudaKernel, AddScaleSumSquares) {
@@ -758,6 +883,10 @@ TEST_F(CudaOps, WrongDtypesDevicesAndShapesAreRefused) {
   const Tensor x = gpu.alloc({2, 2}, DType::BF16), w = gpu.alloc({2}, DType::BF16);
   const Tensor bf_rstd = gpu.alloc({2}, DType::BF16);
   EXPECT_NE(error_of([&] { k::rmsnorm_forward(x, bf_rstd, x, w, 1e-5f); }).find("want f32 on CUDA"),
+            std::string::npos);
+  // So are the MoE combine's weights.
+  const Tensor pos = gpu.alloc({2, 1}, DType::I32), bf_w = gpu.alloc({2, 1}, DType::BF16);
+  EXPECT_NE(error_of([&] { k::moe_unpermute(x, x, pos, bf_w, false); }).find("want f32 on CUDA"),
             std::string::npos);
   // head_dim above what the kernels take.
   const Tensor q = gpu.alloc({1, 2, 1, 160}, DType::F32);

@@ -1,7 +1,8 @@
 // Whole training steps on the GPU against the CPU: the Trainer (src/train/trainer.h) run
 // on one rank with train.device = "cuda" against the same recipe with train.device = "cpu",
 // for a tiny GPT-2 (head_dim 32) and a tiny LLaMA (grouped-query attention 4:2, head_dim
-// 64), 20 optimizer steps of 2 micro-batches each, from the same seed and the same data.
+// 64), 20 optimizer steps of 2 micro-batches each, from the same seed and the same data;
+// and for the LLaMA with MoE layers, in fp32 only.
 //  - fp32 on CUDA follows fp32 on the CPU step for step (loss and step-1 gradient norm);
 //  - bf16 on CUDA stays near fp32 on the CPU and learns;
 //  - bf16 on CUDA is bitwise reproducible (losses, gradient norms, final master weights).
@@ -127,6 +128,15 @@ const ModelCase kLlama{
     {"model.family=llama", "model.n_layer=3", "model.d_model=256", "model.n_head=4",
      "model.n_kv_head=2", "model.max_seq_len=256", "model.tie_embeddings=false"},
     256};
+// The same LLaMA with every MLP routed: 4 SwiGLU experts of width 256, top 2 by softmax,
+// renormalised, with the auxiliary balancing loss. fp32 only (MoE refuses bf16, model.cpp).
+const ModelCase kLlamaMoe{
+    "llama_moe",
+    {"model.family=llama", "model.n_layer=3", "model.d_model=256", "model.n_head=4",
+     "model.n_kv_head=2", "model.max_seq_len=256", "model.tie_embeddings=false",
+     "model.moe_layers=all", "model.n_experts=4", "model.top_k=2", "model.d_ff_expert=256",
+     "moe.aux_loss_coef=0.01"},
+    256};
 
 // The whole recipe is stated here (parse_recipe with no text starts from config.h's
 // defaults, applies these keys and validates the result), so the test reads no recipe file.
@@ -214,16 +224,20 @@ class CudaTrain : public ::testing::TestWithParam<ModelCase> {
   }
 };
 
-// (a) and (d): fp32 on the GPU against fp32 on the CPU.
-TEST_P(CudaTrain, Fp32MatchesCpu) {
-  const Trajectory cpu = train(GetParam(), "cpu", "fp32");
-  const Trajectory gpu = train(GetParam(), "cuda", "fp32");
+void expect_fp32_matches_cpu(const ModelCase& m) {
+  const Trajectory cpu = train(m, "cpu", "fp32");
+  const Trajectory gpu = train(m, "cuda", "fp32");
   expect_losses_close(gpu, cpu, kFp32LossTol, "cuda fp32");
   EXPECT_LT(relative(gpu.grad_norms[0], cpu.grad_norms[0]), kFp32GradNormTol)
       << "step-1 gradient norm: cuda fp32 " << gpu.grad_norms[0] << ", CPU fp32 "
       << cpu.grad_norms[0];
   // The reference itself must have learnt, or the comparison says little.
   EXPECT_LT(cpu.losses.back(), cpu.losses.front() - 0.1f);
+}
+
+// (a) and (d): fp32 on the GPU against fp32 on the CPU.
+TEST_P(CudaTrain, Fp32MatchesCpu) {
+  expect_fp32_matches_cpu(GetParam());
 }
 
 // (b) and (d): bf16 on the GPU against fp32 on the CPU; it must learn.
@@ -268,6 +282,31 @@ std::string case_name(const ::testing::TestParamInfo<ModelCase>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaTrain, ::testing::Values(kGpt2, kLlama), case_name);
+
+// MoE on the GPU: the permutation kernels and the routing's host round trips (router logits
+// to the host, picks and weights back; the router's gradients the same way) follow the CPU
+// step for step. A routing decision that flipped between the two would move a step's loss
+// by more than the bound only if many did: each token is 1/2048 of a step's loss.
+class CudaTrainMoe : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_F(CudaTrainMoe, Fp32MatchesCpu) {
+  expect_fp32_matches_cpu(kLlamaMoe);
+}
+
+// bf16 MoE is refused with a message that names the fix.
+TEST_F(CudaTrainMoe, Bf16IsRefused) {
+  try {
+    train(kLlamaMoe, "cuda", "bf16");
+    ADD_FAILURE() << "bf16 MoE on CUDA was not refused";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("train.precision = fp32"), std::string::npos) << e.what();
+  }
+}
 
 }  // namespace
 }  // namespace pentad

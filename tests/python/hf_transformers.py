@@ -129,6 +129,12 @@ def hf_logits(model, tokens):
         return model(tokens).logits.float()
 
 
+def pentad_aux_coef(config):
+    """moe.aux_loss_coef for transformers' router_aux_loss_coef: the same gradients, since
+    transformers pools the L layers' tokens into one term without pentad's 1 / k."""
+    return config.router_aux_loss_coef * config.num_experts_per_tok / config.num_hidden_layers
+
+
 def switch_aux_loss(model, tokens):
     """pentad's moe.aux_loss_coef term (src/model/moe.h), from transformers' router: per
     layer coef * E / (k T^2) * sum_e count_e * sum_t p[t, e], summed over the layers, with
@@ -145,7 +151,7 @@ def switch_aux_loss(model, tokens):
         p = torch.softmax(logits.double(), dim=-1)
         count = torch.bincount(p.topk(k, dim=-1).indices.reshape(-1), minlength=E).double()
         T = p.shape[0]
-        ours += config.router_aux_loss_coef * E / (k * T * T) * (count * p.sum(0)).sum().item()
+        ours += pentad_aux_coef(config) * E / (k * T * T) * (count * p.sum(0)).sum().item()
     from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
     theirs = config.router_aux_loss_coef * load_balancing_loss_func(router_logits, E, k).item()
     return ours, theirs
@@ -224,7 +230,11 @@ def check_import(pentad, recipes, work, name):
         want_lines += ['moe_layers = "all"', f"n_experts = {config.num_local_experts}",
                        f"top_k = {config.num_experts_per_tok}",
                        f"d_ff_expert = {config.intermediate_size}", 'score = "softmax"',
-                       "renormalize = true", f"aux_loss_coef = {config.router_aux_loss_coef}"]
+                       "renormalize = true"]
+        coef = [l for l in text.splitlines() if l.startswith("aux_loss_coef = ")]
+        if not coef or abs(float(coef[0].split("=")[1]) / pentad_aux_coef(config) - 1) > 1e-6:
+            failures.append(f"recipe.toml's aux_loss_coef {coef} is not "
+                            f"{pentad_aux_coef(config)} (router_aux_loss_coef * k / L)")
     for line in want_lines:
         if line not in text.splitlines():
             failures.append(f"recipe.toml has no line '{line}'")
