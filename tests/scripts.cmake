@@ -84,12 +84,14 @@ pentad_layout_test(layouts_pipeline_gpt2 --pipeline gpt-tiny.toml train.micro_ba
 pentad_layout_test(layouts_pipeline_llama --pipeline llama-tiny.toml train.micro_batch=2
                    train.seq_len=32 model.n_head=8 model.n_kv_head=4 optim.lr=1e-3)
 
-# MoE: expert parallelism over dp, folded over tp, etp, ep x pp, capacity (both families:
-# LLaMA experts with softmax routing and the balancing/z losses; GPT-2 experts with biases,
-# sigmoid routing, a shared expert, the sequence loss and the aux-loss-free bias).
-pentad_layout_test(layouts_moe_llama --moe llama-tiny.toml train.micro_batch=2 train.seq_len=32
-                   model.moe_layers=all model.n_experts=4 model.top_k=2 moe.aux_loss_coef=0.01
-                   moe.z_loss_coef=0.001)
+# MoE: expert parallelism over dp, folded over tp, etp, ep x pp, capacity, for both MoE
+# recipes (mixtral-tiny: softmax routing with the aux loss, plus the z-loss here;
+# moe-fine-tiny: 16 sigmoid-routed experts top-4, a shared one, a dense first layer, the
+# sequence loss and the aux-loss-free bias) and GPT-2 experts (biases, replicated over etp).
+pentad_layout_test(layouts_moe_mixtral --moe mixtral-tiny.toml train.micro_batch=2
+                   train.seq_len=32 moe.z_loss_coef=0.001)
+pentad_layout_test(layouts_moe_fine --moe moe-fine-tiny.toml model.n_layer=4 train.micro_batch=2
+                   train.seq_len=32 moe.seq_aux_loss_coef=0.01)
 pentad_layout_test(layouts_moe_gpt2 --moe gpt-tiny.toml train.micro_batch=2 train.seq_len=32
                    model.moe_layers=every:1 model.n_experts=8 model.top_k=3
                    model.n_shared_experts=1 model.d_ff_expert=64 moe.score=sigmoid
@@ -113,9 +115,8 @@ set_tests_properties(checkpoint_resume PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE
 # MoE checkpoints: bitwise resume of ep layouts, resharding across ep / etp / one rank.
 add_test(NAME moe_checkpoint
   COMMAND ${PENTAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/moe_checkpoint.py
-          $<TARGET_FILE:pentad> ${RECIPES}/llama-tiny.toml ${CMAKE_CURRENT_BINARY_DIR}/moe-checkpoints
-          model.moe_layers=all model.n_experts=4 model.top_k=2 moe.aux_loss_coef=0.01
-          moe.bias_update_rate=0.001)
+          $<TARGET_FILE:pentad> ${RECIPES}/moe-fine-tiny.toml
+          ${CMAKE_CURRENT_BINARY_DIR}/moe-checkpoints moe.bias_update_rate=0.01)
 set_tests_properties(moe_checkpoint PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE
   PASS_REGULAR_EXPRESSION "MoE checkpoints resume exactly")
 

@@ -56,11 +56,8 @@ std::string effective(const std::map<std::string, std::string>& values, const st
   const std::string value = get(key);
   if (value != "0") return value;
   if (key == "model.n_kv_head") return get("model.n_head");
-  if (key == "model.d_ff_expert") {  // 0: the expert width follows d_ff and the family
-    if (get("model.n_experts") == "0") return value;
-    const std::string d_ff = effective(values, "model.d_ff");
-    return d_ff;
-  }
+  if (key == "model.d_ff_expert")  // 0: the expert width follows d_ff and the family
+    return get("model.n_experts") == "0" ? value : effective(values, "model.d_ff");
   if (key == "model.d_ff") {
     ModelConfig m;
     m.family = get("model.family") == "\"llama\"" ? ModelFamily::LLaMA : ModelFamily::GPT2;
@@ -77,9 +74,12 @@ std::string effective(const std::map<std::string, std::string>& values, const st
 RecipeComparison compare_recipes(const Config& run, const std::string& checkpoint_recipe_toml) {
   std::map<std::string, std::string> mine = recipe_values(recipe_to_toml(run));
   std::map<std::string, std::string> theirs = recipe_values(checkpoint_recipe_toml);
-  // A checkpoint written before a model key existed had that key's default.
+  // A checkpoint written before MoE existed holds a dense model: its missing MoE keys mean
+  // their defaults (other keys an older recipe lacks are not compared).
   for (const auto& [key, value] : recipe_values(recipe_to_toml(Config{})))
-    if (is_model_key(key)) theirs.emplace(key, value);
+    if (is_model_key(key) &&
+        (key.starts_with("moe.") || key == "model.moe_layers" || key == "model.n_experts"))
+      theirs.emplace(key, value);
   RecipeComparison result;
   for (const auto& [key, value] : mine) {
     auto it = theirs.find(key);

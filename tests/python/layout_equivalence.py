@@ -35,6 +35,11 @@ stages, and pipeline x data x tensor parallel) on an 8-layer model with 4 micro-
 With --moe (an MoE recipe), the layouts are expert-parallel ones: ep over data-parallel
 ranks, ep folded over tensor-parallel ranks (MoE Parallel Folding), etp, ep x pp, and
 capacity-factor runs; the broken variant skips the experts' gradient all-reduce over edp.
+Routing is a discrete choice: a token whose top-k scores (plus selection bias) tie within
+rounding may pick another expert under another layout, and the aux-loss-free bias rule
+(a sign of integer counts) turns one such flip into a 2 * rate jump of a bias element. At
+the recipes' rate (1e-3) no layout flips a pick in 20 steps; at 1e-2 two of nine did
+(losses still within 3e-6), so the tests keep the recipes' rate.
 
 usage: layout_equivalence.py [--pipeline | --moe] PENTAD RECIPE WORKDIR [section.key=value ...]
 """

@@ -103,5 +103,19 @@ TEST(CheckpointRecipe, KeysAnOlderRecipeLacksAreNotCompared) {
   EXPECT_TRUE(compare_recipes(run({"model.rope_theta=500000.0"}), old).model.empty());
 }
 
+// A checkpoint from before MoE (no [moe], no model.n_experts) holds a dense model.
+TEST(CheckpointRecipe, ACheckpointFromBeforeMoeIsDense) {
+  std::string old = saved({});
+  for (const char* key : {"moe_layers = ", "n_experts = "}) {
+    const size_t at = old.find(key);
+    old.erase(at, old.find('\n', at) + 1 - at);
+  }
+  const std::vector<std::string> keys =
+      keys_of(compare_recipes(run({"model.moe_layers=all", "model.n_experts=4"}), old).model);
+  EXPECT_NE(std::find(keys.begin(), keys.end(), "model.moe_layers"), keys.end());
+  EXPECT_NE(std::find(keys.begin(), keys.end(), "model.n_experts"), keys.end());
+  EXPECT_TRUE(compare_recipes(run({}), old).model.empty());
+}
+
 }  // namespace
 }  // namespace pentad
