@@ -95,7 +95,8 @@ void Trainer::report_step(const StepStats& s, std::chrono::steady_clock::time_po
                         {"tokens_min", m.min},
                         {"tokens_max", m.max},
                         {"tokens_mean", m.mean},
-                        {"dropped_fraction", m.dropped}});
+                        {"dropped_fraction", m.dropped},
+                        {"tokens", m.tokens}});
       if (m.mean > 0) worst = std::max(worst, m.max / m.mean);
       dropped = std::max(dropped, m.dropped);
     }

@@ -274,7 +274,8 @@ void Trainer::finish_moe_step(StepStats& s) {
     const double picks = std::accumulate(first, last, 0.0);
     s.moe_layers.push_back({layers[i], *std::min_element(first, last),
                             *std::max_element(first, last), picks / double(E),
-                            picks > 0 ? all[L * E + i] / picks : 0.0});
+                            picks > 0 ? all[L * E + i] / picks : 0.0,
+                            std::vector<double>(first, last)});
     if (std::find(mine.layers.begin(), mine.layers.end(), layers[i]) != mine.layers.end())
       held.insert(held.end(), first, last);
   }

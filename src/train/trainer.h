@@ -43,6 +43,7 @@ struct StepStats {
   struct MoeLayer {
     int64_t layer = 0;
     double min = 0, max = 0, mean = 0, dropped = 0;
+    std::vector<double> tokens;  // picks per expert
   };
   std::vector<MoeLayer> moe_layers;
 };

@@ -39,7 +39,11 @@ Routing is a discrete choice: a token whose top-k scores (plus selection bias) t
 rounding may pick another expert under another layout, and the aux-loss-free bias rule
 (a sign of integer counts) turns one such flip into a 2 * rate jump of a bias element. At
 the recipes' rate (1e-3) no layout flips a pick in 20 steps; at 1e-2 two of nine did
-(losses still within 3e-6), so the tests keep the recipes' rate.
+(losses still within 3e-6), and on an AVX2 core a capacity ranking flipped at 1e-3. So
+the MoE runs also compare every step's routing (picks per expert and layer, fraction
+dropped: integers, equal under every layout); at the first step f where they differ, a
+near-tie went the other way: that is accepted only after step 1 and for at most two picks,
+the losses are compared before step f and the final weights are not compared.
 
 usage: layout_equivalence.py [--pipeline | --moe] PENTAD RECIPE WORKDIR [section.key=value ...]
 """
@@ -139,14 +143,31 @@ def run(pentad, recipe, work, name, ranks, overrides, bug=None):
         raise SystemExit(f"{name}: pentad failed ({proc.returncode})")
     steps = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()
              if '"loss"' in l]
+    # MoE: every step's routing over the global batch (picks per expert and layer, the
+    # fraction dropped), integers that do not depend on the layout unless a pick flips.
+    routing = [[(l["tokens"], l["dropped_fraction"]) for l in s.get("moe_layers", [])]
+               for s in steps]
     return Run(np.array([s["loss"] for s in steps], dtype=np.float64),
                sum(s["lr"] for s in steps), load_weights(out / "grads"),
-               load_weights(out / "weights"))
+               load_weights(out / "weights"), routing)
 
 
 class Run:
-    def __init__(self, losses, lr_sum, grads, weights):
+    def __init__(self, losses, lr_sum, grads, weights, routing):
         self.losses, self.lr_sum, self.grads, self.weights = losses, lr_sum, grads, weights
+        self.routing = routing
+
+
+def routing_flip(run, ref):
+    """The first step (1-based) whose routing differs from ref's, and how many picks moved
+    in its first differing layer (later layers of that step follow from it); (0, 0) when
+    the routing is the same throughout."""
+    for step, (a, b) in enumerate(zip(run.routing, ref.routing), start=1):
+        for la, lb in zip(a, b):
+            if la != lb:
+                moved = sum(abs(x - y) for x, y in zip(la[0], lb[0])) / 2
+                return step, moved + (la[1] != lb[1])
+    return 0, 0
 
 
 def rel(a, b):
@@ -159,7 +180,21 @@ def compare(run, ref):
     problems = []
     if len(run.losses) != len(ref.losses):
         return [f"{len(run.losses)} losses, want {len(ref.losses)}"], np.inf, {}
-    loss_errs = np.abs(run.losses - ref.losses) / np.abs(ref.losses)
+    # A routing flip (MoE, see the docstring) at step f: a near-tie decided the other way,
+    # after which the runs are two different trainings. Allowed only after step 1 (whose
+    # gradients are still checked) and as a couple of picks; losses are compared before f,
+    # weights not at all.
+    flip, moved = routing_flip(run, ref)
+    if flip:
+        print(f"    routing flipped at step {flip} ({moved:g} picks): a near-tie; losses "
+              f"compared before it, final weights not compared")
+        if flip == 1 or moved > 2:
+            problems.append(f"routing differs at step {flip} by {moved:g} picks (a tie "
+                            f"flips one or two; step 1 must route alike)")
+    steps = flip - 1 if flip else len(ref.losses)
+    loss_errs = np.abs(run.losses[:steps] - ref.losses[:steps]) / np.abs(ref.losses[:steps])
+    if steps == 0:
+        loss_errs = np.zeros(1)
     if loss_errs.max() > TOL:
         problems.append(f"loss at step {int(np.argmax(loss_errs)) + 1} differs by "
                         f"{loss_errs.max():.2e} relative")
@@ -174,7 +209,7 @@ def compare(run, ref):
         if err > TOL:
             problems.append(f"step-1 gradient of {pname} differs by {err:.2e} relative")
         worst["grad"] = max(worst["grad"], (err, pname))
-    for pname, w_ref in ref.weights.items():
+    for pname, w_ref in ref.weights.items() if not flip else []:
         w = run.weights[pname]
         adam_reach = ref.lr_sum * np.sqrt(w_ref.size)  # how far Adam can move the tensor
         if pname.endswith(NOISE_ONLY):
