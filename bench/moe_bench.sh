@@ -15,9 +15,9 @@ iters=${ITERS:-10}
 python=${PENTAD_PYTHON:-/usr/bin/python3}
 bench=$build/pentad_moe_block_bench
 [[ -x $bench ]] || { echo "no $bench: cmake --build $build --target pentad_moe_block_bench" >&2; exit 1; }
-# mixtral-tiny (llama-tiny with 4 experts top 2, d_ff_expert 96, micro-batch 8 x 64), a
-# mid-size one, and the larger shape.
-shapes=${SHAPES:-"64 4 2 96 512;256 8 2 512 1024;512 8 2 1024 2048"}
+# recipes/mixtral-tiny.toml's block (8 experts top 2, d_ff_expert 128, micro-batch 8 x 64),
+# a mid-size one, and the larger shape.
+shapes=${SHAPES:-"64 8 2 128 512;256 8 2 512 1024;512 8 2 1024 2048"}
 export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
 
 median() { sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Expert parallelism's all-to-all volume per step against a formula, and its share of time.
 
-Trains a tiny LLaMA MoE (every layer MoE) for a few steps under ep2 and ep4 (experts over
-the data-parallel ranks, mpirun) with --comm-log, counts the ep communicator's collectives
-per step from the trace, and compares them with the counts and bytes derived here from the
-shapes. Then reports the time the ep all-to-alls were in flight as a share of the step.
+Trains recipes/mixtral-tiny.toml (every layer MoE) for a few steps under ep2 and ep4
+(experts over the data-parallel ranks, mpirun) with --comm-log, counts the ep
+communicator's collectives per step from the trace, and compares them with the counts and
+bytes derived here from the shapes. Then reports the time the ep all-to-alls were in flight as a share of the step.
 
 usage: /usr/bin/python3 bench/moe_comm_volume.py [--pentad build/pentad] [--steps 6]
                                                  [--work bench/out/moe_comm_volume]
@@ -38,8 +38,8 @@ from comm_volume import events_by_step, run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 F = 4
-MODEL = dict(n_layer=2, d_model=64, n_experts=4, top_k=2, d_ff_expert=96, micro_batch=4,
-             seq_len=64, grad_accum=2)
+MODEL = dict(n_layer=2, d_model=64, n_experts=8, top_k=2, d_ff_expert=128, micro_batch=4,
+             seq_len=64, grad_accum=2)  # mixtral-tiny's shapes, a smaller micro-batch
 LAYOUTS = [("ep2", 2), ("ep4", 4)]  # ep over dp: every rank holds its own tokens
 
 
@@ -53,7 +53,7 @@ def pentad_cmd(pentad, ranks, m, steps, out_dir, log_dir):
         "data.source": "random", "parallel.ep": ranks, "train.out_dir": out_dir,
     }
     return (["mpirun", "--oversubscribe", "-np", str(ranks), str(pentad), "train",
-             str(ROOT / "recipes/llama-tiny.toml")] + [f"{k}={v}" for k, v in keys.items()] +
+             str(ROOT / "recipes/mixtral-tiny.toml")] + [f"{k}={v}" for k, v in keys.items()] +
             ["--comm-log", str(log_dir)])
 
 
@@ -70,7 +70,7 @@ def main():
     L, A, N, k, C, E = (m["n_layer"], m["grad_accum"], m["micro_batch"] * m["seq_len"],
                         m["top_k"], m["d_model"], m["n_experts"])
     mean_bytes = 4 * L * A * N * k * C * F
-    print(f"LLaMA MoE: L={L} (all MoE), C={C}, E={E}, k={k}, d_ff_expert={m['d_ff_expert']}, "
+    print(f"mixtral-tiny: L={L} (all MoE), C={C}, E={E}, k={k}, d_ff_expert={m['d_ff_expert']}, "
           f"b={m['micro_batch']}, s={m['seq_len']}, grad_accum={A}; N*k*C*4 = {N * k * C * F} B")
     print("| layout | rank | op | ops/step meas | ops/step formula | bytes/step meas (median "
           "over steps) | bytes/step formula (mean over ranks) | ratio | in flight / step |")

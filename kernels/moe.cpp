@@ -26,7 +26,7 @@ void check_picks(const char* op, const Tensor& pos, const Arg& w, int64_t N) {
 // Every present tensor must be on the call's device with its dtype.
 void check_groups(const char* op, const Call& call, std::span<const int64_t> group_rows, int64_t R,
                   std::span<const Tensor> weight, std::span<const Tensor> dweight,
-                  std::span<const Tensor> bias, int64_t OC, int64_t C) {
+                  std::span<const Tensor> bias, bool grads, int64_t OC, int64_t C) {
   PENTAD_CHECK(weight.size() == group_rows.size(), "{}: {} weights for {} groups", op,
                weight.size(), group_rows.size());
   PENTAD_CHECK(dweight.empty() || dweight.size() == group_rows.size(),
