@@ -85,6 +85,12 @@ def main():
             for i, evs in events_by_step(lg).items():
                 rank_sums[i] += sum(e["bytes"] for e in evs
                                     if e["comm"] == "ep" and e["kind"] == "all_to_all_v")
+        # In each step a rank's all_to_all_v alternate dispatch (its N*k picks: exactly
+        # N*k*C*f bytes) and combine (the R rows its experts computed): check every dispatch.
+        dispatch_exact = all(
+            e["bytes"] == N * k * C * F
+            for lg in logs for i, evs in events_by_step(lg).items()
+            for e in [x for x in evs if x["comm"] == "ep" and x["kind"] == "all_to_all_v"][::2])
         for lg in logs:
             per_step = defaultdict(list)  # (comm, kind) -> [(ops, bytes, seconds, step s)]
             by_step = events_by_step(lg)
@@ -121,6 +127,8 @@ def main():
         ratios = [rank_sums[i] / (P * mean_bytes) for i in sorted(rank_sums) if i > 0]
         print(f"| {name} | all, per step | ep all_to_all_v | | | sum / {P} | {mean_bytes:,} | "
               f"{min(ratios):.4f}-{max(ratios):.4f} | |")
+        print(f"<!-- {name}: every dispatch all_to_all_v (every other one) is exactly "
+              f"N*k*C*4 = {N * k * C * F} B: {'yes' if dispatch_exact else 'NO'} -->")
         others = sorted({(e["comm"], e["kind"]) for lg in logs for e in lg["events"]
                          if e["comm"] not in ("ep", "etp", "ep_etp")})
         print(f"<!-- {name}: other communicators in the trace: {others} -->")
