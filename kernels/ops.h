@@ -24,6 +24,7 @@
 //    losses, row_max, stats), parameter gradients and AdamW state in F32. They are
 //    deterministic too. kernels/cuda/cuda_ops.h has the stream rule and the limits.
 #include <cstdint>
+#include <span>
 
 #include "core/params.h"
 #include "core/tensor.h"
@@ -129,6 +130,25 @@ void moe_unpermute(Tensor out, const Tensor& inp, const Tensor& pos, const Tenso
 // Its backward: dinp[pos[t, j]] = w[t, j] * dout[t]; dw[t, j] = <dout[t], inp[pos[t, j]]>.
 void moe_unpermute_backward(Tensor dinp, Tensor dw, const Tensor& dout, const Tensor& inp,
                             const Tensor& pos, const Tensor& w);
+// The routed experts' linear layers on rows grouped by expert (MoE's grouped GEMM): group g
+// owns the next group_rows[g] rows of inp (R, C) and out (R, OC), with its own weight[g]
+// (OC, C) and bias[g] (OC; the list or an entry may be absent): out rows = inp rows @
+// weight[g]^T + bias[g], each row's values equal to linear_forward's on the group's rows.
+// On the CPU the threads split the R rows evenly whatever the routing and each runs
+// single-threaded GEMMs on its share of every group: one parallel region, where a
+// multi-threaded GEMM per expert makes the threads meet inside every GEMM. On CUDA: one
+// GEMM per group.
+void grouped_linear_forward(Tensor out, const Tensor& inp, std::span<const int64_t> group_rows,
+                            std::span<const Tensor> weight, std::span<const Tensor> bias);
+// Its backward, as linear_backward per group: dinp (R, C) = dout @ weight[g] (+= when
+// accumulate_dinp); dweight[g] += dout^T @ inp and dbias[g] += column sums of dout over the
+// group's rows. dinp, dweight, dbias may be absent (empty spans: every group's). The
+// threads split dinp by rows and each group's dweight by its OC rows, so every element
+// sums the group's rows in linear_backward's order.
+void grouped_linear_backward(Tensor dinp, std::span<const Tensor> dweight,
+                             std::span<const Tensor> dbias, const Tensor& dout, const Tensor& inp,
+                             std::span<const int64_t> group_rows, std::span<const Tensor> weight,
+                             bool accumulate_dinp);
 
 // out = a + b (out may alias a or b).
 void add(Tensor out, const Tensor& a, const Tensor& b);

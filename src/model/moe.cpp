@@ -372,30 +372,31 @@ void MoeBlock::forward(Acts& a, const Tensor& x, Tensor out, float weight) {
 }
 
 void MoeBlock::experts_forward(Acts& a) {
-  // Each local expert on its rows, one after another (every GEMM uses all threads).
+  // Every local expert's GEMMs as one grouped GEMM per layer (the threads split the rows,
+  // kernels/ops.h), the activations over all rows at once.
   const bool add_bias = ep_.etp_rank() == 0;  // a replicated bias, counted once in the etp sum
-  int64_t row = 0;
-  for (size_t e = 0; e < experts_.size(); ++e) {
-    const int64_t n = a.route.rows[e];
-    if (n == 0) continue;
-    const Expert& x = experts_[e];
-    Tensor xr = a.xr.rows(row, n), up = a.up.rows(row, n), act = a.act.rows(row, n);
-    if (gpt2_) {
-      k::linear_gelu_forward(act, up, xr, W(x.up), W(x.up_b));
-    } else {
-      Tensor gate = a.gate.rows(row, n);
-      k::linear_forward(gate, xr, W(x.gate), Tensor{});
-      k::linear_forward(up, xr, W(x.up), Tensor{});
-      k::swiglu_forward(act, gate, up);
-    }
-    k::linear_forward(a.yr.rows(row, n), act, W(x.down), add_bias ? W(x.down_b) : Tensor{});
-    row += n;
+  const std::vector<int64_t>& rows = a.route.rows;
+  auto weights = [&](int Expert::*id) {
+    std::vector<Tensor> out;
+    for (const Expert& x : experts_) out.push_back(W(x.*id));
+    return out;
+  };
+  if (gpt2_) {
+    const std::vector<Tensor> up_b = weights(&Expert::up_b);
+    k::grouped_linear_forward(a.up, a.xr, rows, weights(&Expert::up), up_b);
+    k::gelu_forward(a.act, a.up);
+  } else {
+    k::grouped_linear_forward(a.gate, a.xr, rows, weights(&Expert::gate), {});
+    k::grouped_linear_forward(a.up, a.xr, rows, weights(&Expert::up), {});
+    k::swiglu_forward(a.act, a.gate, a.up);
   }
+  const std::vector<Tensor> down_b = add_bias ? weights(&Expert::down_b) : std::vector<Tensor>{};
+  k::grouped_linear_forward(a.yr, a.act, rows, weights(&Expert::down), down_b);
 }
 
 void MoeBlock::backward(Acts& a, const Tensor& x, const Tensor& dout, Tensor dx, float weight) {
   const int64_t A = a.picks, R = a.route.recv_rows, Nl = rows_;
-  Tensor dyp, dw, dlogits, dyr, dxr, dxp;
+  Tensor dyp, dw, dlogits, dyr, dxr, dxp, dact, dgate, dup;
   auto plan = [&](Arena& arena) {
     dyp = arena.alloc(Shape{A, C_});
     dw = arena.alloc(Shape{Nl, k_});
@@ -403,6 +404,8 @@ void MoeBlock::backward(Acts& a, const Tensor& x, const Tensor& dout, Tensor dx,
     dyr = arena.alloc(Shape{R, C_});
     dxr = arena.alloc(Shape{R, C_});
     dxp = arena.alloc(Shape{A, C_});
+    if (!gpt2_) dact = arena.alloc(Shape{R, F_}), dgate = arena.alloc(Shape{R, F_});
+    dup = arena.alloc(Shape{R, F_});
   };
   Arena measure = Arena::measuring("moe");
   plan(measure);
@@ -413,39 +416,36 @@ void MoeBlock::backward(Acts& a, const Tensor& x, const Tensor& dout, Tensor dx,
   plan(scratch_);
   k::moe_unpermute_backward(dyp, dw, dout, a.yp, a.pos, a.w);
   ep_.dispatch(a.route, dyp, dyr);
-  experts_backward(a, dyr, dxr);
+  experts_backward(a, dyr, dxr, dact, dgate, dup);
   ep_.combine(a.route, dxr, dxp);
   k::moe_unpermute(dx, dxp, a.pos, Tensor{}, true);
   router_backward(a, x, dw, dlogits, dx, weight);
 }
 
-void MoeBlock::experts_backward(Acts& a, const Tensor& dyr, Tensor dxr) {
-  // Scratch for one expert at a time: d(act) and the pre-activation gradients.
-  const int64_t most = *std::max_element(a.route.rows.begin(), a.route.rows.end());
-  Arena arena("moe expert backward", Arena::aligned(size_t(most * F_) * sizeof(float)) * 3,
-              device_);
-  Tensor dact = arena.alloc(Shape{most, F_}), dgate = arena.alloc(Shape{most, F_}),
-         dup = arena.alloc(Shape{most, F_});
-  int64_t row = 0;
-  for (size_t e = 0; e < experts_.size(); ++e) {
-    const int64_t n = a.route.rows[e];
-    if (n == 0) continue;
-    const Expert& x = experts_[e];
-    const Tensor xr = a.xr.rows(row, n), dy = dyr.rows(row, n), up = a.up.rows(row, n),
-                 act = a.act.rows(row, n);
-    Tensor dx = dxr.rows(row, n), du = dup.rows(0, n);
-    if (gpt2_) {
-      // Every etp rank holds the whole d(output), so each sums the replicated bias's gradient.
-      k::linear_backward_gelu(du, G(x.down), G(x.down_b), dy, act, W(x.down), up);
-      k::linear_backward(dx, G(x.up), G(x.up_b), du, xr, W(x.up), false);
-    } else {
-      Tensor da = dact.rows(0, n), dg = dgate.rows(0, n);
-      k::linear_backward(da, G(x.down), Tensor{}, dy, act, W(x.down), false);
-      k::swiglu_backward(dg, du, da, a.gate.rows(row, n), up);
-      k::linear_backward(dx, G(x.gate), Tensor{}, dg, xr, W(x.gate), false);
-      k::linear_backward(dx, G(x.up), Tensor{}, du, xr, W(x.up), true);
-    }
-    row += n;
+void MoeBlock::experts_backward(Acts& a, const Tensor& dyr, Tensor dxr, Tensor dact, Tensor dgate,
+                                Tensor dup) {
+  // The grouped GEMMs of experts_forward, backwards (GPT-2's use d(up) alone).
+  const std::vector<int64_t>& rows = a.route.rows;
+  auto list = [&](int Expert::*id, bool grad) {
+    std::vector<Tensor> out;
+    for (const Expert& x : experts_) out.push_back(grad ? G(x.*id) : W(x.*id));
+    return out;
+  };
+  if (gpt2_) {
+    // Every etp rank holds the whole d(output), so each sums the replicated bias's gradient.
+    k::grouped_linear_backward(dup, list(&Expert::down, true), list(&Expert::down_b, true), dyr,
+                               a.act, rows, list(&Expert::down, false), false);
+    k::gelu_backward(dup, dup, a.up);
+    k::grouped_linear_backward(dxr, list(&Expert::up, true), list(&Expert::up_b, true), dup, a.xr,
+                               rows, list(&Expert::up, false), false);
+  } else {
+    k::grouped_linear_backward(dact, list(&Expert::down, true), {}, dyr, a.act, rows,
+                               list(&Expert::down, false), false);
+    k::swiglu_backward(dgate, dup, dact, a.gate, a.up);
+    k::grouped_linear_backward(dxr, list(&Expert::gate, true), {}, dgate, a.xr, rows,
+                               list(&Expert::gate, false), false);
+    k::grouped_linear_backward(dxr, list(&Expert::up, true), {}, dup, a.xr, rows,
+                               list(&Expert::up, false), true);
   }
 }
 

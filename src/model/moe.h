@@ -98,7 +98,9 @@ class MoeBlock {
   void drop_over_capacity(Acts& a, std::vector<uint8_t>& kept) const;
   void size_acts(Acts& a, int64_t picks, int64_t recv_rows);
   void experts_forward(Acts& a);
-  void experts_backward(Acts& a, const Tensor& dyr, Tensor dxr);
+  // dact, dgate, dup (R, F): scratch (dup alone for GPT-2's experts).
+  void experts_backward(Acts& a, const Tensor& dyr, Tensor dxr, Tensor dact, Tensor dgate,
+                        Tensor dup);
   void router_backward(Acts& a, const Tensor& x, const Tensor& dw, const Tensor& dlogits, Tensor dx,
                        float weight);
   Tensor W(int id) const { return id < 0 ? Tensor{} : params_.weight(id); }
@@ -115,7 +117,7 @@ class MoeBlock {
   bool gpt2_;
   int router_ = -1, bias_ = -1;
   std::vector<Expert> experts_;  // the local experts
-  Arena scratch_;                // backward's buffers, grown as needed
+  Arena scratch_;                // backward's buffers (the experts' scratch too), grown as needed
   // Statistics (training forwards since take_stats).
   std::vector<double> counts_;
   double dropped_ = 0, aux_ = 0, seq_aux_ = 0, z_ = 0;

@@ -101,7 +101,8 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   }
   const double dispatch =
       f32 * (2 * A * C + 2 * R * C + mlp_mats * R * (Fe / etp) + 2 * Nl * E + 3 * Nl * k + A);
-  // Backward's scratch: the gradients of those rows, and one expert's three of width Fe/etp.
+  // Backward's scratch: the gradients of those rows, and three of width Fe/etp for all of
+  // them (the grouped expert GEMMs' d(act), d(gate), d(up)).
   const double dispatch_backward = f32 * (2 * A * C + 2 * R * C + Nl * k + 3 * R * (Fe / etp));
   const double moe_acts = attn_acts + (Fs > 0 ? act * mlp_mats * N * (Fs / p) : 0) + dispatch;
 

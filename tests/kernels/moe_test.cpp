@@ -1,5 +1,6 @@
-// The MoE permutation kernels against plain loops, and the weighted combine's backward
-// against finite differences in double precision.
+// The MoE permutation kernels against plain loops, the weighted combine's backward against
+// finite differences in double precision, and the grouped expert GEMMs against one linear
+// layer per expert.
 #include <gtest/gtest.h>
 
 #include "kernel_test_util.h"
@@ -75,6 +76,75 @@ TEST(Moe, UnpermuteBackwardMatchesFiniteDifferences) {
       EXPECT_EQ(dw[size_t(i)], 0.0) << "a dropped pick has no weight gradient";
     }
   }
+}
+
+// The grouped linear layers against one linear layer per group, on uneven groups (one
+// empty), in double and in float: equal to rounding.
+template <typename T>
+void check_grouped_linear(double tol) {
+  const std::vector<int64_t> rows = {9, 0, 2, 17};
+  const int64_t G = 4, R = 28, IC = 5, OC = 6;
+  auto make = [](size_t n, uint64_t seed) {
+    std::vector<T> out;
+    for (double v : randn(n, seed)) out.push_back(T(v));
+    return out;
+  };
+  const std::vector<T> x = make(size_t(R * IC), 6), dy = make(size_t(R * OC), 7);
+  std::vector<std::vector<T>> w, b, dw, db, dw_want, db_want;
+  std::vector<Tensor> wt, bt, dwt, dbt;
+  for (int64_t g = 0; g < G; ++g) {
+    w.push_back(make(size_t(OC * IC), 10 + uint64_t(g)));
+    b.push_back(make(size_t(OC), 20 + uint64_t(g)));
+    dw.push_back(make(size_t(OC * IC), 30 + uint64_t(g)));  // gradients accumulate
+    db.push_back(make(size_t(OC), 40 + uint64_t(g)));
+  }
+  dw_want = dw;
+  db_want = db;
+  for (int64_t g = 0; g < G; ++g) {
+    wt.push_back(view(w[size_t(g)], {OC, IC}));
+    bt.push_back(view(b[size_t(g)], {OC}));
+    dwt.push_back(view(dw[size_t(g)], {OC, IC}));
+    dbt.push_back(view(db[size_t(g)], {OC}));
+  }
+  std::vector<T> y(size_t(R * OC)), y_want(y.size()), dx(size_t(R * IC), T(1)), dx_want(dx);
+  kernels::grouped_linear_forward(view(y, {R, OC}), view(x, {R, IC}), rows, wt, bt);
+  kernels::grouped_linear_backward(view(dx, {R, IC}), dwt, dbt, view(dy, {R, OC}), view(x, {R, IC}),
+                                   rows, wt, /*accumulate_dinp=*/true);
+  int64_t start = 0;
+  for (int64_t g = 0; g < G; start += rows[size_t(g)], ++g) {
+    const int64_t n = rows[size_t(g)];
+    if (n == 0) continue;
+    auto part = [&](std::vector<T>& v, int64_t width) {
+      return view(v, {R, width}).rows(start, n);
+    };
+    std::vector<T> xs(x), dys(dy);
+    kernels::linear_forward(part(y_want, OC), part(xs, IC), wt[size_t(g)], bt[size_t(g)]);
+    kernels::linear_backward(part(dx_want, IC), view(dw_want[size_t(g)], {OC, IC}),
+                             view(db_want[size_t(g)], {OC}), part(dys, OC), part(xs, IC),
+                             wt[size_t(g)], true);
+  }
+  EXPECT_LE(testing::rel_error(y, y_want), tol);
+  EXPECT_LE(testing::rel_error(dx, dx_want), tol);
+  for (int64_t g = 0; g < G; ++g) {
+    EXPECT_LE(testing::rel_error(dw[size_t(g)], dw_want[size_t(g)]), tol) << "group " << g;
+    EXPECT_LE(testing::rel_error(db[size_t(g)], db_want[size_t(g)]), tol) << "group " << g;
+  }
+  // The empty group's gradients are untouched.
+  EXPECT_EQ(dw[1], dw_want[1]);
+}
+
+TEST(Moe, GroupedLinearIsOneLinearPerGroup) {
+  check_grouped_linear<double>(1e-14);
+  check_grouped_linear<float>(1e-6);
+}
+
+TEST(Moe, GroupedLinearRefusesRowsThatDoNotAddUp) {
+  const std::vector<double> x = randn(10, 1), w = randn(4, 2);
+  std::vector<double> y(8);
+  const std::vector<int64_t> rows = {3, 1};  // 4 rows, but x has 5
+  const std::vector<Tensor> weights = {view(w, {2, 2}), view(w, {2, 2})};
+  EXPECT_THROW(kernels::grouped_linear_forward(view(y, {4, 2}), view(x, {5, 2}), rows, weights, {}),
+               std::logic_error);
 }
 
 }  // namespace
