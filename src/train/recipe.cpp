@@ -13,7 +13,7 @@
 #include <variant>
 
 #include "core/check.h"
-#include "model/moe.h"
+#include "train/recipe_checks.h"
 #include "train/recipe_keys.h"
 
 namespace pentad {
@@ -112,8 +112,6 @@ std::string_view type_name(const toml::node& node) {
   }
 }
 
-std::string quote(std::string_view s);
-
 // The value as a user would write it (floats shortest, never as 17 digits).
 std::string value_text(const toml::node& node) {
   if (auto* v = node.as_string()) return quote(v->get());
@@ -133,46 +131,7 @@ std::string describe(const toml::node& node) {
   return fmt::format("{} {}", type_name(node), value_text(node));
 }
 
-std::string quote(std::string_view s) {
-  std::string out = "\"";
-  for (unsigned char ch : s) {
-    switch (ch) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      default:
-        if (ch < 0x20 || ch == 0x7f)
-          out += fmt::format("\\u{:04X}", ch);
-        else
-          out += static_cast<char>(ch);
-    }
-  }
-  return out + "\"";
-}
-
 // Shortest text that reads back as the same float through a TOML double.
-std::string format_float(float v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  std::string s = fmt::format("{}", v);
-  double back = 0;
-  std::from_chars(s.data(), s.data() + s.size(), back);
-  if (static_cast<float>(back) != v) s = fmt::format("{}", static_cast<double>(v));
-  if (s.find_first_of(".e") == std::string::npos) s += ".0";
-  return s;
-}
 
 // Stores `node` into the field of `key`, or fails with `origin` ("file:line:col") first.
 void set_value(Config& config, const Key& key, const toml::node& node, const std::string& origin) {
@@ -286,174 +245,6 @@ Override parse_override(const std::string& text) {
     o.holder = toml::table{{"v", std::string(rhs)}};
   }
   return o;
-}
-
-// ---- checks that involve more than one key ----
-
-std::string divisors_of(int64_t n) {
-  std::string list;
-  for (int64_t d = 1; d <= n && list.size() < 60; ++d)
-    if (n % d == 0) list += fmt::format("{}{}", list.empty() ? "" : ", ", d);
-  return list;
-}
-
-// Mixture of Experts (model/moe.h) against the rest of the recipe. where(keys): the origin
-// of the first of `keys` the recipe set.
-template <typename Where>
-void check_moe(const Config& c, const Where& where) {
-  const ModelConfig& m = c.model;
-  const ParallelConfig& p = c.parallel;
-  if (m.n_experts > 0 && m.moe_layers.empty())
-    fail(
-        "{}: model.n_experts = {} but model.moe_layers is empty: name the MoE layers (\"all\", "
-        "\"every:2\", \"from:1\" or a list such as \"1,3\"), or set model.n_experts = 0 for a "
-        "dense model",
-        where({"model.moe_layers", "model.n_experts"}), m.n_experts);
-  if (m.n_experts == 0 && !m.moe_layers.empty())
-    fail(
-        "{}: model.moe_layers = {} but model.n_experts = 0: set model.n_experts (e.g. 8), or "
-        "model.moe_layers = \"\" for a dense model",
-        where({"model.n_experts", "model.moe_layers"}), quote(m.moe_layers));
-  if (!m.is_moe()) {
-    if (m.n_shared_experts > 0 || m.d_ff_expert > 0)
-      fail(
-          "{}: model.{} is set but the model has no MoE layers: set model.n_experts and "
-          "model.moe_layers, or leave it 0",
-          where({"model.n_shared_experts", "model.d_ff_expert"}),
-          m.n_shared_experts > 0 ? "n_shared_experts" : "d_ff_expert");
-    if (p.ep > 1 || p.etp > 1)
-      fail(
-          "{}: parallel.ep = {} and parallel.etp = {} split experts, but the model has no MoE "
-          "layers: set both to 1, or give the model experts (model.n_experts, model.moe_layers)",
-          where({"parallel.ep", "parallel.etp"}), p.ep, p.etp);
-    return;
-  }
-  std::vector<int64_t> layers;
-  try {
-    layers = moe_layer_indices(m);
-  } catch (const Error& e) {
-    fail("{}: {}", where({"model.moe_layers", "model.n_layer"}), e.what());
-  }
-  if (layers.empty())
-    fail("{}: model.moe_layers = {} names no layer of the {} (layers 0 to {})",
-         where({"model.moe_layers", "model.n_layer"}), quote(m.moe_layers), m.n_layer,
-         m.n_layer - 1);
-  if (m.top_k > m.n_experts)
-    fail("{}: model.top_k ({}) must be at most model.n_experts ({})",
-         where({"model.top_k", "model.n_experts"}), m.top_k, m.n_experts);
-  const float capacity = m.moe.capacity_factor;
-  if (capacity > 0 && double(capacity) * double(m.top_k) < 1.0)
-    fail(
-        "{}: moe.capacity_factor = {} is below 1 / model.top_k = 1 / {}: the experts together "
-        "would keep fewer picks than a micro-batch has tokens, so even perfectly balanced "
-        "routing drops tokens whole; use at least {:.4g} (1 or more keeps balanced routing "
-        "whole), or 0 for dropless",
-        where({"moe.capacity_factor", "model.top_k"}), format_float(capacity), m.top_k,
-        1.0 / double(m.top_k));
-  // MoE on CUDA runs in fp32 with every expert on its rank (its routing on host copies).
-  if (c.train.device == "cuda" && c.train.precision != "fp32")
-    fail(
-        "{}: MoE on CUDA in {} is not built yet (it computes in fp32): set train.precision = "
-        "\"fp32\"",
-        where({"train.precision", "train.device", "model.n_experts"}), c.train.precision);
-  if (c.train.device == "cuda" && (p.ep > 1 || p.etp > 1))
-    fail(
-        "{}: expert parallelism on CUDA is not built yet (parallel.ep = {}, parallel.etp = {} "
-        "with train.device = \"cuda\"): set both to 1, or train on the CPU",
-        where({"parallel.ep", "parallel.etp", "train.device"}), p.ep, p.etp);
-  if (m.recompute)
-    fail(
-        "{}: model.recompute = true with MoE layers is not built yet (an MoE layer keeps its "
-        "routing for backward): set model.recompute = false",
-        where({"model.recompute", "model.n_experts"}));
-  if (m.n_experts % p.ep != 0)
-    fail(
-        "{}: model.n_experts ({}) must be divisible by parallel.ep ({}): each expert-parallel "
-        "rank holds n_experts / ep whole experts; change parallel.ep to a divisor of {} ({})",
-        where({"parallel.ep", "model.n_experts"}), m.n_experts, p.ep, m.n_experts,
-        divisors_of(m.n_experts));
-  const int64_t width = expert_ffn_dim(m);
-  if (width % p.etp != 0)
-    fail(
-        "{}: the expert width ({} = {}) must be divisible by parallel.etp ({}): change "
-        "parallel.etp to a divisor of {} ({})",
-        where({"parallel.etp", "model.d_ff_expert"}),
-        m.d_ff_expert > 0 ? "model.d_ff_expert" : "model.d_ff_expert = 0: the ffn width", width,
-        p.etp, width, divisors_of(width));
-  const int64_t shared = m.n_shared_experts * width;
-  if (shared % p.tp != 0)
-    fail(
-        "{}: the shared experts' width (model.n_shared_experts x expert width = {} x {} = {}) "
-        "must be divisible by parallel.tp ({}): they run as one tensor-parallel MLP; change "
-        "parallel.tp to a divisor of {}",
-        where({"parallel.tp", "model.n_shared_experts"}), m.n_shared_experts, width, shared, p.tp,
-        shared);
-  if (p.tp > 1 && !p.sequence_parallel)
-    fail(
-        "{}: MoE layers with parallel.tp = {} need parallel.sequence_parallel = true: every rank "
-        "must route distinct tokens (as in Megatron), not tp copies of the same ones",
-        where({"parallel.tp", "parallel.sequence_parallel"}), p.tp);
-}
-
-void check_combinations(const Config& c, const std::map<std::string, std::string>& origins,
-                        const std::string& name) {
-  // The origin of the first named key that the recipe set, for "file:line:col: ..." prefixes.
-  auto where = [&](std::initializer_list<std::string_view> keys) {
-    for (auto k : keys)
-      if (auto it = origins.find(std::string(k)); it != origins.end()) return it->second;
-    return name;
-  };
-  const ModelConfig& m = c.model;
-  if (m.d_model % m.n_head != 0)
-    fail("{}: model.d_model ({}) must be divisible by model.n_head ({})",
-         where({"model.d_model", "model.n_head"}), m.d_model, m.n_head);
-  if (m.n_kv_head > m.n_head)
-    fail("{}: model.n_kv_head ({}) must be in [0, model.n_head ({})]", where({"model.n_kv_head"}),
-         m.n_kv_head, m.n_head);
-  if (m.n_kv_head > 0 && m.n_head % m.n_kv_head != 0)
-    fail("{}: model.n_head ({}) must be divisible by model.n_kv_head ({})",
-         where({"model.n_kv_head", "model.n_head"}), m.n_head, m.n_kv_head);
-  if (m.family == ModelFamily::GPT2 && m.n_kv_head != 0 && m.n_kv_head != m.n_head)
-    fail(
-        "{}: model.n_kv_head ({}) must be 0 or model.n_head ({}) when model.family = \"gpt2\" "
-        "(GPT-2 has no grouped-query attention; use family \"llama\")",
-        where({"model.n_kv_head", "model.family"}), m.n_kv_head, m.n_head);
-  if (m.family == ModelFamily::LLaMA && m.head_dim() % 2 != 0)
-    fail(
-        "{}: head_dim = model.d_model / model.n_head = {} / {} = {} must be even when "
-        "model.family = \"llama\" (RoPE rotates pairs of dimensions)",
-        where({"model.d_model", "model.n_head", "model.family"}), m.d_model, m.n_head,
-        m.head_dim());
-  if (c.train.seq_len > m.max_seq_len)
-    fail("{}: train.seq_len ({}) must be at most model.max_seq_len ({})",
-         where({"train.seq_len", "model.max_seq_len"}), c.train.seq_len, m.max_seq_len);
-  if (c.parallel.cp != 1)
-    fail("{}: parallel.cp ({}) must be 1: context parallelism is not in this build yet",
-         where({"parallel.cp"}), c.parallel.cp);
-  const std::string& source = c.data.source;
-  if ((source == "megatron" || source == "llmc" || source == "tokens") && c.data.path.empty())
-    fail("{}: data.path is required when data.source = \"{}\" ({})", where({"data.source"}), source,
-         source == "megatron" ? "prefix of a .bin/.idx pair"
-         : source == "llmc"   ? "an llm.c .bin shard or a glob of them"
-                              : "a pentad token file");
-  if (c.train.out_dir.empty())
-    fail("{}: train.out_dir must not be empty", where({"train.out_dir"}));
-  if (c.train.precision == "bf16" && c.train.device != "cuda")
-    fail(
-        "{}: train.precision = \"bf16\" needs train.device = \"cuda\" (the CPU kernels "
-        "compute in fp32): set train.precision = \"fp32\" or train on a GPU",
-        where({"train.precision", "train.device"}));
-  if (c.train.device == "cuda" && c.parallel.pp > 1)
-    fail(
-        "{}: parallel.pp = {} with train.device = \"cuda\" is not built yet (pipeline "
-        "transfers go through host buffers): set parallel.pp = 1 or train on the CPU",
-        where({"parallel.pp", "train.device"}), c.parallel.pp);
-  if (c.train.device == "cuda" && m.head_dim() > 128)
-    fail(
-        "{}: head_dim = model.d_model / model.n_head = {} is above 128, the largest the CUDA "
-        "attention kernels take: raise model.n_head",
-        where({"model.d_model", "model.n_head", "train.device"}), m.head_dim());
-  check_moe(c, where);
 }
 
 }  // namespace

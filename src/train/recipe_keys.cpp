@@ -1,5 +1,8 @@
 #include "train/recipe_keys.h"
 
+#include <charconv>
+#include <cmath>
+
 namespace pentad::recipe {
 namespace {
 
@@ -138,6 +141,46 @@ const std::vector<Key>& key_table() {
 
 #undef PENTAD_KEY
 #undef MOE_KEY
+
+std::string quote(std::string_view s) {
+  std::string out = "\"";
+  for (unsigned char ch : s) {
+    switch (ch) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      default:
+        if (ch < 0x20 || ch == 0x7f)
+          out += fmt::format("\\u{:04X}", ch);
+        else
+          out += static_cast<char>(ch);
+    }
+  }
+  return out + "\"";
+}
+
+std::string format_float(float v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  std::string s = fmt::format("{}", v);
+  double back = 0;
+  std::from_chars(s.data(), s.data() + s.size(), back);
+  if (static_cast<float>(back) != v) s = fmt::format("{}", static_cast<double>(v));
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s;
+}
 
 const std::vector<std::string_view>& sections() {
   static const std::vector<std::string_view> names = [] {

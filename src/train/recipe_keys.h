@@ -56,4 +56,10 @@ const std::vector<Key>& key_table();
 // The sections of the key table, in its order.
 const std::vector<std::string_view>& sections();
 
+// A string as a TOML basic string, quotes and escapes included.
+std::string quote(std::string_view s);
+// A float as TOML: the shortest text that reads back as the same float, always with a
+// point or an exponent.
+std::string format_float(float v);
+
 }  // namespace pentad::recipe
