@@ -28,6 +28,15 @@ add_test(NAME torch_reference_mixtral
           ${CMAKE_CURRENT_BINARY_DIR}/ref-mixtral
           data.source=random train.steps=10 optim.warmup_steps=3 train.micro_batch=2
           train.grad_accum=2 train.seq_len=32 train.threads=2)
+# Recomputation with MoE layers: the routing and dispatch run again in backward, the
+# statistics and bias update count them once (moe-fine-tiny: a narrower shared-expert MLP
+# than the dense first layer's, in the recompute buffers planned for the widest).
+add_test(NAME torch_reference_moe_recompute
+  COMMAND ${PENTAD_PYTHON} ${REF} $<TARGET_FILE:pentad> ${RECIPES}/moe-fine-tiny.toml
+          ${CMAKE_CURRENT_BINARY_DIR}/ref-moe-recompute
+          data.source=random train.steps=10 optim.warmup_steps=3 train.micro_batch=2
+          train.grad_accum=2 train.seq_len=32 train.threads=2 model.recompute=true
+          moe.aux_loss_coef=0.01 moe.z_loss_coef=0.001 moe.bias_update_rate=0.01)
 add_test(NAME torch_reference_moe_fine
   COMMAND ${PENTAD_PYTHON} ${REF} $<TARGET_FILE:pentad> ${RECIPES}/moe-fine-tiny.toml
           ${CMAKE_CURRENT_BINARY_DIR}/ref-moe-fine
@@ -48,7 +57,7 @@ add_test(NAME torch_reference_gpt2_moe
           moe.z_loss_coef=0.001 moe.seq_aux_loss_coef=0.01)
 set_tests_properties(torch_reference_gpt2 torch_reference_llama torch_reference_llama_recompute
   torch_reference_mixtral torch_reference_moe_fine torch_reference_moe_capacity
-  torch_reference_gpt2_moe
+  torch_reference_gpt2_moe torch_reference_moe_recompute
   PROPERTIES TIMEOUT 300 PASS_REGULAR_EXPRESSION "pentad matches PyTorch")
 
 # Parallel layouts against one rank (mpirun), both families. Each runs twice: with

@@ -35,7 +35,6 @@ Model::Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Shard
   // Layouts that do not divide were refused with a user message (parallel::check_layout).
   PENTAD_CHECK(!cfg.is_moe() || p == 1 || tp_->sequence_parallel(),
                "MoE with tp {} needs sequence parallelism", p);
-  PENTAD_CHECK(!cfg.is_moe() || !cfg.recompute, "MoE layers do not recompute yet");
   // The MoE block's activations and router are F32 (its routing is host logic in fp32).
   if (cfg.is_moe() && act_ != DType::F32)
     fail("MoE layers compute in fp32 only for now, not {}: set train.precision = fp32",
@@ -166,7 +165,7 @@ static Tensor heads(const Tensor& x, int64_t b, int64_t t, int64_t d) {
 }
 
 void Model::layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a, MoeBlock::Acts* moe,
-                          float moe_weight) {
+                          float moe_weight, bool recomputing) {
   const LayerParams& p = layers_[static_cast<size_t>(l)];
   const int64_t d = cfg_.head_dim();
   const bool sp = tp_->sequence_parallel();
@@ -206,7 +205,7 @@ void Model::layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a, MoeB
   if (ffn > 0) mlp_forward(p, a, ffn, out);
   if (block) {  // the routed experts on this rank's rows, added to the shared experts' output
     PENTAD_CHECK(moe != nullptr, "layer {}: MoE activations missing", l);
-    block->forward(*moe, moe_input(a), ffn > 0 ? moe_out_ : out, moe_weight);
+    block->forward(*moe, moe_input(a), ffn > 0 ? moe_out_ : out, moe_weight, !recomputing);
     if (ffn > 0) k::add(out, out, moe_out_);
   }
   k::add(out, out, a.res1);
@@ -215,18 +214,24 @@ void Model::layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a, MoeB
 // The MLP (or an MoE layer's shared experts) of width ffn on this rank: column-parallel up
 // (and gate), row-parallel down, reduced over tp into out's rows.
 void Model::mlp_forward(const LayerParams& p, LayerActs& a, int64_t ffn, Tensor out) {
-  (void)ffn;  // the activations were planned at this layer's width
   const bool add_bias = tp_->rank() == 0;
   Tensor proj = tp_->sequence_parallel() ? proj_ : out;
+  const Tensor up = at_width(a.up, ffn), gate = at_width(a.gate, ffn), act = at_width(a.act, ffn);
   if (gpt2()) {
-    k::linear_gelu_forward(a.act, a.up, a.norm2, P(p.up_w), P(p.up_b));  // up = pre-GELU
+    k::linear_gelu_forward(act, up, a.norm2, P(p.up_w), P(p.up_b));  // up = pre-GELU
   } else {
-    k::linear_forward(a.gate, a.norm2, P(p.gate_w), Tensor{});
-    k::linear_forward(a.up, a.norm2, P(p.up_w), Tensor{});
-    k::swiglu_forward(a.act, a.gate, a.up);
+    k::linear_forward(gate, a.norm2, P(p.gate_w), Tensor{});
+    k::linear_forward(up, a.norm2, P(p.up_w), Tensor{});
+    k::swiglu_forward(act, gate, up);
   }
-  k::linear_forward(proj, a.act, P(p.down_w), add_bias ? P(p.down_b) : Tensor{});
+  k::linear_forward(proj, act, P(p.down_w), add_bias ? P(p.down_b) : Tensor{});
   tp_->g_forward(out, proj);
+}
+
+// Buffers planned for the widest MLP (the backward scratch, and one layer's activations
+// under recompute) seen at this layer's width; absent stays absent.
+Tensor Model::at_width(const Tensor& t, int64_t ffn) const {
+  return t.data ? t.prefix(Shape{b_ * t_, ffn}) : t;
 }
 
 Tensor Model::moe_input(const LayerActs& a) const {
@@ -308,17 +313,17 @@ float Model::forward_chunk(int c, int slot_index, const int32_t* tokens, const i
 
 void Model::mlp_backward(const LayerParams& p, LayerActs& a, int64_t ffn) {
   Grads& g = grads_;
-  const int64_t N = b_ * t_;
-  // The scratch is planned for the widest layer; this one may be narrower.
-  Tensor up = g.up.prefix(Shape{N, ffn}), act = g.act.prefix(Shape{N, ffn});
+  const Tensor a_up = at_width(a.up, ffn), a_gate = at_width(a.gate, ffn),
+               a_act = at_width(a.act, ffn);
+  Tensor up = at_width(g.up, ffn), act = at_width(g.act, ffn);
   tp_->g_backward(g.full, g.resid);
   if (gpt2()) {  // d(pre-GELU) straight from the projection's backward
-    k::linear_backward_gelu(up, G(p.down_w), G(p.down_b), g.full, a.act, P(p.down_w), a.up);
+    k::linear_backward_gelu(up, G(p.down_w), G(p.down_b), g.full, a_act, P(p.down_w), a_up);
     k::linear_backward(g.norm, G(p.up_w), G(p.up_b), up, a.norm2, P(p.up_w), false);
   } else {
-    Tensor gate = g.gate.prefix(Shape{N, ffn});
-    k::linear_backward(act, G(p.down_w), Tensor{}, g.full, a.act, P(p.down_w), false);
-    k::swiglu_backward(gate, up, act, a.gate, a.up);
+    Tensor gate = at_width(g.gate, ffn);
+    k::linear_backward(act, G(p.down_w), Tensor{}, g.full, a_act, P(p.down_w), false);
+    k::swiglu_backward(gate, up, act, a_gate, a_up);
     k::linear_backward(g.norm, G(p.gate_w), Tensor{}, gate, a.norm2, P(p.gate_w), false);
     k::linear_backward(g.norm, G(p.up_w), Tensor{}, up, a.norm2, P(p.up_w), true);
   }
@@ -405,7 +410,8 @@ void Model::backward_chunk(int c, int slot_index, const Tensor& d_output, bool l
     const Tensor& x = s.resid[i];
     LayerActs& a = cfg_.recompute ? shared_acts_ : s.acts[i];
     MoeBlock::Acts* moe = s.moe.empty() ? nullptr : &s.moe[i];
-    if (cfg_.recompute) layer_forward(static_cast<int>(l), x, s.resid[i + 1], a, moe, 0.0f);
+    if (cfg_.recompute)
+      layer_forward(static_cast<int>(l), x, s.resid[i + 1], a, moe, s.moe_weight, true);
     layer_backward(static_cast<int>(l), x, a, moe, s.moe_weight);
     ready(layers_[static_cast<size_t>(l)].norm1_w, partial_[static_cast<size_t>(l)]);
     if (progress_) progress_();

@@ -159,12 +159,14 @@ class Model {
   void plan_layer(Arena& arena, LayerActs& a, int64_t ffn);
   void plan_slot(Arena& arena, const LayerRange& chunk, Slot& slot);
   Slot& slot(int c, int s) const;
+  // recomputing: backward rebuilding the layer's activations (model.recompute).
   void layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a, MoeBlock::Acts* moe,
-                     float moe_weight);
+                     float moe_weight, bool recomputing = false);
   void layer_backward(int l, const Tensor& x, LayerActs& a, MoeBlock::Acts* moe, float moe_weight);
   void mlp_forward(const LayerParams& p, LayerActs& a, int64_t ffn, Tensor out);
   void mlp_backward(const LayerParams& p, LayerActs& a, int64_t ffn);
-  Tensor moe_input(const LayerActs& a) const;  // this rank's rows of the MoE block's input
+  Tensor moe_input(const LayerActs& a) const;
+  Tensor at_width(const Tensor& t, int64_t ffn) const;  // this rank's rows of the MoE block's input
   Tensor P(int id) const { return id < 0 ? Tensor{} : params_.weight(id); }
   Tensor G(int id) const { return id < 0 ? Tensor{} : params_.grad(id); }
   bool gpt2() const { return cfg_.family == ModelFamily::GPT2; }

@@ -119,7 +119,7 @@ void MoeBlock::size_acts(Acts& a, int64_t picks, int64_t recv_rows) {
 
 // Scores, picks and weights of this rank's rows, the losses' statistics over the
 // micro-batch, the capacity drops, and the permutation into expert order.
-void MoeBlock::route(Acts& a, const Tensor& x, float weight) {
+void MoeBlock::route(Acts& a, const Tensor& x, float weight, bool count) {
   const int64_t Nl = rows_, E = E_, K = k_, N = b_ * t_;
   const bool cuda = device_ != Device::CPU;
   size_acts(a, 0, 0);  // the routing tensors first; the rows once they are counted
@@ -203,7 +203,7 @@ void MoeBlock::route(Acts& a, const Tensor& x, float weight) {
         seq_value += a.seq_coef[qe] * spsum[qe];
       }
     }
-    if (tp_.rank() == 0) {
+    if (count && tp_.rank() == 0) {
       aux_ += aux_value;
       seq_aux_ += seq_value;
       z_ += moe_.z_loss_coef * double(stats.back()) / double(N);
@@ -218,7 +218,7 @@ void MoeBlock::route(Acts& a, const Tensor& x, float weight) {
   route.send.assign(size_t(E), 0);
   int64_t A = 0;
   for (int64_t i = 0; i < Nl * K; ++i) {
-    if (weight != 0.0f) {
+    if (count && weight != 0.0f) {
       counts_[size_t(pick[i])] += 1.0;
       if (!kept[size_t(i)]) dropped_ += 1.0;
     }
@@ -293,8 +293,8 @@ void MoeBlock::drop_over_capacity(Acts& a, std::vector<uint8_t>& kept) const {
   }
 }
 
-void MoeBlock::forward(Acts& a, const Tensor& x, Tensor out, float weight) {
-  route(a, x, weight);
+void MoeBlock::forward(Acts& a, const Tensor& x, Tensor out, float weight, bool count) {
+  route(a, x, weight, count);
   k::moe_permute(a.xp, x, a.src);
   ep_.dispatch(a.route, a.xp, a.xr);
   experts_forward(a);

@@ -77,8 +77,8 @@ class MoeBlock {
 
   // x (Nl, C): this rank's rows of the normalised input; out (Nl, C) = the routed output.
   // weight: the micro-batch's weight in the training objective (0: no backward follows and
-  // nothing is counted).
-  void forward(Acts& a, const Tensor& x, Tensor out, float weight);
+  // nothing is counted). count = false: a recomputation of a forward already counted.
+  void forward(Acts& a, const Tensor& x, Tensor out, float weight, bool count = true);
   // dx (Nl, C) += d(x) from dout (Nl, C); parameter gradients +=.
   void backward(Acts& a, const Tensor& x, const Tensor& dout, Tensor dx, float weight);
   // bias_e += rate * sign(mean - counts[e]) from the job's counts of one step (E values).
@@ -94,7 +94,7 @@ class MoeBlock {
   struct Expert {
     int gate = -1, up = -1, up_b = -1, down = -1, down_b = -1;
   };
-  void route(Acts& a, const Tensor& x, float weight);
+  void route(Acts& a, const Tensor& x, float weight, bool count);
   void drop_over_capacity(Acts& a, std::vector<uint8_t>& kept) const;
   void size_acts(Acts& a, int64_t picks, int64_t recv_rows);
   void experts_forward(Acts& a);

@@ -80,11 +80,6 @@ void check_moe(const Config& c, const Where& where) {
         "{}: expert parallelism on CUDA is not built yet (parallel.ep = {}, parallel.etp = {} "
         "with train.device = \"cuda\"): set both to 1, or train on the CPU",
         where({"parallel.ep", "parallel.etp", "train.device"}), p.ep, p.etp);
-  if (m.recompute)
-    fail(
-        "{}: model.recompute = true with MoE layers is not built yet (an MoE layer keeps its "
-        "routing for backward): set model.recompute = false",
-        where({"model.recompute", "model.n_experts"}));
   if (m.n_experts % p.ep != 0)
     fail(
         "{}: model.n_experts ({}) must be divisible by parallel.ep ({}): each expert-parallel "

@@ -120,8 +120,6 @@ CASES = [
      ["parallel.tp = 2 need parallel.sequence_parallel = true"]),
     ("moe_capacity_below_one_over_k", "mixtral-tiny.toml", ["moe.capacity_factor=0.25"], 0, 2,
      ["moe.capacity_factor = 0.25 is below 1 / model.top_k = 1 / 2", "or 0 for dropless"]),
-    ("moe_with_recompute", "mixtral-tiny.toml", ["model.recompute=true"], 0, 2,
-     ["model.recompute = true with MoE layers is not built yet"]),
     ("moe_on_cuda_bf16", "mixtral-tiny.toml", ["train.device=cuda", "train.precision=bf16"], 0,
      2, ["MoE on CUDA in bf16 is not built yet", "train.precision = \"fp32\""]),
     ("moe_ep_on_cuda", "mixtral-tiny.toml", ["train.device=cuda", "parallel.ep=2"], 0, 2,
