@@ -91,14 +91,37 @@ MoeBlock::MoeBlock(const ModelConfig& cfg, int64_t layer, ParamStore& params,
   counts_.assign(static_cast<size_t>(E_), 0.0);
 }
 
-void MoeBlock::size_acts(Acts& a, int64_t picks, int64_t recv_rows) {
-  const int64_t Nl = rows_, A = picks, R = recv_rows;
-  auto plan = [&](Arena& arena) {
+namespace {
+
+// Lays out plan(arena)'s tensors in `arena`, reallocating it (half again as large, so that
+// the size settles) when they do not fit.
+template <typename Plan>
+void fit(Arena& arena, const char* name, Device device, const Plan& plan) {
+  Arena measure = Arena::measuring(name);
+  plan(measure);
+  if (arena.capacity() < measure.used())
+    arena = Arena(name, measure.used() + measure.used() / 2, device);
+  else
+    arena.reset();
+  plan(arena);
+}
+
+}  // namespace
+
+void MoeBlock::size_routing(Acts& a) {
+  if (a.routing.capacity() > 0) return;  // its sizes never change
+  const int64_t Nl = rows_;
+  fit(a.routing, "moe routing", device_, [&](Arena& arena) {
     a.logits = arena.alloc(Shape{Nl, E_});
     a.scores = arena.alloc(Shape{Nl, E_});
     a.pick = arena.alloc(Shape{Nl, k_}, DType::I32);
     a.w = arena.alloc(Shape{Nl, k_});
     a.pos = arena.alloc(Shape{Nl, k_}, DType::I32);
+  });
+}
+
+void MoeBlock::size_rows(Acts& a, int64_t A, int64_t R) {
+  fit(a.rows, "moe activations", device_, [&](Arena& arena) {
     a.src = arena.alloc(Shape{A}, DType::I32);
     a.xp = arena.alloc(Shape{A, C_});
     a.xr = arena.alloc(Shape{R, C_});
@@ -107,22 +130,14 @@ void MoeBlock::size_acts(Acts& a, int64_t picks, int64_t recv_rows) {
     a.act = arena.alloc(Shape{R, F_});
     a.yr = arena.alloc(Shape{R, C_});
     a.yp = arena.alloc(Shape{A, C_});
-  };
-  Arena measure = Arena::measuring("moe");
-  plan(measure);
-  if (a.arena.capacity() < measure.used())  // grows by half again, so it settles
-    a.arena = Arena("moe activations", measure.used() + measure.used() / 2, device_);
-  else
-    a.arena.reset();
-  plan(a.arena);
+  });
 }
 
 // Scores, picks and weights of this rank's rows, the losses' statistics over the
 // micro-batch, the capacity drops, and the permutation into expert order.
 void MoeBlock::route(Acts& a, const Tensor& x, float weight, bool count) {
   const int64_t Nl = rows_, E = E_, K = k_, N = b_ * t_;
-  const bool cuda = device_ != Device::CPU;
-  size_acts(a, 0, 0);  // the routing tensors first; the rows once they are counted
+  size_routing(a);
   a.aux_coef.clear();
   a.seq_coef.clear();
   k::linear_forward(a.logits, x, params_.param(router_), Tensor{});
@@ -227,21 +242,7 @@ void MoeBlock::route(Acts& a, const Tensor& x, float weight, bool count) {
   std::vector<int64_t> next(size_t(E), 0);
   for (int64_t e = 1; e < E; ++e) next[size_t(e)] = next[size_t(e - 1)] + route.send[size_t(e - 1)];
   ep_.plan(route);
-  if (cuda) {
-    size_acts(a, A, route.recv_rows);  // the host copies hold the routing meanwhile
-  } else {
-    // The routing tensors move with the arena when it grows: keep them across the resize.
-    std::vector<float> keep_logits(logits, logits + Nl * E);
-    std::vector<float> keep_scores(s, s + Nl * E);
-    std::vector<int32_t> keep_pick(pick, pick + Nl * K);
-    std::vector<float> keep_w(w, w + Nl * K);
-    size_acts(a, A, route.recv_rows);
-    std::copy(keep_logits.begin(), keep_logits.end(), a.logits.f32());
-    std::copy(keep_scores.begin(), keep_scores.end(), a.scores.f32());
-    std::copy(keep_pick.begin(), keep_pick.end(), a.pick.as<int32_t>());
-    std::copy(keep_w.begin(), keep_w.end(), a.w.f32());
-    pick = a.pick.as<int32_t>();
-  }
+  size_rows(a, A, route.recv_rows);
   a.picks = A;
   std::vector<int32_t> host_pos, host_src;
   int32_t* pos = host_side(a.pos, host_pos, false);
@@ -338,13 +339,7 @@ void MoeBlock::backward(Acts& a, const Tensor& x, const Tensor& dout, Tensor dx,
     if (!gpt2_) dact = arena.alloc(Shape{R, F_}), dgate = arena.alloc(Shape{R, F_});
     dup = arena.alloc(Shape{R, F_});
   };
-  Arena measure = Arena::measuring("moe");
-  plan(measure);
-  if (scratch_.capacity() < measure.used())
-    scratch_ = Arena("moe backward", measure.used() + measure.used() / 2, device_);
-  else
-    scratch_.reset();
-  plan(scratch_);
+  fit(scratch_, "moe backward", device_, plan);
   k::moe_unpermute_backward(dyp, dw, dout, a.yp, a.pos, a.w);
   ep_.dispatch(a.route, dyp, dyr);
   experts_backward(a, dyr, dxr, dact, dgate, dup);

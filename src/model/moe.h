@@ -58,9 +58,10 @@ class MoeBlock {
   MoeBlock(const ModelConfig& cfg, int64_t layer, ParamStore& params, ExpertParallelHooks& ep,
            TensorParallelHooks& tp, int64_t micro_batch, int64_t seq_len, Device device);
 
-  // One micro-batch's saved routing and expert activations; sized at each forward.
+  // One micro-batch's saved routing and expert activations: the routing's tensors keep
+  // their size, the rows' are sized at each forward.
   struct Acts {
-    Arena arena;
+    Arena routing, rows;
     ExpertRoute route;
     int64_t picks = 0;                    // kept picks of this rank's rows (A)
     Tensor logits, scores, pick, w, pos;  // (Nl, E), (Nl, E), (Nl, k) I32, (Nl, k), (Nl, k) I32
@@ -96,7 +97,8 @@ class MoeBlock {
   };
   void route(Acts& a, const Tensor& x, float weight, bool count);
   void drop_over_capacity(Acts& a, std::vector<uint8_t>& kept) const;
-  void size_acts(Acts& a, int64_t picks, int64_t recv_rows);
+  void size_routing(Acts& a);
+  void size_rows(Acts& a, int64_t picks, int64_t recv_rows);
   void experts_forward(Acts& a);
   // dact, dgate, dup (R, F): scratch (dup alone for GPT-2's experts).
   void experts_backward(Acts& a, const Tensor& dyr, Tensor dxr, Tensor dact, Tensor dgate,

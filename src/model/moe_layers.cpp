@@ -65,7 +65,6 @@ int64_t expert_ffn_dim(const ModelConfig& cfg) {
 
 void ExpertParallelHooks::plan(ExpertRoute& route) {
   route.rows = route.send;
-  route.recv = route.send;
   route.recv_rows = std::accumulate(route.send.begin(), route.send.end(), int64_t{0});
 }
 void ExpertParallelHooks::dispatch(const ExpertRoute&, const Tensor& in, Tensor out) {
