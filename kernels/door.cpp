@@ -109,6 +109,31 @@ void check_numel(const char* op, std::initializer_list<Arg> args, int64_t n) {
   for (const Arg& arg : args) check_numel(op, arg, n);
 }
 
+void check_positions(const char* op, const Call& call, const Arg& positions, int64_t t) {
+  const Tensor& p = positions.tensor;
+  if (!present(p)) return;
+  PENTAD_CHECK(p.dtype == DType::I32, "{}: '{}' is {}, want i32", op, positions.name,
+               dtype_name(p.dtype));
+  PENTAD_CHECK(p.shape == Shape{t}, "{}: '{}' has shape {}, want ({})", op, positions.name,
+               p.shape.str(), t);
+  PENTAD_CHECK(p.device == call.device,
+               "{}: '{}' is a {} tensor but the data is on {}; positions live on the compute "
+               "device",
+               op, positions.name, device_label(p.device), device_label(call.device));
+  if constexpr (kCudaBuilt) {
+    if (call.cuda()) cuda::require_device_memory(op, positions.name, p);
+  }
+  if (call.cuda()) return;
+  const int32_t* pos = p.as<int32_t>();
+  for (int64_t i = 0; i < t; ++i) {
+    PENTAD_CHECK(pos[i] >= 0, "{}: '{}' holds {} at index {}, want positions >= 0", op,
+                 positions.name, pos[i], i);
+    PENTAD_CHECK(i == 0 || pos[i] >= pos[i - 1],
+                 "{}: '{}' is not ascending: {} at index {} follows {}", op, positions.name, pos[i],
+                 i, pos[i - 1]);
+  }
+}
+
 void check_indices(const char* op, const Tensor& t, int64_t limit, const char* what) {
   const int32_t* idx = t.as<int32_t>();
   for (int64_t i = 0; i < t.numel(); ++i)

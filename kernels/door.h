@@ -74,6 +74,10 @@ void check_shape(const char* op, const Arg& arg, const Shape& want);
 void check_numel(const char* op, const Arg& arg, int64_t n);
 void check_numel(const char* op, std::initializer_list<Arg> args, int64_t n);  // each of args
 
+// An optional positions argument: absent, or I32 of shape (t) on the call's device. On the
+// CPU it must also ascend (on CUDA that check would cost a copy and a wait).
+void check_positions(const char* op, const Call& call, const Arg& positions, int64_t t);
+
 // Host-side range check of I32 ids; CPU only (on CUDA it would cost a copy and a wait, and
 // the kernels turn bad ids into NaN instead).
 void check_indices(const char* op, const Tensor& t, int64_t limit, const char* what);

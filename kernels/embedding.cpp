@@ -12,12 +12,17 @@ namespace pentad::kernels {
 
 namespace {
 
-// A position table (wpe or dwpe), when present, is (>= t, C): a row for each position.
-void check_positions(const char* op, const Arg& wpe, int64_t T_, int64_t C) {
+// A position table (wpe or dwpe), when present, is (P, C) with a row for each position:
+// P >= t without positions; with them (CPU), each position below P.
+void check_table(const char* op, const Call& call, const Arg& wpe, const Tensor& positions,
+                 int64_t T_, int64_t C) {
   const Tensor& t = wpe.tensor;
   if (!present(t)) return;
-  PENTAD_CHECK(t.shape.ndim == 2 && t.dim(1) == C && t.dim(0) >= T_,
-               "{}: {} has shape {}, want (>= {}, {})", op, wpe.name, t.shape.str(), T_, C);
+  const int64_t rows_needed = present(positions) ? 1 : T_;
+  PENTAD_CHECK(t.shape.ndim == 2 && t.dim(1) == C && t.dim(0) >= rows_needed,
+               "{}: {} has shape {}, want (>= {}, {})", op, wpe.name, t.shape.str(), rows_needed,
+               C);
+  if (present(positions) && !call.cuda()) check_indices(op, positions, t.dim(0), "position");
 }
 
 // Token ids come as (b, t).
@@ -29,7 +34,7 @@ void check_tokens(const char* op, const Tensor& tokens) {
 }  // namespace
 
 void embedding_forward(Tensor out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
-                       int64_t vocab_start) {
+                       int64_t vocab_start, const Tensor& positions) {
   const char* op = "embedding_forward";
   const Call call =
       check_args(op, {{"out", out}, {"wte", wte}}, {{"wpe", wpe}}, {{"tokens", tokens}});
@@ -37,18 +42,21 @@ void embedding_forward(Tensor out, const Tensor& tokens, const Tensor& wte, cons
   PENTAD_CHECK(wte.shape.ndim == 2, "{}: wte has shape {}, want (V, C)", op, wte.shape.str());
   const int64_t B = tokens.dim(0), T_ = tokens.dim(1), V = wte.dim(0), C = wte.dim(1);
   check_shape(op, {"out", out}, {B, T_, C});
-  check_positions(op, {"wpe", wpe}, T_, C);
+  check_positions(op, call, {"positions", positions}, T_);
+  check_table(op, call, {"wpe", wpe}, positions, T_, C);
   run(
-      call, [&] { cuda::embedding_forward(out, tokens, wte, wpe, B, T_, C, V, vocab_start); },
+      call,
+      [&] { cuda::embedding_forward(out, tokens, wte, wpe, positions, B, T_, C, V, vocab_start); },
       [&]<typename T>(T) {
         if (vocab_start < 0) check_indices(op, tokens, V, "token");
-        cpu::embedding_forward<T>(ptr<T>(out), ptr<int32_t>(tokens), ptr<T>(wte), ptr<T>(wpe), B,
-                                  T_, C, std::max<int64_t>(vocab_start, 0), V);
+        cpu::embedding_forward<T>(ptr<T>(out), ptr<int32_t>(tokens), ptr<T>(wte), ptr<T>(wpe),
+                                  ptr<int32_t>(positions), B, T_, C,
+                                  std::max<int64_t>(vocab_start, 0), V);
       });
 }
 
 void embedding_backward(Tensor dwte, Tensor dwpe, const Tensor& dout, const Tensor& tokens,
-                        int64_t vocab_start) {
+                        int64_t vocab_start, const Tensor& positions) {
   const char* op = "embedding_backward";
   const Call call =
       check_args(op, {{"dout", dout}}, {f32_on_cuda("dwte", dwte), f32_on_cuda("dwpe", dwpe)},
@@ -61,13 +69,18 @@ void embedding_backward(Tensor dwte, Tensor dwpe, const Tensor& dout, const Tens
                  op, dwte.shape.str(), C);
     if (vocab_start < 0 && !call.cuda()) check_indices(op, tokens, dwte.dim(0), "token");
   }
-  check_positions(op, {"dwpe", dwpe}, T_, C);
+  check_positions(op, call, {"positions", positions}, T_);
+  check_table(op, call, {"dwpe", dwpe}, positions, T_, C);
   const int64_t V = present(dwte) ? dwte.dim(0) : 0;
   run(
-      call, [&] { cuda::embedding_backward(dwte, dwpe, dout, tokens, B, T_, C, V, vocab_start); },
+      call,
+      [&] {
+        cuda::embedding_backward(dwte, dwpe, dout, tokens, positions, B, T_, C, V, vocab_start);
+      },
       [&]<typename T>(T) {
         cpu::embedding_backward<T>(ptr<T>(dwte), ptr<T>(dwpe), ptr<T>(dout), ptr<int32_t>(tokens),
-                                   B, T_, C, std::max<int64_t>(vocab_start, 0), V);
+                                   ptr<int32_t>(positions), B, T_, C,
+                                   std::max<int64_t>(vocab_start, 0), V);
       });
 }
 

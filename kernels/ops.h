@@ -78,20 +78,38 @@ void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up);
 void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate,
                      const Tensor& up);
 
-// Rotary embedding in place on x (b, t, heads, head_dim), "rotate half" pairing
-// (i, i + head_dim/2) as Hugging Face LLaMA does; token t has position pos_offset + t.
-// Backward applies the inverse rotation to the gradient in place.
-void rope_forward(Tensor x, int64_t pos_offset, float theta);
-void rope_backward(Tensor dx, int64_t pos_offset, float theta);
+// Positions (context parallelism, where a rank holds tokens that are not 0..t-1): an
+// optional I32 tensor (t) on the compute device (the data's), ascending, shared by every
+// batch row; absent means 0..t-1.
 
-// Causal attention with grouped-query heads: q, out (b, t, hq, d); k, v (b, t, hkv, d);
-// hq % hkv == 0 and query head h reads kv head h / (hq / hkv). Scale 1/sqrt(d).
-// lse (b, hq, t) keeps each row's log-sum-exp for backward. Never materialises
-// b*h*t*t: scores are computed in blocks of query rows per (b, h).
-void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v);
-// dq, dk, dv overwritten.
+// Rotary embedding in place on x (b, t, heads, head_dim), "rotate half" pairing
+// (i, i + head_dim/2) as Hugging Face LLaMA does; token t has position pos_offset + t, or
+// positions[t] when positions is given (pos_offset must then be 0). Backward applies the
+// inverse rotation to the gradient in place.
+void rope_forward(Tensor x, int64_t pos_offset, float theta, const Tensor& positions = {});
+void rope_backward(Tensor dx, int64_t pos_offset, float theta, const Tensor& positions = {});
+
+// Causal attention with grouped-query heads: q, out (b, tq, hq, d); k, v (b, tk, hkv, d);
+// hq % hkv == 0 and query head h reads kv head h / (hq / hkv). Scale 1/sqrt(d). Query i
+// sees key j iff k_pos[j] <= q_pos[i] (both absent: tq == tk and the usual causal mask;
+// both or neither are given). lse (b, hq, tq) keeps each row's log-sum-exp for backward
+// and for attention_merge. A query that sees no key gets out = 0 and lse = -inf. Never
+// materialises b*h*tq*tk: scores are computed in blocks of query rows per (b, h).
+void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& q_pos = {}, const Tensor& k_pos = {});
+// The backward of one (q, k/v) block given the FINAL out and lse of the query rows (after
+// every block was merged): P = exp(S - lse), D_i = dout_i . out_i, dS = P (dP - D). dq, dk,
+// dv are overwritten, or added to when accumulate is true (context parallelism sums the
+// blocks' gradients).
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
-                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse);
+                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        const Tensor& q_pos = {}, const Tensor& k_pos = {},
+                        bool accumulate = false);
+// Merges one block's (block_out, block_lse) into the running (out, lse), in place:
+// lse' = log(exp(lse) + exp(block_lse)); out' = out exp(lse - lse') + block_out
+// exp(block_lse - lse'). A -inf on either side is handled: a row no key has seen so far
+// stays 0 / -inf. Shapes as attention_forward's out and lse.
+void attention_merge(Tensor out, Tensor lse, const Tensor& block_out, const Tensor& block_lse);
 
 // Softmax + cross-entropy fused with its gradient. logits (N, V), targets (N) I32.
 // losses (N) = -log softmax(logits)[target]. When dlogits is present it receives
@@ -112,14 +130,15 @@ void vocab_parallel_ce_finish(Tensor losses, Tensor dlogits, const Tensor& logit
                               const Tensor& row_max, const Tensor& stats, const Tensor& targets,
                               int64_t vocab_start, float dloss);
 
-// Token (+ learned position) embedding: out (b, t, C) = wte[tokens] + wpe[t].
+// Token (+ learned position) embedding: out (b, t, C) = wte[tokens] + wpe[t], or
+// wpe[positions[t]] when positions is given (backward then scatters dwpe by position).
 // tokens (b, t) I32; wpe may be absent. dwte +=, dwpe += (scatter-add, deterministic).
 // vocab_start >= 0 means wte holds only rows [vocab_start, vocab_start + wte rows) of the
 // table (vocabulary parallel): other tokens give zero rows and no gradient.
 void embedding_forward(Tensor out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
-                       int64_t vocab_start = -1);
+                       int64_t vocab_start = -1, const Tensor& positions = {});
 void embedding_backward(Tensor dwte, Tensor dwpe, const Tensor& dout, const Tensor& tokens,
-                        int64_t vocab_start = -1);
+                        int64_t vocab_start = -1, const Tensor& positions = {});
 
 // MoE token permutation (src/model/moe.h). out (A, C) = inp[src] (rows; src (A) I32).
 void moe_permute(Tensor out, const Tensor& inp, const Tensor& src);

@@ -10,7 +10,8 @@ namespace pentad::kernels {
 
 namespace {
 
-void rope(const char* op, Tensor x, int64_t pos_offset, float theta, bool inverse) {
+void rope(const char* op, Tensor x, int64_t pos_offset, float theta, const Tensor& positions,
+          bool inverse) {
   const Call call = check_args(op, {{"x", x}});
   PENTAD_CHECK(x.shape.ndim == 4, "{}: x has shape {}, want (b, t, heads, head_dim)", op,
                x.shape.str());
@@ -18,21 +19,26 @@ void rope(const char* op, Tensor x, int64_t pos_offset, float theta, bool invers
   PENTAD_CHECK(theta > 0.0f && pos_offset >= 0, "{}: theta {} and pos_offset {} must be positive",
                op, theta, pos_offset);
   const int64_t B = x.dim(0), T_ = x.dim(1), H = x.dim(2), D = x.dim(3);
+  check_positions(op, call, {"positions", positions}, T_);
+  PENTAD_CHECK(!present(positions) || pos_offset == 0,
+               "{}: pos_offset {} with positions given; the positions are already absolute", op,
+               pos_offset);
   run(
-      call, [&] { cuda::rope_apply(x, B, T_, H, D, pos_offset, theta, inverse); },
+      call, [&] { cuda::rope_apply(x, positions, B, T_, H, D, pos_offset, theta, inverse); },
       [&]<typename T>(T) {
-        cpu::rope_apply<T>(ptr<T>(x), B, T_, H, D, pos_offset, theta, inverse);
+        cpu::rope_apply<T>(ptr<T>(x), B, T_, H, D, pos_offset, ptr<int32_t>(positions), theta,
+                           inverse);
       });
 }
 
 }  // namespace
 
-void rope_forward(Tensor x, int64_t pos_offset, float theta) {
-  rope("rope_forward", x, pos_offset, theta, false);
+void rope_forward(Tensor x, int64_t pos_offset, float theta, const Tensor& positions) {
+  rope("rope_forward", x, pos_offset, theta, positions, false);
 }
 
-void rope_backward(Tensor dx, int64_t pos_offset, float theta) {
-  rope("rope_backward", dx, pos_offset, theta, true);
+void rope_backward(Tensor dx, int64_t pos_offset, float theta, const Tensor& positions) {
+  rope("rope_backward", dx, pos_offset, theta, positions, true);
 }
 
 }  // namespace pentad::kernels

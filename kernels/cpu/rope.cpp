@@ -8,8 +8,8 @@
 namespace pentad::kernels::cpu {
 
 template <typename T>
-void rope_apply(T* x, int64_t B, int64_t T_, int64_t H, int64_t D, int64_t pos_offset, double theta,
-                bool inverse) {
+void rope_apply(T* x, int64_t B, int64_t T_, int64_t H, int64_t D, int64_t pos_offset,
+                const int32_t* positions, double theta, bool inverse) {
   const int64_t half = D / 2;
   // cos/sin table (T_, half): angles in double, then rounded once, so float results sit
   // within an ulp of PyTorch's.
@@ -20,8 +20,9 @@ void rope_apply(T* x, int64_t B, int64_t T_, int64_t H, int64_t D, int64_t pos_o
   std::vector<T> cos_table(static_cast<size_t>(T_ * half)), sin_table(cos_table.size());
 #pragma omp parallel for schedule(static) if (T_ * half >= kParallelMin)
   for (int64_t t = 0; t < T_; ++t) {
+    const int64_t pos = positions ? positions[t] : pos_offset + t;
     for (int64_t i = 0; i < half; ++i) {
-      const double angle = static_cast<double>(pos_offset + t) * inv_freq[static_cast<size_t>(i)];
+      const double angle = static_cast<double>(pos) * inv_freq[static_cast<size_t>(i)];
       cos_table[static_cast<size_t>(t * half + i)] = static_cast<T>(std::cos(angle));
       sin_table[static_cast<size_t>(t * half + i)] = static_cast<T>(std::sin(angle));
     }
@@ -46,8 +47,9 @@ void rope_apply(T* x, int64_t B, int64_t T_, int64_t H, int64_t D, int64_t pos_o
   }
 }
 
-template void rope_apply<float>(float*, int64_t, int64_t, int64_t, int64_t, int64_t, double, bool);
-template void rope_apply<double>(double*, int64_t, int64_t, int64_t, int64_t, int64_t, double,
-                                 bool);
+template void rope_apply<float>(float*, int64_t, int64_t, int64_t, int64_t, int64_t, const int32_t*,
+                                double, bool);
+template void rope_apply<double>(double*, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                 const int32_t*, double, bool);
 
 }  // namespace pentad::kernels::cpu

@@ -67,15 +67,23 @@ void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up, int
 void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout, const Tensor& gate,
                      const Tensor& up, int64_t n);
 
-void rope_apply(const Tensor& x, int64_t B, int64_t T, int64_t H, int64_t D, int64_t pos_offset,
-                float theta, bool inverse);
+// Positions (I32 on the device) may be absent: token t is at pos_offset + t (rope), at t
+// (attention, embedding). They are not checked on the host (ascending, in range): that
+// would need a copy and a wait.
+void rope_apply(const Tensor& x, const Tensor& positions, int64_t B, int64_t T, int64_t H,
+                int64_t D, int64_t pos_offset, float theta, bool inverse);
 
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                       const Tensor& v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D);
+                       const Tensor& v, const Tensor& q_pos, const Tensor& k_pos, int64_t B,
+                       int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D);
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                         const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                        const Tensor& lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
-                        int64_t D);
+                        const Tensor& lse, const Tensor& q_pos, const Tensor& k_pos, int64_t B,
+                        int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D,
+                        bool accumulate);
+// out, block_out (B, T, H, D) in the data type; lse, block_lse (B, H, T) F32.
+void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& block_out,
+                     const Tensor& block_lse, int64_t B, int64_t T, int64_t H, int64_t D);
 
 // Targets outside [0, V) are not checked on the host (that would need a copy and a wait):
 // their loss is NaN and their row gets no one-hot term.
@@ -91,11 +99,11 @@ void vocab_parallel_ce_finish(const Tensor& losses, const Tensor& dlogits, const
 
 // vocab_start < 0: the whole table; a token outside [0, V) gives a NaN row (no host check).
 void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                       const Tensor& wpe, int64_t B, int64_t T, int64_t C, int64_t V,
-                       int64_t vocab_start);
+                       const Tensor& wpe, const Tensor& positions, int64_t B, int64_t T, int64_t C,
+                       int64_t V, int64_t vocab_start);
 void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                        const Tensor& tokens, int64_t B, int64_t T, int64_t C, int64_t V,
-                        int64_t vocab_start);
+                        const Tensor& tokens, const Tensor& positions, int64_t B, int64_t T,
+                        int64_t C, int64_t V, int64_t vocab_start);
 
 // MoE token permutation: one thread per output element (a warp per pick for the backward's
 // dot products), each sum over a token's picks in pick order. inp_rows bounds the ids, which

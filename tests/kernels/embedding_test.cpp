@@ -78,5 +78,74 @@ TEST(Embedding, BadTokensAndShortWpeAreRejected) {
                std::exception);
 }
 
+// out[b, i] = wte[tokens[b, i]] + wpe[positions[i]]; dwpe scatters by position. A rank
+// holding zig-zag chunks gets the full sequence's rows at its positions, and the ranks'
+// dwpe contributions add up to the full sequence's.
+TEST(Embedding, ZigZagPositionsMatchTheFullSequenceRows) {
+  const int64_t B = 2, T = 24, V = 9, C = 70, R = 2, chunk = T / (2 * R);
+  const auto tokens = random_ids(B * T, V, 20);
+  const auto wte = to_float(randn(V * C, 21)), wpe = to_float(randn(T * C, 22)),
+             dout = to_float(randn(B * T * C, 23));
+  std::vector<float> full(B * T * C), full_dwpe(T * C, 0.0f), sum_dwpe(T * C, 0.0f);
+  k::embedding_forward(view(full, {B, T, C}), view(tokens, {B, T}), view(wte, {V, C}),
+                       view(wpe, {T, C}));
+  k::embedding_backward(Tensor{}, view(full_dwpe, {T, C}), view(dout, {B, T, C}),
+                        view(tokens, {B, T}));
+  for (int64_t r = 0; r < R; ++r) {
+    std::vector<int32_t> pos;
+    for (int64_t c : {r, 2 * R - 1 - r})
+      for (int64_t t = c * chunk; t < (c + 1) * chunk; ++t) pos.push_back(static_cast<int32_t>(t));
+    const int64_t n = static_cast<int64_t>(pos.size());
+    std::vector<int32_t> my_tokens(B * n);
+    std::vector<float> my_dout(B * n * C), want(B * n * C), out(B * n * C);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < n; ++i) {
+        my_tokens[b * n + i] = tokens[b * T + pos[i]];
+        std::copy_n(&dout[(b * T + pos[i]) * C], C, &my_dout[(b * n + i) * C]);
+        std::copy_n(&full[(b * T + pos[i]) * C], C, &want[(b * n + i) * C]);
+      }
+    k::embedding_forward(view(out, {B, n, C}), view(my_tokens, {B, n}), view(wte, {V, C}),
+                         view(wpe, {T, C}), -1, view(pos, {n}));
+    EXPECT_TRUE(bitwise_equal(out, want)) << "rank " << r;
+    k::embedding_backward(Tensor{}, view(sum_dwpe, {T, C}), view(my_dout, {B, n, C}),
+                          view(my_tokens, {B, n}), -1, view(pos, {n}));
+  }
+  // Each position belongs to one rank, so each row sums the same b terms in the same order.
+  EXPECT_TRUE(bitwise_equal(sum_dwpe, full_dwpe));
+}
+
+// Positions 0..t-1 given explicitly, forward and backward (dwte too), as none.
+TEST(Embedding, PositionsEqualToTheIndicesMatchAbsentOnes) {
+  const int64_t B = 3, T = 10, V = 6, C = 5, max_T = 12;
+  const auto tokens = random_ids(B * T, V, 30);
+  const auto wte = to_float(randn(V * C, 31)), wpe = to_float(randn(max_T * C, 32)),
+             dout = to_float(randn(B * T * C, 33));
+  std::vector<int32_t> pos(T);
+  for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>(t);
+  std::vector<float> out[2], dwte[2], dwpe[2];
+  for (int with_pos = 0; with_pos < 2; ++with_pos) {
+    const Tensor p = with_pos ? view(pos, {T}) : Tensor{};
+    out[with_pos].assign(B * T * C, 0.0f), dwte[with_pos].assign(V * C, 1.0f),
+        dwpe[with_pos].assign(max_T * C, 1.0f);
+    k::embedding_forward(view(out[with_pos], {B, T, C}), view(tokens, {B, T}), view(wte, {V, C}),
+                         view(wpe, {max_T, C}), -1, p);
+    k::embedding_backward(view(dwte[with_pos], {V, C}), view(dwpe[with_pos], {max_T, C}),
+                          view(dout, {B, T, C}), view(tokens, {B, T}), -1, p);
+  }
+  EXPECT_TRUE(bitwise_equal(out[0], out[1]));
+  EXPECT_TRUE(bitwise_equal(dwte[0], dwte[1]));
+  EXPECT_TRUE(bitwise_equal(dwpe[0], dwpe[1]));
+}
+
+TEST(Embedding, PositionsPastTheTableAreRejected) {
+  const int64_t B = 1, T = 2, V = 3, C = 4;
+  const std::vector<int32_t> tokens{0, 1}, pos{1, 5};
+  const std::vector<float> wte(V * C), wpe(4 * C);
+  std::vector<float> out(B * T * C);
+  EXPECT_THROW(k::embedding_forward(view(out, {B, T, C}), view(tokens, {B, T}), view(wte, {V, C}),
+                                    view(wpe, {4, C}), -1, view(pos, {T})),
+               std::exception);
+}
+
 }  // namespace
 }  // namespace pentad

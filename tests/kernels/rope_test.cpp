@@ -63,5 +63,55 @@ TEST(Rope, OddHeadDimIsRejected) {
   EXPECT_THROW(k::rope_forward(view(x, {1, 2, 1, 5}), 0, 10000.0f), std::exception);
 }
 
+// Positions pos_offset..pos_offset+t-1 given explicitly rotate as pos_offset does.
+TEST(Rope, PositionsEqualToAnOffsetMatchTheOffset) {
+  const int64_t B = 2, T = 7, H = 3, D = 8, offset = 11;
+  std::vector<int32_t> pos(T);
+  for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>(offset + t);
+  const auto x = to_float(randn(B * T * H * D, 4));
+  for (bool inverse : {false, true}) {
+    auto by_offset = x, by_pos = x;
+    auto apply = inverse ? k::rope_backward : k::rope_forward;
+    apply(view(by_offset, {B, T, H, D}), offset, 10000.0f, Tensor{});
+    apply(view(by_pos, {B, T, H, D}), 0, 10000.0f, view(pos, {T}));
+    EXPECT_TRUE(bitwise_equal(by_offset, by_pos)) << "inverse " << inverse;
+  }
+}
+
+// A rank holding zig-zag chunks (r and 2R-1-r of 2R) rotates its rows as the whole sequence
+// rotates them at those positions.
+TEST(Rope, ZigZagPositionsMatchTheFullSequenceRows) {
+  const int64_t B = 2, T = 48, H = 2, D = 16, R = 4, chunk = T / (2 * R);
+  const auto x = to_float(randn(B * T * H * D, 5));
+  auto full = x;
+  k::rope_forward(view(full, {B, T, H, D}), 0, 10000.0f);
+  for (int64_t r = 0; r < R; ++r) {
+    std::vector<int32_t> pos;
+    for (int64_t c : {r, 2 * R - 1 - r})
+      for (int64_t t = c * chunk; t < (c + 1) * chunk; ++t) pos.push_back(static_cast<int32_t>(t));
+    const int64_t n = static_cast<int64_t>(pos.size()), W = H * D;
+    std::vector<float> mine(B * n * W), want(mine.size());
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < n; ++i) {
+        std::copy_n(&x[(b * T + pos[i]) * W], W, &mine[(b * n + i) * W]);
+        std::copy_n(&full[(b * T + pos[i]) * W], W, &want[(b * n + i) * W]);
+      }
+    k::rope_forward(view(mine, {B, n, H, D}), 0, 10000.0f, view(pos, {n}));
+    EXPECT_TRUE(bitwise_equal(mine, want)) << "rank " << r;
+    k::rope_backward(view(mine, {B, n, H, D}), 0, 10000.0f, view(pos, {n}));
+    std::vector<float> original(mine.size());
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < n; ++i)
+        std::copy_n(&x[(b * T + pos[i]) * W], W, &original[(b * n + i) * W]);
+    EXPECT_LT(rel_error(mine, original), 1e-6) << "rank " << r << ": backward inverts forward";
+  }
+}
+
+TEST(Rope, PositionsWithAnOffsetAreRejected) {
+  std::vector<float> x(1 * 2 * 1 * 4);
+  const std::vector<int32_t> pos{3, 4};
+  EXPECT_THROW(k::rope_forward(view(x, {1, 2, 1, 4}), 1, 10000.0f, view(pos, {2})), std::exception);
+}
+
 }  // namespace
 }  // namespace pentad
