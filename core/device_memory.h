@@ -24,6 +24,11 @@ void device_fill_ones(void* ptr, size_t bytes);
 // Copies bytes between any two devices (host or CUDA).
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 
+// Copies `rows` rows of `width` bytes, rows `src_pitch` and `dst_pitch` bytes apart, within
+// one device (cudaMemcpy2D on CUDA): the strided gathers of context parallelism's layouts.
+void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+             size_t rows, Device device);
+
 // Copies src into dst: same dtype and element count, any devices.
 void copy(const Tensor& dst, const Tensor& src);
 

@@ -39,6 +39,15 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   std::memcpy(dst, src, bytes);
 }
 
+void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+             size_t rows, Device device) {
+  if (width == 0 || rows == 0) return;
+  if (device != Device::CPU) no_cuda("copy");
+  for (size_t r = 0; r < rows; ++r)
+    std::memcpy(static_cast<char*>(dst) + r * dst_pitch,
+                static_cast<const char*>(src) + r * src_pitch, width);
+}
+
 void copy(const Tensor& dst, const Tensor& src) {
   PENTAD_CHECK(dst.dtype == src.dtype && dst.numel() == src.numel(), "copy: {} {} into {} {}",
                dtype_name(src.dtype), src.shape.str(), dtype_name(dst.dtype), dst.shape.str());

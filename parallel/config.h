@@ -9,8 +9,13 @@ namespace pentad {
 struct ParallelConfig {  // [parallel]: the device mesh (see parallel/mesh.h)
   int64_t tp = 1;        // tensor parallel (Megatron column/row) degree
   int64_t dp = 0;        // data parallel degree; 0 = world size / (tp * cp * pp)
-  int64_t cp = 1;        // context parallel degree (not in this build: must be 1)
-  int64_t pp = 1;        // pipeline degree (stages)
+  int64_t cp = 1;        // context parallel degree (parallel/cp/context_parallel.h)
+  // How attention spans the cp ranks: "ulysses" (all-to-all of heads), "ring" (K/V blocks
+  // around a ring, zig-zag balanced) or "hybrid" (Ulysses over cp_ulysses adjacent ranks,
+  // ring over cp / cp_ulysses).
+  std::string cp_impl = "ring";
+  int64_t cp_ulysses = 0;  // hybrid only: the Ulysses degree
+  int64_t pp = 1;          // pipeline degree (stages)
   // MoE layers (MoE Parallel Folding, parallel/mesh.h): experts split over ep ranks, each
   // expert's width over etp ranks, on the same ranks as the dense layers' tp x cp x dp;
   // ep x etp must divide dp x cp x tp.

@@ -98,6 +98,9 @@ void validate(const MeshConfig& c, int world_size) {
       fail("mesh: {} is {} but every degree must be at least 1: set {} to 1 or more", name, value,
            name);
   parse_order(c.order);
+  if (c.cp_ulysses < 1 || c.cp % c.cp_ulysses != 0)
+    fail("mesh: the Ulysses degree {} does not divide cp {}: set parallel.cp_ulysses to {}",
+         c.cp_ulysses, c.cp, divisors_hint(c.cp));
 
   const int64_t ranks = int64_t(c.tp) * c.cp * c.dp * c.pp;
   if (ranks != world_size) {
@@ -245,6 +248,14 @@ Mesh Mesh::create(const MeshConfig& config, MPI_Comm world, Backend backend) {
       mesh.world_rank_, backend, "embedding");
   mesh.expert_model_ =
       split(world, pp * stage_size + at(Axis::EDP), mesh.world_rank_, backend, "ep_etp");
+  // A hybrid's Ulysses groups (consecutive cp coordinates) and ring groups (strided).
+  const int U = config.cp_ulysses, c = at(Axis::CP);
+  if (U > 1 && U < config.cp) {
+    mesh.cp_ulysses_ = split(world, mesh_rank(config, at(Axis::TP), c / U * U, at(Axis::DP), pp),
+                             mesh.world_rank_, backend, "cp_ulysses");
+    mesh.cp_ring_ = split(world, mesh_rank(config, at(Axis::TP), c % U, at(Axis::DP), pp),
+                          mesh.world_rank_, backend, "cp_ring");
+  }
   mesh.world_ = make_communicator(backend, world, "world");
   return mesh;
 }
@@ -261,6 +272,14 @@ Communicator& Mesh::dp_cp() {
 }
 Communicator& Mesh::expert_model() {
   return *expert_model_;
+}
+Communicator* Mesh::cp_ulysses() {
+  if (config_.cp_ulysses <= 1) return nullptr;
+  return config_.cp_ulysses == config_.cp ? &group(Axis::CP) : cp_ulysses_.get();
+}
+Communicator* Mesh::cp_ring() {
+  if (config_.cp_ulysses >= config_.cp) return nullptr;
+  return config_.cp_ulysses == 1 ? &group(Axis::CP) : cp_ring_.get();
 }
 Communicator* Mesh::embedding_group() {
   return embedding_.get();

@@ -27,6 +27,8 @@ const char* axis_name(Axis axis);  // "tp", "cp", ...
 
 struct MeshConfig {
   int tp = 1, cp = 1, dp = 1, pp = 1, ep = 1, etp = 1;
+  // Context parallelism: cp = cp_ulysses (inner, adjacent cp ranks) x ring degree (outer).
+  int cp_ulysses = 1;
   std::string order = "tp,cp,dp,pp";  // innermost first: tp ranks are adjacent
 };
 
@@ -77,6 +79,10 @@ class Mesh {
   // MoE experts: the ranks of this one's pp stage and edp coordinate (ep x etp of them),
   // which together hold every expert once.
   Communicator& expert_model();
+  // Context parallelism's Ulysses and ring groups within the cp group (rank c has Ulysses
+  // rank c % cp_ulysses and ring rank c / cp_ulysses); null where the degree is 1.
+  Communicator* cp_ulysses();
+  Communicator* cp_ring();
   // The first and last pipeline stages of this rank's (tp, cp, dp) coordinates, which both
   // hold the tied embedding; null on other stages and without pipelining.
   Communicator* embedding_group();
@@ -95,6 +101,7 @@ class Mesh {
   std::unique_ptr<Communicator> dp_cp_;
   std::unique_ptr<Communicator> embedding_;
   std::unique_ptr<Communicator> expert_model_;
+  std::unique_ptr<Communicator> cp_ulysses_, cp_ring_;  // hybrid only
   std::unique_ptr<Communicator> world_;
 };
 

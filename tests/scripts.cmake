@@ -64,7 +64,8 @@ set_tests_properties(torch_reference_gpt2 torch_reference_llama torch_reference_
 # OpenBLAS's kernels for this machine and with its Haswell (AVX2) kernels, because
 # AVX2-only and AVX-512 machines sum in different orders and CI may run on either.
 set(LAYOUT ${CMAKE_CURRENT_SOURCE_DIR}/python/layout_equivalence.py)
-# pentad_layout_test(NAME MODE RECIPE overrides...): MODE is PLAIN, --pipeline or --moe.
+# pentad_layout_test(NAME MODE RECIPE overrides...): MODE is PLAIN, --pipeline, --moe or
+# --context.
 function(pentad_layout_test name mode recipe)
   if(mode STREQUAL "PLAIN")
     set(mode "")
@@ -106,6 +107,13 @@ pentad_layout_test(layouts_moe_gpt2 --moe gpt-tiny.toml train.micro_batch=2 trai
                    model.n_shared_experts=1 model.d_ff_expert=64 moe.score=sigmoid
                    moe.seq_aux_loss_coef=0.01 moe.bias_update_rate=0.001)
 
+# Context parallelism: Ulysses, ring, hybrid, and cp with tp (+ SP), dp and pp, both
+# families (llama also Ulysses over more ranks than its kv heads).
+pentad_layout_test(layouts_context_gpt2 --context gpt-tiny.toml train.micro_batch=2
+                   train.seq_len=32)
+pentad_layout_test(layouts_context_llama --context llama-tiny.toml train.micro_batch=2
+                   train.seq_len=32 model.n_head=8 model.n_kv_head=4)
+
 # A read of uninitialised memory in the backward, looped on the natural heap and once
 # poisoned (tests/python/uninitialised_reads.py).
 add_test(NAME uninitialised_reads
@@ -128,6 +136,15 @@ add_test(NAME moe_checkpoint
           ${CMAKE_CURRENT_BINARY_DIR}/moe-checkpoints moe.bias_update_rate=0.01)
 set_tests_properties(moe_checkpoint PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE
   PASS_REGULAR_EXPRESSION "MoE checkpoints resume exactly")
+
+# Context-parallel checkpoints: bitwise resume of cp2, and cp4 / cp2 checkpoints resumed
+# on one rank, cp2 x dp2 and cp4 Ulysses (tests/python/cp_checkpoint.py).
+add_test(NAME cp_checkpoint
+  COMMAND ${PENTAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/cp_checkpoint.py
+          $<TARGET_FILE:pentad> ${RECIPES}/llama-tiny.toml
+          ${CMAKE_CURRENT_BINARY_DIR}/cp-checkpoints)
+set_tests_properties(cp_checkpoint PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE
+  PASS_REGULAR_EXPRESSION "context-parallel checkpoints resume exactly")
 
 # Hugging Face tests run with the python of the virtual environment that scripts/setup.sh
 # makes: Debian's torch and numpy plus transformers and safetensors from PyPI.

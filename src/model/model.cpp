@@ -13,6 +13,18 @@ namespace k = kernels;
 
 static TensorParallelHooks one_device;  // degree 1: every hook a no-op
 static ExpertParallelHooks all_experts_here;
+static ContextParallelHooks whole_sequence;
+
+void ContextParallelHooks::attention_forward(Tensor out, Tensor lse, const Tensor& q,
+                                             const Tensor& k, const Tensor& v) {
+  k::attention_forward(out, lse, q, k, v);
+}
+
+void ContextParallelHooks::attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout,
+                                              const Tensor& q, const Tensor& k, const Tensor& v,
+                                              const Tensor& out, const Tensor& lse) {
+  k::attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
+}
 
 int64_t ffn_dim(const ModelConfig& cfg) {
   if (cfg.d_ff > 0) return cfg.d_ff;
@@ -29,8 +41,11 @@ Model::Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Shard
       placement_(placement),
       act_(placement.compute),
       tp_(sharding.tp ? sharding.tp : &one_device),
-      ep_(sharding.ep ? sharding.ep : &all_experts_here) {
-  PENTAD_CHECK(seq_len <= cfg.max_seq_len, "seq_len {} > max_seq_len {}", seq_len, cfg.max_seq_len);
+      ep_(sharding.ep ? sharding.ep : &all_experts_here),
+      cp_(sharding.cp ? sharding.cp : &whole_sequence) {
+  // seq_len is this rank's share of the sequence under context parallelism.
+  PENTAD_CHECK(seq_len * cp_->degree() <= cfg.max_seq_len, "seq_len {} x cp {} > max_seq_len {}",
+               seq_len, cp_->degree(), cfg.max_seq_len);
   const int64_t p = tp_->degree();
   // Layouts that do not divide were refused with a user message (parallel::check_layout).
   PENTAD_CHECK(!cfg.is_moe() || p == 1 || tp_->sequence_parallel(),
@@ -181,11 +196,11 @@ void Model::layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a, MoeB
   k::linear_forward(a.k, a.norm1, P(p.k_w), P(p.k_b));
   k::linear_forward(a.v, a.norm1, P(p.v_w), P(p.v_b));
   if (!gpt2()) {
-    k::rope_forward(heads(a.q, b_, t_, d), 0, cfg_.rope_theta);
-    k::rope_forward(heads(a.k, b_, t_, d), 0, cfg_.rope_theta);
+    k::rope_forward(heads(a.q, b_, t_, d), 0, cfg_.rope_theta, cp_->positions());
+    k::rope_forward(heads(a.k, b_, t_, d), 0, cfg_.rope_theta, cp_->positions());
   }
-  k::attention_forward(heads(a.att, b_, t_, d), a.lse, heads(a.q, b_, t_, d), heads(a.k, b_, t_, d),
-                       heads(a.v, b_, t_, d));
+  cp_->attention_forward(heads(a.att, b_, t_, d), a.lse, heads(a.q, b_, t_, d),
+                         heads(a.k, b_, t_, d), heads(a.v, b_, t_, d));
   // Row-parallel projection: partial sums, reduced over tp. The replicated bias is added by
   // tp rank 0 only so that the sum holds it once.
   const bool add_bias = tp_->rank() == 0;
@@ -268,7 +283,7 @@ float Model::forward_chunk(int c, int slot_index, const int32_t* tokens, const i
     // and the reduction over tp leaves whole embeddings in this rank's residual rows.
     Tensor emb = sp ? proj_ : s.resid[0];
     k::embedding_forward(emb.reshaped(Shape{b_, t_, cfg_.d_model}), s.tokens, P(wte_),
-                         tp_->rank() == 0 ? P(wpe_) : Tensor{}, vocab_start_);
+                         tp_->rank() == 0 ? P(wpe_) : Tensor{}, vocab_start_, cp_->positions());
     tp_->g_forward(s.resid[0], emb);
   }
   for (int64_t l = range.layer_begin; l < range.layer_end; ++l) {
@@ -353,12 +368,12 @@ void Model::layer_backward(int l, const Tensor& x, LayerActs& a, MoeBlock::Acts*
   // Attention block: g.resid now holds d(res1).
   tp_->g_backward(g.full, g.resid);
   k::linear_backward(g.att, G(p.o_w), G(p.o_b), g.full, a.att, P(p.o_w), false);
-  k::attention_backward(heads(g.q, b_, t_, d), heads(g.k, b_, t_, d), heads(g.v, b_, t_, d),
-                        heads(g.att, b_, t_, d), heads(a.q, b_, t_, d), heads(a.k, b_, t_, d),
-                        heads(a.v, b_, t_, d), heads(a.att, b_, t_, d), a.lse);
+  cp_->attention_backward(heads(g.q, b_, t_, d), heads(g.k, b_, t_, d), heads(g.v, b_, t_, d),
+                          heads(g.att, b_, t_, d), heads(a.q, b_, t_, d), heads(a.k, b_, t_, d),
+                          heads(a.v, b_, t_, d), heads(a.att, b_, t_, d), a.lse);
   if (!gpt2()) {
-    k::rope_backward(heads(g.q, b_, t_, d), 0, cfg_.rope_theta);
-    k::rope_backward(heads(g.k, b_, t_, d), 0, cfg_.rope_theta);
+    k::rope_backward(heads(g.q, b_, t_, d), 0, cfg_.rope_theta, cp_->positions());
+    k::rope_backward(heads(g.k, b_, t_, d), 0, cfg_.rope_theta, cp_->positions());
   }
   k::linear_backward(g.norm, G(p.q_w), G(p.q_b), g.q, a.norm1, P(p.q_w), false);
   k::linear_backward(g.norm, G(p.k_w), G(p.k_b), g.k, a.norm1, P(p.k_w), true);
@@ -420,7 +435,7 @@ void Model::backward_chunk(int c, int slot_index, const Tensor& d_output, bool l
   // The embedding's gradient needs every row: gathered under SP (so wpe's is whole too).
   tp_->g_backward(g.full, g.resid);
   k::embedding_backward(G(wte_), G(wpe_), g.full.reshaped(Shape{b_, t_, cfg_.d_model}), s.tokens,
-                        vocab_start_);
+                        vocab_start_, cp_->positions());
   ready(wte_, {});
 }
 
@@ -446,8 +461,9 @@ void Model::update_expert_bias(const std::vector<double>& counts) {
 double Model::flops_per_micro_batch() const {
   const double C = static_cast<double>(cfg_.d_model), F = static_cast<double>(ffn_dim(cfg_));
   const double Ckv = static_cast<double>(cfg_.kv_heads() * cfg_.head_dim());
-  const double V = static_cast<double>(cfg_.vocab_size), T = static_cast<double>(t_);
-  const double matrices = gpt2() ? 2.0 : 3.0;  // per MLP: up, down (+ gate)
+  const double V = static_cast<double>(cfg_.vocab_size);
+  const double T = static_cast<double>(t_ * cp_->degree());  // keys: the whole sequence
+  const double matrices = gpt2() ? 2.0 : 3.0;                // per MLP: up, down (+ gate)
   const double Fe = static_cast<double>(expert_ffn_dim(cfg_));
   // An MoE layer: the shared experts, top_k routed ones per token and the router.
   const double moe_mlp =
@@ -457,7 +473,7 @@ double Model::flops_per_micro_batch() const {
   for (const ChunkState& c : chunks_)
     for (int64_t l = c.range.layer_begin; l < c.range.layer_end; ++l, ++layers)
       mlp_sum += moe_[size_t(l)] ? moe_mlp : matrices * C * F;
-  // Causal attention: each query meets t/2 keys on average; QK^T and PV cost 2*C flops per
+  // Causal attention: each query meets T/2 keys on average; QK^T and PV cost 2*C flops per
   // pair each, so 2*C*t per token forward, written here in the same units as a parameter.
   const double per_layer = 2 * C * C + 2 * C * Ckv + C * T;
   const double per_token =

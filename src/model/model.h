@@ -92,6 +92,7 @@ class Model {
   // or this rank's shard of it; the global gradient norm counts replicated ones once.
   bool tp_sharded(int id) const { return params_.spec(id).shard_dim >= 0; }
   const TensorParallelHooks& tp() const { return *tp_; }
+  const ContextParallelHooks& cp() const { return *cp_; }
   // The id of this rank's tied-embedding copy (a last chunk on another stage than the
   // first), or -1: its gradient must be summed with the first stage's wte.
   int embedding_copy() const { return embedding_copy_; }
@@ -175,9 +176,10 @@ class Model {
   ModelConfig cfg_;
   int64_t b_, t_;
   Placement placement_;
-  DType act_ = DType::F32;   // activations and their gradients
-  TensorParallelHooks* tp_;  // never null: one device's no-op hooks by default
-  ExpertParallelHooks* ep_;  // never null: every expert local by default
+  DType act_ = DType::F32;    // activations and their gradients
+  TensorParallelHooks* tp_;   // never null: one device's no-op hooks by default
+  ExpertParallelHooks* ep_;   // never null: every expert local by default
+  ContextParallelHooks* cp_;  // never null: the whole sequence here by default
   // Per-rank sizes: heads, kv heads, width of attention outputs, MLP width, vocabulary
   // rows, rows of the replicated regions (b*t, or b*t/p with sequence parallelism).
   int64_t heads_, kv_heads_, att_width_, kv_width_, ffn_, vocab_, rows_;

@@ -11,9 +11,10 @@
 //                        down, the embedding); the widths shrink by degree().
 //   pipeline parallelism not here: the model holds layer ranges (Model's layout) and the
 //                        pipeline drives them through parallel/pp/stage.h.
-//   context parallelism  a ContextParallelHooks member of Sharding, called around the
-//                        attention kernels in Model::layer_forward/layer_backward (attention
-//                        of this rank's sequence shard against every shard's k, v).
+//   context parallelism  ContextParallelHooks: this rank holds t of the sequence's tokens
+//                        (positions() says which, for RoPE and learned positions), and
+//                        attention of its queries against every rank's keys replaces the
+//                        attention kernels in Model::layer_forward/layer_backward.
 //   expert parallelism   an ExpertParallelHooks member of Sharding, called by an MoE block
 //                        around its experts (dispatch tokens to the ranks holding their
 //                        experts, combine the results back).
@@ -88,11 +89,30 @@ class ExpertParallelHooks {
   virtual void combine(const ExpertRoute& route, const Tensor& in, Tensor out);
 };
 
+// Context parallelism of degree p: this rank holds t = seq_len / p tokens of every sequence
+// of the micro-batch, at the global positions positions() lists (ascending). The defaults
+// are one device: every position, the attention kernels.
+class ContextParallelHooks {
+ public:
+  virtual ~ContextParallelHooks() = default;
+  virtual int degree() const { return 1; }
+  // I32 (t) on the compute device; absent: 0..t-1.
+  virtual Tensor positions() const { return {}; }
+  // q, out (b, t, hq, d); k, v (b, t, hkv, d), RoPE applied: causal attention of this rank's
+  // queries to the whole sequence. lse holds b*hq*t values for backward.
+  virtual void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
+                                 const Tensor& v);
+  // dq, dk, dv (this rank's tokens) overwritten.
+  virtual void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout,
+                                  const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& out, const Tensor& lse);
+};
+
 // Every cut of this rank's model; null members: not cut that way.
 struct Sharding {
-  TensorParallelHooks* tp = nullptr;  // not owned; outlives the model
-  ExpertParallelHooks* ep = nullptr;  // not owned; outlives the model
-  // Context parallelism adds its hooks here (see the top of this file).
+  TensorParallelHooks* tp = nullptr;   // not owned; outlives the model
+  ExpertParallelHooks* ep = nullptr;   // not owned; outlives the model
+  ContextParallelHooks* cp = nullptr;  // not owned; outlives the model
 };
 
 }  // namespace pentad

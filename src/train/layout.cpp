@@ -32,6 +32,9 @@ parallel::MeshConfig mesh_config(const Config& cfg, int world_size) {
   parallel::MeshConfig mesh;
   mesh.tp = static_cast<int>(p.tp);
   mesh.cp = static_cast<int>(p.cp);
+  mesh.cp_ulysses = p.cp_impl == "ulysses"  ? mesh.cp
+                    : p.cp_impl == "hybrid" ? static_cast<int>(p.cp_ulysses)
+                                            : 1;
   mesh.pp = static_cast<int>(p.pp);
   mesh.ep = static_cast<int>(p.ep);
   mesh.etp = static_cast<int>(p.etp);

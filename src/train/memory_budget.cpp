@@ -63,7 +63,8 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   const bool gpt2 = m.family == ModelFamily::GPT2, sp = cfg.parallel.sequence_parallel;
   const double p = mesh.tp, C = double(m.d_model), V = double(m.vocab_size), F = ffn_width(m);
   const double Ckv = double(m.kv_heads()) * double(m.head_dim());
-  const double b = double(cfg.train.micro_batch), t = double(cfg.train.seq_len);
+  // Under context parallelism a rank holds seq_len / cp tokens of each sequence.
+  const double b = double(cfg.train.micro_batch), t = double(cfg.train.seq_len) / mesh.cp;
   const double N = b * t, Nl = sp ? N / p : N;  // rows: whole, and this rank's
   const double act = cfg.train.precision == "bf16" ? 2 : 4, f32 = 4;
   const double mlp_mats = gpt2 ? 2 : 3;  // up, down (+ gate)
@@ -156,6 +157,18 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
                           2 * N * (C / p) + 2 * N * (Ckv / p) + mlp_mats * N * widest) +
                    (m.recompute ? attn_acts + act * mlp_mats * N * widest : 0) +
                    (m.is_moe() ? act * Nl * C : 0) + (p > 1 && holds_last ? 3 * f32 * N : 0);
+  // Context parallelism's scratch (parallel/cp/context_parallel.cpp), shared by the layers:
+  // Ulysses' exchange buffers and head-sharded q, k, v, out and gradients; the ring's two
+  // K/V blocks, three dK/dV partials and one block's output.
+  if (mesh.cp > 1) {
+    const double U = mesh.cp_ulysses, R = mesh.cp / U, D = double(m.head_dim());
+    const double kv_heads = std::max(1.0, double(m.kv_heads()) / p / U), slice = N * U;
+    if (U > 1)
+      e.activations += act * (2 * N * std::max(C / p, U * kv_heads * D) + 4 * N * (C / p) +
+                              4 * slice * kv_heads * D);
+    if (R > 1)
+      e.activations += act * (10 * slice * kv_heads * D + N * (C / p)) + f32 * N * m.n_head / p;
+  }
   if (holds_moe) {
     e.activations += dispatch_backward;
     e.dispatch += dispatch_backward;
@@ -174,7 +187,8 @@ std::string values_text(const MemoryEstimate& e) {
 
 std::string activations_text(const Config& cfg, const MemoryEstimate& e) {
   return fmt::format(
-      "micro-batch {} x {}, recompute {}{}", cfg.train.micro_batch, cfg.train.seq_len,
+      "micro-batch {} x {}{}, recompute {}{}", cfg.train.micro_batch, cfg.train.seq_len,
+      cfg.parallel.cp > 1 ? fmt::format(" split over cp {}", cfg.parallel.cp) : "",
       cfg.model.recompute ? "on" : "off",
       e.dispatch > 0
           ? fmt::format(", MoE dispatch buffers {} (worst case{})", bytes_text(e.dispatch),
@@ -334,6 +348,22 @@ void check_memory(const Config& cfg, const parallel::MeshConfig& mesh, const Nod
     Config c = cfg;
     c.model.recompute = true;
     if (fits(c)) knobs.push_back("model.recompute = true");
+  }
+  // Context parallelism divides the activations of every layer by cp.
+  for (int cp = mesh.cp * 2; cp <= 64 && cfg.train.seq_len % (2 * cp) == 0; cp *= 2) {
+    parallel::MeshConfig wider = mesh;
+    wider.cp = cp;
+    wider.cp_ulysses = mesh.cp_ulysses == mesh.cp && mesh.cp > 1 ? cp : mesh.cp_ulysses;
+    bool fit = false;
+    try {
+      fit = estimate_memory(cfg, wider).total() <= limits.first;
+    } catch (const Error&) {
+    }
+    if (fit) {
+      knobs.push_back(fmt::format("parallel.cp = {} (now {}; {} ranks in all)", cp, mesh.cp,
+                                  int64_t(cp) * mesh.dp * mesh.tp * mesh.pp));
+      break;
+    }
   }
   // Parameters, gradients and AdamW state divide over tp x pp; activations mostly do not.
   const double state = e.parameters + e.gradients + e.optimizer;

@@ -2,6 +2,7 @@
 
 #include <numeric>
 
+#include "parallel/cp/context_parallel.h"
 #include "parallel/ep/expert_parallel.h"
 #include "parallel/pp/layout.h"
 #include "parallel/tp/tensor_parallel.h"
@@ -57,6 +58,28 @@ class MeshExpertParallel final : public ExpertParallelHooks {
   parallel::ExpertParallel ep_;
 };
 
+// Attention across the cp ranks (parallel/cp): Ulysses, ring or both.
+class MeshContextParallel final : public ContextParallelHooks {
+ public:
+  MeshContextParallel(parallel::Mesh& mesh, const parallel::ContextShape& shape, DType dtype,
+                      Device device)
+      : cp_(mesh.cp_ulysses(), mesh.cp_ring(), shape, dtype, device) {}
+  int degree() const override { return cp_.degree(); }
+  Tensor positions() const override { return cp_.positions_tensor(); }
+  void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
+                         const Tensor& v) override {
+    cp_.forward(out, lse, q, k, v);
+  }
+  void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
+                          const Tensor& k, const Tensor& v, const Tensor& out,
+                          const Tensor& lse) override {
+    cp_.backward(dq, dk, dv, dout, q, k, v, out, lse);
+  }
+
+ private:
+  parallel::ContextParallel cp_;
+};
+
 // The pipeline's stage callbacks on the model's chunks and activation slots.
 class ModelStage final : public parallel::pp::Stage {
  public:
@@ -102,6 +125,16 @@ std::unique_ptr<Model> parallelize(const Config& cfg, parallel::Mesh* mesh, Plac
           mesh->group(parallel::Axis::EP), mesh->group(parallel::Axis::ETP), cfg.model.n_experts);
       sharding.ep = wiring.ep.get();
     }
+    const int cp = mesh->degree(parallel::Axis::CP);
+    if (cp > 1) {
+      const int64_t p = tp_group.size();
+      const parallel::ContextShape shape{cfg.train.micro_batch, cfg.train.seq_len,
+                                         cfg.model.n_head / p, cfg.model.kv_heads() / p,
+                                         cfg.model.head_dim()};
+      wiring.cp =
+          std::make_unique<MeshContextParallel>(*mesh, shape, placement.compute, placement.device);
+      sharding.cp = wiring.cp.get();
+    }
     const int stages = mesh->degree(parallel::Axis::PP);
     if (stages > 1) {
       const std::vector<int64_t> layers = parallel::pp::chunk_layers(
@@ -111,8 +144,9 @@ std::unique_ptr<Model> parallelize(const Config& cfg, parallel::Mesh* mesh, Plac
         layout.push_back({c.layer_begin, c.layer_end, c.first, c.last});
     }
   }
-  auto model = std::make_unique<Model>(cfg.model, cfg.train.micro_batch, cfg.train.seq_len,
-                                       sharding, layout, placement);
+  const int64_t seq_len = cfg.train.seq_len / (sharding.cp ? sharding.cp->degree() : 1);
+  auto model = std::make_unique<Model>(cfg.model, cfg.train.micro_batch, seq_len, sharding, layout,
+                                       placement);
   if (!layout.empty()) wiring.stage = pipeline_stage(*model);
   return model;
 }

@@ -5,8 +5,8 @@
 //   1. tensor parallelism: the model is cut by the hooks of model/sharding.h, implemented
 //      here by parallel/tp's f and g over the mesh's tp group;
 //   2. expert parallelism: an MoE block's dispatch and combine become parallel/ep's
-//      all-to-alls over the mesh's ep and etp groups (context parallelism will be one more
-//      hook of model/sharding.h, installed here too);
+//      all-to-alls over the mesh's ep and etp groups; context parallelism's attention
+//      becomes parallel/cp's Ulysses all-to-alls and ring over the cp group;
 //   3. pipeline parallelism: the model holds this stage's layer ranges (parallel/pp/layout.h)
 //      and a Stage adapter (parallel/pp/stage.h) lets the pipeline executor drive them;
 //   4. data parallelism reduces the gradients the model produces (parallel/dp, in the trainer).
@@ -23,6 +23,7 @@ namespace pentad {
 struct ModelWiring {
   std::unique_ptr<TensorParallelHooks> tp;     // null: tp = 1 (the model's no-op hooks)
   std::unique_ptr<ExpertParallelHooks> ep;     // null: every expert local
+  std::unique_ptr<ContextParallelHooks> cp;    // null: cp = 1, the whole sequence here
   std::unique_ptr<parallel::pp::Stage> stage;  // pp > 1: the model's chunks, for the pipeline
 };
 

@@ -16,6 +16,52 @@ std::string divisors_of(int64_t n) {
   return list;
 }
 
+// Context parallelism (parallel/cp/context_parallel.h): the form, its degrees, and what
+// the sequence and the heads must divide into.
+template <typename Where>
+void check_context(const Config& c, const Where& where) {
+  const ParallelConfig& p = c.parallel;
+  const ModelConfig& m = c.model;
+  const bool hybrid = p.cp_impl == "hybrid";
+  if (!hybrid && p.cp_ulysses != 0)
+    fail(
+        "{}: parallel.cp_ulysses = {} is the Ulysses degree of parallel.cp_impl = \"hybrid\", "
+        "but cp_impl is \"{}\": set cp_impl = \"hybrid\" or remove cp_ulysses",
+        where({"parallel.cp_ulysses"}), p.cp_ulysses, p.cp_impl);
+  if (p.cp == 1) return;
+  if (hybrid && (p.cp_ulysses < 2 || p.cp_ulysses >= p.cp || p.cp % p.cp_ulysses != 0))
+    fail(
+        "{}: parallel.cp_ulysses = {} must divide parallel.cp = {} and lie strictly between 1 "
+        "and cp (Ulysses over cp_ulysses ranks, a ring over cp / cp_ulysses): choose one of {} "
+        "without 1 and {}, or set cp_impl = \"ulysses\" or \"ring\"",
+        where({"parallel.cp_ulysses", "parallel.cp", "parallel.cp_impl"}), p.cp_ulysses, p.cp,
+        divisors_of(p.cp), p.cp);
+  const int64_t ulysses = p.cp_impl == "ulysses" ? p.cp : hybrid ? p.cp_ulysses : 1;
+  const int64_t T = c.train.seq_len;
+  if (ulysses < p.cp && T % (2 * p.cp) != 0)
+    fail(
+        "{}: train.seq_len = {} must be a multiple of 2 x parallel.cp = {}: the ring's zig-zag "
+        "layout cuts each sequence into 2 x cp chunks; change train.seq_len (e.g. {}) or "
+        "parallel.cp",
+        where({"train.seq_len", "parallel.cp"}), T, 2 * p.cp,
+        (T + 2 * p.cp - 1) / (2 * p.cp) * (2 * p.cp));
+  if (ulysses == 1) return;
+  const int64_t heads = m.n_head / p.tp, kv = m.kv_heads() / p.tp;
+  if (heads % ulysses != 0)
+    fail(
+        "{}: the Ulysses degree {} does not divide the {} query heads of a tp rank "
+        "(model.n_head = {} / parallel.tp = {}): change {} or model.n_head",
+        where({"parallel.cp", "parallel.cp_ulysses", "model.n_head"}), ulysses, heads, m.n_head,
+        p.tp, hybrid ? "parallel.cp_ulysses" : "parallel.cp");
+  if (kv % ulysses != 0 && ulysses % kv != 0)
+    fail(
+        "{}: the Ulysses degree {} and the {} kv heads of a tp rank (model.n_kv_head = {} / "
+        "parallel.tp = {}) must divide one another (fewer kv heads are replicated, more are "
+        "split): change {} or model.n_kv_head",
+        where({"parallel.cp", "parallel.cp_ulysses", "model.n_kv_head"}), ulysses, kv, m.kv_heads(),
+        p.tp, hybrid ? "parallel.cp_ulysses" : "parallel.cp");
+}
+
 // Mixture of Experts (model/moe.h) against the rest of the recipe. where(keys): the origin
 // of the first of `keys` the recipe set.
 template <typename Where>
@@ -69,6 +115,22 @@ void check_moe(const Config& c, const Where& where) {
         "whole), or 0 for dropless",
         where({"moe.capacity_factor", "model.top_k"}), format_float(capacity), m.top_k,
         1.0 / double(m.top_k));
+  // The balancing losses and the capacity see a whole micro-batch; under context parallelism
+  // each rank routes its own tokens and these statistics are not gathered over cp yet.
+  if (p.cp > 1) {
+    const std::pair<const char*, double> whole[] = {
+        {"moe.aux_loss_coef", m.moe.aux_loss_coef},
+        {"moe.seq_aux_loss_coef", m.moe.seq_aux_loss_coef},
+        {"moe.z_loss_coef", m.moe.z_loss_coef},
+        {"moe.capacity_factor", m.moe.capacity_factor}};
+    for (const auto& [key, value] : whole)
+      if (value != 0)
+        fail(
+            "{}: {} = {} with parallel.cp = {}: MoE statistics over a whole micro-batch are "
+            "not gathered across context-parallel ranks yet; set {} = 0 (the aux-loss-free "
+            "moe.bias_update_rate works with cp) or parallel.cp = 1",
+            where({key, "parallel.cp"}), key, format_float(float(value)), p.cp, key);
+  }
   // MoE on CUDA runs in fp32 with every expert on its rank (its routing on host copies).
   if (c.train.device == "cuda" && c.train.precision != "fp32")
     fail(
@@ -143,9 +205,6 @@ void check_combinations(const Config& c, const std::map<std::string, std::string
   if (c.train.seq_len > m.max_seq_len)
     fail("{}: train.seq_len ({}) must be at most model.max_seq_len ({})",
          where({"train.seq_len", "model.max_seq_len"}), c.train.seq_len, m.max_seq_len);
-  if (c.parallel.cp != 1)
-    fail("{}: parallel.cp ({}) must be 1: context parallelism is not in this build yet",
-         where({"parallel.cp"}), c.parallel.cp);
   const std::string& source = c.data.source;
   if ((source == "megatron" || source == "llmc" || source == "tokens") && c.data.path.empty())
     fail("{}: data.path is required when data.source = \"{}\" ({})", where({"data.source"}), source,
@@ -169,6 +228,7 @@ void check_combinations(const Config& c, const std::map<std::string, std::string
         "{}: head_dim = model.d_model / model.n_head = {} is above 128, the largest the CUDA "
         "attention kernels take: raise model.n_head",
         where({"model.d_model", "model.n_head", "train.device"}), m.head_dim());
+  check_context(c, where);
   check_moe(c, where);
 }
 

@@ -119,6 +119,8 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(parallel, tp, at_least(1)),
       PENTAD_KEY(parallel, dp, at_least(0)),
       PENTAD_KEY(parallel, cp, at_least(1)),
+      PENTAD_KEY(parallel, cp_impl, one_of({"ulysses", "ring", "hybrid"})),
+      PENTAD_KEY(parallel, cp_ulysses, at_least(0)),
       PENTAD_KEY(parallel, pp, at_least(1)),
       PENTAD_KEY(parallel, ep, at_least(1)),
       PENTAD_KEY(parallel, etp, at_least(1)),

@@ -9,6 +9,7 @@
 
 #include "data/corpus.h"
 #include "kernels/ops.h"
+#include "parallel/cp/context_parallel.h"
 #include "parallel/pp/adaptive.h"
 #include "parallel/pp/layout.h"
 #include "train/recipe.h"
@@ -23,6 +24,13 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
     dp_rank_ = mesh_->coord(parallel::Axis::DP);
     pp_size_ = mesh_->degree(parallel::Axis::PP);
     pp_rank_ = mesh_->coord(parallel::Axis::PP);
+    cp_size_ = mesh_->degree(parallel::Axis::CP);
+    cp_rank_ = mesh_->coord(parallel::Axis::CP);
+    if (cp_size_ > 1) {
+      const int U = mesh_->config().cp_ulysses;
+      cp_positions_ =
+          parallel::context_positions(t.seq_len, U, cp_size_ / U, cp_rank_ % U, cp_rank_ / U);
+    }
     // The default corpus is tokenized once, by rank 0, before anyone opens it.
     if (cfg.data.source == "fortunes" && world_rank_ == 0)
       data::prepare_default_corpus(cfg.data, cfg.model.vocab_size);
@@ -73,6 +81,18 @@ void Trainer::fetch_batch(int64_t step, int64_t micro, std::vector<int32_t>& inp
   targets.resize(inputs.size());
   data_->train_samples(step * global_batch + (micro * dp_size_ + dp_rank_) * t.micro_batch,
                        t.micro_batch, inputs.data(), targets.data());
+  keep_local_tokens(inputs);
+  keep_local_tokens(targets);
+}
+
+void Trainer::keep_local_tokens(std::vector<int32_t>& ids) const {
+  if (cp_positions_.empty()) return;
+  // In place: position p[j] >= j, so every read is at or after the rows written so far.
+  const int64_t T = cfg_.train.seq_len, t = int64_t(cp_positions_.size());
+  for (int64_t b = 0; b < cfg_.train.micro_batch; ++b)
+    for (int64_t j = 0; j < t; ++j)
+      ids[size_t(b * t + j)] = ids[size_t(b * T + cp_positions_[size_t(j)])];
+  ids.resize(size_t(cfg_.train.micro_batch * t));
 }
 
 StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_backward) {
@@ -82,7 +102,8 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
   s.start_ns = parallel::trace_now_ns();
   ParamStore& params = model_->params();
   params.zero_grads();
-  // Each token of the global batch weighs the same; data-parallel ranks' gradients are summed.
+  // Each token of the global batch weighs the same; the gradients of data- and
+  // context-parallel ranks are summed.
   const float dloss =
       1.0f / static_cast<float>(t.micro_batch * t.seq_len * t.grad_accum * dp_size_);
   double loss_sum = 0.0;
@@ -156,6 +177,12 @@ double Trainer::all_reduce_pp(double value) {
 }
 
 double Trainer::all_reduce_dp(double value) {
+  // Context-parallel ranks hold equal shares of the same sequences: their mean loss is the
+  // sequences' mean loss.
+  if (cp_size_ > 1) {
+    mesh_->dp_cp().all_reduce(view_of(&value, Shape{1}, DType::F64));
+    return value / cp_size_;
+  }
   if (dp_size_ > 1)
     mesh_->group(parallel::Axis::DP).all_reduce(view_of(&value, Shape{1}, DType::F64));
   return value;
@@ -170,14 +197,20 @@ float Trainer::evaluate() {
     const int count = int((t.eval_batches - dp_rank_ + dp_size_ - 1) / dp_size_);
     sum = pipeline_->evaluate(
         count, [&](int micro, std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
-          inputs.resize(inputs_.size());
-          targets.resize(inputs_.size());
+          inputs.resize(size_t(t.micro_batch * t.seq_len));
+          targets.resize(inputs.size());
           data_->val_samples((dp_rank_ + int64_t(micro) * dp_size_) * t.micro_batch, t.micro_batch,
                              inputs.data(), targets.data());
+          keep_local_tokens(inputs);
+          keep_local_tokens(targets);
         });
   } else {
     for (int64_t i = dp_rank_; i < t.eval_batches; i += dp_size_) {
+      inputs_.resize(size_t(t.micro_batch * t.seq_len));
+      targets_.resize(inputs_.size());
       data_->val_samples(i * t.micro_batch, t.micro_batch, inputs_.data(), targets_.data());
+      keep_local_tokens(inputs_);
+      keep_local_tokens(targets_);
       sum += model_->forward(inputs_.data(), targets_.data(), 0.0f);
     }
   }

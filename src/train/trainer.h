@@ -63,9 +63,12 @@ class Trainer {
 
   Model& model() { return *model_; }
   const Config& config() const { return cfg_; }
-  // This rank's micro-batch `micro` of step `step`: (b, t) inputs and targets.
+  // This rank's micro-batch `micro` of step `step`: (b, t) inputs and targets (t: this
+  // rank's tokens of each sequence under context parallelism).
   void fetch_batch(int64_t step, int64_t micro, std::vector<int32_t>& inputs,
                    std::vector<int32_t>& targets) const;
+  // (b, seq_len) ids cut down to (b, t): the tokens at this rank's cp positions.
+  void keep_local_tokens(std::vector<int32_t>& ids) const;
   parallel::pp::Pipeline* pipeline() { return pipeline_.get(); }
 
   // Reports (train/reports.cpp). The memory plan: this rank's parameters, gradients,
@@ -157,8 +160,8 @@ class Trainer {
   // resume, which its saves would write over.
   void check_checkpoint_roots() const;
   int all_ranks(int value, parallel::ReduceOp op);  // over the world; value alone on one rank
-  double all_reduce_dp(double value);
-  double all_reduce_pp(double value);  // sum over the pipeline stages
+  double all_reduce_dp(double value);               // sum over dp of the mean over cp
+  double all_reduce_pp(double value);               // sum over the pipeline stages
   // Adaptive kFkB (parallel/pp/adaptive.h): re-chooses the group size k from this step's
   // measured pass times and a measured stage-to-stage transfer.
   void adapt_pipeline_group();
@@ -170,6 +173,9 @@ class Trainer {
   parallel::Mesh* mesh_ = nullptr;
   int world_rank_ = 0;
   int dp_size_ = 1, dp_rank_ = 0;
+  int cp_size_ = 1, cp_rank_ = 0;
+  // Context parallelism: the positions of this rank's tokens within each sequence.
+  std::vector<int32_t> cp_positions_;
   int pp_size_ = 1, pp_rank_ = 0;
   ModelWiring wiring_;  // before model_ and pipeline_, which use it
   std::unique_ptr<Model> model_;

@@ -37,7 +37,7 @@ bool Trainer::writes(const ParamSpec& spec) const {
   auto first = [&](parallel::Axis axis) { return !mesh_ || mesh_->coord(axis) == 0; };
   if (spec.expert)
     return first(parallel::Axis::EDP) && (spec.shard_dim >= 0 || first(parallel::Axis::ETP));
-  return dp_rank_ == 0 && (spec.shard_dim >= 0 || model_->tp().rank() == 0);
+  return dp_rank_ == 0 && cp_rank_ == 0 && (spec.shard_dim >= 0 || model_->tp().rank() == 0);
 }
 
 std::vector<ckpt::LiveTensor> Trainer::snapshot_tensors() const {
@@ -131,12 +131,12 @@ int64_t Trainer::restore_snapshot() {
   }
   ParamStore& p = model_->params();
   const Device device = p.device();
-  // Data-parallel replicas take it from the first, which staged it ...
+  // Data- and context-parallel replicas take it from the first, which staged it ...
   const bool moe = cfg_.model.is_moe();
-  if (dp_size_ > 1 && !moe)
+  const bool replicated = dp_size_ * cp_size_ > 1;
+  if (replicated && !moe)
     for (const StateBuffer& b : state_buffers(true))
-      mesh_->group(parallel::Axis::DP)
-          .broadcast(view_of(b.base, Shape{p.numel()}, DType::F32, device), 0);
+      mesh_->dp_cp().broadcast(view_of(b.base, Shape{p.numel()}, DType::F32, device), 0);
   // ... (with MoE parameter by parameter: experts from their first edp and etp rank) ...
   if (mesh_ && moe)
     for (const StateBuffer& b : state_buffers(true))
@@ -144,7 +144,7 @@ int64_t Trainer::restore_snapshot() {
         const ParamSpec& spec = p.spec(id);
         const Tensor t = p.view(b.base, id, device);
         if (!spec.expert) {
-          if (dp_size_ > 1) mesh_->group(parallel::Axis::DP).broadcast(t, 0);
+          if (replicated) mesh_->dp_cp().broadcast(t, 0);
           continue;
         }
         if (mesh_->degree(parallel::Axis::EDP) > 1)

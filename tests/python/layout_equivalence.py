@@ -45,7 +45,13 @@ dropped: integers, equal under every layout); at the first step f where they dif
 near-tie went the other way: that is accepted only after step 1 and for at most two picks,
 the losses are compared before step f and the final weights are not compared.
 
-usage: layout_equivalence.py [--pipeline | --moe] PENTAD RECIPE WORKDIR [section.key=value ...]
+With --context, the layouts are context-parallel ones: Ulysses and ring at cp 2 and 4, the
+2 x 2 hybrid, cp x tp with sequence parallelism, cp x dp, cp x pp (1F1B) and, when the
+overrides set model.n_kv_head, Ulysses over more ranks than kv heads; the broken variant
+drops the dK/dV the ring brings back from the other rank.
+
+usage: layout_equivalence.py [--pipeline | --moe | --context] PENTAD RECIPE WORKDIR
+                             [section.key=value ...]
 """
 import json
 import os
@@ -110,6 +116,21 @@ MOE_LAYOUTS = [
     ("ep4-tp2+sp-capacity1.25", 4, ["parallel.tp=2", SP, "parallel.ep=4",
                                     "moe.capacity_factor=1.25"]),
 ]
+RING = "parallel.cp_impl=ring"
+ULYSSES = "parallel.cp_impl=ulysses"
+CONTEXT_LAYOUTS = [
+    ("cp2-ulysses", 2, ["parallel.cp=2", ULYSSES]),
+    ("cp4-ulysses", 4, ["parallel.cp=4", ULYSSES]),
+    ("cp2-ring", 2, ["parallel.cp=2", RING]),
+    ("cp4-ring", 4, ["parallel.cp=4", RING]),
+    ("cp4-hybrid2x2", 4, ["parallel.cp=4", "parallel.cp_impl=hybrid", "parallel.cp_ulysses=2"]),
+    ("cp2xtp2+sp-ring", 4, ["parallel.cp=2", RING, "parallel.tp=2", SP]),
+    ("cp2xtp2-ulysses", 4, ["parallel.cp=2", ULYSSES, "parallel.tp=2"]),
+    ("cp2xdp2-ring", 4, ["parallel.cp=2", RING]),
+    ("cp2xpp2-1f1b", 4, ["parallel.cp=2", RING, "parallel.pp=2", "parallel.pp_schedule=1f1b"]),
+]
+# Grouped-query attention with fewer kv heads (2) than the Ulysses degree (4): replicated.
+CONTEXT_GQA = ("cp4-ulysses-kv2", 4, ["parallel.cp=4", ULYSSES, "model.n_kv_head=2"])
 # Gradients that are zero in exact arithmetic (softmax ignores a constant added to every
 # score of a row, so the key bias never matters): their computed value is rounding noise,
 # compared against the whole model's gradient norm, and Adam turns it into drift of up
@@ -120,6 +141,9 @@ BROKEN = [
     ("dp2 missing a bucket's all-reduce", 2, ["parallel.tp=1"], "dp-skip-last-bucket"),
     ("dp2xtp2+sp missing the norms' tp sum", 4,
      ["parallel.tp=2", "parallel.sequence_parallel=true"], "sp-skip-norm-grads"),
+]
+CONTEXT_BROKEN = [
+    ("cp2-ring dropping the remote dK/dV", 2, ["parallel.cp=2", RING], "cp-drop-remote-dkv"),
 ]
 MOE_BROKEN = [
     ("dp4xep2 missing the experts' edp all-reduce", 4, ["parallel.ep=2"], "moe-skip-edp-reduce"),
@@ -234,7 +258,8 @@ def main():
     args = sys.argv[1:]
     pipeline = args[0] == "--pipeline"
     moe = args[0] == "--moe"
-    if pipeline or moe:
+    context = args[0] == "--context"
+    if pipeline or moe or context:
         args = args[1:]
     pentad, recipe, work = args[0], args[1], Path(args[2])
     common = args[3:] + (PIPELINE_COMMON if pipeline else [])
@@ -253,10 +278,14 @@ def main():
         return baselines[key]
 
     def dp_of(ranks, overrides):
-        return ranks // (degree(overrides, "tp") * degree(overrides, "pp"))
+        return ranks // (degree(overrides, "tp") * degree(overrides, "pp") *
+                         degree(overrides, "cp"))
 
     failures = []
-    layouts = PIPELINE_LAYOUTS if pipeline else MOE_LAYOUTS if moe else LAYOUTS
+    layouts = (PIPELINE_LAYOUTS if pipeline else MOE_LAYOUTS if moe else
+               CONTEXT_LAYOUTS if context else LAYOUTS)
+    if context and any(o.startswith("model.n_kv_head=") for o in common):
+        layouts = layouts + [CONTEXT_GQA]
     for name, ranks, overrides in layouts:
         ref = baseline(dp_of(ranks, overrides), overrides)
         got = run(pentad, recipe, work, name, ranks,
@@ -272,7 +301,8 @@ def main():
             failures.append(name)
     if not pipeline:
         # The checks must catch real layout bugs: each broken variant has to fail.
-        for name, ranks, overrides, bug in MOE_BROKEN if moe else BROKEN:
+        broken = MOE_BROKEN if moe else CONTEXT_BROKEN if context else BROKEN
+        for name, ranks, overrides, bug in broken:
             ref = baseline(dp_of(ranks, overrides), overrides)
             got = run(pentad, recipe, work, "broken-" + bug, ranks,
                       common + overrides + [f"train.grad_accum={accum}"], bug=bug)
