@@ -1,18 +1,26 @@
 // Causal attention with grouped-query heads, flash style: scores exist only as 32 x 32 tiles
-// in shared memory, never as T x T. Forward keeps a running max and sum per query row
+// in shared memory, never as Tq x Tk. Forward keeps a running max and sum per query row
 // (online softmax) and stores each row's log-sum-exp; backward recomputes the
 // probabilities from it. All arithmetic is F32; q, k, v, out and their gradients are F32
 // or BF16. Correctness first: plain F32 FMAs on CUDA cores, no tensor cores.
 //
-// Layout: q, out, dout, dq (B, T, Hq, D); k, v, dk, dv (B, T, Hkv, D); lse (B, Hq, T).
+// Layout: q, out, dout, dq (B, Tq, Hq, D); k, v, dk, dv (B, Tk, Hkv, D); lse (B, Hq, Tq).
 // Query head h reads kv head h / (Hq / Hkv). Scale 1/sqrt(D).
 //
+// Positions (context parallelism): query i sees key j iff k_pos[j] <= q_pos[i]; null
+// pointers mean 0..T-1 (then Tq == Tk and this is the plain causal mask). Both ascend, so a
+// query tile sees a prefix of the key tiles (up to the last row's upper bound in k_pos) and
+// a key tile is seen by a suffix of the query tiles (from its first key's lower bound in
+// q_pos): work follows the visible pairs. A row that sees no key gets out = 0, lse = -inf,
+// and no gradient.
+//
 // Work split (tiling.h): 128 threads per block, tiles of 32 rows.
-//  - forward: a block per (query tile, q head, batch) loops over key tiles 0..its own.
+//  - forward: a block per (query tile, q head, batch) loops over the key tiles it sees.
 //  - backward: D_i = dO_i . O_i first; then dQ with a block per (query tile, q head, batch)
 //    looping over key tiles, and dK, dV with a block per (key tile, kv head, batch) looping
-//    over the group's q heads and the query tiles at or after it. Each block owns the rows
-//    it writes, so there are no atomics and results are bitwise reproducible.
+//    over the group's q heads and the query tiles that see it. Each block owns the rows it
+//    writes (adding to them when accumulating), so there are no atomics and results are
+//    bitwise reproducible.
 // A thread owns 8 of the 32 x 32 score cells (a warp: one query row, 32 keys) and, of the
 // 32 x D output tile, the cells idx = thread + 128 c (a warp: one row, 32 columns).
 #include "kernels/cuda/common.cuh"
@@ -41,6 +49,52 @@ __device__ void load_tile(float* dst, int stride, const E* x, int64_t b, int64_t
   }
 }
 
+// The position of row i: pos[i], or i without positions.
+__device__ __forceinline__ int64_t position(const int32_t* pos, int64_t i) {
+  return pos ? static_cast<int64_t>(pos[i]) : i;
+}
+
+// The number of key tiles query rows [r0, min(r0 + 32, Tq)) see: the keys up to the last
+// row's position (upper bound in k_pos) cover ceil(n / 32) tiles.
+__device__ int64_t visible_key_tiles(const int32_t* q_pos, const int32_t* k_pos, int64_t r0,
+                                     int64_t Tq, int64_t Tk) {
+  const int64_t last = (r0 + kTile < Tq ? r0 + kTile : Tq) - 1;
+  int64_t n = last + 1;
+  if (k_pos) {
+    const int32_t p = q_pos[last];
+    int64_t lo = 0, hi = Tk;  // first key with k_pos > p
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (k_pos[mid] <= p)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    n = lo;
+  }
+  return ((n < Tk ? n : Tk) + kTile - 1) / kTile;
+}
+
+// The first query tile that sees key c0: the first query at or after k_pos[c0] (lower bound
+// in q_pos), c0 itself without positions.
+__device__ int64_t first_seeing_query_tile(const int32_t* q_pos, const int32_t* k_pos, int64_t c0,
+                                           int64_t Tq) {
+  int64_t first = c0;
+  if (q_pos) {
+    const int32_t p = k_pos[c0];
+    int64_t lo = 0, hi = Tq;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (q_pos[mid] < p)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    first = lo;
+  }
+  return first / kTile;
+}
+
 // sum_d a[d] * b[d] over two shared-memory rows.
 __device__ __forceinline__ float dot(const float* a, const float* b, int D) {
   float acc = 0.0f;
@@ -51,7 +105,8 @@ __device__ __forceinline__ float dot(const float* a, const float* b, int D) {
 
 template <typename E, int kMaxD>
 __global__ void __launch_bounds__(kThreads)
-    attention_forward_kernel(E* out, float* lse, const E* q, const E* k, const E* v, int64_t T,
+    attention_forward_kernel(E* out, float* lse, const E* q, const E* k, const E* v,
+                             const int32_t* q_pos, const int32_t* k_pos, int64_t Tq, int64_t Tk,
                              int64_t Hq, int64_t Hkv, int D, float scale) {
   constexpr int kCells = kTile * kMaxD / kThreads;
   extern __shared__ float smem[];
@@ -66,7 +121,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t r0 = qt * kTile;
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
 
-  load_tile(Qs, D, q, b, r0, h, Hq, T, D);
+  load_tile(Qs, D, q, b, r0, h, Hq, Tq, D);
   if (tid < kTile) {
     row_m[tid] = -INFINITY;
     row_l[tid] = 0.0f;
@@ -75,17 +130,19 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int c = 0; c < kCells; ++c) o[c] = 0.0f;
 
-  for (int64_t kt = 0; kt <= qt; ++kt) {
+  const int64_t key_tiles = visible_key_tiles(q_pos, k_pos, r0, Tq, Tk);
+  for (int64_t kt = 0; kt < key_tiles; ++kt) {
     const int64_t c0 = kt * kTile;
     __syncthreads();  // the previous tile is no longer read
-    load_tile(Ks, D + 1, k, b, c0, hk, Hkv, T, D);
-    load_tile(Vs, D, v, b, c0, hk, Hkv, T, D);
+    load_tile(Ks, D + 1, k, b, c0, hk, Hkv, Tk, D);
+    load_tile(Vs, D, v, b, c0, hk, Hkv, Tk, D);
     __syncthreads();
 #pragma unroll 1
     for (int c = 0; c < kScoreCells; ++c) {
       const int idx = tid + c * kThreads, i = idx / kTile, j = idx % kTile;
       const int64_t qi = r0 + i, kj = c0 + j;
-      S[i * kS + j] = qi < T && kj <= qi ? dot(Qs + i * D, Ks + j * (D + 1), D) * scale : -INFINITY;
+      const bool seen = qi < Tq && kj < Tk && position(k_pos, kj) <= position(q_pos, qi);
+      S[i * kS + j] = seen ? dot(Qs + i * D, Ks + j * (D + 1), D) * scale : -INFINITY;
     }
     __syncthreads();
     for (int r = 0; r < kRowsPerWarp; ++r) {  // lane j holds key j of row i
@@ -93,7 +150,7 @@ __global__ void __launch_bounds__(kThreads)
       const float s = S[i * kS + lane];
       const float m_old = row_m[i];
       const float m_new = fmaxf(m_old, warp_max(s));
-      const bool empty = m_new == -INFINITY;  // no key seen yet (rows past T)
+      const bool empty = m_new == -INFINITY;  // no key seen yet (or a row past Tq)
       const float p = empty ? 0.0f : expf(s - m_new);
       const float alpha = empty ? 1.0f : expf(m_old - m_new);
       S[i * kS + lane] = p;
@@ -118,14 +175,17 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   __syncthreads();
+  // A row that saw no key has row_l = 0: out 0, lse -inf.
 #pragma unroll
   for (int c = 0; c < kCells; ++c) {
     const int idx = tid + c * kThreads, i = idx / kMaxD, d = idx % kMaxD;
     const int64_t qi = r0 + i;
-    if (d < D && qi < T) out[((b * T + qi) * Hq + h) * D + d] = from_f32<E>(o[c] / row_l[i]);
+    if (d < D && qi < Tq)
+      out[((b * Tq + qi) * Hq + h) * D + d] = from_f32<E>(row_l[i] > 0.0f ? o[c] / row_l[i] : 0.0f);
   }
-  if (lse && tid < kTile && r0 + tid < T)
-    lse[(b * Hq + h) * T + r0 + tid] = row_m[tid] + logf(row_l[tid]);
+  if (lse && tid < kTile && r0 + tid < Tq)
+    lse[(b * Hq + h) * Tq + r0 + tid] =
+        row_l[tid] > 0.0f ? row_m[tid] + logf(row_l[tid]) : -INFINITY;
 }
 
 // Di (B, Hq, T) = sum_d dout * out, one warp per (b, t, h) row.
@@ -142,7 +202,7 @@ __global__ void attention_row_dot_kernel(float* Di, const E* dout, const E* out,
   if (lane == 0) Di[(b * Hq + h) * T + t] = acc;
 }
 
-// Row statistics of query rows [r0, r0 + 32) of head h, zero past T.
+// Row statistics of query rows [r0, r0 + 32) of head h, zero past T (= Tq).
 __device__ void load_row_stats(float* lse_s, float* Di_s, const float* lse, const float* Di,
                                int64_t b, int64_t h, int64_t Hq, int64_t r0, int64_t T) {
   const int tid = threadIdx.x;
@@ -154,15 +214,19 @@ __device__ void load_row_stats(float* lse_s, float* Di_s, const float* lse, cons
 }
 
 // P = exp(scale q.k - lse) and dS = P (dO.v - D_i) for the score cells of this thread;
-// zero where the key is in the future or either index is past T.
+// zero where the query does not see the key (or either index is past its T), and for a
+// row no key was seen by (lse = -inf).
+__device__ __forceinline__ bool sees(const int32_t* q_pos, const int32_t* k_pos, int64_t qi,
+                                     int64_t kj, int64_t Tq, int64_t Tk) {
+  return qi < Tq && kj < Tk && position(k_pos, kj) <= position(q_pos, qi);
+}
 __device__ __forceinline__ void score_gradient(float& p, float& ds, const float* Qs,
                                                const float* dOs, const float* Ks, const float* Vs,
                                                const float* lse_s, const float* Di_s, int i, int j,
-                                               int64_t qi, int64_t kj, int64_t T, int D,
-                                               float scale) {
+                                               bool seen, int D, float scale) {
   p = 0.0f;
   ds = 0.0f;
-  if (qi < T && kj <= qi) {
+  if (seen && lse_s[i] != -INFINITY) {
     p = expf(dot(Qs + i * D, Ks + j * (D + 1), D) * scale - lse_s[i]);
     ds = p * (dot(dOs + i * D, Vs + j * (D + 1), D) - Di_s[i]);
   }
@@ -171,7 +235,8 @@ __device__ __forceinline__ void score_gradient(float& p, float& ds, const float*
 template <typename E, int kMaxD>
 __global__ void __launch_bounds__(kThreads)
     attention_dq_kernel(E* dq, const E* dout, const E* q, const E* k, const E* v, const float* lse,
-                        const float* Di, int64_t T, int64_t Hq, int64_t Hkv, int D, float scale) {
+                        const float* Di, const int32_t* q_pos, const int32_t* k_pos, int64_t Tq,
+                        int64_t Tk, int64_t Hq, int64_t Hkv, int D, float scale, bool accumulate) {
   constexpr int kCells = kTile * kMaxD / kThreads;
   extern __shared__ float smem[];
   float* Qs = smem;                  // (32, D)
@@ -185,24 +250,26 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t r0 = qt * kTile;
   const int tid = threadIdx.x;
 
-  load_tile(Qs, D, q, b, r0, h, Hq, T, D);
-  load_tile(dOs, D, dout, b, r0, h, Hq, T, D);
-  load_row_stats(lse_s, Di_s, lse, Di, b, h, Hq, r0, T);
+  load_tile(Qs, D, q, b, r0, h, Hq, Tq, D);
+  load_tile(dOs, D, dout, b, r0, h, Hq, Tq, D);
+  load_row_stats(lse_s, Di_s, lse, Di, b, h, Hq, r0, Tq);
   float acc[kCells];
 #pragma unroll
   for (int c = 0; c < kCells; ++c) acc[c] = 0.0f;
 
-  for (int64_t kt = 0; kt <= qt; ++kt) {
+  const int64_t key_tiles = visible_key_tiles(q_pos, k_pos, r0, Tq, Tk);
+  for (int64_t kt = 0; kt < key_tiles; ++kt) {
     const int64_t c0 = kt * kTile;
     __syncthreads();
-    load_tile(Ks, D + 1, k, b, c0, hk, Hkv, T, D);
-    load_tile(Vs, D + 1, v, b, c0, hk, Hkv, T, D);
+    load_tile(Ks, D + 1, k, b, c0, hk, Hkv, Tk, D);
+    load_tile(Vs, D + 1, v, b, c0, hk, Hkv, Tk, D);
     __syncthreads();
 #pragma unroll 1
     for (int c = 0; c < kScoreCells; ++c) {
       const int idx = tid + c * kThreads, i = idx / kTile, j = idx % kTile;
+      const bool seen = sees(q_pos, k_pos, r0 + i, c0 + j, Tq, Tk);
       float p, ds;
-      score_gradient(p, ds, Qs, dOs, Ks, Vs, lse_s, Di_s, i, j, r0 + i, c0 + j, T, D, scale);
+      score_gradient(p, ds, Qs, dOs, Ks, Vs, lse_s, Di_s, i, j, seen, D, scale);
       dS[i * kS + j] = ds;
     }
     __syncthreads();
@@ -221,15 +288,19 @@ __global__ void __launch_bounds__(kThreads)
   for (int c = 0; c < kCells; ++c) {
     const int idx = tid + c * kThreads, i = idx / kMaxD, d = idx % kMaxD;
     const int64_t qi = r0 + i;
-    if (d < D && qi < T) dq[((b * T + qi) * Hq + h) * D + d] = from_f32<E>(scale * acc[c]);
+    if (d < D && qi < Tq) {
+      E& g = dq[((b * Tq + qi) * Hq + h) * D + d];
+      g = from_f32<E>(accumulate ? to_f32(g) + scale * acc[c] : scale * acc[c]);
+    }
   }
 }
 
 template <typename E, int kMaxD>
 __global__ void __launch_bounds__(kThreads)
     attention_dkdv_kernel(E* dk, E* dv, const E* dout, const E* q, const E* k, const E* v,
-                          const float* lse, const float* Di, int64_t T, int64_t Hq, int64_t Hkv,
-                          int D, float scale) {
+                          const float* lse, const float* Di, const int32_t* q_pos,
+                          const int32_t* k_pos, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv,
+                          int D, float scale, bool accumulate) {
   constexpr int kCells = kTile * kMaxD / kThreads;
   extern __shared__ float smem[];
   float* Ks = smem;                  // (32, D + 1)
@@ -241,28 +312,31 @@ __global__ void __launch_bounds__(kThreads)
   float* lse_s = dS + kTile * kS;    // (32)
   float* Di_s = lse_s + kTile;       // (32)
   const int64_t kt = blockIdx.x, hk = blockIdx.y, b = blockIdx.z, group = Hq / Hkv;
-  const int64_t c0 = kt * kTile, q_tiles = (T + kTile - 1) / kTile;
+  const int64_t c0 = kt * kTile, q_tiles = (Tq + kTile - 1) / kTile;
+  const int64_t first_q_tile = first_seeing_query_tile(q_pos, k_pos, c0, Tq);
   const int tid = threadIdx.x;
 
-  load_tile(Ks, D + 1, k, b, c0, hk, Hkv, T, D);
-  load_tile(Vs, D + 1, v, b, c0, hk, Hkv, T, D);
+  load_tile(Ks, D + 1, k, b, c0, hk, Hkv, Tk, D);
+  load_tile(Vs, D + 1, v, b, c0, hk, Hkv, Tk, D);
   float dk_acc[kCells], dv_acc[kCells];
 #pragma unroll
   for (int c = 0; c < kCells; ++c) dk_acc[c] = dv_acc[c] = 0.0f;
 
   for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-    for (int64_t qt = kt; qt < q_tiles; ++qt) {  // earlier query rows cannot see these keys
+    // Earlier query rows cannot see these keys.
+    for (int64_t qt = first_q_tile; qt < q_tiles; ++qt) {
       const int64_t r0 = qt * kTile;
       __syncthreads();
-      load_tile(Qs, D, q, b, r0, h, Hq, T, D);
-      load_tile(dOs, D, dout, b, r0, h, Hq, T, D);
-      load_row_stats(lse_s, Di_s, lse, Di, b, h, Hq, r0, T);
+      load_tile(Qs, D, q, b, r0, h, Hq, Tq, D);
+      load_tile(dOs, D, dout, b, r0, h, Hq, Tq, D);
+      load_row_stats(lse_s, Di_s, lse, Di, b, h, Hq, r0, Tq);
       __syncthreads();
 #pragma unroll 1
       for (int c = 0; c < kScoreCells; ++c) {
         const int idx = tid + c * kThreads, i = idx / kTile, j = idx % kTile;
+        const bool seen = sees(q_pos, k_pos, r0 + i, c0 + j, Tq, Tk);
         float p, ds;
-        score_gradient(p, ds, Qs, dOs, Ks, Vs, lse_s, Di_s, i, j, r0 + i, c0 + j, T, D, scale);
+        score_gradient(p, ds, Qs, dOs, Ks, Vs, lse_s, Di_s, i, j, seen, D, scale);
         P[i * kS + j] = p;
         dS[i * kS + j] = ds;
       }
@@ -287,10 +361,11 @@ __global__ void __launch_bounds__(kThreads)
   for (int c = 0; c < kCells; ++c) {
     const int idx = tid + c * kThreads, j = idx / kMaxD, d = idx % kMaxD;
     const int64_t kj = c0 + j;
-    if (d < D && kj < T) {
-      const int64_t at = ((b * T + kj) * Hkv + hk) * D + d;
-      dk[at] = from_f32<E>(scale * dk_acc[c]);
-      dv[at] = from_f32<E>(dv_acc[c]);
+    if (d < D && kj < Tk) {
+      const int64_t at = ((b * Tk + kj) * Hkv + hk) * D + d;
+      const float dk_new = scale * dk_acc[c], dv_new = dv_acc[c];
+      dk[at] = from_f32<E>(accumulate ? to_f32(dk[at]) + dk_new : dk_new);
+      dv[at] = from_f32<E>(accumulate ? to_f32(dv[at]) + dv_new : dv_new);
     }
   }
 }
@@ -312,9 +387,10 @@ size_t smem_bytes(int64_t floats) {
 }  // namespace
 
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                       const Tensor& v, int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t D) {
-  if (B == 0 || T == 0 || Hq == 0) return;
-  const dim3 grid(static_cast<unsigned>(ceil_div(T, kTile)), static_cast<unsigned>(Hq),
+                       const Tensor& v, const Tensor& q_pos, const Tensor& k_pos, int64_t B,
+                       int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D) {
+  if (B == 0 || Tq == 0 || Hq == 0) return;
+  const dim3 grid(static_cast<unsigned>(ceil_div(Tq, kTile)), static_cast<unsigned>(Hq),
                   static_cast<unsigned>(B));
   const size_t bytes = smem_bytes(attention_forward_smem_floats(D));
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
@@ -324,9 +400,9 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
       constexpr int kMaxD = decltype(max_d)::value;
       auto kernel = attention_forward_kernel<E, kMaxD>;
       allow_shared_memory(reinterpret_cast<const void*>(kernel), bytes);
-      kernel<<<grid, kThreads, bytes, stream()>>>(ptr<E>(out), ptr<float>(lse), ptr<E>(q),
-                                                  ptr<E>(k), ptr<E>(v), T, Hq, Hkv,
-                                                  static_cast<int>(D), scale);
+      kernel<<<grid, kThreads, bytes, stream()>>>(
+          ptr<E>(out), ptr<float>(lse), ptr<E>(q), ptr<E>(k), ptr<E>(v), ptr<int32_t>(q_pos),
+          ptr<int32_t>(k_pos), Tq, Tk, Hq, Hkv, static_cast<int>(D), scale);
     });
   });
   check_launch("attention_forward");
@@ -334,36 +410,49 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
 
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                         const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                        const Tensor& lse, int64_t B, int64_t T, int64_t Hq, int64_t Hkv,
-                        int64_t D) {
-  if (B == 0 || T == 0 || Hq == 0) return;
-  const int64_t rows = B * T * Hq;
+                        const Tensor& lse, const Tensor& q_pos, const Tensor& k_pos, int64_t B,
+                        int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D,
+                        bool accumulate) {
+  if (B == 0 || Hq == 0) return;
+  if (Tq == 0 || Tk == 0) {  // no pairs: zero gradients unless adding to them
+    if (!accumulate) {
+      const size_t bytes = q.dtype == DType::BF16 ? 2 : 4;
+      check(cudaMemsetAsync(dq.data, 0, dq.numel() * bytes, stream()), "cudaMemsetAsync");
+      check(cudaMemsetAsync(dk.data, 0, dk.numel() * bytes, stream()), "cudaMemsetAsync");
+      check(cudaMemsetAsync(dv.data, 0, dv.numel() * bytes, stream()), "cudaMemsetAsync");
+    }
+    return;
+  }
+  const int64_t rows = B * Tq * Hq;
   float* Di = static_cast<float*>(scratch(rows * sizeof(float)));
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
   const size_t dq_bytes = smem_bytes(attention_dq_smem_floats(D));
   const size_t dkdv_bytes = smem_bytes(attention_dkdv_smem_floats(D));
-  const unsigned tiles = static_cast<unsigned>(ceil_div(T, kTile));
+  const unsigned q_tiles = static_cast<unsigned>(ceil_div(Tq, kTile));
+  const unsigned k_tiles = static_cast<unsigned>(ceil_div(Tk, kTile));
+  const int32_t* qp = ptr<int32_t>(q_pos);
+  const int32_t* kp = ptr<int32_t>(k_pos);
   by_dtype(q.dtype, [&](auto tag) {
     using E = typename decltype(tag)::type;
     attention_row_dot_kernel<E>
         <<<static_cast<unsigned>(ceil_div(rows, kWarps)), kThreads, 0, stream()>>>(
-            Di, ptr<E>(dout), ptr<E>(out), rows, T, Hq, static_cast<int>(D));
+            Di, ptr<E>(dout), ptr<E>(out), rows, Tq, Hq, static_cast<int>(D));
     check_launch("attention_backward (row dots)");
     by_max_d(D, [&](auto max_d) {
       constexpr int kMaxD = decltype(max_d)::value;
       auto dq_kernel = attention_dq_kernel<E, kMaxD>;
       allow_shared_memory(reinterpret_cast<const void*>(dq_kernel), dq_bytes);
-      dq_kernel<<<dim3(tiles, static_cast<unsigned>(Hq), static_cast<unsigned>(B)), kThreads,
+      dq_kernel<<<dim3(q_tiles, static_cast<unsigned>(Hq), static_cast<unsigned>(B)), kThreads,
                   dq_bytes, stream()>>>(ptr<E>(dq), ptr<E>(dout), ptr<E>(q), ptr<E>(k), ptr<E>(v),
-                                        ptr<float>(lse), Di, T, Hq, Hkv, static_cast<int>(D),
-                                        scale);
+                                        ptr<float>(lse), Di, qp, kp, Tq, Tk, Hq, Hkv,
+                                        static_cast<int>(D), scale, accumulate);
       check_launch("attention_backward (dq)");
       auto dkdv_kernel = attention_dkdv_kernel<E, kMaxD>;
       allow_shared_memory(reinterpret_cast<const void*>(dkdv_kernel), dkdv_bytes);
-      dkdv_kernel<<<dim3(tiles, static_cast<unsigned>(Hkv), static_cast<unsigned>(B)), kThreads,
+      dkdv_kernel<<<dim3(k_tiles, static_cast<unsigned>(Hkv), static_cast<unsigned>(B)), kThreads,
                     dkdv_bytes, stream()>>>(ptr<E>(dk), ptr<E>(dv), ptr<E>(dout), ptr<E>(q),
-                                            ptr<E>(k), ptr<E>(v), ptr<float>(lse), Di, T, Hq, Hkv,
-                                            static_cast<int>(D), scale);
+                                            ptr<E>(k), ptr<E>(v), ptr<float>(lse), Di, qp, kp, Tq,
+                                            Tk, Hq, Hkv, static_cast<int>(D), scale, accumulate);
       check_launch("attention_backward (dk, dv)");
     });
   });

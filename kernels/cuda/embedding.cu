@@ -11,12 +11,13 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kScanThreads = 1024;
 
-// out (B*T, C) = wte[token - vocab_start] (+ wpe[t]). Rows outside the shard are zero, or
-// NaN when the table is whole (strict: the token is out of range).
+// out (B*T, C) = wte[token - vocab_start] (+ wpe[p(t)], p(t) = positions[t] or t). Rows
+// outside the shard are zero, or NaN when the table is whole (strict: the token is out of
+// range).
 template <typename T>
 __global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const T* wte, const T* wpe,
-                                         int64_t BT, int64_t T_, int64_t C, int64_t V,
-                                         int64_t vocab_start, bool strict) {
+                                         const int32_t* positions, int64_t BT, int64_t T_,
+                                         int64_t C, int64_t V, int64_t vocab_start, bool strict) {
   const int64_t n = BT * C;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -27,7 +28,10 @@ __global__ void embedding_forward_kernel(T* out, const int32_t* tokens, const T*
       v = to_f32(wte[row * C + c]);
     else if (strict)
       v = __int_as_float(0x7fc00000);  // NaN
-    if (wpe) v += to_f32(wpe[(bt % T_) * C + c]);
+    if (wpe) {
+      const int64_t t = bt % T_;
+      v += to_f32(wpe[(positions ? static_cast<int64_t>(positions[t]) : t) * C + c]);
+    }
     out[i] = from_f32<T>(v);
   }
 }
@@ -107,37 +111,51 @@ __global__ void accumulate_rows_kernel(float* dwte, const T* dout, const int32_t
   }
 }
 
-// dwpe[t] += dout[b, t] over b in order.
+// dwpe[t] += dout[b, t] over b in order. With positions, dwpe[positions[t]]: the thread of
+// the first t of a run of equal positions (they ascend, so repeats are adjacent) adds the
+// whole run, t by t and b by b, the CPU kernel's order; no two threads share a row.
 template <typename T>
-__global__ void position_grad_kernel(float* dwpe, const T* dout, int64_t B, int64_t T_, int64_t C) {
+__global__ void position_grad_kernel(float* dwpe, const T* dout, const int32_t* positions,
+                                     int64_t B, int64_t T_, int64_t C) {
   const int64_t n = T_ * C;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float acc = dwpe[i];
-    for (int64_t b = 0; b < B; ++b) acc += to_f32(dout[b * n + i]);
-    dwpe[i] = acc;
+    if (!positions) {
+      float acc = dwpe[i];
+      for (int64_t b = 0; b < B; ++b) acc += to_f32(dout[b * n + i]);
+      dwpe[i] = acc;
+      continue;
+    }
+    const int64_t t = i / C, c = i % C;
+    const int32_t p = positions[t];
+    if (t > 0 && positions[t - 1] == p) continue;  // the run's first thread adds it
+    float& row = dwpe[static_cast<int64_t>(p) * C + c];
+    float acc = row;
+    for (int64_t u = t; u < T_ && positions[u] == p; ++u)
+      for (int64_t b = 0; b < B; ++b) acc += to_f32(dout[b * n + u * C + c]);
+    row = acc;
   }
 }
 
 }  // namespace
 
 void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                       const Tensor& wpe, int64_t B, int64_t T, int64_t C, int64_t V,
-                       int64_t vocab_start) {
+                       const Tensor& wpe, const Tensor& positions, int64_t B, int64_t T, int64_t C,
+                       int64_t V, int64_t vocab_start) {
   const int64_t n = B * T * C;
   if (n == 0) return;
   by_dtype(out.dtype, [&](auto tag) {
     using E = typename decltype(tag)::type;
     embedding_forward_kernel<E><<<grid_for(n, kThreads), kThreads, 0, stream()>>>(
-        ptr<E>(out), ptr<int32_t>(tokens), ptr<E>(wte), ptr<E>(wpe), B * T, T, C, V,
-        vocab_start < 0 ? 0 : vocab_start, vocab_start < 0);
+        ptr<E>(out), ptr<int32_t>(tokens), ptr<E>(wte), ptr<E>(wpe), ptr<int32_t>(positions), B * T,
+        T, C, V, vocab_start < 0 ? 0 : vocab_start, vocab_start < 0);
   });
   check_launch("embedding_forward");
 }
 
 void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                        const Tensor& tokens, int64_t B, int64_t T, int64_t C, int64_t V,
-                        int64_t vocab_start) {
+                        const Tensor& tokens, const Tensor& positions, int64_t B, int64_t T,
+                        int64_t C, int64_t V, int64_t vocab_start) {
   const int64_t BT = B * T;
   if (BT == 0 || C == 0) return;
   by_dtype(dout.dtype, [&](auto tag) {
@@ -166,7 +184,7 @@ void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& do
     }
     if (dwpe.data) {
       position_grad_kernel<E><<<grid_for(T * C, kThreads), kThreads, 0, stream()>>>(
-          ptr<float>(dwpe), ptr<E>(dout), B, T, C);
+          ptr<float>(dwpe), ptr<E>(dout), ptr<int32_t>(positions), B, T, C);
       check_launch("embedding_backward (positions)");
     }
   });

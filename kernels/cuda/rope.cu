@@ -10,18 +10,19 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// x (B, T, H, D); token t has position pos_offset + t. Forward: x1' = x1 cos - x2 sin,
-// x2' = x2 cos + x1 sin; the inverse uses -sin.
+// x (B, T, H, D); token t has position positions[t], or pos_offset + t without positions.
+// Forward: x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin; the inverse uses -sin.
 template <typename T>
-__global__ void rope_kernel(T* x, int64_t BT, int64_t T_, int64_t H, int64_t D, int64_t pos_offset,
-                            double theta, float sign) {
+__global__ void rope_kernel(T* x, const int32_t* positions, int64_t BT, int64_t T_, int64_t H,
+                            int64_t D, int64_t pos_offset, double theta, float sign) {
   const int64_t half = D / 2, pairs = BT * H * half;
   for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < pairs;
        p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t i = p % half, bth = p / half;  // bth = bt * H + h
     const int64_t t = bth / H % T_;
     const double inv_freq = pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
-    const double angle = static_cast<double>(pos_offset + t) * inv_freq;
+    const int64_t pos = positions ? static_cast<int64_t>(positions[t]) : pos_offset + t;
+    const double angle = static_cast<double>(pos) * inv_freq;
     const float c = static_cast<float>(cos(angle));
     const float s = sign * static_cast<float>(sin(angle));
     T* x1 = x + bth * D + i;
@@ -34,14 +35,15 @@ __global__ void rope_kernel(T* x, int64_t BT, int64_t T_, int64_t H, int64_t D, 
 
 }  // namespace
 
-void rope_apply(const Tensor& x, int64_t B, int64_t T, int64_t H, int64_t D, int64_t pos_offset,
-                float theta, bool inverse) {
+void rope_apply(const Tensor& x, const Tensor& positions, int64_t B, int64_t T, int64_t H,
+                int64_t D, int64_t pos_offset, float theta, bool inverse) {
   const int64_t pairs = B * T * H * (D / 2);
   if (pairs == 0) return;
   by_dtype(x.dtype, [&](auto tag) {
     using E = typename decltype(tag)::type;
     rope_kernel<E><<<grid_for(pairs, kThreads), kThreads, 0, stream()>>>(
-        ptr<E>(x), B * T, T, H, D, pos_offset, static_cast<double>(theta), inverse ? -1.0f : 1.0f);
+        ptr<E>(x), ptr<int32_t>(positions), B * T, T, H, D, pos_offset, static_cast<double>(theta),
+        inverse ? -1.0f : 1.0f);
   });
   check_launch(inverse ? "rope_backward" : "rope_forward");
 }

@@ -459,6 +459,26 @@ TEST_P(CudaKernel, Rope) {
     }
 }
 
+// Zig-zag chunks (r and 2R-1-r of 2R), a position repeated, and positions past T.
+TEST_P(CudaKernel, RopeWithPositions) {
+  const std::vector<int32_t> position_sets[] = {
+      {8, 9, 10, 11, 36, 37, 38, 39}, {0, 0, 1, 5, 5, 4000}, {7}};
+  for (const auto& pos : position_sets)
+    for (bool inverse : {false, true}) {
+      const int64_t T = static_cast<int64_t>(pos.size());
+      const Shape shape{2, T, 3, 64};
+      const auto x = rand(shape.numel());
+      std::vector<float> want = x;
+      const Tensor gx = gpu.upload(x, shape, dt());
+      const Tensor gpos = gpu.upload_ids(pos, {T});
+      auto apply = inverse ? k::rope_backward : k::rope_forward;
+      apply(view(want, shape), 0, 10000.0f, view(pos, {T}));
+      apply(gx, 0, 10000.0f, gpos);
+      expect_close("rope positions T " + std::to_string(T) + (inverse ? " inverse" : ""), gx, want,
+                   dt());
+    }
+}
+
 // ---- attention ----
 
 struct AttnShape {
@@ -530,6 +550,157 @@ TEST_P(CudaKernel, AttentionBackward) {
                                                        << i << " " << s.str();
       }
     }
+  }
+}
+
+// ---- attention by position (context parallelism) ----
+
+// Query rows at q_pos against key rows at k_pos, each drawn sorted and distinct from
+// [first, first + span): with k_first > q_first the first query rows (a whole 32-row tile
+// when the gap is wide) see no key.
+struct PosAttnCase {
+  int64_t B, Tq, Tk, Hq, Hkv, D, q_first, k_first, span;
+  Shape q() const { return {B, Tq, Hq, D}; }
+  Shape kv() const { return {B, Tk, Hkv, D}; }
+  Shape lse() const { return {B, Hq, Tq}; }
+  std::string str() const {
+    return "B " + std::to_string(B) + " Tq " + std::to_string(Tq) + " Tk " + std::to_string(Tk) +
+           " Hq " + std::to_string(Hq) + " Hkv " + std::to_string(Hkv) + " D " + std::to_string(D);
+  }
+};
+const PosAttnCase kPosAttnCases[] = {
+    {2, 9, 13, 4, 2, 8, 0, 3, 20},       {1, 70, 40, 4, 1, 16, 0, 0, 100},
+    {2, 130, 150, 4, 2, 8, 0, 100, 300}, {1, 65, 65, 4, 4, 64, 5, 0, 80},
+    {1, 33, 100, 2, 1, 96, 50, 0, 150},  {2, 64, 64, 2, 2, 128, 0, 0, 64},
+};
+
+std::vector<int32_t> sorted_positions(int64_t n, int64_t first, int64_t span, uint64_t seed) {
+  std::vector<int32_t> all(static_cast<size_t>(span));
+  for (int64_t i = 0; i < span; ++i) all[i] = static_cast<int32_t>(first + i);
+  std::mt19937_64 rng(seed);
+  std::shuffle(all.begin(), all.end(), rng);
+  all.resize(static_cast<size_t>(n));
+  std::sort(all.begin(), all.end());
+  return all;
+}
+
+// lse with rows no key saw: -inf exactly where the reference has it, close elsewhere.
+void expect_lse_close(const std::string& what, const std::vector<float>& got,
+                      const std::vector<float>& want, double tol) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  std::vector<float> got_finite = got, want_finite = want;
+  size_t mismatched = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if ((want[i] == -INFINITY) != (got[i] == -INFINITY)) ++mismatched;
+    if (want[i] == -INFINITY) got_finite[i] = want_finite[i] = 0.0f;
+  }
+  EXPECT_EQ(mismatched, 0u) << what << ": rows with no visible key differ";
+  expect_close(what, got_finite, want_finite, tol);
+}
+
+TEST_P(CudaKernel, AttentionForwardWithPositions) {
+  for (const PosAttnCase& s : kPosAttnCases) {
+    const auto q_pos = sorted_positions(s.Tq, s.q_first, s.span, 1);
+    const auto k_pos = sorted_positions(s.Tk, s.k_first, s.span, 2);
+    const auto q = rand(s.q().numel()), kk = rand(s.kv().numel()), v = rand(s.kv().numel());
+    std::vector<float> out(s.q().numel()), lse(s.lse().numel());
+    k::attention_forward(view(out, s.q()), view(lse, s.lse()), view(q, s.q()), view(kk, s.kv()),
+                         view(v, s.kv()), view(q_pos, {s.Tq}), view(k_pos, {s.Tk}));
+    const Tensor gout = gpu.poisoned(s.q(), dt()), glse = gpu.poisoned(s.lse(), DType::F32);
+    k::attention_forward(gout, glse, gpu.upload(q, s.q(), dt()), gpu.upload(kk, s.kv(), dt()),
+                         gpu.upload(v, s.kv(), dt()), gpu.upload_ids(q_pos, {s.Tq}),
+                         gpu.upload_ids(k_pos, {s.Tk}));
+    expect_close("positions out " + s.str(), gout, out, dt());
+    expect_lse_close("positions lse " + s.str(), download(glse), lse, tolerance(dt()));
+  }
+}
+
+// Positions 0..t-1 given explicitly take the same path through the kernels as none.
+TEST_P(CudaKernel, AttentionExplicitPositionsGiveTheBitsOfAbsentOnes) {
+  const AttnShape s{2, 70, 4, 2, 32};
+  std::vector<int32_t> pos(s.T);
+  for (int64_t t = 0; t < s.T; ++t) pos[t] = static_cast<int32_t>(t);
+  const Tensor gq = gpu.upload(rand(s.q().numel()), s.q(), dt());
+  const Tensor gk = gpu.upload(rand(s.kv().numel()), s.kv(), dt());
+  const Tensor gv = gpu.upload(rand(s.kv().numel()), s.kv(), dt());
+  const Tensor gdy = gpu.upload(rand(s.q().numel()), s.q(), dt());
+  const Tensor gpos = gpu.upload_ids(pos, {s.T});
+  std::vector<float> got[2][5];
+  for (int with_pos = 0; with_pos < 2; ++with_pos) {
+    const Tensor p = with_pos ? gpos : Tensor{};
+    const Tensor out = gpu.poisoned(s.q(), dt()), lse = gpu.poisoned(s.lse(), DType::F32);
+    k::attention_forward(out, lse, gq, gk, gv, p, p);
+    const Tensor dq = gpu.poisoned(s.q(), dt()), dk = gpu.poisoned(s.kv(), dt()),
+                 dv = gpu.poisoned(s.kv(), dt());
+    k::attention_backward(dq, dk, dv, gdy, gq, gk, gv, out, lse, p, p);
+    const Tensor all[5] = {out, lse, dq, dk, dv};
+    for (int i = 0; i < 5; ++i) got[with_pos][i] = download(all[i]);
+  }
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(bitwise_equal(got[0][i], got[1][i])) << "output " << i;
+}
+
+// One block's backward, overwriting (from NaN) and accumulating (from random values), with
+// the final out/lse the CPU computed.
+TEST_P(CudaKernel, AttentionBackwardWithPositions) {
+  for (const PosAttnCase& s : kPosAttnCases) {
+    const auto q_pos = sorted_positions(s.Tq, s.q_first, s.span, 3);
+    const auto k_pos = sorted_positions(s.Tk, s.k_first, s.span, 4);
+    const auto q = rand(s.q().numel()), kk = rand(s.kv().numel()), v = rand(s.kv().numel());
+    const auto dy = rand(s.q().numel());
+    std::vector<float> out(s.q().numel()), lse(s.lse().numel());
+    k::attention_forward(view(out, s.q()), view(lse, s.lse()), view(q, s.q()), view(kk, s.kv()),
+                         view(v, s.kv()), view(q_pos, {s.Tq}), view(k_pos, {s.Tk}));
+    out = rounded(dt(), out);  // what the GPU would have stored
+    const Tensor gq = gpu.upload(q, s.q(), dt()), gk = gpu.upload(kk, s.kv(), dt());
+    const Tensor gv = gpu.upload(v, s.kv(), dt()), gdy = gpu.upload(dy, s.q(), dt());
+    const Tensor gout = gpu.upload(out, s.q(), dt()), glse = gpu.upload(lse, s.lse(), DType::F32);
+    const Tensor gq_pos = gpu.upload_ids(q_pos, {s.Tq}), gk_pos = gpu.upload_ids(k_pos, {s.Tk});
+    for (bool accumulate : {false, true}) {
+      std::vector<float> dq(q.size(), 0.0f), dk(kk.size(), 0.0f), dv(v.size(), 0.0f);
+      if (accumulate) dq = rand(dq.size()), dk = rand(dk.size()), dv = rand(dv.size());
+      const Tensor gdq = accumulate ? gpu.upload(dq, s.q(), dt()) : gpu.poisoned(s.q(), dt());
+      const Tensor gdk = accumulate ? gpu.upload(dk, s.kv(), dt()) : gpu.poisoned(s.kv(), dt());
+      const Tensor gdv = accumulate ? gpu.upload(dv, s.kv(), dt()) : gpu.poisoned(s.kv(), dt());
+      k::attention_backward(view(dq, s.q()), view(dk, s.kv()), view(dv, s.kv()), view(dy, s.q()),
+                            view(q, s.q()), view(kk, s.kv()), view(v, s.kv()), view(out, s.q()),
+                            view(lse, s.lse()), view(q_pos, {s.Tq}), view(k_pos, {s.Tk}),
+                            accumulate);
+      k::attention_backward(gdq, gdk, gdv, gdy, gq, gk, gv, gout, glse, gq_pos, gk_pos, accumulate);
+      const std::string what = s.str() + (accumulate ? " accumulate" : "");
+      expect_close("positions dq " + what, gdq, dq, dt());
+      expect_close("positions dk " + what, gdk, dk, dt());
+      expect_close("positions dv " + what, gdv, dv, dt());
+    }
+  }
+}
+
+// Running (out, lse) with rows nothing has seen yet (0, -inf), merged with a block that has
+// rows it saw no key for (-inf).
+TEST_P(CudaKernel, AttentionMerge) {
+  const Shape shapes[] = {{1, 1, 1, 4}, {2, 33, 3, 16}, {1, 70, 4, 128}, {2, 9, 2, 5}};
+  for (const Shape& shape : shapes) {
+    const int64_t B = shape[0], T = shape[1], H = shape[2], D = shape[3];
+    const Shape lse_shape{B, H, T};
+    auto out = rand(shape.numel()), block = rand(shape.numel());
+    auto lse = random(DType::F32, lse_shape.numel(), 5),
+         block_lse = random(DType::F32, lse_shape.numel(), 6);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t at = (b * H + h) * T + t;
+          if (t % 3 == 0) {  // nothing seen so far: out 0, lse -inf
+            lse[at] = -INFINITY;
+            std::fill_n(&out[((b * T + t) * H + h) * D], D, 0.0f);
+          }
+          if (t % 2 == 0) block_lse[at] = -INFINITY;
+        }
+    const Tensor gout = gpu.upload(out, shape, dt()), glse = gpu.upload(lse, lse_shape, DType::F32);
+    k::attention_merge(view(out, shape), view(lse, lse_shape), view(block, shape),
+                       view(block_lse, lse_shape));
+    k::attention_merge(gout, glse, gpu.upload(block, shape, dt()),
+                       gpu.upload(block_lse, lse_shape, DType::F32));
+    expect_close("merge out " + shape.str(), gout, rounded(dt(), out), dt());
+    expect_lse_close("merge lse " + shape.str(), download(glse), lse, 1e-5);
   }
 }
 
@@ -655,6 +826,38 @@ TEST_P(CudaKernel, EmbeddingBackward) {
       } else {
         EXPECT_TRUE(bitwise_equal(first, got)) << "embedding backward varies " << str(c);
       }
+    }
+  }
+}
+
+// wpe rows by position, and dwpe scattered by position: zig-zag chunks, and a repeated
+// position whose dout rows add in token order (with F32 data bitwise the CPU's sums).
+TEST_P(CudaKernel, EmbeddingWithPositions) {
+  const std::vector<int32_t> position_sets[] = {
+      {0, 1, 2, 3, 12, 13, 14, 15}, {2, 2, 2, 5, 9, 9, 30}, {31}};
+  const int64_t B = 3, V = 11, C = 70, P = 32;
+  for (const auto& pos : position_sets) {
+    const int64_t T = static_cast<int64_t>(pos.size());
+    const auto tokens = random_ids(B * T, V, 41);
+    const auto wte = rand(V * C), wpe = rand(P * C), dout = rand(B * T * C);
+    const auto dwpe0 = random(DType::F32, P * C, 42);
+    const std::string what = "embedding positions T " + std::to_string(T);
+    std::vector<float> out(B * T * C), dwpe = dwpe0;
+    k::embedding_forward(view(out, {B, T, C}), view(tokens, {B, T}), view(wte, {V, C}),
+                         view(wpe, {P, C}), -1, view(pos, {T}));
+    k::embedding_backward(Tensor{}, view(dwpe, {P, C}), view(dout, {B, T, C}), view(tokens, {B, T}),
+                          -1, view(pos, {T}));
+    const Tensor gpos = gpu.upload_ids(pos, {T}), gtokens = gpu.upload_ids(tokens, {B, T});
+    const Tensor gout = gpu.poisoned({B, T, C}, dt());
+    k::embedding_forward(gout, gtokens, gpu.upload(wte, {V, C}, dt()),
+                         gpu.upload(wpe, {P, C}, dt()), -1, gpos);
+    expect_close(what + " forward", gout, out, dt());
+    const Tensor gdwpe = gpu.upload(dwpe0, {P, C}, DType::F32);
+    k::embedding_backward(Tensor{}, gdwpe, gpu.upload(dout, {B, T, C}, dt()), gtokens, -1, gpos);
+    const auto got = download(gdwpe);
+    expect_close(what + " dwpe", got, dwpe, tolerance(dt()));
+    if (dt() == DType::F32) {
+      EXPECT_TRUE(bitwise_equal(got, dwpe)) << what << ": dwpe not bitwise the CPU's";
     }
   }
 }
