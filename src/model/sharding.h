@@ -98,6 +98,7 @@ class ContextParallelHooks {
   virtual int degree() const { return 1; }
   // I32 (t) on the compute device; absent: 0..t-1.
   virtual Tensor positions() const { return {}; }
+  virtual size_t scratch_bytes() const { return 0; }  // buffers the hooks hold
   // q, out (b, t, hq, d); k, v (b, t, hkv, d), RoPE applied: causal attention of this rank's
   // queries to the whole sequence. lse holds b*hq*t values for backward.
   virtual void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,

@@ -66,6 +66,7 @@ class MeshContextParallel final : public ContextParallelHooks {
       : cp_(mesh.cp_ulysses(), mesh.cp_ring(), shape, dtype, device) {}
   int degree() const override { return cp_.degree(); }
   Tensor positions() const override { return cp_.positions_tensor(); }
+  size_t scratch_bytes() const override { return cp_.scratch_bytes(); }
   void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
                          const Tensor& v) override {
     cp_.forward(out, lse, q, k, v);
