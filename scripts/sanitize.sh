@@ -5,8 +5,9 @@
 # falsely inside libstdc++'s <regex>):
 #   build-asan/  AddressSanitizer + UndefinedBehaviorSanitizer (GCC): every CPU unit test
 #                program (the slowest model-training cases left to the main build) and
-#                short trainings on 2 ranks x 2 threads under mpirun (dp, tp + SP, and MoE
-#                expert parallelism over dp and folded over tp);
+#                short trainings on 2 ranks x 2 threads under mpirun (dp, tp + SP, MoE
+#                expert parallelism over dp and folded over tp, context parallelism ring
+#                with a resume and Ulysses), and the context-parallel attention test on 4;
 #   build-tsan/  ThreadSanitizer (clang, libomp + libarcher): the kernels' tests and the
 #                checkpoint saver's background-thread tests, on 2 OpenMP threads.
 # Findings are fatal. Suppressions (tests/sanitizers/) cover only leaks inside Open MPI's
@@ -61,7 +62,7 @@ for kind in "${which[@]}"; do
       tests=($(unit_tests core kernels data model train checkpoint optim pp cli launch))
       cmake -S . -B $dir -G Ninja -DCMAKE_BUILD_TYPE=Release -DPENTAD_CUDA=OFF \
         -DPENTAD_SANITIZE=address >/dev/null
-      cmake --build $dir -j"$(nproc)" --target pentad "${tests[@]}"
+      cmake --build $dir -j"$(nproc)" --target pentad context_parallel_test "${tests[@]}"
       # Full stacks for every allocation (fast unwinding stops at the first library built
       # without frame pointers, so suppressions could not see Open MPI in the stack), and
       # Open MPI's plugins kept loaded so their frames still have names at exit.
@@ -97,6 +98,21 @@ for kind in "${which[@]}"; do
         model.d_ff_expert=64 moe.score=sigmoid moe.seq_aux_loss_coef=0.01 train.steps=3 \
         train.eval_every=0 train.micro_batch=2 train.seq_len=32 data.source=random \
         train.out_dir="$work/run4"
+      # Context parallelism: each form's attention on 4 ranks, and trainings with the ring
+      # (a checkpoint saved and resumed) and with Ulysses (GPT-2's learned positions).
+      run asan-context-parallel mpirun -np 4 $dir/tests/context_parallel_test
+      run asan-train-cp2-ring mpirun -np 2 $dir/pentad train recipes/llama-tiny.toml \
+        train.threads=2 parallel.cp=2 parallel.cp_impl=ring train.steps=3 train.eval_every=2 \
+        train.save_every=2 train.micro_batch=2 train.seq_len=32 data.source=random \
+        train.out_dir="$work/run5"
+      run asan-train-cp2-resume mpirun -np 2 $dir/pentad train recipes/llama-tiny.toml \
+        --resume latest train.threads=2 parallel.cp=2 parallel.cp_impl=ring train.steps=4 \
+        train.eval_every=0 train.micro_batch=2 train.seq_len=32 data.source=random \
+        train.out_dir="$work/run5"
+      run asan-train-cp2-ulysses mpirun -np 2 $dir/pentad train recipes/gpt-tiny.toml \
+        train.threads=2 parallel.cp=2 parallel.cp_impl=ulysses train.steps=3 \
+        train.eval_every=2 train.micro_batch=2 train.seq_len=32 data.source=random \
+        train.out_dir="$work/run6"
       rm -rf "$work"
       ;;
     tsan)
