@@ -31,8 +31,11 @@ int ParamStore::add_shard(std::string name, Shape shape, Init init, float init_s
   spec.init = init;
   spec.init_std = init_std;
   spec.weight_decay = weight_decay;
-  // Align each parameter to 16 floats so every view starts on a cache line.
-  spec.offset = static_cast<size_t>((numel_ + 15) / 16 * 16);
+  // Align each parameter to 16 floats so every view starts on a cache line, and a large one
+  // (256 KiB and up) to a page, so that a checkpoint can write it from where it lies with
+  // direct I/O (checkpoint.snapshot = "swap"; the arenas start on pages too).
+  const int64_t align = spec.local_shape.numel() >= kPageAlignedElements ? 1024 : 16;
+  spec.offset = static_cast<size_t>((numel_ + align - 1) / align * align);
   numel_ = static_cast<int64_t>(spec.offset) + spec.local_shape.numel();
   specs_.push_back(std::move(spec));
   return static_cast<int>(specs_.size()) - 1;

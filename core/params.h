@@ -50,6 +50,8 @@ struct ParamSpec {
 
 class ParamStore {
  public:
+  // Parameters of at least this many elements start on a 4 KiB page in every arena.
+  static constexpr int64_t kPageAlignedElements = int64_t{1} << 16;
   // Adds a parameter held whole on this rank; returns its id.
   int add(std::string name, Shape shape, Init init, float init_std, bool weight_decay);
   // Adds a parameter of global shape `shape` of which this rank holds

@@ -79,7 +79,10 @@ Arena::Arena(std::string name, size_t bytes, Device device)
     if (poison_enabled()) device_fill_ones(base_, capacity_);
     return;
   }
-  base_ = std::aligned_alloc(kAlignment, capacity_);
+  // Large arenas start on a page (direct I/O can write their page-aligned tensors).
+  const size_t align = capacity_ >= kPageThreshold ? kPageBytes : kAlignment;
+  capacity_ = (capacity_ + align - 1) / align * align;
+  base_ = std::aligned_alloc(align, capacity_);
   if (!base_) fail("cannot allocate {} for the {} arena", format_bytes(capacity_), name_);
   poison_host(base_, capacity_);
 }

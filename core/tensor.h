@@ -118,6 +118,7 @@ class Arena {
   Device device() const { return device_; }
 
   static constexpr size_t kAlignment = 64;
+  static constexpr size_t kPageBytes = 4096, kPageThreshold = size_t{1} << 20;  // host arenas
   static size_t aligned(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
 
  private:
