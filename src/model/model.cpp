@@ -145,7 +145,8 @@ void Model::build_params() {
         if (id >= 0) partial.push_back(id);
       if (moe) {
         auto& block = moe_[static_cast<size_t>(l)];
-        block = std::make_unique<MoeBlock>(cfg_, l, params_, *ep_, *tp_, b_, t_, placement_.device);
+        block = std::make_unique<MoeBlock>(cfg_, l, params_, *ep_, *tp_, *cp_, b_, t_,
+                                           placement_.device);
         partial.push_back(block->router());  // each tp rank routes its own rows (SP)
       }
     }
@@ -270,7 +271,8 @@ float Model::forward_chunk(int c, int slot_index, const int32_t* tokens, const i
   Slot& s = slot(c, slot_index);
   const int64_t N = b_ * t_, V = cfg_.vocab_size;
   const bool sp = tp_->sequence_parallel();
-  s.moe_weight = dloss * static_cast<float>(N);  // the micro-batch's weight in the objective
+  // The micro-batch's weight in the objective (its tokens on every cp rank).
+  s.moe_weight = dloss * static_cast<float>(N * cp_->degree());
   auto copy_ids = [&](Tensor dst, const int32_t* src, const char* what) {
     PENTAD_CHECK(src != nullptr, "forward_chunk: chunk {} needs {}", c, what);
     for (int64_t i = 0; i < N; ++i)

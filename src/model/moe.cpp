@@ -41,13 +41,14 @@ void to_device(const Tensor& t, const V* host) {
 // ---- the block ----
 
 MoeBlock::MoeBlock(const ModelConfig& cfg, int64_t layer, ParamStore& params,
-                   ExpertParallelHooks& ep, TensorParallelHooks& tp, int64_t micro_batch,
-                   int64_t seq_len, Device device)
+                   ExpertParallelHooks& ep, TensorParallelHooks& tp, ContextParallelHooks& cp,
+                   int64_t micro_batch, int64_t seq_len, Device device)
     : cfg_(cfg),
       moe_(cfg.moe),
       params_(params),
       ep_(ep),
       tp_(tp),
+      cp_(cp),
       b_(micro_batch),
       t_(seq_len),
       E_(cfg.n_experts),
@@ -58,6 +59,11 @@ MoeBlock::MoeBlock(const ModelConfig& cfg, int64_t layer, ParamStore& params,
   const int64_t N = b_ * t_;
   rows_ = tp_.local_rows(N);
   row_start_ = tp_.sequence_parallel() ? tp_.rank() * rows_ : 0;
+  // Row j of this rank is token (j / t, position of j % t) of the micro-batch.
+  T_ = t_ * cp_.degree();
+  const std::vector<int32_t> positions = cp_.host_positions();
+  for (int64_t j = 0; j < N; ++j)
+    token_.push_back(j / t_ * T_ + (positions.empty() ? j % t_ : positions[size_t(j % t_)]));
   const int64_t Fe = expert_ffn_dim(cfg), p = ep_.etp_degree(), r = ep_.etp_rank();
   PENTAD_CHECK(E_ % ep_.ep_degree() == 0 && Fe % p == 0 && k_ <= E_,
                "MoE layer {}: {} experts, top {}, width {} over ep {} x etp {}", layer, E_, k_, Fe,
@@ -136,7 +142,7 @@ void MoeBlock::size_rows(Acts& a, int64_t A, int64_t R) {
 // Scores, picks and weights of this rank's rows, the losses' statistics over the
 // micro-batch, the capacity drops, and the permutation into expert order.
 void MoeBlock::route(Acts& a, const Tensor& x, float weight, bool count) {
-  const int64_t Nl = rows_, E = E_, K = k_, N = b_ * t_;
+  const int64_t Nl = rows_, E = E_, K = k_, N = b_ * T_;  // N: the micro-batch's tokens
   size_routing(a);
   a.aux_coef.clear();
   a.seq_coef.clear();
@@ -204,8 +210,8 @@ void MoeBlock::route(Acts& a, const Tensor& x, float weight, bool count) {
       }
       stats.back() += a.lse[size_t(i)] * a.lse[size_t(i)];
     }
-    if (tp_.sequence_parallel()) tp_.sum(view_of(stats.data(), Shape{int64_t(stats.size())}));
-    const double kT = double(K) * double(N) * double(N), kt = double(K) * double(t_) * double(t_);
+    sum_over_micro_batch(stats);
+    const double kT = double(K) * double(N) * double(N), kt = double(K) * double(T_) * double(T_);
     a.aux_coef.assign(size_t(E), 0.0);
     a.seq_coef.assign(size_t(b_ * E), 0.0);
     double aux_value = 0.0, seq_value = 0.0;
@@ -218,7 +224,7 @@ void MoeBlock::route(Acts& a, const Tensor& x, float weight, bool count) {
         seq_value += a.seq_coef[qe] * spsum[qe];
       }
     }
-    if (count && tp_.rank() == 0) {
+    if (count && tp_.rank() == 0 && cp_.rank() == 0) {  // once per micro-batch
       aux_ += aux_value;
       seq_aux_ += seq_value;
       z_ += moe_.z_loss_coef * double(stats.back()) / double(N);
@@ -266,17 +272,21 @@ void MoeBlock::route(Acts& a, const Tensor& x, float weight, bool count) {
 // Capacity over the micro-batch: every rank sees every pick (a sum of zero-filled shares
 // over the ranks sharing the micro-batch), decides the same drops, and keeps its own rows'.
 void MoeBlock::drop_over_capacity(Acts& a, std::vector<uint8_t>& kept) const {
-  const int64_t N = b_ * t_, K = k_, E = E_, Nl = rows_;
+  const int64_t N = b_ * T_, K = k_, E = E_, Nl = rows_;
   std::vector<float> all(static_cast<size_t>(2 * N * K), 0.0f);  // [expert, score] per pick
+  std::vector<int64_t> mine(static_cast<size_t>(N), -1);         // token -> row held here
   const int32_t* pick = on_host(a.pick, a.host_pick);
   const float* s = on_host(a.scores, a.host_scores);
-  for (int64_t i = 0; i < Nl; ++i)
+  for (int64_t i = 0; i < Nl; ++i) {
+    const int64_t token = token_[size_t(row_start_ + i)];
+    mine[size_t(token)] = i;
     for (int64_t j = 0; j < K; ++j) {
-      const size_t g = size_t((row_start_ + i) * K + j);
+      const size_t g = size_t(token * K + j);
       all[2 * g] = static_cast<float>(pick[i * K + j]);
       all[2 * g + 1] = s[i * E + pick[i * K + j]];
     }
-  if (tp_.sequence_parallel()) tp_.sum(view_of(all.data(), Shape{int64_t(all.size())}));
+  }
+  sum_over_micro_batch(all);
   const auto capacity = static_cast<int64_t>(
       std::ceil(double(moe_.capacity_factor) * double(N) * double(K) / double(E)));
   std::vector<std::vector<int64_t>> by_expert(static_cast<size_t>(E));
@@ -288,10 +298,16 @@ void MoeBlock::drop_over_capacity(Acts& a, std::vector<uint8_t>& kept) const {
       return all[size_t(2 * p + 1)] > all[size_t(2 * q + 1)];
     });
     for (size_t d = size_t(capacity); d < picks.size(); ++d) {
-      const int64_t row = picks[d] / K - row_start_;
-      if (row >= 0 && row < Nl) kept[size_t(row * K + picks[d] % K)] = 0;
+      const int64_t row = mine[size_t(picks[d] / K)];
+      if (row >= 0) kept[size_t(row * K + picks[d] % K)] = 0;
     }
   }
+}
+
+void MoeBlock::sum_over_micro_batch(std::vector<float>& values) const {
+  const Tensor t = view_of(values.data(), Shape{int64_t(values.size())});
+  if (tp_.sequence_parallel()) tp_.sum(t);
+  if (cp_.degree() > 1) cp_.sum(t);
 }
 
 void MoeBlock::forward(Acts& a, const Tensor& x, Tensor out, float weight, bool count) {
@@ -428,7 +444,7 @@ void MoeBlock::router_backward(Acts& a, const Tensor& x, const Tensor& dw_t,
     }
     if (moe_.z_loss_coef > 0) {  // d/dl of coef / T * lse^2 = coef / T * 2 lse softmax(l)
       const double lse = a.lse[size_t(i)];
-      const double c = weight * moe_.z_loss_coef / double(b_ * t_) * 2.0 * lse;
+      const double c = weight * moe_.z_loss_coef / double(b_ * T_) * 2.0 * lse;
       for (int64_t e = 0; e < E; ++e) dl[e] += float(c * std::exp(double(l[i * E + e]) - lse));
     }
   }

@@ -55,8 +55,11 @@ struct MoeStats {
 // the store once it is allocated.
 class MoeBlock {
  public:
+  // seq_len: the tokens of each sequence this rank holds (all of them, or its share under
+  // context parallelism, whose ranks the micro-batch statistics are summed over too).
   MoeBlock(const ModelConfig& cfg, int64_t layer, ParamStore& params, ExpertParallelHooks& ep,
-           TensorParallelHooks& tp, int64_t micro_batch, int64_t seq_len, Device device);
+           TensorParallelHooks& tp, ContextParallelHooks& cp, int64_t micro_batch, int64_t seq_len,
+           Device device);
 
   // One micro-batch's saved routing and expert activations: the routing's tensors keep
   // their size, the rows' are sized at each forward.
@@ -113,8 +116,13 @@ class MoeBlock {
   ParamStore& params_;
   ExpertParallelHooks& ep_;
   TensorParallelHooks& tp_;
+  ContextParallelHooks& cp_;
   int64_t b_, t_, rows_, row_start_;  // micro-batch, sequence, rows held, first row held
-  int64_t E_, k_, F_, C_;             // experts, picks per token, expert width here, model width
+  int64_t T_;                         // whole sequence (t_ x cp)
+  std::vector<int64_t> token_;        // b_ x t_ rows: the index of each in the micro-batch
+  // Sums over the ranks that hold parts of this micro-batch: tp (sequence parallel), cp.
+  void sum_over_micro_batch(std::vector<float>& values) const;
+  int64_t E_, k_, F_, C_;  // experts, picks per token, expert width here, model width
   Device device_;
   bool gpt2_;
   int router_ = -1, bias_ = -1;

@@ -99,6 +99,10 @@ class ContextParallelHooks {
   // I32 (t) on the compute device; absent: 0..t-1.
   virtual Tensor positions() const { return {}; }
   virtual size_t scratch_bytes() const { return 0; }  // buffers the hooks hold
+  virtual int rank() const { return 0; }
+  virtual std::vector<int32_t> host_positions() const { return {}; }  // positions() on the host
+  // Element-wise sum over the cp ranks, in place: statistics of a whole micro-batch (MoE).
+  virtual void sum(Tensor /*buf*/) {}
   // q, out (b, t, hq, d); k, v (b, t, hkv, d), RoPE applied: causal attention of this rank's
   // queries to the whole sequence. lse holds b*hq*t values for backward.
   virtual void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,

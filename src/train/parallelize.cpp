@@ -63,10 +63,14 @@ class MeshContextParallel final : public ContextParallelHooks {
  public:
   MeshContextParallel(parallel::Mesh& mesh, const parallel::ContextShape& shape, DType dtype,
                       Device device)
-      : cp_(mesh.cp_ulysses(), mesh.cp_ring(), shape, dtype, device) {}
+      : group_(mesh.group(parallel::Axis::CP)),
+        cp_(mesh.cp_ulysses(), mesh.cp_ring(), shape, dtype, device) {}
   int degree() const override { return cp_.degree(); }
   Tensor positions() const override { return cp_.positions_tensor(); }
   size_t scratch_bytes() const override { return cp_.scratch_bytes(); }
+  int rank() const override { return group_.rank(); }
+  std::vector<int32_t> host_positions() const override { return cp_.positions(); }
+  void sum(Tensor buf) override { group_.all_reduce(buf); }
   void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
                          const Tensor& v) override {
     cp_.forward(out, lse, q, k, v);
@@ -78,6 +82,7 @@ class MeshContextParallel final : public ContextParallelHooks {
   }
 
  private:
+  parallel::Communicator& group_;
   parallel::ContextParallel cp_;
 };
 

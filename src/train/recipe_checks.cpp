@@ -115,22 +115,6 @@ void check_moe(const Config& c, const Where& where) {
         "whole), or 0 for dropless",
         where({"moe.capacity_factor", "model.top_k"}), format_float(capacity), m.top_k,
         1.0 / double(m.top_k));
-  // The balancing losses and the capacity see a whole micro-batch; under context parallelism
-  // each rank routes its own tokens and these statistics are not gathered over cp yet.
-  if (p.cp > 1) {
-    const std::pair<const char*, double> whole[] = {
-        {"moe.aux_loss_coef", m.moe.aux_loss_coef},
-        {"moe.seq_aux_loss_coef", m.moe.seq_aux_loss_coef},
-        {"moe.z_loss_coef", m.moe.z_loss_coef},
-        {"moe.capacity_factor", m.moe.capacity_factor}};
-    for (const auto& [key, value] : whole)
-      if (value != 0)
-        fail(
-            "{}: {} = {} with parallel.cp = {}: MoE statistics over a whole micro-batch are "
-            "not gathered across context-parallel ranks yet; set {} = 0 (the aux-loss-free "
-            "moe.bias_update_rate works with cp) or parallel.cp = 1",
-            where({key, "parallel.cp"}), key, format_float(float(value)), p.cp, key);
-  }
   // MoE on CUDA runs in fp32 with every expert on its rank (its routing on host copies).
   if (c.train.device == "cuda" && c.train.precision != "fp32")
     fail(

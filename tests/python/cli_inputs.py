@@ -150,8 +150,6 @@ CASES = [
      2, ["parallel.cp_ulysses = 3 must divide parallel.cp = 4"]),
     ("cp_ulysses_degree_without_hybrid", "llama-tiny.toml", ["parallel.cp_ulysses=2"], 0, 2,
      ["parallel.cp_ulysses = 2 is the Ulysses degree of parallel.cp_impl = \"hybrid\""]),
-    ("cp_moe_aux_loss", "mixtral-tiny.toml", ["parallel.cp=2", "parallel.dp=1"], 0, 2,
-     ["moe.aux_loss_coef", "with parallel.cp = 2", "moe.bias_update_rate works with cp"]),
     ("longctx_on_one_rank_over_the_limit", "llama-longctx.toml", ["parallel.cp=1"], 0, 2,
      ["memory plan does not fit", "above train.memory_limit_mb = 400", "parallel.cp = 4 (now 1"]),
     ("cp_hybrid_trains", "llama-tiny.toml",

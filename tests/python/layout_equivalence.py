@@ -115,6 +115,12 @@ MOE_LAYOUTS = [
     ("ep2-capacity1.0", 2, ["parallel.ep=2", "moe.capacity_factor=1.0"]),
     ("ep4-tp2+sp-capacity1.25", 4, ["parallel.tp=2", SP, "parallel.ep=4",
                                     "moe.capacity_factor=1.25"]),
+    # Context parallelism: the micro-batch's statistics (balancing losses, capacity) summed
+    # over the cp ranks that hold its tokens.
+    ("cp2-ring-xep2", 2, ["parallel.cp=2", "parallel.cp_impl=ring", "parallel.ep=2"]),
+    ("cp2-ulysses-xtp2+sp-ep4-capacity1.0", 4,
+     ["parallel.cp=2", "parallel.cp_impl=ulysses", "parallel.tp=2", SP, "parallel.ep=4",
+      "moe.capacity_factor=1.0"]),
 ]
 RING = "parallel.cp_impl=ring"
 ULYSSES = "parallel.cp_impl=ulysses"
