@@ -4,7 +4,8 @@
 //   mpirun -np R pentad_cp_bench T H HKV D [iters=5] [batch=1] [threads=1] [link_mib_s=0]
 //
 // On each rank, with random q, k, v, dout of its T/R tokens, it times (median over `iters`
-// after one warm-up; each repetition starts at a barrier and counts the slowest rank):
+// after one warm-up, the six measurements taking turns; each run starts at a barrier and
+// counts the slowest rank):
 //   total     ContextParallel::forward, and forward + backward, as the trainer calls them;
 //   compute   the same kernels with no communication: per ring step the block's
 //             attention_forward (+ attention_merge), or attention_backward into a zeroed
@@ -44,20 +45,27 @@ double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Median over `iters` (after one warm-up) of the slowest rank's time of f, each repetition
-// started together at a barrier.
-double median_slowest(Communicator& comm, int iters, const std::function<void()>& f) {
-  std::vector<double> s;
-  for (int i = 0; i <= iters; ++i) {
-    comm.barrier();
-    const double t0 = now();
-    f();
-    double mine = now() - t0, slowest = 0;
-    MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    if (i > 0) s.push_back(slowest);
+// Medians over `iters` repetitions (after one warm-up) of the slowest rank's time of each of
+// fs. The functions take turns within each repetition (A B C A B C ...), so that the shared
+// machine's noise falls on all of them; each run starts together at a barrier.
+std::vector<double> medians_slowest(Communicator& comm, int iters,
+                                    const std::vector<std::function<void()>>& fs) {
+  std::vector<std::vector<double>> s(fs.size());
+  for (int i = 0; i <= iters; ++i)
+    for (size_t j = 0; j < fs.size(); ++j) {
+      comm.barrier();
+      const double t0 = now();
+      fs[j]();
+      double mine = now() - t0, slowest = 0;
+      MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      if (i > 0) s[j].push_back(slowest);
+    }
+  std::vector<double> out;
+  for (auto& v : s) {
+    std::sort(v.begin(), v.end());
+    out.push_back(v[v.size() / 2]);
   }
-  std::sort(s.begin(), s.end());
-  return s[s.size() / 2];
+  return out;
 }
 
 std::vector<float> random_values(size_t n, unsigned seed) {
@@ -117,16 +125,11 @@ int main(int argc, char** argv) {
 
     // (a) the overlapped forward and forward + backward.
     std::vector<ContextParallel::Span> spans;
-    const double fwd_total = median_slowest(*ring, iters, [&] {
+    auto total_forward = [&] {
       cp.forward(outt, lset, qt, kt, vt);
       spans = cp.ring_compute_spans();
-    });
-    const double fb_total = median_slowest(*ring, iters, [&] {
-      cp.forward(outt, lset, qt, kt, vt);
-      cp.backward(dqt, dkt, dvt, doutt, qt, kt, vt, outt, lset);
-    });
-    double span_sum = 0;
-    for (const auto& s : spans) span_sum += 1e-9 * double(s.end_ns - s.begin_ns);
+    };
+    auto total_backward = [&] { cp.backward(dqt, dkt, dvt, doutt, qt, kt, vt, outt, lset); };
 
     // (b) the compute alone: every block's kernels on this rank's own K/V (the values do
     // not matter; the positions, and so the mask, are the real blocks').
@@ -155,11 +158,6 @@ int main(int argc, char** argv) {
         if (step > 0) kernels::add(pt, pt, it);
       }
     };
-    const double fwd_compute = median_slowest(*ring, iters, compute_forward);
-    const double fb_compute = median_slowest(*ring, iters, [&] {
-      compute_forward();
-      compute_backward();
-    });
 
     // (c) the transfers alone, as ring_forward and ring_backward post them.
     std::vector<float> kv0(partial.size()), kv1(partial.size()), dkv0(partial.size()),
@@ -193,11 +191,26 @@ int main(int argc, char** argv) {
       ring->recv(it, prev, kTagDkv);
       for (Work& w : dkv_send) w.wait();
     };
-    const double fwd_transfer = median_slowest(*ring, iters, transfer_forward);
-    const double fb_transfer = median_slowest(*ring, iters, [&] {
-      transfer_forward();
-      transfer_backward();
-    });
+    const std::vector<double> m = medians_slowest(*ring, iters,
+                                                  {total_forward,
+                                                   [&] {
+                                                     total_forward();
+                                                     total_backward();
+                                                   },
+                                                   compute_forward,
+                                                   [&] {
+                                                     compute_forward();
+                                                     compute_backward();
+                                                   },
+                                                   transfer_forward,
+                                                   [&] {
+                                                     transfer_forward();
+                                                     transfer_backward();
+                                                   }});
+    const double fwd_total = m[0], fb_total = m[1], fwd_compute = m[2], fb_compute = m[3],
+                 fwd_transfer = m[4], fb_transfer = m[5];
+    double span_sum = 0;
+    for (const auto& sp : spans) span_sum += 1e-9 * double(sp.end_ns - sp.begin_ns);
 
     // Does a message move while the rank computes? One K/V hop posted, one block's attention,
     // then the waits timed: about the transfer alone if the message moved only inside wait()

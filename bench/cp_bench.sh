@@ -11,7 +11,7 @@
 #
 #   bash bench/cp_bench.sh [BUILD_DIR=build]
 # Environment: STEPS (4) for 2; SCALING_RUNS to override 2's seq:cp:impl list; T (8192),
-# HEADS ("8 4 16": H HKV D), ITERS (3) and LINK_MIB_S (20) for 3.
+# HEADS ("8 4 16": H HKV D), ITERS (5) and LINK_MIB_S (20) for 3.
 # Needs: cmake --build BUILD_DIR --target pentad pentad_cp_bench, and Open MPI's mpirun.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +25,7 @@ echo "machine: $(lscpu | awk -F: '/Model name/ {gsub(/^ +/, "", $2); print $2}')
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 seq_len=${T:-8192}
 read -r H HKV D <<<"${HEADS:-8 4 16}"
-iters=${ITERS:-3}
+iters=${ITERS:-5}
 link=${LINK_MIB_S:-20}
 
 echo "== 1. communication volume"
