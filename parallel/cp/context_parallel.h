@@ -25,13 +25,16 @@
 // their gradients are summed on the way back. Needs Hq % U == 0 and Hkv % U == 0 or
 // U % Hkv == 0 (checked by the recipe, src/train/recipe_checks.cpp).
 //
-// Communication per layer and micro-batch, bytes sent by one rank (s = bytes of one local
-// q/out/dout tensor, B*t*Hq*D elements; s_kv = the same for one of k or v, after replication
-// when U > Hkv; t = T/(U*R); ring sizes are those seen by the ring, after the Ulysses step):
-//   Ulysses forward  (U-1)/U * (2 s + 2 s_kv)           q, k, v in; out back
-//   Ulysses backward (U-1)/U * (4 s + 4 s_kv)           q, k, v, out, dout in; dq, dk, dv back
-//   Ring forward     (R-1) * 2 s_kv'                    K/V blocks (s_kv' = U * s_kv / U...)
-//   Ring backward    (R-1) * 2 s_kv' + R * 2 s_kv'      K/V again, dK/dV home
+// Communication per layer and micro-batch, as the trace counts it (an all-to-all: its whole
+// send buffer, the block a rank keeps included; a send: its bytes). e bytes per value;
+// t = T / (U R) tokens here; Hq, Hkv heads on this rank (after tp); kvc = max(1, Hkv / U):
+//   Ulysses, s_q = b t Hq D e, s_kv = U b t kvc D e (kv heads replicated when U > Hkv):
+//     forward  2 s_q + 2 s_kv        q, k, v in; out back
+//     backward 4 s_q + 4 s_kv        q, k, v, out, dout in again; dq, dk, dv back
+//     (U - 1) / U of it leaves the rank.
+//   Ring, one K/V block kv = 2 b (T / R) kvc D e (kvc = Hkv when U = 1):
+//     forward  (R - 1) kv            K/V blocks
+//     backward (R - 1) kv + R kv     K/V again; dK/dV partials, the last one home
 // bench/cp_comm_volume.py checks these against the communication trace.
 #include <cstdint>
 #include <vector>

@@ -163,9 +163,10 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   if (mesh.cp > 1) {
     const double U = mesh.cp_ulysses, R = mesh.cp / U, D = double(m.head_dim());
     const double kv_heads = std::max(1.0, double(m.kv_heads()) / p / U), slice = N * U;
+    const double replica = U * p > double(m.kv_heads()) ? N * double(m.kv_heads()) / p * D : 0;
     if (U > 1)
       e.activations += act * (2 * N * std::max(C / p, U * kv_heads * D) + 4 * N * (C / p) +
-                              4 * slice * kv_heads * D);
+                              4 * slice * kv_heads * D + replica);
     if (R > 1)
       e.activations += act * (10 * slice * kv_heads * D + N * (C / p)) + f32 * N * m.n_head / p;
   }

@@ -207,10 +207,11 @@ std::string Trainer::memory_plan() const {
   size_t acts = model_->activation_bytes() + model_->cp().scratch_bytes();
   std::string in_flight;
   if (cp_size_ > 1)
-    in_flight = fmt::format("; {} tokens of each sequence here (cp {} {}), with {} of "
-                            "context-parallel buffers",
-                            cfg_.train.seq_len / cp_size_, cp_size_, cfg_.parallel.cp_impl,
-                            format_bytes(model_->cp().scratch_bytes()));
+    in_flight = fmt::format(
+        "; {} tokens of each sequence here (cp {} {}), with {} of "
+        "context-parallel buffers",
+        cfg_.train.seq_len / cp_size_, cp_size_, cfg_.parallel.cp_impl,
+        format_bytes(model_->cp().scratch_bytes()));
   if (pipeline_) {  // one slot per micro-batch the schedule keeps in flight on each chunk
     const parallel::pp::ScheduleSpec& spec = pipeline_->schedule();
     const std::vector<parallel::pp::Action> actions = parallel::pp::stage_actions(spec, pp_rank_);
