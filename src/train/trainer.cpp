@@ -49,8 +49,8 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
         std::make_unique<parallel::pp::Pipeline>(*wiring_.stage, stages, schedule_spec(cfg));
   }
   optimizer_ = std::make_unique<AdamW>(cfg.optim, model_->params());
-  // "auto" is the copy for now: swap writes its unaligned arenas through the page cache,
-  // which measured slower (bench/RESULTS.md, 2026-11-24).
+  // "auto" is the copy: swap (direct I/O from the page-aligned arenas) measured equal to it
+  // within noise and costs a second set of the state (bench/RESULTS.md, 2026-11-25).
   swap_snapshots_ = cfg.checkpoint.snapshot == "swap";
   prepare_snapshots();
   const auto bucket_bytes =
