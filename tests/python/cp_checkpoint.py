@@ -33,10 +33,7 @@ def main():
     ckpt = cr.bitwise_resume(pentad, recipe, work, "cp4", 4,
                              ["parallel.cp=4", "parallel.cp_impl=ring", "train.grad_accum=2"])
     cr.reshard(pentad, recipe, work, ckpt, "cp4", targets)
-    if cr.failures:
-        print("FAILED:", "; ".join(cr.failures))
-        sys.exit(1)
-    print("context-parallel checkpoints resume exactly")
+    cr.finish("context-parallel checkpoints resume exactly")
 
 
 if __name__ == "__main__":

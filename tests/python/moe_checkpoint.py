@@ -35,10 +35,7 @@ def main():
     ckpt = cr.bitwise_resume(pentad, recipe, work, "ep4-on-dp2xtp2", 4,
                              ["parallel.tp=2", SP, "parallel.ep=4", "train.grad_accum=2"])
     cr.reshard(pentad, recipe, work, ckpt, "ep4-on-dp2xtp2", targets)
-    if cr.failures:
-        print("FAILED:", "; ".join(cr.failures))
-        sys.exit(1)
-    print("MoE checkpoints resume exactly")
+    cr.finish("MoE checkpoints resume exactly")
 
 
 if __name__ == "__main__":
