@@ -75,7 +75,8 @@ int block(int64_t C, int64_t E, int64_t K, int64_t F, int64_t N, int iters, bool
   ParamStore params;
   ExpertParallelHooks ep;
   TensorParallelHooks tp;
-  MoeBlock moe(cfg, 0, params, ep, tp, /*micro_batch=*/1, /*seq_len=*/N, Device::CPU);
+  ContextParallelHooks cp;
+  MoeBlock moe(cfg, 0, params, ep, tp, cp, /*micro_batch=*/1, /*seq_len=*/N, Device::CPU);
   params.allocate();
   params.initialize(1234);
   if (skew) params.param(moe.bias()).f32()[0] = 1.0f;  // above any softmax gap: always picked
