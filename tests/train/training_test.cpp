@@ -163,12 +163,12 @@ TEST(Layouts, RefusedWithTheDegreeToChange) {
   }
 }
 
-TEST(Layouts, ContextDegreeIsRefusedUntilBuilt) {
+TEST(Layouts, ContextParallelRecipesAreChecked) {
+  EXPECT_NO_THROW(load_recipe(kRecipes + "gpt-tiny.toml", {"parallel.cp=2"}));
   try {
-    load_recipe(kRecipes + "gpt-tiny.toml", {"parallel.cp=2"});
-    ADD_FAILURE() << "parallel.cp=2 accepted";
+    load_recipe(kRecipes + "gpt-tiny.toml", {"parallel.cp=4", "train.seq_len=36"});
+    ADD_FAILURE() << "a zig-zag ring over a sequence it does not split accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("parallel.cp"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("not in this build"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("2 x parallel.cp = 8"), std::string::npos) << e.what();
   }
 }
