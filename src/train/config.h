@@ -49,6 +49,12 @@ struct TrainConfig {  // [train]
   // Training stops once a checkpoint level (ckpt_dir or ckpt_mirror) has failed this many
   // saves in a row (a full disk), rather than running on unprotected.
   int64_t max_failed_saves = 3;
+  // A step whose loss or gradient norm is not finite updates nothing: its batch is dropped
+  // (the optimizer, its moments and step count untouched), up to this many steps in a run;
+  // one more ends the run.
+  int64_t max_skipped_steps = 3;
+  // Fault injection, for tests: "RANK:STEP" makes that rank's gradients NaN at that step.
+  std::string inject_nan_grad;
   int64_t stop_at = 0;  // end this run after that many steps (0: train.steps); the schedule
                         // still spans train.steps, so a later --resume continues it exactly
 };

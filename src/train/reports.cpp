@@ -83,6 +83,7 @@ void Trainer::report_step(const StepStats& s, std::chrono::steady_clock::time_po
       // wall time since the loop began: steps plus saving, eval, logging
       {"elapsed_seconds",
        std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count()}};
+  if (s.skipped) j["skipped"] = true;  // not finite: nothing updated (JSON writes NaN as null)
   std::string moe_line;
   if (cfg_.model.is_moe()) {
     j["moe_aux_loss"] = s.moe_aux;

@@ -104,8 +104,8 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
   params.zero_grads();
   // Each token of the global batch weighs the same; the gradients of data- and
   // context-parallel ranks are summed.
-  const float dloss =
-      1.0f / static_cast<float>(t.micro_batch * t.seq_len * t.grad_accum * dp_size_);
+  float dloss = 1.0f / static_cast<float>(t.micro_batch * t.seq_len * t.grad_accum * dp_size_);
+  if (nan_injected(step)) dloss = std::numeric_limits<float>::quiet_NaN();
   double loss_sum = 0.0;
   GradsReady on_ready;
   if (reducer_ || expert_reducer_)
@@ -155,8 +155,15 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
   if (mesh_ && cfg_.model.is_moe() && mesh_->expert_model().size() > 1)  // each expert once
     mesh_->expert_model().all_reduce(view_of(&squares.expert, Shape{1}, DType::F64));
   s.grad_norm = std::sqrt(all_reduce_pp(squares.sharded + squares.replicated + squares.expert));
-  clip_gradients(params, s.grad_norm, cfg_.optim.grad_clip);
   s.lr = learning_rate(cfg_.optim, step, t.steps);
+  // Both are reduced over every rank, so every rank takes the same branch.
+  s.skipped = !std::isfinite(s.loss) || !std::isfinite(s.grad_norm);
+  if (s.skipped) {
+    if (cfg_.model.is_moe()) model_->take_moe_stats();  // this batch's routing counts nothing
+    s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return s;
+  }
+  clip_gradients(params, s.grad_norm, cfg_.optim.grad_clip);
   if (pipeline_ && cfg_.parallel.pp_schedule == "adaptive" &&
       (step + 1) % cfg_.parallel.pp_adapt_every == 0)
     adapt_pipeline_group();
@@ -242,7 +249,20 @@ void Trainer::run() {
       dump = [&] { dump_shards(dump_grads_dir_, true); };
     StepStats s = train_step(step, dump);
     history_.push_back(s);
-    if (!std::isfinite(s.loss)) fail("loss is {} at step {}: training diverged", s.loss, step);
+    if (s.skipped) {
+      ++skipped_steps_;
+      if (skipped_steps_ > t.max_skipped_steps)
+        fail(
+            "step {}: loss {}, gradient norm {}: not finite, step {} of this run so, above "
+            "train.max_skipped_steps = {}: training diverged (lower optim.lr, raise "
+            "optim.warmup_steps, or resume from an earlier checkpoint)",
+            step + 1, s.loss, s.grad_norm, skipped_steps_, t.max_skipped_steps);
+      if (logs())
+        spdlog::warn(
+            "step {}: loss {}, gradient norm {}: not finite; nothing updated, the batch "
+            "dropped ({} of train.max_skipped_steps = {})",
+            step + 1, s.loss, s.grad_norm, skipped_steps_, t.max_skipped_steps);
+    }
     commit_pending(false);
     if (t.save_every > 0 && ((step + 1) % t.save_every == 0 || step + 1 == last)) save(step + 1);
     report_step(s, run_start, last);
@@ -313,6 +333,15 @@ void Trainer::finish_moe_step(StepStats& s) {
       held.insert(held.end(), first, last);
   }
   if (cfg_.model.moe.bias_update_rate > 0) model_->update_expert_bias(held);
+}
+
+bool Trainer::nan_injected(int64_t step) const {
+  const std::string& spec = cfg_.train.inject_nan_grad;
+  if (spec.empty()) return false;
+  const size_t colon = spec.find(':');
+  PENTAD_CHECK(colon != std::string::npos, "train.inject_nan_grad = \"{}\": want RANK:STEP", spec);
+  return std::stoi(spec.substr(0, colon)) == world_rank_ &&
+         std::stoll(spec.substr(colon + 1)) == step + 1;
 }
 
 int Trainer::all_ranks(int value, parallel::ReduceOp op) {

@@ -46,6 +46,7 @@ struct StepStats {
     std::vector<double> tokens;  // picks per expert
   };
   std::vector<MoeLayer> moe_layers;
+  bool skipped = false;  // loss or gradient norm not finite: nothing was updated
 };
 
 class Trainer {
@@ -161,7 +162,9 @@ class Trainer {
   void check_checkpoint_roots() const;
   int all_ranks(int value, parallel::ReduceOp op);  // over the world; value alone on one rank
   double all_reduce_dp(double value);               // sum over dp of the mean over cp
-  double all_reduce_pp(double value);               // sum over the pipeline stages
+  bool nan_injected(int64_t step) const;  // train.inject_nan_grad names this rank and step
+  int64_t skipped_steps_ = 0;
+  double all_reduce_pp(double value);  // sum over the pipeline stages
   // Adaptive kFkB (parallel/pp/adaptive.h): re-chooses the group size k from this step's
   // measured pass times and a measured stage-to-stage transfer.
   void adapt_pipeline_group();

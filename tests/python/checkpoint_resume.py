@@ -290,6 +290,21 @@ def disk_full(pentad, recipe, work):
         subprocess.run(["umount", str(full)])
 
 
+def skipped_step(pentad, recipe, work):
+    """A step whose gradients are NaN (train.inject_nan_grad, on one of two dp ranks) updates
+    nothing: the weights after it are bitwise those of the run stopped before it."""
+    nan, stopped = work / "nan-step3", work / "stopped-at2"
+    log = train(pentad, recipe, 2, nan, ["parallel.tp=1", "train.steps=3",
+                                         "train.inject_nan_grad=1:3"])
+    train(pentad, recipe, 2, stopped, ["parallel.tp=1", "train.steps=3", "train.stop_at=2"])
+    rows = [json.loads(l) for l in (nan / "metrics.jsonl").read_text().splitlines()]
+    check(any(r.get("step") == 3 and r.get("skipped") for r in rows) and "not finite" in log,
+          "NaN gradients at step 3: the step is reported skipped")
+    wa, wb = weights(nan), weights(stopped)
+    same = all(np.array_equal(wa[k].view(np.uint32), wb[k].view(np.uint32)) for k in wa)
+    check(same and wa.keys() == wb.keys(), "the skipped step left every weight bitwise as it was")
+
+
 def init_from(pentad, recipe, work):
     source = work / "refuse-ckpt"  # steps 2 and 4 of a one-rank run: its weights at step 4
     out = work / "init-tp2"
@@ -342,6 +357,7 @@ def main():
     refusals(pentad, recipe, work)
     disk_full(pentad, recipe, work)
     init_from(pentad, recipe, work)
+    skipped_step(pentad, recipe, work)
     sigkill_trials(pentad, recipe, work)
     finish("checkpoints resume exactly")
 

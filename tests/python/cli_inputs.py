@@ -134,6 +134,13 @@ CASES = [
      ["model.n_experts=20000", "train.memory_limit_mb=256"], 0, 2,
      ["memory plan does not fit", "in routed experts", "MoE dispatch buffers",
       "parallel.ep up to 20000 (now 1)"]),
+    # A step whose gradients are not finite updates nothing, up to train.max_skipped_steps.
+    ("nan_gradient_skipped", "gpt-tiny.toml", TINY + ["train.inject_nan_grad=1:2"], 2, 0,
+     ["step 2: loss", "not finite; nothing updated, the batch dropped (1 of "
+      "train.max_skipped_steps = 3)", "step     2/2"]),
+    ("nan_gradient_over_the_limit", "gpt-tiny.toml",
+     TINY + ["train.inject_nan_grad=0:1", "train.max_skipped_steps=0"], 0, 2,
+     ["step 1: loss", "above train.max_skipped_steps = 0: training diverged"]),
     # Context parallelism: what does not divide, said with the key to change.
     ("cp_ring_seq_len_not_divisible", "llama-tiny.toml",
      ["parallel.cp=4", "parallel.cp_impl=ring", "train.seq_len=36", "parallel.dp=1"], 0, 2,
