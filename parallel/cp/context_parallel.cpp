@@ -67,15 +67,9 @@ ContextParallel::ContextParallel(Communicator* ulysses, Communicator* ring,
   auto plan = [&](Arena& a) {
     positions_dev_ = upload(a, positions_, device);
     ring_pos_.clear();
-    if (R > 1)
-      for (int i = 0; i < R; ++i) {
-        std::vector<int32_t> slice;
-        for (int j = 0; j < U; ++j) {
-          const std::vector<int32_t> p = context_positions(s.seq_len, U, R, j, i);
-          slice.insert(slice.end(), p.begin(), p.end());
-        }
-        ring_pos_.push_back(upload(a, slice, device));
-      }
+    if (R > 1)  // a ring rank's whole zig-zag slice: its Ulysses pieces together
+      for (int i = 0; i < R; ++i)
+        ring_pos_.push_back(upload(a, context_positions(s.seq_len, 1, R, 0, i), device));
     if (U > 1) {
       const Shape q{B, tr, qh_.count, D}, kv{B, tr, kvh_.count, D};
       const int64_t exchange = std::max(B * t * s.heads, U * B * t * kvh_.count) * D;
@@ -100,6 +94,11 @@ ContextParallel::ContextParallel(Communicator* ulysses, Communicator* ring,
   plan(measure);
   scratch_ = Arena("context parallel", measure.used(), device);
   plan(scratch_);
+}
+
+void ContextParallel::pack_kv(const Tensor& k, const Tensor& v) {
+  copy(half(kv_[0], 0, k.shape), k);
+  copy(half(kv_[0], 1, k.shape), v);
 }
 
 Tensor ContextParallel::ring_pos(int ring_rank) const {
@@ -182,8 +181,7 @@ void ContextParallel::ring_forward(Tensor out, Tensor lse, const Tensor& q, cons
   if (!ring_) return k::attention_forward(out, lse, q, k, v);
   const int R = ring_degree(), r = ring_->rank();
   const int next = (r + 1) % R, prev = (r + R - 1) % R;
-  copy(half(kv_[0], 0, k.shape), k);
-  copy(half(kv_[0], 1, k.shape), v);
+  pack_kv(k, v);
   for (int step = 0; step < R; ++step) {
     const Tensor& here = kv_[step % 2];
     Work recv, send;
@@ -213,8 +211,7 @@ void ContextParallel::ring_backward(Tensor dq, Tensor dk, Tensor dv, const Tenso
   if (!ring_) return k::attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
   const int R = ring_degree(), r = ring_->rank();
   const int next = (r + 1) % R, prev = (r + R - 1) % R;
-  copy(half(kv_[0], 0, k.shape), k);
-  copy(half(kv_[0], 1, k.shape), v);
+  pack_kv(k, v);
   k::zero(dq);
   // Each block's dK/dV follows it around the ring: at step s this rank adds its share to
   // the partial sum received from the previous rank (which held the block at step s - 1)

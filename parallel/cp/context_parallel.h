@@ -97,7 +97,8 @@ class ContextParallel {
   void ring_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v);
   void ring_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                      const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse);
-  Tensor ring_pos(int ring_rank) const;  // positions of a ring rank's slice, or absent
+  Tensor ring_pos(int ring_rank) const;            // positions of a ring rank's slice, or absent
+  void pack_kv(const Tensor& k, const Tensor& v);  // this rank's block into kv_[0]
 
   Communicator* ulysses_;
   Communicator* ring_;
