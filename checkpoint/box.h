@@ -31,19 +31,22 @@ struct Box {
   bool operator==(const Box& other) const = default;
 };
 
-// The box of global tensor `global` that a shard split along shard_dim (-1: none) holds.
-inline Box shard_box(const Shape& global, int shard_dim, int64_t shard_start, const Shape& local) {
+// The box of global tensor `global` that a shard split along shard_dim (-1: none) holds,
+// and of that slice, `local[0]` rows from row_start on along dim 0 (a ZeRO share; the whole
+// slice when local[0] is its length).
+inline Box shard_box(const Shape& global, int shard_dim, int64_t shard_start, const Shape& local,
+                     int64_t row_start = 0) {
   Box b;
   b.ndim = global.ndim;
   for (int d = 0; d < global.ndim; ++d) {
-    b.start[static_cast<size_t>(d)] = d == shard_dim ? shard_start : 0;
-    b.count[static_cast<size_t>(d)] = d == shard_dim ? local[d] : global[d];
+    b.start[static_cast<size_t>(d)] = (d == shard_dim ? shard_start : 0) + (d == 0 ? row_start : 0);
+    b.count[static_cast<size_t>(d)] = local[d];
   }
   return b;
 }
 
 inline Box whole_box(const Shape& shape) {
-  return shard_box(shape, -1, 0, shape);
+  return shard_box(shape, -1, 0, shape, 0);
 }
 
 inline Box intersect(const Box& a, const Box& b) {

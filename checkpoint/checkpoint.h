@@ -24,6 +24,7 @@ struct ShardInfo {
   Shape local_shape;
   uint64_t checksum = 0;  // of the shard's bytes (little-endian f32), by the algorithm
                           // its manifest names (Manifest::checksum)
+  int64_t row_start = 0;  // a ZeRO share: local_shape[0] rows of the slice from this row on
 };
 
 struct ShardData {
@@ -105,8 +106,9 @@ class Reader {
   // reading it from whichever stored shards overlap it. Every stored shard it touches is
   // verified against its checksum once; a mismatch, a missing tensor or a shape that
   // differs throws pentad::Error naming the file and the tensor.
+  // row_start: only local_shape[0] rows of the slice from this row on (a ZeRO share).
   void read(const std::string& name, const Shape& global_shape, int shard_dim, int64_t shard_start,
-            const Shape& local_shape, float* out);
+            const Shape& local_shape, float* out, int64_t row_start = 0);
 
   // Reads every stored shard not yet verified and checks its checksum; returns the number
   // of shards. Throws the first error (naming file and tensor).

@@ -121,6 +121,9 @@ int64_t create_shard(hid_t file, hid_t lcpl, hid_t dcpl, const ShardData& shard)
   write_attribute(dataset.get(), "shard_dim", H5T_STD_I32LE, H5T_NATIVE_INT32, &shard_dim, 0);
   write_attribute(dataset.get(), "shard_start", H5T_STD_I64LE, H5T_NATIVE_INT64, &info.shard_start,
                   0);
+  if (info.row_start != 0)  // a ZeRO share
+    write_attribute(dataset.get(), "row_start", H5T_STD_I64LE, H5T_NATIVE_INT64, &info.row_start,
+                    0);
   write_attribute(dataset.get(), checksum_name(kWrittenChecksum), H5T_STD_U64LE, H5T_NATIVE_UINT64,
                   &info.checksum, 0);
   return offset;

@@ -30,13 +30,15 @@ json shape_json(const Shape& shape) {
 
 json entry_json(const Manifest::Entry& e) {
   const ShardInfo& s = e.shard;
-  return json{{"file", e.file},
-              {"name", s.name},
-              {"global_shape", shape_json(s.global_shape)},
-              {"shard_dim", s.shard_dim},
-              {"shard_start", s.shard_start},
-              {"local_shape", shape_json(s.local_shape)},
-              {"checksum", fmt::format("{:016x}", s.checksum)}};
+  json j{{"file", e.file},
+         {"name", s.name},
+         {"global_shape", shape_json(s.global_shape)},
+         {"shard_dim", s.shard_dim},
+         {"shard_start", s.shard_start},
+         {"local_shape", shape_json(s.local_shape)},
+         {"checksum", fmt::format("{:016x}", s.checksum)}};
+  if (s.row_start != 0) j["row_start"] = s.row_start;  // ZeRO shares only
+  return j;
 }
 
 // Parse errors are Error("<what>") here; the callers prefix the file.
@@ -80,6 +82,7 @@ Manifest::Entry entry_from(const json& j, int version) {
   s.local_shape = shape_from(j, "local_shape");
   s.shard_dim = static_cast<int>(integer(j, "shard_dim"));
   s.shard_start = integer(j, "shard_start");
+  s.row_start = j.contains("row_start") ? integer(j, "row_start") : 0;
   if (version == 1) {
     const int64_t crc = integer(j, "crc32");
     if (crc < 0 || crc > 0xffffffffLL) fail("tensor {}: crc32 {} is not 32-bit", s.name, crc);
@@ -88,13 +91,16 @@ Manifest::Entry entry_from(const json& j, int version) {
     s.checksum = hex64(j, "checksum");
   }
 
-  // The shard must be a slice of its global tensor along shard_dim (or all of it).
+  // The shard must be a slice of its global tensor along shard_dim (or all of it), or rows of
+  // such a slice along dim 0 (a ZeRO share).
   const int ndim = s.global_shape.ndim;
   bool ok = s.local_shape.ndim == ndim && s.shard_dim >= -1 && s.shard_dim < ndim &&
-            s.shard_start >= 0 && (s.shard_dim >= 0 || s.shard_start == 0);
-  for (int d = 0; ok && d < ndim; ++d)
-    ok = d == s.shard_dim ? s.shard_start + s.local_shape[d] <= s.global_shape[d]
-                          : s.local_shape[d] == s.global_shape[d];
+            s.shard_start >= 0 && (s.shard_dim >= 0 || s.shard_start == 0) && s.row_start >= 0;
+  for (int d = 0; ok && d < ndim; ++d) {
+    const int64_t start = (d == s.shard_dim ? s.shard_start : 0) + (d == 0 ? s.row_start : 0);
+    ok = d == s.shard_dim || d == 0 ? start + s.local_shape[d] <= s.global_shape[d]
+                                    : s.local_shape[d] == s.global_shape[d];
+  }
   if (!ok)
     fail("tensor {}: local shape {} at {} along dim {} is not a slice of global shape {}", s.name,
          s.local_shape.str(), s.shard_start, s.shard_dim, s.global_shape.str());

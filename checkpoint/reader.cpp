@@ -23,7 +23,7 @@ namespace fs = std::filesystem;
 namespace {
 
 Box box_of(const ShardInfo& s) {
-  return shard_box(s.global_shape, s.shard_dim, s.shard_start, s.local_shape);
+  return shard_box(s.global_shape, s.shard_dim, s.shard_start, s.local_shape, s.row_start);
 }
 
 constexpr size_t kKeepScratchBytes = 256u << 20;  // larger scratch is freed after each read
@@ -86,12 +86,12 @@ Shape Reader::global_shape(const std::string& name) const {
 }
 
 void Reader::read(const std::string& name, const Shape& global_shape, int shard_dim,
-                  int64_t shard_start, const Shape& local_shape, float* out) {
+                  int64_t shard_start, const Shape& local_shape, float* out, int64_t row_start) {
   const Shape stored_shape = this->global_shape(name);
   if (!(stored_shape == global_shape))
     fail("checkpoint {}: tensor {} has global shape {}, but the model needs {}", dir_, name,
          stored_shape.str(), global_shape.str());
-  const Box want = shard_box(global_shape, shard_dim, shard_start, local_shape);
+  const Box want = shard_box(global_shape, shard_dim, shard_start, local_shape, row_start);
   PENTAD_CHECK(
       local_shape.ndim == global_shape.ndim && shard_dim >= -1 && shard_dim < global_shape.ndim &&
           intersect(want, whole_box(global_shape)) == want && want.numel() == local_shape.numel(),

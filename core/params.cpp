@@ -1,8 +1,10 @@
 #include "core/params.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
+#include "core/check.h"
 #include "core/device_memory.h"
 #include "core/rng.h"
 
@@ -153,6 +155,22 @@ int ParamStore::find(const std::string& name) const {
   for (size_t i = 0; i < specs_.size(); ++i)
     if (specs_[i].name == name) return static_cast<int>(i);
   return -1;
+}
+
+std::vector<StateShard::Piece> StateShard::pieces(const ParamSpec& spec) const {
+  const int64_t begin = int64_t(spec.offset), n = spec.local_shape.numel();
+  const int64_t row =
+      spec.local_shape.ndim > 0 && spec.local_shape[0] > 0 ? n / spec.local_shape[0] : 1;
+  std::vector<Piece> out;
+  for (const Range& r : ranges) {
+    const int64_t lo = std::max(r.begin, begin), hi = std::min(r.end, begin + n);
+    if (lo >= hi) continue;
+    PENTAD_CHECK((lo - begin) % row == 0 && (hi - begin) % row == 0,
+                 "{}: shard range [{}, {}) does not fall on its rows of {} elements", spec.name, lo,
+                 hi, row);
+    out.push_back({lo, r.shard + (lo - r.begin), hi - lo, (lo - begin) / row, (hi - lo) / row});
+  }
+  return out;
 }
 
 }  // namespace pentad

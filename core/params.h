@@ -48,6 +48,31 @@ struct ParamSpec {
   bool expert = false;
 };
 
+// The part of the parameter arena whose optimizer state (and reduced gradients) one rank
+// keeps: with ZeRO, each data-parallel rank owns a share of every gradient bucket, cut at
+// row boundaries of the parameters (dim 0 of their local shape), and keeps that share's
+// state in a compact buffer. Without ZeRO, one range: the whole arena at its own offsets.
+struct StateShard {
+  struct Range {
+    int64_t begin = 0, end = 0;  // element offsets in the parameter arena
+    int64_t shard = 0;           // where begin sits in the compact buffer
+  };
+  // Part of one parameter: rows [row_start, row_start + rows) of its local shape.
+  struct Piece {
+    int64_t arena = 0, shard = 0, count = 0;  // element offsets and length
+    int64_t row_start = 0, rows = 0;
+  };
+  std::vector<Range> ranges;  // ascending and disjoint
+  int64_t numel = 0;          // elements of the compact buffer
+
+  static StateShard whole(int64_t numel) { return {{{0, numel, 0}}, numel}; }
+  bool is_whole(int64_t arena_numel) const {
+    return ranges.size() == 1 && ranges[0].begin == 0 && ranges[0].end == arena_numel;
+  }
+  // This rank's pieces of a parameter, in arena order (none when it owns no row of it).
+  std::vector<Piece> pieces(const ParamSpec& spec) const;
+};
+
 class ParamStore {
  public:
   // Parameters of at least this many elements start on a 4 KiB page in every arena.
@@ -90,6 +115,11 @@ class ParamStore {
   Tensor all_params() const;  // flat (numel) views over the whole arena
   Tensor all_grads() const;
   void zero_grads();
+  // Gradient elements [begin, end) become zeros and their whole host pages go back to the
+  // system (Arena::discard): ZeRO-2 drops each bucket of the full gradients once reduced.
+  void discard_grads(int64_t begin, int64_t end) {
+    grads_.discard(size_t(begin) * sizeof(float), size_t(end) * sizeof(float));
+  }
   // Parameter id's master values copied to host memory (for dumps and tests).
   std::vector<float> to_host(int id) const;
 

@@ -1,5 +1,7 @@
 #include "core/tensor.h"
 
+#include <sys/mman.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -154,6 +156,28 @@ void Arena::zero() {
     device_zero(base_, capacity_);
   else
     std::memset(base_, 0, capacity_);
+}
+
+void Arena::discard(size_t begin, size_t end) {
+  PENTAD_CHECK(begin <= end && end <= capacity_, "{} arena: discard [{}, {}) of {} bytes", name_,
+               begin, end, capacity_);
+  if (!base_ || begin == end) return;
+  char* const base = static_cast<char*>(base_);
+  if (device_ == Device::CUDA) {
+    device_zero(base + begin, end - begin);
+    return;
+  }
+  const size_t page_begin = (begin + kPageBytes - 1) / kPageBytes * kPageBytes;
+  const size_t page_end = end / kPageBytes * kPageBytes;
+  if (page_begin >= page_end || reinterpret_cast<uintptr_t>(base) % kPageBytes != 0) {
+    std::memset(base + begin, 0, end - begin);
+    return;
+  }
+  std::memset(base + begin, 0, page_begin - begin);
+  std::memset(base + page_end, 0, end - page_end);
+  // Private anonymous memory reads as zeros after DONTNEED; if the kernel refuses, zero it.
+  if (madvise(base + page_begin, page_end - page_begin, MADV_DONTNEED) != 0)
+    std::memset(base + page_begin, 0, page_end - page_begin);
 }
 
 bool poison_enabled() {

@@ -109,6 +109,10 @@ class Arena {
   Tensor alloc(Shape shape, DType dtype = DType::F32);
   void reset();
   void zero();
+  // Bytes [begin, end) become zeros. On the host, the whole pages among them go back to the
+  // system (madvise DONTNEED) and count for nothing until written again: ZeRO-2's gradient
+  // buffer holds physical memory only for the buckets backward has not yet reduced.
+  void discard(size_t begin, size_t end);
 
   size_t capacity() const { return capacity_; }
   size_t used() const { return used_; }

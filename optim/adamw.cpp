@@ -22,31 +22,37 @@ float learning_rate(const OptimConfig& cfg, int64_t step, int64_t total_steps) {
   return static_cast<float>(min_lr + factor * (cfg.lr - min_lr));
 }
 
-GradSquares grad_sum_squares(const ParamStore& params, bool count_etp_replicated) {
+GradSquares grad_sum_squares(const ParamStore& params, bool count_etp_replicated,
+                             const StateShard* shard, const Tensor& grads) {
   GradSquares sums;
   for (int id = 0; id < static_cast<int>(params.specs().size()); ++id) {
     const ParamSpec& spec = params.spec(id);
     if (spec.pipeline_copy) continue;  // the original is counted on its own stage
-    if (spec.expert) {
-      if (spec.shard_dim >= 0 || count_etp_replicated)
-        sums.expert += kernels::sum_squares(params.grad(id));
-      continue;
+    if (spec.expert && spec.shard_dim < 0 && !count_etp_replicated) continue;
+    double sum = 0.0;
+    if (!shard) {
+      sum = kernels::sum_squares(params.grad(id));
+    } else {
+      for (const StateShard::Piece& piece : shard->pieces(spec))
+        sum += kernels::sum_squares(
+            view_of(grads.f32() + piece.shard, Shape{piece.count}, DType::F32, grads.device));
     }
-    (spec.shard_dim >= 0 ? sums.sharded : sums.replicated) += kernels::sum_squares(params.grad(id));
+    (spec.expert ? sums.expert : spec.shard_dim >= 0 ? sums.sharded : sums.replicated) += sum;
   }
   return sums;
 }
 
-void clip_gradients(ParamStore& params, double norm, float max_norm) {
+void clip_gradients(ParamStore& params, double norm, float max_norm, const Tensor& grads) {
   if (max_norm <= 0.0f) return;
   const double coef = static_cast<double>(max_norm) / (norm + 1e-6);
-  if (coef < 1.0) kernels::scale(params.all_grads(), static_cast<float>(coef));
+  if (coef < 1.0) kernels::scale(grads.data ? grads : params.all_grads(), static_cast<float>(coef));
 }
 
-AdamW::AdamW(const OptimConfig& cfg, const ParamStore& params)
+AdamW::AdamW(const OptimConfig& cfg, const ParamStore& params, StateShard shard)
     : cfg_(cfg),
-      m_("adam m", params.bytes(), params.device()),
-      v_("adam v", params.bytes(), params.device()) {
+      shard_(shard.ranges.empty() ? StateShard::whole(params.numel()) : std::move(shard)),
+      m_("adam m", size_t(shard_.numel) * sizeof(float), params.device()),
+      v_("adam v", size_t(shard_.numel) * sizeof(float), params.device()) {
   m_.zero();
   v_.zero();
 }
@@ -71,40 +77,46 @@ void AdamW::swap_state() {
   std::swap(v_, spare_v_);
 }
 
-void AdamW::step(ParamStore& params, float lr, const BeforeChunk& before_chunk, bool out_of_place) {
+void AdamW::step(ParamStore& params, float lr, const BeforeChunk& before_chunk, bool out_of_place,
+                 const Tensor& grads) {
   PENTAD_CHECK(!out_of_place || (has_spare() && params.has_spare()),
                "an optimizer step out of place needs the spare sets (allocate_spare)");
+  PENTAD_CHECK(grads.data || shard_.is_whole(params.numel()),
+               "a sharded optimizer step needs the reduced gradients of its shard");
   ++step_;
-  void* const to_params = out_of_place ? params.spare_params().data : params.all_params().data;
+  float* const from_params = params.all_params().f32();
+  float* const from_grads = grads.data ? grads.f32() : params.all_grads().f32();
+  float* const to_params = out_of_place ? params.spare_params().f32() : from_params;
   void* const to_m = out_of_place ? spare_m_.base() : m_.base();
   void* const to_v = out_of_place ? spare_v_.base() : v_.base();
+  auto flat = [&](void* base, size_t at, size_t count) {
+    return view_of(static_cast<float*>(base) + at, Shape{static_cast<int64_t>(count)}, DType::F32,
+                   params.device());
+  };
   for (int id = 0; id < static_cast<int>(params.specs().size()); ++id) {
     const float wd = params.spec(id).weight_decay ? cfg_.weight_decay : 0.0f;
-    const size_t offset = params.spec(id).offset;
-    const size_t n = static_cast<size_t>(params.spec(id).local_shape.numel());
-    // Equal chunks (a short last one would fall below the kernel's threads threshold).
-    const size_t chunks = std::max<size_t>(1, (n + kChunkElements - 1) / kChunkElements);
-    const size_t per_chunk = (n + chunks - 1) / chunks;
-    auto flat = [&](void* base, size_t at, size_t count) {
-      return view_of(static_cast<float*>(base) + at, Shape{static_cast<int64_t>(count)}, DType::F32,
-                     params.device());
-    };
-    for (size_t at = offset; at < offset + n; at += per_chunk) {
-      const size_t count = std::min(per_chunk, offset + n - at);
-      if (before_chunk) before_chunk(at, at + count);
-      kernels::adamw_update(
-          {flat(params.all_params().data, at, count), flat(m_.base(), at, count),
-           flat(v_.base(), at, count)},
-          {flat(to_params, at, count), flat(to_m, at, count), flat(to_v, at, count)},
-          flat(params.all_grads().data, at, count), lr, cfg_.beta1, cfg_.beta2, cfg_.eps, wd,
-          step_);
+    for (const StateShard::Piece& piece : shard_.pieces(params.spec(id))) {
+      const size_t n = size_t(piece.count);
+      // Equal chunks (a short last one would fall below the kernel's threads threshold).
+      const size_t chunks = std::max<size_t>(1, (n + kChunkElements - 1) / kChunkElements);
+      const size_t per_chunk = (n + chunks - 1) / chunks;
+      for (size_t done = 0; done < n; done += per_chunk) {
+        const size_t count = std::min(per_chunk, n - done);
+        const size_t at = size_t(piece.arena) + done, state = size_t(piece.shard) + done;
+        if (before_chunk) before_chunk(at, at + count, state);
+        kernels::adamw_update(
+            {flat(from_params, at, count), flat(m_.base(), state, count),
+             flat(v_.base(), state, count)},
+            {flat(to_params, at, count), flat(to_m, state, count), flat(to_v, state, count)},
+            flat(from_grads, grads.data ? state : at, count), lr, cfg_.beta1, cfg_.beta2, cfg_.eps,
+            wd, step_);
+      }
     }
   }
   if (out_of_place) {
     params.swap_params();
     swap_state();
   }
-  kernels::refresh_weights(params);  // the compute copy follows the new master values
 }
 
 }  // namespace pentad

@@ -21,34 +21,43 @@ float learning_rate(const OptimConfig& cfg, int64_t step, int64_t total_steps);
 // MoE experts' parameters apart (to be summed over the ranks holding other experts or other
 // etp shards, parallel::Mesh::expert_model); an expert's parameter replicated over etp (the
 // GPT-2 experts' output bias) counts only where count_etp_replicated.
+// With ZeRO, over this rank's shares only (shard), read from its compact reduced gradients
+// (grads, shard.numel elements; empty: the gradient arena): then summed over dp as well.
 struct GradSquares {
   double sharded = 0.0, replicated = 0.0, expert = 0.0;
 };
-GradSquares grad_sum_squares(const ParamStore& params, bool count_etp_replicated = true);
+GradSquares grad_sum_squares(const ParamStore& params, bool count_etp_replicated = true,
+                             const StateShard* shard = nullptr, const Tensor& grads = {});
 
-// Scales gradients so that their global norm is at most max_norm (torch's
-// clip_grad_norm_ rule: coefficient max_norm / (norm + 1e-6), applied when below 1).
-void clip_gradients(ParamStore& params, double norm, float max_norm);
+// Scales gradients (the arena's, or the compact ZeRO shares given) so that their global norm
+// is at most max_norm (torch's clip_grad_norm_ rule: coefficient max_norm / (norm + 1e-6),
+// applied when below 1).
+void clip_gradients(ParamStore& params, double norm, float max_norm, const Tensor& grads = {});
 
 class AdamW {
  public:
   // Called before each chunk of a step with the chunk's element range [begin, end) of the
-  // parameter arena, which is also its range of m and v: nothing in it has been written
-  // yet. A checkpoint copy in flight uses it to hold the update back only where the copy
-  // has not reached (the optimizer itself knows nothing of checkpoints).
-  using BeforeChunk = std::function<void(size_t begin, size_t end)>;
+  // parameter arena and where it starts in m and v (the same offset without ZeRO): nothing
+  // in it has been written yet. A checkpoint copy in flight uses it to hold the update back
+  // only where the copy has not reached (the optimizer itself knows nothing of checkpoints).
+  using BeforeChunk = std::function<void(size_t begin, size_t end, size_t state_begin)>;
   // Chunks lie inside one parameter, in arena order, of at most this many elements. The
   // update is elementwise, so the bits do not depend on the chunking.
   static constexpr size_t kChunkElements = size_t{1} << 20;
 
-  AdamW(const OptimConfig& cfg, const ParamStore& params);
-  // Updates the master parameters (on their device), then refreshes their compute copy.
+  // shard: the part of the parameter arena this rank updates and keeps m and v for (ZeRO;
+  // whole without it); m and v hold shard.numel elements, laid out as it says.
+  AdamW(const OptimConfig& cfg, const ParamStore& params, StateShard shard = {});
+  // Updates the master parameters of the shard (on their device) from grads (the compact
+  // reduced gradients of the shard; empty: the gradient arena). The caller refreshes the
+  // compute copy (kernels::refresh_weights), after ZeRO's all-gather.
   // out_of_place: reads the live parameters and moments and writes the new values into
   // the spare sets (allocate_spare(), and the parameters' own), which then become the live
   // ones; the previous state stays untouched in the spare sets until the next step out of
   // place (a checkpoint snapshot reads it there). Bitwise the same values as in place.
   void step(ParamStore& params, float lr, const BeforeChunk& before_chunk = {},
-            bool out_of_place = false);
+            bool out_of_place = false, const Tensor& grads = {});
+  const StateShard& shard() const { return shard_; }
   void allocate_spare();  // second moments set, allocated and written now
   bool has_spare() const { return spare_m_.base() != nullptr; }
   // Swaps the live moments with the spare ones (with ParamStore::swap_params(): back to the
@@ -65,6 +74,7 @@ class AdamW {
 
  private:
   OptimConfig cfg_;
+  StateShard shard_;
   Arena m_, v_;              // first and second moments, laid out like the parameter arena
   Arena spare_m_, spare_v_;  // the spare set, when allocate_spare() made it
   int64_t step_ = 0;

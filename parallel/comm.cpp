@@ -198,6 +198,42 @@ Work Communicator::all_gather(Tensor out, const Tensor& in, bool async) {
                     [&](Communicator& backend) { return backend.post_all_gather(out, in); });
 }
 
+int64_t Communicator::check_counts(std::span<const int64_t> counts, const char* op) const {
+  PENTAD_CHECK(counts.size() == size_t(size_), "communicator '{}' {}: {} counts for a group of {}",
+               name_, op, counts.size(), size_);
+  int64_t total = 0;
+  for (int p = 0; p < size_; ++p) {
+    PENTAD_CHECK(counts[size_t(p)] >= 0, "communicator '{}' {}: negative count for rank {}", name_,
+                 op, p);
+    total += counts[size_t(p)];
+  }
+  return total;
+}
+
+Work Communicator::reduce_scatter_v(Tensor out, const Tensor& in, std::span<const int64_t> counts,
+                                    ReduceOp op, bool async) {
+  check_pair(out, in, "reduce_scatter_v");
+  const int64_t total = check_counts(counts, "reduce_scatter_v");
+  PENTAD_CHECK(in.numel() == total && out.numel() >= counts[size_t(rank_)],
+               "communicator '{}' reduce_scatter_v: in {} must hold the counts' sum {} and out {} "
+               "at least this rank's {}",
+               name_, in.shape.str(), total, out.shape.str(), counts[size_t(rank_)]);
+  return collective(
+      CommKind::ReduceScatter, in, true, int64_t(in.bytes()), -1, async,
+      [&](Communicator& backend) { return backend.post_reduce_scatter_v(out, in, counts, op); });
+}
+
+Work Communicator::all_gather_v(Tensor buf, std::span<const int64_t> counts, bool async) {
+  check_tensor(buf, "all_gather_v", "buf");
+  const int64_t total = check_counts(counts, "all_gather_v");
+  PENTAD_CHECK(buf.numel() == total,
+               "communicator '{}' all_gather_v: buf {} must hold the counts' sum {}", name_,
+               buf.shape.str(), total);
+  const int64_t mine = counts[size_t(rank_)] * int64_t(dtype_bytes(buf.dtype));
+  return collective(CommKind::AllGather, buf, false, mine, -1, async,
+                    [&](Communicator& backend) { return backend.post_all_gather_v(buf, counts); });
+}
+
 Work Communicator::all_to_all(Tensor out, const Tensor& in, bool async) {
   check_pair(out, in, "all_to_all");
   PENTAD_CHECK(in.numel() == out.numel() && in.numel() % size_ == 0,

@@ -129,6 +129,14 @@ class Communicator {
                       bool async = false);
   // out (size() * in.numel() elements) = every rank's in, concatenated in rank order.
   Work all_gather(Tensor out, const Tensor& in, bool async = false);
+  // Uneven blocks, counts in elements, one per rank, packed in rank order (displacement =
+  // prefix sum); zero counts are fine. reduce_scatter_v: in holds the sum of the counts,
+  // and out (at least counts[rank()] elements) gets block rank() of the reduction.
+  // all_gather_v is in place: buf holds the sum of the counts, each rank's own block
+  // already where it belongs, and every rank ends with all of them (ZeRO's buckets).
+  Work reduce_scatter_v(Tensor out, const Tensor& in, std::span<const int64_t> counts,
+                        ReduceOp op = ReduceOp::Sum, bool async = false);
+  Work all_gather_v(Tensor buf, std::span<const int64_t> counts, bool async = false);
   // Equal splits: block p of in goes to rank p, block p of out came from rank p.
   Work all_to_all(Tensor out, const Tensor& in, bool async = false);
   // Counts in elements, one per peer; blocks are packed in rank order (displacement =
@@ -154,6 +162,11 @@ class Communicator {
   virtual std::unique_ptr<WorkImpl> post_reduce_scatter(Tensor out, const Tensor& in,
                                                         ReduceOp op) = 0;
   virtual std::unique_ptr<WorkImpl> post_all_gather(Tensor out, const Tensor& in) = 0;
+  virtual std::unique_ptr<WorkImpl> post_reduce_scatter_v(Tensor out, const Tensor& in,
+                                                          std::span<const int64_t> counts,
+                                                          ReduceOp op) = 0;
+  virtual std::unique_ptr<WorkImpl> post_all_gather_v(Tensor buf,
+                                                      std::span<const int64_t> counts) = 0;
   virtual std::unique_ptr<WorkImpl> post_all_to_all(Tensor out, const Tensor& in) = 0;
   virtual std::unique_ptr<WorkImpl> post_all_to_all_v(Tensor out,
                                                       std::span<const int64_t> recv_counts,
@@ -198,7 +211,8 @@ class Communicator {
   // post_p2p_routed, with sends on a slow link queued to be posted late.
   std::vector<std::unique_ptr<WorkImpl>> post_p2p_delayed(const std::vector<P2POp>& ops);
 
-  void check_pair(const Tensor& out, const Tensor& in, const char* op) const;  // + same dtype
+  void check_pair(const Tensor& out, const Tensor& in, const char* op) const;   // + same dtype
+  int64_t check_counts(std::span<const int64_t> counts, const char* op) const;  // their sum
   void check_tensor(const Tensor& t, const char* op, const char* what) const;
   void check_same_device(const Tensor& out, const Tensor& in, const char* op) const;
   // The backend that moves t: the host companion for host tensors, if any, else this.

@@ -38,6 +38,10 @@ struct ParallelConfig {  // [parallel]: the device mesh (see parallel/mesh.h)
   bool sequence_parallel = false;     // shard norm/residual regions along the sequence over tp
   std::string order = "tp,cp,dp,pp";  // mesh axes, innermost (fastest links) first
   float bucket_mb = 4.0f;             // data-parallel gradient bucket size, MiB
+  // ZeRO over the dp x cp group (parallel/dp/grad_reducer.h): 0 none; 1 AdamW state
+  // sharded, gradients reduce-scattered, parameters all-gathered after the update; 2 also
+  // the full-size gradients dropped bucket by bucket as they are reduced.
+  int64_t zero = 0;
 };
 
 }  // namespace pentad

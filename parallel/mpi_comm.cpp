@@ -62,7 +62,7 @@ class MpiWork final : public WorkImpl {
   void wait() override { check_mpi(MPI_Wait(&request, MPI_STATUS_IGNORE), call_, comm_name_); }
 
   MPI_Request request = MPI_REQUEST_NULL;
-  // MPI_Ialltoallv reads its count arrays until completion, so they live here.
+  // The v-collectives read their count arrays until completion, so they live here.
   std::vector<int> send_counts, send_displs, recv_counts, recv_displs;
 
  private:
@@ -117,6 +117,28 @@ class MpiCommunicator final : public Communicator {
     check_mpi(MPI_Iallgather(in.data, count, mpi_type(in.dtype), out.data, count,
                              mpi_type(out.dtype), comm_, &work->request),
               "MPI_Iallgather", name());
+    return work;
+  }
+
+  std::unique_ptr<WorkImpl> post_reduce_scatter_v(Tensor out, const Tensor& in,
+                                                  std::span<const int64_t> counts,
+                                                  ReduceOp op) override {
+    auto work = make_work("MPI_Ireduce_scatter");
+    pack_counts(counts, work->recv_counts, work->recv_displs);
+    check_mpi(MPI_Ireduce_scatter(in.data, out.data, work->recv_counts.data(), mpi_type(in.dtype),
+                                  mpi_op(op), comm_, &work->request),
+              "MPI_Ireduce_scatter", name());
+    return work;
+  }
+
+  std::unique_ptr<WorkImpl> post_all_gather_v(Tensor buf,
+                                              std::span<const int64_t> counts) override {
+    auto work = make_work("MPI_Iallgatherv");
+    pack_counts(counts, work->recv_counts, work->recv_displs);
+    check_mpi(
+        MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf.data, work->recv_counts.data(),
+                        work->recv_displs.data(), mpi_type(buf.dtype), comm_, &work->request),
+        "MPI_Iallgatherv", name());
     return work;
   }
 

@@ -208,6 +208,48 @@ class NcclCommunicator final : public Communicator {
     return make_work();
   }
 
+  // Uneven blocks: one reduce (or broadcast) per rank, rooted at the block's owner, in one
+  // group, which NCCL runs as one operation.
+  std::unique_ptr<WorkImpl> post_reduce_scatter_v(Tensor out, const Tensor& in,
+                                                  std::span<const int64_t> counts,
+                                                  ReduceOp op) override {
+    const size_t element = dtype_bytes(in.dtype);
+    auto* base = static_cast<const char*>(in.data);
+    int64_t offset = 0;
+    after_compute();
+    check_nccl(ncclGroupStart(), "ncclGroupStart", name());
+    for (int r = 0; r < size(); ++r) {
+      const int64_t n = counts[size_t(r)];
+      if (n > 0)
+        check_nccl(ncclReduce(base + size_t(offset) * element, out.data, nccl_count(in.dtype, n),
+                              nccl_type(in.dtype), nccl_op(op), r, comm_, stream_),
+                   "ncclReduce", name());
+      offset += n;
+    }
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd", name());
+    return make_work();
+  }
+
+  std::unique_ptr<WorkImpl> post_all_gather_v(Tensor buf,
+                                              std::span<const int64_t> counts) override {
+    const size_t element = dtype_bytes(buf.dtype);
+    auto* base = static_cast<char*>(buf.data);
+    int64_t offset = 0;
+    after_compute();
+    check_nccl(ncclGroupStart(), "ncclGroupStart", name());
+    for (int r = 0; r < size(); ++r) {
+      const int64_t n = counts[size_t(r)];
+      char* block = base + size_t(offset) * element;
+      if (n > 0)
+        check_nccl(ncclBroadcast(block, block, nccl_count(buf.dtype, n), nccl_type(buf.dtype), r,
+                                 comm_, stream_),
+                   "ncclBroadcast", name());
+      offset += n;
+    }
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd", name());
+    return make_work();
+  }
+
   std::unique_ptr<WorkImpl> post_all_to_all(Tensor out, const Tensor& in) override {
     std::vector<int64_t> counts(size_t(size()), in.numel() / size());
     return post_all_to_all_v(out, counts, in, counts);

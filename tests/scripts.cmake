@@ -64,8 +64,8 @@ set_tests_properties(torch_reference_gpt2 torch_reference_llama torch_reference_
 # OpenBLAS's kernels for this machine and with its Haswell (AVX2) kernels, because
 # AVX2-only and AVX-512 machines sum in different orders and CI may run on either.
 set(LAYOUT ${CMAKE_CURRENT_SOURCE_DIR}/python/layout_equivalence.py)
-# pentad_layout_test(NAME MODE RECIPE overrides...): MODE is PLAIN, --pipeline, --moe or
-# --context.
+# pentad_layout_test(NAME MODE RECIPE overrides...): MODE is PLAIN, --pipeline, --moe,
+# --context or --zero.
 function(pentad_layout_test name mode recipe)
   if(mode STREQUAL "PLAIN")
     set(mode "")
@@ -93,6 +93,11 @@ pentad_layout_test(layouts_pipeline_gpt2 --pipeline gpt-tiny.toml train.micro_ba
 # in the summation order of the gradient norm. Pipeline-only layouts are bitwise equal.
 pentad_layout_test(layouts_pipeline_llama --pipeline llama-tiny.toml train.micro_batch=2
                    train.seq_len=32 model.n_head=8 model.n_kv_head=4 optim.lr=1e-3)
+
+# ZeRO 1 and 2 over dp, dp x tp (+ sp), dp x cp and (stage 1) dp x pp.
+pentad_layout_test(layouts_zero_gpt2 --zero gpt-tiny.toml train.micro_batch=2 train.seq_len=32)
+pentad_layout_test(layouts_zero_llama --zero llama-tiny.toml train.micro_batch=2 train.seq_len=32
+                   model.n_head=8 model.n_kv_head=4)
 
 # MoE: expert parallelism over dp, folded over tp, etp, ep x pp, capacity, for both MoE
 # recipes (mixtral-tiny: softmax routing with the aux loss, plus the z-loss here;

@@ -2,46 +2,149 @@
 
 #include <algorithm>
 
+#include "core/device_memory.h"
+#include "kernels/ops.h"
+
 namespace pentad::parallel {
 
-GradReducer::GradReducer(Communicator& group, const ParamStore& params, size_t bucket_bytes,
-                         const std::function<bool(const ParamSpec&)>& include)
-    : group_(group), grads_(params.all_grads().f32()), device_(params.device()) {
+GradReducer::GradReducer(Communicator& group, ParamStore& params, size_t bucket_bytes,
+                         int zero_stage, const Filter& include, const Filter& isolate)
+    : group_(group), params_(params), stage_(zero_stage), device_(params.device()) {
   const auto& specs = params.specs();
   const int64_t bucket_elems =
       std::max<int64_t>(1, static_cast<int64_t>(bucket_bytes / sizeof(float)));
   int64_t end = params.numel(), begin = end;  // the open bucket
+  auto close = [&] {
+    if (begin < end) buckets_.push_back(Bucket{begin, end, {}, 0, Work(), false});
+    end = begin;
+  };
   for (size_t i = specs.size(); i-- > 0;) {
     const int64_t offset = static_cast<int64_t>(specs[i].offset);
     if (include && !include(specs[i])) {  // closes the open bucket below the one left out
-      if (begin < end) buckets_.push_back(Bucket{begin, end, Work()});
+      close();
       end = begin = offset;
       continue;
     }
+    const bool alone = isolate && isolate(specs[i]);
+    if (alone) close();
     begin = offset;
-    if (end - begin >= bucket_elems) {
-      buckets_.push_back(Bucket{begin, end, Work()});
-      end = begin;
-    }
+    if (alone || end - begin >= bucket_elems) close();
   }
-  if (begin < end) buckets_.push_back(Bucket{begin, end, Work()});
+  close();
+  if (stage_ == 0) return;
+  // The compact buffer holds this rank's shares in arena order.
+  for (auto b = buckets_.rbegin(); b != buckets_.rend(); ++b) {
+    cut_shares(*b, params);
+    int64_t at = b->begin;
+    for (int r = 0; r < group_.rank(); ++r) at += b->counts[size_t(r)];
+    const int64_t mine = b->counts[size_t(group_.rank())];
+    b->shard = shard_.numel;
+    if (mine > 0) shard_.ranges.push_back({at, at + mine, shard_.numel});
+    shard_.numel += mine;
+  }
+  shard_grads_ = Arena("reduced gradient shares", size_t(shard_.numel) * sizeof(float), device_);
+  shard_grads_.zero();
+  if (stage_ >= 2) {
+    incoming_ = Arena("incoming gradient shares", size_t(shard_.numel) * sizeof(float), device_);
+    incoming_.zero();
+  }
+}
+
+void GradReducer::cut_shares(Bucket& b, const ParamStore& params) const {
+  // Cut k of D aims at begin + k (end - begin) / D and moves to the nearest row boundary of
+  // the parameter it falls in (a gap between parameters is a boundary everywhere).
+  const int D = group_.size();
+  std::vector<int64_t> cuts = {b.begin};
+  for (int k = 1; k < D; ++k) {
+    int64_t t = b.begin + (b.end - b.begin) * k / D;
+    for (const ParamSpec& spec : params.specs()) {
+      const int64_t o = int64_t(spec.offset), n = spec.local_shape.numel();
+      if (t <= o || t >= o + n) continue;
+      const int64_t row = spec.local_shape[0] > 0 ? n / spec.local_shape[0] : n;
+      const int64_t lo = o + (t - o) / row * row;
+      t = t - lo <= lo + row - t ? lo : lo + row;
+      break;
+    }
+    cuts.push_back(std::max(t, cuts.back()));
+  }
+  cuts.push_back(b.end);
+  b.counts.resize(size_t(D));
+  for (int r = 0; r < D; ++r) b.counts[size_t(r)] = cuts[size_t(r) + 1] - cuts[size_t(r)];
+}
+
+Tensor GradReducer::shard_grads() const {
+  return view_of(shard_grads_.base(), Shape{shard_.numel}, DType::F32, device_);
+}
+
+void GradReducer::start(Bucket& b) {
+  float* const grads = params_.all_grads().f32();
+  const Tensor region = view_of(grads + b.begin, Shape{b.end - b.begin}, DType::F32, device_);
+  if (stage_ == 0) {
+    b.work = group_.all_reduce(region, ReduceOp::Sum, /*async=*/true);
+    return;
+  }
+  Arena& into = accumulate_ ? incoming_ : shard_grads_;
+  const int64_t mine = b.counts[size_t(group_.rank())];
+  float* const out = static_cast<float*>(into.base()) + b.shard;
+  b.work = group_.reduce_scatter_v(view_of(out, Shape{mine}, DType::F32, device_), region, b.counts,
+                                   ReduceOp::Sum, /*async=*/true);
+}
+
+void GradReducer::complete(Bucket& b) {
+  if (b.done) return;
+  b.done = true;
+  if (stage_ < 2) return;
+  const int64_t mine = b.counts[size_t(group_.rank())];
+  if (accumulate_ && mine > 0) {
+    auto at = [&](const Arena& a) {
+      return view_of(static_cast<float*>(a.base()) + b.shard, Shape{mine}, DType::F32, device_);
+    };
+    kernels::add(at(shard_grads_), at(shard_grads_), at(incoming_));
+  }
+  params_.discard_grads(b.begin, b.end);
 }
 
 void GradReducer::ready_from(int64_t offset) {
   while (next_ < buckets_.size() && buckets_[next_].begin >= offset) {
     Bucket& b = buckets_[next_++];
+    b.done = false;
     if (&b == &buckets_.front() && bug_injected("dp-skip-last-bucket")) continue;
-    b.work =
-        group_.all_reduce(view_of(grads_ + b.begin, Shape{b.end - b.begin}, DType::F32, device_),
-                          ReduceOp::Sum, /*async=*/true);
+    start(b);
   }
-  for (size_t i = 0; i < next_; ++i) buckets_[i].work.test();  // drive progress
+  for (size_t i = 0; i < next_; ++i)  // drive progress; stage 2 frees what is done
+    if (buckets_[i].work.test() && stage_ >= 2) complete(buckets_[i]);
 }
 
 void GradReducer::finish() {
   ready_from(0);
-  for (Bucket& b : buckets_) b.work.wait();
+  for (Bucket& b : buckets_) {
+    b.work.wait();
+    complete(b);
+  }
   next_ = 0;
+}
+
+void GradReducer::gather(float* arena) {
+  for (Bucket& b : buckets_)
+    if (&b != &buckets_.front() || !bug_injected("zero-skip-gather"))  // planted for tests
+      b.work = group_.all_gather_v(
+          view_of(arena + b.begin, Shape{b.end - b.begin}, DType::F32, device_), b.counts,
+          /*async=*/true);
+  for (Bucket& b : buckets_) b.work.wait();
+}
+
+void GradReducer::gather_params() {
+  if (stage_ > 0) gather(params_.all_params().f32());
+}
+
+void GradReducer::gather_grads() {
+  if (stage_ == 0) return;
+  float* const grads = params_.all_grads().f32();
+  for (const StateShard::Range& r : shard_.ranges)
+    copy(view_of(grads + r.begin, Shape{r.end - r.begin}, DType::F32, device_),
+         view_of(static_cast<float*>(shard_grads_.base()) + r.shard, Shape{r.end - r.begin},
+                 DType::F32, device_));
+  gather(grads);
 }
 
 }  // namespace pentad::parallel

@@ -1,10 +1,20 @@
 #pragma once
-// Data-parallel gradient reduction in buckets, overlapped with backward. Buckets are
-// contiguous ranges of the gradient arena, cut at parameter boundaries from the end of
-// the arena (the order backward finishes parameters). The model reports "everything from
-// this offset to the end is final"; each bucket then wholly inside that range starts a
-// non-blocking all-reduce at once, and pending ones are polled so MPI makes progress
-// while the next layer's backward computes.
+// Data-parallel gradient reduction in buckets, overlapped with backward, and ZeRO's
+// sharding of it. Buckets are contiguous ranges of the gradient arena, cut at parameter
+// boundaries from the end of the arena (the order backward finishes parameters). The model
+// reports "everything from this offset to the end is final"; each bucket then wholly inside
+// that range starts a non-blocking collective at once, and pending ones are polled so MPI
+// makes progress while the next layer's backward computes.
+//
+// ZeRO (stage >= 1): each bucket is cut into one contiguous share per rank, at row
+// boundaries of its parameters (so that a share of a parameter is a box of it, which a
+// checkpoint can name), and reduce-scattered: rank r receives the sum of share r into its
+// compact gradient buffer, laid out as shard() says. The optimizer updates the parameters of
+// its shares only; gather_params() all-gathers every bucket in place afterwards.
+//   stage 1: the full gradient arena stays; buckets reduce after the last micro-batch.
+//   stage 2: buckets reduce after every micro-batch, adding into the compact buffer, and
+//            each bucket's part of the full arena is discarded (zeros, pages returned) as
+//            soon as its reduction is done: the full-size gradients are never all resident.
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -16,29 +26,58 @@ namespace pentad::parallel {
 
 class GradReducer {
  public:
+  using Filter = std::function<bool(const ParamSpec&)>;
   // group: the dp (x cp) group; gradients are summed (callers scale the loss by 1/dp).
   // include: the parameters this group reduces (all when empty); buckets never span one
   // that is left out (MoE experts reduce over their own group, edp).
-  GradReducer(Communicator& group, const ParamStore& params, size_t bucket_bytes,
-              const std::function<bool(const ParamSpec&)>& include = {});
+  // isolate: parameters that get a bucket of their own, so that every rank holding one
+  // (the tied embedding on the first and last pipeline stages) cuts its shares alike.
+  GradReducer(Communicator& group, ParamStore& params, size_t bucket_bytes, int zero_stage = 0,
+              const Filter& include = {}, const Filter& isolate = {});
 
-  // Gradients at element offsets [offset, end) are final for this step.
+  // Gradients at element offsets [offset, end) are final for this micro-batch (the step's
+  // last one, below stage 2).
   void ready_from(int64_t offset);
   // Starts every bucket not yet started and waits for all of them.
   void finish();
+  // Stage 2, micro-batches after the first of a step: reductions add into the compact
+  // buffer instead of overwriting it.
+  void set_accumulate(bool accumulate) { accumulate_ = accumulate; }
 
+  // Stage >= 1: which part of the arena this rank's optimizer owns, its reduced gradients
+  // (compact, shard().numel elements), and the all-gather of the updated parameters.
+  const StateShard& shard() const { return shard_; }
+  Tensor shard_grads() const;
+  void gather_params();
+  // The reduced gradients back in the full gradient arena on every rank (the first step's
+  // gradient dump compares them with other layouts').
+  void gather_grads();
+
+  int zero_stage() const { return stage_; }
   size_t buckets() const { return buckets_.size(); }
 
  private:
   struct Bucket {
-    int64_t begin = 0, end = 0;  // element offsets in the gradient arena
+    int64_t begin = 0, end = 0;   // element offsets in the gradient arena
+    std::vector<int64_t> counts;  // ZeRO: each rank's share, in rank order
+    int64_t shard = 0;            // ZeRO: where this rank's share sits in the compact buffer
     Work work;
+    bool done = false;  // finished and, at stage 2, discarded
   };
+  void cut_shares(Bucket& b, const ParamStore& params) const;
+  void start(Bucket& b);
+  void complete(Bucket& b);   // after its work is done
+  void gather(float* arena);  // all-gathers every bucket of an arena laid out like params
+
   Communicator& group_;
-  float* grads_ = nullptr;
+  ParamStore& params_;
+  int stage_ = 0;
   Device device_ = Device::CPU;  // where the gradients live
   std::vector<Bucket> buckets_;  // from the end of the arena towards its start
   size_t next_ = 0;              // first bucket not started
+  StateShard shard_;
+  Arena shard_grads_, incoming_;  // ZeRO: reduced shares; stage 2's next micro-batch's
+  bool accumulate_ = false;
 };
 
 }  // namespace pentad::parallel

@@ -155,6 +155,29 @@ void check_moe(const Config& c, const Where& where) {
         where({"parallel.tp", "parallel.sequence_parallel"}), p.tp);
 }
 
+// ZeRO (parallel.zero): what each stage composes with so far.
+template <typename Where>
+void check_zero(const Config& c, const Where& where) {
+  const ParallelConfig& p = c.parallel;
+  if (p.zero == 0) return;
+  if (p.zero == 3)
+    fail(
+        "{}: parallel.zero = 3 (parameters sharded and gathered layer by layer) is not built "
+        "yet: set parallel.zero = 2 (optimizer state and gradients sharded)",
+        where({"parallel.zero"}));
+  if (c.model.is_moe())
+    fail(
+        "{}: parallel.zero = {} with an MoE model is not built yet (the experts' state would "
+        "shard over their own data-parallel group, edp): set parallel.zero = 0",
+        where({"parallel.zero", "moe.n_experts"}), p.zero);
+  if (p.zero >= 2 && p.pp > 1)
+    fail(
+        "{}: parallel.zero = {} with parallel.pp = {}: stage 2 reduces every micro-batch's "
+        "gradients as backward finishes them, which the pipeline schedules do not do yet: set "
+        "parallel.zero = 1 (state sharded, gradients reduce-scattered once per step)",
+        where({"parallel.zero", "parallel.pp"}), p.zero, p.pp);
+}
+
 }  // namespace
 
 void check_combinations(const Config& c, const std::map<std::string, std::string>& origins,
@@ -214,6 +237,7 @@ void check_combinations(const Config& c, const std::map<std::string, std::string
         where({"model.d_model", "model.n_head", "train.device"}), m.head_dim());
   check_context(c, where);
   check_moe(c, where);
+  check_zero(c, where);
 }
 
 }  // namespace pentad::recipe

@@ -137,6 +137,7 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(parallel, sequence_parallel, any()),
       PENTAD_KEY(parallel, order, any()),
       PENTAD_KEY(parallel, bucket_mb, above(0)),
+      PENTAD_KEY(parallel, zero, closed(0, 3)),
 
       PENTAD_KEY(checkpoint, snapshot, one_of({"auto", "swap", "copy"})),
   };

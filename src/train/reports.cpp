@@ -201,10 +201,22 @@ void Trainer::dump_shards(const std::string& dir, bool grads) const {
 
 std::string Trainer::memory_plan() const {
   const ParamStore& p = model_->params();
-  const size_t params = p.bytes() + p.compute_copy_bytes(), grads = p.bytes(),
-               optim = 2 * p.bytes();
+  // ZeRO: AdamW keeps m and v for this rank's shares (S elements of the arena's N); stage 1
+  // adds the reduced shares (S) to the full gradients (N), stage 2 holds the full gradients
+  // only bucket by bucket while backward writes them (a bucket's pages go once reduced),
+  // plus the reduced shares and a second set for the next micro-batch's reduction (2 S).
+  const size_t shard = size_t(optimizer_->shard().numel) * sizeof(float);
+  const size_t params = p.bytes() + p.compute_copy_bytes(), optim = 2 * shard;
+  const size_t grads = zero() == 0 ? p.bytes() : zero() == 1 ? p.bytes() + shard : 2 * shard;
+  std::string zero_text;
+  if (zero() > 0)
+    zero_text = fmt::format(
+        " | ZeRO-{} over dp x cp = {}: this rank's shares {} of {} values (AdamW m, v and the "
+        "reduced gradients){}",
+        zero(), dp_size_ * cp_size_, optimizer_->shard().numel, p.numel(),
+        zero() >= 2 ? "; the full gradients live only bucket by bucket during backward" : "");
   // The second set of parameters and moments (swap), or the staging buffer (copy).
-  const size_t snapshot = p.has_spare() ? 3 * p.bytes() : saver_.staging_bytes();
+  const size_t snapshot = p.has_spare() ? p.bytes() + 2 * shard : saver_.staging_bytes();
   size_t acts = model_->activation_bytes() + model_->cp().scratch_bytes();
   std::string in_flight;
   if (cp_size_ > 1)
@@ -244,11 +256,11 @@ std::string Trainer::memory_plan() const {
   }
   return fmt::format(
       "memory plan (this rank, {} {}): parameters {} ({} values{}{}) | gradients {} | AdamW state "
-      "{} | activations {} (micro-batch {} x {}, recompute {}{}){}{} | total {}",
+      "{} | activations {} (micro-batch {} x {}, recompute {}{}){}{}{} | total {}",
       cfg_.train.device, cfg_.train.precision, format_bytes(params), p.numel(),
       p.compute_copy_bytes() ? ", f32 master + bf16 copy" : "", experts, format_bytes(grads),
       format_bytes(optim), format_bytes(acts), cfg_.train.micro_batch, cfg_.train.seq_len,
-      cfg_.model.recompute ? "on" : "off", in_flight, dispatch_text,
+      cfg_.model.recompute ? "on" : "off", in_flight, dispatch_text, zero_text,
       snapshot ? fmt::format(" | checkpoint snapshot {} ({})", format_bytes(snapshot),
                              p.has_spare() ? "swap: a second set of the state" : "copy: staging")
                : "",

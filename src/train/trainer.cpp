@@ -48,24 +48,31 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
     pipeline_ =
         std::make_unique<parallel::pp::Pipeline>(*wiring_.stage, stages, schedule_spec(cfg));
   }
-  optimizer_ = std::make_unique<AdamW>(cfg.optim, model_->params());
-  // "auto" is the copy: swap (direct I/O from the page-aligned arenas) measured equal to it
-  // within noise and costs a second set of the state (bench/RESULTS.md, 2026-11-25).
-  swap_snapshots_ = cfg.checkpoint.snapshot == "swap";
-  prepare_snapshots();
   const auto bucket_bytes =
       static_cast<size_t>(static_cast<double>(cfg.parallel.bucket_mb) * 1024 * 1024);
   // Dense gradients sum over dp x cp, MoE experts' over edp (the ranks holding the same
   // experts): each reducer leaves the other's parameters out of its buckets.
-  if (mesh_ && mesh_->dp_cp().size() > 1)
-    reducer_ =
-        std::make_unique<parallel::GradReducer>(mesh_->dp_cp(), model_->params(), bucket_bytes,
-                                                [](const ParamSpec& p) { return !p.expert; });
+  if (mesh_ && mesh_->dp_cp().size() > 1) {
+    // ZeRO under pipelining: the tied embedding's two copies (first and last stage) must be
+    // cut into the same shares, so each is a bucket of its own.
+    const std::string tied =
+        pp_size_ > 1 && cfg.model.tie_embeddings ? model_->params().spec(embedding_id()).name : "";
+    reducer_ = std::make_unique<parallel::GradReducer>(
+        mesh_->dp_cp(), model_->params(), bucket_bytes, int(cfg.parallel.zero),
+        [](const ParamSpec& p) { return !p.expert; },
+        [tied](const ParamSpec& p) { return !tied.empty() && p.name == tied; });
+  }
   if (mesh_ && cfg.model.is_moe() && mesh_->degree(parallel::Axis::EDP) > 1 &&
       !bug_injected("moe-skip-edp-reduce"))  // a planted bug the layout test must catch
     expert_reducer_ = std::make_unique<parallel::GradReducer>(
-        mesh_->group(parallel::Axis::EDP), model_->params(), bucket_bytes,
+        mesh_->group(parallel::Axis::EDP), model_->params(), bucket_bytes, 0,
         [](const ParamSpec& p) { return p.expert; });
+  optimizer_ = std::make_unique<AdamW>(cfg.optim, model_->params(),
+                                       zero() ? reducer_->shard() : StateShard{});
+  // "auto" is the copy: swap (direct I/O from the page-aligned arenas) measured equal to it
+  // within noise and costs a second set of the state (bench/RESULTS.md, 2026-11-25).
+  swap_snapshots_ = cfg.checkpoint.snapshot == "swap";
+  prepare_snapshots();
   inputs_.resize(static_cast<size_t>(t.micro_batch * t.seq_len));
   targets_.resize(inputs_.size());
 }
@@ -101,7 +108,10 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
   StepStats s;
   s.start_ns = parallel::trace_now_ns();
   ParamStore& params = model_->params();
-  params.zero_grads();
+  if (zero() >= 2)  // the pages come back as backward writes them and go once reduced
+    params.discard_grads(0, params.numel());
+  else
+    params.zero_grads();
   // Each token of the global batch weighs the same; the gradients of data- and
   // context-parallel ranks are summed.
   float dloss = 1.0f / static_cast<float>(t.micro_batch * t.seq_len * t.grad_accum * dp_size_);
@@ -124,7 +134,11 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
     for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
       fetch_batch(step, micro, inputs_, targets_);
       loss_sum += model_->forward(inputs_.data(), targets_.data(), dloss);
-      model_->backward(micro + 1 == t.grad_accum, on_ready);
+      // ZeRO-2 reduces every micro-batch, adding into its shares, and drops the full buffer.
+      const bool reduce_now = micro + 1 == t.grad_accum || zero() >= 2;
+      if (zero() >= 2) reducer_->set_accumulate(micro > 0);
+      model_->backward(reduce_now, on_ready);
+      if (zero() >= 2 && micro + 1 < t.grad_accum) reducer_->finish();
     }
   }
   s.backward_end_ns = parallel::trace_now_ns();
@@ -137,19 +151,33 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
   if (expert_reducer_) expert_reducer_->finish();
   // Tied embeddings under pipelining: the first and last stages' tables get the sum of
   // both gradients, so they stay equal.
+  // With ZeRO each rank sums its shares of them (cut alike on both stages).
   if (parallel::Communicator* ends = mesh_ ? mesh_->embedding_group() : nullptr)
     if (cfg_.model.tie_embeddings) {
-      const int id = model_->embedding_copy() >= 0 ? model_->embedding_copy() : model_->embedding();
-      ends->all_reduce(params.grad(id));
+      const int id = embedding_id();
+      if (!zero())
+        ends->all_reduce(params.grad(id));
+      else
+        for (const StateShard::Piece& piece : optimizer_->shard().pieces(params.spec(id)))
+          ends->all_reduce(view_of(reducer_->shard_grads().f32() + piece.shard, Shape{piece.count},
+                                   DType::F32, params.device()));
     }
   s.reduced_ns = parallel::trace_now_ns();
-  if (after_backward) after_backward();
+  if (after_backward) {
+    if (zero()) reducer_->gather_grads();  // the dump shows whole reduced gradients
+    after_backward();
+  }
   s.step = step;
   // The loss is known on the last stage: summed over stages, then over data-parallel ranks.
   s.loss = static_cast<float>(all_reduce_dp(all_reduce_pp(loss_sum)) /
                               static_cast<double>(t.grad_accum * dp_size_));
   const bool etp_first = !mesh_ || mesh_->coord(parallel::Axis::ETP) == 0;
-  GradSquares squares = grad_sum_squares(params, etp_first);
+  const Tensor grads = zero() ? reducer_->shard_grads() : Tensor{};
+  GradSquares squares =
+      grad_sum_squares(params, etp_first, zero() ? &optimizer_->shard() : nullptr, grads);
+  static_assert(sizeof(GradSquares) == 3 * sizeof(double));
+  if (zero())  // each dp x cp rank holds its shares of the gradients
+    mesh_->dp_cp().all_reduce(view_of(&squares.sharded, Shape{3}, DType::F64));
   if (model_->tp().degree() > 1)  // shards add up over tp; replicated ones count once
     mesh_->group(parallel::Axis::TP).all_reduce(view_of(&squares.sharded, Shape{1}, DType::F64));
   if (mesh_ && cfg_.model.is_moe() && mesh_->expert_model().size() > 1)  // each expert once
@@ -163,7 +191,7 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
     s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return s;
   }
-  clip_gradients(params, s.grad_norm, cfg_.optim.grad_clip);
+  clip_gradients(params, s.grad_norm, cfg_.optim.grad_clip, grads);
   if (pipeline_ && cfg_.parallel.pp_schedule == "adaptive" &&
       (step + 1) % cfg_.parallel.pp_adapt_every == 0)
     adapt_pipeline_group();

@@ -125,6 +125,12 @@ class Trainer {
 
  private:
   bool logs() const { return world_rank_ == 0; }
+  // The ZeRO stage in effect: parallel.zero where dp x cp > 1 (nothing to shard otherwise).
+  int zero() const { return reducer_ ? reducer_->zero_stage() : 0; }
+  // The tied embedding's parameter on this stage (the last stage's copy, or the original).
+  int embedding_id() const {
+    return model_->embedding_copy() >= 0 ? model_->embedding_copy() : model_->embedding();
+  }
   // Reports (train/reports.cpp): the plan printed before training, then per step and eval
   // the log line and metrics.jsonl (world rank 0 writes it, beside recipe.toml).
   void log_plan() const;
@@ -140,6 +146,14 @@ class Trainer {
     void* base;
   };
   std::vector<StateBuffer> state_buffers(bool with_optimizer) const;
+  // What this rank holds of parameter id's state: its value (whole), and its m and v, whole
+  // or (ZeRO) the rows of this rank's share; each with the checkpoint's name for it.
+  struct StatePart {
+    ckpt::ShardInfo info;  // name, global identity, rows (row_start, local_shape)
+    Tensor view;           // the live elements
+    bool moment = false;   // m or v
+  };
+  std::vector<StatePart> state_parts(int id, bool with_optimizer) const;
   // What this rank's snapshot holds (empty on data-parallel replicas), in the optimizer's
   // order: each parameter's value, m, v.
   std::vector<ckpt::LiveTensor> snapshot_tensors() const;

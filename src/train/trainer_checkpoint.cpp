@@ -33,6 +33,33 @@ std::vector<std::string> Trainer::checkpoint_roots() const {
   return roots;
 }
 
+std::vector<Trainer::StatePart> Trainer::state_parts(int id, bool with_optimizer) const {
+  const ParamStore& p = model_->params();
+  const ParamSpec& spec = p.spec(id);
+  const ckpt::ShardInfo whole{
+      "", spec.global_shape, spec.shard_dim, spec.shard_start, spec.local_shape, 0};
+  std::vector<StatePart> parts;
+  for (const StateBuffer& kind : state_buffers(with_optimizer)) {
+    const bool moment = kind.base != p.all_params().data;
+    if (!moment || !zero()) {
+      parts.push_back({whole, p.view(kind.base, id, p.device()), moment});
+      parts.back().info.name = kind.prefix + spec.name;
+      continue;
+    }
+    for (const StateShard::Piece& piece : optimizer_->shard().pieces(spec)) {
+      ckpt::ShardInfo info = whole;
+      info.name = kind.prefix + spec.name;
+      info.local_shape.dims[0] = piece.rows;
+      info.row_start = piece.row_start;
+      parts.push_back({info,
+                       view_of(static_cast<float*>(kind.base) + piece.shard, info.local_shape,
+                               DType::F32, p.device()),
+                       true});
+    }
+  }
+  return parts;
+}
+
 bool Trainer::writes(const ParamSpec& spec) const {
   auto first = [&](parallel::Axis axis) { return !mesh_ || mesh_->coord(axis) == 0; };
   if (spec.expert)
@@ -46,17 +73,16 @@ std::vector<ckpt::LiveTensor> Trainer::snapshot_tensors() const {
   // optimizer can follow the copy (snapshot_copied()).
   // MoE experts have their own replicas: the ranks of one edp group hold the same experts,
   // each etp rank a slice (and the whole of an etp-replicated bias).
+  // With ZeRO every dp x cp rank writes the moments of its shares.
   std::vector<ckpt::LiveTensor> tensors;
   const ParamStore& p = model_->params();
   for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
     const ParamSpec& spec = p.spec(id);
-    if (!writes(spec)) continue;
     if (spec.pipeline_copy) continue;  // the first pipeline stage saves the original
-    for (const StateBuffer& kind : state_buffers(true)) {
-      ckpt::ShardInfo info{kind.prefix + spec.name, spec.global_shape, spec.shard_dim,
-                           spec.shard_start,        spec.local_shape,  0};
-      tensors.push_back({info, p.view(kind.base, id, p.device()).f32(), p.device()});
-    }
+    const bool tp_writes = spec.shard_dim >= 0 || model_->tp().rank() == 0;
+    for (const StatePart& part : state_parts(id, true))
+      if ((part.moment && zero()) ? tp_writes : writes(spec))
+        tensors.push_back({part.info, part.view.f32(), p.device()});
   }
   return tensors;
 }
@@ -94,11 +120,22 @@ void Trainer::save(int64_t steps_done) {
 
 void Trainer::optimizer_step(float lr) {
   // A copy in flight is followed chunk by chunk; a swap snapshot is left where it is.
-  optimizer_->step(model_->params(), lr, snapshot_copied(), swap_pending_);
+  ParamStore& p = model_->params();
+  optimizer_->step(p, lr, snapshot_copied(), swap_pending_,
+                   zero() ? reducer_->shard_grads() : Tensor{});
   if (swap_pending_) {
     swap_pending_ = false;
     snapshot_in_spare_ = true;
   }
+  if (zero()) {
+    // The all-gather writes every parameter: a copy in flight must have them all first.
+    if (saver_.copying()) {
+      const float* base = p.all_params().f32();
+      saver_.wait_for_copy(base, base + p.numel());
+    }
+    reducer_->gather_params();
+  }
+  kernels::refresh_weights(p);  // the compute copy follows the new master values
 }
 
 AdamW::BeforeChunk Trainer::snapshot_copied() {
@@ -106,8 +143,10 @@ AdamW::BeforeChunk Trainer::snapshot_copied() {
   std::vector<const float*> bases;  // what the optimizer overwrites
   for (const StateBuffer& b : state_buffers(true))
     bases.push_back(static_cast<const float*>(b.base));
-  return [this, bases](size_t begin, size_t end) {
-    for (const float* base : bases) saver_.wait_for_copy(base + begin, base + end);
+  return [this, bases](size_t begin, size_t end, size_t state_begin) {
+    saver_.wait_for_copy(bases[0] + begin, bases[0] + end);  // the parameters
+    for (size_t i = 1; i < bases.size(); ++i)                // m and v
+      saver_.wait_for_copy(bases[i] + state_begin, bases[i] + state_begin + (end - begin));
   };
 }
 
@@ -134,8 +173,8 @@ int64_t Trainer::restore_snapshot() {
   // Data- and context-parallel replicas take it from the first, which staged it ...
   const bool moe = cfg_.model.is_moe();
   const bool replicated = dp_size_ * cp_size_ > 1;
-  if (replicated && !moe)
-    for (const StateBuffer& b : state_buffers(true))
+  if (replicated && !moe)  // with ZeRO, every rank staged the moments of its own shares
+    for (const StateBuffer& b : state_buffers(!zero()))
       mesh_->dp_cp().broadcast(view_of(b.base, Shape{p.numel()}, DType::F32, device), 0);
   // ... (with MoE parameter by parameter: experts from their first edp and etp rank) ...
   if (mesh_ && moe)
@@ -154,18 +193,15 @@ int64_t Trainer::restore_snapshot() {
       }
   // ... and tensor-parallel ranks their replicated parameters from tp rank 0.
   if (model_->tp().degree() > 1)
-    for (const StateBuffer& b : state_buffers(true))
-      for (int id = 0; id < static_cast<int>(p.specs().size()); ++id)
-        if (p.spec(id).shard_dim < 0 && !p.spec(id).expert)
-          mesh_->group(parallel::Axis::TP).broadcast(p.view(b.base, id, device), 0);
+    for (int id = 0; id < static_cast<int>(p.specs().size()); ++id)
+      if (p.spec(id).shard_dim < 0 && !p.spec(id).expert)
+        for (const StatePart& part : state_parts(id, true))
+          mesh_->group(parallel::Axis::TP).broadcast(part.view, 0);
   // ... and the last pipeline stage its copy of the tied embedding from the first stage
-  // (group rank 0), which staged the original.
+  // (group rank 0), which staged the original (with ZeRO, shares cut alike on both).
   if (parallel::Communicator* ends = mesh_ ? mesh_->embedding_group() : nullptr)
-    if (cfg_.model.tie_embeddings) {
-      const int id = model_->embedding_copy() >= 0 ? model_->embedding_copy() : model_->embedding();
-      for (const StateBuffer& b : state_buffers(true))
-        ends->broadcast(p.view(b.base, id, device), 0);
-    }
+    if (cfg_.model.tie_embeddings)
+      for (const StatePart& part : state_parts(embedding_id(), true)) ends->broadcast(part.view, 0);
   return restored_snapshot();
 }
 
@@ -317,14 +353,14 @@ bool Trainer::load(const std::string& dir, bool with_optimizer) {
       optimizer_steps = 0;
     }
     std::vector<float> host;  // device state is read into host memory, then copied over
-    for (const StateBuffer& kind : state_buffers(with_state))
-      for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
-        const ParamSpec& spec = p.spec(id);
-        const Tensor dst = p.view(kind.base, id, p.device());
+    for (int id = 0; id < static_cast<int>(p.specs().size()); ++id)
+      for (const StatePart& part : state_parts(id, with_state)) {
+        const Tensor& dst = part.view;
+        const ckpt::ShardInfo& i = part.info;
         if (dst.device != Device::CPU) host.resize(static_cast<size_t>(dst.numel()));
         float* out = dst.device == Device::CPU ? dst.f32() : host.data();
-        reader.read(kind.prefix + spec.name, spec.global_shape, spec.shard_dim, spec.shard_start,
-                    spec.local_shape, out);
+        reader.read(i.name, i.global_shape, i.shard_dim, i.shard_start, i.local_shape, out,
+                    i.row_start);
         if (dst.device != Device::CPU)
           copy_bytes(dst.data, dst.device, out, Device::CPU, dst.bytes());
       }

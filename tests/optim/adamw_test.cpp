@@ -84,7 +84,8 @@ TEST(AdamW, HookHearsEveryChunkInOrderBeforeItIsWritten) {
   const std::vector<float> p0(params, params + n), m0(m, m + n), v0(v, v + n);
 
   std::vector<std::pair<size_t, size_t>> chunks;
-  opt.step(p, 1e-3f, [&](size_t begin, size_t end) {
+  opt.step(p, 1e-3f, [&](size_t begin, size_t end, size_t state_begin) {
+    EXPECT_EQ(state_begin, begin);  // without ZeRO, m and v are laid out like the arena
     const auto count = static_cast<int64_t>(end - begin);
     EXPECT_TRUE(same_bits(params + begin, p0.data() + begin, count)) << "params written early";
     EXPECT_TRUE(same_bits(m + begin, m0.data() + begin, count)) << "m written early";

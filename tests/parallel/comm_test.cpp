@@ -123,6 +123,35 @@ TEST_F(CommTest, ReduceScatterGivesRankItsBlock) {
   check_reduce_scatter<int32_t>(*comm, r, n);
 }
 
+// Uneven blocks (rank q holds q + 1 elements, rank 1 none when there are more than two):
+// reduce_scatter_v sums block r into rank r; all_gather_v puts every block in place.
+TEST_F(CommTest, UnevenReduceScatterAndAllGather) {
+  std::vector<int64_t> counts(static_cast<size_t>(n));
+  for (int q = 0; q < n; ++q) counts[size_t(q)] = (n > 2 && q == 1) ? 0 : q + 1;
+  int64_t total = 0, mine = 0;
+  for (int q = 0; q < n; ++q) {
+    if (q == r) mine = total;
+    total += counts[size_t(q)];
+  }
+  std::vector<float> in(static_cast<size_t>(total)),
+      out(static_cast<size_t>(counts[size_t(r)] + 1), -1.0f);
+  for (int64_t j = 0; j < total; ++j) in[size_t(j)] = float(r * 1000 + j);
+  comm->reduce_scatter_v(view(out), view(in), counts);
+  for (int64_t i = 0; i < counts[size_t(r)]; ++i)  // sum_q (q * 1000 + mine + i)
+    EXPECT_EQ(out[size_t(i)], float(1000 * n * (n - 1) / 2 + n * (mine + i))) << i;
+  EXPECT_EQ(out.back(), -1.0f);  // nothing past this rank's block
+
+  std::vector<double> buf(static_cast<size_t>(total), -1.0);
+  for (int64_t i = 0; i < counts[size_t(r)]; ++i) buf[size_t(mine + i)] = r + 0.25 * double(i);
+  comm->all_gather_v(view(buf), counts);
+  int64_t at = 0;
+  for (int q = 0; q < n; ++q)
+    for (int64_t i = 0; i < counts[size_t(q)]; ++i, ++at)
+      EXPECT_EQ(buf[size_t(at)], q + 0.25 * double(i)) << q << " " << i;
+  std::vector<int64_t> short_counts(static_cast<size_t>(n), 1);
+  EXPECT_ANY_THROW(comm->all_gather_v(view(buf), short_counts));  // sizes disagree: refused
+}
+
 TEST_F(CommTest, AllGatherConcatenatesInRankOrder) {
   const int k = 4;
   std::vector<int32_t> in(k), out(static_cast<size_t>(n * k), -1);
@@ -513,6 +542,13 @@ class FakeDeviceComm final : public Communicator {
   }
   std::unique_ptr<WorkImpl> post_all_gather(Tensor, const Tensor&) override {
     return logged("all_gather");
+  }
+  std::unique_ptr<WorkImpl> post_reduce_scatter_v(Tensor, const Tensor&, std::span<const int64_t>,
+                                                  ReduceOp) override {
+    return logged("reduce_scatter_v");
+  }
+  std::unique_ptr<WorkImpl> post_all_gather_v(Tensor, std::span<const int64_t>) override {
+    return logged("all_gather_v");
   }
   std::unique_ptr<WorkImpl> post_all_to_all(Tensor, const Tensor&) override {
     return logged("all_to_all");

@@ -50,7 +50,12 @@ With --context, the layouts are context-parallel ones: Ulysses and ring at cp 2 
 overrides set model.n_kv_head, Ulysses over more ranks than kv heads; the broken variant
 drops the dK/dV the ring brings back from the other rank.
 
-usage: layout_equivalence.py [--pipeline | --moe | --context] PENTAD RECIPE WORKDIR
+With --zero, the layouts shard the optimizer state (parallel.zero = 1) and the gradients
+(2) over dp 2 and 4, dp x tp (+ sp), dp x cp and dp x pp (stage 1, with the tied
+embedding's shares on both end stages); the broken variant skips one bucket's all-gather of
+the updated parameters.
+
+usage: layout_equivalence.py [--pipeline | --moe | --context | --zero] PENTAD RECIPE WORKDIR
                              [section.key=value ...]
 """
 import json
@@ -135,6 +140,22 @@ CONTEXT_LAYOUTS = [
     ("cp2xdp2-ring", 4, ["parallel.cp=2", RING]),
     ("cp2xpp2-1f1b", 4, ["parallel.cp=2", RING, "parallel.pp=2", "parallel.pp_schedule=1f1b"]),
 ]
+ZERO = "parallel.zero="
+ZERO_LAYOUTS = [
+    ("dp2-zero1", 2, ["parallel.tp=1", ZERO + "1"]),
+    ("dp2-zero2", 2, ["parallel.tp=1", ZERO + "2"]),
+    ("dp4-zero1", 4, ["parallel.tp=1", ZERO + "1"]),
+    ("dp4-zero2", 4, ["parallel.tp=1", ZERO + "2"]),
+    # Buckets of 64 KiB: many buckets, shares cut inside matrices at row boundaries.
+    ("dp4-zero2-buckets64k", 4, ["parallel.tp=1", ZERO + "2", "parallel.bucket_mb=0.0625"]),
+    ("dp2xtp2-zero1-buckets64k", 4, ["parallel.tp=2", ZERO + "1", "parallel.bucket_mb=0.0625"]),
+    ("dp2xtp2-zero1", 4, ["parallel.tp=2", ZERO + "1"]),
+    ("dp2xtp2+sp-zero2", 4, ["parallel.tp=2", SP, ZERO + "2"]),
+    ("dp2xcp2-ring-zero2", 4, ["parallel.tp=1", "parallel.cp=2", RING, ZERO + "2"]),
+    # The tied embedding's shares on the first and last stages are cut alike.
+    ("dp2xpp2-1f1b-zero1", 4, ["parallel.tp=1", "parallel.pp=2", "parallel.pp_schedule=1f1b",
+                               ZERO + "1"]),
+]
 # Grouped-query attention with fewer kv heads (2) than the Ulysses degree (4): replicated.
 CONTEXT_GQA = ("cp4-ulysses-kv2", 4, ["parallel.cp=4", ULYSSES, "model.n_kv_head=2"])
 # Gradients that are zero in exact arithmetic (softmax ignores a constant added to every
@@ -150,6 +171,10 @@ BROKEN = [
 ]
 CONTEXT_BROKEN = [
     ("cp2-ring dropping the remote dK/dV", 2, ["parallel.cp=2", RING], "cp-drop-remote-dkv"),
+]
+ZERO_BROKEN = [
+    ("dp2-zero1 missing a bucket's parameter all-gather", 2, ["parallel.tp=1", ZERO + "1"],
+     "zero-skip-gather"),
 ]
 MOE_BROKEN = [
     ("dp4xep2 missing the experts' edp all-reduce", 4, ["parallel.ep=2"], "moe-skip-edp-reduce"),
@@ -265,7 +290,8 @@ def main():
     pipeline = args[0] == "--pipeline"
     moe = args[0] == "--moe"
     context = args[0] == "--context"
-    if pipeline or moe or context:
+    zero = args[0] == "--zero"
+    if pipeline or moe or context or zero:
         args = args[1:]
     pentad, recipe, work = args[0], args[1], Path(args[2])
     common = args[3:] + (PIPELINE_COMMON if pipeline else [])
@@ -289,7 +315,7 @@ def main():
 
     failures = []
     layouts = (PIPELINE_LAYOUTS if pipeline else MOE_LAYOUTS if moe else
-               CONTEXT_LAYOUTS if context else LAYOUTS)
+               CONTEXT_LAYOUTS if context else ZERO_LAYOUTS if zero else LAYOUTS)
     if context and any(o.startswith("model.n_kv_head=") for o in common):
         layouts = layouts + [CONTEXT_GQA]
     for name, ranks, overrides in layouts:
@@ -307,7 +333,8 @@ def main():
             failures.append(name)
     if not pipeline:
         # The checks must catch real layout bugs: each broken variant has to fail.
-        broken = MOE_BROKEN if moe else CONTEXT_BROKEN if context else BROKEN
+        broken = (MOE_BROKEN if moe else CONTEXT_BROKEN if context else ZERO_BROKEN if zero
+                  else BROKEN)
         for name, ranks, overrides, bug in broken:
             ref = baseline(dp_of(ranks, overrides), overrides)
             got = run(pentad, recipe, work, "broken-" + bug, ranks,
