@@ -1,0 +1,166 @@
+// ZeRO's sharded gradient reduction (parallel/dp/grad_reducer.h) on the ranks of the world:
+// shares tile the arena at row boundaries, each rank's is its fair part, the reduce-scatter
+// sums them, and stage 2 keeps the full gradients resident only bucket by bucket.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+
+#include "optim/adamw.h"
+#include "parallel/comm.h"
+#include "parallel/dp/grad_reducer.h"
+
+using namespace pentad;
+
+namespace {
+
+int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+// A GPT-like table at width 256: a 2048-row embedding, four layers of matrices and biases
+// (row lengths 256 and 1024, and 1-D tensors), a final norm. About 3.7M values, 15 MiB.
+ParamStore gpt_like() {
+  ParamStore p;
+  const int64_t C = 256;
+  p.add("wte.weight", Shape{2048, C}, Init::Normal, 0.02f, true);
+  for (int l = 0; l < 4; ++l) {
+    const std::string at = "layers." + std::to_string(l) + ".";
+    p.add(at + "norm1.weight", Shape{C}, Init::Ones, 0, false);
+    p.add(at + "attn.qkv.weight", Shape{3 * C, C}, Init::Normal, 0.02f, true);
+    p.add(at + "attn.qkv.bias", Shape{3 * C}, Init::Zeros, 0, false);
+    p.add(at + "attn.o.weight", Shape{C, C}, Init::Normal, 0.02f, true);
+    p.add(at + "mlp.up.weight", Shape{4 * C, C}, Init::Normal, 0.02f, true);
+    p.add(at + "mlp.down.weight", Shape{C, 4 * C}, Init::Normal, 0.02f, true);
+  }
+  p.add("norm_f.weight", Shape{C}, Init::Ones, 0, false);
+  p.allocate();
+  return p;
+}
+
+size_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  size_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * 4096;
+}
+
+// Every rank's (begin, end) ranges, flattened, from all ranks.
+std::vector<int64_t> all_ranges(const StateShard& shard) {
+  std::vector<int64_t> mine;
+  for (const StateShard::Range& r : shard.ranges) mine.insert(mine.end(), {r.begin, r.end});
+  int count = int(mine.size()), n = world_size();
+  std::vector<int> counts(static_cast<size_t>(n)), displs(static_cast<size_t>(n));
+  MPI_Allgather(&count, 1, MPI_INT, counts.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  std::exclusive_scan(counts.begin(), counts.end(), displs.begin(), 0);
+  std::vector<int64_t> all(size_t(displs.back() + counts.back()));
+  MPI_Allgatherv(mine.data(), count, MPI_INT64_T, all.data(), counts.data(), displs.data(),
+                 MPI_INT64_T, MPI_COMM_WORLD);
+  return all;
+}
+
+}  // namespace
+
+TEST(Zero, SharesTileTheArenaAtRowsAndAreFair) {
+  const int D = world_size();
+  if (D < 2) GTEST_SKIP() << "needs mpirun with at least 2 ranks";
+  auto group = parallel::make_communicator(parallel::Backend::MPI, MPI_COMM_WORLD, "dp");
+  ParamStore p = gpt_like();
+  parallel::GradReducer reducer(*group, p, size_t{1} << 20, 1);
+  const StateShard& shard = reducer.shard();
+  // Each share of a parameter is whole rows of it (pieces() checks) ...
+  int64_t owned = 0;
+  for (const ParamSpec& spec : p.specs())
+    for (const StateShard::Piece& piece : shard.pieces(spec)) owned += piece.count;
+  // ... the ranks' shares cover every parameter element exactly once ...
+  std::vector<int> cover(size_t(p.numel()), 0);
+  const std::vector<int64_t> all = all_ranges(shard);
+  for (size_t i = 0; i < all.size(); i += 2)
+    for (int64_t e = all[i]; e < all[i + 1]; ++e) ++cover[size_t(e)];
+  for (const ParamSpec& spec : p.specs())
+    for (int64_t e = 0; e < spec.local_shape.numel(); ++e)
+      ASSERT_EQ(cover[spec.offset + size_t(e)], 1) << spec.name << " element " << e;
+  // ... and each rank's part is within 5% of N / D (the formula the memory plan states).
+  const double fair = double(p.numel()) / D;
+  EXPECT_NEAR(double(shard.numel), fair, 0.05 * fair);
+  EXPECT_NEAR(double(owned), fair, 0.05 * fair);
+  // AdamW keeps m and v for the shares only (each arena rounded up to whole pages).
+  AdamW opt(OptimConfig{}, p, shard);
+  const size_t moments = 2 * size_t(shard.numel) * sizeof(float);
+  EXPECT_GE(opt.state_bytes(), moments);
+  EXPECT_LE(opt.state_bytes(), moments + 2 * Arena::kPageBytes);
+}
+
+TEST(Zero, ReduceScatterSumsEachShareAndGatherRestoresParameters) {
+  const int D = world_size();
+  if (D < 2) GTEST_SKIP() << "needs mpirun with at least 2 ranks";
+  auto group = parallel::make_communicator(parallel::Backend::MPI, MPI_COMM_WORLD, "dp");
+  const int r = group->rank();
+  for (int stage : {1, 2}) {
+    ParamStore p = gpt_like();
+    parallel::GradReducer reducer(*group, p, size_t{1} << 18, stage);
+    float* g = p.all_grads().f32();
+    float* w = p.all_params().f32();
+    auto value = [](int rank, int64_t e) { return float(rank + 1) * float(e % 1000) * 0.5f; };
+    for (int micro = 0; micro < 2; ++micro) {  // stage 2 reduces each micro-batch, adding up
+      if (stage == 2) reducer.set_accumulate(micro > 0);
+      for (int64_t e = 0; e < p.numel(); ++e) g[e] += value(r, e);
+      if (stage == 2 || micro == 1) {
+        reducer.ready_from(0);
+        reducer.finish();
+      }
+    }
+    const float ranks_sum = float(D * (D + 1) / 2);
+    const float* reduced = reducer.shard_grads().f32();
+    for (const StateShard::Range& range : reducer.shard().ranges)
+      for (int64_t e = range.begin; e < range.end; ++e)
+        ASSERT_EQ(reduced[range.shard + e - range.begin], 2 * ranks_sum * float(e % 1000) * 0.5f)
+            << "stage " << stage << " element " << e;
+    if (stage == 2)  // the full gradients were dropped once reduced
+      for (int64_t e = 0; e < p.numel(); ++e) ASSERT_EQ(g[e], 0.0f) << e;
+    // Each rank writes its shares of the parameters; the all-gather completes them.
+    for (int64_t e = 0; e < p.numel(); ++e) w[e] = -1.0f;
+    for (const StateShard::Range& range : reducer.shard().ranges)
+      for (int64_t e = range.begin; e < range.end; ++e) w[e] = float(e);
+    reducer.gather_params();
+    for (const ParamSpec& spec : p.specs())
+      for (int64_t e = int64_t(spec.offset); e < int64_t(spec.offset) + spec.local_shape.numel();
+           ++e)
+        ASSERT_EQ(w[e], float(e)) << spec.name;
+  }
+}
+
+// Stage 2's memory: backward writes the gradients from the end of the arena; each bucket's
+// pages go back to the system once it is reduced, so the resident gradient bytes stay far
+// below the arena (stage 1 holds all of it).
+TEST(Zero, StageTwoHoldsTheFullGradientsOnlyBucketByBucket) {
+  const int D = world_size();
+  if (D < 2) GTEST_SKIP() << "needs mpirun with at least 2 ranks";
+  auto group = parallel::make_communicator(parallel::Backend::MPI, MPI_COMM_WORLD, "dp");
+  for (int stage : {1, 2}) {
+    ParamStore p = gpt_like();
+    parallel::GradReducer reducer(*group, p, size_t{1} << 20, stage);
+    p.discard_grads(0, p.numel());  // what a stage-2 step starts with
+    const size_t base = resident_bytes();
+    size_t peak = base;
+    const auto& specs = p.specs();
+    for (size_t i = specs.size(); i-- > 0;) {  // backward order
+      std::fill_n(p.grad(int(i)).f32(), specs[i].local_shape.numel(), 1.0f);
+      reducer.ready_from(int64_t(specs[i].offset));
+      group->barrier();  // every rank has started the buckets below; let them finish
+      reducer.ready_from(int64_t(specs[i].offset));
+      peak = std::max(peak, resident_bytes());
+    }
+    reducer.finish();
+    const double held = double(peak - base) / double(p.bytes());
+    if (stage == 1)
+      EXPECT_GT(held, 0.9) << "stage 1 keeps the full gradients";
+    else
+      EXPECT_LT(held, 0.4) << "stage 2 held " << held << " of the gradient arena at once";
+  }
+}
