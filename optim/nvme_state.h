@@ -1,0 +1,88 @@
+#pragma once
+// Optimizer state kept in a file on an NVMe drive instead of in memory (ZeRO-Infinity's
+// offload): the state streams through a few host buffers sub-group by sub-group, the next
+// sub-group's read and the last one's write in flight while the optimizer updates this one.
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace pentad {
+
+class UringQueue;
+enum class IoDir;
+
+struct NvmeOptions {
+  std::string dir;  // parallel.offload_path: an existing, writable directory
+  // 1 MiB x 32: measured against fio in bench/RESULTS.md ("2026-11-25 — NVMe offload
+  // engine"); the best writes there, and a whole default sub-group of AdamW's two tensors
+  // (2 x 16 MiB) in flight at once, so the transfers go on while fn holds the CPU.
+  size_t block_bytes = size_t{1} << 20;          // bytes per io_uring request; a multiple of 4096
+  int queue_depth = 32;                          // requests in flight per direction
+  int64_t subgroup_elements = int64_t{1} << 22;  // elements per tensor per pipeline step
+};
+
+// `tensors` float arrays of `elements` each (AdamW: 2, m and v) in one file, dir/file_name,
+// laid out sub-group by sub-group:
+//   [g0: t0 | t1 | ...][g1: t0 | t1 | ...] ...   each piece padded to 4 KiB
+// so that a sub-group is one contiguous, aligned stretch of the file. The file is created
+// (reading as zeros) and preallocated by the constructor and deleted by the destructor.
+// Not thread-safe: one caller at a time.
+class NvmeState {
+ public:
+  using UpdateFn = std::function<void(int64_t begin, int64_t end, float* const* state)>;
+
+  NvmeState(const NvmeOptions& options, const std::string& file_name, int64_t elements,
+            int tensors);
+  ~NvmeState();
+  NvmeState(const NvmeState&) = delete;
+  NvmeState& operator=(const NvmeState&) = delete;
+
+  // Streams every sub-group through host memory in order: fn(begin, end, state) sees
+  // state[t] = tensor t's elements [begin, end), as in the file; what fn leaves there is
+  // written back. While fn runs on sub-group k, k + 1 is being read and k - 1 written.
+  void update(const UpdateFn& fn);
+  // Tensor t's elements [begin, end) out of / into the file, whole (checkpoints, tests).
+  void read(int tensor, int64_t begin, int64_t end, float* out);
+  void write(int tensor, int64_t begin, int64_t end, const float* in);
+
+  const std::string& path() const { return path_; }
+  bool direct() const { return direct_; }  // false: the file system refused O_DIRECT
+  size_t file_bytes() const { return file_bytes_; }
+  size_t host_buffer_bytes() const { return 3 * static_cast<size_t>(tensors_) * piece_bytes_; }
+
+  // Since construction: bytes moved to and from the file, and the seconds update() was
+  // blocked waiting for reads and for writes (the I/O that fn did not hide).
+  struct Stats {
+    double bytes_read = 0, bytes_written = 0, read_wait_s = 0, write_wait_s = 0;
+  };
+  Stats stats() const { return stats_; }
+
+ private:
+  struct Buffer;  // aligned host memory
+  int64_t groups() const;
+  int64_t group_elements(int64_t g) const;  // the last group may be short
+  int64_t piece_offset(int64_t g, int tensor) const;
+  size_t piece_bytes(int64_t g) const;  // one tensor's elements of group g, padded to 4 KiB
+  char* slot_piece(int slot, int tensor) const;
+  // Starts moving `tensors` pieces of group g, from first_tensor on, between the file and
+  // slot's pieces 0, 1, ...; returns the queue's ticket.
+  uint64_t post(IoDir dir, int64_t g, int slot, int first_tensor, int tensors);
+  void check_range(int tensor, int64_t begin, int64_t end) const;
+
+  NvmeOptions options_;
+  std::string path_;
+  int64_t elements_;
+  int tensors_;
+  int64_t group_size_;  // elements per full group
+  size_t piece_bytes_;  // piece_bytes of a full group: what one slot holds per tensor
+  size_t file_bytes_ = 0;
+  int fd_ = -1;
+  bool direct_ = true;
+  std::unique_ptr<Buffer> buffer_;  // 3 slots x tensors x piece_bytes_
+  std::unique_ptr<UringQueue> queue_;
+  Stats stats_;
+};
+
+}  // namespace pentad
