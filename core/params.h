@@ -120,6 +120,10 @@ class ParamStore {
   void discard_grads(int64_t begin, int64_t end) {
     grads_.discard(size_t(begin) * sizeof(float), size_t(end) * sizeof(float));
   }
+  // The same for master parameters (ZeRO-3: the shares other ranks keep, after use).
+  void discard_params(int64_t begin, int64_t end) {
+    params_.discard(size_t(begin) * sizeof(float), size_t(end) * sizeof(float));
+  }
   // Parameter id's master values copied to host memory (for dumps and tests).
   std::vector<float> to_host(int id) const;
 

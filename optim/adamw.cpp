@@ -48,19 +48,72 @@ void clip_gradients(ParamStore& params, double norm, float max_norm, const Tenso
   if (coef < 1.0) kernels::scale(grads.data ? grads : params.all_grads(), static_cast<float>(coef));
 }
 
-AdamW::AdamW(const OptimConfig& cfg, const ParamStore& params, StateShard shard)
+AdamW::AdamW(const OptimConfig& cfg, const ParamStore& params, StateShard shard,
+             const NvmeOptions* nvme, const std::string& file_name)
     : cfg_(cfg),
-      shard_(shard.ranges.empty() ? StateShard::whole(params.numel()) : std::move(shard)),
-      m_("adam m", size_t(shard_.numel) * sizeof(float), params.device()),
-      v_("adam v", size_t(shard_.numel) * sizeof(float), params.device()) {
+      shard_(shard.ranges.empty() ? StateShard::whole(params.numel()) : std::move(shard)) {
+  if (nvme) {
+    PENTAD_CHECK(params.device() == Device::CPU, "NVMe offload streams host parameters only");
+    nvme_ = std::make_unique<NvmeState>(*nvme, file_name, shard_.numel, 2);
+    for (int id = 0; id < static_cast<int>(params.specs().size()); ++id)
+      for (const StateShard::Piece& piece : shard_.pieces(params.spec(id)))
+        segments_.push_back({piece.shard, piece.arena, piece.count,
+                             params.spec(id).weight_decay ? cfg_.weight_decay : 0.0f});
+    std::sort(segments_.begin(), segments_.end(),
+              [](const Segment& a, const Segment& b) { return a.shard < b.shard; });
+    return;  // the file reads as zeros
+  }
+  m_ = Arena("adam m", size_t(shard_.numel) * sizeof(float), params.device());
+  v_ = Arena("adam v", size_t(shard_.numel) * sizeof(float), params.device());
   m_.zero();
   v_.zero();
 }
 
+AdamW::~AdamW() = default;
+
 void AdamW::reset() {
   m_.zero();
   v_.zero();
+  if (nvme_)
+    nvme_->update([](int64_t begin, int64_t end, float* const* state) {
+      std::fill_n(state[0], end - begin, 0.0f);
+      std::fill_n(state[1], end - begin, 0.0f);
+    });
   step_ = 0;
+}
+
+void AdamW::read_state(int tensor, int64_t begin, int64_t count, float* out) {
+  PENTAD_CHECK(nvme_, "read_state: the state is not offloaded");
+  nvme_->read(tensor, begin, begin + count, out);
+}
+
+void AdamW::write_state(int tensor, int64_t begin, int64_t count, const float* in) {
+  PENTAD_CHECK(nvme_, "write_state: the state is not offloaded");
+  nvme_->write(tensor, begin, begin + count, in);
+}
+
+void AdamW::step_offloaded(ParamStore& params, float lr, const Tensor& grads) {
+  float* const p = params.all_params().f32();
+  const float* const g = grads.data ? grads.f32() : params.all_grads().f32();
+  auto flat = [](float* at, int64_t count) {
+    return view_of(at, Shape{count}, DType::F32, Device::CPU);
+  };
+  size_t first = 0;  // segments before it end before this sub-group
+  nvme_->update([&](int64_t begin, int64_t end, float* const* state) {
+    while (first < segments_.size() && segments_[first].shard + segments_[first].count <= begin)
+      ++first;
+    for (size_t i = first; i < segments_.size() && segments_[i].shard < end; ++i) {
+      const Segment& s = segments_[i];
+      const int64_t lo = std::max(begin, s.shard), hi = std::min(end, s.shard + s.count);
+      const int64_t at = s.arena + (lo - s.shard), n = hi - lo;
+      float* const m = state[0] + (lo - begin);
+      float* const v = state[1] + (lo - begin);
+      kernels::adamw_update({flat(p + at, n), flat(m, n), flat(v, n)},
+                            {flat(p + at, n), flat(m, n), flat(v, n)},
+                            flat(const_cast<float*>(g) + (grads.data ? lo : at), n), lr, cfg_.beta1,
+                            cfg_.beta2, cfg_.eps, s.weight_decay, step_);
+    }
+  });
 }
 
 void AdamW::allocate_spare() {
@@ -84,6 +137,12 @@ void AdamW::step(ParamStore& params, float lr, const BeforeChunk& before_chunk, 
   PENTAD_CHECK(grads.data || shard_.is_whole(params.numel()),
                "a sharded optimizer step needs the reduced gradients of its shard");
   ++step_;
+  if (nvme_) {
+    PENTAD_CHECK(!out_of_place && !before_chunk,
+                 "offloaded state takes no snapshots (checkpoints of it are not built)");
+    step_offloaded(params, lr, grads);
+    return;
+  }
   float* const from_params = params.all_params().f32();
   float* const from_grads = grads.data ? grads.f32() : params.all_grads().f32();
   float* const to_params = out_of_place ? params.spare_params().f32() : from_params;

@@ -4,10 +4,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "core/params.h"
 #include "core/tensor.h"
 #include "optim/config.h"
+#include "optim/nvme_state.h"
 
 namespace pentad {
 
@@ -47,7 +51,18 @@ class AdamW {
 
   // shard: the part of the parameter arena this rank updates and keeps m and v for (ZeRO;
   // whole without it); m and v hold shard.numel elements, laid out as it says.
-  AdamW(const OptimConfig& cfg, const ParamStore& params, StateShard shard = {});
+  // nvme (parallel.offload = "nvme", host parameters only): m and v live in the file
+  // nvme->dir/file_name instead of in memory, and step() streams them through host buffers
+  // sub-group by sub-group (optim/nvme_state.h), bitwise the same update.
+  AdamW(const OptimConfig& cfg, const ParamStore& params, StateShard shard = {},
+        const NvmeOptions* nvme = nullptr, const std::string& file_name = "");
+  ~AdamW();
+  bool offloaded() const { return nvme_ != nullptr; }
+  const NvmeState* nvme() const { return nvme_.get(); }
+  // Offloaded moments of tensor 0 (m) or 1 (v), elements [begin, begin + count) of the
+  // shard, to or from host memory (resume, tests).
+  void read_state(int tensor, int64_t begin, int64_t count, float* out);
+  void write_state(int tensor, int64_t begin, int64_t count, const float* in);
   // Updates the master parameters of the shard (on their device) from grads (the compact
   // reduced gradients of the shard; empty: the gradient arena). The caller refreshes the
   // compute copy (kernels::refresh_weights), after ZeRO's all-gather.
@@ -66,8 +81,9 @@ class AdamW {
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t steps) { step_ = steps; }  // when resuming
   void reset();                                           // zero moments, step 0
-  size_t state_bytes() const {
-    return m_.capacity() + v_.capacity() + spare_m_.capacity() + spare_v_.capacity();
+  size_t state_bytes() const {  // in memory (offloaded: the streaming buffers)
+    return m_.capacity() + v_.capacity() + spare_m_.capacity() + spare_v_.capacity() +
+           (nvme_ ? nvme_->host_buffer_bytes() : 0);
   }
   void* m_base() const { return m_.base(); }
   void* v_base() const { return v_.base(); }
@@ -78,6 +94,14 @@ class AdamW {
   Arena m_, v_;              // first and second moments, laid out like the parameter arena
   Arena spare_m_, spare_v_;  // the spare set, when allocate_spare() made it
   int64_t step_ = 0;
+  // Offloaded: the file, and the shard's pieces in shard order, for streaming.
+  struct Segment {
+    int64_t shard = 0, arena = 0, count = 0;
+    float weight_decay = 0;
+  };
+  std::unique_ptr<NvmeState> nvme_;
+  std::vector<Segment> segments_;
+  void step_offloaded(ParamStore& params, float lr, const Tensor& grads);
 };
 
 }  // namespace pentad

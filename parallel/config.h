@@ -42,6 +42,15 @@ struct ParallelConfig {  // [parallel]: the device mesh (see parallel/mesh.h)
   // sharded, gradients reduce-scattered, parameters all-gathered after the update; 2 also
   // the full-size gradients dropped bucket by bucket as they are reduced.
   int64_t zero = 0;
+  // Where AdamW's state lives: "none" (beside the parameters), "cpu" (host memory, the update
+  // on the host: what a CPU run does anyway), "nvme" (a file under offload_path, streamed
+  // through host buffers sub-group by sub-group with io_uring and O_DIRECT: optim/nvme_state.h;
+  // requests of nvme_block_kb, nvme_queue_depth in flight, nvme_subgroup_kb per tensor per step).
+  std::string offload = "none";
+  std::string offload_path;
+  int64_t nvme_block_kb = 1024;
+  int64_t nvme_queue_depth = 32;  // measured defaults: bench/RESULTS.md, NVMe offload engine
+  int64_t nvme_subgroup_kb = 16384;
 };
 
 }  // namespace pentad

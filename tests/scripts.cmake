@@ -134,6 +134,14 @@ add_test(NAME checkpoint_resume
 set_tests_properties(checkpoint_resume PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE
   PASS_REGULAR_EXPRESSION "checkpoints resume exactly")
 
+# ZeRO's optimizer state offloaded to NVMe: bitwise the in-memory runs, under a memory limit
+# that refuses them, and bad offload paths refused by name.
+add_test(NAME zero_offload
+  COMMAND ${PENTAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/zero_offload.py
+          $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml ${CMAKE_CURRENT_BINARY_DIR}/zero-offload)
+set_tests_properties(zero_offload PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE
+  PASS_REGULAR_EXPRESSION "offloaded state trains exactly")
+
 # MoE checkpoints: bitwise resume of ep layouts, resharding across ep / etp / one rank.
 add_test(NAME moe_checkpoint
   COMMAND ${PENTAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/moe_checkpoint.py

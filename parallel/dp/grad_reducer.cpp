@@ -8,21 +8,34 @@
 namespace pentad::parallel {
 
 GradReducer::GradReducer(Communicator& group, ParamStore& params, size_t bucket_bytes,
-                         int zero_stage, const Filter& include, const Filter& isolate)
+                         int zero_stage, const Filter& include, const Filter& isolate,
+                         const Unit& unit)
     : group_(group), params_(params), stage_(zero_stage), device_(params.device()) {
   const auto& specs = params.specs();
   const int64_t bucket_elems =
       std::max<int64_t>(1, static_cast<int64_t>(bucket_bytes / sizeof(float)));
   int64_t end = params.numel(), begin = end;  // the open bucket
   auto close = [&] {
-    if (begin < end) buckets_.push_back(Bucket{begin, end, {}, 0, Work(), false});
+    if (begin < end) {
+      buckets_.emplace_back();
+      buckets_.back().begin = begin;
+      buckets_.back().end = end;
+    }
     end = begin;
   };
+  std::string open_unit;
   for (size_t i = specs.size(); i-- > 0;) {
     const int64_t offset = static_cast<int64_t>(specs[i].offset);
     if (include && !include(specs[i])) {  // closes the open bucket below the one left out
       close();
       end = begin = offset;
+      continue;
+    }
+    if (unit) {  // stage 3: whole units, whatever their size
+      const std::string key = unit(specs[i]);
+      if (key != open_unit) close();
+      open_unit = key;
+      begin = offset;
       continue;
     }
     const bool alone = isolate && isolate(specs[i]);
@@ -134,7 +147,53 @@ void GradReducer::gather(float* arena) {
 }
 
 void GradReducer::gather_params() {
-  if (stage_ > 0) gather(params_.all_params().f32());
+  if (stage_ == 1 || stage_ == 2) gather(params_.all_params().f32());
+}
+
+int GradReducer::bucket_of(int64_t offset) const {
+  for (size_t i = 0; i < buckets_.size(); ++i)
+    if (buckets_[i].begin <= offset && offset < buckets_[i].end) return int(i);
+  return -1;
+}
+
+void GradReducer::prefetch(int bucket) {
+  if (bucket < 0 || bucket >= int(buckets_.size())) return;
+  Bucket& b = buckets_[size_t(bucket)];
+  if (b.whole) return;  // whole, or on its way
+  float* const p = params_.all_params().f32();
+  b.gather = group_.all_gather_v(view_of(p + b.begin, Shape{b.end - b.begin}, DType::F32, device_),
+                                 b.counts, /*async=*/true);
+  b.whole = true;  // once the gather is waited for
+}
+
+void GradReducer::acquire(int bucket) {
+  Bucket& b = buckets_[size_t(bucket)];
+  prefetch(bucket);
+  b.gather.wait();
+  ++b.users;
+}
+
+void GradReducer::release(int bucket) {
+  Bucket& b = buckets_[size_t(bucket)];
+  PENTAD_CHECK(b.users > 0, "bucket {} released more often than acquired", bucket);
+  if (--b.users > 0) return;
+  b.gather.wait();
+  // Everything but this rank's share goes: zeros, and the whole pages back to the system.
+  int64_t at = b.begin;
+  for (int r = 0; r < group_.size(); ++r) {
+    const int64_t n = b.counts[size_t(r)];
+    if (r != group_.rank() && n > 0) params_.discard_params(at, at + n);
+    at += n;
+  }
+  b.whole = false;
+}
+
+void GradReducer::release_all() {
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    buckets_[i].users = 1;
+    buckets_[i].whole = true;
+    release(int(i));
+  }
 }
 
 void GradReducer::gather_grads() {

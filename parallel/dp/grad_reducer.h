@@ -15,8 +15,13 @@
 //   stage 2: buckets reduce after every micro-batch, adding into the compact buffer, and
 //            each bucket's part of the full arena is discarded (zeros, pages returned) as
 //            soon as its reduction is done: the full-size gradients are never all resident.
+//   stage 3: as stage 2, with one bucket per unit (a layer, the embedding, the head: the
+//            caller's `unit` key), and the parameters sharded too: this rank's shares stay
+//            resident (the optimizer updates them there), the rest of a unit is all-gathered
+//            by acquire() before the model reads it and discarded by release() after.
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "core/params.h"
@@ -27,13 +32,15 @@ namespace pentad::parallel {
 class GradReducer {
  public:
   using Filter = std::function<bool(const ParamSpec&)>;
+  using Unit = std::function<std::string(const ParamSpec&)>;
   // group: the dp (x cp) group; gradients are summed (callers scale the loss by 1/dp).
   // include: the parameters this group reduces (all when empty); buckets never span one
   // that is left out (MoE experts reduce over their own group, edp).
   // isolate: parameters that get a bucket of their own, so that every rank holding one
   // (the tied embedding on the first and last pipeline stages) cuts its shares alike.
+  // unit (stage 3): parameters with the same key, adjacent in the arena, form one bucket.
   GradReducer(Communicator& group, ParamStore& params, size_t bucket_bytes, int zero_stage = 0,
-              const Filter& include = {}, const Filter& isolate = {});
+              const Filter& include = {}, const Filter& isolate = {}, const Unit& unit = {});
 
   // Gradients at element offsets [offset, end) are final for this micro-batch (the step's
   // last one, below stage 2).
@@ -53,6 +60,17 @@ class GradReducer {
   // gradient dump compares them with other layouts').
   void gather_grads();
 
+  // Stage 3: the bucket holding arena element `offset`; acquire() makes the buckets whole
+  // on this rank (all-gathers those not already, each acquire counted), prefetch() starts
+  // a bucket's all-gather without waiting, release() discards a bucket's other shares once
+  // its last acquirer is done. release_all() at start-up and after a load.
+  int bucket_of(int64_t offset) const;
+  void acquire(int bucket);
+  void prefetch(int bucket);
+  void release(int bucket);
+  void release_all();
+  int buckets_count() const { return int(buckets_.size()); }
+
   int zero_stage() const { return stage_; }
   size_t buckets() const { return buckets_.size(); }
 
@@ -63,6 +81,10 @@ class GradReducer {
     int64_t shard = 0;            // ZeRO: where this rank's share sits in the compact buffer
     Work work;
     bool done = false;  // finished and, at stage 2, discarded
+    // Stage 3: the parameters' all-gather, whether they are whole here, and the acquirers.
+    Work gather;
+    bool whole = true;
+    int users = 0;
   };
   void cut_shares(Bucket& b, const ParamStore& params) const;
   void start(Bucket& b);

@@ -112,8 +112,12 @@ void Model::build_params() {
     if (range.first) {
       wte_ = matrix("wte.weight", Shape{V, C}, std, kColumn);  // vocabulary parallel
       if (gpt2()) wpe_ = matrix("wpe.weight", Shape{cfg_.max_seq_len, C}, std, kWhole);
+      embed_ids_ = {wte_};
+      if (wpe_ >= 0) embed_ids_.push_back(wpe_);
     }
+    layer_ids_.resize(static_cast<size_t>(cfg_.n_layer));
     for (int64_t l = range.layer_begin; l < range.layer_end; ++l) {
+      const int first_id = static_cast<int>(params_.specs().size());
       LayerParams& q = layers_[static_cast<size_t>(l)];
       std::vector<int>& partial = partial_[static_cast<size_t>(l)];
       const std::string pre = "layers." + std::to_string(l) + ".";
@@ -149,6 +153,8 @@ void Model::build_params() {
                                            placement_.device);
         partial.push_back(block->router());  // each tp rank routes its own rows (SP)
       }
+      for (int id = first_id; id < static_cast<int>(params_.specs().size()); ++id)
+        layer_ids_[static_cast<size_t>(l)].push_back(id);
     }
     if (range.last) {
       normf_w_ = vector("norm_f.weight", C, Init::Ones, false);
@@ -165,6 +171,8 @@ void Model::build_params() {
         head_ = embedding_copy_ = matrix("wte.weight", Shape{V, C}, std, kColumn);
         params_.mark_pipeline_copy(head_);
       }
+      for (int id : {normf_w_, normf_b_, head_})
+        if (id >= 0) final_ids_.push_back(id);
     }
   }
 }
@@ -284,19 +292,24 @@ float Model::forward_chunk(int c, int slot_index, const int32_t* tokens, const i
     // Vocabulary-parallel embedding: each rank adds the rows it holds (positions on rank 0),
     // and the reduction over tp leaves whole embeddings in this rank's residual rows.
     Tensor emb = sp ? proj_ : s.resid[0];
+    param_hooks_->need(embed_ids_, false);
     k::embedding_forward(emb.reshaped(Shape{b_, t_, cfg_.d_model}), s.tokens, P(wte_),
                          tp_->rank() == 0 ? P(wpe_) : Tensor{}, vocab_start_, cp_->positions());
+    param_hooks_->done(embed_ids_);
     tp_->g_forward(s.resid[0], emb);
   }
   for (int64_t l = range.layer_begin; l < range.layer_end; ++l) {
     const size_t i = static_cast<size_t>(l - range.layer_begin);
+    param_hooks_->need(layer_ids_[size_t(l)], false);
     layer_forward(static_cast<int>(l), s.resid[i], s.resid[i + 1],
                   cfg_.recompute ? shared_acts_ : s.acts[i], s.moe.empty() ? nullptr : &s.moe[i],
                   s.moe_weight);
+    param_hooks_->done(layer_ids_[size_t(l)]);
     if (progress_) progress_();
   }
   if (!range.last) return 0.0f;
   copy_ids(s.targets, targets, "targets");
+  param_hooks_->need(final_ids_, false);
   const Tensor& last = s.resid.back();
   if (gpt2())
     k::layernorm_forward(s.normf_local, s.normf_mean, s.normf_rstd, last, P(normf_w_), P(normf_b_),
@@ -317,6 +330,7 @@ float Model::forward_chunk(int c, int slot_index, const int32_t* tokens, const i
     k::vocab_parallel_ce_finish(s.losses, dlogits, s.logits, row_max_, ce_stats_, s.targets,
                                 vocab_start_, dloss);
   }
+  param_hooks_->done(final_ids_);
   const float* losses = s.losses.f32();
   if (s.losses.device != Device::CPU) {
     host_losses_.resize(static_cast<size_t>(N));
@@ -407,6 +421,7 @@ void Model::backward_chunk(int c, int slot_index, const Tensor& d_output, bool l
     PENTAD_CHECK(s.have_dlogits, "backward needs a forward with dloss != 0 (chunk {} slot {})", c,
                  slot_index);
     k::zero(g.resid);  // the norm backward below accumulates into it
+    param_hooks_->need(final_ids_, true);
     k::linear_backward(g.norm, G(head_), Tensor{}, s.logits, s.normf, P(head_), false);
     tp_->f_backward(g.norm_local, g.norm);
     const Tensor& last = s.resid.back();
@@ -415,6 +430,7 @@ void Model::backward_chunk(int c, int slot_index, const Tensor& d_output, bool l
                             s.normf_mean, s.normf_rstd);
     else
       k::rmsnorm_backward(g.resid, G(normf_w_), g.norm_local, last, P(normf_w_), s.normf_rstd);
+    param_hooks_->done(final_ids_);
     ready(normf_w_, partial_.back());
     s.have_dlogits = false;
   } else {
@@ -427,9 +443,11 @@ void Model::backward_chunk(int c, int slot_index, const Tensor& d_output, bool l
     const Tensor& x = s.resid[i];
     LayerActs& a = cfg_.recompute ? shared_acts_ : s.acts[i];
     MoeBlock::Acts* moe = s.moe.empty() ? nullptr : &s.moe[i];
+    param_hooks_->need(layer_ids_[size_t(l)], true);
     if (cfg_.recompute)
       layer_forward(static_cast<int>(l), x, s.resid[i + 1], a, moe, s.moe_weight, true);
     layer_backward(static_cast<int>(l), x, a, moe, s.moe_weight);
+    param_hooks_->done(layer_ids_[size_t(l)]);
     ready(layers_[static_cast<size_t>(l)].norm1_w, partial_[static_cast<size_t>(l)]);
     if (progress_) progress_();
   }

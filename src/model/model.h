@@ -84,6 +84,9 @@ class Model {
   Tensor input_grad() const { return grads_.resid; }
   // Called after every layer's forward and backward (a pipeline polls transfers there).
   void set_progress(std::function<void()> progress) { progress_ = std::move(progress); }
+  // ZeRO-3: told which parameters each stretch of forward and backward reads (not owned;
+  // outlives the model; none: every parameter is always whole here).
+  void set_parameter_hooks(ParameterHooks* hooks) { param_hooks_ = hooks ? hooks : &no_hooks_; }
   int slots_made(int c) const;
   size_t slot_bytes(int c) const;
   int64_t rows() const { return rows_; }
@@ -201,6 +204,12 @@ class Model {
   Grads grads_;
   std::vector<float> host_losses_;  // a device run's per-token losses, copied back
   std::function<void()> progress_;
+  ParameterHooks no_hooks_;
+  ParameterHooks* param_hooks_ = &no_hooks_;
+  // The parameters each stretch reads: the embedding, each layer (by index), the final
+  // norm and the head.
+  std::vector<int> embed_ids_, final_ids_;
+  std::vector<std::vector<int>> layer_ids_;
 };
 
 }  // namespace pentad

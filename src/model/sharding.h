@@ -114,6 +114,18 @@ class ContextParallelHooks {
 };
 
 // Every cut of this rank's model; null members: not cut that way.
+// ZeRO-3 (parameters sharded over the data-parallel ranks): a parameter is whole on this
+// rank only between need() and done() of a call naming it. The model names the parameters
+// of each stretch of work (the embedding, a layer, the final norm and head) around it, in
+// the order it runs them (backward: from the head towards the embedding), so that an
+// implementation can fetch the next stretch's while this one computes.
+class ParameterHooks {
+ public:
+  virtual ~ParameterHooks() = default;
+  virtual void need(const std::vector<int>& /*ids*/, bool /*backward*/) {}
+  virtual void done(const std::vector<int>& /*ids*/) {}
+};
+
 struct Sharding {
   TensorParallelHooks* tp = nullptr;   // not owned; outlives the model
   ExpertParallelHooks* ep = nullptr;   // not owned; outlives the model

@@ -175,9 +175,25 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
     e.dispatch += dispatch_backward;
   }
   e.parameters = e.values * (f32 + (cfg.train.precision == "bf16" ? 2 : 0));
-  e.gradients = e.values * f32;
-  e.optimizer = 2 * e.values * f32;                               // AdamW's m and v
-  if (cfg.train.save_every > 0) e.snapshot = 3 * e.values * f32;  // values, m and v again
+  // ZeRO over the Z = dp x cp ranks: AdamW's m and v for 1/Z of the values; stage 1 adds
+  // the reduced 1/Z to the full gradients, stage 2 keeps the full gradients only while
+  // backward fills a bucket (two at most in flight) besides the reduced 1/Z and a second
+  // 1/Z for the next micro-batch's reduction.
+  const int64_t zero = mesh.dp * mesh.cp > 1 ? cfg.parallel.zero : 0;
+  const double Z = zero > 0 ? double(mesh.dp * mesh.cp) : 1.0;
+  const double bucket = double(cfg.parallel.bucket_mb) * kMiB;
+  e.gradients = zero == 0   ? e.values * f32
+                : zero == 1 ? e.values * f32 * (1 + 1 / Z)
+                            : std::min(e.values * f32, 2 * bucket) + 2 * e.values * f32 / Z;
+  e.optimizer = 2 * e.values * f32 / Z;  // AdamW's m and v
+  if (zero == 3)  // this rank's shares, and about two layers whole (one in use, one fetched)
+    e.parameters =
+        e.parameters / Z +
+        std::min(e.parameters, 2 * e.parameters / double(std::max<int64_t>(1, m.n_layer)));
+  if (cfg.parallel.offload == "nvme")  // on disk; in memory three sub-groups of m and v
+    e.optimizer = 3 * std::min(e.optimizer, 2 * double(cfg.parallel.nvme_subgroup_kb) * 1024);
+  if (cfg.train.save_every > 0)  // values, m and v again
+    e.snapshot = e.values * f32 / (zero == 3 ? Z : 1) + e.optimizer;
   return e;
 }
 
@@ -249,7 +265,11 @@ std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh)
         bytes_text(e.expert_values * e.parameters / e.values), m.n_experts / mesh.ep, m.n_experts,
         mesh.etp, expert_ffn_dim(m));
   text += fmt::format("  gradients    {}\n", bytes_text(e.gradients));
-  text += fmt::format("  AdamW state  {}\n", bytes_text(e.optimizer));
+  text += fmt::format("  AdamW state  {}{}\n", bytes_text(e.optimizer),
+                      cfg.parallel.zero > 0 && mesh.dp * mesh.cp > 1
+                          ? fmt::format(" (ZeRO-{}: 1/{} of the values on each rank)",
+                                        cfg.parallel.zero, mesh.dp * mesh.cp)
+                          : "");
   text +=
       fmt::format("  activations  {} ({})\n", bytes_text(e.activations), activations_text(cfg, e));
   if (e.snapshot > 0) text += fmt::format("  snapshot     {}\n", bytes_text(e.snapshot));
@@ -365,6 +385,25 @@ void check_memory(const Config& cfg, const parallel::MeshConfig& mesh, const Nod
                                   int64_t(cp) * mesh.dp * mesh.tp * mesh.pp));
       break;
     }
+  }
+  // ZeRO divides the AdamW state (and at stage 2 the gradients) over dp x cp.
+  if (mesh.dp * mesh.cp > 1 && cfg.parallel.zero < 2 && !m.is_moe() &&
+      (cfg.parallel.pp == 1 || cfg.parallel.zero < 1)) {
+    Config c = cfg;
+    c.parallel.zero = cfg.parallel.pp == 1 ? 2 : 1;
+    if (fits(c))
+      knobs.push_back(fmt::format("parallel.zero = {} (now {}; AdamW state{} over dp x cp = {})",
+                                  c.parallel.zero, cfg.parallel.zero,
+                                  c.parallel.zero == 2 ? " and gradients" : "", mesh.dp * mesh.cp));
+  }
+  // NVMe offload leaves three sub-groups of AdamW's state in memory.
+  if (cfg.parallel.offload != "nvme" && cfg.train.device == "cpu") {
+    Config c = cfg;
+    c.parallel.offload = "nvme";
+    if (fits(c))
+      knobs.push_back(
+          "parallel.offload = \"nvme\" with parallel.offload_path = a directory on a fast drive "
+          "(AdamW state on disk, streamed through three sub-groups in memory)");
   }
   // Parameters, gradients and AdamW state divide over tp x pp; activations mostly do not.
   const double state = e.parameters + e.gradients + e.optimizer;

@@ -155,16 +155,39 @@ void check_moe(const Config& c, const Where& where) {
         where({"parallel.tp", "parallel.sequence_parallel"}), p.tp);
 }
 
-// ZeRO (parallel.zero): what each stage composes with so far.
+// ZeRO (parallel.zero) and offload: what each composes with so far.
 template <typename Where>
 void check_zero(const Config& c, const Where& where) {
   const ParallelConfig& p = c.parallel;
-  if (p.zero == 0) return;
-  if (p.zero == 3)
+  if (p.offload == "nvme" && p.offload_path.empty())
     fail(
-        "{}: parallel.zero = 3 (parameters sharded and gathered layer by layer) is not built "
-        "yet: set parallel.zero = 2 (optimizer state and gradients sharded)",
-        where({"parallel.zero"}));
+        "{}: parallel.offload = \"nvme\" needs parallel.offload_path, a directory on the drive "
+        "that holds AdamW's state",
+        where({"parallel.offload", "parallel.offload_path"}));
+  if (p.offload != "nvme" && !p.offload_path.empty())
+    fail(
+        "{}: parallel.offload_path is set but parallel.offload = \"{}\": set offload = \"nvme\" "
+        "or remove offload_path",
+        where({"parallel.offload_path", "parallel.offload"}), p.offload);
+  if (p.offload == "nvme" && c.train.save_every > 0)
+    fail(
+        "{}: checkpoints of NVMe-offloaded AdamW state are not built yet (train.save_every = "
+        "{}): set train.save_every = 0, or parallel.offload = \"none\" or \"cpu\"",
+        where({"train.save_every", "parallel.offload"}), c.train.save_every);
+  if (p.offload == "nvme" && (p.nvme_block_kb % 4 != 0))
+    fail("{}: parallel.nvme_block_kb = {} must be a multiple of 4 (direct I/O moves whole pages)",
+         where({"parallel.nvme_block_kb"}), p.nvme_block_kb);
+  if (p.offload == "cpu" && c.train.device == "cuda")
+    fail(
+        "{}: parallel.offload = \"cpu\" with train.device = \"cuda\" (AdamW on the host while "
+        "the GPU computes) is not built yet: set parallel.offload = \"none\"",
+        where({"parallel.offload", "train.device"}));
+  if (p.zero == 0) return;
+  if (p.zero == 3 && c.train.device == "cuda")
+    fail(
+        "{}: parallel.zero = 3 on CUDA is not built yet (the bf16 copy of each gathered layer "
+        "is not refreshed): set parallel.zero = 2, or train on the CPU",
+        where({"parallel.zero", "train.device"}));
   if (c.model.is_moe())
     fail(
         "{}: parallel.zero = {} with an MoE model is not built yet (the experts' state would "
@@ -172,7 +195,7 @@ void check_zero(const Config& c, const Where& where) {
         where({"parallel.zero", "moe.n_experts"}), p.zero);
   if (p.zero >= 2 && p.pp > 1)
     fail(
-        "{}: parallel.zero = {} with parallel.pp = {}: stage 2 reduces every micro-batch's "
+        "{}: parallel.zero = {} with parallel.pp = {}: stages 2 and 3 reduce every micro-batch's "
         "gradients as backward finishes them, which the pipeline schedules do not do yet: set "
         "parallel.zero = 1 (state sharded, gradients reduce-scattered once per step)",
         where({"parallel.zero", "parallel.pp"}), p.zero, p.pp);

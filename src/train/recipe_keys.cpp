@@ -138,6 +138,11 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(parallel, order, any()),
       PENTAD_KEY(parallel, bucket_mb, above(0)),
       PENTAD_KEY(parallel, zero, closed(0, 3)),
+      PENTAD_KEY(parallel, offload, one_of({"none", "cpu", "nvme"})),
+      PENTAD_KEY(parallel, offload_path, any()),
+      PENTAD_KEY(parallel, nvme_block_kb, at_least(4)),
+      PENTAD_KEY(parallel, nvme_queue_depth, at_least(1)),
+      PENTAD_KEY(parallel, nvme_subgroup_kb, above(0)),
 
       PENTAD_KEY(checkpoint, snapshot, one_of({"auto", "swap", "copy"})),
   };

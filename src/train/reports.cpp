@@ -166,8 +166,10 @@ void Trainer::write_comm_log(const std::string& dir) const {
   std::ofstream(fmt::format("{}/rank{}.json", dir, world_rank_)) << log.dump();
 }
 
-void Trainer::dump_weights(const std::string& dir) const {
+void Trainer::dump_weights(const std::string& dir) {
+  whole_parameters(true);  // ZeRO-3: the writers need them whole
   dump_shards(dir, false);
+  whole_parameters(false);
 }
 
 void Trainer::dump_shards(const std::string& dir, bool grads) const {
@@ -206,7 +208,10 @@ std::string Trainer::memory_plan() const {
   // only bucket by bucket while backward writes them (a bucket's pages go once reduced),
   // plus the reduced shares and a second set for the next micro-batch's reduction (2 S).
   const size_t shard = size_t(optimizer_->shard().numel) * sizeof(float);
-  const size_t params = p.bytes() + p.compute_copy_bytes(), optim = 2 * shard;
+  // Offloaded to NVMe: the streaming buffers (three sub-groups of m and v) in memory.
+  const NvmeState* nvme = optimizer_->nvme();
+  const size_t params = p.bytes() + p.compute_copy_bytes(),
+               optim = nvme ? nvme->host_buffer_bytes() : 2 * shard;
   const size_t grads = zero() == 0 ? p.bytes() : zero() == 1 ? p.bytes() + shard : 2 * shard;
   std::string zero_text;
   if (zero() > 0)
@@ -215,6 +220,16 @@ std::string Trainer::memory_plan() const {
         "reduced gradients){}",
         zero(), dp_size_ * cp_size_, optimizer_->shard().numel, p.numel(),
         zero() >= 2 ? "; the full gradients live only bucket by bucket during backward" : "");
+  if (zero() == 3)
+    zero_text += fmt::format(
+        "; parameters: the {} of this rank's shares stay, each layer's others are gathered "
+        "while it computes and dropped after",
+        format_bytes(shard));
+  if (nvme)
+    zero_text +=
+        fmt::format(" | AdamW state on NVMe: {} in {}{} (in memory: 3 sub-groups of m and v, {})",
+                    format_bytes(nvme->file_bytes()), nvme->path(),
+                    nvme->direct() ? ", direct I/O" : "", format_bytes(optim));
   // The second set of parameters and moments (swap), or the staging buffer (copy).
   const size_t snapshot = p.has_spare() ? p.bytes() + 2 * shard : saver_.staging_bytes();
   size_t acts = model_->activation_bytes() + model_->cp().scratch_bytes();

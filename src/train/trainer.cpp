@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -15,6 +16,44 @@
 #include "train/recipe.h"
 
 namespace pentad {
+namespace {
+
+// ZeRO-3's side of the model's parameter hooks: the buckets (units) holding the parameters a
+// stretch reads are gathered before it and dropped after it; the next stretch's (forward:
+// towards the end of the arena, backward: towards its start) is prefetched meanwhile.
+class ZeroParameters final : public ParameterHooks {
+ public:
+  ZeroParameters(parallel::GradReducer& reducer, const ParamStore& params) : reducer_(reducer) {
+    for (const ParamSpec& spec : params.specs())
+      bucket_.push_back(reducer.bucket_of(int64_t(spec.offset)));
+  }
+  void need(const std::vector<int>& ids, bool backward) override {
+    const std::vector<int> buckets = of(ids);
+    for (int b : buckets) reducer_.acquire(b);
+    if (buckets.empty()) return;
+    // Buckets run from the end of the arena: forward goes to lower indices.
+    const auto [low, high] = std::minmax_element(buckets.begin(), buckets.end());
+    reducer_.prefetch(backward ? *high + 1 : *low - 1);
+  }
+  void done(const std::vector<int>& ids) override {
+    for (int b : of(ids)) reducer_.release(b);
+  }
+
+ private:
+  std::vector<int> of(const std::vector<int>& ids) const {
+    std::vector<int> buckets;
+    for (int id : ids) {
+      const int b = bucket_[size_t(id)];
+      if (b >= 0 && std::find(buckets.begin(), buckets.end(), b) == buckets.end())
+        buckets.push_back(b);
+    }
+    return buckets;
+  }
+  parallel::GradReducer& reducer_;
+  std::vector<int> bucket_;  // per parameter id
+};
+
+}  // namespace
 
 Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mesh) {
   const TrainConfig& t = cfg.train;
@@ -57,18 +96,37 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
     // cut into the same shares, so each is a bucket of its own.
     const std::string tied =
         pp_size_ > 1 && cfg.model.tie_embeddings ? model_->params().spec(embedding_id()).name : "";
+    // ZeRO-3 gathers parameters a layer at a time: one bucket per layer ("layers.<l>"), one
+    // for the embedding, one for the final norm and head.
+    auto unit = [](const ParamSpec& p) {
+      if (p.name.rfind("layers.", 0) != 0) return std::string();
+      return p.name.substr(0, p.name.find('.', 7));
+    };
     reducer_ = std::make_unique<parallel::GradReducer>(
         mesh_->dp_cp(), model_->params(), bucket_bytes, int(cfg.parallel.zero),
         [](const ParamSpec& p) { return !p.expert; },
-        [tied](const ParamSpec& p) { return !tied.empty() && p.name == tied; });
+        [tied](const ParamSpec& p) { return !tied.empty() && p.name == tied; },
+        cfg.parallel.zero == 3 ? parallel::GradReducer::Unit(unit) : parallel::GradReducer::Unit());
   }
   if (mesh_ && cfg.model.is_moe() && mesh_->degree(parallel::Axis::EDP) > 1 &&
       !bug_injected("moe-skip-edp-reduce"))  // a planted bug the layout test must catch
     expert_reducer_ = std::make_unique<parallel::GradReducer>(
         mesh_->group(parallel::Axis::EDP), model_->params(), bucket_bytes, 0,
         [](const ParamSpec& p) { return p.expert; });
+  NvmeOptions nvme;  // parallel.offload = "nvme": m and v in a file per rank
+  nvme.dir = cfg.parallel.offload_path;
+  nvme.block_bytes = size_t(cfg.parallel.nvme_block_kb) * 1024;
+  nvme.queue_depth = int(cfg.parallel.nvme_queue_depth);
+  nvme.subgroup_elements = cfg.parallel.nvme_subgroup_kb * 1024 / int64_t(sizeof(float));
   optimizer_ = std::make_unique<AdamW>(cfg.optim, model_->params(),
-                                       zero() ? reducer_->shard() : StateShard{});
+                                       zero() ? reducer_->shard() : StateShard{},
+                                       cfg.parallel.offload == "nvme" ? &nvme : nullptr,
+                                       fmt::format("pentad-adamw-rank{:05d}.state", world_rank_));
+  if (zero() == 3) {
+    zero_params_ = std::make_unique<ZeroParameters>(*reducer_, model_->params());
+    model_->set_parameter_hooks(zero_params_.get());
+    reducer_->release_all();  // from here on each rank holds its shares only
+  }
   // "auto" is the copy: swap (direct I/O from the page-aligned arenas) measured equal to it
   // within noise and costs a second set of the state (bench/RESULTS.md, 2026-11-25).
   swap_snapshots_ = cfg.checkpoint.snapshot == "swap";
@@ -370,6 +428,15 @@ bool Trainer::nan_injected(int64_t step) const {
   PENTAD_CHECK(colon != std::string::npos, "train.inject_nan_grad = \"{}\": want RANK:STEP", spec);
   return std::stoi(spec.substr(0, colon)) == world_rank_ &&
          std::stoll(spec.substr(colon + 1)) == step + 1;
+}
+
+void Trainer::whole_parameters(bool all) {
+  if (zero() != 3) return;
+  for (int b = 0; b < reducer_->buckets_count(); ++b)
+    if (all)
+      reducer_->acquire(b);
+    else
+      reducer_->release(b);
 }
 
 int Trainer::all_ranks(int value, parallel::ReduceOp op) {

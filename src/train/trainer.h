@@ -77,7 +77,7 @@ class Trainer {
   std::string memory_plan() const;
   // Writes this rank's parameter shards as .npy plus their global identity (shards.json),
   // when this rank is the first of its data-parallel replicas.
-  void dump_weights(const std::string& dir) const;
+  void dump_weights(const std::string& dir);
   // run() then writes the first step's reduced gradients (before clipping) the same way,
   // for the layout tests, which compare them with one rank's.
   void dump_first_gradients(std::string dir) { dump_grads_dir_ = std::move(dir); }
@@ -150,8 +150,10 @@ class Trainer {
   // or (ZeRO) the rows of this rank's share; each with the checkpoint's name for it.
   struct StatePart {
     ckpt::ShardInfo info;  // name, global identity, rows (row_start, local_shape)
-    Tensor view;           // the live elements
+    Tensor view;           // the live elements (offloaded moments: none, they are on disk)
     bool moment = false;   // m or v
+    int tensor = 0;        // moments: 0 for m, 1 for v
+    int64_t shard = 0;     // moments: where they start in the optimizer's shard
   };
   std::vector<StatePart> state_parts(int id, bool with_optimizer) const;
   // What this rank's snapshot holds (empty on data-parallel replicas), in the optimizer's
@@ -199,6 +201,9 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<data::DataLoader> data_;
   std::unique_ptr<parallel::GradReducer> reducer_;
+  std::unique_ptr<ParameterHooks> zero_params_;  // ZeRO-3: gathers each stretch's parameters
+  // ZeRO-3: every parameter whole here (all = true) or back to this rank's shares only.
+  void whole_parameters(bool all);
   std::unique_ptr<parallel::GradReducer> expert_reducer_;  // MoE experts, over edp
   std::unique_ptr<parallel::pp::Pipeline> pipeline_;       // with pp > 1
   std::vector<std::pair<int64_t, int64_t>> step_starts_;   // pipelined steps: (step, start ns)

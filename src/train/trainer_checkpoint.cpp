@@ -39,23 +39,28 @@ std::vector<Trainer::StatePart> Trainer::state_parts(int id, bool with_optimizer
   const ckpt::ShardInfo whole{
       "", spec.global_shape, spec.shard_dim, spec.shard_start, spec.local_shape, 0};
   std::vector<StatePart> parts;
+  int tensor = 0;
   for (const StateBuffer& kind : state_buffers(with_optimizer)) {
     const bool moment = kind.base != p.all_params().data;
-    if (!moment || !zero()) {
-      parts.push_back({whole, p.view(kind.base, id, p.device()), moment});
+    auto view = [&](int64_t at, const Shape& shape) {
+      return kind.base ? view_of(static_cast<float*>(kind.base) + at, shape, DType::F32, p.device())
+                       : Tensor{};
+    };
+    if (!moment && zero() < 3) {  // parameters whole on every rank
+      parts.push_back({whole, p.view(kind.base, id, p.device()), false, 0, 0});
       parts.back().info.name = kind.prefix + spec.name;
       continue;
     }
+    // ZeRO-3 parameters, and moments: this rank's shares.
     for (const StateShard::Piece& piece : optimizer_->shard().pieces(spec)) {
       ckpt::ShardInfo info = whole;
       info.name = kind.prefix + spec.name;
       info.local_shape.dims[0] = piece.rows;
       info.row_start = piece.row_start;
-      parts.push_back({info,
-                       view_of(static_cast<float*>(kind.base) + piece.shard, info.local_shape,
-                               DType::F32, p.device()),
-                       true});
+      parts.push_back({info, view(moment ? piece.shard : piece.arena, info.local_shape), moment,
+                       tensor, piece.shard});
     }
+    if (moment) ++tensor;
   }
   return parts;
 }
@@ -73,7 +78,8 @@ std::vector<ckpt::LiveTensor> Trainer::snapshot_tensors() const {
   // optimizer can follow the copy (snapshot_copied()).
   // MoE experts have their own replicas: the ranks of one edp group hold the same experts,
   // each etp rank a slice (and the whole of an etp-replicated bias).
-  // With ZeRO every dp x cp rank writes the moments of its shares.
+  // With ZeRO every dp x cp rank writes the moments of its shares (at stage 3 the
+  // parameters' too).
   std::vector<ckpt::LiveTensor> tensors;
   const ParamStore& p = model_->params();
   for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
@@ -81,7 +87,7 @@ std::vector<ckpt::LiveTensor> Trainer::snapshot_tensors() const {
     if (spec.pipeline_copy) continue;  // the first pipeline stage saves the original
     const bool tp_writes = spec.shard_dim >= 0 || model_->tp().rank() == 0;
     for (const StatePart& part : state_parts(id, true))
-      if ((part.moment && zero()) ? tp_writes : writes(spec))
+      if (((part.moment && zero()) || zero() == 3) ? tp_writes : writes(spec))
         tensors.push_back({part.info, part.view.f32(), p.device()});
   }
   return tensors;
@@ -133,7 +139,15 @@ void Trainer::optimizer_step(float lr) {
       const float* base = p.all_params().f32();
       saver_.wait_for_copy(base, base + p.numel());
     }
-    reducer_->gather_params();
+    // Stage 1, 2: every rank gets the new parameters now. Stage 3: the units gather them
+    // when next used; any gathered (or prefetched) before the update holds old values of the
+    // other ranks' shares, so back to this rank's shares only.
+    if (zero() == 3) {
+      if (!bug_injected("zero3-keep-stale"))  // planted for the layout test
+        reducer_->release_all();
+    } else {
+      reducer_->gather_params();
+    }
   }
   kernels::refresh_weights(p);  // the compute copy follows the new master values
 }
@@ -175,7 +189,8 @@ int64_t Trainer::restore_snapshot() {
   const bool replicated = dp_size_ * cp_size_ > 1;
   if (replicated && !moe)  // with ZeRO, every rank staged the moments of its own shares
     for (const StateBuffer& b : state_buffers(!zero()))
-      mesh_->dp_cp().broadcast(view_of(b.base, Shape{p.numel()}, DType::F32, device), 0);
+      if (zero() < 3)  // (at stage 3 its parameters' too)
+        mesh_->dp_cp().broadcast(view_of(b.base, Shape{p.numel()}, DType::F32, device), 0);
   // ... (with MoE parameter by parameter: experts from their first edp and etp rank) ...
   if (mesh_ && moe)
     for (const StateBuffer& b : state_buffers(true))
@@ -355,8 +370,15 @@ bool Trainer::load(const std::string& dir, bool with_optimizer) {
     std::vector<float> host;  // device state is read into host memory, then copied over
     for (int id = 0; id < static_cast<int>(p.specs().size()); ++id)
       for (const StatePart& part : state_parts(id, with_state)) {
-        const Tensor& dst = part.view;
         const ckpt::ShardInfo& i = part.info;
+        if (part.moment && optimizer_->offloaded()) {  // through host memory to the file
+          host.resize(static_cast<size_t>(i.local_shape.numel()));
+          reader.read(i.name, i.global_shape, i.shard_dim, i.shard_start, i.local_shape,
+                      host.data(), i.row_start);
+          optimizer_->write_state(part.tensor, part.shard, i.local_shape.numel(), host.data());
+          continue;
+        }
+        const Tensor& dst = part.view;
         if (dst.device != Device::CPU) host.resize(static_cast<size_t>(dst.numel()));
         float* out = dst.device == Device::CPU ? dst.f32() : host.data();
         reader.read(i.name, i.global_shape, i.shard_dim, i.shard_start, i.local_shape, out,

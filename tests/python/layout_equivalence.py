@@ -50,10 +50,11 @@ With --context, the layouts are context-parallel ones: Ulysses and ring at cp 2 
 overrides set model.n_kv_head, Ulysses over more ranks than kv heads; the broken variant
 drops the dK/dV the ring brings back from the other rank.
 
-With --zero, the layouts shard the optimizer state (parallel.zero = 1) and the gradients
-(2) over dp 2 and 4, dp x tp (+ sp), dp x cp and dp x pp (stage 1, with the tied
-embedding's shares on both end stages); the broken variant skips one bucket's all-gather of
-the updated parameters.
+With --zero, the layouts shard the optimizer state (parallel.zero = 1), the gradients (2)
+and the parameters (3) over dp 2 and 4, dp x tp (+ sp), dp x cp and dp x pp (stage 1, with
+the tied embedding's shares on both end stages); the broken variants skip one bucket's
+all-gather of the updated parameters (stage 1), and keep a unit gathered before the update
+(stage 3: its other shares stale).
 
 usage: layout_equivalence.py [--pipeline | --moe | --context | --zero] PENTAD RECIPE WORKDIR
                              [section.key=value ...]
@@ -152,6 +153,12 @@ ZERO_LAYOUTS = [
     ("dp2xtp2-zero1", 4, ["parallel.tp=2", ZERO + "1"]),
     ("dp2xtp2+sp-zero2", 4, ["parallel.tp=2", SP, ZERO + "2"]),
     ("dp2xcp2-ring-zero2", 4, ["parallel.tp=1", "parallel.cp=2", RING, ZERO + "2"]),
+    # Stage 3: each layer's parameters gathered around its forward and backward.
+    ("dp2-zero3", 2, ["parallel.tp=1", ZERO + "3"]),
+    ("dp4-zero3", 4, ["parallel.tp=1", ZERO + "3"]),
+    ("dp2xtp2+sp-zero3", 4, ["parallel.tp=2", SP, ZERO + "3"]),
+    ("dp2xcp2-ulysses-zero3", 4, ["parallel.tp=1", "parallel.cp=2", ULYSSES, ZERO + "3"]),
+    ("dp2-zero3-recompute", 2, ["parallel.tp=1", ZERO + "3", "model.recompute=true"]),
     # The tied embedding's shares on the first and last stages are cut alike.
     ("dp2xpp2-1f1b-zero1", 4, ["parallel.tp=1", "parallel.pp=2", "parallel.pp_schedule=1f1b",
                                ZERO + "1"]),
@@ -175,6 +182,8 @@ CONTEXT_BROKEN = [
 ZERO_BROKEN = [
     ("dp2-zero1 missing a bucket's parameter all-gather", 2, ["parallel.tp=1", ZERO + "1"],
      "zero-skip-gather"),
+    ("dp2-zero3 keeping units gathered before the update", 2, ["parallel.tp=1", ZERO + "3"],
+     "zero3-keep-stale"),
 ]
 MOE_BROKEN = [
     ("dp4xep2 missing the experts' edp all-reduce", 4, ["parallel.ep=2"], "moe-skip-edp-reduce"),

@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""AdamW state offloaded to NVMe (parallel.offload = "nvme", optim/nvme_state.h).
+
+1. Bitwise: one rank, dp2 zero-1 and dp2 zero-2, each with its state in a file streamed in
+   sub-groups of 64 KiB (many per step) against the same run in memory: every loss and
+   every final weight bitwise equal.
+2. Memory: a model whose plan (470 MiB, 225 MiB of it AdamW state) is over
+   train.memory_limit_mb = 350 is refused without offload, the message naming
+   parallel.offload = "nvme"; with it the plan fits and the process's peak resident
+   memory, measured, stays under the limit.
+3. Bad offload paths, each refused before training with the path in the message: a
+   directory that does not exist, one that cannot be one (/dev/null/x), and a file system
+   too small for the state (a 1 MiB tmpfs, where this runs as root: "No space left" and
+   the bytes needed). The checkpoint the run resumed from is still loadable afterwards.
+
+usage: zero_offload.py PENTAD RECIPE WORKDIR
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from shards import load_weights
+
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMP_NUM_THREADS="1")
+COMMON = ["train.eval_every=0", "train.threads=1", "data.source=random", "train.micro_batch=2",
+          "train.seq_len=32", "train.log_every=100"]
+failures = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what)
+    if not ok:
+        failures.append(what)
+
+
+def command(pentad, recipe, ranks, out, overrides, extra=()):
+    cmd = ["mpirun", "--oversubscribe", "-np", str(ranks)] if ranks > 1 else []
+    cmd += [pentad, "train", recipe, "--dump-weights", str(out / "weights"), *extra]
+    for o in COMMON + overrides + [f"train.out_dir={out}"]:
+        cmd += ["--set", o]
+    return cmd
+
+
+def train(pentad, recipe, ranks, out, overrides, extra=(), expect_ok=True):
+    """Returns (exit code, output, peak resident bytes of the process; one rank only)."""
+    proc = subprocess.Popen(command(pentad, recipe, ranks, out, overrides, extra), env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    proc.returncode = code
+    if expect_ok and code != 0:
+        print(output[-3000:])
+        raise SystemExit(f"pentad failed in {out}")
+    return code, output, usage.ru_maxrss * 1024
+
+
+def losses(out):
+    return [json.loads(l)["loss"] for l in (out / "metrics.jsonl").read_text().splitlines()
+            if '"loss"' in l]
+
+
+def bitwise(pentad, recipe, work):
+    path = work / "offload"
+    path.mkdir()
+    for name, ranks, layout in [("one-rank", 1, []),
+                                ("dp2-zero1", 2, ["parallel.zero=1"]),
+                                ("dp2-zero2", 2, ["parallel.zero=2", "train.grad_accum=2"])]:
+        runs = {}
+        for mode in ("none", "nvme"):
+            out = work / f"{name}-{mode}"
+            extra = [f"parallel.offload_path={path}", "parallel.nvme_subgroup_kb=64",
+                     "parallel.nvme_block_kb=16"] if mode == "nvme" else []
+            _, log, _ = train(pentad, recipe, ranks, out,
+                              layout + ["train.steps=8", f"parallel.offload={mode}"] + extra)
+            if mode == "nvme":
+                check("AdamW state on NVMe" in log, f"{name}: the plan says the state is on NVMe")
+            runs[mode] = out
+        check(losses(runs["none"]) == losses(runs["nvme"]) and len(losses(runs["none"])) == 8,
+              f"{name}: 8 losses bitwise equal with the state on NVMe")
+        a, b = load_weights(runs["none"] / "weights"), load_weights(runs["nvme"] / "weights")
+        same = a.keys() == b.keys() and all(
+            np.array_equal(a[k].view(np.uint32), b[k].view(np.uint32)) for k in a)
+        check(same, f"{name}: final weights bitwise equal")
+    check(not any(path.iterdir()), "the state files are gone after the runs")
+
+
+BIG = ["model.n_layer=8", "model.d_model=512", "model.n_head=8", "model.vocab_size=8192",
+       "train.steps=3", "train.memory_limit_mb=350"]
+
+
+def memory_limit(pentad, recipe, work):
+    code, log, _ = train(pentad, recipe, 1, work / "big-none", BIG, expect_ok=False)
+    check(code != 0 and "does not fit" in log and 'parallel.offload = "nvme"' in log,
+          "over train.memory_limit_mb without offload: refused, naming parallel.offload = nvme")
+    path = work / "big-offload"
+    path.mkdir()
+    code, log, peak = train(pentad, recipe, 1, work / "big-nvme",
+                            BIG + ["parallel.offload=nvme", f"parallel.offload_path={path}"])
+    limit = 350 * 2**20
+    print(f"     peak resident memory with the state on NVMe: {peak / 2**20:.1f} MiB "
+          f"(limit {limit / 2**20:.0f} MiB)")
+    check(code == 0 and len(losses(work / "big-nvme")) == 3, "with offload = nvme it trains")
+    check(peak < limit, f"and stays under the limit ({peak / 2**20:.1f} MiB measured)")
+
+
+def bad_paths(pentad, recipe, work):
+    ckpt = work / "ckpt"
+    train(pentad, recipe, 1, work / "saved", ["train.steps=4", "train.save_every=4",
+                                               f"train.ckpt_dir={ckpt}"])
+    full = work / "full"
+    full.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(full)],
+                             capture_output=True).returncode == 0
+    cases = [("missing", str(work / "no-such-dir"), ["does not exist"]),
+             ("not a directory", "/dev/null/x", ["/dev/null/x"])]
+    if mounted:
+        cases.append(("full", str(full), ["No space left", "bytes"]))
+    else:
+        print("     (no tmpfs mount here: the full file system case is skipped)")
+    try:
+        for name, where, words in cases:
+            code, log, _ = train(pentad, recipe, 1, work / f"bad-{name}",
+                                 ["train.steps=8", "parallel.offload=nvme",
+                                  f"parallel.offload_path={where}", f"train.ckpt_dir={ckpt}"],
+                                 ["--resume", "latest"], expect_ok=False)
+            lines = [l for l in log.splitlines() if where in l]
+            check(code != 0 and lines and all(w in lines[0] for w in words),
+                  f"offload_path {name}: refused, naming the path" +
+                  (f": {lines[0].strip()[:160]}" if lines else ""))
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(full)], capture_output=True)
+    code, log, _ = train(pentad, recipe, 1, work / "after", ["train.steps=8",
+                                                              f"train.ckpt_dir={ckpt}"],
+                         ["--resume", "latest"], expect_ok=False)
+    check(code == 0 and "at step 4" in log, "the checkpoint still resumes afterwards")
+
+
+def main():
+    pentad, recipe, work = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    subprocess.run(["umount", str(work / "full")], capture_output=True)  # an interrupted run
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    bitwise(pentad, recipe, work)
+    memory_limit(pentad, recipe, work)
+    bad_paths(pentad, recipe, work)
+    if failures:
+        print("FAILED:", "; ".join(failures))
+        sys.exit(1)
+    print("offloaded state trains exactly")
+
+
+if __name__ == "__main__":
+    main()
