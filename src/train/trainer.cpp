@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -358,6 +360,20 @@ void Trainer::run() {
   const double blocked = saver_.blocked_seconds();
   commit_pending(true);
   if (saves_ > 0) report_checkpoints(blocked, saver_.blocked_seconds() - blocked);
+  // The process's own high-water mark, against the memory plan printed at the start.
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  const int peak_mib = int(usage.ru_maxrss / 1024);
+  const int low = all_ranks(peak_mib, parallel::ReduceOp::Min);
+  const int high = all_ranks(peak_mib, parallel::ReduceOp::Max);
+  if (logs()) spdlog::info("peak resident memory per rank: {} to {} MiB", low, high);
+  if (const NvmeState* nvme = optimizer_->nvme(); nvme && logs()) {
+    const NvmeState::Stats io = nvme->stats();
+    spdlog::info(
+        "NVMe offload (rank 0): {:.2f} GB read, {:.2f} GB written; the optimizer waited {:.3f} s "
+        "for reads and {:.3f} s for writes in all",
+        io.bytes_read / 1e9, io.bytes_written / 1e9, io.read_wait_s, io.write_wait_s);
+  }
 }
 
 void Trainer::adapt_pipeline_group() {

@@ -6,8 +6,8 @@
    every final weight bitwise equal.
 2. Memory: a model whose plan (470 MiB, 225 MiB of it AdamW state) is over
    train.memory_limit_mb = 350 is refused without offload, the message naming
-   parallel.offload = "nvme"; with it the plan fits and the process's peak resident
-   memory, measured, stays under the limit.
+   parallel.offload = "nvme"; with it (sub-groups of 2 MiB: 12 MiB of buffers) the plan
+   fits and the process's peak resident memory, measured, stays under the limit.
 3. Bad offload paths, each refused before training with the path in the message: a
    directory that does not exist, one that cannot be one (/dev/null/x), and a file system
    too small for the state (a 1 MiB tmpfs, where this runs as root: "No space left" and
@@ -102,7 +102,8 @@ def memory_limit(pentad, recipe, work):
     path = work / "big-offload"
     path.mkdir()
     code, log, peak = train(pentad, recipe, 1, work / "big-nvme",
-                            BIG + ["parallel.offload=nvme", f"parallel.offload_path={path}"])
+                            BIG + ["parallel.offload=nvme", f"parallel.offload_path={path}",
+                                   "parallel.nvme_subgroup_kb=2048"])
     limit = 350 * 2**20
     print(f"     peak resident memory with the state on NVMe: {peak / 2**20:.1f} MiB "
           f"(limit {limit / 2**20:.0f} MiB)")
