@@ -7,9 +7,11 @@
 #                program (the slowest model-training cases left to the main build) and
 #                short trainings on 2 ranks x 2 threads under mpirun (dp, tp + SP, MoE
 #                expert parallelism over dp and folded over tp, context parallelism ring
-#                with a resume and Ulysses), and the context-parallel attention test on 4;
-#   build-tsan/  ThreadSanitizer (clang, libomp + libarcher): the kernels' tests and the
-#                checkpoint saver's background-thread tests, on 2 OpenMP threads.
+#                with a resume and Ulysses, ZeRO-3 with NVMe offload), and the
+#                context-parallel attention and ZeRO tests on 4;
+#   build-tsan/  ThreadSanitizer (clang, libomp + libarcher): the kernels' tests, the
+#                checkpoint saver's background-thread tests and the NVMe engine's (its I/O
+#                thread), on 2 OpenMP threads.
 # Findings are fatal. Suppressions (tests/sanitizers/) cover only leaks inside Open MPI's
 # own libraries, never pentad code. usage: sanitize.sh [asan|tsan]...
 set -euo pipefail
@@ -62,7 +64,7 @@ for kind in "${which[@]}"; do
       tests=($(unit_tests core kernels data model train checkpoint optim pp cli launch))
       cmake -S . -B $dir -G Ninja -DCMAKE_BUILD_TYPE=Release -DPENTAD_CUDA=OFF \
         -DPENTAD_SANITIZE=address >/dev/null
-      cmake --build $dir -j"$(nproc)" --target pentad context_parallel_test "${tests[@]}"
+      cmake --build $dir -j"$(nproc)" --target pentad context_parallel_test zero_test "${tests[@]}"
       # Full stacks for every allocation (fast unwinding stops at the first library built
       # without frame pointers, so suppressions could not see Open MPI in the stack), and
       # Open MPI's plugins kept loaded so their frames still have names at exit.
@@ -113,11 +115,20 @@ for kind in "${which[@]}"; do
         train.threads=2 parallel.cp=2 parallel.cp_impl=ulysses train.steps=3 \
         train.eval_every=2 train.micro_batch=2 train.seq_len=32 data.source=random \
         train.out_dir="$work/run6"
+      # ZeRO: shares, uneven collectives, discarded pages; stage 3 with its layer gathers
+      # and the NVMe engine's I/O thread.
+      run asan-zero mpirun -np 4 $dir/tests/zero_test
+      mkdir -p "$work/offload"
+      run asan-train-zero3-nvme mpirun -np 2 $dir/pentad train recipes/gpt-tiny.toml \
+        train.threads=2 parallel.zero=3 parallel.offload=nvme \
+        parallel.offload_path="$work/offload" parallel.nvme_subgroup_kb=64 train.steps=3 \
+        train.eval_every=2 train.micro_batch=2 train.seq_len=32 data.source=random \
+        train.out_dir="$work/run7"
       rm -rf "$work"
       ;;
     tsan)
       dir=build-tsan
-      tests=($(unit_tests kernels) saver_test snapshot_test adamw_test)
+      tests=($(unit_tests kernels) saver_test snapshot_test adamw_test nvme_state_test)
       CC=clang CXX=clang++ cmake -S . -B $dir -G Ninja -DCMAKE_BUILD_TYPE=Release \
         -DPENTAD_CUDA=OFF -DPENTAD_SANITIZE=thread >/dev/null
       cmake --build $dir -j"$(nproc)" --target "${tests[@]}"

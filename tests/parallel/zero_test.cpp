@@ -164,3 +164,26 @@ TEST(Zero, StageTwoHoldsTheFullGradientsOnlyBucketByBucket) {
       EXPECT_LT(held, 0.4) << "stage 2 held " << held << " of the gradient arena at once";
   }
 }
+
+// Stage 3's parameters: one bucket per layer; with every unit gathered the whole arena is
+// resident, after release_all() only this rank's shares are: the difference is the other
+// ranks' shares, (N - S) values, to within a few pages per bucket.
+TEST(Zero, StageThreeKeepsThisRanksSharesOfTheParametersOnly) {
+  const int D = world_size();
+  if (D < 2) GTEST_SKIP() << "needs mpirun with at least 2 ranks";
+  auto group = parallel::make_communicator(parallel::Backend::MPI, MPI_COMM_WORLD, "dp");
+  ParamStore p = gpt_like();
+  auto unit = [](const ParamSpec& s) {
+    return s.name.rfind("layers.", 0) == 0 ? s.name.substr(0, s.name.find('.', 7)) : "";
+  };
+  parallel::GradReducer reducer(*group, p, size_t{1} << 20, 3, {}, {}, unit);
+  EXPECT_EQ(reducer.buckets_count(), 6);  // embedding, four layers, final norm
+  for (int b = 0; b < reducer.buckets_count(); ++b) reducer.acquire(b);
+  const size_t whole = resident_bytes();
+  for (int b = 0; b < reducer.buckets_count(); ++b) reducer.release(b);
+  const size_t shares = resident_bytes();
+  const double others = double(p.numel() - reducer.shard().numel) * sizeof(float);
+  const double dropped = double(whole) - double(shares);
+  EXPECT_NEAR(dropped, others, 0.05 * others)
+      << "dropped " << dropped / 1048576 << " MiB, the others' shares are " << others / 1048576;
+}

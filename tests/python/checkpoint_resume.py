@@ -160,24 +160,29 @@ def reshard(pentad, recipe, work, ckpt, source, runs):
 
 def zero_checkpoints(pentad, recipe, work):
     """ZeRO: each dp rank saves the AdamW moments of its shares (rows of each parameter,
-    named by their global identity). Resume is bitwise on the same layout (stage 2 with copy
-    snapshots; stage 1 with swap snapshots, whose spare sets hold the shares), and a dp4
-    zero-2 checkpoint continues on one rank, on zero-1 dp2, and on dp2 x tp2 with and
-    without ZeRO like one rank does."""
-    ckpt = bitwise_resume(pentad, recipe, work, "dp4-zero2", 4,
-                          ["parallel.tp=1", "parallel.zero=2", "train.grad_accum=1"])
+    named by their global identity), and at stage 3 the parameters' too. Resume is bitwise
+    on the same layout (stage 3 and stage 2 with copy snapshots; stage 1 with swap snapshots,
+    whose spare sets hold the shares), and a dp4 zero-3 checkpoint continues on one rank, on
+    zero-1 dp2, and on dp2 x tp2 with and without ZeRO like one rank does."""
+    ckpt = bitwise_resume(pentad, recipe, work, "dp4-zero3", 4,
+                          ["parallel.tp=1", "parallel.zero=3", "train.grad_accum=1"])
+    bitwise_resume(pentad, recipe, work, "dp2-zero2", 2,
+                   ["parallel.tp=1", "parallel.zero=2", "train.grad_accum=2"])
     bitwise_resume(pentad, recipe, work, "dp2xtp2-zero1-swap", 4,
                    ["parallel.tp=2", "parallel.zero=1", "checkpoint.snapshot=swap",
                     "train.grad_accum=2"])
     manifest = json.loads((ckpt / "step-00000010" / "manifest.json").read_text())
-    shares = [s for s in manifest["shards"] if s["name"].startswith("adam_m/")]
-    check(len({s["file"] for s in shares}) == 4 and any(s.get("row_start", 0) > 0 for s in shares),
-          "zero-2 dp4: every rank saved the moments of its own shares, named by their rows")
-    reshard(pentad, recipe, work, ckpt, "dp4-zero2", {
+    for kind in ("adam_m/", "param/"):
+        shares = [s for s in manifest["shards"] if s["name"].startswith(kind)]
+        check(len({s["file"] for s in shares}) == 4 and
+              any(s.get("row_start", 0) > 0 for s in shares),
+              f"zero-3 dp4: every rank saved the {kind[:-1]} of its own shares, named by rows")
+    reshard(pentad, recipe, work, ckpt, "dp4-zero3", {
         "one rank": (1, ["train.grad_accum=4"]),
         "dp2-zero1": (2, ["parallel.tp=1", "parallel.zero=1", "train.grad_accum=2"]),
         "dp2xtp2": (4, ["parallel.tp=2", "train.grad_accum=2"]),
-        "dp2xtp2-zero1": (4, ["parallel.tp=2", "parallel.zero=1", "train.grad_accum=2"])})
+        "dp2xtp2-zero1": (4, ["parallel.tp=2", "parallel.zero=1", "train.grad_accum=2"]),
+        "dp2-zero3": (2, ["parallel.tp=1", "parallel.zero=3", "train.grad_accum=2"])})
 
 
 def corruption(pentad, recipe, work):
