@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """AdamW state offloaded to NVMe (parallel.offload = "nvme", optim/nvme_state.h).
 
-1. Bitwise: one rank, dp2 zero-1 and dp2 zero-2, each with its state in a file streamed in
+1. Bitwise: one rank, dp2 zero-1, zero-2 and zero-3, each with its state in a file streamed in
    sub-groups of 64 KiB (many per step) against the same run in memory: every loss and
    every final weight bitwise equal.
 2. Memory: a model whose plan (470 MiB, 225 MiB of it AdamW state) is over
@@ -71,7 +71,8 @@ def bitwise(pentad, recipe, work):
     path.mkdir()
     for name, ranks, layout in [("one-rank", 1, []),
                                 ("dp2-zero1", 2, ["parallel.zero=1"]),
-                                ("dp2-zero2", 2, ["parallel.zero=2", "train.grad_accum=2"])]:
+                                ("dp2-zero2", 2, ["parallel.zero=2", "train.grad_accum=2"]),
+                                ("dp2-zero3", 2, ["parallel.zero=3"])]:
         runs = {}
         for mode in ("none", "nvme"):
             out = work / f"{name}-{mode}"
