@@ -264,12 +264,24 @@ std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh)
         "    routed experts {} ({} of {} experts per MoE layer, 1/{} of width {} each)\n",
         bytes_text(e.expert_values * e.parameters / e.values), m.n_experts / mesh.ep, m.n_experts,
         mesh.etp, expert_ffn_dim(m));
-  text += fmt::format("  gradients    {}\n", bytes_text(e.gradients));
-  text += fmt::format("  AdamW state  {}{}\n", bytes_text(e.optimizer),
-                      cfg.parallel.zero > 0 && mesh.dp * mesh.cp > 1
-                          ? fmt::format(" (ZeRO-{}: 1/{} of the values on each rank)",
-                                        cfg.parallel.zero, mesh.dp * mesh.cp)
-                          : "");
+  // ZeRO's formulas (README, "ZeRO"), N values here, Z = dp x cp, S = N / Z.
+  const int64_t Z = mesh.dp * mesh.cp, zero = Z > 1 ? cfg.parallel.zero : 0;
+  const bool nvme = cfg.parallel.offload == "nvme";
+  const char* grads_formula = zero == 0   ? "4N"
+                              : zero == 1 ? "4N + 4S"
+                                          : "<= 2 buckets of 4N + 8S";
+  const std::string params_formula =
+      zero == 3 ? fmt::format(", ZeRO-3: 4S + about two layers; Z = dp x cp = {}", Z) : "";
+  if (zero == 3) {
+    text.pop_back();  // the parameters line ends here
+    text += fmt::format(" [{}]\n", params_formula.substr(2));
+  }
+  text += fmt::format("  gradients    {} [{}{}]\n", bytes_text(e.gradients), grads_formula,
+                      zero ? fmt::format(", ZeRO-{}, S = N / {}", zero, Z) : "");
+  text += fmt::format("  AdamW state  {} [{}]\n", bytes_text(e.optimizer),
+                      nvme   ? "on NVMe; in memory 3 sub-groups of m and v"
+                      : zero ? fmt::format("8S, S = N / {}", Z)
+                             : std::string("8N"));
   text +=
       fmt::format("  activations  {} ({})\n", bytes_text(e.activations), activations_text(cfg, e));
   if (e.snapshot > 0) text += fmt::format("  snapshot     {}\n", bytes_text(e.snapshot));
