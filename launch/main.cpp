@@ -15,6 +15,7 @@
 #include "checkpoint/checkpoint.h"
 #include "cli/convert.h"
 #include "cli/data_commands.h"
+#include "launch/monitor.h"
 #include "launch/rank.h"
 #include "train/memory_budget.h"
 #include "train/recipe.h"
@@ -164,9 +165,12 @@ int main(int argc, char** argv) {
       auto mesh = pentad::parallel::Mesh::create(layout, MPI_COMM_WORLD, backend);
       spdlog::info("mesh: {}", mesh.describe());
       if (mpi.rank != 0) spdlog::set_level(spdlog::level::warn);  // rank 0 reports for all
+      // Under `pentad launch` (PENTAD_MONITOR set): beats to the supervisor from a thread.
+      pentad::launch::Monitor monitor(mpi.rank, mpi.size, cfg.train.out_dir);
       pentad::Trainer trainer(cfg, &mesh);
       if (!grads_dir.empty()) trainer.dump_first_gradients(grads_dir);
       trainer.run();
+      monitor.finish(true);
       if (!dump_dir.empty()) trainer.dump_weights(dump_dir);
       if (!comm_log.empty()) trainer.write_comm_log(comm_log);
       if (!trace.empty() && trainer.write_timeline(trace) < 0)

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "parallel/activity.h"
 #include "parallel/backend.h"
 
 namespace pentad::parallel {
@@ -81,7 +82,14 @@ bool Work::test() {
 
 void Work::wait() {
   if (!impl_) return;
-  impl_->wait();
+  activity_wait_begin(ticket_);  // the fault monitor sees this rank blocked here
+  try {
+    impl_->wait();
+  } catch (...) {
+    activity_wait_end();
+    throw;
+  }
+  activity_wait_end();
   finish(false);
 }
 
@@ -339,13 +347,27 @@ void Communicator::barrier() {
 // ---- the factory: the one place a backend is chosen ----
 
 std::unique_ptr<Communicator> make_communicator(Backend backend, MPI_Comm comm, std::string name) {
+  std::unique_ptr<Communicator> made;
   switch (backend) {
     case Backend::MPI:
-      return make_mpi_communicator(comm, std::move(name));
+      made = make_mpi_communicator(comm, std::move(name));
+      break;
     case Backend::NCCL:
-      return make_nccl_communicator(comm, std::move(name));
+      made = make_nccl_communicator(comm, std::move(name));
+      break;
   }
-  fail("communicator '{}': unknown backend", name);
+  PENTAD_CHECK(made != nullptr, "communicator '{}': unknown backend", name);
+  // Its members as world ranks, for the fault monitor's reports.
+  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  MPI_Comm_group(comm, &group);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  std::vector<int> local(static_cast<size_t>(made->size())), global(local.size());
+  for (size_t i = 0; i < local.size(); ++i) local[i] = int(i);
+  MPI_Group_translate_ranks(group, int(local.size()), local.data(), world, global.data());
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  made->set_trace_members(std::move(global));
+  return made;
 }
 
 }  // namespace pentad::parallel

@@ -151,6 +151,10 @@ class Communicator {
   void barrier();
 
   void set_injection(const Injection& injection) { injection_ = injection; }
+  // Its ranks as world ranks, for the trace (make_communicator sets them).
+  void set_trace_members(std::vector<int> world_ranks) {
+    trace_set_members(trace_, std::move(world_ranks));
+  }
   const Injection& injection() const { return injection_; }
 
  protected:

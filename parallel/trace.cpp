@@ -14,7 +14,8 @@ namespace pentad::parallel {
 struct CommTraceChannel {
   uint32_t id = 0;
   char name[32]{};
-  CommTotals totals;  // guarded by the trace mutex
+  CommTotals totals;         // guarded by the trace mutex
+  std::vector<int> members;  // world ranks; set before the channel's first operation
 };
 
 namespace {
@@ -118,10 +119,22 @@ CommTraceChannel* trace_open_channel(const std::string& name) {
   return s.channels.back().get();
 }
 
+void trace_set_members(CommTraceChannel* channel, std::vector<int> world_ranks) {
+  channel->members = std::move(world_ranks);
+}
+
+const char* trace_channel_name(const CommTraceChannel* channel) {
+  return channel->name;
+}
+
+std::vector<int> trace_channel_members(const CommTraceChannel* channel) {
+  return channel->members;
+}
+
 TraceTicket trace_enter(CommTraceChannel* channel, uint64_t seq, CommKind kind, int64_t bytes,
                         int peer) {
   TraceState& s = state();
-  TraceTicket ticket{channel, 0, bytes, trace_now_ns()};
+  TraceTicket ticket{channel, 0, bytes, trace_now_ns(), seq, kind};
   std::lock_guard lock(s.mutex);
   ticket.event_id = s.next_id.load(std::memory_order_relaxed);
   CommEvent& e = s.ring[ticket.event_id % kCommTraceCapacity];

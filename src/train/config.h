@@ -55,6 +55,12 @@ struct TrainConfig {  // [train]
   int64_t max_skipped_steps = 3;
   // Fault injection, for tests: "RANK:STEP" makes that rank's gradients NaN at that step.
   std::string inject_nan_grad;
+  // Fault injection for the fault detector (launch/), in the first attempt of a `pentad
+  // launch` job only (PENTAD_LAUNCH_ATTEMPT unset or 0): "KIND:RANK:STEP[:FACTOR]" at the
+  // start of step STEP (1-based) on world rank RANK. KIND: kill (SIGKILL), stop (SIGSTOP),
+  // hang (computes forever), commhang (blocks forever in a receive nobody sends), slow
+  // (from then on each step's compute takes FACTOR times as long).
+  std::string inject_fault;
   int64_t stop_at = 0;  // end this run after that many steps (0: train.steps); the schedule
                         // still spans train.steps, so a later --resume continues it exactly
 };

@@ -109,6 +109,7 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(train, max_failed_saves, at_least(1)),
       PENTAD_KEY(train, max_skipped_steps, at_least(0)),
       PENTAD_KEY(train, inject_nan_grad, any()),
+      PENTAD_KEY(train, inject_fault, any()),
       PENTAD_KEY(train, stop_at, at_least(0)),
 
       PENTAD_KEY(data, source, one_of({"fortunes", "megatron", "llmc", "tokens", "random"})),

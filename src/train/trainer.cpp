@@ -1,17 +1,20 @@
 #include "train/trainer.h"
 
 #include <spdlog/spdlog.h>
-
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
+#include <thread>
 
 #include "data/corpus.h"
 #include "kernels/ops.h"
+#include "parallel/activity.h"
 #include "parallel/cp/context_parallel.h"
 #include "parallel/pp/adaptive.h"
 #include "parallel/pp/layout.h"
@@ -167,6 +170,7 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
   auto start = std::chrono::steady_clock::now();
   StepStats s;
   s.start_ns = parallel::trace_now_ns();
+  slow_factor_ = std::max(slow_factor_, inject_fault(step));
   ParamStore& params = model_->params();
   if (zero() >= 2)  // the pages come back as backward writes them and go once reduced
     params.discard_grads(0, params.numel());
@@ -202,6 +206,11 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
     }
   }
   s.backward_end_ns = parallel::trace_now_ns();
+  if (slow_factor_ > 1.0) {  // an injected slow rank: its compute takes that much longer
+    std::this_thread::sleep_for(std::chrono::nanoseconds(
+        int64_t((slow_factor_ - 1.0) * double(s.backward_end_ns - s.start_ns))));
+    s.backward_end_ns = parallel::trace_now_ns();
+  }
   if (pipeline_) {  // for the timeline, which keeps the spans of the last steps only
     step_starts_.push_back({step, s.start_ns});
     if (step_starts_.size() > size_t(pipeline_->keep_steps()))
@@ -330,12 +339,14 @@ void Trainer::run() {
   open_run_files();
   const int64_t last = t.stop_at > 0 ? std::min(t.stop_at, t.steps) : t.steps;
   const auto run_start = std::chrono::steady_clock::now();
+  parallel::activity_run_started(start_step_);  // the fault monitor starts reporting
   blocked_reported_ = saver_.blocked_seconds();
   for (int64_t step = start_step_; step < last; ++step) {
     std::function<void()> dump;
     if (step == start_step_ && !dump_grads_dir_.empty())
       dump = [&] { dump_shards(dump_grads_dir_, true); };
     StepStats s = train_step(step, dump);
+    parallel::activity_step_done(step + 1, s.seconds);
     history_.push_back(s);
     if (s.skipped) {
       ++skipped_steps_;
@@ -435,6 +446,32 @@ void Trainer::finish_moe_step(StepStats& s) {
       held.insert(held.end(), first, last);
   }
   if (cfg_.model.moe.bias_update_rate > 0) model_->update_expert_bias(held);
+}
+
+double Trainer::inject_fault(int64_t step) {
+  const std::string& spec = cfg_.train.inject_fault;
+  const char* attempt = std::getenv("PENTAD_LAUNCH_ATTEMPT");
+  if (spec.empty() || (attempt && std::string(attempt) != "0")) return 1.0;
+  std::vector<std::string> part;
+  for (size_t at = 0, next = 0; next != std::string::npos; at = next + 1) {
+    next = spec.find(':', at);
+    part.push_back(spec.substr(at, next == std::string::npos ? next : next - at));
+  }
+  PENTAD_CHECK(part.size() >= 3, "train.inject_fault = \"{}\": want KIND:RANK:STEP[:FACTOR]", spec);
+  const std::string& kind = part[0];
+  if (std::stoi(part[1]) != world_rank_ || std::stoll(part[2]) != step + 1) return 1.0;
+  spdlog::warn("injected fault: {} of rank {} at step {}", kind, world_rank_, step + 1);
+  if (kind == "kill") std::raise(SIGKILL);
+  if (kind == "stop") std::raise(SIGSTOP);
+  if (kind == "hang")
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  if (kind == "commhang") {  // a receive from this rank itself, which it never sends
+    int32_t never = 0;
+    mesh_->world().recv(view_of(&never, Shape{1}, DType::I32), world_rank_, 999);
+  }
+  if (kind == "slow") return part.size() > 3 ? std::stod(part[3]) : 3.0;
+  PENTAD_CHECK(kind == "kill" || kind == "stop", "train.inject_fault: unknown kind \"{}\"", kind);
+  return 1.0;
 }
 
 bool Trainer::nan_injected(int64_t step) const {

@@ -179,6 +179,10 @@ class Trainer {
   int all_ranks(int value, parallel::ReduceOp op);  // over the world; value alone on one rank
   double all_reduce_dp(double value);               // sum over dp of the mean over cp
   bool nan_injected(int64_t step) const;  // train.inject_nan_grad names this rank and step
+  // train.inject_fault at the start of step (0-based); returns the compute slow-down factor
+  // to apply from then on (1: none).
+  double inject_fault(int64_t step);
+  double slow_factor_ = 1.0;
   int64_t skipped_steps_ = 0;
   double all_reduce_pp(double value);  // sum over the pipeline stages
   // Adaptive kFkB (parallel/pp/adaptive.h): re-chooses the group size k from this step's

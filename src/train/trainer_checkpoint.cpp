@@ -8,6 +8,7 @@
 
 #include "core/device_memory.h"
 #include "kernels/ops.h"
+#include "parallel/activity.h"
 #include "train/checkpoint_recipe.h"
 #include "train/recipe.h"
 #include "train/trainer.h"
@@ -281,6 +282,8 @@ void Trainer::commit_pending(bool block) {
           step, roots[level], failed_saves_[level], cfg_.train.max_failed_saves, why[level]);
   }
   if (world_rank_ == 0) saver_.remove_later(std::move(retired));  // off the training thread
+  if (failed_saves_.empty() || failed_saves_[0] == 0)             // the local level committed
+    parallel::activity_checkpoint_committed(step);
   if (mesh_) mesh_->world().barrier();  // nobody resumes from a checkpoint not yet visible
   for (size_t level = 0; level < roots.size(); ++level)
     if (failed_saves_[level] >= cfg_.train.max_failed_saves)

@@ -1,0 +1,139 @@
+#include "launch/monitor.h"
+
+#include <netdb.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "parallel/activity.h"
+
+namespace pentad::launch {
+namespace {
+
+// A TCP connection to host:port, or -1 (with the reason in `why`).
+int connect_to(const std::string& address, std::string& why) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) {
+    why = "not host:port";
+    return -1;
+  }
+  const std::string host = address.substr(0, colon), port = address.substr(colon + 1);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+    why = gai_strerror(rc);
+    return -1;
+  }
+  int fd = -1;
+  for (addrinfo* a = found; a && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd >= 0 && connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      why = std::strerror(errno);
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(found);
+  return fd;
+}
+
+std::string attempt() {
+  const char* a = std::getenv("PENTAD_LAUNCH_ATTEMPT");
+  return a ? a : "0";
+}
+
+}  // namespace
+
+Monitor::Monitor(int world_rank, int world_size, std::string out_dir, int beat_ms)
+    : rank_(world_rank), world_(world_size), out_dir_(std::move(out_dir)), beat_ms_(beat_ms) {
+  const char* address = std::getenv("PENTAD_MONITOR");
+  if (!address || !*address) return;
+  std::string why;
+  fd_ = connect_to(address, why);
+  if (fd_ < 0) {
+    spdlog::warn("PENTAD_MONITOR = {}: cannot reach the supervisor ({}); training without it",
+                 address, why);
+    return;
+  }
+  thread_ = std::thread([this] { run(); });
+}
+
+Monitor::~Monitor() {
+  if (fd_ >= 0 && !said_bye_) finish(false, "the rank ended without finishing");
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+  if (fd_ >= 0) close(fd_);
+}
+
+void Monitor::finish(bool ok, const std::string& message) {
+  if (fd_ < 0 || said_bye_.exchange(true)) return;
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();  // the last beat goes before the bye
+  send_line(nlohmann::json{
+      {"type", "bye"}, {"rank", rank_}, {"status", ok ? "done" : "error"}, {"message", message}}
+                .dump());
+}
+
+bool Monitor::send_line(const std::string& line) {
+  const std::string data = line + "\n";
+  size_t sent = 0;
+  while (sent < data.size()) {
+    const ssize_t n = send(fd_, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) return false;
+    sent += size_t(n);
+  }
+  return true;
+}
+
+void Monitor::run() {
+  const auto start = std::chrono::steady_clock::now();
+  bool hello = false;
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  while (!stop_) {
+    const parallel::ProgressSnapshot p = parallel::activity_progress();
+    if (p.started) {
+      if (!hello) {
+        hello = send_line(nlohmann::json{
+            {"type", "hello"},
+            {"rank", rank_},
+            {"world", world_},
+            {"pid", int(getpid())},
+            {"host", host},
+            {"out_dir", out_dir_},
+            {"attempt", std::stoi(attempt())},
+            {"resume_step",
+             p.start_step}}.dump());
+        if (!hello) break;
+      }
+      const parallel::WaitSnapshot w = parallel::activity_wait();
+      nlohmann::json beat{
+          {"type", "beat"},
+          {"rank", rank_},
+          {"t", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()},
+          {"step", p.step},
+          {"phase", w.waiting ? "wait" : "compute"},
+          {"step_seconds", p.step_seconds},
+          {"wait_seconds", p.wait_seconds},
+          {"ckpt_step", p.ckpt_step}};
+      if (w.waiting)
+        beat["wait"] = {{"comm", w.comm},
+                        {"kind", w.kind},
+                        {"seq", w.seq},
+                        {"since_s", w.since_s},
+                        {"members", w.members}};
+      if (!send_line(beat.dump())) break;  // the supervisor is gone: training goes on
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(beat_ms_));
+  }
+}
+
+}  // namespace pentad::launch

@@ -1,0 +1,89 @@
+#include "parallel/activity.h"
+
+#include <atomic>
+
+namespace pentad::parallel {
+namespace {
+
+// The wait: the channel is published last (release) and cleared first, so a reader that
+// sees a channel sees the seq, kind and entry time of that wait or of a later one.
+struct Activity {
+  std::atomic<CommTraceChannel*> channel{nullptr};
+  std::atomic<uint64_t> seq{0};
+  std::atomic<int> kind{0};
+  std::atomic<int64_t> enter_ns{0};
+  std::atomic<int64_t> step_wait_ns{0};  // blocked so far in the current step
+  std::atomic<bool> started{false};
+  std::atomic<int64_t> start_step{0}, step{0}, ckpt_step{-1};
+  std::atomic<double> step_seconds{0}, wait_seconds{0};
+};
+
+Activity& activity() {
+  static Activity* a = new Activity();  // never destroyed: the monitor may outlive main
+  return *a;
+}
+
+}  // namespace
+
+void activity_wait_begin(const TraceTicket& ticket) {
+  if (!ticket.channel) return;
+  Activity& a = activity();
+  a.seq.store(ticket.seq, std::memory_order_relaxed);
+  a.kind.store(int(ticket.kind), std::memory_order_relaxed);
+  a.enter_ns.store(trace_now_ns(), std::memory_order_relaxed);
+  a.channel.store(ticket.channel, std::memory_order_release);
+}
+
+void activity_wait_end() {
+  Activity& a = activity();
+  if (a.channel.exchange(nullptr, std::memory_order_acq_rel) == nullptr) return;
+  a.step_wait_ns.fetch_add(trace_now_ns() - a.enter_ns.load(std::memory_order_relaxed),
+                           std::memory_order_relaxed);
+}
+
+void activity_run_started(int64_t start_step) {
+  Activity& a = activity();
+  a.start_step.store(start_step);
+  a.step.store(start_step);
+  a.step_wait_ns.store(0);
+  a.started.store(true, std::memory_order_release);
+}
+
+void activity_step_done(int64_t steps_done, double step_seconds) {
+  Activity& a = activity();
+  a.wait_seconds.store(1e-9 * double(a.step_wait_ns.exchange(0)));
+  a.step_seconds.store(step_seconds);
+  a.step.store(steps_done, std::memory_order_release);
+}
+
+void activity_checkpoint_committed(int64_t step) {
+  activity().ckpt_step.store(step);
+}
+
+WaitSnapshot activity_wait() {
+  Activity& a = activity();
+  WaitSnapshot w;
+  const CommTraceChannel* channel = a.channel.load(std::memory_order_acquire);
+  if (!channel) return w;
+  w.waiting = true;
+  w.comm = trace_channel_name(channel);
+  w.members = trace_channel_members(channel);
+  w.seq = a.seq.load(std::memory_order_relaxed);
+  w.kind = comm_kind_name(CommKind(a.kind.load(std::memory_order_relaxed)));
+  w.since_s = 1e-9 * double(trace_now_ns() - a.enter_ns.load(std::memory_order_relaxed));
+  return w;
+}
+
+ProgressSnapshot activity_progress() {
+  Activity& a = activity();
+  ProgressSnapshot p;
+  p.started = a.started.load(std::memory_order_acquire);
+  p.start_step = a.start_step.load();
+  p.step = a.step.load(std::memory_order_acquire);
+  p.step_seconds = a.step_seconds.load();
+  p.wait_seconds = a.wait_seconds.load();
+  p.ckpt_step = a.ckpt_step.load();
+  return p;
+}
+
+}  // namespace pentad::parallel

@@ -1,0 +1,46 @@
+#pragma once
+// What this rank is doing now, for the fault monitor (launch/monitor.h), whose thread reads
+// it while the training thread writes it, lock-free: whether the rank is blocked in a
+// collective (which communicator, its members, sequence number, since when), and how far
+// training has come (steps done, the last step's time and the part of it spent blocked,
+// the newest committed checkpoint).
+//
+// Writers: Work::wait() around every blocking wait (parallel/comm.cpp), the trainer at
+// each step's end, run start and checkpoint commit. Reader: the monitor thread.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "parallel/trace.h"
+
+namespace pentad::parallel {
+
+struct WaitSnapshot {
+  bool waiting = false;
+  std::string comm;          // the communicator's name
+  const char* kind = "";     // comm_kind_name
+  uint64_t seq = 0;          // its sequence number on that communicator
+  double since_s = 0;        // how long this rank has been blocked in it
+  std::vector<int> members;  // world ranks of the communicator (empty if unknown)
+};
+
+struct ProgressSnapshot {
+  bool started = false;     // the trainer's run() has begun (after any resume)
+  int64_t start_step = 0;   // the step it started from
+  int64_t step = 0;         // optimizer steps completed
+  double step_seconds = 0;  // the last step's wall time ...
+  double wait_seconds = 0;  // ... and the part of it blocked in collectives
+  int64_t ckpt_step = -1;   // newest committed checkpoint (-1: none yet)
+};
+
+// Training thread.
+void activity_wait_begin(const TraceTicket& ticket);
+void activity_wait_end();
+void activity_run_started(int64_t start_step);
+void activity_step_done(int64_t steps_done, double step_seconds);
+void activity_checkpoint_committed(int64_t step);
+// Any thread.
+WaitSnapshot activity_wait();
+ProgressSnapshot activity_progress();
+
+}  // namespace pentad::parallel
