@@ -142,6 +142,14 @@ add_test(NAME zero_offload
 set_tests_properties(zero_offload PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE
   PASS_REGULAR_EXPRESSION "offloaded state trains exactly")
 
+# Fault detection and recovery under `pentad launch` (4 ranks): each injected fault named
+# (class, culprit, latency) and recovered bitwise from the last checkpoint.
+add_test(NAME fault_detection
+  COMMAND ${PENTAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/fault_detection.py
+          $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml ${CMAKE_CURRENT_BINARY_DIR}/fault-detection)
+set_tests_properties(fault_detection PROPERTIES TIMEOUT 900 RUN_SERIAL TRUE
+  PASS_REGULAR_EXPRESSION "every fault found and recovered")
+
 # MoE checkpoints: bitwise resume of ep layouts, resharding across ep / etp / one rank.
 add_test(NAME moe_checkpoint
   COMMAND ${PENTAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/moe_checkpoint.py

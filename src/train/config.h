@@ -56,7 +56,8 @@ struct TrainConfig {  // [train]
   // Fault injection, for tests: "RANK:STEP" makes that rank's gradients NaN at that step.
   std::string inject_nan_grad;
   // Fault injection for the fault detector (launch/), in the first attempt of a `pentad
-  // launch` job only (PENTAD_LAUNCH_ATTEMPT unset or 0): "KIND:RANK:STEP[:FACTOR]" at the
+  // launch` job only (PENTAD_LAUNCH_ATTEMPT unset or 0; every attempt with
+  // PENTAD_INJECT_EVERY_ATTEMPT set): "KIND:RANK:STEP[:FACTOR]" at the
   // start of step STEP (1-based) on world rank RANK. KIND: kill (SIGKILL), stop (SIGSTOP),
   // hang (computes forever), commhang (blocks forever in a receive nobody sends), slow
   // (from then on each step's compute takes FACTOR times as long).

@@ -450,8 +450,10 @@ void Trainer::finish_moe_step(StepStats& s) {
 
 double Trainer::inject_fault(int64_t step) {
   const std::string& spec = cfg_.train.inject_fault;
+  // Restarts run clean, unless a test wants a fault that comes back every time.
   const char* attempt = std::getenv("PENTAD_LAUNCH_ATTEMPT");
-  if (spec.empty() || (attempt && std::string(attempt) != "0")) return 1.0;
+  const bool again = std::getenv("PENTAD_INJECT_EVERY_ATTEMPT") != nullptr;
+  if (spec.empty() || (attempt && std::string(attempt) != "0" && !again)) return 1.0;
   std::vector<std::string> part;
   for (size_t at = 0, next = 0; next != std::string::npos; at = next + 1) {
     next = spec.find(':', at);
