@@ -99,7 +99,11 @@ class EventLog {
     file_ << event.dump() << '\n';
     file_.flush();
   }
-  std::string where() const { return path_.empty() ? "not written: no rank said hello" : path_; }
+  std::string where() const {
+    return path_.empty()
+               ? "no event log: no rank said hello with its out_dir; --events PATH names one"
+               : "events in " + path_;
+  }
 
  private:
   std::string path_;
@@ -187,9 +191,7 @@ int Supervisor::run() {
              {"action", "give_up"},
              {"seconds", 0.0},
              {"failures", restarts + 1}});
-      say(
-          fmt::format("the job failed {} times, more than --max-restarts {}; giving up (events in "
-                      "{})",
+      say(fmt::format("the job failed {} times, more than --max-restarts {}; giving up ({})",
                       restarts + 1, o_.max_restarts, events_.where()));
       return exit_with(1, restarts);
     }
