@@ -1,7 +1,7 @@
 // pentad: the command line. Subcommands: train, plan, data prepare, tokenizer train, ckpt
 // inspect/convert, and the developer command reference (used by the PyTorch equivalence
 // tests). Each rank starts here: MPI, then launch/rank.h's threads and device, then the
-// mesh and the Trainer.
+// mesh and the Trainer. `pentad launch` (launch/supervisor.h) is no rank and starts first.
 #include <mpi.h>
 #include <spdlog/spdlog.h>
 
@@ -17,6 +17,7 @@
 #include "cli/data_commands.h"
 #include "launch/monitor.h"
 #include "launch/rank.h"
+#include "launch/supervisor.h"
 #include "train/memory_budget.h"
 #include "train/recipe.h"
 #include "train/reference.h"
@@ -46,6 +47,9 @@ std::vector<std::string> overrides_from(const std::vector<std::string>& sets,
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The supervisor is no MPI process: an MPI_Init here would leak OMPI_* into the job it starts.
+  if (argc > 1 && std::string(argv[1]) == "launch")
+    return pentad::launch::supervise_main(argc - 1, argv + 1);
   Mpi mpi(argc, argv);
   spdlog::set_pattern(fmt::format("%H:%M:%S [rank {}] %v", mpi.rank));
 

@@ -229,3 +229,13 @@ add_test(NAME hf_transformers_mixtral
 set_tests_properties(hf_transformers_gpt2 hf_transformers_llama hf_transformers_mixtral
   PROPERTIES TIMEOUT 300
   PASS_REGULAR_EXPRESSION "transformers loads pentad's exports and pentad transformers' models")
+
+# `pentad launch` against a fake job speaking the monitor protocol (tests/launch/fake_job.py):
+# dead, hung, stopped, in-another-collective and slow ranks, a slow link, each detected with
+# its class and culprit and recovered from its checkpoint; a clean run with no detection; a
+# job failing every time given up after --max-restarts; events.jsonl holding all of it.
+add_test(NAME launch_supervisor
+  COMMAND ${PENTAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/launch/supervisor_test.py
+          $<TARGET_FILE:pentad> ${CMAKE_CURRENT_BINARY_DIR}/launch-supervisor)
+set_tests_properties(launch_supervisor PROPERTIES TIMEOUT 300 RUN_SERIAL TRUE
+  PASS_REGULAR_EXPRESSION "supervisor detects and recovers every scenario")

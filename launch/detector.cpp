@@ -1,0 +1,300 @@
+#include "launch/detector.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <limits>
+
+namespace pentad::launch {
+
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  const size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + mid, v.end());
+  if (v.size() % 2) return v[mid];
+  return 0.5 * (v[mid] + *std::max_element(v.begin(), v.begin() + mid));
+}
+
+std::string describe(const Wait& w) {
+  return fmt::format("{} #{} on {}", w.kind, w.seq, w.comm);
+}
+
+}  // namespace
+
+int Detector::message(const nlohmann::json& msg, double now, std::string* error) {
+  // Field access with defaults: a rank of another version may send more or fewer fields,
+  // and one odd message must not take the supervisor down.
+  if (!msg.is_object() || !msg.contains("rank") || !msg["rank"].is_number_integer()) {
+    *error = "a message without an integer \"rank\"";
+    return -1;
+  }
+  const int rank = msg["rank"].get<int>();
+  const std::string type = msg.value("type", "");
+  RankState& r = ranks_[rank];
+  r.last_heard_at = now;
+  if (type == "hello") {
+    world_ = std::max(world_, msg.value("world", 0));
+    r.pid = msg.value("pid", int64_t{0});
+    r.host = msg.value("host", "");
+    r.out_dir = msg.value("out_dir", "");
+    r.resume_step = msg.value("resume_step", int64_t{0});
+    r.step = r.resume_step;
+  } else if (type == "beat") {
+    r.phase = msg.value("phase", "other");
+    r.ckpt_step = msg.value("ckpt_step", int64_t{-1});
+    const int64_t step = msg.value("step", r.step);
+    const double step_seconds = msg.value("step_seconds", 0.0);
+    // A beat repeats the last completed step's times until the next step ends: record them
+    // once, when the step count moves.
+    if (step > r.step && step_seconds > 0)
+      r.history.push_back({step, step_seconds, msg.value("wait_seconds", 0.0), now});
+    while (r.history.size() > kHistorySteps) r.history.pop_front();
+    r.step = std::max(r.step, step);
+    r.wait.reset();
+    if (r.phase == "wait" && msg.contains("wait") && msg["wait"].is_object()) {
+      const auto& w = msg["wait"];
+      Wait wait;
+      wait.comm = w.value("comm", "");
+      wait.kind = w.value("kind", "");
+      wait.seq = w.value("seq", int64_t{0});
+      wait.members = w.value("members", std::vector<int>{});
+      wait.entered_at = now - w.value("since_s", 0.0);
+      r.wait = wait;
+    }
+    // Hook for the per-peer link matrix: [[peer, seconds_per_mb], ...] (not sent yet).
+    if (msg.contains("p2p") && msg["p2p"].is_array())
+      for (const auto& pair : msg["p2p"])
+        if (pair.is_array() && pair.size() == 2 && pair[0].is_number_integer() &&
+            pair[1].is_number())
+          r.p2p_s_per_mb[pair[0].get<int>()] = pair[1].get<double>();
+  } else if (type == "bye") {
+    r.bye = msg.value("status", "error");
+    r.bye_message = msg.value("message", "");
+  } else {
+    *error = fmt::format("rank {}: unknown message type \"{}\"", rank, type);
+    return -1;
+  }
+  return rank;
+}
+
+void Detector::vanished(int rank, double now) {
+  RankState& r = ranks_[rank];
+  if (r.closed) return;
+  r.closed = true;
+  r.closed_at = now;
+}
+
+Detection Detector::launcher_failed(int status, double now) const {
+  // The culprit is the rank that reported an error or vanished first, when one did.
+  Detection d{"dead", {}, now, now, fmt::format("the launcher exited with status {}", status)};
+  double first = std::numeric_limits<double>::max();
+  for (const auto& [rank, r] : ranks_) {
+    const bool failed = r.bye == "error" || (r.closed && r.bye.empty());
+    if (failed && r.last_heard_at < first) {
+      first = r.last_heard_at;
+      d.culprit = {rank};
+      d.first_sign_at = r.last_heard_at;
+    }
+  }
+  return d;
+}
+
+double Detector::median_step_seconds() const {
+  std::vector<double> per_rank;
+  for (const auto& [rank, r] : ranks_) {
+    std::vector<double> s;
+    for (const StepRecord& h : r.history) s.push_back(h.step_seconds);
+    if (!s.empty()) per_rank.push_back(median(s));
+  }
+  return per_rank.empty() ? options_.prior_step_seconds : median(per_rank);
+}
+
+double Detector::hang_threshold_s() const {
+  const double step = median_step_seconds();
+  // Before any step completes nothing is known of the step time: the floor, widened for
+  // start-up (first steps compile, allocate and warm caches).
+  if (step <= 0) return 5 * options_.hang_floor_s;
+  return std::max(options_.hang_floor_s, options_.hang_factor * step);
+}
+
+bool Detector::all_done() const {
+  if (ranks_.empty() || int(ranks_.size()) < world_) return false;
+  return std::all_of(ranks_.begin(), ranks_.end(),
+                     [](const auto& kv) { return kv.second.bye == "done"; });
+}
+
+bool Detector::silent(const RankState& r, double now) const {
+  return now - r.last_heard_at > options_.beat_timeout_s;
+}
+
+std::optional<Detection> Detector::check(double now) {
+  if (!fatal_reported_) {
+    for (auto rule : {&Detector::check_dead, &Detector::check_hang, &Detector::check_silent}) {
+      if (auto d = (this->*rule)(now)) {
+        fatal_reported_ = true;
+        return d;
+      }
+    }
+  }
+  if (!compute_slow_reported_)
+    if (auto d = check_compute_slow(now)) {
+      compute_slow_reported_ = true;
+      return d;
+    }
+  if (!link_slow_reported_)
+    if (auto d = check_link_slow(now)) {
+      link_slow_reported_ = true;
+      return d;
+    }
+  return std::nullopt;
+}
+
+// A rank whose connection closed or process vanished without a bye, or that said bye with an
+// error: the first of them. Its last beat is the first sign.
+std::optional<Detection> Detector::check_dead(double now) const {
+  std::optional<Detection> found;
+  double first = std::numeric_limits<double>::max();
+  for (const auto& [rank, r] : ranks_) {
+    const bool died = r.closed && r.bye.empty();
+    const double at = r.bye == "error" ? r.last_heard_at : r.closed_at;
+    if ((died || r.bye == "error") && at < first) {
+      first = at;
+      const std::string reason =
+          died ? "its connection closed without a bye" : "it reported an error: " + r.bye_message;
+      found = Detection{"dead", {rank}, r.last_heard_at, now, reason};
+    }
+  }
+  return found;
+}
+
+// The longest wait past the threshold, and the member of its communicator that is not in the
+// same collective: that member holds the others up.
+std::optional<Detection> Detector::check_hang(double now) const {
+  const double threshold = hang_threshold_s();
+  const RankState* waiter = nullptr;
+  int waiter_rank = -1;
+  for (const auto& [rank, r] : ranks_) {
+    if (r.closed || !r.bye.empty() || !r.wait || silent(r, now)) continue;
+    if (now - r.wait->entered_at <= threshold) continue;
+    if (!waiter || r.wait->entered_at < waiter->wait->entered_at) {
+      waiter = &r;
+      waiter_rank = rank;
+    }
+  }
+  if (!waiter) return std::nullopt;
+  const Wait& w = *waiter->wait;
+  const std::string waited = fmt::format("rank {} waited {:.1f} s in {} (threshold {:.1f} s)",
+                                         waiter_rank, now - w.entered_at, describe(w), threshold);
+  for (int m : w.members) {  // lowest first when several qualify
+    auto it = ranks_.find(m);
+    if (it == ranks_.end())
+      return Detection{"non-comm hang", {m}, w.entered_at, now, waited + "; it never said hello"};
+    const RankState& r = it->second;
+    if (r.closed)
+      return Detection{"dead", {m}, w.entered_at, now, waited + "; its connection closed"};
+    const bool same = r.wait && r.wait->comm == w.comm && r.wait->seq == w.seq;
+    if (same && !silent(r, now)) continue;
+    const bool other_collective = r.wait && !same;
+    std::string state =
+        other_collective ? "it waits in " + describe(*r.wait) : "its last phase was " + r.phase;
+    if (silent(r, now)) state = fmt::format("silent {:.1f} s, ", now - r.last_heard_at) + state;
+    return Detection{other_collective ? "comm hang" : "non-comm hang",
+                     {m},
+                     w.entered_at,
+                     now,
+                     waited + "; " + state};
+  }
+  // Every member waits in the same collective: the fault is between them (a link, a switch).
+  return Detection{"comm hang", w.members, w.entered_at, now,
+                   waited + "; every member waits in it (a link?)"};
+}
+
+// A rank silent (SIGSTOP, a stuck host) while no one waits on it yet.
+std::optional<Detection> Detector::check_silent(double now) const {
+  const double limit = std::max(options_.beat_timeout_s, hang_threshold_s());
+  for (const auto& [rank, r] : ranks_) {
+    if (r.closed || !r.bye.empty() || now - r.last_heard_at <= limit) continue;
+    return Detection{"non-comm hang",
+                     {rank},
+                     r.last_heard_at,
+                     now,
+                     fmt::format("unresponsive: no beat for {:.1f} s, last phase {}",
+                                 now - r.last_heard_at, r.phase)};
+  }
+  return std::nullopt;
+}
+
+// One rank computes >= 1.5x longer than the median of the others on each of the last
+// kSlowSteps steps they all reported, and the others spend that difference waiting.
+std::optional<Detection> Detector::check_compute_slow(double now) const {
+  if (ranks_.size() < 2) return std::nullopt;
+  std::map<int64_t, std::map<int, const StepRecord*>> by_step;  // step -> rank -> record
+  for (const auto& [rank, r] : ranks_)
+    for (const StepRecord& h : r.history) by_step[h.step][rank] = &h;
+  std::vector<int64_t> steps;  // newest first, reported by every rank
+  for (auto it = by_step.rbegin(); it != by_step.rend() && steps.size() < kSlowSteps; ++it)
+    if (it->second.size() == ranks_.size()) steps.push_back(it->first);
+  if (steps.size() < kSlowSteps) return std::nullopt;
+
+  for (const auto& [culprit, state] : ranks_) {
+    bool slow_every_step = true;
+    double ratio_sum = 0;
+    for (int64_t step : steps) {
+      const auto& records = by_step[step];
+      const StepRecord& mine = *records.at(culprit);
+      std::vector<double> compute, waits;
+      for (const auto& [rank, h] : records)
+        if (rank != culprit) {
+          compute.push_back(h->step_seconds - h->wait_seconds);
+          waits.push_back(h->wait_seconds);
+        }
+      const double my_compute = mine.step_seconds - mine.wait_seconds;
+      const double others = median(compute);
+      const double excess = my_compute - others;
+      if (my_compute < 1.5 * others || excess < 1e-3 || median(waits) < 0.5 * excess) {
+        slow_every_step = false;
+        break;
+      }
+      ratio_sum += others > 0 ? my_compute / others : 0;
+    }
+    if (!slow_every_step) continue;
+    const StepRecord& first = *by_step[steps.back()].at(culprit);
+    return Detection{"non-comm slow",
+                     {culprit},
+                     first.seen_at,
+                     now,
+                     fmt::format("computes {:.1f}x the others' time over steps {}..{} while "
+                                 "they wait for it",
+                                 ratio_sum / double(steps.size()), steps.back(), steps.front())};
+  }
+  return std::nullopt;
+}
+
+// The per-peer latency matrix, when the ranks measure it (beats carrying "p2p"): a pair at
+// >= 3x the median of all pairs is a slow link. Without that field, links are not judged.
+std::optional<Detection> Detector::check_link_slow(double now) const {
+  std::map<std::pair<int, int>, double> pairs;  // (low, high) -> worst seconds per MB seen
+  for (const auto& [rank, r] : ranks_)
+    for (const auto& [peer, s] : r.p2p_s_per_mb) {
+      auto key = std::minmax(rank, peer);
+      pairs[key] = std::max(pairs[key], s);
+    }
+  if (pairs.size() < 3) return std::nullopt;
+  std::vector<double> all;
+  for (const auto& [key, s] : pairs) all.push_back(s);
+  const double typical = median(all);
+  for (const auto& [key, s] : pairs)
+    if (typical > 0 && s >= 3 * typical)
+      return Detection{"comm slow",
+                       {key.first, key.second},
+                       now,
+                       now,
+                       fmt::format("link {}-{} takes {:.3g} s/MB, {:.1f}x the median pair",
+                                   key.first, key.second, s, s / typical)};
+  return std::nullopt;
+}
+
+}  // namespace pentad::launch

@@ -1,0 +1,102 @@
+#pragma once
+// The supervisor's judgement, without sockets or processes (C4D's idea: the ranks' own
+// communication tells which one stalls the others). Fed the ranks' monitor messages (hello,
+// beat, bye: the protocol in launch/supervisor.h) with the supervisor's clock at receipt; asked
+// at each tick whether a fault is visible. Thresholds come from the run (its median step
+// time), not from fixed minutes. Times are seconds on the supervisor's clock.
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace pentad::launch {
+
+struct DetectorOptions {
+  double hang_factor = 5.0;       // a wait longer than this x the median step time is a hang
+  double hang_floor_s = 2.0;      // ... and never shorter than this (x 5 before any step ends)
+  double beat_timeout_s = 1.0;    // a rank silent this long is unresponsive
+  double prior_step_seconds = 0;  // median step time of an earlier attempt (0: none)
+};
+
+// A collective a rank is blocked in. `members` are world ranks of its communicator.
+struct Wait {
+  std::string comm, kind;
+  int64_t seq = 0;
+  std::vector<int> members;
+  double entered_at = 0;  // the rank's beat time minus since_s, moved to our clock
+};
+
+struct StepRecord {
+  int64_t step = 0;
+  double step_seconds = 0, wait_seconds = 0;
+  double seen_at = 0;
+};
+
+struct RankState {
+  int64_t pid = 0;
+  std::string host, out_dir;
+  int64_t resume_step = 0;
+  bool closed = false;  // connection gone, or its process gone
+  double closed_at = 0;
+  std::string bye;  // "", "done" or "error"
+  std::string bye_message;
+  double last_heard_at = 0;  // hello or last beat
+  std::string phase = "other";
+  int64_t step = 0, ckpt_step = -1;
+  std::optional<Wait> wait;
+  std::deque<StepRecord> history;      // newest last, at most kHistorySteps
+  std::map<int, double> p2p_s_per_mb;  // peer -> seconds per MB (when beats carry "p2p")
+};
+
+struct Detection {
+  std::string cls;           // dead, non-comm hang, comm hang, non-comm slow, comm slow
+  std::vector<int> culprit;  // one rank; or the members of a wait that no member blocks
+  double first_sign_at = 0, detected_at = 0;
+  std::string reason;
+  bool slow() const { return cls == "non-comm slow" || cls == "comm slow"; }
+  double latency_s() const { return detected_at - first_sign_at; }
+};
+
+class Detector {
+ public:
+  static constexpr size_t kHistorySteps = 20;  // median step time over this many steps
+  static constexpr size_t kSlowSteps = 5;      // a slow rank must be slow this many steps running
+
+  explicit Detector(DetectorOptions options) : options_(options) {}
+
+  // One protocol message; returns its rank, or -1 (with `error` set) for a malformed one.
+  int message(const nlohmann::json& msg, double now, std::string* error);
+  // The rank's connection closed, or its pid is gone.
+  void vanished(int rank, double now);
+  // The launcher exited with this status (nonzero) while the job ran.
+  Detection launcher_failed(int status, double now) const;
+
+  // The first fault visible now that was not reported before: fatal ones (dead, hang) first,
+  // then slow ones (each kind reported once).
+  std::optional<Detection> check(double now);
+
+  double median_step_seconds() const;  // 0 before any step
+  double hang_threshold_s() const;
+  // Every rank said hello and bye "done".
+  bool all_done() const;
+  const std::map<int, RankState>& ranks() const { return ranks_; }
+  int world() const { return world_; }
+
+ private:
+  std::optional<Detection> check_dead(double now) const;
+  std::optional<Detection> check_hang(double now) const;
+  std::optional<Detection> check_silent(double now) const;
+  std::optional<Detection> check_compute_slow(double now) const;
+  std::optional<Detection> check_link_slow(double now) const;
+  bool silent(const RankState& r, double now) const;
+
+  DetectorOptions options_;
+  std::map<int, RankState> ranks_;
+  int world_ = 0;
+  bool fatal_reported_ = false, compute_slow_reported_ = false, link_slow_reported_ = false;
+};
+
+}  // namespace pentad::launch

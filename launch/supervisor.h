@@ -1,0 +1,37 @@
+#pragma once
+// `pentad launch [options] -- LAUNCHER... pentad train RECIPE [args]`: runs a training job
+// under supervision, detects a dead, hung or slow rank from what the ranks report of their
+// own communication, and restarts the job from its newest checkpoint.
+//
+// The supervisor is not an MPI process (main() dispatches here before MPI_Init). It listens
+// on a TCP port and starts the command with PENTAD_MONITOR=<host>:<port> and
+// PENTAD_LAUNCH_ATTEMPT=<n> in its environment. Each rank connects and sends
+// newline-delimited JSON, rank -> supervisor only:
+//   {"type":"hello","rank","world","pid","host","out_dir","attempt","resume_step"}  once
+//   {"type":"beat","rank","t","step","phase":"compute"|"wait"|"other","step_seconds",
+//    "wait_seconds","ckpt_step","wait":{"comm","kind","seq","since_s","members"}}  every 100 ms
+//     ("wait" only in phase wait; "p2p":[[peer, seconds_per_mb],...] optional)
+//   {"type":"bye","rank","status":"done"|"error","message"}  at the end
+// Events go to stdout, one line each, and as JSON objects to events.jsonl.
+#include <string>
+#include <vector>
+
+namespace pentad::launch {
+
+struct LaunchOptions {
+  int max_restarts = 3;
+  bool exclude_culprit = false;
+  bool restart_on_slow = false;
+  int port = 0;
+  double hang_factor = 5.0, hang_floor_s = 2.0, beat_timeout_s = 1.0;
+  std::string events_path;           // empty: <out_dir>/events.jsonl from the ranks' hello
+  std::vector<std::string> command;  // after --
+};
+
+// argv[0] is "launch". Throws pentad::Error saying what to change on bad input.
+LaunchOptions parse_launch_options(int argc, char** argv);
+
+// The whole command: parses, supervises, returns the exit status (0: the job finished).
+int supervise_main(int argc, char** argv);
+
+}  // namespace pentad::launch

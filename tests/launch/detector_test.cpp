@@ -1,0 +1,221 @@
+// The supervisor's decisions (launch/detector.h) on synthetic beats: each fault class with its
+// culprit and first sign, the thresholds learnt from the step time, and a healthy run (steps
+// with jitter) that must not be flagged.
+#include "launch/detector.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+using nlohmann::json;
+using pentad::launch::Detection;
+using pentad::launch::Detector;
+
+namespace {
+
+constexpr int kWorld = 4;
+const std::vector<int> kEveryone{0, 1, 2, 3};
+
+json hello(int rank) {
+  return {{"type", "hello"},     {"rank", rank},        {"world", kWorld}, {"pid", 0},
+          {"host", "elsewhere"}, {"out_dir", "runs/x"}, {"attempt", 0},    {"resume_step", 0}};
+}
+
+json beat(int rank, int64_t step, const std::string& phase, double step_s = 0.1,
+          double wait_s = 0.0) {
+  return {{"type", "beat"},         {"rank", rank},   {"t", 0.0},
+          {"step", step},           {"phase", phase}, {"step_seconds", step_s},
+          {"wait_seconds", wait_s}, {"ckpt_step", -1}};
+}
+
+json waiting(int rank, int64_t step, const std::string& comm, int64_t seq, double since_s,
+             const std::vector<int>& members) {
+  json b = beat(rank, step, "wait");
+  b["wait"] = {{"comm", comm},
+               {"kind", "all_reduce"},
+               {"seq", seq},
+               {"since_s", since_s},
+               {"members", members}};
+  return b;
+}
+
+void feed(Detector& d, const json& msg, double now) {
+  std::string error;
+  ASSERT_GE(d.message(msg, now, &error), 0) << error;
+}
+
+// Four ranks that said hello and ran steps 1..10 of 0.1 s each, on the supervisor's clock
+// t = 0..1.
+Detector healthy_run() {
+  Detector d({});
+  for (int r = 0; r < kWorld; ++r) feed(d, hello(r), 0);
+  for (int step = 1; step <= 10; ++step)
+    for (int r = 0; r < kWorld; ++r) feed(d, beat(r, step, "compute", 0.1, 0.0), 0.1 * step);
+  return d;
+}
+
+// From t = 1, ranks 0, 1, 3 block in dp's all-reduce #10 (entered at t = 1) and keep
+// beating until `until`; rank 2 beats as `rank2` says.
+template <typename Rank2>
+void block_all_but_rank2(Detector& d, double until, Rank2 rank2) {
+  for (double t = 1.0; t <= until + 1e-9; t += 0.1) {
+    for (int r : {0, 1, 3}) feed(d, waiting(r, 10, "dp", 10, t - 1.0, kEveryone), t);
+    rank2(t);
+  }
+}
+
+TEST(Detector, ThresholdsComeFromTheMedianStepTime) {
+  Detector fresh({});
+  EXPECT_DOUBLE_EQ(fresh.hang_threshold_s(), 10.0);  // 5 x the 2 s floor before any step
+  Detector d = healthy_run();
+  EXPECT_NEAR(d.median_step_seconds(), 0.1, 1e-12);
+  EXPECT_DOUBLE_EQ(d.hang_threshold_s(), 2.0);  // the floor: 5 x 0.1 s is less
+  for (int r = 0; r < kWorld; ++r) feed(d, beat(r, 11, "compute", 1.0), 1.1);
+  for (int r = 0; r < kWorld; ++r) feed(d, beat(r, 12, "compute", 1.0), 1.2);
+  // Each rank's median over its last 20 steps is still 0.1 s; after 10 more at 1 s, 1 s.
+  EXPECT_NEAR(d.median_step_seconds(), 0.1, 1e-12);
+  for (int step = 13; step <= 30; ++step)
+    for (int r = 0; r < kWorld; ++r) feed(d, beat(r, step, "compute", 1.0), 0.1 * step);
+  EXPECT_DOUBLE_EQ(d.hang_threshold_s(), 5.0);
+}
+
+TEST(Detector, RankComputingWhileTheOthersWaitIsANonCommHang) {
+  Detector d = healthy_run();
+  block_all_but_rank2(d, 2.9, [&](double t) { feed(d, beat(2, 10, "compute"), t); });
+  EXPECT_FALSE(d.check(2.95).has_value());  // 1.95 s < the 2 s threshold
+  block_all_but_rank2(d, 3.2, [&](double t) { feed(d, beat(2, 10, "compute"), t); });
+  std::optional<Detection> found = d.check(3.2);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->cls, "non-comm hang");
+  EXPECT_EQ(found->culprit, std::vector<int>{2});
+  EXPECT_NEAR(found->first_sign_at, 1.0, 1e-9);  // when the longest waiter entered
+  EXPECT_FALSE(d.check(3.3).has_value());        // reported once
+}
+
+TEST(Detector, RankInAnotherCollectiveIsACommHang) {
+  Detector d = healthy_run();
+  block_all_but_rank2(d, 3.2, [&](double t) {
+    feed(d, waiting(2, 10, "tp", 4, t - 1.2, {2, 3}), t);
+  });
+  std::optional<Detection> found = d.check(3.2);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->cls, "comm hang");
+  EXPECT_EQ(found->culprit, std::vector<int>{2});
+}
+
+TEST(Detector, EveryMemberInTheSameCollectiveBlamesTheLink) {
+  Detector d = healthy_run();
+  block_all_but_rank2(d, 3.2,
+                      [&](double t) { feed(d, waiting(2, 10, "dp", 10, t - 1.0, kEveryone), t); });
+  std::optional<Detection> found = d.check(3.2);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->cls, "comm hang");
+  EXPECT_EQ(found->culprit, kEveryone);
+}
+
+TEST(Detector, SilentRankIsUnresponsiveEvenWhenNoOneWaits) {
+  Detector d = healthy_run();
+  for (double t = 1.0; t <= 3.1; t += 0.1)
+    for (int r : {0, 1, 2}) feed(d, beat(r, 10, "compute"), t);  // rank 3: last beat at t = 1
+  EXPECT_FALSE(d.check(2.9).has_value());
+  std::optional<Detection> found = d.check(3.1);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->cls, "non-comm hang");
+  EXPECT_EQ(found->culprit, std::vector<int>{3});
+  EXPECT_NEAR(found->latency_s(), 2.1, 1e-9);
+}
+
+TEST(Detector, SilentMemberOfTheWaitIsTheCulpritWhateverItsLastPhase) {
+  Detector d = healthy_run();
+  feed(d, waiting(2, 10, "dp", 10, 0.0, kEveryone), 1.0);  // stopped inside the collective
+  block_all_but_rank2(d, 2.5, [](double) {});
+  std::optional<Detection> found = d.check(2.5);  // wait 1.5 s, silence 1.5 s: not yet
+  EXPECT_FALSE(found.has_value());
+  block_all_but_rank2(d, 3.1, [](double) {});
+  found = d.check(3.1);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->cls, "non-comm hang");
+  EXPECT_EQ(found->culprit, std::vector<int>{2});
+}
+
+TEST(Detector, ClosedConnectionWithoutByeIsDeadButAByeIsNot) {
+  Detector d = healthy_run();
+  feed(d, {{"type", "bye"}, {"rank", 0}, {"status", "done"}, {"message", ""}}, 1.05);
+  d.vanished(0, 1.06);
+  EXPECT_FALSE(d.check(1.07).has_value());
+  d.vanished(3, 1.08);
+  d.vanished(1, 1.09);  // the launcher taking the others down after the first
+  std::optional<Detection> found = d.check(1.1);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->cls, "dead");
+  EXPECT_EQ(found->culprit, std::vector<int>{3});
+  EXPECT_NEAR(found->first_sign_at, 1.0, 1e-9);  // its last beat
+}
+
+TEST(Detector, ReportedErrorNamesItsRank) {
+  Detector d = healthy_run();
+  feed(d, {{"type", "bye"}, {"rank", 2}, {"status", "error"}, {"message", "out of memory"}}, 1.2);
+  std::optional<Detection> found = d.check(1.3);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->culprit, std::vector<int>{2});
+  EXPECT_NE(found->reason.find("out of memory"), std::string::npos);
+  EXPECT_EQ(d.launcher_failed(1, 1.4).culprit, std::vector<int>{2});
+}
+
+TEST(Detector, SlowRankThatTheOthersWaitForIsReportedOnce) {
+  Detector d = healthy_run();
+  for (int step = 11; step <= 14; ++step)
+    for (int r = 0; r < kWorld; ++r)
+      feed(d, r == 1 ? beat(1, step, "compute", 0.31, 0.0) : beat(r, step, "compute", 0.31, 0.2),
+           0.3 * step);
+  EXPECT_FALSE(d.check(4.3).has_value());  // four slow steps of the five needed
+  for (int r = 0; r < kWorld; ++r)
+    feed(d, r == 1 ? beat(1, 15, "compute", 0.31, 0.0) : beat(r, 15, "compute", 0.31, 0.2), 4.5);
+  std::optional<Detection> found = d.check(4.5);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->cls, "non-comm slow");
+  EXPECT_EQ(found->culprit, std::vector<int>{1});
+  EXPECT_NEAR(found->first_sign_at, 3.3, 1e-9);  // the first of the five slow steps
+  EXPECT_FALSE(d.check(4.6).has_value());
+}
+
+TEST(Detector, HealthyJitterIsNoFault) {
+  Detector d({});
+  for (int r = 0; r < kWorld; ++r) feed(d, hello(r), 0);
+  // Compute 0.10..0.13 s per rank, rotating who is slowest; the others wait the difference.
+  for (int step = 1; step <= 200; ++step) {
+    const double now = 0.13 * step;
+    for (int r = 0; r < kWorld; ++r) {
+      const double compute = 0.10 + 0.01 * ((r + step) % kWorld);
+      feed(d, beat(r, step, "compute", 0.13, 0.13 - compute), now);
+    }
+    ASSERT_FALSE(d.check(now + 0.05).has_value()) << "step " << step;
+  }
+}
+
+TEST(Detector, LinkAtThreeTimesTheMedianPairIsSlow) {
+  Detector d = healthy_run();
+  for (int r = 0; r < kWorld; ++r) {
+    json b = beat(r, 10, "compute");
+    b["p2p"] = json::array();
+    for (int p = 0; p < kWorld; ++p)
+      if (p != r) b["p2p"].push_back({p, (r == 0 && p == 2) || (r == 2 && p == 0) ? 0.04 : 0.01});
+    feed(d, b, 1.05);
+  }
+  std::optional<Detection> found = d.check(1.1);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->cls, "comm slow");
+  EXPECT_EQ(found->culprit, (std::vector<int>{0, 2}));
+}
+
+TEST(Detector, MalformedMessagesAreRefusedNotFatal) {
+  Detector d({});
+  std::string error;
+  EXPECT_EQ(d.message(json::array(), 0, &error), -1);
+  EXPECT_EQ(d.message({{"type", "beat"}}, 0, &error), -1);
+  EXPECT_EQ(d.message({{"type", "gossip"}, {"rank", 1}}, 0, &error), -1);
+  EXPECT_NE(error.find("gossip"), std::string::npos);
+}
+
+}  // namespace

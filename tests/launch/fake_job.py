@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""A fake MPI job for `pentad launch` (tests/launch/supervisor_test.py): no MPI, no model.
+
+It forks N fake ranks that speak the monitor protocol of launch/supervisor.h to
+PENTAD_MONITOR: a hello, a beat every 100 ms from a thread of their own, a bye. Each step
+computes ~0.1 s (a sleep) and ends in a shared collective (a barrier) that every rank enters,
+reported as phase "wait" on comm "dp", seq = the step. Every 10 steps rank 0 commits a
+"checkpoint" (out/fake-ckpt); `--resume latest` starts from it, as pentad train would.
+
+Scenarios (on attempt >= 1 the job runs clean unless --every-attempt):
+  clean:N         N steps, then bye "done"
+  kill:R:S        rank R exits abruptly at step S; the others block in the collective
+  hang:R:S        rank R stops stepping at step S but keeps beating in phase compute
+  commhang:R:S    rank R enters another collective (comm "tp") at step S and stays there
+  stop:R:S        rank R SIGSTOPs itself at step S (silent, connection open)
+  slow:R:K        rank R computes K times longer every step; the others wait for it
+  linkslow:A:B    beats carry a p2p latency matrix in which link A-B is 5x slower
+"""
+import argparse
+import json
+import multiprocessing
+import os
+import random
+import signal
+import socket
+import sys
+import threading
+import time
+
+BEAT_S = 0.1
+COMPUTE_S = 0.1
+
+
+def rank_main(rank, args, barrier, attempt, resume_step, misbehave):
+    kind, a, b = misbehave if misbehave else ("clean", 0, 0)
+    host, port = os.environ["PENTAD_MONITOR"].rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)))
+    send_lock = threading.Lock()
+    state_lock = threading.Lock()
+    start = time.monotonic()
+    state = {"step": resume_step, "phase": "other", "step_seconds": 0.0, "wait_seconds": 0.0,
+             "ckpt_step": resume_step if resume_step > 0 else -1, "wait": None}
+
+    def send(msg):
+        with send_lock:
+            sock.sendall((json.dumps(msg) + "\n").encode())
+
+    def on_dump(signum, frame):  # the supervisor asks for the communication trace
+        with open(os.path.join(args.out, f"dump-rank{rank}-attempt{attempt}.txt"), "w") as f:
+            f.write(json.dumps(state) + "\n")
+
+    signal.signal(signal.SIGUSR1, on_dump)
+    send({"type": "hello", "rank": rank, "world": args.ranks, "pid": os.getpid(),
+          "host": socket.gethostname(), "out_dir": args.out, "attempt": attempt,
+          "resume_step": resume_step})
+
+    def beats():
+        while True:
+            now = time.monotonic()
+            with state_lock:
+                msg = {"type": "beat", "rank": rank, "t": now - start, "step": state["step"],
+                       "phase": state["phase"], "step_seconds": state["step_seconds"],
+                       "wait_seconds": state["wait_seconds"], "ckpt_step": state["ckpt_step"]}
+                if state["wait"]:
+                    w = dict(state["wait"])
+                    w["since_s"] = now - w.pop("entered")
+                    msg["wait"] = w
+            if kind == "linkslow":
+                msg["p2p"] = [[p, 0.05 if {rank, p} == {a, b} else 0.01]
+                              for p in range(args.ranks) if p != rank]
+            try:
+                send(msg)
+            except OSError:
+                return
+            time.sleep(BEAT_S)
+
+    threading.Thread(target=beats, daemon=True).start()
+
+    def enter_wait(comm, seq, members):
+        with state_lock:
+            state["phase"] = "wait"
+            state["wait"] = {"comm": comm, "kind": "all_reduce", "seq": seq,
+                             "entered": time.monotonic(), "members": members}
+
+    everyone = list(range(args.ranks))
+    for step in range(resume_step, args.steps):
+        t0 = time.monotonic()
+        with state_lock:
+            state["phase"] = "compute"
+        bad_step = misbehave and rank == a and step == b
+        if kind == "kill" and bad_step:
+            os._exit(1)
+        if kind == "stop" and bad_step:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        compute = COMPUTE_S + random.uniform(0, 0.03)
+        if kind == "slow" and rank == a:
+            compute *= b
+        time.sleep(compute)
+        if kind == "hang" and bad_step:
+            while True:
+                time.sleep(1)
+        if kind == "commhang" and bad_step:
+            time.sleep(0.3)  # it arrives after the others are already blocked in "dp"
+            enter_wait("tp", 0, [rank, (rank + 1) % args.ranks])
+            while True:
+                time.sleep(1)
+        entered = time.monotonic()
+        enter_wait("dp", step, everyone)
+        barrier.wait()
+        done = time.monotonic()
+        with state_lock:
+            state.update(step=step + 1, phase="other", wait=None, step_seconds=done - t0,
+                         wait_seconds=done - entered)
+            if (step + 1) % 10 == 0:
+                state["ckpt_step"] = step + 1
+        if (step + 1) % 10 == 0 and rank == 0:
+            tmp = os.path.join(args.out, "fake-ckpt.tmp")
+            with open(tmp, "w") as f:
+                f.write(str(step + 1))
+            os.replace(tmp, os.path.join(args.out, "fake-ckpt"))
+    send({"type": "bye", "rank": rank, "status": "done", "message": ""})
+    sock.close()
+    os._exit(0)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("scenario")
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--out", default="runs/fake")
+    p.add_argument("--every-attempt", action="store_true")
+    p.add_argument("--resume", default="")
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    attempt = int(os.environ.get("PENTAD_LAUNCH_ATTEMPT", "0"))
+
+    kind, *numbers = args.scenario.split(":")
+    numbers = [int(x) for x in numbers]
+    misbehave = None
+    if kind == "clean":
+        args.steps = numbers[0] if numbers else args.steps
+    elif attempt == 0 or args.every_attempt:
+        misbehave = (kind, numbers[0], numbers[1])
+    resume_step = 0
+    if args.resume == "latest" and os.path.exists(os.path.join(args.out, "fake-ckpt")):
+        resume_step = int(open(os.path.join(args.out, "fake-ckpt")).read())
+    print(f"fake job: attempt {attempt}, {args.ranks} ranks, {args.scenario}, from step "
+          f"{resume_step}", flush=True)
+
+    barrier = multiprocessing.get_context("fork").Barrier(args.ranks)
+    children = []
+    for rank in range(args.ranks):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                rank_main(rank, args, barrier, attempt, resume_step, misbehave)
+            finally:
+                os._exit(3)
+        children.append(pid)
+    # Like a launcher that does not notice a dead rank: wait for every one.
+    failed = 0
+    for pid in children:
+        _, status = os.waitpid(pid, 0)
+        failed += status != 0
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""`pentad launch` against a fake job (tests/launch/fake_job.py): each fault is detected with
+the right class and culprit within the latency bound, the ranks are asked for their traces,
+the job is ended and restarted from its checkpoint, and events.jsonl records all of it; a
+clean run sees no detection; a job that fails every time is given up after --max-restarts.
+
+usage: supervisor_test.py PENTAD WORK_DIR
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+PENTAD, WORK = sys.argv[1], sys.argv[2]
+FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_job.py")
+HANG_BOUND_S = 3.0  # threshold max(2 s floor, 5 x ~0.12 s steps) + a beat + a tick
+DEAD_BOUND_S = 0.5  # a closed connection is seen at once; its last beat was <= 0.1 s before
+failures = []
+
+
+def check(ok, what):
+    if not ok:
+        failures.append(what)
+        print("FAIL:", what, flush=True)
+
+
+def launch(name, scenario, options=(), fake_options=(), timeout=120):
+    out = os.path.join(WORK, name)
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [PENTAD, "launch", *options, "--", sys.executable, FAKE, "--out", out,
+           *fake_options, scenario]
+    t0 = time.monotonic()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    events_path = os.path.join(out, "events.jsonl")
+    events = [json.loads(l) for l in open(events_path)] if os.path.exists(events_path) else []
+    print(f"--- {name}: {scenario}, exit {p.returncode}, {time.monotonic() - t0:.1f} s\n"
+          + "\n".join(l for l in p.stdout.splitlines() if l.startswith("pentad launch")),
+          flush=True)
+    return p, events, out
+
+
+def of(events, kind, action=None):
+    return [e for e in events if e["event"] == kind and (action is None or e["action"] == action)]
+
+
+def recovered(name, scenario, cls, culprit, bound):
+    """One fault on attempt 0, a clean attempt 1: detection, dump, kill, restart, resume."""
+    p, events, out = launch(name, scenario)
+    check(p.returncode == 0, f"{name}: exit {p.returncode}, not 0\n{p.stdout}\n{p.stderr}")
+    det = of(events, "detection")
+    check(len(det) == 1, f"{name}: {len(det)} detections, not 1")
+    if not det:
+        return
+    d = det[0]
+    check(d["class"] == cls and d["culprit"] == culprit,
+          f"{name}: detected {d['class']} culprit {d['culprit']}, not {cls} culprit {culprit}")
+    check(0 <= d["latency_s"] < bound, f"{name}: latency {d['latency_s']:.2f} s, bound {bound}")
+    check(d["attempt"] == 0 and d["t"] > 0, f"{name}: detection {d}")
+    actions = [e["action"] for e in of(events, "action")]
+    check(actions == ["dump", "kill", "restart"], f"{name}: actions {actions}")
+    check(all(e["seconds"] >= 0 for e in of(events, "action")), f"{name}: action timings")
+    restart = of(events, "action", "restart")
+    check(restart and restart[0]["command"][-2:] == ["--resume", "latest"],
+          f"{name}: restart command {restart}")
+    res = of(events, "resumed")
+    check(len(res) == 1 and res[0]["attempt"] == 1 and res[0]["resume_step"] == 10 and
+          res[0]["steps_lost"] >= 1 and 0 < res[0]["seconds_to_resume"] < 10,
+          f"{name}: resumed {res}")
+    check(of(events, "exit") == [e for e in events if e["event"] == "exit"] and
+          events[-1]["event"] == "exit" and events[-1]["status"] == 0 and
+          events[-1]["restarts"] == 1, f"{name}: exit event {events[-1:]}")
+    # The live ranks were asked for their traces before the kill (a stopped one cannot answer).
+    dumps = [f for f in os.listdir(out) if f.startswith("dump-") and f.endswith("attempt0.txt")]
+    check(len(dumps) >= 2, f"{name}: trace dumps {dumps}")
+    return d["latency_s"]
+
+
+def clean():
+    p, events, _ = launch("clean", "clean:200")
+    check(p.returncode == 0, f"clean: exit {p.returncode}\n{p.stderr}")
+    check(not of(events, "detection") and not of(events, "action"), f"clean: events {events}")
+    check(events and events[-1] == {**events[-1], "event": "exit", "status": 0, "restarts": 0},
+          f"clean: {events}")
+
+
+def slow():
+    p, events, _ = launch("slow", "slow:2:3")
+    det = of(events, "detection")
+    check(p.returncode == 0 and len(det) == 1 and det[0]["class"] == "non-comm slow" and
+          det[0]["culprit"] == 2 and not of(events, "action"),
+          f"slow: exit {p.returncode}, events {events}")
+    return det[0]["latency_s"] if det else None
+
+
+def slow_restarts():
+    p, events, _ = launch("slow-restart", "slow:1:3", ["--restart-on-slow"])
+    det = of(events, "detection")
+    check(p.returncode == 0 and det and det[0]["class"] == "non-comm slow" and
+          events[-1]["restarts"] == 1, f"slow with --restart-on-slow: {events}")
+
+
+def link_slow():
+    p, events, _ = launch("link", "linkslow:1:3")
+    det = of(events, "detection")
+    check(p.returncode == 0 and len(det) == 1 and det[0]["class"] == "comm slow" and
+          det[0]["culprit"] == [1, 3], f"link: exit {p.returncode}, events {events}")
+
+
+def give_up():
+    p, events, out = launch("give-up", "kill:0:3", ["--max-restarts", "1"], ["--every-attempt"])
+    words = "the job failed 2 times, more than --max-restarts 1; giving up (events in "
+    check(p.returncode == 1 and words in p.stdout, f"give-up: exit {p.returncode}\n{p.stdout}")
+    check(len(of(events, "detection")) == 2 and of(events, "action", "give_up") and
+          events[-1]["event"] == "exit" and events[-1]["status"] == 1,
+          f"give-up: events {events}")
+
+
+def stopped_by_signal():
+    """SIGTERM to the supervisor ends the job with it."""
+    out = os.path.join(WORK, "sigterm")
+    shutil.rmtree(out, ignore_errors=True)
+    p = subprocess.Popen([PENTAD, "launch", "--", sys.executable, FAKE, "--out", out,
+                          "clean:400"], stdout=subprocess.PIPE, text=True)
+    time.sleep(3)
+    p.send_signal(signal.SIGTERM)
+    rc = p.wait(timeout=20)
+    events = [json.loads(l) for l in open(os.path.join(out, "events.jsonl"))]
+    ps = subprocess.run(["pgrep", "-f", out], capture_output=True, text=True).stdout.split()
+    check(rc == 128 + signal.SIGTERM and events[-1]["event"] == "exit" and not ps,
+          f"sigterm: exit {rc}, events {events}, left {ps}")
+
+
+def refusals():
+    cases = [(["launch"], "put its command after --"),
+             (["launch", "--max-restarts", "x", "--", "true"], "--max-restarts takes a number"),
+             (["launch", "--exclude-culprit", "--", "true"], "--exclude-culprit is not built"),
+             (["launch", "--", "/no/such/launcher"], "cannot run '/no/such/launcher'")]
+    for args, words in cases:
+        p = subprocess.run([PENTAD, *args], capture_output=True, text=True, timeout=30)
+        check(p.returncode == 2 and words in p.stderr, f"{args}: exit {p.returncode} {p.stderr}")
+
+
+os.makedirs(WORK, exist_ok=True)
+refusals()
+with ThreadPoolExecutor(max_workers=4) as pool:
+    jobs = {"dead": pool.submit(recovered, "dead", "kill:1:12", "dead", 1, DEAD_BOUND_S),
+            "non-comm hang": pool.submit(recovered, "hang", "hang:2:12", "non-comm hang", 2,
+                                         HANG_BOUND_S),
+            "comm hang": pool.submit(recovered, "commhang", "commhang:1:12", "comm hang", 1,
+                                     HANG_BOUND_S),
+            "stopped (SIGSTOP)": pool.submit(recovered, "stop", "stop:3:12", "non-comm hang",
+                                             3, HANG_BOUND_S),
+            "non-comm slow": pool.submit(slow)}
+    others = [pool.submit(f) for f in (clean, give_up, slow_restarts, link_slow,
+                                       stopped_by_signal)]
+    latencies = {k: f.result() for k, f in jobs.items()}
+    for f in others:
+        f.result()
+print("detection latencies (s): " +
+      ", ".join(f"{k} {v:.2f}" if v is not None else f"{k} -" for k, v in latencies.items()))
+if failures:
+    print(f"{len(failures)} supervisor checks failed")
+    sys.exit(1)
+print("supervisor detects and recovers every scenario")
