@@ -267,9 +267,7 @@ std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh)
   // ZeRO's formulas (README, "ZeRO"), N values here, Z = dp x cp, S = N / Z.
   const int64_t Z = mesh.dp * mesh.cp, zero = Z > 1 ? cfg.parallel.zero : 0;
   const bool nvme = cfg.parallel.offload == "nvme";
-  const char* grads_formula = zero == 0   ? "4N"
-                              : zero == 1 ? "4N + 4S"
-                                          : "<= 2 buckets of 4N + 8S";
+  const char* grads_formula = zero == 0 ? "4N" : zero == 1 ? "4N + 4S" : "<= 2 buckets of 4N + 8S";
   const std::string params_formula =
       zero == 3 ? fmt::format(", ZeRO-3: 4S + about two layers; Z = dp x cp = {}", Z) : "";
   if (zero == 3) {
