@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
+#include <tuple>
 
 namespace pentad::launch {
 
@@ -47,10 +49,20 @@ int Detector::message(const nlohmann::json& msg, double now, std::string* error)
     r.ckpt_step = msg.value("ckpt_step", int64_t{-1});
     const int64_t step = msg.value("step", r.step);
     const double step_seconds = msg.value("step_seconds", 0.0);
-    // A beat repeats the last completed step's times until the next step ends: record them
-    // once, when the step count moves.
-    if (step > r.step && step_seconds > 0)
+    // Every step since the last beat comes in "recent" ([step, seconds, wait seconds], oldest
+    // first; steps can be shorter than a beat); without it, the beat's last step, once.
+    const int64_t recorded = r.history.empty() ? r.step : std::max(r.step, r.history.back().step);
+    if (msg.contains("recent") && msg["recent"].is_array()) {
+      int64_t last = recorded;
+      for (const auto& s : msg["recent"])
+        if (s.is_array() && s.size() == 3 && s[0].is_number_integer() && s[1].is_number() &&
+            s[2].is_number() && s[0].get<int64_t>() > last && s[1].get<double>() > 0) {
+          last = s[0].get<int64_t>();
+          r.history.push_back({last, s[1].get<double>(), s[2].get<double>(), now});
+        }
+    } else if (step > r.step && step_seconds > 0) {
       r.history.push_back({step, step_seconds, msg.value("wait_seconds", 0.0), now});
+    }
     while (r.history.size() > kHistorySteps) r.history.pop_front();
     r.step = std::max(r.step, step);
     r.wait.reset();
@@ -170,20 +182,30 @@ std::optional<Detection> Detector::check_dead(double now) const {
   return found;
 }
 
-// The longest wait past the threshold, and the member of its communicator that is not in the
-// same collective: that member holds the others up.
+// The collective most ranks have waited in past the threshold (ties: the longest wait), and
+// the member of its communicator that is not in it: that member holds the others up. (The
+// culprit may itself be blocked elsewhere, longer: its own wait is not the one to judge by.)
 std::optional<Detection> Detector::check_hang(double now) const {
   const double threshold = hang_threshold_s();
-  const RankState* waiter = nullptr;
-  int waiter_rank = -1;
+  std::map<std::tuple<std::string, int64_t, std::vector<int>>, std::vector<int>> waiting;
   for (const auto& [rank, r] : ranks_) {
     if (r.closed || !r.bye.empty() || !r.wait || silent(r, now)) continue;
     if (now - r.wait->entered_at <= threshold) continue;
-    if (!waiter || r.wait->entered_at < waiter->wait->entered_at) {
-      waiter = &r;
-      waiter_rank = rank;
-    }
+    waiting[{r.wait->comm, r.wait->seq, r.wait->members}].push_back(rank);
   }
+  const RankState* waiter = nullptr;
+  int waiter_rank = -1;
+  size_t most = 0;
+  for (const auto& [collective, ranks] : waiting)
+    for (int rank : ranks) {
+      const RankState& r = ranks_.at(rank);
+      if (ranks.size() > most ||
+          (ranks.size() == most && r.wait->entered_at < waiter->wait->entered_at)) {
+        most = ranks.size();
+        waiter = &r;
+        waiter_rank = rank;
+      }
+    }
   if (!waiter) return std::nullopt;
   const Wait& w = *waiter->wait;
   const std::string waited = fmt::format("rank {} waited {:.1f} s in {} (threshold {:.1f} s)",
@@ -254,7 +276,9 @@ std::optional<Detection> Detector::check_compute_slow(double now) const {
       const double my_compute = mine.step_seconds - mine.wait_seconds;
       const double others = median(compute);
       const double excess = my_compute - others;
-      if (my_compute < 1.5 * others || excess < 1e-3 || median(waits) < 0.5 * excess) {
+      // The excess must also matter: a tenth of the step at least.
+      if (my_compute < 1.5 * others || excess < std::max(1e-3, 0.1 * mine.step_seconds) ||
+          median(waits) < 0.5 * excess) {
         slow_every_step = false;
         break;
       }

@@ -124,6 +124,10 @@ void Monitor::run() {
           {"step_seconds", p.step_seconds},
           {"wait_seconds", p.wait_seconds},
           {"ckpt_step", p.ckpt_step}};
+      nlohmann::json recent = nlohmann::json::array();
+      for (const parallel::ProgressSnapshot::Step& s : p.recent)
+        recent.push_back({s.step, s.seconds, s.wait_seconds});
+      beat["recent"] = std::move(recent);
       if (w.waiting)
         beat["wait"] = {{"comm", w.comm},
                         {"kind", w.kind},

@@ -4,8 +4,9 @@
 //   {"type":"hello","rank","world","pid","host","out_dir","attempt","resume_step"}  once,
 //     when training starts (after any resume);
 //   {"type":"beat","rank","t","step","phase","step_seconds","wait_seconds","ckpt_step",
+//     "recent":[[step, seconds, wait seconds], ...],
 //     "wait":{"comm","kind","seq","since_s","members"}}  every beat_ms (wait: only while
-//     blocked in a collective);
+//     blocked in a collective; recent: the last 16 steps);
 //   {"type":"bye","rank","status":"done"|"error","message"}  at the end.
 // The beats come from their own thread, so a rank that computes keeps beating, a rank
 // blocked in a collective says which, and a stopped or dead one goes silent: that, against

@@ -1,6 +1,8 @@
 #include "parallel/activity.h"
 
 #include <atomic>
+#include <deque>
+#include <mutex>
 
 namespace pentad::parallel {
 namespace {
@@ -16,7 +18,10 @@ struct Activity {
   std::atomic<bool> started{false};
   std::atomic<int64_t> start_step{0}, step{0}, ckpt_step{-1};
   std::atomic<double> step_seconds{0}, wait_seconds{0};
+  std::mutex recent_mutex;  // once a step on the training thread, once a beat on the monitor's
+  std::deque<ProgressSnapshot::Step> recent;
 };
+constexpr size_t kRecentSteps = 16;
 
 Activity& activity() {
   static Activity* a = new Activity();  // never destroyed: the monitor may outlive main
@@ -51,8 +56,14 @@ void activity_run_started(int64_t start_step) {
 
 void activity_step_done(int64_t steps_done, double step_seconds) {
   Activity& a = activity();
-  a.wait_seconds.store(1e-9 * double(a.step_wait_ns.exchange(0)));
+  const double wait_seconds = 1e-9 * double(a.step_wait_ns.exchange(0));
+  a.wait_seconds.store(wait_seconds);
   a.step_seconds.store(step_seconds);
+  {
+    std::lock_guard lock(a.recent_mutex);
+    a.recent.push_back({steps_done, step_seconds, wait_seconds});
+    if (a.recent.size() > kRecentSteps) a.recent.pop_front();
+  }
   a.step.store(steps_done, std::memory_order_release);
 }
 
@@ -83,6 +94,8 @@ ProgressSnapshot activity_progress() {
   p.step_seconds = a.step_seconds.load();
   p.wait_seconds = a.wait_seconds.load();
   p.ckpt_step = a.ckpt_step.load();
+  std::lock_guard lock(a.recent_mutex);
+  p.recent.assign(a.recent.begin(), a.recent.end());
   return p;
 }
 

@@ -31,6 +31,13 @@ struct ProgressSnapshot {
   double step_seconds = 0;  // the last step's wall time ...
   double wait_seconds = 0;  // ... and the part of it blocked in collectives
   int64_t ckpt_step = -1;   // newest committed checkpoint (-1: none yet)
+  // The last few steps, oldest first: (steps done, seconds, seconds blocked). Steps can be
+  // shorter than the monitor's beat; the slow-rank rule compares ranks step by step.
+  struct Step {
+    int64_t step = 0;
+    double seconds = 0, wait_seconds = 0;
+  };
+  std::vector<Step> recent;
 };
 
 // Training thread.

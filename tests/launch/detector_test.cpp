@@ -104,6 +104,20 @@ TEST(Detector, RankInAnotherCollectiveIsACommHang) {
   EXPECT_EQ(found->culprit, std::vector<int>{2});
 }
 
+// The culprit blocked in a receive of its own since before the others' all-reduce (what
+// train.inject_fault = commhang does): the collective most ranks wait in is judged, so the
+// culprit is rank 2, not a member of rank 2's receive that waits elsewhere.
+TEST(Detector, CulpritBlockedLongerElsewhereIsStillTheCulprit) {
+  Detector d = healthy_run();
+  block_all_but_rank2(d, 3.2, [&](double t) {
+    feed(d, waiting(2, 10, "world", 1, t - 0.8, kEveryone), t);  // entered at t = 0.2
+  });
+  std::optional<Detection> found = d.check(3.2);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->cls, "comm hang");
+  EXPECT_EQ(found->culprit, std::vector<int>{2});
+}
+
 TEST(Detector, EveryMemberInTheSameCollectiveBlamesTheLink) {
   Detector d = healthy_run();
   block_all_but_rank2(d, 3.2,
@@ -165,19 +179,19 @@ TEST(Detector, ReportedErrorNamesItsRank) {
 
 TEST(Detector, SlowRankThatTheOthersWaitForIsReportedOnce) {
   Detector d = healthy_run();
-  for (int step = 11; step <= 14; ++step)
+  for (int step = 11; step <= 19; ++step)
     for (int r = 0; r < kWorld; ++r)
       feed(d, r == 1 ? beat(1, step, "compute", 0.31, 0.0) : beat(r, step, "compute", 0.31, 0.2),
            0.3 * step);
-  EXPECT_FALSE(d.check(4.3).has_value());  // four slow steps of the five needed
+  EXPECT_FALSE(d.check(5.8).has_value());  // nine slow steps of the ten needed
   for (int r = 0; r < kWorld; ++r)
-    feed(d, r == 1 ? beat(1, 15, "compute", 0.31, 0.0) : beat(r, 15, "compute", 0.31, 0.2), 4.5);
-  std::optional<Detection> found = d.check(4.5);
+    feed(d, r == 1 ? beat(1, 20, "compute", 0.31, 0.0) : beat(r, 20, "compute", 0.31, 0.2), 6.0);
+  std::optional<Detection> found = d.check(6.0);
   ASSERT_TRUE(found.has_value());
   EXPECT_EQ(found->cls, "non-comm slow");
   EXPECT_EQ(found->culprit, std::vector<int>{1});
-  EXPECT_NEAR(found->first_sign_at, 3.3, 1e-9);  // the first of the five slow steps
-  EXPECT_FALSE(d.check(4.6).has_value());
+  EXPECT_NEAR(found->first_sign_at, 3.3, 1e-9);  // the first of the ten slow steps
+  EXPECT_FALSE(d.check(6.1).has_value());
 }
 
 TEST(Detector, HealthyJitterIsNoFault) {
