@@ -55,10 +55,11 @@ int Detector::message(const nlohmann::json& msg, double now, std::string* error)
     if (msg.contains("recent") && msg["recent"].is_array()) {
       int64_t last = recorded;
       for (const auto& s : msg["recent"])
-        if (s.is_array() && s.size() == 3 && s[0].is_number_integer() && s[1].is_number() &&
+        if (s.is_array() && s.size() >= 3 && s[0].is_number_integer() && s[1].is_number() &&
             s[2].is_number() && s[0].get<int64_t>() > last && s[1].get<double>() > 0) {
           last = s[0].get<int64_t>();
-          r.history.push_back({last, s[1].get<double>(), s[2].get<double>(), now});
+          r.history.push_back({last, s[1].get<double>(), s[2].get<double>(), now,
+                               s.size() > 3 && s[3].is_number() ? s[3].get<double>() : -1.0});
         }
     } else if (step > r.step && step_seconds > 0) {
       r.history.push_back({step, step_seconds, msg.value("wait_seconds", 0.0), now});
@@ -268,12 +269,17 @@ std::optional<Detection> Detector::check_compute_slow(double now) const {
       const auto& records = by_step[step];
       const StepRecord& mine = *records.at(culprit);
       std::vector<double> compute, waits;
+      // Compute time: the rank's CPU time outside waits where it reports it (a descheduled
+      // rank is not slow at its work), else the clock's.
+      auto compute_of = [](const StepRecord& h) {
+        return h.compute_cpu >= 0 ? h.compute_cpu : h.step_seconds - h.wait_seconds;
+      };
       for (const auto& [rank, h] : records)
         if (rank != culprit) {
-          compute.push_back(h->step_seconds - h->wait_seconds);
+          compute.push_back(compute_of(*h));
           waits.push_back(h->wait_seconds);
         }
-      const double my_compute = mine.step_seconds - mine.wait_seconds;
+      const double my_compute = compute_of(mine);
       const double others = median(compute);
       const double excess = my_compute - others;
       // The excess must also matter: a tenth of the step at least.

@@ -33,6 +33,7 @@ struct StepRecord {
   int64_t step = 0;
   double step_seconds = 0, wait_seconds = 0;
   double seen_at = 0;
+  double compute_cpu = -1;  // the rank's CPU seconds outside waits (-1: not reported)
 };
 
 struct RankState {

@@ -126,7 +126,7 @@ void Monitor::run() {
           {"ckpt_step", p.ckpt_step}};
       nlohmann::json recent = nlohmann::json::array();
       for (const parallel::ProgressSnapshot::Step& s : p.recent)
-        recent.push_back({s.step, s.seconds, s.wait_seconds});
+        recent.push_back({s.step, s.seconds, s.wait_seconds, s.compute_cpu});
       beat["recent"] = std::move(recent);
       if (w.waiting)
         beat["wait"] = {{"comm", w.comm},

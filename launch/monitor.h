@@ -4,7 +4,7 @@
 //   {"type":"hello","rank","world","pid","host","out_dir","attempt","resume_step"}  once,
 //     when training starts (after any resume);
 //   {"type":"beat","rank","t","step","phase","step_seconds","wait_seconds","ckpt_step",
-//     "recent":[[step, seconds, wait seconds], ...],
+//     "recent":[[step, seconds, wait seconds, compute CPU seconds], ...],
 //     "wait":{"comm","kind","seq","since_s","members"}}  every beat_ms (wait: only while
 //     blocked in a collective; recent: the last 16 steps);
 //   {"type":"bye","rank","status":"done"|"error","message"}  at the end.

@@ -295,7 +295,8 @@ void Supervisor::handle_line(int conn, const std::string& line, Detector& detect
     event({{"event", "resumed"},
            {"resume_step", recovery_->resume_step},
            {"ckpt_step", recovery_->ckpt_step},
-           {"steps_lost", recovery_->last_step - recovery_->resume_step},
+           // From beats (10 a second): a lower bound when steps are shorter than a beat.
+           {"steps_lost", std::max<int64_t>(0, recovery_->last_step - recovery_->resume_step)},
            {"seconds_to_hello", *recovery_->hello_at - recovery_->detected_at},
            {"seconds_to_resume", seconds}});
     say(fmt::format("resumed at step {} ({} steps lost), {:.2f} s after the detection",

@@ -1,5 +1,8 @@
 #include "parallel/activity.h"
 
+#include <time.h>
+
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <mutex>
@@ -15,6 +18,9 @@ struct Activity {
   std::atomic<int> kind{0};
   std::atomic<int64_t> enter_ns{0};
   std::atomic<int64_t> step_wait_ns{0};  // blocked so far in the current step
+  // The training thread's own: CPU time at the wait's start and spent waiting this step,
+  // and at the last step's end.
+  double wait_cpu_start = 0, step_wait_cpu = 0, step_cpu_start = -1;
   std::atomic<bool> started{false};
   std::atomic<int64_t> start_step{0}, step{0}, ckpt_step{-1};
   std::atomic<double> step_seconds{0}, wait_seconds{0};
@@ -30,9 +36,16 @@ Activity& activity() {
 
 }  // namespace
 
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
 void activity_wait_begin(const TraceTicket& ticket) {
   if (!ticket.channel) return;
   Activity& a = activity();
+  a.wait_cpu_start = thread_cpu_seconds();
   a.seq.store(ticket.seq, std::memory_order_relaxed);
   a.kind.store(int(ticket.kind), std::memory_order_relaxed);
   a.enter_ns.store(trace_now_ns(), std::memory_order_relaxed);
@@ -42,6 +55,7 @@ void activity_wait_begin(const TraceTicket& ticket) {
 void activity_wait_end() {
   Activity& a = activity();
   if (a.channel.exchange(nullptr, std::memory_order_acq_rel) == nullptr) return;
+  a.step_wait_cpu += thread_cpu_seconds() - a.wait_cpu_start;
   a.step_wait_ns.fetch_add(trace_now_ns() - a.enter_ns.load(std::memory_order_relaxed),
                            std::memory_order_relaxed);
 }
@@ -51,17 +65,24 @@ void activity_run_started(int64_t start_step) {
   a.start_step.store(start_step);
   a.step.store(start_step);
   a.step_wait_ns.store(0);
+  a.step_wait_cpu = 0;
+  a.step_cpu_start = thread_cpu_seconds();
   a.started.store(true, std::memory_order_release);
 }
 
 void activity_step_done(int64_t steps_done, double step_seconds) {
   Activity& a = activity();
   const double wait_seconds = 1e-9 * double(a.step_wait_ns.exchange(0));
+  const double cpu = thread_cpu_seconds();
+  const double compute_cpu =
+      a.step_cpu_start < 0 ? 0.0 : std::max(0.0, cpu - a.step_cpu_start - a.step_wait_cpu);
+  a.step_cpu_start = cpu;
+  a.step_wait_cpu = 0;
   a.wait_seconds.store(wait_seconds);
   a.step_seconds.store(step_seconds);
   {
     std::lock_guard lock(a.recent_mutex);
-    a.recent.push_back({steps_done, step_seconds, wait_seconds});
+    a.recent.push_back({steps_done, step_seconds, wait_seconds, compute_cpu});
     if (a.recent.size() > kRecentSteps) a.recent.pop_front();
   }
   a.step.store(steps_done, std::memory_order_release);

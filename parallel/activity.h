@@ -33,9 +33,12 @@ struct ProgressSnapshot {
   int64_t ckpt_step = -1;   // newest committed checkpoint (-1: none yet)
   // The last few steps, oldest first: (steps done, seconds, seconds blocked). Steps can be
   // shorter than the monitor's beat; the slow-rank rule compares ranks step by step.
+  // compute_cpu: the training thread's CPU time in the step outside waits. A rank that the
+  // machine deschedules (oversubscribed cores) takes long on the clock but not in CPU
+  // time; a rank that is slow at its work takes long in both.
   struct Step {
     int64_t step = 0;
-    double seconds = 0, wait_seconds = 0;
+    double seconds = 0, wait_seconds = 0, compute_cpu = 0;
   };
   std::vector<Step> recent;
 };
@@ -45,6 +48,7 @@ void activity_wait_begin(const TraceTicket& ticket);
 void activity_wait_end();
 void activity_run_started(int64_t start_step);
 void activity_step_done(int64_t steps_done, double step_seconds);
+double thread_cpu_seconds();  // the calling thread's CPU time
 void activity_checkpoint_committed(int64_t step);
 // Any thread.
 WaitSnapshot activity_wait();

@@ -170,6 +170,7 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
   auto start = std::chrono::steady_clock::now();
   StepStats s;
   s.start_ns = parallel::trace_now_ns();
+  const double start_cpu = parallel::thread_cpu_seconds();
   slow_factor_ = std::max(slow_factor_, inject_fault(step));
   ParamStore& params = model_->params();
   if (zero() >= 2)  // the pages come back as backward writes them and go once reduced
@@ -206,9 +207,12 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
     }
   }
   s.backward_end_ns = parallel::trace_now_ns();
-  if (slow_factor_ > 1.0) {  // an injected slow rank: its compute takes that much longer
-    std::this_thread::sleep_for(std::chrono::nanoseconds(
-        int64_t((slow_factor_ - 1.0) * double(s.backward_end_ns - s.start_ns))));
+  if (slow_factor_ > 1.0) {  // an injected slow rank: its compute takes that much longer,
+    // spinning (a slow device or core works longer; a sleep would look descheduled).
+    const double now = parallel::thread_cpu_seconds();
+    const double until = now + (slow_factor_ - 1.0) * (now - start_cpu);
+    while (parallel::thread_cpu_seconds() < until) {
+    }
     s.backward_end_ns = parallel::trace_now_ns();
   }
   if (pipeline_) {  // for the timeline, which keeps the spans of the last steps only
