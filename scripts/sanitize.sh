@@ -11,7 +11,7 @@
 #                context-parallel attention and ZeRO tests on 4;
 #   build-tsan/  ThreadSanitizer (clang, libomp + libarcher): the kernels' tests, the
 #                checkpoint saver's background-thread tests and the NVMe engine's (its I/O
-#                thread), on 2 OpenMP threads.
+#                thread) and the fault monitor's beat thread, on 2 OpenMP threads.
 # Findings are fatal. Suppressions (tests/sanitizers/) cover only leaks inside Open MPI's
 # own libraries, never pentad code. usage: sanitize.sh [asan|tsan]...
 set -euo pipefail
@@ -128,7 +128,7 @@ for kind in "${which[@]}"; do
       ;;
     tsan)
       dir=build-tsan
-      tests=($(unit_tests kernels) saver_test snapshot_test adamw_test nvme_state_test)
+      tests=($(unit_tests kernels) saver_test snapshot_test adamw_test nvme_state_test monitor_test)
       CC=clang CXX=clang++ cmake -S . -B $dir -G Ninja -DCMAKE_BUILD_TYPE=Release \
         -DPENTAD_CUDA=OFF -DPENTAD_SANITIZE=thread >/dev/null
       cmake --build $dir -j"$(nproc)" --target "${tests[@]}"
