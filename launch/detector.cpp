@@ -183,17 +183,20 @@ std::optional<Detection> Detector::check_dead(double now) const {
   return found;
 }
 
-// The collective most ranks have waited in past the threshold (ties: the longest wait), and
-// the member of its communicator that is not in it: that member holds the others up. (The
-// culprit may itself be blocked elsewhere, longer: its own wait is not the one to judge by.)
+// Once some rank has waited past the threshold: the collective most ranks wait in (ties: the
+// longest wait), and the member of its communicator that is not in it: that member holds the
+// others up. (The culprit may itself be blocked elsewhere, and longer, so neither its wait
+// nor only the waits already past the threshold are the ones to judge by.)
 std::optional<Detection> Detector::check_hang(double now) const {
   const double threshold = hang_threshold_s();
   std::map<std::tuple<std::string, int64_t, std::vector<int>>, std::vector<int>> waiting;
+  bool overdue = false;
   for (const auto& [rank, r] : ranks_) {
     if (r.closed || !r.bye.empty() || !r.wait || silent(r, now)) continue;
-    if (now - r.wait->entered_at <= threshold) continue;
+    overdue = overdue || now - r.wait->entered_at > threshold;
     waiting[{r.wait->comm, r.wait->seq, r.wait->members}].push_back(rank);
   }
+  if (!overdue) return std::nullopt;
   const RankState* waiter = nullptr;
   int waiter_rank = -1;
   size_t most = 0;
@@ -220,10 +223,13 @@ std::optional<Detection> Detector::check_hang(double now) const {
       return Detection{"dead", {m}, w.entered_at, now, waited + "; its connection closed"};
     const bool same = r.wait && r.wait->comm == w.comm && r.wait->seq == w.seq;
     if (same && !silent(r, now)) continue;
-    const bool other_collective = r.wait && !same;
+    // A silent rank (stopped, or its host stuck) is not responding, whatever it last said: its
+    // last beat may show a wait it has long left.
+    const bool other_collective = r.wait && !same && !silent(r, now);
     std::string state =
-        other_collective ? "it waits in " + describe(*r.wait) : "its last phase was " + r.phase;
-    if (silent(r, now)) state = fmt::format("silent {:.1f} s, ", now - r.last_heard_at) + state;
+        r.wait && !same ? "it waits in " + describe(*r.wait) : "its last phase was " + r.phase;
+    if (silent(r, now))
+      state = fmt::format("silent {:.1f} s, last ", now - r.last_heard_at) + state;
     return Detection{other_collective ? "comm hang" : "non-comm hang",
                      {m},
                      w.entered_at,

@@ -118,6 +118,20 @@ TEST(Detector, CulpritBlockedLongerElsewhereIsStillTheCulprit) {
   EXPECT_EQ(found->culprit, std::vector<int>{2});
 }
 
+// The culprit's own wait passes the threshold first (it entered it first, alone): the
+// collective the others wait in is still the one judged (seen in a commhang trial).
+TEST(Detector, CulpritPastTheThresholdFirstIsStillTheCulprit) {
+  Detector d = healthy_run();
+  for (double t = 1.0; t <= 3.05 + 1e-9; t += 0.05) {
+    for (int r : {0, 1, 3}) feed(d, waiting(r, 10, "dp", 11, t - 1.1, kEveryone), t);
+    feed(d, waiting(2, 10, "world", 8, t - 1.0, kEveryone), t);  // at 1.0, the others 1.1
+  }
+  std::optional<Detection> found = d.check(3.05);  // only rank 2's wait is past 2 s
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->cls, "comm hang");
+  EXPECT_EQ(found->culprit, std::vector<int>{2});
+}
+
 TEST(Detector, EveryMemberInTheSameCollectiveBlamesTheLink) {
   Detector d = healthy_run();
   block_all_but_rank2(d, 3.2,
@@ -148,6 +162,18 @@ TEST(Detector, SilentMemberOfTheWaitIsTheCulpritWhateverItsLastPhase) {
   EXPECT_FALSE(found.has_value());
   block_all_but_rank2(d, 3.1, [](double) {});
   found = d.check(3.1);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->cls, "non-comm hang");
+  EXPECT_EQ(found->culprit, std::vector<int>{2});
+}
+
+// Stopped right after its last beat showed it in the previous collective (#9): silent, so
+// a non-comm hang, not a comm hang in #9 (seen in a SIGSTOP trial, bench/fault_bench.py).
+TEST(Detector, SilentMemberLastSeenInAnotherCollectiveIsANonCommHang) {
+  Detector d = healthy_run();
+  feed(d, waiting(2, 10, "dp", 9, 0.0, kEveryone), 1.0);
+  block_all_but_rank2(d, 3.1, [](double) {});
+  std::optional<Detection> found = d.check(3.1);
   ASSERT_TRUE(found.has_value());
   EXPECT_EQ(found->cls, "non-comm hang");
   EXPECT_EQ(found->culprit, std::vector<int>{2});
