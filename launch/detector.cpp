@@ -44,6 +44,9 @@ int Detector::message(const nlohmann::json& msg, double now, std::string* error)
     r.out_dir = msg.value("out_dir", "");
     r.resume_step = msg.value("resume_step", int64_t{0});
     r.step = r.resume_step;
+  } else if (type == "started") {  // the step training starts from, after any resume
+    r.resume_step = msg.value("resume_step", int64_t{0});
+    r.step = std::max(r.step, r.resume_step);
   } else if (type == "beat") {
     r.phase = msg.value("phase", "other");
     r.ckpt_step = msg.value("ckpt_step", int64_t{-1});

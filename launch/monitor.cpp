@@ -1,12 +1,15 @@
 #include "launch/monitor.h"
 
+#include <fmt/format.h>
 #include <netdb.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -45,6 +48,21 @@ int connect_to(const std::string& address, std::string& why) {
   return fd;
 }
 
+// SIGTERM (mpirun ending the other ranks after one died, or the supervisor ending the job):
+// a goodbye first, so that the supervisor tells the rank that died from those ended after it.
+// send() is async-signal-safe; the message is made before the handler is installed.
+int g_fd = -1;
+char g_bye[96];
+size_t g_bye_size = 0;
+
+void say_bye_and_terminate(int signo) {
+  if (g_fd >= 0) {
+    [[maybe_unused]] ssize_t n = send(g_fd, g_bye, g_bye_size, MSG_NOSIGNAL);
+  }
+  std::signal(signo, SIG_DFL);
+  std::raise(signo);
+}
+
 std::string attempt() {
   const char* a = std::getenv("PENTAD_LAUNCH_ATTEMPT");
   return a ? a : "0";
@@ -63,11 +81,22 @@ Monitor::Monitor(int world_rank, int world_size, std::string out_dir, int beat_m
                  address, why);
     return;
   }
+  const std::string bye = fmt::format(
+      "{{\"type\":\"bye\",\"rank\":{},\"status\":\"terminated\",\"message\":\"SIGTERM\"}}\n",
+      rank_);
+  std::memcpy(g_bye, bye.data(), std::min(bye.size(), sizeof(g_bye)));
+  g_bye_size = std::min(bye.size(), sizeof(g_bye));
+  g_fd = fd_;
+  std::signal(SIGTERM, say_bye_and_terminate);
   thread_ = std::thread([this] { run(); });
 }
 
 Monitor::~Monitor() {
   if (fd_ >= 0 && !said_bye_) finish(false, "the rank ended without finishing");
+  if (fd_ >= 0) {
+    std::signal(SIGTERM, SIG_DFL);
+    g_fd = -1;
+  }
   stop_ = true;
   if (thread_.joinable()) thread_.join();
   if (fd_ >= 0) close(fd_);
@@ -95,47 +124,50 @@ bool Monitor::send_line(const std::string& line) {
 
 void Monitor::run() {
   const auto start = std::chrono::steady_clock::now();
-  bool hello = false;
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
+  // Hello at once (a rank may die before training starts); the step it starts from once
+  // known ("started", after any resume); beats throughout (phase "other" before the start).
+  nlohmann::json hello{{"type", "hello"},
+                       {"rank", rank_},
+                       {"world", world_},
+                       {"pid", int(getpid())},
+                       {"host", host},
+                       {"out_dir", out_dir_},
+                       {"attempt", std::stoi(attempt())},
+                       {"resume_step", -1}};
+  if (!send_line(hello.dump())) return;
+  bool started = false;
   while (!stop_) {
     const parallel::ProgressSnapshot p = parallel::activity_progress();
-    if (p.started) {
-      if (!hello) {
-        hello = send_line(nlohmann::json{
-            {"type", "hello"},
-            {"rank", rank_},
-            {"world", world_},
-            {"pid", int(getpid())},
-            {"host", host},
-            {"out_dir", out_dir_},
-            {"attempt", std::stoi(attempt())},
-            {"resume_step",
-             p.start_step}}.dump());
-        if (!hello) break;
-      }
-      const parallel::WaitSnapshot w = parallel::activity_wait();
-      nlohmann::json beat{
-          {"type", "beat"},
-          {"rank", rank_},
-          {"t", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()},
-          {"step", p.step},
-          {"phase", w.waiting ? "wait" : "compute"},
-          {"step_seconds", p.step_seconds},
-          {"wait_seconds", p.wait_seconds},
-          {"ckpt_step", p.ckpt_step}};
-      nlohmann::json recent = nlohmann::json::array();
-      for (const parallel::ProgressSnapshot::Step& s : p.recent)
-        recent.push_back({s.step, s.seconds, s.wait_seconds, s.compute_cpu});
-      beat["recent"] = std::move(recent);
-      if (w.waiting)
-        beat["wait"] = {{"comm", w.comm},
-                        {"kind", w.kind},
-                        {"seq", w.seq},
-                        {"since_s", w.since_s},
-                        {"members", w.members}};
-      if (!send_line(beat.dump())) break;  // the supervisor is gone: training goes on
+    if (p.started && !started) {
+      started = true;
+      nlohmann::json note{{"type", "started"}, {"rank", rank_}, {"resume_step", p.start_step}};
+      if (!send_line(note.dump())) break;
     }
+    const parallel::WaitSnapshot w = parallel::activity_wait();
+    nlohmann::json beat{
+        {"type", "beat"},
+        {"rank", rank_},
+        {"t", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()},
+        {"step", p.step},
+        {"phase", w.waiting ? "wait"
+                  : started ? "compute"
+                            : "other"},
+        {"step_seconds", p.step_seconds},
+        {"wait_seconds", p.wait_seconds},
+        {"ckpt_step", p.ckpt_step}};
+    nlohmann::json recent = nlohmann::json::array();
+    for (const parallel::ProgressSnapshot::Step& s : p.recent)
+      recent.push_back({s.step, s.seconds, s.wait_seconds, s.compute_cpu});
+    beat["recent"] = std::move(recent);
+    if (w.waiting)
+      beat["wait"] = {{"comm", w.comm},
+                      {"kind", w.kind},
+                      {"seq", w.seq},
+                      {"since_s", w.since_s},
+                      {"members", w.members}};
+    if (!send_line(beat.dump())) break;  // the supervisor is gone: training goes on
     std::this_thread::sleep_for(std::chrono::milliseconds(beat_ms_));
   }
 }

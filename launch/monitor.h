@@ -1,13 +1,14 @@
 #pragma once
 // The in-rank side of `pentad launch`'s fault detection: a thread that streams this rank's
 // activity (parallel/activity.h) to the supervisor over TCP, newline-delimited JSON:
-//   {"type":"hello","rank","world","pid","host","out_dir","attempt","resume_step"}  once,
-//     when training starts (after any resume);
+//   {"type":"hello","rank","world","pid","host","out_dir","attempt","resume_step":-1}  at once;
+//   {"type":"started","rank","resume_step"}  when training starts (after any resume);
 //   {"type":"beat","rank","t","step","phase","step_seconds","wait_seconds","ckpt_step",
 //     "recent":[[step, seconds, wait seconds, compute CPU seconds], ...],
 //     "wait":{"comm","kind","seq","since_s","members"}}  every beat_ms (wait: only while
 //     blocked in a collective; recent: the last 16 steps);
-//   {"type":"bye","rank","status":"done"|"error","message"}  at the end.
+//   {"type":"bye","rank","status":"done"|"error"|"terminated","message"}  at the end
+//     (terminated: SIGTERM, from mpirun ending the job after another rank died).
 // The beats come from their own thread, so a rank that computes keeps beating, a rank
 // blocked in a collective says which, and a stopped or dead one goes silent: that, against
 // the others' waits, is what the supervisor (launch/supervisor.h) decides from.

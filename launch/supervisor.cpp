@@ -286,11 +286,13 @@ void Supervisor::handle_line(int conn, const std::string& line, Detector& detect
       events_.open((std::filesystem::path(r.out_dir) / "events.jsonl").string());
     if (recovery_ && !recovery_->hello_at) {
       recovery_->hello_at = now();
-      recovery_->resume_step = r.resume_step;
+      recovery_->resume_step = r.resume_step;  // -1 until its "started"
     }
   }
-  if (recovery_ && recovery_->hello_at && msg.value("type", "") == "beat" &&
-      r.step > recovery_->resume_step) {
+  if (recovery_ && recovery_->resume_step < 0 && msg.value("type", "") == "started")
+    recovery_->resume_step = r.resume_step;
+  if (recovery_ && recovery_->hello_at && recovery_->resume_step >= 0 &&
+      msg.value("type", "") == "beat" && r.step > recovery_->resume_step) {
     const double seconds = now() - recovery_->detected_at;
     event({{"event", "resumed"},
            {"resume_step", recovery_->resume_step},
