@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""ZeRO on CPU ranks: per-rank memory of stages 0-3 at dp 1, 2, 4, 8 against the formulas.
+
+Trains a GPT-2 whose state dominates its activations (gpt-tiny widened: 8 layers, width 512,
+8 heads, vocabulary 8192, micro-batch 2 x 32 tokens: 29.4M values, 112 MiB of parameters)
+for a few steps on random tokens, one thread per rank, under every (dp, parallel.zero).
+For each run it reports, per rank (Z = dp when zero > 0 and dp > 1, else 1; S = N / Z):
+  formula  README's per-rank bytes of parameters + gradients + AdamW m, v:
+             stage 0  4N + 4N + 8N
+             stage 1  4N + (4N + 4S) + 8S
+             stage 2  4N + (2 buckets + 8S) + 8S
+             stage 3  (4S + two layers) + (2 buckets + 8S) + 8S
+           with N the values the run's memory plan names, a bucket parallel.bucket_mb and a
+           layer the 12C^2 + 13C values of one block;
+  plan     the same three figures from the memory plan the run prints at start (the real
+           arena sizes, the largest over ranks where they differ);
+  acts     the activations from the same line (small here, not part of the formula);
+  RSS      two peaks of resident memory per rank (min..max over ranks):
+             whole run     pentad's closing line (getrusage), which includes start-up;
+             after step 1  each rank's high-water mark reset (5 into /proc/PID/clear_refs)
+                           once rank 0 logs step 1, and read (VmHWM) until it exits: the
+                           steady state of steps 2 on, start-up excluded;
+           each less a baseline: the same figure for the same launch (ranks, threads,
+           batch) with gpt-tiny's own 0.1M-value model, less that run's plan total;
+  ratio    (RSS max - baseline) / (formula + acts), for both peaks.
+At dp 1 ZeRO has nothing to shard (Z = 1; pentad runs stage 0): the formula is stage 0's.
+Eight ranks on two cores are slow but fine for memory: each rank needs about 0.5 GiB.
+Resetting high-water marks needs root (or the ranks' own user).
+
+usage: /usr/bin/python3 bench/zero_memory.py [--pentad build/pentad] [--steps 4]
+           [--dps 1,2,4,8] [--stages 0,1,2,3] [--work bench/out/zero_memory]
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MiB = 1 << 20
+UNITS = {"B": 1, "KiB": 1 << 10, "MiB": MiB, "GiB": 1 << 30, "TiB": 1 << 40}
+COMMON = {"train.micro_batch": 2, "train.seq_len": 32, "train.grad_accum": 1,
+          "train.eval_every": 0, "train.threads": 1, "train.log_every": 1,
+          "data.source": "random"}
+MODEL = {"model.n_layer": 8, "model.d_model": 512, "model.n_head": 8, "model.vocab_size": 8192}
+
+
+def parse_bytes(text):
+    value, unit = text.split()
+    return float(value) * UNITS[unit]
+
+
+def rank_pids(out):
+    """The pentad processes of the run writing to out (each rank's command line names it)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if proc.name.isdigit() and argv[0].endswith(b"pentad") and \
+                f"train.out_dir={out}".encode() in argv:
+            pids.append(int(proc.name))
+    return pids
+
+
+def mpi_rank(pid):
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return int(next(e for e in environ if e.startswith(b"OMPI_COMM_WORLD_RANK=")).split(b"=")[1])
+
+
+def high_water(pid):
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    m = re.search(r"VmHWM:\s+(\d+) kB", status)  # none once the rank has exited (a zombie)
+    return int(m.group(1)) * 1024 if m else None
+
+
+def run(pentad, ranks, keys, out):
+    """Runs pentad; the memory plan, the whole run's peak RSS (pentad's own line) and the
+    steady-state peak: each rank's high-water mark reset once step 1 is logged (writing 5
+    to /proc/PID/clear_refs), then read from /proc/PID/status until the rank exits."""
+    shutil.rmtree(out, ignore_errors=True)
+    keys = dict(COMMON, **keys, **{"train.out_dir": out})
+    cmd = (["mpirun", "--oversubscribe", "-np", str(ranks), str(pentad), "train",
+            str(ROOT / "recipes/gpt-tiny.toml")] +
+           [x for k, v in keys.items() for x in ("--set", f"{k}={v}")])
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMP_NUM_THREADS="1")
+    env.pop("PENTAD_POISON", None)  # poison touches every page and would hide the savings
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    steady, ranks_of = {}, {}  # pid -> the last high-water mark read since the reset, rank
+    done = threading.Event()
+
+    def watch():
+        while not done.wait(0.05):
+            for pid in list(steady):
+                hwm = high_water(pid)
+                if hwm is not None:
+                    steady[pid] = hwm
+    watcher = threading.Thread(target=watch)
+    lines = []
+    for line in p.stdout:
+        lines.append(line)
+        if not steady and re.search(r"step\s+1/", line):
+            pids = rank_pids(out)
+            assert len(pids) == ranks, f"found {len(pids)} pentad processes, want {ranks}"
+            for pid in pids:
+                ranks_of[pid] = mpi_rank(pid)
+                Path(f"/proc/{pid}/clear_refs").write_text("5")
+                steady[pid] = high_water(pid)
+            watcher.start()
+    p.wait()
+    done.set()
+    watcher.join()
+    text = "".join(lines)
+    if p.returncode != 0 or not steady:
+        sys.exit(f"failed ({p.returncode}): {' '.join(cmd)}\n{text[-3000:]}")
+    plans = [line for line in text.splitlines() if "memory plan (this rank" in line]
+
+    def field(name):
+        return max(parse_bytes(re.search(name + r" ([\d.]+ \w+)", line).group(1))
+                   for line in plans)
+    m = re.search(r"peak resident memory per rank: (\d+) to (\d+) MiB", text)
+    return dict(values=int(re.search(r"\((\d+) values", plans[0]).group(1)),
+                params=field("parameters"), grads=field("gradients"),
+                optim=field("AdamW state"), acts=field("activations"), total=field("total"),
+                rss=(int(m.group(1)) * MiB, int(m.group(2)) * MiB),
+                steady=(min(steady.values()), max(steady.values())),
+                by_rank=[steady[pid] for pid in sorted(steady, key=ranks_of.get)],
+                cmd=" ".join(cmd))
+
+
+def formula(n, z, stage, layer_bytes, bucket_bytes):
+    """README's parameters, gradients and AdamW bytes on one rank (stage 0 where z = 1)."""
+    s = n / z
+    params = 4 * n if stage < 3 else 4 * s + min(4 * n, 2 * layer_bytes)
+    grads = 4 * n if stage == 0 else 4 * n + 4 * s if stage == 1 else (
+        min(4 * n, 2 * bucket_bytes) + 8 * s)
+    return params, grads, 8 * s
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pentad", default=str(ROOT / "build/pentad"))
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--dps", default="1,2,4,8")
+    ap.add_argument("--stages", default="0,1,2,3")
+    ap.add_argument("--bucket-mb", type=float, default=4.0)
+    ap.add_argument("--work", default=str(ROOT / "bench/out/zero_memory"))
+    args = ap.parse_args()
+    work = Path(args.work)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    c = MODEL["model.d_model"]
+    layer_bytes = 4 * (12 * c * c + 13 * c)
+    print(f"model: {' '.join(f'{k}={v}' for k, v in {**MODEL, **COMMON}.items())}; "
+          f"{args.steps} steps; one layer {layer_bytes / MiB:.1f} MiB; "
+          f"bucket {args.bucket_mb} MiB")
+    print("| dp | zero | formula P + G + O MiB | plan P + G + O MiB | acts MiB | "
+          "peak RSS, whole run MiB | RSS after step 1 MiB | baseline MiB | "
+          "after step 1 - baseline | / (formula + acts) | whole run - baseline | "
+          "/ (formula + acts) |")
+    print("|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for dp in (int(x) for x in args.dps.split(",")):
+        base = run(args.pentad, dp, {"train.steps": args.steps}, work / f"base-dp{dp}")
+        baseline = (base["steady"][1] - base["total"], base["rss"][1] - base["total"])
+        print(f"<!-- baseline: {base['cmd']} -->")
+        for stage in (int(x) for x in args.stages.split(",")):
+            keys = dict(MODEL, **{"train.steps": args.steps, "parallel.dp": dp,
+                                  "parallel.zero": stage,
+                                  "parallel.bucket_mb": args.bucket_mb})
+            r = run(args.pentad, dp, keys, work / f"dp{dp}-zero{stage}")
+            z = dp if stage > 0 else 1
+            f = formula(r["values"], z, stage if z > 1 else 0, layer_bytes, args.bucket_mb * MiB)
+            plan = (r["params"], r["grads"], r["optim"])
+            want = sum(f) + r["acts"]
+            steady, whole = r["steady"][1] - baseline[0], r["rss"][1] - baseline[1]
+            print(f"<!-- {r['cmd']} -->")
+            print(f"<!-- after step 1, by rank (MiB): "
+                  f"{' '.join(str(round(x / MiB)) for x in r['by_rank'])} -->")
+            print(f"| {dp} | {stage} | {sum(f) / MiB:.1f} = "
+                  f"{' + '.join(f'{x / MiB:.1f}' for x in f)} | {sum(plan) / MiB:.1f} = "
+                  f"{' + '.join(f'{x / MiB:.1f}' for x in plan)} | {r['acts'] / MiB:.1f} | "
+                  f"{r['rss'][0] / MiB:.0f}..{r['rss'][1] / MiB:.0f} | "
+                  f"{r['steady'][0] / MiB:.0f}..{r['steady'][1] / MiB:.0f} | "
+                  f"{baseline[0] / MiB:.0f} | {steady / MiB:.0f} | {steady / want:.3f} | "
+                  f"{whole / MiB:.0f} | {whole / want:.3f} |", flush=True)
+
+if __name__ == "__main__":
+    main()
