@@ -126,6 +126,18 @@ void GradReducer::ready_from(int64_t offset) {
   }
   for (size_t i = 0; i < next_; ++i)  // drive progress; stage 2 frees what is done
     if (buckets_[i].work.test() && stage_ >= 2) complete(buckets_[i]);
+  if (stage_ < 2) return;
+  // Stage 2 holds at most kInFlight buckets of full-size gradients: MPI without a progress
+  // thread moves a reduction only inside MPI calls, so without this bound buckets finish
+  // (and free their pages) many layers late (bench/RESULTS.md, ZeRO memory).
+  size_t pending = 0;
+  for (size_t i = 0; i < next_; ++i) pending += buckets_[i].done ? 0 : 1;
+  for (size_t i = 0; i < next_ && pending > kInFlight; ++i)
+    if (!buckets_[i].done) {
+      buckets_[i].work.wait();
+      complete(buckets_[i]);
+      --pending;
+    }
 }
 
 void GradReducer::finish() {
@@ -148,6 +160,12 @@ void GradReducer::gather(float* arena) {
 
 void GradReducer::gather_params() {
   if (stage_ == 1 || stage_ == 2) gather(params_.all_params().f32());
+}
+
+int64_t GradReducer::largest_bucket() const {
+  int64_t most = 0;
+  for (const Bucket& b : buckets_) most = std::max(most, b.end - b.begin);
+  return most;
 }
 
 int GradReducer::bucket_of(int64_t offset) const {

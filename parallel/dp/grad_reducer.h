@@ -14,7 +14,8 @@
 //   stage 1: the full gradient arena stays; buckets reduce after the last micro-batch.
 //   stage 2: buckets reduce after every micro-batch, adding into the compact buffer, and
 //            each bucket's part of the full arena is discarded (zeros, pages returned) as
-//            soon as its reduction is done: the full-size gradients are never all resident.
+//            soon as its reduction is done, at most kInFlight buckets pending: the full-size
+//            gradients are never all resident.
 //   stage 3: as stage 2, with one bucket per unit (a layer, the embedding, the head: the
 //            caller's `unit` key), and the parameters sharded too: this rank's shares stay
 //            resident (the optimizer updates them there), the rest of a unit is all-gathered
@@ -72,6 +73,8 @@ class GradReducer {
   int buckets_count() const { return int(buckets_.size()); }
 
   int zero_stage() const { return stage_; }
+  static constexpr size_t kInFlight = 2;  // stage 2: buckets of full gradients at most pending
+  int64_t largest_bucket() const;         // elements
   size_t buckets() const { return buckets_.size(); }
 
  private:

@@ -210,8 +210,11 @@ std::string Trainer::memory_plan() const {
   const size_t shard = size_t(optimizer_->shard().numel) * sizeof(float);
   // Offloaded to NVMe: the streaming buffers (three sub-groups of m and v) in memory.
   const NvmeState* nvme = optimizer_->nvme();
-  const size_t params = p.bytes() + p.compute_copy_bytes(),
-               optim = nvme ? nvme->host_buffer_bytes() : 2 * shard;
+  // ZeRO-3: resident are this rank's shares and, while they compute, about two units whole
+  // (the largest, often the embedding, counted twice); the arena itself is reserved whole.
+  const size_t params = zero() == 3 ? shard + 2 * size_t(reducer_->largest_bucket()) * sizeof(float)
+                                    : p.bytes() + p.compute_copy_bytes();
+  const size_t optim = nvme ? nvme->host_buffer_bytes() : 2 * shard;
   const size_t grads = zero() == 0 ? p.bytes() : zero() == 1 ? p.bytes() + shard : 2 * shard;
   std::string zero_text;
   if (zero() > 0)

@@ -129,8 +129,9 @@ TEST(Zero, ReduceScatterSumsEachShareAndGatherRestoresParameters) {
       for (int64_t e = range.begin; e < range.end; ++e)
         ASSERT_EQ(reduced[range.shard + e - range.begin], 2 * ranks_sum * float(e % 1000) * 0.5f)
             << "stage " << stage << " element " << e;
-    if (stage == 2)  // the full gradients were dropped once reduced
+    if (stage == 2) {  // the full gradients were dropped once reduced
       for (int64_t e = 0; e < p.numel(); ++e) ASSERT_EQ(g[e], 0.0f) << e;
+    }
     // Each rank writes its shares of the parameters; the all-gather completes them.
     for (int64_t e = 0; e < p.numel(); ++e) w[e] = -1.0f;
     for (const StateShard::Range& range : reducer.shard().ranges)
