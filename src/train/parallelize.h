@@ -9,10 +9,12 @@
 //      becomes parallel/cp's Ulysses all-to-alls and ring over the cp group;
 //   3. pipeline parallelism: the model holds this stage's layer ranges (parallel/pp/layout.h)
 //      and a Stage adapter (parallel/pp/stage.h) lets the pipeline executor drive them;
-//   4. data parallelism reduces the gradients the model produces (parallel/dp, in the trainer).
+//   4. data parallelism reduces the gradients the model produces (parallel/dp, in the trainer),
+//      and ZeRO-3 gathers the parameters it reads (zero_parameters below).
 #include <memory>
 
 #include "model/model.h"
+#include "parallel/dp/grad_reducer.h"
 #include "parallel/mesh.h"
 #include "parallel/pp/stage.h"
 #include "train/config.h"
@@ -32,6 +34,12 @@ struct ModelWiring {
 // Fills `wiring`.
 std::unique_ptr<Model> parallelize(const Config& cfg, parallel::Mesh* mesh, Placement placement,
                                    ModelWiring& wiring);
+
+// ZeRO-3 (parameters sharded over dp x cp): the model's parameter hooks, which gather each
+// stretch's units through the reducer's buckets before it and drop them after. The reducer
+// and the store outlive the hooks.
+std::unique_ptr<ParameterHooks> zero_parameters(parallel::GradReducer& reducer,
+                                                const ParamStore& params);
 
 // The model's chunks as a pipeline stage sees them; the model outlives it.
 std::unique_ptr<parallel::pp::Stage> pipeline_stage(Model& model);

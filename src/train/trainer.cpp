@@ -21,44 +21,6 @@
 #include "train/recipe.h"
 
 namespace pentad {
-namespace {
-
-// ZeRO-3's side of the model's parameter hooks: the buckets (units) holding the parameters a
-// stretch reads are gathered before it and dropped after it; the next stretch's (forward:
-// towards the end of the arena, backward: towards its start) is prefetched meanwhile.
-class ZeroParameters final : public ParameterHooks {
- public:
-  ZeroParameters(parallel::GradReducer& reducer, const ParamStore& params) : reducer_(reducer) {
-    for (const ParamSpec& spec : params.specs())
-      bucket_.push_back(reducer.bucket_of(int64_t(spec.offset)));
-  }
-  void need(const std::vector<int>& ids, bool backward) override {
-    const std::vector<int> buckets = of(ids);
-    for (int b : buckets) reducer_.acquire(b);
-    if (buckets.empty()) return;
-    // Buckets run from the end of the arena: forward goes to lower indices.
-    const auto [low, high] = std::minmax_element(buckets.begin(), buckets.end());
-    reducer_.prefetch(backward ? *high + 1 : *low - 1);
-  }
-  void done(const std::vector<int>& ids) override {
-    for (int b : of(ids)) reducer_.release(b);
-  }
-
- private:
-  std::vector<int> of(const std::vector<int>& ids) const {
-    std::vector<int> buckets;
-    for (int id : ids) {
-      const int b = bucket_[size_t(id)];
-      if (b >= 0 && std::find(buckets.begin(), buckets.end(), b) == buckets.end())
-        buckets.push_back(b);
-    }
-    return buckets;
-  }
-  parallel::GradReducer& reducer_;
-  std::vector<int> bucket_;  // per parameter id
-};
-
-}  // namespace
 
 Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mesh) {
   const TrainConfig& t = cfg.train;
@@ -128,7 +90,7 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
                                        cfg.parallel.offload == "nvme" ? &nvme : nullptr,
                                        fmt::format("pentad-adamw-rank{:05d}.state", world_rank_));
   if (zero() == 3) {
-    zero_params_ = std::make_unique<ZeroParameters>(*reducer_, model_->params());
+    zero_params_ = zero_parameters(*reducer_, model_->params());
     model_->set_parameter_hooks(zero_params_.get());
     reducer_->release_all();  // from here on each rank holds its shares only
   }
