@@ -94,7 +94,7 @@ void AdamW::write_state(int tensor, int64_t begin, int64_t count, const float* i
 
 void AdamW::step_offloaded(ParamStore& params, float lr, const Tensor& grads) {
   float* const p = params.all_params().f32();
-  const float* const g = grads.data ? grads.f32() : params.all_grads().f32();
+  float* const g = grads.data ? grads.f32() : params.all_grads().f32();
   auto flat = [](float* at, int64_t count) {
     return view_of(at, Shape{count}, DType::F32, Device::CPU);
   };
@@ -110,8 +110,8 @@ void AdamW::step_offloaded(ParamStore& params, float lr, const Tensor& grads) {
       float* const v = state[1] + (lo - begin);
       kernels::adamw_update({flat(p + at, n), flat(m, n), flat(v, n)},
                             {flat(p + at, n), flat(m, n), flat(v, n)},
-                            flat(const_cast<float*>(g) + (grads.data ? lo : at), n), lr, cfg_.beta1,
-                            cfg_.beta2, cfg_.eps, s.weight_decay, step_);
+                            flat(g + (grads.data ? lo : at), n), lr, cfg_.beta1, cfg_.beta2,
+                            cfg_.eps, s.weight_decay, step_);
     }
   });
 }

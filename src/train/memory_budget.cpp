@@ -268,11 +268,9 @@ std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh)
   const int64_t Z = mesh.dp * mesh.cp, zero = Z > 1 ? cfg.parallel.zero : 0;
   const bool nvme = cfg.parallel.offload == "nvme";
   const char* grads_formula = zero == 0 ? "4N" : zero == 1 ? "4N + 4S" : "<= 2 buckets of 4N + 8S";
-  const std::string params_formula =
-      zero == 3 ? fmt::format(", ZeRO-3: 4S + about two layers; Z = dp x cp = {}", Z) : "";
   if (zero == 3) {
     text.pop_back();  // the parameters line ends here
-    text += fmt::format(" [{}]\n", params_formula.substr(2));
+    text += fmt::format(" [ZeRO-3: 4S + about two layers; Z = dp x cp = {}]\n", Z);
   }
   text += fmt::format("  gradients    {} [{}{}]\n", bytes_text(e.gradients), grads_formula,
                       zero ? fmt::format(", ZeRO-{}, S = N / {}", zero, Z) : "");

@@ -178,10 +178,16 @@ class Trainer {
   void check_checkpoint_roots() const;
   int all_ranks(int value, parallel::ReduceOp op);  // over the world; value alone on one rank
   double all_reduce_dp(double value);               // sum over dp of the mean over cp
-  bool nan_injected(int64_t step) const;  // train.inject_nan_grad names this rank and step
+  // Fault injection for tests, read once from the recipe: train.inject_nan_grad and
+  // train.inject_fault, each the 1-based step it strikes at on this rank (-1: none here).
+  void parse_injections();
+  bool nan_injected(int64_t step) const { return step + 1 == nan_step_; }
   // train.inject_fault at the start of step (0-based); returns the compute slow-down factor
   // to apply from then on (1: none).
   double inject_fault(int64_t step);
+  int64_t nan_step_ = -1, fault_step_ = -1;
+  std::string fault_kind_;
+  double fault_factor_ = 3.0;  // slow: compute this many times as long
   double slow_factor_ = 1.0;
   int64_t skipped_steps_ = 0;
   double all_reduce_pp(double value);  // sum over the pipeline stages

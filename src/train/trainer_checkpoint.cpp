@@ -188,10 +188,10 @@ int64_t Trainer::restore_snapshot() {
   // Data- and context-parallel replicas take it from the first, which staged it ...
   const bool moe = cfg_.model.is_moe();
   const bool replicated = dp_size_ * cp_size_ > 1;
-  if (replicated && !moe)  // with ZeRO, every rank staged the moments of its own shares
+  // With ZeRO every rank staged the moments of its own shares (at stage 3 its parameters' too).
+  if (replicated && !moe && zero() < 3)
     for (const StateBuffer& b : state_buffers(!zero()))
-      if (zero() < 3)  // (at stage 3 its parameters' too)
-        mesh_->dp_cp().broadcast(view_of(b.base, Shape{p.numel()}, DType::F32, device), 0);
+      mesh_->dp_cp().broadcast(view_of(b.base, Shape{p.numel()}, DType::F32, device), 0);
   // ... (with MoE parameter by parameter: experts from their first edp and etp rank) ...
   if (mesh_ && moe)
     for (const StateBuffer& b : state_buffers(true))
@@ -282,7 +282,7 @@ void Trainer::commit_pending(bool block) {
           step, roots[level], failed_saves_[level], cfg_.train.max_failed_saves, why[level]);
   }
   if (world_rank_ == 0) saver_.remove_later(std::move(retired));  // off the training thread
-  if (failed_saves_.empty() || failed_saves_[0] == 0)             // the local level committed
+  if (failed_saves_[0] == 0)                                      // the local level committed
     parallel::activity_checkpoint_committed(step);
   if (mesh_) mesh_->world().barrier();  // nobody resumes from a checkpoint not yet visible
   for (size_t level = 0; level < roots.size(); ++level)
