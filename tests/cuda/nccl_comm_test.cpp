@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -186,6 +187,37 @@ TEST_P(NcclCollective, ReduceScatterAllGatherBroadcast) {
   Tensor buf = gpu.upload(std::vector<double>(k, r == root ? 7.0 : -3.0), dtype);
   comm->broadcast(buf, root);
   for (double v : download(buf)) EXPECT_EQ(v, 7.0);
+}
+
+// ZeRO's uneven blocks (rank q holds q + 1 elements; rank 1 none when there are more than
+// two): grouped ncclReduce and ncclBroadcast calls, against the same sums as MPI's.
+TEST_P(NcclCollective, UnevenReduceScatterAndAllGather) {
+  const DType dtype = GetParam();
+  std::vector<int64_t> counts(static_cast<size_t>(n));
+  int64_t total = 0, mine = 0;
+  for (int q = 0; q < n; ++q) {
+    counts[size_t(q)] = (n > 2 && q == 1) ? 0 : q + 1;
+    if (q == r) mine = total;
+    total += counts[size_t(q)];
+  }
+  std::vector<double> in(static_cast<size_t>(total));
+  for (int64_t j = 0; j < total; ++j) in[size_t(j)] = r + j;
+  const int64_t k = counts[size_t(r)];
+  Tensor out = gpu.poisoned(std::max<int64_t>(k, 1), dtype);
+  comm->reduce_scatter_v(out, gpu.upload(in, dtype), counts);
+  const std::vector<double> got = download(out);
+  for (int64_t i = 0; i < k; ++i)  // sum_q (q + mine + i)
+    EXPECT_EQ(got[size_t(i)], n * (n - 1) / 2.0 + n * double(mine + i)) << i;
+
+  std::vector<double> buf(static_cast<size_t>(total), -1.0);
+  for (int64_t i = 0; i < k; ++i) buf[size_t(mine + i)] = r * 10 + double(i);
+  Tensor all = gpu.upload(buf, dtype);
+  comm->all_gather_v(all, counts);
+  const std::vector<double> whole = download(all);
+  int64_t at = 0;
+  for (int q = 0; q < n; ++q)
+    for (int64_t i = 0; i < counts[size_t(q)]; ++i, ++at)
+      EXPECT_EQ(whole[size_t(at)], q * 10 + double(i)) << q << " " << i;
 }
 
 TEST_P(NcclCollective, AllToAllAndSendRecvAroundARing) {
