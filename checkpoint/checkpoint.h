@@ -65,8 +65,14 @@ std::string rank_file_name(int rank);                               // rank-<5 d
 // Shard data at page-aligned addresses goes to disk with direct I/O (no copy through the
 // page cache) where the file system allows it; direct_io = false writes everything
 // buffered (the benchmark's peer). Throws pentad::Error naming the file on any failure.
-void write_rank_file(const std::string& path, const std::vector<ShardData>& shards,
-                     bool direct_io = true);
+// recycle: where <root>/recycled holds this rank's file of a checkpoint no longer kept
+// (remove_dirs(..., true) puts it there), the new file is written over it instead of into
+// newly allocated blocks (bytes identical to a fresh file): on ext4 that overwrite took
+// half the time of a fresh write, and nothing has to free the old file's blocks.
+// Returns whether it wrote over a recycled file.
+bool write_rank_file(const std::string& path, const std::vector<ShardData>& shards,
+                     bool direct_io = true, bool recycle = false);
+std::string recycle_dir(const std::string& root);  // <root>/recycled
 
 // Rank 0, once every rank's file and sidecar exist in partial_dir(root, base.step): merges
 // the sidecars into manifest.json (with base's step, layout, recipe), fsyncs, renames the
@@ -80,6 +86,9 @@ void write_rank_file(const std::string& path, const std::vector<ShardData>& shar
                                               int keep_last);
 // Deletes directories (what commit() retired); errors cost disk space only and are ignored.
 void remove_dirs(const std::vector<std::string>& dirs);
+// Moves the rank files of retired directories to recycle_dir(<their root>), one per rank
+// name, for write_rank_file(..., recycle) to write over (before remove_dirs).
+void pool_rank_files(const std::vector<std::string>& dirs);
 
 // Committed checkpoints under root, newest first (directories with a manifest.json).
 std::vector<std::string> committed_checkpoints(const std::string& root);

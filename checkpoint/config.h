@@ -11,10 +11,14 @@ struct CheckpointConfig {  // [checkpoint]
   // from where it lies (no copy, nothing waits; a second set of the state in memory).
   // "copy": the lazy copy into one host staging buffer, which the optimizer follows chunk
   // by chunk (the same memory on the ranks that write, none on the others).
-  // "auto": copy, for now. Swap writes the parameter arena where it lies, whose tensors do
-  // not start on pages, so its file goes through the page cache, and on 2 cores that cost
-  // more than the copy it saves (bench/RESULTS.md, 2026-11-24).
+  // "auto": copy, for now: swap measured equal to it within noise (bench/RESULTS.md,
+  // 2026-11-25) and costs a second set of the state.
   std::string snapshot = "auto";
+  // A checkpoint that train.keep_last retires leaves its rank files in <ckpt_dir>/recycled
+  // and the next save of each rank writes over its file there, instead of having its old
+  // blocks freed and new ones allocated (ext4: half the write time, and no deletion).
+  // The folder goes at the end of the run.
+  bool recycle_files = true;
 };
 
 }  // namespace pentad

@@ -1,6 +1,7 @@
 #include "checkpoint/direct_io.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -81,6 +82,46 @@ void write_extents(const std::string& path, const std::string& shown_path,
     if (err != 0) write_failed(err);
   }
   if (::fsync(buffered.get()) != 0) write_failed(errno);  // delayed allocation fails here
+}
+
+void overlay_layout(const std::string& layout, const std::string& target,
+                    const std::string& shown_path, std::vector<Extent> extents) {
+  auto failed = [&](const char* what, int err) {
+    fail("{}: cannot reuse an earlier checkpoint's file ({}): {}", shown_path, what,
+         std::strerror(err));
+  };
+  Fd from(::open(layout.c_str(), O_RDONLY | O_CLOEXEC));
+  if (from.get() < 0) failed("open", errno);
+  Fd to(::open(target.c_str(), O_WRONLY | O_CLOEXEC));
+  if (to.get() < 0) failed("open", errno);
+  struct stat st {};
+  if (::fstat(from.get(), &st) != 0) failed("stat", errno);
+  const auto size = static_cast<int64_t>(st.st_size);
+  if (::ftruncate(to.get(), size) != 0) failed("truncate", errno);
+  std::sort(extents.begin(), extents.end(),
+            [](const Extent& a, const Extent& b) { return a.offset < b.offset; });
+  std::vector<char> gap;
+  int64_t at = 0;  // everything before `at` outside the extents is copied
+  auto copy_until = [&](int64_t end) {
+    end = std::min(end, size);
+    if (end <= at) return;
+    gap.resize(static_cast<size_t>(end - at));
+    size_t got = 0;
+    while (got < gap.size()) {
+      const ssize_t n = ::pread(from.get(), gap.data() + got, gap.size() - got,
+                                at + static_cast<int64_t>(got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) failed("read", n < 0 ? errno : EIO);
+      got += static_cast<size_t>(n);
+    }
+    if (const int err = write_all(to.get(), gap.data(), gap.size(), at)) failed("write", err);
+    at = end;
+  };
+  for (const Extent& e : extents) {
+    copy_until(e.offset);
+    at = std::max(at, e.offset + static_cast<int64_t>(e.bytes));
+  }
+  copy_until(size);
 }
 
 }  // namespace pentad::ckpt

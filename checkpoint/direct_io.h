@@ -23,4 +23,12 @@ struct Extent {
 void write_extents(const std::string& path, const std::string& shown_path,
                    const std::vector<Extent>& extents, bool direct);
 
+// Makes the existing file `target` (a recycled one, holding old bytes) equal to the file
+// `layout` everywhere outside `extents`: copies layout's bytes there (HDF5's metadata, and
+// the zeros of its holes) and gives target layout's size. Once write_extents() has filled
+// the extents, target is byte for byte the file the same write into `layout` would give,
+// written over blocks the file system already allocated. Errors name shown_path.
+void overlay_layout(const std::string& layout, const std::string& target,
+                    const std::string& shown_path, std::vector<Extent> extents);
+
 }  // namespace pentad::ckpt

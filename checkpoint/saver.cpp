@@ -222,9 +222,10 @@ void AsyncSaver::run() {
       shard.info.checksum = checksums_[i];
       shards.push_back(std::move(shard));
     }
+    pooled_.wait(false);  // the files retired by the last commit (rank 0's) are reusable
     for (size_t f = 0; f < files_.size(); ++f) {
       try {
-        write_rank_file(files_[f], shards);
+        if (write_rank_file(files_[f], shards, true, recycle_)) ++recycled_files_;
       } catch (const std::exception& e) {
         file_errors_[f] = e.what();
         if (error_.empty()) error_ = e.what();
@@ -276,7 +277,13 @@ void AsyncSaver::wait_for_file() {
 void AsyncSaver::remove_later(std::vector<std::string> dirs) {
   wait_for_removal();
   if (dirs.empty()) return;
-  remover_ = std::thread([dirs = std::move(dirs)] {
+  if (recycle_) pooled_.store(false);
+  remover_ = std::thread([this, dirs = std::move(dirs)] {
+    if (recycle_) {  // renames, at once: the next file of this rank waits for them
+      pool_rank_files(dirs);
+      pooled_.store(true);
+      pooled_.notify_all();
+    }
     // Mostly waiting on the disk; below the training threads for what CPU it takes.
     setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
     remove_dirs(dirs);

@@ -91,6 +91,13 @@ class AsyncSaver {
   // GiB-sized file where it discards freed blocks). One batch at a time: a new batch first
   // waits for the previous one, and so does wait_for_removal() and the destructor.
   void remove_later(std::vector<std::string> dirs);
+  // Whether removal keeps each rank file for the next save of that rank to write over
+  // (write_rank_file's recycle), instead of deleting it. Off by default. Rank files go to
+  // the pool before anything is deleted, and a file this saver writes waits for that:
+  // the rank that commits (and removes) always finds its own; the others, whose old files
+  // it moves too, find theirs unless they write sooner.
+  void set_recycling(bool recycle) { recycle_ = recycle; }
+  int recycled_files() const { return recycled_files_; }  // so far; read once a file is done
   void wait_for_removal();
 
   // Seconds the training thread spent blocked in begin(), wait_for_copy(),
@@ -128,6 +135,11 @@ class AsyncSaver {
   std::thread thread_;
   std::thread remover_;  // remove_later()'s
   bool busy_ = false;
+  bool recycle_ = false;
+  int recycled_files_ = 0;
+  // False while remove_later()'s thread moves retired rank files to the pool: the writer
+  // waits for it, so that this process's next file finds its old one there.
+  std::atomic<bool> pooled_{true};
   bool background_ = false;    // run() is on its own thread
   bool frozen_ = false;        // begin(..., frozen): the tensors do not change until the next
   bool has_snapshot_ = false;  // a copy of the newest snapshot is (being) staged

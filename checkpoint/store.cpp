@@ -192,8 +192,12 @@ std::string rank_file_name(int rank) {
   return fmt::format("rank-{:05d}.h5", rank);
 }
 
-void write_rank_file(const std::string& path, const std::vector<ShardData>& shards,
-                     bool direct_io) {
+std::string recycle_dir(const std::string& root) {
+  return (fs::path(root) / "recycled").string();
+}
+
+bool write_rank_file(const std::string& path, const std::vector<ShardData>& shards,
+                     bool direct_io, bool recycle) {
   const std::string dir = parent_of(path);
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -211,7 +215,12 @@ void write_rank_file(const std::string& path, const std::vector<ShardData>& shar
           checksum_of(kWrittenChecksum, s.data, s.info.local_shape.numel() * sizeof(float));
   }
 
-  check_free_space(path, dir, file_bytes_needed(checked));
+  // An earlier checkpoint's file of this rank, no longer kept (remove_dirs put it there):
+  // its blocks are already allocated, so this file's data is written over them.
+  const std::string recycled =
+      recycle ? recycle_dir(parent_of(dir)) + "/" + file_name : std::string();
+  const auto recycled_bytes = recycle ? static_cast<int64_t>(fs::file_size(recycled, ec)) : 0;
+  check_free_space(path, dir, file_bytes_needed(checked) - (ec ? 0 : recycled_bytes));
   // HDF5 lays the file out and writes its metadata; the data goes where it said.
   const std::string tmp = path + ".tmp";
   const std::vector<int64_t> offsets = h5::create_file(tmp, path, checked);
@@ -220,12 +229,20 @@ void write_rank_file(const std::string& path, const std::vector<ShardData>& shar
     if (offsets[i] >= 0)
       extents.push_back({offsets[i], checked[i].data,
                          static_cast<size_t>(checked[i].info.local_shape.numel()) * sizeof(float)});
-  write_extents(tmp, path, extents, direct_io);  // and fsync
-  rename_or_fail(tmp, path);
+  std::string written = tmp;
+  // Claimed by rename, so that no other writer can take it too; gone already is no error.
+  if (recycle && std::rename(recycled.c_str(), (path + ".reused").c_str()) == 0) {
+    written = path + ".reused";
+    overlay_layout(tmp, written, path, extents);
+    fs::remove(tmp, ec);
+  }
+  write_extents(written, path, extents, direct_io);  // and fsync
+  rename_or_fail(written, path);
   std::vector<Manifest::Entry> entries;
   for (const ShardData& s : checked) entries.push_back({file_name, s.info});
   write_atomically(path + ".json", sidecar_json(entries));
   sync_path(dir, true);
+  return written != tmp;
 }
 
 std::vector<std::string> commit(const std::string& root, const Manifest& base, int keep_last) {
@@ -291,6 +308,22 @@ std::vector<std::string> commit(const std::string& root, const Manifest& base, i
   }
   for (const fs::path& p : stale) retire(p.string(), retired);
   return retired;
+}
+
+void pool_rank_files(const std::vector<std::string>& dirs) {
+  std::error_code ec;  // errors cost the reuse only
+  for (const std::string& dir : dirs) {
+    const std::string pool = recycle_dir(parent_of(dir));
+    fs::create_directories(pool, ec);
+    std::vector<std::string> files;  // listed first: the loop below empties the directory
+    for (const fs::directory_entry& f : fs::directory_iterator(dir, ec)) {
+      std::string name = f.path().filename().string();
+      if (name.starts_with("rank-") && name.ends_with(".h5")) files.push_back(std::move(name));
+    }
+    // Each replaces (and so frees) an older file of the same rank not reused meanwhile.
+    for (const std::string& name : files)
+      fs::rename(fs::path(dir) / name, fs::path(pool) / name, ec);
+  }
 }
 
 void remove_dirs(const std::vector<std::string>& dirs) {

@@ -146,6 +146,7 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(parallel, nvme_subgroup_kb, above(0)),
 
       PENTAD_KEY(checkpoint, snapshot, one_of({"auto", "swap", "copy"})),
+      PENTAD_KEY(checkpoint, recycle_files, any()),
   };
   return table;
 }

@@ -128,9 +128,11 @@ void Trainer::report_checkpoints(double blocked_seconds, double final_flush_seco
                                {"checkpoint_blocked_seconds", blocked_seconds},
                                {"checkpoint_final_flush_seconds", final_flush_seconds}}
                     .dump());
-  spdlog::info("checkpoints: {} saves, training blocked {:.3f} s in all ({}), final flush {:.3f} s",
-               saves_, blocked_seconds, cfg_.train.async_save ? "asynchronous" : "synchronous",
-               final_flush_seconds);
+  spdlog::info(
+      "checkpoints: {} saves, training blocked {:.3f} s in all ({}), final flush {:.3f} s, {} "
+      "files written over recycled ones",
+      saves_, blocked_seconds, cfg_.train.async_save ? "asynchronous" : "synchronous",
+      final_flush_seconds, saver_.recycled_files());
 }
 
 void Trainer::write_comm_log(const std::string& dir) const {

@@ -98,6 +98,7 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
   // "auto" is the copy: swap (direct I/O from the page-aligned arenas) measured equal to it
   // within noise and costs a second set of the state (bench/RESULTS.md, 2026-11-25).
   swap_snapshots_ = cfg.checkpoint.snapshot == "swap";
+  saver_.set_recycling(cfg.checkpoint.recycle_files);
   prepare_snapshots();
   inputs_.resize(static_cast<size_t>(t.micro_batch * t.seq_len));
   targets_.resize(inputs_.size());
@@ -338,6 +339,7 @@ void Trainer::run() {
   const double blocked = saver_.blocked_seconds();
   commit_pending(true);
   if (saves_ > 0) report_checkpoints(blocked, saver_.blocked_seconds() - blocked);
+  drop_recycled_files();
   // The process's own high-water mark, against the memory plan printed at the start.
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);

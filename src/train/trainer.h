@@ -96,6 +96,8 @@ class Trainer {
   // saves in a row makes commit_pending() throw. Collective: every rank calls them at the
   // same points.
   void save(int64_t steps_done);
+  // The end of a run: <ckpt_dir>/recycled (checkpoint.recycle_files) goes.
+  void drop_recycled_files();
   void commit_pending(bool block);
   // Loads a checkpoint (any layout) into this rank's shards; returns the step to resume
   // at. "latest" tries the newest committed checkpoint and falls back past corrupt ones;

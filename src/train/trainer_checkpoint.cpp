@@ -294,6 +294,16 @@ void Trainer::commit_pending(bool block) {
           failed_saves_[level], roots[level], cfg_.train.max_failed_saves, why[level]);
 }
 
+void Trainer::drop_recycled_files() {
+  if (!cfg_.checkpoint.recycle_files || saves_ == 0) return;
+  saver_.wait_for_removal();  // the last retired files may still be moving into the pool
+  if (mesh_) mesh_->world().barrier();  // and every rank's last file written
+  if (world_rank_ != 0) return;
+  std::error_code ec;  // a leftover costs disk space only
+  for (const std::string& root : checkpoint_roots())
+    std::filesystem::remove_all(ckpt::recycle_dir(root), ec);
+}
+
 void Trainer::commit_level(const std::string& root, int64_t step,
                            std::vector<std::string>& retired) {
   ckpt::Manifest m;

@@ -292,6 +292,54 @@ TEST_F(CheckpointTest, CommitRetiresOldDirectoriesForLaterDeletion) {
   EXPECT_EQ(committed_checkpoints(root_), (std::vector<std::string>{checkpoint_dir(root_, 20)}));
 }
 
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// checkpoint.recycle_files: retired rank files wait in <root>/recycled, and the next file of
+// the same rank is written over one: byte for byte the file a fresh write gives, whatever
+// the recycled file held and whatever its size.
+TEST_F(CheckpointTest, RecycledFilesAreRewrittenToTheSameBytes) {
+  std::vector<std::vector<float>> keep;
+  const Global big = make_tensor("param/big", Shape{300, 200}, 5);  // aligned, direct I/O
+  const std::vector<ShardData> shards = {shard(a_, -1, 0, 0, keep), shard(big, -1, 0, 0, keep),
+                                         shard(c_, -1, 0, 0, keep)};
+  const std::string fresh = root_ + "/fresh/" + rank_file_name(0);
+  write_rank_file(fresh, shards);
+  const std::string expected = file_bytes(fresh);
+  ASSERT_GT(expected.size(), size_t{240000});
+
+  const std::string pool = recycle_dir(root_);
+  const std::string pooled = pool + "/" + rank_file_name(0);
+  for (size_t old_bytes : {expected.size() + (1 << 20), size_t{10000}}) {  // larger, smaller
+    fs::create_directories(pool);
+    std::ofstream(pooled, std::ios::binary) << std::string(old_bytes, '\xab');
+    const std::string path = partial_dir(root_, 7) + "/" + rank_file_name(0);
+    EXPECT_TRUE(write_rank_file(path, shards, true, /*recycle=*/true));
+    EXPECT_FALSE(fs::exists(pooled)) << "the recycled file was not taken";
+    EXPECT_TRUE(file_bytes(path) == expected) << "old bytes " << old_bytes;
+    fs::remove_all(partial_dir(root_, 7));
+  }
+  // Without a recycled file it writes a fresh one.
+  EXPECT_FALSE(write_rank_file(partial_dir(root_, 8) + "/" + rank_file_name(0), shards, true, true));
+  EXPECT_TRUE(file_bytes(partial_dir(root_, 8) + "/" + rank_file_name(0)) == expected);
+
+  // Retired directories hand their rank files to the pool; the rest goes.
+  fs::remove_all(pool);
+  save(5, 1);
+  write_ranks(6);
+  Manifest m;
+  m.step = 6;
+  const std::vector<std::string> retired = commit(root_, m, 1);
+  ASSERT_EQ(retired, (std::vector<std::string>{checkpoint_dir(root_, 5) + ".deleting"}));
+  pool_rank_files(retired);
+  remove_dirs(retired);
+  EXPECT_FALSE(fs::exists(retired[0]));
+  for (int r = 0; r < 3; ++r) EXPECT_TRUE(fs::exists(pool + "/" + rank_file_name(r))) << r;
+  EXPECT_EQ(committed_checkpoints(root_), (std::vector<std::string>{checkpoint_dir(root_, 6)}));
+}
+
 TEST_F(CheckpointTest, IgnoresUncommittedDirectories) {
   save(3);
   write_ranks(4);                                    // crashed before commit

@@ -207,6 +207,31 @@ TEST_F(SaverTest, AFailedLevelDoesNotStopTheOthers) {
   for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(same_bits(got[i], state.tensors[i]));
 }
 
+// checkpoint.recycle_files: the remover moves a retired rank file to the pool before it
+// deletes anything, and the next file this saver writes waits for that, then is written
+// over it (threads: the remover's and the writer's; run under TSan).
+TEST_F(SaverTest, NextFileIsWrittenOverTheRetiredOne) {
+  const State first = make_state(2), second = make_state(3);
+  State live = first;
+  AsyncSaver saver;
+  saver.set_recycling(true);
+  saver.begin({file(1)}, live.live(), true);
+  saver.wait_for_file();
+  const std::string retired = checkpoint_dir(root_, 1) + ".deleting";
+  fs::rename(partial_dir(root_, 1), retired);  // as commit() retires a checkpoint
+  saver.remove_later({retired});
+  live = second;
+  saver.begin({file(2)}, live.live(), true);  // at once: the writer waits for the pool
+  saver.wait_for_file();
+  saver.wait_for_removal();
+  EXPECT_EQ(saver.recycled_files(), 1);
+  EXPECT_FALSE(fs::exists(retired));
+  EXPECT_FALSE(fs::exists(recycle_dir(root_) + "/" + rank_file_name(0)));
+  const auto got = read_back(second, 2);
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_TRUE(same_bits(got[i], second.tensors[i])) << "tensor " << i;
+}
+
 TEST_F(SaverTest, RemovesRetiredDirectoriesInTheBackground) {
   std::vector<std::string> dirs;
   for (int i = 0; i < 3; ++i) {

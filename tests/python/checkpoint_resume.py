@@ -26,6 +26,7 @@ usage: checkpoint_resume.py PENTAD RECIPE WORKDIR [section.key=value ...]
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -139,6 +140,34 @@ def swap_equals_copy(pentad, recipe, work):
           ["--resume", str(runs["swap"] / "ckpt" / "step-00000006")])
     a, b = losses(runs["swap"]), losses(resumed)
     check(all(a[s] == b[s] for s in range(7, 13)), "resumed from the swap run's step 6: losses bitwise")
+
+
+def recycled_files(pentad, recipe, work):
+    """checkpoint.recycle_files (the default): the rank files of each checkpoint that
+    train.keep_last retires are written over by the next save instead of being deleted. The
+    files and losses are bitwise those of a run that deletes them, the log counts the
+    reuses, and the pool folder is gone at the end."""
+    layout = ["train.steps=8", "train.save_every=1", "train.keep_last=1"]
+    runs = {}
+    for recycle in ("true", "false"):
+        out = work / f"recycle-{recycle}"
+        log = train(pentad, recipe, 2, out, layout + [f"checkpoint.recycle_files={recycle}",
+                                                      f"train.ckpt_dir={out}/ckpt"])
+        reused = re.search(r"(\d+) files written over recycled ones", log)
+        check(reused is not None, f"recycle_files={recycle}: the checkpoint summary counts reuses")
+        if recycle == "true":  # rank 0 writes every file here: the third save on reuses
+            check(reused.group(1) == "6", f"recycled files reused: {reused.group(1)} of 8 (6)")
+        else:
+            check(reused.group(1) == "0", "recycle_files=false reuses nothing")
+        check(not (out / "ckpt" / "recycled").exists(), f"recycle_files={recycle}: no pool left")
+        runs[recycle] = out
+    steps = sorted(d.name for d in (runs["true"] / "ckpt").glob("step-*"))
+    check(steps == ["step-00000008"], f"keep_last=1 kept the last checkpoint only: {steps}")
+    rank_files = {r: {k: v for k, v in files(runs[r] / "ckpt").items() if k.endswith(".h5")}
+                  for r in runs}
+    check(len(rank_files["true"]) == 1 and rank_files["true"] == rank_files["false"],
+          "recycled and fresh rank files bitwise equal")
+    check(losses(runs["true"]) == losses(runs["false"]), "losses do not depend on recycling")
 
 
 def reshard(pentad, recipe, work, ckpt, source, runs):
@@ -380,6 +409,7 @@ def main():
         "tp2": (2, ["parallel.tp=2", "train.grad_accum=4"])})
     zero_checkpoints(pentad, recipe, work)
     swap_equals_copy(pentad, recipe, work)
+    recycled_files(pentad, recipe, work)
     corruption(pentad, recipe, work)
     mirror(pentad, recipe, work)
     refusals(pentad, recipe, work)
