@@ -196,8 +196,8 @@ std::string recycle_dir(const std::string& root) {
   return (fs::path(root) / "recycled").string();
 }
 
-bool write_rank_file(const std::string& path, const std::vector<ShardData>& shards,
-                     bool direct_io, bool recycle) {
+bool write_rank_file(const std::string& path, const std::vector<ShardData>& shards, bool direct_io,
+                     bool recycle) {
   const std::string dir = parent_of(path);
   std::error_code ec;
   fs::create_directories(dir, ec);

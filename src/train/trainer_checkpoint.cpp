@@ -296,7 +296,7 @@ void Trainer::commit_pending(bool block) {
 
 void Trainer::drop_recycled_files() {
   if (!cfg_.checkpoint.recycle_files || saves_ == 0) return;
-  saver_.wait_for_removal();  // the last retired files may still be moving into the pool
+  saver_.wait_for_removal();            // the last retired files may still be moving into the pool
   if (mesh_) mesh_->world().barrier();  // and every rank's last file written
   if (world_rank_ != 0) return;
   std::error_code ec;  // a leftover costs disk space only

@@ -322,7 +322,8 @@ TEST_F(CheckpointTest, RecycledFilesAreRewrittenToTheSameBytes) {
     fs::remove_all(partial_dir(root_, 7));
   }
   // Without a recycled file it writes a fresh one.
-  EXPECT_FALSE(write_rank_file(partial_dir(root_, 8) + "/" + rank_file_name(0), shards, true, true));
+  EXPECT_FALSE(
+      write_rank_file(partial_dir(root_, 8) + "/" + rank_file_name(0), shards, true, true));
   EXPECT_TRUE(file_bytes(partial_dir(root_, 8) + "/" + rank_file_name(0)) == expected);
 
   // Retired directories hand their rank files to the pool; the rest goes.
