@@ -108,8 +108,8 @@ void overlay_layout(const std::string& layout, const std::string& target,
     gap.resize(static_cast<size_t>(end - at));
     size_t got = 0;
     while (got < gap.size()) {
-      const ssize_t n = ::pread(from.get(), gap.data() + got, gap.size() - got,
-                                at + static_cast<int64_t>(got));
+      const ssize_t n =
+          ::pread(from.get(), gap.data() + got, gap.size() - got, at + static_cast<int64_t>(got));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) failed("read", n < 0 ? errno : EIO);
       got += static_cast<size_t>(n);
