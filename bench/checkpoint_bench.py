@@ -3,11 +3,13 @@
 
 Trains a GPT-2-124M-shaped model (1.5 GB of parameters + AdamW state) on one rank with
 2 compute threads, with no checkpoints and with a checkpoint every 10 steps and every step,
-each with the three ways of taking a snapshot:
+each with these ways of taking a snapshot (train.keep_last = 1):
   swap   checkpoint.snapshot = "swap": the optimizer step after a save writes a second set of
          the state; the saver thread checksums and writes the first where it lies;
   copy   checkpoint.snapshot = "copy": the lazy copy into host staging, which the optimizer
          follows chunk by chunk;
+  fresh  the copy with checkpoint.recycle_files = false: each file newly allocated and the
+         retired one deleted (the others write over the retired checkpoint's files);
   sync   train.async_save = false: copy and write before the next step (the peer).
 The configurations alternate, --reps times. pentad logs the seconds each step was blocked
 by checkpoints (`blocked_seconds`, the save's own start included); a save's blocking is that
@@ -20,7 +22,7 @@ the disk's direct-I/O write bandwidth (dd), and the bound it sets on saving ever
 (state bytes / bandwidth against the step time).
 
 usage: bench/checkpoint_bench.py [--steps 45] [--steps-every1 12] [--reps 1]
-                                 [--dir /tmp/pentad-ckpt-bench]
+                                 [--dir /tmp/pentad-ckpt-bench] [--pentad build/pentad]
 """
 import argparse
 import json
@@ -44,8 +46,10 @@ def run(args, save_every, mode):
             f"train.steps={steps}", "train.eval_every=0", "train.threads=2",
             f"train.out_dir={out}", f"train.save_every={save_every}", "train.keep_last=1",
             f"train.async_save={'false' if mode == 'sync' else 'true'}",
-            f"checkpoint.snapshot={'swap' if mode == 'swap' else 'copy'}"]
-    subprocess.run([str(ROOT / "build/pentad"), "train", str(ROOT / "recipes/gpt2-124m.toml"), *sets],
+            f"checkpoint.snapshot={'swap' if mode == 'swap' else 'copy'}",
+            # "fresh": the copy, with every file newly allocated and the retired one deleted
+            f"checkpoint.recycle_files={'false' if mode == 'fresh' else 'true'}"]
+    subprocess.run([args.pentad, "train", str(ROOT / "recipes/gpt2-124m.toml"), *sets],
                    check=True, stdout=subprocess.DEVNULL)
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     steps_rows = [r for r in rows if "seconds" in r]
@@ -88,12 +92,14 @@ def main():
     ap.add_argument("--steps-every1", type=int, default=12)
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--dir", default="/tmp/pentad-ckpt-bench")
+    ap.add_argument("--pentad", default=str(ROOT / "build/pentad"))
     args = ap.parse_args()
     Path(args.dir).mkdir(parents=True, exist_ok=True)
     line, bandwidth = disk_bandwidth(args.dir)
     print(f"disk (dd, 1 GiB, oflag=direct): {line}")
     print(f"cores: {os.cpu_count()} (2 compute threads; the saver's thread shares them)")
-    configs = [(0, "none")] + [(e, m) for e in (10, 1) for m in ("swap", "copy", "sync")]
+    modes = ("swap", "copy", "fresh", "sync")
+    configs = [(0, "none")] + [(e, m) for e in (10, 1) for m in modes]
     results = {}
     for rep in range(args.reps):  # alternate the configurations, rep after rep
         for every, mode in configs:
@@ -115,7 +121,7 @@ def main():
     for every in (10, 1):
         steps = args.steps_every1 if every == 1 else args.steps
         base_rows = results[(0, "none")][0][0]
-        for mode in ("swap", "copy", "sync"):
+        for mode in modes:
             # Throughput over the steps after the first save, against the same steps without.
             none_wall = statistics.median(window_wall([r for r in rows if r["step"] <= steps], every)
                                           for rows, _ in results[(0, "none")])
