@@ -173,4 +173,18 @@ std::vector<StateShard::Piece> StateShard::pieces(const ParamSpec& spec) const {
   return out;
 }
 
+StateShard StateShard::merge(const StateShard& a, const StateShard& b) {
+  StateShard out{a.ranges, a.numel + b.numel};
+  for (Range r : b.ranges) {
+    r.shard += a.numel;
+    out.ranges.push_back(r);
+  }
+  std::sort(out.ranges.begin(), out.ranges.end(),
+            [](const Range& x, const Range& y) { return x.begin < y.begin; });
+  for (size_t i = 1; i < out.ranges.size(); ++i)
+    PENTAD_CHECK(out.ranges[i - 1].end <= out.ranges[i].begin,
+                 "StateShard::merge: the shards overlap at arena element {}", out.ranges[i].begin);
+  return out;
+}
+
 }  // namespace pentad

@@ -71,6 +71,9 @@ struct StateShard {
   }
   // This rank's pieces of a parameter, in arena order (none when it owns no row of it).
   std::vector<Piece> pieces(const ParamSpec& spec) const;
+  // One shard of both a's and b's parts of the arena (disjoint: two reducers' parameters,
+  // dense and MoE experts), whose compact buffer holds a's buffer and then b's.
+  static StateShard merge(const StateShard& a, const StateShard& b);
 };
 
 class ParamStore {

@@ -65,7 +65,7 @@ set_tests_properties(torch_reference_gpt2 torch_reference_llama torch_reference_
 # AVX2-only and AVX-512 machines sum in different orders and CI may run on either.
 set(LAYOUT ${CMAKE_CURRENT_SOURCE_DIR}/python/layout_equivalence.py)
 # pentad_layout_test(NAME MODE RECIPE overrides...): MODE is PLAIN, --pipeline, --moe,
-# --context or --zero.
+# --context, --zero or --moe-zero.
 function(pentad_layout_test name mode recipe)
   if(mode STREQUAL "PLAIN")
     set(mode "")
@@ -111,6 +111,11 @@ pentad_layout_test(layouts_moe_gpt2 --moe gpt-tiny.toml train.micro_batch=2 trai
                    model.moe_layers=every:1 model.n_experts=8 model.top_k=3
                    model.n_shared_experts=1 model.d_ff_expert=64 moe.score=sigmoid
                    moe.seq_aux_loss_coef=0.01 moe.bias_update_rate=0.001)
+
+# ZeRO 1 and 2 with MoE: the experts' gradients reduce-scattered and their state sharded over
+# edp (2, and 1), the dense parameters' over dp; ep folded over tp ranks at stage 1.
+pentad_layout_test(layouts_zero_moe --moe-zero moe-fine-tiny.toml model.n_layer=4
+                   train.micro_batch=2 train.seq_len=32 moe.seq_aux_loss_coef=0.01)
 
 # Context parallelism: Ulysses, ring, hybrid, and cp with tp (+ SP), dp and pp, both
 # families (llama also Ulysses over more ranks than its kv heads).

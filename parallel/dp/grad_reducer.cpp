@@ -57,6 +57,7 @@ GradReducer::GradReducer(Communicator& group, ParamStore& params, size_t bucket_
   }
   shard_grads_ = Arena("reduced gradient shares", size_t(shard_.numel) * sizeof(float), device_);
   shard_grads_.zero();
+  shares_ = static_cast<float*>(shard_grads_.base());
   if (stage_ >= 2) {
     incoming_ = Arena("incoming gradient shares", size_t(shard_.numel) * sizeof(float), device_);
     incoming_.zero();
@@ -86,7 +87,18 @@ void GradReducer::cut_shares(Bucket& b, const ParamStore& params) const {
 }
 
 Tensor GradReducer::shard_grads() const {
-  return view_of(shard_grads_.base(), Shape{shard_.numel}, DType::F32, device_);
+  return view_of(shares_, Shape{shard_.numel}, DType::F32, device_);
+}
+
+void GradReducer::place_shares(const Tensor& buffer) {
+  PENTAD_CHECK(stage_ > 0 && buffer.numel() == shard_.numel && buffer.dtype == DType::F32 &&
+                   buffer.device == device_,
+               "place_shares: want {} F32 elements on the gradients' device for the ZeRO-{} "
+               "shares, got {}",
+               shard_.numel, stage_, buffer.shape.str());
+  copy(buffer, shard_grads());
+  shares_ = buffer.f32();
+  shard_grads_ = Arena();
 }
 
 void GradReducer::start(Bucket& b) {
@@ -96,9 +108,8 @@ void GradReducer::start(Bucket& b) {
     b.work = group_.all_reduce(region, ReduceOp::Sum, /*async=*/true);
     return;
   }
-  Arena& into = accumulate_ ? incoming_ : shard_grads_;
   const int64_t mine = b.counts[size_t(group_.rank())];
-  float* const out = static_cast<float*>(into.base()) + b.shard;
+  float* const out = (accumulate_ ? static_cast<float*>(incoming_.base()) : shares_) + b.shard;
   b.work = group_.reduce_scatter_v(view_of(out, Shape{mine}, DType::F32, device_), region, b.counts,
                                    ReduceOp::Sum, /*async=*/true);
 }
@@ -109,10 +120,10 @@ void GradReducer::complete(Bucket& b) {
   if (stage_ < 2) return;
   const int64_t mine = b.counts[size_t(group_.rank())];
   if (accumulate_ && mine > 0) {
-    auto at = [&](const Arena& a) {
-      return view_of(static_cast<float*>(a.base()) + b.shard, Shape{mine}, DType::F32, device_);
+    auto at = [&](void* base) {
+      return view_of(static_cast<float*>(base) + b.shard, Shape{mine}, DType::F32, device_);
     };
-    kernels::add(at(shard_grads_), at(shard_grads_), at(incoming_));
+    kernels::add(at(shares_), at(shares_), at(incoming_.base()));
   }
   params_.discard_grads(b.begin, b.end);
 }
@@ -219,8 +230,7 @@ void GradReducer::gather_grads() {
   float* const grads = params_.all_grads().f32();
   for (const StateShard::Range& r : shard_.ranges)
     copy(view_of(grads + r.begin, Shape{r.end - r.begin}, DType::F32, device_),
-         view_of(static_cast<float*>(shard_grads_.base()) + r.shard, Shape{r.end - r.begin},
-                 DType::F32, device_));
+         view_of(shares_ + r.shard, Shape{r.end - r.begin}, DType::F32, device_));
   gather(grads);
 }
 

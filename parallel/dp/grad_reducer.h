@@ -56,6 +56,10 @@ class GradReducer {
   // (compact, shard().numel elements), and the all-gather of the updated parameters.
   const StateShard& shard() const { return shard_; }
   Tensor shard_grads() const;
+  // ZeRO with MoE: the reduced shares live in `buffer` (shard().numel elements of the one
+  // compact buffer the optimizer reads, which holds the dense and the expert reducer's shares
+  // side by side) instead of a buffer of this reducer's own, which goes.
+  void place_shares(const Tensor& buffer);
   void gather_params();
   // The reduced gradients back in the full gradient arena on every rank (the first step's
   // gradient dump compares them with other layouts').
@@ -102,6 +106,7 @@ class GradReducer {
   size_t next_ = 0;              // first bucket not started
   StateShard shard_;
   Arena shard_grads_, incoming_;  // ZeRO: reduced shares; stage 2's next micro-batch's
+  float* shares_ = nullptr;       // the reduced shares: shard_grads_, or place_shares()'
   bool accumulate_ = false;
 };
 

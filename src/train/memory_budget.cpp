@@ -175,17 +175,20 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
     e.dispatch += dispatch_backward;
   }
   e.parameters = e.values * (f32 + (cfg.train.precision == "bf16" ? 2 : 0));
-  // ZeRO over the Z = dp x cp ranks: AdamW's m and v for 1/Z of the values; stage 1 adds
-  // the reduced 1/Z to the full gradients, stage 2 keeps the full gradients only while
-  // backward fills a bucket (two at most in flight) besides the reduced 1/Z and a second
-  // 1/Z for the next micro-batch's reduction.
+  // ZeRO over the Z = dp x cp ranks (the routed experts over their edp replicas): AdamW's m
+  // and v for this rank's shares S, 1/Z of the dense values and 1/edp of the experts'; stage 1
+  // adds the reduced S to the full gradients, stage 2 keeps the full gradients only while
+  // backward fills a bucket (two at most in flight) besides the reduced S and a second S for
+  // the next micro-batch's reduction.
   const int64_t zero = mesh.dp * mesh.cp > 1 ? cfg.parallel.zero : 0;
   const double Z = zero > 0 ? double(mesh.dp * mesh.cp) : 1.0;
+  const double edp = zero > 0 ? double(parallel::mesh_degree(mesh, parallel::Axis::EDP)) : 1.0;
+  const double shares = (e.values - e.expert_values) / Z + e.expert_values / edp;
   const double bucket = double(cfg.parallel.bucket_mb) * kMiB;
   e.gradients = zero == 0   ? e.values * f32
-                : zero == 1 ? e.values * f32 * (1 + 1 / Z)
-                            : std::min(e.values * f32, 2 * bucket) + 2 * e.values * f32 / Z;
-  e.optimizer = 2 * e.values * f32 / Z;  // AdamW's m and v
+                : zero == 1 ? (e.values + shares) * f32
+                            : std::min(e.values * f32, 2 * bucket) + 2 * shares * f32;
+  e.optimizer = 2 * shares * f32;  // AdamW's m and v
   if (zero == 3)  // this rank's shares, and about two layers whole (one in use, one fetched)
     e.parameters =
         e.parameters / Z +
@@ -264,8 +267,15 @@ std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh)
         "    routed experts {} ({} of {} experts per MoE layer, 1/{} of width {} each)\n",
         bytes_text(e.expert_values * e.parameters / e.values), m.n_experts / mesh.ep, m.n_experts,
         mesh.etp, expert_ffn_dim(m));
-  // ZeRO's formulas (README, "ZeRO"), N values here, Z = dp x cp, S = N / Z.
+  // ZeRO's formulas (README, "ZeRO"), N values here, Z = dp x cp, S = N / Z; with MoE,
+  // S = Nd / Z + Ne / edp (dense values, routed experts' values).
   const int64_t Z = mesh.dp * mesh.cp, zero = Z > 1 ? cfg.parallel.zero : 0;
+  const std::string share =
+      e.expert_values > 0
+          ? fmt::format(
+                "S = Nd / {} + Ne / {}: dense values over dp x cp, routed experts' over edp", Z,
+                parallel::mesh_degree(mesh, parallel::Axis::EDP))
+          : fmt::format("S = N / {}", Z);
   const bool nvme = cfg.parallel.offload == "nvme";
   const char* grads_formula = zero == 0 ? "4N" : zero == 1 ? "4N + 4S" : "<= 2 buckets of 4N + 8S";
   if (zero == 3) {
@@ -273,10 +283,10 @@ std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh)
     text += fmt::format(" [ZeRO-3: 4S + about two layers; Z = dp x cp = {}]\n", Z);
   }
   text += fmt::format("  gradients    {} [{}{}]\n", bytes_text(e.gradients), grads_formula,
-                      zero ? fmt::format(", ZeRO-{}, S = N / {}", zero, Z) : "");
+                      zero ? fmt::format(", ZeRO-{}, {}", zero, share) : "");
   text += fmt::format("  AdamW state  {} [{}]\n", bytes_text(e.optimizer),
                       nvme   ? "on NVMe; in memory 3 sub-groups of m and v"
-                      : zero ? fmt::format("8S, S = N / {}", Z)
+                      : zero ? fmt::format("8S, {}", share)
                              : std::string("8N"));
   text +=
       fmt::format("  activations  {} ({})\n", bytes_text(e.activations), activations_text(cfg, e));
@@ -394,15 +404,19 @@ void check_memory(const Config& cfg, const parallel::MeshConfig& mesh, const Nod
       break;
     }
   }
-  // ZeRO divides the AdamW state (and at stage 2 the gradients) over dp x cp.
-  if (mesh.dp * mesh.cp > 1 && cfg.parallel.zero < 2 && !m.is_moe() &&
+  // ZeRO divides the AdamW state (and at stage 2 the gradients) over dp x cp, the routed
+  // experts' over edp.
+  if (mesh.dp * mesh.cp > 1 && cfg.parallel.zero < 2 &&
       (cfg.parallel.pp == 1 || cfg.parallel.zero < 1)) {
     Config c = cfg;
     c.parallel.zero = cfg.parallel.pp == 1 ? 2 : 1;
     if (fits(c))
-      knobs.push_back(fmt::format("parallel.zero = {} (now {}; AdamW state{} over dp x cp = {})",
-                                  c.parallel.zero, cfg.parallel.zero,
-                                  c.parallel.zero == 2 ? " and gradients" : "", mesh.dp * mesh.cp));
+      knobs.push_back(fmt::format(
+          "parallel.zero = {} (now {}; AdamW state{} over dp x cp = {}{})", c.parallel.zero,
+          cfg.parallel.zero, c.parallel.zero == 2 ? " and gradients" : "", mesh.dp * mesh.cp,
+          e.expert_values > 0 ? fmt::format(", the routed experts' over edp = {}",
+                                            parallel::mesh_degree(mesh, parallel::Axis::EDP))
+                              : ""));
   }
   // NVMe offload leaves three sub-groups of AdamW's state in memory.
   if (cfg.parallel.offload != "nvme" && cfg.train.device == "cpu") {

@@ -188,11 +188,12 @@ void check_zero(const Config& c, const Where& where) {
         "{}: parallel.zero = 3 on CUDA is not built yet (the bf16 copy of each gathered layer "
         "is not refreshed): set parallel.zero = 2, or train on the CPU",
         where({"parallel.zero", "train.device"}));
-  if (c.model.is_moe())
+  if (c.model.is_moe() && p.zero == 3)
     fail(
-        "{}: parallel.zero = {} with an MoE model is not built yet (the experts' state would "
-        "shard over their own data-parallel group, edp): set parallel.zero = 0",
-        where({"parallel.zero", "moe.n_experts"}), p.zero);
+        "{}: parallel.zero = 3 with an MoE model is not built yet (the experts' parameters "
+        "would be gathered over edp around each layer): set parallel.zero = 2, which shards "
+        "the experts' gradients and AdamW state over edp",
+        where({"parallel.zero", "model.n_experts"}));
   if (p.zero >= 2 && p.pp > 1)
     fail(
         "{}: parallel.zero = {} with parallel.pp = {}: stages 2 and 3 reduce every micro-batch's "

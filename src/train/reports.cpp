@@ -221,9 +221,13 @@ std::string Trainer::memory_plan() const {
   std::string zero_text;
   if (zero() > 0)
     zero_text = fmt::format(
-        " | ZeRO-{} over dp x cp = {}: this rank's shares {} of {} values (AdamW m, v and the "
+        " | ZeRO-{} over dp x cp = {}{}: this rank's shares {} of {} values (AdamW m, v and the "
         "reduced gradients){}",
-        zero(), dp_size_ * cp_size_, optimizer_->shard().numel, p.numel(),
+        zero(), dp_size_ * cp_size_,
+        expert_reducer_
+            ? fmt::format(", the routed experts over edp = {}", mesh_->degree(parallel::Axis::EDP))
+            : "",
+        optimizer_->shard().numel, p.numel(),
         zero() >= 2 ? "; the full gradients live only bucket by bucket during backward" : "");
   if (zero() == 3)
     zero_text += fmt::format(

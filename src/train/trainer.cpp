@@ -57,37 +57,13 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
   }
   const auto bucket_bytes =
       static_cast<size_t>(static_cast<double>(cfg.parallel.bucket_mb) * 1024 * 1024);
-  // Dense gradients sum over dp x cp, MoE experts' over edp (the ranks holding the same
-  // experts): each reducer leaves the other's parameters out of its buckets.
-  if (mesh_ && mesh_->dp_cp().size() > 1) {
-    // ZeRO under pipelining: the tied embedding's two copies (first and last stage) must be
-    // cut into the same shares, so each is a bucket of its own.
-    const std::string tied =
-        pp_size_ > 1 && cfg.model.tie_embeddings ? model_->params().spec(embedding_id()).name : "";
-    // ZeRO-3 gathers parameters a layer at a time: one bucket per layer ("layers.<l>"), one
-    // for the embedding, one for the final norm and head.
-    auto unit = [](const ParamSpec& p) {
-      if (p.name.rfind("layers.", 0) != 0) return std::string();
-      return p.name.substr(0, p.name.find('.', 7));
-    };
-    reducer_ = std::make_unique<parallel::GradReducer>(
-        mesh_->dp_cp(), model_->params(), bucket_bytes, int(cfg.parallel.zero),
-        [](const ParamSpec& p) { return !p.expert; },
-        [tied](const ParamSpec& p) { return !tied.empty() && p.name == tied; },
-        cfg.parallel.zero == 3 ? parallel::GradReducer::Unit(unit) : parallel::GradReducer::Unit());
-  }
-  if (mesh_ && cfg.model.is_moe() && mesh_->degree(parallel::Axis::EDP) > 1 &&
-      !bug_injected("moe-skip-edp-reduce"))  // a planted bug the layout test must catch
-    expert_reducer_ = std::make_unique<parallel::GradReducer>(
-        mesh_->group(parallel::Axis::EDP), model_->params(), bucket_bytes, 0,
-        [](const ParamSpec& p) { return p.expert; });
+  build_reducers(bucket_bytes);
   NvmeOptions nvme;  // parallel.offload = "nvme": m and v in a file per rank
   nvme.dir = cfg.parallel.offload_path;
   nvme.block_bytes = size_t(cfg.parallel.nvme_block_kb) * 1024;
   nvme.queue_depth = int(cfg.parallel.nvme_queue_depth);
   nvme.subgroup_elements = cfg.parallel.nvme_subgroup_kb * 1024 / int64_t(sizeof(float));
-  optimizer_ = std::make_unique<AdamW>(cfg.optim, model_->params(),
-                                       zero() ? reducer_->shard() : StateShard{},
+  optimizer_ = std::make_unique<AdamW>(cfg.optim, model_->params(), optimizer_shard(),
                                        cfg.parallel.offload == "nvme" ? &nvme : nullptr,
                                        fmt::format("pentad-adamw-rank{:05d}.state", world_rank_));
   if (zero() == 3) {
@@ -165,9 +141,11 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
       loss_sum += model_->forward(inputs_.data(), targets_.data(), dloss);
       // ZeRO-2 reduces every micro-batch, adding into its shares, and drops the full buffer.
       const bool reduce_now = micro + 1 == t.grad_accum || zero() >= 2;
-      if (zero() >= 2) reducer_->set_accumulate(micro > 0);
+      for (parallel::GradReducer* r : {reducer_.get(), expert_reducer_.get()})
+        if (r && zero() >= 2) r->set_accumulate(micro > 0);
       model_->backward(reduce_now, on_ready);
-      if (zero() >= 2 && micro + 1 < t.grad_accum) reducer_->finish();
+      for (parallel::GradReducer* r : {reducer_.get(), expert_reducer_.get()})
+        if (r && zero() >= 2 && micro + 1 < t.grad_accum) r->finish();
     }
   }
   s.backward_end_ns = parallel::trace_now_ns();
@@ -196,30 +174,22 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
         ends->all_reduce(params.grad(id));
       else
         for (const StateShard::Piece& piece : optimizer_->shard().pieces(params.spec(id)))
-          ends->all_reduce(view_of(reducer_->shard_grads().f32() + piece.shard, Shape{piece.count},
+          ends->all_reduce(view_of(reduced_shares().f32() + piece.shard, Shape{piece.count},
                                    DType::F32, params.device()));
     }
   s.reduced_ns = parallel::trace_now_ns();
   if (after_backward) {
-    if (zero()) reducer_->gather_grads();  // the dump shows whole reduced gradients
+    if (zero()) {  // the dump shows whole reduced gradients
+      reducer_->gather_grads();
+      if (expert_reducer_) expert_reducer_->gather_grads();
+    }
     after_backward();
   }
   s.step = step;
   // The loss is known on the last stage: summed over stages, then over data-parallel ranks.
   s.loss = static_cast<float>(all_reduce_dp(all_reduce_pp(loss_sum)) /
                               static_cast<double>(t.grad_accum * dp_size_));
-  const bool etp_first = !mesh_ || mesh_->coord(parallel::Axis::ETP) == 0;
-  const Tensor grads = zero() ? reducer_->shard_grads() : Tensor{};
-  GradSquares squares =
-      grad_sum_squares(params, etp_first, zero() ? &optimizer_->shard() : nullptr, grads);
-  static_assert(sizeof(GradSquares) == 3 * sizeof(double));
-  if (zero())  // each dp x cp rank holds its shares of the gradients
-    mesh_->dp_cp().all_reduce(view_of(&squares.sharded, Shape{3}, DType::F64));
-  if (model_->tp().degree() > 1)  // shards add up over tp; replicated ones count once
-    mesh_->group(parallel::Axis::TP).all_reduce(view_of(&squares.sharded, Shape{1}, DType::F64));
-  if (mesh_ && cfg_.model.is_moe() && mesh_->expert_model().size() > 1)  // each expert once
-    mesh_->expert_model().all_reduce(view_of(&squares.expert, Shape{1}, DType::F64));
-  s.grad_norm = std::sqrt(all_reduce_pp(squares.sharded + squares.replicated + squares.expert));
+  s.grad_norm = grad_norm();
   s.lr = learning_rate(cfg_.optim, step, t.steps);
   // Both are reduced over every rank, so every rank takes the same branch.
   s.skipped = !std::isfinite(s.loss) || !std::isfinite(s.grad_norm);
@@ -228,7 +198,7 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
     s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return s;
   }
-  clip_gradients(params, s.grad_norm, cfg_.optim.grad_clip, grads);
+  clip_gradients(params, s.grad_norm, cfg_.optim.grad_clip, reduced_shares());
   if (pipeline_ && cfg_.parallel.pp_schedule == "adaptive" &&
       (step + 1) % cfg_.parallel.pp_adapt_every == 0)
     adapt_pipeline_group();
@@ -458,15 +428,6 @@ double Trainer::inject_fault(int64_t step) {
     mesh_->world().recv(view_of(&never, Shape{1}, DType::I32), world_rank_, 999);
   }
   return fault_kind_ == "slow" ? fault_factor_ : 1.0;
-}
-
-void Trainer::whole_parameters(bool all) {
-  if (zero() != 3) return;
-  for (int b = 0; b < reducer_->buckets_count(); ++b)
-    if (all)
-      reducer_->acquire(b);
-    else
-      reducer_->release(b);
 }
 
 int Trainer::all_ranks(int value, parallel::ReduceOp op) {

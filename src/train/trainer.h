@@ -217,8 +217,18 @@ class Trainer {
   // ZeRO-3: every parameter whole here (all = true) or back to this rank's shares only.
   void whole_parameters(bool all);
   std::unique_ptr<parallel::GradReducer> expert_reducer_;  // MoE experts, over edp
-  std::unique_ptr<parallel::pp::Pipeline> pipeline_;       // with pp > 1
-  std::vector<std::pair<int64_t, int64_t>> step_starts_;   // pipelined steps: (step, start ns)
+  // ZeRO with MoE: both reducers' reduced shares, the dense then the experts'.
+  Arena zero_grads_;
+  // train/trainer_zero.cpp: reducer_ and expert_reducer_ (and zero_grads_) built; the
+  // optimizer's shard over both; the reduced shares it reads (empty without ZeRO); the
+  // global gradient norm; ZeRO's parameters gathered after the optimizer step.
+  void build_reducers(size_t bucket_bytes);
+  StateShard optimizer_shard() const;
+  Tensor reduced_shares() const;
+  double grad_norm();
+  void gather_updated_params();
+  std::unique_ptr<parallel::pp::Pipeline> pipeline_;      // with pp > 1
+  std::vector<std::pair<int64_t, int64_t>> step_starts_;  // pipelined steps: (step, start ns)
   std::ofstream metrics_;
   std::vector<int32_t> inputs_, targets_;
   std::vector<StepStats> history_;  // every step of run(), for write_comm_log

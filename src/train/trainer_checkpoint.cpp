@@ -80,15 +80,18 @@ std::vector<ckpt::LiveTensor> Trainer::snapshot_tensors() const {
   // MoE experts have their own replicas: the ranks of one edp group hold the same experts,
   // each etp rank a slice (and the whole of an etp-replicated bias).
   // With ZeRO every dp x cp rank writes the moments of its shares (at stage 3 the
-  // parameters' too).
+  // parameters' too), and every edp rank the moments of its shares of the experts; of what
+  // tp (etp) replicates, the first tp (etp) rank.
   std::vector<ckpt::LiveTensor> tensors;
   const ParamStore& p = model_->params();
+  const bool etp_first = !mesh_ || mesh_->coord(parallel::Axis::ETP) == 0;
   for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
     const ParamSpec& spec = p.spec(id);
     if (spec.pipeline_copy) continue;  // the first pipeline stage saves the original
-    const bool tp_writes = spec.shard_dim >= 0 || model_->tp().rank() == 0;
+    const bool share_writes =
+        spec.shard_dim >= 0 || (spec.expert ? etp_first : model_->tp().rank() == 0);
     for (const StatePart& part : state_parts(id, true))
-      if (((part.moment && zero()) || zero() == 3) ? tp_writes : writes(spec))
+      if (((part.moment && zero()) || zero() == 3) ? share_writes : writes(spec))
         tensors.push_back({part.info, part.view.f32(), p.device()});
   }
   return tensors;
@@ -128,8 +131,7 @@ void Trainer::save(int64_t steps_done) {
 void Trainer::optimizer_step(float lr) {
   // A copy in flight is followed chunk by chunk; a swap snapshot is left where it is.
   ParamStore& p = model_->params();
-  optimizer_->step(p, lr, snapshot_copied(), swap_pending_,
-                   zero() ? reducer_->shard_grads() : Tensor{});
+  optimizer_->step(p, lr, snapshot_copied(), swap_pending_, reduced_shares());
   if (swap_pending_) {
     swap_pending_ = false;
     snapshot_in_spare_ = true;
@@ -140,15 +142,7 @@ void Trainer::optimizer_step(float lr) {
       const float* base = p.all_params().f32();
       saver_.wait_for_copy(base, base + p.numel());
     }
-    // Stage 1, 2: every rank gets the new parameters now. Stage 3: the units gather them
-    // when next used; any gathered (or prefetched) before the update holds old values of the
-    // other ranks' shares, so back to this rank's shares only.
-    if (zero() == 3) {
-      if (!bug_injected("zero3-keep-stale"))  // planted for the layout test
-        reducer_->release_all();
-    } else {
-      reducer_->gather_params();
-    }
+    gather_updated_params();  // stage 1, 2: on every rank now; stage 3: when next used
   }
   kernels::refresh_weights(p);  // the compute copy follows the new master values
 }
@@ -192,9 +186,11 @@ int64_t Trainer::restore_snapshot() {
   if (replicated && !moe && zero() < 3)
     for (const StateBuffer& b : state_buffers(!zero()))
       mesh_->dp_cp().broadcast(view_of(b.base, Shape{p.numel()}, DType::F32, device), 0);
-  // ... (with MoE parameter by parameter: experts from their first edp and etp rank) ...
+  // ... (with MoE parameter by parameter: experts from their first edp and etp rank;
+  // with ZeRO each rank staged its shares of the experts' moments, and those of an
+  // etp-replicated one come from the first etp rank) ...
   if (mesh_ && moe)
-    for (const StateBuffer& b : state_buffers(true))
+    for (const StateBuffer& b : state_buffers(!zero()))
       for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
         const ParamSpec& spec = p.spec(id);
         const Tensor t = p.view(b.base, id, device);
@@ -207,6 +203,11 @@ int64_t Trainer::restore_snapshot() {
         if (spec.shard_dim < 0 && mesh_->degree(parallel::Axis::ETP) > 1)
           mesh_->group(parallel::Axis::ETP).broadcast(t, 0);
       }
+  if (mesh_ && moe && zero() && mesh_->degree(parallel::Axis::ETP) > 1)
+    for (int id = 0; id < static_cast<int>(p.specs().size()); ++id)
+      if (p.spec(id).expert && p.spec(id).shard_dim < 0)
+        for (const StatePart& part : state_parts(id, true))
+          if (part.moment) mesh_->group(parallel::Axis::ETP).broadcast(part.view, 0);
   // ... and tensor-parallel ranks their replicated parameters from tp rank 0.
   if (model_->tp().degree() > 1)
     for (int id = 0; id < static_cast<int>(p.specs().size()); ++id)

@@ -1,6 +1,7 @@
-// In-job restart from host memory (dp2 x tp2 with sequence parallelism; pp2 x dp2), with
-// both kinds of snapshot. Copy: only the first data-parallel replica stages a snapshot, and
-// only tp rank 0 stages replicated parameters; restore_snapshot() broadcasts the rest.
+// In-job restart from host memory (dp2 x tp2 with sequence parallelism; pp2 x dp2; MoE at
+// ZeRO-2), with both kinds of snapshot. Copy: only the first data-parallel replica stages a
+// snapshot, and only tp rank 0 stages replicated parameters; restore_snapshot() broadcasts
+// the rest.
 // Swap: every rank goes back to its own frozen set. Every rank must end bitwise where a resume from
 // the step's checkpoint on disk puts it, and train on identically.
 #include <gtest/gtest.h>
@@ -97,6 +98,36 @@ TEST_P(CheckpointSnapshot, RestoreFromMemoryEqualsResumeFromDiskOnPp2Dp2) {
                  "model.tie_embeddings=true", "train.seq_len=32", "train.micro_batch=2",
                  "train.grad_accum=2", "train.steps=10", "train.threads=1", "train.eval_every=0",
                  "data.source=random", "parallel.pp=2", "parallel.tp=1"});
+}
+
+// MoE at ZeRO-2 over dp4 with the GPT-2 experts split over etp 2 (edp 2): every rank stages the
+// moments of its shares; those of the experts' output bias, replicated over etp, only the first
+// etp rank, so the others receive them.
+TEST_P(CheckpointSnapshot, RestoreFromMemoryEqualsResumeFromDiskOnMoeZero2) {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world != 4) GTEST_SKIP() << "needs mpirun with 4 ranks";
+  check_restore(std::string("moe-zero2-") + GetParam(),
+                {std::string("checkpoint.snapshot=") + GetParam(),
+                 "model.family=gpt2",
+                 "model.n_layer=2",
+                 "model.d_model=64",
+                 "model.n_head=4",
+                 "model.vocab_size=512",
+                 "model.moe_layers=all",
+                 "model.n_experts=4",
+                 "model.top_k=2",
+                 "model.d_ff_expert=64",
+                 "train.seq_len=32",
+                 "train.micro_batch=2",
+                 "train.grad_accum=2",
+                 "train.steps=10",
+                 "train.threads=1",
+                 "train.eval_every=0",
+                 "data.source=random",
+                 "parallel.tp=1",
+                 "parallel.etp=2",
+                 "parallel.zero=2"});
 }
 
 INSTANTIATE_TEST_SUITE_P(Snapshot, CheckpointSnapshot, ::testing::Values("swap", "copy"));

@@ -165,8 +165,10 @@ CASES = [
     # ZeRO and offload: what is not built says so, with the key to change.
     ("zero2_with_pipeline", "gpt-tiny.toml", ["parallel.zero=2", "parallel.pp=2"], 0, 2,
      ["parallel.zero = 2 with parallel.pp = 2", "set parallel.zero = 1"]),
-    ("zero_with_moe", "mixtral-tiny.toml", ["parallel.zero=1"], 0, 2,
-     ["parallel.zero = 1 with an MoE model is not built yet", "set parallel.zero = 0"]),
+    ("zero3_with_moe", "mixtral-tiny.toml", ["parallel.zero=3"], 0, 2,
+     ["parallel.zero = 3 with an MoE model is not built yet", "set parallel.zero = 2"]),
+    ("zero2_moe_trains", "mixtral-tiny.toml", TINY + ["parallel.ep=2", "parallel.zero=2"], 4, 0,
+     ["ZeRO-2 over dp x cp = 4, the routed experts over edp = 2", "step     2/2"]),
     ("zero3_on_cuda", "gpt-tiny.toml", ["parallel.zero=3", "train.device=cuda"], 0, 2,
      ["parallel.zero = 3 on CUDA is not built yet"]),
     ("zero_stage_out_of_range", "gpt-tiny.toml", ["parallel.zero=4"], 0, 2, ["parallel.zero"]),

@@ -1,0 +1,113 @@
+// The trainer's gradient reduction and ZeRO: the dense parameters' reducer over dp x cp,
+// the MoE experts' over edp, the one optimizer shard over both, and the gradient norm
+// summed over whichever ranks hold each share.
+#include <cmath>
+
+#include "train/trainer.h"
+
+namespace pentad {
+
+void Trainer::build_reducers(size_t bucket_bytes) {
+  // Dense gradients sum over dp x cp, MoE experts' over edp (the ranks holding the same
+  // experts): each reducer leaves the other's parameters out of its buckets.
+  const ParallelConfig& par = cfg_.parallel;
+  ParamStore& params = model_->params();
+  if (mesh_ && mesh_->dp_cp().size() > 1) {
+    // ZeRO under pipelining: the tied embedding's two copies (first and last stage) must be
+    // cut into the same shares, so each is a bucket of its own.
+    const std::string tied =
+        pp_size_ > 1 && cfg_.model.tie_embeddings ? params.spec(embedding_id()).name : "";
+    // ZeRO-3 gathers parameters a layer at a time: one bucket per layer ("layers.<l>"), one
+    // for the embedding, one for the final norm and head.
+    auto unit = [](const ParamSpec& p) {
+      if (p.name.rfind("layers.", 0) != 0) return std::string();
+      return p.name.substr(0, p.name.find('.', 7));
+    };
+    reducer_ = std::make_unique<parallel::GradReducer>(
+        mesh_->dp_cp(), params, bucket_bytes, int(par.zero),
+        [](const ParamSpec& p) { return !p.expert; },
+        [tied](const ParamSpec& p) { return !tied.empty() && p.name == tied; },
+        par.zero == 3 ? parallel::GradReducer::Unit(unit) : parallel::GradReducer::Unit());
+  }
+  if (!mesh_ || !cfg_.model.is_moe()) return;
+  // ZeRO shards the experts' state over edp, even where edp is 1 (there the reduce-scatter
+  // is a copy): the optimizer reads one compact buffer of reduced gradients.
+  const int edp = mesh_->degree(parallel::Axis::EDP);
+  const bool expert_zero = zero() > 0;
+  if ((edp > 1 || expert_zero) &&
+      !bug_injected("moe-skip-edp-reduce"))  // a planted bug the layout test must catch
+    expert_reducer_ = std::make_unique<parallel::GradReducer>(
+        mesh_->group(parallel::Axis::EDP), params, bucket_bytes, expert_zero ? zero() : 0,
+        [](const ParamSpec& p) { return p.expert; });
+  if (!expert_zero || !expert_reducer_) return;
+  // One shard over both: the dense shares, then the experts'.
+  const StateShard& dense = reducer_->shard();
+  zero_grads_ =
+      Arena("reduced gradient shares (dense and experts)",
+            size_t(dense.numel + expert_reducer_->shard().numel) * sizeof(float), params.device());
+  zero_grads_.zero();
+  float* const base = static_cast<float*>(zero_grads_.base());
+  auto part = [&](int64_t at, int64_t count) {
+    return view_of(base + at, Shape{count}, DType::F32, params.device());
+  };
+  reducer_->place_shares(part(0, dense.numel));
+  expert_reducer_->place_shares(part(dense.numel, expert_reducer_->shard().numel));
+}
+
+StateShard Trainer::optimizer_shard() const {
+  if (!zero()) return {};
+  if (!zero_grads_.base()) return reducer_->shard();
+  return StateShard::merge(reducer_->shard(), expert_reducer_->shard());
+}
+
+Tensor Trainer::reduced_shares() const {
+  if (!zero()) return {};
+  if (!zero_grads_.base()) return reducer_->shard_grads();
+  return view_of(zero_grads_.base(), Shape{optimizer_->shard().numel}, DType::F32,
+                 model_->params().device());
+}
+
+double Trainer::grad_norm() {
+  const ParamStore& params = model_->params();
+  // An expert's parameter replicated over etp (the GPT-2 experts' output bias) counts on
+  // the first etp rank only.
+  const bool etp_first = !mesh_ || mesh_->coord(parallel::Axis::ETP) == 0;
+  GradSquares squares = grad_sum_squares(params, etp_first, zero() ? &optimizer_->shard() : nullptr,
+                                         reduced_shares());
+  static_assert(sizeof(GradSquares) == 3 * sizeof(double));
+  // With ZeRO each rank holds its shares of the gradients: the dense ones of the dp x cp
+  // group's, the experts' of the edp group's.
+  if (zero()) mesh_->dp_cp().all_reduce(view_of(&squares.sharded, Shape{2}, DType::F64));
+  if (zero() && cfg_.model.is_moe() && mesh_->degree(parallel::Axis::EDP) > 1)
+    mesh_->group(parallel::Axis::EDP).all_reduce(view_of(&squares.expert, Shape{1}, DType::F64));
+  if (model_->tp().degree() > 1)  // shards add up over tp; replicated ones count once
+    mesh_->group(parallel::Axis::TP).all_reduce(view_of(&squares.sharded, Shape{1}, DType::F64));
+  if (mesh_ && cfg_.model.is_moe() && mesh_->expert_model().size() > 1)  // each expert once
+    mesh_->expert_model().all_reduce(view_of(&squares.expert, Shape{1}, DType::F64));
+  return std::sqrt(all_reduce_pp(squares.sharded + squares.replicated + squares.expert));
+}
+
+void Trainer::gather_updated_params() {
+  if (zero() == 3) {
+    // The units gather them when next used; any gathered (or prefetched) before the update
+    // holds old values of the other ranks' shares, so back to this rank's shares only.
+    if (!bug_injected("zero3-keep-stale"))  // planted for the layout test
+      reducer_->release_all();
+    return;
+  }
+  reducer_->gather_params();
+  if (zero_grads_.base() &&
+      !bug_injected("zero-moe-skip-expert-gather"))  // planted for the layout test
+    expert_reducer_->gather_params();
+}
+
+void Trainer::whole_parameters(bool all) {
+  if (zero() != 3) return;
+  for (int b = 0; b < reducer_->buckets_count(); ++b)
+    if (all)
+      reducer_->acquire(b);
+    else
+      reducer_->release(b);
+}
+
+}  // namespace pentad
