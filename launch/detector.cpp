@@ -312,28 +312,43 @@ std::optional<Detection> Detector::check_compute_slow(double now) const {
   return std::nullopt;
 }
 
-// The per-peer latency matrix, when the ranks measure it (beats carrying "p2p"): a pair at
-// >= 3x the median of all pairs is a slow link. Without that field, links are not judged.
-std::optional<Detection> Detector::check_link_slow(double now) const {
-  std::map<std::pair<int, int>, double> pairs;  // (low, high) -> worst seconds per MB seen
-  for (const auto& [rank, r] : ranks_)
+// The per-peer link matrix, when the ranks measure it (beats carrying "p2p"): a pair whose
+// sends cost >= kLinkFactor x the median pair's, per MB, running for kLinkSteps median steps
+// (the ranks' values are already medians of their last sends; this is for the pair to stay
+// slow, not one stall of a descheduled receiver). The worse direction counts: a ring sends
+// one way only. Needs three pairs at least, or no median means "typical". Without "p2p"
+// (MPI's own collectives), links are not judged.
+std::optional<Detection> Detector::check_link_slow(double now) {
+  std::map<std::pair<int, int>, double> pairs;  // (low, high) -> worse direction, s per MB
+  for (const auto& [rank, r] : ranks_) {
+    if (r.closed || !r.bye.empty()) continue;
     for (const auto& [peer, s] : r.p2p_s_per_mb) {
       auto key = std::minmax(rank, peer);
       pairs[key] = std::max(pairs[key], s);
     }
+  }
   if (pairs.size() < 3) return std::nullopt;
   std::vector<double> all;
   for (const auto& [key, s] : pairs) all.push_back(s);
   const double typical = median(all);
-  for (const auto& [key, s] : pairs)
-    if (typical > 0 && s >= 3 * typical)
-      return Detection{"comm slow",
-                       {key.first, key.second},
-                       now,
-                       now,
-                       fmt::format("link {}-{} takes {:.3g} s/MB, {:.1f}x the median pair",
-                                   key.first, key.second, s, s / typical)};
-  return std::nullopt;
+  const double hold_s = std::max(kLinkFloorSeconds, kLinkSteps * median_step_seconds());
+  std::optional<Detection> found;
+  for (const auto& [key, s] : pairs) {
+    if (typical <= 0 || s < kLinkFactor * typical) {
+      link_slow_since_.erase(key);
+      continue;
+    }
+    const double since = link_slow_since_.try_emplace(key, now).first->second;
+    if (!found && now - since >= hold_s)
+      found = Detection{"comm slow",
+                        {key.first, key.second},
+                        since,
+                        now,
+                        fmt::format("link {}-{} takes {:.3g} s/MB, {:.1f}x the median pair's "
+                                    "{:.3g} s/MB, for {:.1f} s",
+                                    key.first, key.second, s, s / typical, typical, now - since)};
+  }
+  return found;
 }
 
 }  // namespace pentad::launch

@@ -161,6 +161,11 @@ void Monitor::run() {
     for (const parallel::ProgressSnapshot::Step& s : p.recent)
       recent.push_back({s.step, s.seconds, s.wait_seconds, s.compute_cpu});
     beat["recent"] = std::move(recent);
+    // This rank's row of the link matrix, [[peer, seconds per MB], ...], once it has one.
+    nlohmann::json links = nlohmann::json::array();
+    for (const parallel::LinkCost& l : parallel::activity_links())
+      links.push_back({l.peer, l.seconds_per_mb});
+    if (!links.empty()) beat["p2p"] = std::move(links);
     if (w.waiting)
       beat["wait"] = {{"comm", w.comm},
                       {"kind", w.kind},

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <deque>
+#include <map>
 #include <mutex>
 
 namespace pentad::parallel {
@@ -26,6 +27,9 @@ struct Activity {
   std::atomic<double> step_seconds{0}, wait_seconds{0};
   std::mutex recent_mutex;  // once a step on the training thread, once a beat on the monitor's
   std::deque<ProgressSnapshot::Step> recent;
+  // Per peer: the last kLinkSamples sends' seconds per MB, and how many were measured.
+  std::mutex links_mutex;  // at each send on the training thread, once a beat on the monitor's
+  std::map<int, std::pair<std::deque<double>, int64_t>> links;
 };
 constexpr size_t kRecentSteps = 16;
 
@@ -40,6 +44,18 @@ double thread_cpu_seconds() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+void activity_link_sample(int world_peer, int64_t bytes, double seconds) {
+  if (world_peer < 0) return;
+  // A zero-byte send still costs its latency: counted as one byte, not divided by zero.
+  const double mb = double(std::max<int64_t>(bytes, 1)) / double(1 << 20);
+  Activity& a = activity();
+  std::lock_guard lock(a.links_mutex);
+  auto& [samples, sends] = a.links[world_peer];
+  samples.push_back(seconds / mb);
+  if (samples.size() > kLinkSamples) samples.pop_front();
+  ++sends;
 }
 
 void activity_wait_begin(const TraceTicket& ticket) {
@@ -118,6 +134,19 @@ ProgressSnapshot activity_progress() {
   std::lock_guard lock(a.recent_mutex);
   p.recent.assign(a.recent.begin(), a.recent.end());
   return p;
+}
+
+std::vector<LinkCost> activity_links() {
+  Activity& a = activity();
+  std::vector<LinkCost> links;
+  std::lock_guard lock(a.links_mutex);
+  for (const auto& [peer, entry] : a.links) {
+    std::vector<double> v(entry.first.begin(), entry.first.end());
+    if (v.empty()) continue;
+    std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
+    links.push_back({peer, v[v.size() / 2], entry.second});
+  }
+  return links;
 }
 
 }  // namespace pentad::parallel

@@ -43,7 +43,23 @@ struct ProgressSnapshot {
   std::vector<Step> recent;
 };
 
+// The per-peer link matrix, this rank's row: the cost of its sends to each peer, as seconds
+// from posting a send to seeing it complete, per MB sent. Fed by every leg of a ring
+// all-reduce (parallel/ring_all_reduce.cpp) and every point-to-point send (pipeline stages,
+// context-parallel rings). A send completes once delivered (or, for a small one, once
+// buffered), so the cost includes a slow link's delay; it also includes a late receiver
+// and, for sends polled rather than waited, the time to the next poll, which every pair of
+// a ring shares. Traffic inside the backend's own collectives (MPI's all-reduce, ZeRO's
+// reduce-scatter) is not seen: the backend does not say which peer it waited for.
+struct LinkCost {
+  int peer = -1;              // world rank
+  double seconds_per_mb = 0;  // median of its last kLinkSamples sends
+  int64_t sends = 0;          // sends measured so far
+};
+constexpr size_t kLinkSamples = 32;
+
 // Training thread.
+void activity_link_sample(int world_peer, int64_t bytes, double seconds);
 void activity_wait_begin(const TraceTicket& ticket);
 void activity_wait_end();
 void activity_run_started(int64_t start_step);
@@ -53,5 +69,6 @@ void activity_checkpoint_committed(int64_t step);
 // Any thread.
 WaitSnapshot activity_wait();
 ProgressSnapshot activity_progress();
+std::vector<LinkCost> activity_links();  // peers in increasing order
 
 }  // namespace pentad::parallel

@@ -60,6 +60,7 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
   // Dense gradients sum over dp x cp, MoE experts' over edp (the ranks holding the same
   // experts): each reducer leaves the other's parameters out of its buckets.
   if (mesh_ && mesh_->dp_cp().size() > 1) {
+    mesh_->dp_cp().set_ring_all_reduce(cfg.parallel.ring_all_reduce);
     // ZeRO under pipelining: the tied embedding's two copies (first and last stage) must be
     // cut into the same shares, so each is a bucket of its own.
     const std::string tied =
