@@ -49,9 +49,9 @@ struct RankState {
   int64_t step = 0, ckpt_step = -1;
   std::optional<Wait> wait;
   std::deque<StepRecord> history;  // newest last, at most kHistorySteps
-  // Its row of the link matrix: peer -> seconds per MB of its sends to it, the median of its
-  // recent sends (beats' "p2p": pentad's ring all-reduce legs and p2p sends, activity.h).
-  std::map<int, double> p2p_s_per_mb;
+  // Its row of the link matrix (beats' "p2p", parallel/activity.h): peer -> seconds per MB
+  // of its recent sends to it, and of its receives from it.
+  std::map<int, double> send_s_per_mb, recv_s_per_mb;
 };
 
 struct Detection {

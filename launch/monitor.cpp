@@ -161,10 +161,10 @@ void Monitor::run() {
     for (const parallel::ProgressSnapshot::Step& s : p.recent)
       recent.push_back({s.step, s.seconds, s.wait_seconds, s.compute_cpu});
     beat["recent"] = std::move(recent);
-    // This rank's row of the link matrix, [[peer, seconds per MB], ...], once it has one.
+    // This rank's row of the link matrix, [[peer, send s/MB, receive s/MB], ...] (-1: none).
     nlohmann::json links = nlohmann::json::array();
     for (const parallel::LinkCost& l : parallel::activity_links())
-      links.push_back({l.peer, l.seconds_per_mb});
+      links.push_back({l.peer, l.send_s_per_mb, l.recv_s_per_mb});
     if (!links.empty()) beat["p2p"] = std::move(links);
     if (w.waiting)
       beat["wait"] = {{"comm", w.comm},

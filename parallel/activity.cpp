@@ -27,9 +27,10 @@ struct Activity {
   std::atomic<double> step_seconds{0}, wait_seconds{0};
   std::mutex recent_mutex;  // once a step on the training thread, once a beat on the monitor's
   std::deque<ProgressSnapshot::Step> recent;
-  // Per peer: the last kLinkSamples sends' seconds per MB, and how many were measured.
-  std::mutex links_mutex;  // at each send on the training thread, once a beat on the monitor's
-  std::map<int, std::pair<std::deque<double>, int64_t>> links;
+  // Per peer and direction (0: sends to it, 1: receives from it): the last kLinkSamples
+  // seconds per MB.
+  std::mutex links_mutex;  // at each transfer on the training thread, once a beat on the monitor's
+  std::map<int, std::deque<double>[2]> links;
 };
 constexpr size_t kRecentSteps = 16;
 
@@ -46,16 +47,15 @@ double thread_cpu_seconds() {
   return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
-void activity_link_sample(int world_peer, int64_t bytes, double seconds) {
+void activity_link_sample(int world_peer, bool sent, int64_t bytes, double seconds) {
   if (world_peer < 0) return;
-  // A zero-byte send still costs its latency: counted as one byte, not divided by zero.
+  // A zero-byte message still costs its latency: counted as one byte, not divided by zero.
   const double mb = double(std::max<int64_t>(bytes, 1)) / double(1 << 20);
   Activity& a = activity();
   std::lock_guard lock(a.links_mutex);
-  auto& [samples, sends] = a.links[world_peer];
+  std::deque<double>& samples = a.links[world_peer][sent ? 0 : 1];
   samples.push_back(seconds / mb);
   if (samples.size() > kLinkSamples) samples.pop_front();
-  ++sends;
 }
 
 void activity_wait_begin(const TraceTicket& ticket) {
@@ -137,15 +137,17 @@ ProgressSnapshot activity_progress() {
 }
 
 std::vector<LinkCost> activity_links() {
+  auto median = [](const std::deque<double>& d) {
+    if (d.empty()) return -1.0;
+    std::vector<double> v(d.begin(), d.end());
+    std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
   Activity& a = activity();
   std::vector<LinkCost> links;
   std::lock_guard lock(a.links_mutex);
-  for (const auto& [peer, entry] : a.links) {
-    std::vector<double> v(entry.first.begin(), entry.first.end());
-    if (v.empty()) continue;
-    std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
-    links.push_back({peer, v[v.size() / 2], entry.second});
-  }
+  for (const auto& [peer, samples] : a.links)
+    links.push_back({peer, median(samples[0]), median(samples[1])});
   return links;
 }
 

@@ -71,8 +71,9 @@ void Work::finish(bool seen_done) {
   // stamps the leave time later (comm.h, "Trace times of device operations").
   if (seen_done || !impl_->keep_ticket(ticket_)) {
     trace_leave(ticket_);
-    if (ticket_.kind == CommKind::Send)  // a row of the link matrix (parallel/activity.h)
-      activity_link_sample(trace_channel_member(ticket_.channel, ticket_.peer), ticket_.bytes,
+    if (ticket_.kind == CommKind::Send || ticket_.kind == CommKind::Recv)  // the link matrix
+      activity_link_sample(trace_channel_member(ticket_.channel, ticket_.peer),
+                           ticket_.kind == CommKind::Send, ticket_.bytes,
                            1e-9 * double(trace_now_ns() - ticket_.enter_ns));
   }
   impl_.reset();

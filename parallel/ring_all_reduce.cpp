@@ -1,7 +1,7 @@
 // A sum all-reduce of f32 host memory as pentad's own ring over send/recv (Communicator::
-// set_ring_all_reduce), so that every transfer has a known peer: the send of each leg is
-// timed and added to this rank's row of the link matrix (parallel/activity.h). MPI's own
-// all-reduce hides which peer it waited for; a slow link is then a slow rank to everyone.
+// set_ring_all_reduce), so that every transfer has a known peer: the send and the receive of
+// each leg are timed and added to this rank's row of the link matrix (parallel/activity.h). MPI's
+// own all-reduce hides which peer it waited for; a slow link is then a slow rank to everyone.
 //
 // n ranks, buf cut into n chunks (chunk c: elements [numel c / n, numel (c+1) / n)). Rank i
 // sends to i+1 and receives from i-1 only:
@@ -34,6 +34,7 @@ class RingAllReduce final : public WorkImpl {
   RingAllReduce(Communicator& comm, Tensor buf, int tag)
       : comm_(comm), buf_(buf), tag_(tag), n_(comm.size()), me_(comm.rank()) {
     right_world_ = trace_channel_member(comm.trace_, (me_ + 1) % n_);
+    left_world_ = trace_channel_member(comm.trace_, (me_ - 1 + n_) % n_);
     int64_t largest = 0;
     for (int c = 0; c < n_; ++c) largest = std::max(largest, end(c) - begin(c));
     scratch_.resize(size_t(largest));
@@ -43,10 +44,14 @@ class RingAllReduce final : public WorkImpl {
     while (leg_ < 2 * (n_ - 1)) {
       if (!send_done_ && send_->test()) {
         send_done_ = true;
-        const double seconds = 1e-9 * double(trace_now_ns() - posted_ns_);
-        activity_link_sample(right_world_, send_bytes_, seconds);
+        activity_link_sample(right_world_, true, send_bytes_,
+                             1e-9 * double(trace_now_ns() - posted_ns_));
       }
-      if (!recv_done_) recv_done_ = recv_->test();
+      if (!recv_done_ && recv_->test()) {
+        recv_done_ = true;
+        activity_link_sample(left_world_, false, recv_bytes_,
+                             1e-9 * double(trace_now_ns() - posted_ns_));
+      }
       if (!send_done_ || !recv_done_) return false;
       if (leg_ < n_ - 1) add_received();
       ++leg_;
@@ -75,6 +80,7 @@ class RingAllReduce final : public WorkImpl {
         P2POp{true, view_of(at(out), Shape{out_n}, DType::F32), (me_ + 1) % n_, tag_},
         P2POp{false, view_of(into, Shape{in_n}, DType::F32), (me_ - 1 + n_) % n_, tag_}};
     send_bytes_ = out_n * int64_t(sizeof(float));
+    recv_bytes_ = in_n * int64_t(sizeof(float));
     posted_ns_ = trace_now_ns();
     std::vector<std::unique_ptr<WorkImpl>> impls = comm_.post_p2p_delayed(ops);
     send_ = std::move(impls.at(0));
@@ -89,12 +95,12 @@ class RingAllReduce final : public WorkImpl {
 
   Communicator& comm_;
   Tensor buf_;
-  int tag_, n_, me_, right_world_ = -1;
+  int tag_, n_, me_, right_world_ = -1, left_world_ = -1;
   int leg_ = 0, in_ = 0;        // the leg in flight, and the chunk it receives
   std::vector<float> scratch_;  // a received chunk before it is added (reduce-scatter)
   std::unique_ptr<WorkImpl> send_, recv_;
   bool send_done_ = false, recv_done_ = false;
-  int64_t send_bytes_ = 0, posted_ns_ = 0;
+  int64_t send_bytes_ = 0, recv_bytes_ = 0, posted_ns_ = 0;
 };
 
 std::unique_ptr<WorkImpl> Communicator::post_ring_all_reduce(Tensor buf) {

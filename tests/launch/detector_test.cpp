@@ -274,6 +274,30 @@ TEST(Detector, RingLinkSlowOneWayIsTheLinkBetweenItsEnds) {
   EXPECT_EQ(found->culprit, (std::vector<int>{1, 2}));
 }
 
+// What a ring held up by a slow link 1 -> 2 measures: 1's sends and 2's receives wait for
+// the link; 0's sends into 1 wait for 1 (late receiver), 3's receives from 2 wait for 2
+// (late sender). Only the link that both its ends find slow is.
+TEST(Detector, ALateReceiverOrSenderIsNotASlowLink) {
+  Detector d = healthy_run();
+  for (double now : {1.05, 2.2}) {
+    for (int r = 0; r < kWorld; ++r) {
+      const double send = r == 0 || r == 1 ? 0.05 : 0.01;  // [peer, send s/MB, recv s/MB]
+      const double recv = r == 2 || r == 3 ? 0.05 : 0.01;
+      json b = beat(r, 10, "compute");
+      b["p2p"] = json::array({json::array({(r + 1) % kWorld, send, -1}),
+                              json::array({(r + kWorld - 1) % kWorld, -1, recv})});
+      feed(d, b, now);
+    }
+    if (now < 2) {
+      EXPECT_FALSE(d.check(now + 0.05).has_value());
+    }
+  }
+  std::optional<Detection> found = d.check(2.25);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->cls, "comm slow");
+  EXPECT_EQ(found->culprit, (std::vector<int>{1, 2}));
+}
+
 TEST(Detector, ALinkSlowForLessThanTheHoldIsNotFlagged) {
   Detector d = healthy_run();
   ring_links(d, 3, 0.05, 1.05);  // a receiver descheduled for a moment
