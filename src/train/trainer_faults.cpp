@@ -2,6 +2,7 @@
 // train.inject_nan_grad and train.inject_fault (train/config.h), read once.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -133,10 +134,22 @@ void Trainer::inject_slow_link() const {
 }
 
 void Trainer::corrupt_newest_checkpoint() {
+  // The checkpoint at or before the step asked for, once committed (commits lag the save by
+  // a step or more: the files are written in the background).
   const int64_t newest = parallel::activity_progress().ckpt_step;
-  if (newest <= 0) return;
-  const std::string path =
-      ckpt::checkpoint_dir(checkpoint_root(), newest) + "/" + ckpt::rank_file_name(world_rank_);
+  const int64_t every = cfg_.train.save_every;
+  if (newest <= 0 || newest < fault_step_ / every * every) return;
+  // This rank's file; or, when it wrote none (a data-parallel replica: the lowest rank of
+  // equal state writes), the first rank file there.
+  const std::string dir = ckpt::checkpoint_dir(checkpoint_root(), newest);
+  std::string path = dir + "/" + ckpt::rank_file_name(world_rank_);
+  if (!std::filesystem::exists(path)) {
+    std::vector<std::string> files;
+    for (const auto& entry : std::filesystem::directory_iterator(dir))
+      if (entry.path().extension() == ".h5") files.push_back(entry.path().string());
+    PENTAD_CHECK(!files.empty(), "train.inject_fault corrupt: no rank file in {}", dir);
+    path = *std::min_element(files.begin(), files.end());
+  }
   std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
   PENTAD_CHECK(file.good(), "train.inject_fault corrupt: cannot open {}", path);
   const auto size = std::filesystem::file_size(path);
