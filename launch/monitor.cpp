@@ -70,8 +70,13 @@ std::string attempt() {
 
 }  // namespace
 
-Monitor::Monitor(int world_rank, int world_size, std::string out_dir, int beat_ms)
-    : rank_(world_rank), world_(world_size), out_dir_(std::move(out_dir)), beat_ms_(beat_ms) {
+Monitor::Monitor(int world_rank, int world_size, std::string out_dir, int beat_ms,
+                 MonitorLayout layout)
+    : rank_(world_rank),
+      world_(world_size),
+      out_dir_(std::move(out_dir)),
+      beat_ms_(beat_ms),
+      layout_(layout) {
   const char* address = std::getenv("PENTAD_MONITOR");
   if (!address || !*address) return;
   std::string why;
@@ -135,7 +140,16 @@ void Monitor::run() {
                        {"host", host},
                        {"out_dir", out_dir_},
                        {"attempt", std::stoi(attempt())},
-                       {"resume_step", -1}};
+                       {"resume_step", -1},
+                       {"layout",
+                        {{"dp", layout_.dp},
+                         {"tp", layout_.tp},
+                         {"cp", layout_.cp},
+                         {"pp", layout_.pp},
+                         {"ep", layout_.ep},
+                         {"etp", layout_.etp},
+                         {"micro_batch", layout_.micro_batch},
+                         {"grad_accum", layout_.grad_accum}}}};
   if (!send_line(hello.dump())) return;
   bool started = false;
   while (!stop_) {
