@@ -35,8 +35,8 @@ int64_t whole(const std::string& text, const char* key, const std::string& spec,
   } catch (const std::exception&) {
     used = 0;
   }
-  PENTAD_CHECK(used == text.size() && !text.empty() && value >= 0,
-               "{} = \"{}\": {} \"{}\" is not a whole number >= 0", key, spec, what, text);
+  if (used != text.size() || text.empty() || value < 0)
+    fail("{} = \"{}\": {} \"{}\" is not a whole number >= 0", key, spec, what, text);
   return value;
 }
 
@@ -45,9 +45,10 @@ int64_t whole(const std::string& text, const char* key, const std::string& spec,
 void Trainer::parse_injections() {
   if (const std::string& spec = cfg_.train.inject_nan_grad; !spec.empty()) {
     const std::vector<std::string> part = split(spec);
-    PENTAD_CHECK(part.size() == 2, "train.inject_nan_grad = \"{}\": want RANK:STEP", spec);
-    if (whole(part[0], "train.inject_nan_grad", spec, "RANK") == world_rank_)
-      nan_step_ = whole(part[1], "train.inject_nan_grad", spec, "STEP");
+    if (part.size() != 2) fail("train.inject_nan_grad = \"{}\": want RANK:STEP", spec);
+    const int64_t rank = whole(part[0], "train.inject_nan_grad", spec, "RANK");
+    const int64_t step = whole(part[1], "train.inject_nan_grad", spec, "STEP");
+    if (rank == world_rank_) nan_step_ = step;
   }
   const std::string& spec = cfg_.train.inject_fault;
   // Restarts run clean, unless a test wants a fault that comes back every time.
@@ -58,35 +59,44 @@ void Trainer::parse_injections() {
   const std::vector<std::string> part = split(spec);
   fault_kind_ = part[0];
   if (fault_kind_ == "slowlink") {
-    PENTAD_CHECK(part.size() == 4 || part.size() == 5,
-                 "{} = \"{}\": want slowlink:A:B:STEP[:MS] (world ranks A and B)", key, spec);
+    if (!(part.size() == 4 || part.size() == 5))
+      fail("{} = \"{}\": want slowlink:A:B:STEP[:MS] (world ranks A and B)", key, spec);
     link_a_ = int(whole(part[1], key, spec, "A"));
     link_b_ = int(whole(part[2], key, spec, "B"));
     const int world = mesh_ ? mesh_->world().size() : 1;
-    PENTAD_CHECK(link_a_ != link_b_ && link_a_ < world && link_b_ < world,
-                 "{} = \"{}\": A and B must be two different world ranks below {}", key, spec,
-                 world);
+    if (!(link_a_ != link_b_ && link_a_ < world && link_b_ < world))
+      fail("{} = \"{}\": A and B must be two different world ranks below {}", key, spec, world);
     fault_step_ = whole(part[3], key, spec, "STEP");  // every rank: each sets its groups
     fault_factor_ = part.size() == 5 ? double(whole(part[4], key, spec, "MS")) : 20.0;
     return;
   }
-  PENTAD_CHECK(part.size() >= 3 && part.size() <= 4,
-               "{} = \"{}\": want KIND:RANK:STEP[:FACTOR] or slowlink:A:B:STEP[:MS]", key, spec);
-  PENTAD_CHECK(fault_kind_ == "kill" || fault_kind_ == "stop" || fault_kind_ == "hang" ||
-                   fault_kind_ == "commhang" || fault_kind_ == "slow" || fault_kind_ == "nan" ||
-                   fault_kind_ == "corrupt",
-               "{}: unknown kind \"{}\" (kill, stop, hang, commhang, slow, nan, corrupt, "
-               "slowlink)",
-               key, fault_kind_);
-  PENTAD_CHECK(fault_kind_ != "corrupt" || cfg_.train.save_every > 0,
-               "{} = \"{}\" corrupts a checkpoint, but train.save_every = 0 saves none", key, spec);
+  if (!(part.size() >= 3 && part.size() <= 4))
+    fail("{} = \"{}\": want KIND:RANK:STEP[:FACTOR] or slowlink:A:B:STEP[:MS]", key, spec);
+  if (!(fault_kind_ == "kill" || fault_kind_ == "stop" || fault_kind_ == "hang" ||
+        fault_kind_ == "commhang" || fault_kind_ == "slow" || fault_kind_ == "nan" ||
+        fault_kind_ == "corrupt"))
+    fail(
+        "{}: unknown kind \"{}\" (kill, stop, hang, commhang, slow, nan, corrupt, "
+        "slowlink)",
+        key, fault_kind_);
+  if (fault_kind_ == "corrupt" && cfg_.train.save_every <= 0)
+    fail("{} = \"{}\" corrupts a checkpoint, but train.save_every = 0 saves none", key, spec);
   const int64_t step = whole(part[2], key, spec, "STEP");
+  if (part.size() > 3) {
+    size_t used = 0;
+    try {
+      fault_factor_ = std::stod(part[3], &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != part[3].size() || !(fault_factor_ > 0))
+      fail("{} = \"{}\": FACTOR \"{}\" is not a number > 0", key, spec, part[3]);
+  }
   if (whole(part[1], key, spec, "RANK") != world_rank_) return;
   if (fault_kind_ == "nan")
     nan_step_ = step;  // the same injection as train.inject_nan_grad
   else
     fault_step_ = step;
-  if (part.size() > 3) fault_factor_ = std::stod(part[3]);
 }
 
 double Trainer::inject_fault(int64_t step) {
@@ -147,11 +157,11 @@ void Trainer::corrupt_newest_checkpoint() {
     std::vector<std::string> files;
     for (const auto& entry : std::filesystem::directory_iterator(dir))
       if (entry.path().extension() == ".h5") files.push_back(entry.path().string());
-    PENTAD_CHECK(!files.empty(), "train.inject_fault corrupt: no rank file in {}", dir);
+    if (files.empty()) fail("train.inject_fault corrupt: no rank file in {}", dir);
     path = *std::min_element(files.begin(), files.end());
   }
   std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
-  PENTAD_CHECK(file.good(), "train.inject_fault corrupt: cannot open {}", path);
+  if (!file.good()) fail("train.inject_fault corrupt: cannot open {}", path);
   const auto size = std::filesystem::file_size(path);
   // The middle of the file: inside the tensor data (the metadata sits at the start).
   file.seekg(std::streamoff(size / 2));
