@@ -80,12 +80,16 @@ int Detector::message(const nlohmann::json& msg, double now, std::string* error)
       wait.entered_at = now - w.value("since_s", 0.0);
       r.wait = wait;
     }
-    // Hook for the per-peer link matrix: [[peer, seconds_per_mb], ...] (not sent yet).
+    // The rank's row of the link matrix: [[peer, send s/MB, receive s/MB], ...] (-1, or a
+    // missing third field: not measured).
     if (msg.contains("p2p") && msg["p2p"].is_array())
-      for (const auto& pair : msg["p2p"])
-        if (pair.is_array() && pair.size() == 2 && pair[0].is_number_integer() &&
-            pair[1].is_number())
-          r.p2p_s_per_mb[pair[0].get<int>()] = pair[1].get<double>();
+      for (const auto& row : msg["p2p"])
+        if (row.is_array() && row.size() >= 2 && row[0].is_number_integer() && row[1].is_number()) {
+          const int peer = row[0].get<int>();
+          if (row[1].get<double>() >= 0) r.send_s_per_mb[peer] = row[1].get<double>();
+          if (row.size() >= 3 && row[2].is_number() && row[2].get<double>() >= 0)
+            r.recv_s_per_mb[peer] = row[2].get<double>();
+        }
   } else if (type == "bye") {
     r.bye = msg.value("status", "error");
     r.bye_message = msg.value("message", "");
@@ -312,28 +316,58 @@ std::optional<Detection> Detector::check_compute_slow(double now) const {
   return std::nullopt;
 }
 
-// The per-peer latency matrix, when the ranks measure it (beats carrying "p2p"): a pair at
-// >= 3x the median of all pairs is a slow link. Without that field, links are not judged.
-std::optional<Detection> Detector::check_link_slow(double now) const {
-  std::map<std::pair<int, int>, double> pairs;  // (low, high) -> worst seconds per MB seen
-  for (const auto& [rank, r] : ranks_)
-    for (const auto& [peer, s] : r.p2p_s_per_mb) {
-      auto key = std::minmax(rank, peer);
+// The per-peer link matrix, when the ranks measure it (beats carrying "p2p"). The link from
+// j to i costs the lesser of j's send time to i and i's receive time from j: a late receiver
+// lengthens the send only, a late sender the receive only, a slow link both (on a ring held
+// up by one slow link, the sends into the rank that waits on it are slow too, and the
+// receives after it). A pair costs its worse direction. A pair whose cost is >= kLinkFactor
+// x the median pair's, running for kLinkSteps median steps (the ranks' values are already
+// medians of their last transfers; this is for the pair to stay slow, not one stall of a
+// descheduled rank), is a slow link. Needs three pairs at least, or no median is "typical".
+// Without "p2p" (MPI's own collectives), links are not judged.
+std::optional<Detection> Detector::check_link_slow(double now) {
+  std::map<std::pair<int, int>, double> pairs;  // (low, high) -> worse direction, s per MB
+  for (const auto& [from, r] : ranks_) {
+    if (r.closed || !r.bye.empty()) continue;
+    auto add = [&](int to, double s) {
+      auto key = std::minmax(from, to);
       pairs[key] = std::max(pairs[key], s);
+    };
+    for (const auto& [to, sent] : r.send_s_per_mb) {
+      auto it = ranks_.find(to);
+      double cost = sent;
+      if (it != ranks_.end())
+        if (auto got = it->second.recv_s_per_mb.find(from); got != it->second.recv_s_per_mb.end())
+          cost = std::min(cost, got->second);
+      add(to, cost);
     }
+    for (const auto& [source, got] : r.recv_s_per_mb) {  // a link whose sender says nothing
+      auto it = ranks_.find(source);
+      if (it == ranks_.end() || !it->second.send_s_per_mb.count(from)) add(source, got);
+    }
+  }
   if (pairs.size() < 3) return std::nullopt;
   std::vector<double> all;
   for (const auto& [key, s] : pairs) all.push_back(s);
   const double typical = median(all);
-  for (const auto& [key, s] : pairs)
-    if (typical > 0 && s >= 3 * typical)
-      return Detection{"comm slow",
-                       {key.first, key.second},
-                       now,
-                       now,
-                       fmt::format("link {}-{} takes {:.3g} s/MB, {:.1f}x the median pair",
-                                   key.first, key.second, s, s / typical)};
-  return std::nullopt;
+  const double hold_s = std::max(kLinkFloorSeconds, kLinkSteps * median_step_seconds());
+  std::optional<Detection> found;
+  for (const auto& [key, s] : pairs) {
+    if (typical <= 0 || s < kLinkFactor * typical) {
+      link_slow_since_.erase(key);
+      continue;
+    }
+    const double since = link_slow_since_.try_emplace(key, now).first->second;
+    if (!found && now - since >= hold_s)
+      found = Detection{"comm slow",
+                        {key.first, key.second},
+                        since,
+                        now,
+                        fmt::format("link {}-{} takes {:.3g} s/MB, {:.1f}x the median pair's "
+                                    "{:.3g} s/MB, for {:.1f} s",
+                                    key.first, key.second, s, s / typical, typical, now - since)};
+  }
+  return found;
 }
 
 }  // namespace pentad::launch

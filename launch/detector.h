@@ -48,8 +48,10 @@ struct RankState {
   std::string phase = "other";
   int64_t step = 0, ckpt_step = -1;
   std::optional<Wait> wait;
-  std::deque<StepRecord> history;      // newest last, at most kHistorySteps
-  std::map<int, double> p2p_s_per_mb;  // peer -> seconds per MB (when beats carry "p2p")
+  std::deque<StepRecord> history;  // newest last, at most kHistorySteps
+  // Its row of the link matrix (beats' "p2p", parallel/activity.h): peer -> seconds per MB
+  // of its recent sends to it, and of its receives from it.
+  std::map<int, double> send_s_per_mb, recv_s_per_mb;
 };
 
 struct Detection {
@@ -67,6 +69,10 @@ class Detector {
   // A slow rank must be slow this many steps running: on a shared, oversubscribed machine a
   // rank descheduled for 5 steps of 15 ms happened in a clean run; 10 did not in 200 steps.
   static constexpr size_t kSlowSteps = 10;
+  // A slow link: a pair at this many times the median pair's seconds per MB ...
+  static constexpr double kLinkFactor = 3.0;
+  // ... for this long (x the median step time, and at least kLinkFloorSeconds) running.
+  static constexpr double kLinkSteps = 10, kLinkFloorSeconds = 1.0;
 
   explicit Detector(DetectorOptions options) : options_(options) {}
 
@@ -93,13 +99,14 @@ class Detector {
   std::optional<Detection> check_hang(double now) const;
   std::optional<Detection> check_silent(double now) const;
   std::optional<Detection> check_compute_slow(double now) const;
-  std::optional<Detection> check_link_slow(double now) const;
+  std::optional<Detection> check_link_slow(double now);
   bool silent(const RankState& r, double now) const;
 
   DetectorOptions options_;
   std::map<int, RankState> ranks_;
   int world_ = 0;
   bool fatal_reported_ = false, compute_slow_reported_ = false, link_slow_reported_ = false;
+  std::map<std::pair<int, int>, double> link_slow_since_;  // pair -> first seen slow, until not
 };
 
 }  // namespace pentad::launch

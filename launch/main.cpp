@@ -170,7 +170,9 @@ int main(int argc, char** argv) {
       spdlog::info("mesh: {}", mesh.describe());
       if (mpi.rank != 0) spdlog::set_level(spdlog::level::warn);  // rank 0 reports for all
       // Under `pentad launch` (PENTAD_MONITOR set): beats to the supervisor from a thread.
-      pentad::launch::Monitor monitor(mpi.rank, mpi.size, cfg.train.out_dir);
+      pentad::launch::Monitor monitor(mpi.rank, mpi.size, cfg.train.out_dir, 100,
+                                      {layout.dp, layout.tp, layout.cp, layout.pp, layout.ep,
+                                       layout.etp, cfg.train.micro_batch, cfg.train.grad_accum});
       pentad::Trainer trainer(cfg, &mesh);
       if (!grads_dir.empty()) trainer.dump_first_gradients(grads_dir);
       trainer.run();

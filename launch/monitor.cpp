@@ -70,8 +70,13 @@ std::string attempt() {
 
 }  // namespace
 
-Monitor::Monitor(int world_rank, int world_size, std::string out_dir, int beat_ms)
-    : rank_(world_rank), world_(world_size), out_dir_(std::move(out_dir)), beat_ms_(beat_ms) {
+Monitor::Monitor(int world_rank, int world_size, std::string out_dir, int beat_ms,
+                 MonitorLayout layout)
+    : rank_(world_rank),
+      world_(world_size),
+      out_dir_(std::move(out_dir)),
+      beat_ms_(beat_ms),
+      layout_(layout) {
   const char* address = std::getenv("PENTAD_MONITOR");
   if (!address || !*address) return;
   std::string why;
@@ -135,7 +140,16 @@ void Monitor::run() {
                        {"host", host},
                        {"out_dir", out_dir_},
                        {"attempt", std::stoi(attempt())},
-                       {"resume_step", -1}};
+                       {"resume_step", -1},
+                       {"layout",
+                        {{"dp", layout_.dp},
+                         {"tp", layout_.tp},
+                         {"cp", layout_.cp},
+                         {"pp", layout_.pp},
+                         {"ep", layout_.ep},
+                         {"etp", layout_.etp},
+                         {"micro_batch", layout_.micro_batch},
+                         {"grad_accum", layout_.grad_accum}}}};
   if (!send_line(hello.dump())) return;
   bool started = false;
   while (!stop_) {
@@ -161,6 +175,11 @@ void Monitor::run() {
     for (const parallel::ProgressSnapshot::Step& s : p.recent)
       recent.push_back({s.step, s.seconds, s.wait_seconds, s.compute_cpu});
     beat["recent"] = std::move(recent);
+    // This rank's row of the link matrix, [[peer, send s/MB, receive s/MB], ...] (-1: none).
+    nlohmann::json links = nlohmann::json::array();
+    for (const parallel::LinkCost& l : parallel::activity_links())
+      links.push_back({l.peer, l.send_s_per_mb, l.recv_s_per_mb});
+    if (!links.empty()) beat["p2p"] = std::move(links);
     if (w.waiting)
       beat["wait"] = {{"comm", w.comm},
                       {"kind", w.kind},

@@ -1,7 +1,8 @@
 #pragma once
 // The in-rank side of `pentad launch`'s fault detection: a thread that streams this rank's
 // activity (parallel/activity.h) to the supervisor over TCP, newline-delimited JSON:
-//   {"type":"hello","rank","world","pid","host","out_dir","attempt","resume_step":-1}  at once;
+//   {"type":"hello","rank","world","pid","host","out_dir","attempt","resume_step":-1,
+//    "layout":{"dp","tp","cp","pp","ep","etp","micro_batch","grad_accum"}}  at once;
 //   {"type":"started","rank","resume_step"}  when training starts (after any resume);
 //   {"type":"beat","rank","t","step","phase","step_seconds","wait_seconds","ckpt_step",
 //     "recent":[[step, seconds, wait seconds, compute CPU seconds], ...],
@@ -15,14 +16,22 @@
 // Monitoring is optional: without PENTAD_MONITOR (host:port) nothing starts, and a
 // supervisor that cannot be reached costs one warning, never the run.
 #include <atomic>
+#include <cstdint>
 #include <string>
 #include <thread>
 
 namespace pentad::launch {
 
+// What the hello tells of the job's layout, for --exclude-culprit (launch/exclude.h).
+struct MonitorLayout {
+  int dp = 1, tp = 1, cp = 1, pp = 1, ep = 1, etp = 1;
+  int64_t micro_batch = 0, grad_accum = 1;
+};
+
 class Monitor {
  public:
-  Monitor(int world_rank, int world_size, std::string out_dir, int beat_ms = 100);
+  Monitor(int world_rank, int world_size, std::string out_dir, int beat_ms = 100,
+          MonitorLayout layout = {});
   ~Monitor();  // stops the thread; says bye "error" unless finish() said otherwise
   Monitor(const Monitor&) = delete;
   Monitor& operator=(const Monitor&) = delete;
@@ -36,6 +45,7 @@ class Monitor {
   int rank_ = 0, world_ = 1;
   std::string out_dir_;
   int beat_ms_ = 100;
+  MonitorLayout layout_;
   int fd_ = -1;
   std::atomic<bool> stop_{false};
   std::atomic<bool> said_bye_{false};

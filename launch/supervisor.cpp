@@ -16,6 +16,7 @@
 
 #include "core/check.h"
 #include "launch/detector.h"
+#include "launch/exclude.h"
 #include "launch/job.h"
 #include "launch/monitor_server.h"
 
@@ -40,7 +41,8 @@ Options:
   --hang-floor-s S     ... and never shorter than S seconds (default 2.0)
   --beat-timeout-s S   a rank silent this long while others wait is unresponsive (default 1.0)
   --events PATH        event log (default: <out_dir>/events.jsonl, out_dir from the ranks)
-  --exclude-culprit    restart without the culprit's replica (not built yet: refused)
+  --exclude-culprit    restart with one data-parallel replica fewer after a fault with a
+                       culprit (launch/exclude.h; on one machine: fewer ranks)
 )";
 
 volatile std::sig_atomic_t g_stop_signal = 0;
@@ -130,6 +132,7 @@ class Supervisor {
  private:
   enum class End { kDone, kFault, kStopped };
   End run_attempt(Job& job, Detector& detector, Detection* fault);
+  std::vector<std::string> without_a_replica(const std::vector<std::string>& command);
   void handle_line(int conn, const std::string& line, Detector& detector);
   void report(const Detection& d, const Detector& detector);
   void end_job(Job& job, const Detector& detector);
@@ -154,6 +157,8 @@ class Supervisor {
   int attempt_ = 0;
   std::map<int, int> conn_rank_;  // connection -> rank, once its hello arrived
   std::set<int> local_ranks_;     // ranks on this machine: their pids can be signalled
+  json layout_;                   // the mesh degrees and batch the ranks reported (hello)
+  int world_ = 0;
   bool warned_unreadable_ = false;
 
   // From a fault to the restarted job's first progress.
@@ -204,6 +209,7 @@ int Supervisor::run() {
     }
     recovery_ = recovery;
     command = with_resume_latest(command);
+    if (o_.exclude_culprit && !fault.culprit.empty()) command = without_a_replica(command);
     ++attempt_;
     const double seconds = now() - fault.detected_at;
     event({{"event", "action"}, {"action", "restart"}, {"seconds", seconds}, {"command", command}});
@@ -281,6 +287,8 @@ void Supervisor::handle_line(int conn, const std::string& line, Detector& detect
   const RankState& r = detector.ranks().at(rank);
   if (hello) {
     conn_rank_[conn] = rank;
+    if (msg.contains("layout") && msg["layout"].is_object()) layout_ = msg["layout"];
+    world_ = msg.value("world", world_);
     if (is_this_host(r.host)) local_ranks_.insert(rank);
     if (!r.out_dir.empty())
       events_.open((std::filesystem::path(r.out_dir) / "events.jsonl").string());
@@ -302,10 +310,31 @@ void Supervisor::handle_line(int conn, const std::string& line, Detector& detect
            {"seconds_to_hello", *recovery_->hello_at - recovery_->detected_at},
            {"seconds_to_resume", seconds}});
     say(fmt::format("resumed at step {} ({} steps lost), {:.2f} s after the detection",
-                    recovery_->resume_step, recovery_->last_step - recovery_->resume_step,
-                    seconds));
+                    recovery_->resume_step,
+                    std::max<int64_t>(0, recovery_->last_step - recovery_->resume_step), seconds));
     recovery_.reset();
   }
+}
+
+// --exclude-culprit: the command with one data-parallel replica fewer, or (refused, saying
+// why) the command as it was: a restart that keeps the layout beats none.
+std::vector<std::string> Supervisor::without_a_replica(const std::vector<std::string>& command) {
+  std::string why;
+  const Exclusion x = exclude_one_replica(command, layout_, world_, &why);
+  if (x.command.empty()) {
+    event({{"event", "action"}, {"action", "exclude"}, {"refused", why}, {"seconds", 0.0}});
+    say("--exclude-culprit refused: " + why + "; restarting with the same layout");
+    return command;
+  }
+  event({{"event", "action"},
+         {"action", "exclude"},
+         {"seconds", 0.0},
+         {"layout_before", {{"dp", x.dp_before}, {"ranks", x.ranks_before}}},
+         {"layout_after", {{"dp", x.dp_after}, {"ranks", x.ranks_after}}},
+         {"global_batch_before", x.global_batch_before},
+         {"global_batch_after", x.global_batch_after}});
+  say("action: exclude: " + x.note);
+  return x.command;
 }
 
 void Supervisor::report(const Detection& d, const Detector& detector) {
@@ -392,10 +421,7 @@ LaunchOptions parse_launch_options(int argc, char** argv) {
     else if (arg == "--restart-on-slow")
       o.restart_on_slow = true;
     else if (arg == "--exclude-culprit")
-      fail(
-          "pentad launch: --exclude-culprit is not built yet (restarting without the culprit's "
-          "data-parallel replica needs the recipe's layout); leave it out to restart the job "
-          "as it was");
+      o.exclude_culprit = true;
     else
       fail(
           "pentad launch: unknown option '{}' (pentad launch --help lists them; the job's "

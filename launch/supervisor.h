@@ -10,7 +10,8 @@
 //   {"type":"hello","rank","world","pid","host","out_dir","attempt","resume_step"}  once
 //   {"type":"beat","rank","t","step","phase":"compute"|"wait"|"other","step_seconds",
 //    "wait_seconds","ckpt_step","wait":{"comm","kind","seq","since_s","members"}}  every 100 ms
-//     ("wait" only in phase wait; "p2p":[[peer, seconds_per_mb],...] optional)
+//     ("wait" only in phase wait; "p2p":[[peer, send_s_per_mb, recv_s_per_mb],...] optional,
+//     the rank's row of the link matrix, parallel/activity.h)
 //   {"type":"bye","rank","status":"done"|"error","message"}  at the end
 // Events go to stdout, one line each, and as JSON objects to events.jsonl.
 #include <string>

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <deque>
+#include <map>
 #include <mutex>
 
 namespace pentad::parallel {
@@ -26,6 +27,10 @@ struct Activity {
   std::atomic<double> step_seconds{0}, wait_seconds{0};
   std::mutex recent_mutex;  // once a step on the training thread, once a beat on the monitor's
   std::deque<ProgressSnapshot::Step> recent;
+  // Per peer and direction (0: sends to it, 1: receives from it): the last kLinkSamples
+  // seconds per MB.
+  std::mutex links_mutex;  // at each transfer on the training thread, once a beat on the monitor's
+  std::map<int, std::deque<double>[2]> links;
 };
 constexpr size_t kRecentSteps = 16;
 
@@ -40,6 +45,17 @@ double thread_cpu_seconds() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+void activity_link_sample(int world_peer, bool sent, int64_t bytes, double seconds) {
+  if (world_peer < 0) return;
+  // A zero-byte message still costs its latency: counted as one byte, not divided by zero.
+  const double mb = double(std::max<int64_t>(bytes, 1)) / double(1 << 20);
+  Activity& a = activity();
+  std::lock_guard lock(a.links_mutex);
+  std::deque<double>& samples = a.links[world_peer][sent ? 0 : 1];
+  samples.push_back(seconds / mb);
+  if (samples.size() > kLinkSamples) samples.pop_front();
 }
 
 void activity_wait_begin(const TraceTicket& ticket) {
@@ -118,6 +134,21 @@ ProgressSnapshot activity_progress() {
   std::lock_guard lock(a.recent_mutex);
   p.recent.assign(a.recent.begin(), a.recent.end());
   return p;
+}
+
+std::vector<LinkCost> activity_links() {
+  auto median = [](const std::deque<double>& d) {
+    if (d.empty()) return -1.0;
+    std::vector<double> v(d.begin(), d.end());
+    std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  Activity& a = activity();
+  std::vector<LinkCost> links;
+  std::lock_guard lock(a.links_mutex);
+  for (const auto& [peer, samples] : a.links)
+    links.push_back({peer, median(samples[0]), median(samples[1])});
+  return links;
 }
 
 }  // namespace pentad::parallel

@@ -43,7 +43,24 @@ struct ProgressSnapshot {
   std::vector<Step> recent;
 };
 
+// The per-peer link matrix, this rank's row: the cost of its transfers with each peer, as
+// seconds from posting a send (receive) to seeing it complete, per MB. Fed by every leg of a
+// ring all-reduce (parallel/ring_all_reduce.cpp) and every point-to-point send and receive
+// (pipeline stages, context-parallel rings). A send's time also holds a late receiver, a
+// receive's a late sender (and, for operations polled rather than waited, the time to the
+// next poll); a slow link lengthens both. So the link from j to i costs about the lesser of
+// j's send time to i and i's receive time from j, which is what the detector takes
+// (launch/detector.cpp). Traffic inside the backend's own collectives (MPI's all-reduce,
+// ZeRO's reduce-scatter) is not seen: the backend does not say which peer it waited for.
+struct LinkCost {
+  int peer = -1;              // world rank
+  double send_s_per_mb = -1;  // median of the last kLinkSamples sends to it (-1: none)
+  double recv_s_per_mb = -1;  // ... and receives from it
+};
+constexpr size_t kLinkSamples = 32;
+
 // Training thread.
+void activity_link_sample(int world_peer, bool sent, int64_t bytes, double seconds);
 void activity_wait_begin(const TraceTicket& ticket);
 void activity_wait_end();
 void activity_run_started(int64_t start_step);
@@ -53,5 +70,6 @@ void activity_checkpoint_committed(int64_t step);
 // Any thread.
 WaitSnapshot activity_wait();
 ProgressSnapshot activity_progress();
+std::vector<LinkCost> activity_links();  // peers in increasing order
 
 }  // namespace pentad::parallel

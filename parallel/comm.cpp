@@ -69,7 +69,13 @@ void Work::drop() noexcept {
 void Work::finish(bool seen_done) {
   // After a wait() on device memory the host has not seen the operation done: its backend
   // stamps the leave time later (comm.h, "Trace times of device operations").
-  if (seen_done || !impl_->keep_ticket(ticket_)) trace_leave(ticket_);
+  if (seen_done || !impl_->keep_ticket(ticket_)) {
+    trace_leave(ticket_);
+    if (ticket_.kind == CommKind::Send || ticket_.kind == CommKind::Recv)  // the link matrix
+      activity_link_sample(trace_channel_member(ticket_.channel, ticket_.peer),
+                           ticket_.kind == CommKind::Send, ticket_.bytes,
+                           1e-9 * double(trace_now_ns() - ticket_.enter_ns));
+  }
   impl_.reset();
 }
 
@@ -181,6 +187,11 @@ Work Communicator::collective(CommKind kind, const Tensor& routed, bool reductio
 
 Work Communicator::all_reduce(Tensor buf, ReduceOp op, bool async) {
   check_tensor(buf, "all_reduce", "buf");
+  if (ring_all_reduce_ && op == ReduceOp::Sum && buf.dtype == DType::F32 &&
+      buf.device == Device::CPU && size_ > 1) {
+    TraceTicket ticket = enter_injected(CommKind::AllReduce, int64_t(buf.bytes()), -1);
+    return finish(post_ring_all_reduce(buf), ticket, async);
+  }
   return collective(CommKind::AllReduce, buf, true, int64_t(buf.bytes()), -1, async,
                     [&](Communicator& backend) { return backend.post_all_reduce(buf, op); });
 }

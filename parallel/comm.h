@@ -102,11 +102,14 @@ struct P2POp {
 // it is posted once due, messages to one peer one after another, in order).
 // Deferred sends are posted when any of this communicator's Works is tested or waited
 // (parallel/comm_injection.cpp).
+// With link_peer set (links_only too), only the link between slow_rank and link_peer is
+// slow: sends from either end to the other are late, every other send is on time.
 struct Injection {
   double delay_seconds = 0;
   int slow_rank = -1;           // rank within this communicator; -1: every rank
   double bytes_per_second = 0;  // 0: unlimited
   bool links_only = false;      // slow sends only; collectives run at full speed
+  int link_peer = -1;           // rank within this communicator; -1: every peer of slow_rank
 };
 
 class Communicator {
@@ -150,7 +153,12 @@ class Communicator {
   std::vector<Work> batch_p2p(std::vector<P2POp> ops);
   void barrier();
 
-  void set_injection(const Injection& injection) { injection_ = injection; }
+  void set_injection(const Injection& injection);
+  // Sum all-reduces of f32 host tensors run as pentad's ring over send/recv (ring_all_reduce.cpp)
+  // instead of the backend's own, so that each leg is timed per peer for the fault monitor's
+  // link matrix (parallel/activity.h). Other all-reduces keep the backend's.
+  void set_ring_all_reduce(bool on) { ring_all_reduce_ = on; }
+  std::vector<int> world_ranks() const { return trace_channel_members(trace_); }
   // Its ranks as world ranks, for the trace (make_communicator sets them).
   void set_trace_members(std::vector<int> world_ranks) {
     trace_set_members(trace_, std::move(world_ranks));
@@ -201,9 +209,12 @@ class Communicator {
 
   // Injected slowness (comm_injection.cpp).
   void inject(int64_t bytes) const;
-  double injected_seconds(int64_t bytes) const;  // 0 on ranks the injection spares
+  // 0 on ranks the injection spares; peer -1: to any peer (is this rank touched at all?).
+  double injected_seconds(int64_t bytes, int peer = -1) const;
   friend class DeferredSend;
   friend class PumpingWork;
+  friend class RingAllReduce;
+  std::unique_ptr<WorkImpl> post_ring_all_reduce(Tensor buf);  // ring_all_reduce.cpp
   struct Deferred {  // a send waiting for its simulated link
     P2POp op;
     std::chrono::steady_clock::time_point due;
@@ -230,6 +241,7 @@ class Communicator {
   CommTraceChannel* trace_;
   uint64_t next_seq_ = 0;
   Injection injection_;
+  bool ring_all_reduce_ = false;
   std::deque<Deferred> deferred_;
   std::vector<std::chrono::steady_clock::time_point> link_free_;  // per peer
   // A device backend's MPI companion; null for MPI communicators.

@@ -13,8 +13,22 @@
 
 namespace pentad::parallel {
 
-double Communicator::injected_seconds(int64_t bytes) const {
-  if (injection_.slow_rank != -1 && injection_.slow_rank != rank_) return 0.0;
+void Communicator::set_injection(const Injection& injection) {
+  PENTAD_CHECK(injection.link_peer == -1 || (injection.links_only && injection.slow_rank >= 0 &&
+                                             injection.link_peer != injection.slow_rank),
+               "communicator '{}': a slow link needs links_only and two distinct ends ({}, {})",
+               name_, injection.slow_rank, injection.link_peer);
+  injection_ = injection;
+}
+
+double Communicator::injected_seconds(int64_t bytes, int peer) const {
+  const int a = injection_.slow_rank, b = injection_.link_peer;
+  if (b == -1) {
+    if (a != -1 && a != rank_) return 0.0;
+  } else if (!(rank_ == a && (peer == -1 || peer == b)) &&
+             !(rank_ == b && (peer == -1 || peer == a))) {
+    return 0.0;  // not an end of the slow link, or a send to someone else
+  }
   double seconds = injection_.delay_seconds;
   if (injection_.bytes_per_second > 0) seconds += double(bytes) / injection_.bytes_per_second;
   return seconds;
@@ -102,13 +116,15 @@ std::vector<std::unique_ptr<WorkImpl>> Communicator::post_p2p_delayed(
   std::vector<size_t> now_index;
   impls.resize(ops.size());
   for (size_t i = 0; i < ops.size(); ++i) {
-    if (!ops[i].is_send) {
+    // Receives, and on a slow link the sends to other peers (never queued, so never behind
+    // a late one in the queue), go now.
+    if (!ops[i].is_send || injected_seconds(int64_t(ops[i].buf.bytes()), ops[i].peer) <= 0) {
       now_ops.push_back(ops[i]);
       now_index.push_back(i);
       continue;
     }
     const auto seconds = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-        std::chrono::duration<double>(injected_seconds(int64_t(ops[i].buf.bytes()))));
+        std::chrono::duration<double>(injected_seconds(int64_t(ops[i].buf.bytes()), ops[i].peer)));
     auto& free = link_free_[size_t(ops[i].peer)];
     free = std::max(free, std::chrono::steady_clock::now()) + seconds;
     auto deferred = std::make_unique<DeferredSend>(*this);

@@ -35,6 +35,10 @@ struct ParallelConfig {  // [parallel]: the device mesh (see parallel/mesh.h)
   // Simulated slow stage-to-stage links, for benchmarks and tests: every pipeline send is
   // delivered this many milliseconds late (the sender does not wait).
   float pp_link_delay_ms = 0.0f;
+  // Data-parallel gradient all-reduces (ZeRO stage 0, f32, MPI) as pentad's ring over
+  // send/recv, whose legs are timed per peer for the fault monitor's link matrix
+  // (parallel/ring_all_reduce.cpp); false: MPI's own all-reduce, which names no peer.
+  bool ring_all_reduce = false;
   bool sequence_parallel = false;     // shard norm/residual regions along the sequence over tp
   std::string order = "tp,cp,dp,pp";  // mesh axes, innermost (fastest links) first
   float bucket_mb = 4.0f;             // data-parallel gradient bucket size, MiB

@@ -131,10 +131,14 @@ std::vector<int> trace_channel_members(const CommTraceChannel* channel) {
   return channel->members;
 }
 
+int trace_channel_member(const CommTraceChannel* channel, int rank) {
+  return rank >= 0 && size_t(rank) < channel->members.size() ? channel->members[size_t(rank)] : -1;
+}
+
 TraceTicket trace_enter(CommTraceChannel* channel, uint64_t seq, CommKind kind, int64_t bytes,
                         int peer) {
   TraceState& s = state();
-  TraceTicket ticket{channel, 0, bytes, trace_now_ns(), seq, kind};
+  TraceTicket ticket{channel, 0, bytes, trace_now_ns(), seq, kind, peer};
   std::lock_guard lock(s.mutex);
   ticket.event_id = s.next_id.load(std::memory_order_relaxed);
   CommEvent& e = s.ring[ticket.event_id % kCommTraceCapacity];

@@ -84,12 +84,14 @@ struct TraceTicket {
   int64_t enter_ns = 0;
   uint64_t seq = 0;
   CommKind kind = CommKind::AllReduce;
+  int peer = -1;  // send/recv peer (rank in the group); -1 otherwise
 };
 // A channel's name and its communicator's members (world ranks), which the communicator
 // sets once after creating it, before any operation (the fault monitor reports them).
 void trace_set_members(CommTraceChannel* channel, std::vector<int> world_ranks);
 const char* trace_channel_name(const CommTraceChannel* channel);
 std::vector<int> trace_channel_members(const CommTraceChannel* channel);
+int trace_channel_member(const CommTraceChannel* channel, int rank);  // its world rank, or -1
 TraceTicket trace_enter(CommTraceChannel* channel, uint64_t seq, CommKind kind, int64_t bytes,
                         int peer);
 // Stamps leave_ns (unless the ring has overwritten the event) and adds to the totals.

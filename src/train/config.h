@@ -60,7 +60,11 @@ struct TrainConfig {  // [train]
   // PENTAD_INJECT_EVERY_ATTEMPT set): "KIND:RANK:STEP[:FACTOR]" at the
   // start of step STEP (1-based) on world rank RANK. KIND: kill (SIGKILL), stop (SIGSTOP),
   // hang (computes forever), commhang (blocks forever in a receive nobody sends), slow
-  // (from then on each step's compute takes FACTOR times as long).
+  // (from then on each step's compute takes FACTOR times as long), nan (that rank's
+  // gradients NaN at that step, as inject_nan_grad), corrupt (once the checkpoint at or
+  // before STEP is committed: flips bytes inside a tensor of this rank's file of it, or of
+  // the first rank file if this rank wrote none, then SIGKILL). And "slowlink:A:B:STEP[:MS]": from
+  // step STEP on, every send between world ranks A and B is delivered MS (default 20) ms late.
   std::string inject_fault;
   int64_t stop_at = 0;  // end this run after that many steps (0: train.steps); the schedule
                         // still spans train.steps, so a later --resume continues it exactly

@@ -135,6 +135,7 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(parallel, pp_memory_mb, at_least(0)),
       PENTAD_KEY(parallel, pp_adapt_every, at_least(1)),
       PENTAD_KEY(parallel, pp_link_delay_ms, at_least(0)),
+      PENTAD_KEY(parallel, ring_all_reduce, any()),
       PENTAD_KEY(parallel, sequence_parallel, any()),
       PENTAD_KEY(parallel, order, any()),
       PENTAD_KEY(parallel, bucket_mb, above(0)),

@@ -57,6 +57,9 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
   }
   const auto bucket_bytes =
       static_cast<size_t>(static_cast<double>(cfg.parallel.bucket_mb) * 1024 * 1024);
+  // parallel.ring_all_reduce: pentad's own ring, timed per peer (the link matrix).
+  if (mesh_ && mesh_->dp_cp().size() > 1)
+    mesh_->dp_cp().set_ring_all_reduce(cfg.parallel.ring_all_reduce);
   build_reducers(bucket_bytes);
   NvmeOptions nvme;  // parallel.offload = "nvme": m and v in a file per rank
   nvme.dir = cfg.parallel.offload_path;
@@ -385,49 +388,6 @@ void Trainer::finish_moe_step(StepStats& s) {
       held.insert(held.end(), first, last);
   }
   if (cfg_.model.moe.bias_update_rate > 0) model_->update_expert_bias(held);
-}
-
-void Trainer::parse_injections() {
-  auto parts = [](const std::string& spec) {
-    std::vector<std::string> part;
-    for (size_t at = 0, next = 0; next != std::string::npos; at = next + 1) {
-      next = spec.find(':', at);
-      part.push_back(spec.substr(at, next == std::string::npos ? next : next - at));
-    }
-    return part;
-  };
-  if (const std::string& spec = cfg_.train.inject_nan_grad; !spec.empty()) {
-    const std::vector<std::string> part = parts(spec);
-    PENTAD_CHECK(part.size() == 2, "train.inject_nan_grad = \"{}\": want RANK:STEP", spec);
-    if (std::stoi(part[0]) == world_rank_) nan_step_ = std::stoll(part[1]);
-  }
-  const std::string& spec = cfg_.train.inject_fault;
-  // Restarts run clean, unless a test wants a fault that comes back every time.
-  const char* attempt = std::getenv("PENTAD_LAUNCH_ATTEMPT");
-  const bool again = std::getenv("PENTAD_INJECT_EVERY_ATTEMPT") != nullptr;
-  if (spec.empty() || (attempt && std::string(attempt) != "0" && !again)) return;
-  const std::vector<std::string> part = parts(spec);
-  PENTAD_CHECK(part.size() >= 3, "train.inject_fault = \"{}\": want KIND:RANK:STEP[:FACTOR]", spec);
-  fault_kind_ = part[0];
-  PENTAD_CHECK(fault_kind_ == "kill" || fault_kind_ == "stop" || fault_kind_ == "hang" ||
-                   fault_kind_ == "commhang" || fault_kind_ == "slow",
-               "train.inject_fault: unknown kind \"{}\"", fault_kind_);
-  if (std::stoi(part[1]) == world_rank_) fault_step_ = std::stoll(part[2]);
-  if (part.size() > 3) fault_factor_ = std::stod(part[3]);
-}
-
-double Trainer::inject_fault(int64_t step) {
-  if (step + 1 != fault_step_) return 1.0;
-  spdlog::warn("injected fault: {} of rank {} at step {}", fault_kind_, world_rank_, step + 1);
-  if (fault_kind_ == "kill") std::raise(SIGKILL);
-  if (fault_kind_ == "stop") std::raise(SIGSTOP);
-  if (fault_kind_ == "hang")
-    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-  if (fault_kind_ == "commhang") {  // a receive from this rank itself, which it never sends
-    int32_t never = 0;
-    mesh_->world().recv(view_of(&never, Shape{1}, DType::I32), world_rank_, 999);
-  }
-  return fault_kind_ == "slow" ? fault_factor_ : 1.0;
 }
 
 int Trainer::all_ranks(int value, parallel::ReduceOp op) {

@@ -187,9 +187,12 @@ class Trainer {
   // train.inject_fault at the start of step (0-based); returns the compute slow-down factor
   // to apply from then on (1: none).
   double inject_fault(int64_t step);
+  void inject_slow_link() const;     // slowlink: on every communicator holding both ends
+  void corrupt_newest_checkpoint();  // corrupt: once one is committed; then SIGKILL
   int64_t nan_step_ = -1, fault_step_ = -1;
   std::string fault_kind_;
-  double fault_factor_ = 3.0;  // slow: compute this many times as long
+  double fault_factor_ = 3.0;      // slow: compute this many times as long; slowlink: ms of delay
+  int link_a_ = -1, link_b_ = -1;  // slowlink: its two world ranks
   double slow_factor_ = 1.0;
   int64_t skipped_steps_ = 0;
   double all_reduce_pp(double value);  // sum over the pipeline stages

@@ -234,6 +234,16 @@ TEST(Detector, HealthyJitterIsNoFault) {
   }
 }
 
+// Every rank's row of the link matrix as a ring sends it (to rank + 1 only), with `slow`
+// seconds per MB on the send from `from`, 0.01 elsewhere.
+void ring_links(Detector& d, int from, double slow, double now) {
+  for (int r = 0; r < kWorld; ++r) {
+    json b = beat(r, 10, "compute");
+    b["p2p"] = json::array({json::array({(r + 1) % kWorld, r == from ? slow : 0.01})});
+    feed(d, b, now);
+  }
+}
+
 TEST(Detector, LinkAtThreeTimesTheMedianPairIsSlow) {
   Detector d = healthy_run();
   for (int r = 0; r < kWorld; ++r) {
@@ -243,10 +253,65 @@ TEST(Detector, LinkAtThreeTimesTheMedianPairIsSlow) {
       if (p != r) b["p2p"].push_back({p, (r == 0 && p == 2) || (r == 2 && p == 0) ? 0.04 : 0.01});
     feed(d, b, 1.05);
   }
-  std::optional<Detection> found = d.check(1.1);
+  // Slow must last 10 median steps (1 s) before it is a slow link.
+  EXPECT_FALSE(d.check(1.1).has_value());
+  for (int r = 0; r < kWorld; ++r) feed(d, beat(r, 10, "compute"), 2.05);
+  std::optional<Detection> found = d.check(2.15);
   ASSERT_TRUE(found.has_value());
   EXPECT_EQ(found->cls, "comm slow");
   EXPECT_EQ(found->culprit, (std::vector<int>{0, 2}));
+  EXPECT_DOUBLE_EQ(found->first_sign_at, 1.1);
+}
+
+TEST(Detector, RingLinkSlowOneWayIsTheLinkBetweenItsEnds) {
+  Detector d = healthy_run();
+  ring_links(d, 1, 0.05, 1.05);  // 1 -> 2 costs 5x the others
+  EXPECT_FALSE(d.check(1.1).has_value());
+  ring_links(d, 1, 0.05, 2.2);
+  std::optional<Detection> found = d.check(2.25);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->cls, "comm slow");
+  EXPECT_EQ(found->culprit, (std::vector<int>{1, 2}));
+}
+
+// What a ring held up by a slow link 1 -> 2 measures: 1's sends and 2's receives wait for
+// the link; 0's sends into 1 wait for 1 (late receiver), 3's receives from 2 wait for 2
+// (late sender). Only the link that both its ends find slow is.
+TEST(Detector, ALateReceiverOrSenderIsNotASlowLink) {
+  Detector d = healthy_run();
+  for (double now : {1.05, 2.2}) {
+    for (int r = 0; r < kWorld; ++r) {
+      const double send = r == 0 || r == 1 ? 0.05 : 0.01;  // [peer, send s/MB, recv s/MB]
+      const double recv = r == 2 || r == 3 ? 0.05 : 0.01;
+      json b = beat(r, 10, "compute");
+      b["p2p"] = json::array({json::array({(r + 1) % kWorld, send, -1}),
+                              json::array({(r + kWorld - 1) % kWorld, -1, recv})});
+      feed(d, b, now);
+    }
+    if (now < 2) {
+      EXPECT_FALSE(d.check(now + 0.05).has_value());
+    }
+  }
+  std::optional<Detection> found = d.check(2.25);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->cls, "comm slow");
+  EXPECT_EQ(found->culprit, (std::vector<int>{1, 2}));
+}
+
+TEST(Detector, ALinkSlowForLessThanTheHoldIsNotFlagged) {
+  Detector d = healthy_run();
+  ring_links(d, 3, 0.05, 1.05);  // a receiver descheduled for a moment
+  EXPECT_FALSE(d.check(1.1).has_value());
+  ring_links(d, 3, 0.02, 1.6);  // back under 3x: the clock starts again
+  EXPECT_FALSE(d.check(1.65).has_value());
+  ring_links(d, 3, 0.05, 1.9);
+  EXPECT_FALSE(d.check(1.95).has_value());
+  ring_links(d, 3, 0.05, 2.5);
+  EXPECT_FALSE(d.check(2.55).has_value());  // slow since 1.95 only
+  ring_links(d, 3, 0.05, 3.0);
+  std::optional<Detection> found = d.check(3.0);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->culprit, (std::vector<int>{0, 3}));
 }
 
 TEST(Detector, MalformedMessagesAreRefusedNotFatal) {

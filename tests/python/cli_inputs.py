@@ -141,6 +141,13 @@ CASES = [
     ("nan_gradient_over_the_limit", "gpt-tiny.toml",
      TINY + ["train.inject_nan_grad=0:1", "train.max_skipped_steps=0"], 0, 2,
      ["step 1: loss", "above train.max_skipped_steps = 0: training diverged"]),
+    # Fault injections (train.inject_fault): a bad spec names the key and the field.
+    ("inject_fault_slowlink_one_rank", "gpt-tiny.toml", TINY + ["train.inject_fault=slowlink:1:1:5"],
+     2, 2, ['train.inject_fault = "slowlink:1:1:5": A and B must be two different world ranks']),
+    ("inject_fault_bad_field", "gpt-tiny.toml", TINY + ["train.inject_fault=kill:1:x"], 2, 2,
+     ['train.inject_fault = "kill:1:x": STEP "x" is not a whole number']),
+    ("inject_fault_corrupt_without_saves", "gpt-tiny.toml", TINY + ["train.inject_fault=corrupt:1:5"],
+     2, 2, ["corrupts a checkpoint, but train.save_every = 0 saves none"]),
     # Context parallelism: what does not divide, said with the key to change.
     ("cp_ring_seq_len_not_divisible", "llama-tiny.toml",
      ["parallel.cp=4", "parallel.cp_impl=ring", "train.seq_len=36", "parallel.dp=1"], 0, 2,

@@ -3,13 +3,20 @@
 
 For each injected fault (train.inject_fault, first attempt only): a rank killed (SIGKILL),
 a rank stopped (SIGSTOP, which it sends itself: to the detector the same as one frozen from
-outside), a rank computing forever, a rank blocked in a receive nobody sends, and a slow
-rank. Each run saves every 5 steps. The supervisor must name the class and the culprit
-within the documented bound, and (except for the slow rank, only reported) restart the job
-from its last checkpoint on its own; the losses after the resume must equal, bitwise, those
-of an uninterrupted run. Plus: no detection in a clean run of 200 steps; a fault that comes
-back on every attempt ends the supervisor with its give-up message after --max-restarts; a
-plain mpirun with an unreachable PENTAD_MONITOR trains as if there were none.
+outside), a rank computing forever, a rank blocked in a receive nobody sends, a slow rank,
+a slow link between two ranks, and a corrupt newest checkpoint. Each run saves every 5
+steps. The supervisor must name the class and the culprit (a rank, or the link's two ranks)
+within the documented bound, and (except for slowness, only reported unless
+--restart-on-slow) restart the job from its last good checkpoint on its own; the losses
+after the resume must equal, bitwise, those of an uninterrupted run. The slow link is seen
+through the link matrix, which needs parallel.ring_all_reduce (MPI's own all-reduce names no
+peer); its runs and their reference use it. Plus: NaN gradients are dropped in the job (no
+detection, no restart); --exclude-culprit restarts a dp 4 job killed on rank 2 at dp 3,
+whose losses after the resume equal those of a dp 3 run resumed from the same checkpoint; no
+detection in a clean run of 200 steps (with the ring, so that its link matrix is judged
+too); a fault that comes back on every attempt ends the supervisor with its give-up message
+after --max-restarts; a plain mpirun with an unreachable PENTAD_MONITOR trains as if there
+were none.
 
 usage: fault_detection.py PENTAD RECIPE WORKDIR
 """
@@ -37,8 +44,11 @@ def check(ok, what):
         failures.append(what)
 
 
-def train_cmd(pentad, recipe, out, overrides):
-    cmd = ["mpirun", "--oversubscribe", "-np", str(RANKS), pentad, "train", recipe]
+RING = ["parallel.ring_all_reduce=true"]
+
+
+def train_cmd(pentad, recipe, out, overrides, ranks=RANKS):
+    cmd = ["mpirun", "--oversubscribe", "-np", str(ranks), pentad, "train", recipe]
     for o in COMMON + overrides + [f"train.out_dir={out}"]:
         cmd += ["--set", o]
     return cmd
@@ -67,9 +77,11 @@ def launch(pentad, recipe, out, overrides, options=(), env=None, timeout=180):
     return proc, time.monotonic() - start
 
 
-def fault(pentad, recipe, work, reference, name, spec, klass, culprit, restarts=True):
+def fault(pentad, recipe, work, reference, name, spec, klass, culprit, restarts=True,
+          overrides=(), options=()):
     out = work / name
-    proc, seconds = launch(pentad, recipe, out, ["train.steps=30", f"train.inject_fault={spec}"])
+    proc, seconds = launch(pentad, recipe, out,
+                           ["train.steps=30", f"train.inject_fault={spec}", *overrides], options)
     ev = events(out)
     found = [e for e in ev if e.get("event") == "detection"]
     first = found[0] if found else {}
@@ -81,7 +93,7 @@ def fault(pentad, recipe, work, reference, name, spec, klass, culprit, restarts=
     if not restarts:
         check(proc.returncode == 0 and not any(e.get("action") == "restart" for e in ev),
               f"{name}: reported, the job ran on to the end ({seconds:.0f} s)")
-        return
+        return proc
     resumed = [e for e in ev if e.get("event") == "resumed"]
     check(proc.returncode == 0 and len(resumed) == 1,
           f"{name}: restarted once from its checkpoint and finished ({seconds:.0f} s; exit "
@@ -92,6 +104,63 @@ def fault(pentad, recipe, work, reference, name, spec, klass, culprit, restarts=
     if resumed:
         print(f"     lost {resumed[0].get('steps_lost')} steps, training again "
               f"{resumed[0].get('seconds_to_resume', float('nan')):.2f} s after the detection")
+    return proc
+
+
+def nan_dropped(pentad, recipe, work, reference):
+    out = work / "nan"
+    proc, seconds = launch(pentad, recipe, out, ["train.steps=30", "train.inject_fault=nan:1:12"])
+    ev = events(out)
+    log = proc.stdout + proc.stderr
+    got, want = losses(out), losses(reference)
+    check(proc.returncode == 0 and not [e for e in ev if e.get("event") in ("detection", "action")]
+          and "step 12" in log and "not finite; nothing updated" in log,
+          f"nan: rank 1's NaN gradients at step 12 dropped in the job, no detection, no restart "
+          f"({seconds:.0f} s)")
+    check(sorted(got) == list(range(1, 31)) and all(got[s] == want[s] for s in range(1, 13))
+          and got[14] != want[14],
+          "nan: losses bitwise the uninterrupted run's up to step 12, different after its "
+          "dropped update")
+
+
+def corrupt(pentad, recipe, work, reference):
+    # Rank 1 corrupts the checkpoint of step 10 (rank 0's file: dp replicas write one) and
+    # dies; the restart finds the checksum wrong, says where, and resumes from step 5.
+    proc = fault(pentad, recipe, work, reference, "corrupt", "corrupt:1:12", "dead", 1)
+    log = proc.stdout + proc.stderr
+    resumed = [e for e in events(work / "corrupt") if e.get("event") == "resumed"]
+    check("step-00000010/rank-00000.h5: tensor" in log and "checksum mismatch" in log
+          and "step-00000005 at step 5" in log and resumed
+          and resumed[0].get("resume_step") == 5,
+          "corrupt: the restart names the file and tensor and falls back to step 5")
+
+
+def exclude(pentad, recipe, work, reference):
+    out = work / "exclude"
+    proc, seconds = launch(pentad, recipe, out, ["train.steps=30", "train.inject_fault=kill:2:12"],
+                           ["--exclude-culprit"])
+    ev = events(out)
+    excluded = [e for e in ev if e.get("action") == "exclude"]
+    resumed = [e for e in ev if e.get("event") == "resumed"]
+    ok = (proc.returncode == 0 and len(excluded) == 1 and len(resumed) == 1
+          and excluded[0].get("layout_after") == {"dp": 3, "ranks": 3}
+          and "-np 3" in proc.stdout and "dp 4 -> 3" in proc.stdout)
+    check(ok, f"exclude: killed rank 2 at dp 4, restarted at dp 3 and finished ({seconds:.0f} s; "
+          f"exit {proc.returncode})" + ("" if ok else "\n" + proc.stdout[-2000:]))
+    if not resumed:
+        return
+    # The same checkpoint (the reference's, identical up to it), resumed at dp 3 in one go.
+    step = resumed[0]["resume_step"]
+    again = work / "exclude-reference"
+    subprocess.run(train_cmd(pentad, recipe, again, ["train.steps=30", "parallel.dp=3",
+                                                     "train.save_every=0"], ranks=3)
+                   + ["--resume", str(reference / "checkpoints" / f"step-{step:08d}")],
+                   env=ENV, check=True, capture_output=True)
+    got, want, before = losses(out), losses(again), losses(reference)
+    check(sorted(got) == list(range(1, 31)) and all(got[s] == want[s] for s in range(step + 1, 31))
+          and all(got[s] == before[s] for s in range(1, step + 1)),
+          f"exclude: losses after the resume at step {step} bitwise those of a dp 3 run "
+          "resumed from the same checkpoint")
 
 
 def main():
@@ -99,17 +168,28 @@ def main():
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     reference = work / "uninterrupted"
-    subprocess.run(train_cmd(pentad, recipe, reference, ["train.steps=30"]), env=ENV, check=True,
-                   capture_output=True)
+    subprocess.run(train_cmd(pentad, recipe, reference, ["train.steps=30", "train.keep_last=10"]),
+                   env=ENV, check=True, capture_output=True)
+    ring_reference = work / "uninterrupted-ring"
+    subprocess.run(train_cmd(pentad, recipe, ring_reference, ["train.steps=30", *RING]), env=ENV,
+                   check=True, capture_output=True)
     fault(pentad, recipe, work, reference, "kill", "kill:2:12", "dead", 2)
     fault(pentad, recipe, work, reference, "sigstop", "stop:1:12", "non-comm hang", 1)
     fault(pentad, recipe, work, reference, "hang", "hang:3:12", "non-comm hang", 3)
     fault(pentad, recipe, work, reference, "commhang", "commhang:1:12", "comm hang", 1)
     fault(pentad, recipe, work, reference, "slow", "slow:2:5:6", "non-comm slow", 2,
           restarts=False)
+    # A ring sends from each rank to the next: link 1-2 carries every leg from 1.
+    fault(pentad, recipe, work, ring_reference, "slowlink", "slowlink:1:2:5", "comm slow",
+          [1, 2], restarts=False, overrides=RING)
+    fault(pentad, recipe, work, ring_reference, "slowlink-restart", "slowlink:1:2:5",
+          "comm slow", [1, 2], overrides=RING, options=["--restart-on-slow"])
+    nan_dropped(pentad, recipe, work, reference)
+    corrupt(pentad, recipe, work, reference)
+    exclude(pentad, recipe, work, reference)
 
     clean = work / "clean"
-    proc, seconds = launch(pentad, recipe, clean, ["train.steps=200", "train.save_every=50"])
+    proc, seconds = launch(pentad, recipe, clean, ["train.steps=200", "train.save_every=50", *RING])
     detections = [e for e in events(clean) if e.get("event") == "detection"]
     check(proc.returncode == 0 and not detections,
           f"clean run of 200 steps: no detection ({seconds:.0f} s)")
