@@ -106,8 +106,8 @@ void Trainer::report_step(const StepStats& s, std::chrono::steady_clock::time_po
                            s.moe_aux + s.moe_seq_aux, s.moe_z, worst, 100.0 * dropped);
   }
   if (t.save_every > 0) {  // this step's time blocked by checkpoints (its save's start included)
-    j["blocked_seconds"] = saver_.blocked_seconds() - blocked_reported_;
-    blocked_reported_ = saver_.blocked_seconds();
+    j["blocked_seconds"] = checkpoint_blocked_seconds() - blocked_reported_;
+    blocked_reported_ = checkpoint_blocked_seconds();
   }
   write_metrics(j.dump());
   if (t.log_every > 0 && ((step + 1) % t.log_every == 0 || step == start_step_ || step + 1 == last))

@@ -281,7 +281,7 @@ void Trainer::run() {
   const int64_t last = t.stop_at > 0 ? std::min(t.stop_at, t.steps) : t.steps;
   const auto run_start = std::chrono::steady_clock::now();
   parallel::activity_run_started(start_step_);  // the fault monitor starts reporting
-  blocked_reported_ = saver_.blocked_seconds();
+  blocked_reported_ = checkpoint_blocked_seconds();
   for (int64_t step = start_step_; step < last; ++step) {
     std::function<void()> dump;
     if (step == start_step_ && !dump_grads_dir_.empty())
@@ -309,9 +309,9 @@ void Trainer::run() {
     if (eval && ((step + 1) % t.eval_every == 0 || step + 1 == last)) report_eval(step, evaluate());
   }
   // Blocked time while training; the last snapshot's flush at exit is reported apart.
-  const double blocked = saver_.blocked_seconds();
+  const double blocked = checkpoint_blocked_seconds();
   commit_pending(true);
-  if (saves_ > 0) report_checkpoints(blocked, saver_.blocked_seconds() - blocked);
+  if (saves_ > 0) report_checkpoints(blocked, checkpoint_blocked_seconds() - blocked);
   drop_recycled_files();
   // The process's own high-water mark, against the memory plan printed at the start.
   rusage usage{};

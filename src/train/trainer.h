@@ -109,7 +109,9 @@ class Trainer {
   void init_from(const std::string& path);
   std::string checkpoint_root() const;
   std::vector<std::string> checkpoint_roots() const;  // the local level, then the mirror
-  double checkpoint_blocked_seconds() const { return saver_.blocked_seconds(); }
+  // The training thread's seconds spent on checkpoints: the saver's waits, and the commits
+  // (the collective that asks whether every file is done, manifest, renames, fsyncs).
+  double checkpoint_blocked_seconds() const { return saver_.blocked_seconds() + commit_seconds_; }
   // Restarts inside the job from the newest snapshot (the last save()), which stays in
   // host memory: parameters, AdamW moments and step, bitwise what resume() would load from
   // its checkpoint, without reading disk. Returns the step to train next, or -1 when this
@@ -242,7 +244,8 @@ class Trainer {
   // Swap snapshots: the newest snapshot is the live state set until the next optimizer step
   // (swap_pending_: that step goes out of place), then the spare one (snapshot_in_spare_).
   bool swap_snapshots_ = false, swap_pending_ = false, snapshot_in_spare_ = false;
-  double blocked_reported_ = 0;  // saver_.blocked_seconds() at the last report_step()
+  double commit_seconds_ = 0;  // in commit_pending(), less the saver's waits
+  double blocked_reported_ = 0;  // checkpoint_blocked_seconds() at the last report_step()
   int64_t saves_ = 0;
   std::vector<int64_t> failed_saves_;  // per checkpoint level: failures in a row
   int64_t start_step_ = 0;             // first step run() trains (after a resume)

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <filesystem>
 
 #include "core/device_memory.h"
@@ -232,6 +233,16 @@ int64_t Trainer::restored_snapshot() {
 
 void Trainer::commit_pending(bool block) {
   if (pending_save_ < 0) return;
+  struct Clock {  // counts this call's time, less the saver's waits (which it counts itself)
+    Trainer& t;
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+    double saver_blocked = t.saver_.blocked_seconds();
+    ~Clock() {
+      t.commit_seconds_ +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() -
+          (t.saver_.blocked_seconds() - saver_blocked);
+    }
+  } clock{*this};
   if (block) {
     try {
       saver_.wait_for_file();
