@@ -189,12 +189,19 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
                 : zero == 1 ? (e.values + shares) * f32
                             : std::min(e.values * f32, 2 * bucket) + 2 * shares * f32;
   e.optimizer = 2 * shares * f32;  // AdamW's m and v
-  if (zero == 3)  // this rank's shares, and about two layers whole (one in use, one fetched)
-    e.parameters =
-        e.parameters / Z +
-        std::min(e.parameters, 2 * e.parameters / double(std::max<int64_t>(1, m.n_layer)));
-  if (cfg.parallel.offload == "nvme")  // on disk; in memory three sub-groups of m and v
-    e.optimizer = 3 * std::min(e.optimizer, 2 * double(cfg.parallel.nvme_subgroup_kb) * 1024);
+  const bool nvme = cfg.parallel.offload == "nvme";
+  const bool nvme_params = nvme && zero == 3 && cfg.parallel.offload_params;
+  if (zero == 3) {  // this rank's shares, and about two layers whole (one in use, one fetched)
+    const double layer = e.parameters / double(std::max<int64_t>(1, m.n_layer));
+    // With the shares on NVMe (ZeRO-Infinity) none of them, but a third layer's share on
+    // its way from the file.
+    e.parameters = (nvme_params ? layer / Z : e.parameters / Z) + std::min(e.parameters, 2 * layer);
+  }
+  if (nvme) {  // on disk; in memory three sub-groups of m and v (and the parameter shares)
+    const double tensors = nvme_params ? 3 : 2;
+    e.optimizer = 3 * std::min(tensors * shares * f32,
+                               tensors * double(cfg.parallel.nvme_subgroup_kb) * 1024);
+  }
   if (cfg.train.save_every > 0)  // values, m and v again
     e.snapshot = e.values * f32 / (zero == 3 ? Z : 1) + e.optimizer;
   return e;
@@ -278,16 +285,20 @@ std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh)
           : fmt::format("S = N / {}", Z);
   const bool nvme = cfg.parallel.offload == "nvme";
   const char* grads_formula = zero == 0 ? "4N" : zero == 1 ? "4N + 4S" : "<= 2 buckets of 4N + 8S";
+  const bool nvme_params = nvme && zero == 3 && cfg.parallel.offload_params;
   if (zero == 3) {
     text.pop_back();  // the parameters line ends here
-    text += fmt::format(" [ZeRO-3: 4S + about two layers; Z = dp x cp = {}]\n", Z);
+    text +=
+        fmt::format(" [ZeRO-3: {}about two layers; Z = dp x cp = {}]\n",
+                    nvme_params ? "the 4S of this rank's shares on NVMe, in memory " : "4S + ", Z);
   }
   text += fmt::format("  gradients    {} [{}{}]\n", bytes_text(e.gradients), grads_formula,
                       zero ? fmt::format(", ZeRO-{}, {}", zero, share) : "");
   text += fmt::format("  AdamW state  {} [{}]\n", bytes_text(e.optimizer),
-                      nvme   ? "on NVMe; in memory 3 sub-groups of m and v"
-                      : zero ? fmt::format("8S, {}", share)
-                             : std::string("8N"));
+                      nvme_params ? "on NVMe; in memory 3 sub-groups of p, m and v"
+                      : nvme      ? "on NVMe; in memory 3 sub-groups of m and v"
+                      : zero      ? fmt::format("8S, {}", share)
+                                  : std::string("8N"));
   text +=
       fmt::format("  activations  {} ({})\n", bytes_text(e.activations), activations_text(cfg, e));
   if (e.snapshot > 0) text += fmt::format("  snapshot     {}\n", bytes_text(e.snapshot));
