@@ -64,6 +64,7 @@ class Trainer {
 
   Model& model() { return *model_; }
   const Config& config() const { return cfg_; }
+  const AdamW& optimizer() const { return *optimizer_; }
   // This rank's micro-batch `micro` of step `step`: (b, t) inputs and targets (t: this
   // rank's tokens of each sequence under context parallelism).
   void fetch_batch(int64_t step, int64_t micro, std::vector<int32_t>& inputs,
