@@ -86,7 +86,6 @@ class GradReducer {
   using Arrival = std::function<void()>;
   using FetchShare = std::function<Arrival(int64_t shard, int64_t count, float* into)>;
   void keep_shares_elsewhere(FetchShare fetch);
-  bool shares_elsewhere() const { return bool(fetch_); }
   void read_ahead(int bucket);
 
   int zero_stage() const { return stage_; }
