@@ -184,19 +184,25 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   const double Z = zero > 0 ? double(mesh.dp * mesh.cp) : 1.0;
   const double edp = zero > 0 ? double(parallel::mesh_degree(mesh, parallel::Axis::EDP)) : 1.0;
   const double shares = (e.values - e.expert_values) / Z + e.expert_values / edp;
-  const double bucket = double(cfg.parallel.bucket_mb) * kMiB;
+  // A bucket never splits a parameter, so the embedding (or an untied head, V C / p) may
+  // make one larger than bucket_mb; at stage 3 a bucket is a unit: a layer or the embedding
+  // (zero >= 2 runs without pp, so this stage holds both). The experts' reducer keeps its
+  // own buckets in flight.
+  const double embedding = V * C / p + (gpt2 ? double(m.max_seq_len) * C : 0);
+  const double unit = std::max(layer_values, embedding) * f32;
+  const double bucket_mb = double(cfg.parallel.bucket_mb) * kMiB;
+  const double bucket = zero == 3 ? unit : std::max(bucket_mb, V * C / p * f32);
+  const double dense_values = e.values - e.expert_values;
   e.gradients = zero == 0   ? e.values * f32
                 : zero == 1 ? (e.values + shares) * f32
-                            : std::min(e.values * f32, 2 * bucket) + 2 * shares * f32;
+                            : std::min(dense_values * f32, 2 * bucket) +
+                                  std::min(e.expert_values * f32, 2 * bucket_mb) + 2 * shares * f32;
   e.optimizer = 2 * shares * f32;  // AdamW's m and v
   const bool nvme = cfg.parallel.offload == "nvme";
   const bool nvme_params = nvme && zero == 3 && cfg.parallel.offload_params;
-  if (zero == 3) {  // this rank's shares, and about two layers whole (one in use, one fetched)
-    const double layer = e.parameters / double(std::max<int64_t>(1, m.n_layer));
-    // With the shares on NVMe (ZeRO-Infinity) none of them, but a third layer's share on
-    // its way from the file.
-    e.parameters = (nvme_params ? layer / Z : e.parameters / Z) + std::min(e.parameters, 2 * layer);
-  }
+  if (zero == 3)  // this rank's shares, and two units whole (one in use, one fetched); with
+    // the shares on NVMe (ZeRO-Infinity) none of them, but a third unit's on its way
+    e.parameters = (nvme_params ? unit / Z : e.parameters / Z) + std::min(e.parameters, 2 * unit);
   if (nvme) {  // on disk; in memory three sub-groups of m and v (and the parameter shares)
     const double tensors = nvme_params ? 3 : 2;
     e.optimizer = 3 * std::min(tensors * shares * f32,
@@ -289,8 +295,11 @@ std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh)
   if (zero == 3) {
     text.pop_back();  // the parameters line ends here
     text +=
-        fmt::format(" [ZeRO-3: {}about two layers; Z = dp x cp = {}]\n",
-                    nvme_params ? "the 4S of this rank's shares on NVMe, in memory " : "4S + ", Z);
+        fmt::format(" [ZeRO-3: {}two units (a layer or the embedding) whole; Z = dp x cp = {}]\n",
+                    nvme_params ? "the 4S of this rank's shares on NVMe; in memory a unit's "
+                                  "share being read and "
+                                : "4S + ",
+                    Z);
   }
   text += fmt::format("  gradients    {} [{}{}]\n", bytes_text(e.gradients), grads_formula,
                       zero ? fmt::format(", ZeRO-{}, {}", zero, share) : "");

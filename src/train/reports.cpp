@@ -221,7 +221,16 @@ std::string Trainer::memory_plan() const {
                         : nvme_params ? 2 * unit + unit / size_t(dp_size_ * cp_size_)
                                       : shard + 2 * unit;
   const size_t optim = nvme ? nvme->host_buffer_bytes() : 2 * shard;
-  const size_t grads = zero() == 0 ? p.bytes() : zero() == 1 ? p.bytes() + shard : 2 * shard;
+  // Stages 2 and 3 also hold up to GradReducer::kInFlight buckets of the full gradients (per
+  // reducer: the experts' too) while their reductions are pending (README's "2 buckets").
+  size_t pending = 0;
+  if (zero() >= 2)
+    for (const parallel::GradReducer* r : {reducer_.get(), expert_reducer_.get()})
+      if (r)
+        pending += parallel::GradReducer::kInFlight * size_t(r->largest_bucket()) * sizeof(float);
+  const size_t grads = zero() == 0   ? p.bytes()
+                       : zero() == 1 ? p.bytes() + shard
+                                     : std::min(p.bytes(), pending) + 2 * shard;
   std::string zero_text;
   if (zero() > 0)
     zero_text = fmt::format(
