@@ -9,9 +9,11 @@ For each run it reports, per rank (Z = dp when zero > 0 and dp > 1, else 1; S = 
              stage 0  4N + 4N + 8N
              stage 1  4N + (4N + 4S) + 8S
              stage 2  4N + (2 buckets + 8S) + 8S
-             stage 3  (4S + two layers) + (2 buckets + 8S) + 8S
-           with N the values the run's memory plan names, a bucket parallel.bucket_mb and a
-           layer the 12C^2 + 13C values of one block;
+             stage 3  (4S + 2 units) + (2 units + 8S) + 8S
+           with N the values the run's memory plan names, a bucket the larger of
+           parallel.bucket_mb and the embedding (a parameter is never split: the tied
+           embedding's V C values make a bucket of their own), and a unit the larger of a
+           layer (12C^2 + 13C values) and the embedding unit ((V + max_seq_len) C);
   plan     the same three figures from the memory plan the run prints at start (the real
            arena sizes, the largest over ranks where they differ);
   acts     the activations from the same line (small here, not part of the formula);
@@ -46,6 +48,7 @@ COMMON = {"train.micro_batch": 2, "train.seq_len": 32, "train.grad_accum": 1,
           "train.eval_every": 0, "train.threads": 1, "train.log_every": 1,
           "data.source": "random"}
 MODEL = {"model.n_layer": 8, "model.d_model": 512, "model.n_head": 8, "model.vocab_size": 8192}
+MAX_SEQ_LEN = 64  # recipes/gpt-tiny.toml's: the position table sits in the embedding unit
 
 
 def parse_bytes(text):
@@ -137,12 +140,13 @@ def run(pentad, ranks, keys, out):
                 cmd=" ".join(cmd))
 
 
-def formula(n, z, stage, layer_bytes, bucket_bytes):
+def formula(n, z, stage, unit_bytes, bucket_bytes):
     """README's parameters, gradients and AdamW bytes on one rank (stage 0 where z = 1)."""
     s = n / z
-    params = 4 * n if stage < 3 else 4 * s + min(4 * n, 2 * layer_bytes)
+    bucket = unit_bytes if stage == 3 else bucket_bytes
+    params = 4 * n if stage < 3 else 4 * s + min(4 * n, 2 * unit_bytes)
     grads = 4 * n if stage == 0 else 4 * n + 4 * s if stage == 1 else (
-        min(4 * n, 2 * bucket_bytes) + 8 * s)
+        min(4 * n, 2 * bucket) + 8 * s)
     return params, grads, 8 * s
 
 
@@ -158,11 +162,14 @@ def main():
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    c = MODEL["model.d_model"]
+    c, v = MODEL["model.d_model"], MODEL["model.vocab_size"]
     layer_bytes = 4 * (12 * c * c + 13 * c)
+    embedding_bytes = 4 * v * c
+    unit_bytes = max(layer_bytes, embedding_bytes + 4 * MAX_SEQ_LEN * c)
+    bucket_bytes = max(args.bucket_mb * MiB, embedding_bytes)
     print(f"model: {' '.join(f'{k}={v}' for k, v in {**MODEL, **COMMON}.items())}; "
           f"{args.steps} steps; one layer {layer_bytes / MiB:.1f} MiB; "
-          f"bucket {args.bucket_mb} MiB")
+          f"bucket {bucket_bytes / MiB:.1f} MiB; unit {unit_bytes / MiB:.1f} MiB")
     print("| dp | zero | formula P + G + O MiB | plan P + G + O MiB | acts MiB | "
           "peak RSS, whole run MiB | RSS after step 1 MiB | baseline MiB | "
           "after step 1 - baseline | / (formula + acts) | whole run - baseline | "
@@ -178,7 +185,7 @@ def main():
                                   "parallel.bucket_mb": args.bucket_mb})
             r = run(args.pentad, dp, keys, work / f"dp{dp}-zero{stage}")
             z = dp if stage > 0 else 1
-            f = formula(r["values"], z, stage if z > 1 else 0, layer_bytes, args.bucket_mb * MiB)
+            f = formula(r["values"], z, stage if z > 1 else 0, unit_bytes, bucket_bytes)
             plan = (r["params"], r["grads"], r["optim"])
             want = sum(f) + r["acts"]
             steady, whole = r["steady"][1] - baseline[0], r["rss"][1] - baseline[1]

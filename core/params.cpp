@@ -47,10 +47,13 @@ void ParamStore::allocate(Placement placement) {
   PENTAD_CHECK(placement.compute == DType::F32 || placement.compute == DType::BF16,
                "parameters compute in {}; want f32 or bf16", dtype_name(placement.compute));
   placement_ = placement;
+  // Zeros without touching the pages (discard; one arena after the other, should a debug
+  // poison have filled them): what a rank keeps resident is what it uses, so a ZeRO-3
+  // rank's start-up does not peak at both whole arenas at once.
   params_ = Arena("parameters", bytes(), placement.device);
+  params_.discard(0, params_.capacity());
   grads_ = Arena("gradients", bytes(), placement.device);
-  params_.zero();
-  grads_.zero();
+  grads_.discard(0, grads_.capacity());
   if (placement.compute != DType::F32) {
     weights_ =
         Arena("parameters (compute copy)",

@@ -49,12 +49,14 @@ void clip_gradients(ParamStore& params, double norm, float max_norm, const Tenso
 }
 
 AdamW::AdamW(const OptimConfig& cfg, const ParamStore& params, StateShard shard,
-             const NvmeOptions* nvme, const std::string& file_name)
+             const NvmeOptions* nvme, const std::string& file_name, bool offload_params)
     : cfg_(cfg),
-      shard_(shard.ranges.empty() ? StateShard::whole(params.numel()) : std::move(shard)) {
+      shard_(shard.ranges.empty() ? StateShard::whole(params.numel()) : std::move(shard)),
+      params_offloaded_(offload_params) {
+  PENTAD_CHECK(nvme || !offload_params, "parameters offload to NVMe only");
   if (nvme) {
     PENTAD_CHECK(params.device() == Device::CPU, "NVMe offload streams host parameters only");
-    nvme_ = std::make_unique<NvmeState>(*nvme, file_name, shard_.numel, 2);
+    nvme_ = std::make_unique<NvmeState>(*nvme, file_name, shard_.numel, offload_params ? 3 : 2);
     for (int id = 0; id < static_cast<int>(params.specs().size()); ++id)
       for (const StateShard::Piece& piece : shard_.pieces(params.spec(id)))
         segments_.push_back({piece.shard, piece.arena, piece.count,
@@ -92,8 +94,26 @@ void AdamW::write_state(int tensor, int64_t begin, int64_t count, const float* i
   nvme_->write(tensor, begin, begin + count, in);
 }
 
+void AdamW::store_params(const ParamStore& params) {
+  PENTAD_CHECK(params_offloaded_, "store_params: the parameters are not offloaded");
+  const float* const p = params.all_params().f32();
+  for (const StateShard::Range& r : shard_.ranges)
+    nvme_->write(kParamTensor, r.shard, r.shard + (r.end - r.begin), p + r.begin);
+}
+
+uint64_t AdamW::start_param_read(int64_t begin, int64_t count) {
+  PENTAD_CHECK(params_offloaded_, "start_param_read: the parameters are not offloaded");
+  return nvme_->start_read(kParamTensor, begin, begin + count);
+}
+
+void AdamW::finish_param_read(uint64_t read, float* into) {
+  nvme_->finish_read(read, into);
+}
+
 void AdamW::step_offloaded(ParamStore& params, float lr, const Tensor& grads) {
-  float* const p = params.all_params().f32();
+  // The master values: in the file (the sub-group's third tensor, at shard offsets) or in
+  // the arena (at arena offsets).
+  float* const arena = params.all_params().f32();
   float* const g = grads.data ? grads.f32() : params.all_grads().f32();
   auto flat = [](float* at, int64_t count) {
     return view_of(at, Shape{count}, DType::F32, Device::CPU);
@@ -108,8 +128,9 @@ void AdamW::step_offloaded(ParamStore& params, float lr, const Tensor& grads) {
       const int64_t at = s.arena + (lo - s.shard), n = hi - lo;
       float* const m = state[0] + (lo - begin);
       float* const v = state[1] + (lo - begin);
-      kernels::adamw_update({flat(p + at, n), flat(m, n), flat(v, n)},
-                            {flat(p + at, n), flat(m, n), flat(v, n)},
+      float* const p = params_offloaded_ ? state[kParamTensor] + (lo - begin) : arena + at;
+      kernels::adamw_update({flat(p, n), flat(m, n), flat(v, n)},
+                            {flat(p, n), flat(m, n), flat(v, n)},
                             flat(g + (grads.data ? lo : at), n), lr, cfg_.beta1, cfg_.beta2,
                             cfg_.eps, s.weight_decay, step_);
     }

@@ -54,15 +54,27 @@ class AdamW {
   // nvme (parallel.offload = "nvme", host parameters only): m and v live in the file
   // nvme->dir/file_name instead of in memory, and step() streams them through host buffers
   // sub-group by sub-group (optim/nvme_state.h), bitwise the same update.
+  // offload_params (with nvme; ZeRO-3, ZeRO-Infinity's parameter offload): the shard's master
+  // parameters live in the file too, a third tensor beside m and v, and step() updates them
+  // there; the arena's copy of the shard is the caller's to drop (store_params() first).
   AdamW(const OptimConfig& cfg, const ParamStore& params, StateShard shard = {},
-        const NvmeOptions* nvme = nullptr, const std::string& file_name = "");
+        const NvmeOptions* nvme = nullptr, const std::string& file_name = "",
+        bool offload_params = false);
   ~AdamW();
   bool offloaded() const { return nvme_ != nullptr; }
+  bool params_offloaded() const { return params_offloaded_; }
   const NvmeState* nvme() const { return nvme_.get(); }
-  // Offloaded moments of tensor 0 (m) or 1 (v), elements [begin, begin + count) of the
+  // Offloaded tensor 0 (m), 1 (v) or kParamTensor, elements [begin, begin + count) of the
   // shard, to or from host memory (resume, tests).
+  static constexpr int kParamTensor = 2;
   void read_state(int tensor, int64_t begin, int64_t count, float* out);
   void write_state(int tensor, int64_t begin, int64_t count, const float* in);
+  // Parameters offloaded: the shard's values in the arena go to the file (after initialize
+  // and after a load wrote them there), and the shard's elements [begin, begin + count) come
+  // back from it in the background (start_param_read) to `into` (finish_param_read).
+  void store_params(const ParamStore& params);
+  uint64_t start_param_read(int64_t begin, int64_t count);
+  void finish_param_read(uint64_t read, float* into);
   // Updates the master parameters of the shard (on their device) from grads (the compact
   // reduced gradients of the shard; empty: the gradient arena). The caller refreshes the
   // compute copy (kernels::refresh_weights), after ZeRO's all-gather.
@@ -100,6 +112,7 @@ class AdamW {
     float weight_decay = 0;
   };
   std::unique_ptr<NvmeState> nvme_;
+  bool params_offloaded_ = false;
   std::vector<Segment> segments_;
   void step_offloaded(ParamStore& params, float lr, const Tensor& grads);
 };

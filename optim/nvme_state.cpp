@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -9,7 +10,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <vector>
@@ -62,16 +62,30 @@ void check_dir(const std::string& dir) {
 
 }  // namespace
 
+// Mapped, not taken from the heap: a background read's staging buffer goes back to the
+// system when it is freed (malloc would keep it resident for the next), and fresh pages are
+// zeros, so the padding past each piece's elements stays zero.
 struct NvmeState::Buffer {
   char* data = nullptr;
-  explicit Buffer(size_t bytes) {
-    data = static_cast<char*>(std::aligned_alloc(kPageBytes, bytes));
-    if (data == nullptr)
-      fail("cannot allocate {} bytes ({:.1f} MiB) of host buffers for the NVMe offload", bytes,
-           mib(bytes));
-    std::memset(data, 0, bytes);  // the padding past each piece's elements stays zero
+  size_t bytes = 0;
+  explicit Buffer(size_t size) : bytes(round_up(size)) {
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+      fail("cannot map {} bytes ({:.1f} MiB) of host buffers for the NVMe offload: {}", bytes,
+           mib(bytes), std::strerror(errno));
+    data = static_cast<char*>(p);
   }
-  ~Buffer() { std::free(data); }
+  ~Buffer() { ::munmap(data, bytes); }
+};
+
+struct NvmeState::Background {
+  struct Copy {
+    int64_t out = 0;     // element offset in finish_read()'s out
+    size_t staging = 0;  // byte offset in the staging buffer
+    int64_t count = 0;
+  };
+  std::unique_ptr<Buffer> staging;
+  std::vector<Copy> copies;  // one per sub-group touched
 };
 
 NvmeState::NvmeState(const NvmeOptions& options, const std::string& file_name, int64_t elements,
@@ -163,6 +177,8 @@ uint64_t NvmeState::post(IoDir dir, int64_t g, int slot, int first_tensor, int t
 }
 
 void NvmeState::update(const UpdateFn& fn) {
+  PENTAD_CHECK(background_.empty(), "update() with {} background reads of the file in flight",
+               background_.size());
   const int64_t n = groups();
   uint64_t read_ticket[kSlots] = {}, write_ticket[kSlots] = {};  // 0: none outstanding
   auto wait = [&](uint64_t& ticket, double& seconds) {
@@ -232,6 +248,8 @@ void NvmeState::read(int tensor, int64_t begin, int64_t end, float* out) {
 
 void NvmeState::write(int tensor, int64_t begin, int64_t end, const float* in) {
   check_range(tensor, begin, end);
+  PENTAD_CHECK(background_.empty(), "write() with {} background reads of the file in flight",
+               background_.size());
   if (begin == end) return;
   const int64_t g0 = begin / group_size_, g1 = (end - 1) / group_size_ + 1;
   uint64_t ticket[kSlots] = {};
@@ -258,6 +276,56 @@ void NvmeState::write(int tensor, int64_t begin, int64_t end, const float* in) {
     queue_->drain();
     throw;
   }
+}
+
+uint64_t NvmeState::start_read(int tensor, int64_t begin, int64_t end) {
+  check_range(tensor, begin, end);
+  PENTAD_CHECK(begin < end, "an empty background read");
+  // Per sub-group the pages of tensor's piece that hold [lo, hi): offsets in the file and
+  // lengths stay multiples of a page, the staging buffer takes them back to back.
+  struct Part {
+    int64_t file = 0;
+    size_t bytes = 0;
+  };
+  auto background = std::make_unique<Background>();
+  std::vector<Part> parts;
+  size_t staging_bytes = 0;
+  for (int64_t g = begin / group_size_; g * group_size_ < end; ++g) {
+    const int64_t lo = std::max(begin, g * group_size_) - g * group_size_;
+    const int64_t hi = std::min(end, g * group_size_ + group_elements(g)) - g * group_size_;
+    const size_t first = static_cast<size_t>(lo) * sizeof(float) / kPageBytes * kPageBytes;
+    const size_t last = round_up(static_cast<size_t>(hi) * sizeof(float));
+    parts.push_back({piece_offset(g, tensor) + static_cast<int64_t>(first), last - first});
+    background->copies.push_back({g * group_size_ + lo - begin,
+                                  staging_bytes + static_cast<size_t>(lo) * sizeof(float) - first,
+                                  hi - lo});
+    staging_bytes += last - first;
+  }
+  background->staging = std::make_unique<Buffer>(staging_bytes);
+  std::vector<IoSpan> spans;
+  size_t at = 0;
+  for (const Part& part : parts) {
+    spans.push_back({part.file, background->staging->data + at, part.bytes});
+    at += part.bytes;
+  }
+  stats_.bytes_read += static_cast<double>(staging_bytes);
+  stats_.background_bytes += static_cast<double>(staging_bytes);
+  const uint64_t ticket = queue_->post(IoDir::read, std::move(spans));
+  background_.emplace(ticket, std::move(background));
+  return ticket;
+}
+
+void NvmeState::finish_read(uint64_t read, float* out) {
+  auto it = background_.find(read);
+  PENTAD_CHECK(it != background_.end(), "background read {} is not in flight", read);
+  const std::unique_ptr<Background> background = std::move(it->second);
+  background_.erase(it);
+  const auto start = std::chrono::steady_clock::now();
+  queue_->wait(read);  // throws after every request of it is done: the staging may go
+  stats_.background_wait_s += seconds_since(start);
+  for (const Background::Copy& c : background->copies)
+    std::memcpy(out + c.out, background->staging->data + c.staging,
+                static_cast<size_t>(c.count) * sizeof(float));
 }
 
 }  // namespace pentad

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 
 namespace pentad {
 
@@ -46,6 +47,13 @@ class NvmeState {
   // Tensor t's elements [begin, end) out of / into the file, whole (checkpoints, tests).
   void read(int tensor, int64_t begin, int64_t end, float* out);
   void write(int tensor, int64_t begin, int64_t end, const float* in);
+  // Tensor t's elements [begin, end) read in the background (ZeRO-3's parameter shares,
+  // fetched while the layer before computes): start_read() posts the reads of the pages
+  // holding them into a staging buffer of their own (O_DIRECT cannot land at `out`'s
+  // alignment); finish_read() waits for them and copies the elements to out. No update()
+  // or write() while one is outstanding (they would race on the file).
+  uint64_t start_read(int tensor, int64_t begin, int64_t end);
+  void finish_read(uint64_t read, float* out);
 
   const std::string& path() const { return path_; }
   bool direct() const { return direct_; }  // false: the file system refused O_DIRECT
@@ -53,14 +61,17 @@ class NvmeState {
   size_t host_buffer_bytes() const { return 3 * static_cast<size_t>(tensors_) * piece_bytes_; }
 
   // Since construction: bytes moved to and from the file, and the seconds update() was
-  // blocked waiting for reads and for writes (the I/O that fn did not hide).
+  // blocked waiting for reads and for writes (the I/O that fn did not hide); of the reads,
+  // the background ones (start_read) and the seconds finish_read() waited for them.
   struct Stats {
     double bytes_read = 0, bytes_written = 0, read_wait_s = 0, write_wait_s = 0;
+    double background_bytes = 0, background_wait_s = 0;
   };
   Stats stats() const { return stats_; }
 
  private:
-  struct Buffer;  // aligned host memory
+  struct Buffer;      // aligned host memory
+  struct Background;  // a start_read() in flight: its staging buffer and where elements go
   int64_t groups() const;
   int64_t group_elements(int64_t g) const;  // the last group may be short
   int64_t piece_offset(int64_t g, int tensor) const;
@@ -82,6 +93,7 @@ class NvmeState {
   bool direct_ = true;
   std::unique_ptr<Buffer> buffer_;  // 3 slots x tensors x piece_bytes_
   std::unique_ptr<UringQueue> queue_;
+  std::unordered_map<uint64_t, std::unique_ptr<Background>> background_;  // by queue ticket
   Stats stats_;
 };
 

@@ -55,6 +55,10 @@ struct ParallelConfig {  // [parallel]: the device mesh (see parallel/mesh.h)
   int64_t nvme_block_kb = 1024;
   int64_t nvme_queue_depth = 32;  // measured defaults: bench/RESULTS.md, NVMe offload engine
   int64_t nvme_subgroup_kb = 16384;
+  // With offload = "nvme" and zero = 3: this rank's parameter shares live in the file too (a
+  // third tensor beside m and v, ZeRO-Infinity's parameter offload), read back a layer at a
+  // time before its all-gather; false keeps them in memory.
+  bool offload_params = true;
 };
 
 }  // namespace pentad

@@ -1,6 +1,7 @@
 #include "parallel/dp/grad_reducer.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/device_memory.h"
 #include "kernels/ops.h"
@@ -48,19 +49,20 @@ GradReducer::GradReducer(Communicator& group, ParamStore& params, size_t bucket_
   // The compact buffer holds this rank's shares in arena order.
   for (auto b = buckets_.rbegin(); b != buckets_.rend(); ++b) {
     cut_shares(*b, params);
-    int64_t at = b->begin;
-    for (int r = 0; r < group_.rank(); ++r) at += b->counts[size_t(r)];
+    const int64_t at = share_begin(*b);
     const int64_t mine = b->counts[size_t(group_.rank())];
     b->shard = shard_.numel;
     if (mine > 0) shard_.ranges.push_back({at, at + mine, shard_.numel});
     shard_.numel += mine;
   }
   shard_grads_ = Arena("reduced gradient shares", size_t(shard_.numel) * sizeof(float), device_);
-  shard_grads_.zero();
+  // Zeros by discarding: the pages come when the first reduction writes them, not while
+  // the whole parameter arena is still resident at start-up (ZeRO-3's peak).
+  shard_grads_.discard(0, shard_grads_.capacity());
   shares_ = static_cast<float*>(shard_grads_.base());
   if (stage_ >= 2) {
     incoming_ = Arena("incoming gradient shares", size_t(shard_.numel) * sizeof(float), device_);
-    incoming_.zero();
+    incoming_.discard(0, incoming_.capacity());
   }
 }
 
@@ -185,10 +187,33 @@ int GradReducer::bucket_of(int64_t offset) const {
   return -1;
 }
 
+int64_t GradReducer::share_begin(const Bucket& b) const {
+  int64_t at = b.begin;
+  for (int r = 0; r < group_.rank(); ++r) at += b.counts[size_t(r)];
+  return at;
+}
+
+void GradReducer::keep_shares_elsewhere(FetchShare fetch) {
+  PENTAD_CHECK(stage_ == 3, "only ZeRO-3 keeps the parameter shares outside the arena");
+  fetch_ = std::move(fetch);
+}
+
+void GradReducer::read_ahead(int bucket) {
+  if (!fetch_ || bucket < 0 || bucket >= int(buckets_.size())) return;
+  Bucket& b = buckets_[size_t(bucket)];
+  const int64_t mine = b.counts[size_t(group_.rank())];
+  if (b.whole || b.arrival || mine == 0) return;  // whole, gathering, or reading already
+  b.arrival = fetch_(b.shard, mine, params_.all_params().f32() + share_begin(b));
+}
+
 void GradReducer::prefetch(int bucket) {
   if (bucket < 0 || bucket >= int(buckets_.size())) return;
   Bucket& b = buckets_[size_t(bucket)];
   if (b.whole) return;  // whole, or on its way
+  if (fetch_) {         // the all-gather sends this rank's share from the arena: it must be there
+    read_ahead(bucket);
+    if (b.arrival) std::exchange(b.arrival, {})();
+  }
   float* const p = params_.all_params().f32();
   b.gather = group_.all_gather_v(view_of(p + b.begin, Shape{b.end - b.begin}, DType::F32, device_),
                                  b.counts, /*async=*/true);
@@ -207,6 +232,11 @@ void GradReducer::release(int bucket) {
   PENTAD_CHECK(b.users > 0, "bucket {} released more often than acquired", bucket);
   if (--b.users > 0) return;
   b.gather.wait();
+  if (fetch_) {  // this rank's share is kept elsewhere: all of it goes
+    params_.discard_params(b.begin, b.end);
+    b.whole = false;
+    return;
+  }
   // Everything but this rank's share goes: zeros, and the whole pages back to the system.
   int64_t at = b.begin;
   for (int r = 0; r < group_.size(); ++r) {
@@ -219,6 +249,8 @@ void GradReducer::release(int bucket) {
 
 void GradReducer::release_all() {
   for (size_t i = 0; i < buckets_.size(); ++i) {
+    // A read ahead of a unit never acquired (a step ends) lands before its pages go.
+    if (buckets_[i].arrival) std::exchange(buckets_[i].arrival, {})();
     buckets_[i].users = 1;
     buckets_[i].whole = true;
     release(int(i));

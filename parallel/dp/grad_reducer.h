@@ -19,7 +19,9 @@
 //   stage 3: as stage 2, with one bucket per unit (a layer, the embedding, the head: the
 //            caller's `unit` key), and the parameters sharded too: this rank's shares stay
 //            resident (the optimizer updates them there), the rest of a unit is all-gathered
-//            by acquire() before the model reads it and discarded by release() after.
+//            by acquire() before the model reads it and discarded by release() after. With
+//            keep_shares_elsewhere() (ZeRO-Infinity: the shares on NVMe) not even those: a
+//            unit's share is read back before its all-gather and dropped with the rest.
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -75,6 +77,16 @@ class GradReducer {
   void release(int bucket);
   void release_all();
   int buckets_count() const { return int(buckets_.size()); }
+  // Stage 3, this rank's shares kept outside the arena between uses: fetch(shard, count,
+  // into) starts reading elements [shard, shard + count) of the compact layout (where the
+  // bucket's share sits in shard()) into the arena at `into`, and returns what waits for
+  // them. prefetch() and acquire() wait for the read before the all-gather (it sends from
+  // there); read_ahead() only starts it, a unit before its prefetch, so that the read
+  // overlaps the compute of the unit before. release() drops this rank's share too.
+  using Arrival = std::function<void()>;
+  using FetchShare = std::function<Arrival(int64_t shard, int64_t count, float* into)>;
+  void keep_shares_elsewhere(FetchShare fetch);
+  void read_ahead(int bucket);
 
   int zero_stage() const { return stage_; }
   static constexpr size_t kInFlight = 2;  // stage 2: buckets of full gradients at most pending
@@ -92,7 +104,9 @@ class GradReducer {
     Work gather;
     bool whole = true;
     int users = 0;
+    Arrival arrival;  // shares kept elsewhere: this rank's share on its way (empty: not)
   };
+  int64_t share_begin(const Bucket& b) const;  // this rank's share in the arena
   void cut_shares(Bucket& b, const ParamStore& params) const;
   void start(Bucket& b);
   void complete(Bucket& b);   // after its work is done
@@ -108,6 +122,7 @@ class GradReducer {
   Arena shard_grads_, incoming_;  // ZeRO: reduced shares; stage 2's next micro-batch's
   float* shares_ = nullptr;       // the reduced shares: shard_grads_, or place_shares()'
   bool accumulate_ = false;
+  FetchShare fetch_;  // stage 3: where this rank's shares come from (empty: they stay)
 };
 
 }  // namespace pentad::parallel

@@ -184,17 +184,30 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   const double Z = zero > 0 ? double(mesh.dp * mesh.cp) : 1.0;
   const double edp = zero > 0 ? double(parallel::mesh_degree(mesh, parallel::Axis::EDP)) : 1.0;
   const double shares = (e.values - e.expert_values) / Z + e.expert_values / edp;
-  const double bucket = double(cfg.parallel.bucket_mb) * kMiB;
+  // A bucket never splits a parameter, so the embedding (or an untied head, V C / p) may
+  // make one larger than bucket_mb; at stage 3 a bucket is a unit: a layer or the embedding
+  // (zero >= 2 runs without pp, so this stage holds both). The experts' reducer keeps its
+  // own buckets in flight.
+  const double embedding = V * C / p + (gpt2 ? double(m.max_seq_len) * C : 0);
+  const double unit = std::max(layer_values, embedding) * f32;
+  const double bucket_mb = double(cfg.parallel.bucket_mb) * kMiB;
+  const double bucket = zero == 3 ? unit : std::max(bucket_mb, V * C / p * f32);
+  const double dense_values = e.values - e.expert_values;
   e.gradients = zero == 0   ? e.values * f32
                 : zero == 1 ? (e.values + shares) * f32
-                            : std::min(e.values * f32, 2 * bucket) + 2 * shares * f32;
+                            : std::min(dense_values * f32, 2 * bucket) +
+                                  std::min(e.expert_values * f32, 2 * bucket_mb) + 2 * shares * f32;
   e.optimizer = 2 * shares * f32;  // AdamW's m and v
-  if (zero == 3)  // this rank's shares, and about two layers whole (one in use, one fetched)
-    e.parameters =
-        e.parameters / Z +
-        std::min(e.parameters, 2 * e.parameters / double(std::max<int64_t>(1, m.n_layer)));
-  if (cfg.parallel.offload == "nvme")  // on disk; in memory three sub-groups of m and v
-    e.optimizer = 3 * std::min(e.optimizer, 2 * double(cfg.parallel.nvme_subgroup_kb) * 1024);
+  const bool nvme = cfg.parallel.offload == "nvme";
+  const bool nvme_params = nvme && zero == 3 && cfg.parallel.offload_params;
+  if (zero == 3)  // this rank's shares, and two units whole (one in use, one fetched); with
+    // the shares on NVMe (ZeRO-Infinity) none of them, but a third unit's on its way
+    e.parameters = (nvme_params ? unit / Z : e.parameters / Z) + std::min(e.parameters, 2 * unit);
+  if (nvme) {  // on disk; in memory three sub-groups of m and v (and the parameter shares)
+    const double tensors = nvme_params ? 3 : 2;
+    e.optimizer = 3 * std::min(tensors * shares * f32,
+                               tensors * double(cfg.parallel.nvme_subgroup_kb) * 1024);
+  }
   if (cfg.train.save_every > 0)  // values, m and v again
     e.snapshot = e.values * f32 / (zero == 3 ? Z : 1) + e.optimizer;
   return e;
@@ -278,16 +291,23 @@ std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh)
           : fmt::format("S = N / {}", Z);
   const bool nvme = cfg.parallel.offload == "nvme";
   const char* grads_formula = zero == 0 ? "4N" : zero == 1 ? "4N + 4S" : "<= 2 buckets of 4N + 8S";
+  const bool nvme_params = nvme && zero == 3 && cfg.parallel.offload_params;
   if (zero == 3) {
     text.pop_back();  // the parameters line ends here
-    text += fmt::format(" [ZeRO-3: 4S + about two layers; Z = dp x cp = {}]\n", Z);
+    text +=
+        fmt::format(" [ZeRO-3: {}two units (a layer or the embedding) whole; Z = dp x cp = {}]\n",
+                    nvme_params ? "the 4S of this rank's shares on NVMe; in memory a unit's "
+                                  "share being read and "
+                                : "4S + ",
+                    Z);
   }
   text += fmt::format("  gradients    {} [{}{}]\n", bytes_text(e.gradients), grads_formula,
                       zero ? fmt::format(", ZeRO-{}, {}", zero, share) : "");
   text += fmt::format("  AdamW state  {} [{}]\n", bytes_text(e.optimizer),
-                      nvme   ? "on NVMe; in memory 3 sub-groups of m and v"
-                      : zero ? fmt::format("8S, {}", share)
-                             : std::string("8N"));
+                      nvme_params ? "on NVMe; in memory 3 sub-groups of p, m and v"
+                      : nvme      ? "on NVMe; in memory 3 sub-groups of m and v"
+                      : zero      ? fmt::format("8S, {}", share)
+                                  : std::string("8N"));
   text +=
       fmt::format("  activations  {} ({})\n", bytes_text(e.activations), activations_text(cfg, e));
   if (e.snapshot > 0) text += fmt::format("  snapshot     {}\n", bytes_text(e.snapshot));

@@ -166,7 +166,8 @@ namespace {
 
 // ZeRO-3's side of the model's parameter hooks: the buckets (units) holding the parameters a
 // stretch reads are gathered before it and dropped after it; the next stretch's (forward:
-// towards the end of the arena, backward: towards its start) is prefetched meanwhile.
+// towards the end of the arena, backward: towards its start) is prefetched meanwhile, and
+// with the shares on NVMe the one after that has its share read (the gather sends from it).
 class ZeroParameters final : public ParameterHooks {
  public:
   ZeroParameters(parallel::GradReducer& reducer, const ParamStore& params) : reducer_(reducer) {
@@ -180,6 +181,7 @@ class ZeroParameters final : public ParameterHooks {
     // Buckets run from the end of the arena: forward goes to lower indices.
     const auto [low, high] = std::minmax_element(buckets.begin(), buckets.end());
     reducer_.prefetch(backward ? *high + 1 : *low - 1);
+    reducer_.read_ahead(backward ? *high + 2 : *low - 2);
   }
   void done(const std::vector<int>& ids) override {
     for (int b : of(ids)) reducer_.release(b);

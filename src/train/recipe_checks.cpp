@@ -171,9 +171,16 @@ void check_zero(const Config& c, const Where& where) {
         where({"parallel.offload_path", "parallel.offload"}), p.offload);
   if (p.offload == "nvme" && c.train.save_every > 0)
     fail(
-        "{}: checkpoints of NVMe-offloaded AdamW state are not built yet (train.save_every = "
-        "{}): set train.save_every = 0, or parallel.offload = \"none\" or \"cpu\"",
+        "{}: checkpoints of NVMe-offloaded AdamW state are not built yet (nor of the parameter "
+        "shares that zero = 3 offloads with it; train.save_every = {}): set "
+        "train.save_every = 0, or parallel.offload = \"none\" or \"cpu\"",
         where({"train.save_every", "parallel.offload"}), c.train.save_every);
+  if (!p.offload_params && (p.offload != "nvme" || p.zero != 3))
+    fail(
+        "{}: parallel.offload_params = false keeps ZeRO-3's parameter shares in memory beside "
+        "NVMe-offloaded AdamW state; with offload = \"{}\" and zero = {} there are none to "
+        "keep: remove it",
+        where({"parallel.offload_params", "parallel.offload", "parallel.zero"}), p.offload, p.zero);
   if (p.offload == "nvme" && (p.nvme_block_kb % 4 != 0))
     fail("{}: parallel.nvme_block_kb = {} must be a multiple of 4 (direct I/O moves whole pages)",
          where({"parallel.nvme_block_kb"}), p.nvme_block_kb);

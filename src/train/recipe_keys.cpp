@@ -145,6 +145,7 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(parallel, nvme_block_kb, at_least(4)),
       PENTAD_KEY(parallel, nvme_queue_depth, at_least(1)),
       PENTAD_KEY(parallel, nvme_subgroup_kb, above(0)),
+      PENTAD_KEY(parallel, offload_params, any()),
 
       PENTAD_KEY(checkpoint, snapshot, one_of({"auto", "swap", "copy"})),
       PENTAD_KEY(checkpoint, recycle_files, any()),

@@ -214,10 +214,23 @@ std::string Trainer::memory_plan() const {
   const NvmeState* nvme = optimizer_->nvme();
   // ZeRO-3: resident are this rank's shares and, while they compute, about two units whole
   // (the largest, often the embedding, counted twice); the arena itself is reserved whole.
-  const size_t params = zero() == 3 ? shard + 2 * size_t(reducer_->largest_bucket()) * sizeof(float)
-                                    : p.bytes() + p.compute_copy_bytes();
+  // With the shares on NVMe only the units, and a third unit's share being read ahead.
+  const bool nvme_params = optimizer_->params_offloaded();
+  const size_t unit = zero() == 3 ? size_t(reducer_->largest_bucket()) * sizeof(float) : 0;
+  const size_t params = zero() != 3   ? p.bytes() + p.compute_copy_bytes()
+                        : nvme_params ? 2 * unit + unit / size_t(dp_size_ * cp_size_)
+                                      : shard + 2 * unit;
   const size_t optim = nvme ? nvme->host_buffer_bytes() : 2 * shard;
-  const size_t grads = zero() == 0 ? p.bytes() : zero() == 1 ? p.bytes() + shard : 2 * shard;
+  // Stages 2 and 3 also hold up to GradReducer::kInFlight buckets of the full gradients (per
+  // reducer: the experts' too) while their reductions are pending (README's "2 buckets").
+  size_t pending = 0;
+  if (zero() >= 2)
+    for (const parallel::GradReducer* r : {reducer_.get(), expert_reducer_.get()})
+      if (r)
+        pending += parallel::GradReducer::kInFlight * size_t(r->largest_bucket()) * sizeof(float);
+  const size_t grads = zero() == 0   ? p.bytes()
+                       : zero() == 1 ? p.bytes() + shard
+                                     : std::min(p.bytes(), pending) + 2 * shard;
   std::string zero_text;
   if (zero() > 0)
     zero_text = fmt::format(
@@ -229,16 +242,22 @@ std::string Trainer::memory_plan() const {
             : "",
         optimizer_->shard().numel, p.numel(),
         zero() >= 2 ? "; the full gradients live only bucket by bucket during backward" : "");
-  if (zero() == 3)
+  if (zero() == 3 && !nvme_params)
     zero_text += fmt::format(
         "; parameters: the {} of this rank's shares stay, each layer's others are gathered "
         "while it computes and dropped after",
         format_bytes(shard));
+  if (nvme_params)
+    zero_text += fmt::format(
+        "; parameters: none resident, the {} of this rank's shares live on NVMe, each layer's "
+        "is read back and the layer gathered while the one before computes, all dropped after",
+        format_bytes(shard));
   if (nvme)
-    zero_text +=
-        fmt::format(" | AdamW state on NVMe: {} in {}{} (in memory: 3 sub-groups of m and v, {})",
-                    format_bytes(nvme->file_bytes()), nvme->path(),
-                    nvme->direct() ? ", direct I/O" : "", format_bytes(optim));
+    zero_text += fmt::format(
+        " | AdamW state on NVMe{}: {} in {}{} (in memory: 3 sub-groups of {}, {})",
+        nvme_params ? " with the parameter shares" : "", format_bytes(nvme->file_bytes()),
+        nvme->path(), nvme->direct() ? ", direct I/O" : "", nvme_params ? "p, m and v" : "m and v",
+        format_bytes(optim));
   // The second set of parameters and moments (swap), or the staging buffer (copy).
   const size_t snapshot = p.has_spare() ? p.bytes() + 2 * shard : saver_.staging_bytes();
   size_t acts = model_->activation_bytes() + model_->cp().scratch_bytes();

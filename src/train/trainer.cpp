@@ -61,18 +61,21 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
   if (mesh_ && mesh_->dp_cp().size() > 1)
     mesh_->dp_cp().set_ring_all_reduce(cfg.parallel.ring_all_reduce);
   build_reducers(bucket_bytes);
-  NvmeOptions nvme;  // parallel.offload = "nvme": m and v in a file per rank
+  NvmeOptions nvme;  // parallel.offload = "nvme": m and v (ZeRO-3: the parameters) in a file
   nvme.dir = cfg.parallel.offload_path;
   nvme.block_bytes = size_t(cfg.parallel.nvme_block_kb) * 1024;
   nvme.queue_depth = int(cfg.parallel.nvme_queue_depth);
   nvme.subgroup_elements = cfg.parallel.nvme_subgroup_kb * 1024 / int64_t(sizeof(float));
-  optimizer_ = std::make_unique<AdamW>(cfg.optim, model_->params(), optimizer_shard(),
-                                       cfg.parallel.offload == "nvme" ? &nvme : nullptr,
-                                       fmt::format("pentad-adamw-rank{:05d}.state", world_rank_));
+  optimizer_ = std::make_unique<AdamW>(
+      cfg.optim, model_->params(), optimizer_shard(),
+      cfg.parallel.offload == "nvme" ? &nvme : nullptr,
+      fmt::format("pentad-adamw-rank{:05d}.state", world_rank_),
+      cfg.parallel.offload == "nvme" && zero() == 3 && cfg.parallel.offload_params);
   if (zero() == 3) {
     zero_params_ = zero_parameters(*reducer_, model_->params());
     model_->set_parameter_hooks(zero_params_.get());
-    reducer_->release_all();  // from here on each rank holds its shares only
+    if (optimizer_->params_offloaded()) offload_parameter_shares();
+    reducer_->release_all();  // from here on each rank holds its shares only (or none)
   }
   // "auto" is the copy: swap (direct I/O from the page-aligned arenas) measured equal to it
   // within noise and costs a second set of the state (bench/RESULTS.md, 2026-11-25).
@@ -326,6 +329,11 @@ void Trainer::run() {
         "NVMe offload (rank 0): {:.2f} GB read, {:.2f} GB written; the optimizer waited {:.3f} s "
         "for reads and {:.3f} s for writes in all",
         io.bytes_read / 1e9, io.bytes_written / 1e9, io.read_wait_s, io.write_wait_s);
+    if (optimizer_->params_offloaded())
+      spdlog::info(
+          "parameter shares on NVMe (rank 0): {:.2f} GB of the reads fetched them for the "
+          "layers' all-gathers, which waited {:.3f} s for them in all",
+          io.background_bytes / 1e9, io.background_wait_s);
   }
 }
 

@@ -64,6 +64,7 @@ class Trainer {
 
   Model& model() { return *model_; }
   const Config& config() const { return cfg_; }
+  const AdamW& optimizer() const { return *optimizer_; }
   // This rank's micro-batch `micro` of step `step`: (b, t) inputs and targets (t: this
   // rank's tokens of each sequence under context parallelism).
   void fetch_batch(int64_t step, int64_t micro, std::vector<int32_t>& inputs,
@@ -221,6 +222,9 @@ class Trainer {
   std::unique_ptr<ParameterHooks> zero_params_;  // ZeRO-3: gathers each stretch's parameters
   // ZeRO-3: every parameter whole here (all = true) or back to this rank's shares only.
   void whole_parameters(bool all);
+  // ZeRO-3 with the parameters on NVMe: the shares go to the optimizer's file, and the
+  // reducer reads each unit's back from there before gathering it.
+  void offload_parameter_shares();
   std::unique_ptr<parallel::GradReducer> expert_reducer_;  // MoE experts, over edp
   // ZeRO with MoE: both reducers' reduced shares, the dense then the experts'.
   Arena zero_grads_;

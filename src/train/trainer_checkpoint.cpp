@@ -132,6 +132,9 @@ void Trainer::save(int64_t steps_done) {
 void Trainer::optimizer_step(float lr) {
   // A copy in flight is followed chunk by chunk; a swap snapshot is left where it is.
   ParamStore& p = model_->params();
+  // Parameters on NVMe: a share read ahead for a unit the step did not reach must land
+  // before the update rewrites the file.
+  if (optimizer_->params_offloaded()) reducer_->release_all();
   optimizer_->step(p, lr, snapshot_copied(), swap_pending_, reduced_shares());
   if (swap_pending_) {
     swap_pending_ = false;
@@ -411,6 +414,10 @@ bool Trainer::load(const std::string& dir, bool with_optimizer) {
         if (dst.device != Device::CPU)
           copy_bytes(dst.data, dst.device, out, Device::CPU, dst.bytes());
       }
+    if (optimizer_->params_offloaded()) {  // ZeRO-3's shares, read into the arena, to the file
+      optimizer_->store_params(p);
+      reducer_->release_all();
+    }
     kernels::refresh_weights(p);
   } catch (const Error& e) {
     error = e.what();

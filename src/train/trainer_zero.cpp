@@ -45,7 +45,7 @@ void Trainer::build_reducers(size_t bucket_bytes) {
   zero_grads_ =
       Arena("reduced gradient shares (dense and experts)",
             size_t(dense.numel + expert_reducer_->shard().numel) * sizeof(float), params.device());
-  zero_grads_.zero();
+  zero_grads_.discard(0, zero_grads_.capacity());  // zeros, resident once written
   float* const base = static_cast<float*>(zero_grads_.base());
   auto part = [&](int64_t at, int64_t count) {
     return view_of(base + at, Shape{count}, DType::F32, params.device());
@@ -99,6 +99,16 @@ void Trainer::gather_updated_params() {
   if (zero_grads_.base() &&
       !bug_injected("zero-moe-skip-expert-gather"))  // planted for the layout test
     expert_reducer_->gather_params();
+}
+
+void Trainer::offload_parameter_shares() {
+  optimizer_->store_params(model_->params());
+  // The reducer's shard is the optimizer's (ZeRO-3 has no expert reducer): the same offsets.
+  reducer_->keep_shares_elsewhere([this](int64_t shard, int64_t count, float* into) {
+    const uint64_t read = optimizer_->start_param_read(shard, count);
+    return parallel::GradReducer::Arrival(
+        [this, read, into] { optimizer_->finish_param_read(read, into); });
+  });
 }
 
 void Trainer::whole_parameters(bool all) {

@@ -1,6 +1,7 @@
 // ZeRO's sharded gradient reduction (parallel/dp/grad_reducer.h) on the ranks of the world:
 // shares tile the arena at row boundaries, each rank's is its fair part, the reduce-scatter
-// sums them, and stage 2 keeps the full gradients resident only bucket by bucket.
+// sums them, stage 2 keeps the full gradients resident only bucket by bucket, and stage 3
+// keeps the parameters of this rank's shares only (none, with them kept elsewhere).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -184,6 +185,7 @@ TEST(Zero, StageThreeKeepsThisRanksSharesOfTheParametersOnly) {
   if (!kMeasuresMemory) GTEST_SKIP() << "resident memory is not measured under ASan";
   auto group = parallel::make_communicator(parallel::Backend::MPI, MPI_COMM_WORLD, "dp");
   ParamStore p = gpt_like();
+  p.initialize(7);  // as the trainer does: the whole arena written, so resident
   auto unit = [](const ParamSpec& s) {
     return s.name.rfind("layers.", 0) == 0 ? s.name.substr(0, s.name.find('.', 7)) : "";
   };
@@ -197,4 +199,51 @@ TEST(Zero, StageThreeKeepsThisRanksSharesOfTheParametersOnly) {
   const double dropped = double(whole) - double(shares);
   EXPECT_NEAR(dropped, others, 0.05 * others)
       << "dropped " << dropped / 1048576 << " MiB, the others' shares are " << others / 1048576;
+}
+
+// Stage 3 with this rank's shares kept outside the arena (ZeRO-Infinity; the trainer keeps
+// them on NVMe): release_all() leaves nothing of the parameters resident, read_ahead()
+// starts only the read, acquire() brings each unit back whole, bitwise the values written,
+// and a release drops this rank's share with the others'.
+TEST(Zero, StageThreeWithSharesElsewhereKeepsNoneResident) {
+  const int D = world_size();
+  if (D < 2) GTEST_SKIP() << "needs mpirun with at least 2 ranks";
+  auto group = parallel::make_communicator(parallel::Backend::MPI, MPI_COMM_WORLD, "dp");
+  ParamStore p = gpt_like();
+  p.initialize(7);
+  const std::vector<float> want(p.all_params().f32(), p.all_params().f32() + p.numel());
+  auto unit = [](const ParamSpec& s) {
+    return s.name.rfind("layers.", 0) == 0 ? s.name.substr(0, s.name.find('.', 7)) : "";
+  };
+  parallel::GradReducer reducer(*group, p, size_t{1} << 20, 3, {}, {}, unit);
+  // The store: this rank's shares in the compact layout; reads land when waited for.
+  std::vector<float> store(size_t(reducer.shard().numel));
+  for (const StateShard::Range& r : reducer.shard().ranges)
+    std::copy(want.begin() + r.begin, want.begin() + r.end, store.begin() + r.shard);
+  int started = 0, landed = 0;
+  reducer.keep_shares_elsewhere([&](int64_t shard, int64_t count, float* into) {
+    ++started;
+    return parallel::GradReducer::Arrival([&, shard, count, into] {
+      std::copy_n(store.begin() + shard, count, into);
+      ++landed;
+    });
+  });
+  const size_t before = resident_bytes();
+  reducer.release_all();
+  const size_t after = resident_bytes();
+  EXPECT_TRUE(std::all_of(p.all_params().f32(), p.all_params().f32() + p.numel(), [](float x) {
+    return x == 0.0f;
+  })) << "released: zeros everywhere, this rank's shares included";
+  if (kMeasuresMemory) {
+    EXPECT_NEAR(double(before) - double(after), double(p.bytes()), 0.05 * double(p.bytes()))
+        << "the whole arena's pages go";
+  }
+  reducer.read_ahead(2);
+  EXPECT_EQ(started, 1);
+  EXPECT_EQ(landed, 0) << "read_ahead() only starts the read";
+  for (int b = 0; b < reducer.buckets_count(); ++b) reducer.acquire(b);
+  EXPECT_EQ(landed, reducer.buckets_count()) << "each unit's share read once";
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), p.all_params().f32())) << "gathered whole";
+  for (int b = 0; b < reducer.buckets_count(); ++b) reducer.release(b);
+  EXPECT_EQ(std::count(p.all_params().f32(), p.all_params().f32() + p.numel(), 0.0f), p.numel());
 }

@@ -10,6 +10,13 @@
    rank saved the moments of its own shares of the experts (each expert's rows once); the
    checkpoint continues on one rank, on ep2 without ZeRO, at zero 1 with ep2 folded over
    dp2 x tp2 + SP, and at zero 1 on ep2 x etp2 (edp 1) like one rank does.
+4. ZeRO-2 shares cut inside experts' rows: dp2 with every expert on both ranks (edp 2) and
+   buckets of 20 KiB (three 8 KiB expert matrices each), so the cut of a bucket falls inside
+   an expert: the checkpoint holds such an expert's rows in two files, and resumes bitwise
+   on the same layout and on other cuts (zero 1 with the default 4 MiB buckets, no ZeRO).
+   Bitwise across layouts because two ranks sum every gradient as a + b, exact in either
+   order, with one micro-batch per step and no clipping (its norm sums the shares in
+   their own order): the rest of the step is elementwise.
 
 usage: moe_checkpoint.py PENTAD MOE_RECIPE WORKDIR [section.key=value ...]
 """
@@ -18,9 +25,40 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
+
 import checkpoint_resume as cr
 
 SP = "parallel.sequence_parallel=true"
+
+
+def shares_cut_inside_experts(pentad, recipe, work):
+    exact = ["train.grad_accum=1", "optim.grad_clip=0"]
+    name = "dp2-zero2-cut"
+    ckpt = cr.bitwise_resume(pentad, recipe, work, name, 2,
+                             exact + ["parallel.zero=2", "parallel.bucket_mb=0.02"])
+    saved = ckpt / "step-00000010"
+    shards = json.loads((saved / "manifest.json").read_text())["shards"]
+    files = {}  # an expert's moment -> the files holding a part of its rows
+    for s in shards:
+        if s["name"].startswith("adam_m/") and ".experts." in s["name"] and \
+                s["local_shape"][0] < s["global_shape"][0]:
+            files.setdefault(s["name"], set()).add(s["file"])
+    cr.check(any(len(f) == 2 for f in files.values()),
+             f"{name}: an edp share ends inside an expert's rows ({len(files)} expert matrices' "
+             f"moments split between the two ranks' files)")
+    straight = work / f"{name}-straight"
+    for other, layout in [("dp2-zero1", ["parallel.zero=1"]), ("dp2", ["parallel.zero=0"])]:
+        out = work / f"{name}-on-{other}"
+        log = cr.train(pentad, recipe, 2, out,
+                       exact + layout + [f"train.ckpt_dir={work / 'unused'}"],
+                       ["--resume", str(saved)])
+        a, b = cr.losses(straight), cr.losses(out)
+        wa, wb = cr.weights(straight), cr.weights(out)
+        cr.check("at step 10" in log and sorted(b) == list(range(11, 21)) and
+                 all(a[k] == b[k] for k in b) and wa.keys() == wb.keys() and
+                 all(np.array_equal(wa[k].view(np.uint32), wb[k].view(np.uint32)) for k in wa),
+                 f"{name} resumed on {other}: losses of steps 11-20 and final weights bitwise")
 
 
 def main():
@@ -60,6 +98,7 @@ def main():
         "ep2xetp2-zero1": (4, ["parallel.ep=2", "parallel.etp=2", "parallel.zero=1",
                                "train.grad_accum=1"]),
     })
+    shares_cut_inside_experts(pentad, recipe, work)
     cr.finish("MoE checkpoints resume exactly")
 
 

@@ -1,15 +1,25 @@
 #!/usr/bin/env python3
-"""AdamW state offloaded to NVMe (parallel.offload = "nvme", optim/nvme_state.h).
+"""AdamW state offloaded to NVMe (parallel.offload = "nvme", optim/nvme_state.h), and at
+zero = 3 the parameter shares with it (ZeRO-Infinity's parameter offload).
 
 1. Bitwise: one rank, dp2 zero-1, zero-2 and zero-3, each with its state in a file streamed in
    sub-groups of 64 KiB (many per step) against the same run in memory: every loss and
-   every final weight bitwise equal.
+   every final weight bitwise equal. Zero-3 twice: with the parameter shares on NVMe (the
+   default; grad_accum 2 and an evaluation between steps, so that units are read ahead,
+   gathered and dropped in every order the hooks take) and with them kept in memory
+   (parallel.offload_params = false). And zero-3 with its shares on NVMe resumed from the
+   in-memory run's step-4 checkpoint (the loaded shares go to the file) ends bitwise on
+   that run's weights.
 2. Memory: a model whose plan (470 MiB, 225 MiB of it AdamW state) is over
    train.memory_limit_mb = 350 is refused without offload, the message naming
    parallel.offload = "nvme"; with it (sub-groups of 2 MiB: 12 MiB of buffers) the plan
    fits and the process's peak resident memory, measured, less the same binary's baseline
    (its peak on gpt-tiny's own 0.1M-value model: libraries, MPI, and in a CUDA build
    cudart and cuBLASLt, whose pages alone are 40-170 MiB), stays under the limit.
+   At dp2 zero 3 (a 31.6M-value model), the per-rank peak with the parameter shares on
+   NVMe against the same run keeping them in memory: lower by more than a third of a
+   rank's shares (the shares' bytes less the third tensor's buffers and the read-ahead's
+   staging is what should go), and the memory plan says so.
 3. Bad offload paths, each refused before training with the path in the message: a
    directory that does not exist, one that cannot be one (/dev/null/x), and a file system
    too small for the state (a 1 MiB tmpfs, where this runs as root: "No space left" and
@@ -19,6 +29,7 @@ usage: zero_offload.py PENTAD RECIPE WORKDIR
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -49,9 +60,9 @@ def command(pentad, recipe, ranks, out, overrides, extra=()):
     return cmd
 
 
-def train(pentad, recipe, ranks, out, overrides, extra=(), expect_ok=True):
+def train(pentad, recipe, ranks, out, overrides, extra=(), expect_ok=True, env=ENV):
     """Returns (exit code, output, peak resident bytes of the process; one rank only)."""
-    proc = subprocess.Popen(command(pentad, recipe, ranks, out, overrides, extra), env=ENV,
+    proc = subprocess.Popen(command(pentad, recipe, ranks, out, overrides, extra), env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
@@ -68,30 +79,76 @@ def losses(out):
             if '"loss"' in l]
 
 
+def same_weights(a_dir, b_dir):
+    a, b = load_weights(a_dir / "weights"), load_weights(b_dir / "weights")
+    return a.keys() == b.keys() and all(
+        np.array_equal(a[k].view(np.uint32), b[k].view(np.uint32)) for k in a)
+
+
 def bitwise(pentad, recipe, work):
     path = work / "offload"
     path.mkdir()
-    for name, ranks, layout in [("one-rank", 1, []),
-                                ("dp2-zero1", 2, ["parallel.zero=1"]),
-                                ("dp2-zero2", 2, ["parallel.zero=2", "train.grad_accum=2"]),
-                                ("dp2-zero3", 2, ["parallel.zero=3"])]:
-        runs = {}
-        for mode in ("none", "nvme"):
-            out = work / f"{name}-{mode}"
-            extra = [f"parallel.offload_path={path}", "parallel.nvme_subgroup_kb=64",
-                     "parallel.nvme_block_kb=16"] if mode == "nvme" else []
-            _, log, _ = train(pentad, recipe, ranks, out,
-                              layout + ["train.steps=8", f"parallel.offload={mode}"] + extra)
-            if mode == "nvme":
-                check("AdamW state on NVMe" in log, f"{name}: the plan says the state is on NVMe")
-            runs[mode] = out
-        check(losses(runs["none"]) == losses(runs["nvme"]) and len(losses(runs["none"])) == 8,
-              f"{name}: 8 losses bitwise equal with the state on NVMe")
-        a, b = load_weights(runs["none"] / "weights"), load_weights(runs["nvme"] / "weights")
-        same = a.keys() == b.keys() and all(
-            np.array_equal(a[k].view(np.uint32), b[k].view(np.uint32)) for k in a)
-        check(same, f"{name}: final weights bitwise equal")
+    nvme = [f"parallel.offload_path={path}", "parallel.nvme_subgroup_kb=64",
+            "parallel.nvme_block_kb=16", "parallel.offload=nvme"]
+    zero3 = ["parallel.zero=3", "train.grad_accum=2", "train.eval_every=3"]
+    for name, ranks, layout, extra, plan in [
+            ("one-rank", 1, [], [], "AdamW state on NVMe:"),
+            ("dp2-zero1", 2, ["parallel.zero=1"], [], "AdamW state on NVMe:"),
+            ("dp2-zero2", 2, ["parallel.zero=2", "train.grad_accum=2"], [],
+             "AdamW state on NVMe:"),
+            ("dp2-zero3", 2, zero3, [], "parameters: none resident"),
+            ("dp2-zero3", 2, zero3, ["parallel.offload_params=false"],
+             "of this rank's shares stay")]:
+        label = name + (" (parameters in memory)" if extra else "")
+        memory = work / f"{name}-none"
+        if not memory.exists():
+            train(pentad, recipe, ranks, memory, layout + ["train.steps=8"])
+        out = work / f"{name}-nvme{'-keep' if extra else ''}"
+        _, log, _ = train(pentad, recipe, ranks, out, layout + ["train.steps=8"] + nvme + extra)
+        check(plan in log, f"{label}: the plan says '{plan}'")
+        check(losses(memory) == losses(out) and len(losses(memory)) == 8,
+              f"{label}: 8 losses bitwise equal with the state on NVMe")
+        check(same_weights(memory, out), f"{label}: final weights bitwise equal")
+    # Zero-3 resumed onto NVMe: the in-memory run again, saving at step 4.
+    saved, ckpt = work / "dp2-zero3-saved", work / "dp2-zero3-ckpt"
+    train(pentad, recipe, 2, saved, zero3 + ["train.steps=8", "train.save_every=4",
+                                             f"train.ckpt_dir={ckpt}"])
+    out = work / "dp2-zero3-nvme-resumed"
+    _, log, _ = train(pentad, recipe, 2, out, zero3 + ["train.steps=8"] + nvme,
+                      ["--resume", str(ckpt / "step-00000004")])
+    check("at step 4" in log and same_weights(saved, out),
+          "dp2-zero3 resumed at step 4 with the shares on NVMe: final weights bitwise equal")
     check(not any(path.iterdir()), "the state files are gone after the runs")
+
+
+def peak_mib(log):
+    """The highest rank's peak resident memory, from the end-of-run line."""
+    return int(re.search(r"peak resident memory per rank: \d+ to (\d+) MiB", log).group(1))
+
+
+def parameter_offload_memory(pentad, recipe, work):
+    path = work / "params-offload"
+    path.mkdir()
+    layout = ["model.n_layer=16", "model.d_model=384", "model.n_head=6", "model.vocab_size=8192",
+              "train.steps=3", "parallel.zero=3", "parallel.offload=nvme",
+              f"parallel.offload_path={path}", "parallel.nvme_subgroup_kb=1024"]
+    # PENTAD_POISON fills every arena as it is made, the reduced gradients' while the whole
+    # parameter arena is still there at start-up: that peak would hide the one measured.
+    env = dict(ENV, PENTAD_POISON="0")
+    _, on, _ = train(pentad, recipe, 2, work / "params-nvme", layout, env=env)
+    _, kept, _ = train(pentad, recipe, 2, work / "params-kept",
+                       layout + ["parallel.offload_params=false"], env=env)
+    shares = int(re.search(r"this rank's shares (\d+) of", on).group(1)) * 4 / 2**20
+    plan = [float(re.search(r"memory plan .*?parameters ([\d.]+) MiB", log).group(1))
+            for log in (on, kept)]
+    peaks = [peak_mib(on), peak_mib(kept)]
+    print(f"     dp2 zero 3, a rank's parameter shares {shares:.1f} MiB: peak resident memory "
+          f"{peaks[0]} MiB with them on NVMe, {peaks[1]} MiB kept in memory (plan: parameters "
+          f"{plan[0]:.1f} and {plan[1]:.1f} MiB)")
+    check(peaks[1] - peaks[0] > shares / 3,
+          f"the shares on NVMe lower the peak by more than a third of them "
+          f"({peaks[1] - peaks[0]} MiB of {shares:.1f})")
+    check(plan[1] - plan[0] > shares * 0.9, "and the memory plan by about the shares")
 
 
 BIG = ["model.n_layer=8", "model.d_model=512", "model.n_head=8", "model.vocab_size=8192",
@@ -156,6 +213,7 @@ def main():
     work.mkdir(parents=True)
     bitwise(pentad, recipe, work)
     memory_limit(pentad, recipe, work)
+    parameter_offload_memory(pentad, recipe, work)
     bad_paths(pentad, recipe, work)
     if failures:
         print("FAILED:", "; ".join(failures))
