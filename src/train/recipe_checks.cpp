@@ -249,6 +249,12 @@ void check_combinations(const Config& c, const std::map<std::string, std::string
         "{}: train.precision = \"bf16\" needs train.device = \"cuda\" (the CPU kernels "
         "compute in fp32): set train.precision = \"fp32\" or train on a GPU",
         where({"train.precision", "train.device"}));
+  if (c.train.attention == "cudnn" && c.train.device != "cuda")
+    fail(
+        "{}: train.attention = \"cudnn\" needs train.device = \"cuda\" (cuDNN runs on the "
+        "GPU; the CPU runs pentad's attention): set train.attention = \"auto\" or train on a "
+        "GPU",
+        where({"train.attention", "train.device"}));
   if (c.train.device == "cuda" && c.parallel.pp > 1)
     fail(
         "{}: parallel.pp = {} with train.device = \"cuda\" is not built yet (pipeline "

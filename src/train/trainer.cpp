@@ -43,6 +43,9 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
     mesh_->world().barrier();
   }
   parse_injections();
+  kernels::set_attention_impl(t.attention == "cudnn"    ? kernels::AttentionImpl::Cudnn
+                              : t.attention == "pentad" ? kernels::AttentionImpl::Pentad
+                                                        : kernels::AttentionImpl::Auto);
   data_ = std::make_unique<data::DataLoader>(
       data::DataLoader::open(cfg.data, t.seq_len, cfg.model.vocab_size, t.seed));
   model_ = parallelize(cfg, mesh_, placement(cfg), wiring_);

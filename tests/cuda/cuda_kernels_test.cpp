@@ -498,7 +498,21 @@ const AttnShape kAttnShapes[] = {{2, 9, 4, 2, 8},    {1, 1, 2, 2, 4},    {2, 31,
                                  {2, 70, 6, 3, 32},  {1, 150, 2, 1, 64}, {1, 100, 2, 2, 128},
                                  {2, 64, 12, 12, 64}};
 
+// Pentad's kernel (cuDNN's, which "auto" would pick for BF16, is checked against it in
+// cudnn_attention_test.cpp).
+class PentadAttention {
+ public:
+  PentadAttention() : saved_(k::attention_impl()) {
+    k::set_attention_impl(k::AttentionImpl::Pentad);
+  }
+  ~PentadAttention() { k::set_attention_impl(saved_); }
+
+ private:
+  k::AttentionImpl saved_;
+};
+
 TEST_P(CudaKernel, AttentionForward) {
+  const PentadAttention pentad;
   for (AttnShape s : kAttnShapes) {
     const auto q = rand(s.q().numel()), kk = rand(s.kv().numel()), v = rand(s.kv().numel());
     std::vector<float> out(s.q().numel()), lse(s.lse().numel());
@@ -518,6 +532,7 @@ TEST_P(CudaKernel, AttentionForward) {
 }
 
 TEST_P(CudaKernel, AttentionBackward) {
+  const PentadAttention pentad;
   for (AttnShape s : kAttnShapes) {
     const auto q = rand(s.q().numel()), kk = rand(s.kv().numel()), v = rand(s.kv().numel());
     const auto dy = rand(s.q().numel());
