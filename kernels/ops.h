@@ -187,7 +187,13 @@ void zero(Tensor x);
 // x *= s
 void scale(Tensor x, float s);
 // sum of squares, accumulated in double.
-double sum_squares(const Tensor& x);
+double sum_squares(const Tensor& x);  // on CUDA a readback: the host waits
+// Add into total, one F64 on x's device: the sum of x's elements times scale (sum_into), or
+// the sum of their squares (sum_squares_into, the value sum_squares(x) returns). In double,
+// in an order fixed by x's size, and with no readback: on CUDA nothing waits. The device
+// accumulators behind the training step's one readback (train/trainer.cpp).
+void sum_into(Tensor total, const Tensor& x, double scale = 1.0);
+void sum_squares_into(Tensor total, const Tensor& x);
 // out = inp in another element type (same element count): F32, BF16 (round to nearest even)
 // and, on the CPU, F64. BF16 tensors on the CPU hold uint16_t (core/bf16.h).
 void convert(Tensor out, const Tensor& inp);

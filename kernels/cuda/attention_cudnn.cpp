@@ -46,6 +46,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/device_memory.h"
 #include "kernels/cuda/cuda_ops.h"
 
 namespace pentad::kernels::cuda {
@@ -250,9 +251,11 @@ Plan& plan_for(const Dims& d, bool backward) {
       plan.refusal = fmt::format("get_workspace_size: {}", rc.get_message());
       return plan;
     }
-    if (plan.workspace_bytes > 0)
+    if (plan.workspace_bytes > 0) {
+      count_device_wait();
       check(cudaMalloc(&plan.workspace, static_cast<size_t>(plan.workspace_bytes)),
             "cudaMalloc (cuDNN attention workspace)");
+    }
     plan.graph = std::move(g);
   } catch (const std::exception& e) {  // no usable cuDNN here (library, driver, device)
     plan.refusal = e.what();
@@ -263,6 +266,7 @@ Plan& plan_for(const Dims& d, bool backward) {
 void* staging_of(Plan& plan, size_t bytes) {
   if (bytes <= plan.staging_bytes) return plan.staging;
   // Kernels queued earlier may still read the old buffer (as scratch() in context.cu).
+  count_device_wait();
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (growing cuDNN staging)");
   if (plan.staging) check(cudaFree(plan.staging), "cudaFree (cuDNN staging)");
   plan.staging = nullptr;
