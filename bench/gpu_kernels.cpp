@@ -1,8 +1,8 @@
 // Times every CUDA kernel at GPT-2 124M shapes (B 8, T 1024, C 768, 12 heads, vocabulary
 // 50304, bf16 activations, F32 parameter gradients and AdamW), with CUDA events: median of
 // 20 runs after 3 warm-ups, on random inputs. Prints each kernel's time, its FLOP/s (GEMMs,
-// attention) and its bandwidth against the bytes it must move at least (everything else).
-// Never run as a test; see ../shared/MEASURE.md.
+// attention; cuDNN's attention beside pentad's) and its bandwidth against the bytes it must move at
+// least (everything else). Never run as a test; see ../shared/MEASURE.md.
 //   build/pentad_gpu_kernels_bench [B] [T]
 #include <cuda_runtime.h>
 
@@ -88,7 +88,7 @@ double median_ms(const std::function<void()>& f) {
 }
 
 void report(const std::string& name, double ms, double flops, double bytes) {
-  std::printf("%-34s %9.3f ms", name.c_str(), ms);
+  std::printf("%-40s %9.3f ms", name.c_str(), ms);
   if (flops > 0) std::printf("  %8.1f TFLOP/s", flops / ms * 1e-9);
   if (bytes > 0) std::printf("  %8.1f GB/s", bytes / ms * 1e-6);
   std::printf("\n");
@@ -145,17 +145,31 @@ int main(int argc, char** argv) {
     report("gelu_forward", median_ms([&] { k::gelu_forward(g, h); }), 0, 2.0 * N * 4 * C * e);
     report("gelu_backward", median_ms([&] { k::gelu_backward(g, g, h); }), 0, 3.0 * N * 4 * C * e);
   }
-  {  // Attention: causal FLOPs, 4 B H T^2 D / 2 forward and 2.5 times that backward.
-    const Shape s{B, T, H, D};
-    const Tensor q = make.make(s, bf), kk = make.make(s, bf), v = make.make(s, bf);
-    const Tensor out = make.make(s, bf), lse = make.make({B, H, T}, f32);
-    const double fwd = 2.0 * B * H * static_cast<double>(T) * T * D;
-    report("attention_forward", median_ms([&] { k::attention_forward(out, lse, q, kk, v); }), fwd,
-           0);
-    const Tensor dq = make.make(s, bf), dk = make.make(s, bf), dv = make.make(s, bf);
-    report("attention_backward",
-           median_ms([&] { k::attention_backward(dq, dk, dv, out, q, kk, v, out, lse); }),
-           2.5 * fwd, 0);
+  // Attention: causal FLOPs, 4 B H T^2 D / 2 forward and 2.5 times that backward; pentad's
+  // kernel and cuDNN's (train.attention), at GPT-2's heads and at two grouped-query shapes
+  // (LLaMA-1B's 32:8 heads of 64, and 16:2 heads of 128). bench/attention_torch.py times
+  // PyTorch's SDPA on the same shapes, named the same way.
+  struct Heads {
+    int64_t hq, hkv, d;
+  };
+  for (const Heads& a : {Heads{H, H, D}, Heads{32, 8, 64}, Heads{16, 2, 128}}) {
+    const Shape sq{B, T, a.hq, a.d}, skv{B, T, a.hkv, a.d};
+    const Tensor q = make.make(sq, bf), kk = make.make(skv, bf), v = make.make(skv, bf);
+    const Tensor out = make.make(sq, bf), lse = make.make({B, a.hq, T}, f32);
+    const Tensor dq = make.make(sq, bf), dk = make.make(skv, bf), dv = make.make(skv, bf);
+    const double fwd = 2.0 * B * a.hq * static_cast<double>(T) * T * a.d;
+    const std::string shape =
+        " h" + std::to_string(a.hq) + ":" + std::to_string(a.hkv) + " d" + std::to_string(a.d);
+    for (auto [impl, name] : {std::pair{k::AttentionImpl::Pentad, "pentad"},
+                              std::pair{k::AttentionImpl::Cudnn, "cudnn"}}) {
+      k::set_attention_impl(impl);
+      report(std::string("attention_forward ") + name + shape,
+             median_ms([&] { k::attention_forward(out, lse, q, kk, v); }), fwd, 0);
+      report(std::string("attention_backward ") + name + shape,
+             median_ms([&] { k::attention_backward(dq, dk, dv, out, q, kk, v, out, lse); }),
+             2.5 * fwd, 0);
+    }
+    k::set_attention_impl(k::AttentionImpl::Auto);
   }
   {  // Classifier, embedding.
     const Tensor logits = make.make({N, V}, bf), losses = make.make({N}, f32);

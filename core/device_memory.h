@@ -5,7 +5,9 @@
 // an #ifdef. Every call works on the current CUDA device and waits for completion
 // (cudaMemcpy and cudaMemset order with the legacy default stream the kernels run on).
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -64,6 +66,56 @@ class AsyncCopier {
  private:
   void* stream_ = nullptr;  // cudaStream_t
   void* event_ = nullptr;   // cudaEvent_t
+};
+
+// Host waits, counted process-wide: every call of this file that makes the host wait for
+// the device (a copy to or from host memory, device_synchronize, allocating or freeing
+// device memory, pinning, AsyncCopier::synchronize, StepReadback::read), and the CUDA calls
+// elsewhere that wait and say so through count_device_wait() (the kernels' scratch growth
+// and sum_squares, NCCL's barrier). The GPU suite checks that a training step waits once.
+// Always 0 in builds without CUDA.
+int64_t device_waits();
+void count_device_wait();
+
+// Copies of small host data (token ids) to the device that do not make the host wait: the
+// bytes go into page-locked staging memory, from which a copy is queued on the compute
+// stream. Staging is handed out in order and reused only after rewind(), which the owner
+// calls once the device has run every copy queued before (after a readback that
+// synchronised the compute stream); until then it grows (a page-locked allocation, which
+// waits: the first step's only).
+class UploadStaging {
+ public:
+  UploadStaging() = default;
+  ~UploadStaging();
+  UploadStaging(const UploadStaging&) = delete;
+  UploadStaging& operator=(const UploadStaging&) = delete;
+  void copy(void* dst_device, const void* src_host, size_t bytes);
+  void rewind();
+
+ private:
+  struct Block {
+    char* host = nullptr;
+    size_t bytes = 0, used = 0;
+  };
+  std::vector<Block> blocks_;
+  size_t current_ = 0;  // the block being filled
+};
+
+// A readback of a few device bytes into page-locked host memory owned here: one copy
+// queued on the compute stream and one synchronisation of it, so the values follow every
+// kernel issued before. The training step's one host wait (train/trainer.cpp).
+class StepReadback {
+ public:
+  StepReadback() = default;
+  ~StepReadback();
+  StepReadback(const StepReadback&) = delete;
+  StepReadback& operator=(const StepReadback&) = delete;
+  // The bytes, valid until the next read.
+  const void* read(const void* device_src, size_t bytes);
+
+ private:
+  void* host_ = nullptr;
+  size_t capacity_ = 0;
 };
 
 }  // namespace pentad

@@ -1,6 +1,8 @@
 // Device memory through the CUDA runtime (linked in builds with CUDA).
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "core/device_memory.h"
@@ -11,7 +13,16 @@ namespace {
 void check(cudaError_t rc, const char* call) {
   if (rc != cudaSuccess) fail("CUDA error in {}: {}", call, cudaGetErrorString(rc));
 }
+std::atomic<int64_t> waits{0};
 }  // namespace
+
+int64_t device_waits() {
+  return waits.load();
+}
+
+void count_device_wait() {
+  ++waits;
+}
 
 int cuda_device_count() {
   int devices = 0;
@@ -23,6 +34,7 @@ int cuda_device_count() {
 }
 
 void* device_alloc(size_t bytes, const std::string& what) {
+  count_device_wait();
   void* ptr = nullptr;
   const cudaError_t rc = cudaMalloc(&ptr, bytes);
   if (rc != cudaSuccess) {
@@ -34,7 +46,9 @@ void* device_alloc(size_t bytes, const std::string& what) {
 }
 
 void device_free(void* ptr) noexcept {
-  if (ptr) cudaFree(ptr);
+  if (!ptr) return;
+  count_device_wait();  // cudaFree synchronises the device
+  cudaFree(ptr);
 }
 
 void device_zero(void* ptr, size_t bytes) {
@@ -51,6 +65,8 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
     std::memcpy(dst, src, bytes);
     return;
   }
+  // To or from pageable host memory the host waits; device to device it does not.
+  if (dst_device == Device::CPU || src_device == Device::CPU) count_device_wait();
   const cudaMemcpyKind kind = dst_device == Device::CPU   ? cudaMemcpyDeviceToHost
                               : src_device == Device::CPU ? cudaMemcpyHostToDevice
                                                           : cudaMemcpyDeviceToDevice;
@@ -97,11 +113,13 @@ std::string cuda_device_description() {
 }
 
 void device_synchronize() {
+  count_device_wait();
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
 void host_pin(void* ptr, size_t bytes) {
   if (bytes == 0 || cuda_device_count() == 0) return;
+  count_device_wait();
   check(cudaHostRegister(ptr, bytes, cudaHostRegisterDefault), "cudaHostRegister");
 }
 
@@ -151,8 +169,57 @@ void AsyncCopier::copy(void* dst, Device dst_device, const void* src, Device src
 }
 
 void AsyncCopier::synchronize() {
-  if (stream_)
-    check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), "cudaStreamSynchronize");
+  if (!stream_) return;
+  count_device_wait();
+  check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), "cudaStreamSynchronize");
+}
+
+UploadStaging::~UploadStaging() {
+  for (Block& b : blocks_) cudaFreeHost(b.host);
+}
+
+void UploadStaging::copy(void* dst_device, const void* src_host, size_t bytes) {
+  if (bytes == 0) return;
+  while (current_ < blocks_.size() && blocks_[current_].used + bytes > blocks_[current_].bytes)
+    ++current_;
+  if (current_ == blocks_.size()) {
+    Block b;
+    b.bytes = std::max<size_t>(bytes, size_t{1} << 20);
+    count_device_wait();
+    check(cudaMallocHost(&b.host, b.bytes), "cudaMallocHost (upload staging)");
+    blocks_.push_back(b);
+  }
+  Block& b = blocks_[current_];
+  char* staged = b.host + b.used;
+  b.used += (bytes + 255) / 256 * 256;
+  std::memcpy(staged, src_host, bytes);
+  check(cudaMemcpyAsync(dst_device, staged, bytes, cudaMemcpyHostToDevice, cudaStreamLegacy),
+        "cudaMemcpyAsync (upload)");
+}
+
+void UploadStaging::rewind() {
+  for (Block& b : blocks_) b.used = 0;
+  current_ = 0;
+}
+
+StepReadback::~StepReadback() {
+  if (host_) cudaFreeHost(host_);
+}
+
+const void* StepReadback::read(const void* device_src, size_t bytes) {
+  if (bytes > capacity_) {
+    if (host_) check(cudaFreeHost(host_), "cudaFreeHost (readback)");
+    host_ = nullptr;
+    capacity_ = 0;
+    count_device_wait();
+    check(cudaMallocHost(&host_, bytes), "cudaMallocHost (readback)");
+    capacity_ = bytes;
+  }
+  count_device_wait();
+  check(cudaMemcpyAsync(host_, device_src, bytes, cudaMemcpyDeviceToHost, cudaStreamLegacy),
+        "cudaMemcpyAsync (readback)");
+  check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize (readback)");
+  return host_;
 }
 
 }  // namespace pentad

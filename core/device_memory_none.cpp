@@ -78,4 +78,24 @@ void AsyncCopier::copy(void* dst, Device dst_device, const void* src, Device src
 
 void AsyncCopier::synchronize() {}
 
+int64_t device_waits() {
+  return 0;
+}
+
+void count_device_wait() {}
+
+UploadStaging::~UploadStaging() = default;
+
+void UploadStaging::copy(void*, const void*, size_t bytes) {
+  if (bytes) no_cuda("copy to the device");
+}
+
+void UploadStaging::rewind() {}
+
+StepReadback::~StepReadback() = default;
+
+const void* StepReadback::read(const void*, size_t) {
+  no_cuda("readback from the device");
+}
+
 }  // namespace pentad

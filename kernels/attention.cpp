@@ -2,6 +2,10 @@
 // log-sum-exp merge of blocks (context parallelism).
 #include "kernels/cpu/attention.h"
 
+#include <atomic>
+#include <string>
+
+#include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/door.h"
 #include "kernels/ops.h"
@@ -38,7 +42,34 @@ AttentionDims attention_dims(const char* op, const Call& call, const Tensor& q, 
   return d;
 }
 
+std::atomic<AttentionImpl> impl{AttentionImpl::Auto};
+
+// Whether a CUDA call goes to cuDNN (ops.h, AttentionImpl). Only called from run()'s CUDA
+// branch. The first call of a shape builds cuDNN's graph for that direction.
+bool cudnn_takes(const char* op, const Call& call, const AttentionDims& d, bool positions,
+                 bool backward) {
+  const AttentionImpl want = impl.load();
+  if (!kCudaBuilt || want == AttentionImpl::Pentad || positions) return false;
+  if (want == AttentionImpl::Auto && call.dtype != DType::BF16) return false;
+  std::string why;
+  if (cuda::cudnn_attention_supported(backward, d.B, d.Tq, d.Hq, d.Hkv, d.D, &why)) return true;
+  if (want == AttentionImpl::Cudnn)
+    fail(
+        "{}: train.attention = \"cudnn\", but cuDNN refuses b {}, t {}, hq {}, hkv {}, d {}: {} "
+        "(\"auto\" falls back to pentad's kernel)",
+        op, d.B, d.Tq, d.Hq, d.Hkv, d.D, why);
+  return false;
+}
+
 }  // namespace
+
+void set_attention_impl(AttentionImpl value) {
+  impl.store(value);
+}
+
+AttentionImpl attention_impl() {
+  return impl.load();
+}
 
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        const Tensor& q_pos, const Tensor& k_pos) {
@@ -51,7 +82,11 @@ void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
   run(
       call,
       [&] {
-        cuda::attention_forward(out, lse, q, k, v, q_pos, k_pos, d.B, d.Tq, d.Tk, d.Hq, d.Hkv, d.D);
+        if (cudnn_takes(op, call, d, present(q_pos), false))
+          cuda::cudnn_attention_forward(out, lse, q, k, v, d.B, d.Tq, d.Hq, d.Hkv, d.D);
+        else
+          cuda::attention_forward(out, lse, q, k, v, q_pos, k_pos, d.B, d.Tq, d.Tk, d.Hq, d.Hkv,
+                                  d.D);
       },
       [&]<typename T>(T) {
         cpu::attention_forward<T>(ptr<T>(out), ptr<T>(lse), ptr<T>(q), ptr<T>(k), ptr<T>(v),
@@ -83,8 +118,12 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
   run(
       call,
       [&] {
-        cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, q_pos, k_pos, d.B, d.Tq, d.Tk,
-                                 d.Hq, d.Hkv, d.D, accumulate);
+        if (cudnn_takes(op, call, d, present(q_pos), true))
+          cuda::cudnn_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, d.B, d.Tq, d.Hq,
+                                         d.Hkv, d.D, accumulate);
+        else
+          cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, q_pos, k_pos, d.B, d.Tq,
+                                   d.Tk, d.Hq, d.Hkv, d.D, accumulate);
       },
       [&]<typename T>(T) {
         cpu::attention_backward<T>(ptr<T>(dq), ptr<T>(dk), ptr<T>(dv), ptr<T>(dout), ptr<T>(q),

@@ -43,6 +43,32 @@ double sum_squares(const Tensor& x) {
       [&]<typename T>(T) { return cpu::sum_squares<T>(ptr<T>(x), x.numel()); });
 }
 
+namespace {
+
+void sum_into(const char* op, Tensor total, const Tensor& x, double scale, bool squares) {
+  const Call call = check_args(op, {{"x", x}});
+  PENTAD_CHECK(
+      total.data && total.dtype == DType::F64 && total.numel() == 1 && total.device == call.device,
+      "{}: total must be one F64 on {}, got {} {} on {}", op, device_name(call.device),
+      dtype_name(total.dtype), total.shape.str(), device_name(total.device));
+  run(
+      call, [&] { cuda::sum_into(total, x, x.numel(), scale, squares); },
+      [&]<typename T>(T) {
+        *ptr<double>(total) += squares ? cpu::sum_squares<T>(ptr<T>(x), x.numel())
+                                       : scale * cpu::sum<T>(ptr<T>(x), x.numel());
+      });
+}
+
+}  // namespace
+
+void sum_into(Tensor total, const Tensor& x, double scale) {
+  sum_into("sum_into", total, x, scale, false);
+}
+
+void sum_squares_into(Tensor total, const Tensor& x) {
+  sum_into("sum_squares_into", total, x, 1.0, true);
+}
+
 void convert(Tensor out, const Tensor& inp) {
   const char* op = "convert";
   PENTAD_CHECK(present(out) && present(inp), "{}: 'out' and 'inp' are required", op);

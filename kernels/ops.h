@@ -105,6 +105,17 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& q_pos = {}, const Tensor& k_pos = {},
                         bool accumulate = false);
+// Which implementation runs attention on CUDA (train.attention); the CPU always runs
+// pentad's. Auto: cuDNN's fused flash attention for BF16 calls without positions whose
+// shape cuDNN takes, pentad's kernel otherwise. Cudnn: cuDNN for every call without
+// positions (F32 data staged through BF16 copies), failing where cuDNN refuses. Pentad:
+// pentad's kernel only. Calls with positions (context parallelism's ring blocks) always run
+// pentad's kernel: cuDNN's diagonal masks cannot express them. Both implementations write
+// the same lse, so a forward from one and a backward from the other agree. Process-wide:
+// set before the first step (the trainer sets it from the recipe).
+enum class AttentionImpl { Auto, Cudnn, Pentad };
+void set_attention_impl(AttentionImpl impl);
+AttentionImpl attention_impl();
 // Merges one block's (block_out, block_lse) into the running (out, lse), in place:
 // lse' = log(exp(lse) + exp(block_lse)); out' = out exp(lse - lse') + block_out
 // exp(block_lse - lse'). A -inf on either side is handled: a row no key has seen so far
@@ -176,7 +187,13 @@ void zero(Tensor x);
 // x *= s
 void scale(Tensor x, float s);
 // sum of squares, accumulated in double.
-double sum_squares(const Tensor& x);
+double sum_squares(const Tensor& x);  // on CUDA a readback: the host waits
+// Add into total, one F64 on x's device: the sum of x's elements times scale (sum_into), or
+// the sum of their squares (sum_squares_into, the value sum_squares(x) returns). In double,
+// in an order fixed by x's size, and with no readback: on CUDA nothing waits. The device
+// accumulators behind the training step's one readback (train/trainer.cpp).
+void sum_into(Tensor total, const Tensor& x, double scale = 1.0);
+void sum_squares_into(Tensor total, const Tensor& x);
 // out = inp in another element type (same element count): F32, BF16 (round to nearest even)
 // and, on the CPU, F64. BF16 tensors on the CPU hold uint16_t (core/bf16.h).
 void convert(Tensor out, const Tensor& inp);

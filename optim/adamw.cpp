@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <utility>
+#include <vector>
 
 #include "core/check.h"
 #include "kernels/ops.h"
@@ -22,24 +23,54 @@ float learning_rate(const OptimConfig& cfg, int64_t step, int64_t total_steps) {
   return static_cast<float>(min_lr + factor * (cfg.lr - min_lr));
 }
 
-GradSquares grad_sum_squares(const ParamStore& params, bool count_etp_replicated,
-                             const StateShard* shard, const Tensor& grads) {
-  GradSquares sums;
+namespace {
+
+// Calls add(slot, pieces) for every parameter the norm counts, in id order: slot 0 for a
+// sharded one, 1 replicated, 2 expert; pieces its gradient (or, with ZeRO, its shares).
+template <typename Add>
+void for_each_counted_grad(const ParamStore& params, bool count_etp_replicated,
+                           const StateShard* shard, const Tensor& grads, Add&& add) {
   for (int id = 0; id < static_cast<int>(params.specs().size()); ++id) {
     const ParamSpec& spec = params.spec(id);
     if (spec.pipeline_copy) continue;  // the original is counted on its own stage
     if (spec.expert && spec.shard_dim < 0 && !count_etp_replicated) continue;
-    double sum = 0.0;
+    std::vector<Tensor> pieces;
     if (!shard) {
-      sum = kernels::sum_squares(params.grad(id));
+      pieces.push_back(params.grad(id));
     } else {
       for (const StateShard::Piece& piece : shard->pieces(spec))
-        sum += kernels::sum_squares(
+        pieces.push_back(
             view_of(grads.f32() + piece.shard, Shape{piece.count}, DType::F32, grads.device));
     }
-    (spec.expert ? sums.expert : spec.shard_dim >= 0 ? sums.sharded : sums.replicated) += sum;
+    add(spec.expert ? 2 : spec.shard_dim >= 0 ? 0 : 1, pieces);
   }
+}
+
+}  // namespace
+
+GradSquares grad_sum_squares(const ParamStore& params, bool count_etp_replicated,
+                             const StateShard* shard, const Tensor& grads) {
+  GradSquares sums;
+  double* slots[3] = {&sums.sharded, &sums.replicated, &sums.expert};
+  for_each_counted_grad(params, count_etp_replicated, shard, grads,
+                        [&](int slot, const std::vector<Tensor>& pieces) {
+                          double sum = 0.0;
+                          for (const Tensor& t : pieces) sum += kernels::sum_squares(t);
+                          *slots[slot] += sum;
+                        });
   return sums;
+}
+
+void grad_sum_squares_into(const Tensor& sums, const ParamStore& params, bool count_etp_replicated,
+                           const StateShard* shard, const Tensor& grads) {
+  PENTAD_CHECK(sums.dtype == DType::F64 && sums.numel() == 3, "grad_sum_squares_into: sums {} {}",
+               dtype_name(sums.dtype), sums.shape.str());
+  for_each_counted_grad(
+      params, count_etp_replicated, shard, grads, [&](int slot, const std::vector<Tensor>& pieces) {
+        const Tensor total =
+            view_of(static_cast<double*>(sums.data) + slot, Shape{1}, DType::F64, sums.device);
+        for (const Tensor& t : pieces) kernels::sum_squares_into(total, t);
+      });
 }
 
 void clip_gradients(ParamStore& params, double norm, float max_norm, const Tensor& grads) {

@@ -32,6 +32,14 @@ struct GradSquares {
 };
 GradSquares grad_sum_squares(const ParamStore& params, bool count_etp_replicated = true,
                              const StateShard* shard = nullptr, const Tensor& grads = {});
+// The same three sums added into `sums`, three F64 (sharded, replicated, expert) on the
+// gradients' device, with no readback (kernels::sum_squares_into): on CUDA nothing waits
+// and the caller reads them back with the rest of the step. Each gradient's square sum is
+// added on its own, where grad_sum_squares adds a parameter's pieces first: equal but for
+// rounding.
+void grad_sum_squares_into(const Tensor& sums, const ParamStore& params,
+                           bool count_etp_replicated = true, const StateShard* shard = nullptr,
+                           const Tensor& grads = {});
 
 // Scales gradients (the arena's, or the compact ZeRO shares given) so that their global norm
 // is at most max_norm (torch's clip_grad_norm_ rule: coefficient max_norm / (norm + 1e-6),

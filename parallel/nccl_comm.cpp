@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/device_memory.h"
 #include "parallel/backend.h"
 #include "parallel/comm.h"
 namespace pentad::parallel {
@@ -320,6 +321,7 @@ class NcclCommunicator final : public Communicator {
       check_async_error();
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
+    count_device_wait();
     check_cuda(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize", name());
     poll();
     return post_host_barrier();

@@ -12,16 +12,18 @@
 #      read the same tokens: one llm.c shard written by bench/make_llmc_shard.py;
 #   4. pentad, GPT-2 124M in fp32;
 #   5. pentad, recipes/llama-1b.toml in bf16 (random tokens), a few steps;
-#   6. build/pentad_gpu_kernels_bench: every CUDA kernel at GPT-2 124M shapes.
+#   6. build/pentad_gpu_kernels_bench: every CUDA kernel at GPT-2 124M shapes (attention
+#      by pentad's kernel and by cuDNN, also at two grouped-query shapes);
+#   7. bench/attention_torch.py: PyTorch's SDPA at those attention shapes.
 # Step times are medians over the steps after a warm-up (pentad: metrics.jsonl's "seconds";
 # llm.c: its per-step "ms"; PyTorch: CUDA events). MFU = model FLOP/s, counted as pentad
 # counts them (Model::flops_per_micro_batch, which bench/torch_gpt2.py shares), over the
 # device's dense bf16 peak (bench/torch_gpt2.py's table; GPU_BENCH_PEAK_TFLOPS overrides).
 # Prints a table last; writes every figure, nvidia-smi's report and the commit to
-# SUMMARY_JSON, and each part's log to LOG_DIR (default bench/out/gpu-bench): 8 files, 7
-# with GPU_BENCH_SKIP_BUILD. On the device machine keep them under $OUT, which returns 8.
+# SUMMARY_JSON, and each part's log to LOG_DIR (default bench/out/gpu-bench): 9 files, 8
+# with GPU_BENCH_SKIP_BUILD. On the device machine keep them under $OUT, which returns 9.
 #
-# Time: the parts' limits add up to 6.5 minutes (a run on a fast GPU should take about half
+# Time: the parts' limits add up to 7 minutes (a run on a fast GPU should take about half
 # that); no part starts once GPU_BENCH_DEADLINE_S (default 560) seconds from the start,
 # build included, are near, and a part that would run past it gets less time, so one call of
 # the device tool (10 minutes at most) holds the script even after a fresh build.
@@ -180,6 +182,12 @@ else
   skip kernels "no $build_dir/pentad_gpu_kernels_bench (or a smoke run)"
 fi
 
+if ((!smoke)); then
+  part attention_torch 30 "$PYTHON" bench/attention_torch.py
+else
+  skip attention_torch "a smoke run"
+fi
+
 # ---- summary ----
 GB_SUMMARY=$summary GB_LOGS=$logs GB_RUNS=$runs GB_COMMIT=$commit GB_DIRTY=$dirty \
   GB_BUILD_STATUS=$build_status GB_BUILD_SECONDS=$build_seconds GB_SMOKE=$smoke \
@@ -287,6 +295,7 @@ summary = {
     "pentad_gpt2_124m_fp32": pentad_run("pentad_gpt2_fp32", "gpt2_fp32", warmups["gpt2_fp32"]),
     "pentad_llama_1b_bf16": pentad_run("pentad_llama1b_bf16", "llama_bf16", warmups["llama_bf16"]),
     "kernels_bench": dict(parts.get("kernels", {}), output=log_text("kernels")),
+    "attention_torch": dict(parts.get("attention_torch", {}), output=log_text("attention_torch")),
 }
 ratio = lambda a, b: a / b if a and b else None
 tps = lambda key: summary[key].get("tokens_per_second")

@@ -10,9 +10,10 @@
 #                           part of CUDA (Open MPI, HDF5, OpenBLAS, spdlog, ...), and Open MPI's
 #                           plugins and help files for a one-rank singleton;
 #   .gpu/MANIFEST.txt       what is inside, where each file came from, the commit and sizes.
-# libcublasLt (541 MB) and libnccl (218 MB) are not bundled: they do not compress and the
-# device tool carries 64 MiB at most. The GPU machine has both (the CUDA 13 toolkit and
-# python's nvidia-* packages); scripts/gpu_run.sh finds them there.
+# libcublasLt (541 MB), libnccl (218 MB), libcudnn (with its engines, about 1 GB) and
+# libnvrtc (100 MB) are not bundled: they do not compress and the device tool carries 64 MiB
+# at most. The GPU machine has them all (the CUDA 13 toolkit and python's nvidia-* packages,
+# nvidia-cudnn-cu13 among them); scripts/gpu_run.sh finds them there.
 # Environment: PENTAD_GPU_BUILD_DIR (default build-gpu), PENTAD_GPU_ARCHS (default 90).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,8 +53,8 @@ strip --strip-unneeded "$root"/bin/*
 
 # ---- shared libraries ----
 # Left to the GPU machine: glibc, the compiler's runtime (libstdc++, libgcc_s), and CUDA's
-# driver, cuBLASLt and NCCL. libcudart is bundled: it is small and the build's own.
-system_re='^(linux-vdso|ld-linux-x86-64|libc|libm|libdl|libpthread|librt|libresolv|libutil|libanl|libstdc\+\+|libgcc_s|libcuda|libcublasLt|libcublas|libnccl)\.so'
+# driver, cuBLASLt, NCCL, cuDNN and NVRTC. libcudart is bundled: it is small and the build's own.
+system_re='^(linux-vdso|ld-linux-x86-64|libc|libm|libdl|libpthread|librt|libresolv|libutil|libanl|libstdc\+\+|libgcc_s|libcuda|libcublasLt|libcublas|libnccl|libcudnn|libnvrtc)\.so'
 declare -A origin=()   # soname -> file it was copied from
 missing=()
 add_deps() {  # add_deps FILE...: copy what each needs (ldd lists the whole closure)
@@ -106,7 +107,8 @@ cat >"$root/env.sh" <<'EOF'
 # source it (sh or bash). Sets PENTAD_GPU_ROOT, the bundle's folder.
 PENTAD_GPU_ROOT=$(cd "$(dirname "${PENTAD_GPU_ENV:?the path of env.sh}")" && pwd)
 export PENTAD_GPU_ROOT
-# CUDA's cuBLASLt and NCCL on the GPU machine (scripts/gpu_run.sh finds them and sets this).
+# CUDA's cuBLASLt, NCCL, cuDNN and NVRTC on the GPU machine (scripts/gpu_run.sh finds them
+# and sets this).
 cuda_libs=${PENTAD_GPU_CUDA_LIBS:-/usr/local/cuda/lib64:/usr/local/cuda/lib}
 fallback=
 [ "${PENTAD_GPU_LIBSTDCXX:-0}" = 1 ] && fallback=$PENTAD_GPU_ROOT/lib/fallback:

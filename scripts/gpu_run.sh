@@ -13,8 +13,8 @@
 #     all: test, then bench in the time left (one call of the device tool: 10 minutes).
 # Also writes OUT_DIR/gpu_run_env.txt: the machine, the bundle, the CUDA libraries found.
 # Environment: PENTAD_GPU_UNPACK (where to unpack; default /tmp/pentad-gpu-run),
-# PENTAD_GPU_CUDA_LIBS (folders holding libcublasLt.so.13 and libnccl.so.2, ':'-separated;
-# found by themselves otherwise), GPU_RUN_DEADLINE_S (default 570: the whole call's budget).
+# PENTAD_GPU_CUDA_LIBS (folders holding libcublasLt.so.13, libnccl.so.2, libcudnn.so.9 and
+# libnvrtc.so.13, ':'-separated; found by themselves otherwise), GPU_RUN_DEADLINE_S (default 570: the whole call's budget).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 out=${1:?usage: bash scripts/gpu_run.sh OUT_DIR [test|bench|all]}
@@ -47,9 +47,10 @@ else
   say "nvidia-smi: not found"
 fi
 
-# ---- CUDA's libraries on this machine: cuBLASLt and NCCL ----
+# ---- CUDA's libraries on this machine: cuBLASLt, NCCL, cuDNN and NVRTC ----
 # Looked for in PENTAD_GPU_CUDA_LIBS, the CUDA toolkit, python's nvidia-* packages (where
-# PyTorch's CUDA 13 wheels keep them), then ld.so's cache.
+# PyTorch's CUDA 13 wheels keep them: cuDNN in nvidia-cudnn-cu13), then ld.so's cache.
+# libcudnn.so.9 loads its engine libraries (libcudnn_graph.so.9, ...) from the same folder.
 search=()
 IFS=: read -r -a search <<<"${PENTAD_GPU_CUDA_LIBS:-}"
 search+=(/usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib)
@@ -65,7 +66,7 @@ find_lib() {  # find_lib SONAME: prints the folder that holds it, or nothing
   ldconfig -p 2>/dev/null | awk -v n="$1" '$1 == n {print $NF; exit}' | xargs -r dirname
 }
 cuda_dirs=()
-for lib in libcublasLt.so.13 libnccl.so.2; do
+for lib in libcublasLt.so.13 libnccl.so.2 libcudnn.so.9 libnvrtc.so.13; do
   d=$(find_lib "$lib")
   [[ -n $d ]] || die "$lib is not on this machine (looked in ${search[*]} and ld.so's cache)"
   say "$lib: $d/$lib -> $(readlink -f "$d/$lib")"

@@ -51,3 +51,15 @@ if [[ ! -x $venv/bin/python || "$(cat "$stamp" 2>/dev/null)" != "${hf_pins[*]}" 
   "$venv/bin/python" -c "import torch, transformers, safetensors.torch; transformers.GPT2Config()"
   echo "${hf_pins[*]}" >"$stamp"
 fi
+
+# The cuDNN frontend's C++ headers (the graph API behind train.attention = "cudnn"). They
+# are header-only and needed at build time only; the CUDA configure finds them in this
+# environment's site-packages (cmake/cudnn_frontend.cmake). The wheel also ships python
+# bindings, which pentad never imports. Pinned, with its own stamp.
+cudnn_frontend_pin=nvidia-cudnn-frontend==1.32.0
+cudnn_stamp="$venv/pentad-cudnn-frontend.txt"
+if [[ "$(cat "$cudnn_stamp" 2>/dev/null)" != "$cudnn_frontend_pin" ]]; then
+  echo "setup: installing $cudnn_frontend_pin into $venv"
+  "$venv/bin/python" -m pip install --quiet --no-deps "$cudnn_frontend_pin"
+  echo "$cudnn_frontend_pin" >"$cudnn_stamp"
+fi

@@ -45,6 +45,13 @@ double sum_squares(const T* x, int64_t n) {
 }
 
 template <typename T>
+double sum(const T* x, int64_t n) {
+  double acc = 0;
+  for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(x[i]);
+  return acc;
+}
+
+template <typename T>
 void adamw_update(const T* params, const T* m, const T* v, T* params_out, T* m_out, T* v_out,
                   const T* grads, int64_t n, double lr, double beta1, double beta2, double eps,
                   double weight_decay, int64_t step) {
@@ -76,6 +83,7 @@ void adamw_update(const T* params, const T* m, const T* v, T* params_out, T* m_o
   template void add<T>(T*, const T*, const T*, int64_t);                                     \
   template void scale<T>(T*, T, int64_t);                                                    \
   template double sum_squares<T>(const T*, int64_t);                                         \
+  template double sum<T>(const T*, int64_t);                                                 \
   template void adamw_update<T>(const T*, const T*, const T*, T*, T*, T*, const T*, int64_t, \
                                 double, double, double, double, double, int64_t);
 PENTAD_INSTANTIATE(float)

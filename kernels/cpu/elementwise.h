@@ -15,6 +15,9 @@ void scale(T* x, T s, int64_t n);
 // sum of x^2, accumulated in double in a fixed order for a fixed thread count.
 template <typename T>
 double sum_squares(const T* x, int64_t n);
+// sum of x in double, in index order.
+template <typename T>
+double sum(const T* x, int64_t n);
 
 // One AdamW step over n values, in torch.optim.AdamW's order (single-tensor path):
 //   p *= 1 - lr * wd;  m = lerp(m, g, 1 - b1);  v = b2 v + (1 - b2) g^2

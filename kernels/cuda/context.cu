@@ -1,6 +1,7 @@
 // The device context of the CUDA kernels: errors, stream, scratch memory, argument checks.
 #include <array>
 
+#include "core/device_memory.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -45,6 +46,7 @@ void* scratch(size_t bytes) {
   Scratch& s = scratch_of_current_device();
   if (bytes <= s.bytes) return s.data;
   // Kernels queued earlier may still read the old buffer.
+  count_device_wait();
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (growing the scratch buffer)");
   if (s.data) check(cudaFree(s.data), "cudaFree (scratch)");
   s.data = nullptr;

@@ -119,7 +119,9 @@ void moe_unpermute_backward(const Tensor& dinp, const Tensor& dw, const Tensor& 
 
 void add(const Tensor& out, const Tensor& a, const Tensor& b, int64_t n);
 void scale(const Tensor& x, float s, int64_t n);
-double sum_squares(const Tensor& x, int64_t n);
+double sum_squares(const Tensor& x, int64_t n);  // reads back: the host waits
+// *total (one F64 in device memory) += scale * sum of x, or of x^2; no readback.
+void sum_into(const Tensor& total, const Tensor& x, int64_t n, double scale, bool squares);
 void convert(const Tensor& out, const Tensor& inp, int64_t n);
 // Reads params, m, v; writes params_out, m_out, v_out (the same tensors for in place).
 void adamw_update(const Tensor& params, const Tensor& m, const Tensor& v, const Tensor& params_out,

@@ -2,6 +2,7 @@
 // AdamW. Grid-stride loops; the launch shape depends only on n.
 #include <cmath>
 
+#include "core/device_memory.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -36,24 +37,26 @@ __global__ void convert_kernel(To* out, const From* inp, int64_t n) {
 
 // Pass 1: each block writes the sum of its grid-stride share; pass 2 adds the block sums in
 // block order. Both orders are fixed by n, so the result is bitwise reproducible.
-template <typename T>
+template <typename T, bool kSquares = true>
 __global__ void sum_squares_partial_kernel(double* partials, const T* x, int64_t n) {
   __shared__ double shared[kWarp];
   double acc = 0;
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
     const double v = to_f32(x[i]);
-    acc += v * v;
+    acc += kSquares ? v * v : v;
   }
   acc = block_sum(acc, shared);
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
 
-__global__ void sum_partials_kernel(double* total, const double* partials, int count) {
+// *total = the sum of the partials; with accumulate, *total += scale * that sum.
+__global__ void sum_partials_kernel(double* total, const double* partials, int count,
+                                    bool accumulate = false, double scale = 1.0) {
   __shared__ double shared[kWarp];
   double acc = 0;
   for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partials[i];
   acc = block_sum(acc, shared);
-  if (threadIdx.x == 0) *total = acc;
+  if (threadIdx.x == 0) *total = accumulate ? *total + scale * acc : acc;
 }
 
 // Same arithmetic, in the same order, as kernels/cpu/elementwise.cpp (torch.optim.AdamW).
@@ -121,9 +124,29 @@ double sum_squares(const Tensor& x, int64_t n) {
   sum_partials_kernel<<<1, 1024, 0, stream()>>>(total, partials, static_cast<int>(blocks));
   check_launch("sum_squares (partials)");
   double result = 0;
+  count_device_wait();
   check(cudaMemcpy(&result, total, sizeof(double), cudaMemcpyDeviceToHost),
         "cudaMemcpy (sum_squares)");
   return result;
+}
+
+void sum_into(const Tensor& total, const Tensor& x, int64_t n, double scale, bool squares) {
+  if (n == 0) return;
+  const unsigned blocks = grid_for(n, kThreads);
+  double* partials = static_cast<double*>(scratch(blocks * sizeof(double)));
+  by_dtype(x.dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (squares)
+      sum_squares_partial_kernel<T, true>
+          <<<blocks, kThreads, 0, stream()>>>(partials, ptr<T>(x), n);
+    else
+      sum_squares_partial_kernel<T, false>
+          <<<blocks, kThreads, 0, stream()>>>(partials, ptr<T>(x), n);
+  });
+  check_launch("sum_into");
+  sum_partials_kernel<<<1, 1024, 0, stream()>>>(static_cast<double*>(total.data), partials,
+                                                static_cast<int>(blocks), true, scale);
+  check_launch("sum_into (partials)");
 }
 
 void adamw_update(const Tensor& params, const Tensor& m, const Tensor& v, const Tensor& params_out,

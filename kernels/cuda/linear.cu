@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 
+#include "core/device_memory.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -66,6 +67,7 @@ DeviceLt& device_lt() {
   DeviceLt& lt = devices[static_cast<size_t>(device)];
   if (!lt.handle) {
     check_lt(cublasLtCreate(&lt.handle), "cublasLtCreate");
+    count_device_wait();
     check(cudaMalloc(&lt.workspace, kWorkspaceBytes), "cudaMalloc (cuBLASLt workspace)");
   }
   return lt;

@@ -5,8 +5,28 @@
 #include <algorithm>
 
 #include "core/check.h"
+#include "core/device_memory.h"
 
 namespace pentad::parallel::pp {
+
+namespace {
+
+// Every stage's list of passes for one step of `spec`.
+std::vector<std::vector<Action>> all_stage_actions(const ScheduleSpec& spec) {
+  std::vector<std::vector<Action>> lists;
+  for (int s = 0; s < spec.stages; ++s) lists.push_back(stage_actions(spec, s));
+  return lists;
+}
+
+// Evaluation's passes: every micro-batch through every chunk, on every stage alike.
+std::vector<Action> evaluation_actions(int count, int chunks) {
+  std::vector<Action> actions;
+  for (int micro = 0; micro < count; ++micro)
+    for (int c = 0; c < chunks; ++c) actions.push_back({Action::Forward, micro, c});
+  return actions;
+}
+
+}  // namespace
 
 const char* span_name(Span::Kind kind) {
   switch (kind) {
@@ -22,7 +42,8 @@ const char* span_name(Span::Kind kind) {
   return "?";
 }
 
-Pipeline::Pipeline(Stage& stage, Communicator& group, const ScheduleSpec& spec, int keep_steps)
+Pipeline::Pipeline(Stage& stage, Communicator& group, const ScheduleSpec& spec, int keep_steps,
+                   Posting posting)
     : chunks_(stage), group_(group), spec_(spec), stage_(group.rank()), keep_steps_(keep_steps) {
   PENTAD_CHECK(group.size() == spec.stages, "pp group of {} ranks for {} stages", group.size(),
                spec.stages);
@@ -32,6 +53,12 @@ Pipeline::Pipeline(Stage& stage, Communicator& group, const ScheduleSpec& spec, 
   const Shape boundary = stage.boundary_shape();
   rows_ = boundary[0];
   width_ = boundary[1];
+  const Tensor sample = stage.input(0, 0);
+  dtype_ = sample.dtype;
+  device_ = sample.device;
+  rounds_mode_ = device_ != Device::CPU || posting == Posting::Rounds;
+  if (rounds_mode_)
+    train_rounds_ = {plan_rounds(all_stage_actions(spec), spec.virtual_stages, stage_), 0};
   in_flight_.assign(size_t(spec.virtual_stages), 0);
   peak_.assign(size_t(spec.virtual_stages), 0);
   for (int c = 0; c < spec.virtual_stages; ++c)
@@ -68,6 +95,8 @@ void Pipeline::set_schedule(const ScheduleSpec& spec) {
                "set_schedule: stages or virtual stages changed");
   check_schedule(spec);
   spec_ = spec;
+  if (rounds_mode_)
+    train_rounds_ = {plan_rounds(all_stage_actions(spec), spec.virtual_stages, stage_), 0};
 }
 
 int Pipeline::tag(Action::Type type, int micro, int to_virtual_stage) const {
@@ -83,21 +112,65 @@ bool Pipeline::needs_input(const Action& a) const {
   return a.type == Action::Forward ? vs > 0 : vs < last;
 }
 
-std::vector<float> Pipeline::take_buffer() {
-  if (free_buffers_.empty()) return std::vector<float>(size_t(rows_ * width_));
-  std::vector<float> buf = std::move(free_buffers_.back());
+Pipeline::Buffer Pipeline::take_buffer() {
+  if (free_buffers_.empty()) {
+    const Shape shape{rows_, width_};
+    Buffer buf;
+    buf.arena = std::make_unique<Arena>("pipeline transfer",
+                                        size_t(shape.numel()) * dtype_bytes(dtype_), device_);
+    buf.tensor = buf.arena->alloc(shape, dtype_);
+    return buf;
+  }
+  Buffer buf = std::move(free_buffers_.back());
   free_buffers_.pop_back();
   return buf;
 }
 
+void Pipeline::post_rounds(Rounds& rounds, int until) {
+  const int last = std::min(until, int(rounds.plan.groups.size()) - 1);
+  for (; rounds.posted <= last; ++rounds.posted) {
+    const std::vector<Transfer>& group = rounds.plan.groups[size_t(rounds.posted)];
+    if (group.empty()) continue;
+    std::vector<P2POp> ops;
+    std::vector<std::pair<bool, std::tuple<int, int, int>>> keys;  // (is_send, key) per op
+    std::vector<Buffer> buffers;
+    for (const Transfer& t : group) {
+      const int tg = tag(t.type, t.micro, t.to_virtual_stage);
+      if (t.from_stage == stage_) {
+        auto it = unposted_sends_.find({int(t.type), t.micro, t.to_virtual_stage});
+        PENTAD_CHECK(it != unposted_sends_.end(),
+                     "round {}: the send of micro-batch {} to "
+                     "virtual stage {} was not computed",
+                     rounds.posted, t.micro, t.to_virtual_stage);
+        buffers.push_back(std::move(it->second));
+        unposted_sends_.erase(it);
+        ops.push_back({true, buffers.back().tensor, t.to_stage, tg});
+        keys.push_back({true, {}});
+      }
+      if (t.to_stage == stage_) {
+        buffers.push_back(take_buffer());
+        ops.push_back({false, buffers.back().tensor, t.from_stage, tg});
+        keys.push_back({false, {int(t.type), t.micro, t.to_virtual_stage / spec_.stages}});
+      }
+    }
+    std::vector<Work> works = group_.batch_p2p(ops);
+    for (size_t i = 0; i < works.size(); ++i) {
+      Message m{std::move(buffers[i]), std::move(works[i])};
+      if (keys[i].first)
+        sends_.push_back(std::move(m));
+      else
+        receives_.emplace(keys[i].second, std::move(m));
+    }
+  }
+}
+
 void Pipeline::post_receive(const Action& a) {
-  if (!needs_input(a)) return;
+  if (rounds_mode_ || !needs_input(a)) return;  // device transfers: posted in rounds
   const auto key = std::make_tuple(int(a.type), a.micro, a.chunk);
   if (receives_.count(key)) return;
   const int vs = virtual_stage(a), from = a.type == Action::Forward ? vs - 1 : vs + 1;
   Message m{take_buffer(), Work{}};
-  m.work = group_.recv(view_of(m.buf.data(), Shape{rows_, width_}), from % spec_.stages,
-                       tag(a.type, a.micro, vs), true);
+  m.work = group_.recv(m.buf.tensor, from % spec_.stages, tag(a.type, a.micro, vs), true);
   receives_.emplace(key, std::move(m));
 }
 
@@ -111,19 +184,28 @@ static int64_t cpu_now_ns() {
 Tensor Pipeline::wait_input(const Action& a, Span::Kind kind, int64_t step) {
   post_receive(a);
   auto it = receives_.find(std::make_tuple(int(a.type), a.micro, a.chunk));
+  PENTAD_CHECK(it != receives_.end(), "the input of micro-batch {} chunk {} was never posted",
+               a.micro, a.chunk);
   const int64_t start = trace_now_ns(), start_cpu = cpu_now_ns();
   it->second.work.wait();
   record(kind, a, step, start, start_cpu);
   // The buffer goes back to the pool once the caller has copied it (before the next post).
+  // (On a device the copy is queued on the compute stream, behind the wait, and any later
+  // transfer into the buffer waits for the compute stream: comm.h's stream rule.)
   free_buffers_.push_back(std::move(it->second.buf));
   receives_.erase(it);
-  return view_of(free_buffers_.back().data(), Shape{rows_, width_});
+  return free_buffers_.back().tensor;
 }
 
 void Pipeline::send(const Tensor& data, Action::Type type, int micro, int to_virtual_stage) {
-  Message m{take_buffer(), Work{}};
-  std::copy_n(data.f32(), data.numel(), m.buf.data());
-  m.work = group_.send(view_of(m.buf.data(), Shape{rows_, width_}), to_virtual_stage % spec_.stages,
+  Buffer buf = take_buffer();
+  copy(buf.tensor, data);
+  if (rounds_mode_) {  // posted with its round's group (post_rounds)
+    unposted_sends_.emplace(std::make_tuple(int(type), micro, to_virtual_stage), std::move(buf));
+    return;
+  }
+  Message m{std::move(buf), Work{}};
+  m.work = group_.send(m.buf.tensor, to_virtual_stage % spec_.stages,
                        tag(type, micro, to_virtual_stage), true);
   sends_.push_back(std::move(m));
 }
@@ -142,6 +224,7 @@ void Pipeline::poll() {
 }
 
 void Pipeline::finish_sends() {
+  PENTAD_CHECK(unposted_sends_.empty(), "{} sends were never posted", unposted_sends_.size());
   for (Message& m : sends_) {
     m.work.wait();
     free_buffers_.push_back(std::move(m.buf));
@@ -159,8 +242,7 @@ float Pipeline::forward(const Action& a, int slot, int64_t step, const Fetch& fe
   const int vs = virtual_stage(a), last_vs = spec_.stages * spec_.virtual_stages - 1;
   if (needs_input(a)) {
     const Tensor in = wait_input(a, Span::WaitInput, step);
-    Tensor dst = chunks_.input(a.chunk, slot);
-    std::copy_n(in.f32(), in.numel(), dst.f32());
+    copy(chunks_.input(a.chunk, slot), in);
   }
   // The embedding is on virtual stage 0, the loss on the last.
   if (vs == 0 || vs == last_vs) fetch(a.micro, tokens_, targets_);
@@ -185,9 +267,12 @@ double Pipeline::train(int64_t step, const Fetch& fetch, float dloss, const Grad
   std::map<std::pair<int, int>, int> slot_of;  // (micro, chunk) -> activation slot
   double loss = 0.0, forward_ns = 0.0, backward_ns = 0.0;
   int forwards = 0, backwards = 0;
+  train_rounds_.posted = 0;
   for (size_t i = 0; i < actions.size(); ++i) {
     const Action& a = actions[i];
     const int vs = virtual_stage(a);
+    const int round = rounds_mode_ ? train_rounds_.plan.round_of_action[i] : 0;
+    if (rounds_mode_) post_rounds(train_rounds_, round - 1);   // the rounds this stage idled
     if (i + 1 < actions.size()) post_receive(actions[i + 1]);  // arrives while this one runs
     if (a.type == Action::Forward) {
       const int slot = acquire_slot(a.chunk);
@@ -210,8 +295,10 @@ double Pipeline::train(int64_t step, const Fetch& fetch, float dloss, const Grad
       release_slot(a.chunk, slot);
       --in_flight_[size_t(a.chunk)];
     }
+    if (rounds_mode_) post_rounds(train_rounds_, round);
     poll();
   }
+  if (rounds_mode_) post_rounds(train_rounds_, int(train_rounds_.plan.groups.size()));
   finish_sends();
   forward_seconds_ = forwards ? forward_ns / forwards * 1e-9 : 0.0;
   backward_seconds_ = backwards ? backward_ns / backwards * 1e-9 : 0.0;
@@ -221,19 +308,32 @@ double Pipeline::train(int64_t step, const Fetch& fetch, float dloss, const Grad
 double Pipeline::evaluate(int count, const Fetch& fetch) {
   // Forward only, micro-batch by micro-batch through the chunks: activations are dropped
   // as soon as they are sent on.
-  std::vector<Action> actions;
-  for (int micro = 0; micro < count; ++micro)
-    for (int c = 0; c < spec_.virtual_stages; ++c) actions.push_back({Action::Forward, micro, c});
+  const std::vector<Action> actions = evaluation_actions(count, spec_.virtual_stages);
+  Rounds* rounds = nullptr;
+  if (rounds_mode_) {
+    auto it = eval_rounds_.find(count);
+    if (it == eval_rounds_.end()) {
+      const std::vector<std::vector<Action>> lists(size_t(spec_.stages), actions);
+      it = eval_rounds_.emplace(count, Rounds{plan_rounds(lists, spec_.virtual_stages, stage_), 0})
+               .first;
+    }
+    rounds = &it->second;
+    rounds->posted = 0;
+  }
   double loss = 0.0;
   const size_t kept = spans_.size();
   for (size_t i = 0; i < actions.size(); ++i) {
     const Action& a = actions[i];
+    const int round = rounds ? rounds->plan.round_of_action[i] : 0;
+    if (rounds) post_rounds(*rounds, round - 1);
     if (i + 1 < actions.size()) post_receive(actions[i + 1]);
     const int slot = acquire_slot(a.chunk);
     loss += forward(a, slot, -1, fetch, 0.0f);
     release_slot(a.chunk, slot);
+    if (rounds) post_rounds(*rounds, round);
     poll();
   }
+  if (rounds) post_rounds(*rounds, int(rounds->plan.groups.size()));
   finish_sends();
   spans_.resize(kept);  // the timeline is of training steps
   return loss;

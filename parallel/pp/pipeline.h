@@ -13,15 +13,24 @@
 // and receives match whatever order they are posted in. With sequence parallelism the
 // residual stream is already sharded over tp: only this tp rank's rows cross stages.
 //
+// Device tensors (the stage's boundary on CUDA) go through NCCL, which matches transfers by
+// posting order instead of tags and runs them in that order: there the transfers are posted
+// in rounds (parallel/pp/rounds.h), one group per round after that round's pass, the same
+// order on both ends of every link. Buffers live where the boundary does, in its dtype;
+// waiting for a device transfer orders the compute stream after it without blocking the host
+// (parallel/comm.h), so the spans of the timeline measure the host's issue time there.
+//
 // Timeline: every pass and every wait for a transfer is a span on the trace clock
 // (parallel::trace_now_ns), kept for the last `keep_steps` steps.
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "parallel/comm.h"
+#include "parallel/pp/rounds.h"
 #include "parallel/pp/schedule.h"
 #include "parallel/pp/stage.h"
 
@@ -43,11 +52,17 @@ const char* span_name(Span::Kind kind);
 using Fetch =
     std::function<void(int micro, std::vector<int32_t>& tokens, std::vector<int32_t>& targets)>;
 
+// How transfers are posted: in rounds when the boundary is on a device (NCCL's order), one
+// pass ahead otherwise (MPI's tags). Rounds forces rounds on host tensors too, so that the
+// CPU tests run the device order (over MPI).
+enum class Posting { ByDevice, Rounds };
+
 class Pipeline {
  public:
   // group: the pp group (group rank = stage); stage: this stage's chunks. Both outlive the
   // pipeline.
-  Pipeline(Stage& stage, Communicator& group, const ScheduleSpec& spec, int keep_steps = 64);
+  Pipeline(Stage& stage, Communicator& group, const ScheduleSpec& spec, int keep_steps = 64,
+           Posting posting = Posting::ByDevice);
   ~Pipeline();
 
   // Another schedule of the same stages and virtual stages (adaptive kFkB changes k).
@@ -72,15 +87,28 @@ class Pipeline {
   std::vector<int> peak_in_flight() const { return peak_; }
 
  private:
+  // A (rows, width) transfer buffer in the boundary's dtype, on its device.
+  struct Buffer {
+    std::unique_ptr<Arena> arena;
+    Tensor tensor;
+  };
   struct Message {
-    std::vector<float> buf;
+    Buffer buf;
     Work work;
+  };
+  // The rounds of device transfers for one list of actions per stage (rounds.h), and how
+  // far this stage has posted them.
+  struct Rounds {
+    RoundPlan plan;
+    int posted = 0;  // rounds [0, posted) are posted
   };
   int virtual_stage(const Action& a) const { return a.chunk * spec_.stages + stage_; }
   int tag(Action::Type type, int micro, int to_virtual_stage) const;
   bool needs_input(const Action& a) const;
   void post_receive(const Action& a);
-  std::vector<float> take_buffer();
+  Buffer take_buffer();
+  // Device transfers: posts the groups of rounds [rounds.posted, until] (rounds.h).
+  void post_rounds(Rounds& rounds, int until);
   Tensor wait_input(const Action& a, Span::Kind kind, int64_t step);
   void send(const Tensor& data, Action::Type type, int micro, int to_virtual_stage);
   void poll();
@@ -98,9 +126,17 @@ class Pipeline {
   int stage_ = 0;
   int keep_steps_;
   int64_t rows_, width_;
+  DType dtype_ = DType::F32;
+  Device device_ = Device::CPU;
+  bool rounds_mode_ = false;  // device tensors: posted in rounds, not one pass ahead
+  Rounds train_rounds_;
+  std::map<int, Rounds> eval_rounds_;                      // per micro-batch count
   std::map<std::tuple<int, int, int>, Message> receives_;  // (type, micro, chunk) posted
   std::vector<Message> sends_;                             // in flight
-  std::vector<std::vector<float>> free_buffers_;
+  // Device transfers: sends copied into their buffers, waiting for their round's group;
+  // key (type, micro, to_virtual_stage).
+  std::map<std::tuple<int, int, int>, Buffer> unposted_sends_;
+  std::vector<Buffer> free_buffers_;
   std::vector<Span> spans_;
   std::vector<int32_t> tokens_, targets_;     // the micro-batch being fetched
   std::vector<std::vector<bool>> slot_busy_;  // per chunk, per slot the stage made

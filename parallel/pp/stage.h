@@ -7,7 +7,8 @@
 // forward and its backward. The pipeline chooses which slot a micro-batch uses and asks for
 // another (add_slot) when every slot is taken, so the slots made are the peak number of
 // micro-batches in flight. The stage's residual stream crosses stages as a (rows, width)
-// F32 tensor, boundary_shape().
+// tensor, boundary_shape(), in the dtype and on the device of input() and output() (F32 on
+// the CPU; the compute dtype on CUDA), the same for every chunk and slot.
 #include <cstdint>
 #include <functional>
 

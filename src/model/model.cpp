@@ -285,7 +285,10 @@ float Model::forward_chunk(int c, int slot_index, const int32_t* tokens, const i
     PENTAD_CHECK(src != nullptr, "forward_chunk: chunk {} needs {}", c, what);
     for (int64_t i = 0; i < N; ++i)
       PENTAD_CHECK(src[i] >= 0 && src[i] < V, "{} id {} out of range at {}", what, src[i], i);
-    copy_bytes(dst.data, dst.device, src, Device::CPU, dst.bytes());
+    if (dst.device == Device::CPU)
+      copy_bytes(dst.data, dst.device, src, Device::CPU, dst.bytes());
+    else
+      uploads_.copy(dst.data, src, dst.bytes());
   };
   if (range.first) {
     copy_ids(s.tokens, tokens, "tokens");
@@ -331,10 +334,15 @@ float Model::forward_chunk(int c, int slot_index, const int32_t* tokens, const i
                                 vocab_start_, dloss);
   }
   param_hooks_->done(final_ids_);
+  if (loss_total_.data) {
+    k::sum_into(loss_total_, s.losses, 1.0 / static_cast<double>(N));
+    return 0.0f;
+  }
   const float* losses = s.losses.f32();
   if (s.losses.device != Device::CPU) {
     host_losses_.resize(static_cast<size_t>(N));
     copy_bytes(host_losses_.data(), Device::CPU, losses, s.losses.device, s.losses.bytes());
+    uploads_.rewind();  // the readback waited for every upload queued before it
     losses = host_losses_.data();
   }
   double sum = 0.0;

@@ -22,6 +22,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/device_memory.h"
 #include "core/params.h"
 #include "model/config.h"
 #include "model/moe.h"
@@ -82,6 +83,13 @@ class Model {
   void backward_chunk(int c, int slot, const Tensor& d_output, bool last_micro_batch,
                       const GradsReady& on_ready = {});
   Tensor input_grad() const { return grads_.resid; }
+  // Training on a device (train/trainer.cpp, the step's one readback): with a total set
+  // (one F64 on the model's device), each loss-holding forward adds its mean loss into it
+  // on the device and returns 0 instead of reading the losses back and waiting. Unset
+  // (empty), forward reads them back. Token uploads never wait (UploadStaging); the owner
+  // calls rewind_uploads() after each readback that synchronised the device.
+  void set_loss_total(const Tensor& total) { loss_total_ = total; }
+  void rewind_uploads() { uploads_.rewind(); }
   // Called after every layer's forward and backward (a pipeline polls transfers there).
   void set_progress(std::function<void()> progress) { progress_ = std::move(progress); }
   // ZeRO-3: told which parameters each stretch of forward and backward reads (not owned;
@@ -203,6 +211,8 @@ class Model {
   Tensor row_max_, ce_stats_;  // (N), (2, N): vocabulary-parallel cross-entropy
   Grads grads_;
   std::vector<float> host_losses_;  // a device run's per-token losses, copied back
+  Tensor loss_total_;               // set_loss_total
+  UploadStaging uploads_;           // token and target ids on their way to the device
   std::function<void()> progress_;
   ParameterHooks no_hooks_;
   ParameterHooks* param_hooks_ = &no_hooks_;

@@ -30,6 +30,11 @@ struct TrainConfig {  // [train]
   // master weights, parameter gradients, AdamW state and statistics.
   std::string device = "cpu";
   std::string precision = "fp32";
+  // Attention on CUDA (kernels/ops.h, AttentionImpl): "auto" (cuDNN's fused flash attention
+  // where it takes the call, bf16 only; pentad's kernel otherwise), "cudnn" (cuDNN for every
+  // call it can take, fp32 staged through bf16; an error where cuDNN refuses) or "pentad"
+  // (pentad's kernel only). CPU training always runs pentad's kernel.
+  std::string attention = "auto";
   std::string out_dir = "runs/default";
   // Checkpoints (checkpoint/): every save_every steps (0: never) into ckpt_dir (empty:
   // <out_dir>/checkpoints), keeping the newest keep_last; async_save copies the state in

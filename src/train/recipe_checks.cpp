@@ -256,11 +256,18 @@ void check_combinations(const Config& c, const std::map<std::string, std::string
         "{}: train.precision = \"bf16\" needs train.device = \"cuda\" (the CPU kernels "
         "compute in fp32): set train.precision = \"fp32\" or train on a GPU",
         where({"train.precision", "train.device"}));
-  if (c.train.device == "cuda" && c.parallel.pp > 1)
+  if (c.train.attention == "cudnn" && c.train.device != "cuda")
     fail(
-        "{}: parallel.pp = {} with train.device = \"cuda\" is not built yet (pipeline "
-        "transfers go through host buffers): set parallel.pp = 1 or train on the CPU",
-        where({"parallel.pp", "train.device"}), c.parallel.pp);
+        "{}: train.attention = \"cudnn\" needs train.device = \"cuda\" (cuDNN runs on the "
+        "GPU; the CPU runs pentad's attention): set train.attention = \"auto\" or train on a "
+        "GPU",
+        where({"train.attention", "train.device"}));
+  if (c.train.device == "cuda" && c.parallel.pp > 1 && c.parallel.pp_link_delay_ms > 0)
+    fail(
+        "{}: parallel.pp_link_delay_ms = {} with train.device = \"cuda\": the simulated slow "
+        "link posts sends late, out of the order NCCL matches pipeline transfers by "
+        "(parallel/pp/rounds.h): set parallel.pp_link_delay_ms = 0 or train on the CPU",
+        where({"parallel.pp_link_delay_ms", "train.device"}), c.parallel.pp_link_delay_ms);
   if (c.train.device == "cuda" && m.head_dim() > 128)
     fail(
         "{}: head_dim = model.d_model / model.n_head = {} is above 128, the largest the CUDA "

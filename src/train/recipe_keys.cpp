@@ -98,6 +98,7 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(train, memory_limit_mb, at_least(0)),
       PENTAD_KEY(train, device, one_of({"cpu", "cuda"})),
       PENTAD_KEY(train, precision, one_of({"fp32", "bf16"})),
+      PENTAD_KEY(train, attention, one_of({"auto", "cudnn", "pentad"})),
       PENTAD_KEY(train, out_dir, any()),
       PENTAD_KEY(train, save_every, at_least(0)),
       PENTAD_KEY(train, ckpt_dir, any()),

@@ -12,6 +12,7 @@
 #include <numeric>
 #include <thread>
 
+#include "core/device_memory.h"
 #include "data/corpus.h"
 #include "kernels/ops.h"
 #include "parallel/activity.h"
@@ -43,6 +44,9 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
     mesh_->world().barrier();
   }
   parse_injections();
+  kernels::set_attention_impl(t.attention == "cudnn"    ? kernels::AttentionImpl::Cudnn
+                              : t.attention == "pentad" ? kernels::AttentionImpl::Pentad
+                                                        : kernels::AttentionImpl::Auto);
   data_ = std::make_unique<data::DataLoader>(
       data::DataLoader::open(cfg.data, t.seq_len, cfg.model.vocab_size, t.seed));
   model_ = parallelize(cfg, mesh_, placement(cfg), wiring_);
@@ -128,6 +132,19 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
   float dloss = 1.0f / static_cast<float>(t.micro_batch * t.seq_len * t.grad_accum * dp_size_);
   if (nan_injected(step)) dloss = std::numeric_limits<float>::quiet_NaN();
   double loss_sum = 0.0;
+  // On a device the micro-batches' losses add up there (Model::set_loss_total).
+  const bool on_device = params.device() != Device::CPU;
+  constexpr int64_t kStepSums = 4;  // the loss, then GradSquares' three
+  auto step_sum = [&](int64_t first, int64_t count) {
+    return view_of(static_cast<double*>(step_sums_.base()) + first, Shape{count}, DType::F64,
+                   params.device());
+  };
+  if (on_device) {
+    if (!step_sums_.base())
+      step_sums_ = Arena("step sums", kStepSums * sizeof(double), params.device());
+    device_zero(step_sums_.base(), kStepSums * sizeof(double));
+    model_->set_loss_total(step_sum(0, 1));
+  }
   GradsReady on_ready;
   if (reducer_ || expert_reducer_)
     on_ready = [this](int64_t offset) {
@@ -192,10 +209,20 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
     after_backward();
   }
   s.step = step;
+  GradSquares device_squares;
+  if (on_device) {  // the step's one host wait: the loss and squared sums, read back together
+    grad_squares_into(step_sum(1, 3));
+    const auto* sums = static_cast<const double*>(
+        step_readback_.read(step_sums_.base(), kStepSums * sizeof(double)));
+    loss_sum += sums[0];
+    device_squares = {sums[1], sums[2], sums[3]};
+    model_->set_loss_total({});
+    model_->rewind_uploads();
+  }
   // The loss is known on the last stage: summed over stages, then over data-parallel ranks.
   s.loss = static_cast<float>(all_reduce_dp(all_reduce_pp(loss_sum)) /
                               static_cast<double>(t.grad_accum * dp_size_));
-  s.grad_norm = grad_norm();
+  s.grad_norm = grad_norm(on_device ? &device_squares : nullptr);
   s.lr = learning_rate(cfg_.optim, step, t.steps);
   // Both are reduced over every rank, so every rank takes the same branch.
   s.skipped = !std::isfinite(s.loss) || !std::isfinite(s.grad_norm);

@@ -234,8 +234,17 @@ class Trainer {
   void build_reducers(size_t bucket_bytes);
   StateShard optimizer_shard() const;
   Tensor reduced_shares() const;
-  double grad_norm();
+  // The global gradient norm, from this rank's squared sums (local; null: summed here).
+  double grad_norm(const GradSquares* local = nullptr);
+  // This rank's squared sums added on the device into sums (3 F64: GradSquares' order).
+  void grad_squares_into(const Tensor& sums);
+  bool counts_etp_replicated() const;
   void gather_updated_params();
+  // Training on a device: the step's loss sum and this rank's squared gradient sums (4 F64:
+  // loss, then GradSquares') accumulate on the device and come back in the step's one
+  // readback; nothing else in the step waits for the device.
+  Arena step_sums_;
+  StepReadback step_readback_;
   std::unique_ptr<parallel::pp::Pipeline> pipeline_;      // with pp > 1
   std::vector<std::pair<int64_t, int64_t>> step_starts_;  // pipelined steps: (step, start ns)
   std::ofstream metrics_;

@@ -67,13 +67,22 @@ Tensor Trainer::reduced_shares() const {
                  model_->params().device());
 }
 
-double Trainer::grad_norm() {
-  const ParamStore& params = model_->params();
-  // An expert's parameter replicated over etp (the GPT-2 experts' output bias) counts on
-  // the first etp rank only.
-  const bool etp_first = !mesh_ || mesh_->coord(parallel::Axis::ETP) == 0;
-  GradSquares squares = grad_sum_squares(params, etp_first, zero() ? &optimizer_->shard() : nullptr,
-                                         reduced_shares());
+// An expert's parameter replicated over etp (the GPT-2 experts' output bias) counts on the
+// first etp rank only.
+bool Trainer::counts_etp_replicated() const {
+  return !mesh_ || mesh_->coord(parallel::Axis::ETP) == 0;
+}
+
+void Trainer::grad_squares_into(const Tensor& sums) {
+  grad_sum_squares_into(sums, model_->params(), counts_etp_replicated(),
+                        zero() ? &optimizer_->shard() : nullptr, reduced_shares());
+}
+
+double Trainer::grad_norm(const GradSquares* local) {
+  GradSquares squares =
+      local ? *local
+            : grad_sum_squares(model_->params(), counts_etp_replicated(),
+                               zero() ? &optimizer_->shard() : nullptr, reduced_shares());
   static_assert(sizeof(GradSquares) == 3 * sizeof(double));
   // With ZeRO each rank holds its shares of the gradients: the dense ones of the dp x cp
   // group's, the experts' of the edp group's.

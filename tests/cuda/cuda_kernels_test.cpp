@@ -498,7 +498,21 @@ const AttnShape kAttnShapes[] = {{2, 9, 4, 2, 8},    {1, 1, 2, 2, 4},    {2, 31,
                                  {2, 70, 6, 3, 32},  {1, 150, 2, 1, 64}, {1, 100, 2, 2, 128},
                                  {2, 64, 12, 12, 64}};
 
+// Pentad's kernel (cuDNN's, which "auto" would pick for BF16, is checked against it in
+// cudnn_attention_test.cpp).
+class PentadAttention {
+ public:
+  PentadAttention() : saved_(k::attention_impl()) {
+    k::set_attention_impl(k::AttentionImpl::Pentad);
+  }
+  ~PentadAttention() { k::set_attention_impl(saved_); }
+
+ private:
+  k::AttentionImpl saved_;
+};
+
 TEST_P(CudaKernel, AttentionForward) {
+  const PentadAttention pentad;
   for (AttnShape s : kAttnShapes) {
     const auto q = rand(s.q().numel()), kk = rand(s.kv().numel()), v = rand(s.kv().numel());
     std::vector<float> out(s.q().numel()), lse(s.lse().numel());
@@ -518,6 +532,7 @@ TEST_P(CudaKernel, AttentionForward) {
 }
 
 TEST_P(CudaKernel, AttentionBackward) {
+  const PentadAttention pentad;
   for (AttnShape s : kAttnShapes) {
     const auto q = rand(s.q().numel()), kk = rand(s.kv().numel()), v = rand(s.kv().numel());
     const auto dy = rand(s.q().numel());
@@ -1008,6 +1023,37 @@ TEST_P(CudaKernel, AddScaleSumSquares) {
     const double got = k::sum_squares(gpu.upload(a, {n}, dt()));
     EXPECT_NEAR(got, want, 1e-12 * want) << "sum_squares n " << n;
     EXPECT_EQ(got, k::sum_squares(gpu.upload(a, {n}, dt()))) << "sum_squares varies";
+  }
+}
+
+// The device accumulators of the step's one readback: sum_into and sum_squares_into add
+// what the CPU computes, in a fixed order, and make the host wait for nothing (the
+// counter of core/device_memory.h; a first call may grow the scratch buffer, which waits).
+TEST_P(CudaKernel, SumIntoAddsOnTheDeviceWithoutWaiting) {
+  const Tensor totals = gpu.alloc({2}, DType::F64);
+  const Tensor sum_total = view_of(totals.data, {1}, DType::F64, Device::CUDA);
+  const Tensor squares_total =
+      view_of(static_cast<double*>(totals.data) + 1, {1}, DType::F64, Device::CUDA);
+  k::sum_squares_into(squares_total, gpu.upload(rand(1 << 20), {1 << 20}, dt()));  // warm-up
+  for (int64_t n : kFlatSizes) {
+    const auto a = rand(n);
+    const Tensor ga = gpu.upload(a, {n}, dt());
+    const double start[2] = {0.5, -2.0};
+    copy_bytes(totals.data, Device::CUDA, start, Device::CPU, sizeof start);
+    const int64_t waits = device_waits();
+    k::sum_into(sum_total, ga, 0.25);
+    k::sum_squares_into(squares_total, ga);
+    k::sum_squares_into(squares_total, ga);
+    EXPECT_EQ(device_waits(), waits) << "n " << n << ": the host waited";
+    double got[2] = {0, 0};
+    copy_bytes(got, Device::CPU, totals.data, Device::CUDA, sizeof got);
+    double want_sum = 0.0, want_squares = 0.0;
+    for (float x : a) want_sum += x;
+    for (float x : a) want_squares += double(x) * x;
+    EXPECT_NEAR(got[0], 0.5 + 0.25 * want_sum, 1e-12 * (1.0 + std::abs(want_squares)))
+        << "sum_into n " << n;
+    EXPECT_NEAR(got[1], -2.0 + 2.0 * want_squares, 1e-12 * (1.0 + want_squares))
+        << "sum_squares_into n " << n;
   }
 }
 

@@ -5,7 +5,8 @@
 // and for the LLaMA with MoE layers, in fp32 only.
 //  - fp32 on CUDA follows fp32 on the CPU step for step (loss and step-1 gradient norm);
 //  - bf16 on CUDA stays near fp32 on the CPU and learns;
-//  - bf16 on CUDA is bitwise reproducible (losses, gradient norms, final master weights).
+//  - bf16 on CUDA is bitwise reproducible (losses, gradient norms, final master weights);
+//  - a step makes the host wait for the device once (its one readback).
 //
 // Data: an llm.c shard the test writes itself (no corpus, no network): a Markov chain in
 // which every token has 4 possible successors. It starts at ln 256 = 5.55 nats and can be
@@ -269,6 +270,28 @@ TEST_P(CudaTrain, Bf16IsBitwiseReproducible) {
     EXPECT_EQ(0, std::memcmp(a.weights[id].data(), b.weights[id].data(),
                              a.weights[id].size() * sizeof(float)))
         << "final master weights of " << a.names[id] << " differ";
+  }
+}
+
+// (e): one host wait per step. The micro-batches' losses and the squared gradient sums add
+// up on the device and come back in one readback; token ids go up through page-locked
+// staging (train/trainer.cpp, model/model.h). core/device_memory.h counts every CUDA call
+// that makes the host wait; after two warm-up steps (cuDNN graphs, workspaces, scratch and
+// staging allocated) each step waits exactly once, where before it waited for every
+// micro-batch's loss, token and target upload and every parameter's gradient norm.
+TEST_P(CudaTrain, OneHostWaitPerStep) {
+  for (const char* precision : {"fp32", "bf16"}) {
+    const Config cfg = make_config(GetParam(), "cuda", precision);
+    launch::start_rank(cfg);
+    Trainer trainer(cfg);
+    for (int64_t step = 0; step < 2; ++step) trainer.train_step(step);
+    for (int64_t step = 2; step < 6; ++step) {
+      const int64_t before = device_waits();
+      const StepStats s = trainer.train_step(step);
+      EXPECT_EQ(device_waits() - before, 1) << precision << ", step " << step + 1;
+      EXPECT_TRUE(std::isfinite(s.loss) && s.loss > 0.0f) << precision << ", step " << step + 1;
+      EXPECT_GT(s.grad_norm, 0.0) << precision << ", step " << step + 1;
+    }
   }
 }
 

@@ -18,14 +18,18 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <ostream>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/bf16.h"
 #include "core/device_memory.h"
 #include "kernels/ops.h"
 #include "parallel/comm.h"
+#include "parallel/pp/rounds.h"
 
 namespace pentad {
 
@@ -421,6 +425,100 @@ TEST_F(NcclStreams, WaitDoesNotBlockTheHostAndBarrierDoes) {
   ASSERT_EQ(events.size(), 2u);
   EXPECT_GT(events[0].leave_ns, 0);
   EXPECT_EQ(download(small)[0], n * (n - 1) / 2.0);
+}
+
+// Pipeline transfers of device tensors in rounds (parallel/pp/rounds.h), on one GPU. Two
+// real stages need two GPUs (NCCL refuses two ranks on one device), so this rank plays both
+// stages of 1F1B over 4 micro-batches (and the two chunks per stage of interleaved 1F1B):
+// each round, the passes of that round as kernels (a forward adds its virtual stage + 1 to
+// its input; a backward doubles the gradient it gets, the last one starts from 1), then one
+// group with every transfer of the round, sent to and received from itself, no host wait
+// in between. What arrives is what the schedule implies: micro-batch k leaves the last
+// virtual stage as k + 1 + (1 + 2 + ... + V), and virtual stage 0 gets 2^V. Every buffer is
+// allocated before the rounds (allocating waits), so the host must not wait at all.
+// tests/pp/rounds_test.cpp checks the order of every schedule against NCCL's semantics;
+// tests/parallel/pipeline_stage_test.cpp runs the executor's rounds over MPI.
+TEST_F(NcclComm, PipelineRoundsMoveDeviceTensorsOnOneGpu) {
+  if (n != 1) GTEST_SKIP() << "plays every stage on one rank";
+  using pp::Action;
+  for (const pp::ScheduleSpec spec :
+       {pp::ScheduleSpec{pp::ScheduleKind::OneFOneB, 2, 4, 1, 1},
+        pp::ScheduleSpec{pp::ScheduleKind::Interleaved, 2, 4, 2, 1}}) {
+    const int p = spec.stages, v = spec.virtual_stages, V = p * v, m = spec.micro_batches;
+    std::vector<std::vector<Action>> lists;
+    std::vector<pp::RoundPlan> plans;
+    for (int s = 0; s < p; ++s) lists.push_back(pp::stage_actions(spec, s));
+    for (int s = 0; s < p; ++s) plans.push_back(pp::plan_rounds(lists, v, s));
+    const int64_t width = 1000;
+    // Every value the emulation touches: inputs, outputs and arrivals, keyed by transfer.
+    std::map<std::tuple<int, int, int>, Tensor> arrived;  // (type, micro, to vs)
+    std::map<std::tuple<int, int, int>, Tensor> produced;
+    std::vector<Tensor> adds;  // vs + 1, per virtual stage
+    for (int vs = 0; vs < V; ++vs)
+      adds.push_back(gpu.upload(std::vector<double>(width, vs + 1.0), DType::F32));
+    std::vector<Tensor> inputs, final_out(static_cast<size_t>(m)),
+        first_grads(static_cast<size_t>(m));
+    for (int k = 0; k < m; ++k)
+      inputs.push_back(gpu.upload(std::vector<double>(width, k + 1.0), DType::F32));
+    const Tensor one = gpu.upload(std::vector<double>(width, 1.0), DType::F32);
+    std::vector<std::vector<Tensor>> outs(static_cast<size_t>(p));
+    for (int s = 0; s < p; ++s)
+      for (size_t i = 0; i < lists[size_t(s)].size(); ++i)
+        outs[size_t(s)].push_back(gpu.alloc(width, DType::F32));
+    size_t rounds = 0;
+    for (const pp::RoundPlan& plan : plans) {
+      rounds = std::max(rounds, plan.groups.size());
+      for (const auto& group : plan.groups)
+        for (const pp::Transfer& t : group)
+          if (!arrived.count({int(t.type), t.micro, t.to_virtual_stage}))
+            arrived[{int(t.type), t.micro, t.to_virtual_stage}] = gpu.alloc(width, DType::F32);
+    }
+    const int64_t waits = device_waits();
+    for (size_t round = 0; round < rounds; ++round) {
+      for (int s = 0; s < p; ++s)
+        for (size_t i = 0; i < lists[size_t(s)].size(); ++i) {
+          if (plans[size_t(s)].round_of_action[i] != int(round)) continue;
+          const Action& a = lists[size_t(s)][i];
+          const int vs = a.chunk * p + s;
+          const Tensor out = outs[size_t(s)][i];
+          if (a.type == Action::Forward) {
+            const Tensor in = vs == 0 ? inputs[size_t(a.micro)] : arrived.at({0, a.micro, vs});
+            kernels::add(out, in, adds[size_t(vs)]);
+            if (vs == V - 1)
+              final_out[size_t(a.micro)] = out;
+            else
+              produced[{0, a.micro, vs + 1}] = out;
+          } else {
+            const Tensor g = vs == V - 1 ? one : arrived.at({1, a.micro, vs});
+            kernels::add(out, g, g);
+            if (vs == 0)
+              first_grads[size_t(a.micro)] = out;
+            else
+              produced[{1, a.micro, vs - 1}] = out;
+          }
+        }
+      // The round's group: every transfer once (both stages list it), sent to this rank.
+      std::vector<P2POp> ops;
+      std::set<std::tuple<int, int, int>> seen;
+      for (const pp::RoundPlan& plan : plans) {
+        if (round >= plan.groups.size()) continue;
+        for (const pp::Transfer& t : plan.groups[round]) {
+          const std::tuple<int, int, int> key{int(t.type), t.micro, t.to_virtual_stage};
+          if (!seen.insert(key).second) continue;
+          ops.push_back({true, produced.at(key), 0, 0});
+          ops.push_back({false, arrived.at(key), 0, 0});
+        }
+      }
+      if (!ops.empty()) comm->batch_p2p(ops);  // Works dropped: waits on the device only
+    }
+    EXPECT_EQ(device_waits(), waits) << "the host waited during the rounds";
+    for (int k = 0; k < m; ++k) {
+      EXPECT_EQ(download(final_out[size_t(k)])[width - 1], k + 1 + V * (V + 1) / 2.0)
+          << pp::schedule_name(spec.kind) << " micro-batch " << k;
+      EXPECT_EQ(download(first_grads[size_t(k)])[0], double(1 << V))
+          << pp::schedule_name(spec.kind) << " micro-batch " << k;
+    }
+  }
 }
 
 }  // namespace

@@ -38,6 +38,21 @@ TEST(SumSquares, AccumulatesInDoubleAndIsDeterministic) {
   EXPECT_NEAR(k::sum_squares(view(y, {777})), dot(y, y), 1e-10);
 }
 
+// The device accumulators' CPU side: added into, in double; the squares as sum_squares.
+TEST(SumInto, AddsScaledSumsAndSquaresIntoTotal) {
+  const auto x = to_float(randn(1001, 5));
+  double totals[2] = {0.5, -2.0};
+  const Tensor sum_total = view_of(&totals[0], {1}, DType::F64);
+  const Tensor squares_total = view_of(&totals[1], {1}, DType::F64);
+  k::sum_into(sum_total, view(x, {1001}), 0.25);
+  k::sum_squares_into(squares_total, view(x, {1001}));
+  double sum = 0.0;
+  for (float v : x) sum += v;
+  EXPECT_NEAR(totals[0], 0.5 + 0.25 * sum, 1e-12 * 1001);
+  EXPECT_EQ(totals[1], -2.0 + k::sum_squares(view(x, {1001})));
+  EXPECT_ANY_THROW(k::sum_into(view_of(&totals[0], {1}, DType::F32), view(x, {1001})));
+}
+
 // Two steps of torch.optim.AdamW(lr=0.1, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 // on p = 1 with gradients 0.5 then -0.25, by hand:
 //  step 1: p = 0.999; m = 0.05; v = 2.5e-4; step_size = 0.1 / 0.1 = 1;

@@ -78,32 +78,37 @@ class AddStage final : public pp::Stage {
 TEST(PipelineStage, DrivesAnyStageInClosedForm) {
   auto group = make_communicator(Backend::MPI, MPI_COMM_WORLD, "pp");
   const int p = group->size(), stage = group->rank(), m = 4 * p;
-  for (const pp::ScheduleSpec spec :
-       {pp::ScheduleSpec{pp::ScheduleKind::OneFOneB, p, m, 1, 1},
-        pp::ScheduleSpec{pp::ScheduleKind::Interleaved, p, m, 2, 1}}) {
-    if (spec.kind == pp::ScheduleKind::Interleaved && p < 2) continue;
-    const int v = spec.virtual_stages, vstages = p * v;
-    AddStage toy(stage, p, v);
-    pp::Pipeline pipeline(toy, *group, spec);
-    auto fetch = [](int micro, std::vector<int32_t>& tokens, std::vector<int32_t>& targets) {
-      tokens.assign(1, micro + 1);
-      targets.assign(1, 0);
-    };
-    std::vector<int64_t> ready;
-    const float dloss = 0.5f;
-    const double loss = pipeline.train(0, fetch, dloss, [&](int64_t c) { ready.push_back(c); });
-    // Micro-batch k enters as k + 1 and leaves as k + 1 + (1 + 2 + ... + vstages).
-    double want = 0.0;
-    for (int k = 0; k < m; ++k) want += k + 1 + vstages * (vstages + 1) / 2;
-    const bool holds_loss = stage == (vstages - 1) % p;
-    EXPECT_DOUBLE_EQ(loss, holds_loss ? want : 0.0);
-    EXPECT_EQ(ready.size(), size_t(v)) << "one ready call per chunk, after its last backward";
-    if (stage == 0) {
-      ASSERT_EQ(toy.first_grads.size(), size_t(m));
-      for (float g : toy.first_grads) EXPECT_FLOAT_EQ(g, dloss / kN * float(1 << vstages));
+  // Posted one pass ahead (host tensors), and in rounds (device tensors' order, rounds.h).
+  for (const pp::Posting posting : {pp::Posting::ByDevice, pp::Posting::Rounds})
+    for (const pp::ScheduleSpec spec : {pp::ScheduleSpec{pp::ScheduleKind::OneFOneB, p, m, 1, 1},
+                                        pp::ScheduleSpec{pp::ScheduleKind::Interleaved, p, m, 2, 1},
+                                        pp::ScheduleSpec{pp::ScheduleKind::GPipe, p, m, 1, 1},
+                                        pp::ScheduleSpec{pp::ScheduleKind::KFKB, p, m, 1, 2}}) {
+      if (spec.kind == pp::ScheduleKind::Interleaved && p < 2) continue;
+      SCOPED_TRACE(fmt::format("{} {}", pp::schedule_name(spec.kind),
+                               posting == pp::Posting::Rounds ? "in rounds" : "one pass ahead"));
+      const int v = spec.virtual_stages, vstages = p * v;
+      AddStage toy(stage, p, v);
+      pp::Pipeline pipeline(toy, *group, spec, 64, posting);
+      auto fetch = [](int micro, std::vector<int32_t>& tokens, std::vector<int32_t>& targets) {
+        tokens.assign(1, micro + 1);
+        targets.assign(1, 0);
+      };
+      std::vector<int64_t> ready;
+      const float dloss = 0.5f;
+      const double loss = pipeline.train(0, fetch, dloss, [&](int64_t c) { ready.push_back(c); });
+      // Micro-batch k enters as k + 1 and leaves as k + 1 + (1 + 2 + ... + vstages).
+      double want = 0.0;
+      for (int k = 0; k < m; ++k) want += k + 1 + vstages * (vstages + 1) / 2;
+      const bool holds_loss = stage == (vstages - 1) % p;
+      EXPECT_DOUBLE_EQ(loss, holds_loss ? want : 0.0);
+      EXPECT_EQ(ready.size(), size_t(v)) << "one ready call per chunk, after its last backward";
+      if (stage == 0) {
+        ASSERT_EQ(toy.first_grads.size(), size_t(m));
+        for (float g : toy.first_grads) EXPECT_FLOAT_EQ(g, dloss / kN * float(1 << vstages));
+      }
+      // The slots made are the micro-batches the schedule kept in flight at once.
+      for (int c = 0; c < v; ++c) EXPECT_EQ(toy.slots(c), pipeline.peak_in_flight().at(size_t(c)));
+      EXPECT_DOUBLE_EQ(pipeline.evaluate(m, fetch), holds_loss ? want : 0.0);
     }
-    // The slots made are the micro-batches the schedule kept in flight at once.
-    for (int c = 0; c < v; ++c) EXPECT_EQ(toy.slots(c), pipeline.peak_in_flight().at(size_t(c)));
-    EXPECT_DOUBLE_EQ(pipeline.evaluate(m, fetch), holds_loss ? want : 0.0);
-  }
 }
