@@ -52,7 +52,7 @@ AsyncSaver::~AsyncSaver() {
 }
 
 void AsyncSaver::begin(std::vector<std::string> files, std::vector<LiveTensor> tensors,
-                       bool asynchronous, bool frozen) {
+                       bool asynchronous, bool frozen, const Staged& fill) {
   wait_for_file();  // one snapshot at a time: the previous one must be on disk
   const auto start = std::chrono::steady_clock::now();
   files_ = std::move(files);
@@ -78,6 +78,13 @@ void AsyncSaver::begin(std::vector<std::string> files, std::vector<LiveTensor> t
   if (std::any_of(tensors_.begin(), tensors_.end(),
                   [](const LiveTensor& t) { return t.device != Device::CPU; }))
     copier_.begin_after_compute();
+  if (std::any_of(tensors_.begin(), tensors_.end(),
+                  [](const LiveTensor& t) { return t.from_caller; })) {
+    PENTAD_CHECK(!frozen && fill, "state that is not in memory needs a copy snapshot and a fill");
+    // Staged here, before the background thread starts: nothing races the caller's fill.
+    ensure_staging(staging_floats(tensors_), false);
+    fill(staged_places());
+  }
   if (asynchronous) {
     thread_ = std::thread([this] { run(); });
   } else {
@@ -121,6 +128,13 @@ void AsyncSaver::ensure_staging(size_t floats, bool pinned) {
   }
 }
 
+std::vector<float*> AsyncSaver::staged_places() const {
+  std::vector<float*> places(tensors_.size(), nullptr);
+  if (staged())
+    for (size_t i = 0; i < tensors_.size(); ++i) places[i] = staging_.get() + staged_at_[i];
+  return places;
+}
+
 bool AsyncSaver::staged() const {
   return !frozen_ || std::any_of(tensors_.begin(), tensors_.end(),
                                  [](const LiveTensor& t) { return t.device != Device::CPU; });
@@ -147,7 +161,8 @@ void AsyncSaver::copy() {
       float* staged = staging_.get() + staged_at_[i];
       for (size_t at = 0; at < n; at += kPieceFloats) {
         const size_t count = std::min(kPieceFloats, n - at);
-        std::memcpy(staged + at, tensors_[i].live + at, count * sizeof(float));
+        if (!tensors_[i].from_caller)  // begin()'s fill staged those already
+          std::memcpy(staged + at, tensors_[i].live + at, count * sizeof(float));
         hash.update(staged + at, count * sizeof(float));
         publish(staged_at_[i] + at + count);
       }
@@ -243,6 +258,7 @@ void AsyncSaver::wait_for_copy(const float* begin, const float* end) {
   const auto lo = reinterpret_cast<uintptr_t>(begin), hi = reinterpret_cast<uintptr_t>(end);
   size_t need = 0;
   for (size_t i = 0; i < tensors_.size(); ++i) {
+    if (tensors_[i].from_caller) continue;  // staged before begin() returned
     const auto first = reinterpret_cast<uintptr_t>(tensors_[i].live);
     const uintptr_t last = first + numel_of(tensors_[i]) * sizeof(float);
     if (last <= lo || first >= hi) continue;
@@ -297,16 +313,24 @@ void AsyncSaver::wait_for_removal() {
   blocked_seconds_ += seconds_since(start);
 }
 
-bool AsyncSaver::restore() {
+bool AsyncSaver::restore(const Staged& put) {
   if (!has_snapshot_) return false;
   PENTAD_CHECK(staged(), "a frozen snapshot of host memory is restored by its owner, not copied");
   wait_for_copy();
   // A failed copy (no staging memory, a device error) leaves no snapshot; a failed write
   // leaves it whole.
   if (!copy_ok_) return false;
+  bool from_caller = false;
   for (size_t i = 0; i < tensors_.size(); ++i)
-    copy_bytes(tensors_[i].live, tensors_[i].device, staging_.get() + staged_at_[i], Device::CPU,
-               numel_of(tensors_[i]) * sizeof(float));
+    if (tensors_[i].from_caller)
+      from_caller = true;
+    else
+      copy_bytes(tensors_[i].live, tensors_[i].device, staging_.get() + staged_at_[i], Device::CPU,
+                 numel_of(tensors_[i]) * sizeof(float));
+  if (from_caller) {
+    PENTAD_CHECK(put, "restore(): state that is not in memory needs a put");
+    put(staged_places());
+  }
   return true;
 }
 

@@ -25,9 +25,15 @@
 // swaps: AdamW::step out of place). Nothing waits for the copy then, and host tensors are
 // not copied at all: the background thread checksums and writes them where they lie. The
 // caller keeps the snapshot in memory itself (its second set), so restore() is refused.
+//
+// State that is not in memory (AdamW's on NVMe: LiveTensor::from_caller) has no live
+// pointer to copy from: begin()'s `fill` writes it into its staging, on the calling
+// thread, before begin() returns (that time counts as blocked); the background thread
+// then only checksums and writes it. restore()'s `put` takes it back from staging.
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -44,6 +50,7 @@ struct LiveTensor {
   ShardInfo info;               // global identity of the shard this rank holds
   float* live = nullptr;        // the training state: read by the copy, written only by restore()
   Device device = Device::CPU;  // where `live` is
+  bool from_caller = false;     // live is null: begin()'s fill stages it, restore()'s put reads it
 };
 
 class AsyncSaver {
@@ -58,8 +65,11 @@ class AsyncSaver {
   // The copy goes in the order of `tensors`. asynchronous = false copies and writes
   // before returning (the synchronous peer). Call it on the thread that issues the
   // kernels when any tensor is device memory.
+  // fill: called once, before the copy starts, with each tensor's place in staging (null
+  // where none); it writes the from_caller tensors there. Copy snapshots only.
+  using Staged = std::function<void(const std::vector<float*>& staged)>;
   void begin(std::vector<std::string> files, std::vector<LiveTensor> tensors, bool asynchronous,
-             bool frozen = false);
+             bool frozen = false, const Staged& fill = {});
   // Allocates and writes the staging buffer for snapshots of `tensors` now (at start-up),
   // so that no save pays for it. Not needed for frozen snapshots of host memory.
   void reserve(const std::vector<LiveTensor>& tensors);
@@ -83,8 +93,9 @@ class AsyncSaver {
 
   // Copies the newest snapshot back into the live memory it was taken from (after its
   // copy completes; its file may still be in flight), device memory included (ordered
-  // with the kernels of the calling thread). False when there is none.
-  bool restore();
+  // with the kernels of the calling thread). False when there is none. put: given each
+  // tensor's place in staging, copies the from_caller tensors back (required if any).
+  bool restore(const Staged& put = {});
 
   // Deletes directories (what ckpt::commit retired) on a background thread, so that the
   // training thread never waits for the file system to free them (most of a second for a
@@ -116,6 +127,7 @@ class AsyncSaver {
   static size_t staging_floats(const std::vector<LiveTensor>& tensors);
   void ensure_staging(size_t floats, bool pinned);
   bool staged() const;  // this snapshot goes through staging_ (not frozen host memory)
+  std::vector<float*> staged_places() const;  // each tensor's place in staging_
   void copy();
   void copy_from_device(size_t i, Xxh3Stream& hash);  // tensor i, in pieces
   void publish(size_t staged_floats);                 // the copy holds staging_[0, staged_floats)

@@ -191,7 +191,7 @@ void AdamW::step(ParamStore& params, float lr, const BeforeChunk& before_chunk, 
   ++step_;
   if (nvme_) {
     PENTAD_CHECK(!out_of_place && !before_chunk,
-                 "offloaded state takes no snapshots (checkpoints of it are not built)");
+                 "offloaded state is snapshot between steps (Trainer::save), not during one");
     step_offloaded(params, lr, grads);
     return;
   }

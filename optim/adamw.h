@@ -77,6 +77,11 @@ class AdamW {
   static constexpr int kParamTensor = 2;
   void read_state(int tensor, int64_t begin, int64_t count, float* out);
   void write_state(int tensor, int64_t begin, int64_t count, const float* in);
+  // Every sub-group of the offloaded state, once, through the streaming buffers: scan_state
+  // only reads it (a checkpoint snapshot), rewrite_state writes back what fn leaves (an
+  // in-job restore). fn sees state[t] = tensor t's shard elements [begin, end).
+  void scan_state(const NvmeState::UpdateFn& fn) { nvme_->scan(fn); }
+  void rewrite_state(const NvmeState::UpdateFn& fn) { nvme_->update(fn); }
   // Parameters offloaded: the shard's values in the arena go to the file (after initialize
   // and after a load wrote them there), and the shard's elements [begin, begin + count) come
   // back from it in the background (start_param_read) to `into` (finish_param_read).

@@ -177,7 +177,15 @@ uint64_t NvmeState::post(IoDir dir, int64_t g, int slot, int first_tensor, int t
 }
 
 void NvmeState::update(const UpdateFn& fn) {
-  PENTAD_CHECK(background_.empty(), "update() with {} background reads of the file in flight",
+  stream(fn, true);
+}
+
+void NvmeState::scan(const UpdateFn& fn) {
+  stream(fn, false);
+}
+
+void NvmeState::stream(const UpdateFn& fn, bool write_back) {
+  PENTAD_CHECK(background_.empty(), "streaming the file with {} background reads in flight",
                background_.size());
   const int64_t n = groups();
   uint64_t read_ticket[kSlots] = {}, write_ticket[kSlots] = {};  // 0: none outstanding
@@ -188,6 +196,8 @@ void NvmeState::update(const UpdateFn& fn) {
     seconds += seconds_since(start);
   };
   std::vector<float*> state(tensors_);
+  double scan_wait_s = 0;  // a checkpoint's scan: its caller times it, not the optimizer's
+  double& read_wait_s = write_back ? stats_.read_wait_s : scan_wait_s;
   try {
     read_ticket[0] = post(IoDir::read, 0, 0, 0, tensors_);
     for (int64_t k = 0; k < n; ++k) {
@@ -197,10 +207,10 @@ void NvmeState::update(const UpdateFn& fn) {
         if (write_ticket[next] != 0) wait(write_ticket[next], stats_.write_wait_s);
         read_ticket[next] = post(IoDir::read, k + 1, next, 0, tensors_);
       }
-      wait(read_ticket[slot], stats_.read_wait_s);
+      wait(read_ticket[slot], read_wait_s);
       for (int t = 0; t < tensors_; ++t) state[t] = reinterpret_cast<float*>(slot_piece(slot, t));
       fn(k * group_size_, k * group_size_ + group_elements(k), state.data());
-      write_ticket[slot] = post(IoDir::write, k, slot, 0, tensors_);
+      if (write_back) write_ticket[slot] = post(IoDir::write, k, slot, 0, tensors_);
     }
     for (int64_t k = std::max<int64_t>(0, n - kSlots); k < n; ++k) {  // in the order posted
       uint64_t& ticket = write_ticket[k % kSlots];

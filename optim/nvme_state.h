@@ -44,6 +44,9 @@ class NvmeState {
   // state[t] = tensor t's elements [begin, end), as in the file; what fn leaves there is
   // written back. While fn runs on sub-group k, k + 1 is being read and k - 1 written.
   void update(const UpdateFn& fn);
+  // The same stream without the write-back: fn reads every sub-group once (a checkpoint
+  // snapshot of the whole state at one pass over the file, whole sub-groups per request).
+  void scan(const UpdateFn& fn);
   // Tensor t's elements [begin, end) out of / into the file, whole (checkpoints, tests).
   void read(int tensor, int64_t begin, int64_t end, float* out);
   void write(int tensor, int64_t begin, int64_t end, const float* in);
@@ -58,6 +61,7 @@ class NvmeState {
   const std::string& path() const { return path_; }
   bool direct() const { return direct_; }  // false: the file system refused O_DIRECT
   size_t file_bytes() const { return file_bytes_; }
+  int tensors() const { return tensors_; }
   size_t host_buffer_bytes() const { return 3 * static_cast<size_t>(tensors_) * piece_bytes_; }
 
   // Since construction: bytes moved to and from the file, and the seconds update() was
@@ -72,6 +76,7 @@ class NvmeState {
  private:
   struct Buffer;      // aligned host memory
   struct Background;  // a start_read() in flight: its staging buffer and where elements go
+  void stream(const UpdateFn& fn, bool write_back);  // update() and scan()
   int64_t groups() const;
   int64_t group_elements(int64_t g) const;  // the last group may be short
   int64_t piece_offset(int64_t g, int tensor) const;

@@ -197,7 +197,8 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
                 : zero == 1 ? (e.values + shares) * f32
                             : std::min(dense_values * f32, 2 * bucket) +
                                   std::min(e.expert_values * f32, 2 * bucket_mb) + 2 * shares * f32;
-  e.optimizer = 2 * shares * f32;  // AdamW's m and v
+  const double moments = 2 * shares * f32;  // AdamW's m and v of this rank's shares
+  e.optimizer = moments;
   const bool nvme = cfg.parallel.offload == "nvme";
   const bool nvme_params = nvme && zero == 3 && cfg.parallel.offload_params;
   if (zero == 3)  // this rank's shares, and two units whole (one in use, one fetched); with
@@ -208,8 +209,8 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
     e.optimizer = 3 * std::min(tensors * shares * f32,
                                tensors * double(cfg.parallel.nvme_subgroup_kb) * 1024);
   }
-  if (cfg.train.save_every > 0)  // values, m and v again
-    e.snapshot = e.values * f32 / (zero == 3 ? Z : 1) + e.optimizer;
+  if (cfg.train.save_every > 0)  // values, m and v again (offloaded too: read into staging)
+    e.snapshot = e.values * f32 / (zero == 3 ? Z : 1) + moments;
   return e;
 }
 

@@ -169,12 +169,13 @@ void check_zero(const Config& c, const Where& where) {
         "{}: parallel.offload_path is set but parallel.offload = \"{}\": set offload = \"nvme\" "
         "or remove offload_path",
         where({"parallel.offload_path", "parallel.offload"}), p.offload);
-  if (p.offload == "nvme" && c.train.save_every > 0)
+  // Saves of NVMe-offloaded state read the file into the copy snapshot's staging buffer
+  // (train/trainer_nvme_checkpoint.cpp); a swap snapshot would need a second file.
+  if (p.offload == "nvme" && c.train.save_every > 0 && c.checkpoint.snapshot == "swap")
     fail(
-        "{}: checkpoints of NVMe-offloaded AdamW state are not built yet (nor of the parameter "
-        "shares that zero = 3 offloads with it; train.save_every = {}): set "
-        "train.save_every = 0, or parallel.offload = \"none\" or \"cpu\"",
-        where({"train.save_every", "parallel.offload"}), c.train.save_every);
+        "{}: checkpoint.snapshot = \"swap\" keeps a second set of the state in memory, and "
+        "NVMe-offloaded AdamW state has none: set checkpoint.snapshot = \"copy\" (or \"auto\")",
+        where({"checkpoint.snapshot", "parallel.offload", "train.save_every"}));
   if (!p.offload_params && (p.offload != "nvme" || p.zero != 3))
     fail(
         "{}: parallel.offload_params = false keeps ZeRO-3's parameter shares in memory beside "

@@ -157,13 +157,28 @@ class Trainer {
     ckpt::ShardInfo info;  // name, global identity, rows (row_start, local_shape)
     Tensor view;           // the live elements (offloaded moments: none, they are on disk)
     bool moment = false;   // m or v
-    int tensor = 0;        // moments: 0 for m, 1 for v
-    int64_t shard = 0;     // moments: where they start in the optimizer's shard
+    int tensor = 0;        // the optimizer's tensor: 0 for m, 1 for v, kParamTensor (ZeRO-3)
+    int64_t shard = 0;     // shares: where they start in the optimizer's shard
+    bool on_nvme = false;  // in the optimizer's file, not at `view` (parallel.offload = "nvme")
   };
   std::vector<StatePart> state_parts(int id, bool with_optimizer) const;
+  // A snapshot tensor that lives in the optimizer's NVMe file: its index in the snapshot,
+  // the optimizer's tensor, and where its elements are in the shard.
+  struct NvmeSlice {
+    size_t index = 0;
+    int tensor = 0;
+    int64_t shard = 0, count = 0;
+  };
   // What this rank's snapshot holds (empty on data-parallel replicas), in the optimizer's
-  // order: each parameter's value, m, v.
-  std::vector<ckpt::LiveTensor> snapshot_tensors() const;
+  // order: each parameter's value, m, v. Offloaded ones (from_caller) listed in `on_nvme`.
+  std::vector<ckpt::LiveTensor> snapshot_tensors(std::vector<NvmeSlice>* on_nvme = nullptr) const;
+  // train/trainer_nvme_checkpoint.cpp: the offloaded part of a snapshot, from the file into
+  // staging at save() (one pass over the file) and back at restore_snapshot().
+  void stage_from_nvme(const std::vector<float*>& staged);
+  void unstage_to_nvme(const std::vector<float*>& staged);
+  bool snapshot_covers_nvme() const;         // whether this rank's snapshot holds its whole file
+  void prepare_nvme_restore();               // refuses unless it does on every rank (collective)
+  std::vector<NvmeSlice> snapshot_on_nvme_;  // of the newest snapshot
   bool writes(const ParamSpec& spec) const;  // whether this rank's copy goes to the checkpoint
   // At start-up, when the run saves: the spare state sets (swap) or the staging buffer (copy),
   // allocated and touched now rather than inside the first save.
@@ -257,7 +272,7 @@ class Trainer {
   // Swap snapshots: the newest snapshot is the live state set until the next optimizer step
   // (swap_pending_: that step goes out of place), then the spare one (snapshot_in_spare_).
   bool swap_snapshots_ = false, swap_pending_ = false, snapshot_in_spare_ = false;
-  double commit_seconds_ = 0;  // in commit_pending(), less the saver's waits
+  double commit_seconds_ = 0;    // in commit_pending(), less the saver's waits
   double blocked_reported_ = 0;  // checkpoint_blocked_seconds() at the last report_step()
   int64_t saves_ = 0;
   std::vector<int64_t> failed_saves_;  // per checkpoint level: failures in a row

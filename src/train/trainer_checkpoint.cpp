@@ -60,7 +60,8 @@ std::vector<Trainer::StatePart> Trainer::state_parts(int id, bool with_optimizer
       info.local_shape.dims[0] = piece.rows;
       info.row_start = piece.row_start;
       parts.push_back({info, view(moment ? piece.shard : piece.arena, info.local_shape), moment,
-                       tensor, piece.shard});
+                       moment ? tensor : AdamW::kParamTensor, piece.shard,
+                       moment ? optimizer_->offloaded() : optimizer_->params_offloaded()});
     }
     if (moment) ++tensor;
   }
@@ -74,7 +75,7 @@ bool Trainer::writes(const ParamSpec& spec) const {
   return dp_rank_ == 0 && cp_rank_ == 0 && (spec.shard_dim >= 0 || model_->tp().rank() == 0);
 }
 
-std::vector<ckpt::LiveTensor> Trainer::snapshot_tensors() const {
+std::vector<ckpt::LiveTensor> Trainer::snapshot_tensors(std::vector<NvmeSlice>* on_nvme) const {
   // The first data-parallel replica of each shard writes it; the others hold copies.
   // Copied in the optimizer's order (parameter by parameter: its value, m, v), so that the
   // optimizer can follow the copy (snapshot_copied()).
@@ -92,8 +93,13 @@ std::vector<ckpt::LiveTensor> Trainer::snapshot_tensors() const {
     const bool share_writes =
         spec.shard_dim >= 0 || (spec.expert ? etp_first : model_->tp().rank() == 0);
     for (const StatePart& part : state_parts(id, true))
-      if (((part.moment && zero()) || zero() == 3) ? share_writes : writes(spec))
-        tensors.push_back({part.info, part.view.f32(), p.device()});
+      if (((part.moment && zero()) || zero() == 3) ? share_writes : writes(spec)) {
+        if (part.on_nvme && on_nvme)
+          on_nvme->push_back(
+              {tensors.size(), part.tensor, part.shard, part.info.local_shape.numel()});
+        tensors.push_back(
+            {part.info, part.on_nvme ? nullptr : part.view.f32(), p.device(), part.on_nvme});
+      }
   }
   return tensors;
 }
@@ -119,7 +125,10 @@ void Trainer::save(int64_t steps_done) {
     model_->params().allocate_spare();  // once; at start-up already when train.save_every > 0
     optimizer_->allocate_spare();
   }
-  saver_.begin(files, snapshot_tensors(), cfg_.train.async_save, swap_snapshots_);
+  snapshot_on_nvme_.clear();
+  std::vector<ckpt::LiveTensor> tensors = snapshot_tensors(&snapshot_on_nvme_);
+  saver_.begin(files, std::move(tensors), cfg_.train.async_save, swap_snapshots_,
+               [this](const std::vector<float*>& staged) { stage_from_nvme(staged); });
   swap_pending_ = swap_snapshots_;
   snapshot_in_spare_ = false;
   pending_save_ = steps_done;
@@ -135,7 +144,11 @@ void Trainer::optimizer_step(float lr) {
   // Parameters on NVMe: a share read ahead for a unit the step did not reach must land
   // before the update rewrites the file.
   if (optimizer_->params_offloaded()) reducer_->release_all();
-  optimizer_->step(p, lr, snapshot_copied(), swap_pending_, reduced_shares());
+  // Offloaded, the update follows no copy: the snapshot's parameters in memory (below
+  // ZeRO-3) are copied whole first; the file's part was read inside save().
+  if (optimizer_->offloaded()) saver_.wait_for_copy();
+  optimizer_->step(p, lr, optimizer_->offloaded() ? AdamW::BeforeChunk{} : snapshot_copied(),
+                   swap_pending_, reduced_shares());
   if (swap_pending_) {
     swap_pending_ = false;
     snapshot_in_spare_ = true;
@@ -176,7 +189,9 @@ int64_t Trainer::restore_snapshot() {
     swap_pending_ = true;
     return restored_snapshot();
   }
-  const bool restored = saver_.restore();
+  if (optimizer_->offloaded()) prepare_nvme_restore();
+  const bool restored =
+      saver_.restore([this](const std::vector<float*>& staged) { unstage_to_nvme(staged); });
   if (all_ranks(restored ? 0 : 1, parallel::ReduceOp::Max) != 0) {
     spdlog::warn("the snapshot of step {} is not in memory (its copy failed)", snapshot_step_);
     return -1;

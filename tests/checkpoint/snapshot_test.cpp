@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <string>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
@@ -26,13 +27,25 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-TEST(CheckpointSnapshot, RestoreFromMemoryEqualsResumeFromDisk) {
-  const fs::path out = fs::temp_directory_path() / fmt::format("pentad-snapshot-{}", ::getpid());
+// nvme: AdamW's state in a file (parallel.offload = "nvme"), which the snapshot reads at
+// save() and the restore writes back.
+void restore_equals_resume(bool nvme) {
+  const fs::path out = fs::temp_directory_path() /
+                       fmt::format("pentad-snapshot-{}{}", ::getpid(), nvme ? "-nvme" : "");
   fs::remove_all(out);
-  const Config cfg = load_recipe(std::string(PENTAD_SOURCE_DIR) + "/recipes/llama-tiny.toml",
-                                 {"data.source=random", "train.steps=14", "train.threads=2",
-                                  "train.micro_batch=2", "train.seq_len=32", "train.grad_accum=2",
-                                  "train.eval_every=0", "train.out_dir=" + out.string()});
+  std::vector<std::string> overrides = {"data.source=random", "train.steps=14",
+                                        "train.threads=2",    "train.micro_batch=2",
+                                        "train.seq_len=32",   "train.grad_accum=2",
+                                        "train.eval_every=0", "train.out_dir=" + out.string()};
+  if (nvme) {
+    fs::create_directories(out / "nvme");
+    for (std::string o : {"parallel.offload=nvme", "parallel.nvme_subgroup_kb=64",
+                          "parallel.nvme_block_kb=16", "checkpoint.snapshot=copy"})
+      overrides.push_back(o);
+    overrides.push_back("parallel.offload_path=" + (out / "nvme").string());
+  }
+  const Config cfg =
+      load_recipe(std::string(PENTAD_SOURCE_DIR) + "/recipes/llama-tiny.toml", overrides);
   constexpr int64_t kSaved = 8, kEnd = 12;
   std::vector<float> first, again, resumed, restored_params, final_params;
   {
@@ -57,6 +70,14 @@ TEST(CheckpointSnapshot, RestoreFromMemoryEqualsResumeFromDisk) {
   EXPECT_TRUE(same_bits(resumed, first));
   EXPECT_TRUE(same_bits(params_of(from_disk), final_params));
   if (!::testing::Test::HasFailure()) fs::remove_all(out);
+}
+
+TEST(CheckpointSnapshot, RestoreFromMemoryEqualsResumeFromDisk) {
+  restore_equals_resume(false);
+}
+
+TEST(CheckpointSnapshot, RestoreOfNvmeOffloadedStateEqualsResumeFromDisk) {
+  restore_equals_resume(true);
 }
 
 }  // namespace

@@ -10,6 +10,14 @@ zero = 3 the parameter shares with it (ZeRO-Infinity's parameter offload).
    (parallel.offload_params = false). And zero-3 with its shares on NVMe resumed from the
    in-memory run's step-4 checkpoint (the loaded shares go to the file) ends bitwise on
    that run's weights.
+   Checkpoints of the offloaded state (saved every 3 steps, the saver's background thread
+   started late, so that a step that rewrote the state before it was read would show):
+   one rank and dp2 zero 3 with the shares on NVMe write rank files byte-identical to the
+   same runs in memory (checkpoint.snapshot = copy); dp2 zero 3 resumed from its step-3
+   NVMe checkpoint onto NVMe ends bitwise on the run that did not stop; that checkpoint
+   resumed in memory on one rank, and the one-rank NVMe checkpoint resumed onto dp2 zero 3
+   with the shares on NVMe, each end bitwise where the same resume of the in-memory
+   checkpoint ends.
 2. Memory: a model whose plan (470 MiB, 225 MiB of it AdamW state) is over
    train.memory_limit_mb = 350 is refused without offload, the message naming
    parallel.offload = "nvme"; with it (sub-groups of 2 MiB: 12 MiB of buffers) the plan
@@ -25,7 +33,7 @@ zero = 3 the parameter shares with it (ZeRO-Infinity's parameter offload).
    too small for the state (a 1 MiB tmpfs, where this runs as root: "No space left" and
    the bytes needed). The checkpoint the run resumed from is still loadable afterwards.
 
-usage: zero_offload.py PENTAD RECIPE WORKDIR
+usage: zero_offload.py PENTAD RECIPE WORKDIR [checkpoints]
 """
 import json
 import os
@@ -121,6 +129,52 @@ def bitwise(pentad, recipe, work):
     check(not any(path.iterdir()), "the state files are gone after the runs")
 
 
+def rank_files(ckpt):
+    """{step-dir/rank-file: bytes} of every committed checkpoint under ckpt."""
+    return {str(f.relative_to(ckpt)): f.read_bytes() for f in sorted(ckpt.glob("step-*/*.h5"))}
+
+
+def checkpoints(pentad, recipe, work):
+    path = work / "offload-ckpt"
+    path.mkdir()
+    nvme = [f"parallel.offload_path={path}", "parallel.nvme_subgroup_kb=64",
+            "parallel.nvme_block_kb=16", "parallel.offload=nvme"]
+    zero3 = ["parallel.zero=3", "train.grad_accum=2", "train.eval_every=3"]
+    saving = ["train.steps=7", "train.save_every=3", "checkpoint.snapshot=copy"]
+    late = dict(ENV, PENTAD_SAVER_DELAY_MS="300")
+    runs = {}
+    for name, ranks, layout in [("one-rank", 1, []), ("dp2-zero3", 2, zero3)]:
+        for kind, extra in [("memory", []), ("nvme", nvme)]:
+            out = work / f"ckpt-{name}-{kind}"
+            _, log, _ = train(pentad, recipe, ranks, out, layout + saving + extra +
+                              [f"train.ckpt_dir={out / 'ckpt'}"], env=late)
+            runs[name, kind] = out
+        files = [rank_files(runs[name, kind] / "ckpt") for kind in ("memory", "nvme")]
+        check(len(files[0]) == 3 * ranks and files[0] == files[1],
+              f"{name}: {len(files[1])} NVMe checkpoint rank files byte-identical to the "
+              f"in-memory run's")
+        check("of NVMe-offloaded state read into the snapshot" in log,
+              f"{name}: each save logs its read of the file")
+    # dp2 zero 3 from its NVMe checkpoint onto NVMe, against the run that did not stop.
+    out = work / "ckpt-dp2-zero3-nvme-resumed"
+    _, log, _ = train(pentad, recipe, 2, out, zero3 + ["train.steps=7"] + nvme,
+                      ["--resume", str(runs["dp2-zero3", "nvme"] / "ckpt" / "step-00000003")])
+    check("at step 3" in log and same_weights(runs["dp2-zero3", "nvme"], out),
+          "dp2-zero3 resumed at step 3 from NVMe onto NVMe: final weights bitwise equal")
+    # Across layouts: each NVMe checkpoint resumed elsewhere, against the in-memory one.
+    for source, ranks, layout, extra, label in [
+            ("dp2-zero3", 1, [], [], "dp2-zero3 NVMe checkpoint resumed in memory on one rank"),
+            ("one-rank", 2, zero3, nvme, "one-rank NVMe checkpoint resumed onto dp2-zero3 NVMe")]:
+        ends = []
+        for kind in ("memory", "nvme"):
+            out = work / f"ckpt-{source}-{kind}-elsewhere"
+            train(pentad, recipe, ranks, out, layout + ["train.steps=7"] + extra,
+                  ["--resume", str(runs[source, kind] / "ckpt" / "step-00000003")])
+            ends.append(out)
+        check(same_weights(*ends), f"{label}: bitwise where the in-memory checkpoint's ends")
+    check(not any(path.iterdir()), "the state files are gone after the checkpointed runs")
+
+
 def peak_mib(log):
     """The highest rank's peak resident memory, from the end-of-run line."""
     return int(re.search(r"peak resident memory per rank: \d+ to (\d+) MiB", log).group(1))
@@ -211,7 +265,11 @@ def main():
     subprocess.run(["umount", str(work / "full")], capture_output=True)  # an interrupted run
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
+    if len(sys.argv) > 4 and sys.argv[4] == "checkpoints":  # that part alone
+        checkpoints(pentad, recipe, work)
+        sys.exit(1 if failures else 0)
     bitwise(pentad, recipe, work)
+    checkpoints(pentad, recipe, work)
     memory_limit(pentad, recipe, work)
     parameter_offload_memory(pentad, recipe, work)
     bad_paths(pentad, recipe, work)
