@@ -20,6 +20,7 @@
 #include "core/bf16.h"
 #include "core/device_memory.h"
 #include "kernels/ops.h"
+#include "tests/cuda/gpu_test_util.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace pentad {
@@ -48,53 +49,8 @@ std::vector<float> random(DType dtype, int64_t n, uint64_t seed, double stddev =
   return rounded(dtype, to_float(randn(static_cast<size_t>(n), seed, stddev)));
 }
 
-// Owns the device memory of one test; one arena per tensor.
-class Gpu {
- public:
-  Tensor alloc(Shape shape, DType dtype) {
-    const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_bytes(dtype);
-    arenas_.emplace_back("cuda test", std::max<size_t>(bytes, 1), Device::CUDA);
-    return arenas_.back().alloc(shape, dtype);
-  }
-  // NaN in every element (0xff bytes are NaN in F32 and BF16).
-  Tensor poisoned(Shape shape, DType dtype) {
-    Tensor t = alloc(shape, dtype);
-    device_fill_ones(t.data, t.bytes());
-    return t;
-  }
-  Tensor upload(const std::vector<float>& values, Shape shape, DType dtype) {
-    EXPECT_EQ(static_cast<int64_t>(values.size()), shape.numel()) << "test bug";
-    Tensor t = alloc(shape, dtype);
-    if (dtype == DType::BF16) {
-      std::vector<uint16_t> bits(values.size());
-      for (size_t i = 0; i < values.size(); ++i) bits[i] = float_to_bf16(values[i]);
-      copy_bytes(t.data, Device::CUDA, bits.data(), Device::CPU, t.bytes());
-    } else {
-      copy_bytes(t.data, Device::CUDA, values.data(), Device::CPU, t.bytes());
-    }
-    return t;
-  }
-  Tensor upload_ids(const std::vector<int32_t>& ids, Shape shape) {
-    Tensor t = alloc(shape, DType::I32);
-    copy_bytes(t.data, Device::CUDA, ids.data(), Device::CPU, t.bytes());
-    return t;
-  }
-
- private:
-  std::deque<Arena> arenas_;
-};
-
-std::vector<float> download(const Tensor& t) {
-  std::vector<float> values(static_cast<size_t>(t.numel()));
-  if (t.dtype == DType::BF16) {
-    std::vector<uint16_t> bits(values.size());
-    copy_bytes(bits.data(), Device::CPU, t.data, Device::CUDA, t.bytes());
-    for (size_t i = 0; i < values.size(); ++i) values[i] = bf16_to_float(bits[i]);
-  } else {
-    copy_bytes(values.data(), Device::CPU, t.data, Device::CUDA, t.bytes());
-  }
-  return values;
-}
+using testing::download;
+using testing::Gpu;
 
 double tolerance(DType dtype) {
   return dtype == DType::BF16 ? 1e-2 : 1e-5;

@@ -28,6 +28,7 @@
 #include "core/device_memory.h"
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/ops.h"
+#include "tests/cuda/gpu_test_util.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace pentad {
@@ -52,56 +53,8 @@ class Impl {
   k::AttentionImpl saved_;
 };
 
-// Device tensors of one test, one arena each.
-class Gpu {
- public:
-  Tensor alloc(Shape shape, DType dtype) {
-    const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_bytes(dtype);
-    arenas_.emplace_back("cudnn test", std::max<size_t>(bytes, 1), Device::CUDA);
-    return arenas_.back().alloc(shape, dtype);
-  }
-  Tensor poisoned(Shape shape, DType dtype) {  // NaN everywhere: unwritten outputs show
-    Tensor t = alloc(shape, dtype);
-    device_fill_ones(t.data, t.bytes());
-    return t;
-  }
-  Tensor upload(const std::vector<float>& values, Shape shape, DType dtype) {
-    Tensor t = alloc(shape, dtype);
-    if (dtype == DType::BF16) {
-      std::vector<uint16_t> bits(values.size());
-      for (size_t i = 0; i < values.size(); ++i) bits[i] = float_to_bf16(values[i]);
-      copy_bytes(t.data, Device::CUDA, bits.data(), Device::CPU, t.bytes());
-    } else {
-      copy_bytes(t.data, Device::CUDA, values.data(), Device::CPU, t.bytes());
-    }
-    return t;
-  }
-  Tensor random(Shape shape, DType dtype, uint64_t seed) {
-    std::vector<float> v =
-        testing::to_float(testing::randn(static_cast<size_t>(shape.numel()), seed));
-    return upload(v, shape, dtype);
-  }
-  Tensor clone(const Tensor& t) {
-    Tensor c = alloc(t.shape, t.dtype);
-    copy(c, t);
-    return c;
-  }
-
- private:
-  std::deque<Arena> arenas_;
-};
-
-std::vector<float> download(const Tensor& t) {
-  std::vector<float> values(static_cast<size_t>(t.numel()));
-  if (t.dtype == DType::BF16) {
-    std::vector<uint16_t> bits(values.size());
-    copy_bytes(bits.data(), Device::CPU, t.data, Device::CUDA, t.bytes());
-    for (size_t i = 0; i < values.size(); ++i) values[i] = bf16_to_float(bits[i]);
-  } else {
-    copy_bytes(values.data(), Device::CPU, t.data, Device::CUDA, t.bytes());
-  }
-  return values;
-}
+using testing::download;
+using testing::Gpu;
 
 void expect_close(const std::string& what, const Tensor& got, const Tensor& want, double tol) {
   const std::vector<float> g = download(got), w = download(want);
