@@ -329,8 +329,9 @@ std::optional<Detection> Detector::check_link_slow(double now) {
   std::map<std::pair<int, int>, double> pairs;  // (low, high) -> worse direction, s per MB
   for (const auto& [from, r] : ranks_) {
     if (r.closed || !r.bye.empty()) continue;
-    auto add = [&](int to, double s) {
-      auto key = std::minmax(from, to);
+    const int self = from;  // clang 14 does not capture structured bindings
+    auto add = [&pairs, self](int to, double s) {
+      auto key = std::minmax(self, to);
       pairs[key] = std::max(pairs[key], s);
     };
     for (const auto& [to, sent] : r.send_s_per_mb) {
