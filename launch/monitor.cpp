@@ -152,7 +152,10 @@ void Monitor::run() {
                          {"grad_accum", layout_.grad_accum}}}};
   if (!send_line(hello.dump())) return;
   bool started = false;
-  while (!stop_) {
+  // Once stopping, one more round: the last step (and "started", for a run shorter than a
+  // beat) reaches the supervisor before the bye, which tells a resumed run from none.
+  for (bool last = false; !last;) {
+    last = stop_;
     const parallel::ProgressSnapshot p = parallel::activity_progress();
     if (p.started && !started) {
       started = true;
@@ -187,7 +190,7 @@ void Monitor::run() {
                       {"since_s", w.since_s},
                       {"members", w.members}};
     if (!send_line(beat.dump())) break;  // the supervisor is gone: training goes on
-    std::this_thread::sleep_for(std::chrono::milliseconds(beat_ms_));
+    if (!last) std::this_thread::sleep_for(std::chrono::milliseconds(beat_ms_));
   }
 }
 

@@ -117,6 +117,37 @@ TEST(Monitor, BeatsSayWhereTheRankIsBlockedAndHowFarItCame) {
   EXPECT_EQ(last_step, 20);
 }
 
+// A run shorter than one beat (a restart that resumes near the end): "started" and the
+// last step still reach the supervisor before the bye, or it cannot tell that the run
+// resumed (a CI failure of fault_detection: no "resumed" event).
+TEST(Monitor, ARunShorterThanABeatReportsItsStartAndLastStep) {
+  Listener supervisor;
+  setenv("PENTAD_MONITOR", ("127.0.0.1:" + std::to_string(supervisor.port)).c_str(), 1);
+  {
+    launch::Monitor monitor(1, 2, "runs/test", /*beat_ms=*/300);
+    ASSERT_TRUE(monitor.connected());
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // its first beat is out
+    parallel::activity_run_started(3);
+    for (int64_t step = 4; step <= 6; ++step) parallel::activity_step_done(step, 0.001);
+    monitor.finish(true);
+  }
+  unsetenv("PENTAD_MONITOR");
+  supervisor.thread.join();
+  const auto& lines = supervisor.lines;
+  ASSERT_GE(lines.size(), 3u);
+  EXPECT_EQ(lines.back()["type"], "bye");
+  // The activity state is the process's: run alone, "started" says 3; after the test
+  // above, the monitor may have seen that run's start first (and says 7).
+  size_t started = lines.size(), last_beat = lines.size();
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (lines[i]["type"] == "started" && started == lines.size()) started = i;
+    if (lines[i]["type"] == "beat" && lines[i]["step"] == 6) last_beat = i;
+  }
+  EXPECT_LT(started, lines.size()) << "no \"started\" before the bye";
+  EXPECT_LT(last_beat, lines.size()) << "the last step never reached the supervisor";
+  EXPECT_LT(started, last_beat);
+}
+
 TEST(Monitor, AnUnreachableSupervisorCostsAWarningOnly) {
   setenv("PENTAD_MONITOR", "127.0.0.1:1", 1);  // nothing listens on port 1
   launch::Monitor monitor(0, 1, "runs/test");
