@@ -239,6 +239,10 @@ Supervisor::End Supervisor::run_attempt(Job& job, Detector& detector, Detection*
         // The ranks said bye before exiting: read what is still in flight, then judge.
         const double until = now() + 2.0;
         while (!conn_rank_.empty() && now() < until) server_.poll(0.05, on_line, on_closed);
+        // Slowness seen only in the last beats (steps shorter than a beat: a whole slow
+        // stretch can arrive with the bye) is still reported; the job is over, so no action.
+        while (std::optional<Detection> d = detector.check(now()))
+          if (d->slow()) report(*d, detector);
         if (detector.ranks().empty())
           say("the job finished, but no rank connected to the monitor (PENTAD_MONITOR): it ran "
               "unsupervised");

@@ -15,6 +15,8 @@ Scenarios (on attempt >= 1 the job runs clean unless --every-attempt):
   stop:R:S        rank R SIGSTOPs itself at step S (silent, connection open)
   slow:R:K        rank R computes K times longer every step; the others wait for it
   linkslow:A:B    beats carry a p2p latency matrix in which link A-B is 5x slower
+--late-steps: the beats carry no progress; the last one, sent with the bye just after the
+job's own exit, carries every step (a run whose steps are shorter than a beat).
 """
 import argparse
 import json
@@ -31,7 +33,7 @@ BEAT_S = 0.1
 COMPUTE_S = 0.1
 
 
-def rank_main(rank, args, barrier, attempt, resume_step, misbehave):
+def rank_main(rank, args, barrier, finished, attempt, resume_step, misbehave):
     kind, a, b = misbehave if misbehave else ("clean", 0, 0)
     host, port = os.environ["PENTAD_MONITOR"].rsplit(":", 1)
     sock = socket.create_connection((host, int(port)))
@@ -61,6 +63,8 @@ def rank_main(rank, args, barrier, attempt, resume_step, misbehave):
                 msg = {"type": "beat", "rank": rank, "t": now - start, "step": state["step"],
                        "phase": state["phase"], "step_seconds": state["step_seconds"],
                        "wait_seconds": state["wait_seconds"], "ckpt_step": state["ckpt_step"]}
+                if args.late_steps:  # no progress until the last beat
+                    msg.update(step=resume_step, step_seconds=0.0, wait_seconds=0.0)
                 if state["wait"]:
                     w = dict(state["wait"])
                     w["since_s"] = now - w.pop("entered")
@@ -83,6 +87,7 @@ def rank_main(rank, args, barrier, attempt, resume_step, misbehave):
                              "entered": time.monotonic(), "members": members}
 
     everyone = list(range(args.ranks))
+    recent = []  # [step, seconds, wait seconds] of every step, for --late-steps
     for step in range(resume_step, args.steps):
         t0 = time.monotonic()
         with state_lock:
@@ -113,11 +118,21 @@ def rank_main(rank, args, barrier, attempt, resume_step, misbehave):
                          wait_seconds=done - entered)
             if (step + 1) % 10 == 0:
                 state["ckpt_step"] = step + 1
+            recent.append([step + 1, done - t0, done - entered])
         if (step + 1) % 10 == 0 and rank == 0:
             tmp = os.path.join(args.out, "fake-ckpt.tmp")
             with open(tmp, "w") as f:
                 f.write(str(step + 1))
             os.replace(tmp, os.path.join(args.out, "fake-ckpt"))
+    if args.late_steps:  # every step at once, just before the bye, after the job's exit
+        barrier.wait()
+        if rank == 0:
+            finished.set()
+        time.sleep(0.3)
+        with state_lock:
+            send({"type": "beat", "rank": rank, "t": time.monotonic() - start,
+                  "step": state["step"], "phase": "other", "ckpt_step": state["ckpt_step"],
+                  "recent": recent})
     send({"type": "bye", "rank": rank, "status": "done", "message": ""})
     sock.close()
     os._exit(0)
@@ -131,6 +146,8 @@ def main():
     p.add_argument("--out", default="runs/fake")
     p.add_argument("--every-attempt", action="store_true")
     p.add_argument("--resume", default="")
+    p.add_argument("--late-steps", action="store_true",
+                   help="beats carry no progress; the last one, before the bye, every step")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     attempt = int(os.environ.get("PENTAD_LAUNCH_ATTEMPT", "0"))
@@ -149,15 +166,19 @@ def main():
           f"{resume_step}", flush=True)
 
     barrier = multiprocessing.get_context("fork").Barrier(args.ranks)
+    finished = multiprocessing.get_context("fork").Event()
     children = []
     for rank in range(args.ranks):
         pid = os.fork()
         if pid == 0:
             try:
-                rank_main(rank, args, barrier, attempt, resume_step, misbehave)
+                rank_main(rank, args, barrier, finished, attempt, resume_step, misbehave)
             finally:
                 os._exit(3)
         children.append(pid)
+    if args.late_steps:  # the job ends as the ranks finish, before their last messages
+        finished.wait()
+        sys.exit(0)
     # Like a launcher that does not notice a dead rank: wait for every one.
     failed = 0
     for pid in children:

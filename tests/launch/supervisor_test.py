@@ -96,6 +96,15 @@ def slow():
     return det[0]["latency_s"] if det else None
 
 
+def slow_seen_at_the_end():
+    """Slowness that arrives only with the bye (steps shorter than a beat) is still reported."""
+    p, events, _ = launch("slow-late", "slow:1:3", fake_options=["--steps", "12", "--late-steps"])
+    det = of(events, "detection")
+    check(p.returncode == 0 and len(det) == 1 and det[0]["class"] == "non-comm slow" and
+          det[0]["culprit"] == 1 and not of(events, "action"),
+          f"slow seen at the end: exit {p.returncode}, events {events}")
+
+
 def slow_restarts():
     p, events, _ = launch("slow-restart", "slow:1:3", ["--restart-on-slow"])
     det = of(events, "detection")
@@ -154,8 +163,8 @@ with ThreadPoolExecutor(max_workers=4) as pool:
             "stopped (SIGSTOP)": pool.submit(recovered, "stop", "stop:3:12", "non-comm hang",
                                              3, HANG_BOUND_S),
             "non-comm slow": pool.submit(slow)}
-    others = [pool.submit(f) for f in (clean, give_up, slow_restarts, link_slow,
-                                       stopped_by_signal)]
+    others = [pool.submit(f) for f in (clean, give_up, slow_restarts, slow_seen_at_the_end,
+                                       link_slow, stopped_by_signal)]
     latencies = {k: f.result() for k, f in jobs.items()}
     for f in others:
         f.result()
