@@ -264,7 +264,9 @@ std::optional<Detection> Detector::check_silent(double now) const {
 }
 
 // One rank computes >= 1.5x longer than the median of the others on each of the last
-// kSlowSteps steps they all reported, and the others spend that difference waiting.
+// kSlowSteps steps they all reported, and the others spend that difference waiting: at least
+// half of it, summed over those steps (a wait can fall on either side of a step boundary: a
+// checkpoint save moves it, so one step's wait can be short and the next one's long).
 std::optional<Detection> Detector::check_compute_slow(double now) const {
   if (ranks_.size() < 2) return std::nullopt;
   std::map<int64_t, std::map<int, const StepRecord*>> by_step;  // step -> rank -> record
@@ -277,7 +279,7 @@ std::optional<Detection> Detector::check_compute_slow(double now) const {
 
   for (const auto& [culprit, state] : ranks_) {
     bool slow_every_step = true;
-    double ratio_sum = 0;
+    double ratio_sum = 0, excess_sum = 0, wait_sum = 0;
     for (int64_t step : steps) {
       const auto& records = by_step[step];
       const StepRecord& mine = *records.at(culprit);
@@ -296,14 +298,15 @@ std::optional<Detection> Detector::check_compute_slow(double now) const {
       const double others = median(compute);
       const double excess = my_compute - others;
       // The excess must also matter: a tenth of the step at least.
-      if (my_compute < 1.5 * others || excess < std::max(1e-3, 0.1 * mine.step_seconds) ||
-          median(waits) < 0.5 * excess) {
+      if (my_compute < 1.5 * others || excess < std::max(1e-3, 0.1 * mine.step_seconds)) {
         slow_every_step = false;
         break;
       }
       ratio_sum += others > 0 ? my_compute / others : 0;
+      excess_sum += excess;
+      wait_sum += median(waits);
     }
-    if (!slow_every_step) continue;
+    if (!slow_every_step || wait_sum < 0.5 * excess_sum) continue;
     const StepRecord& first = *by_step[steps.back()].at(culprit);
     return Detection{"non-comm slow",
                      {culprit},

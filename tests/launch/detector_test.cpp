@@ -220,6 +220,33 @@ TEST(Detector, SlowRankThatTheOthersWaitForIsReportedOnce) {
   EXPECT_FALSE(d.check(6.1).has_value());
 }
 
+// A step as the trainer's beats carry it ("recent": step, seconds, wait, CPU outside waits).
+json step_beat(int rank, int64_t step, double seconds, double wait, double cpu) {
+  json b = beat(rank, step, "compute", seconds, wait);
+  b["recent"] = json::array({json::array({step, seconds, wait, cpu})});
+  return b;
+}
+
+// Rank 2 computes 6 ms where the others compute 1.2 ms; the others' waits for it fall on
+// either side of a step boundary (a checkpoint save shifts them): 1 ms on even steps, 9 on
+// odd ones. Summed over the steps they are the excess: slow. Without any wait it is not.
+TEST(Detector, SlowRankWhoseWaitsShiftBetweenStepsIsReportedAndOneNobodyWaitsForIsNot) {
+  for (bool others_wait : {true, false}) {
+    Detector d({});
+    for (int r = 0; r < kWorld; ++r) feed(d, hello(r), 0);
+    for (int step = 1; step <= 12; ++step)
+      for (int r = 0; r < kWorld; ++r) {
+        const double wait = r == 2 || !others_wait ? 0.0 : step % 2 ? 0.009 : 0.001;
+        feed(d, step_beat(r, step, 0.0075, wait, r == 2 ? 0.006 : 0.0012), 0.01 * step);
+      }
+    std::optional<Detection> found = d.check(0.13);
+    ASSERT_EQ(found.has_value(), others_wait);
+    if (others_wait) {
+      EXPECT_EQ(found->culprit, std::vector<int>{2});
+    }
+  }
+}
+
 TEST(Detector, HealthyJitterIsNoFault) {
   Detector d({});
   for (int r = 0; r < kWorld; ++r) feed(d, hello(r), 0);
