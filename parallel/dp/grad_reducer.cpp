@@ -218,13 +218,26 @@ void GradReducer::prefetch(int bucket) {
   b.gather = group_.all_gather_v(view_of(p + b.begin, Shape{b.end - b.begin}, DType::F32, device_),
                                  b.counts, /*async=*/true);
   b.whole = true;  // once the gather is waited for
+  b.fresh = false;
 }
 
 void GradReducer::acquire(int bucket) {
   Bucket& b = buckets_[size_t(bucket)];
   prefetch(bucket);
-  b.gather.wait();
+  b.gather.wait();  // on CUDA: the compute stream waits for the gather, the host does not
+  if (!b.fresh) refresh_compute_copy(b);
   ++b.users;
+}
+
+void GradReducer::refresh_compute_copy(Bucket& b) {
+  b.fresh = true;
+  const Tensor copy = params_.compute_copy();
+  if (!copy.data) return;  // the model computes from the fp32 arena itself
+  const size_t element = dtype_bytes(copy.dtype);
+  kernels::convert(
+      view_of(static_cast<char*>(copy.data) + size_t(b.begin) * element, Shape{b.end - b.begin},
+              copy.dtype, device_),
+      view_of(params_.all_params().f32() + b.begin, Shape{b.end - b.begin}, DType::F32, device_));
 }
 
 void GradReducer::release(int bucket) {

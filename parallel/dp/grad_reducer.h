@@ -22,6 +22,13 @@
 //            by acquire() before the model reads it and discarded by release() after. With
 //            keep_shares_elsewhere() (ZeRO-Infinity: the shares on NVMe) not even those: a
 //            unit's share is read back before its all-gather and dropped with the rest.
+//            When the model computes from a bf16 copy (ParamStore::compute_copy), acquire()
+//            re-derives the unit's part of it from the gathered fp32 values once per gather:
+//            only this rank's share was updated by the optimizer, so the rest of the copy is
+//            stale until then. fp32 is gathered rather than bf16 (half the bytes) because the
+//            arena's fp32 values are what checkpoints, gradient dumps and the NVMe path read;
+//            on CUDA the conversion is one kernel on the compute stream after the gather's
+//            event, so the host does not wait.
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -104,13 +111,15 @@ class GradReducer {
     Work gather;
     bool whole = true;
     int users = 0;
-    Arrival arrival;  // shares kept elsewhere: this rank's share on its way (empty: not)
+    Arrival arrival;    // shares kept elsewhere: this rank's share on its way (empty: not)
+    bool fresh = true;  // the compute copy holds this gather's values (set by acquire)
   };
   int64_t share_begin(const Bucket& b) const;  // this rank's share in the arena
   void cut_shares(Bucket& b, const ParamStore& params) const;
   void start(Bucket& b);
   void complete(Bucket& b);   // after its work is done
   void gather(float* arena);  // all-gathers every bucket of an arena laid out like params
+  void refresh_compute_copy(Bucket& b);  // stage 3, bf16 models: after the gather is waited for
 
   Communicator& group_;
   ParamStore& params_;

@@ -1,7 +1,8 @@
 // ZeRO's sharded gradient reduction (parallel/dp/grad_reducer.h) on the ranks of the world:
 // shares tile the arena at row boundaries, each rank's is its fair part, the reduce-scatter
 // sums them, stage 2 keeps the full gradients resident only bucket by bucket, and stage 3
-// keeps the parameters of this rank's shares only (none, with them kept elsewhere).
+// keeps the parameters of this rank's shares only (none, with them kept elsewhere) and
+// re-derives a bf16 model's compute copy of each unit it gathers.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -10,6 +11,8 @@
 #include <fstream>
 #include <numeric>
 
+#include "core/bf16.h"
+#include "kernels/ops.h"
 #include "optim/adamw.h"
 #include "parallel/comm.h"
 #include "parallel/dp/grad_reducer.h"
@@ -26,7 +29,7 @@ int world_size() {
 
 // A GPT-like table at width 256: a 2048-row embedding, four layers of matrices and biases
 // (row lengths 256 and 1024, and 1-D tensors), a final norm. About 3.7M values, 15 MiB.
-ParamStore gpt_like() {
+ParamStore gpt_like(Placement placement = {}) {
   ParamStore p;
   const int64_t C = 256;
   p.add("wte.weight", Shape{2048, C}, Init::Normal, 0.02f, true);
@@ -40,7 +43,7 @@ ParamStore gpt_like() {
     p.add(at + "mlp.down.weight", Shape{C, 4 * C}, Init::Normal, 0.02f, true);
   }
   p.add("norm_f.weight", Shape{C}, Init::Ones, 0, false);
-  p.allocate();
+  p.allocate(placement);
   return p;
 }
 
@@ -246,4 +249,37 @@ TEST(Zero, StageThreeWithSharesElsewhereKeepsNoneResident) {
   EXPECT_TRUE(std::equal(want.begin(), want.end(), p.all_params().f32())) << "gathered whole";
   for (int b = 0; b < reducer.buckets_count(); ++b) reducer.release(b);
   EXPECT_EQ(std::count(p.all_params().f32(), p.all_params().f32() + p.numel(), 0.0f), p.numel());
+}
+
+// Stage 3 with a bf16 compute copy (CUDA's bf16 runs; the CPU store takes the same layout):
+// after an optimizer step each rank has changed its own shares only, so every other part of
+// the copy is stale; acquire() must leave the whole unit's copy equal to the bf16 rounding of
+// the gathered fp32 values, on every gather, not only the first.
+TEST(Zero, StageThreeRefreshesTheComputeCopyOfEachGatheredUnit) {
+  const int D = world_size();
+  if (D < 2) GTEST_SKIP() << "needs mpirun with at least 2 ranks";
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  auto group = parallel::make_communicator(parallel::Backend::MPI, MPI_COMM_WORLD, "dp");
+  ParamStore p = gpt_like({Device::CPU, DType::BF16});
+  p.initialize(7);
+  kernels::refresh_weights(p);
+  auto unit = [](const ParamSpec& s) {
+    return s.name.rfind("layers.", 0) == 0 ? s.name.substr(0, s.name.find('.', 7)) : "";
+  };
+  parallel::GradReducer reducer(*group, p, size_t{1} << 20, 3, {}, {}, unit);
+  reducer.release_all();
+  float* const values = p.all_params().f32();
+  const auto* const copy = static_cast<const uint16_t*>(p.compute_copy().data);
+  for (int round = 1; round <= 2; ++round) {
+    // "The optimizer": this rank moves its own shares by far more than a bf16 step.
+    for (const StateShard::Range& r : reducer.shard().ranges)
+      for (int64_t i = r.begin; i < r.end; ++i) values[i] += float(round * (rank + 1));
+    for (int b = 0; b < reducer.buckets_count(); ++b) reducer.acquire(b);
+    int64_t stale = 0;
+    for (int64_t i = 0; i < p.numel(); ++i) stale += copy[i] != float_to_bf16(values[i]) ? 1 : 0;
+    EXPECT_EQ(stale, 0) << "round " << round << ": compute copy elements that do not match the "
+                        << "gathered fp32 values, of " << p.numel();
+    for (int b = 0; b < reducer.buckets_count(); ++b) reducer.release(b);
+  }
 }
