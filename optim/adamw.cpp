@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "kernels/ops.h"
+#include "optim/host_offload.h"
 
 namespace pentad {
 
@@ -80,11 +81,13 @@ void clip_gradients(ParamStore& params, double norm, float max_norm, const Tenso
 }
 
 AdamW::AdamW(const OptimConfig& cfg, const ParamStore& params, StateShard shard,
-             const NvmeOptions* nvme, const std::string& file_name, bool offload_params)
+             const NvmeOptions* nvme, const std::string& file_name, bool offload_params,
+             bool on_host)
     : cfg_(cfg),
       shard_(shard.ranges.empty() ? StateShard::whole(params.numel()) : std::move(shard)),
       params_offloaded_(offload_params) {
   PENTAD_CHECK(nvme || !offload_params, "parameters offload to NVMe only");
+  PENTAD_CHECK(!(nvme && on_host), "AdamW state offloads to NVMe or to host memory, not both");
   if (nvme) {
     PENTAD_CHECK(params.device() == Device::CPU, "NVMe offload streams host parameters only");
     nvme_ = std::make_unique<NvmeState>(*nvme, file_name, shard_.numel, offload_params ? 3 : 2);
@@ -96,8 +99,11 @@ AdamW::AdamW(const OptimConfig& cfg, const ParamStore& params, StateShard shard,
               [](const Segment& a, const Segment& b) { return a.shard < b.shard; });
     return;  // the file reads as zeros
   }
-  m_ = Arena("adam m", size_t(shard_.numel) * sizeof(float), params.device());
-  v_ = Arena("adam v", size_t(shard_.numel) * sizeof(float), params.device());
+  // On the host the moments need no page-locking: only the staging crosses the bus.
+  const Device state_device = on_host ? Device::CPU : params.device();
+  m_ = Arena("adam m", size_t(shard_.numel) * sizeof(float), state_device);
+  v_ = Arena("adam v", size_t(shard_.numel) * sizeof(float), state_device);
+  if (on_host) host_ = std::make_unique<HostOffload>(params, shard_, int64_t(kChunkElements));
   m_.zero();
   v_.zero();
 }
@@ -168,6 +174,31 @@ void AdamW::step_offloaded(ParamStore& params, float lr, const Tensor& grads) {
   });
 }
 
+void AdamW::step_on_host(ParamStore& params, float lr, const BeforeChunk& before_chunk,
+                         const Tensor& grads) {
+  float* const m = static_cast<float*>(m_.base());
+  float* const v = static_cast<float*>(v_.base());
+  auto flat = [](const float* at, int64_t count) {
+    return view_of(const_cast<float*>(at), Shape{count}, DType::F32, Device::CPU);
+  };
+  host_->step(
+      params, grads,
+      [&](const HostChunk& c, float* p, const float* g) {
+        const float wd = params.spec(c.id).weight_decay ? cfg_.weight_decay : 0.0f;
+        kernels::adamw_update(flat(p, c.count), flat(m + c.state, c.count),
+                              flat(v + c.state, c.count), flat(g, c.count), lr, cfg_.beta1,
+                              cfg_.beta2, cfg_.eps, wd, step_);
+      },
+      before_chunk ? HostOffload::BeforeChunk([&](const HostChunk& c) {
+        before_chunk(size_t(c.arena), size_t(c.arena + c.count), size_t(c.state));
+      })
+                   : HostOffload::BeforeChunk());
+}
+
+size_t AdamW::host_staging_bytes() const {
+  return host_ ? host_->staging_bytes() : 0;
+}
+
 void AdamW::allocate_spare() {
   if (has_spare()) return;
   spare_m_ = Arena("adam m (spare set)", m_.capacity(), m_.device());
@@ -193,6 +224,12 @@ void AdamW::step(ParamStore& params, float lr, const BeforeChunk& before_chunk, 
     PENTAD_CHECK(!out_of_place && !before_chunk,
                  "offloaded state is snapshot between steps (Trainer::save), not during one");
     step_offloaded(params, lr, grads);
+    return;
+  }
+  if (host_) {
+    PENTAD_CHECK(!out_of_place,
+                 "host-offloaded AdamW state has no spare set: checkpoint.snapshot = \"copy\"");
+    step_on_host(params, lr, before_chunk, grads);
     return;
   }
   float* const from_params = params.all_params().f32();

@@ -15,6 +15,8 @@
 
 namespace pentad {
 
+class HostOffload;
+
 // Learning rate of step s (0-based): linear warmup to cfg.lr, then cosine or linear
 // decay to cfg.lr * min_lr_ratio at total_steps, or constant.
 float learning_rate(const OptimConfig& cfg, int64_t step, int64_t total_steps);
@@ -65,12 +67,19 @@ class AdamW {
   // offload_params (with nvme; ZeRO-3, ZeRO-Infinity's parameter offload): the shard's master
   // parameters live in the file too, a third tensor beside m and v, and step() updates them
   // there; the arena's copy of the shard is the caller's to drop (store_params() first).
+  // on_host (parallel.offload = "cpu" with device parameters): m and v live in host memory,
+  // and step() streams the shard's parameters and gradients through the host's AdamW and
+  // back (optim/host_offload.h), bitwise the update the CPU computes.
   AdamW(const OptimConfig& cfg, const ParamStore& params, StateShard shard = {},
         const NvmeOptions* nvme = nullptr, const std::string& file_name = "",
-        bool offload_params = false);
+        bool offload_params = false, bool on_host = false);
   ~AdamW();
   bool offloaded() const { return nvme_ != nullptr; }
   bool params_offloaded() const { return params_offloaded_; }
+  bool on_host() const { return host_ != nullptr; }
+  // Where m and v live (m_base(), v_base()): the parameters' device, or the host when on_host.
+  Device state_device() const { return m_.device(); }
+  size_t host_staging_bytes() const;  // on_host: the page-locked staging (0 otherwise)
   const NvmeState* nvme() const { return nvme_.get(); }
   // Offloaded tensor 0 (m), 1 (v) or kParamTensor, elements [begin, begin + count) of the
   // shard, to or from host memory (resume, tests).
@@ -128,6 +137,9 @@ class AdamW {
   bool params_offloaded_ = false;
   std::vector<Segment> segments_;
   void step_offloaded(ParamStore& params, float lr, const Tensor& grads);
+  std::unique_ptr<HostOffload> host_;  // on_host: the staging and copy streams
+  void step_on_host(ParamStore& params, float lr, const BeforeChunk& before_chunk,
+                    const Tensor& grads);
 };
 
 }  // namespace pentad

@@ -74,7 +74,8 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
       cfg.optim, model_->params(), optimizer_shard(),
       cfg.parallel.offload == "nvme" ? &nvme : nullptr,
       fmt::format("pentad-adamw-rank{:05d}.state", world_rank_),
-      cfg.parallel.offload == "nvme" && zero() == 3 && cfg.parallel.offload_params);
+      cfg.parallel.offload == "nvme" && zero() == 3 && cfg.parallel.offload_params,
+      cfg.parallel.offload == "cpu" && t.device == "cuda");
   if (zero() == 3) {
     zero_params_ = zero_parameters(*reducer_, model_->params());
     model_->set_parameter_hooks(zero_params_.get());

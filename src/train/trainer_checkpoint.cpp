@@ -44,8 +44,10 @@ std::vector<Trainer::StatePart> Trainer::state_parts(int id, bool with_optimizer
   int tensor = 0;
   for (const StateBuffer& kind : state_buffers(with_optimizer)) {
     const bool moment = kind.base != p.all_params().data;
+    // Moments offloaded to host memory (parallel.offload = "cpu") are host tensors.
+    const Device device = moment ? optimizer_->state_device() : p.device();
     auto view = [&](int64_t at, const Shape& shape) {
-      return kind.base ? view_of(static_cast<float*>(kind.base) + at, shape, DType::F32, p.device())
+      return kind.base ? view_of(static_cast<float*>(kind.base) + at, shape, DType::F32, device)
                        : Tensor{};
     };
     if (!moment && zero() < 3) {  // parameters whole on every rank
@@ -97,8 +99,8 @@ std::vector<ckpt::LiveTensor> Trainer::snapshot_tensors(std::vector<NvmeSlice>* 
         if (part.on_nvme && on_nvme)
           on_nvme->push_back(
               {tensors.size(), part.tensor, part.shard, part.info.local_shape.numel()});
-        tensors.push_back(
-            {part.info, part.on_nvme ? nullptr : part.view.f32(), p.device(), part.on_nvme});
+        tensors.push_back({part.info, part.on_nvme ? nullptr : part.view.f32(),
+                           part.on_nvme ? p.device() : part.view.device, part.on_nvme});
       }
   }
   return tensors;
@@ -197,14 +199,17 @@ int64_t Trainer::restore_snapshot() {
     return -1;
   }
   ParamStore& p = model_->params();
-  const Device device = p.device();
+  // The moments' device differs from the parameters' when they are offloaded to the host.
+  auto device_of = [&](const StateBuffer& b) {
+    return b.base == p.all_params().data ? p.device() : optimizer_->state_device();
+  };
   // Data- and context-parallel replicas take it from the first, which staged it ...
   const bool moe = cfg_.model.is_moe();
   const bool replicated = dp_size_ * cp_size_ > 1;
   // With ZeRO every rank staged the moments of its own shares (at stage 3 its parameters' too).
   if (replicated && !moe && zero() < 3)
     for (const StateBuffer& b : state_buffers(!zero()))
-      mesh_->dp_cp().broadcast(view_of(b.base, Shape{p.numel()}, DType::F32, device), 0);
+      mesh_->dp_cp().broadcast(view_of(b.base, Shape{p.numel()}, DType::F32, device_of(b)), 0);
   // ... (with MoE parameter by parameter: experts from their first edp and etp rank;
   // with ZeRO each rank staged its shares of the experts' moments, and those of an
   // etp-replicated one come from the first etp rank) ...
@@ -212,7 +217,7 @@ int64_t Trainer::restore_snapshot() {
     for (const StateBuffer& b : state_buffers(!zero()))
       for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
         const ParamSpec& spec = p.spec(id);
-        const Tensor t = p.view(b.base, id, device);
+        const Tensor t = p.view(b.base, id, device_of(b));
         if (!spec.expert) {
           if (replicated) mesh_->dp_cp().broadcast(t, 0);
           continue;

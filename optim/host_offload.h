@@ -1,0 +1,74 @@
+#pragma once
+// parallel.offload = "cpu" on a device (ZeRO-Offload's split of the work): AdamW's moments
+// live in host memory, and each optimizer step streams the shard's parameters and reduced
+// gradients through page-locked staging, chunk by chunk:
+//   device -> host on one copy stream (behind every kernel issued before the step),
+//   the host's AdamW on the chunk (kernels::adamw_update on the CPU: OpenMP, vectorised),
+//   host -> device on a second copy stream,
+// with two staging slots, so that chunk k + 1 comes down and chunk k - 1 goes up while the
+// host updates chunk k.
+//
+// The device's fp32 arena stays the one home of the master values: the host keeps no copy of
+// them between steps. Everything else that writes the arena (initialisation, a checkpoint
+// load or in-job restore, ZeRO's all-gather) then needs no host mirror kept in step, which
+// an untested path could silently miss. The price is one more crossing of the bus per step:
+// the shard's parameters come down (4 bytes an element) beside the gradients (4) and go back
+// up (4). The moments (8 bytes an element) never cross: they stay in pageable host memory.
+//
+// Stream rule: the first download waits for the compute stream (an event); the step returns
+// after the last upload has landed (the host waits), so kernels issued afterwards (ZeRO's
+// all-gather, the bf16 copy's refresh, the next forward) read the new values.
+// Not overlapped yet: the gradients come down only once the step begins, not bucket by
+// bucket during backward.
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "core/device_memory.h"
+#include "core/params.h"
+#include "core/tensor.h"
+
+namespace pentad {
+
+// One piece of the step: count elements inside one parameter.
+struct HostChunk {
+  int64_t arena = 0;  // where its parameters (and full-arena gradients) start in the arena
+  int64_t state = 0;  // where its moments (and compact ZeRO gradients) start in the shard
+  int64_t count = 0;
+  int id = 0;  // the parameter
+};
+
+// The shard's pieces (StateShard::pieces of every parameter) in arena order, cut into equal
+// chunks of at most max_elements each (a parameter's last chunk is never a sliver).
+std::vector<HostChunk> plan_host_chunks(const ParamStore& params, const StateShard& shard,
+                                        int64_t max_elements);
+
+class HostOffload {
+ public:
+  // Updates one chunk on the host: p and g hold the chunk's parameters and gradients (staging);
+  // the moments are the caller's, at chunk.state.
+  using Update = std::function<void(const HostChunk& chunk, float* p, const float* g)>;
+  using BeforeChunk = std::function<void(const HostChunk& chunk)>;
+
+  HostOffload(const ParamStore& params, const StateShard& shard, int64_t max_elements);
+  ~HostOffload();
+  HostOffload(const HostOffload&) = delete;
+  HostOffload& operator=(const HostOffload&) = delete;
+
+  // One step over every chunk, in order. grads: the compact reduced gradients of the shard
+  // (ZeRO), or empty for the full gradient arena. before_chunk runs before the chunk's
+  // update and upload (a checkpoint copy in flight holds the step back there).
+  void step(ParamStore& params, const Tensor& grads, const Update& update,
+            const BeforeChunk& before_chunk = {});
+
+  const std::vector<HostChunk>& chunks() const { return chunks_; }
+  size_t staging_bytes() const { return staging_.capacity(); }
+
+ private:
+  std::vector<HostChunk> chunks_;
+  int64_t slot_elements_ = 0;  // the largest chunk
+  Arena staging_;              // 2 slots x (parameters, gradients), page-locked
+  AsyncCopier down_, up_;
+};
+
+}  // namespace pentad

@@ -1,0 +1,152 @@
+// AdamW's state offloaded to host memory (optim/host_offload.h, parallel.offload = "cpu" on a
+// GPU). Here the parameters are host memory too, so the copies are memcpy and nothing runs
+// on a device: what is checked is the chunk plan, the staging (two slots taking turns), the
+// gradients' source (the full arena, or the compact ZeRO shares) and that an AdamW step
+// through the host is bitwise the step without it. The device streams are covered by the GPU
+// suite (tests/cuda/cuda_train_test.cpp, CpuOffload).
+#include "optim/host_offload.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "optim/adamw.h"
+
+namespace pentad {
+namespace {
+
+const int64_t kChunk = int64_t(AdamW::kChunkElements);
+
+ParamStore make_params() {
+  ParamStore p;
+  p.add("small", Shape{7}, Init::Normal, 0.02f, false);
+  p.add("matrix", Shape{33, 65}, Init::Normal, 0.02f, true);
+  p.add("just_over", Shape{kChunk + 1}, Init::Normal, 0.02f, false);
+  p.add("three", Shape{3, kChunk - 5}, Init::Normal, 0.02f, true);
+  p.add("empty", Shape{0}, Init::Zeros, 0.0f, false);
+  p.allocate();
+  p.initialize(11);
+  return p;
+}
+
+// A ZeRO-like shard: rows 10.. of "matrix" and row 1.. of "three" (compact: one after the
+// other).
+StateShard some_rows(const ParamStore& p) {
+  const ParamSpec& matrix = p.spec(p.find("matrix"));
+  const ParamSpec& three = p.spec(p.find("three"));
+  const int64_t m0 = int64_t(matrix.offset) + 10 * 65, m1 = int64_t(matrix.offset) + 33 * 65;
+  const int64_t t0 = int64_t(three.offset) + (kChunk - 5),
+                t1 = int64_t(three.offset) + three.local_shape.numel();
+  return {{{m0, m1, 0}, {t0, t1, m1 - m0}}, (m1 - m0) + (t1 - t0)};
+}
+
+std::vector<float> normal(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 0.1f);
+  std::vector<float> out(static_cast<size_t>(n));
+  for (float& x : out) x = dist(rng);
+  return out;
+}
+
+TEST(HostOffload, PlanTilesTheShardInChunksInsideParameters) {
+  const ParamStore p = make_params();
+  for (const StateShard& shard : {StateShard::whole(p.numel()), some_rows(p)}) {
+    const bool whole = shard.is_whole(p.numel());
+    SCOPED_TRACE(whole ? "whole arena" : "ZeRO shard");
+    const std::vector<HostChunk> chunks = plan_host_chunks(p, shard, 1000);
+    int64_t covered = 0, wanted = 0, end = 0;
+    for (const ParamSpec& spec : p.specs())
+      for (const StateShard::Piece& piece : shard.pieces(spec)) wanted += piece.count;
+    for (const HostChunk& c : chunks) {
+      const ParamSpec& spec = p.spec(c.id);
+      // The whole arena's layout has the padding between parameters; a ZeRO shard's none.
+      if (whole) {
+        EXPECT_GE(c.state, end);
+        EXPECT_EQ(c.state, c.arena);
+      } else {
+        EXPECT_EQ(c.state, end) << "chunks follow the compact layout without gaps";
+      }
+      EXPECT_GT(c.count, 0);
+      EXPECT_LE(c.count, 1000);
+      EXPECT_GE(c.arena, int64_t(spec.offset));
+      EXPECT_LE(c.arena + c.count, int64_t(spec.offset) + spec.local_shape.numel())
+          << spec.name << ": a chunk stays inside its parameter";
+      end = c.state + c.count;
+      covered += c.count;
+    }
+    EXPECT_EQ(covered, wanted);
+    if (!whole) {
+      EXPECT_EQ(end, shard.numel);
+    }
+  }
+  // A parameter is cut into equal chunks: "just_over" (kChunk + 1) into two, not kChunk and 1.
+  const std::vector<HostChunk> chunks = plan_host_chunks(p, StateShard::whole(p.numel()), kChunk);
+  for (const HostChunk& c : chunks) {
+    if (p.spec(c.id).name != "just_over") continue;
+    EXPECT_GE(c.count, kChunk / 2);
+  }
+}
+
+// Small chunks, so that the two staging slots take many turns: each chunk's update must see
+// its own parameters and gradients, and its result must land at its own place.
+TEST(HostOffload, EveryChunkUpdatesItsOwnValuesThroughTheStaging) {
+  ParamStore p = make_params();
+  const StateShard shard = some_rows(p);
+  const std::vector<float> before(p.all_params().f32(), p.all_params().f32() + p.numel());
+  const std::vector<float> grads = normal(shard.numel, 3);
+  HostOffload offload(p, shard, 777);
+  ASSERT_GT(offload.chunks().size(), 100u);
+  size_t heard = 0;
+  offload.step(
+      p, view_of(const_cast<float*>(grads.data()), Shape{shard.numel}),
+      [](const HostChunk& c, float* values, const float* g) {
+        for (int64_t i = 0; i < c.count; ++i) values[i] = 2 * values[i] + g[i];
+      },
+      [&](const HostChunk& c) { EXPECT_EQ(&c, &offload.chunks()[heard++]) << "in order"; });
+  EXPECT_EQ(heard, offload.chunks().size());
+  const float* after = p.all_params().f32();
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < p.numel(); ++i) {
+    float want = before[size_t(i)];  // outside the shard: untouched
+    for (const StateShard::Range& r : shard.ranges)
+      if (r.begin <= i && i < r.end) want = 2 * want + grads[size_t(r.shard + (i - r.begin))];
+    wrong += after[i] != want ? 1 : 0;
+  }
+  EXPECT_EQ(wrong, 0) << "values of " << p.numel() << " not updated from their own chunk";
+}
+
+// AdamW with its state on the host against AdamW without: the same bits, for the whole arena
+// (gradients read from the gradient arena) and for a ZeRO shard (compact gradients).
+TEST(HostOffload, AdamWStepThroughTheHostIsBitwiseTheStepInPlace) {
+  OptimConfig cfg;
+  for (const bool sharded : {false, true}) {
+    SCOPED_TRACE(sharded ? "ZeRO shard" : "whole arena");
+    ParamStore plain = make_params(), hosted = make_params();
+    const StateShard shard = sharded ? some_rows(plain) : StateShard::whole(plain.numel());
+    AdamW a(cfg, plain, shard), b(cfg, hosted, shard, nullptr, "", false, /*on_host=*/true);
+    EXPECT_TRUE(b.on_host());
+    EXPECT_EQ(b.state_device(), Device::CPU);
+    EXPECT_GT(b.host_staging_bytes(), 0u);
+    for (int64_t step = 1; step <= 3; ++step) {
+      const int64_t n = sharded ? shard.numel : plain.numel();
+      std::vector<float> g = normal(n, uint32_t(step));
+      const Tensor grads = view_of(g.data(), Shape{n});
+      if (!sharded) {
+        std::memcpy(plain.all_grads().data, g.data(), g.size() * sizeof(float));
+        std::memcpy(hosted.all_grads().data, g.data(), g.size() * sizeof(float));
+      }
+      const float lr = 1e-3f * float(step);
+      a.step(plain, lr, {}, false, sharded ? grads : Tensor{});
+      b.step(hosted, lr, {}, false, sharded ? grads : Tensor{});
+    }
+    EXPECT_EQ(std::memcmp(plain.all_params().data, hosted.all_params().data, plain.bytes()), 0);
+    const size_t state = size_t(shard.numel) * sizeof(float);
+    EXPECT_EQ(std::memcmp(a.m_base(), b.m_base(), state), 0);
+    EXPECT_EQ(std::memcmp(a.v_base(), b.v_base(), state), 0);
+  }
+}
+
+}  // namespace
+}  // namespace pentad
