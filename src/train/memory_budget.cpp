@@ -211,6 +211,13 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   }
   if (cfg.train.save_every > 0)  // values, m and v again (offloaded too: read into staging)
     e.snapshot = e.values * f32 / (zero == 3 ? Z : 1) + moments;
+  // CUDA: dropping a bucket or unit zeroes device memory without giving it back
+  // (Arena::discard), so the arenas count whole; AdamW on the host holds none of it.
+  if (cfg.train.device == "cuda") {
+    if (zero >= 2) e.gradients = (e.values + 2 * shares) * f32;
+    if (zero == 3) e.parameters = e.values * (f32 + (cfg.train.precision == "bf16" ? 2 : 0));
+    if (cfg.parallel.offload == "cpu") e.optimizer = 0;
+  }
   return e;
 }
 
@@ -291,9 +298,13 @@ std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh)
                 parallel::mesh_degree(mesh, parallel::Axis::EDP))
           : fmt::format("S = N / {}", Z);
   const bool nvme = cfg.parallel.offload == "nvme";
-  const char* grads_formula = zero == 0 ? "4N" : zero == 1 ? "4N + 4S" : "<= 2 buckets of 4N + 8S";
+  const bool cuda = cfg.train.device == "cuda";
+  const char* grads_formula =
+      zero == 0           ? "4N"
+      : zero == 1 || cuda ? (zero == 1 ? "4N + 4S" : "4N + 8S: on CUDA the arena stays whole")
+                          : "<= 2 buckets of 4N + 8S";
   const bool nvme_params = nvme && zero == 3 && cfg.parallel.offload_params;
-  if (zero == 3) {
+  if (zero == 3 && !cuda) {
     text.pop_back();  // the parameters line ends here
     text +=
         fmt::format(" [ZeRO-3: {}two units (a layer or the embedding) whole; Z = dp x cp = {}]\n",
@@ -307,8 +318,10 @@ std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh)
   text += fmt::format("  AdamW state  {} [{}]\n", bytes_text(e.optimizer),
                       nvme_params ? "on NVMe; in memory 3 sub-groups of p, m and v"
                       : nvme      ? "on NVMe; in memory 3 sub-groups of m and v"
-                      : zero      ? fmt::format("8S, {}", share)
-                                  : std::string("8N"));
+                      : cuda && cfg.parallel.offload == "cpu"
+                          ? fmt::format("in host memory: {}", zero ? "8S" : "8N")
+                      : zero ? fmt::format("8S, {}", share)
+                             : std::string("8N"));
   text +=
       fmt::format("  activations  {} ({})\n", bytes_text(e.activations), activations_text(cfg, e));
   if (e.snapshot > 0) text += fmt::format("  snapshot     {}\n", bytes_text(e.snapshot));

@@ -185,17 +185,24 @@ void check_zero(const Config& c, const Where& where) {
   if (p.offload == "nvme" && (p.nvme_block_kb % 4 != 0))
     fail("{}: parallel.nvme_block_kb = {} must be a multiple of 4 (direct I/O moves whole pages)",
          where({"parallel.nvme_block_kb"}), p.nvme_block_kb);
-  if (p.offload == "cpu" && c.train.device == "cuda")
+  // NVMe offload streams AdamW's state through host buffers against host parameters
+  // (optim/nvme_state.h); device parameters would need a third hop.
+  if (p.offload == "nvme" && c.train.device == "cuda")
     fail(
-        "{}: parallel.offload = \"cpu\" with train.device = \"cuda\" (AdamW on the host while "
-        "the GPU computes) is not built yet: set parallel.offload = \"none\"",
+        "{}: parallel.offload = \"nvme\" with train.device = \"cuda\" is not built yet (the "
+        "NVMe engine updates host parameters): set parallel.offload = \"cpu\" (AdamW's state "
+        "in host memory) or \"none\"",
         where({"parallel.offload", "train.device"}));
-  if (p.zero == 0) return;
-  if (p.zero == 3 && c.train.device == "cuda")
+  // AdamW on the host (optim/host_offload.h) keeps one set of moments: a swap snapshot's
+  // second set is not built for it.
+  if (p.offload == "cpu" && c.train.device == "cuda" && c.train.save_every > 0 &&
+      c.checkpoint.snapshot == "swap")
     fail(
-        "{}: parallel.zero = 3 on CUDA is not built yet (the bf16 copy of each gathered layer "
-        "is not refreshed): set parallel.zero = 2, or train on the CPU",
-        where({"parallel.zero", "train.device"}));
+        "{}: checkpoint.snapshot = \"swap\" keeps a second set of the state, which AdamW "
+        "offloaded to the host (parallel.offload = \"cpu\" with train.device = \"cuda\") "
+        "does not have: set checkpoint.snapshot = \"copy\" (or \"auto\")",
+        where({"checkpoint.snapshot", "parallel.offload", "train.save_every"}));
+  if (p.zero == 0) return;
   if (c.model.is_moe() && p.zero == 3)
     fail(
         "{}: parallel.zero = 3 with an MoE model is not built yet (the experts' parameters "

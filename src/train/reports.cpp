@@ -217,10 +217,14 @@ std::string Trainer::memory_plan() const {
   // With the shares on NVMe only the units, and a third unit's share being read ahead.
   const bool nvme_params = optimizer_->params_offloaded();
   const size_t unit = zero() == 3 ? size_t(reducer_->largest_bucket()) * sizeof(float) : 0;
-  const size_t params = zero() != 3   ? p.bytes() + p.compute_copy_bytes()
+  // On CUDA a discard zeroes device memory but gives none back (Arena::discard): the
+  // parameter and gradient arenas hold their whole size there, whatever the ZeRO stage.
+  const bool whole_on_device = p.device() == Device::CUDA;
+  const size_t params = zero() != 3 || whole_on_device ? p.bytes() + p.compute_copy_bytes()
                         : nvme_params ? 2 * unit + unit / size_t(dp_size_ * cp_size_)
                                       : shard + 2 * unit;
-  const size_t optim = nvme ? nvme->host_buffer_bytes() : 2 * shard;
+  // Offloaded to host memory: none on the device (counted in the text below).
+  const size_t optim = nvme ? nvme->host_buffer_bytes() : optimizer_->on_host() ? 0 : 2 * shard;
   // Stages 2 and 3 also hold up to GradReducer::kInFlight buckets of the full gradients (per
   // reducer: the experts' too) while their reductions are pending (README's "2 buckets").
   size_t pending = 0;
@@ -228,9 +232,10 @@ std::string Trainer::memory_plan() const {
     for (const parallel::GradReducer* r : {reducer_.get(), expert_reducer_.get()})
       if (r)
         pending += parallel::GradReducer::kInFlight * size_t(r->largest_bucket()) * sizeof(float);
-  const size_t grads = zero() == 0   ? p.bytes()
-                       : zero() == 1 ? p.bytes() + shard
-                                     : std::min(p.bytes(), pending) + 2 * shard;
+  const size_t grads = zero() == 0 ? p.bytes()
+                       : zero() == 1
+                           ? p.bytes() + shard
+                           : std::min(p.bytes(), whole_on_device ? p.bytes() : pending) + 2 * shard;
   std::string zero_text;
   if (zero() > 0)
     zero_text = fmt::format(
@@ -241,8 +246,21 @@ std::string Trainer::memory_plan() const {
             ? fmt::format(", the routed experts over edp = {}", mesh_->degree(parallel::Axis::EDP))
             : "",
         optimizer_->shard().numel, p.numel(),
-        zero() >= 2 ? "; the full gradients live only bucket by bucket during backward" : "");
-  if (zero() == 3 && !nvme_params)
+        zero() >= 2 && !whole_on_device
+            ? "; the full gradients live only bucket by bucket during backward"
+            : "");
+  if (zero() >= 2 && whole_on_device)
+    zero_text += fmt::format(
+        "; on CUDA the full gradient{} arena stays allocated (device memory is zeroed, not "
+        "returned, when a bucket or unit is dropped)",
+        zero() == 3 ? " and parameter" : "");
+  if (optimizer_->on_host())
+    zero_text += fmt::format(
+        " | AdamW state in host memory: {} (m and v) and {} of page-locked staging; each step "
+        "streams the {} values' parameters and gradients through the host and back",
+        format_bytes(2 * shard), format_bytes(optimizer_->host_staging_bytes()),
+        optimizer_->shard().numel);
+  if (zero() == 3 && !nvme_params && !whole_on_device)
     zero_text += fmt::format(
         "; parameters: the {} of this rank's shares stay, each layer's others are gathered "
         "while it computes and dropped after",

@@ -151,3 +151,29 @@ TEST(MemoryBudget, TheLimitIsTheRanksShareOfTheMachine) {
 }
 
 }  // namespace
+
+// On CUDA a dropped bucket or unit is zeroed, not given back (Arena::discard): ZeRO-2's
+// gradients and ZeRO-3's parameters count whole there, while on the CPU they shrink; AdamW
+// offloaded to the host (parallel.offload = "cpu") holds no device memory.
+TEST(MemoryBudget, CudaCountsDroppedArenasWholeAndHostAdamWNone) {
+  parallel::MeshConfig mesh = one_rank();
+  mesh.dp = 2;
+  auto estimate = [&](const std::string& device, const std::string& zero,
+                      const std::string& offload) {
+    return estimate_memory(
+        load_recipe(kRecipes + "gpt-tiny.toml", {"train.device=" + device, "parallel.zero=" + zero,
+                                                 "parallel.offload=" + offload}),
+        mesh);
+  };
+  const MemoryEstimate cpu3 = estimate("cpu", "3", "none"), cuda3 = estimate("cuda", "3", "none");
+  const double values = cuda3.values, f32 = 4;
+  EXPECT_EQ(cuda3.parameters, values * f32);
+  EXPECT_NE(cpu3.parameters, cuda3.parameters);  // shares and two units on the CPU
+  EXPECT_EQ(cuda3.gradients, (values + 2 * values / 2) * f32);
+  EXPECT_LT(cpu3.gradients, cuda3.gradients);
+  EXPECT_EQ(cuda3.optimizer, 2 * values / 2 * f32);  // ZeRO shares the moments on both
+  EXPECT_EQ(cpu3.optimizer, cuda3.optimizer);
+  EXPECT_EQ(estimate("cuda", "2", "cpu").optimizer, 0.0);
+  EXPECT_EQ(estimate("cuda", "0", "cpu").optimizer, 0.0);
+  EXPECT_EQ(estimate("cpu", "0", "cpu").optimizer, 2 * values * f32);  // the host is the device
+}
