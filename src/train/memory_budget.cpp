@@ -461,6 +461,13 @@ void check_memory(const Config& cfg, const parallel::MeshConfig& mesh, const Nod
           "parallel.offload = \"nvme\" with parallel.offload_path = a directory on a fast drive "
           "(AdamW state on disk, streamed through three sub-groups in memory)");
   }
+  // On CUDA AdamW's state can live in host memory instead (optim/host_offload.h).
+  if (cfg.parallel.offload == "none" && cfg.train.device == "cuda") {
+    Config c = cfg;
+    c.parallel.offload = "cpu";
+    if (fits(c))
+      knobs.push_back("parallel.offload = \"cpu\" (AdamW state in host memory, updated there)");
+  }
   // Parameters, gradients and AdamW state divide over tp x pp; activations mostly do not.
   const double state = e.parameters + e.gradients + e.optimizer;
   const double room = limit - e.activations;

@@ -177,3 +177,22 @@ TEST(MemoryBudget, CudaCountsDroppedArenasWholeAndHostAdamWNone) {
   EXPECT_EQ(estimate("cuda", "0", "cpu").optimizer, 0.0);
   EXPECT_EQ(estimate("cpu", "0", "cpu").optimizer, 2 * values * f32);  // the host is the device
 }
+
+// A CUDA plan that fits once AdamW's state leaves the device names parallel.offload = "cpu";
+// a CPU plan never does (its state is on the host already).
+TEST(MemoryBudget, CudaPlanOverTheLimitNamesCpuOffload) {
+  for (const std::string device : {"cuda", "cpu"}) {
+    Config cfg = load_recipe(kRecipes + "gpt2-124m.toml", {"train.device=" + device});
+    const MemoryEstimate e = estimate_memory(cfg, one_rank());
+    // Between the total without AdamW's state and the total with it.
+    cfg.train.memory_limit_mb = int64_t((e.total() - e.optimizer / 2) / (1024 * 1024));
+    try {
+      check_memory(cfg, one_rank(), NodeShare{});
+      ADD_FAILURE() << device << ": the plan fit";
+    } catch (const Error& e) {
+      const bool named =
+          std::string(e.what()).find("parallel.offload = \"cpu\"") != std::string::npos;
+      EXPECT_EQ(named, device == "cuda") << e.what();
+    }
+  }
+}
