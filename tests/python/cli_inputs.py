@@ -179,6 +179,12 @@ CASES = [
     ("zero3_moe_trains", "mixtral-tiny.toml", TINY + ["parallel.ep=2", "parallel.zero=3"], 4, 0,
      ["ZeRO-3 over dp x cp = 4, the routed experts over edp = 2",
       "each layer's others are gathered", "step     2/2"]),
+    ("zero3_uneven_eval_batches", "gpt-tiny.toml",
+     TINY + ["parallel.zero=3", "train.eval_batches=3"], 2, 2,
+     ["train.eval_batches (3) must be a multiple of the data-parallel degree (2) with "
+      "parallel.zero = 3", "set train.eval_batches = 4"]),
+    ("zero2_moe_trains", "mixtral-tiny.toml", TINY + ["parallel.ep=2", "parallel.zero=2"], 4, 0,
+     ["ZeRO-2 over dp x cp = 4, the routed experts over edp = 2", "step     2/2"]),
     ("zero3_on_cuda", "gpt-tiny.toml", ["parallel.zero=3", "train.device=cuda"], 0, 2,
      ["parallel.zero = 3 on CUDA is not built yet"]),
     ("zero_stage_out_of_range", "gpt-tiny.toml", ["parallel.zero=4"], 0, 2, ["parallel.zero"]),
