@@ -171,7 +171,8 @@ namespace {
 // towards the end of the arena, backward: towards its start) is prefetched meanwhile, and
 // with the shares on NVMe the one after that has its share read (the gather sends from it).
 // With MoE a layer has a unit in each reducer: its dense parameters' over dp x cp, its
-// routed experts' over edp; each reducer prefetches its own next unit.
+// routed experts' over edp; each reducer prefetches its own next unit, the experts' also
+// from a stretch that has none (a dense layer, the embedding).
 class ZeroParameters final : public ParameterHooks {
  public:
   ZeroParameters(std::vector<parallel::GradReducer*> reducers, const ParamStore& params)
@@ -188,7 +189,10 @@ class ZeroParameters final : public ParameterHooks {
       parallel::GradReducer& reducer = *reducers_[r];
       const std::vector<int> buckets = of(ids, int(r));
       for (int b : buckets) reducer.acquire(b);
-      if (buckets.empty()) continue;
+      if (buckets.empty()) {  // the experts' reducer at a dense layer or the embedding
+        reducer.prefetch(beyond(ids, int(r), backward));
+        continue;
+      }
       // Buckets run from the end of the arena: forward goes to lower indices.
       const auto [low, high] = std::minmax_element(buckets.begin(), buckets.end());
       reducer.prefetch(backward ? *high + 1 : *low - 1);
@@ -214,6 +218,19 @@ class ZeroParameters final : public ParameterHooks {
         buckets.push_back(at.bucket);
     }
     return buckets;
+  }
+  // The unit of `reducer` holding its nearest parameter beyond the stretch (forward: after
+  // it in the arena, backward: before), so that the first MoE layer after dense ones finds its
+  // experts on their way; -1: none. Ids run in arena order (no pipeline at stage 3). A tied
+  // head in the final stretch hides the layers before it from backward: none then.
+  int beyond(const std::vector<int>& ids, int reducer, bool backward) const {
+    if (ids.empty()) return -1;
+    const auto [low, high] = std::minmax_element(ids.begin(), ids.end());
+    const int step = backward ? -1 : 1;
+    for (int id = (backward ? *low : *high) + step; id >= 0 && id < int(place_.size()); id += step)
+      if (const Place& at = place_[size_t(id)]; at.reducer == reducer && at.bucket >= 0)
+        return at.bucket;
+    return -1;
   }
   std::vector<parallel::GradReducer*> reducers_;
   std::vector<Place> place_;  // per parameter id
