@@ -58,14 +58,19 @@ parallel::MeshConfig mesh_config(const Config& cfg, int world_size) {
         "divisor of {}, or start more ranks",
         p.ep, p.etp, expert, stage_ranks, mesh.dp, mesh.cp, mesh.tp, stage_ranks);
   parallel::validate(mesh, world_size);
-  // Every rank of an ep group takes part in each MoE layer's all-to-alls, so data-parallel
-  // ranks must run the same number of eval micro-batches.
-  if ((p.ep > 1 || p.etp > 1) && cfg.train.eval_every > 0 && cfg.train.eval_batches % mesh.dp != 0)
+  // Every rank of an ep group takes part in each MoE layer's all-to-alls, and at ZeRO-3
+  // every rank of dp x cp (edp) in each layer's parameter gather, so data-parallel ranks
+  // must run the same number of eval micro-batches.
+  const bool ep = p.ep > 1 || p.etp > 1, zero3 = p.zero == 3 && mesh.dp > 1;
+  if ((ep || zero3) && cfg.train.eval_every > 0 && cfg.train.eval_batches % mesh.dp != 0)
     fail(
-        "train.eval_batches ({}) must be a multiple of the data-parallel degree ({}) with "
-        "expert parallelism (parallel.ep = {}, parallel.etp = {}): every rank of an ep group "
-        "must evaluate as many batches; set train.eval_batches = {}",
-        cfg.train.eval_batches, mesh.dp, p.ep, p.etp,
+        "train.eval_batches ({}) must be a multiple of the data-parallel degree ({}) with {}: "
+        "{} must evaluate as many batches; set train.eval_batches = {}",
+        cfg.train.eval_batches, mesh.dp,
+        ep ? fmt::format("expert parallelism (parallel.ep = {}, parallel.etp = {})", p.ep, p.etp)
+           : std::string("parallel.zero = 3"),
+        ep ? "every rank of an ep group"
+           : "the data-parallel ranks, which gather each layer's parameters together,",
         (cfg.train.eval_batches + mesh.dp - 1) / mesh.dp * mesh.dp);
   if (p.pp > 1 || p.virtual_stages > 1 || !p.pp_layout.empty()) {
     parallel::pp::check_schedule(schedule_spec(cfg));

@@ -193,24 +193,30 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   const double bucket_mb = double(cfg.parallel.bucket_mb) * kMiB;
   const double bucket = zero == 3 ? unit : std::max(bucket_mb, V * C / p * f32);
   const double dense_values = e.values - e.expert_values;
-  e.gradients = zero == 0   ? e.values * f32
-                : zero == 1 ? (e.values + shares) * f32
-                            : std::min(dense_values * f32, 2 * bucket) +
-                                  std::min(e.expert_values * f32, 2 * bucket_mb) + 2 * shares * f32;
+  const double expert_bucket = zero == 3 ? expert_values * f32 : bucket_mb;  // a layer's experts
+  e.gradients = zero == 0 ? e.values * f32
+                : zero == 1
+                    ? (e.values + shares) * f32
+                    : std::min(dense_values * f32, 2 * bucket) +
+                          std::min(e.expert_values * f32, 2 * expert_bucket) + 2 * shares * f32;
   const double moments = 2 * shares * f32;  // AdamW's m and v of this rank's shares
   e.optimizer = moments;
   const bool nvme = cfg.parallel.offload == "nvme";
   const bool nvme_params = nvme && zero == 3 && cfg.parallel.offload_params;
+  // ZeRO-3's unit with MoE: a layer's dense parameters and its routed experts, each gathered
+  // by its own reducer.
+  const double unit3 = std::max({layer_values, holds_moe ? moe_values : 0.0, embedding}) * f32;
   if (zero == 3)  // this rank's shares, and two units whole (one in use, one fetched); with
     // the shares on NVMe (ZeRO-Infinity) none of them, but a third unit's on its way
-    e.parameters = (nvme_params ? unit / Z : e.parameters / Z) + std::min(e.parameters, 2 * unit);
+    e.parameters = (nvme_params ? unit3 / Z : e.parameters * shares / e.values) +
+                   std::min(e.parameters, 2 * unit3);
   if (nvme) {  // on disk; in memory three sub-groups of m and v (and the parameter shares)
     const double tensors = nvme_params ? 3 : 2;
     e.optimizer = 3 * std::min(tensors * shares * f32,
                                tensors * double(cfg.parallel.nvme_subgroup_kb) * 1024);
   }
   if (cfg.train.save_every > 0)  // values, m and v again (offloaded too: read into staging)
-    e.snapshot = e.values * f32 / (zero == 3 ? Z : 1) + moments;
+    e.snapshot = (zero == 3 ? shares : e.values) * f32 + moments;
   // CUDA: dropping a bucket or unit zeroes device memory without giving it back
   // (Arena::discard), so the arenas count whole; AdamW on the host holds none of it.
   if (cfg.train.device == "cuda") {

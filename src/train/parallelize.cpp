@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <numeric>
+#include <utility>
 
+#include "core/check.h"
 #include "parallel/cp/context_parallel.h"
 #include "parallel/ep/expert_parallel.h"
 #include "parallel/pp/layout.h"
@@ -168,44 +170,79 @@ namespace {
 // stretch reads are gathered before it and dropped after it; the next stretch's (forward:
 // towards the end of the arena, backward: towards its start) is prefetched meanwhile, and
 // with the shares on NVMe the one after that has its share read (the gather sends from it).
+// With MoE a layer has a unit in each reducer: its dense parameters' over dp x cp, its
+// routed experts' over edp; each reducer prefetches its own next unit, the experts' also
+// from a stretch that has none (a dense layer, the embedding).
 class ZeroParameters final : public ParameterHooks {
  public:
-  ZeroParameters(parallel::GradReducer& reducer, const ParamStore& params) : reducer_(reducer) {
-    for (const ParamSpec& spec : params.specs())
-      bucket_.push_back(reducer.bucket_of(int64_t(spec.offset)));
+  ZeroParameters(std::vector<parallel::GradReducer*> reducers, const ParamStore& params)
+      : reducers_(std::move(reducers)) {
+    for (const ParamSpec& spec : params.specs()) {
+      Place at;
+      for (size_t r = 0; r < reducers_.size() && at.bucket < 0; ++r)
+        at = {int(r), reducers_[r]->bucket_of(int64_t(spec.offset))};
+      place_.push_back(at);
+    }
   }
   void need(const std::vector<int>& ids, bool backward) override {
-    const std::vector<int> buckets = of(ids);
-    for (int b : buckets) reducer_.acquire(b);
-    if (buckets.empty()) return;
-    // Buckets run from the end of the arena: forward goes to lower indices.
-    const auto [low, high] = std::minmax_element(buckets.begin(), buckets.end());
-    reducer_.prefetch(backward ? *high + 1 : *low - 1);
-    reducer_.read_ahead(backward ? *high + 2 : *low - 2);
+    for (size_t r = 0; r < reducers_.size(); ++r) {
+      parallel::GradReducer& reducer = *reducers_[r];
+      const std::vector<int> buckets = of(ids, int(r));
+      for (int b : buckets) reducer.acquire(b);
+      if (buckets.empty()) {  // the experts' reducer at a dense layer or the embedding
+        reducer.prefetch(beyond(ids, int(r), backward));
+        continue;
+      }
+      // Buckets run from the end of the arena: forward goes to lower indices.
+      const auto [low, high] = std::minmax_element(buckets.begin(), buckets.end());
+      reducer.prefetch(backward ? *high + 1 : *low - 1);
+      reducer.read_ahead(backward ? *high + 2 : *low - 2);
+    }
   }
   void done(const std::vector<int>& ids) override {
-    for (int b : of(ids)) reducer_.release(b);
+    for (size_t r = 0; r < reducers_.size(); ++r)
+      if (r == 0 || !stale_experts_)
+        for (int b : of(ids, int(r))) reducers_[r]->release(b);
   }
 
  private:
-  std::vector<int> of(const std::vector<int>& ids) const {
+  struct Place {
+    int reducer = -1, bucket = -1;  // bucket -1: in no reducer's buckets
+  };
+  std::vector<int> of(const std::vector<int>& ids, int reducer) const {
     std::vector<int> buckets;
     for (int id : ids) {
-      const int b = bucket_[size_t(id)];
-      if (b >= 0 && std::find(buckets.begin(), buckets.end(), b) == buckets.end())
-        buckets.push_back(b);
+      const Place& at = place_[size_t(id)];
+      if (at.reducer == reducer && at.bucket >= 0 &&
+          std::find(buckets.begin(), buckets.end(), at.bucket) == buckets.end())
+        buckets.push_back(at.bucket);
     }
     return buckets;
   }
-  parallel::GradReducer& reducer_;
-  std::vector<int> bucket_;  // per parameter id
+  // The unit of `reducer` holding its nearest parameter beyond the stretch (forward: after
+  // it in the arena, backward: before), so that the first MoE layer after dense ones finds its
+  // experts on their way; -1: none. Ids run in arena order (no pipeline at stage 3). A tied
+  // head in the final stretch hides the layers before it from backward: none then.
+  int beyond(const std::vector<int>& ids, int reducer, bool backward) const {
+    if (ids.empty()) return -1;
+    const auto [low, high] = std::minmax_element(ids.begin(), ids.end());
+    const int step = backward ? -1 : 1;
+    for (int id = (backward ? *low : *high) + step; id >= 0 && id < int(place_.size()); id += step)
+      if (const Place& at = place_[size_t(id)]; at.reducer == reducer && at.bucket >= 0)
+        return at.bucket;
+    return -1;
+  }
+  std::vector<parallel::GradReducer*> reducers_;
+  std::vector<Place> place_;  // per parameter id
+  // Planted for the layout test: the experts' units, once gathered, are never dropped.
+  const bool stale_experts_ = bug_injected("zero3-moe-stale-experts");
 };
 
 }  // namespace
 
-std::unique_ptr<ParameterHooks> zero_parameters(parallel::GradReducer& reducer,
+std::unique_ptr<ParameterHooks> zero_parameters(std::vector<parallel::GradReducer*> reducers,
                                                 const ParamStore& params) {
-  return std::make_unique<ZeroParameters>(reducer, params);
+  return std::make_unique<ZeroParameters>(std::move(reducers), params);
 }
 
 }  // namespace pentad

@@ -12,6 +12,7 @@
 //   4. data parallelism reduces the gradients the model produces (parallel/dp, in the trainer),
 //      and ZeRO-3 gathers the parameters it reads (zero_parameters below).
 #include <memory>
+#include <vector>
 
 #include "model/model.h"
 #include "parallel/dp/grad_reducer.h"
@@ -35,10 +36,11 @@ struct ModelWiring {
 std::unique_ptr<Model> parallelize(const Config& cfg, parallel::Mesh* mesh, Placement placement,
                                    ModelWiring& wiring);
 
-// ZeRO-3 (parameters sharded over dp x cp): the model's parameter hooks, which gather each
-// stretch's units through the reducer's buckets before it and drop them after. The reducer
-// and the store outlive the hooks.
-std::unique_ptr<ParameterHooks> zero_parameters(parallel::GradReducer& reducer,
+// ZeRO-3 (parameters sharded over dp x cp, MoE experts over edp): the model's parameter
+// hooks, which gather each stretch's units through the reducers' buckets before it and drop
+// them after. A parameter belongs to the first reducer that buckets it. The reducers and the
+// store outlive the hooks.
+std::unique_ptr<ParameterHooks> zero_parameters(std::vector<parallel::GradReducer*> reducers,
                                                 const ParamStore& params);
 
 // The model's chunks as a pipeline stage sees them; the model outlives it.

@@ -216,7 +216,10 @@ std::string Trainer::memory_plan() const {
   // (the largest, often the embedding, counted twice); the arena itself is reserved whole.
   // With the shares on NVMe only the units, and a third unit's share being read ahead.
   const bool nvme_params = optimizer_->params_offloaded();
-  const size_t unit = zero() == 3 ? size_t(reducer_->largest_bucket()) * sizeof(float) : 0;
+  size_t unit = 0;  // with MoE a layer's dense unit and its experts' unit are whole together
+  if (zero() == 3)
+    for (const parallel::GradReducer* r : zero_reducers())
+      unit += size_t(r->largest_bucket()) * sizeof(float);
   // On CUDA a discard zeroes device memory but gives none back (Arena::discard): the
   // parameter and gradient arenas hold their whole size there, whatever the ZeRO stage.
   const bool whole_on_device = p.device() == Device::CUDA;

@@ -77,10 +77,14 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
       cfg.parallel.offload == "nvme" && zero() == 3 && cfg.parallel.offload_params,
       cfg.parallel.offload == "cpu" && t.device == "cuda");
   if (zero() == 3) {
-    zero_params_ = zero_parameters(*reducer_, model_->params());
+    std::vector<parallel::GradReducer*> gathering = zero_reducers();
+    if (bug_injected("zero3-moe-skip-expert-gather"))  // planted for the layout test
+      gathering.resize(1);
+    zero_params_ = zero_parameters(gathering, model_->params());
     model_->set_parameter_hooks(zero_params_.get());
     if (optimizer_->params_offloaded()) offload_parameter_shares();
-    reducer_->release_all();  // from here on each rank holds its shares only (or none)
+    // From here on each rank holds its shares only (or none).
+    for (parallel::GradReducer* r : zero_reducers()) r->release_all();
   }
   // "auto" is the copy: swap (direct I/O from the page-aligned arenas) measured equal to it
   // within noise and costs a second set of the state (bench/RESULTS.md, 2026-11-25).
@@ -424,6 +428,8 @@ void Trainer::finish_moe_step(StepStats& s) {
       held.insert(held.end(), first, last);
   }
   if (cfg_.model.moe.bias_update_rate > 0) model_->update_expert_bias(held);
+  // ZeRO-3: back to this rank's shares, the bias's other shares (just moved here too) as well.
+  if (zero() == 3) gather_updated_params();
 }
 
 int Trainer::all_ranks(int value, parallel::ReduceOp op) {

@@ -243,6 +243,9 @@ class Trainer {
   std::unique_ptr<parallel::GradReducer> expert_reducer_;  // MoE experts, over edp
   // ZeRO with MoE: both reducers' reduced shares, the dense then the experts'.
   Arena zero_grads_;
+  // ZeRO: the reducers whose shares make up the optimizer's shard (the dense one, then the
+  // experts' with MoE); at stage 3 they gather the parameters too.
+  std::vector<parallel::GradReducer*> zero_reducers() const;
   // train/trainer_zero.cpp: reducer_ and expert_reducer_ (and zero_grads_) built; the
   // optimizer's shard over both; the reduced shares it reads (empty without ZeRO); the
   // global gradient norm; ZeRO's parameters gathered after the optimizer step.

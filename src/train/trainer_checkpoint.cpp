@@ -161,7 +161,9 @@ void Trainer::optimizer_step(float lr) {
       const float* base = p.all_params().f32();
       saver_.wait_for_copy(base, base + p.numel());
     }
-    gather_updated_params();  // stage 1, 2: on every rank now; stage 3: when next used
+    // Stage 1, 2: on every rank now; stage 3: when next used. MoE at stage 3: after the
+    // bias update (finish_moe_step), which writes every rank's whole copy of the expert bias.
+    if (zero() < 3 || !cfg_.model.is_moe()) gather_updated_params();
   }
   kernels::refresh_weights(p);  // the compute copy follows the new master values
 }
@@ -211,9 +213,9 @@ int64_t Trainer::restore_snapshot() {
     for (const StateBuffer& b : state_buffers(!zero()))
       mesh_->dp_cp().broadcast(view_of(b.base, Shape{p.numel()}, DType::F32, device_of(b)), 0);
   // ... (with MoE parameter by parameter: experts from their first edp and etp rank;
-  // with ZeRO each rank staged its shares of the experts' moments, and those of an
-  // etp-replicated one come from the first etp rank) ...
-  if (mesh_ && moe)
+  // with ZeRO each rank staged its shares of the experts' moments (at stage 3 of their
+  // values too), and those of an etp-replicated one come from the first etp rank) ...
+  if (mesh_ && moe && zero() < 3)
     for (const StateBuffer& b : state_buffers(!zero()))
       for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
         const ParamSpec& spec = p.spec(id);
@@ -231,7 +233,7 @@ int64_t Trainer::restore_snapshot() {
     for (int id = 0; id < static_cast<int>(p.specs().size()); ++id)
       if (p.spec(id).expert && p.spec(id).shard_dim < 0)
         for (const StatePart& part : state_parts(id, true))
-          if (part.moment) mesh_->group(parallel::Axis::ETP).broadcast(part.view, 0);
+          if (part.moment || zero() == 3) mesh_->group(parallel::Axis::ETP).broadcast(part.view, 0);
   // ... and tensor-parallel ranks their replicated parameters from tp rank 0.
   if (model_->tp().degree() > 1)
     for (int id = 0; id < static_cast<int>(p.specs().size()); ++id)
@@ -247,6 +249,11 @@ int64_t Trainer::restore_snapshot() {
 }
 
 int64_t Trainer::restored_snapshot() {
+  // ZeRO-3: the snapshot's shares only, as a load leaves them. A swap snapshot goes back to
+  // the set frozen at the save, where a unit prefetched and not yet used was still whole;
+  // a copy writes the shares over whatever was gathered when the restore came.
+  if (zero() == 3)
+    for (parallel::GradReducer* r : zero_reducers()) r->release_all();
   kernels::refresh_weights(model_->params());  // the compute copy follows the master values
   optimizer_->set_steps_taken(snapshot_optimizer_steps_);
   start_step_ = snapshot_step_;

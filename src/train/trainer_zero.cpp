@@ -12,22 +12,24 @@ void Trainer::build_reducers(size_t bucket_bytes) {
   // experts): each reducer leaves the other's parameters out of its buckets.
   const ParallelConfig& par = cfg_.parallel;
   ParamStore& params = model_->params();
+  // ZeRO-3 gathers parameters a layer at a time: one bucket per layer ("layers.<l>"), one
+  // for the embedding, one for the final norm and head. Each reducer cuts its own part of a
+  // layer: the dense reducer the attention, norms, shared experts and router; the experts'
+  // reducer the routed experts of an MoE layer (adjacent in the arena, after the router).
+  const parallel::GradReducer::Unit unit =
+      par.zero != 3 ? parallel::GradReducer::Unit() : [](const ParamSpec& p) {
+        if (p.name.rfind("layers.", 0) != 0) return std::string();
+        return p.name.substr(0, p.name.find('.', 7));
+      };
   if (mesh_ && mesh_->dp_cp().size() > 1) {
     // ZeRO under pipelining: the tied embedding's two copies (first and last stage) must be
     // cut into the same shares, so each is a bucket of its own.
     const std::string tied =
         pp_size_ > 1 && cfg_.model.tie_embeddings ? params.spec(embedding_id()).name : "";
-    // ZeRO-3 gathers parameters a layer at a time: one bucket per layer ("layers.<l>"), one
-    // for the embedding, one for the final norm and head.
-    auto unit = [](const ParamSpec& p) {
-      if (p.name.rfind("layers.", 0) != 0) return std::string();
-      return p.name.substr(0, p.name.find('.', 7));
-    };
     reducer_ = std::make_unique<parallel::GradReducer>(
         mesh_->dp_cp(), params, bucket_bytes, int(par.zero),
         [](const ParamSpec& p) { return !p.expert; },
-        [tied](const ParamSpec& p) { return !tied.empty() && p.name == tied; },
-        par.zero == 3 ? parallel::GradReducer::Unit(unit) : parallel::GradReducer::Unit());
+        [tied](const ParamSpec& p) { return !tied.empty() && p.name == tied; }, unit);
   }
   if (!mesh_ || !cfg_.model.is_moe()) return;
   // ZeRO shards the experts' state over edp, even where edp is 1 (there the reduce-scatter
@@ -38,7 +40,7 @@ void Trainer::build_reducers(size_t bucket_bytes) {
       !bug_injected("moe-skip-edp-reduce"))  // a planted bug the layout test must catch
     expert_reducer_ = std::make_unique<parallel::GradReducer>(
         mesh_->group(parallel::Axis::EDP), params, bucket_bytes, expert_zero ? zero() : 0,
-        [](const ParamSpec& p) { return p.expert; });
+        [](const ParamSpec& p) { return p.expert; }, parallel::GradReducer::Filter(), unit);
   if (!expert_zero || !expert_reducer_) return;
   // One shard over both: the dense shares, then the experts'.
   const StateShard& dense = reducer_->shard();
@@ -102,6 +104,9 @@ void Trainer::gather_updated_params() {
     // holds old values of the other ranks' shares, so back to this rank's shares only.
     if (!bug_injected("zero3-keep-stale"))  // planted for the layout test
       reducer_->release_all();
+    if (zero_grads_.base() &&
+        !bug_injected("zero3-moe-stale-experts"))  // planted for the layout test
+      expert_reducer_->release_all();
     return;
   }
   reducer_->gather_params();
@@ -112,7 +117,9 @@ void Trainer::gather_updated_params() {
 
 void Trainer::offload_parameter_shares() {
   optimizer_->store_params(model_->params());
-  // The reducer's shard is the optimizer's (ZeRO-3 has no expert reducer): the same offsets.
+  // The reducer's shard is the optimizer's (MoE, whose experts' reducer holds the rest of
+  // it, is refused with the shares on NVMe): the same offsets.
+  PENTAD_CHECK(!zero_grads_.base(), "ZeRO-3 parameter shares on NVMe with MoE experts");
   reducer_->keep_shares_elsewhere([this](int64_t shard, int64_t count, float* into) {
     const uint64_t read = optimizer_->start_param_read(shard, count);
     return parallel::GradReducer::Arrival(
@@ -122,11 +129,19 @@ void Trainer::offload_parameter_shares() {
 
 void Trainer::whole_parameters(bool all) {
   if (zero() != 3) return;
-  for (int b = 0; b < reducer_->buckets_count(); ++b)
-    if (all)
-      reducer_->acquire(b);
-    else
-      reducer_->release(b);
+  for (parallel::GradReducer* r : zero_reducers())
+    for (int b = 0; b < r->buckets_count(); ++b)
+      if (all)
+        r->acquire(b);
+      else
+        r->release(b);
+}
+
+std::vector<parallel::GradReducer*> Trainer::zero_reducers() const {
+  std::vector<parallel::GradReducer*> reducers;
+  if (zero() && reducer_) reducers.push_back(reducer_.get());
+  if (zero() && zero_grads_.base()) reducers.push_back(expert_reducer_.get());
+  return reducers;
 }
 
 }  // namespace pentad

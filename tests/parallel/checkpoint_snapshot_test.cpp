@@ -1,6 +1,6 @@
 // In-job restart from host memory (dp2 x tp2 with sequence parallelism; pp2 x dp2; MoE at
-// ZeRO-2), with both kinds of snapshot. Copy: only the first data-parallel replica stages a
-// snapshot, and only tp rank 0 stages replicated parameters; restore_snapshot() broadcasts
+// ZeRO-2 and ZeRO-3), with both kinds of snapshot. Copy: only the first data-parallel replica
+// stages a snapshot, and only tp rank 0 stages replicated parameters; restore_snapshot() broadcasts
 // the rest.
 // Swap: every rank goes back to its own frozen set. Every rank must end bitwise where a resume from
 // the step's checkpoint on disk puts it, parameters and AdamW moments, and train on identically.
@@ -98,6 +98,20 @@ TEST_P(CheckpointSnapshot, RestoreFromMemoryEqualsResumeFromDiskOnDp2Tp2) {
        "data.source=random", "parallel.tp=2", "parallel.sequence_parallel=true"});
 }
 
+// ZeRO-3 over dp4: every rank stages its shares of the parameters, and the restore leaves
+// nothing else of them in memory (a unit whole at the save, swapped back, would be).
+TEST_P(CheckpointSnapshot, RestoreFromMemoryEqualsResumeFromDiskOnDp4Zero3) {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world != 4) GTEST_SKIP() << "needs mpirun with 4 ranks";
+  check_restore(std::string("dp4zero3-") + GetParam(),
+                {std::string("checkpoint.snapshot=") + GetParam(), "model.family=llama",
+                 "model.n_layer=2", "model.d_model=64", "model.n_head=4", "model.n_kv_head=2",
+                 "model.vocab_size=512", "train.seq_len=32", "train.micro_batch=2",
+                 "train.grad_accum=2", "train.steps=10", "train.threads=1", "train.eval_every=0",
+                 "data.source=random", "parallel.tp=1", "parallel.zero=3"});
+}
+
 // Pipeline: the last stage's copy of the tied embedding is not staged; it comes from the
 // first stage.
 TEST_P(CheckpointSnapshot, RestoreFromMemoryEqualsResumeFromDiskOnPp2Dp2) {
@@ -140,6 +154,37 @@ TEST_P(CheckpointSnapshot, RestoreFromMemoryEqualsResumeFromDiskOnMoeZero2) {
                  "parallel.tp=1",
                  "parallel.etp=2",
                  "parallel.zero=2"});
+}
+
+// MoE at ZeRO-3, the same model: the parameters too are shares (the experts' over edp 2); those
+// of the etp-replicated output bias are staged by the first etp rank and sent to the others,
+// and the aux-loss-free bias update leaves no stale copy outside this rank's shares.
+TEST_P(CheckpointSnapshot, RestoreFromMemoryEqualsResumeFromDiskOnMoeZero3) {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world != 4) GTEST_SKIP() << "needs mpirun with 4 ranks";
+  check_restore(std::string("moe-zero3-") + GetParam(),
+                {std::string("checkpoint.snapshot=") + GetParam(),
+                 "model.family=gpt2",
+                 "model.n_layer=2",
+                 "model.d_model=64",
+                 "model.n_head=4",
+                 "model.vocab_size=512",
+                 "model.moe_layers=all",
+                 "model.n_experts=4",
+                 "model.top_k=2",
+                 "model.d_ff_expert=64",
+                 "moe.bias_update_rate=0.01",
+                 "train.seq_len=32",
+                 "train.micro_batch=2",
+                 "train.grad_accum=2",
+                 "train.steps=10",
+                 "train.threads=1",
+                 "train.eval_every=0",
+                 "data.source=random",
+                 "parallel.tp=1",
+                 "parallel.etp=2",
+                 "parallel.zero=3"});
 }
 
 INSTANTIATE_TEST_SUITE_P(Snapshot, CheckpointSnapshot, ::testing::Values("swap", "copy"));

@@ -204,6 +204,72 @@ TEST(Zero, StageThreeKeepsThisRanksSharesOfTheParametersOnly) {
       << "dropped " << dropped / 1048576 << " MiB, the others' shares are " << others / 1048576;
 }
 
+// Stage 3 with MoE (the trainer's build_reducers): the dense parameters' units over the whole
+// group, the routed experts' over their replicas (edp: pairs of ranks here), each layer's
+// experts one unit of the second reducer. Released, each rank holds its shares of both and
+// zeros elsewhere, the others' shares of both gone from memory; acquired, every unit whole.
+TEST(Zero, StageThreeWithMoeShardsTheExpertsOverTheirOwnGroup) {
+  const int D = world_size();
+  if (D < 4 || D % 2 != 0) GTEST_SKIP() << "needs mpirun with an even number of ranks >= 4";
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm pairs;
+  MPI_Comm_split(MPI_COMM_WORLD, rank / 2, rank, &pairs);
+  auto dense_group = parallel::make_communicator(parallel::Backend::MPI, MPI_COMM_WORLD, "dp");
+  auto edp_group = parallel::make_communicator(parallel::Backend::MPI, pairs, "edp");
+  ParamStore p;
+  const int64_t C = 256;
+  p.add("wte.weight", Shape{2048, C}, Init::Normal, 0.02f, true);
+  for (int l = 0; l < 4; ++l) {
+    const std::string at = "layers." + std::to_string(l) + ".";
+    p.add(at + "attn.qkv.weight", Shape{3 * C, C}, Init::Normal, 0.02f, true);
+    p.add(at + "moe.router.weight", Shape{4, C}, Init::Normal, 0.02f, true);
+    for (int e = 0; e < 2; ++e) {
+      const std::string ex = at + "moe.experts." + std::to_string(e) + ".";
+      p.mark_expert(p.add(ex + "up.weight", Shape{2 * C, C}, Init::Normal, 0.02f, true));
+      p.mark_expert(p.add(ex + "down.weight", Shape{C, 2 * C}, Init::Normal, 0.02f, true));
+    }
+  }
+  p.allocate();
+  p.initialize(7);
+  const std::vector<float> want(p.all_params().f32(), p.all_params().f32() + p.numel());
+  auto unit = [](const ParamSpec& s) {
+    return s.name.rfind("layers.", 0) == 0 ? s.name.substr(0, s.name.find('.', 7)) : "";
+  };
+  parallel::GradReducer dense(
+      *dense_group, p, size_t{1} << 20, 3, [](const ParamSpec& s) { return !s.expert; }, {}, unit);
+  parallel::GradReducer experts(
+      *edp_group, p, size_t{1} << 20, 3, [](const ParamSpec& s) { return s.expert; }, {}, unit);
+  EXPECT_EQ(dense.buckets_count(), 5);    // embedding, four layers' attention and router
+  EXPECT_EQ(experts.buckets_count(), 4);  // four layers' experts
+  int64_t expert_values = 0;
+  for (const ParamSpec& s : p.specs()) expert_values += s.expert ? s.local_shape.numel() : 0;
+  const size_t before = resident_bytes();
+  dense.release_all();
+  experts.release_all();
+  const size_t after = resident_bytes();
+  std::vector<char> kept(size_t(p.numel()), 0);
+  for (const StateShard* shard : {&dense.shard(), &experts.shard()})
+    for (const StateShard::Range& r : shard->ranges)
+      std::fill(kept.begin() + r.begin, kept.begin() + r.end, 1);
+  const float* values = p.all_params().f32();
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < p.numel(); ++i)
+    wrong += values[i] != (kept[size_t(i)] ? want[size_t(i)] : 0.0f);
+  EXPECT_EQ(wrong, 0) << "released: this rank's shares of both reducers, zeros elsewhere";
+  EXPECT_EQ(experts.shard().numel, expert_values / 2) << "the experts' shares over edp 2";
+  if (kMeasuresMemory) {
+    const double others =
+        double(p.numel() - dense.shard().numel - experts.shard().numel) * sizeof(float);
+    EXPECT_NEAR(double(before) - double(after), others, 0.05 * others)
+        << "the other ranks' shares of the dense parameters and of the experts go";
+  }
+  for (int b = 0; b < dense.buckets_count(); ++b) dense.acquire(b);
+  for (int b = 0; b < experts.buckets_count(); ++b) experts.acquire(b);
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), p.all_params().f32())) << "gathered whole";
+  MPI_Comm_free(&pairs);
+}
+
 // Stage 3 with this rank's shares kept outside the arena (ZeRO-Infinity; the trainer keeps
 // them on NVMe): release_all() leaves nothing of the parameters resident, read_ahead()
 // starts only the read, acquire() brings each unit back whole, bitwise the values written,

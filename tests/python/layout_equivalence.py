@@ -56,10 +56,14 @@ the tied embedding's shares on both end stages); the broken variants skip one bu
 all-gather of the updated parameters (stage 1), and keep a unit gathered before the update
 (stage 3: its other shares stale).
 
-With --moe-zero (an MoE recipe), ZeRO 1 and 2 with expert parallelism: the dense parameters'
-state sharded over dp x cp, the experts' over their own replicas, edp (2, and 1 where each
-expert has no replica, so the experts' shares are whole); one layout folds ep over tp ranks.
-The broken variant skips the all-gather of the experts' updated parameters over edp.
+With --moe-zero (an MoE recipe), ZeRO 1, 2 and 3 with expert parallelism: the dense
+parameters' state sharded over dp x cp, the experts' over their own replicas, edp (2, and 1
+where each expert has no replica, so the experts' shares are whole); one layout folds ep over
+tp ranks, one slices the experts over etp. At stage 3 the parameters are sharded too, each
+layer's dense ones gathered over dp x cp and its experts' over edp around its use. The broken
+variants skip the all-gather of the experts' updated parameters over edp (stage 1), never
+gather the experts' units (stage 3: their other shares read as zeros), and keep the experts'
+units once gathered (stage 3: stale after the first update).
 
 usage: layout_equivalence.py [--pipeline | --moe | --context | --zero | --moe-zero] PENTAD
                              RECIPE WORKDIR
@@ -180,6 +184,13 @@ MOE_ZERO_LAYOUTS = [
     ("dp2xep2-zero2", 2, ["parallel.ep=2", ZERO + "2"]),  # edp 1: the experts' shares whole
     # Folded: attention on dp2 x tp2, the experts on edp2 x ep2 with ep over the tp ranks.
     ("ep2-on-dp2xtp2+sp-zero1", 4, ["parallel.tp=2", SP, "parallel.ep=2", ZERO + "1"]),
+    # Stage 3: each layer's dense parameters gathered over dp, its routed experts over edp
+    # (2; 1: whole on their rank; the experts sliced over etp 2 and replicated over edp 2;
+    # ep 1: edp is the dp group itself).
+    ("dp4xep2-zero3", 4, ["parallel.ep=2", ZERO + "3"]),
+    ("dp2xep2-zero3", 2, ["parallel.ep=2", ZERO + "3"]),
+    ("dp4xetp2-zero3", 4, ["parallel.etp=2", ZERO + "3"]),
+    ("dp2-zero3", 2, [ZERO + "3"]),
 ]
 # Grouped-query attention with fewer kv heads (2) than the Ulysses degree (4): replicated.
 CONTEXT_GQA = ("cp4-ulysses-kv2", 4, ["parallel.cp=4", ULYSSES, "model.n_kv_head=2"])
@@ -206,6 +217,10 @@ ZERO_BROKEN = [
 MOE_ZERO_BROKEN = [
     ("dp4xep2-zero1 missing the experts' parameter all-gather", 4,
      ["parallel.ep=2", ZERO + "1"], "zero-moe-skip-expert-gather"),
+    ("dp4xep2-zero3 never gathering the experts' units", 4, ["parallel.ep=2", ZERO + "3"],
+     "zero3-moe-skip-expert-gather"),
+    ("dp4xep2-zero3 keeping the experts' units gathered across updates", 4,
+     ["parallel.ep=2", ZERO + "3"], "zero3-moe-stale-experts"),
 ]
 MOE_BROKEN = [
     ("dp4xep2 missing the experts' edp all-reduce", 4, ["parallel.ep=2"], "moe-skip-edp-reduce"),

@@ -17,6 +17,11 @@
    Bitwise across layouts because two ranks sum every gradient as a + b, exact in either
    order, with one micro-batch per step and no clipping (its norm sums the shares in
    their own order): the rest of the step is elementwise.
+5. ZeRO-3, the parameters sharded too (dp4 x ep2: the dense ones over dp 4, the experts' over
+   edp 2): bitwise resume; every rank saved the values and moments of its own shares, the
+   experts' rows each once; the checkpoint continues on one rank, on ep2 without ZeRO, at
+   zero 3 with edp 1 (dp2 x ep2) and at zero 3 on ep2 x etp2, like one rank does; and the
+   ZeRO-2 checkpoint of 3 continues at zero 3 with the experts sliced over etp 2.
 
 usage: moe_checkpoint.py PENTAD MOE_RECIPE WORKDIR [section.key=value ...]
 """
@@ -61,6 +66,32 @@ def shares_cut_inside_experts(pentad, recipe, work):
                  f"{name} resumed on {other}: losses of steps 11-20 and final weights bitwise")
 
 
+def zero3(pentad, recipe, work):
+    ckpt = cr.bitwise_resume(pentad, recipe, work, "dp4xep2-zero3", 4,
+                             ["parallel.ep=2", "parallel.zero=3", "train.grad_accum=1"])
+    manifest = json.loads((ckpt / "step-00000010" / "manifest.json").read_text())
+    for kind in ("param/", "adam_m/"):
+        experts = [s for s in manifest["shards"]
+                   if s["name"].startswith(kind) and ".experts." in s["name"]]
+        dense = [s for s in manifest["shards"]
+                 if s["name"].startswith(kind) and ".experts." not in s["name"]]
+        rows = {}
+        for share in experts:
+            rows[share["name"]] = rows.get(share["name"], 0) + share["local_shape"][0]
+        cr.check(len({s["file"] for s in experts}) == 4 and
+                 len({s["file"] for s in dense}) == 4 and
+                 all(rows[s["name"]] == s["global_shape"][0] for s in experts),
+                 f"zero-3 dp4 x ep2: every rank saved the {kind[:-1]} of its shares, the dense "
+                 f"parameters' and the experts' (each expert's rows once)")
+    cr.reshard(pentad, recipe, work, ckpt, "dp4xep2-zero3", {
+        "one rank": (1, ["train.grad_accum=4"]),
+        "ep2": (2, ["parallel.ep=2", "train.grad_accum=2"]),
+        "dp2xep2-zero3": (2, ["parallel.ep=2", "parallel.zero=3", "train.grad_accum=2"]),
+        "ep2xetp2-zero3": (4, ["parallel.ep=2", "parallel.etp=2", "parallel.zero=3",
+                               "train.grad_accum=1"]),
+    })
+
+
 def main():
     pentad, recipe, work = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     cr.COMMON.extend(sys.argv[4:])
@@ -97,8 +128,10 @@ def main():
                                      "train.grad_accum=2"]),
         "ep2xetp2-zero1": (4, ["parallel.ep=2", "parallel.etp=2", "parallel.zero=1",
                                "train.grad_accum=1"]),
+        "dp4xetp2-zero3": (4, ["parallel.etp=2", "parallel.zero=3", "train.grad_accum=1"]),
     })
     shares_cut_inside_experts(pentad, recipe, work)
+    zero3(pentad, recipe, work)
     cr.finish("MoE checkpoints resume exactly")
 
 

@@ -7,7 +7,8 @@ zero = 3 the parameter shares with it (ZeRO-Infinity's parameter offload).
    every final weight bitwise equal. Zero-3 twice: with the parameter shares on NVMe (the
    default; grad_accum 2 and an evaluation between steps, so that units are read ahead,
    gathered and dropped in every order the hooks take) and with them kept in memory
-   (parallel.offload_params = false). And zero-3 with its shares on NVMe resumed from the
+   (parallel.offload_params = false), and MoE at zero 3 (dp4 x ep2) with them kept in memory
+   (on NVMe refused with MoE). And zero-3 with its shares on NVMe resumed from the
    in-memory run's step-4 checkpoint (the loaded shares go to the file) ends bitwise on
    that run's weights.
    Checkpoints of the offloaded state (saved every 3 steps, the saver's background thread
@@ -117,6 +118,17 @@ def bitwise(pentad, recipe, work):
         check(losses(memory) == losses(out) and len(losses(memory)) == 8,
               f"{label}: 8 losses bitwise equal with the state on NVMe")
         check(same_weights(memory, out), f"{label}: final weights bitwise equal")
+    # MoE at zero 3 (dp4 x ep2: the experts' shares over edp 2) with AdamW's state on NVMe
+    # and the parameter shares in memory (on NVMe they are refused with MoE).
+    moe = str(Path(recipe).parent / "moe-fine-tiny.toml")
+    layout = ["parallel.ep=2", "parallel.zero=3", "model.n_layer=4", "train.steps=6"]
+    memory, out = work / "moe-zero3-none", work / "moe-zero3-nvme-keep"
+    train(pentad, moe, 4, memory, layout)
+    train(pentad, moe, 4, out, layout + nvme + ["parallel.offload_params=false"])
+    check(losses(memory) == losses(out) and len(losses(memory)) == 6 and
+          same_weights(memory, out),
+          "dp4xep2 MoE zero-3 (parameters in memory): 6 losses and final weights bitwise equal "
+          "with the state on NVMe")
     # Zero-3 resumed onto NVMe: the in-memory run again, saving at step 4.
     saved, ckpt = work / "dp2-zero3-saved", work / "dp2-zero3-ckpt"
     train(pentad, recipe, 2, saved, zero3 + ["train.steps=8", "train.save_every=4",
