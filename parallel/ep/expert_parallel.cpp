@@ -1,8 +1,10 @@
 #include "parallel/ep/expert_parallel.h"
 
 #include <algorithm>
-#include <cstring>
 #include <numeric>
+
+#include "core/device_memory.h"
+#include "kernels/ops.h"
 
 namespace pentad::parallel {
 
@@ -80,64 +82,87 @@ void ExpertParallel::per_peer(std::span<const int64_t> send, std::span<const int
     }
 }
 
-// The staging and regrouping below are host memory and memcpy: device tensors would need
-// device buffers and copy kernels, not built yet.
-static void check_host(const Tensor& in, const Tensor& out, const char* op) {
-  PENTAD_CHECK(in.device == Device::CPU && out.device == Device::CPU && in.dtype == DType::F32 &&
-                   out.dtype == DType::F32,
-               "expert parallelism {}: only host f32 tensors for now (parallel.ep or parallel.etp "
-               "above 1 with train.device = \"cuda\" is not built yet)",
-               op);
+// Host rows go through MPI, device rows through NCCL (the communicator picks by device); the
+// staging follows the rows and the regrouping copies stay on their device.
+static void check_rows(const Tensor& in, const Tensor& out, const char* op) {
+  PENTAD_CHECK(in.device == out.device && in.dtype == DType::F32 && out.dtype == DType::F32,
+               "expert parallelism {}: f32 rows on one device, got {} on {} and {} on {}", op,
+               dtype_name(in.dtype), device_name(in.device), dtype_name(out.dtype),
+               device_name(out.device));
+}
+
+void ExpertParallel::stage(int64_t share_rows, int64_t C, Device device, Tensor& share,
+                           Tensor& gathered) {
+  const int64_t Q = etp_.size();
+  const int64_t gathered_rows = Q > 1 ? Q * share_rows : 0;
+  // At least one alignment: an arena of no bytes has no memory, and its views none either.
+  const size_t bytes =
+      std::max(Arena::kAlignment, Arena::aligned(size_t(share_rows * C) * sizeof(float)) +
+                                      Arena::aligned(size_t(gathered_rows * C) * sizeof(float)));
+  if (staging_.capacity() < bytes || staging_.device() != device)
+    staging_ = Arena("expert-parallel staging", bytes + bytes / 2, device);
+  else
+    staging_.reset();
+  share = staging_.alloc(Shape{share_rows, C});
+  gathered = staging_.alloc(Shape{gathered_rows, C});
+}
+
+// Zeros on the tensor's device; nothing when it is empty (an empty arena has no memory).
+static void zero_rows(const Tensor& t) {
+  if (t.numel() > 0) kernels::zero(t);
+}
+
+// Copies block b's rows between the gathered layout and the expert-major one, on the rows'
+// device (a device-to-device copy does not make the host wait).
+static void copy_rows(const Tensor& dst, int64_t dst_row, const Tensor& src, int64_t src_row,
+                      int64_t rows, int64_t C) {
+  if (rows == 0) return;
+  copy_bytes(dst.f32() + dst_row * C, dst.device, src.f32() + src_row * C, src.device,
+             size_t(rows * C) * sizeof(float));
 }
 
 void ExpertParallel::dispatch(std::span<const int64_t> send, std::span<const int64_t> counts,
                               const Tensor& in, Tensor out) {
-  check_host(in, out, "dispatch");
+  check_rows(in, out, "dispatch");
   const int64_t C = in.shape.ndim == 2 ? in.dim(1) : out.dim(1);
   const int64_t Q = etp_.size();
   std::vector<int64_t> to_peer, from_peer;
   per_peer(send, counts, C, to_peer, from_peer);
   int64_t share_rows = 0;
   const std::vector<Block> layout = blocks(counts, share_rows);
-  share_.assign(size_t(share_rows * C), 0.0f);  // padded rows travel as zeros
-  ep_.all_to_all_v(view_of(share_.data(), Shape{share_rows * C}, in.dtype, in.device), from_peer,
-                   in.reshaped(Shape{in.numel()}), to_peer);
-  const float* gathered = share_.data();
+  Tensor share, gathered;
+  stage(share_rows, C, in.device, share, gathered);
+  zero_rows(share);  // padded rows travel as zeros
+  ep_.all_to_all_v(share.reshaped(Shape{share.numel()}), from_peer, in.reshaped(Shape{in.numel()}),
+                   to_peer);
   if (Q > 1) {
-    gathered_.resize(size_t(Q * share_rows * C));
-    etp_.all_gather(view_of(gathered_.data(), Shape{Q * share_rows * C}),
-                    view_of(share_.data(), Shape{share_rows * C}));
-    gathered = gathered_.data();
+    etp_.all_gather(gathered.reshaped(Shape{gathered.numel()}),
+                    share.reshaped(Shape{share.numel()}));
+  } else {
+    gathered = share;
   }
-  float* dst = out.f32();
-  for (const Block& b : layout)
-    if (b.rows > 0)
-      std::memcpy(dst + b.expert_major * C, gathered + b.gathered * C,
-                  size_t(b.rows * C) * sizeof(float));
+  for (const Block& b : layout) copy_rows(out, b.expert_major, gathered, b.gathered, b.rows, C);
 }
 
 void ExpertParallel::combine(std::span<const int64_t> send, std::span<const int64_t> counts,
                              const Tensor& in, Tensor out) {
-  check_host(in, out, "combine");
+  check_rows(in, out, "combine");
   const int64_t C = out.dim(1), Q = etp_.size();
   std::vector<int64_t> to_peer, from_peer;
   per_peer(send, counts, C, to_peer, from_peer);
   int64_t share_rows = 0;
   const std::vector<Block> layout = blocks(counts, share_rows);
-  gathered_.assign(size_t(Q * share_rows * C), 0.0f);
-  const float* src = in.f32();
-  for (const Block& b : layout)
-    if (b.rows > 0)
-      std::memcpy(gathered_.data() + b.gathered * C, src + b.expert_major * C,
-                  size_t(b.rows * C) * sizeof(float));
-  float* share = gathered_.data();
-  if (Q > 1) {  // every etp rank's partial sums of this rank's rows, added up
-    share_.resize(size_t(share_rows * C));
-    etp_.reduce_scatter(view_of(share_.data(), Shape{share_rows * C}),
-                        view_of(gathered_.data(), Shape{Q * share_rows * C}));
-    share = share_.data();
-  }
-  ep_.all_to_all_v(out.reshaped(Shape{out.numel()}), to_peer, view_of(share, Shape{share_rows * C}),
+  Tensor share, gathered;
+  stage(share_rows, C, in.device, share, gathered);
+  // Every etp rank's partial sums of the rows, laid out for the reduce-scatter (etp 1: this
+  // rank's share alone).
+  Tensor partial = Q > 1 ? gathered : share;
+  zero_rows(partial);
+  for (const Block& b : layout) copy_rows(partial, b.gathered, in, b.expert_major, b.rows, C);
+  if (Q > 1)  // every etp rank's partial sums of this rank's rows, added up
+    etp_.reduce_scatter(share.reshaped(Shape{share.numel()}),
+                        partial.reshaped(Shape{partial.numel()}));
+  ep_.all_to_all_v(out.reshaped(Shape{out.numel()}), to_peer, share.reshaped(Shape{share.numel()}),
                    from_peer);
 }
 

@@ -16,6 +16,14 @@
 // combine() runs the same path backwards: regroup, a reduce-scatter over etp (summing the
 // etp ranks' partial outputs, each rank keeping its own rows) and the all-to-all-v back,
 // which leaves the rows in the order dispatch() took them.
+//
+// Host tensors (MPI) or device tensors (NCCL, parallel/comm.h), f32 only: the MoE block
+// computes its experts in fp32. The counts are host integers either way, since the host
+// sizes every buffer from them: exchange_counts() blocks until every peer's counts are in
+// (an MPI exchange). dispatch() and combine() on device tensors do not make the host wait
+// (but to grow the staging, until its size settles): the all-to-alls are ordered with the
+// kernels by the stream rule, the regrouping copies and the padding's zeros run on the
+// compute stream.
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -57,7 +65,10 @@ class ExpertParallel {
   Communicator& ep_;
   Communicator& etp_;
   int64_t experts_, local_;
-  std::vector<float> gathered_, share_;  // staging: every etp share, and this rank's
+  // Views of staging_ on `device`: this rank's etp share (share_rows, C) and every etp
+  // rank's (etp x share_rows, C), the gathered one empty when etp is 1.
+  void stage(int64_t share_rows, int64_t C, Device device, Tensor& share, Tensor& gathered);
+  Arena staging_;  // on the device of the rows; grown as needed, never shrunk
 };
 
 }  // namespace pentad::parallel

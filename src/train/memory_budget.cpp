@@ -171,8 +171,11 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
       e.activations += act * (10 * slice * kv_heads * D + N * (C / p)) + f32 * N * m.n_head / p;
   }
   if (holds_moe) {
-    e.activations += dispatch_backward;
-    e.dispatch += dispatch_backward;
+    // The dispatcher's staging (parallel/ep/expert_parallel.h), one for every layer: this
+    // etp rank's share of the received rows (R / etp), and with etp > 1 every etp rank's.
+    const double staging = senders > 1 ? f32 * C * (R / etp + (etp > 1 ? R : 0)) : 0;
+    e.activations += dispatch_backward + staging;
+    e.dispatch += dispatch_backward + staging;
   }
   e.parameters = e.values * (f32 + (cfg.train.precision == "bf16" ? 2 : 0));
   // ZeRO over the Z = dp x cp ranks (the routed experts over their edp replicas): AdamW's m

@@ -115,17 +115,13 @@ void check_moe(const Config& c, const Where& where) {
         "whole), or 0 for dropless",
         where({"moe.capacity_factor", "model.top_k"}), format_float(capacity), m.top_k,
         1.0 / double(m.top_k));
-  // MoE on CUDA runs in fp32 with every expert on its rank (its routing on host copies).
+  // MoE on CUDA runs in fp32 (its routing on host copies); its experts may split over ep and
+  // etp, whose all-to-alls move device rows through NCCL (parallel/ep).
   if (c.train.device == "cuda" && c.train.precision != "fp32")
     fail(
         "{}: MoE on CUDA in {} is not built yet (it computes in fp32): set train.precision = "
         "\"fp32\"",
         where({"train.precision", "train.device", "model.n_experts"}), c.train.precision);
-  if (c.train.device == "cuda" && (p.ep > 1 || p.etp > 1))
-    fail(
-        "{}: expert parallelism on CUDA is not built yet (parallel.ep = {}, parallel.etp = {} "
-        "with train.device = \"cuda\"): set both to 1, or train on the CPU",
-        where({"parallel.ep", "parallel.etp", "train.device"}), p.ep, p.etp);
   if (m.n_experts % p.ep != 0)
     fail(
         "{}: model.n_experts ({}) must be divisible by parallel.ep ({}): each expert-parallel "

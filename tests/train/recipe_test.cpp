@@ -234,6 +234,18 @@ TEST(Recipe, MoeLayerPatterns) {
   EXPECT_EQ(expert_ffn_dim(m), 48);
 }
 
+// Expert parallelism on CUDA (fp32) is a layout like any other: ep and etp are accepted.
+TEST(Recipe, ExpertParallelOnCudaLoads) {
+  const std::string path = write_recipe(
+      "expert_parallel_on_cuda.toml",
+      "[model]\nn_experts = 4\nmoe_layers = \"all\"\nd_ff_expert = 32\n[train]\ndevice = "
+      "\"cuda\"\n[parallel]\nep = 2\netp = 2\n");
+  const Config c = load_recipe(path, {});
+  EXPECT_EQ(c.parallel.ep, 2);
+  EXPECT_EQ(c.parallel.etp, 2);
+  EXPECT_EQ(c.train.device, "cuda");
+}
+
 TEST(Recipe, Overrides) {
   Config c = load_shipped("gpt-tiny", {"train.steps=7",                   // integer
                                        "optim.lr=1e-3",                   // float
@@ -551,11 +563,11 @@ std::vector<BadRecipe> bad_recipes() {
        "\"bf16\"\n",
        {},
        {"moe_on_cuda_bf16.toml:6:", "MoE on CUDA in bf16 is not built yet"}},
-      {"expert_parallel_on_cuda",
-       "[model]\nn_experts = 4\nmoe_layers = \"all\"\n[train]\ndevice = \"cuda\"\n[parallel]\n"
-       "etp = 2\n",
+      {"expert_parallel_on_cuda_bf16",
+       "[model]\nn_experts = 4\nmoe_layers = \"all\"\n[train]\ndevice = \"cuda\"\nprecision = "
+       "\"bf16\"\n[parallel]\nep = 2\n",
        {},
-       {"expert parallelism on CUDA is not built yet", "parallel.etp = 2"}},
+       {"MoE on CUDA in bf16 is not built yet", "set train.precision = \"fp32\""}},
       {"ep_without_experts", "[parallel]\nep = 2\n", {}, {"the model has no MoE layers"}},
       {"shared_experts_without_moe",
        "[model]\nn_shared_experts = 2\n",
