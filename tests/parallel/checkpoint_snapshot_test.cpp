@@ -126,6 +126,31 @@ TEST_P(CheckpointSnapshot, RestoreFromMemoryEqualsResumeFromDiskOnPp2Dp2) {
                  "data.source=random", "parallel.pp=2", "parallel.tp=1"});
 }
 
+// The MoE cases' recipe: GPT-2 experts split over etp 2 (edp 2) on 4 ranks, at ZeRO `zero`.
+static std::vector<std::string> moe_etp2_keys(const std::string& snapshot, int zero) {
+  std::vector<std::string> keys = {"checkpoint.snapshot=" + snapshot,
+                                   "model.family=gpt2",
+                                   "model.n_layer=2",
+                                   "model.d_model=64",
+                                   "model.n_head=4",
+                                   "model.vocab_size=512",
+                                   "model.moe_layers=all",
+                                   "model.n_experts=4",
+                                   "model.top_k=2",
+                                   "model.d_ff_expert=64",
+                                   "train.seq_len=32",
+                                   "train.micro_batch=2",
+                                   "train.grad_accum=2",
+                                   "train.steps=10",
+                                   "train.threads=1",
+                                   "train.eval_every=0",
+                                   "data.source=random",
+                                   "parallel.tp=1",
+                                   "parallel.etp=2",
+                                   "parallel.zero=" + std::to_string(zero)};
+  return keys;
+}
+
 // MoE at ZeRO-2 over dp4 with the GPT-2 experts split over etp 2 (edp 2): every rank stages the
 // moments of its shares; those of the experts' output bias, replicated over etp, only the first
 // etp rank, so the others receive them.
@@ -133,27 +158,7 @@ TEST_P(CheckpointSnapshot, RestoreFromMemoryEqualsResumeFromDiskOnMoeZero2) {
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   if (world != 4) GTEST_SKIP() << "needs mpirun with 4 ranks";
-  check_restore(std::string("moe-zero2-") + GetParam(),
-                {std::string("checkpoint.snapshot=") + GetParam(),
-                 "model.family=gpt2",
-                 "model.n_layer=2",
-                 "model.d_model=64",
-                 "model.n_head=4",
-                 "model.vocab_size=512",
-                 "model.moe_layers=all",
-                 "model.n_experts=4",
-                 "model.top_k=2",
-                 "model.d_ff_expert=64",
-                 "train.seq_len=32",
-                 "train.micro_batch=2",
-                 "train.grad_accum=2",
-                 "train.steps=10",
-                 "train.threads=1",
-                 "train.eval_every=0",
-                 "data.source=random",
-                 "parallel.tp=1",
-                 "parallel.etp=2",
-                 "parallel.zero=2"});
+  check_restore(std::string("moe-zero2-") + GetParam(), moe_etp2_keys(GetParam(), 2));
 }
 
 // MoE at ZeRO-3, the same model: the parameters too are shares (the experts' over edp 2); those
@@ -163,28 +168,9 @@ TEST_P(CheckpointSnapshot, RestoreFromMemoryEqualsResumeFromDiskOnMoeZero3) {
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   if (world != 4) GTEST_SKIP() << "needs mpirun with 4 ranks";
-  check_restore(std::string("moe-zero3-") + GetParam(),
-                {std::string("checkpoint.snapshot=") + GetParam(),
-                 "model.family=gpt2",
-                 "model.n_layer=2",
-                 "model.d_model=64",
-                 "model.n_head=4",
-                 "model.vocab_size=512",
-                 "model.moe_layers=all",
-                 "model.n_experts=4",
-                 "model.top_k=2",
-                 "model.d_ff_expert=64",
-                 "moe.bias_update_rate=0.01",
-                 "train.seq_len=32",
-                 "train.micro_batch=2",
-                 "train.grad_accum=2",
-                 "train.steps=10",
-                 "train.threads=1",
-                 "train.eval_every=0",
-                 "data.source=random",
-                 "parallel.tp=1",
-                 "parallel.etp=2",
-                 "parallel.zero=3"});
+  std::vector<std::string> keys = moe_etp2_keys(GetParam(), 3);
+  keys.push_back("moe.bias_update_rate=0.01");
+  check_restore(std::string("moe-zero3-") + GetParam(), keys);
 }
 
 INSTANTIATE_TEST_SUITE_P(Snapshot, CheckpointSnapshot, ::testing::Values("swap", "copy"));
