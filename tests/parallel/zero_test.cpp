@@ -150,7 +150,10 @@ TEST(Zero, ReduceScatterSumsEachShareAndGatherRestoresParameters) {
 
 // Stage 2's memory: backward writes the gradients from the end of the arena; each bucket's
 // pages go back to the system once it is reduced, so the resident gradient bytes stay far
-// below the arena (stage 1 holds all of it).
+// below the arena (stage 1 holds all of it). What stage 2 may hold: the reduced shares (S of
+// N values), the bucket being written and kInFlight pending ones (a bucket holds whole
+// parameters: here the 2 MiB embedding is the largest), and 1 MiB for MPI's own buffers.
+// At 4 ranks that is about 0.6 of the arena, whereas stage 1 holds all of it.
 TEST(Zero, StageTwoHoldsTheFullGradientsOnlyBucketByBucket) {
   const int D = world_size();
   if (D < 2) GTEST_SKIP() << "needs mpirun with at least 2 ranks";
@@ -172,10 +175,17 @@ TEST(Zero, StageTwoHoldsTheFullGradientsOnlyBucketByBucket) {
     }
     reducer.finish();
     const double held = double(peak - base) / double(p.bytes());
+    const double bound =
+        (double(reducer.shard().numel +
+                int64_t(parallel::GradReducer::kInFlight + 1) * reducer.largest_bucket()) *
+             sizeof(float) +
+         double(1 << 20)) /
+        double(p.bytes());
     if (stage == 1)
       EXPECT_GT(held, 0.9) << "stage 1 keeps the full gradients";
     else
-      EXPECT_LT(held, 0.4) << "stage 2 held " << held << " of the gradient arena at once";
+      EXPECT_LT(held, std::min(bound, 0.75))
+          << "stage 2 held " << held << " of the gradient arena at once (bound " << bound << ")";
   }
 }
 
