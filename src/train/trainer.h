@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "checkpoint/saver.h"
@@ -92,10 +94,11 @@ class Trainer {
 
   // Checkpoints. save() starts a snapshot of the state after `steps_done` steps (lazy and
   // asynchronous when train.async_save); commit_pending() makes the newest snapshot a
-  // committed checkpoint once every rank has written its file (block: wait for that), in
-  // each level (ckpt_dir, ckpt_mirror) on its own. A level that failed train.max_failed_saves
-  // saves in a row makes commit_pending() throw. Collective: every rank calls them at the
-  // same points.
+  // committed checkpoint once every rank has written its file (block: wait for that and for
+  // the commit), in each level (ckpt_dir, ckpt_mirror) on its own. Rank 0 commits on a
+  // thread of its own (manifest, renames, fsyncs); without block, the next commit_pending()
+  // takes the outcome. A level that failed train.max_failed_saves saves in a row makes it
+  // throw. Collective: every rank calls them at the same points.
   void save(int64_t steps_done);
   // The end of a run: <ckpt_dir>/recycled (checkpoint.recycle_files) goes.
   void drop_recycled_files();
@@ -187,9 +190,29 @@ class Trainer {
   // False (and a warning) if the checkpoint is unusable (corrupt, truncated, missing).
   // with_optimizer = false loads the parameters only and starts the optimizer afresh.
   bool load(const std::string& dir, bool with_optimizer);
-  // Rank 0: writes the manifest of the pending save into root and renames it into place;
-  // adds what retention retired to `retired`. Throws on failure.
-  void commit_level(const std::string& root, int64_t step, std::vector<std::string>& retired);
+  // A commit in flight: the step, each level's file error agreed by the ranks (empty: every
+  // file written), and on rank 0 its thread's outcome: each level's commit error and what
+  // retention retired.
+  struct CommitOutcome {
+    std::vector<std::string> errors;
+    std::vector<std::string> retired;
+  };
+  struct CommitJob {
+    int64_t step = -1;
+    std::vector<std::string> file_errors;
+    std::future<CommitOutcome> outcome;
+  };
+  // Rank 0, on the commit's thread: writes each level's manifest (base) and renames the
+  // partial directory into place; a level whose file failed (or whose commit throws) has its
+  // partial directory removed instead.
+  // commit_pending()'s parts: start_commit() hands the pending save to the commit thread
+  // once every file is written (block: waits for that); conclude_commit() waits for the
+  // commit in flight, if any, and takes its outcome (the ranks agree on it).
+  void start_commit(bool block);
+  void conclude_commit();
+  static CommitOutcome commit_levels(const std::vector<std::string>& roots,
+                                     const ckpt::Manifest& base, int keep_last,
+                                     const std::vector<std::string>& file_errors);
   // Throws unless the checkpoint at dir holds this recipe's model (`action`: what was
   // refused, for the message); logs the other keys that changed when `log_changes`.
   void check_same_model(const std::string& dir, const std::string& action, bool log_changes) const;
@@ -269,7 +292,8 @@ class Trainer {
   std::vector<int32_t> inputs_, targets_;
   std::vector<StepStats> history_;  // every step of run(), for write_comm_log
   ckpt::AsyncSaver saver_;
-  int64_t pending_save_ = -1;  // step of the snapshot not yet committed
+  int64_t pending_save_ = -1;            // step of the snapshot not yet committed
+  std::optional<CommitJob> committing_;  // its files are written; its commit is in flight
   int64_t pending_optimizer_steps_ = 0;
   int64_t snapshot_step_ = -1, snapshot_optimizer_steps_ = 0;  // of the newest, in memory
   // Swap snapshots: the newest snapshot is the live state set until the next optimizer step

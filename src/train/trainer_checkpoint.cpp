@@ -116,6 +116,8 @@ void Trainer::prepare_snapshots() {
 }
 
 void Trainer::save(int64_t steps_done) {
+  // The previous save committed (a commit in flight waited for): its retired files go to
+  // the recycling pool before this save's files look there.
   commit_pending(true);
   std::vector<std::string> files;
   for (const std::string& root : checkpoint_roots())

@@ -1,7 +1,9 @@
-// The trainer's checkpoint commit: once every rank's file of a save is written, rank 0
-// commits each level (manifest, rename, fsyncs) and the ranks agree on the outcome; the time
-// this takes on the training thread counts as blocked. Retired files go to the saver's
-// thread (removal, or the recycling pool).
+// The trainer's checkpoint commit. Once every rank's file of a save is written, rank 0
+// commits each level (manifest, renames, fsyncs) on a thread of its own, so that the
+// training thread never waits for the file system; the ranks agree on the outcome at the
+// next commit_pending() (a step later at the earliest) or conclude_commit(). The time either
+// takes on the training thread counts as blocked. Retired files go to the saver's thread
+// (removal, or the recycling pool).
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -12,19 +14,31 @@
 #include "train/trainer.h"
 
 namespace pentad {
+namespace {
+
+// Adds the seconds of its scope to `total`, less the saver's own waits (counted apart).
+struct BlockedClock {
+  double& total;
+  const ckpt::AsyncSaver& saver;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  double saver_blocked = saver.blocked_seconds();
+  ~BlockedClock() {
+    total += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() -
+             (saver.blocked_seconds() - saver_blocked);
+  }
+};
+
+}  // namespace
 
 void Trainer::commit_pending(bool block) {
+  conclude_commit();  // the previous commit has had a step at least
+  start_commit(block);
+  if (block) conclude_commit();
+}
+
+void Trainer::start_commit(bool block) {
   if (pending_save_ < 0) return;
-  struct Clock {  // counts this call's time, less the saver's waits (which it counts itself)
-    Trainer& t;
-    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
-    double saver_blocked = t.saver_.blocked_seconds();
-    ~Clock() {
-      t.commit_seconds_ +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() -
-          (t.saver_.blocked_seconds() - saver_blocked);
-    }
-  } clock{*this};
+  BlockedClock clock{commit_seconds_, saver_};
   if (block) {
     try {
       saver_.wait_for_file();
@@ -37,47 +51,90 @@ void Trainer::commit_pending(bool block) {
     saver_.wait_for_file();
   } catch (const Error&) {
   }
-  const int64_t step = pending_save_;
+  conclude_commit();  // one commit in flight at a time
+  CommitJob job;
+  job.step = pending_save_;
   pending_save_ = -1;
   // Each level (the local directory, the mirror) commits on its own: one that fails
   // (a full disk) costs the others nothing.
   const std::vector<std::string> roots = checkpoint_roots();
   const std::vector<std::string>& errors = saver_.file_errors();
-  failed_saves_.resize(roots.size(), 0);
-  std::vector<std::string> why(roots.size());
-  std::vector<std::string> retired;
   for (size_t level = 0; level < roots.size(); ++level) {
     const std::string& mine = level < errors.size() ? errors[level] : std::string();
-    if (!mine.empty() && world_rank_ != 0) spdlog::warn("checkpoint of step {}: {}", step, mine);
-    bool failed = all_ranks(mine.empty() ? 0 : 1, parallel::ReduceOp::Max) != 0;
-    why[level] = mine.empty() ? "another rank could not write its file, or rank 0 commit it "
-                                "(see their messages)"
-                              : mine;
-    if (world_rank_ == 0) {
-      if (!failed) {
-        try {
-          commit_level(roots[level], step, retired);
-        } catch (const Error& e) {
-          failed = true;
-          why[level] = e.what();
-        }
-      }
-      if (failed) {
-        std::error_code ec;  // what the failed save left on the (full) disk goes
-        std::filesystem::remove_all(ckpt::partial_dir(roots[level], step), ec);
+    if (!mine.empty() && world_rank_ != 0)
+      spdlog::warn("checkpoint of step {}: {}", job.step, mine);
+    const bool failed = all_ranks(mine.empty() ? 0 : 1, parallel::ReduceOp::Max) != 0;
+    job.file_errors.push_back(!failed        ? std::string()
+                              : mine.empty() ? "another rank could not write its file (see its "
+                                               "messages)"
+                                             : mine);
+  }
+  if (world_rank_ == 0) {
+    ckpt::Manifest m;
+    m.step = job.step;
+    m.optimizer_steps = pending_optimizer_steps_;
+    const parallel::MeshConfig* mc = mesh_ ? &mesh_->config() : nullptr;
+    m.layout = ckpt::Layout{mesh_ ? mesh_->world_size() : 1,
+                            mc ? mc->tp : 1,
+                            mc ? mc->dp : 1,
+                            mc ? mc->pp : 1,
+                            mc ? mc->cp : 1,
+                            model_->tp().sequence_parallel()};
+    m.recipe_toml = recipe_to_toml(cfg_);
+    saver_.wait_for_removal();  // commit() hands back any *.deleting it finds
+    job.outcome = std::async(std::launch::async, &Trainer::commit_levels, roots, std::move(m),
+                             static_cast<int>(cfg_.train.keep_last), job.file_errors);
+  }
+  committing_ = std::move(job);
+}
+
+Trainer::CommitOutcome Trainer::commit_levels(const std::vector<std::string>& roots,
+                                              const ckpt::Manifest& base, int keep_last,
+                                              const std::vector<std::string>& file_errors) {
+  CommitOutcome out;
+  out.errors.resize(roots.size());
+  for (size_t level = 0; level < roots.size(); ++level) {
+    if (file_errors[level].empty()) {
+      try {
+        for (std::string& dir : ckpt::commit(roots[level], base, keep_last))
+          out.retired.push_back(std::move(dir));
+        spdlog::info("checkpoint: step {} committed to {}", base.step,
+                     ckpt::checkpoint_dir(roots[level], base.step));
+        continue;
+      } catch (const std::exception& e) {
+        out.errors[level] = e.what();
       }
     }
-    failed = all_ranks(failed ? 1 : 0, parallel::ReduceOp::Max) != 0;  // rank 0's commit too
+    std::error_code ec;  // what the failed save left on the (full) disk goes
+    std::filesystem::remove_all(ckpt::partial_dir(roots[level], base.step), ec);
+  }
+  return out;
+}
+
+void Trainer::conclude_commit() {
+  if (!committing_) return;
+  BlockedClock clock{commit_seconds_, saver_};
+  CommitJob job = std::move(*committing_);
+  committing_.reset();
+  CommitOutcome out = job.outcome.valid() ? job.outcome.get() : CommitOutcome{};  // rank 0
+  const std::vector<std::string> roots = checkpoint_roots();
+  failed_saves_.resize(roots.size(), 0);
+  std::vector<std::string> why = job.file_errors;
+  for (size_t level = 0; level < roots.size(); ++level) {
+    const std::string commit_error = level < out.errors.size() ? out.errors[level] : "";
+    if (why[level].empty() && !commit_error.empty()) why[level] = commit_error;
+    const bool failed = all_ranks(why[level].empty() ? 0 : 1, parallel::ReduceOp::Max) != 0;
+    if (failed && why[level].empty()) why[level] = "rank 0 could not commit it (see its messages)";
     failed_saves_[level] = failed ? failed_saves_[level] + 1 : 0;
     if (failed && world_rank_ == 0)
       spdlog::warn(
           "checkpoint of step {} not committed to {} (failure {} in a row of at most "
           "train.max_failed_saves = {}): {}",
-          step, roots[level], failed_saves_[level], cfg_.train.max_failed_saves, why[level]);
+          job.step, roots[level], failed_saves_[level], cfg_.train.max_failed_saves, why[level]);
   }
-  if (world_rank_ == 0) saver_.remove_later(std::move(retired));  // off the training thread
-  if (failed_saves_[0] == 0)                                      // the local level committed
-    parallel::activity_checkpoint_committed(step);
+  if (world_rank_ == 0) saver_.remove_later(std::move(out.retired));  // off the training thread
+  if (failed_saves_[0] == 0)                                          // the local level committed
+    parallel::activity_checkpoint_committed(job.step);
   if (mesh_) mesh_->world().barrier();  // nobody resumes from a checkpoint not yet visible
   for (size_t level = 0; level < roots.size(); ++level)
     if (failed_saves_[level] >= cfg_.train.max_failed_saves)
@@ -96,25 +153,6 @@ void Trainer::drop_recycled_files() {
   std::error_code ec;  // a leftover costs disk space only
   for (const std::string& root : checkpoint_roots())
     std::filesystem::remove_all(ckpt::recycle_dir(root), ec);
-}
-
-void Trainer::commit_level(const std::string& root, int64_t step,
-                           std::vector<std::string>& retired) {
-  ckpt::Manifest m;
-  m.step = step;
-  m.optimizer_steps = pending_optimizer_steps_;
-  const parallel::MeshConfig* mc = mesh_ ? &mesh_->config() : nullptr;
-  m.layout = ckpt::Layout{mesh_ ? mesh_->world_size() : 1,
-                          mc ? mc->tp : 1,
-                          mc ? mc->dp : 1,
-                          mc ? mc->pp : 1,
-                          mc ? mc->cp : 1,
-                          model_->tp().sequence_parallel()};
-  m.recipe_toml = recipe_to_toml(cfg_);
-  saver_.wait_for_removal();  // commit() hands back any *.deleting it finds
-  for (std::string& dir : ckpt::commit(root, m, static_cast<int>(cfg_.train.keep_last)))
-    retired.push_back(std::move(dir));
-  spdlog::info("checkpoint: step {} committed to {}", step, ckpt::checkpoint_dir(root, step));
 }
 
 }  // namespace pentad

@@ -80,5 +80,32 @@ TEST(CheckpointSnapshot, RestoreOfNvmeOffloadedStateEqualsResumeFromDisk) {
   restore_equals_resume(true);
 }
 
+// A run that saves every step: each commit runs on rank 0's commit thread while the next
+// step trains and the next file is written (TSan runs this test). Every save is committed
+// in order, train.keep_last retires the older ones, and the newest resumes.
+TEST(CheckpointSnapshot, CommitsInTheBackgroundKeepEverySaveInOrder) {
+  const fs::path out = fs::temp_directory_path() / fmt::format("pentad-commits-{}", ::getpid());
+  fs::remove_all(out);
+  const Config cfg =
+      load_recipe(std::string(PENTAD_SOURCE_DIR) + "/recipes/llama-tiny.toml",
+                  {"data.source=random", "train.steps=6", "train.threads=2", "train.micro_batch=2",
+                   "train.seq_len=32", "train.eval_every=0", "train.save_every=1",
+                   "train.keep_last=2", "train.out_dir=" + out.string()});
+  std::vector<float> params;
+  {
+    Trainer trainer(cfg);
+    trainer.run();
+    params = params_of(trainer);
+  }
+  Trainer again(cfg);
+  const std::vector<std::string> kept = ckpt::committed_checkpoints(again.checkpoint_root());
+  ASSERT_EQ(kept.size(), 2u);  // newest first
+  EXPECT_EQ(kept[0], ckpt::checkpoint_dir(again.checkpoint_root(), 6));
+  EXPECT_EQ(kept[1], ckpt::checkpoint_dir(again.checkpoint_root(), 5));
+  ASSERT_EQ(again.resume("latest"), 6);
+  EXPECT_TRUE(same_bits(params_of(again), params));
+  if (!::testing::Test::HasFailure()) fs::remove_all(out);
+}
+
 }  // namespace
 }  // namespace pentad
