@@ -21,8 +21,9 @@ with the 2 compute threads: the bench prints how many the machine has. Next to t
 the disk's direct-I/O write bandwidth (dd), and the bound it sets on saving every step
 (state bytes / bandwidth against the step time).
 
-usage: bench/checkpoint_bench.py [--steps 45] [--steps-every1 12] [--reps 1]
+usage: bench/checkpoint_bench.py [--steps 45] [--steps-every1 12] [--reps 1] [--every 10,1]
                                  [--dir /tmp/pentad-ckpt-bench] [--pentad build/pentad]
+(--every 10: only the save intervals listed, here every 10 steps)
 """
 import argparse
 import json
@@ -91,6 +92,7 @@ def main():
     ap.add_argument("--steps", type=int, default=45)
     ap.add_argument("--steps-every1", type=int, default=12)
     ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--every", default="10,1", help="save intervals to run, of 10 and 1")
     ap.add_argument("--dir", default="/tmp/pentad-ckpt-bench")
     ap.add_argument("--pentad", default=str(ROOT / "build/pentad"))
     args = ap.parse_args()
@@ -99,7 +101,9 @@ def main():
     print(f"disk (dd, 1 GiB, oflag=direct): {line}")
     print(f"cores: {os.cpu_count()} (2 compute threads; the saver's thread shares them)")
     modes = ("swap", "copy", "fresh", "sync")
-    configs = [(0, "none")] + [(e, m) for e in (10, 1) for m in modes]
+    intervals = [int(e) for e in args.every.split(",")]
+    assert all(e in (10, 1) for e in intervals), "--every takes 10 and/or 1"
+    configs = [(0, "none")] + [(e, m) for e in intervals for m in modes]
     results = {}
     for rep in range(args.reps):  # alternate the configurations, rep after rep
         for every, mode in configs:
@@ -113,12 +117,17 @@ def main():
                 text += (f", blocked first save {b[0]:.3f} s, warm saves ({len(warm)}) median "
                          f"{statistics.median(warm):.3f} s max {max(warm):.3f} s, "
                          f"checkpoint {saved / 2**30:.2f} GiB")
+                if every > 3:  # the saver's cost inside the run: steps while it works or not
+                    near = [r["seconds"] for r in rows[WARMUP:] if 0 < r["step"] % every <= 3]
+                    far = [r["seconds"] for r in rows[WARMUP:] if r["step"] % every > 3]
+                    text += (f"; median step in the 3 after a save {statistics.median(near):.3f} s, "
+                             f"the others {statistics.median(far):.3f} s")
             print(text)
 
     def med(every, mode, f):
         return statistics.median(f(rows, saved) for rows, saved in results[(every, mode)])
 
-    for every in (10, 1):
+    for every in intervals:
         steps = args.steps_every1 if every == 1 else args.steps
         base_rows = results[(0, "none")][0][0]
         for mode in modes:
