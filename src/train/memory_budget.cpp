@@ -225,7 +225,8 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   if (cfg.train.device == "cuda") {
     if (zero >= 2) e.gradients = (e.values + 2 * shares) * f32;
     if (zero == 3) e.parameters = e.values * (f32 + (cfg.train.precision == "bf16" ? 2 : 0));
-    if (cfg.parallel.offload == "cpu") e.optimizer = 0;
+    // Both offloads update on the host (the "nvme" sub-groups and staging are host memory).
+    if (cfg.parallel.offload != "none") e.optimizer = 0;
   }
   return e;
 }
@@ -324,13 +325,15 @@ std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh)
   }
   text += fmt::format("  gradients    {} [{}{}]\n", bytes_text(e.gradients), grads_formula,
                       zero ? fmt::format(", ZeRO-{}, {}", zero, share) : "");
-  text += fmt::format("  AdamW state  {} [{}]\n", bytes_text(e.optimizer),
-                      nvme_params ? "on NVMe; in memory 3 sub-groups of p, m and v"
-                      : nvme      ? "on NVMe; in memory 3 sub-groups of m and v"
-                      : cuda && cfg.parallel.offload == "cpu"
-                          ? fmt::format("in host memory: {}", zero ? "8S" : "8N")
-                      : zero ? fmt::format("8S, {}", share)
-                             : std::string("8N"));
+  text +=
+      fmt::format("  AdamW state  {} [{}]\n", bytes_text(e.optimizer),
+                  nvme_params    ? "on NVMe; in memory 3 sub-groups of p, m and v"
+                  : nvme && cuda ? "on NVMe; in host memory 3 sub-groups of m and v, updated there"
+                  : nvme         ? "on NVMe; in memory 3 sub-groups of m and v"
+                  : cuda && cfg.parallel.offload == "cpu"
+                      ? fmt::format("in host memory: {}", zero ? "8S" : "8N")
+                  : zero ? fmt::format("8S, {}", share)
+                         : std::string("8N"));
   text +=
       fmt::format("  activations  {} ({})\n", bytes_text(e.activations), activations_text(cfg, e));
   if (e.snapshot > 0) text += fmt::format("  snapshot     {}\n", bytes_text(e.snapshot));

@@ -8,7 +8,8 @@
 //  - bf16 on CUDA is bitwise reproducible (losses, gradient norms, final master weights);
 //  - a step makes the host wait for the device once (its one readback);
 //  - with AdamW offloaded to the host (parallel.offload = "cpu"), fp32 and bf16 on CUDA
-//    follow the CPU as closely as without it.
+//    follow the CPU as closely as without it; so does fp32 with AdamW's moments on NVMe
+//    (parallel.offload = "nvme", updated on the host).
 //
 // Data: an llm.c shard the test writes itself (no corpus, no network): a Markov chain in
 // which every token has 4 possible successors. It starts at ln 256 = 5.55 nats and can be
@@ -167,6 +168,27 @@ TEST_P(CudaTrain, CpuOffloadBf16TracksCpuFp32) {
   const Trajectory gpu = train(GetParam(), "cuda", "bf16", {"parallel.offload=cpu"});
   expect_losses_close(gpu, cpu, kBf16LossTol, "cuda bf16, AdamW on the host");
   EXPECT_LT(gpu.losses.back(), gpu.losses.front());
+}
+
+// (g): AdamW's moments on NVMe (parallel.offload = "nvme"): each sub-group of m and v read
+// from the file while the previous is written back, its chunks' parameters and gradients
+// streamed down, updated on the host and sent back up (optim/adamw.cpp, step_nvme_on_host).
+// Sub-groups of 256 KiB (64 Ki elements a tensor) cut these models' 0.4 to 3 M values into
+// many sub-groups and chunks mid-parameter. Same bounds as (f): a moment read from the wrong
+// sub-group, or one not written back, moves the loss by far more within a few steps.
+TEST_P(CudaTrain, NvmeOffloadFp32MatchesCpu) {
+  char dir[] = "/tmp/pentad-cuda-nvme-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const Trajectory cpu = train(GetParam(), "cpu", "fp32");
+  const Trajectory gpu =
+      train(GetParam(), "cuda", "fp32",
+            {"parallel.offload=nvme", std::string("parallel.offload_path=\"") + dir + "\"",
+             "parallel.nvme_subgroup_kb=256", "parallel.nvme_block_kb=64"});
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+  expect_losses_close(gpu, cpu, kFp32LossTol, "cuda fp32, AdamW state on NVMe");
+  EXPECT_LT(relative(gpu.grad_norms[0], cpu.grad_norms[0]), kFp32GradNormTol);
+  EXPECT_LT(cpu.losses.back(), cpu.losses.front() - 0.1f);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaTrain, ::testing::Values(kGpt2, kLlama), case_name);
