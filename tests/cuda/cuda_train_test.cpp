@@ -38,6 +38,7 @@
 // Without a CUDA device every test skips with "no CUDA device", and ctest reports it as
 // skipped (tests/cuda/CMakeLists.txt); scripts/gpu_test.sh fails on a skip.
 #include <gtest/gtest.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <cmath>

@@ -12,6 +12,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -145,6 +146,10 @@ struct SnapshotCase {
   const char* precision;
   bool nvme;
 };
+
+void PrintTo(const SnapshotCase& c, std::ostream* os) {
+  *os << c.name;
+}
 
 class DeviceSnapshot : public ::testing::TestWithParam<SnapshotCase> {};
 
