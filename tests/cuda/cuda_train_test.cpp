@@ -2,7 +2,7 @@
 // on one rank with train.device = "cuda" against the same recipe with train.device = "cpu",
 // for a tiny GPT-2 (head_dim 32) and a tiny LLaMA (grouped-query attention 4:2, head_dim
 // 64), 20 optimizer steps of 2 micro-batches each, from the same seed and the same data;
-// and for the LLaMA with MoE layers, in fp32 only.
+// and for the LLaMA with MoE layers, in fp32 and bf16.
 //  - fp32 on CUDA follows fp32 on the CPU step for step (loss and step-1 gradient norm);
 //  - bf16 on CUDA stays near fp32 on the CPU and learns;
 //  - bf16 on CUDA is bitwise reproducible (losses, gradient norms, final master weights);
@@ -209,14 +209,20 @@ TEST_F(CudaTrainMoe, Fp32MatchesCpu) {
   expect_fp32_matches_cpu(kLlamaMoe);
 }
 
-// bf16 MoE is refused with a message that names the fix.
-TEST_F(CudaTrainMoe, Bf16IsRefused) {
-  try {
-    train(kLlamaMoe, "cuda", "bf16");
-    ADD_FAILURE() << "bf16 MoE on CUDA was not refused";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("train.precision = fp32"), std::string::npos) << e.what();
-  }
+// bf16 MoE (model/moe.h): the token rows and the experts' grouped GEMMs in bf16 from the
+// experts' bf16 compute copies, the router in fp32 from its master weight and an fp32 cast of
+// its input, the routing on the host in fp32. Against the CPU's fp32 run within the dense
+// bf16 bounds: a routing flip moves a step's loss by little (each token is 1/2048 of it),
+// while experts computing from stale compute copies, a router gradient lost in its cast
+// back, or mis-typed rows would stop the run learning or move it far more than 1e-2.
+TEST_F(CudaTrainMoe, Bf16TracksCpuFp32) {
+  const Trajectory cpu = train(kLlamaMoe, "cpu", "fp32");
+  const Trajectory gpu = train(kLlamaMoe, "cuda", "bf16");
+  expect_losses_close(gpu, cpu, kBf16LossTol, "cuda bf16 MoE");
+  EXPECT_LT(relative(gpu.grad_norms[0], cpu.grad_norms[0]), kBf16GradNormTol)
+      << "step-1 gradient norm: cuda bf16 " << gpu.grad_norms[0] << ", CPU fp32 "
+      << cpu.grad_norms[0];
+  EXPECT_LT(gpu.losses.back(), gpu.losses.front() - 0.1f) << "bf16 MoE did not learn";
 }
 
 }  // namespace
