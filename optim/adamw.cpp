@@ -87,10 +87,16 @@ AdamW::AdamW(const OptimConfig& cfg, const ParamStore& params, StateShard shard,
       shard_(shard.ranges.empty() ? StateShard::whole(params.numel()) : std::move(shard)),
       params_offloaded_(offload_params) {
   PENTAD_CHECK(nvme || !offload_params, "parameters offload to NVMe only");
-  PENTAD_CHECK(!(nvme && on_host), "AdamW state offloads to NVMe or to host memory, not both");
+  PENTAD_CHECK(!(offload_params && on_host), "parameters offload to NVMe from host memory only");
+  PENTAD_CHECK(on_host || params.device() == Device::CPU,
+               "AdamW on a device's parameters with its state off the device needs on_host");
   if (nvme) {
-    PENTAD_CHECK(params.device() == Device::CPU, "NVMe offload streams host parameters only");
     nvme_ = std::make_unique<NvmeState>(*nvme, file_name, shard_.numel, offload_params ? 3 : 2);
+    if (on_host) {  // device parameters: chunks cut at the sub-groups, streamed inside each
+      host_ = std::make_unique<HostOffload>(params, shard_, int64_t(kChunkElements),
+                                            nvme_->subgroup_elements());
+      return;  // the file reads as zeros
+    }
     for (int id = 0; id < static_cast<int>(params.specs().size()); ++id)
       for (const StateShard::Piece& piece : shard_.pieces(params.spec(id)))
         segments_.push_back({piece.shard, piece.arena, piece.count,
@@ -174,20 +180,42 @@ void AdamW::step_offloaded(ParamStore& params, float lr, const Tensor& grads) {
   });
 }
 
+void AdamW::update_chunk(const ParamStore& params, const HostChunk& c, float* p, const float* g,
+                         float* m, float* v, float lr) const {
+  auto flat = [&](const float* at) {
+    return view_of(const_cast<float*>(at), Shape{c.count}, DType::F32, Device::CPU);
+  };
+  const float wd = params.spec(c.id).weight_decay ? cfg_.weight_decay : 0.0f;
+  kernels::adamw_update(flat(p), flat(m), flat(v), flat(g), lr, cfg_.beta1, cfg_.beta2, cfg_.eps,
+                        wd, step_);
+}
+
+void AdamW::step_nvme_on_host(ParamStore& params, float lr, const Tensor& grads) {
+  // The engine's loop outside: while sub-group k's moments are in host buffers (k + 1 being
+  // read, k - 1 written), its chunks' parameters and gradients stream down, are updated
+  // against them and go back up (HostOffload's two slots). The chunk plan is cut at the
+  // sub-groups and in state order, so each sub-group is a run of whole chunks. The device
+  // pipeline restarts at each sub-group: one chunk's download (a few MiB over the bus) is
+  // not overlapped per sub-group, small beside the sub-group's file I/O.
+  nvme_->update([&](int64_t begin, int64_t end, float* const* state) {
+    const auto [first, last] = host_->chunks_in(begin, end);
+    float* const m = state[0];
+    float* const v = state[1];
+    host_->step_chunks(
+        params, grads, first, last, [&, begin](const HostChunk& c, float* p, const float* g) {
+          update_chunk(params, c, p, g, m + (c.state - begin), v + (c.state - begin), lr);
+        });
+  });
+}
+
 void AdamW::step_on_host(ParamStore& params, float lr, const BeforeChunk& before_chunk,
                          const Tensor& grads) {
   float* const m = static_cast<float*>(m_.base());
   float* const v = static_cast<float*>(v_.base());
-  auto flat = [](const float* at, int64_t count) {
-    return view_of(const_cast<float*>(at), Shape{count}, DType::F32, Device::CPU);
-  };
   host_->step(
       params, grads,
       [&](const HostChunk& c, float* p, const float* g) {
-        const float wd = params.spec(c.id).weight_decay ? cfg_.weight_decay : 0.0f;
-        kernels::adamw_update(flat(p, c.count), flat(m + c.state, c.count),
-                              flat(v + c.state, c.count), flat(g, c.count), lr, cfg_.beta1,
-                              cfg_.beta2, cfg_.eps, wd, step_);
+        update_chunk(params, c, p, g, m + c.state, v + c.state, lr);
       },
       before_chunk ? HostOffload::BeforeChunk([&](const HostChunk& c) {
         before_chunk(size_t(c.arena), size_t(c.arena + c.count), size_t(c.state));
@@ -223,7 +251,10 @@ void AdamW::step(ParamStore& params, float lr, const BeforeChunk& before_chunk, 
   if (nvme_) {
     PENTAD_CHECK(!out_of_place && !before_chunk,
                  "offloaded state is snapshot between steps (Trainer::save), not during one");
-    step_offloaded(params, lr, grads);
+    if (host_)
+      step_nvme_on_host(params, lr, grads);
+    else
+      step_offloaded(params, lr, grads);
     return;
   }
   if (host_) {

@@ -16,6 +16,7 @@
 namespace pentad {
 
 class HostOffload;
+struct HostChunk;
 
 // Learning rate of step s (0-based): linear warmup to cfg.lr, then cosine or linear
 // decay to cfg.lr * min_lr_ratio at total_steps, or constant.
@@ -61,23 +62,29 @@ class AdamW {
 
   // shard: the part of the parameter arena this rank updates and keeps m and v for (ZeRO;
   // whole without it); m and v hold shard.numel elements, laid out as it says.
-  // nvme (parallel.offload = "nvme", host parameters only): m and v live in the file
-  // nvme->dir/file_name instead of in memory, and step() streams them through host buffers
-  // sub-group by sub-group (optim/nvme_state.h), bitwise the same update.
-  // offload_params (with nvme; ZeRO-3, ZeRO-Infinity's parameter offload): the shard's master
-  // parameters live in the file too, a third tensor beside m and v, and step() updates them
-  // there; the arena's copy of the shard is the caller's to drop (store_params() first).
-  // on_host (parallel.offload = "cpu" with device parameters): m and v live in host memory,
-  // and step() streams the shard's parameters and gradients through the host's AdamW and
-  // back (optim/host_offload.h), bitwise the update the CPU computes.
+  // nvme (parallel.offload = "nvme"): m and v live in the file nvme->dir/file_name instead
+  // of in memory, and step() streams them through host buffers sub-group by sub-group
+  // (optim/nvme_state.h), bitwise the same update.
+  // offload_params (with nvme, host parameters; ZeRO-3, ZeRO-Infinity's parameter offload):
+  // the shard's master parameters live in the file too, a third tensor beside m and v, and
+  // step() updates them there; the arena's copy of the shard is the caller's to drop
+  // (store_params() first).
+  // on_host (device parameters, parallel.offload = "cpu" or "nvme"): step() streams the
+  // shard's parameters and gradients through the host's AdamW and back
+  // (optim/host_offload.h), bitwise the update the CPU computes; m and v live in host memory,
+  // or with nvme in the file (each sub-group's chunks streamed while the sub-group is in
+  // its buffers).
   AdamW(const OptimConfig& cfg, const ParamStore& params, StateShard shard = {},
         const NvmeOptions* nvme = nullptr, const std::string& file_name = "",
         bool offload_params = false, bool on_host = false);
   ~AdamW();
   bool offloaded() const { return nvme_ != nullptr; }
   bool params_offloaded() const { return params_offloaded_; }
+  // Whether step() updates on the host from parameters streamed down from their device
+  // (with offloaded(): moments on NVMe, otherwise in host memory).
   bool on_host() const { return host_ != nullptr; }
-  // Where m and v live (m_base(), v_base()): the parameters' device, or the host when on_host.
+  // Where m and v live (m_base(), v_base()): the parameters' device, or the host when on_host
+  // (none at all when offloaded()).
   Device state_device() const { return m_.device(); }
   size_t host_staging_bytes() const;  // on_host: the page-locked staging (0 otherwise)
   const NvmeState* nvme() const { return nvme_.get(); }
@@ -140,6 +147,10 @@ class AdamW {
   std::unique_ptr<HostOffload> host_;  // on_host: the staging and copy streams
   void step_on_host(ParamStore& params, float lr, const BeforeChunk& before_chunk,
                     const Tensor& grads);
+  void step_nvme_on_host(ParamStore& params, float lr, const Tensor& grads);
+  // The host's AdamW on one chunk: p and g in staging, m and v where the chunk's moments are.
+  void update_chunk(const ParamStore& params, const HostChunk& c, float* p, const float* g,
+                    float* m, float* v, float lr) const;
 };
 
 }  // namespace pentad

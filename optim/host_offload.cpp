@@ -1,30 +1,53 @@
 #include "optim/host_offload.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "core/check.h"
 
 namespace pentad {
 
 std::vector<HostChunk> plan_host_chunks(const ParamStore& params, const StateShard& shard,
-                                        int64_t max_elements) {
+                                        int64_t max_elements, int64_t group_elements) {
   PENTAD_CHECK(max_elements > 0, "plan_host_chunks: max_elements {} must be positive",
                max_elements);
+  PENTAD_CHECK(group_elements >= 0, "plan_host_chunks: group_elements {} is negative",
+               group_elements);
   std::vector<HostChunk> chunks;
+  // Equal chunks of `count` elements from (arena, state), as AdamW::step cuts them on the
+  // device.
+  auto cut = [&](int64_t arena, int64_t state, int64_t count, int id) {
+    const int64_t parts = (count + max_elements - 1) / max_elements;
+    const int64_t per_part = (count + parts - 1) / parts;
+    for (int64_t done = 0; done < count; done += per_part)
+      chunks.push_back({arena + done, state + done, std::min(per_part, count - done), id});
+  };
   for (int id = 0; id < static_cast<int>(params.specs().size()); ++id)
     for (const StateShard::Piece& piece : shard.pieces(params.spec(id))) {
-      // Equal chunks, as AdamW::step cuts them on the device.
-      const int64_t parts = (piece.count + max_elements - 1) / max_elements;
-      const int64_t per_part = (piece.count + parts - 1) / parts;
-      for (int64_t done = 0; done < piece.count; done += per_part)
-        chunks.push_back(
-            {piece.arena + done, piece.shard + done, std::min(per_part, piece.count - done), id});
+      if (group_elements == 0) {
+        cut(piece.arena, piece.shard, piece.count, id);
+        continue;
+      }
+      for (int64_t done = 0; done < piece.count;) {  // up to the next group boundary
+        const int64_t state = piece.shard + done;
+        const int64_t boundary = (state / group_elements + 1) * group_elements;
+        const int64_t count = std::min(piece.count - done, boundary - state);
+        cut(piece.arena + done, state, count, id);
+        done += count;
+      }
     }
+  // In state order, so that each sub-group is a run of chunks (chunks_in()): a merged shard
+  // (StateShard::merge: the dense parameters' shares, then the experts') orders its state
+  // otherwise than the arena.
+  if (group_elements > 0)
+    std::sort(chunks.begin(), chunks.end(),
+              [](const HostChunk& a, const HostChunk& b) { return a.state < b.state; });
   return chunks;
 }
 
-HostOffload::HostOffload(const ParamStore& params, const StateShard& shard, int64_t max_elements)
-    : chunks_(plan_host_chunks(params, shard, max_elements)) {
+HostOffload::HostOffload(const ParamStore& params, const StateShard& shard, int64_t max_elements,
+                         int64_t group_elements)
+    : chunks_(plan_host_chunks(params, shard, max_elements, group_elements)) {
   for (const HostChunk& c : chunks_) slot_elements_ = std::max(slot_elements_, c.count);
   staging_ = Arena("optimizer offload staging (page-locked)",
                    std::max<size_t>(1, size_t(4 * slot_elements_) * sizeof(float)), Device::CPU);
@@ -36,9 +59,23 @@ HostOffload::~HostOffload() {
   host_unpin(staging_.base());
 }
 
-void HostOffload::step(ParamStore& params, const Tensor& grads, const Update& update,
-                       const BeforeChunk& before_chunk) {
-  if (chunks_.empty()) return;
+std::pair<size_t, size_t> HostOffload::chunks_in(int64_t state_begin, int64_t state_end) const {
+  // Cut at sub-groups, the plan is in state order.
+  auto first = std::lower_bound(chunks_.begin(), chunks_.end(), state_begin,
+                                [](const HostChunk& c, int64_t at) { return c.state < at; });
+  auto last = std::lower_bound(first, chunks_.end(), state_end,
+                               [](const HostChunk& c, int64_t at) { return c.state < at; });
+  PENTAD_CHECK(first == last || std::prev(last)->state + std::prev(last)->count <= state_end,
+               "chunk at {} (+{}) straddles the end {} of the range asked for",
+               std::prev(last)->state, std::prev(last)->count, state_end);
+  return {size_t(first - chunks_.begin()), size_t(last - chunks_.begin())};
+}
+
+void HostOffload::step_chunks(ParamStore& params, const Tensor& grads, size_t first, size_t last,
+                              const Update& update, const BeforeChunk& before_chunk) {
+  PENTAD_CHECK(first <= last && last <= chunks_.size(), "chunks [{}, {}) of {}", first, last,
+               chunks_.size());
+  if (first == last) return;
   const Device device = params.device();
   float* const arena = params.all_params().f32();
   const float* const g = grads.data ? grads.f32() : params.all_grads().f32();
@@ -57,10 +94,10 @@ void HostOffload::step(ParamStore& params, const Tensor& grads, const Update& up
   // (downloads), and whatever still reads the parameters (uploads overwrite them).
   down_.begin_after_compute();
   up_.begin_after_compute();
-  download(0);
-  for (size_t k = 0; k < chunks_.size(); ++k) {
+  download(first);
+  for (size_t k = first; k < last; ++k) {
     down_.synchronize();  // chunk k is on the host
-    if (k + 1 < chunks_.size()) {
+    if (k + 1 < last) {
       up_.synchronize();  // chunk k - 1's upload has left the slot chunk k + 1 comes into
       download(k + 1);
     }

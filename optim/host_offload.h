@@ -20,8 +20,15 @@
 // all-gather, the bf16 copy's refresh, the next forward) read the new values.
 // Not overlapped yet: the gradients come down only once the step begins, not bucket by
 // bucket during backward.
+//
+// With parallel.offload = "nvme" the moments live in a file instead (optim/nvme_state.h) and
+// AdamW (optim/adamw.cpp) nests the two streams: the NVMe engine's sub-group loop outside
+// (sub-group k + 1 read and k - 1 written while k is updated), and inside it this class's
+// chunks of sub-group k (step_chunks). The chunk plan is then cut at the sub-group
+// boundaries, so that every chunk's moments lie in one sub-group's buffers.
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "core/device_memory.h"
@@ -40,8 +47,11 @@ struct HostChunk {
 
 // The shard's pieces (StateShard::pieces of every parameter) in arena order, cut into equal
 // chunks of at most max_elements each (a parameter's last chunk is never a sliver).
+// group_elements > 0 (the NVMe sub-group): no chunk crosses a multiple of it in the shard's
+// (state) offsets; a piece is cut there first, and each part into equal chunks; and the
+// chunks come in state order (which a merged shard's differs from the arena's).
 std::vector<HostChunk> plan_host_chunks(const ParamStore& params, const StateShard& shard,
-                                        int64_t max_elements);
+                                        int64_t max_elements, int64_t group_elements = 0);
 
 class HostOffload {
  public:
@@ -50,7 +60,8 @@ class HostOffload {
   using Update = std::function<void(const HostChunk& chunk, float* p, const float* g)>;
   using BeforeChunk = std::function<void(const HostChunk& chunk)>;
 
-  HostOffload(const ParamStore& params, const StateShard& shard, int64_t max_elements);
+  HostOffload(const ParamStore& params, const StateShard& shard, int64_t max_elements,
+              int64_t group_elements = 0);
   ~HostOffload();
   HostOffload(const HostOffload&) = delete;
   HostOffload& operator=(const HostOffload&) = delete;
@@ -59,7 +70,16 @@ class HostOffload {
   // (ZeRO), or empty for the full gradient arena. before_chunk runs before the chunk's
   // update and upload (a checkpoint copy in flight holds the step back there).
   void step(ParamStore& params, const Tensor& grads, const Update& update,
-            const BeforeChunk& before_chunk = {});
+            const BeforeChunk& before_chunk = {}) {
+    step_chunks(params, grads, 0, chunks_.size(), update, before_chunk);
+  }
+  // The same over chunks [first, last) only, with the same stream rule (the NVMe path: one
+  // sub-group's chunks at a time).
+  void step_chunks(ParamStore& params, const Tensor& grads, size_t first, size_t last,
+                   const Update& update, const BeforeChunk& before_chunk = {});
+  // The chunks whose state lies in [state_begin, state_end), as [first, last): the plan
+  // must be cut at that range's ends (group_elements), or a chunk would straddle them.
+  std::pair<size_t, size_t> chunks_in(int64_t state_begin, int64_t state_end) const;
 
   const std::vector<HostChunk>& chunks() const { return chunks_; }
   size_t staging_bytes() const { return staging_.capacity(); }

@@ -62,6 +62,9 @@ class NvmeState {
   bool direct() const { return direct_; }  // false: the file system refused O_DIRECT
   size_t file_bytes() const { return file_bytes_; }
   int tensors() const { return tensors_; }
+  // Elements per tensor of every sub-group but the last: update()'s fn sees [begin, end) cut
+  // at its multiples.
+  int64_t subgroup_elements() const { return group_size_; }
   size_t host_buffer_bytes() const { return 3 * static_cast<size_t>(tensors_) * piece_bytes_; }
 
   // Since construction: bytes moved to and from the file, and the seconds update() was

@@ -50,10 +50,13 @@ Model::Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Shard
   // Layouts that do not divide were refused with a user message (parallel::check_layout).
   PENTAD_CHECK(!cfg.is_moe() || p == 1 || tp_->sequence_parallel(),
                "MoE with tp {} needs sequence parallelism", p);
-  // The MoE block's activations and router are F32 (its routing is host logic in fp32).
-  if (cfg.is_moe() && act_ != DType::F32)
-    fail("MoE layers compute in fp32 only for now, not {}: set train.precision = fp32",
-         dtype_name(act_));
+  // The MoE block's token rows and experts compute in act_; its router and routing in fp32
+  // (model/moe.h). Expert parallelism moves fp32 rows (parallel/ep).
+  if (cfg.is_moe() && act_ != DType::F32 && ep_->ep_degree() * ep_->etp_degree() > 1)
+    fail(
+        "MoE layers with expert parallelism compute in fp32 only for now, not {}: set "
+        "train.precision = fp32, or parallel.ep = parallel.etp = 1",
+        dtype_name(act_));
   PENTAD_CHECK(cfg.n_head % p == 0 && cfg.kv_heads() % p == 0 && ffn_dim(cfg) % p == 0 &&
                    cfg.vocab_size % p == 0 && (b_ * t_) % (tp_->sequence_parallel() ? p : 1) == 0,
                "tp degree {} does not divide the model", p);
@@ -150,7 +153,7 @@ void Model::build_params() {
       if (moe) {
         auto& block = moe_[static_cast<size_t>(l)];
         block = std::make_unique<MoeBlock>(cfg_, l, params_, *ep_, *tp_, *cp_, b_, t_,
-                                           placement_.device);
+                                           placement_.device, act_);
         partial.push_back(block->router());  // each tp rank routes its own rows (SP)
       }
       for (int id = first_id; id < static_cast<int>(params_.specs().size()); ++id)

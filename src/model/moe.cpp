@@ -42,7 +42,7 @@ void to_device(const Tensor& t, const V* host) {
 
 MoeBlock::MoeBlock(const ModelConfig& cfg, int64_t layer, ParamStore& params,
                    ExpertParallelHooks& ep, TensorParallelHooks& tp, ContextParallelHooks& cp,
-                   int64_t micro_batch, int64_t seq_len, Device device)
+                   int64_t micro_batch, int64_t seq_len, Device device, DType act)
     : cfg_(cfg),
       moe_(cfg.moe),
       params_(params),
@@ -55,7 +55,9 @@ MoeBlock::MoeBlock(const ModelConfig& cfg, int64_t layer, ParamStore& params,
       k_(cfg.top_k),
       C_(cfg.d_model),
       device_(device),
+      act_(act),
       gpt2_(cfg.family == ModelFamily::GPT2) {
+  PENTAD_CHECK(act == DType::F32 || act == DType::BF16, "MoE activations in {}", dtype_name(act));
   const int64_t N = b_ * t_;
   rows_ = tp_.local_rows(N);
   row_start_ = tp_.sequence_parallel() ? tp_.rank() * rows_ : 0;
@@ -129,14 +131,26 @@ void MoeBlock::size_routing(Acts& a) {
 void MoeBlock::size_rows(Acts& a, int64_t A, int64_t R) {
   fit(a.rows, "moe activations", device_, [&](Arena& arena) {
     a.src = arena.alloc(Shape{A}, DType::I32);
-    a.xp = arena.alloc(Shape{A, C_});
-    a.xr = arena.alloc(Shape{R, C_});
-    if (!gpt2_) a.gate = arena.alloc(Shape{R, F_});
-    a.up = arena.alloc(Shape{R, F_});
-    a.act = arena.alloc(Shape{R, F_});
-    a.yr = arena.alloc(Shape{R, C_});
-    a.yp = arena.alloc(Shape{A, C_});
+    a.xp = arena.alloc(Shape{A, C_}, act_);
+    a.xr = arena.alloc(Shape{R, C_}, act_);
+    if (!gpt2_) a.gate = arena.alloc(Shape{R, F_}, act_);
+    a.up = arena.alloc(Shape{R, F_}, act_);
+    a.act = arena.alloc(Shape{R, F_}, act_);
+    a.yr = arena.alloc(Shape{R, C_}, act_);
+    a.yp = arena.alloc(Shape{A, C_}, act_);
   });
+}
+
+Tensor MoeBlock::router_input(const Tensor& x) {
+  if (act_ == DType::F32) return x;
+  if (router_scratch_.capacity() == 0)  // its sizes never change
+    fit(router_scratch_, "moe router (fp32)", device_, [&](Arena& arena) {
+      x32_ = arena.alloc(Shape{rows_, C_});
+      dx32_ = arena.alloc(Shape{rows_, C_});
+      dx_act_ = arena.alloc(Shape{rows_, C_}, act_);
+    });
+  k::convert(x32_, x);
+  return x32_;
 }
 
 // Scores, picks and weights of this rank's rows, the losses' statistics over the
@@ -146,7 +160,8 @@ void MoeBlock::route(Acts& a, const Tensor& x, float weight, bool count) {
   size_routing(a);
   a.aux_coef.clear();
   a.seq_coef.clear();
-  k::linear_forward(a.logits, x, params_.param(router_), Tensor{});
+  // The router in fp32 from its master weight (router_input: x cast when in bf16).
+  k::linear_forward(a.logits, router_input(x), params_.param(router_), Tensor{});
   // Logits (and the selection bias) in; scores, picks and weights out (host_side above).
   const float* logits = host_side(a.logits, a.host_logits, true);
   float* s = host_side(a.scores, a.host_scores, false);
@@ -345,15 +360,15 @@ void MoeBlock::experts_forward(Acts& a) {
 void MoeBlock::backward(Acts& a, const Tensor& x, const Tensor& dout, Tensor dx, float weight) {
   const int64_t A = a.picks, R = a.route.recv_rows, Nl = rows_;
   Tensor dyp, dw, dlogits, dyr, dxr, dxp, dact, dgate, dup;
-  auto plan = [&](Arena& arena) {
-    dyp = arena.alloc(Shape{A, C_});
+  auto plan = [&](Arena& arena) {  // rows in the activations' type; dw and dlogits F32
+    dyp = arena.alloc(Shape{A, C_}, act_);
     dw = arena.alloc(Shape{Nl, k_});
     dlogits = arena.alloc(Shape{Nl, E_});
-    dyr = arena.alloc(Shape{R, C_});
-    dxr = arena.alloc(Shape{R, C_});
-    dxp = arena.alloc(Shape{A, C_});
-    if (!gpt2_) dact = arena.alloc(Shape{R, F_}), dgate = arena.alloc(Shape{R, F_});
-    dup = arena.alloc(Shape{R, F_});
+    dyr = arena.alloc(Shape{R, C_}, act_);
+    dxr = arena.alloc(Shape{R, C_}, act_);
+    dxp = arena.alloc(Shape{A, C_}, act_);
+    if (!gpt2_) dact = arena.alloc(Shape{R, F_}, act_), dgate = arena.alloc(Shape{R, F_}, act_);
+    dup = arena.alloc(Shape{R, F_}, act_);
   };
   fit(scratch_, "moe backward", device_, plan);
   k::moe_unpermute_backward(dyp, dw, dout, a.yp, a.pos, a.w);
@@ -449,7 +464,15 @@ void MoeBlock::router_backward(Acts& a, const Tensor& x, const Tensor& dw_t,
     }
   }
   to_device(dlogits_t, dlogits);
-  k::linear_backward(dx, G(router_), Tensor{}, dlogits_t, x, params_.param(router_), true);
+  if (act_ == DType::F32) {
+    k::linear_backward(dx, G(router_), Tensor{}, dlogits_t, x, params_.param(router_), true);
+    return;
+  }
+  // In fp32 against the fp32 copy of x, then cast and added into d(x).
+  const Tensor x32 = router_input(x);
+  k::linear_backward(dx32_, G(router_), Tensor{}, dlogits_t, x32, params_.param(router_), false);
+  k::convert(dx_act_, dx32_);
+  k::add(dx, dx, dx_act_);
 }
 
 void MoeBlock::update_bias(const double* counts) {

@@ -3,7 +3,7 @@
 // routed MLP. Expert parallelism enters only through ExpertParallelHooks (model/sharding.h),
 // which move the permuted token rows to the ranks holding their experts and back.
 //
-// Per token x (a row of the layer's normalised input, this rank's rows), in fp32:
+// Per token x (a row of the layer's normalised input, this rank's rows):
 //   logits = x Wr^T                         Wr: layers.L.moe.router.weight (E, C)
 //   s      = softmax(logits) | sigmoid(logits)              (moe.score)
 //   picked = the top_k experts by s + bias, ties to the lower index
@@ -13,6 +13,13 @@
 // An expert is an MLP of the family's kind and width d_ff_expert: GPT-2's GELU MLP with
 // biases (layers.L.moe.experts.E.up.weight/bias, .down.weight/bias) or LLaMA's SwiGLU
 // (.gate.weight, .up.weight, .down.weight).
+// Precision: the routing is fp32 always: the router's GEMM reads the fp32 master Wr and an
+// fp32 copy of x (cast at the block's door when the model computes in bf16), and its
+// gradient is cast back and added into d(x); the scores, picks, weights and losses are host
+// logic in fp32. The token rows and the experts run in the model's compute type: in bf16
+// (CUDA) the permutation, the experts' grouped GEMMs (their bf16 compute copies, F32
+// accumulation) and the activations are bf16, the combine weights and every parameter
+// gradient F32, as in the dense layers.
 //
 // The losses, each over one micro-batch (micro_batch x seq_len = T tokens, whole: the
 // shards of a sequence-parallel micro-batch add their counts first), and added to the
@@ -57,9 +64,10 @@ class MoeBlock {
  public:
   // seq_len: the tokens of each sequence this rank holds (all of them, or its share under
   // context parallelism, whose ranks the micro-batch statistics are summed over too).
+  // act: the activations' type (the model's compute type): F32, or BF16 on CUDA.
   MoeBlock(const ModelConfig& cfg, int64_t layer, ParamStore& params, ExpertParallelHooks& ep,
            TensorParallelHooks& tp, ContextParallelHooks& cp, int64_t micro_batch, int64_t seq_len,
-           Device device);
+           Device device, DType act = DType::F32);
 
   // One micro-batch's saved routing and expert activations: the routing's tensors keep
   // their size, the rows' are sized at each forward.
@@ -69,7 +77,7 @@ class MoeBlock {
     int64_t picks = 0;                    // kept picks of this rank's rows (A)
     Tensor logits, scores, pick, w, pos;  // (Nl, E), (Nl, E), (Nl, k) I32, (Nl, k), (Nl, k) I32
     Tensor src, xp, xr, gate, up, act, yr,
-        yp;  // (A) I32, (A, C), (R, C), (R, F) x3, (R, C), (A, C)
+        yp;  // (A) I32, (A, C), (R, C), (R, F) x3, (R, C), (A, C): in the activations' type
     // On CUDA the routing's host copies of logits, scores, pick and w (moe.cpp: host_side);
     // empty on the CPU, where the host logic reads the tensors in place.
     std::vector<float> host_logits, host_scores, host_w;
@@ -108,6 +116,8 @@ class MoeBlock {
                         Tensor dup);
   void router_backward(Acts& a, const Tensor& x, const Tensor& dw, const Tensor& dlogits, Tensor dx,
                        float weight);
+  // x as the router's fp32 input: x itself in fp32, else its cast into router_scratch_.
+  Tensor router_input(const Tensor& x);
   Tensor W(int id) const { return id < 0 ? Tensor{} : params_.weight(id); }
   Tensor G(int id) const { return id < 0 ? Tensor{} : params_.grad(id); }
 
@@ -124,10 +134,15 @@ class MoeBlock {
   void sum_over_micro_batch(std::vector<float>& values) const;
   int64_t E_, k_, F_, C_;  // experts, picks per token, expert width here, model width
   Device device_;
+  DType act_;  // the token rows' and experts' type
   bool gpt2_;
   int router_ = -1, bias_ = -1;
   std::vector<Expert> experts_;  // the local experts
   Arena scratch_;                // backward's buffers (the experts' scratch too), grown as needed
+  // Computing in bf16: the router's fp32 input x (Nl, C) F32, its gradient (Nl, C) F32 and
+  // that cast back (Nl, C) in the activations' type; used within one call at a time.
+  Arena router_scratch_;
+  Tensor x32_, dx32_, dx_act_;
   // Statistics (training forwards since take_stats).
   std::vector<double> counts_;
   double dropped_ = 0, aux_ = 0, seq_aux_ = 0, z_ = 0;

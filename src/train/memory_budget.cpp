@@ -89,7 +89,8 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   const double expert_values = E / ep * mlp_values(Fe, etp);
   const double moe_values = attn_values + E * C + E + expert_values +  // router, expert bias
                             (Fs > 0 ? mlp_values(Fs, p) : 0);
-  // Dispatch (MoeBlock::Acts, fp32), worst case: each of the ep x etp ranks that send to
+  // Dispatch (MoeBlock::Acts: rows in the activations' type, routing in fp32), worst case:
+  // each of the ep x etp ranks that send to
   // this one routes all its Nl rows here, each to min(k, E / ep) of its local experts; with
   // a capacity, a local expert takes at most min(Nl, capacity) rows from each of them.
   // Sent: A = Nl k permuted rows and their outputs; received: R rows in and out and their
@@ -100,11 +101,13 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
     const double capacity = std::ceil(double(m.moe.capacity_factor) * N * k / E);
     R = std::min(R, E / ep * senders * std::min(Nl, capacity));
   }
-  const double dispatch =
-      f32 * (2 * A * C + 2 * R * C + mlp_mats * R * (Fe / etp) + 2 * Nl * E + 3 * Nl * k + A);
+  const double dispatch = act * (2 * A * C + 2 * R * C + mlp_mats * R * (Fe / etp)) +
+                          f32 * (2 * Nl * E + 3 * Nl * k + A);
   // Backward's scratch: the gradients of those rows, and three of width Fe/etp for all of
-  // them (the grouped expert GEMMs' d(act), d(gate), d(up)).
-  const double dispatch_backward = f32 * (2 * A * C + 2 * R * C + Nl * k + 3 * R * (Fe / etp));
+  // them (the grouped expert GEMMs' d(act), d(gate), d(up)); in bf16 also the router's fp32
+  // input and gradient and that gradient cast back (Nl, C) each.
+  const double dispatch_backward = act * (2 * A * C + 2 * R * C + 3 * R * (Fe / etp)) +
+                                   f32 * Nl * k + (act < f32 ? (2 * f32 + act) * Nl * C : 0);
   const double moe_acts = attn_acts + (Fs > 0 ? act * mlp_mats * N * (Fs / p) : 0) + dispatch;
 
   const double head_acts =
@@ -225,7 +228,8 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   if (cfg.train.device == "cuda") {
     if (zero >= 2) e.gradients = (e.values + 2 * shares) * f32;
     if (zero == 3) e.parameters = e.values * (f32 + (cfg.train.precision == "bf16" ? 2 : 0));
-    if (cfg.parallel.offload == "cpu") e.optimizer = 0;
+    // Both offloads update on the host (the "nvme" sub-groups and staging are host memory).
+    if (cfg.parallel.offload != "none") e.optimizer = 0;
   }
   return e;
 }
@@ -324,13 +328,15 @@ std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh)
   }
   text += fmt::format("  gradients    {} [{}{}]\n", bytes_text(e.gradients), grads_formula,
                       zero ? fmt::format(", ZeRO-{}, {}", zero, share) : "");
-  text += fmt::format("  AdamW state  {} [{}]\n", bytes_text(e.optimizer),
-                      nvme_params ? "on NVMe; in memory 3 sub-groups of p, m and v"
-                      : nvme      ? "on NVMe; in memory 3 sub-groups of m and v"
-                      : cuda && cfg.parallel.offload == "cpu"
-                          ? fmt::format("in host memory: {}", zero ? "8S" : "8N")
-                      : zero ? fmt::format("8S, {}", share)
-                             : std::string("8N"));
+  text +=
+      fmt::format("  AdamW state  {} [{}]\n", bytes_text(e.optimizer),
+                  nvme_params    ? "on NVMe; in memory 3 sub-groups of p, m and v"
+                  : nvme && cuda ? "on NVMe; in host memory 3 sub-groups of m and v, updated there"
+                  : nvme         ? "on NVMe; in memory 3 sub-groups of m and v"
+                  : cuda && cfg.parallel.offload == "cpu"
+                      ? fmt::format("in host memory: {}", zero ? "8S" : "8N")
+                  : zero ? fmt::format("8S, {}", share)
+                         : std::string("8N"));
   text +=
       fmt::format("  activations  {} ({})\n", bytes_text(e.activations), activations_text(cfg, e));
   if (e.snapshot > 0) text += fmt::format("  snapshot     {}\n", bytes_text(e.snapshot));

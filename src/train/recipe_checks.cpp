@@ -115,13 +115,16 @@ void check_moe(const Config& c, const Where& where) {
         "whole), or 0 for dropless",
         where({"moe.capacity_factor", "model.top_k"}), format_float(capacity), m.top_k,
         1.0 / double(m.top_k));
-  // MoE on CUDA runs in fp32 (its routing on host copies); its experts may split over ep and
-  // etp, whose all-to-alls move device rows through NCCL (parallel/ep).
-  if (c.train.device == "cuda" && c.train.precision != "fp32")
+  // MoE on CUDA: its routing on host copies in fp32, its experts in the compute type (bf16
+  // too, model/moe.h); they may split over ep and etp, whose all-to-alls move fp32 device
+  // rows through NCCL (parallel/ep), so bf16 MoE runs with every expert on its rank.
+  if (c.train.device == "cuda" && c.train.precision != "fp32" && p.ep * p.etp > 1)
     fail(
-        "{}: MoE on CUDA in {} is not built yet (it computes in fp32): set train.precision = "
-        "\"fp32\"",
-        where({"train.precision", "train.device", "model.n_experts"}), c.train.precision);
+        "{}: MoE on CUDA in {} with expert parallelism (parallel.ep = {}, parallel.etp = {}) "
+        "is not built yet (the experts' exchange moves fp32 rows): set train.precision = "
+        "\"fp32\", or parallel.ep = parallel.etp = 1",
+        where({"train.precision", "parallel.ep", "parallel.etp", "model.n_experts"}),
+        c.train.precision, p.ep, p.etp);
   if (m.n_experts % p.ep != 0)
     fail(
         "{}: model.n_experts ({}) must be divisible by parallel.ep ({}): each expert-parallel "
@@ -181,14 +184,17 @@ void check_zero(const Config& c, const Where& where) {
   if (p.offload == "nvme" && (p.nvme_block_kb % 4 != 0))
     fail("{}: parallel.nvme_block_kb = {} must be a multiple of 4 (direct I/O moves whole pages)",
          where({"parallel.nvme_block_kb"}), p.nvme_block_kb);
-  // NVMe offload streams AdamW's state through host buffers against host parameters
-  // (optim/nvme_state.h); device parameters would need a third hop.
-  if (p.offload == "nvme" && c.train.device == "cuda")
+  // On CUDA the NVMe-offloaded moments are updated on the host against parameters streamed
+  // down from the device (optim/adamw.cpp, step_nvme_on_host); ZeRO-Infinity's parameter
+  // shares on NVMe are a host-parameter path: the forward pass would have to read them from
+  // the file into device memory.
+  if (p.offload == "nvme" && c.train.device == "cuda" && p.zero == 3 && p.offload_params)
     fail(
-        "{}: parallel.offload = \"nvme\" with train.device = \"cuda\" is not built yet (the "
-        "NVMe engine updates host parameters): set parallel.offload = \"cpu\" (AdamW's state "
-        "in host memory) or \"none\"",
-        where({"parallel.offload", "train.device"}));
+        "{}: parallel.offload = \"nvme\" with parallel.zero = 3 and train.device = \"cuda\" "
+        "would keep ZeRO-3's parameter shares on NVMe (parallel.offload_params = true, the "
+        "default), which is not built for CUDA yet: set parallel.offload_params = false "
+        "(AdamW's state stays on NVMe, the parameter shares in device memory)",
+        where({"parallel.offload_params", "parallel.offload", "train.device"}));
   // AdamW on the host (optim/host_offload.h) keeps one set of moments: a swap snapshot's
   // second set is not built for it.
   if (p.offload == "cpu" && c.train.device == "cuda" && c.train.save_every > 0 &&

@@ -226,8 +226,9 @@ std::string Trainer::memory_plan() const {
   const size_t params = zero() != 3 || whole_on_device ? p.bytes() + p.compute_copy_bytes()
                         : nvme_params ? 2 * unit + unit / size_t(dp_size_ * cp_size_)
                                       : shard + 2 * unit;
-  // Offloaded to host memory: none on the device (counted in the text below).
-  const size_t optim = nvme ? nvme->host_buffer_bytes() : optimizer_->on_host() ? 0 : 2 * shard;
+  // Updated on the host (CUDA, offload "cpu" or "nvme"): none on the device (counted in the
+  // text below).
+  const size_t optim = optimizer_->on_host() ? 0 : nvme ? nvme->host_buffer_bytes() : 2 * shard;
   // Stages 2 and 3 also hold up to GradReducer::kInFlight buckets of the full gradients (per
   // reducer: the experts' too) while their reductions are pending (README's "2 buckets").
   size_t pending = 0;
@@ -257,7 +258,7 @@ std::string Trainer::memory_plan() const {
         "; on CUDA the full gradient{} arena stays allocated (device memory is zeroed, not "
         "returned, when a bucket or unit is dropped)",
         zero() == 3 ? " and parameter" : "");
-  if (optimizer_->on_host())
+  if (optimizer_->on_host() && !nvme)
     zero_text += fmt::format(
         " | AdamW state in host memory: {} (m and v) and {} of page-locked staging; each step "
         "streams the {} values' parameters and gradients through the host and back",
@@ -275,10 +276,15 @@ std::string Trainer::memory_plan() const {
         format_bytes(shard));
   if (nvme)
     zero_text += fmt::format(
-        " | AdamW state on NVMe{}: {} in {}{} (in memory: 3 sub-groups of {}, {})",
+        " | AdamW state on NVMe{}: {} in {}{} (in {}memory: 3 sub-groups of {}, {}{})",
         nvme_params ? " with the parameter shares" : "", format_bytes(nvme->file_bytes()),
-        nvme->path(), nvme->direct() ? ", direct I/O" : "", nvme_params ? "p, m and v" : "m and v",
-        format_bytes(optim));
+        nvme->path(), nvme->direct() ? ", direct I/O" : "", optimizer_->on_host() ? "host " : "",
+        nvme_params ? "p, m and v" : "m and v", format_bytes(nvme->host_buffer_bytes()),
+        optimizer_->on_host()
+            ? fmt::format(", and {} of page-locked staging; each step streams the {} values' "
+                          "parameters and gradients through the host and back",
+                          format_bytes(optimizer_->host_staging_bytes()), optimizer_->shard().numel)
+            : "");
   // The second set of parameters and moments (swap), or the staging buffer (copy).
   const size_t snapshot = p.has_spare() ? p.bytes() + 2 * shard : saver_.staging_bytes();
   size_t acts = model_->activation_bytes() + model_->cp().scratch_bytes();

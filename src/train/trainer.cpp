@@ -75,7 +75,9 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
       cfg.parallel.offload == "nvme" ? &nvme : nullptr,
       fmt::format("pentad-adamw-rank{:05d}.state", world_rank_),
       cfg.parallel.offload == "nvme" && zero() == 3 && cfg.parallel.offload_params,
-      cfg.parallel.offload == "cpu" && t.device == "cuda");
+      // On CUDA either offload updates on the host (optim/host_offload.h), moments in host
+      // memory or, with "nvme", in the file.
+      cfg.parallel.offload != "none" && t.device == "cuda");
   if (zero() == 3) {
     std::vector<parallel::GradReducer*> gathering = zero_reducers();
     if (bug_injected("zero3-moe-skip-expert-gather"))  // planted for the layout test

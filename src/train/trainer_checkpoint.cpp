@@ -98,8 +98,10 @@ std::vector<ckpt::LiveTensor> Trainer::snapshot_tensors(std::vector<NvmeSlice>* 
         if (part.on_nvme && on_nvme)
           on_nvme->push_back(
               {tensors.size(), part.tensor, part.shard, part.info.local_shape.numel()});
+        // Offloaded state is staged by stage_from_nvme() on the host (on CUDA too: the
+        // saver must not copy it from the device).
         tensors.push_back({part.info, part.on_nvme ? nullptr : part.view.f32(),
-                           part.on_nvme ? p.device() : part.view.device, part.on_nvme});
+                           part.on_nvme ? Device::CPU : part.view.device, part.on_nvme});
       }
   }
   return tensors;

@@ -7,7 +7,8 @@
 //    of every layer at their first values, which moves the loss by far more than the bf16
 //    bound within the 20 steps;
 //  - AdamW offloaded to the host (parallel.offload = "cpu", optim/host_offload.h) over
-//    ZeRO-2's and ZeRO-3's compact gradient shares.
+//    ZeRO-2's and ZeRO-3's compact gradient shares; at ZeRO-2 also with its moments on NVMe
+//    (parallel.offload = "nvme").
 // Bounds as in cuda_train_test.cpp: 1e-4 of the loss in fp32, 1e-2 in bf16, every step.
 //
 // Run with `mpirun -np 2` (or more, one GPU per rank). ctest registers it under the label
@@ -15,8 +16,11 @@
 // ranks, every test skips.
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <stdlib.h>
 
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "core/device_memory.h"
@@ -73,6 +77,19 @@ TEST_P(CudaZero, Zero2CpuOffloadFp32MatchesCpu) {
 TEST_P(CudaZero, Zero3CpuOffloadBf16TracksCpuFp32) {
   expect_tracks_cpu(GetParam(), "bf16", {"parallel.zero=3", "parallel.offload=cpu"},
                     "cuda bf16 ZeRO-3, AdamW on the host");
+}
+
+// AdamW's moments of the compact ZeRO-2 shares on NVMe (a file per rank), updated on the host.
+TEST_P(CudaZero, Zero2NvmeOffloadFp32MatchesCpu) {
+  char dir[] = "/tmp/pentad-cuda-zero-nvme-XXXXXX";  // one per rank
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  expect_tracks_cpu(GetParam(), "fp32",
+                    {"parallel.zero=2", "parallel.offload=nvme",
+                     std::string("parallel.offload_path=\"") + dir + "\"",
+                     "parallel.nvme_subgroup_kb=256", "parallel.nvme_block_kb=64"},
+                    "cuda fp32 ZeRO-2, AdamW state on NVMe");
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
 }
 
 std::string case_name(const ::testing::TestParamInfo<ModelCase>& info) {

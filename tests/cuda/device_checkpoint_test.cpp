@@ -2,7 +2,8 @@
 // memory into its host staging behind the kernels already issued and ahead of an optimizer
 // that overwrites the state chunk by chunk; restore() writes device memory back; and a
 // trainer on the GPU restores its in-memory snapshot bitwise as it resumes the same step
-// from disk (fp32 and bf16, whose compute copy must follow the restored master weights).
+// from disk (fp32 and bf16, whose compute copy must follow the restored master weights; and
+// fp32 with AdamW's moments on NVMe, staged through the host).
 //
 // Without a CUDA device every test skips with "no CUDA device" (ctest reports it skipped).
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -136,22 +138,53 @@ std::vector<float> params_of(Trainer& t) {
   return all;
 }
 
-class DeviceSnapshot : public ::testing::TestWithParam<const char*> {};
+// The precision, and whether AdamW's moments live on NVMe (parallel.offload = "nvme": the
+// save reads them from the file into the snapshot's staging on the host, the restore writes
+// them back to the file, the resume from disk writes them there through write_state).
+struct SnapshotCase {
+  const char* name;
+  const char* precision;
+  bool nvme;
+};
+
+void PrintTo(const SnapshotCase& c, std::ostream* os) {
+  *os << c.name;
+}
+
+class DeviceSnapshot : public ::testing::TestWithParam<SnapshotCase> {};
 
 TEST_P(DeviceSnapshot, RestoreFromMemoryEqualsResumeFromDisk) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
-  const fs::path out = temp_dir(std::string("device-snapshot-") + GetParam());
+  const fs::path out = temp_dir(std::string("device-snapshot-") + GetParam().name);
   fs::remove_all(out);
   // llama-tiny's model, stated here: the bundle that runs this on a GPU machine carries no
   // recipe files at this machine's paths.
-  const Config cfg = parse_recipe(
-      "", "device_checkpoint_test",
-      {"model.family=llama", "model.n_layer=2", "model.d_model=64", "model.n_head=4",
-       "model.n_kv_head=2", "model.vocab_size=512", "model.max_seq_len=64",
-       "model.tie_embeddings=false", "optim.lr=3e-3", "optim.warmup_steps=10", "data.source=random",
-       "train.steps=14", "train.micro_batch=2", "train.seq_len=32", "train.grad_accum=2",
-       "train.eval_every=0", "train.device=cuda", std::string("train.precision=") + GetParam(),
-       "train.out_dir=" + out.string()});
+  std::vector<std::string> keys = {"model.family=llama",
+                                   "model.n_layer=2",
+                                   "model.d_model=64",
+                                   "model.n_head=4",
+                                   "model.n_kv_head=2",
+                                   "model.vocab_size=512",
+                                   "model.max_seq_len=64",
+                                   "model.tie_embeddings=false",
+                                   "optim.lr=3e-3",
+                                   "optim.warmup_steps=10",
+                                   "data.source=random",
+                                   "train.steps=14",
+                                   "train.micro_batch=2",
+                                   "train.seq_len=32",
+                                   "train.grad_accum=2",
+                                   "train.eval_every=0",
+                                   "train.device=cuda",
+                                   std::string("train.precision=") + GetParam().precision,
+                                   "train.out_dir=" + out.string()};
+  if (GetParam().nvme) {  // sub-groups of 64 KiB: many, cut mid-parameter
+    fs::create_directories(out / "nvme");
+    keys.insert(keys.end(), {"parallel.offload=nvme",
+                             "parallel.offload_path=\"" + (out / "nvme").string() + "\"",
+                             "parallel.nvme_subgroup_kb=64", "parallel.nvme_block_kb=16"});
+  }
+  const Config cfg = parse_recipe("", "device_checkpoint_test", keys);
   constexpr int64_t kSaved = 8, kEnd = 12;
   std::vector<float> first, again, resumed, restored_params, final_params;
   launch::start_rank(cfg);  // threads and the GPU, as the executable sets them
@@ -177,8 +210,11 @@ TEST_P(DeviceSnapshot, RestoreFromMemoryEqualsResumeFromDisk) {
   if (!::testing::Test::HasFailure()) fs::remove_all(out);
 }
 
-INSTANTIATE_TEST_SUITE_P(Precisions, DeviceSnapshot, ::testing::Values("fp32", "bf16"),
-                         [](const auto& info) { return std::string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Precisions, DeviceSnapshot,
+                         ::testing::Values(SnapshotCase{"fp32", "fp32", false},
+                                           SnapshotCase{"bf16", "bf16", false},
+                                           SnapshotCase{"fp32_nvme", "fp32", true}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace pentad

@@ -92,7 +92,8 @@ inline const ModelCase kLlama{
      "model.n_kv_head=2", "model.max_seq_len=256", "model.tie_embeddings=false"},
     256};
 // The same LLaMA with every MLP routed: 4 SwiGLU experts of width 256, top 2 by softmax,
-// renormalised, with the auxiliary balancing loss. fp32 only (MoE refuses bf16, model.cpp).
+// renormalised, with the auxiliary balancing loss. fp32 and bf16 (bf16 MoE refuses expert
+// parallelism, model.cpp).
 inline const ModelCase kLlamaMoe{
     "llama_moe",
     {"model.family=llama", "model.n_layer=3", "model.d_model=256", "model.n_head=4",

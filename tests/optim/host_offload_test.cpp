@@ -2,17 +2,23 @@
 // GPU). Here the parameters are host memory too, so the copies are memcpy and nothing runs
 // on a device: what is checked is the chunk plan, the staging (two slots taking turns), the
 // gradients' source (the full arena, or the compact ZeRO shares) and that an AdamW step
-// through the host is bitwise the step without it. The device streams are covered by the GPU
-// suite (tests/cuda/cuda_train_test.cpp, CpuOffload).
+// through the host is bitwise the step without it; and the same with the moments on NVMe
+// (parallel.offload = "nvme" on a GPU: optim/nvme_state.h's sub-groups outside, the staging's
+// chunks inside each). The device streams are covered by the GPU suite
+// (tests/cuda/cuda_train_test.cpp, CpuOffload and NvmeOffload: compiled, run only on a GPU).
 #include "optim/host_offload.h"
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <cstring>
+#include <filesystem>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "optim/adamw.h"
+#include "optim/nvme_state.h"
 
 namespace pentad {
 namespace {
@@ -40,6 +46,16 @@ StateShard some_rows(const ParamStore& p) {
   const int64_t t0 = int64_t(three.offset) + (kChunk - 5),
                 t1 = int64_t(three.offset) + three.local_shape.numel();
   return {{{m0, m1, 0}, {t0, t1, m1 - m0}}, (m1 - m0) + (t1 - t0)};
+}
+
+// The same rows as a merged shard (StateShard::merge, as MoE's ZeRO builds it: one
+// reducer's shares, then the other's) whose compact layout puts "three" before "matrix":
+// state order is not arena order.
+StateShard some_rows_reordered(const ParamStore& p) {
+  const StateShard rows = some_rows(p);
+  const StateShard::Range m = rows.ranges[0], t = rows.ranges[1];
+  return StateShard::merge({{{t.begin, t.end, 0}}, t.end - t.begin},
+                           {{{m.begin, m.end, 0}}, m.end - m.begin});
 }
 
 std::vector<float> normal(int64_t n, uint32_t seed) {
@@ -145,6 +161,118 @@ TEST(HostOffload, AdamWStepThroughTheHostIsBitwiseTheStepInPlace) {
     const size_t state = size_t(shard.numel) * sizeof(float);
     EXPECT_EQ(std::memcmp(a.m_base(), b.m_base(), state), 0);
     EXPECT_EQ(std::memcmp(a.v_base(), b.v_base(), state), 0);
+  }
+}
+
+// Cut at sub-groups (the NVMe path): every chunk lies inside one sub-group of the shard's
+// layout, the chunks still tile the same elements, and chunks_in() finds exactly the chunks of
+// each sub-group.
+TEST(HostOffload, PlanCutAtSubGroupsKeepsEachChunkInsideOne) {
+  const ParamStore p = make_params();
+  const int64_t group = 3001;  // divides neither the chunks nor the parameters
+  const char* names[] = {"whole arena", "ZeRO shard", "merged ZeRO shard"};
+  const StateShard shards[] = {StateShard::whole(p.numel()), some_rows(p), some_rows_reordered(p)};
+  for (int which = 0; which < 3; ++which) {
+    const StateShard& shard = shards[which];
+    SCOPED_TRACE(names[which]);
+    const std::vector<HostChunk> plain = plan_host_chunks(p, shard, 1000);
+    const std::vector<HostChunk> cut = plan_host_chunks(p, shard, 1000, group);
+    EXPECT_GT(cut.size(), plain.size());
+    int64_t plain_elements = 0, cut_elements = 0, end = 0;
+    for (const HostChunk& c : plain) plain_elements += c.count;
+    for (const HostChunk& c : cut) {
+      EXPECT_GT(c.count, 0);
+      EXPECT_LE(c.count, 1000);
+      EXPECT_GE(c.state, end) << "in state order, not overlapping";
+      EXPECT_EQ(c.state / group, (c.state + c.count - 1) / group)
+          << "chunk at " << c.state << " (+" << c.count << ") crosses a sub-group boundary";
+      // Its parameters where its moments say: the same range of the shard's layout.
+      int64_t inside = 0;
+      for (const StateShard::Range& r : shard.ranges)
+        if (r.begin <= c.arena && c.arena + c.count <= r.end &&
+            c.state == r.shard + (c.arena - r.begin))
+          ++inside;
+      EXPECT_EQ(inside, 1) << "chunk at arena " << c.arena << ", state " << c.state;
+      end = c.state + c.count;
+      cut_elements += c.count;
+    }
+    EXPECT_EQ(cut_elements, plain_elements);
+    HostOffload offload(p, shard, 1000, group);
+    size_t next = 0;
+    for (int64_t begin = 0; begin < shard.numel; begin += group) {
+      const auto range = offload.chunks_in(begin, std::min(begin + group, shard.numel));
+      EXPECT_EQ(range.first, next) << "sub-group at " << begin;
+      for (size_t k = range.first; k < range.second; ++k) {
+        EXPECT_GE(offload.chunks()[k].state, begin);
+        EXPECT_LE(offload.chunks()[k].state + offload.chunks()[k].count, begin + group);
+      }
+      next = range.second;
+    }
+    EXPECT_EQ(next, offload.chunks().size()) << "every chunk in some sub-group";
+  }
+}
+
+class NvmeDir : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char name[] = "/tmp/pentad-host-nvme-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(name), nullptr);
+    dir_ = name;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string dir_;
+};
+
+// The moments on NVMe, updated on the host from parameters that come down and go back up
+// through the staging (what a CUDA run with parallel.offload = "nvme" does; here the
+// "device" is host memory): the same bits as AdamW in place, parameters and both moments,
+// over three steps, for the whole arena and a ZeRO shard. The sub-group size divides neither
+// the chunks nor the parameters, so chunks are cut at sub-group boundaries mid-parameter and
+// sub-groups hold pieces of several parameters; a moment read from the wrong offset, a
+// chunk updated against another sub-group's buffer, or a sub-group not written back breaks
+// the equality from step 2 on.
+TEST_F(NvmeDir, AdamWWithMomentsOnNvmeThroughTheHostIsBitwiseTheStepInPlace) {
+  OptimConfig cfg;
+  NvmeOptions nvme;
+  nvme.dir = dir_;
+  nvme.subgroup_elements = 300007;
+  nvme.block_bytes = 64 << 10;
+  nvme.queue_depth = 4;
+  for (int which = 0; which < 3; ++which) {
+    const bool sharded = which > 0;
+    SCOPED_TRACE(which == 0 ? "whole arena" : which == 1 ? "ZeRO shard" : "merged ZeRO shard");
+    ParamStore plain = make_params(), hosted = make_params();
+    const StateShard shard = which == 0   ? StateShard::whole(plain.numel())
+                             : which == 1 ? some_rows(plain)
+                                          : some_rows_reordered(plain);
+    AdamW a(cfg, plain, shard), b(cfg, hosted, shard, &nvme, "adamw.state", false, true);
+    EXPECT_TRUE(b.on_host());
+    EXPECT_TRUE(b.offloaded());
+    EXPECT_GT(b.host_staging_bytes(), 0u);
+    ASSERT_GT(shard.numel, 3 * nvme.subgroup_elements) << "several sub-groups";
+    for (int64_t step = 1; step <= 3; ++step) {
+      const int64_t n = sharded ? shard.numel : plain.numel();
+      std::vector<float> g = normal(n, uint32_t(step));
+      const Tensor grads = view_of(g.data(), Shape{n});
+      if (!sharded) {
+        std::memcpy(plain.all_grads().data, g.data(), g.size() * sizeof(float));
+        std::memcpy(hosted.all_grads().data, g.data(), g.size() * sizeof(float));
+      }
+      const float lr = 1e-3f * float(step);
+      a.step(plain, lr, {}, false, sharded ? grads : Tensor{});
+      b.step(hosted, lr, {}, false, sharded ? grads : Tensor{});
+    }
+    EXPECT_EQ(std::memcmp(plain.all_params().data, hosted.all_params().data, plain.bytes()), 0);
+    std::vector<float> m(size_t(shard.numel)), v(size_t(shard.numel));
+    b.read_state(0, 0, shard.numel, m.data());
+    b.read_state(1, 0, shard.numel, v.data());
+    const size_t state = size_t(shard.numel) * sizeof(float);
+    EXPECT_EQ(std::memcmp(a.m_base(), m.data(), state), 0);
+    EXPECT_EQ(std::memcmp(a.v_base(), v.data(), state), 0);
+    const NvmeState::Stats io = b.nvme()->stats();
+    // Each step reads and writes both moments whole (plus the reads above).
+    EXPECT_GE(io.bytes_written, 3.0 * 2 * double(state));
+    EXPECT_GE(io.bytes_read, 3.0 * 2 * double(state));
   }
 }
 

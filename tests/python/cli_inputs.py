@@ -120,12 +120,12 @@ CASES = [
      ["parallel.tp = 2 need parallel.sequence_parallel = true"]),
     ("moe_capacity_below_one_over_k", "mixtral-tiny.toml", ["moe.capacity_factor=0.25"], 0, 2,
      ["moe.capacity_factor = 0.25 is below 1 / model.top_k = 1 / 2", "or 0 for dropless"]),
-    ("moe_on_cuda_bf16", "mixtral-tiny.toml", ["train.device=cuda", "train.precision=bf16"], 0,
-     2, ["MoE on CUDA in bf16 is not built yet", "train.precision = \"fp32\""]),
-    # Expert parallelism on CUDA is built (fp32); in bf16 the MoE refusal still names the fix.
+    # MoE on CUDA in bf16 is built with every expert on its rank (tests/recipe_test.cpp
+    # loads it); with expert parallelism (built in fp32) the refusal names the fix.
     ("moe_ep_on_cuda_bf16", "mixtral-tiny.toml",
      ["train.device=cuda", "train.precision=bf16", "parallel.ep=2"], 0, 2,
-     ["MoE on CUDA in bf16 is not built yet", "train.precision = \"fp32\""]),
+     ["MoE on CUDA in bf16 with expert parallelism (parallel.ep = 2, parallel.etp = 1) is not "
+      "built yet", "set train.precision = \"fp32\", or parallel.ep = parallel.etp = 1"]),
     ("moe_ep_on_a_dense_model", "llama-tiny.toml", ["parallel.ep=2"], 0, 2,
      ["parallel.ep = 2", "the model has no MoE layers"]),
     ("moe_shared_experts_on_a_dense_model", "llama-tiny.toml", ["model.n_shared_experts=1"], 0,
@@ -187,11 +187,13 @@ CASES = [
       "parallel.zero = 3", "set train.eval_batches = 4"]),
     ("zero2_moe_trains", "mixtral-tiny.toml", TINY + ["parallel.ep=2", "parallel.zero=2"], 4, 0,
      ["ZeRO-2 over dp x cp = 4, the routed experts over edp = 2", "step     2/2"]),
-    ("nvme_on_cuda", "gpt-tiny.toml",
+    # NVMe offload on CUDA is built (AdamW on the host, moments in the file); ZeRO-3's
+    # parameter shares on NVMe are not, and the refusal names the key.
+    ("nvme_parameters_on_cuda", "gpt-tiny.toml",
      ["parallel.zero=3", "parallel.offload=nvme", "parallel.offload_path=/tmp",
       "train.device=cuda"], 0, 2,
-     ["parallel.offload = \"nvme\" with train.device = \"cuda\" is not built yet",
-      "set parallel.offload = \"cpu\""]),
+     ["parameter shares on NVMe (parallel.offload_params = true, the default), which is not "
+      "built for CUDA yet", "set parallel.offload_params = false"]),
     ("zero_stage_out_of_range", "gpt-tiny.toml", ["parallel.zero=4"], 0, 2, ["parallel.zero"]),
     ("nvme_without_path", "gpt-tiny.toml", ["parallel.offload=nvme"], 0, 2,
      ["parallel.offload = \"nvme\" needs parallel.offload_path"]),

@@ -154,7 +154,8 @@ TEST(MemoryBudget, TheLimitIsTheRanksShareOfTheMachine) {
 
 // On CUDA a dropped bucket or unit is zeroed, not given back (Arena::discard): ZeRO-2's
 // gradients and ZeRO-3's parameters count whole there, while on the CPU they shrink; AdamW
-// offloaded to the host (parallel.offload = "cpu") holds no device memory.
+// offloaded to the host (parallel.offload = "cpu", or "nvme": updated on the host) holds no
+// device memory.
 TEST(MemoryBudget, CudaCountsDroppedArenasWholeAndHostAdamWNone) {
   parallel::MeshConfig mesh = one_rank();
   mesh.dp = 2;
@@ -176,6 +177,17 @@ TEST(MemoryBudget, CudaCountsDroppedArenasWholeAndHostAdamWNone) {
   EXPECT_EQ(estimate("cuda", "2", "cpu").optimizer, 0.0);
   EXPECT_EQ(estimate("cuda", "0", "cpu").optimizer, 0.0);
   EXPECT_EQ(estimate("cpu", "0", "cpu").optimizer, 2 * values * f32);  // the host is the device
+  // AdamW's moments on NVMe: on CUDA updated on the host, so none on the device either; on
+  // the CPU three sub-groups of m and v in (host = device) memory.
+  auto nvme = [&](const std::string& device) {
+    return estimate_memory(
+        load_recipe(kRecipes + "gpt-tiny.toml",
+                    {"train.device=" + device, "parallel.offload=nvme",
+                     "parallel.offload_path=/tmp", "parallel.nvme_subgroup_kb=16"}),
+        one_rank());
+  };
+  EXPECT_EQ(nvme("cuda").optimizer, 0.0);
+  EXPECT_EQ(nvme("cpu").optimizer, 3 * 2 * 16 * 1024.0);
 }
 
 // A CUDA plan that fits once AdamW's state leaves the device names parallel.offload = "cpu";
