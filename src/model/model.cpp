@@ -486,6 +486,13 @@ void Model::update_expert_bias(const std::vector<double>& counts) {
   kernels::refresh_weights(params_);
 }
 
+std::vector<int> Model::expert_bias_ids() const {
+  std::vector<int> ids;
+  for (const auto& block : moe_)
+    if (block) ids.push_back(block->bias());
+  return ids;
+}
+
 double Model::flops_per_micro_batch() const {
   const double C = static_cast<double>(cfg_.d_model), F = static_cast<double>(ffn_dim(cfg_));
   const double Ckv = static_cast<double>(cfg_.kv_heads() * cfg_.head_dim());

@@ -114,6 +114,8 @@ class Model {
   MoeStats take_moe_stats();
   // Aux-loss-free balancing after a step: counts (as take_moe_stats's, summed over the job).
   void update_expert_bias(const std::vector<double>& counts);
+  // The parameter ids of the expert biases update_expert_bias() moves, one per MoE layer.
+  std::vector<int> expert_bias_ids() const;
 
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
