@@ -95,6 +95,10 @@ class Model {
   // ZeRO-3: told which parameters each stretch of forward and backward reads (not owned;
   // outlives the model; none: every parameter is always whole here).
   void set_parameter_hooks(ParameterHooks* hooks) { param_hooks_ = hooks ? hooks : &no_hooks_; }
+  ParameterHooks* parameter_hooks() const { return param_hooks_; }
+  // The parameter ids of each stretch the hooks are told of, in forward order: the
+  // embedding, each layer, the final norm and head (those of this rank's chunks).
+  std::vector<std::vector<int>> stretches() const;
   int slots_made(int c) const;
   size_t slot_bytes(int c) const;
   int64_t rows() const { return rows_; }

@@ -56,6 +56,42 @@ double moe_layers_in(const std::vector<int64_t>& moe, int64_t begin, int64_t end
 
 // One stage's bytes. Shapes as in Model::build_params, plan_layer, plan_slot and
 // plan_shared, on one tp rank: column- and row-parallel matrices split over tp, norms whole.
+// ZeRO-3 (the hooks of train/parallelize.cpp): one stretch's values in the dense reducer's
+// units and in the experts'.
+struct ZeroStretch {
+  double dense = 0, experts = 0;
+};
+
+// The most values whole at once, the dense units' weighted by `dense` and the experts' by
+// `experts` (the part of a unit that is not this rank's share; 1 with the shares on NVMe),
+// walking forward and backward as the hooks do: the stretch computing and each reducer's
+// next unit prefetched, the experts' also from a stretch without any. A tied head reads the
+// embedding in the final stretch, and backward prefetches nothing from there; the
+// embedding's backward reads no parameter.
+double zero3_gathered(const std::vector<ZeroStretch>& s, bool tied, double dense, double experts) {
+  const size_t last = s.size() - 1;
+  auto next_experts = [&](size_t k, bool backward) {
+    if (backward) {
+      for (size_t j = k; j-- > 0;)
+        if (s[j].experts > 0) return s[j].experts;
+    } else {
+      for (size_t j = k + 1; j <= last; ++j)
+        if (s[j].experts > 0) return s[j].experts;
+    }
+    return 0.0;
+  };
+  double most = 0;
+  for (size_t k = 0; k <= last; ++k) {  // forward
+    const double d = s[k].dense + (k < last ? s[k + 1].dense : tied ? s[0].dense : 0);
+    most = std::max(most, d * dense + (s[k].experts + next_experts(k, false)) * experts);
+  }
+  for (size_t k = last; k >= 1; --k) {  // backward
+    const double d = s[k].dense + (tied && k == last ? s[0].dense : s[k - 1].dense);
+    most = std::max(most, d * dense + (s[k].experts + next_experts(k, true)) * experts);
+  }
+  return most;
+}
+
 // An MoE layer (model/moe.h) holds, in place of the MLP, the router, n_experts / ep routed
 // experts split over etp and the shared experts as one MLP split over tp.
 MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mesh, int stage) {
@@ -206,13 +242,29 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   e.optimizer = moments;
   const bool nvme = cfg.parallel.offload == "nvme";
   const bool nvme_params = nvme && zero == 3 && cfg.parallel.offload_params;
-  // ZeRO-3's unit with MoE: a layer's dense parameters and its routed experts, each gathered
-  // by its own reducer.
-  const double unit3 = std::max({layer_values, holds_moe ? moe_values : 0.0, embedding}) * f32;
-  if (zero == 3)  // this rank's shares, and two units whole (one in use, one fetched); with
-    // the shares on NVMe (ZeRO-Infinity) none of them, but a third unit's on its way
-    e.parameters = (nvme_params ? unit3 / Z : e.parameters * shares / e.values) +
-                   std::min(e.parameters, 2 * unit3);
+  if (zero == 3) {
+    // This rank's shares, and the other shares of the units whole at once; with the shares
+    // on NVMe (ZeRO-Infinity) none resident, the units whole with theirs, and each
+    // reducer's next share on its way. Units: the embedding, each layer's dense parameters
+    // (an MoE layer's attention, router, bias and shared experts) and its routed experts,
+    // the final norm and head (zero 3 runs without pp: every stretch is on this rank).
+    std::vector<ZeroStretch> stretches = {{embedding, 0}};
+    for (int64_t l = 0; l < m.n_layer; ++l)
+      stretches.push_back(std::find(moe.begin(), moe.end(), l) != moe.end()
+                              ? ZeroStretch{moe_values - expert_values, expert_values}
+                              : ZeroStretch{layer_values, 0});
+    stretches.push_back({(gpt2 ? 2 * C : C) + (m.tie_embeddings ? 0 : V * C / p), 0});
+    double ahead = 0, experts_ahead = 0;  // the largest share of each reducer's units
+    for (const ZeroStretch& st : stretches) {
+      ahead = std::max(ahead, st.dense / Z);
+      experts_ahead = std::max(experts_ahead, st.experts / edp);
+    }
+    const double gathered = zero3_gathered(stretches, m.tie_embeddings, nvme_params ? 1 : 1 - 1 / Z,
+                                           nvme_params ? 1 : 1 - 1 / edp);
+    const double per_value = e.parameters / e.values;  // bytes (with a bf16 compute copy)
+    e.parameters = (nvme_params ? ahead + experts_ahead : shares) * per_value +
+                   std::min(e.parameters, gathered * per_value);
+  }
   if (nvme) {  // on disk; in memory three sub-groups of m and v (and the parameter shares)
     const double tensors = nvme_params ? 3 : 2;
     e.optimizer = 3 * std::min(tensors * shares * f32,
@@ -315,12 +367,13 @@ std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh)
   const bool nvme_params = nvme && zero == 3 && cfg.parallel.offload_params;
   if (zero == 3 && !cuda) {
     text.pop_back();  // the parameters line ends here
-    text +=
-        fmt::format(" [ZeRO-3: {}two units (a layer or the embedding) whole; Z = dp x cp = {}]\n",
-                    nvme_params ? "the 4S of this rank's shares on NVMe; in memory a unit's "
-                                  "share being read and "
-                                : "4S + ",
-                    Z);
+    text += fmt::format(" [ZeRO-3: {}; Z = dp x cp = {}]\n",
+                        nvme_params ? "the 4S of this rank's shares on NVMe; in memory two "
+                                      "adjacent units (layers, the embedding) whole and the next "
+                                      "share being read"
+                                    : "4S + the other shares of two adjacent units (layers, the "
+                                      "embedding) whole",
+                        Z);
   }
   text += fmt::format("  gradients    {} [{}{}]\n", bytes_text(e.gradients), grads_formula,
                       zero ? fmt::format(", ZeRO-{}, {}", zero, share) : "");
