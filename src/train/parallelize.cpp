@@ -288,10 +288,10 @@ GatheredPeak zero3_gathered_peak(std::vector<parallel::GradReducer*> reducers,
     dry.need(ids, false);
     dry.done(ids);
   }
-  for (auto ids = stretches.rbegin(); ids != stretches.rend(); ++ids) {  // backward
-    if (ids == stretches.rend() - 1 && stretches.size() > 1) break;      // the embedding's: none
-    dry.need(*ids, true);
-    dry.done(*ids);
+  // Backward: the first stretch, the embedding (no pipeline at stage 3), reads no parameter.
+  for (size_t k = stretches.size(); k-- > 1;) {
+    dry.need(stretches[k], true);
+    dry.done(stretches[k]);
   }
   return dry.peak();
 }
