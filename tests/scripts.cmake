@@ -112,8 +112,9 @@ pentad_layout_test(layouts_moe_gpt2 --moe gpt-tiny.toml train.micro_batch=2 trai
                    model.n_shared_experts=1 model.d_ff_expert=64 moe.score=sigmoid
                    moe.seq_aux_loss_coef=0.01 moe.bias_update_rate=0.001)
 
-# ZeRO 1 and 2 with MoE: the experts' gradients reduce-scattered and their state sharded over
-# edp (2, and 1), the dense parameters' over dp; ep folded over tp ranks at stage 1.
+# ZeRO 1, 2 and 3 with MoE: the experts' gradients reduce-scattered and their state (stage 3:
+# their parameters too) sharded over edp (2, and 1), the dense parameters' over dp; ep folded
+# over tp ranks (+ sp) at stages 1 and 3.
 pentad_layout_test(layouts_zero_moe --moe-zero moe-fine-tiny.toml model.n_layer=4
                    train.micro_batch=2 train.seq_len=32 moe.seq_aux_loss_coef=0.01)
 

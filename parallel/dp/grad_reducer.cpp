@@ -181,6 +181,16 @@ int64_t GradReducer::largest_bucket() const {
   return most;
 }
 
+int64_t GradReducer::bucket_elements(int b) const {
+  const Bucket& bucket = buckets_.at(size_t(b));
+  return bucket.end - bucket.begin;
+}
+
+int64_t GradReducer::bucket_share(int b) const {
+  const Bucket& bucket = buckets_.at(size_t(b));
+  return bucket.counts.empty() ? bucket.end - bucket.begin : bucket.counts[size_t(group_.rank())];
+}
+
 int GradReducer::bucket_of(int64_t offset) const {
   for (size_t i = 0; i < buckets_.size(); ++i)
     if (buckets_[i].begin <= offset && offset < buckets_[i].end) return int(i);

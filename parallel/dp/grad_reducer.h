@@ -98,6 +98,9 @@ class GradReducer {
   int zero_stage() const { return stage_; }
   static constexpr size_t kInFlight = 2;  // stage 2: buckets of full gradients at most pending
   int64_t largest_bucket() const;         // elements
+  // Bucket b's elements, and those of them in this rank's share (the memory plan's count).
+  int64_t bucket_elements(int b) const;
+  int64_t bucket_share(int b) const;
   size_t buckets() const { return buckets_.size(); }
 
  private:

@@ -489,6 +489,22 @@ void Model::update_expert_bias(const std::vector<double>& counts) {
   kernels::refresh_weights(params_);
 }
 
+std::vector<std::vector<int>> Model::stretches() const {
+  std::vector<std::vector<int>> all;
+  if (!embed_ids_.empty()) all.push_back(embed_ids_);
+  for (const std::vector<int>& ids : layer_ids_)
+    if (!ids.empty()) all.push_back(ids);
+  if (!final_ids_.empty()) all.push_back(final_ids_);
+  return all;
+}
+
+std::vector<int> Model::expert_bias_ids() const {
+  std::vector<int> ids;
+  for (const auto& block : moe_)
+    if (block) ids.push_back(block->bias());
+  return ids;
+}
+
 double Model::flops_per_micro_batch() const {
   const double C = static_cast<double>(cfg_.d_model), F = static_cast<double>(ffn_dim(cfg_));
   const double Ckv = static_cast<double>(cfg_.kv_heads() * cfg_.head_dim());

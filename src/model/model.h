@@ -95,6 +95,10 @@ class Model {
   // ZeRO-3: told which parameters each stretch of forward and backward reads (not owned;
   // outlives the model; none: every parameter is always whole here).
   void set_parameter_hooks(ParameterHooks* hooks) { param_hooks_ = hooks ? hooks : &no_hooks_; }
+  ParameterHooks* parameter_hooks() const { return param_hooks_; }
+  // The parameter ids of each stretch the hooks are told of, in forward order: the
+  // embedding, each layer, the final norm and head (those of this rank's chunks).
+  std::vector<std::vector<int>> stretches() const;
   int slots_made(int c) const;
   size_t slot_bytes(int c) const;
   int64_t rows() const { return rows_; }
@@ -114,6 +118,8 @@ class Model {
   MoeStats take_moe_stats();
   // Aux-loss-free balancing after a step: counts (as take_moe_stats's, summed over the job).
   void update_expert_bias(const std::vector<double>& counts);
+  // The parameter ids of the expert biases update_expert_bias() moves, one per MoE layer.
+  std::vector<int> expert_bias_ids() const;
 
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }

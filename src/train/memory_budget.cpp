@@ -1,16 +1,11 @@
+// The memory estimate from a recipe alone (train/memory_budget.h): each pipeline stage's
+// parameters, gradients, AdamW state, activations and snapshot, in closed form over the
+// layer shapes. Whether it fits, and the words for it: train/memory_fit.cpp.
 #include "train/memory_budget.h"
 
-#include <mpi.h>
-#include <omp.h>
-#include <sched.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
-#include <fstream>
-#include <functional>
 #include <vector>
 
 #include "core/check.h"
@@ -24,12 +19,6 @@ namespace pentad {
 namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
-
-// format_bytes for sizes past what a size_t holds.
-std::string bytes_text(double bytes) {
-  if (bytes < 1e18) return format_bytes(size_t(bytes));
-  return fmt::format("{:.4g} EiB", bytes / (kMiB * kMiB * kMiB));
-}
 
 // Doubles throughout: a recipe may ask for 10^12-wide layers, and the product must not wrap.
 double ffn_width(const ModelConfig& m) {
@@ -52,6 +41,42 @@ std::vector<parallel::pp::Chunk> chunks_of_stage(const Config& cfg, int stages, 
 double moe_layers_in(const std::vector<int64_t>& moe, int64_t begin, int64_t end) {
   return double(
       std::count_if(moe.begin(), moe.end(), [&](int64_t l) { return begin <= l && l < end; }));
+}
+
+// ZeRO-3 (the hooks of train/parallelize.cpp): one stretch's values in the dense reducer's
+// units and in the experts'.
+struct ZeroStretch {
+  double dense = 0, experts = 0;
+};
+
+// The most values whole at once, the dense units' weighted by `dense` and the experts' by
+// `experts` (the part of a unit that is not this rank's share; 1 with the shares on NVMe),
+// walking forward and backward as the hooks do: the stretch computing and each reducer's
+// next unit prefetched, the experts' also from a stretch without any. A tied head reads the
+// embedding in the final stretch, and backward prefetches nothing from there; the
+// embedding's backward reads no parameter.
+double zero3_gathered(const std::vector<ZeroStretch>& s, bool tied, double dense, double experts) {
+  const size_t last = s.size() - 1;
+  auto next_experts = [&](size_t k, bool backward) {
+    if (backward) {
+      for (size_t j = k; j-- > 0;)
+        if (s[j].experts > 0) return s[j].experts;
+    } else {
+      for (size_t j = k + 1; j <= last; ++j)
+        if (s[j].experts > 0) return s[j].experts;
+    }
+    return 0.0;
+  };
+  double most = 0;
+  for (size_t k = 0; k <= last; ++k) {  // forward
+    const double d = s[k].dense + (k < last ? s[k + 1].dense : tied ? s[0].dense : 0);
+    most = std::max(most, d * dense + (s[k].experts + next_experts(k, false)) * experts);
+  }
+  for (size_t k = last; k >= 1; --k) {  // backward
+    const double d = s[k].dense + (tied && k == last ? s[0].dense : s[k - 1].dense);
+    most = std::max(most, d * dense + (s[k].experts + next_experts(k, true)) * experts);
+  }
+  return most;
 }
 
 // One stage's bytes. Shapes as in Model::build_params, plan_layer, plan_slot and
@@ -209,13 +234,29 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   e.optimizer = moments;
   const bool nvme = cfg.parallel.offload == "nvme";
   const bool nvme_params = nvme && zero == 3 && cfg.parallel.offload_params;
-  // ZeRO-3's unit with MoE: a layer's dense parameters and its routed experts, each gathered
-  // by its own reducer.
-  const double unit3 = std::max({layer_values, holds_moe ? moe_values : 0.0, embedding}) * f32;
-  if (zero == 3)  // this rank's shares, and two units whole (one in use, one fetched); with
-    // the shares on NVMe (ZeRO-Infinity) none of them, but a third unit's on its way
-    e.parameters = (nvme_params ? unit3 / Z : e.parameters * shares / e.values) +
-                   std::min(e.parameters, 2 * unit3);
+  if (zero == 3) {
+    // This rank's shares, and the other shares of the units whole at once; with the shares
+    // on NVMe (ZeRO-Infinity) none resident, the units whole with theirs, and each
+    // reducer's next share on its way. Units: the embedding, each layer's dense parameters
+    // (an MoE layer's attention, router, bias and shared experts) and its routed experts,
+    // the final norm and head (zero 3 runs without pp: every stretch is on this rank).
+    std::vector<ZeroStretch> stretches = {{embedding, 0}};
+    for (int64_t l = 0; l < m.n_layer; ++l)
+      stretches.push_back(std::find(moe.begin(), moe.end(), l) != moe.end()
+                              ? ZeroStretch{moe_values - expert_values, expert_values}
+                              : ZeroStretch{layer_values, 0});
+    stretches.push_back({(gpt2 ? 2 * C : C) + (m.tie_embeddings ? 0 : V * C / p), 0});
+    double ahead = 0, experts_ahead = 0;  // the largest share of each reducer's units
+    for (const ZeroStretch& st : stretches) {
+      ahead = std::max(ahead, st.dense / Z);
+      experts_ahead = std::max(experts_ahead, st.experts / edp);
+    }
+    const double gathered = zero3_gathered(stretches, m.tie_embeddings, nvme_params ? 1 : 1 - 1 / Z,
+                                           nvme_params ? 1 : 1 - 1 / edp);
+    const double per_value = e.parameters / e.values;  // bytes (with a bf16 compute copy)
+    e.parameters = (nvme_params ? ahead + experts_ahead : shares) * per_value +
+                   std::min(e.parameters, gathered * per_value);
+  }
   if (nvme) {  // on disk; in memory three sub-groups of m and v (and the parameter shares)
     const double tensors = nvme_params ? 3 : 2;
     e.optimizer = 3 * std::min(tensors * shares * f32,
@@ -234,48 +275,6 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   return e;
 }
 
-std::string values_text(const MemoryEstimate& e) {
-  if (e.expert_values == 0) return fmt::format("{:.4g} values", e.values);
-  return fmt::format("{:.4g} values, {:.4g} of them in routed experts", e.values, e.expert_values);
-}
-
-std::string activations_text(const Config& cfg, const MemoryEstimate& e) {
-  return fmt::format(
-      "micro-batch {} x {}{}, recompute {}{}", cfg.train.micro_batch, cfg.train.seq_len,
-      cfg.parallel.cp > 1 ? fmt::format(" split over cp {}", cfg.parallel.cp) : "",
-      cfg.model.recompute ? "on" : "off",
-      e.dispatch > 0
-          ? fmt::format(", MoE dispatch buffers {} (worst case{})", bytes_text(e.dispatch),
-                        cfg.model.moe.capacity_factor > 0 ? " within capacity" : ", dropless")
-          : "");
-}
-
-// The limit in bytes and how to say it.
-std::pair<double, std::string> memory_limit(const Config& cfg, const NodeShare& node) {
-  if (cfg.train.memory_limit_mb > 0)
-    return {double(cfg.train.memory_limit_mb) * kMiB,
-            fmt::format("train.memory_limit_mb = {}", cfg.train.memory_limit_mb)};
-  const double share = node.memory_bytes / std::max(1, node.ranks);
-  return {share, fmt::format("this rank's share of the machine's memory ({} / {} rank{} = {}; "
-                             "train.memory_limit_mb = 0 means automatic)",
-                             bytes_text(node.memory_bytes), node.ranks,
-                             node.ranks == 1 ? "" : "s on it", bytes_text(share))};
-}
-
-// The largest value in [lo, hi] for which fits(value) holds, fits being monotone
-// (true up to some value); lo - 1 when none fits.
-int64_t largest_fitting(int64_t lo, int64_t hi, const std::function<bool(int64_t)>& fits) {
-  if (lo > hi || !fits(lo)) return lo - 1;
-  while (lo < hi) {
-    const int64_t mid = lo + (hi - lo + 1) / 2;
-    if (fits(mid))
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return lo;
-}
-
 }  // namespace
 
 MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& mesh) {
@@ -287,242 +286,8 @@ MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& me
   return worst;
 }
 
-std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh) {
-  const MemoryEstimate e = estimate_memory(cfg, mesh);
-  const ModelConfig& m = cfg.model;
-  std::string text = fmt::format(
-      "memory plan (estimate for the rank that needs the most{}; tp {} cp {} dp {} pp {} ep {} "
-      "etp {}, {} {}):\n",
-      mesh.pp > 1 ? fmt::format(": pipeline stage {}", e.stage) : "", mesh.tp, mesh.cp, mesh.dp,
-      mesh.pp, mesh.ep, mesh.etp, cfg.train.device, cfg.train.precision);
-  text += fmt::format("  parameters   {} ({})\n", bytes_text(e.parameters), values_text(e));
-  if (e.expert_values > 0)
-    text += fmt::format(
-        "    routed experts {} ({} of {} experts per MoE layer, 1/{} of width {} each)\n",
-        bytes_text(e.expert_values * e.parameters / e.values), m.n_experts / mesh.ep, m.n_experts,
-        mesh.etp, expert_ffn_dim(m));
-  // ZeRO's formulas (README, "ZeRO"), N values here, Z = dp x cp, S = N / Z; with MoE,
-  // S = Nd / Z + Ne / edp (dense values, routed experts' values).
-  const int64_t Z = mesh.dp * mesh.cp, zero = Z > 1 ? cfg.parallel.zero : 0;
-  const std::string share =
-      e.expert_values > 0
-          ? fmt::format(
-                "S = Nd / {} + Ne / {}: dense values over dp x cp, routed experts' over edp", Z,
-                parallel::mesh_degree(mesh, parallel::Axis::EDP))
-          : fmt::format("S = N / {}", Z);
-  const bool nvme = cfg.parallel.offload == "nvme";
-  const bool cuda = cfg.train.device == "cuda";
-  const char* grads_formula =
-      zero == 0           ? "4N"
-      : zero == 1 || cuda ? (zero == 1 ? "4N + 4S" : "4N + 8S: on CUDA the arena stays whole")
-                          : "<= 2 buckets of 4N + 8S";
-  const bool nvme_params = nvme && zero == 3 && cfg.parallel.offload_params;
-  if (zero == 3 && !cuda) {
-    text.pop_back();  // the parameters line ends here
-    text +=
-        fmt::format(" [ZeRO-3: {}two units (a layer or the embedding) whole; Z = dp x cp = {}]\n",
-                    nvme_params ? "the 4S of this rank's shares on NVMe; in memory a unit's "
-                                  "share being read and "
-                                : "4S + ",
-                    Z);
-  }
-  text += fmt::format("  gradients    {} [{}{}]\n", bytes_text(e.gradients), grads_formula,
-                      zero ? fmt::format(", ZeRO-{}, {}", zero, share) : "");
-  text +=
-      fmt::format("  AdamW state  {} [{}]\n", bytes_text(e.optimizer),
-                  nvme_params    ? "on NVMe; in memory 3 sub-groups of p, m and v"
-                  : nvme && cuda ? "on NVMe; in host memory 3 sub-groups of m and v, updated there"
-                  : nvme         ? "on NVMe; in memory 3 sub-groups of m and v"
-                  : cuda && cfg.parallel.offload == "cpu"
-                      ? fmt::format("in host memory: {}", zero ? "8S" : "8N")
-                  : zero ? fmt::format("8S, {}", share)
-                         : std::string("8N"));
-  text +=
-      fmt::format("  activations  {} ({})\n", bytes_text(e.activations), activations_text(cfg, e));
-  if (e.snapshot > 0) text += fmt::format("  snapshot     {}\n", bytes_text(e.snapshot));
-  text += fmt::format("  total        {}", bytes_text(e.total()));
-  return text;
-}
-
 MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& mesh, int stage) {
   return estimate_stage(cfg, mesh, stage);
-}
-
-NodeShare node_share() {
-  NodeShare node;
-  const double pages = double(sysconf(_SC_PHYS_PAGES)), page = double(sysconf(_SC_PAGE_SIZE));
-  node.memory_bytes = pages * page;
-  for (const char* path :
-       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
-    std::ifstream file(path);
-    double limit = 0;
-    if (file >> limit && limit > 0) node.memory_bytes = std::min(node.memory_bytes, limit);
-  }
-  // Cores: the union of the ranks' affinity masks, so ranks bound to distinct cores count
-  // each one and ranks started on one core count it once.
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  sched_getaffinity(0, sizeof(set), &set);
-  constexpr int kWords = CPU_SETSIZE / 64;
-  std::vector<uint64_t> mask(kWords, 0);
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
-    if (CPU_ISSET(cpu, &set)) mask[size_t(cpu / 64)] |= uint64_t{1} << (cpu % 64);
-  int threads = omp_get_max_threads();
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  if (initialized) {
-    MPI_Comm local;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
-    MPI_Comm_size(local, &node.ranks);
-    MPI_Allreduce(MPI_IN_PLACE, mask.data(), kWords, MPI_UINT64_T, MPI_BOR, local);
-    MPI_Allreduce(MPI_IN_PLACE, &threads, 1, MPI_INT, MPI_SUM, local);
-    MPI_Comm_free(&local);
-  }
-  node.cores = 0;
-  for (uint64_t word : mask) node.cores += std::popcount(word);
-  node.cores = std::max(1, node.cores);
-  node.threads = threads;
-  return node;
-}
-
-void check_memory(const Config& cfg, const parallel::MeshConfig& mesh, const NodeShare& node) {
-  if (cfg.train.memory_limit_mb == 0 && cfg.train.device != "cpu") return;
-  const auto limits = memory_limit(cfg, node);  // (bytes, how they were chosen)
-  const auto& [limit, limit_text] = limits;
-  const MemoryEstimate e = estimate_memory(cfg, mesh);
-  if (e.total() <= limit) return;
-
-  auto fits = [&](Config c) {
-    try {
-      return estimate_memory(c, mesh).total() <= limits.first;
-    } catch (const Error&) {  // a layout the changed value does not split into
-      return false;
-    }
-  };
-  std::vector<std::string> knobs;
-  const ModelConfig& m = cfg.model;
-  const int64_t min_layers = int64_t(mesh.pp) * cfg.parallel.virtual_stages;
-  const int64_t layers = largest_fitting(min_layers, m.n_layer - 1, [&](int64_t n) {
-    Config c = cfg;
-    c.model.n_layer = n;
-    return fits(c);
-  });
-  if (layers >= min_layers) knobs.push_back(fmt::format("model.n_layer <= {}", layers));
-  // Widths that keep the heads whole (and even for RoPE).
-  const int64_t step = m.n_head * (m.family == ModelFamily::LLaMA ? 2 : 1);
-  const int64_t widths = largest_fitting(1, m.d_model / step - 1, [&](int64_t k) {
-    Config c = cfg;
-    c.model.d_model = k * step;
-    return fits(c);
-  });
-  if (widths >= 1) knobs.push_back(fmt::format("model.d_model <= {}", widths * step));
-  const int64_t vocab = largest_fitting(2, m.vocab_size - 1, [&](int64_t v) {
-    Config c = cfg;
-    c.model.vocab_size = v;
-    return fits(c);
-  });
-  if (vocab >= 2) knobs.push_back(fmt::format("model.vocab_size <= {}", vocab));
-  const int64_t batch = largest_fitting(1, cfg.train.micro_batch - 1, [&](int64_t b) {
-    Config c = cfg;
-    c.train.micro_batch = b;
-    return fits(c);
-  });
-  if (batch >= 1)
-    knobs.push_back(
-        fmt::format("train.micro_batch <= {} (raise train.grad_accum to keep the "
-                    "batch)",
-                    batch));
-  if (!m.recompute) {
-    Config c = cfg;
-    c.model.recompute = true;
-    if (fits(c)) knobs.push_back("model.recompute = true");
-  }
-  // Context parallelism divides the activations of every layer by cp.
-  for (int cp = mesh.cp * 2; cp <= 64 && cfg.train.seq_len % (2 * cp) == 0; cp *= 2) {
-    parallel::MeshConfig wider = mesh;
-    wider.cp = cp;
-    wider.cp_ulysses = mesh.cp_ulysses == mesh.cp && mesh.cp > 1 ? cp : mesh.cp_ulysses;
-    bool fit = false;
-    try {
-      fit = estimate_memory(cfg, wider).total() <= limits.first;
-    } catch (const Error&) {
-    }
-    if (fit) {
-      knobs.push_back(fmt::format("parallel.cp = {} (now {}; {} ranks in all)", cp, mesh.cp,
-                                  int64_t(cp) * mesh.dp * mesh.tp * mesh.pp));
-      break;
-    }
-  }
-  // ZeRO divides the AdamW state (and at stage 2 the gradients) over dp x cp, the routed
-  // experts' over edp.
-  if (mesh.dp * mesh.cp > 1 && cfg.parallel.zero < 2 &&
-      (cfg.parallel.pp == 1 || cfg.parallel.zero < 1)) {
-    Config c = cfg;
-    c.parallel.zero = cfg.parallel.pp == 1 ? 2 : 1;
-    if (fits(c))
-      knobs.push_back(fmt::format(
-          "parallel.zero = {} (now {}; AdamW state{} over dp x cp = {}{})", c.parallel.zero,
-          cfg.parallel.zero, c.parallel.zero == 2 ? " and gradients" : "", mesh.dp * mesh.cp,
-          e.expert_values > 0 ? fmt::format(", the routed experts' over edp = {}",
-                                            parallel::mesh_degree(mesh, parallel::Axis::EDP))
-                              : ""));
-  }
-  // NVMe offload leaves three sub-groups of AdamW's state in memory.
-  if (cfg.parallel.offload != "nvme" && cfg.train.device == "cpu") {
-    Config c = cfg;
-    c.parallel.offload = "nvme";
-    if (fits(c))
-      knobs.push_back(
-          "parallel.offload = \"nvme\" with parallel.offload_path = a directory on a fast drive "
-          "(AdamW state on disk, streamed through three sub-groups in memory)");
-  }
-  // On CUDA AdamW's state can live in host memory instead (optim/host_offload.h).
-  if (cfg.parallel.offload == "none" && cfg.train.device == "cuda") {
-    Config c = cfg;
-    c.parallel.offload = "cpu";
-    if (fits(c))
-      knobs.push_back("parallel.offload = \"cpu\" (AdamW state in host memory, updated there)");
-  }
-  // Parameters, gradients and AdamW state divide over tp x pp; activations mostly do not.
-  const double state = e.parameters + e.gradients + e.optimizer;
-  const double room = limit - e.activations;
-  const std::string spread =
-      room > 0 ? fmt::format("about {:.0f}x more ranks in parallel.tp x parallel.pp",
-                             std::ceil(state / room))
-               : std::string("more ranks in parallel.tp x parallel.pp");
-  knobs.push_back(fmt::format("{} (now tp {} x pp {})", spread, mesh.tp, mesh.pp));
-  // The routed experts' state divides over ep (and etp) alone.
-  if (e.expert_values > 0 && m.n_experts / mesh.ep > 1)
-    knobs.push_back(fmt::format(
-        "spread the experts ({} of the values) over more ranks: parallel.ep up to {} (now {})",
-        bytes_text(e.expert_values * 4), m.n_experts, mesh.ep));
-
-  struct Item {
-    std::string text;
-    double bytes;
-  };
-  std::vector<Item> items = {
-      {fmt::format("parameters {} ({})", bytes_text(e.parameters), values_text(e)), e.parameters},
-      {fmt::format("gradients {}", bytes_text(e.gradients)), e.gradients},
-      {fmt::format("AdamW state {}", bytes_text(e.optimizer)), e.optimizer},
-      {fmt::format("checkpoint snapshot {} (checkpoint.snapshot = \"copy\" keeps it in host "
-                   "memory on CUDA; train.save_every = 0 drops it)",
-                   bytes_text(e.snapshot)),
-       e.snapshot},
-      {fmt::format("activations {} ({})", bytes_text(e.activations), activations_text(cfg, e)),
-       e.activations}};
-  std::stable_sort(items.begin(), items.end(),
-                   [](const Item& a, const Item& b) { return a.bytes > b.bytes; });
-  std::string largest;
-  for (const Item& item : items) largest += (largest.empty() ? "" : ", ") + item.text;
-  std::string options;
-  for (const std::string& k : knobs) options += (options.empty() ? "" : "; or ") + k;
-  fail(
-      "{}: the memory plan does not fit: each rank{} needs about {} ({}), above {}. "
-      "To fit: {}; or {} train.memory_limit_mb (MiB per rank)",
-      cfg.recipe_path, mesh.pp > 1 ? fmt::format(" of pipeline stage {}", e.stage) : "",
-      bytes_text(e.total()), largest, limit_text, options,
-      cfg.train.memory_limit_mb > 0 ? "raise" : "set");
 }
 
 }  // namespace pentad

@@ -175,41 +175,48 @@ namespace {
 // With MoE a layer has a unit in each reducer: its dense parameters' over dp x cp, its
 // routed experts' over edp; each reducer prefetches its own next unit, the experts' also
 // from a stretch that has none (a dense layer, the embedding).
+// A dry run (counting) moves no data: it follows the same calls to count the values whole.
 class ZeroParameters final : public ParameterHooks {
  public:
-  ZeroParameters(std::vector<parallel::GradReducer*> reducers, const ParamStore& params)
-      : reducers_(std::move(reducers)) {
+  ZeroParameters(std::vector<parallel::GradReducer*> reducers, const ParamStore& params,
+                 bool counting = false)
+      : reducers_(std::move(reducers)), counting_(counting) {
     for (const ParamSpec& spec : params.specs()) {
       Place at;
       for (size_t r = 0; r < reducers_.size() && at.bucket < 0; ++r)
         at = {int(r), reducers_[r]->bucket_of(int64_t(spec.offset))};
       place_.push_back(at);
     }
+    for (parallel::GradReducer* r : reducers_) count_.emplace_back(size_t(r->buckets_count()));
   }
   void need(const std::vector<int>& ids, bool backward) override {
     for (size_t r = 0; r < reducers_.size(); ++r) {
-      parallel::GradReducer& reducer = *reducers_[r];
       const std::vector<int> buckets = of(ids, int(r));
-      for (int b : buckets) reducer.acquire(b);
+      for (int b : buckets) acquire(r, b);
       if (buckets.empty()) {  // the experts' reducer at a dense layer or the embedding
-        reducer.prefetch(beyond(ids, int(r), backward));
+        prefetch(r, beyond(ids, int(r), backward));
         continue;
       }
       // Buckets run from the end of the arena: forward goes to lower indices.
       const auto [low, high] = std::minmax_element(buckets.begin(), buckets.end());
-      reducer.prefetch(backward ? *high + 1 : *low - 1);
-      reducer.read_ahead(backward ? *high + 2 : *low - 2);
+      prefetch(r, backward ? *high + 1 : *low - 1);
+      if (!counting_) reducers_[r]->read_ahead(backward ? *high + 2 : *low - 2);
     }
   }
   void done(const std::vector<int>& ids) override {
     for (size_t r = 0; r < reducers_.size(); ++r)
       if (r == 0 || !stale_experts_)
-        for (int b : of(ids, int(r))) reducers_[r]->release(b);
+        for (int b : of(ids, int(r))) release(r, b);
   }
+  const GatheredPeak& peak() const { return peak_; }
 
  private:
   struct Place {
     int reducer = -1, bucket = -1;  // bucket -1: in no reducer's buckets
+  };
+  struct Count {  // the dry run's state of one bucket
+    bool whole = false;
+    int users = 0;
   };
   std::vector<int> of(const std::vector<int>& ids, int reducer) const {
     std::vector<int> buckets;
@@ -234,8 +241,34 @@ class ZeroParameters final : public ParameterHooks {
         return at.bucket;
     return -1;
   }
+  // The reducers' calls, or in a dry run their effect on which units are whole.
+  void prefetch(size_t r, int b) {
+    if (!counting_) return reducers_[r]->prefetch(b);
+    if (b < 0 || b >= reducers_[r]->buckets_count() || count_[r][size_t(b)].whole) return;
+    count_[r][size_t(b)].whole = true;
+    now_.whole += reducers_[r]->bucket_elements(b);
+    now_.others += reducers_[r]->bucket_elements(b) - reducers_[r]->bucket_share(b);
+    peak_.whole = std::max(peak_.whole, now_.whole);
+    peak_.others = std::max(peak_.others, now_.others);
+  }
+  void acquire(size_t r, int b) {
+    if (!counting_) return reducers_[r]->acquire(b);
+    prefetch(r, b);
+    ++count_[r][size_t(b)].users;
+  }
+  void release(size_t r, int b) {
+    if (!counting_) return reducers_[r]->release(b);
+    Count& c = count_[r][size_t(b)];
+    if (--c.users > 0) return;
+    c.whole = false;
+    now_.whole -= reducers_[r]->bucket_elements(b);
+    now_.others -= reducers_[r]->bucket_elements(b) - reducers_[r]->bucket_share(b);
+  }
   std::vector<parallel::GradReducer*> reducers_;
   std::vector<Place> place_;  // per parameter id
+  const bool counting_;
+  std::vector<std::vector<Count>> count_;  // dry run: per reducer, per bucket
+  GatheredPeak now_, peak_;
   // Planted for the layout test: the experts' units, once gathered, are never dropped.
   const bool stale_experts_ = bug_injected("zero3-moe-stale-experts");
 };
@@ -245,6 +278,22 @@ class ZeroParameters final : public ParameterHooks {
 std::unique_ptr<ParameterHooks> zero_parameters(std::vector<parallel::GradReducer*> reducers,
                                                 const ParamStore& params) {
   return std::make_unique<ZeroParameters>(std::move(reducers), params);
+}
+
+GatheredPeak zero3_gathered_peak(std::vector<parallel::GradReducer*> reducers,
+                                 const ParamStore& params,
+                                 const std::vector<std::vector<int>>& stretches) {
+  ZeroParameters dry(std::move(reducers), params, /*counting=*/true);
+  for (const std::vector<int>& ids : stretches) {  // forward
+    dry.need(ids, false);
+    dry.done(ids);
+  }
+  // Backward: the first stretch, the embedding (no pipeline at stage 3), reads no parameter.
+  for (size_t k = stretches.size(); k-- > 1;) {
+    dry.need(stretches[k], true);
+    dry.done(stretches[k]);
+  }
+  return dry.peak();
 }
 
 }  // namespace pentad

@@ -43,6 +43,17 @@ std::unique_ptr<Model> parallelize(const Config& cfg, parallel::Mesh* mesh, Plac
 std::unique_ptr<ParameterHooks> zero_parameters(std::vector<parallel::GradReducer*> reducers,
                                                 const ParamStore& params);
 
+// ZeRO-3: the most parameter values the hooks of zero_parameters() hold whole at once
+// through one forward and backward over `stretches` (Model::stretches()), counted by
+// following the same calls: each stretch's units and the next ones prefetched. `others`
+// leaves out this rank's shares, resident anyway unless they are kept on NVMe.
+struct GatheredPeak {
+  int64_t whole = 0, others = 0;  // values
+};
+GatheredPeak zero3_gathered_peak(std::vector<parallel::GradReducer*> reducers,
+                                 const ParamStore& params,
+                                 const std::vector<std::vector<int>>& stretches);
+
 // The model's chunks as a pipeline stage sees them; the model outlives it.
 std::unique_ptr<parallel::pp::Stage> pipeline_stage(Model& model);
 

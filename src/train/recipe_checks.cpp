@@ -205,16 +205,6 @@ void check_zero(const Config& c, const Where& where) {
         "does not have: set checkpoint.snapshot = \"copy\" (or \"auto\")",
         where({"checkpoint.snapshot", "parallel.offload", "train.save_every"}));
   if (p.zero == 0) return;
-  // MoE at stage 3 gathers the experts' parameters over edp with their own reducer; the
-  // shares on NVMe would need that reducer to read them from the file too, and the expert
-  // bias, which update_bias() moves after the optimizer step, to be written back there.
-  if (c.model.is_moe() && p.zero == 3 && p.offload == "nvme" && p.offload_params)
-    fail(
-        "{}: parallel.zero = 3 with an MoE model keeps its parameter shares in memory: "
-        "ZeRO-Infinity's parameter shares on NVMe are not built for MoE experts yet. Set "
-        "parallel.offload_params = false (AdamW's state stays on NVMe), or parallel.offload = "
-        "\"none\"",
-        where({"parallel.offload_params", "parallel.offload", "model.n_experts"}));
   if (p.zero >= 2 && p.pp > 1)
     fail(
         "{}: parallel.zero = {} with parallel.pp = {}: stages 2 and 3 reduce every micro-batch's "

@@ -212,20 +212,28 @@ std::string Trainer::memory_plan() const {
   const size_t shard = size_t(optimizer_->shard().numel) * sizeof(float);
   // Offloaded to NVMe: the streaming buffers (three sub-groups of m and v) in memory.
   const NvmeState* nvme = optimizer_->nvme();
-  // ZeRO-3: resident are this rank's shares and, while they compute, about two units whole
-  // (the largest, often the embedding, counted twice); the arena itself is reserved whole.
-  // With the shares on NVMe only the units, and a third unit's share being read ahead.
+  // ZeRO-3: resident are this rank's shares and the other shares of the units whole at
+  // once: the stretch computing and the next one prefetched, per reducer (with MoE a layer's
+  // dense unit and its experts' are whole together), counted by a dry run of the hooks
+  // through one forward and backward. The arena itself is reserved whole. With the shares
+  // on NVMe only the units whole, and each reducer's next share being read ahead.
   const bool nvme_params = optimizer_->params_offloaded();
-  size_t unit = 0;  // with MoE a layer's dense unit and its experts' unit are whole together
-  if (zero() == 3)
-    for (const parallel::GradReducer* r : zero_reducers())
-      unit += size_t(r->largest_bucket()) * sizeof(float);
+  GatheredPeak gathered;
+  size_t read_ahead = 0;
+  if (zero() == 3) {
+    gathered = zero3_gathered_peak(zero_reducers(), p, model_->stretches());
+    for (const parallel::GradReducer* r : zero_reducers()) {
+      int64_t most = 0;
+      for (int b = 0; b < r->buckets_count(); ++b) most = std::max(most, r->bucket_share(b));
+      read_ahead += size_t(most) * sizeof(float);
+    }
+  }
   // On CUDA a discard zeroes device memory but gives none back (Arena::discard): the
   // parameter and gradient arenas hold their whole size there, whatever the ZeRO stage.
   const bool whole_on_device = p.device() == Device::CUDA;
   const size_t params = zero() != 3 || whole_on_device ? p.bytes() + p.compute_copy_bytes()
-                        : nvme_params ? 2 * unit + unit / size_t(dp_size_ * cp_size_)
-                                      : shard + 2 * unit;
+                        : nvme_params ? size_t(gathered.whole) * sizeof(float) + read_ahead
+                                      : shard + size_t(gathered.others) * sizeof(float);
   // Updated on the host (CUDA, offload "cpu" or "nvme"): none on the device (counted in the
   // text below).
   const size_t optim = optimizer_->on_host() ? 0 : nvme ? nvme->host_buffer_bytes() : 2 * shard;

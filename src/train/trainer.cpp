@@ -429,7 +429,7 @@ void Trainer::finish_moe_step(StepStats& s) {
     if (std::find(mine.layers.begin(), mine.layers.end(), layers[i]) != mine.layers.end())
       held.insert(held.end(), first, last);
   }
-  if (cfg_.model.moe.bias_update_rate > 0) model_->update_expert_bias(held);
+  if (cfg_.model.moe.bias_update_rate > 0) update_expert_bias(held);
   // ZeRO-3: back to this rank's shares, the bias's other shares (just moved here too) as well.
   if (zero() == 3) gather_updated_params();
 }

@@ -263,6 +263,12 @@ class Trainer {
   // ZeRO-3 with the parameters on NVMe: the shares go to the optimizer's file, and the
   // reducer reads each unit's back from there before gathering it.
   void offload_parameter_shares();
+  // Parameters on NVMe: every unit back to no share resident, each share read ahead landed
+  // first (before the optimizer's file is streamed or rewritten, which must not race it).
+  void settle_offloaded_shares();
+  // MoE's aux-loss-free bias update (counts as Model::update_expert_bias's); with the
+  // parameter shares on NVMe, on this rank's shares of the bias in the optimizer's file.
+  void update_expert_bias(const std::vector<double>& counts);
   std::unique_ptr<parallel::GradReducer> expert_reducer_;  // MoE experts, over edp
   // ZeRO with MoE: both reducers' reduced shares, the dense then the experts'.
   Arena zero_grads_;

@@ -148,7 +148,7 @@ void Trainer::optimizer_step(float lr) {
   ParamStore& p = model_->params();
   // Parameters on NVMe: a share read ahead for a unit the step did not reach must land
   // before the update rewrites the file.
-  if (optimizer_->params_offloaded()) reducer_->release_all();
+  settle_offloaded_shares();
   // Offloaded, the update follows no copy: the snapshot's parameters in memory (below
   // ZeRO-3) are copied whole first; the file's part was read inside save().
   if (optimizer_->offloaded()) saver_.wait_for_copy();
@@ -342,7 +342,7 @@ bool Trainer::load(const std::string& dir, bool with_optimizer) {
       }
     if (optimizer_->params_offloaded()) {  // ZeRO-3's shares, read into the arena, to the file
       optimizer_->store_params(p);
-      reducer_->release_all();
+      settle_offloaded_shares();
     }
     kernels::refresh_weights(p);
   } catch (const Error& e) {

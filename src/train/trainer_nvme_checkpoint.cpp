@@ -40,7 +40,7 @@ void for_slices_in(const Slices& slices, int64_t begin, int64_t end, const Copy&
 
 void Trainer::stage_from_nvme(const std::vector<float*>& staged) {
   // A ZeRO-3 share read ahead (evaluation) must land before the file is streamed.
-  if (optimizer_->params_offloaded()) reducer_->release_all();
+  settle_offloaded_shares();
   const auto start = std::chrono::steady_clock::now();
   int64_t elements = 0;
   optimizer_->scan_state([&](int64_t begin, int64_t end, float* const* state) {
@@ -80,7 +80,7 @@ void Trainer::prepare_nvme_restore() {
         "replica, a tied embedding's copy), and offloaded state cannot be broadcast from a "
         "view; resume from the checkpoint on disk (--resume latest), or use parallel.zero >= 1 "
         "with tp = pp = 1");
-  if (optimizer_->params_offloaded()) reducer_->release_all();  // no read of the file in flight
+  settle_offloaded_shares();  // no read of the file in flight
 }
 
 bool Trainer::snapshot_covers_nvme() const {

@@ -117,14 +117,43 @@ void Trainer::gather_updated_params() {
 
 void Trainer::offload_parameter_shares() {
   optimizer_->store_params(model_->params());
-  // The reducer's shard is the optimizer's (MoE, whose experts' reducer holds the rest of
-  // it, is refused with the shares on NVMe): the same offsets.
-  PENTAD_CHECK(!zero_grads_.base(), "ZeRO-3 parameter shares on NVMe with MoE experts");
-  reducer_->keep_shares_elsewhere([this](int64_t shard, int64_t count, float* into) {
-    const uint64_t read = optimizer_->start_param_read(shard, count);
-    return parallel::GradReducer::Arrival(
-        [this, read, into] { optimizer_->finish_param_read(read, into); });
-  });
+  // Each reducer's compact shares sit in the optimizer's shard where optimizer_shard() put
+  // them: the dense reducer's from 0, the experts' (MoE) after all of the dense ones.
+  int64_t first = 0;
+  for (parallel::GradReducer* r : zero_reducers()) {
+    r->keep_shares_elsewhere([this, first](int64_t shard, int64_t count, float* into) {
+      const uint64_t read = optimizer_->start_param_read(first + shard, count);
+      return parallel::GradReducer::Arrival(
+          [this, read, into] { optimizer_->finish_param_read(read, into); });
+    });
+    first += r->shard().numel;
+  }
+}
+
+void Trainer::settle_offloaded_shares() {
+  if (!optimizer_->params_offloaded()) return;
+  for (parallel::GradReducer* r : zero_reducers()) r->release_all();
+}
+
+void Trainer::update_expert_bias(const std::vector<double>& counts) {
+  if (!optimizer_->params_offloaded()) {
+    model_->update_expert_bias(counts);
+    return;
+  }
+  // The bias's master values are this rank's shares in the optimizer's file (the arena
+  // holds none of them between uses): into the arena, moved, and back. Every rank moves
+  // its whole copy alike; the other shares' values are dropped by the release that follows.
+  ParamStore& p = model_->params();
+  float* const arena = p.all_params().f32();
+  std::vector<StateShard::Piece> mine;
+  for (int id : model_->expert_bias_ids())
+    for (const StateShard::Piece& piece : optimizer_->shard().pieces(p.spec(id)))
+      mine.push_back(piece);
+  for (const StateShard::Piece& s : mine)
+    optimizer_->read_state(AdamW::kParamTensor, s.shard, s.count, arena + s.arena);
+  model_->update_expert_bias(counts);
+  for (const StateShard::Piece& s : mine)
+    optimizer_->write_state(AdamW::kParamTensor, s.shard, s.count, arena + s.arena);
 }
 
 void Trainer::whole_parameters(bool all) {

@@ -58,12 +58,12 @@ all-gather of the updated parameters (stage 1), and keep a unit gathered before 
 
 With --moe-zero (an MoE recipe), ZeRO 1, 2 and 3 with expert parallelism: the dense
 parameters' state sharded over dp x cp, the experts' over their own replicas, edp (2, and 1
-where each expert has no replica, so the experts' shares are whole); one layout folds ep over
-tp ranks, one slices the experts over etp. At stage 3 the parameters are sharded too, each
-layer's dense ones gathered over dp x cp and its experts' over edp around its use. The broken
-variants skip the all-gather of the experts' updated parameters over edp (stage 1), never
-gather the experts' units (stage 3: their other shares read as zeros), and keep the experts'
-units once gathered (stage 3: stale after the first update).
+where each expert has no replica, so the experts' shares are whole); two layouts fold ep over
+tp ranks (stages 1 and 3), one slices the experts over etp. At stage 3 the parameters are
+sharded too, each layer's dense ones gathered over dp x cp and its experts' over edp around
+its use. The broken variants skip the all-gather of the experts' updated parameters over
+edp (stage 1), never gather the experts' units (stage 3: their other shares read as zeros),
+and keep the experts' units once gathered (stage 3: stale after the first update).
 
 usage: layout_equivalence.py [--pipeline | --moe | --context | --zero | --moe-zero] PENTAD
                              RECIPE WORKDIR
@@ -186,8 +186,10 @@ MOE_ZERO_LAYOUTS = [
     ("ep2-on-dp2xtp2+sp-zero1", 4, ["parallel.tp=2", SP, "parallel.ep=2", ZERO + "1"]),
     # Stage 3: each layer's dense parameters gathered over dp, its routed experts over edp
     # (2; 1: whole on their rank; the experts sliced over etp 2 and replicated over edp 2;
-    # ep 1: edp is the dp group itself).
+    # ep 1: edp is the dp group itself; ep folded over tp 2 + sp, so each tp rank gathers
+    # its own slices of the attention over dp 2 and its experts over edp 2).
     ("dp4xep2-zero3", 4, ["parallel.ep=2", ZERO + "3"]),
+    ("ep2-on-dp2xtp2+sp-zero3", 4, ["parallel.tp=2", SP, "parallel.ep=2", ZERO + "3"]),
     ("dp2xep2-zero3", 2, ["parallel.ep=2", ZERO + "3"]),
     ("dp4xetp2-zero3", 4, ["parallel.etp=2", ZERO + "3"]),
     ("dp2-zero3", 2, [ZERO + "3"]),
