@@ -43,9 +43,10 @@ MPI_Datatype mpi_type(DType dtype) {
 
 // bf16 reductions: MPI has no bf16 type, so the words travel as MPI_UINT16_T and these
 // user ops combine them. Each pair is widened to f32, combined, and rounded back to the
-// nearest bf16 (ties to even): what NCCL's bf16 sum does on the device, so a host bf16
-// reduction (tests, the CPU backend) rounds like a device one. With more than two ranks the
-// result is rounded after every pairwise step, in the order MPI picks.
+// nearest bf16 (ties to even), as NCCL's bf16 sum rounds each pairwise step to bf16 on the
+// device, so a host bf16 reduction (tests, the CPU backend) rounds like a device one. With
+// more than two ranks the result is rounded after every pairwise step, in the order MPI
+// picks.
 template <typename Combine>
 void bf16_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
   const auto* a = static_cast<const uint16_t*>(in);

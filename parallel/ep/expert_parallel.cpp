@@ -174,8 +174,8 @@ void ExpertParallel::combine(std::span<const int64_t> send, std::span<const int6
   zero_rows(partial);
   for (const Block& b : layout) copy_rows(partial, b.gathered, in, b.expert_major, b.rows, C);
   // Every etp rank's partial sums of this rank's rows, added up in the rows' type: bf16 rows
-  // are summed in bf16 (NCCL's bf16 sum, the MPI backend's bf16 op: each pair added in f32
-  // and rounded once), as Megatron reduces in the compute dtype. Widening to f32 first would
+  // are summed in bf16 (NCCL's bf16 sum, the MPI backend's bf16 op: each pairwise step
+  // rounded to bf16), as Megatron reduces in the compute dtype. Widening to f32 first would
   // double the bytes moved and need an f32 staging and two casts, for a result that is rounded
   // to bf16 at the end anyway: with etp 2 the two agree exactly (one rounding of the same
   // f32 sum of two bf16 values); with more ranks, each further step adds at most half a bf16
