@@ -1,9 +1,11 @@
 // The MPI backend: host memory, non-blocking MPI_I* calls on a duplicated communicator
 // whose error handler returns errors (so they reach pentad::Error with the trace dumped)
 // instead of aborting the job.
+#include <algorithm>
 #include <climits>
 #include <vector>
 
+#include "core/bf16.h"
 #include "parallel/backend.h"
 #include "parallel/comm.h"
 
@@ -32,14 +34,60 @@ MPI_Datatype mpi_type(DType dtype) {
       return MPI_DOUBLE;
     case DType::I32:
       return MPI_INT32_T;
-    case DType::BF16:  // moved as raw 16-bit words, never reduced
+    case DType::BF16:  // moved as raw 16-bit words, reduced by the ops below
     case DType::U16:
       return MPI_UINT16_T;
   }
   return MPI_DATATYPE_NULL;
 }
 
-MPI_Op mpi_op(ReduceOp op) {
+// bf16 reductions: MPI has no bf16 type, so the words travel as MPI_UINT16_T and these
+// user ops combine them. Each pair is widened to f32, combined, and rounded back to the
+// nearest bf16 (ties to even), as NCCL's bf16 sum rounds each pairwise step to bf16 on the
+// device, so a host bf16 reduction (tests, the CPU backend) rounds like a device one. With
+// more than two ranks the result is rounded after every pairwise step, in the order MPI
+// picks.
+template <typename Combine>
+void bf16_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int n = 0; n < *len; ++n)
+    b[n] = float_to_bf16(Combine{}(bf16_to_float(a[n]), bf16_to_float(b[n])));
+}
+struct Add {
+  float operator()(float a, float b) const { return a + b; }
+};
+struct Larger {
+  float operator()(float a, float b) const { return std::max(a, b); }
+};
+struct Smaller {
+  float operator()(float a, float b) const { return std::min(a, b); }
+};
+
+MPI_Op make_op(MPI_User_function* function) {
+  MPI_Op made = MPI_OP_NULL;
+  PENTAD_CHECK(MPI_Op_create(function, /*commute=*/1, &made) == MPI_SUCCESS,
+               "MPI_Op_create failed for a bf16 reduction");
+  return made;
+}
+
+MPI_Op bf16_op(ReduceOp op) {
+  // Created once, after MPI_Init (at the first bf16 reduction); MPI_Finalize frees them.
+  static const MPI_Op sum = make_op(&bf16_reduce<Add>), max = make_op(&bf16_reduce<Larger>),
+                      min = make_op(&bf16_reduce<Smaller>);
+  switch (op) {
+    case ReduceOp::Sum:
+      return sum;
+    case ReduceOp::Max:
+      return max;
+    case ReduceOp::Min:
+      return min;
+  }
+  return MPI_OP_NULL;
+}
+
+MPI_Op mpi_op(ReduceOp op, DType dtype) {
+  if (dtype == DType::BF16) return bf16_op(op);
   switch (op) {
     case ReduceOp::Sum:
       return MPI_SUM;
@@ -86,17 +134,17 @@ class MpiCommunicator final : public Communicator {
 
  protected:
   void check_dtype(DType dtype, bool reduction) const override {
-    if (reduction && dtype != DType::F32 && dtype != DType::F64 && dtype != DType::I32)
+    if (reduction && dtype == DType::U16)
       fail(
-          "communicator '{}': the MPI backend reduces f32, f64 and i32 tensors, not {}: "
-          "reduce in f32 (or use the NCCL backend for bf16)",
+          "communicator '{}': the MPI backend reduces f32, f64, i32 and bf16 tensors, not {}: "
+          "u16 words are moved, never added",
           name(), dtype_name(dtype));
   }
 
   std::unique_ptr<WorkImpl> post_all_reduce(Tensor buf, ReduceOp op) override {
     auto work = make_work("MPI_Iallreduce");
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, buf.data, to_int(buf.numel(), "all_reduce count"),
-                             mpi_type(buf.dtype), mpi_op(op), comm_, &work->request),
+                             mpi_type(buf.dtype), mpi_op(op, buf.dtype), comm_, &work->request),
               "MPI_Iallreduce", name());
     return work;
   }
@@ -106,7 +154,7 @@ class MpiCommunicator final : public Communicator {
     auto work = make_work("MPI_Ireduce_scatter_block");
     check_mpi(
         MPI_Ireduce_scatter_block(in.data, out.data, to_int(out.numel(), "reduce_scatter count"),
-                                  mpi_type(in.dtype), mpi_op(op), comm_, &work->request),
+                                  mpi_type(in.dtype), mpi_op(op, in.dtype), comm_, &work->request),
         "MPI_Ireduce_scatter_block", name());
     return work;
   }
@@ -126,7 +174,7 @@ class MpiCommunicator final : public Communicator {
     auto work = make_work("MPI_Ireduce_scatter");
     pack_counts(counts, work->recv_counts, work->recv_displs);
     check_mpi(MPI_Ireduce_scatter(in.data, out.data, work->recv_counts.data(), mpi_type(in.dtype),
-                                  mpi_op(op), comm_, &work->request),
+                                  mpi_op(op, in.dtype), comm_, &work->request),
               "MPI_Ireduce_scatter", name());
     return work;
   }

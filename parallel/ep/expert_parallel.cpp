@@ -1,6 +1,7 @@
 #include "parallel/ep/expert_parallel.h"
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 
 #include "core/device_memory.h"
@@ -85,40 +86,53 @@ void ExpertParallel::per_peer(std::span<const int64_t> send, std::span<const int
 // Host rows go through MPI, device rows through NCCL (the communicator picks by device); the
 // staging follows the rows and the regrouping copies stay on their device.
 static void check_rows(const Tensor& in, const Tensor& out, const char* op) {
-  PENTAD_CHECK(in.device == out.device && in.dtype == DType::F32 && out.dtype == DType::F32,
-               "expert parallelism {}: f32 rows on one device, got {} on {} and {} on {}", op,
-               dtype_name(in.dtype), device_name(in.device), dtype_name(out.dtype),
+  PENTAD_CHECK(in.device == out.device && in.dtype == out.dtype &&
+                   (in.dtype == DType::F32 || in.dtype == DType::BF16),
+               "expert parallelism {}: f32 or bf16 rows of one type on one device, got {} on {} "
+               "and {} on {}",
+               op, dtype_name(in.dtype), device_name(in.device), dtype_name(out.dtype),
                device_name(out.device));
 }
 
-void ExpertParallel::stage(int64_t share_rows, int64_t C, Device device, Tensor& share,
+void ExpertParallel::stage(int64_t share_rows, int64_t C, Device device, DType dtype, Tensor& share,
                            Tensor& gathered) {
   const int64_t Q = etp_.size();
   const int64_t gathered_rows = Q > 1 ? Q * share_rows : 0;
+  const size_t element = dtype_bytes(dtype);
   // At least one alignment: an arena of no bytes has no memory, and its views none either.
   const size_t bytes =
-      std::max(Arena::kAlignment, Arena::aligned(size_t(share_rows * C) * sizeof(float)) +
-                                      Arena::aligned(size_t(gathered_rows * C) * sizeof(float)));
+      std::max(Arena::kAlignment, Arena::aligned(size_t(share_rows * C) * element) +
+                                      Arena::aligned(size_t(gathered_rows * C) * element));
   if (staging_.capacity() < bytes || staging_.device() != device)
     staging_ = Arena("expert-parallel staging", bytes + bytes / 2, device);
   else
     staging_.reset();
-  share = staging_.alloc(Shape{share_rows, C});
-  gathered = staging_.alloc(Shape{gathered_rows, C});
+  share = staging_.alloc(Shape{share_rows, C}, dtype);
+  gathered = staging_.alloc(Shape{gathered_rows, C}, dtype);
 }
 
 // Zeros on the tensor's device; nothing when it is empty (an empty arena has no memory).
+// Host bf16 is plain words (the CPU kernels take f32 and f64 only), so the host clears bytes.
 static void zero_rows(const Tensor& t) {
-  if (t.numel() > 0) kernels::zero(t);
+  if (t.numel() == 0) return;
+  if (t.device == Device::CPU)
+    std::memset(t.data, 0, t.bytes());
+  else
+    kernels::zero(t);
 }
 
 // Copies block b's rows between the gathered layout and the expert-major one, on the rows'
-// device (a device-to-device copy does not make the host wait).
+// device (a device-to-device copy does not make the host wait). Offsets in bytes, from the
+// rows' element size.
 static void copy_rows(const Tensor& dst, int64_t dst_row, const Tensor& src, int64_t src_row,
                       int64_t rows, int64_t C) {
   if (rows == 0) return;
-  copy_bytes(dst.f32() + dst_row * C, dst.device, src.f32() + src_row * C, src.device,
-             size_t(rows * C) * sizeof(float));
+  const size_t row_bytes = size_t(C) * dtype_bytes(src.dtype);
+  PENTAD_CHECK(dst.dtype == src.dtype, "copy_rows: {} into {}", dtype_name(src.dtype),
+               dtype_name(dst.dtype));
+  copy_bytes(static_cast<char*>(dst.data) + size_t(dst_row) * row_bytes, dst.device,
+             static_cast<const char*>(src.data) + size_t(src_row) * row_bytes, src.device,
+             size_t(rows) * row_bytes);
 }
 
 void ExpertParallel::dispatch(std::span<const int64_t> send, std::span<const int64_t> counts,
@@ -131,7 +145,7 @@ void ExpertParallel::dispatch(std::span<const int64_t> send, std::span<const int
   int64_t share_rows = 0;
   const std::vector<Block> layout = blocks(counts, share_rows);
   Tensor share, gathered;
-  stage(share_rows, C, in.device, share, gathered);
+  stage(share_rows, C, in.device, in.dtype, share, gathered);
   zero_rows(share);  // padded rows travel as zeros
   ep_.all_to_all_v(share.reshaped(Shape{share.numel()}), from_peer, in.reshaped(Shape{in.numel()}),
                    to_peer);
@@ -153,13 +167,20 @@ void ExpertParallel::combine(std::span<const int64_t> send, std::span<const int6
   int64_t share_rows = 0;
   const std::vector<Block> layout = blocks(counts, share_rows);
   Tensor share, gathered;
-  stage(share_rows, C, in.device, share, gathered);
+  stage(share_rows, C, in.device, in.dtype, share, gathered);
   // Every etp rank's partial sums of the rows, laid out for the reduce-scatter (etp 1: this
   // rank's share alone).
   Tensor partial = Q > 1 ? gathered : share;
   zero_rows(partial);
   for (const Block& b : layout) copy_rows(partial, b.gathered, in, b.expert_major, b.rows, C);
-  if (Q > 1)  // every etp rank's partial sums of this rank's rows, added up
+  // Every etp rank's partial sums of this rank's rows, added up in the rows' type: bf16 rows
+  // are summed in bf16 (NCCL's bf16 sum, the MPI backend's bf16 op: each pairwise step
+  // rounded to bf16), as Megatron reduces in the compute dtype. Widening to f32 first would
+  // double the bytes moved and need an f32 staging and two casts, for a result that is rounded
+  // to bf16 at the end anyway: with etp 2 the two agree exactly (one rounding of the same
+  // f32 sum of two bf16 values); with more ranks, each further step adds at most half a bf16
+  // ulp of the partial sum.
+  if (Q > 1)
     etp_.reduce_scatter(share.reshaped(Shape{share.numel()}),
                         partial.reshaped(Shape{partial.numel()}));
   ep_.all_to_all_v(out.reshaped(Shape{out.numel()}), to_peer, share.reshaped(Shape{share.numel()}),

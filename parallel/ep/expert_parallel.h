@@ -17,8 +17,10 @@
 // etp ranks' partial outputs, each rank keeping its own rows) and the all-to-all-v back,
 // which leaves the rows in the order dispatch() took them.
 //
-// Host tensors (MPI) or device tensors (NCCL, parallel/comm.h), f32 only: the MoE block
-// computes its experts in fp32. The counts are host integers either way, since the host
+// Host tensors (MPI) or device tensors (NCCL, parallel/comm.h), in f32 or bf16 (the MoE
+// block's compute type): rows move in their own type, 4 or 2 bytes an element, through the
+// all-to-alls, the all-gather and the reduce-scatter, which sums bf16 partial outputs in
+// bf16 (expert_parallel.cpp, combine). The counts are host integers either way, since the host
 // sizes every buffer from them: exchange_counts() blocks until every peer's counts are in
 // (an MPI exchange). dispatch() and combine() on device tensors do not make the host wait
 // (but to grow the staging, until its size settles): the all-to-alls are ordered with the
@@ -65,9 +67,10 @@ class ExpertParallel {
   Communicator& ep_;
   Communicator& etp_;
   int64_t experts_, local_;
-  // Views of staging_ on `device`: this rank's etp share (share_rows, C) and every etp
+  // Views of staging_ on `device`, in `dtype`: this rank's etp share (share_rows, C) and every etp
   // rank's (etp x share_rows, C), the gathered one empty when etp is 1.
-  void stage(int64_t share_rows, int64_t C, Device device, Tensor& share, Tensor& gathered);
+  void stage(int64_t share_rows, int64_t C, Device device, DType dtype, Tensor& share,
+             Tensor& gathered);
   Arena staging_;  // on the device of the rows; grown as needed, never shrunk
 };
 

@@ -50,13 +50,6 @@ Model::Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Shard
   // Layouts that do not divide were refused with a user message (parallel::check_layout).
   PENTAD_CHECK(!cfg.is_moe() || p == 1 || tp_->sequence_parallel(),
                "MoE with tp {} needs sequence parallelism", p);
-  // The MoE block's token rows and experts compute in act_; its router and routing in fp32
-  // (model/moe.h). Expert parallelism moves fp32 rows (parallel/ep).
-  if (cfg.is_moe() && act_ != DType::F32 && ep_->ep_degree() * ep_->etp_degree() > 1)
-    fail(
-        "MoE layers with expert parallelism compute in fp32 only for now, not {}: set "
-        "train.precision = fp32, or parallel.ep = parallel.etp = 1",
-        dtype_name(act_));
   PENTAD_CHECK(cfg.n_head % p == 0 && cfg.kv_heads() % p == 0 && ffn_dim(cfg) % p == 0 &&
                    cfg.vocab_size % p == 0 && (b_ * t_) % (tp_->sequence_parallel() ? p : 1) == 0,
                "tp degree {} does not divide the model", p);

@@ -200,8 +200,9 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   }
   if (holds_moe) {
     // The dispatcher's staging (parallel/ep/expert_parallel.h), one for every layer: this
-    // etp rank's share of the received rows (R / etp), and with etp > 1 every etp rank's.
-    const double staging = senders > 1 ? f32 * C * (R / etp + (etp > 1 ? R : 0)) : 0;
+    // etp rank's share of the received rows (R / etp), and with etp > 1 every etp rank's, in
+    // the rows' type.
+    const double staging = senders > 1 ? act * C * (R / etp + (etp > 1 ? R : 0)) : 0;
     e.activations += dispatch_backward + staging;
     e.dispatch += dispatch_backward + staging;
   }

@@ -115,16 +115,6 @@ void check_moe(const Config& c, const Where& where) {
         "whole), or 0 for dropless",
         where({"moe.capacity_factor", "model.top_k"}), format_float(capacity), m.top_k,
         1.0 / double(m.top_k));
-  // MoE on CUDA: its routing on host copies in fp32, its experts in the compute type (bf16
-  // too, model/moe.h); they may split over ep and etp, whose all-to-alls move fp32 device
-  // rows through NCCL (parallel/ep), so bf16 MoE runs with every expert on its rank.
-  if (c.train.device == "cuda" && c.train.precision != "fp32" && p.ep * p.etp > 1)
-    fail(
-        "{}: MoE on CUDA in {} with expert parallelism (parallel.ep = {}, parallel.etp = {}) "
-        "is not built yet (the experts' exchange moves fp32 rows): set train.precision = "
-        "\"fp32\", or parallel.ep = parallel.etp = 1",
-        where({"train.precision", "parallel.ep", "parallel.etp", "model.n_experts"}),
-        c.train.precision, p.ep, p.etp);
   if (m.n_experts % p.ep != 0)
     fail(
         "{}: model.n_experts ({}) must be divisible by parallel.ep ({}): each expert-parallel "

@@ -14,6 +14,10 @@
 // A layout that silently fell back to whole experts on every rank would train the same
 // losses (the layouts are equivalent by design), so each run also checks the experts it
 // holds: which ones (ep) and how wide (etp).
+// bf16 (CudaMoeBf16): the LLaMA MoE in bf16 with ep 2 and with etp 2, whose exchange moves
+// bf16 rows (2 bytes an element) and reduce-scatters bf16 partial outputs in bf16, against
+// the CPU's fp32 run of the same layout within the dense bf16 bounds (cuda_train_test's
+// CudaTrainMoe.Bf16TracksCpuFp32 is the same check with every expert on one GPU).
 //
 // Run with `mpirun -np 2` (or more, one GPU per rank, the layouts adapting dp). ctest
 // registers it under the label "gpu_multi" with cuda_zero_test; alone, or with fewer GPUs
@@ -112,6 +116,24 @@ const Layout kEp{"ep2", {"parallel.ep=2"}, 2, 1};
 const Layout kEtp{"etp2", {"parallel.etp=2"}, 1, 2};
 const Layout kEpCapacity{"ep2_capacity", {"parallel.ep=2", "moe.capacity_factor=1.0"}, 2, 1};
 
+// bf16 MoE with its experts split: rows mis-sized in the exchange (4 bytes read as 2, or
+// offsets in f32 elements) scramble tokens across experts and stop the run learning, or
+// move its losses far more than the 1e-2 a routing flip or bf16 rounding does.
+class CudaMoeBf16 : public CudaMoe {};
+
+TEST_P(CudaMoeBf16, Bf16TracksCpuFp32) {
+  const MoeCase& c = GetParam();
+  const std::string what = std::string("cuda bf16 ") + c.layout.name;
+  const Trajectory cpu = train(c.model, "cpu", "fp32", c.layout.keys);
+  const Trajectory gpu = train(c.model, "cuda", "bf16", c.layout.keys);
+  expect_experts_split(gpu, c);
+  expect_losses_close(gpu, cpu, kBf16LossTol, what);
+  EXPECT_LT(relative(gpu.grad_norms[0], cpu.grad_norms[0]), kBf16GradNormTol)
+      << what << ": step-1 gradient norm " << gpu.grad_norms[0] << ", CPU fp32 "
+      << cpu.grad_norms[0];
+  EXPECT_LT(gpu.losses.back(), gpu.losses.front() - 0.1f) << what << ": did not learn";
+}
+
 std::string case_name(const ::testing::TestParamInfo<MoeCase>& info) {
   return std::string(info.param.model.name) + "_" + info.param.layout.name;
 }
@@ -121,6 +143,9 @@ INSTANTIATE_TEST_SUITE_P(Layouts, CudaMoe,
                                            MoeCase{kLlamaMoe, kEtp},
                                            MoeCase{kLlamaMoe, kEpCapacity}, MoeCase{kGpt2Moe, kDp},
                                            MoeCase{kGpt2Moe, kEp}, MoeCase{kGpt2Moe, kEtp}),
+                         case_name);
+INSTANTIATE_TEST_SUITE_P(Layouts, CudaMoeBf16,
+                         ::testing::Values(MoeCase{kLlamaMoe, kEp}, MoeCase{kLlamaMoe, kEtp}),
                          case_name);
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/bf16.h"
 #include "core/device_memory.h"
 #include "parallel/backend.h"
 
@@ -121,6 +122,50 @@ TEST_F(CommTest, ReduceScatterGivesRankItsBlock) {
   check_reduce_scatter<float>(*comm, r, n);
   check_reduce_scatter<double>(*comm, r, n);
   check_reduce_scatter<int32_t>(*comm, r, n);
+}
+
+// bf16 reductions on the host (MPI user ops over 16-bit words): each pair is added in f32
+// and rounded to the nearest bf16, ties to even, like NCCL's bf16 sum.
+TEST_F(CommTest, Bf16ReducesInF32RoundedToNearestEven) {
+  auto bf16 = [](std::vector<uint16_t>& v) {
+    return Tensor{v.data(), DType::BF16, Device::CPU, Shape{int64_t(v.size())}};
+  };
+  // Small integers: exact in bf16, so every order of the pairwise sums gives the same words.
+  const int k = 3;
+  std::vector<uint16_t> sum(k), max(k), min(k);
+  for (int i = 0; i < k; ++i)
+    sum[size_t(i)] = max[size_t(i)] = min[size_t(i)] = float_to_bf16(float(r * 4 - i));
+  comm->all_reduce(bf16(sum), ReduceOp::Sum);
+  comm->all_reduce(bf16(max), ReduceOp::Max);
+  comm->all_reduce(bf16(min), ReduceOp::Min);
+  for (int i = 0; i < k; ++i) {
+    EXPECT_EQ(bf16_to_float(sum[size_t(i)]), float(2 * n * (n - 1) - n * i)) << i;
+    EXPECT_EQ(bf16_to_float(max[size_t(i)]), float(4 * (n - 1) - i)) << i;
+    EXPECT_EQ(bf16_to_float(min[size_t(i)]), float(-i)) << i;
+  }
+  // Rounding: rank 0 adds 1, rank 1 adds 2^-8 or 3 * 2^-8, every other rank 0, so every
+  // partial sum is exact but the last: 1 + 2^-8 is the tie between 1 and 1 + 2^-7 (to the
+  // even 1), 1 + 3 * 2^-8 the tie between 1 + 2^-7 and 1 + 2^-6 (to the even 1 + 2^-6). A
+  // reduction that added in bf16 without rounding to even, or truncated, gets another word.
+  std::vector<uint16_t> ties(2, float_to_bf16(0.0f));
+  if (r == 0) ties = {float_to_bf16(1.0f), float_to_bf16(1.0f)};
+  if (r == 1) ties = {float_to_bf16(1.0f / 256), float_to_bf16(3.0f / 256)};
+  comm->all_reduce(bf16(ties));
+  EXPECT_EQ(ties[0], 0x3f80);  // 1
+  EXPECT_EQ(ties[1], 0x3f82);  // 1 + 2^-6
+  // reduce_scatter: rank q's block j sums to n (q + j) * 2 over the ranks' 2 (q + j).
+  std::vector<uint16_t> in(size_t(n * k)), out(size_t(k), 0xffff);
+  for (int j = 0; j < n * k; ++j) in[size_t(j)] = float_to_bf16(float(2 * j));
+  comm->reduce_scatter(bf16(out), bf16(in));
+  for (int i = 0; i < k; ++i) EXPECT_EQ(bf16_to_float(out[size_t(i)]), float(2 * n * (r * k + i)));
+  // u16 words are moved, never added.
+  std::vector<uint16_t> words(2);
+  try {
+    comm->all_reduce(Tensor{words.data(), DType::U16, Device::CPU, Shape{2}});
+    ADD_FAILURE() << "an MPI u16 reduction ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not u16"), std::string::npos) << e.what();
+  }
 }
 
 // Uneven blocks (rank q holds q + 1 elements, rank 1 none when there are more than two):
@@ -418,15 +463,15 @@ TEST_F(CommTest, RefusesWrongSizesAndDTypes) {
   EXPECT_THROW(comm->all_to_all_v(view(out), counts, view(in), counts), std::logic_error);
   EXPECT_THROW(comm->send(view(out), n, 0), std::logic_error);
 
-  std::vector<uint16_t> bf16(4);
-  Tensor t{bf16.data(), DType::BF16, Device::CPU, Shape{4}};
+  std::vector<uint16_t> u16(4);
+  Tensor t{u16.data(), DType::U16, Device::CPU, Shape{4}};
   try {
     comm->all_reduce(t);
-    ADD_FAILURE() << "an MPI bf16 reduction ran";
+    ADD_FAILURE() << "an MPI u16 reduction ran";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("not bf16"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not u16"), std::string::npos) << e.what();
   }
-  // bf16 moves fine (no arithmetic): all_gather of raw 16-bit words.
+  // bf16 moves as raw 16-bit words: all_gather of them.
   std::vector<uint16_t> words{uint16_t(r)}, all(static_cast<size_t>(n));
   comm->all_gather(Tensor{all.data(), DType::BF16, Device::CPU, Shape{int64_t(n)}},
                    Tensor{words.data(), DType::BF16, Device::CPU, Shape{1}});
@@ -526,9 +571,8 @@ class FakeDeviceComm final : public Communicator {
   mutable int memory_checks = 0;
 
  protected:
-  void check_dtype(DType dtype, bool reduction) const override {
-    if (reduction && dtype == DType::U16) fail("fake: no u16 reductions");
-  }
+  // The fake moves no data, so it takes every dtype (u16 reductions too, which MPI refuses).
+  void check_dtype(DType, bool) const override {}
   void check_memory(const Tensor&, const char*, const char*) const override { ++memory_checks; }
   std::unique_ptr<WorkImpl> logged(const std::string& what) {
     log.push_back(what);
@@ -606,16 +650,16 @@ TEST_F(CommTest, DeviceBackendRoutesHostTensorsToItsMpiCompanion) {
   events = events_of("fake");
   for (size_t i : {1u, 4u}) EXPECT_GE(events[i].leave_ns, events[i].enter_ns) << i;
 
-  // Dtype rules follow the route: bf16 reduces on the device, not on the host.
-  std::vector<uint16_t> bf16(2);
-  Tensor host_bf16{bf16.data(), DType::BF16, Device::CPU, Shape{2}};
-  Tensor device_bf16{bf16.data(), DType::BF16, Device::CUDA, Shape{2}};
-  fake.all_reduce(device_bf16);
+  // Dtype rules follow the route: the fake device backend reduces u16 words, MPI does not.
+  std::vector<uint16_t> u16(2);
+  Tensor host_u16{u16.data(), DType::U16, Device::CPU, Shape{2}};
+  Tensor device_u16{u16.data(), DType::U16, Device::CUDA, Shape{2}};
+  fake.all_reduce(device_u16);
   try {
-    fake.all_reduce(host_bf16);
-    ADD_FAILURE() << "a host bf16 reduction reached MPI";
+    fake.all_reduce(host_u16);
+    ADD_FAILURE() << "a host u16 reduction reached MPI";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("not bf16"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not u16"), std::string::npos) << e.what();
   }
 
   // A batch may mix: the host ops form one MPI batch (a ring exchange), the device op goes

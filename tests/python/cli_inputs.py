@@ -120,12 +120,6 @@ CASES = [
      ["parallel.tp = 2 need parallel.sequence_parallel = true"]),
     ("moe_capacity_below_one_over_k", "mixtral-tiny.toml", ["moe.capacity_factor=0.25"], 0, 2,
      ["moe.capacity_factor = 0.25 is below 1 / model.top_k = 1 / 2", "or 0 for dropless"]),
-    # MoE on CUDA in bf16 is built with every expert on its rank (tests/recipe_test.cpp
-    # loads it); with expert parallelism (built in fp32) the refusal names the fix.
-    ("moe_ep_on_cuda_bf16", "mixtral-tiny.toml",
-     ["train.device=cuda", "train.precision=bf16", "parallel.ep=2"], 0, 2,
-     ["MoE on CUDA in bf16 with expert parallelism (parallel.ep = 2, parallel.etp = 1) is not "
-      "built yet", "set train.precision = \"fp32\", or parallel.ep = parallel.etp = 1"]),
     ("moe_ep_on_a_dense_model", "llama-tiny.toml", ["parallel.ep=2"], 0, 2,
      ["parallel.ep = 2", "the model has no MoE layers"]),
     ("moe_shared_experts_on_a_dense_model", "llama-tiny.toml", ["model.n_shared_experts=1"], 0,

@@ -246,24 +246,21 @@ TEST(Recipe, ExpertParallelOnCudaLoads) {
   EXPECT_EQ(c.train.device, "cuda");
 }
 
-// MoE on CUDA in bf16 loads with its experts on one rank, and is refused, naming the keys,
-// with expert parallelism (whose exchange moves fp32 rows).
-TEST(Recipe, MoeBf16OnCudaLoadsWithoutExpertParallelism) {
+// MoE on CUDA in bf16 loads with its experts on one rank and with them split over ep, etp
+// or both: the exchange moves bf16 rows (parallel/ep).
+TEST(Recipe, MoeBf16OnCudaLoadsWithExpertParallelism) {
   const std::string path = write_recipe(
       "moe_bf16_on_cuda.toml",
       "[model]\nn_experts = 4\nmoe_layers = \"all\"\nd_ff_expert = 32\n[train]\ndevice = "
       "\"cuda\"\nprecision = \"bf16\"\n");
-  const Config c = load_recipe(path, {});
-  EXPECT_EQ(c.train.precision, "bf16");
-  for (const std::string key : {"parallel.ep=2", "parallel.etp=2"}) {
-    try {
-      load_recipe(path, {key});
-      ADD_FAILURE() << key << ": bf16 MoE with expert parallelism was not refused";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("parallel.ep = parallel.etp = 1"), std::string::npos)
-          << e.what();
-    }
-  }
+  EXPECT_EQ(load_recipe(path, {}).train.precision, "bf16");
+  const Config ep = load_recipe(path, {"parallel.ep=2"});
+  EXPECT_EQ(ep.parallel.ep, 2);
+  EXPECT_EQ(ep.train.precision, "bf16");
+  const Config etp = load_recipe(path, {"parallel.etp=2"});
+  EXPECT_EQ(etp.parallel.etp, 2);
+  const Config both = load_recipe(path, {"parallel.ep=2", "parallel.etp=2"});
+  EXPECT_EQ(both.parallel.ep * both.parallel.etp, 4);
 }
 
 TEST(Recipe, Overrides) {
@@ -578,18 +575,6 @@ std::vector<BadRecipe> bad_recipes() {
        "[model]\nn_experts = 4\nmoe_layers = \"all\"\n[parallel]\ntp = 2\n",
        {},
        {"parallel.tp = 2 need parallel.sequence_parallel = true"}},
-      {"expert_tensor_parallel_on_cuda_bf16",
-       "[model]\nn_experts = 4\nmoe_layers = \"all\"\n[train]\ndevice = \"cuda\"\nprecision = "
-       "\"bf16\"\n[parallel]\netp = 2\n",
-       {},
-       {"expert_tensor_parallel_on_cuda_bf16.toml:6:",
-        "MoE on CUDA in bf16 with expert parallelism (parallel.ep = 1, parallel.etp = 2) is not "
-        "built yet"}},
-      {"expert_parallel_on_cuda_bf16",
-       "[model]\nn_experts = 4\nmoe_layers = \"all\"\n[train]\ndevice = \"cuda\"\nprecision = "
-       "\"bf16\"\n[parallel]\nep = 2\n",
-       {},
-       {"MoE on CUDA in bf16 with expert parallelism", "set train.precision = \"fp32\""}},
       {"ep_without_experts", "[parallel]\nep = 2\n", {}, {"the model has no MoE layers"}},
       {"shared_experts_without_moe",
        "[model]\nn_shared_experts = 2\n",
