@@ -22,8 +22,10 @@ the disk's direct-I/O write bandwidth (dd), and the bound it sets on saving ever
 (state bytes / bandwidth against the step time).
 
 usage: bench/checkpoint_bench.py [--steps 45] [--steps-every1 12] [--reps 1] [--every 10,1]
-                                 [--dir /tmp/pentad-ckpt-bench] [--pentad build/pentad]
-(--every 10: only the save intervals listed, here every 10 steps)
+                                 [--modes swap,copy,fresh,sync] [--dir /tmp/pentad-ckpt-bench]
+                                 [--pentad build/pentad]
+(--every 10: only the save intervals listed, here every 10 steps; --modes: only these ways of
+taking the snapshot, sync always among them as the peer)
 """
 import argparse
 import json
@@ -56,7 +58,11 @@ def run(args, save_every, mode):
     steps_rows = [r for r in rows if "seconds" in r]
     saved = sum(f.stat().st_size for f in (out / "checkpoints").rglob("*.h5")) if save_every else 0
     shutil.rmtree(out, ignore_errors=True)
-    return steps_rows, saved
+    # The saver thread's CPU seconds per save (copy with checksums, then the write), the
+    # first save left out: what it took from the compute threads on shared cores.
+    saver = [r["saver_copy_cpu_seconds"] + r["saver_write_cpu_seconds"] for r in rows
+             if "saver_copy_cpu_seconds" in r][1:]
+    return steps_rows, saved, saver
 
 
 def per_save(rows, save_every):
@@ -93,6 +99,7 @@ def main():
     ap.add_argument("--steps-every1", type=int, default=12)
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--every", default="10,1", help="save intervals to run, of 10 and 1")
+    ap.add_argument("--modes", default="swap,copy,fresh,sync", help="snapshot ways to run")
     ap.add_argument("--dir", default="/tmp/pentad-ckpt-bench")
     ap.add_argument("--pentad", default=str(ROOT / "build/pentad"))
     args = ap.parse_args()
@@ -100,14 +107,14 @@ def main():
     line, bandwidth = disk_bandwidth(args.dir)
     print(f"disk (dd, 1 GiB, oflag=direct): {line}")
     print(f"cores: {os.cpu_count()} (2 compute threads; the saver's thread shares them)")
-    modes = ("swap", "copy", "fresh", "sync")
+    modes = [m for m in ("swap", "copy", "fresh") if m in args.modes.split(",")] + ["sync"]
     intervals = [int(e) for e in args.every.split(",")]
     assert all(e in (10, 1) for e in intervals), "--every takes 10 and/or 1"
     configs = [(0, "none")] + [(e, m) for e in intervals for m in modes]
     results = {}
     for rep in range(args.reps):  # alternate the configurations, rep after rep
         for every, mode in configs:
-            rows, saved = run(args, every, mode)
+            rows, saved, saver = run(args, every, mode)
             results.setdefault((every, mode), []).append((rows, saved))
             median = statistics.median(r["seconds"] for r in rows[WARMUP:])
             text = f"rep {rep} every {every or '-':>2} {mode:>4}: median step {median:.3f} s"
@@ -117,6 +124,8 @@ def main():
                 text += (f", blocked first save {b[0]:.3f} s, warm saves ({len(warm)}) median "
                          f"{statistics.median(warm):.3f} s max {max(warm):.3f} s, "
                          f"checkpoint {saved / 2**30:.2f} GiB")
+                if saver:
+                    text += f", saver thread CPU per warm save {statistics.median(saver):.3f} s"
                 if every > 3:  # the saver's cost inside the run: steps while it works or not
                     near = [r["seconds"] for r in rows[WARMUP:] if 0 < r["step"] % every <= 3]
                     far = [r["seconds"] for r in rows[WARMUP:] if r["step"] % every > 3]

@@ -135,6 +135,17 @@ void Trainer::report_checkpoints(double blocked_seconds, double final_flush_seco
       final_flush_seconds, saver_.recycled_files());
 }
 
+void Trainer::report_saver_time(int64_t step, const ckpt::AsyncSaver::Timings& t) {
+  // The background thread's wall and CPU seconds for this rank's save: the CPU time is what
+  // it took from the compute threads where they share the cores (bench/checkpoint_bench.py).
+  write_metrics(nlohmann::json{{"saved_step", step},
+                               {"saver_copy_seconds", t.copy_seconds},
+                               {"saver_copy_cpu_seconds", t.copy_cpu_seconds},
+                               {"saver_write_seconds", t.write_seconds},
+                               {"saver_write_cpu_seconds", t.write_cpu_seconds}}
+                    .dump());
+}
+
 void Trainer::write_comm_log(const std::string& dir) const {
   std::filesystem::create_directories(dir);
   nlohmann::json events = nlohmann::json::array(), steps = nlohmann::json::array();

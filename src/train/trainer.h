@@ -148,6 +148,7 @@ class Trainer {
                    int64_t last);
   void report_eval(int64_t step, float loss);
   void report_checkpoints(double blocked_seconds, double final_flush_seconds);
+  void report_saver_time(int64_t step, const ckpt::AsyncSaver::Timings& timings);
   // The state a checkpoint holds, each buffer laid out like the parameter arena.
   struct StateBuffer {
     const char* prefix;  // tensor name prefix in the checkpoint: "param/", "adam_m/", "adam_v/"

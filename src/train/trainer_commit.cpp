@@ -52,6 +52,7 @@ void Trainer::start_commit(bool block) {
   } catch (const Error&) {
   }
   conclude_commit();  // one commit in flight at a time
+  report_saver_time(pending_save_, saver_.last_timings());
   CommitJob job;
   job.step = pending_save_;
   pending_save_ = -1;
