@@ -135,6 +135,14 @@ def swap_equals_copy(pentad, recipe, work):
             check(other.exists() and f.read_bytes() == other.read_bytes(),
                   f"{step}/{f.name}: swap and copy snapshots bitwise equal")
     check(losses(runs["swap"]) == losses(runs["copy"]), "swap and copy runs: losses bitwise equal")
+    # Each committed save logs its saver thread's time (the bench's CPU per save).
+    for mode, out in runs.items():
+        rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+        timed = [r for r in rows if "saved_step" in r]
+        check([r["saved_step"] for r in timed] == [3, 6, 9, 12] and
+              all(r["saver_write_seconds"] > 0 and r["saver_write_cpu_seconds"] >= 0 and
+                  r["saver_copy_cpu_seconds"] >= 0 for r in timed),
+              f"{mode}: the saver's seconds logged once per save: {timed}")
     resumed = work / "snapshot-resumed"
     train(pentad, recipe, 4, resumed, layout + ["train.save_every=0"],
           ["--resume", str(runs["swap"] / "ckpt" / "step-00000006")])
