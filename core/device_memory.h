@@ -101,6 +101,40 @@ class UploadStaging {
   size_t current_ = 0;  // the block being filled
 };
 
+// Uploads of host data of known size to the device, each from a page-locked slot that is
+// reused only once the device has run the copy from it (ZeRO-3's parameter shares read from
+// NVMe, optim/adamw.h): stage() hands out the next of `slots` slots of `bytes` each; the
+// caller fills it and upload() queues its copy on the compute stream, so that kernels and
+// collectives issued after it (the unit's all-gather) see the data, and records an event
+// behind it. Stream rule: the host waits only in stage(), for a slot whose last copy the
+// device has not run yet, i.e. when the compute stream is `slots` uploads behind the host.
+// Without CUDA there is no device to upload to: constructing one fails.
+class StagedUpload {
+ public:
+  StagedUpload(int slots, size_t bytes);
+  ~StagedUpload();
+  StagedUpload(const StagedUpload&) = delete;
+  StagedUpload& operator=(const StagedUpload&) = delete;
+  // A free slot of slot_bytes(); `bytes` (at most that) is what the next upload() copies.
+  void* stage(size_t bytes);
+  // Queues the copy of the slot stage() last returned to dst_device (the bytes asked there).
+  void upload(void* dst_device);
+  size_t slot_bytes() const { return slot_bytes_; }
+  size_t staging_bytes() const { return slot_bytes_ * slots_.size(); }
+
+ private:
+  struct Slot {
+    void* host = nullptr;   // page-locked
+    void* event = nullptr;  // cudaEvent_t: recorded after the slot's last copy
+    bool pending = false;   // a copy from it was queued since the event was last waited for
+  };
+  std::vector<Slot> slots_;
+  size_t slot_bytes_ = 0;
+  size_t next_ = 0;          // the slot stage() hands out next
+  size_t staged_ = 0;        // the slot stage() returned last
+  size_t staged_bytes_ = 0;  // and the bytes its upload copies
+};
+
 // A readback of a few device bytes into page-locked host memory owned here: one copy
 // queued on the compute stream and one synchronisation of it, so the values follow every
 // kernel issued before. The training step's one host wait (train/trainer.cpp).

@@ -202,6 +202,61 @@ void UploadStaging::rewind() {
   current_ = 0;
 }
 
+StagedUpload::StagedUpload(int slots, size_t bytes) : slots_(size_t(slots)), slot_bytes_(bytes) {
+  PENTAD_CHECK(slots >= 1, "StagedUpload: {} slots", slots);
+  for (Slot& s : slots_) {
+    count_device_wait();  // cudaMallocHost synchronises
+    check(cudaMallocHost(&s.host, std::max<size_t>(bytes, 1)), "cudaMallocHost (staged upload)");
+    cudaEvent_t event = nullptr;
+    check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+    s.event = event;
+  }
+}
+
+StagedUpload::~StagedUpload() {
+  for (Slot& s : slots_) {
+    // A copy still queued reads the slot: it must be done before the memory goes.
+    if (s.event) {
+      cudaEventSynchronize(static_cast<cudaEvent_t>(s.event));
+      cudaEventDestroy(static_cast<cudaEvent_t>(s.event));
+    }
+    if (s.host) cudaFreeHost(s.host);
+  }
+}
+
+void* StagedUpload::stage(size_t bytes) {
+  PENTAD_CHECK(bytes <= slot_bytes_, "StagedUpload: {} bytes into slots of {}", bytes, slot_bytes_);
+  Slot& s = slots_[next_];
+  if (s.pending) {
+    const auto event = static_cast<cudaEvent_t>(s.event);
+    const cudaError_t rc = cudaEventQuery(event);
+    if (rc == cudaErrorNotReady) {  // the device is a whole ring behind: wait for it
+      count_device_wait();
+      check(cudaEventSynchronize(event), "cudaEventSynchronize (staged upload)");
+    } else {
+      check(rc, "cudaEventQuery (staged upload)");
+    }
+    s.pending = false;
+  }
+  staged_ = next_;
+  staged_bytes_ = bytes;
+  next_ = (next_ + 1) % slots_.size();
+  return s.host;
+}
+
+void StagedUpload::upload(void* dst_device) {
+  Slot& s = slots_[staged_];
+  PENTAD_CHECK(!s.pending, "StagedUpload: upload() without a stage() before it");
+  if (staged_bytes_ == 0) return;
+  // The kernels and NCCL's stream ordering both key on the legacy default stream.
+  check(
+      cudaMemcpyAsync(dst_device, s.host, staged_bytes_, cudaMemcpyHostToDevice, cudaStreamLegacy),
+      "cudaMemcpyAsync (staged upload)");
+  check(cudaEventRecord(static_cast<cudaEvent_t>(s.event), cudaStreamLegacy),
+        "cudaEventRecord (staged upload)");
+  s.pending = true;
+}
+
 StepReadback::~StepReadback() {
   if (host_) cudaFreeHost(host_);
 }

@@ -92,6 +92,19 @@ void UploadStaging::copy(void*, const void*, size_t bytes) {
 
 void UploadStaging::rewind() {}
 
+StagedUpload::StagedUpload(int, size_t) {
+  no_cuda("page-locked staging for uploads to the device");
+}
+StagedUpload::~StagedUpload() = default;
+
+void* StagedUpload::stage(size_t) {
+  no_cuda("upload to the device");
+}
+
+void StagedUpload::upload(void*) {
+  no_cuda("upload to the device");
+}
+
 StepReadback::~StepReadback() = default;
 
 const void* StepReadback::read(const void*, size_t) {

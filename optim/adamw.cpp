@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/device_memory.h"
 #include "kernels/ops.h"
 #include "optim/host_offload.h"
 
@@ -85,16 +86,17 @@ AdamW::AdamW(const OptimConfig& cfg, const ParamStore& params, StateShard shard,
              bool on_host)
     : cfg_(cfg),
       shard_(shard.ranges.empty() ? StateShard::whole(params.numel()) : std::move(shard)),
-      params_offloaded_(offload_params) {
+      params_offloaded_(offload_params),
+      params_device_(params.device()) {
   PENTAD_CHECK(nvme || !offload_params, "parameters offload to NVMe only");
-  PENTAD_CHECK(!(offload_params && on_host), "parameters offload to NVMe from host memory only");
   PENTAD_CHECK(on_host || params.device() == Device::CPU,
                "AdamW on a device's parameters with its state off the device needs on_host");
   if (nvme) {
     nvme_ = std::make_unique<NvmeState>(*nvme, file_name, shard_.numel, offload_params ? 3 : 2);
     if (on_host) {  // device parameters: chunks cut at the sub-groups, streamed inside each
+      // With the parameters in the file only the gradients cross the bus.
       host_ = std::make_unique<HostOffload>(params, shard_, int64_t(kChunkElements),
-                                            nvme_->subgroup_elements());
+                                            nvme_->subgroup_elements(), offload_params);
       return;  // the file reads as zeros
     }
     for (int id = 0; id < static_cast<int>(params.specs().size()); ++id)
@@ -140,8 +142,25 @@ void AdamW::write_state(int tensor, int64_t begin, int64_t count, const float* i
 void AdamW::store_params(const ParamStore& params) {
   PENTAD_CHECK(params_offloaded_, "store_params: the parameters are not offloaded");
   const float* const p = params.all_params().f32();
-  for (const StateShard::Range& r : shard_.ranges)
-    nvme_->write(kParamTensor, r.shard, r.shard + (r.end - r.begin), p + r.begin);
+  std::vector<float> host;  // a device's values pass through host memory (start-up, loads)
+  for (const StateShard::Range& r : shard_.ranges) {
+    const int64_t n = r.end - r.begin;
+    const float* from = p + r.begin;
+    if (params.device() != Device::CPU) {
+      host.resize(size_t(n));
+      copy_bytes(host.data(), Device::CPU, from, params.device(), size_t(n) * sizeof(float));
+      from = host.data();
+    }
+    nvme_->write(kParamTensor, r.shard, r.shard + n, from);
+  }
+}
+
+void AdamW::reserve_param_uploads(int64_t largest_read) {
+  PENTAD_CHECK(params_offloaded_, "reserve_param_uploads: the parameters are not offloaded");
+  if (params_device_ == Device::CPU) return;  // the reads land in the arena itself
+  // Three slots: a unit's share is read one unit ahead of the prefetched one, so at most
+  // two uploads are queued ahead of the compute stream when the third slot is wanted.
+  param_uploads_ = std::make_unique<StagedUpload>(3, size_t(largest_read) * sizeof(float));
 }
 
 uint64_t AdamW::start_param_read(int64_t begin, int64_t count) {
@@ -150,7 +169,14 @@ uint64_t AdamW::start_param_read(int64_t begin, int64_t count) {
 }
 
 void AdamW::finish_param_read(uint64_t read, float* into) {
-  nvme_->finish_read(read, into);
+  if (params_device_ == Device::CPU) {
+    nvme_->finish_read(read, into);
+    return;
+  }
+  PENTAD_CHECK(param_uploads_, "finish_param_read on a device needs reserve_param_uploads()");
+  const size_t bytes = size_t(nvme_->read_elements(read)) * sizeof(float);
+  nvme_->finish_read(read, static_cast<float*>(param_uploads_->stage(bytes)));
+  param_uploads_->upload(into);
 }
 
 void AdamW::step_offloaded(ParamStore& params, float lr, const Tensor& grads) {
@@ -197,12 +223,16 @@ void AdamW::step_nvme_on_host(ParamStore& params, float lr, const Tensor& grads)
   // sub-groups and in state order, so each sub-group is a run of whole chunks. The device
   // pipeline restarts at each sub-group: one chunk's download (a few MiB over the bus) is
   // not overlapped per sub-group, small beside the sub-group's file I/O.
+  // With the parameters offloaded too their values are the sub-group's third tensor: only
+  // the gradients come down (p is null), and the new values stay in the file.
   nvme_->update([&](int64_t begin, int64_t end, float* const* state) {
     const auto [first, last] = host_->chunks_in(begin, end);
     float* const m = state[0];
     float* const v = state[1];
+    float* const file_params = params_offloaded_ ? state[kParamTensor] : nullptr;
     host_->step_chunks(
         params, grads, first, last, [&, begin](const HostChunk& c, float* p, const float* g) {
+          if (file_params) p = file_params + (c.state - begin);
           update_chunk(params, c, p, g, m + (c.state - begin), v + (c.state - begin), lr);
         });
   });
@@ -224,7 +254,8 @@ void AdamW::step_on_host(ParamStore& params, float lr, const BeforeChunk& before
 }
 
 size_t AdamW::host_staging_bytes() const {
-  return host_ ? host_->staging_bytes() : 0;
+  return (host_ ? host_->staging_bytes() : 0) +
+         (param_uploads_ ? param_uploads_->staging_bytes() : 0);
 }
 
 void AdamW::allocate_spare() {

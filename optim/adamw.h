@@ -16,6 +16,7 @@
 namespace pentad {
 
 class HostOffload;
+class StagedUpload;
 struct HostChunk;
 
 // Learning rate of step s (0-based): linear warmup to cfg.lr, then cosine or linear
@@ -65,10 +66,11 @@ class AdamW {
   // nvme (parallel.offload = "nvme"): m and v live in the file nvme->dir/file_name instead
   // of in memory, and step() streams them through host buffers sub-group by sub-group
   // (optim/nvme_state.h), bitwise the same update.
-  // offload_params (with nvme, host parameters; ZeRO-3, ZeRO-Infinity's parameter offload):
-  // the shard's master parameters live in the file too, a third tensor beside m and v, and
-  // step() updates them there; the arena's copy of the shard is the caller's to drop
-  // (store_params() first).
+  // offload_params (with nvme; ZeRO-3, ZeRO-Infinity's parameter offload): the shard's
+  // master parameters live in the file too, a third tensor beside m and v, and step()
+  // updates them there; the arena's copy of the shard is the caller's to drop
+  // (store_params() first). With on_host (device parameters) too, step() downloads only the
+  // gradients and updates the file's values on the host; nothing goes back to the device.
   // on_host (device parameters, parallel.offload = "cpu" or "nvme"): step() streams the
   // shard's parameters and gradients through the host's AdamW and back
   // (optim/host_offload.h), bitwise the update the CPU computes; m and v live in host memory,
@@ -86,7 +88,8 @@ class AdamW {
   // Where m and v live (m_base(), v_base()): the parameters' device, or the host when on_host
   // (none at all when offloaded()).
   Device state_device() const { return m_.device(); }
-  size_t host_staging_bytes() const;  // on_host: the page-locked staging (0 otherwise)
+  // on_host: the page-locked staging (0 otherwise), with the parameter uploads' slots.
+  size_t host_staging_bytes() const;
   const NvmeState* nvme() const { return nvme_.get(); }
   // Offloaded tensor 0 (m), 1 (v) or kParamTensor, elements [begin, begin + count) of the
   // shard, to or from host memory (resume, tests).
@@ -99,9 +102,14 @@ class AdamW {
   void scan_state(const NvmeState::UpdateFn& fn) { nvme_->scan(fn); }
   void rewrite_state(const NvmeState::UpdateFn& fn) { nvme_->update(fn); }
   // Parameters offloaded: the shard's values in the arena go to the file (after initialize
-  // and after a load wrote them there), and the shard's elements [begin, begin + count) come
-  // back from it in the background (start_param_read) to `into` (finish_param_read).
+  // and after a load wrote them there; from a device through host memory, the host waiting),
+  // and the shard's elements [begin, begin + count) come back from it in the background
+  // (start_param_read) to `into`, in the parameters' memory (finish_param_read). On a device
+  // finish_param_read waits for the file read only: the elements land in page-locked
+  // staging (reserve_param_uploads: 3 slots of the largest read) and their copy to `into` is
+  // queued on the compute stream, ahead of whatever the caller issues next (the all-gather).
   void store_params(const ParamStore& params);
+  void reserve_param_uploads(int64_t largest_read);
   uint64_t start_param_read(int64_t begin, int64_t count);
   void finish_param_read(uint64_t read, float* into);
   // Updates the master parameters of the shard (on their device) from grads (the compact
@@ -142,6 +150,8 @@ class AdamW {
   };
   std::unique_ptr<NvmeState> nvme_;
   bool params_offloaded_ = false;
+  Device params_device_ = Device::CPU;
+  std::unique_ptr<StagedUpload> param_uploads_;  // offloaded device parameters' way back
   std::vector<Segment> segments_;
   void step_offloaded(ParamStore& params, float lr, const Tensor& grads);
   std::unique_ptr<HostOffload> host_;  // on_host: the staging and copy streams

@@ -46,11 +46,13 @@ std::vector<HostChunk> plan_host_chunks(const ParamStore& params, const StateSha
 }
 
 HostOffload::HostOffload(const ParamStore& params, const StateShard& shard, int64_t max_elements,
-                         int64_t group_elements)
-    : chunks_(plan_host_chunks(params, shard, max_elements, group_elements)) {
+                         int64_t group_elements, bool params_on_host)
+    : chunks_(plan_host_chunks(params, shard, max_elements, group_elements)),
+      params_on_host_(params_on_host) {
   for (const HostChunk& c : chunks_) slot_elements_ = std::max(slot_elements_, c.count);
+  const int64_t per_slot = (params_on_host_ ? 1 : 2) * slot_elements_;
   staging_ = Arena("optimizer offload staging (page-locked)",
-                   std::max<size_t>(1, size_t(4 * slot_elements_) * sizeof(float)), Device::CPU);
+                   std::max<size_t>(1, size_t(2 * per_slot) * sizeof(float)), Device::CPU);
   // Page-locked, so that the copies run on their streams without the host driving them.
   host_pin(staging_.base(), staging_.capacity());
 }
@@ -80,33 +82,45 @@ void HostOffload::step_chunks(ParamStore& params, const Tensor& grads, size_t fi
   float* const arena = params.all_params().f32();
   const float* const g = grads.data ? grads.f32() : params.all_grads().f32();
   float* const staging = static_cast<float*>(staging_.base());
-  // Slot s: parameters at 2 s x slot_elements_, gradients right after them.
-  auto slot_params = [&](size_t k) { return staging + int64_t(k % 2) * 2 * slot_elements_; };
-  auto slot_grads = [&](size_t k) { return slot_params(k) + slot_elements_; };
+  // Slot s: parameters at 2 s x slot_elements_, gradients right after them; with the
+  // parameters on the host, gradients only, at s x slot_elements_.
+  const int64_t per_slot = (params_on_host_ ? 1 : 2) * slot_elements_;
+  auto slot_params = [&](size_t k) { return staging + int64_t(k % 2) * per_slot; };
+  auto slot_grads = [&](size_t k) {
+    return slot_params(k) + (params_on_host_ ? 0 : slot_elements_);
+  };
   const size_t bytes_per = sizeof(float);
   auto download = [&](size_t k) {
     const HostChunk& c = chunks_[k];
-    down_.copy(slot_params(k), Device::CPU, arena + c.arena, device, size_t(c.count) * bytes_per);
+    if (!params_on_host_)
+      down_.copy(slot_params(k), Device::CPU, arena + c.arena, device, size_t(c.count) * bytes_per);
     down_.copy(slot_grads(k), Device::CPU, g + (grads.data ? c.state : c.arena), device,
                size_t(c.count) * bytes_per);
   };
   // Both streams behind every kernel issued so far: the gradients' reduction and clipping
   // (downloads), and whatever still reads the parameters (uploads overwrite them).
   down_.begin_after_compute();
-  up_.begin_after_compute();
+  if (!params_on_host_) up_.begin_after_compute();
   download(first);
   for (size_t k = first; k < last; ++k) {
     down_.synchronize();  // chunk k is on the host
     if (k + 1 < last) {
-      up_.synchronize();  // chunk k - 1's upload has left the slot chunk k + 1 comes into
+      // Chunk k - 1's upload has left the slot chunk k + 1 comes into (with the parameters
+      // on the host nothing goes up, and chunk k - 1's update, done, read its gradients).
+      if (!params_on_host_) up_.synchronize();
       download(k + 1);
     }
     const HostChunk& c = chunks_[k];
     if (before_chunk) before_chunk(c);
+    if (params_on_host_) {
+      update(c, nullptr, slot_grads(k));
+      continue;
+    }
     update(c, slot_params(k), slot_grads(k));
     up_.copy(arena + c.arena, device, slot_params(k), Device::CPU, size_t(c.count) * bytes_per);
   }
-  up_.synchronize();  // the new values are in the arena before any later kernel reads them
+  // The new values are in the arena before any later kernel reads them.
+  if (!params_on_host_) up_.synchronize();
 }
 
 }  // namespace pentad

@@ -26,6 +26,13 @@
 // (sub-group k + 1 read and k - 1 written while k is updated), and inside it this class's
 // chunks of sub-group k (step_chunks). The chunk plan is then cut at the sub-group
 // boundaries, so that every chunk's moments lie in one sub-group's buffers.
+//
+// params_on_host (ZeRO-3's parameter shares in that file too, ZeRO-Infinity): the master
+// values of the shard are the file's, not the arena's, so only the gradients come down;
+// update() gets p = nullptr and updates the values where the caller keeps them (the
+// sub-group's buffer), and nothing goes back up: the next all-gather reads them from the
+// file (the arena holds no share between uses). The step returns once the last download
+// has landed and been used, so the staging is free for the next sub-group.
 #include <cstdint>
 #include <functional>
 #include <utility>
@@ -61,7 +68,7 @@ class HostOffload {
   using BeforeChunk = std::function<void(const HostChunk& chunk)>;
 
   HostOffload(const ParamStore& params, const StateShard& shard, int64_t max_elements,
-              int64_t group_elements = 0);
+              int64_t group_elements = 0, bool params_on_host = false);
   ~HostOffload();
   HostOffload(const HostOffload&) = delete;
   HostOffload& operator=(const HostOffload&) = delete;
@@ -87,7 +94,8 @@ class HostOffload {
  private:
   std::vector<HostChunk> chunks_;
   int64_t slot_elements_ = 0;  // the largest chunk
-  Arena staging_;              // 2 slots x (parameters, gradients), page-locked
+  bool params_on_host_ = false;
+  Arena staging_;  // 2 slots x (parameters, gradients), page-locked; params_on_host: gradients
   AsyncCopier down_, up_;
 };
 

@@ -325,6 +325,14 @@ uint64_t NvmeState::start_read(int tensor, int64_t begin, int64_t end) {
   return ticket;
 }
 
+int64_t NvmeState::read_elements(uint64_t read) const {
+  auto it = background_.find(read);
+  PENTAD_CHECK(it != background_.end(), "background read {} is not in flight", read);
+  int64_t elements = 0;
+  for (const Background::Copy& c : it->second->copies) elements += c.count;
+  return elements;
+}
+
 void NvmeState::finish_read(uint64_t read, float* out) {
   auto it = background_.find(read);
   PENTAD_CHECK(it != background_.end(), "background read {} is not in flight", read);

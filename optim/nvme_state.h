@@ -57,6 +57,7 @@ class NvmeState {
   // or write() while one is outstanding (they would race on the file).
   uint64_t start_read(int tensor, int64_t begin, int64_t end);
   void finish_read(uint64_t read, float* out);
+  int64_t read_elements(uint64_t read) const;  // end - begin of a start_read() in flight
 
   const std::string& path() const { return path_; }
   bool direct() const { return direct_; }  // false: the file system refused O_DIRECT

@@ -90,6 +90,9 @@ class GradReducer {
   // them. prefetch() and acquire() wait for the read before the all-gather (it sends from
   // there); read_ahead() only starts it, a unit before its prefetch, so that the read
   // overlaps the compute of the unit before. release() drops this rank's share too.
+  // On a device the arrival may leave the share's copy into the arena queued on the compute
+  // stream (trainer: the NVMe read lands in page-locked staging first): the all-gather is
+  // ordered behind it, since the communicator's stream waits for the compute stream.
   using Arrival = std::function<void()>;
   using FetchShare = std::function<Arrival(int64_t shard, int64_t count, float* into)>;
   void keep_shares_elsewhere(FetchShare fetch);

@@ -248,6 +248,7 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
                               : ZeroStretch{layer_values, 0});
     stretches.push_back({(gpt2 ? 2 * C : C) + (m.tie_embeddings ? 0 : V * C / p), 0});
     double ahead = 0, experts_ahead = 0;  // the largest share of each reducer's units
+    // (elements; on CUDA also the size of the slots that upload shares read from NVMe)
     for (const ZeroStretch& st : stretches) {
       ahead = std::max(ahead, st.dense / Z);
       experts_ahead = std::max(experts_ahead, st.experts / edp);
@@ -257,6 +258,10 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
     const double per_value = e.parameters / e.values;  // bytes (with a bf16 compute copy)
     e.parameters = (nvme_params ? ahead + experts_ahead : shares) * per_value +
                    std::min(e.parameters, gathered * per_value);
+    // On CUDA each share read comes up through 3 page-locked slots of the largest share
+    // (optim/adamw.h, reserve_param_uploads); on the CPU it lands in the arena.
+    if (nvme_params && cfg.train.device == "cuda")
+      e.host = 3 * std::max(ahead, experts_ahead) * f32;
   }
   if (nvme) {  // on disk; in memory three sub-groups of m and v (and the parameter shares)
     const double tensors = nvme_params ? 3 : 2;
@@ -271,7 +276,13 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
     if (zero >= 2) e.gradients = (e.values + 2 * shares) * f32;
     if (zero == 3) e.parameters = e.values * (f32 + (cfg.train.precision == "bf16" ? 2 : 0));
     // Both offloads update on the host (the "nvme" sub-groups and staging are host memory).
-    if (cfg.parallel.offload != "none") e.optimizer = 0;
+    if (cfg.parallel.offload != "none") {
+      // optim/host_offload.h: two slots of a chunk (at most AdamW::kChunkElements) of
+      // parameters and gradients, gradients only when the parameters are in the file.
+      const double chunk = std::min(shares, double(size_t{1} << 20));
+      e.host += e.optimizer + 2 * (nvme_params ? 1 : 2) * chunk * f32;
+      e.optimizer = 0;
+    }
   }
   return e;
 }

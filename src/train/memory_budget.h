@@ -23,6 +23,10 @@ struct MemoryEstimate {
   double expert_values = 0;
   double dispatch = 0;  // bytes
   int stage = 0;        // its pipeline stage
+  // CUDA with AdamW offloaded (parallel.offload "cpu" or "nvme"): the host memory it takes
+  // beside the device's total(): m and v (or the NVMe sub-groups), the page-locked staging
+  // and, with ZeRO-3's parameter shares on NVMe, their upload slots. 0 otherwise.
+  double host = 0;  // bytes
   double total() const { return parameters + gradients + optimizer + activations + snapshot; }
 };
 

@@ -117,7 +117,10 @@ std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh)
                       zero ? fmt::format(", ZeRO-{}, {}", zero, share) : "");
   text +=
       fmt::format("  AdamW state  {} [{}]\n", bytes_text(e.optimizer),
-                  nvme_params    ? "on NVMe; in memory 3 sub-groups of p, m and v"
+                  nvme_params && cuda
+                      ? "on NVMe with the parameter shares; in host memory 3 sub-groups of p, m "
+                        "and v, updated there"
+                  : nvme_params  ? "on NVMe; in memory 3 sub-groups of p, m and v"
                   : nvme && cuda ? "on NVMe; in host memory 3 sub-groups of m and v, updated there"
                   : nvme         ? "on NVMe; in memory 3 sub-groups of m and v"
                   : cuda && cfg.parallel.offload == "cpu"
@@ -127,6 +130,12 @@ std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh)
   text +=
       fmt::format("  activations  {} ({})\n", bytes_text(e.activations), activations_text(cfg, e));
   if (e.snapshot > 0) text += fmt::format("  snapshot     {}\n", bytes_text(e.snapshot));
+  if (e.host > 0)
+    text += fmt::format(
+        "  host memory  {} (not in the device's total: AdamW's offloaded state and page-locked "
+        "staging{})\n",
+        bytes_text(e.host),
+        nvme_params ? ", with 3 slots of the largest parameter share for its uploads" : "");
   text += fmt::format("  total        {}", bytes_text(e.total()));
   return text;
 }

@@ -174,17 +174,6 @@ void check_zero(const Config& c, const Where& where) {
   if (p.offload == "nvme" && (p.nvme_block_kb % 4 != 0))
     fail("{}: parallel.nvme_block_kb = {} must be a multiple of 4 (direct I/O moves whole pages)",
          where({"parallel.nvme_block_kb"}), p.nvme_block_kb);
-  // On CUDA the NVMe-offloaded moments are updated on the host against parameters streamed
-  // down from the device (optim/adamw.cpp, step_nvme_on_host); ZeRO-Infinity's parameter
-  // shares on NVMe are a host-parameter path: the forward pass would have to read them from
-  // the file into device memory.
-  if (p.offload == "nvme" && c.train.device == "cuda" && p.zero == 3 && p.offload_params)
-    fail(
-        "{}: parallel.offload = \"nvme\" with parallel.zero = 3 and train.device = \"cuda\" "
-        "would keep ZeRO-3's parameter shares on NVMe (parallel.offload_params = true, the "
-        "default), which is not built for CUDA yet: set parallel.offload_params = false "
-        "(AdamW's state stays on NVMe, the parameter shares in device memory)",
-        where({"parallel.offload_params", "parallel.offload", "train.device"}));
   // AdamW on the host (optim/host_offload.h) keeps one set of moments: a swap snapshot's
   // second set is not built for it.
   if (p.offload == "cpu" && c.train.device == "cuda" && c.train.save_every > 0 &&

@@ -288,10 +288,16 @@ std::string Trainer::memory_plan() const {
         "; parameters: the {} of this rank's shares stay, each layer's others are gathered "
         "while it computes and dropped after",
         format_bytes(shard));
-  if (nvme_params)
+  if (nvme_params && !whole_on_device)
     zero_text += fmt::format(
         "; parameters: none resident, the {} of this rank's shares live on NVMe, each layer's "
         "is read back and the layer gathered while the one before computes, all dropped after",
+        format_bytes(shard));
+  if (nvme_params && whole_on_device)
+    zero_text += fmt::format(
+        "; parameters: the {} of this rank's shares live on NVMe, each layer's is read back "
+        "through page-locked staging and uploaded before its gather (the device arena stays "
+        "whole)",
         format_bytes(shard));
   if (nvme)
     zero_text += fmt::format(
@@ -301,8 +307,11 @@ std::string Trainer::memory_plan() const {
         nvme_params ? "p, m and v" : "m and v", format_bytes(nvme->host_buffer_bytes()),
         optimizer_->on_host()
             ? fmt::format(", and {} of page-locked staging; each step streams the {} values' "
-                          "parameters and gradients through the host and back",
-                          format_bytes(optimizer_->host_staging_bytes()), optimizer_->shard().numel)
+                          "{}",
+                          format_bytes(optimizer_->host_staging_bytes()), optimizer_->shard().numel,
+                          nvme_params ? "gradients to the host, where their parameters are "
+                                        "updated in the file"
+                                      : "parameters and gradients through the host and back")
             : "");
   // The second set of parameters and moments (swap), or the staging buffer (copy).
   const size_t snapshot = p.has_spare() ? p.bytes() + 2 * shard : saver_.staging_bytes();

@@ -1,8 +1,11 @@
 // The trainer's gradient reduction and ZeRO: the dense parameters' reducer over dp x cp,
 // the MoE experts' over edp, the one optimizer shard over both, and the gradient norm
 // summed over whichever ranks hold each share.
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
+#include "core/device_memory.h"
 #include "train/trainer.h"
 
 namespace pentad {
@@ -117,8 +120,15 @@ void Trainer::gather_updated_params() {
 
 void Trainer::offload_parameter_shares() {
   optimizer_->store_params(model_->params());
+  // On a device each read comes up through page-locked slots as large as the largest share.
+  int64_t largest = 0;
+  for (const parallel::GradReducer* r : zero_reducers())
+    for (int b = 0; b < r->buckets_count(); ++b) largest = std::max(largest, r->bucket_share(b));
+  optimizer_->reserve_param_uploads(largest);
   // Each reducer's compact shares sit in the optimizer's shard where optimizer_shard() put
-  // them: the dense reducer's from 0, the experts' (MoE) after all of the dense ones.
+  // them: the dense reducer's from 0, the experts' (MoE) after all of the dense ones. The
+  // arrival waits for the file read; on a device it queues the upload into the arena on the
+  // compute stream, which the unit's all-gather then follows (NCCL's stream waits for it).
   int64_t first = 0;
   for (parallel::GradReducer* r : zero_reducers()) {
     r->keep_shares_elsewhere([this, first](int64_t shard, int64_t count, float* into) {
@@ -143,17 +153,34 @@ void Trainer::update_expert_bias(const std::vector<double>& counts) {
   // The bias's master values are this rank's shares in the optimizer's file (the arena
   // holds none of them between uses): into the arena, moved, and back. Every rank moves
   // its whole copy alike; the other shares' values are dropped by the release that follows.
+  // On a device they pass through host memory (a few values per MoE layer; the copies wait).
   ParamStore& p = model_->params();
   float* const arena = p.all_params().f32();
+  const Device device = p.device();
   std::vector<StateShard::Piece> mine;
   for (int id : model_->expert_bias_ids())
     for (const StateShard::Piece& piece : optimizer_->shard().pieces(p.spec(id)))
       mine.push_back(piece);
-  for (const StateShard::Piece& s : mine)
-    optimizer_->read_state(AdamW::kParamTensor, s.shard, s.count, arena + s.arena);
+  std::vector<float> host;
+  for (const StateShard::Piece& s : mine) {
+    if (device == Device::CPU) {
+      optimizer_->read_state(AdamW::kParamTensor, s.shard, s.count, arena + s.arena);
+      continue;
+    }
+    host.resize(size_t(s.count));
+    optimizer_->read_state(AdamW::kParamTensor, s.shard, s.count, host.data());
+    copy_bytes(arena + s.arena, device, host.data(), Device::CPU, host.size() * sizeof(float));
+  }
   model_->update_expert_bias(counts);
-  for (const StateShard::Piece& s : mine)
-    optimizer_->write_state(AdamW::kParamTensor, s.shard, s.count, arena + s.arena);
+  for (const StateShard::Piece& s : mine) {
+    if (device == Device::CPU) {
+      optimizer_->write_state(AdamW::kParamTensor, s.shard, s.count, arena + s.arena);
+      continue;
+    }
+    host.resize(size_t(s.count));
+    copy_bytes(host.data(), Device::CPU, arena + s.arena, device, host.size() * sizeof(float));
+    optimizer_->write_state(AdamW::kParamTensor, s.shard, s.count, host.data());
+  }
 }
 
 void Trainer::whole_parameters(bool all) {

@@ -8,7 +8,8 @@
 //    bound within the 20 steps;
 //  - AdamW offloaded to the host (parallel.offload = "cpu", optim/host_offload.h) over
 //    ZeRO-2's and ZeRO-3's compact gradient shares; at ZeRO-2 also with its moments on NVMe
-//    (parallel.offload = "nvme").
+//    (parallel.offload = "nvme"), and at ZeRO-3 with the parameter shares on NVMe as well
+//    (fp32 and bf16).
 // Bounds as in cuda_train_test.cpp: 1e-4 of the loss in fp32, 1e-2 in bf16, every step.
 //
 // Run with `mpirun -np 2` (or more, one GPU per rank). ctest registers it under the label
@@ -79,17 +80,42 @@ TEST_P(CudaZero, Zero3CpuOffloadBf16TracksCpuFp32) {
                     "cuda bf16 ZeRO-3, AdamW on the host");
 }
 
-// AdamW's moments of the compact ZeRO-2 shares on NVMe (a file per rank), updated on the host.
-TEST_P(CudaZero, Zero2NvmeOffloadFp32MatchesCpu) {
+// Trains with AdamW's state on NVMe in a directory of this rank's own, at ZeRO `zero`.
+void expect_nvme_tracks_cpu(const ModelCase& m, const std::string& precision,
+                            const std::string& zero, const std::string& what) {
   char dir[] = "/tmp/pentad-cuda-zero-nvme-XXXXXX";  // one per rank
   ASSERT_NE(::mkdtemp(dir), nullptr);
-  expect_tracks_cpu(GetParam(), "fp32",
-                    {"parallel.zero=2", "parallel.offload=nvme",
+  expect_tracks_cpu(m, precision,
+                    {"parallel.zero=" + zero, "parallel.offload=nvme",
                      std::string("parallel.offload_path=\"") + dir + "\"",
                      "parallel.nvme_subgroup_kb=256", "parallel.nvme_block_kb=64"},
-                    "cuda fp32 ZeRO-2, AdamW state on NVMe");
+                    what);
   std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);
+}
+
+// AdamW's moments of the compact ZeRO-2 shares on NVMe (a file per rank), updated on the host.
+TEST_P(CudaZero, Zero2NvmeOffloadFp32MatchesCpu) {
+  expect_nvme_tracks_cpu(GetParam(), "fp32", "2", "cuda fp32 ZeRO-2, AdamW state on NVMe");
+}
+
+// ZeRO-3 with the parameter shares on NVMe too (parallel.offload_params, the default;
+// ZeRO-Infinity): before each unit's all-gather its share is read from the file into
+// page-locked staging and copied into the arena on the compute stream; the host's AdamW
+// updates the file's values from the downloaded gradient shares, and nothing goes back to
+// the device. A share uploaded after its gather started, to the wrong place, or not at all
+// (the arena's share is zeros after a release) moves the loss by far more than 1e-4 at once;
+// an update that did not reach the file freezes the shares at their first values.
+TEST_P(CudaZero, Zero3NvmeParameterSharesFp32MatchesCpu) {
+  expect_nvme_tracks_cpu(GetParam(), "fp32", "3",
+                         "cuda fp32 ZeRO-3, parameter shares and AdamW state on NVMe");
+}
+
+// The same in bf16: the unit's bf16 copy must be re-derived after the fetch and the gather
+// (GradReducer::refresh_compute_copy); a stale copy keeps every unit at its first values.
+TEST_P(CudaZero, Zero3NvmeParameterSharesBf16TracksCpuFp32) {
+  expect_nvme_tracks_cpu(GetParam(), "bf16", "3",
+                         "cuda bf16 ZeRO-3, parameter shares and AdamW state on NVMe");
 }
 
 std::string case_name(const ::testing::TestParamInfo<ModelCase>& info) {

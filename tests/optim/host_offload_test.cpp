@@ -4,15 +4,20 @@
 // gradients' source (the full arena, or the compact ZeRO shares) and that an AdamW step
 // through the host is bitwise the step without it; and the same with the moments on NVMe
 // (parallel.offload = "nvme" on a GPU: optim/nvme_state.h's sub-groups outside, the staging's
-// chunks inside each). The device streams are covered by the GPU suite
+// chunks inside each), and with ZeRO-3's parameter shares in the file as well
+// (parallel.offload_params: only the gradients staged, the parameters updated in the file).
+// The device streams are covered by the GPU suite
 // (tests/cuda/cuda_train_test.cpp, CpuOffload and NvmeOffload: compiled, run only on a GPU).
 #include "optim/host_offload.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -273,6 +278,73 @@ TEST_F(NvmeDir, AdamWWithMomentsOnNvmeThroughTheHostIsBitwiseTheStepInPlace) {
     // Each step reads and writes both moments whole (plus the reads above).
     EXPECT_GE(io.bytes_written, 3.0 * 2 * double(state));
     EXPECT_GE(io.bytes_read, 3.0 * 2 * double(state));
+  }
+}
+
+// ZeRO-3's parameter shares on NVMe too (what a CUDA run with parallel.offload = "nvme" and
+// parallel.offload_params does): the host update takes the parameters from the file's third
+// tensor, only the gradients come down through the staging, and the new values go back to
+// the file, not to the arena. Against AdamW in place: the file's parameters and moments
+// bitwise equal to the in-place arena and moments after three steps, for a ZeRO shard and a
+// merged one. The shard's values in the arena are overwritten with NaN after store_params():
+// a step that read its parameters from the arena (or wrote them there) shows up as NaN in the
+// file (or as a non-NaN in the arena). A background read (the unit fetch) brings the new
+// values back.
+TEST_F(NvmeDir, AdamWWithParametersOnNvmeThroughTheHostIsBitwiseTheStepInPlace) {
+  OptimConfig cfg;
+  NvmeOptions nvme;
+  nvme.dir = dir_;
+  nvme.subgroup_elements = 300007;
+  nvme.block_bytes = 64 << 10;
+  nvme.queue_depth = 4;
+  for (int which = 1; which < 3; ++which) {
+    SCOPED_TRACE(which == 1 ? "ZeRO shard" : "merged ZeRO shard");
+    ParamStore plain = make_params(), hosted = make_params();
+    const StateShard shard = which == 1 ? some_rows(plain) : some_rows_reordered(plain);
+    AdamW a(cfg, plain, shard);
+    AdamW b(cfg, hosted, shard, &nvme, "adamw.state", /*offload_params=*/true, /*on_host=*/true);
+    AdamW moments_only(cfg, hosted, shard, &nvme, "moments.state", false, true);
+    EXPECT_TRUE(b.on_host());
+    EXPECT_TRUE(b.params_offloaded());
+    EXPECT_EQ(b.nvme()->tensors(), 3);
+    EXPECT_LT(b.host_staging_bytes(), moments_only.host_staging_bytes())
+        << "only the gradients are staged";
+    b.store_params(hosted);
+    b.reserve_param_uploads(shard.numel);  // host parameters: nothing to reserve
+    EXPECT_EQ(b.host_staging_bytes() * 2, moments_only.host_staging_bytes());
+    float* const arena = hosted.all_params().f32();
+    for (const StateShard::Range& r : shard.ranges)
+      std::fill(arena + r.begin, arena + r.end, std::numeric_limits<float>::quiet_NaN());
+    for (int64_t step = 1; step <= 3; ++step) {
+      std::vector<float> g = normal(shard.numel, uint32_t(step));
+      const Tensor grads = view_of(g.data(), Shape{shard.numel});
+      const float lr = 1e-3f * float(step);
+      a.step(plain, lr, {}, false, grads);
+      b.step(hosted, lr, {}, false, grads);
+    }
+    const size_t state = size_t(shard.numel) * sizeof(float);
+    std::vector<float> params(size_t(shard.numel)), m(size_t(shard.numel)), v(size_t(shard.numel));
+    b.read_state(AdamW::kParamTensor, 0, shard.numel, params.data());
+    b.read_state(0, 0, shard.numel, m.data());
+    b.read_state(1, 0, shard.numel, v.data());
+    std::vector<float> want(size_t(shard.numel));  // the in-place arena's shard, compact
+    for (const StateShard::Range& r : shard.ranges)
+      std::memcpy(want.data() + r.shard, plain.all_params().f32() + r.begin,
+                  size_t(r.end - r.begin) * sizeof(float));
+    EXPECT_EQ(std::memcmp(want.data(), params.data(), state), 0);
+    EXPECT_EQ(std::memcmp(a.m_base(), m.data(), state), 0);
+    EXPECT_EQ(std::memcmp(a.v_base(), v.data(), state), 0);
+    int64_t written = 0;
+    for (const StateShard::Range& r : shard.ranges)
+      for (int64_t i = r.begin; i < r.end; ++i) written += std::isnan(arena[i]) ? 0 : 1;
+    EXPECT_EQ(written, 0) << "the step wrote parameters into the arena";
+    // The unit fetch: the last range's share back into the arena.
+    const StateShard::Range& last = shard.ranges.back();
+    const uint64_t read = b.start_param_read(last.shard, last.end - last.begin);
+    b.finish_param_read(read, arena + last.begin);
+    EXPECT_EQ(std::memcmp(arena + last.begin, plain.all_params().f32() + last.begin,
+                          size_t(last.end - last.begin) * sizeof(float)),
+              0);
   }
 }
 

@@ -181,13 +181,6 @@ CASES = [
       "parallel.zero = 3", "set train.eval_batches = 4"]),
     ("zero2_moe_trains", "mixtral-tiny.toml", TINY + ["parallel.ep=2", "parallel.zero=2"], 4, 0,
      ["ZeRO-2 over dp x cp = 4, the routed experts over edp = 2", "step     2/2"]),
-    # NVMe offload on CUDA is built (AdamW on the host, moments in the file); ZeRO-3's
-    # parameter shares on NVMe are not, and the refusal names the key.
-    ("nvme_parameters_on_cuda", "gpt-tiny.toml",
-     ["parallel.zero=3", "parallel.offload=nvme", "parallel.offload_path=/tmp",
-      "train.device=cuda"], 0, 2,
-     ["parameter shares on NVMe (parallel.offload_params = true, the default), which is not "
-      "built for CUDA yet", "set parallel.offload_params = false"]),
     ("zero_stage_out_of_range", "gpt-tiny.toml", ["parallel.zero=4"], 0, 2, ["parallel.zero"]),
     ("nvme_without_path", "gpt-tiny.toml", ["parallel.offload=nvme"], 0, 2,
      ["parallel.offload = \"nvme\" needs parallel.offload_path"]),

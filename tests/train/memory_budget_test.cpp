@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <vector>
@@ -188,6 +189,34 @@ TEST(MemoryBudget, CudaCountsDroppedArenasWholeAndHostAdamWNone) {
   };
   EXPECT_EQ(nvme("cuda").optimizer, 0.0);
   EXPECT_EQ(nvme("cpu").optimizer, 3 * 2 * 16 * 1024.0);
+}
+
+// ZeRO-3's parameter shares on NVMe on CUDA: the device arena still counts whole (no page
+// discard), AdamW holds no device memory, and the host memory beside it holds three
+// sub-groups of p, m and v, two slots of gradient staging and three upload slots of the
+// largest share, more than the same run keeping the shares in device memory
+// (offload_params = false: two tensors per sub-group, parameters and gradients staged).
+TEST(MemoryBudget, CudaNvmeParameterSharesCountTheirHostStaging) {
+  parallel::MeshConfig mesh = one_rank();
+  mesh.dp = 2;
+  auto estimate = [&](const std::string& device, bool params) {
+    return estimate_memory(
+        load_recipe(kRecipes + "gpt-tiny.toml",
+                    {"train.device=" + device, "parallel.zero=3", "parallel.offload=nvme",
+                     "parallel.offload_path=/tmp", "parallel.nvme_subgroup_kb=16",
+                     std::string("parallel.offload_params=") + (params ? "true" : "false")}),
+        mesh);
+  };
+  const MemoryEstimate on = estimate("cuda", true), off = estimate("cuda", false);
+  EXPECT_EQ(on.parameters, on.values * 4);
+  EXPECT_EQ(on.optimizer, 0.0);
+  const double shares = on.values / 2, f32 = 4;
+  const double chunk = std::min(shares, double(size_t{1} << 20));
+  const double subgroups = 3 * std::min(3 * shares * f32, 3 * 16 * 1024.0);
+  EXPECT_GT(on.host, subgroups + 2 * chunk * f32) << "the upload slots are counted";
+  EXPECT_LT(on.host, subgroups + 2 * chunk * f32 + 3 * shares * f32) << "each below a share";
+  EXPECT_GT(off.host, 0.0);
+  EXPECT_EQ(estimate("cpu", true).host, 0.0) << "on the CPU it is all in total()";
 }
 
 // A CUDA plan that fits once AdamW's state leaves the device names parallel.offload = "cpu";

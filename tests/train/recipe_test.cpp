@@ -246,6 +246,20 @@ TEST(Recipe, ExpertParallelOnCudaLoads) {
   EXPECT_EQ(c.train.device, "cuda");
 }
 
+// ZeRO-3 with its parameter shares on NVMe (parallel.offload_params, the default) is built on
+// CUDA too (optim/adamw.h: the shares come up from the file through page-locked staging):
+// the recipe loads.
+TEST(Recipe, Zero3NvmeParameterSharesOnCudaLoad) {
+  const std::string path =
+      write_recipe("zero3_nvme_params_on_cuda.toml",
+                   "[train]\ndevice = \"cuda\"\n[parallel]\nzero = 3\noffload = \"nvme\"\n"
+                   "offload_path = \"/tmp\"\n");
+  const Config c = load_recipe(path, {});
+  EXPECT_EQ(c.parallel.zero, 3);
+  EXPECT_TRUE(c.parallel.offload_params);
+  EXPECT_EQ(c.train.device, "cuda");
+}
+
 // MoE on CUDA in bf16 loads with its experts on one rank and with them split over ep, etp
 // or both: the exchange moves bf16 rows (parallel/ep).
 TEST(Recipe, MoeBf16OnCudaLoadsWithExpertParallelism) {
