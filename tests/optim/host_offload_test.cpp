@@ -225,6 +225,15 @@ class NvmeDir : public ::testing::Test {
     dir_ = name;
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
+  // Sub-groups that divide neither the chunks nor the parameters; small requests.
+  NvmeOptions options() const {
+    NvmeOptions nvme;
+    nvme.dir = dir_;
+    nvme.subgroup_elements = 300007;
+    nvme.block_bytes = 64 << 10;
+    nvme.queue_depth = 4;
+    return nvme;
+  }
   std::string dir_;
 };
 
@@ -238,11 +247,7 @@ class NvmeDir : public ::testing::Test {
 // the equality from step 2 on.
 TEST_F(NvmeDir, AdamWWithMomentsOnNvmeThroughTheHostIsBitwiseTheStepInPlace) {
   OptimConfig cfg;
-  NvmeOptions nvme;
-  nvme.dir = dir_;
-  nvme.subgroup_elements = 300007;
-  nvme.block_bytes = 64 << 10;
-  nvme.queue_depth = 4;
+  const NvmeOptions nvme = options();
   for (int which = 0; which < 3; ++which) {
     const bool sharded = which > 0;
     SCOPED_TRACE(which == 0 ? "whole arena" : which == 1 ? "ZeRO shard" : "merged ZeRO shard");
@@ -292,11 +297,7 @@ TEST_F(NvmeDir, AdamWWithMomentsOnNvmeThroughTheHostIsBitwiseTheStepInPlace) {
 // values back.
 TEST_F(NvmeDir, AdamWWithParametersOnNvmeThroughTheHostIsBitwiseTheStepInPlace) {
   OptimConfig cfg;
-  NvmeOptions nvme;
-  nvme.dir = dir_;
-  nvme.subgroup_elements = 300007;
-  nvme.block_bytes = 64 << 10;
-  nvme.queue_depth = 4;
+  const NvmeOptions nvme = options();
   for (int which = 1; which < 3; ++which) {
     SCOPED_TRACE(which == 1 ? "ZeRO shard" : "merged ZeRO shard");
     ParamStore plain = make_params(), hosted = make_params();
