@@ -11,6 +11,7 @@
 #include "core/check.h"
 #include "core/tensor.h"
 #include "model/moe.h"
+#include "optim/adamw.h"
 #include "parallel/pp/layout.h"
 #include "parallel/pp/pipeline.h"
 #include "train/trainer.h"
@@ -277,9 +278,9 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
     if (zero == 3) e.parameters = e.values * (f32 + (cfg.train.precision == "bf16" ? 2 : 0));
     // Both offloads update on the host (the "nvme" sub-groups and staging are host memory).
     if (cfg.parallel.offload != "none") {
-      // optim/host_offload.h: two slots of a chunk (at most AdamW::kChunkElements) of
+      // optim/host_offload.h: two slots of a chunk (at most AdamW::kChunkElements elements) of
       // parameters and gradients, gradients only when the parameters are in the file.
-      const double chunk = std::min(shares, double(size_t{1} << 20));
+      const double chunk = std::min(shares, double(AdamW::kChunkElements));
       e.host += e.optimizer + 2 * (nvme_params ? 1 : 2) * chunk * f32;
       e.optimizer = 0;
     }

@@ -153,7 +153,6 @@ void Trainer::update_expert_bias(const std::vector<double>& counts) {
   // The bias's master values are this rank's shares in the optimizer's file (the arena
   // holds none of them between uses): into the arena, moved, and back. Every rank moves
   // its whole copy alike; the other shares' values are dropped by the release that follows.
-  // On a device they pass through host memory (a few values per MoE layer; the copies wait).
   ParamStore& p = model_->params();
   float* const arena = p.all_params().f32();
   const Device device = p.device();
@@ -161,22 +160,16 @@ void Trainer::update_expert_bias(const std::vector<double>& counts) {
   for (int id : model_->expert_bias_ids())
     for (const StateShard::Piece& piece : optimizer_->shard().pieces(p.spec(id)))
       mine.push_back(piece);
+  // Through host memory whatever the device (a few values per MoE layer; on a device the
+  // copies wait): the file's reads and writes take host pointers.
   std::vector<float> host;
   for (const StateShard::Piece& s : mine) {
-    if (device == Device::CPU) {
-      optimizer_->read_state(AdamW::kParamTensor, s.shard, s.count, arena + s.arena);
-      continue;
-    }
     host.resize(size_t(s.count));
     optimizer_->read_state(AdamW::kParamTensor, s.shard, s.count, host.data());
     copy_bytes(arena + s.arena, device, host.data(), Device::CPU, host.size() * sizeof(float));
   }
   model_->update_expert_bias(counts);
   for (const StateShard::Piece& s : mine) {
-    if (device == Device::CPU) {
-      optimizer_->write_state(AdamW::kParamTensor, s.shard, s.count, arena + s.arena);
-      continue;
-    }
     host.resize(size_t(s.count));
     copy_bytes(host.data(), Device::CPU, arena + s.arena, device, host.size() * sizeof(float));
     optimizer_->write_state(AdamW::kParamTensor, s.shard, s.count, host.data());
