@@ -23,6 +23,35 @@ void device_zero(void* ptr, size_t bytes);
 // Fills with 0xff bytes: NaN in f32 and bf16 (tests poison outputs with it).
 void device_fill_ones(void* ptr, size_t bytes);
 
+// Device addresses reserved with nothing behind them (CUDA's virtual memory API), for
+// Arena::reserved(): map() backs a part with device memory for the reservation's life; the
+// destructor unmaps and frees it all (which waits for the device). The driver's entry points
+// are looked up at run time, so builds with CUDA still start where there is no driver.
+// Without CUDA: constructing one fails.
+class DeviceReservation {
+ public:
+  DeviceReservation(size_t bytes, const std::string& what);  // rounded up to granules
+  ~DeviceReservation();
+  DeviceReservation(const DeviceReservation&) = delete;
+  DeviceReservation& operator=(const DeviceReservation&) = delete;
+  void* base() const { return base_; }
+  size_t bytes() const { return bytes_; }
+  size_t granule() const { return granule_; }  // the device's allocation granularity
+  // Backs bytes [offset, offset + bytes), both multiples of granule(), not backed before.
+  void map(size_t offset, size_t bytes);
+
+ private:
+  struct Mapping {
+    size_t offset = 0, bytes = 0;
+    unsigned long long handle = 0;  // CUmemGenericAllocationHandle
+  };
+  void* base_ = nullptr;
+  size_t bytes_ = 0, granule_ = 0;
+  int device_ = 0;
+  std::string what_;
+  std::vector<Mapping> mappings_;
+};
+
 // Copies bytes between any two devices (host or CUDA).
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 

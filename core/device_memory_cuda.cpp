@@ -1,4 +1,5 @@
 // Device memory through the CUDA runtime (linked in builds with CUDA).
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -90,6 +91,92 @@ void copy(const Tensor& dst, const Tensor& src) {
   PENTAD_CHECK(dst.dtype == src.dtype && dst.numel() == src.numel(), "copy: {} {} into {} {}",
                dtype_name(src.dtype), src.shape.str(), dtype_name(dst.dtype), dst.shape.str());
   copy_bytes(dst.data, dst.device, src.data, src.device, src.bytes());
+}
+
+namespace {
+// The driver's virtual memory calls, looked up through the runtime: linking libcuda itself
+// would stop every program of a CUDA build from starting on a machine without the driver.
+template <typename F>
+F driver_call(const char* symbol) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  check(cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault, &found),
+        "cudaGetDriverEntryPointByVersion");
+  if (found != cudaDriverEntryPointSuccess || !fn)
+    fail("the CUDA driver has no {} (the virtual memory API needs CUDA 10.2 or newer)", symbol);
+  return reinterpret_cast<F>(fn);
+}
+
+struct VirtualMemory {
+  decltype(&::cuMemGetAllocationGranularity) granularity =
+      driver_call<decltype(granularity)>("cuMemGetAllocationGranularity");
+  decltype(&::cuMemAddressReserve) reserve = driver_call<decltype(reserve)>("cuMemAddressReserve");
+  decltype(&::cuMemAddressFree) unreserve = driver_call<decltype(unreserve)>("cuMemAddressFree");
+  decltype(&::cuMemCreate) create = driver_call<decltype(create)>("cuMemCreate");
+  decltype(&::cuMemRelease) release = driver_call<decltype(release)>("cuMemRelease");
+  decltype(&::cuMemMap) map = driver_call<decltype(map)>("cuMemMap");
+  decltype(&::cuMemUnmap) unmap = driver_call<decltype(unmap)>("cuMemUnmap");
+  decltype(&::cuMemSetAccess) access = driver_call<decltype(access)>("cuMemSetAccess");
+};
+
+const VirtualMemory& vmm() {
+  static const VirtualMemory calls;
+  return calls;
+}
+
+void check_driver(CUresult rc, const char* call, const std::string& what) {
+  if (rc != CUDA_SUCCESS) fail("CUDA driver error {} in {} for {}", int(rc), call, what);
+}
+
+CUmemAllocationProp device_memory_on(int device) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  return prop;
+}
+}  // namespace
+
+DeviceReservation::DeviceReservation(size_t bytes, const std::string& what) : what_(what) {
+  count_device_wait();  // as cudaMalloc: setting up may wait
+  check(cudaGetDevice(&device_), "cudaGetDevice");
+  const CUmemAllocationProp prop = device_memory_on(device_);
+  check_driver(vmm().granularity(&granule_, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED),
+               "cuMemGetAllocationGranularity", what_);
+  bytes_ = std::max<size_t>(granule_, (bytes + granule_ - 1) / granule_ * granule_);
+  CUdeviceptr base = 0;
+  check_driver(vmm().reserve(&base, bytes_, granule_, 0, 0), "cuMemAddressReserve", what_);
+  base_ = reinterpret_cast<void*>(base);
+}
+
+DeviceReservation::~DeviceReservation() {
+  if (!base_) return;
+  count_device_wait();  // unmapping waits for the device
+  for (const Mapping& m : mappings_) {
+    vmm().unmap(reinterpret_cast<CUdeviceptr>(base_) + m.offset, m.bytes);
+    vmm().release(CUmemGenericAllocationHandle(m.handle));
+  }
+  vmm().unreserve(reinterpret_cast<CUdeviceptr>(base_), bytes_);
+}
+
+void DeviceReservation::map(size_t offset, size_t bytes) {
+  PENTAD_CHECK(offset % granule_ == 0 && bytes % granule_ == 0 && offset + bytes <= bytes_,
+               "{}: map [{}, {}) is not whole granules of {} inside {}", what_, offset,
+               offset + bytes, granule_, bytes_);
+  count_device_wait();
+  const CUmemAllocationProp prop = device_memory_on(device_);
+  CUmemGenericAllocationHandle handle = 0;
+  const CUresult rc = vmm().create(&handle, bytes, &prop, 0);
+  if (rc != CUDA_SUCCESS)
+    fail("cannot allocate {} of CUDA device memory for {}: driver error {}", format_bytes(bytes),
+         what_, int(rc));
+  const CUdeviceptr at = reinterpret_cast<CUdeviceptr>(base_) + offset;
+  check_driver(vmm().map(at, bytes, 0, handle, 0), "cuMemMap", what_);
+  mappings_.push_back({offset, bytes, handle});
+  CUmemAccessDesc access{};
+  access.location = prop.location;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  check_driver(vmm().access(at, bytes, &access, 1), "cuMemSetAccess", what_);
 }
 
 int select_cuda_device(int local_rank) {

@@ -54,6 +54,16 @@ void copy(const Tensor& dst, const Tensor& src) {
   copy_bytes(dst.data, dst.device, src.data, src.device, src.bytes());
 }
 
+DeviceReservation::DeviceReservation(size_t, const std::string& what) {
+  no_cuda(what.c_str());
+}
+
+DeviceReservation::~DeviceReservation() = default;
+
+void DeviceReservation::map(size_t, size_t) {
+  no_cuda("DeviceReservation::map");
+}
+
 int select_cuda_device(int) {
   no_cuda("train.device = \"cuda\"");
 }

@@ -50,11 +50,17 @@ void ParamStore::allocate(Placement placement) {
   // Zeros without touching the pages (discard; one arena after the other, should a debug
   // poison have filled them): what a rank keeps resident is what it uses, so a ZeRO-3
   // rank's start-up does not peak at both whole arenas at once.
-  params_ = Arena("parameters", bytes(), placement.device);
+  params_ = placement.sparse_params ? Arena::reserved("parameters", bytes(), placement.device)
+                                    : Arena("parameters", bytes(), placement.device);
   params_.discard(0, params_.capacity());
-  grads_ = Arena("gradients", bytes(), placement.device);
+  grads_ = placement.sparse_grads ? Arena::reserved("gradients", bytes(), placement.device)
+                                  : Arena("gradients", bytes(), placement.device);
   grads_.discard(0, grads_.capacity());
-  if (placement.compute != DType::F32) {
+  param_at_.assign(specs_.size(), nullptr);
+  grad_at_.assign(specs_.size(), nullptr);
+  weight_at_.assign(specs_.size(), nullptr);
+  // Sparse: a gathered unit's compute copy is a buffer of its own, like its values.
+  if (placement.compute != DType::F32 && !placement.sparse_params) {
     weights_ =
         Arena("parameters (compute copy)",
               static_cast<size_t>(numel_) * dtype_bytes(placement.compute), placement.device);
@@ -64,8 +70,77 @@ void ParamStore::allocate(Placement placement) {
 
 void ParamStore::allocate_spare() {
   if (has_spare()) return;
+  if (sparse_params()) {
+    spare_ = Arena::reserved("parameters (spare set)", bytes(), device());
+    for (const auto& [begin, end] : committed_)
+      spare_.commit(size_t(begin) * sizeof(float), size_t(end) * sizeof(float));
+    return;
+  }
   spare_ = Arena("parameters (spare set)", bytes(), device());
   spare_.zero();
+}
+
+void ParamStore::commit_params(int64_t begin, int64_t end) {
+  PENTAD_CHECK(sparse_params(), "commit_params: the parameter arena is not sparse");
+  if (begin >= end) return;
+  params_.commit(size_t(begin) * sizeof(float), size_t(end) * sizeof(float));
+  if (has_spare()) spare_.commit(size_t(begin) * sizeof(float), size_t(end) * sizeof(float));
+  committed_.emplace_back(begin, end);
+}
+
+Tensor ParamStore::param(int id) const {
+  if (float* at = param_at_.empty() ? nullptr : param_at_[size_t(id)])
+    return view_of(at, spec(id).local_shape, DType::F32, device());
+  if (sparse_params()) homeless(id, "parameter");
+  return view(params_.base(), id, device());
+}
+
+Tensor ParamStore::grad(int id) const {
+  if (float* at = grad_at_.empty() ? nullptr : grad_at_[size_t(id)])
+    return view_of(at, spec(id).local_shape, DType::F32, device());
+  if (sparse_grads()) {
+    for (const GradSource& source : grad_sources_)
+      if (source(id)) return grad(id);
+    homeless(id, "gradient");
+  }
+  return view(grads_.base(), id, device());
+}
+
+void ParamStore::homeless(int id, const char* what) const {
+  fail(
+      "ZeRO: the {} of {} was used outside its unit (sparse arenas hold only this rank's "
+      "shares; a unit's values are there between its acquire and release, its gradients from "
+      "backward to their reduction)",
+      what, spec(id).name);
+}
+
+template <typename T>
+void ParamStore::set_homes(std::vector<T*>& homes, int64_t begin, int64_t end, T* at,
+                           size_t element) {
+  for (size_t id = 0; id < specs_.size(); ++id) {
+    const int64_t offset = int64_t(specs_[id].offset);
+    if (offset >= begin && offset < end)
+      homes[id] =
+          at ? reinterpret_cast<T*>(reinterpret_cast<char*>(at) + size_t(offset - begin) * element)
+             : nullptr;
+  }
+}
+
+void ParamStore::place_params(int64_t begin, int64_t end, float* at, void* weights) {
+  set_homes(param_at_, begin, end, at, sizeof(float));
+  set_homes(weight_at_, begin, end, weights, dtype_bytes(placement_.compute));
+}
+
+void ParamStore::unplace_params(int64_t begin, int64_t end) {
+  place_params(begin, end, nullptr, nullptr);
+}
+
+void ParamStore::place_grads(int64_t begin, int64_t end, float* at) {
+  set_homes(grad_at_, begin, end, at, sizeof(float));
+}
+
+void ParamStore::unplace_grads(int64_t begin, int64_t end) {
+  place_grads(begin, end, nullptr);
 }
 
 Tensor ParamStore::spare_params() const {
@@ -87,7 +162,14 @@ Tensor ParamStore::compute_copy() const {
 }
 
 Tensor ParamStore::weight(int id) const {
-  if (!weights_.base()) return param(id);
+  if (placement_.compute == DType::F32) return param(id);
+  if (void* at = weight_at_.empty() ? nullptr : weight_at_[size_t(id)]) {
+    Tensor t = param(id);
+    t.data = at;
+    t.dtype = placement_.compute;
+    return t;
+  }
+  if (sparse_params()) homeless(id, "compute copy");
   Tensor t = param(id);
   t.data = static_cast<char*>(weights_.base()) + spec(id).offset * dtype_bytes(placement_.compute);
   t.dtype = placement_.compute;
@@ -101,36 +183,55 @@ std::vector<float> ParamStore::to_host(int id) const {
 }
 
 void ParamStore::initialize(uint64_t seed) {
-  // Device parameters are drawn into host memory and copied over.
-  std::vector<float> host(device() == Device::CPU ? 0 : static_cast<size_t>(numel_));
+  // Device parameters, and those of a sparse arena, are drawn into host memory and copied
+  // over (a sparse arena: only what it backs).
+  const bool in_place = device() == Device::CPU && !sparse_params();
+  std::vector<float> host;
   for (int id = 0; id < static_cast<int>(specs_.size()); ++id) {
     const ParamSpec& spec = specs_[static_cast<size_t>(id)];
-    float* p = device() == Device::CPU ? param(id).f32() : host.data() + spec.offset;
-    int64_t n = spec.local_shape.numel();
-    if (spec.init != Init::Normal) {
-      float value = spec.init == Init::Ones ? 1.0f : 0.0f;
-      for (int64_t i = 0; i < n; ++i) p[i] = value;
+    const int64_t n = spec.local_shape.numel();
+    host.resize(in_place ? 0 : size_t(n));
+    float* const p = in_place ? param(id).f32() : host.data();
+    draw(spec, seed, p);
+    if (in_place) continue;
+    float* const arena = static_cast<float*>(params_.base());
+    const int64_t begin = int64_t(spec.offset);
+    if (!sparse_params()) {
+      copy_bytes(arena + begin, device(), p, Device::CPU, size_t(n) * sizeof(float));
       continue;
     }
-    uint64_t key = splitmix64(seed) ^ hash_string(spec.name);
-    // Map local element i to its global flat index (row-major) through the shard.
-    int64_t inner = 1;  // elements per step along shard_dim
-    for (int d = spec.shard_dim + 1; d < spec.global_shape.ndim; ++d) inner *= spec.global_shape[d];
-    int64_t local_dim = spec.shard_dim >= 0 ? spec.local_shape[spec.shard_dim] : 1;
-    int64_t global_dim = spec.shard_dim >= 0 ? spec.global_shape[spec.shard_dim] : 1;
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      int64_t global = i;
-      if (spec.shard_dim >= 0) {
-        int64_t outer = i / (local_dim * inner);
-        int64_t along = (i / inner) % local_dim;
-        global = (outer * global_dim + spec.shard_start + along) * inner + i % inner;
-      }
-      p[i] = static_cast<float>(spec.init_std * normal_at(key, static_cast<uint64_t>(global)));
+    for (const auto& [lo, hi] : committed_) {
+      const int64_t from = std::max(lo, begin), to = std::min(hi, begin + n);
+      if (from < to)
+        copy_bytes(arena + from, device(), p + (from - begin), Device::CPU,
+                   size_t(to - from) * sizeof(float));
     }
   }
-  if (device() != Device::CPU)
-    copy_bytes(params_.base(), device(), host.data(), Device::CPU, bytes());
+}
+
+void ParamStore::draw(const ParamSpec& spec, uint64_t seed, float* p) {
+  const int64_t n = spec.local_shape.numel();
+  if (spec.init != Init::Normal) {
+    const float value = spec.init == Init::Ones ? 1.0f : 0.0f;
+    for (int64_t i = 0; i < n; ++i) p[i] = value;
+    return;
+  }
+  const uint64_t key = splitmix64(seed) ^ hash_string(spec.name);
+  // Map local element i to its global flat index (row-major) through the shard.
+  int64_t inner = 1;  // elements per step along shard_dim
+  for (int d = spec.shard_dim + 1; d < spec.global_shape.ndim; ++d) inner *= spec.global_shape[d];
+  const int64_t local_dim = spec.shard_dim >= 0 ? spec.local_shape[spec.shard_dim] : 1;
+  const int64_t global_dim = spec.shard_dim >= 0 ? spec.global_shape[spec.shard_dim] : 1;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t global = i;
+    if (spec.shard_dim >= 0) {
+      const int64_t outer = i / (local_dim * inner);
+      const int64_t along = (i / inner) % local_dim;
+      global = (outer * global_dim + spec.shard_start + along) * inner + i % inner;
+    }
+    p[i] = static_cast<float>(spec.init_std * normal_at(key, static_cast<uint64_t>(global)));
+  }
 }
 
 Tensor ParamStore::view(void* base, int id, Device device) const {

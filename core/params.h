@@ -5,7 +5,9 @@
 // each live in one arena with identical offsets: an optimizer or a gradient bucket can
 // treat any of them as one flat buffer.
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -21,6 +23,15 @@ enum class Init { Normal, Ones, Zeros };
 struct Placement {
   Device device = Device::CPU;
   DType compute = DType::F32;
+  // ZeRO over more than one rank (parallel/dp/grad_reducer.h): the arenas are reserved
+  // (Arena::reserved) instead of backed. sparse_grads (stages 2, 3): the gradient arena holds
+  // no memory; each bucket's gradients live in a buffer of their own from the first write of
+  // backward to the end of their reduction. sparse_params (stage 3): only the ranges given to
+  // commit_params() (this rank's shares) are backed; the model reads a unit's parameters from
+  // the buffer its all-gather filled. Either way the model's accessors (param, grad, weight)
+  // resolve through the homes place_*() set, and fail, naming the parameter, without one.
+  bool sparse_params = false;
+  bool sparse_grads = false;
 };
 
 struct ParamSpec {
@@ -108,8 +119,8 @@ class ParamStore {
   Tensor spare_params() const;  // flat, like all_params()
   void swap_params();           // the spare set becomes the live one and the other way round
 
-  Tensor param(int id) const { return view(params_.base(), id, device()); }  // F32 master
-  Tensor grad(int id) const { return view(grads_.base(), id, device()); }
+  Tensor param(int id) const;  // F32 master
+  Tensor grad(int id) const;
   // What forward and backward read: the compute copy, or the master when that is F32.
   Tensor weight(int id) const;
   // Parameter id's view inside any F32 buffer laid out like the parameter arena (optimizer
@@ -118,17 +129,30 @@ class ParamStore {
   Tensor all_params() const;  // flat (numel) views over the whole arena
   Tensor all_grads() const;
   void zero_grads();
-  // Gradient elements [begin, end) become zeros and their whole host pages go back to the
-  // system (Arena::discard): ZeRO-2 drops each bucket of the full gradients once reduced.
-  void discard_grads(int64_t begin, int64_t end) {
-    grads_.discard(size_t(begin) * sizeof(float), size_t(end) * sizeof(float));
-  }
-  // The same for master parameters (ZeRO-3: the shares other ranks keep, after use).
-  void discard_params(int64_t begin, int64_t end) {
-    params_.discard(size_t(begin) * sizeof(float), size_t(end) * sizeof(float));
-  }
   // Parameter id's master values copied to host memory (for dumps and tests).
   std::vector<float> to_host(int id) const;
+
+  // Sparse arenas (Placement::sparse_*). commit_params() backs parameter elements
+  // [begin, end) in the arena and in the spare set (allocate() and allocate_spare() back
+  // none); initialize() writes only what is backed.
+  bool sparse_params() const { return placement_.sparse_params; }
+  bool sparse_grads() const { return placement_.sparse_grads; }
+  void commit_params(int64_t begin, int64_t end);
+  size_t committed_param_bytes() const { return params_.committed_bytes(); }
+  // Every parameter value the arena backs becomes zero, its host pages back to the system
+  // (ZeRO-3 with the shares kept in the optimizer's file: the arena's copy goes).
+  void discard_params() { params_.discard(0, params_.capacity()); }
+  // Homes: the parameters starting in arena elements [begin, end) are read from `at` (element
+  // `begin` there), their compute copy from `weights` (bf16 models), their gradients from
+  // `grads`, until unplaced. A sparse store's gradient without a home asks the sources added
+  // here, in order, to place one (the reducer owning it, at the first write of backward).
+  void place_params(int64_t begin, int64_t end, float* at, void* weights);
+  bool placed(int id) const { return !param_at_.empty() && param_at_[size_t(id)]; }
+  void unplace_params(int64_t begin, int64_t end);
+  void place_grads(int64_t begin, int64_t end, float* at);
+  void unplace_grads(int64_t begin, int64_t end);
+  using GradSource = std::function<bool(int id)>;
+  void add_grad_source(GradSource source) { grad_sources_.push_back(std::move(source)); }
 
   Device device() const { return placement_.device; }
   DType compute_dtype() const { return placement_.compute; }
@@ -147,6 +171,16 @@ class ParamStore {
   Arena params_, grads_;
   Arena spare_;    // the second set of master parameters, when allocate_spare() made it
   Arena weights_;  // the compute copy (same element offsets), when compute is not F32
+  // Homes per parameter id (nullptr: the arena's own place).
+  std::vector<float*> param_at_, grad_at_;
+  std::vector<void*> weight_at_;
+  std::vector<GradSource> grad_sources_;
+  std::vector<std::pair<int64_t, int64_t>> committed_;  // commit_params()' ranges
+  [[noreturn]] void homeless(int id, const char* what) const;
+  // Parameter `spec`'s initial values (a function of seed, name and global index) into p.
+  static void draw(const ParamSpec& spec, uint64_t seed, float* p);
+  template <typename T>
+  void set_homes(std::vector<T*>& homes, int64_t begin, int64_t end, T* at, size_t element);
 };
 
 }  // namespace pentad

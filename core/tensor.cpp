@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -73,6 +74,8 @@ std::string Shape::str() const {
   return s + ")";
 }
 
+Arena::Arena() = default;
+
 Arena::Arena(std::string name, size_t bytes, Device device)
     : name_(std::move(name)), capacity_(aligned(bytes)), device_(device) {
   if (capacity_ == 0) return;
@@ -106,12 +109,84 @@ Arena Arena::measuring(std::string name) {
   return arena;
 }
 
+Arena Arena::reserved(std::string name, size_t bytes, Device device) {
+  Arena arena;
+  arena.name_ = std::move(name);
+  arena.device_ = device;
+  if (device == Device::CUDA) {
+    arena.reservation_ =
+        std::make_unique<DeviceReservation>(bytes, "the " + arena.name_ + " arena");
+    arena.granule_ = arena.reservation_->granule();
+    arena.capacity_ = arena.reservation_->bytes();
+    arena.base_ = arena.reservation_->base();
+    return arena;
+  }
+  arena.granule_ = kPageBytes;
+  arena.capacity_ =
+      std::max<size_t>(kPageBytes, (bytes + kPageBytes - 1) / kPageBytes * kPageBytes);
+  void* base =
+      mmap(nullptr, arena.capacity_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED)
+    fail("cannot reserve {} of addresses for the {} arena", format_bytes(arena.capacity_),
+         arena.name_);
+  arena.base_ = base;
+  return arena;
+}
+
+void Arena::commit(size_t begin, size_t end) {
+  PENTAD_CHECK(is_reserved() && begin <= end && end <= capacity_,
+               "{} arena: commit [{}, {}) of {} bytes{}", name_, begin, end, capacity_,
+               is_reserved() ? "" : " (not a reserved arena)");
+  if (begin == end) return;
+  begin = begin / granule_ * granule_;
+  end = std::min(capacity_, (end + granule_ - 1) / granule_ * granule_);
+  // The parts of [begin, end) not yet backed, then the merged list.
+  std::vector<std::pair<size_t, size_t>> missing, merged;
+  size_t at = begin;
+  for (const auto& [b, e] : committed_) {
+    if (e <= at || b >= end) continue;
+    if (b > at) missing.emplace_back(at, b);
+    at = std::max(at, e);
+  }
+  if (at < end) missing.emplace_back(at, end);
+  for (const auto& [b, e] : missing) {
+    if (device_ == Device::CUDA) {
+      reservation_->map(b, e - b);
+      device_zero(static_cast<char*>(base_) + b, e - b);
+    } else if (mprotect(static_cast<char*>(base_) + b, e - b, PROT_READ | PROT_WRITE) != 0) {
+      fail("cannot back {} of the {} arena", format_bytes(e - b), name_);
+    }
+    committed_.emplace_back(b, e);
+  }
+  std::sort(committed_.begin(), committed_.end());
+  for (const auto& range : committed_)
+    if (!merged.empty() && merged.back().second >= range.first)
+      merged.back().second = std::max(merged.back().second, range.second);
+    else
+      merged.push_back(range);
+  committed_ = std::move(merged);
+}
+
+size_t Arena::committed_bytes() const {
+  if (!is_reserved()) return capacity_;
+  size_t total = 0;
+  for (const auto& [b, e] : committed_) total += e - b;
+  return total;
+}
+
 void Arena::release() noexcept {
-  if (device_ == Device::CUDA)
+  if (reservation_) {
+    reservation_.reset();
+  } else if (is_reserved()) {
+    if (base_) munmap(base_, capacity_);
+  } else if (device_ == Device::CUDA) {
     device_free(base_);
-  else
+  } else {
     std::free(base_);
+  }
   base_ = nullptr;
+  granule_ = 0;
+  committed_.clear();
 }
 
 Arena::~Arena() {
@@ -132,6 +207,9 @@ Arena& Arena::operator=(Arena&& other) noexcept {
     high_water_ = std::exchange(other.high_water_, 0);
     device_ = other.device_;
     measuring_ = other.measuring_;
+    granule_ = std::exchange(other.granule_, 0);
+    committed_ = std::exchange(other.committed_, {});
+    reservation_ = std::move(other.reservation_);
   }
   return *this;
 }
@@ -152,6 +230,10 @@ Tensor Arena::alloc(Shape shape, DType dtype) {
 
 void Arena::zero() {
   if (!base_) return;
+  if (is_reserved()) {
+    for (const auto& [b, e] : committed_) discard_backed(b, e);
+    return;
+  }
   if (device_ == Device::CUDA)
     device_zero(base_, capacity_);
   else
@@ -162,6 +244,12 @@ void Arena::discard(size_t begin, size_t end) {
   PENTAD_CHECK(begin <= end && end <= capacity_, "{} arena: discard [{}, {}) of {} bytes", name_,
                begin, end, capacity_);
   if (!base_ || begin == end) return;
+  if (!is_reserved()) return discard_backed(begin, end);
+  for (const auto& [b, e] : committed_)
+    if (std::max(b, begin) < std::min(e, end)) discard_backed(std::max(b, begin), std::min(e, end));
+}
+
+void Arena::discard_backed(size_t begin, size_t end) {
   char* const base = static_cast<char*>(base_);
   if (device_ == Device::CUDA) {
     device_zero(base + begin, end - begin);

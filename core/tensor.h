@@ -5,7 +5,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/check.h"
 
@@ -92,9 +95,11 @@ inline Tensor view_of(void* data, Shape shape, DType dtype = DType::F32,
 // printed before training), so running out is a planning bug, not a user error.
 // Device::CUDA arenas hold device memory (core/device_memory.h); their tensors are CUDA
 // tensors, which only the kernels and the NCCL communicator may dereference.
+class DeviceReservation;
+
 class Arena {
  public:
-  Arena() = default;
+  Arena();
   Arena(std::string name, size_t bytes, Device device = Device::CPU);
   ~Arena();
   Arena(const Arena&) = delete;
@@ -105,13 +110,26 @@ class Arena {
   // An arena that only counts: alloc() returns tensors without memory. Running the same
   // allocation code against it gives the exact size to plan and print.
   static Arena measuring(std::string name);
+  // An arena of reserved addresses with no memory behind them until commit() backs a part
+  // (ZeRO: each rank backs only its shares of the parameters, and nothing of the full-size
+  // gradients). Host: PROT_NONE pages made readable and writable; CUDA: the virtual memory
+  // API, mapped in granules (2 MiB). Committed parts are never given back before the arena
+  // goes (unmapping device memory waits for the device), so commit what is kept. A read or
+  // write outside them faults, on the host as on the device: no stray access goes unseen.
+  static Arena reserved(std::string name, size_t bytes, Device device = Device::CPU);
+  // Backs bytes [begin, end), widened to whole granules, with zeros; parts already backed
+  // stay as they are.
+  void commit(size_t begin, size_t end);
+  bool is_reserved() const { return granule_ != 0; }
+  size_t committed_bytes() const;  // a reserved arena's backed bytes; others: the capacity
 
   Tensor alloc(Shape shape, DType dtype = DType::F32);
   void reset();
-  void zero();
-  // Bytes [begin, end) become zeros. On the host, the whole pages among them go back to the
-  // system (madvise DONTNEED) and count for nothing until written again: ZeRO-2's gradient
-  // buffer holds physical memory only for the buckets backward has not yet reduced.
+  void zero();  // a reserved arena: its committed parts
+  // Bytes [begin, end) become zeros (a reserved arena: those committed). On the host, the whole
+  // pages among them go back to the system (madvise DONTNEED) and count for nothing until written
+  // again: ZeRO-2's gradient buffer holds physical memory only for the buckets backward has not yet
+  // reduced.
   void discard(size_t begin, size_t end);
 
   size_t capacity() const { return capacity_; }
@@ -126,7 +144,8 @@ class Arena {
   static size_t aligned(size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
 
  private:
-  void release() noexcept;  // frees base_ on its device
+  void release() noexcept;                        // frees base_ on its device
+  void discard_backed(size_t begin, size_t end);  // discard() of memory known to be there
 
   std::string name_;
   void* base_ = nullptr;
@@ -135,6 +154,9 @@ class Arena {
   size_t high_water_ = 0;
   Device device_ = Device::CPU;
   bool measuring_ = false;
+  size_t granule_ = 0;  // reserved arenas: the unit of commit(); 0: an ordinary arena
+  std::vector<std::pair<size_t, size_t>> committed_;  // byte ranges, ascending, disjoint
+  std::unique_ptr<DeviceReservation> reservation_;    // a reserved CUDA arena's mappings
 };
 
 std::string format_bytes(size_t bytes);  // "12.3 MiB"

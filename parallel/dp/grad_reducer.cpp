@@ -64,6 +64,16 @@ GradReducer::GradReducer(Communicator& group, ParamStore& params, size_t bucket_
     incoming_ = Arena("incoming gradient shares", size_t(shard_.numel) * sizeof(float), device_);
     incoming_.discard(0, incoming_.capacity());
   }
+  PENTAD_CHECK(params.sparse_grads() == (stage_ >= 2) && params.sparse_params() == (stage_ == 3),
+               "ZeRO-{} wants a parameter store with {} (Placement::sparse_*)", stage_,
+               stage_ == 3   ? "sparse parameters and gradients"
+               : stage_ == 2 ? "sparse gradients only"
+                             : "no sparse arena");
+  if (stage_ >= 2) params.add_grad_source([this](int id) { return grads_source(id); });
+  if (stage_ < 3) return;
+  for (const StateShard::Range& r : shard_.ranges)  // the arena backs this rank's shares only
+    params.commit_params(r.begin, r.end);
+  for (Bucket& b : buckets_) b.whole = false;  // no unit is gathered yet
 }
 
 void GradReducer::cut_shares(Bucket& b, const ParamStore& params) const {
@@ -103,9 +113,74 @@ void GradReducer::place_shares(const Tensor& buffer) {
   shard_grads_ = Arena();
 }
 
+Arena GradReducer::take(size_t bytes, const char* what) {
+  size_t best = pool_.size();
+  for (size_t i = 0; i < pool_.size(); ++i)
+    if (pool_[i].capacity() >= bytes &&
+        (best == pool_.size() || pool_[i].capacity() < pool_[best].capacity()))
+      best = i;
+  if (best == pool_.size()) {
+    const std::string name = fmt::format("ZeRO unit {}", what);
+    if (device_ != Device::CPU) return Arena(name, bytes, device_);
+    // On the host fresh pages of their own, in memory once written (heap memory might be
+    // pages an earlier free left resident), given back by give()'s discard.
+    Arena buffer = Arena::reserved(name, bytes);
+    buffer.commit(0, buffer.capacity());
+    return buffer;
+  }
+  Arena buffer = std::move(pool_[best]);
+  pool_.erase(pool_.begin() + std::ptrdiff_t(best));
+  return buffer;
+}
+
+void GradReducer::give(Arena& buffer) {
+  if (!buffer.base()) return;
+  // The host's pages go back to the system; device memory stays for the next unit.
+  if (device_ == Device::CPU) buffer.discard(0, buffer.capacity());
+  pool_.push_back(std::move(buffer));
+}
+
+size_t GradReducer::pool_bytes() const {
+  size_t total = 0;
+  for (const Arena& a : pool_) total += a.capacity();
+  for (const Bucket& b : buckets_)
+    total += b.values.capacity() + b.compute.capacity() + b.grads.capacity();
+  return total;
+}
+
+void GradReducer::home_grads(Bucket& b) {
+  if (b.grads.base()) return;
+  b.grads = take(size_t(b.end - b.begin) * sizeof(float), "gradients");
+  b.grads.discard(0, b.grads.capacity());  // zeros
+  params_.place_grads(b.begin, b.end, static_cast<float*>(b.grads.base()));
+}
+
+void GradReducer::drop_grads(Bucket& b) {
+  if (!b.grads.base()) return;
+  params_.unplace_grads(b.begin, b.end);
+  give(b.grads);
+}
+
+bool GradReducer::grads_source(int id) {
+  const int bucket = bucket_of(int64_t(params_.spec(id).offset));
+  if (bucket < 0) return false;
+  PENTAD_CHECK(size_t(bucket) >= next_,
+               "the gradient of {} was written after its bucket's reduction began (backward "
+               "reported it final too early)",
+               params_.spec(id).name);
+  home_grads(buckets_[size_t(bucket)]);
+  return true;
+}
+
+void GradReducer::drop_gathered_grads() {
+  for (Bucket& b : buckets_) drop_grads(b);
+}
+
 void GradReducer::start(Bucket& b) {
-  float* const grads = params_.all_grads().f32();
-  const Tensor region = view_of(grads + b.begin, Shape{b.end - b.begin}, DType::F32, device_);
+  if (stage_ >= 2) home_grads(b);  // a bucket backward never wrote sends zeros
+  const Tensor region = view_of(
+      stage_ >= 2 ? static_cast<float*>(b.grads.base()) : params_.all_grads().f32() + b.begin,
+      Shape{b.end - b.begin}, DType::F32, device_);
   if (stage_ == 0) {
     b.work = group_.all_reduce(region, ReduceOp::Sum, /*async=*/true);
     return;
@@ -127,7 +202,7 @@ void GradReducer::complete(Bucket& b) {
     };
     kernels::add(at(shares_), at(shares_), at(incoming_.base()));
   }
-  params_.discard_grads(b.begin, b.end);
+  drop_grads(b);
 }
 
 void GradReducer::ready_from(int64_t offset) {
@@ -162,17 +237,17 @@ void GradReducer::finish() {
   next_ = 0;
 }
 
-void GradReducer::gather(float* arena) {
+void GradReducer::gather(const std::function<float*(Bucket&)>& at) {
   for (Bucket& b : buckets_)
     if (&b != &buckets_.front() || !bug_injected("zero-skip-gather"))  // planted for tests
-      b.work = group_.all_gather_v(
-          view_of(arena + b.begin, Shape{b.end - b.begin}, DType::F32, device_), b.counts,
-          /*async=*/true);
+      b.work = group_.all_gather_v(view_of(at(b), Shape{b.end - b.begin}, DType::F32, device_),
+                                   b.counts, /*async=*/true);
   for (Bucket& b : buckets_) b.work.wait();
 }
 
 void GradReducer::gather_params() {
-  if (stage_ == 1 || stage_ == 2) gather(params_.all_params().f32());
+  float* const arena = params_.all_params().f32();
+  if (stage_ == 1 || stage_ == 2) gather([arena](Bucket& b) { return arena + b.begin; });
 }
 
 int64_t GradReducer::largest_bucket() const {
@@ -213,22 +288,32 @@ void GradReducer::read_ahead(int bucket) {
   Bucket& b = buckets_[size_t(bucket)];
   const int64_t mine = b.counts[size_t(group_.rank())];
   if (b.whole || b.arrival || mine == 0) return;  // whole, gathering, or reading already
-  b.arrival = fetch_(b.shard, mine, params_.all_params().f32() + share_begin(b));
+  b.arrival = fetch_(b.shard, mine, values_at(b) + (share_begin(b) - b.begin));
+}
+
+float* GradReducer::values_at(Bucket& b) {
+  if (!b.values.base()) b.values = take(size_t(b.end - b.begin) * sizeof(float), "parameters");
+  return static_cast<float*>(b.values.base());
 }
 
 void GradReducer::prefetch(int bucket) {
   if (bucket < 0 || bucket >= int(buckets_.size())) return;
   Bucket& b = buckets_[size_t(bucket)];
   if (b.whole) return;  // whole, or on its way
-  if (fetch_) {         // the all-gather sends this rank's share from the arena: it must be there
+  float* const at = values_at(b);
+  if (fetch_) {  // the all-gather sends this rank's share from where it lies: it must be there
     read_ahead(bucket);
     if (b.arrival) std::exchange(b.arrival, {})();
+  } else {  // this rank's share, from the arena into the gather's buffer
+    const int64_t from = share_begin(b), mine = b.counts[size_t(group_.rank())];
+    copy(view_of(at + (from - b.begin), Shape{mine}, DType::F32, device_),
+         view_of(params_.all_params().f32() + from, Shape{mine}, DType::F32, device_));
   }
-  float* const p = params_.all_params().f32();
-  b.gather = group_.all_gather_v(view_of(p + b.begin, Shape{b.end - b.begin}, DType::F32, device_),
-                                 b.counts, /*async=*/true);
+  b.gather = group_.all_gather_v(view_of(at, Shape{b.end - b.begin}, DType::F32, device_), b.counts,
+                                 /*async=*/true);
   b.whole = true;  // once the gather is waited for
   b.fresh = false;
+  params_.place_params(b.begin, b.end, at, b.compute.base());  // bf16: with acquire()'s copy
 }
 
 void GradReducer::acquire(int bucket) {
@@ -241,13 +326,13 @@ void GradReducer::acquire(int bucket) {
 
 void GradReducer::refresh_compute_copy(Bucket& b) {
   b.fresh = true;
-  const Tensor copy = params_.compute_copy();
-  if (!copy.data) return;  // the model computes from the fp32 arena itself
-  const size_t element = dtype_bytes(copy.dtype);
-  kernels::convert(
-      view_of(static_cast<char*>(copy.data) + size_t(b.begin) * element, Shape{b.end - b.begin},
-              copy.dtype, device_),
-      view_of(params_.all_params().f32() + b.begin, Shape{b.end - b.begin}, DType::F32, device_));
+  const DType type = params_.compute_dtype();
+  if (type == DType::F32) return;  // the model computes from the fp32 values themselves
+  const int64_t n = b.end - b.begin;
+  if (!b.compute.base()) b.compute = take(size_t(n) * dtype_bytes(type), "compute copy");
+  params_.place_params(b.begin, b.end, values_at(b), b.compute.base());
+  kernels::convert(view_of(b.compute.base(), Shape{n}, type, device_),
+                   view_of(values_at(b), Shape{n}, DType::F32, device_));
 }
 
 void GradReducer::release(int bucket) {
@@ -255,18 +340,10 @@ void GradReducer::release(int bucket) {
   PENTAD_CHECK(b.users > 0, "bucket {} released more often than acquired", bucket);
   if (--b.users > 0) return;
   b.gather.wait();
-  if (fetch_) {  // this rank's share is kept elsewhere: all of it goes
-    params_.discard_params(b.begin, b.end);
-    b.whole = false;
-    return;
-  }
-  // Everything but this rank's share goes: zeros, and the whole pages back to the system.
-  int64_t at = b.begin;
-  for (int r = 0; r < group_.size(); ++r) {
-    const int64_t n = b.counts[size_t(r)];
-    if (r != group_.rank() && n > 0) params_.discard_params(at, at + n);
-    at += n;
-  }
+  // The arena holds this rank's share (or, kept elsewhere, none of it) and nothing else.
+  params_.unplace_params(b.begin, b.end);
+  give(b.values);
+  give(b.compute);
   b.whole = false;
 }
 
@@ -282,11 +359,18 @@ void GradReducer::release_all() {
 
 void GradReducer::gather_grads() {
   if (stage_ == 0) return;
-  float* const grads = params_.all_grads().f32();
-  for (const StateShard::Range& r : shard_.ranges)
-    copy(view_of(grads + r.begin, Shape{r.end - r.begin}, DType::F32, device_),
-         view_of(shares_ + r.shard, Shape{r.end - r.begin}, DType::F32, device_));
-  gather(grads);
+  float* const arena = params_.all_grads().f32();
+  auto at = [&](Bucket& b) {
+    if (stage_ < 2) return arena + b.begin;
+    home_grads(b);
+    return static_cast<float*>(b.grads.base());
+  };
+  for (Bucket& b : buckets_) {
+    const int64_t mine = b.counts[size_t(group_.rank())];
+    copy(view_of(at(b) + (share_begin(b) - b.begin), Shape{mine}, DType::F32, device_),
+         view_of(shares_ + b.shard, Shape{mine}, DType::F32, device_));
+  }
+  gather(at);
 }
 
 }  // namespace pentad::parallel

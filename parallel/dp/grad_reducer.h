@@ -12,23 +12,31 @@
 // compact gradient buffer, laid out as shard() says. The optimizer updates the parameters of
 // its shares only; gather_params() all-gathers every bucket in place afterwards.
 //   stage 1: the full gradient arena stays; buckets reduce after the last micro-batch.
-//   stage 2: buckets reduce after every micro-batch, adding into the compact buffer, and
-//            each bucket's part of the full arena is discarded (zeros, pages returned) as
-//            soon as its reduction is done, at most kInFlight buckets pending: the full-size
-//            gradients are never all resident.
+//   stage 2: buckets reduce after every micro-batch, adding into the compact buffer. The
+//            gradient arena is reserved, not backed (Placement::sparse_grads): a bucket's
+//            gradients get a zeroed buffer of their own at the first write of backward
+//            (ParamStore's gradient source asks grads_source()), which goes as soon as the
+//            reduction is done, at most kInFlight buckets pending: the full-size gradients
+//            are never all in memory.
 //   stage 3: as stage 2, with one bucket per unit (a layer, the embedding, the head: the
-//            caller's `unit` key), and the parameters sharded too: this rank's shares stay
-//            resident (the optimizer updates them there), the rest of a unit is all-gathered
-//            by acquire() before the model reads it and discarded by release() after. With
-//            keep_shares_elsewhere() (ZeRO-Infinity: the shares on NVMe) not even those: a
-//            unit's share is read back before its all-gather and dropped with the rest.
-//            When the model computes from a bf16 copy (ParamStore::compute_copy), acquire()
-//            re-derives the unit's part of it from the gathered fp32 values once per gather:
-//            only this rank's share was updated by the optimizer, so the rest of the copy is
-//            stale until then. fp32 is gathered rather than bf16 (half the bytes) because the
-//            arena's fp32 values are what checkpoints, gradient dumps and the NVMe path read;
-//            on CUDA the conversion is one kernel on the compute stream after the gather's
-//            event, so the host does not wait.
+//            caller's `unit` key), and the parameters sharded too: the parameter arena backs
+//            this rank's shares only (Placement::sparse_params; the optimizer updates them
+//            there). acquire() fills a buffer of the unit's own (this rank's share copied in,
+//            the others' all-gathered) that the model reads through ParamStore's homes until
+//            release(). With keep_shares_elsewhere() (ZeRO-Infinity: the shares on NVMe)
+//            the share is read straight into that buffer instead. When the model computes
+//            from a bf16 copy, acquire() derives the unit's copy, a buffer too, from the
+//            gathered fp32 values once per gather. fp32 is gathered rather than bf16 (half
+//            the bytes) because the arena's fp32 values are what checkpoints and the NVMe
+//            path read; on CUDA the conversion is one kernel on the compute stream after the
+//            gather's event, so the host does not wait.
+// The same on the CPU and on CUDA, where a reserved arena is virtual memory with only the
+// shares mapped: the memory of stages 2 and 3 really goes on a GPU too. The buffers come from
+// a pool that keeps what it handed out (on CUDA nothing is freed, so nothing waits for the
+// device; on the host the pages go back to the system); its size settles in the first step.
+// Stream rule on CUDA: a buffer is handed out again only after the host has waited (wait():
+// the compute stream follows the collective) for the work that used it, and new work on it
+// is queued on the compute stream or behind it (NCCL's stream waits for it).
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -71,8 +79,11 @@ class GradReducer {
   void place_shares(const Tensor& buffer);
   void gather_params();
   // The reduced gradients back in the full gradient arena on every rank (the first step's
-  // gradient dump compares them with other layouts').
+  // gradient dump compares them with other layouts'); sparse gradients: in buffers of their
+  // own, readable through ParamStore::grad() until drop_gathered_grads().
   void gather_grads();
+  void drop_gathered_grads();
+  size_t pool_bytes() const;  // sparse arenas: the buffers the pool holds, in use or not
 
   // Stage 3: the bucket holding arena element `offset`; acquire() makes the buckets whole
   // on this rank (all-gathers those not already, each acquire counted), prefetch() starts
@@ -119,13 +130,25 @@ class GradReducer {
     int users = 0;
     Arrival arrival;    // shares kept elsewhere: this rank's share on its way (empty: not)
     bool fresh = true;  // the compute copy holds this gather's values (set by acquire)
+    // Sparse arenas: the unit's gathered values and their compute copy, and the bucket's
+    // gradients, each element `begin` at the buffer's start (empty: none now).
+    Arena values, compute, grads;
   };
   int64_t share_begin(const Bucket& b) const;  // this rank's share in the arena
   void cut_shares(Bucket& b, const ParamStore& params) const;
   void start(Bucket& b);
-  void complete(Bucket& b);   // after its work is done
-  void gather(float* arena);  // all-gathers every bucket of an arena laid out like params
+  void complete(Bucket& b);  // after its work is done
+  // All-gathers every bucket in place; at(b) is where element b.begin of it lies.
+  void gather(const std::function<float*(Bucket&)>& at);
   void refresh_compute_copy(Bucket& b);  // stage 3, bf16 models: after the gather is waited for
+  // Sparse arenas: the pool's buffers, and a bucket's gradient buffer (zeros) placed as
+  // their home; grads_source() is ParamStore's gradient source for this reducer's buckets.
+  Arena take(size_t bytes, const char* what);
+  void give(Arena& buffer);
+  void home_grads(Bucket& b);
+  void drop_grads(Bucket& b);
+  bool grads_source(int id);
+  float* values_at(Bucket& b);  // stage 3: the gather's buffer (taken here if need be)
 
   Communicator& group_;
   ParamStore& params_;
@@ -137,7 +160,8 @@ class GradReducer {
   Arena shard_grads_, incoming_;  // ZeRO: reduced shares; stage 2's next micro-batch's
   float* shares_ = nullptr;       // the reduced shares: shard_grads_, or place_shares()'
   bool accumulate_ = false;
-  FetchShare fetch_;  // stage 3: where this rank's shares come from (empty: they stay)
+  FetchShare fetch_;         // stage 3: where this rank's shares come from (empty: they stay)
+  std::vector<Arena> pool_;  // stages 2, 3: buffers not in use
 };
 
 }  // namespace pentad::parallel

@@ -237,9 +237,10 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   const bool nvme = cfg.parallel.offload == "nvme";
   const bool nvme_params = nvme && zero == 3 && cfg.parallel.offload_params;
   if (zero == 3) {
-    // This rank's shares, and the other shares of the units whole at once; with the shares
-    // on NVMe (ZeRO-Infinity) none resident, the units whole with theirs, and each
-    // reducer's next share on its way. Units: the embedding, each layer's dense parameters
+    // This rank's shares (fp32), and the units whole at once in buffers of their own (with a
+    // bf16 compute copy, that too); with the shares on NVMe (ZeRO-Infinity) none resident
+    // on the CPU (on CUDA the arena still backs them), and each reducer's next share on its
+    // way. Units: the embedding, each layer's dense parameters
     // (an MoE layer's attention, router, bias and shared experts) and its routed experts,
     // the final norm and head (zero 3 runs without pp: every stretch is on this rank).
     std::vector<ZeroStretch> stretches = {{embedding, 0}};
@@ -254,11 +255,13 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
       ahead = std::max(ahead, st.dense / Z);
       experts_ahead = std::max(experts_ahead, st.experts / edp);
     }
-    const double gathered = zero3_gathered(stretches, m.tie_embeddings, nvme_params ? 1 : 1 - 1 / Z,
-                                           nvme_params ? 1 : 1 - 1 / edp);
+    const double gathered = zero3_gathered(stretches, m.tie_embeddings, 1, 1);
     const double per_value = e.parameters / e.values;  // bytes (with a bf16 compute copy)
-    e.parameters = (nvme_params ? ahead + experts_ahead : shares) * per_value +
-                   std::min(e.parameters, gathered * per_value);
+    const bool on_device = cfg.train.device == "cuda";
+    e.parameters =
+        ((nvme_params ? ahead + experts_ahead : 0) + (!nvme_params || on_device ? shares : 0)) *
+            f32 +
+        std::min(e.parameters, gathered * per_value);
     // On CUDA each share read comes up through 3 page-locked slots of the largest share
     // (optim/adamw.h, reserve_param_uploads); on the CPU it lands in the arena.
     if (nvme_params && cfg.train.device == "cuda")
@@ -271,11 +274,8 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   }
   if (cfg.train.save_every > 0)  // values, m and v again (offloaded too: read into staging)
     e.snapshot = (zero == 3 ? shares : e.values) * f32 + moments;
-  // CUDA: dropping a bucket or unit zeroes device memory without giving it back
-  // (Arena::discard), so the arenas count whole; AdamW on the host holds none of it.
+  // CUDA: AdamW on the host holds none of its state on the device.
   if (cfg.train.device == "cuda") {
-    if (zero >= 2) e.gradients = (e.values + 2 * shares) * f32;
-    if (zero == 3) e.parameters = e.values * (f32 + (cfg.train.precision == "bf16" ? 2 : 0));
     // Both offloads update on the host (the "nvme" sub-groups and staging are host memory).
     if (cfg.parallel.offload != "none") {
       // optim/host_offload.h: two slots of a chunk (at most AdamW::kChunkElements elements) of

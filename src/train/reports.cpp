@@ -223,11 +223,12 @@ std::string Trainer::memory_plan() const {
   const size_t shard = size_t(optimizer_->shard().numel) * sizeof(float);
   // Offloaded to NVMe: the streaming buffers (three sub-groups of m and v) in memory.
   const NvmeState* nvme = optimizer_->nvme();
-  // ZeRO-3: resident are this rank's shares and the other shares of the units whole at
-  // once: the stretch computing and the next one prefetched, per reducer (with MoE a layer's
-  // dense unit and its experts' are whole together), counted by a dry run of the hooks
-  // through one forward and backward. The arena itself is reserved whole. With the shares
-  // on NVMe only the units whole, and each reducer's next share being read ahead.
+  // ZeRO-3: resident are this rank's shares (what the sparse arena backs) and the units whole
+  // at once, each in a buffer of its own: the stretch computing and the next one prefetched,
+  // per reducer (with MoE a layer's dense unit and its experts' are whole together), counted
+  // by a dry run of the hooks through one forward and backward. With the shares on NVMe the
+  // arena's copy of them goes after start-up on the CPU (on CUDA it stays backed), and each
+  // reducer's next share is being read ahead.
   const bool nvme_params = optimizer_->params_offloaded();
   GatheredPeak gathered;
   size_t read_ahead = 0;
@@ -239,12 +240,14 @@ std::string Trainer::memory_plan() const {
       read_ahead += size_t(most) * sizeof(float);
     }
   }
-  // On CUDA a discard zeroes device memory but gives none back (Arena::discard): the
-  // parameter and gradient arenas hold their whole size there, whatever the ZeRO stage.
-  const bool whole_on_device = p.device() == Device::CUDA;
-  const size_t params = zero() != 3 || whole_on_device ? p.bytes() + p.compute_copy_bytes()
-                        : nvme_params ? size_t(gathered.whole) * sizeof(float) + read_ahead
-                                      : shard + size_t(gathered.others) * sizeof(float);
+  const bool on_device = p.device() == Device::CUDA;
+  // A gathered unit's values, and its compute copy when the model computes in bf16.
+  const size_t per_value =
+      sizeof(float) + (p.compute_dtype() == DType::F32 ? 0 : dtype_bytes(p.compute_dtype()));
+  const size_t params = zero() != 3
+                            ? p.bytes() + p.compute_copy_bytes()
+                            : size_t(gathered.whole) * per_value + (nvme_params ? read_ahead : 0) +
+                                  (!nvme_params || on_device ? p.committed_param_bytes() : 0);
   // Updated on the host (CUDA, offload "cpu" or "nvme"): none on the device (counted in the
   // text below).
   const size_t optim = optimizer_->on_host() ? 0 : nvme ? nvme->host_buffer_bytes() : 2 * shard;
@@ -255,10 +258,9 @@ std::string Trainer::memory_plan() const {
     for (const parallel::GradReducer* r : {reducer_.get(), expert_reducer_.get()})
       if (r)
         pending += parallel::GradReducer::kInFlight * size_t(r->largest_bucket()) * sizeof(float);
-  const size_t grads = zero() == 0 ? p.bytes()
-                       : zero() == 1
-                           ? p.bytes() + shard
-                           : std::min(p.bytes(), whole_on_device ? p.bytes() : pending) + 2 * shard;
+  const size_t grads = zero() == 0   ? p.bytes()
+                       : zero() == 1 ? p.bytes() + shard
+                                     : std::min(p.bytes(), pending) + 2 * shard;
   std::string zero_text;
   if (zero() > 0)
     zero_text = fmt::format(
@@ -269,35 +271,28 @@ std::string Trainer::memory_plan() const {
             ? fmt::format(", the routed experts over edp = {}", mesh_->degree(parallel::Axis::EDP))
             : "",
         optimizer_->shard().numel, p.numel(),
-        zero() >= 2 && !whole_on_device
-            ? "; the full gradients live only bucket by bucket during backward"
-            : "");
-  if (zero() >= 2 && whole_on_device)
-    zero_text += fmt::format(
-        "; on CUDA the full gradient{} arena stays allocated (device memory is zeroed, not "
-        "returned, when a bucket or unit is dropped)",
-        zero() == 3 ? " and parameter" : "");
+        zero() >= 2 ? "; the full gradients live only bucket by bucket during backward" : "");
   if (optimizer_->on_host() && !nvme)
     zero_text += fmt::format(
         " | AdamW state in host memory: {} (m and v) and {} of page-locked staging; each step "
         "streams the {} values' parameters and gradients through the host and back",
         format_bytes(2 * shard), format_bytes(optimizer_->host_staging_bytes()),
         optimizer_->shard().numel);
-  if (zero() == 3 && !nvme_params && !whole_on_device)
+  if (zero() == 3 && !nvme_params)
     zero_text += fmt::format(
-        "; parameters: the {} of this rank's shares stay, each layer's others are gathered "
-        "while it computes and dropped after",
+        "; parameters: the {} of this rank's shares stay, each layer is gathered into a buffer "
+        "of its own while it computes and dropped after",
         format_bytes(shard));
-  if (nvme_params && !whole_on_device)
+  if (nvme_params && !on_device)
     zero_text += fmt::format(
         "; parameters: none resident, the {} of this rank's shares live on NVMe, each layer's "
         "is read back and the layer gathered while the one before computes, all dropped after",
         format_bytes(shard));
-  if (nvme_params && whole_on_device)
+  if (nvme_params && on_device)
     zero_text += fmt::format(
         "; parameters: the {} of this rank's shares live on NVMe, each layer's is read back "
-        "through page-locked staging and uploaded before its gather (the device arena stays "
-        "whole)",
+        "through page-locked staging and uploaded before its gather (the device arena still "
+        "backs a copy of the shares)",
         format_bytes(shard));
   if (nvme)
     zero_text += fmt::format(

@@ -49,9 +49,12 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
                                                         : kernels::AttentionImpl::Auto);
   data_ = std::make_unique<data::DataLoader>(
       data::DataLoader::open(cfg.data, t.seq_len, cfg.model.vocab_size, t.seed));
-  model_ = parallelize(cfg, mesh_, placement(cfg), wiring_);
-  model_->params().initialize(t.seed);
-  kernels::refresh_weights(model_->params());
+  Placement where = placement(cfg);
+  if (mesh_ && mesh_->dp_cp().size() > 1) {  // ZeRO's sparse arenas (core/params.h)
+    where.sparse_grads = cfg.parallel.zero >= 2;
+    where.sparse_params = cfg.parallel.zero == 3;
+  }
+  model_ = parallelize(cfg, mesh_, where, wiring_);
   if (pp_size_ > 1) {
     parallel::Communicator& stages = mesh_->group(parallel::Axis::PP);
     if (cfg.parallel.pp_link_delay_ms > 0)
@@ -65,6 +68,9 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
   if (mesh_ && mesh_->dp_cp().size() > 1)
     mesh_->dp_cp().set_ring_all_reduce(cfg.parallel.ring_all_reduce);
   build_reducers(bucket_bytes);
+  // After the reducers: with ZeRO-3 they decide which parameters this rank backs.
+  model_->params().initialize(t.seed);
+  kernels::refresh_weights(model_->params());
   NvmeOptions nvme;  // parallel.offload = "nvme": m and v (ZeRO-3: the parameters) in a file
   nvme.dir = cfg.parallel.offload_path;
   nvme.block_bytes = size_t(cfg.parallel.nvme_block_kb) * 1024;
@@ -130,10 +136,7 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
   const double start_cpu = parallel::thread_cpu_seconds();
   slow_factor_ = std::max(slow_factor_, inject_fault(step));
   ParamStore& params = model_->params();
-  if (zero() >= 2)  // the pages come back as backward writes them and go once reduced
-    params.discard_grads(0, params.numel());
-  else
-    params.zero_grads();
+  if (zero() < 2) params.zero_grads();  // above, each bucket's gradients start from zeros
   // Each token of the global batch weighs the same; the gradients of data- and
   // context-parallel ranks are summed.
   float dloss = 1.0f / static_cast<float>(t.micro_batch * t.seq_len * t.grad_accum * dp_size_);
@@ -214,6 +217,7 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
       if (expert_reducer_) expert_reducer_->gather_grads();
     }
     after_backward();
+    for (parallel::GradReducer* r : zero_reducers()) r->drop_gathered_grads();
   }
   s.step = step;
   GradSquares device_squares;

@@ -120,6 +120,7 @@ void Trainer::gather_updated_params() {
 
 void Trainer::offload_parameter_shares() {
   optimizer_->store_params(model_->params());
+  model_->params().discard_params();  // the file holds them now; units read them from there
   // On a device each read comes up through page-locked slots as large as the largest share.
   int64_t largest = 0;
   for (const parallel::GradReducer* r : zero_reducers())
@@ -146,34 +147,67 @@ void Trainer::settle_offloaded_shares() {
 }
 
 void Trainer::update_expert_bias(const std::vector<double>& counts) {
-  if (!optimizer_->params_offloaded()) {
+  ParamStore& p = model_->params();
+  const bool in_file = optimizer_->params_offloaded();
+  if (!in_file && !p.sparse_params()) {
     model_->update_expert_bias(counts);
     return;
   }
-  // The bias's master values are this rank's shares in the optimizer's file (the arena
-  // holds none of them between uses): into the arena, moved, and back. Every rank moves
-  // its whole copy alike; the other shares' values are dropped by the release that follows.
-  ParamStore& p = model_->params();
+  // This rank's shares of the biases' master values are in the optimizer's file, or in a
+  // sparse arena that backs nothing else of them: into a whole copy (sparse: a buffer placed
+  // as the biases' home; otherwise the arena), moved, and back. Every rank moves its whole
+  // copy alike; the other shares' values are dropped (their owners moved them too).
   float* const arena = p.all_params().f32();
   const Device device = p.device();
-  std::vector<StateShard::Piece> mine;
-  for (int id : model_->expert_bias_ids())
+  const std::vector<int> ids = model_->expert_bias_ids();
+  Arena whole;
+  if (p.sparse_params()) {
+    int64_t total = 0;
+    for (int id : ids) total += p.spec(id).local_shape.numel();
+    whole = Arena("expert biases (update)", size_t(total) * sizeof(float), device);
+    whole.zero();
+    int64_t at = 0;
+    for (int id : ids) {
+      const int64_t offset = int64_t(p.spec(id).offset);
+      p.place_params(offset, offset + 1, static_cast<float*>(whole.base()) + at, nullptr);
+      at += p.spec(id).local_shape.numel();
+    }
+  }
+  struct Share {
+    StateShard::Piece piece;
+    float* home;  // the piece in the whole copy
+  };
+  std::vector<Share> mine;
+  for (int id : ids)
     for (const StateShard::Piece& piece : optimizer_->shard().pieces(p.spec(id)))
-      mine.push_back(piece);
+      mine.push_back({piece, p.param(id).f32() + (piece.arena - int64_t(p.spec(id).offset))});
   // Through host memory whatever the device (a few values per MoE layer; on a device the
   // copies wait): the file's reads and writes take host pointers.
   std::vector<float> host;
-  for (const StateShard::Piece& s : mine) {
-    host.resize(size_t(s.count));
-    optimizer_->read_state(AdamW::kParamTensor, s.shard, s.count, host.data());
-    copy_bytes(arena + s.arena, device, host.data(), Device::CPU, host.size() * sizeof(float));
+  for (const Share& s : mine) {
+    const size_t bytes = size_t(s.piece.count) * sizeof(float);
+    if (in_file) {
+      host.resize(size_t(s.piece.count));
+      optimizer_->read_state(AdamW::kParamTensor, s.piece.shard, s.piece.count, host.data());
+      copy_bytes(s.home, device, host.data(), Device::CPU, bytes);
+    } else {
+      copy_bytes(s.home, device, arena + s.piece.arena, device, bytes);
+    }
   }
   model_->update_expert_bias(counts);
-  for (const StateShard::Piece& s : mine) {
-    host.resize(size_t(s.count));
-    copy_bytes(host.data(), Device::CPU, arena + s.arena, device, host.size() * sizeof(float));
-    optimizer_->write_state(AdamW::kParamTensor, s.shard, s.count, host.data());
+  for (const Share& s : mine) {
+    const size_t bytes = size_t(s.piece.count) * sizeof(float);
+    if (in_file) {
+      host.resize(size_t(s.piece.count));
+      copy_bytes(host.data(), Device::CPU, s.home, device, bytes);
+      optimizer_->write_state(AdamW::kParamTensor, s.piece.shard, s.piece.count, host.data());
+    } else {
+      copy_bytes(arena + s.piece.arena, device, s.home, device, bytes);
+    }
   }
+  for (int id : ids)
+    if (p.sparse_params())
+      p.unplace_params(int64_t(p.spec(id).offset), int64_t(p.spec(id).offset) + 1);
 }
 
 void Trainer::whole_parameters(bool all) {

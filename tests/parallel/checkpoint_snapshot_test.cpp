@@ -30,7 +30,13 @@ namespace {
 // This rank's master parameters, then its AdamW m and v (of its shares, with ZeRO).
 std::vector<float> state_of(Trainer& t) {
   const ParamStore& p = t.model().params();
-  std::vector<float> state(p.all_params().f32(), p.all_params().f32() + p.numel());
+  const float* const values = p.all_params().f32();
+  std::vector<float> state;
+  if (p.sparse_params())  // ZeRO-3: the arena holds this rank's shares, nothing else
+    for (const StateShard::Range& r : t.optimizer().shard().ranges)
+      state.insert(state.end(), values + r.begin, values + r.end);
+  else
+    state.assign(values, values + p.numel());
   const size_t moments = size_t(t.optimizer().shard().numel);
   for (void* base : {t.optimizer().m_base(), t.optimizer().v_base()}) {
     const float* at = static_cast<const float*>(base);

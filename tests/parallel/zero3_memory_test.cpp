@@ -1,10 +1,11 @@
 // ZeRO-3's parameter memory on the trainer itself, MoE (dp4 x ep2: the dense units over
 // dp 4, the routed experts' over edp 2) and dense GPT-2 with a tied head (dp 4), measured
 // against the memory plan: the pages of the parameter arena resident (mincore) after
-// start-up, which must be this rank's shares S = Nd / Z + Ne / edp (README, "ZeRO"), and at
-// their highest through two training steps (sampled at every stretch of the parameter
-// hooks), which must be what the printed plan and `pentad plan`'s estimate say, each within
-// 5% (the former "4S + 2 of the largest units whole" was 65% over for the MoE layout).
+// start-up, which must be this rank's shares S = Nd / Z + Ne / edp (README, "ZeRO"), and,
+// with the gathered units' buffers, at their highest through two training steps (sampled at
+// every stretch of the parameter hooks), which must be what the printed plan and `pentad
+// plan`'s estimate say, each within 5% (the former "4S + 2 of the largest units whole" was
+// 65% over for the MoE layout).
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <sys/mman.h>
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <regex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "launch/rank.h"
@@ -44,7 +46,28 @@ double resident_bytes(const void* base, size_t bytes) {
          double(page);
 }
 
-// The model's parameter hooks (ZeRO-3's gathers), with the parameter arena's resident bytes
+// The resident bytes of the parameter arena and of the gathered units' buffers (the pages
+// under every parameter with a home, each page once).
+double parameters_resident(const ParamStore& p) {
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  std::vector<std::pair<uintptr_t, uintptr_t>> pages;
+  for (int id = 0; id < int(p.specs().size()); ++id)
+    if (p.placed(id)) {
+      const auto at = reinterpret_cast<uintptr_t>(p.param(id).data);
+      pages.emplace_back(at / page * page, (at + p.param(id).bytes() + page - 1) / page * page);
+    }
+  std::sort(pages.begin(), pages.end());
+  double total = resident_bytes(p.all_params().data, p.bytes());
+  uintptr_t done = 0;
+  for (auto [begin, end] : pages) {
+    begin = std::max(begin, done);
+    if (begin < end) total += resident_bytes(reinterpret_cast<void*>(begin), end - begin);
+    done = std::max(done, end);
+  }
+  return total;
+}
+
+// The model's parameter hooks (ZeRO-3's gathers), with the parameters' resident bytes
 // sampled after each stretch's gathers and before its drops.
 class Sampled final : public ParameterHooks {
  public:
@@ -64,9 +87,7 @@ class Sampled final : public ParameterHooks {
   double peak = 0;
 
  private:
-  void sample() {
-    peak = std::max(peak, resident_bytes(params_.all_params().data, params_.bytes()));
-  }
+  void sample() { peak = std::max(peak, parameters_resident(params_)); }
   ParameterHooks* inner_;
   const ParamStore& params_;
 };

@@ -174,7 +174,7 @@ CASES = [
      ["the routed experts over edp = 2", "parameters: none resident", "step     2/2"]),
     ("zero3_moe_trains", "mixtral-tiny.toml", TINY + ["parallel.ep=2", "parallel.zero=3"], 4, 0,
      ["ZeRO-3 over dp x cp = 4, the routed experts over edp = 2",
-      "each layer's others are gathered", "step     2/2"]),
+      "each layer is gathered into a buffer of its own", "step     2/2"]),
     ("zero3_uneven_eval_batches", "gpt-tiny.toml",
      TINY + ["parallel.zero=3", "train.eval_batches=3"], 2, 2,
      ["train.eval_batches (3) must be a multiple of the data-parallel degree (2) with "
@@ -195,7 +195,7 @@ CASES = [
       "checkpoint.snapshot=swap"], 0, 2,
      ["AdamW offloaded to the host", "set checkpoint.snapshot = \"copy\""]),
     ("zero3_trains", "gpt-tiny.toml", TINY + ["parallel.zero=3"], 2, 0,
-     ["ZeRO-3 over dp x cp = 2", "each layer's others are gathered", "step     2/2"]),
+     ["ZeRO-3 over dp x cp = 2", "each layer is gathered into a buffer of its own", "step     2/2"]),
     # Two pipeline ranks on one core: the bubble line says the figure includes the wait.
     ("bubble_on_one_core", "gpt-tiny.toml",
      TINY + ["parallel.pp=2", "train.grad_accum=4", "train.eval_every=0", "--trace",

@@ -241,6 +241,10 @@ def run(pentad, recipe, work, name, ranks, overrides, bug=None):
     if bug:
         env["PENTAD_INJECT_BUG"] = bug
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0 and bug and REFUSAL in proc.stderr:
+        # ZeRO's sparse arenas turn a planted read of an ungathered unit into this refusal.
+        line = next(l for l in proc.stderr.splitlines() if REFUSAL in l)
+        return Refused(line.strip())
     if proc.returncode != 0:
         print(proc.stdout[-3000:], proc.stderr[-3000:])
         raise SystemExit(f"{name}: pentad failed ({proc.returncode})")
@@ -253,6 +257,15 @@ def run(pentad, recipe, work, name, ranks, overrides, bug=None):
     return Run(np.array([s["loss"] for s in steps], dtype=np.float64),
                sum(s["lr"] for s in steps), load_weights(out / "grads"),
                load_weights(out / "weights"), routing)
+
+
+# What pentad says when the model uses a ZeRO-3 unit's values outside its gather.
+REFUSAL = "was used outside its unit"
+
+
+class Refused:
+    def __init__(self, why):
+        self.why = why
 
 
 class Run:
@@ -281,6 +294,8 @@ def rel(a, b):
 def compare(run, ref, adam_fraction=ADAM_FRACTION):
     """(the reasons `run` does not train like `ref`, worst loss error, worst tensors)."""
     problems = []
+    if isinstance(run, Refused):
+        return [f"pentad refused: {run.why}"], np.inf, {}
     if len(run.losses) != len(ref.losses):
         return [f"{len(run.losses)} losses, want {len(ref.losses)}"], np.inf, {}
     # A routing flip (MoE, see the docstring) at step f: a near-tie decided the other way,
