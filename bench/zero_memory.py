@@ -9,13 +9,13 @@ For each run it reports, per rank (Z = dp when zero > 0 and dp > 1, else 1; S = 
              stage 0  4N + 4N + 8N
              stage 1  4N + (4N + 4S) + 8S
              stage 2  4N + (2 buckets + 8S) + 8S
-             stage 3  (4S + (1 - 1/Z) 2 adjacent units) + (2 units + 8S) + 8S
+             stage 3  (4S + 2 adjacent units) + (2 units + 8S) + 8S
            with N the values the run's memory plan names, a bucket the larger of
            parallel.bucket_mb and the embedding (a parameter is never split: the tied
            embedding's V C values make a bucket of their own), and a unit the larger of a
            layer (12C^2 + 13C values) and the embedding unit ((V + max_seq_len) C); two
            adjacent units, the stretch computing and the next one prefetched (a layer and
-           the embedding unit here), of which this rank's shares are already in 4S;
+           the embedding unit here), each whole in a buffer of its own;
   plan     the same three figures from the memory plan the run prints at start (the real
            arena sizes, the largest over ranks where they differ);
   acts     the activations from the same line (small here, not part of the formula);
@@ -146,7 +146,7 @@ def formula(n, z, stage, unit_bytes, pair_bytes, bucket_bytes):
     """README's parameters, gradients and AdamW bytes on one rank (stage 0 where z = 1)."""
     s = n / z
     bucket = unit_bytes if stage == 3 else bucket_bytes
-    params = 4 * n if stage < 3 else 4 * s + min(4 * n, pair_bytes) * (1 - 1 / z)
+    params = 4 * n if stage < 3 else 4 * s + min(4 * n, pair_bytes)
     grads = 4 * n if stage == 0 else 4 * n + 4 * s if stage == 1 else (
         min(4 * n, 2 * bucket) + 8 * s)
     return params, grads, 8 * s

@@ -98,19 +98,18 @@ std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh)
           : fmt::format("S = N / {}", Z);
   const bool nvme = cfg.parallel.offload == "nvme";
   const bool cuda = cfg.train.device == "cuda";
-  const char* grads_formula =
-      zero == 0           ? "4N"
-      : zero == 1 || cuda ? (zero == 1 ? "4N + 4S" : "4N + 8S: on CUDA the arena stays whole")
-                          : "<= 2 buckets of 4N + 8S";
+  const char* grads_formula = zero == 0 ? "4N" : zero == 1 ? "4N + 4S" : "<= 2 buckets of 4N + 8S";
   const bool nvme_params = nvme && zero == 3 && cfg.parallel.offload_params;
-  if (zero == 3 && !cuda) {
+  if (zero == 3) {
     text.pop_back();  // the parameters line ends here
     text += fmt::format(" [ZeRO-3: {}; Z = dp x cp = {}]\n",
-                        nvme_params ? "the 4S of this rank's shares on NVMe; in memory two "
-                                      "adjacent units (layers, the embedding) whole and the next "
-                                      "share being read"
-                                    : "4S + the other shares of two adjacent units (layers, the "
-                                      "embedding) whole",
+                        nvme_params && cuda ? "the 4S of this rank's shares on NVMe and in device "
+                                              "memory; two adjacent units (layers, the embedding) "
+                                              "whole and the next share being read"
+                        : nvme_params       ? "the 4S of this rank's shares on NVMe; in memory two "
+                                              "adjacent units (layers, the embedding) whole and the "
+                                              "next share being read"
+                                      : "4S + two adjacent units (layers, the embedding) whole",
                         Z);
   }
   text += fmt::format("  gradients    {} [{}{}]\n", bytes_text(e.gradients), grads_formula,
