@@ -9,5 +9,18 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 # Every arena and staging buffer starts as NaN, so a read before the first write fails
 # the test that does it instead of depending on what the heap held (core/tensor.h).
 export PENTAD_POISON=1
+# Open MPI 4.1 creates its per-user session directory (${TMPDIR:-/tmp}/ompi.<host>.<uid>)
+# racily: when it does not exist, two MPI processes starting at the same moment (ctest runs
+# tests in parallel, several of them MPI singletons) can both try, and the loser fails
+# orte_init ("mkdir ... File exists", orte_session_dir failed; seen once in CI as a test
+# failing in 0.1 s). The last process to exit removes the directory, so the race comes back
+# between tests. An mpirun kept alive for the whole run keeps the directory in place.
+mpirun -np 1 sleep 86400 >/dev/null 2>&1 &
+keeper=$!
+trap 'kill "$keeper" 2>/dev/null || true' EXIT
+for _ in $(seq 100); do
+  compgen -G "${TMPDIR:-/tmp}/ompi.*.$(id -u)/pid.$keeper" >/dev/null && break
+  sleep 0.1
+done
 (cd build && ctest -j"$(nproc)" --output-on-failure --timeout 900)
 bash scripts/sanitize.sh
