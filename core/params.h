@@ -106,6 +106,8 @@ class ParamStore {
   // (seed, name, global index i) only, so any slice of any layout draws the same values.
   // Device parameters are drawn on the host and copied, so they are the CPU's bits.
   void initialize(uint64_t seed);
+  // Parameter `spec`'s initial values, as initialize() draws them, into host memory at p.
+  static void draw(const ParamSpec& spec, uint64_t seed, float* p);
   // The compute copy as one flat tensor (empty when the model computes in F32).
   // kernels::refresh_weights() re-derives it from the master parameters after every
   // change to them (initialize, optimizer step, load).
@@ -139,9 +141,6 @@ class ParamStore {
   bool sparse_grads() const { return placement_.sparse_grads; }
   void commit_params(int64_t begin, int64_t end);
   size_t committed_param_bytes() const { return params_.committed_bytes(); }
-  // Every parameter value the arena backs becomes zero, its host pages back to the system
-  // (ZeRO-3 with the shares kept in the optimizer's file: the arena's copy goes).
-  void discard_params() { params_.discard(0, params_.capacity()); }
   // Homes: the parameters starting in arena elements [begin, end) are read from `at` (element
   // `begin` there), their compute copy from `weights` (bf16 models), their gradients from
   // `grads`, until unplaced. A sparse store's gradient without a home asks the sources added
@@ -177,8 +176,6 @@ class ParamStore {
   std::vector<GradSource> grad_sources_;
   std::vector<std::pair<int64_t, int64_t>> committed_;  // commit_params()' ranges
   [[noreturn]] void homeless(int id, const char* what) const;
-  // Parameter `spec`'s initial values (a function of seed, name and global index) into p.
-  static void draw(const ParamSpec& spec, uint64_t seed, float* p);
   template <typename T>
   void set_homes(std::vector<T*>& homes, int64_t begin, int64_t end, T* at, size_t element);
 };

@@ -139,19 +139,18 @@ void AdamW::write_state(int tensor, int64_t begin, int64_t count, const float* i
   nvme_->write(tensor, begin, begin + count, in);
 }
 
-void AdamW::store_params(const ParamStore& params) {
+void AdamW::store_params(const ParamStore& params, const ParamValues& values) {
   PENTAD_CHECK(params_offloaded_, "store_params: the parameters are not offloaded");
-  const float* const p = params.all_params().f32();
-  std::vector<float> host;  // a device's values pass through host memory (start-up, loads)
-  for (const StateShard::Range& r : shard_.ranges) {
-    const int64_t n = r.end - r.begin;
-    const float* from = p + r.begin;
-    if (params.device() != Device::CPU) {
-      host.resize(size_t(n));
-      copy_bytes(host.data(), Device::CPU, from, params.device(), size_t(n) * sizeof(float));
-      from = host.data();
-    }
-    nvme_->write(kParamTensor, r.shard, r.shard + n, from);
+  std::vector<float> host;  // one parameter's values at a time
+  for (int id = 0; id < static_cast<int>(params.specs().size()); ++id) {
+    const ParamSpec& spec = params.spec(id);
+    const std::vector<StateShard::Piece> pieces = shard_.pieces(spec);
+    if (pieces.empty()) continue;
+    host.resize(size_t(spec.local_shape.numel()));
+    values(id, host.data());
+    for (const StateShard::Piece& piece : pieces)
+      nvme_->write(kParamTensor, piece.shard, piece.shard + piece.count,
+                   host.data() + (piece.arena - int64_t(spec.offset)));
   }
 }
 

@@ -68,8 +68,8 @@ class AdamW {
   // (optim/nvme_state.h), bitwise the same update.
   // offload_params (with nvme; ZeRO-3, ZeRO-Infinity's parameter offload): the shard's
   // master parameters live in the file too, a third tensor beside m and v, and step()
-  // updates them there; the arena's copy of the shard is the caller's to drop
-  // (store_params() first). With on_host (device parameters) too, step() downloads only the
+  // updates them there; the parameter arena need not back the shard at all (the
+  // values go to the file through store_params() or write_state()). With on_host (device parameters) too, step() downloads only the
   // gradients and updates the file's values on the host; nothing goes back to the device.
   // on_host (device parameters, parallel.offload = "cpu" or "nvme"): step() streams the
   // shard's parameters and gradients through the host's AdamW and back
@@ -101,14 +101,16 @@ class AdamW {
   // in-job restore). fn sees state[t] = tensor t's shard elements [begin, end).
   void scan_state(const NvmeState::UpdateFn& fn) { nvme_->scan(fn); }
   void rewrite_state(const NvmeState::UpdateFn& fn) { nvme_->update(fn); }
-  // Parameters offloaded: the shard's values in the arena go to the file (after initialize
-  // and after a load wrote them there; from a device through host memory, the host waiting),
-  // and the shard's elements [begin, begin + count) come back from it in the background
+  // Parameters offloaded: the shard's values go to the file, each parameter's from
+  // values(id, out), which writes its local values (a whole parameter) to host memory (at
+  // start-up: the initial draw, ParamStore::draw); parameters holding none of the shard are
+  // not asked for. The shard's elements [begin, begin + count) come back from the file in the background
   // (start_param_read) to `into`, in the parameters' memory (finish_param_read). On a device
   // finish_param_read waits for the file read only: the elements land in page-locked
   // staging (reserve_param_uploads: 3 slots of the largest read) and their copy to `into` is
   // queued on the compute stream, ahead of whatever the caller issues next (the all-gather).
-  void store_params(const ParamStore& params);
+  using ParamValues = std::function<void(int id, float* out)>;
+  void store_params(const ParamStore& params, const ParamValues& values);
   void reserve_param_uploads(int64_t largest_read);
   uint64_t start_param_read(int64_t begin, int64_t count);
   void finish_param_read(uint64_t read, float* into);

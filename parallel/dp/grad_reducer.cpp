@@ -10,8 +10,13 @@ namespace pentad::parallel {
 
 GradReducer::GradReducer(Communicator& group, ParamStore& params, size_t bucket_bytes,
                          int zero_stage, const Filter& include, const Filter& isolate,
-                         const Unit& unit)
-    : group_(group), params_(params), stage_(zero_stage), device_(params.device()) {
+                         const Unit& unit, FetchShare fetch)
+    : group_(group),
+      params_(params),
+      stage_(zero_stage),
+      device_(params.device()),
+      fetch_(std::move(fetch)) {
+  PENTAD_CHECK(!fetch_ || stage_ == 3, "only ZeRO-3 keeps the parameter shares outside the arena");
   const auto& specs = params.specs();
   const int64_t bucket_elems =
       std::max<int64_t>(1, static_cast<int64_t>(bucket_bytes / sizeof(float)));
@@ -71,8 +76,8 @@ GradReducer::GradReducer(Communicator& group, ParamStore& params, size_t bucket_
                              : "no sparse arena");
   if (stage_ >= 2) params.add_grad_source([this](int id) { return grads_source(id); });
   if (stage_ < 3) return;
-  for (const StateShard::Range& r : shard_.ranges)  // the arena backs this rank's shares only
-    params.commit_params(r.begin, r.end);
+  if (!fetch_)  // the arena backs this rank's shares only (kept elsewhere: nothing)
+    for (const StateShard::Range& r : shard_.ranges) params.commit_params(r.begin, r.end);
   for (Bucket& b : buckets_) b.whole = false;  // no unit is gathered yet
 }
 
@@ -276,11 +281,6 @@ int64_t GradReducer::share_begin(const Bucket& b) const {
   int64_t at = b.begin;
   for (int r = 0; r < group_.rank(); ++r) at += b.counts[size_t(r)];
   return at;
-}
-
-void GradReducer::keep_shares_elsewhere(FetchShare fetch) {
-  PENTAD_CHECK(stage_ == 3, "only ZeRO-3 keeps the parameter shares outside the arena");
-  fetch_ = std::move(fetch);
 }
 
 void GradReducer::read_ahead(int bucket) {

@@ -23,8 +23,9 @@
 //            this rank's shares only (Placement::sparse_params; the optimizer updates them
 //            there). acquire() fills a buffer of the unit's own (this rank's share copied in,
 //            the others' all-gathered) that the model reads through ParamStore's homes until
-//            release(). With keep_shares_elsewhere() (ZeRO-Infinity: the shares on NVMe)
-//            the share is read straight into that buffer instead. When the model computes
+//            release(). With the shares kept elsewhere (the constructor's fetch;
+//            ZeRO-Infinity: on NVMe) the arena backs nothing at all, and each share is read
+//            straight into its unit's buffer instead. When the model computes
 //            from a bf16 copy, acquire() derives the unit's copy, a buffer too, from the
 //            gathered fp32 values once per gather. fp32 is gathered rather than bf16 (half
 //            the bytes) because the arena's fp32 values are what checkpoints and the NVMe
@@ -57,8 +58,19 @@ class GradReducer {
   // isolate: parameters that get a bucket of their own, so that every rank holding one
   // (the tied embedding on the first and last pipeline stages) cuts its shares alike.
   // unit (stage 3): parameters with the same key, adjacent in the arena, form one bucket.
+  // fetch (stage 3; ZeRO-Infinity): this rank's shares live outside the parameter arena,
+  // which then backs none of them. fetch(shard, count, into) starts reading elements
+  // [shard, shard + count) of the compact layout (where the bucket's share sits in shard())
+  // to `into`, the unit's buffer, and returns what waits for them. prefetch() and acquire()
+  // wait for the read before the all-gather (it sends from there). On a device the arrival
+  // may leave the share's copy into the buffer queued on the compute stream (trainer: the
+  // NVMe read lands in page-locked staging first): the all-gather is ordered behind it,
+  // since the communicator's stream waits for the compute stream.
+  using Arrival = std::function<void()>;
+  using FetchShare = std::function<Arrival(int64_t shard, int64_t count, float* into)>;
   GradReducer(Communicator& group, ParamStore& params, size_t bucket_bytes, int zero_stage = 0,
-              const Filter& include = {}, const Filter& isolate = {}, const Unit& unit = {});
+              const Filter& include = {}, const Filter& isolate = {}, const Unit& unit = {},
+              FetchShare fetch = {});
 
   // Gradients at element offsets [offset, end) are final for this micro-batch (the step's
   // last one, below stage 2).
@@ -95,18 +107,8 @@ class GradReducer {
   void release(int bucket);
   void release_all();
   int buckets_count() const { return int(buckets_.size()); }
-  // Stage 3, this rank's shares kept outside the arena between uses: fetch(shard, count,
-  // into) starts reading elements [shard, shard + count) of the compact layout (where the
-  // bucket's share sits in shard()) into the arena at `into`, and returns what waits for
-  // them. prefetch() and acquire() wait for the read before the all-gather (it sends from
-  // there); read_ahead() only starts it, a unit before its prefetch, so that the read
-  // overlaps the compute of the unit before. release() drops this rank's share too.
-  // On a device the arrival may leave the share's copy into the arena queued on the compute
-  // stream (trainer: the NVMe read lands in page-locked staging first): the all-gather is
-  // ordered behind it, since the communicator's stream waits for the compute stream.
-  using Arrival = std::function<void()>;
-  using FetchShare = std::function<Arrival(int64_t shard, int64_t count, float* into)>;
-  void keep_shares_elsewhere(FetchShare fetch);
+  // Shares kept elsewhere: starts reading the share of a unit ahead of its prefetch(), so
+  // that the read overlaps the compute of the unit before.
   void read_ahead(int bucket);
 
   int zero_stage() const { return stage_; }

@@ -238,9 +238,8 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   const bool nvme_params = nvme && zero == 3 && cfg.parallel.offload_params;
   if (zero == 3) {
     // This rank's shares (fp32), and the units whole at once in buffers of their own (with a
-    // bf16 compute copy, that too); with the shares on NVMe (ZeRO-Infinity) none resident
-    // on the CPU (on CUDA the arena still backs them), and each reducer's next share on its
-    // way. Units: the embedding, each layer's dense parameters
+    // bf16 compute copy, that too); with the shares on NVMe (ZeRO-Infinity) none resident,
+    // and each reducer's next share on its way. Units: the embedding, each layer's dense parameters
     // (an MoE layer's attention, router, bias and shared experts) and its routed experts,
     // the final norm and head (zero 3 runs without pp: every stretch is on this rank).
     std::vector<ZeroStretch> stretches = {{embedding, 0}};
@@ -257,9 +256,8 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
     }
     const double gathered = zero3_gathered(stretches, m.tie_embeddings, 1, 1);
     const double per_value = e.parameters / e.values;  // bytes (with a bf16 compute copy)
-    const bool on_device = cfg.train.device == "cuda";
     e.parameters =
-        ((nvme_params ? ahead + experts_ahead : 0) + (!nvme_params || on_device ? shares : 0)) *
+        (nvme_params ? ahead + experts_ahead : shares) *
             f32 +
         std::min(e.parameters, gathered * per_value);
     // On CUDA each share read comes up through 3 page-locked slots of the largest share

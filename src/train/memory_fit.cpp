@@ -103,13 +103,10 @@ std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh)
   if (zero == 3) {
     text.pop_back();  // the parameters line ends here
     text += fmt::format(" [ZeRO-3: {}; Z = dp x cp = {}]\n",
-                        nvme_params && cuda ? "the 4S of this rank's shares on NVMe and in device "
-                                              "memory; two adjacent units (layers, the embedding) "
-                                              "whole and the next share being read"
-                        : nvme_params       ? "the 4S of this rank's shares on NVMe; in memory two "
-                                              "adjacent units (layers, the embedding) whole and the "
-                                              "next share being read"
-                                      : "4S + two adjacent units (layers, the embedding) whole",
+                        nvme_params ? "the 4S of this rank's shares on NVMe; in memory two "
+                                      "adjacent units (layers, the embedding) whole and the "
+                                      "next share being read"
+                                    : "4S + two adjacent units (layers, the embedding) whole",
                         Z);
   }
   text += fmt::format("  gradients    {} [{}{}]\n", bytes_text(e.gradients), grads_formula,

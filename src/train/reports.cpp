@@ -227,8 +227,7 @@ std::string Trainer::memory_plan() const {
   // at once, each in a buffer of its own: the stretch computing and the next one prefetched,
   // per reducer (with MoE a layer's dense unit and its experts' are whole together), counted
   // by a dry run of the hooks through one forward and backward. With the shares on NVMe the
-  // arena's copy of them goes after start-up on the CPU (on CUDA it stays backed), and each
-  // reducer's next share is being read ahead.
+  // arena backs none of them, and each reducer's next share is being read ahead.
   const bool nvme_params = optimizer_->params_offloaded();
   GatheredPeak gathered;
   size_t read_ahead = 0;
@@ -247,7 +246,7 @@ std::string Trainer::memory_plan() const {
   const size_t params = zero() != 3
                             ? p.bytes() + p.compute_copy_bytes()
                             : size_t(gathered.whole) * per_value + (nvme_params ? read_ahead : 0) +
-                                  (!nvme_params || on_device ? p.committed_param_bytes() : 0);
+                                  p.committed_param_bytes();
   // Updated on the host (CUDA, offload "cpu" or "nvme"): none on the device (counted in the
   // text below).
   const size_t optim = optimizer_->on_host() ? 0 : nvme ? nvme->host_buffer_bytes() : 2 * shard;
@@ -283,17 +282,11 @@ std::string Trainer::memory_plan() const {
         "; parameters: the {} of this rank's shares stay, each layer is gathered into a buffer "
         "of its own while it computes and dropped after",
         format_bytes(shard));
-  if (nvme_params && !on_device)
+  if (nvme_params)
     zero_text += fmt::format(
         "; parameters: none resident, the {} of this rank's shares live on NVMe, each layer's "
-        "is read back and the layer gathered while the one before computes, all dropped after",
-        format_bytes(shard));
-  if (nvme_params && on_device)
-    zero_text += fmt::format(
-        "; parameters: the {} of this rank's shares live on NVMe, each layer's is read back "
-        "through page-locked staging and uploaded before its gather (the device arena still "
-        "backs a copy of the shares)",
-        format_bytes(shard));
+        "is read back{} and the layer gathered while the one before computes, all dropped after",
+        format_bytes(shard), on_device ? " through page-locked staging, uploaded," : "");
   if (nvme)
     zero_text += fmt::format(
         " | AdamW state on NVMe{}: {} in {}{} (in {}memory: 3 sub-groups of {}, {}{})",

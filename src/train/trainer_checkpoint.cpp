@@ -325,7 +325,7 @@ bool Trainer::load(const std::string& dir, bool with_optimizer) {
     for (int id = 0; id < static_cast<int>(p.specs().size()); ++id)
       for (const StatePart& part : state_parts(id, with_state)) {
         const ckpt::ShardInfo& i = part.info;
-        if (part.moment && optimizer_->offloaded()) {  // through host memory to the file
+        if (part.on_nvme) {  // through host memory to the file (moments, ZeRO-3's shares)
           host.resize(static_cast<size_t>(i.local_shape.numel()));
           reader.read(i.name, i.global_shape, i.shard_dim, i.shard_start, i.local_shape,
                       host.data(), i.row_start);
@@ -340,10 +340,7 @@ bool Trainer::load(const std::string& dir, bool with_optimizer) {
         if (dst.device != Device::CPU)
           copy_bytes(dst.data, dst.device, out, Device::CPU, dst.bytes());
       }
-    if (optimizer_->params_offloaded()) {  // ZeRO-3's shares, read into the arena, to the file
-      optimizer_->store_params(p);
-      settle_offloaded_shares();
-    }
+    settle_offloaded_shares();  // units gathered before hold the old values
     kernels::refresh_weights(p);
   } catch (const Error& e) {
     error = e.what();

@@ -24,6 +24,23 @@ void Trainer::build_reducers(size_t bucket_bytes) {
         if (p.name.rfind("layers.", 0) != 0) return std::string();
         return p.name.substr(0, p.name.find('.', 7));
       };
+  // ZeRO-3 with the parameters on NVMe: the arena backs none of them; each reducer's compact
+  // shares sit in the optimizer's shard where optimizer_shard() puts them (the dense
+  // reducer's from 0, the experts' after all of the dense ones), and each unit's share is
+  // read from the file straight into the buffer it is gathered in (the optimizer is built
+  // after the reducers, before the first read). The arrival waits for the file read; on a
+  // device it queues the upload on the compute stream, which the unit's all-gather then
+  // follows (NCCL's stream waits for it).
+  const bool in_file = par.zero == 3 && par.offload == "nvme" && par.offload_params && mesh_ &&
+                       mesh_->dp_cp().size() > 1;  // as AdamW's params_offloaded()
+  auto from_file = [this, in_file](int64_t first) {
+    return !in_file ? parallel::GradReducer::FetchShare()
+                    : [this, first](int64_t shard, int64_t count, float* into) {
+                        const uint64_t read = optimizer_->start_param_read(first + shard, count);
+                        return parallel::GradReducer::Arrival(
+                            [this, read, into] { optimizer_->finish_param_read(read, into); });
+                      };
+  };
   if (mesh_ && mesh_->dp_cp().size() > 1) {
     // ZeRO under pipelining: the tied embedding's two copies (first and last stage) must be
     // cut into the same shares, so each is a bucket of its own.
@@ -32,7 +49,8 @@ void Trainer::build_reducers(size_t bucket_bytes) {
     reducer_ = std::make_unique<parallel::GradReducer>(
         mesh_->dp_cp(), params, bucket_bytes, int(par.zero),
         [](const ParamSpec& p) { return !p.expert; },
-        [tied](const ParamSpec& p) { return !tied.empty() && p.name == tied; }, unit);
+        [tied](const ParamSpec& p) { return !tied.empty() && p.name == tied; }, unit,
+        from_file(0));
   }
   if (!mesh_ || !cfg_.model.is_moe()) return;
   // ZeRO shards the experts' state over edp, even where edp is 1 (there the reduce-scatter
@@ -43,7 +61,8 @@ void Trainer::build_reducers(size_t bucket_bytes) {
       !bug_injected("moe-skip-edp-reduce"))  // a planted bug the layout test must catch
     expert_reducer_ = std::make_unique<parallel::GradReducer>(
         mesh_->group(parallel::Axis::EDP), params, bucket_bytes, expert_zero ? zero() : 0,
-        [](const ParamSpec& p) { return p.expert; }, parallel::GradReducer::Filter(), unit);
+        [](const ParamSpec& p) { return p.expert; }, parallel::GradReducer::Filter(), unit,
+        from_file(reducer_ ? reducer_->shard().numel : 0));
   if (!expert_zero || !expert_reducer_) return;
   // One shard over both: the dense shares, then the experts'.
   const StateShard& dense = reducer_->shard();
@@ -119,26 +138,15 @@ void Trainer::gather_updated_params() {
 }
 
 void Trainer::offload_parameter_shares() {
-  optimizer_->store_params(model_->params());
-  model_->params().discard_params();  // the file holds them now; units read them from there
+  // The initial values go straight to the file: the arena backs none of them.
+  const ParamStore& p = model_->params();
+  const uint64_t seed = cfg_.train.seed;
+  optimizer_->store_params(p, [&](int id, float* out) { ParamStore::draw(p.spec(id), seed, out); });
   // On a device each read comes up through page-locked slots as large as the largest share.
   int64_t largest = 0;
   for (const parallel::GradReducer* r : zero_reducers())
     for (int b = 0; b < r->buckets_count(); ++b) largest = std::max(largest, r->bucket_share(b));
   optimizer_->reserve_param_uploads(largest);
-  // Each reducer's compact shares sit in the optimizer's shard where optimizer_shard() put
-  // them: the dense reducer's from 0, the experts' (MoE) after all of the dense ones. The
-  // arrival waits for the file read; on a device it queues the upload into the arena on the
-  // compute stream, which the unit's all-gather then follows (NCCL's stream waits for it).
-  int64_t first = 0;
-  for (parallel::GradReducer* r : zero_reducers()) {
-    r->keep_shares_elsewhere([this, first](int64_t shard, int64_t count, float* into) {
-      const uint64_t read = optimizer_->start_param_read(first + shard, count);
-      return parallel::GradReducer::Arrival(
-          [this, read, into] { optimizer_->finish_param_read(read, into); });
-    });
-    first += r->shard().numel;
-  }
 }
 
 void Trainer::settle_offloaded_shares() {

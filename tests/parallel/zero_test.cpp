@@ -300,9 +300,9 @@ TEST(Zero, StageThreeWithMoeShardsTheExpertsOverTheirOwnGroup) {
 }
 
 // Stage 3 with this rank's shares kept outside the arena (ZeRO-Infinity; the trainer keeps
-// them on NVMe): read_ahead() starts only the read, acquire() brings each unit whole,
-// bitwise the values written, with the share read straight into the unit's buffer: the arena's
-// shares are poisoned and never read.
+// them on NVMe): the arena backs none of them (a read of it would fault), read_ahead()
+// starts only the read, and acquire() brings each unit whole, bitwise the values written,
+// with the share read straight into the unit's buffer.
 TEST(Zero, StageThreeWithSharesElsewhereReadsThemIntoTheUnit) {
   const int D = world_size();
   if (D < 2) GTEST_SKIP() << "needs mpirun with at least 2 ranks";
@@ -311,21 +311,21 @@ TEST(Zero, StageThreeWithSharesElsewhereReadsThemIntoTheUnit) {
   one.initialize(7);
   const std::vector<float> want(one.all_params().f32(), one.all_params().f32() + one.numel());
   ParamStore p = gpt_like(3);
-  parallel::GradReducer reducer(*group, p, size_t{1} << 20, 3, {}, {}, unit_key);
   // The store: this rank's shares in the compact layout; reads land when waited for.
-  std::vector<float> store(size_t(reducer.shard().numel));
-  for (const StateShard::Range& r : reducer.shard().ranges) {
-    std::copy(want.begin() + r.begin, want.begin() + r.end, store.begin() + r.shard);
-    std::fill(p.all_params().f32() + r.begin, p.all_params().f32() + r.end, std::nanf(""));
-  }
+  std::vector<float> store;
   int started = 0, landed = 0;
-  reducer.keep_shares_elsewhere([&](int64_t shard, int64_t count, float* into) {
-    ++started;
-    return parallel::GradReducer::Arrival([&, shard, count, into] {
-      std::copy_n(store.begin() + shard, count, into);
-      ++landed;
-    });
-  });
+  parallel::GradReducer reducer(*group, p, size_t{1} << 20, 3, {}, {}, unit_key,
+                                [&](int64_t shard, int64_t count, float* into) {
+                                  ++started;
+                                  return parallel::GradReducer::Arrival([&, shard, count, into] {
+                                    std::copy_n(store.begin() + shard, count, into);
+                                    ++landed;
+                                  });
+                                });
+  EXPECT_EQ(p.committed_param_bytes(), 0u) << "the arena backs none of the shares";
+  store.resize(size_t(reducer.shard().numel));
+  for (const StateShard::Range& r : reducer.shard().ranges)
+    std::copy(want.begin() + r.begin, want.begin() + r.end, store.begin() + r.shard);
   reducer.release_all();
   reducer.read_ahead(2);
   EXPECT_EQ(started, 1);
