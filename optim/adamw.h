@@ -68,14 +68,13 @@ class AdamW {
   // (optim/nvme_state.h), bitwise the same update.
   // offload_params (with nvme; ZeRO-3, ZeRO-Infinity's parameter offload): the shard's
   // master parameters live in the file too, a third tensor beside m and v, and step()
-  // updates them there; the parameter arena need not back the shard at all (the
-  // values go to the file through store_params() or write_state()). With on_host (device parameters) too, step() downloads only the
-  // gradients and updates the file's values on the host; nothing goes back to the device.
+  // updates them there; the parameter arena need not back the shard at all (the values go
+  // to the file through store_params() or write_state()). With on_host too, step()
+  // downloads only the gradients and updates the file's values on the host.
   // on_host (device parameters, parallel.offload = "cpu" or "nvme"): step() streams the
-  // shard's parameters and gradients through the host's AdamW and back
-  // (optim/host_offload.h), bitwise the update the CPU computes; m and v live in host memory,
-  // or with nvme in the file (each sub-group's chunks streamed while the sub-group is in
-  // its buffers).
+  // shard's parameters and gradients through the host's AdamW and back (optim/host_offload.h),
+  // bitwise the update the CPU computes; m and v live in host memory, or with nvme in the file
+  // (each sub-group's chunks streamed while the sub-group is in its buffers).
   AdamW(const OptimConfig& cfg, const ParamStore& params, StateShard shard = {},
         const NvmeOptions* nvme = nullptr, const std::string& file_name = "",
         bool offload_params = false, bool on_host = false);
@@ -104,11 +103,12 @@ class AdamW {
   // Parameters offloaded: the shard's values go to the file, each parameter's from
   // values(id, out), which writes its local values (a whole parameter) to host memory (at
   // start-up: the initial draw, ParamStore::draw); parameters holding none of the shard are
-  // not asked for. The shard's elements [begin, begin + count) come back from the file in the background
-  // (start_param_read) to `into`, in the parameters' memory (finish_param_read). On a device
-  // finish_param_read waits for the file read only: the elements land in page-locked
-  // staging (reserve_param_uploads: 3 slots of the largest read) and their copy to `into` is
-  // queued on the compute stream, ahead of whatever the caller issues next (the all-gather).
+  // not asked for. The shard's elements [begin, begin + count) come back from the file in
+  // the background (start_param_read) to `into`, in the parameters' memory
+  // (finish_param_read). On a device finish_param_read waits for the file read only: the
+  // elements land in page-locked staging (reserve_param_uploads: 3 slots of the largest
+  // read) and their copy to `into` is queued on the compute stream, ahead of whatever the
+  // caller issues next (the all-gather).
   using ParamValues = std::function<void(int id, float* out)>;
   void store_params(const ParamStore& params, const ParamValues& values);
   void reserve_param_uploads(int64_t largest_read);

@@ -256,12 +256,10 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
     }
     const double gathered = zero3_gathered(stretches, m.tie_embeddings, 1, 1);
     const double per_value = e.parameters / e.values;  // bytes (with a bf16 compute copy)
-    e.parameters =
-        (nvme_params ? ahead + experts_ahead : shares) *
-            f32 +
-        std::min(e.parameters, gathered * per_value);
+    e.parameters = (nvme_params ? ahead + experts_ahead : shares) * f32 +
+                   std::min(e.parameters, gathered * per_value);
     // On CUDA each share read comes up through 3 page-locked slots of the largest share
-    // (optim/adamw.h, reserve_param_uploads); on the CPU it lands in the arena.
+    // (optim/adamw.h, reserve_param_uploads); on the CPU it lands in the unit's buffer.
     if (nvme_params && cfg.train.device == "cuda")
       e.host = 3 * std::max(ahead, experts_ahead) * f32;
   }

@@ -49,8 +49,7 @@ void Trainer::build_reducers(size_t bucket_bytes) {
     reducer_ = std::make_unique<parallel::GradReducer>(
         mesh_->dp_cp(), params, bucket_bytes, int(par.zero),
         [](const ParamSpec& p) { return !p.expert; },
-        [tied](const ParamSpec& p) { return !tied.empty() && p.name == tied; }, unit,
-        from_file(0));
+        [tied](const ParamSpec& p) { return !tied.empty() && p.name == tied; }, unit, from_file(0));
   }
   if (!mesh_ || !cfg_.model.is_moe()) return;
   // ZeRO shards the experts' state over edp, even where edp is 1 (there the reduce-scatter
