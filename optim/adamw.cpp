@@ -75,10 +75,12 @@ void grad_sum_squares_into(const Tensor& sums, const ParamStore& params, bool co
       });
 }
 
-void clip_gradients(ParamStore& params, double norm, float max_norm, const Tensor& grads) {
-  if (max_norm <= 0.0f) return;
+float clip_gradients(ParamStore& params, double norm, float max_norm, const Tensor& grads) {
+  if (max_norm <= 0.0f) return 1.0f;
   const double coef = static_cast<double>(max_norm) / (norm + 1e-6);
-  if (coef < 1.0) kernels::scale(grads.data ? grads : params.all_grads(), static_cast<float>(coef));
+  if (coef >= 1.0) return 1.0f;
+  kernels::scale(grads.data ? grads : params.all_grads(), static_cast<float>(coef));
+  return static_cast<float>(coef);
 }
 
 AdamW::AdamW(const OptimConfig& cfg, const ParamStore& params, StateShard shard,
@@ -250,6 +252,27 @@ void AdamW::step_on_host(ParamStore& params, float lr, const BeforeChunk& before
         before_chunk(size_t(c.arena), size_t(c.arena + c.count), size_t(c.state));
       })
                    : HostOffload::BeforeChunk());
+}
+
+void AdamW::download_early_grads(const float* grads, int64_t state, int64_t count) {
+  PENTAD_CHECK(host_, "download_early_grads: AdamW does not update on the host");
+  host_->download_early_grads(grads, params_device_, state, count);
+}
+
+void AdamW::scale_early_grads(float coefficient) {
+  if (host_) host_->scale_early_grads(coefficient);
+}
+
+void AdamW::forget_early_grads() {
+  if (host_) host_->forget_early_grads();
+}
+
+size_t AdamW::early_grad_chunks() const {
+  return host_ ? host_->early_chunks() : 0;
+}
+
+size_t AdamW::host_chunks() const {
+  return host_ ? host_->chunks().size() : 0;
 }
 
 size_t AdamW::host_staging_bytes() const {

@@ -4,6 +4,7 @@
 #include <iterator>
 
 #include "core/check.h"
+#include "kernels/ops.h"
 
 namespace pentad {
 
@@ -59,6 +60,32 @@ HostOffload::HostOffload(const ParamStore& params, const StateShard& shard, int6
 
 HostOffload::~HostOffload() {
   host_unpin(staging_.base());
+  host_unpin(early_.base());
+}
+
+void HostOffload::download_early_grads(const float* grads, Device device, int64_t state,
+                                       int64_t count) {
+  if (count <= 0) return;
+  if (!early_.base()) {
+    int64_t numel = 0;
+    for (const HostChunk& c : chunks_) numel = std::max(numel, c.state + c.count);
+    early_ = Arena("optimizer offload: gradients brought down early (page-locked)",
+                   std::max<size_t>(1, size_t(numel) * sizeof(float)), Device::CPU);
+    host_pin(early_.base(), early_.capacity());
+    came_early_.assign(chunks_.size(), 0);
+  }
+  down_.begin_after_compute();
+  down_.copy(static_cast<float*>(early_.base()) + state, Device::CPU, grads + state, device,
+             size_t(count) * sizeof(float));
+  for (size_t k = 0; k < chunks_.size(); ++k)
+    if (chunks_[k].state >= state && chunks_[k].state + chunks_[k].count <= state + count)
+      came_early_[k] = 1;
+}
+
+void HostOffload::forget_early_grads() {
+  std::fill(came_early_.begin(), came_early_.end(), 0);
+  early_scale_ = 1.0f;
+  early_used_ = 0;
 }
 
 std::pair<size_t, size_t> HostOffload::chunks_in(int64_t state_begin, int64_t state_end) const {
@@ -90,12 +117,24 @@ void HostOffload::step_chunks(ParamStore& params, const Tensor& grads, size_t fi
     return slot_params(k) + (params_on_host_ ? 0 : slot_elements_);
   };
   const size_t bytes_per = sizeof(float);
+  auto early = [&](size_t k) { return !came_early_.empty() && came_early_[k]; };
+  // A chunk whose gradients came down early reads them there, scaled as the device's were.
+  auto chunk_grads = [&](size_t k) -> const float* {
+    if (!early(k)) return slot_grads(k);
+    ++early_used_;
+    const HostChunk& c = chunks_[k];
+    float* const at = static_cast<float*>(early_.base()) + c.state;
+    if (early_scale_ != 1.0f)
+      kernels::scale(view_of(at, Shape{c.count}, DType::F32, Device::CPU), early_scale_);
+    return at;
+  };
   auto download = [&](size_t k) {
     const HostChunk& c = chunks_[k];
     if (!params_on_host_)
       down_.copy(slot_params(k), Device::CPU, arena + c.arena, device, size_t(c.count) * bytes_per);
-    down_.copy(slot_grads(k), Device::CPU, g + (grads.data ? c.state : c.arena), device,
-               size_t(c.count) * bytes_per);
+    if (!early(k))
+      down_.copy(slot_grads(k), Device::CPU, g + (grads.data ? c.state : c.arena), device,
+                 size_t(c.count) * bytes_per);
   };
   // Both streams behind every kernel issued so far: the gradients' reduction and clipping
   // (downloads), and whatever still reads the parameters (uploads overwrite them).
@@ -113,10 +152,10 @@ void HostOffload::step_chunks(ParamStore& params, const Tensor& grads, size_t fi
     const HostChunk& c = chunks_[k];
     if (before_chunk) before_chunk(c);
     if (params_on_host_) {
-      update(c, nullptr, slot_grads(k));
+      update(c, nullptr, chunk_grads(k));
       continue;
     }
-    update(c, slot_params(k), slot_grads(k));
+    update(c, slot_params(k), chunk_grads(k));
     up_.copy(arena + c.arena, device, slot_params(k), Device::CPU, size_t(c.count) * bytes_per);
   }
   // The new values are in the arena before any later kernel reads them.

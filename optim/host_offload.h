@@ -18,8 +18,14 @@
 // Stream rule: the first download waits for the compute stream (an event); the step returns
 // after the last upload has landed (the host waits), so kernels issued afterwards (ZeRO's
 // all-gather, the bf16 copy's refresh, the next forward) read the new values.
-// Not overlapped yet: the gradients come down only once the step begins, not bucket by
-// bucket during backward.
+// Gradients brought down during backward (download_early_grads): the trainer queues each
+// bucket's reduced gradients for download as soon as its reduction is done, on the
+// download stream, so that the bus carries them while backward computes the layers below.
+// A chunk lying wholly inside what came down that way downloads only its parameters at the
+// step, and its gradients are scaled on the host by the step's clipping coefficient
+// (scale_early_grads: the device's copy was scaled by the same fp32 multiply). Any other
+// chunk (a bucket reduced after the device's gradients were changed again, a run without a
+// reducer) downloads its gradients at the step as before.
 //
 // With parallel.offload = "nvme" the moments live in a file instead (optim/nvme_state.h) and
 // AdamW (optim/adamw.cpp) nests the two streams: the NVMe engine's sub-group loop outside
@@ -88,14 +94,29 @@ class HostOffload {
   // must be cut at that range's ends (group_elements), or a chunk would straddle them.
   std::pair<size_t, size_t> chunks_in(int64_t state_begin, int64_t state_end) const;
 
+  // Elements [state, state + count) of the shard's reduced gradients (grads: where element 0
+  // of the layout the step reads lies, on `device`), queued for download behind every kernel
+  // issued so far. The first call allocates the host copy (4 bytes an element, page-locked).
+  void download_early_grads(const float* grads, Device device, int64_t state, int64_t count);
+  // The step's clipping coefficient (1: none), for the gradients that came down early.
+  void scale_early_grads(float coefficient) { early_scale_ = coefficient; }
+  // At the start of each step: nothing has come down yet.
+  void forget_early_grads();
+  // Chunks that took their gradients from what came down early, since forget_early_grads().
+  size_t early_chunks() const { return early_used_; }
+
   const std::vector<HostChunk>& chunks() const { return chunks_; }
-  size_t staging_bytes() const { return staging_.capacity(); }
+  size_t staging_bytes() const { return staging_.capacity() + early_.capacity(); }
 
  private:
   std::vector<HostChunk> chunks_;
   int64_t slot_elements_ = 0;  // the largest chunk
   bool params_on_host_ = false;
   Arena staging_;  // 2 slots x (parameters, gradients), page-locked; params_on_host: gradients
+  Arena early_;    // the shard's gradients brought down early (page-locked), at state offsets
+  std::vector<char> came_early_;  // per chunk: its gradients are in early_
+  float early_scale_ = 1.0f;
+  size_t early_used_ = 0;
   AsyncCopier down_, up_;
 };
 

@@ -148,6 +148,14 @@ add_test(NAME zero_offload
 set_tests_properties(zero_offload PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE
   PASS_REGULAR_EXPRESSION "offloaded state trains exactly")
 
+# The host-offloaded AdamW of device runs, its logic on CPU ranks (PENTAD_HOST_ADAMW=1):
+# gradients brought down during backward, bitwise the in-place update.
+add_test(NAME host_adamw
+  COMMAND ${PENTAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/host_adamw.py
+          $<TARGET_FILE:pentad> ${RECIPES} ${CMAKE_CURRENT_BINARY_DIR}/host-adamw)
+set_tests_properties(host_adamw PROPERTIES TIMEOUT 600
+  PASS_REGULAR_EXPRESSION "host AdamW trains exactly")
+
 # Fault detection and recovery under `pentad launch` (4 ranks): each injected fault named
 # (class, culprit, latency) and recovered bitwise from the last checkpoint.
 add_test(NAME fault_detection

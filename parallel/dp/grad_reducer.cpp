@@ -199,15 +199,16 @@ void GradReducer::start(Bucket& b) {
 void GradReducer::complete(Bucket& b) {
   if (b.done) return;
   b.done = true;
-  if (stage_ < 2) return;
-  const int64_t mine = b.counts[size_t(group_.rank())];
-  if (accumulate_ && mine > 0) {
+  const int64_t mine = stage_ == 0 ? 0 : b.counts[size_t(group_.rank())];
+  if (accumulate_ && mine > 0) {  // stage 2's later micro-batches
     auto at = [&](void* base) {
       return view_of(static_cast<float*>(base) + b.shard, Shape{mine}, DType::F32, device_);
     };
     kernels::add(at(shares_), at(shares_), at(incoming_.base()));
   }
-  drop_grads(b);
+  if (reduced_ && stage_ == 0) reduced_(b.begin, b.end - b.begin);
+  if (reduced_ && mine > 0) reduced_(b.shard, mine);
+  if (stage_ >= 2) drop_grads(b);
 }
 
 void GradReducer::ready_from(int64_t offset) {
@@ -218,7 +219,7 @@ void GradReducer::ready_from(int64_t offset) {
     start(b);
   }
   for (size_t i = 0; i < next_; ++i)  // drive progress; stage 2 frees what is done
-    if (buckets_[i].work.test() && stage_ >= 2) complete(buckets_[i]);
+    if (buckets_[i].work.test()) complete(buckets_[i]);
   if (stage_ < 2) return;
   // Stage 2 holds at most kInFlight buckets of full-size gradients: MPI without a progress
   // thread moves a reduction only inside MPI calls, so without this bound buckets finish

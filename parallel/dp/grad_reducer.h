@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/params.h"
@@ -111,6 +112,13 @@ class GradReducer {
   // that the read overlaps the compute of the unit before.
   void read_ahead(int bucket);
 
+  // While set, reduced(at, count) is called as each bucket's reduction is done: elements
+  // [at, at + count) of the reduced gradients are final (the compact shares' offsets with
+  // ZeRO, the gradient arena's without). The trainer sets it for a step's last reduction
+  // only: host-offloaded AdamW brings them down then, during backward.
+  using Reduced = std::function<void(int64_t at, int64_t count)>;
+  void on_reduced(Reduced reduced) { reduced_ = std::move(reduced); }
+
   int zero_stage() const { return stage_; }
   static constexpr size_t kInFlight = 2;  // stage 2: buckets of full gradients at most pending
   int64_t largest_bucket() const;         // elements
@@ -162,7 +170,8 @@ class GradReducer {
   Arena shard_grads_, incoming_;  // ZeRO: reduced shares; stage 2's next micro-batch's
   float* shares_ = nullptr;       // the reduced shares: shard_grads_, or place_shares()'
   bool accumulate_ = false;
-  FetchShare fetch_;         // stage 3: where this rank's shares come from (empty: they stay)
+  FetchShare fetch_;  // stage 3: where this rank's shares come from (empty: they stay)
+  Reduced reduced_;
   std::vector<Arena> pool_;  // stages 2, 3: buffers not in use
 };
 

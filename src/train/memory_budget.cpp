@@ -279,6 +279,11 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
       const double chunk = std::min(shares, double(AdamW::kChunkElements));
       e.host += e.optimizer + 2 * (nvme_params ? 1 : 2) * chunk * f32;
       e.optimizer = 0;
+      // With a gradient reducer, the shard's gradients brought down during backward (4S;
+      // not under pipelining with a tied embedding, Trainer::download_grads_during_backward).
+      const bool reduces =
+          mesh.dp * mesh.cp > 1 || parallel::mesh_degree(mesh, parallel::Axis::EDP) > 1;
+      if (reduces && !(mesh.pp > 1 && m.tie_embeddings)) e.host += shares * f32;
     }
   }
   return e;

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <limits>
 #include <numeric>
+#include <string_view>
 #include <thread>
 
 #include "core/device_memory.h"
@@ -22,6 +23,17 @@
 #include "train/recipe.h"
 
 namespace pentad {
+
+namespace {
+
+// PENTAD_HOST_ADAMW=1: a CPU run with parallel.offload set updates through the host-offload
+// path a device run takes (optim/host_offload.h), so that its logic is tested on CPU ranks.
+bool host_adamw_forced() {
+  const char* v = std::getenv("PENTAD_HOST_ADAMW");
+  return v != nullptr && std::string_view(v) == "1";
+}
+
+}  // namespace
 
 Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mesh) {
   const TrainConfig& t = cfg.train;
@@ -82,8 +94,9 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
       fmt::format("pentad-adamw-rank{:05d}.state", world_rank_),
       cfg.parallel.offload == "nvme" && zero() == 3 && cfg.parallel.offload_params,
       // On CUDA either offload updates on the host (optim/host_offload.h), moments in host
-      // memory or, with "nvme", in the file.
-      cfg.parallel.offload != "none" && t.device == "cuda");
+      // memory or, with "nvme", in the file. PENTAD_HOST_ADAMW=1 makes a CPU run take the
+      // same path (tests: the device run's streaming logic, on host memory).
+      cfg.parallel.offload != "none" && (t.device == "cuda" || host_adamw_forced()));
   if (zero() == 3) {
     std::vector<parallel::GradReducer*> gathering = zero_reducers();
     if (bug_injected("zero3-moe-skip-expert-gather"))  // planted for the layout test
@@ -155,6 +168,7 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
     device_zero(step_sums_.base(), kStepSums * sizeof(double));
     model_->set_loss_total(step_sum(0, 1));
   }
+  optimizer_->forget_early_grads();  // host-offloaded AdamW: none of this step's yet
   GradsReady on_ready;
   if (reducer_ || expert_reducer_)
     on_ready = [this](int64_t offset) {
@@ -162,6 +176,7 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
       if (expert_reducer_) expert_reducer_->ready_from(offset);
     };
   if (pipeline_) {
+    download_grads_during_backward(true);  // stages 0 and 1 reduce after the last micro-batch
     loss_sum = pipeline_->train(
         step,
         [&](int micro, std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
@@ -176,6 +191,7 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
       const bool reduce_now = micro + 1 == t.grad_accum || zero() >= 2;
       for (parallel::GradReducer* r : {reducer_.get(), expert_reducer_.get()})
         if (r && zero() >= 2) r->set_accumulate(micro > 0);
+      download_grads_during_backward(micro + 1 == t.grad_accum);
       model_->backward(reduce_now, on_ready);
       for (parallel::GradReducer* r : {reducer_.get(), expert_reducer_.get()})
         if (r && zero() >= 2 && micro + 1 < t.grad_accum) r->finish();
@@ -197,6 +213,7 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
   }
   if (reducer_) reducer_->finish();
   if (expert_reducer_) expert_reducer_->finish();
+  download_grads_during_backward(false);
   // Tied embeddings under pipelining: the first and last stages' tables get the sum of
   // both gradients, so they stay equal.
   // With ZeRO each rank sums its shares of them (cut alike on both stages).
@@ -242,7 +259,8 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
     s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return s;
   }
-  clip_gradients(params, s.grad_norm, cfg_.optim.grad_clip, reduced_shares());
+  optimizer_->scale_early_grads(
+      clip_gradients(params, s.grad_norm, cfg_.optim.grad_clip, reduced_shares()));
   if (pipeline_ && cfg_.parallel.pp_schedule == "adaptive" &&
       (step + 1) % cfg_.parallel.pp_adapt_every == 0)
     adapt_pipeline_group();
@@ -361,6 +379,11 @@ void Trainer::run() {
   const int low = all_ranks(peak_mib, parallel::ReduceOp::Min);
   const int high = all_ranks(peak_mib, parallel::ReduceOp::Max);
   if (logs()) spdlog::info("peak resident memory per rank: {} to {} MiB", low, high);
+  if (optimizer_->on_host() && logs())
+    spdlog::info(
+        "host AdamW (rank 0): {} of the last step's {} chunks took gradients brought down "
+        "during backward",
+        optimizer_->early_grad_chunks(), optimizer_->host_chunks());
   if (const NvmeState* nvme = optimizer_->nvme(); nvme && logs()) {
     const NvmeState::Stats io = nvme->stats();
     spdlog::info(

@@ -276,6 +276,9 @@ class Trainer {
   // ZeRO: the reducers whose shares make up the optimizer's shard (the dense one, then the
   // experts' with MoE); at stage 3 they gather the parameters too.
   std::vector<parallel::GradReducer*> zero_reducers() const;
+  // Host-offloaded AdamW: each bucket's reduced gradients come down as its reduction of the
+  // step's last micro-batch is done (on), or no more (off: after the reducers finish).
+  void download_grads_during_backward(bool on);
   // train/trainer_zero.cpp: reducer_ and expert_reducer_ (and zero_grads_) built; the
   // optimizer's shard over both; the reduced shares it reads (empty without ZeRO); the
   // global gradient norm; ZeRO's parameters gathered after the optimizer step.

@@ -77,6 +77,27 @@ void Trainer::build_reducers(size_t bucket_bytes) {
   expert_reducer_->place_shares(part(dense.numel, expert_reducer_->shard().numel));
 }
 
+void Trainer::download_grads_during_backward(bool on) {
+  // Host-offloaded AdamW (a device's parameters, parallel.offload "cpu" or "nvme"): each
+  // bucket's reduced gradients come down as soon as its last reduction of the step is done
+  // (optim/host_offload.h). Not under pipelining with a tied embedding: the two end stages
+  // sum its gradients after the reducers finish.
+  if (!optimizer_->on_host() || (mesh_ && mesh_->embedding_group() && cfg_.model.tie_embeddings))
+    return;
+  // Where the optimizer reads them: ZeRO's compact shares (the dense reducer's, then the
+  // experts'), or the gradient arena.
+  const float* const grads = zero() ? reduced_shares().f32() : model_->params().all_grads().f32();
+  int64_t first = 0;
+  for (parallel::GradReducer* r : {reducer_.get(), expert_reducer_.get()}) {
+    if (!r) continue;
+    r->on_reduced(!on ? parallel::GradReducer::Reduced()
+                      : [this, grads, first](int64_t at, int64_t count) {
+                          optimizer_->download_early_grads(grads, first + at, count);
+                        });
+    if (zero()) first += r->shard().numel;
+  }
+}
+
 StateShard Trainer::optimizer_shard() const {
   if (!zero()) return {};
   if (!zero_grads_.base()) return reducer_->shard();
