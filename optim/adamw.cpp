@@ -254,6 +254,11 @@ void AdamW::step_on_host(ParamStore& params, float lr, const BeforeChunk& before
                    : HostOffload::BeforeChunk());
 }
 
+void AdamW::reserve_early_grads() {
+  PENTAD_CHECK(host_, "reserve_early_grads: AdamW does not update on the host");
+  host_->reserve_early_grads();
+}
+
 void AdamW::download_early_grads(const float* grads, int64_t state, int64_t count) {
   PENTAD_CHECK(host_, "download_early_grads: AdamW does not update on the host");
   host_->download_early_grads(grads, params_device_, state, count);

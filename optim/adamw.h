@@ -92,7 +92,8 @@ class AdamW {
   // on_host: the shard's reduced gradients [state, state + count) (grads: the layout step()
   // reads, on the parameters' device) are final and come down now, during backward; the
   // step's clipping coefficient for them; forgotten at each step's start; the chunks of the
-  // step that used them (HostOffload's early gradients).
+  // step that used them (HostOffload's early gradients; reserve_early_grads() first).
+  void reserve_early_grads();
   void download_early_grads(const float* grads, int64_t state, int64_t count);
   void scale_early_grads(float coefficient);
   void forget_early_grads();

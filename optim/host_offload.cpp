@@ -63,17 +63,20 @@ HostOffload::~HostOffload() {
   host_unpin(early_.base());
 }
 
+void HostOffload::reserve_early_grads() {
+  if (early_.base()) return;
+  int64_t numel = 0;
+  for (const HostChunk& c : chunks_) numel = std::max(numel, c.state + c.count);
+  early_ = Arena("optimizer offload: gradients brought down early (page-locked)",
+                 std::max<size_t>(1, size_t(numel) * sizeof(float)), Device::CPU);
+  host_pin(early_.base(), early_.capacity());
+  came_early_.assign(chunks_.size(), 0);
+}
+
 void HostOffload::download_early_grads(const float* grads, Device device, int64_t state,
                                        int64_t count) {
+  PENTAD_CHECK(early_.base(), "download_early_grads before reserve_early_grads");
   if (count <= 0) return;
-  if (!early_.base()) {
-    int64_t numel = 0;
-    for (const HostChunk& c : chunks_) numel = std::max(numel, c.state + c.count);
-    early_ = Arena("optimizer offload: gradients brought down early (page-locked)",
-                   std::max<size_t>(1, size_t(numel) * sizeof(float)), Device::CPU);
-    host_pin(early_.base(), early_.capacity());
-    came_early_.assign(chunks_.size(), 0);
-  }
   down_.begin_after_compute();
   down_.copy(static_cast<float*>(early_.base()) + state, Device::CPU, grads + state, device,
              size_t(count) * sizeof(float));

@@ -94,9 +94,11 @@ class HostOffload {
   // must be cut at that range's ends (group_elements), or a chunk would straddle them.
   std::pair<size_t, size_t> chunks_in(int64_t state_begin, int64_t state_end) const;
 
+  // The host copy of the shard's gradients (4 bytes an element, page-locked), once.
+  void reserve_early_grads();
   // Elements [state, state + count) of the shard's reduced gradients (grads: where element 0
   // of the layout the step reads lies, on `device`), queued for download behind every kernel
-  // issued so far. The first call allocates the host copy (4 bytes an element, page-locked).
+  // issued so far, into the host copy (reserve_early_grads() first).
   void download_early_grads(const float* grads, Device device, int64_t state, int64_t count);
   // The step's clipping coefficient (1: none), for the gradients that came down early.
   void scale_early_grads(float coefficient) { early_scale_ = coefficient; }

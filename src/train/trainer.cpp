@@ -97,6 +97,7 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
       // memory or, with "nvme", in the file. PENTAD_HOST_ADAMW=1 makes a CPU run take the
       // same path (tests: the device run's streaming logic, on host memory).
       cfg.parallel.offload != "none" && (t.device == "cuda" || host_adamw_forced()));
+  if (grads_come_down_early()) optimizer_->reserve_early_grads();
   if (zero() == 3) {
     std::vector<parallel::GradReducer*> gathering = zero_reducers();
     if (bug_injected("zero3-moe-skip-expert-gather"))  // planted for the layout test

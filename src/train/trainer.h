@@ -279,6 +279,7 @@ class Trainer {
   // Host-offloaded AdamW: each bucket's reduced gradients come down as its reduction of the
   // step's last micro-batch is done (on), or no more (off: after the reducers finish).
   void download_grads_during_backward(bool on);
+  bool grads_come_down_early() const;
   // train/trainer_zero.cpp: reducer_ and expert_reducer_ (and zero_grads_) built; the
   // optimizer's shard over both; the reduced shares it reads (empty without ZeRO); the
   // global gradient norm; ZeRO's parameters gathered after the optimizer step.

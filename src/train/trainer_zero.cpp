@@ -77,13 +77,18 @@ void Trainer::build_reducers(size_t bucket_bytes) {
   expert_reducer_->place_shares(part(dense.numel, expert_reducer_->shard().numel));
 }
 
+bool Trainer::grads_come_down_early() const {
+  // Host-offloaded AdamW (a device's parameters, parallel.offload "cpu" or "nvme"), with a
+  // reducer to say when a bucket is final. Not under pipelining with a tied embedding: the
+  // two end stages sum its gradients after the reducers finish.
+  return optimizer_->on_host() && (reducer_ || expert_reducer_) &&
+         !(mesh_ && mesh_->embedding_group() && cfg_.model.tie_embeddings);
+}
+
 void Trainer::download_grads_during_backward(bool on) {
-  // Host-offloaded AdamW (a device's parameters, parallel.offload "cpu" or "nvme"): each
-  // bucket's reduced gradients come down as soon as its last reduction of the step is done
-  // (optim/host_offload.h). Not under pipelining with a tied embedding: the two end stages
-  // sum its gradients after the reducers finish.
-  if (!optimizer_->on_host() || (mesh_ && mesh_->embedding_group() && cfg_.model.tie_embeddings))
-    return;
+  // Each bucket's reduced gradients come down as soon as its last reduction of the step is
+  // done (optim/host_offload.h).
+  if (!grads_come_down_early()) return;
   // Where the optimizer reads them: ZeRO's compact shares (the dense reducer's, then the
   // experts'), or the gradient arena.
   const float* const grads = zero() ? reduced_shares().f32() : model_->params().all_grads().f32();

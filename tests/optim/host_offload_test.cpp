@@ -169,6 +169,50 @@ TEST(HostOffload, AdamWStepThroughTheHostIsBitwiseTheStepInPlace) {
   }
 }
 
+// Gradients brought down during backward (the trainer's early downloads, bucket by bucket):
+// the chunks lying wholly inside what came down take their gradients there, scaled on the host
+// by the step's clipping coefficient, the others (the device's copy, clipped there) at the
+// step. A download covering part of a chunk does not count for it, what came down before a
+// step's forget_early_grads() does not count at all, and the result is bitwise the step in
+// place on the clipped gradients.
+TEST(HostOffload, GradientsBroughtDownEarlyAreBitwiseTheStepInPlace) {
+  OptimConfig cfg;
+  ParamStore plain = make_params(), hosted = make_params();
+  const StateShard shard = some_rows_reordered(plain);
+  AdamW a(cfg, plain, shard), b(cfg, hosted, shard, nullptr, "", false, /*on_host=*/true);
+  const size_t staging = b.host_staging_bytes();
+  b.reserve_early_grads();
+  EXPECT_GE(b.host_staging_bytes(), staging + size_t(shard.numel) * sizeof(float));
+  EXPECT_LT(b.host_staging_bytes(), staging + size_t(shard.numel) * sizeof(float) + 4096);
+  const int64_t n = shard.numel, half = n / 2 + 3;  // not at a chunk boundary
+  for (int64_t step = 1; step <= 3; ++step) {
+    std::vector<float> g = normal(n, uint32_t(step)), clipped = g;
+    const float coefficient = step == 2 ? 1.0f : 0.25f * float(step);
+    for (float& x : clipped) x *= coefficient;
+    b.forget_early_grads();
+    // A stale download of another step's gradients: forgotten.
+    if (step == 1) b.download_early_grads(normal(n, 99).data(), 0, n);
+    b.forget_early_grads();
+    b.download_early_grads(g.data(), half, n - half);  // the second part, as reduced
+    b.download_early_grads(g.data(), 0, 5);            // a sliver of the first chunk
+    b.scale_early_grads(coefficient);
+    const float lr = 1e-3f * float(step);
+    a.step(plain, lr, {}, false, view_of(clipped.data(), Shape{n}));
+    // The device's copy: clipped where the step reads it; the early copy was not.
+    b.step(hosted, lr, {}, false, view_of(clipped.data(), Shape{n}));
+    size_t inside = 0;
+    for (const HostChunk& c : plan_host_chunks(hosted, shard, kChunk))
+      inside += c.state >= half ? 1 : 0;
+    EXPECT_EQ(b.early_grad_chunks(), inside) << "step " << step;
+  }
+  EXPECT_GT(b.early_grad_chunks(), 0u);
+  EXPECT_LT(b.early_grad_chunks(), b.host_chunks());
+  EXPECT_EQ(std::memcmp(plain.all_params().data, hosted.all_params().data, plain.bytes()), 0);
+  const size_t state = size_t(shard.numel) * sizeof(float);
+  EXPECT_EQ(std::memcmp(a.m_base(), b.m_base(), state), 0);
+  EXPECT_EQ(std::memcmp(a.v_base(), b.v_base(), state), 0);
+}
+
 // Cut at sub-groups (the NVMe path): every chunk lies inside one sub-group of the shard's
 // layout, the chunks still tile the same elements, and chunks_in() finds exactly the chunks of
 // each sub-group.
