@@ -21,6 +21,19 @@ which=("$@")
 ((${#which[@]})) || which=(asan tsan)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export PENTAD_POISON=1
+# Programs share the cores (run, below): idle OpenMP threads and MPI ranks sleep instead of
+# spinning on a core another program could use (scripts/test.sh says what spinning costs).
+export OMP_WAIT_POLICY=passive OMPI_MCA_mpi_yield_when_idle=1
+# Two MPI programs starting at once can race to create Open MPI's session directory
+# (scripts/test.sh says how); an mpirun kept alive for the whole run keeps it in place.
+mpirun -np 1 sleep 86400 >/dev/null 2>&1 &
+keeper=$!
+disown "$keeper"  # not one of the programs that run and finish count and wait for
+trap 'kill "$keeper" 2>/dev/null || true' EXIT
+for _ in $(seq 100); do
+  compgen -G "${TMPDIR:-/tmp}/ompi.*.$(id -u)/pid.$keeper" >/dev/null && break
+  sleep 0.1
+done
 failed=()
 
 # A sanitizer build must still catch the bug planted for it (tests/sanitizers/
@@ -39,16 +52,33 @@ planted() {
   fi
 }
 
-# Runs one test program; records a failure instead of stopping, so one run shows all.
+# Runs one test program in the background, at most $slots at once (one per core: a
+# sanitized program spends much of its run in serial code, so two share two cores well;
+# each keeps its own 2 threads or ranks). A failure is recorded, not fatal, so one run
+# shows all; finish waits for every program and collects them.
+slots=$(nproc)
 run() {
   local name=$1
   shift
-  echo "sanitize: $name"
-  if ! "$@" >"$log_dir/$name.log" 2>&1; then
-    echo "sanitize: FAILED $name (log: $log_dir/$name.log)"
-    tail -40 "$log_dir/$name.log"
-    failed+=("$name")
-  fi
+  while (($(jobs -rp | wc -l) >= slots)); do wait -n || true; done
+  (
+    SECONDS=0
+    if "$@" >"$log_dir/$name.log" 2>&1; then
+      echo "sanitize: $name ($SECONDS s)"
+    else
+      printf 'sanitize: FAILED %s (log: %s)\n%s\n' "$name" "$log_dir/$name.log" \
+        "$(tail -40 "$log_dir/$name.log")"
+      touch "$log_dir/$name.failed"
+    fi
+  ) &
+}
+finish() {
+  wait
+  local f
+  for f in "$log_dir"/*.failed; do
+    [[ -e $f ]] && failed+=("$(basename "$f" .failed)")
+  done
+  return 0
 }
 
 unit_tests() {  # the gtest programs of the given test folders
@@ -63,7 +93,7 @@ for kind in "${which[@]}"; do
       dir=build-asan
       tests=($(unit_tests core kernels data model train checkpoint optim pp cli launch))
       cmake -S . -B $dir -G Ninja -DCMAKE_BUILD_TYPE=Release -DPENTAD_CUDA=OFF \
-        -DPENTAD_SANITIZE=address >/dev/null
+        -DPENTAD_SANITIZE=address -DPENTAD_DRIVER_OPT=-O0 >/dev/null
       cmake --build $dir -j"$(nproc)" --target pentad context_parallel_test zero_test "${tests[@]}"
       # Full stacks for every allocation (fast unwinding stops at the first library built
       # without frame pointers, so suppressions could not see Open MPI in the stack), and
@@ -73,7 +103,7 @@ for kind in "${which[@]}"; do
       export OMPI_MCA_mca_base_component_disable_dlclose=1
       export LSAN_OPTIONS=suppressions=$root/tests/sanitizers/lsan.supp:print_suppressions=0
       export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-      log_dir=$dir/sanitize-logs && mkdir -p "$log_dir"
+      log_dir=$dir/sanitize-logs && rm -rf "$log_dir" && mkdir -p "$log_dir"
       planted g++ "-fsanitize=address,undefined" overflow "heap-buffer-overflow"
       # Training to convergence belongs to the main build: under ASan it takes minutes.
       slow='Training.*OverfitsOneBatch:Training.SameSeed*:*FiniteDifferences*AcrossBlocks'
@@ -103,14 +133,17 @@ for kind in "${which[@]}"; do
       # Context parallelism: each form's attention on 4 ranks, and trainings with the ring
       # (a checkpoint saved and resumed) and with Ulysses (GPT-2's learned positions).
       run asan-context-parallel mpirun -np 4 $dir/tests/context_parallel_test
-      run asan-train-cp2-ring mpirun -np 2 $dir/pentad train recipes/llama-tiny.toml \
-        train.threads=2 parallel.cp=2 parallel.cp_impl=ring train.steps=3 train.eval_every=2 \
-        train.save_every=2 train.micro_batch=2 train.seq_len=32 data.source=random \
-        train.out_dir="$work/run5"
-      run asan-train-cp2-resume mpirun -np 2 $dir/pentad train recipes/llama-tiny.toml \
-        --resume latest train.threads=2 parallel.cp=2 parallel.cp_impl=ring train.steps=4 \
-        train.eval_every=0 train.micro_batch=2 train.seq_len=32 data.source=random \
-        train.out_dir="$work/run5"
+      ring_and_resume() {  # the resume reads the first run's checkpoint: one after the other
+        mpirun -np 2 $dir/pentad train recipes/llama-tiny.toml train.threads=2 \
+          parallel.cp=2 parallel.cp_impl=ring train.steps=3 train.eval_every=2 \
+          train.save_every=2 train.micro_batch=2 train.seq_len=32 data.source=random \
+          train.out_dir="$work/run5" &&
+          mpirun -np 2 $dir/pentad train recipes/llama-tiny.toml --resume latest \
+            train.threads=2 parallel.cp=2 parallel.cp_impl=ring train.steps=4 \
+            train.eval_every=0 train.micro_batch=2 train.seq_len=32 data.source=random \
+            train.out_dir="$work/run5"
+      }
+      run asan-train-cp2-ring-resume ring_and_resume
       run asan-train-cp2-ulysses mpirun -np 2 $dir/pentad train recipes/gpt-tiny.toml \
         train.threads=2 parallel.cp=2 parallel.cp_impl=ulysses train.steps=3 \
         train.eval_every=2 train.micro_batch=2 train.seq_len=32 data.source=random \
@@ -124,6 +157,7 @@ for kind in "${which[@]}"; do
         parallel.offload_path="$work/offload" parallel.nvme_subgroup_kb=64 train.steps=3 \
         train.eval_every=2 train.micro_batch=2 train.seq_len=32 data.source=random \
         train.out_dir="$work/run7"
+      finish
       rm -rf "$work"
       ;;
     tsan)
@@ -136,11 +170,12 @@ for kind in "${which[@]}"; do
       # thread (its OpenMP build links GCC's runtime, which TSan cannot see into).
       export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1"
       export OMP_TOOL_LIBRARIES=$(clang++ -print-resource-dir)/../../libarcher.so
-      log_dir=$dir/sanitize-logs && mkdir -p "$log_dir"
+      log_dir=$dir/sanitize-logs && rm -rf "$log_dir" && mkdir -p "$log_dir"
       planted clang++ "-fsanitize=thread -fopenmp=libomp" race "data race"
       for t in "${tests[@]}"; do
         run "tsan-$t" env OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=1 $dir/tests/$t
       done
+      finish
       ;;
     *) echo "sanitize.sh: unknown kind '$kind' (asan or tsan)" >&2; exit 2 ;;
   esac

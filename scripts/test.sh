@@ -9,6 +9,11 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 # Every arena and staging buffer starts as NaN, so a read before the first write fails
 # the test that does it instead of depending on what the heap held (core/tensor.h).
 export PENTAD_POISON=1
+# ctest runs two programs at once on the cores, each with 2 OpenMP threads or MPI ranks. A
+# spinning wait (GNU OpenMP's default at a barrier, Open MPI's in a blocking call) then
+# holds a core the other program's threads need, and every parallel region costs scheduler
+# quanta: Training.Gpt2OverfitsOneBatch took 72 s beside a build, 2.5 s with passive waits.
+export OMP_WAIT_POLICY=passive OMPI_MCA_mpi_yield_when_idle=1
 # Open MPI 4.1 creates its per-user session directory (${TMPDIR:-/tmp}/ompi.<host>.<uid>)
 # racily: when it does not exist, two MPI processes starting at the same moment (ctest runs
 # tests in parallel, several of them MPI singletons) can both try, and the loser fails
