@@ -26,6 +26,10 @@ namespace {
 
 using nlohmann::json;
 
+// How long a local rank's process may be gone, its connection still open and no bye read,
+// before it counts as dead: time for its last messages and end of connection to arrive.
+constexpr double kGoneGrace = 0.5;
+
 constexpr const char* kUsage =
     R"(Usage: pentad launch [options] -- LAUNCHER... pentad train RECIPE [args]
 
@@ -155,9 +159,10 @@ class Supervisor {
   std::string monitor_;
   std::chrono::steady_clock::time_point start_;
   int attempt_ = 0;
-  std::map<int, int> conn_rank_;  // connection -> rank, once its hello arrived
-  std::set<int> local_ranks_;     // ranks on this machine: their pids can be signalled
-  json layout_;                   // the mesh degrees and batch the ranks reported (hello)
+  std::map<int, int> conn_rank_;      // connection -> rank, once its hello arrived
+  std::set<int> local_ranks_;         // ranks on this machine: their pids can be signalled
+  std::map<int, double> gone_since_;  // local ranks whose process is gone, connection open
+  json layout_;                       // the mesh degrees and batch the ranks reported (hello)
   int world_ = 0;
   bool warned_unreadable_ = false;
 
@@ -179,6 +184,7 @@ int Supervisor::run() {
     Detector detector({o_.hang_factor, o_.hang_floor_s, o_.beat_timeout_s, prior_step_seconds});
     conn_rank_.clear();
     local_ranks_.clear();
+    gone_since_.clear();
     Job job(command,
             {{"PENTAD_MONITOR", monitor_}, {"PENTAD_LAUNCH_ATTEMPT", std::to_string(attempt_)}});
     Detection fault;
@@ -229,10 +235,18 @@ Supervisor::End Supervisor::run_attempt(Job& job, Detector& detector, Detection*
   for (;;) {
     if (g_stop_signal) return End::kStopped;
     server_.poll(0.05, on_line, on_closed);
-    for (int rank : local_ranks_) {  // a process gone whose connection lingers
+    // A process gone whose connection lingers (another process holds its socket). A rank
+    // that said bye and exited is gone before the bye and the connection's end are read:
+    // the kernel closes a dead process's socket, so they follow unless the socket lingers,
+    // and only then, kGoneGrace later, is the rank dead (from when it was first seen gone).
+    for (int rank : local_ranks_) {
       const RankState& r = detector.ranks().at(rank);
-      if (!r.closed && r.bye.empty() && !process_alive(pid_t(r.pid)))
-        detector.vanished(rank, now());
+      if (r.closed || !r.bye.empty() || process_alive(pid_t(r.pid))) {
+        gone_since_.erase(rank);
+        continue;
+      }
+      const double since = gone_since_.emplace(rank, now()).first->second;
+      if (now() - since >= kGoneGrace) detector.vanished(rank, since);
     }
     if (const std::optional<int> status = job.poll()) {
       if (*status == 0) {

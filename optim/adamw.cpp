@@ -75,12 +75,15 @@ void grad_sum_squares_into(const Tensor& sums, const ParamStore& params, bool co
       });
 }
 
-float clip_gradients(ParamStore& params, double norm, float max_norm, const Tensor& grads) {
+float clip_coefficient(double norm, float max_norm) {
   if (max_norm <= 0.0f) return 1.0f;
   const double coef = static_cast<double>(max_norm) / (norm + 1e-6);
-  if (coef >= 1.0) return 1.0f;
-  kernels::scale(grads.data ? grads : params.all_grads(), static_cast<float>(coef));
-  return static_cast<float>(coef);
+  return coef < 1.0 ? static_cast<float>(coef) : 1.0f;
+}
+
+void clip_gradients(ParamStore& params, double norm, float max_norm, const Tensor& grads) {
+  const float coef = clip_coefficient(norm, max_norm);
+  if (coef != 1.0f) kernels::scale(grads.data ? grads : params.all_grads(), coef);
 }
 
 AdamW::AdamW(const OptimConfig& cfg, const ParamStore& params, StateShard shard,
@@ -264,8 +267,9 @@ void AdamW::download_early_grads(const float* grads, int64_t state, int64_t coun
   host_->download_early_grads(grads, params_device_, state, count);
 }
 
-void AdamW::scale_early_grads(float coefficient) {
-  if (host_) host_->scale_early_grads(coefficient);
+void AdamW::scale_grads_on_host(float coefficient) {
+  PENTAD_CHECK(host_, "scale_grads_on_host: AdamW does not update on the host");
+  host_->scale_grads(coefficient);
 }
 
 void AdamW::forget_early_grads() {

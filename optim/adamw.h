@@ -47,8 +47,10 @@ void grad_sum_squares_into(const Tensor& sums, const ParamStore& params,
 
 // Scales gradients (the arena's, or the compact ZeRO shares given) so that their global norm
 // is at most max_norm (torch's clip_grad_norm_ rule: coefficient max_norm / (norm + 1e-6),
-// applied when below 1). Returns the coefficient applied (1: none).
-float clip_gradients(ParamStore& params, double norm, float max_norm, const Tensor& grads = {});
+// applied when below 1).
+void clip_gradients(ParamStore& params, double norm, float max_norm, const Tensor& grads = {});
+// That coefficient as applied (1: none), for gradients clipped elsewhere (AdamW on the host).
+float clip_coefficient(double norm, float max_norm);
 
 class AdamW {
  public:
@@ -90,12 +92,13 @@ class AdamW {
   // on_host: the page-locked staging (0 otherwise), with the parameter uploads' slots.
   size_t host_staging_bytes() const;
   // on_host: the shard's reduced gradients [state, state + count) (grads: the layout step()
-  // reads, on the parameters' device) are final and come down now, during backward; the
-  // step's clipping coefficient for them; forgotten at each step's start; the chunks of the
-  // step that used them (HostOffload's early gradients; reserve_early_grads() first).
+  // reads, on the parameters' device) are final and come down now, during backward
+  // (reserve_early_grads() first); forgotten at each step's start; the chunks of the step
+  // that used them (HostOffload's early gradients). The step's clipping coefficient is
+  // applied on the host (scale_grads_on_host), never to the device's copy.
   void reserve_early_grads();
   void download_early_grads(const float* grads, int64_t state, int64_t count);
-  void scale_early_grads(float coefficient);
+  void scale_grads_on_host(float coefficient);
   void forget_early_grads();
   size_t early_grad_chunks() const;
   size_t host_chunks() const;

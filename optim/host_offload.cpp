@@ -87,7 +87,7 @@ void HostOffload::download_early_grads(const float* grads, Device device, int64_
 
 void HostOffload::forget_early_grads() {
   std::fill(came_early_.begin(), came_early_.end(), 0);
-  early_scale_ = 1.0f;
+  grad_scale_ = 1.0f;
   early_used_ = 0;
 }
 
@@ -121,14 +121,16 @@ void HostOffload::step_chunks(ParamStore& params, const Tensor& grads, size_t fi
   };
   const size_t bytes_per = sizeof(float);
   auto early = [&](size_t k) { return !came_early_.empty() && came_early_[k]; };
-  // A chunk whose gradients came down early reads them there, scaled as the device's were.
+  // A chunk's gradients, in staging or where they came down early, clipped here.
   auto chunk_grads = [&](size_t k) -> const float* {
-    if (!early(k)) return slot_grads(k);
-    ++early_used_;
     const HostChunk& c = chunks_[k];
-    float* const at = static_cast<float*>(early_.base()) + c.state;
-    if (early_scale_ != 1.0f)
-      kernels::scale(view_of(at, Shape{c.count}, DType::F32, Device::CPU), early_scale_);
+    float* at = slot_grads(k);
+    if (early(k)) {
+      ++early_used_;
+      at = static_cast<float*>(early_.base()) + c.state;
+    }
+    if (grad_scale_ != 1.0f)
+      kernels::scale(view_of(at, Shape{c.count}, DType::F32, Device::CPU), grad_scale_);
     return at;
   };
   auto download = [&](size_t k) {

@@ -22,10 +22,11 @@
 // bucket's reduced gradients for download as soon as its reduction is done, on the
 // download stream, so that the bus carries them while backward computes the layers below.
 // A chunk lying wholly inside what came down that way downloads only its parameters at the
-// step, and its gradients are scaled on the host by the step's clipping coefficient
-// (scale_early_grads: the device's copy was scaled by the same fp32 multiply). Any other
-// chunk (a bucket reduced after the device's gradients were changed again, a run without a
-// reducer) downloads its gradients at the step as before.
+// step; any other (a run without a reducer) downloads its gradients at the step as before.
+// Clipping is applied on the host (scale_grads: the step's coefficient, the same fp32
+// multiply the CPU's clip_gradients does), to every chunk's gradients: the device's copy
+// is never scaled, since a scale on the compute stream could overwrite gradients that an
+// early download has not read yet.
 //
 // With parallel.offload = "nvme" the moments live in a file instead (optim/nvme_state.h) and
 // AdamW (optim/adamw.cpp) nests the two streams: the NVMe engine's sub-group loop outside
@@ -100,9 +101,9 @@ class HostOffload {
   // of the layout the step reads lies, on `device`), queued for download behind every kernel
   // issued so far, into the host copy (reserve_early_grads() first).
   void download_early_grads(const float* grads, Device device, int64_t state, int64_t count);
-  // The step's clipping coefficient (1: none), for the gradients that came down early.
-  void scale_early_grads(float coefficient) { early_scale_ = coefficient; }
-  // At the start of each step: nothing has come down yet.
+  // The step's clipping coefficient (1: none), applied to every chunk's gradients on the host.
+  void scale_grads(float coefficient) { grad_scale_ = coefficient; }
+  // At the start of each step: nothing has come down yet (and the scale is 1 again).
   void forget_early_grads();
   // Chunks that took their gradients from what came down early, since forget_early_grads().
   size_t early_chunks() const { return early_used_; }
@@ -117,7 +118,7 @@ class HostOffload {
   Arena staging_;  // 2 slots x (parameters, gradients), page-locked; params_on_host: gradients
   Arena early_;    // the shard's gradients brought down early (page-locked), at state offsets
   std::vector<char> came_early_;  // per chunk: its gradients are in early_
-  float early_scale_ = 1.0f;
+  float grad_scale_ = 1.0f;
   size_t early_used_ = 0;
   AsyncCopier down_, up_;
 };

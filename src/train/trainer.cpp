@@ -260,8 +260,10 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
     s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return s;
   }
-  optimizer_->scale_early_grads(
-      clip_gradients(params, s.grad_norm, cfg_.optim.grad_clip, reduced_shares()));
+  if (optimizer_->on_host())  // clipped on the host (optim/host_offload.h says why)
+    optimizer_->scale_grads_on_host(clip_coefficient(s.grad_norm, cfg_.optim.grad_clip));
+  else
+    clip_gradients(params, s.grad_norm, cfg_.optim.grad_clip, reduced_shares());
   if (pipeline_ && cfg_.parallel.pp_schedule == "adaptive" &&
       (step + 1) % cfg_.parallel.pp_adapt_every == 0)
     adapt_pipeline_group();

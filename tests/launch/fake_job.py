@@ -15,6 +15,9 @@ Scenarios (on attempt >= 1 the job runs clean unless --every-attempt):
   stop:R:S        rank R SIGSTOPs itself at step S (silent, connection open)
   slow:R:K        rank R computes K times longer every step; the others wait for it
   linkslow:A:B    beats carry a p2p latency matrix in which link A-B is 5x slower
+  lastword:R:0    rank R's process exits at the end before its bye, which a child holding its
+                  socket sends 0.2 s later (a clean end whose last message is still on its
+                  way when the process is gone); the job exits 1 s after its ranks
 --late-steps: the beats carry no progress; the last one, sent with the bye just after the
 job's own exit, carries every step (a run whose steps are shorter than a beat).
 """
@@ -133,6 +136,10 @@ def rank_main(rank, args, barrier, finished, attempt, resume_step, misbehave):
             send({"type": "beat", "rank": rank, "t": time.monotonic() - start,
                   "step": state["step"], "phase": "other", "ckpt_step": state["ckpt_step"],
                   "recent": recent})
+    if kind == "lastword" and rank == a and os.fork() != 0:
+        os._exit(0)  # the parent: gone first; the child says its bye
+    if kind == "lastword" and rank == a:
+        time.sleep(0.2)
     send({"type": "bye", "rank": rank, "status": "done", "message": ""})
     sock.close()
     os._exit(0)
@@ -184,6 +191,8 @@ def main():
     for pid in children:
         _, status = os.waitpid(pid, 0)
         failed += status != 0
+    if misbehave and misbehave[0] == "lastword":
+        time.sleep(1.0)
     sys.exit(1 if failed else 0)
 
 

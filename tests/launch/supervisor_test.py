@@ -2,7 +2,8 @@
 """`pentad launch` against a fake job (tests/launch/fake_job.py): each fault is detected with
 the right class and culprit within the latency bound, the ranks are asked for their traces,
 the job is ended and restarted from its checkpoint, and events.jsonl records all of it; a
-clean run sees no detection; a job that fails every time is given up after --max-restarts.
+clean run sees no detection, nor does one whose rank's process is gone before its bye is
+read; a job that fails every time is given up after --max-restarts.
 
 usage: supervisor_test.py PENTAD WORK_DIR
 """
@@ -87,6 +88,13 @@ def clean():
           f"clean: {events}")
 
 
+def last_word():
+    """A rank whose process is gone before its bye is read is not dead if the bye follows."""
+    p, events, _ = launch("lastword", "lastword:2:0", fake_options=["--steps", "15"])
+    check(p.returncode == 0 and not of(events, "detection") and not of(events, "action"),
+          f"last word: exit {p.returncode}, events {events}")
+
+
 def slow():
     p, events, _ = launch("slow", "slow:2:3")
     det = of(events, "detection")
@@ -164,7 +172,7 @@ with ThreadPoolExecutor(max_workers=4) as pool:
                                              3, HANG_BOUND_S),
             "non-comm slow": pool.submit(slow)}
     others = [pool.submit(f) for f in (clean, give_up, slow_restarts, slow_seen_at_the_end,
-                                       link_slow, stopped_by_signal)]
+                                       link_slow, stopped_by_signal, last_word)]
     latencies = {k: f.result() for k, f in jobs.items()}
     for f in others:
         f.result()

@@ -170,11 +170,11 @@ TEST(HostOffload, AdamWStepThroughTheHostIsBitwiseTheStepInPlace) {
 }
 
 // Gradients brought down during backward (the trainer's early downloads, bucket by bucket):
-// the chunks lying wholly inside what came down take their gradients there, scaled on the host
-// by the step's clipping coefficient, the others (the device's copy, clipped there) at the
-// step. A download covering part of a chunk does not count for it, what came down before a
-// step's forget_early_grads() does not count at all, and the result is bitwise the step in
-// place on the clipped gradients.
+// the chunks lying wholly inside what came down take their gradients there, the others at the
+// step; both are clipped on the host by the step's coefficient (the device's copy is never
+// scaled). A download covering part of a chunk does not count for it, what came down before
+// a step's forget_early_grads() does not count at all, and the result is bitwise the step in
+// place on gradients clipped by clip_gradients.
 TEST(HostOffload, GradientsBroughtDownEarlyAreBitwiseTheStepInPlace) {
   OptimConfig cfg;
   ParamStore plain = make_params(), hosted = make_params();
@@ -186,8 +186,9 @@ TEST(HostOffload, GradientsBroughtDownEarlyAreBitwiseTheStepInPlace) {
   EXPECT_LT(b.host_staging_bytes(), staging + size_t(shard.numel) * sizeof(float) + 4096);
   const int64_t n = shard.numel, half = n / 2 + 3;  // not at a chunk boundary
   for (int64_t step = 1; step <= 3; ++step) {
-    std::vector<float> g = normal(n, uint32_t(step)), clipped = g;
+    std::vector<float> g = normal(n, uint32_t(step));
     const float coefficient = step == 2 ? 1.0f : 0.25f * float(step);
+    std::vector<float> clipped = g;  // as the CPU's clip_gradients scales them
     for (float& x : clipped) x *= coefficient;
     b.forget_early_grads();
     // A stale download of another step's gradients: forgotten.
@@ -195,11 +196,10 @@ TEST(HostOffload, GradientsBroughtDownEarlyAreBitwiseTheStepInPlace) {
     b.forget_early_grads();
     b.download_early_grads(g.data(), half, n - half);  // the second part, as reduced
     b.download_early_grads(g.data(), 0, 5);            // a sliver of the first chunk
-    b.scale_early_grads(coefficient);
+    b.scale_grads_on_host(coefficient);
     const float lr = 1e-3f * float(step);
     a.step(plain, lr, {}, false, view_of(clipped.data(), Shape{n}));
-    // The device's copy: clipped where the step reads it; the early copy was not.
-    b.step(hosted, lr, {}, false, view_of(clipped.data(), Shape{n}));
+    b.step(hosted, lr, {}, false, view_of(g.data(), Shape{n}));  // the device's copy: unclipped
     size_t inside = 0;
     for (const HostChunk& c : plan_host_chunks(hosted, shard, kChunk))
       inside += c.state >= half ? 1 : 0;

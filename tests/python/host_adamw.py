@@ -2,11 +2,11 @@
 """The host-offloaded AdamW of a device run (parallel.offload = "cpu" or "nvme" on CUDA,
 optim/host_offload.h), its logic run on CPU ranks: PENTAD_HOST_ADAMW=1 makes a CPU run take
 that path, where every device copy is a host copy. Each bucket's reduced gradients come down
-as soon as its reduction of the step's last micro-batch is done, and the step scales them
-on the host by the clipping coefficient (optim.grad_clip = 0.05, so that every step clips).
+as soon as its reduction of the step's last micro-batch is done, and the step clips every
+chunk's gradients on the host (optim.grad_clip = 0.05, so that every step clips).
 
 For dp2 without ZeRO (all-reduce in the gradient arena), zero 1, zero 2 with grad_accum 2
-(reductions of earlier micro-batches must not count), zero 3 with the state and the
+(every micro-batch reduces; the step must see the last one's sums), zero 3 with the state and the
 parameter shares on NVMe, and MoE dp2 x ep2 at zero 2 (the experts' shares after the dense
 ones in the optimizer's shard): 6 losses and the final weights bitwise equal to the same run
 updating in place, and every chunk of the last step took the gradients brought down during
