@@ -9,7 +9,8 @@
 //  - a step makes the host wait for the device once (its one readback);
 //  - with AdamW offloaded to the host (parallel.offload = "cpu"), fp32 and bf16 on CUDA
 //    follow the CPU as closely as without it; so does fp32 with AdamW's moments on NVMe
-//    (parallel.offload = "nvme", updated on the host).
+//    (parallel.offload = "nvme", updated on the host);
+//  - the host AdamW's gradients brought down ahead of the step are bitwise the CPU's step.
 //
 // Data: an llm.c shard the test writes itself (no corpus, no network): a Markov chain in
 // which every token has 4 possible successors. It starts at ln 256 = 5.55 nats and can be
@@ -52,6 +53,7 @@
 
 #include "core/device_memory.h"
 #include "launch/rank.h"
+#include "optim/adamw.h"
 #include "tests/cuda/train_test_util.h"
 #include "train/recipe.h"
 #include "train/trainer.h"
@@ -193,6 +195,50 @@ TEST_P(CudaTrain, NvmeOffloadFp32MatchesCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaTrain, ::testing::Values(kGpt2, kLlama), case_name);
+
+// (h): gradients brought down during backward (optim/host_offload.h's early downloads) on
+// one GPU, where no reducer exists to queue them: AdamW on the host over device parameters,
+// the second half of the gradients queued for download before the step (behind the copy that
+// wrote them, as the trainer queues each reduced bucket behind its reduction), the rest
+// downloaded at the step, all clipped on the host. The update runs on the host in both runs
+// and the copies are exact, so the parameters must be bitwise the CPU's AdamW in place on the
+// same clipped gradients.
+TEST(CudaHostAdamW, EarlyGradientsAreBitwiseTheCpuStep) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  auto make = [](Device device) {
+    ParamStore p;
+    p.add("matrix", Shape{300, 257}, Init::Normal, 0.02f, true);
+    p.add("vector", Shape{1000}, Init::Ones, 0.0f, false);
+    Placement where;
+    where.device = device;
+    p.allocate(where);
+    p.initialize(5);
+    return p;
+  };
+  ParamStore cpu = make(Device::CPU), gpu = make(Device::CUDA);
+  const OptimConfig cfg;
+  AdamW in_place(cfg, cpu), hosted(cfg, gpu, {}, nullptr, "", false, /*on_host=*/true);
+  hosted.reserve_early_grads();
+  const int64_t n = cpu.numel(), half = n / 2;  // the vector's chunk lies in the second half
+  const size_t bytes = size_t(n) * sizeof(float);
+  std::vector<float> g(size_t(n));
+  for (int step = 1; step <= 3; ++step) {
+    for (int64_t i = 0; i < n; ++i) g[size_t(i)] = 0.01f * float((i * 7 + step) % 13) - 0.06f;
+    const float coefficient = 0.25f * float(step);
+    copy_bytes(gpu.all_grads().data, Device::CUDA, g.data(), Device::CPU, bytes);
+    hosted.forget_early_grads();
+    hosted.download_early_grads(gpu.all_grads().f32(), half, n - half);
+    hosted.scale_grads_on_host(coefficient);
+    hosted.step(gpu, 1e-3f * float(step));
+    EXPECT_EQ(hosted.early_grad_chunks(), 1u) << "the vector's chunk, not the matrix's";
+    for (float& x : g) x *= coefficient;  // as the CPU's clip_gradients scales them
+    std::memcpy(cpu.all_grads().data, g.data(), bytes);
+    in_place.step(cpu, 1e-3f * float(step));
+  }
+  std::vector<float> back(size_t(n));
+  copy_bytes(back.data(), Device::CPU, gpu.all_params().data, Device::CUDA, bytes);
+  EXPECT_EQ(std::memcmp(back.data(), cpu.all_params().data, bytes), 0);
+}
 
 // MoE on the GPU: the permutation kernels and the routing's host round trips (router logits
 // to the host, picks and weights back; the router's gradients the same way) follow the CPU
