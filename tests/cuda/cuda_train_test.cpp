@@ -221,7 +221,7 @@ TEST(CudaHostAdamW, EarlyGradientsAreBitwiseTheCpuStep) {
   hosted.reserve_early_grads();
   const int64_t n = cpu.numel(), half = n / 2;  // the vector's chunk lies in the second half
   const size_t bytes = size_t(n) * sizeof(float);
-  std::vector<float> g(size_t(n));
+  std::vector<float> g(static_cast<size_t>(n));
   for (int step = 1; step <= 3; ++step) {
     for (int64_t i = 0; i < n; ++i) g[size_t(i)] = 0.01f * float((i * 7 + step) % 13) - 0.06f;
     const float coefficient = 0.25f * float(step);
@@ -235,7 +235,7 @@ TEST(CudaHostAdamW, EarlyGradientsAreBitwiseTheCpuStep) {
     std::memcpy(cpu.all_grads().data, g.data(), bytes);
     in_place.step(cpu, 1e-3f * float(step));
   }
-  std::vector<float> back(size_t(n));
+  std::vector<float> back(static_cast<size_t>(n));
   copy_bytes(back.data(), Device::CPU, gpu.all_params().data, Device::CUDA, bytes);
   EXPECT_EQ(std::memcmp(back.data(), cpu.all_params().data, bytes), 0);
 }
