@@ -190,12 +190,18 @@ void ParamStore::initialize(uint64_t seed) {
   for (int id = 0; id < static_cast<int>(specs_.size()); ++id) {
     const ParamSpec& spec = specs_[static_cast<size_t>(id)];
     const int64_t n = spec.local_shape.numel();
+    const int64_t begin = int64_t(spec.offset);
+    auto backs = [&](const std::pair<int64_t, int64_t>& r) {
+      return std::max(r.first, begin) < std::min(r.second, begin + n);
+    };
+    // A sparse arena backing none of it (ZeRO-3: another rank's shares, or all of them kept
+    // in the optimizer's file): nothing to draw.
+    if (sparse_params() && std::none_of(committed_.begin(), committed_.end(), backs)) continue;
     host.resize(in_place ? 0 : size_t(n));
     float* const p = in_place ? param(id).f32() : host.data();
     draw(spec, seed, p);
     if (in_place) continue;
     float* const arena = static_cast<float*>(params_.base());
-    const int64_t begin = int64_t(spec.offset);
     if (!sparse_params()) {
       copy_bytes(arena + begin, device(), p, Device::CPU, size_t(n) * sizeof(float));
       continue;

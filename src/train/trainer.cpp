@@ -91,8 +91,7 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
   optimizer_ = std::make_unique<AdamW>(
       cfg.optim, model_->params(), optimizer_shard(),
       cfg.parallel.offload == "nvme" ? &nvme : nullptr,
-      fmt::format("pentad-adamw-rank{:05d}.state", world_rank_),
-      cfg.parallel.offload == "nvme" && zero() == 3 && cfg.parallel.offload_params,
+      fmt::format("pentad-adamw-rank{:05d}.state", world_rank_), parameter_shares_in_file(),
       // On CUDA either offload updates on the host (optim/host_offload.h), moments in host
       // memory or, with "nvme", in the file. PENTAD_HOST_ADAMW=1 makes a CPU run take the
       // same path (tests: the device run's streaming logic, on host memory).

@@ -280,6 +280,7 @@ class Trainer {
   // step's last micro-batch is done (on), or no more (off: after the reducers finish).
   void download_grads_during_backward(bool on);
   bool grads_come_down_early() const;
+  bool parameter_shares_in_file() const;  // ZeRO-3 with parallel.offload_params on NVMe
   // train/trainer_zero.cpp: reducer_ and expert_reducer_ (and zero_grads_) built; the
   // optimizer's shard over both; the reduced shares it reads (empty without ZeRO); the
   // global gradient norm; ZeRO's parameters gathered after the optimizer step.

@@ -31,8 +31,7 @@ void Trainer::build_reducers(size_t bucket_bytes) {
   // after the reducers, before the first read). The arrival waits for the file read; on a
   // device it queues the upload on the compute stream, which the unit's all-gather then
   // follows (NCCL's stream waits for it).
-  const bool in_file = par.zero == 3 && par.offload == "nvme" && par.offload_params && mesh_ &&
-                       mesh_->dp_cp().size() > 1;  // as AdamW's params_offloaded()
+  const bool in_file = parameter_shares_in_file();
   auto from_file = [this, in_file](int64_t first) {
     return !in_file ? parallel::GradReducer::FetchShare()
                     : [this, first](int64_t shard, int64_t count, float* into) {
@@ -75,6 +74,13 @@ void Trainer::build_reducers(size_t bucket_bytes) {
   };
   reducer_->place_shares(part(0, dense.numel));
   expert_reducer_->place_shares(part(dense.numel, expert_reducer_->shard().numel));
+}
+
+bool Trainer::parameter_shares_in_file() const {
+  // ZeRO-3 (a dp x cp group of more than one rank) with the parameters on NVMe.
+  const ParallelConfig& par = cfg_.parallel;
+  return par.zero == 3 && par.offload == "nvme" && par.offload_params && mesh_ &&
+         mesh_->dp_cp().size() > 1;
 }
 
 bool Trainer::grads_come_down_early() const {
