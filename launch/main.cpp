@@ -36,6 +36,17 @@ struct Mpi {
   ~Mpi() { MPI_Finalize(); }
 };
 
+// What a rank does with an error: print it, and in a multi-rank job abort them all (a
+// rank's error must stop the others, which may wait on it). Returns the exit status for a
+// single-rank run.
+int report_error(const std::exception& e, int ranks) {
+  const bool ours = dynamic_cast<const pentad::Error*>(&e) != nullptr;
+  std::fprintf(stderr, "pentad: %s: %s\n", ours ? "error" : "internal error", e.what());
+  const int status = ours ? 2 : 3;
+  if (ranks > 1) MPI_Abort(MPI_COMM_WORLD, status);
+  return status;
+}
+
 // Recipe overrides come as --set key=value or as trailing key=value words.
 std::vector<std::string> overrides_from(const std::vector<std::string>& sets,
                                         const std::vector<std::string>& extra) {
@@ -174,13 +185,22 @@ int main(int argc, char** argv) {
                                       {layout.dp, layout.tp, layout.cp, layout.pp, layout.ep,
                                        layout.etp, cfg.train.micro_batch, cfg.train.grad_accum});
       pentad::Trainer trainer(cfg, &mesh);
-      if (!grads_dir.empty()) trainer.dump_first_gradients(grads_dir);
-      trainer.run();
-      monitor.finish(true);
-      if (!dump_dir.empty()) trainer.dump_weights(dump_dir);
-      if (!comm_log.empty()) trainer.write_comm_log(comm_log);
-      if (!trace.empty() && trainer.write_timeline(trace) < 0)
-        spdlog::warn("--trace: this run has no pipeline (parallel.pp = 1); no trace written");
+      try {
+        if (!grads_dir.empty()) trainer.dump_first_gradients(grads_dir);
+        trainer.run();
+        monitor.finish(true);
+        if (!dump_dir.empty()) trainer.dump_weights(dump_dir);
+        if (!comm_log.empty()) trainer.write_comm_log(comm_log);
+        if (!trace.empty() && trainer.write_timeline(trace) < 0)
+          spdlog::warn("--trace: this run has no pipeline (parallel.pp = 1); no trace written");
+      } catch (const std::exception& e) {
+        // Report (and in a multi-rank job abort) while the trainer stands: unwinding it
+        // waits on its pending collectives, which the other ranks may never finish and
+        // whose buffers the unwinding may already have freed (a hang or a crash in place of
+        // the error).
+        monitor.finish(false, e.what());
+        return report_error(e, mpi.size);
+      }
     } else if (*plan) {
       pentad::Config cfg = pentad::load_recipe(recipe, overrides_from(sets, extra));
       const pentad::ParallelConfig& p = cfg.parallel;
@@ -217,14 +237,8 @@ int main(int argc, char** argv) {
     } else if (*tok_train) {
       pentad::data::tokenizer_train(inputs, vocab_size, tok_out);
     }
-  } catch (const pentad::Error& e) {
-    std::fprintf(stderr, "pentad: error: %s\n", e.what());
-    if (mpi.size > 1) MPI_Abort(MPI_COMM_WORLD, 2);  // one rank's error must stop them all
-    return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "pentad: internal error: %s\n", e.what());
-    if (mpi.size > 1) MPI_Abort(MPI_COMM_WORLD, 3);
-    return 3;
+    return report_error(e, mpi.size);
   }
   return 0;
 }
