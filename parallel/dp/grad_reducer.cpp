@@ -81,6 +81,19 @@ GradReducer::GradReducer(Communicator& group, ParamStore& params, size_t bucket_
   for (Bucket& b : buckets_) b.whole = false;  // no unit is gathered yet
 }
 
+GradReducer::~GradReducer() {
+  for (Bucket& b : buckets_) {
+    b.work = Work();  // assigning waits for the operation replaced
+    b.gather = Work();
+    if (b.arrival) {
+      try {
+        b.arrival();
+      } catch (const std::exception&) {  // reported where it failed; nothing to add here
+      }
+    }
+  }
+}
+
 void GradReducer::cut_shares(Bucket& b, const ParamStore& params) const {
   // Cut k of D aims at begin + k (end - begin) / D and moves to the nearest row boundary of
   // the parameter it falls in (a gap between parameters is a boundary everywhere).

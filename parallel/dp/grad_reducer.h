@@ -72,6 +72,11 @@ class GradReducer {
   GradReducer(Communicator& group, ParamStore& params, size_t bucket_bytes, int zero_stage = 0,
               const Filter& include = {}, const Filter& isolate = {}, const Unit& unit = {},
               FetchShare fetch = {});
+  // Waits for every bucket's pending operation before the buffers it reads or writes go
+  // (an error can leave some pending).
+  ~GradReducer();
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
 
   // Gradients at element offsets [offset, end) are final for this micro-batch (the step's
   // last one, below stage 2).

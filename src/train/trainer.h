@@ -257,6 +257,9 @@ class Trainer {
   std::unique_ptr<Model> model_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<data::DataLoader> data_;
+  // ZeRO with MoE: both reducers' reduced shares, the dense then the experts' (declared
+  // before the reducers, which write into it, so that it outlives them).
+  Arena zero_grads_;
   std::unique_ptr<parallel::GradReducer> reducer_;
   std::unique_ptr<ParameterHooks> zero_params_;  // ZeRO-3: gathers each stretch's parameters
   // ZeRO-3: every parameter whole here (all = true) or back to this rank's shares only.
@@ -271,8 +274,6 @@ class Trainer {
   // parameter shares on NVMe, on this rank's shares of the bias in the optimizer's file.
   void update_expert_bias(const std::vector<double>& counts);
   std::unique_ptr<parallel::GradReducer> expert_reducer_;  // MoE experts, over edp
-  // ZeRO with MoE: both reducers' reduced shares, the dense then the experts'.
-  Arena zero_grads_;
   // ZeRO: the reducers whose shares make up the optimizer's shard (the dense one, then the
   // experts' with MoE); at stage 3 they gather the parameters too.
   std::vector<parallel::GradReducer*> zero_reducers() const;
