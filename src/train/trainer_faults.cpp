@@ -74,9 +74,9 @@ void Trainer::parse_injections() {
     fail("{} = \"{}\": want KIND:RANK:STEP[:FACTOR] or slowlink:A:B:STEP[:MS]", key, spec);
   if (!(fault_kind_ == "kill" || fault_kind_ == "stop" || fault_kind_ == "hang" ||
         fault_kind_ == "commhang" || fault_kind_ == "slow" || fault_kind_ == "nan" ||
-        fault_kind_ == "corrupt"))
+        fault_kind_ == "corrupt" || fault_kind_ == "error"))
     fail(
-        "{}: unknown kind \"{}\" (kill, stop, hang, commhang, slow, nan, corrupt, "
+        "{}: unknown kind \"{}\" (kill, stop, hang, commhang, slow, nan, corrupt, error, "
         "slowlink)",
         key, fault_kind_);
   if (fault_kind_ == "corrupt" && cfg_.train.save_every <= 0)
@@ -121,6 +121,8 @@ double Trainer::inject_fault(int64_t step) {
     int32_t never = 0;
     mesh_->world().recv(view_of(&never, Shape{1}, DType::I32), world_rank_, 999);
   }
+  if (fault_kind_ == "error")  // thrown while the other ranks go on into the step's collectives
+    fail("injected error on rank {} at step {}", world_rank_, step + 1);
   return fault_kind_ == "slow" ? fault_factor_ : 1.0;
 }
 

@@ -4,9 +4,10 @@
 For each injected fault (train.inject_fault, first attempt only): a rank killed (SIGKILL),
 a rank stopped (SIGSTOP, which it sends itself: to the detector the same as one frozen from
 outside), a rank computing forever, a rank blocked in a receive nobody sends, a slow rank,
-a slow link between two ranks, and a corrupt newest checkpoint. Each run saves every 5
-steps. The supervisor must name the class and the culprit (a rank, or the link's two ranks)
-within the documented bound, and (except for slowness, only reported unless
+a slow link between two ranks, a rank throwing an error (its message must reach the
+supervisor), and a corrupt newest checkpoint. Each run saves every 5 steps. The supervisor
+must name the class and the culprit (a rank, or the link's two ranks) within the documented
+bound, and (except for slowness, only reported unless
 --restart-on-slow) restart the job from its last good checkpoint on its own; the losses
 after the resume must equal, bitwise, those of an uninterrupted run. The slow link is seen
 through the link matrix, which needs parallel.ring_all_reduce (MPI's own all-reduce names no
@@ -107,6 +108,18 @@ def fault(pentad, recipe, work, reference, name, spec, klass, culprit, restarts=
     return proc
 
 
+def error(pentad, recipe, work, reference):
+    # Rank 3 throws at step 12 while the others wait on it in the step's collectives: it
+    # reports the error and aborts the job at once (unwinding through its pending operations
+    # used to crash or hang instead), and its bye carries the message to the supervisor.
+    proc = fault(pentad, recipe, work, reference, "error", "error:3:12", "dead", 3)
+    found = [e for e in events(work / "error") if e.get("event") == "detection"]
+    reason = found[0].get("reason", "") if found else ""
+    check("injected error on rank 3 at step 12" in reason
+          and "pentad: error: injected error on rank 3 at step 12" in proc.stdout + proc.stderr,
+          f"error: the rank's own message is printed and is the detection's reason ({reason!r})")
+
+
 def nan_dropped(pentad, recipe, work, reference):
     out = work / "nan"
     proc, seconds = launch(pentad, recipe, out, ["train.steps=30", "train.inject_fault=nan:1:12"])
@@ -177,6 +190,7 @@ def main():
     fault(pentad, recipe, work, reference, "sigstop", "stop:1:12", "non-comm hang", 1)
     fault(pentad, recipe, work, reference, "hang", "hang:3:12", "non-comm hang", 3)
     fault(pentad, recipe, work, reference, "commhang", "commhang:1:12", "comm hang", 1)
+    error(pentad, recipe, work, reference)
     fault(pentad, recipe, work, reference, "slow", "slow:2:5:6", "non-comm slow", 2,
           restarts=False)
     # A ring sends from each rank to the next: link 1-2 carries every leg from 1.
