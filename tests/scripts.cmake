@@ -83,8 +83,10 @@ function(pentad_layout_test name mode recipe)
     # Not serial: nothing in them depends on time, each has its own work directory, and with
     # passive waits (scripts/test.sh) two of them share 2 cores without spinning each other
     # out (they keep about one core busy on their own).
+    # The Haswell variant skips itself (77) where OpenBLAS's own choice has Haswell's
+    # kernels (AVX2 CPUs: Haswell, Zen), since it would repeat the native run exactly.
     set_tests_properties(${test} PROPERTIES TIMEOUT 900 ENVIRONMENT "${env}"
-      PASS_REGULAR_EXPRESSION "every layout matches one rank")
+      PASS_REGULAR_EXPRESSION "every layout matches one rank" SKIP_RETURN_CODE 77)
   endforeach()
 endfunction()
 pentad_layout_test(layouts_gpt2 PLAIN gpt-tiny.toml train.micro_batch=2 train.seq_len=32)
