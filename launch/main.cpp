@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -184,20 +185,21 @@ int main(int argc, char** argv) {
       pentad::launch::Monitor monitor(mpi.rank, mpi.size, cfg.train.out_dir, 100,
                                       {layout.dp, layout.tp, layout.cp, layout.pp, layout.ep,
                                        layout.etp, cfg.train.micro_batch, cfg.train.grad_accum});
-      pentad::Trainer trainer(cfg, &mesh);
+      std::optional<pentad::Trainer> trainer;  // outside the try: see the catch
       try {
-        if (!grads_dir.empty()) trainer.dump_first_gradients(grads_dir);
-        trainer.run();
+        trainer.emplace(cfg, &mesh);
+        if (!grads_dir.empty()) trainer->dump_first_gradients(grads_dir);
+        trainer->run();
         monitor.finish(true);
-        if (!dump_dir.empty()) trainer.dump_weights(dump_dir);
-        if (!comm_log.empty()) trainer.write_comm_log(comm_log);
-        if (!trace.empty() && trainer.write_timeline(trace) < 0)
+        if (!dump_dir.empty()) trainer->dump_weights(dump_dir);
+        if (!comm_log.empty()) trainer->write_comm_log(comm_log);
+        if (!trace.empty() && trainer->write_timeline(trace) < 0)
           spdlog::warn("--trace: this run has no pipeline (parallel.pp = 1); no trace written");
       } catch (const std::exception& e) {
         // Report (and in a multi-rank job abort) while the trainer stands: unwinding it
         // waits on its pending collectives, which the other ranks may never finish and
         // whose buffers the unwinding may already have freed (a hang or a crash in place of
-        // the error).
+        // the error). The supervisor gets the error as this rank's bye.
         monitor.finish(false, e.what());
         return report_error(e, mpi.size);
       }
