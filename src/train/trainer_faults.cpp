@@ -1,13 +1,16 @@
 // Fault injection for the fault detector's tests and benchmarks (launch/): the recipe's
 // train.inject_nan_grad and train.inject_fault (train/config.h), read once.
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <string_view>
 #include <thread>
 
 #include "checkpoint/checkpoint.h"
@@ -72,13 +75,10 @@ void Trainer::parse_injections() {
   }
   if (!(part.size() >= 3 && part.size() <= 4))
     fail("{} = \"{}\": want KIND:RANK:STEP[:FACTOR] or slowlink:A:B:STEP[:MS]", key, spec);
-  if (!(fault_kind_ == "kill" || fault_kind_ == "stop" || fault_kind_ == "hang" ||
-        fault_kind_ == "commhang" || fault_kind_ == "slow" || fault_kind_ == "nan" ||
-        fault_kind_ == "corrupt" || fault_kind_ == "error"))
-    fail(
-        "{}: unknown kind \"{}\" (kill, stop, hang, commhang, slow, nan, corrupt, error, "
-        "slowlink)",
-        key, fault_kind_);
+  static const std::array<std::string_view, 8> kinds = {"kill", "stop", "hang",    "commhang",
+                                                        "slow", "nan",  "corrupt", "error"};
+  if (std::find(kinds.begin(), kinds.end(), fault_kind_) == kinds.end())
+    fail("{}: unknown kind \"{}\" ({}, slowlink)", key, fault_kind_, fmt::join(kinds, ", "));
   if (fault_kind_ == "corrupt" && cfg_.train.save_every <= 0)
     fail("{} = \"{}\" corrupts a checkpoint, but train.save_every = 0 saves none", key, spec);
   const int64_t step = whole(part[2], key, spec, "STEP");

@@ -370,13 +370,6 @@ def openblas_core(pentad):
 
 def main():
     args = sys.argv[1:]
-    pentad_arg = next(a for a in args if not a.startswith("--"))
-    if os.environ.get("OPENBLAS_CORETYPE") == "Haswell":
-        core = openblas_core(pentad_arg)
-        if core in HASWELL_KERNELS:
-            print(f"skipped: OpenBLAS picks {core} here, whose kernels are Haswell's: the "
-                  "native variant already ran this check")
-            sys.exit(SKIPPED)
     pipeline = args[0] == "--pipeline"
     moe = args[0] == "--moe"
     context = args[0] == "--context"
@@ -385,6 +378,12 @@ def main():
     if pipeline or moe or context or zero or moe_zero:
         args = args[1:]
     pentad, recipe, work = args[0], args[1], Path(args[2])
+    if os.environ.get("OPENBLAS_CORETYPE") == "Haswell":
+        core = openblas_core(pentad)
+        if core in HASWELL_KERNELS:
+            print(f"skipped: OpenBLAS picks {core} here, whose kernels are Haswell's: the "
+                  "native variant already ran this check")
+            sys.exit(SKIPPED)
     common = args[3:] + (PIPELINE_COMMON if pipeline else [])
     accum = PIPELINE_ACCUM if pipeline else ACCUM
     work.mkdir(parents=True, exist_ok=True)
