@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -37,12 +38,14 @@ struct Mpi {
   ~Mpi() { MPI_Finalize(); }
 };
 
-// What a rank does with an error: print it, and in a multi-rank job abort them all (a
+// What a rank does with an error: print it, then tell (`tell`: the supervisor, under
+// `pentad launch`, which ends the job once told), and in a multi-rank job abort them all (a
 // rank's error must stop the others, which may wait on it). Returns the exit status for a
 // single-rank run.
-int report_error(const std::exception& e, int ranks) {
+int report_error(const std::exception& e, int ranks, const std::function<void()>& tell = {}) {
   const bool ours = dynamic_cast<const pentad::Error*>(&e) != nullptr;
   std::fprintf(stderr, "pentad: %s: %s\n", ours ? "error" : "internal error", e.what());
+  if (tell) tell();
   const int status = ours ? 2 : 3;
   if (ranks > 1) MPI_Abort(MPI_COMM_WORLD, status);
   return status;
@@ -199,9 +202,9 @@ int main(int argc, char** argv) {
         // Report (and in a multi-rank job abort) while the trainer stands: unwinding it
         // waits on its pending collectives, which the other ranks may never finish and
         // whose buffers the unwinding may already have freed (a hang or a crash in place of
-        // the error). The supervisor gets the error as this rank's bye.
-        monitor.finish(false, e.what());
-        return report_error(e, mpi.size);
+        // the error). The supervisor gets the error as this rank's bye, after it is printed
+        // (told first, it could end the job before the line is out).
+        return report_error(e, mpi.size, [&] { monitor.finish(false, e.what()); });
       }
     } else if (*plan) {
       pentad::Config cfg = pentad::load_recipe(recipe, overrides_from(sets, extra));
