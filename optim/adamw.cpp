@@ -94,8 +94,8 @@ AdamW::AdamW(const OptimConfig& cfg, const ParamStore& params, StateShard shard,
       params_offloaded_(offload_params),
       params_device_(params.device()) {
   PENTAD_CHECK(nvme || !offload_params, "parameters offload to NVMe only");
-  PENTAD_CHECK(on_host || params.device() == Device::CPU,
-               "AdamW on a device's parameters with its state off the device needs on_host");
+  PENTAD_CHECK(!nvme || on_host || params.device() == Device::CPU,
+               "AdamW on a device's parameters with its state on NVMe needs on_host");
   if (nvme) {
     nvme_ = std::make_unique<NvmeState>(*nvme, file_name, shard_.numel, offload_params ? 3 : 2);
     if (on_host) {  // device parameters: chunks cut at the sub-groups, streamed inside each

@@ -10,18 +10,21 @@
 #   3. llm.c's train_gpt2cu, same model and batch (-e d12, random init), when GPU_BENCH_LLMC
 #      names a binary built outside pentad (see RESULTS.md). Then it and pentad's GPT-2 runs
 #      read the same tokens: one llm.c shard written by bench/make_llmc_shard.py;
-#   4. pentad, GPT-2 124M in fp32;
-#   5. pentad, recipes/llama-1b.toml in bf16 (random tokens), a few steps;
+#   4. pentad, recipes/llama-1b.toml in bf16 (random tokens), a few steps;
+#   5. pentad GPT-2 124M bf16 again, saving a checkpoint every 10 steps and every step
+#      (throughput against no saves, from mean step times);
 #   6. build/pentad_gpu_kernels_bench: every CUDA kernel at GPT-2 124M shapes (attention
 #      by pentad's kernel and by cuDNN, also at two grouped-query shapes);
-#   7. bench/attention_torch.py: PyTorch's SDPA at those attention shapes.
+#   7. bench/attention_torch.py: PyTorch's SDPA at those attention shapes;
+#   8. pentad, GPT-2 124M in fp32.
 # Step times are medians over the steps after a warm-up (pentad: metrics.jsonl's "seconds";
 # llm.c: its per-step "ms"; PyTorch: CUDA events). MFU = model FLOP/s, counted as pentad
 # counts them (Model::flops_per_micro_batch, which bench/torch_gpt2.py shares), over the
 # device's dense bf16 peak (bench/torch_gpt2.py's table; GPU_BENCH_PEAK_TFLOPS overrides).
 # Prints a table last; writes every figure, nvidia-smi's report and the commit to
-# SUMMARY_JSON, and each part's log to LOG_DIR (default bench/out/gpu-bench): 9 files, 8
-# with GPU_BENCH_SKIP_BUILD. On the device machine keep them under $OUT, which returns 9.
+# SUMMARY_JSON, and each part's log to LOG_DIR (default bench/out/gpu-bench): 10 files, 9
+# with GPU_BENCH_SKIP_BUILD. The device tool returns at most 8 files from $OUT: pack them
+# into one archive there (bench/RESULTS.md shows the command).
 #
 # Time: the parts' limits add up to 7 minutes (a run on a fast GPU should take about half
 # that); no part starts once GPU_BENCH_DEADLINE_S (default 560) seconds from the start,
@@ -109,7 +112,7 @@ torch_args=(--measure-gemm)
 # last step (1 batch), no sampling; AdamW as pentad's recipe. bf16 is its build's default.
 llmc_args=(-e d12 -b 4 -t 1024 -d 32768 -r 0 -v 100000 -m 1 -s 0 -l 6e-4 -u 0 -q 0 -c 0.1)
 shard_args=(--random --tokens 2000000 --vocab 50257 --seed 1)
-gpt2_steps=30 gpt2_warmup=5 fp32_steps=15 fp32_warmup=3 llama_steps=6 llama_warmup=2
+gpt2_steps=30 gpt2_warmup=5 save1_steps=15 fp32_steps=15 fp32_warmup=3 llama_steps=6 llama_warmup=2
 device=cuda bf16=bf16
 if ((smoke)); then  # tiny, on the CPU: checks this script, not the GPU
   tiny=(--set model.n_layer=2 --set model.d_model=64 --set model.n_head=4 --set model.vocab_size=512
@@ -120,7 +123,7 @@ if ((smoke)); then  # tiny, on the CPU: checks this script, not the GPU
   torch_args=(--device cpu --layers 2 --width 64 --heads 4 --seq 64 --vocab 512 --micro-batch 2
     --grad-accum 2 --threads 2 --measure-gemm)
   shard_args=(--random --tokens 100000 --vocab 512 --seed 1)
-  gpt2_steps=6 gpt2_warmup=2 fp32_steps=4 fp32_warmup=1 llama_steps=4 llama_warmup=1
+  gpt2_steps=6 gpt2_warmup=2 save1_steps=4 fp32_steps=4 fp32_warmup=1 llama_steps=4 llama_warmup=1
   device=cpu bf16=fp32
   export GPU_BENCH_SKIP_BUILD=1
 fi
@@ -170,14 +173,22 @@ else
   skip llmc_gpt2 "GPU_BENCH_LLMC does not name an llm.c train_gpt2cu binary"
 fi
 
-part pentad_gpt2_fp32 45 "$pentad" train "${gpt2[@]}" --set train.device=$device \
-  --set train.precision=fp32 --set train.steps=$fp32_steps --set train.out_dir="$runs/gpt2_fp32"
-
 part pentad_llama1b_bf16 75 "$pentad" train "${llama[@]}" --set train.device=$device \
   --set train.precision=$bf16 --set train.steps=$llama_steps --set train.out_dir="$runs/llama_bf16"
 
+# Lazy checkpoints of device state: the bf16 GPT-2 run again, saving every 10 steps and every
+# step (the newest 2 kept); throughput is the mean step time after the warm-up, against the
+# run without saves (a save's cost falls on a few steps and between them, which a median
+# of the steps' own times would hide: the ratio takes wall time, metrics' elapsed_seconds).
+part pentad_gpt2_bf16_save10 45 "$pentad" train "${gpt2[@]}" --set train.device=$device \
+  --set train.precision=$bf16 --set train.steps=$gpt2_steps --set train.save_every=10 \
+  --set train.keep_last=2 --set train.out_dir="$runs/gpt2_save10"
+part pentad_gpt2_bf16_save1 45 "$pentad" train "${gpt2[@]}" --set train.device=$device \
+  --set train.precision=$bf16 --set train.steps=$save1_steps --set train.save_every=1 \
+  --set train.keep_last=2 --set train.out_dir="$runs/gpt2_save1"
+
 if [[ -x $build_dir/pentad_gpu_kernels_bench ]] && ((!smoke)); then
-  part kernels 30 "$build_dir/pentad_gpu_kernels_bench"
+  part kernels 75 "$build_dir/pentad_gpu_kernels_bench"  # 41 s on an H200 (2026-11-27)
 else
   skip kernels "no $build_dir/pentad_gpu_kernels_bench (or a smoke run)"
 fi
@@ -187,6 +198,9 @@ if ((!smoke)); then
 else
   skip attention_torch "a smoke run"
 fi
+
+part pentad_gpt2_fp32 45 "$pentad" train "${gpt2[@]}" --set train.device=$device \
+  --set train.precision=fp32 --set train.steps=$fp32_steps --set train.out_dir="$runs/gpt2_fp32"
 
 # ---- summary ----
 GB_SUMMARY=$summary GB_LOGS=$logs GB_RUNS=$runs GB_COMMIT=$commit GB_DIRTY=$dirty \
@@ -234,7 +248,8 @@ def timing(seconds, tokens, flops, warmup):
                 ms_per_step_max=max(timed) * 1e3, tokens_per_step=tokens,
                 tokens_per_second=tokens / s, flops_per_step=flops,
                 tflops=flops / s / 1e12 if flops else None,
-                mfu=flops / s / 1e12 / peak if flops and peak else None)
+                mfu=flops / s / 1e12 / peak if flops and peak else None,
+                ms_per_step_mean=statistics.fmean(timed) * 1e3)
 
 
 def pentad_run(name, run_dir, warmup):
@@ -250,6 +265,12 @@ def pentad_run(name, run_dir, warmup):
         out.update(timing([r["seconds"] for r in rows],
                           round(first["tokens_per_second"] * first["seconds"]),
                           first["flops_per_second"] * first["seconds"], warmup))
+        # Wall time a step after the warm-up, from elapsed_seconds: a step's "seconds" leave
+        # out what the training thread waits for checkpoints between steps (blocked_seconds).
+        if len(rows) > warmup + 1 and "elapsed_seconds" in rows[0]:
+            wall = rows[-1]["elapsed_seconds"] - rows[warmup]["elapsed_seconds"]
+            out["wall_ms_per_step_mean"] = wall / (len(rows) - 1 - warmup) * 1e3
+            out["blocked_seconds"] = sum(r.get("blocked_seconds", 0.0) for r in rows[warmup + 1:])
     plan = re.search(r"memory plan.*", log_text(name))
     out["memory_plan"] = plan.group(0) if plan else None
     return out
@@ -258,7 +279,8 @@ def pentad_run(name, run_dir, warmup):
 def llmc_run(warmup, flops):
     # llm.c prints "step    2/30 | loss 10.98 (+0.00z)| norm 1.23 (+0.00z)| lr 6.00e-04 |
     # 123.45 ms | 45.6% bf16 MFU | 265432 tok/s" (one line)
-    steps = re.findall(r"^step\s+\d+/\d+ \| loss (\S+) .*?\| ([\d.]+) ms \| ([\d.]+)% bf16 MFU",
+    # (MFU is -100.0% where llm.c has no peak for the device, e.g. an H200)
+    steps = re.findall(r"^step\s+\d+/\d+ \| loss (\S+) .*?\| ([\d.]+) ms \| (-?[\d.]+)% bf16 MFU",
                        log_text("llmc_gpt2"), re.M)
     out = dict(parts.get("llmc_gpt2", {}), steps_done=len(steps), warmup_steps=warmup)
     if steps:
@@ -294,6 +316,10 @@ summary = {
     "llmc_gpt2_124m_bf16": llmc_run(warmups["gpt2_bf16"], gpt2_flops),
     "pentad_gpt2_124m_fp32": pentad_run("pentad_gpt2_fp32", "gpt2_fp32", warmups["gpt2_fp32"]),
     "pentad_llama_1b_bf16": pentad_run("pentad_llama1b_bf16", "llama_bf16", warmups["llama_bf16"]),
+    "pentad_gpt2_124m_bf16_save10": pentad_run("pentad_gpt2_bf16_save10", "gpt2_save10",
+                                               warmups["gpt2_bf16"]),
+    "pentad_gpt2_124m_bf16_save1": pentad_run("pentad_gpt2_bf16_save1", "gpt2_save1",
+                                              warmups["gpt2_bf16"]),
     "kernels_bench": dict(parts.get("kernels", {}), output=log_text("kernels")),
     "attention_torch": dict(parts.get("attention_torch", {}), output=log_text("attention_torch")),
 }
@@ -304,6 +330,12 @@ summary["ratios"] = {
     "pentad_bf16_over_llmc": ratio(tps("pentad_gpt2_124m_bf16"), tps("llmc_gpt2_124m_bf16")),
     "pentad_bf16_over_fp32": ratio(tps("pentad_gpt2_124m_bf16"), tps("pentad_gpt2_124m_fp32")),
 }
+mean_ms = lambda key: summary[key].get("wall_ms_per_step_mean")
+# throughput with saves over throughput without: mean wall time a step without over with
+summary["ratios"]["save_every_10_over_none"] = ratio(mean_ms("pentad_gpt2_124m_bf16"),
+                                                     mean_ms("pentad_gpt2_124m_bf16_save10"))
+summary["ratios"]["save_every_1_over_none"] = ratio(mean_ms("pentad_gpt2_124m_bf16"),
+                                                    mean_ms("pentad_gpt2_124m_bf16_save1"))
 Path(env["GB_SUMMARY"]).write_text(json.dumps(summary, indent=1) + "\n")
 
 fmt = lambda v, f: "-" if v is None else format(v, f)
@@ -313,7 +345,8 @@ print(f"\ncommit {summary['commit']} | {gpu_name or 'no GPU'} | dense bf16 peak 
 print(f"{'run (tokens/s over median step)':32} {'status':11} {'steps':>5} {'ms/step':>9} "
       f"{'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'loss first->last':>17}")
 for key in ["pentad_gpt2_124m_bf16", "torch_gpt2_124m_bf16", "llmc_gpt2_124m_bf16",
-            "pentad_gpt2_124m_fp32", "pentad_llama_1b_bf16"]:
+            "pentad_gpt2_124m_fp32", "pentad_llama_1b_bf16", "pentad_gpt2_124m_bf16_save10",
+            "pentad_gpt2_124m_bf16_save1"]:
     r = summary[key]
     losses = (f"{r['loss_first']:.3f}->{r['loss_last']:.3f}" if r.get("loss_first") is not None
               else "-")

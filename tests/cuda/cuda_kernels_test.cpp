@@ -59,18 +59,18 @@ double tolerance(DType dtype) {
 // got (from the GPU) against want (the CPU reference): no non-finite value where the
 // reference is finite, and the largest error relative to the largest reference value.
 void expect_close(const std::string& what, const std::vector<float>& got,
-                  const std::vector<float>& want, double tol) {
+                  const std::vector<float>& want, double tol, double floor = 1e-6) {
   ASSERT_EQ(got.size(), want.size()) << what;
   size_t bad = 0, first_bad = 0;
   for (size_t i = 0; i < got.size(); ++i)
     if (!std::isfinite(got[i]) && std::isfinite(want[i]) && bad++ == 0) first_bad = i;
   EXPECT_EQ(bad, 0u) << what << ": " << bad << " non-finite values, the first at " << first_bad
                      << " (an output left unwritten stays NaN)";
-  EXPECT_LT(rel_error(got, want, 1e-6), tol) << what;
+  EXPECT_LT(rel_error(got, want, floor), tol) << what;
 }
 void expect_close(const std::string& what, const Tensor& got, const std::vector<float>& want,
-                  DType dtype) {
-  expect_close(what, download(got), want, tolerance(dtype));
+                  DType dtype, double floor = 1e-6) {
+  expect_close(what, download(got), want, tolerance(dtype), floor);
 }
 
 bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
@@ -357,8 +357,11 @@ TEST_P(CudaKernel, Gelu) {
     const Tensor gout = gpu.poisoned({n}, dt()), gdx = gpu.poisoned({n}, dt());
     k::gelu_forward(gout, gx);
     k::gelu_backward(gdx, gpu.upload(dy, {n}, dt()), gx);
-    expect_close("gelu forward n " + std::to_string(n), gout, out, dt());
-    expect_close("gelu backward n " + std::to_string(n), gdx, dx, dt());
+    // Against the inputs' scale (std 2): where 1 + tanh(u) cancels (x below about -2) both
+    // sides keep float's absolute error, not a relative one, and with n = 1 the one output
+    // can be that small (3.6e-5 relative to it on an H200, 2026-11-27).
+    expect_close("gelu forward n " + std::to_string(n), gout, out, dt(), 1.0);
+    expect_close("gelu backward n " + std::to_string(n), gdx, dx, dt(), 1.0);
   }
 }
 
@@ -510,8 +513,13 @@ TEST_P(CudaKernel, AttentionBackward) {
       k::attention_backward(gdq, gdk, gdv, gdy, gq, gk, gv, gout, glse);
       const std::vector<float> got[3] = {download(gdq), download(gdk), download(gdv)};
       if (run == 0) {
-        expect_close("attention dq " + s.str(), got[0], dq, tolerance(dt()));
-        expect_close("attention dk " + s.str(), got[1], dk, tolerance(dt()));
+        // dq and dk against dv's scale: with one key (T = 1) the softmax is constant, so dq
+        // and dk are exactly zero and both sides hold only rounding (an H200 gave 0.1 of a
+        // 1e-7 reference, 2026-11-27).
+        double scale = 1e-6;
+        for (float x : dv) scale = std::max(scale, double(std::abs(x)));
+        expect_close("attention dq " + s.str(), got[0], dq, tolerance(dt()), scale);
+        expect_close("attention dk " + s.str(), got[1], dk, tolerance(dt()), scale);
         expect_close("attention dv " + s.str(), got[2], dv, tolerance(dt()));
         for (int i = 0; i < 3; ++i) first[i] = got[i];
       } else {
@@ -588,6 +596,7 @@ TEST_P(CudaKernel, AttentionForwardWithPositions) {
 
 // Positions 0..t-1 given explicitly take the same path through the kernels as none.
 TEST_P(CudaKernel, AttentionExplicitPositionsGiveTheBitsOfAbsentOnes) {
+  const PentadAttention pentad;  // "auto" sends BF16 without positions to cuDNN
   const AttnShape s{2, 70, 4, 2, 32};
   std::vector<int32_t> pos(s.T);
   for (int64_t t = 0; t < s.T; ++t) pos[t] = static_cast<int32_t>(t);
@@ -692,14 +701,18 @@ TEST_P(CudaKernel, CrossEntropy) {
     const Tensor glosses = gpu.poisoned({s.N}, DType::F32);
     const Tensor gdlogits = gpu.poisoned({s.N, s.C}, dt());
     k::crossentropy_forward_backward(glosses, gdlogits, glogits, gtargets, dloss);
+    // dlogits in f32: each is exp(x - max) / sum over C terms, summed in another order on
+    // each side; over 50257 classes the two differ by 3.5e-5 of the largest (an H200,
+    // 2026-11-27), so the f32 bound grows with C (1e-5 up to 4099 classes, as before).
+    const double ce_tol = dt() == DType::F32 && s.C > 10000 ? 1e-4 : tolerance(dt());
     expect_close("ce losses " + str(s), glosses, losses, dt());
-    expect_close("ce dlogits " + str(s), gdlogits, dlogits, dt());
+    expect_close("ce dlogits " + str(s), download(gdlogits), dlogits, ce_tol);
     // Losses only, then the gradient written over the logits.
     const Tensor losses_only = gpu.poisoned({s.N}, DType::F32);
     k::crossentropy_forward_backward(losses_only, Tensor{}, glogits, gtargets, dloss);
     expect_close("ce losses only " + str(s), losses_only, losses, dt());
     k::crossentropy_forward_backward(Tensor{}, glogits, glogits, gtargets, dloss);
-    expect_close("ce dlogits in place " + str(s), glogits, dlogits, dt());
+    expect_close("ce dlogits in place " + str(s), download(glogits), dlogits, ce_tol);
   }
 }
 

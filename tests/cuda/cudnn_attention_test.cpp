@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <string>
@@ -119,11 +120,21 @@ TEST_F(CudnnAttention, MatchesPentadKernelInBf16) {
   uint64_t seed = 100;
   for (const Case& c : kCases) {
     SCOPED_TRACE(c.str());
+    // cuDNN 9 on an H200 refuses the backward at T = 1 ("s_q = s_kv = 1 is not supported",
+    // 2026-11-27): "auto" then takes pentad's kernel (TheDoorPicksByImplDtypeAndPositions),
+    // "cudnn" refuses the recipe. Every other shape must be taken, both ways.
+    bool taken[2];
     for (bool backward : {false, true}) {
       std::string why;
-      ASSERT_TRUE(k::cuda::cudnn_attention_supported(backward, c.B, c.T, c.Hq, c.Hkv, c.D, &why))
-          << (backward ? "backward: " : "forward: ") << why;
+      taken[backward] =
+          k::cuda::cudnn_attention_supported(backward, c.B, c.T, c.Hq, c.Hkv, c.D, &why);
+      if (!taken[backward]) {
+        std::printf("cuDNN refuses the %s at %s: %s\n", backward ? "backward" : "forward",
+                    c.str().c_str(), why.c_str());
+        EXPECT_TRUE(backward && c.T == 1) << "cuDNN refuses a shape it should take";
+      }
     }
+    if (!taken[0]) continue;
     const Reference r = reference(gpu, c, DType::BF16, seed += 10);
     const Tensor out = gpu.poisoned(c.q(), DType::BF16), lse = gpu.poisoned(c.lse(), DType::F32);
     k::attention_forward(out, lse, r.q, r.k, r.v);
@@ -131,6 +142,7 @@ TEST_F(CudnnAttention, MatchesPentadKernelInBf16) {
     expect_close("lse", lse, r.lse, kLseTolerance);
     // The backward from the reference's out and lse, so that only the backward differs;
     // twice, to see it is deterministic (training is bitwise reproducible).
+    if (!taken[1]) continue;
     std::vector<float> first[3];
     for (int run = 0; run < 2; ++run) {
       const Tensor dq = gpu.poisoned(c.q(), DType::BF16), dk = gpu.poisoned(c.kv(), DType::BF16),
@@ -164,7 +176,9 @@ TEST_F(CudnnAttention, F32StagingAndAccumulation) {
       const Tensor out = gpu.poisoned(c.q(), dt), lse = gpu.poisoned(c.lse(), DType::F32);
       k::attention_forward(out, lse, r.q, r.k, r.v);
       expect_close("out", out, r.out, kOutTolerance);
-      expect_close("lse", lse, r.lse, kLseTolerance);
+      // cuDNN sees q and k rounded to BF16, the reference does not: the scores, and so lse,
+      // carry BF16's rounding (1.0e-3 on an H200, 2026-11-27), not kLseTolerance's.
+      expect_close("lse", lse, r.lse, kOutTolerance);
       const Tensor out_no_lse = gpu.poisoned(c.q(), dt);  // lse is optional (ops.h)
       k::attention_forward(out_no_lse, Tensor{}, r.q, r.k, r.v);
       expect_close("out without lse", out_no_lse, r.out, kOutTolerance);
