@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU benchmark, one command for a GPU session (bench/RESULTS.md, "GPU: pending"):
+# The GPU benchmark, one command for a GPU session (bench/RESULTS.md, "GPU: how to run the device checks"):
 #   bash scripts/gpu_bench.sh SUMMARY_JSON [LOG_DIR]
 # Builds (scripts/build.sh), then runs these parts, each under its own time limit, in order
 # of importance (when time runs short the last ones are skipped):
