@@ -1,7 +1,7 @@
 #pragma once
 // Recipes: TOML files (recipes/*.toml) that fill a Config. Every key is "<section>.<name>"
-// for a field of config.h; the table of keys, their types and allowed values lives in
-// recipe.cpp. Every mistake in a recipe or an override throws pentad::Error naming the
+// for a field of config.h; the table of keys, their types, allowed values and meanings lives
+// in recipe_keys.cpp. Every mistake in a recipe or an override throws pentad::Error naming the
 // file, the full key and what is allowed.
 #include <string>
 #include <string_view>
@@ -27,5 +27,10 @@ std::string recipe_to_toml(const Config& config);
 
 // Every key, "<section>.<name>", in the order recipe_to_toml writes them.
 std::vector<std::string> recipe_keys();
+
+// docs/recipe-keys.md, whole: for every section of the key table a Markdown table of its
+// keys (type, allowed values, default of config.h as TOML, meaning), in recipe order.
+// `pentad recipe keys --markdown` prints it; a test checks the file against it.
+std::string recipe_keys_markdown();
 
 }  // namespace pentad

@@ -1,7 +1,8 @@
 #pragma once
 // The recipe key table (recipe.cpp's parser reads it): one row per field of config.h, with
 // the values it allows. Its order is the order recipe_to_toml writes; rules that involve
-// two keys are checked in recipe.cpp (check_combinations). For recipe.cpp only.
+// two keys are checked in recipe_checks.cpp (check_combinations). For recipe.cpp (and its
+// tests) only; docs/recipe-keys.md is generated from it (recipe_keys_markdown in recipe.h).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -47,6 +48,7 @@ struct Key {
   std::string_view name;
   Field (*field)(Config&);
   Rule rule;
+  std::string_view meaning;  // one line for docs/recipe-keys.md (recipe_keys_markdown)
 
   std::string full() const { return fmt::format("{}.{}", section, name); }
 };

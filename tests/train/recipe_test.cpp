@@ -10,12 +10,14 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "core/check.h"
 #include "model/model.h"
 #include "model/moe.h"
+#include "train/recipe_keys.h"
 
 namespace pentad {
 namespace {
@@ -615,6 +617,33 @@ TEST(Recipe, BadRecipesFailWithActionableMessages) {
       EXPECT_EQ(message.find("0000000"), std::string::npos) << message;
     }
   }
+}
+
+// docs/recipe-keys.md is generated from the key table; a key added, renamed, re-ruled or
+// re-defaulted without regenerating it fails here.
+TEST(RecipeKeys, ReferenceFileIsUpToDate) {
+  const fs::path path = fs::path(PENTAD_SOURCE_DIR) / "docs" / "recipe-keys.md";
+  const std::string regenerate =
+      "docs/recipe-keys.md is out of date with the key table (src/train/recipe_keys.cpp): "
+      "regenerate with `build/pentad recipe keys --markdown > docs/recipe-keys.md`";
+  std::ifstream in(path, std::ios::binary);
+  ASSERT_TRUE(in) << "cannot read " << path.string() << "; " << regenerate;
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_EQ(text.str(), recipe_keys_markdown()) << regenerate;
+}
+
+TEST(RecipeKeys, EveryKeyHasAMeaning) {
+  for (const recipe::Key& k : recipe::key_table()) {
+    EXPECT_FALSE(k.meaning.empty()) << k.full() << " has no meaning";
+    EXPECT_EQ(k.meaning.find('\n'), std::string_view::npos) << k.full() << ": one line";
+  }
+  const std::string markdown = recipe_keys_markdown();
+  EXPECT_TRUE(markdown.starts_with("# Recipe keys\n"));
+  EXPECT_TRUE(markdown.ends_with("\n"));
+  for (const std::string& key : recipe_keys())
+    EXPECT_NE(markdown.find("| `" + key.substr(key.find('.') + 1) + "` |"), std::string::npos)
+        << key;
 }
 
 }  // namespace
