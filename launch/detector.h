@@ -42,7 +42,7 @@ struct RankState {
   int64_t resume_step = 0;
   bool closed = false;  // connection gone, or its process gone
   double closed_at = 0;
-  std::string bye;  // "", "done" or "error"
+  std::string bye;  // "", "done", "error", "refused" or "terminated"
   std::string bye_message;
   double last_heard_at = 0;  // hello or last beat
   std::string phase = "other";

@@ -7,11 +7,13 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <numeric>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
@@ -29,25 +31,128 @@ namespace {
 
 struct Mpi {
   int rank = 0, size = 1;
+  MPI_Comm errors = MPI_COMM_NULL;  // the ranks' agreement on an error alone (report_error)
   Mpi(int& argc, char**& argv) {
     int provided = 0;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm_dup(MPI_COMM_WORLD, &errors);
   }
-  ~Mpi() { MPI_Finalize(); }
+  ~Mpi() {
+    MPI_Comm_free(&errors);
+    MPI_Finalize();
+  }
+  Mpi(const Mpi&) = delete;
+  Mpi& operator=(const Mpi&) = delete;
 };
 
-// What a rank does with an error: print it, then tell (`tell`: the supervisor, under
-// `pentad launch`, which ends the job once told), and in a multi-rank job abort them all (a
-// rank's error must stop the others, which may wait on it). Returns the exit status for a
-// single-rank run.
-int report_error(const std::exception& e, int ranks, const std::function<void()>& tell = {}) {
-  const bool ours = dynamic_cast<const pentad::Error*>(&e) != nullptr;
-  std::fprintf(stderr, "pentad: %s: %s\n", ours ? "error" : "internal error", e.what());
+// Exit statuses. A refusal (2) is an error every attempt would meet again: the recipe, a
+// file or directory, the layout or the memory cannot run as given, found before the first
+// step; `pentad launch` ends the job on it instead of restarting. A failure (1) comes during
+// training (restartable); an internal error (3) is pentad's own bug.
+constexpr int kFailed = 1, kRefused = 2, kInternal = 3;
+
+bool is_ours(const std::exception& e) {
+  return dynamic_cast<const pentad::Error*>(&e) != nullptr;
+}
+
+// The words of one error line: "pentad: error: ..." (or "internal error"), with the rank
+// when other ranks may print their own.
+void print_error(const std::exception& e, int rank) {
+  const char* what = is_ours(e) ? "error" : "internal error";
+  if (rank < 0)
+    std::fprintf(stderr, "pentad: %s: %s\n", what, e.what());
+  else
+    std::fprintf(stderr, "pentad: %s (rank %d): %s\n", what, rank, e.what());
+  std::fflush(stderr);
+}
+
+// How the ranks that have an error, and those that have none, agree. `counts` is the
+// all-reduced {ranks with an error, the largest exit status}, `hashes` {smallest, largest}
+// hash of the errors' words (ranks without one contribute neutral values).
+struct Agreement {
+  long long errors = 0, status = 0;
+  unsigned long long low = 0, high = 0;
+  // One error line for the whole job where every rank has the same error.
+  bool unanimous(int size) const { return errors == size && low == high; }
+};
+void contribution(const std::exception* e, int status, long long counts[2],
+                  unsigned long long hashes[2]) {
+  const unsigned long long h = e ? std::hash<std::string>{}(e->what()) : 0;
+  counts[0] = e ? 1 : 0;
+  counts[1] = e ? status : 0;
+  hashes[0] = e ? h : ~0ULL;
+  hashes[1] = e ? h : 0ULL;
+}
+void print_agreed(const std::exception* e, const Agreement& a, int rank, int size) {
+  if (!e) return;
+  if (!a.unanimous(size))
+    print_error(*e, size > 1 ? rank : -1);  // only some ranks: each says which it is
+  else if (rank == 0)
+    print_error(*e, -1);
+}
+
+// Where every rank stands at the same point, none inside a collective (the steps before the
+// mesh: reading the recipe, the layout, the memory check), the ranks agree on an error
+// before any of them reports it. Returns 0 when no rank has one; else every rank returns
+// the job's status after the error is printed once (or once per rank that has it), and the
+// ranks end through MPI_Finalize: no MPI_Abort, whose boilerplate would bury the message.
+int agree_at_barrier(const std::exception* e, int status, int rank, int size) {
+  long long counts[2];
+  unsigned long long hashes[2];
+  contribution(e, status, counts, hashes);
+  Agreement a;
+  long long reduced[2];
+  MPI_Allreduce(counts, reduced, 2, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+  a.status = reduced[1];
+  MPI_Allreduce(counts, reduced, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+  a.errors = reduced[0];
+  if (a.errors == 0) return 0;
+  MPI_Allreduce(&hashes[0], &a.low, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&hashes[1], &a.high, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+  print_agreed(e, a, rank, size);
+  return int(a.status);
+}
+
+// Runs `step` on every rank, then agree_at_barrier: 0 when no rank failed.
+int on_every_rank(const Mpi& mpi, const std::function<void()>& step) {
+  try {
+    step();
+  } catch (const std::exception& e) {
+    return agree_at_barrier(&e, is_ours(e) ? kRefused : kInternal, mpi.rank, mpi.size);
+  }
+  return agree_at_barrier(nullptr, 0, mpi.rank, mpi.size);
+}
+
+// An error where the other ranks may be inside a collective (building or running the
+// trainer). This rank waits up to `seconds` for the others to report an error too, through
+// a non-blocking all-reduce on `comm` (kept for this alone), so that an error every rank
+// meets is printed once; then `tell` (the supervisor) and, in a multi-rank job, MPI_Abort
+// ends them all (a rank may be waiting on this one). Returns the status of a single rank.
+int report_error(const std::exception& e, int status, int rank, int size, MPI_Comm comm,
+                 const std::function<void()>& tell = {}, double seconds = 1.0) {
+  Agreement a;
+  a.errors = 1;
+  if (size > 1) {
+    long long counts[2], reduced[2] = {0, 0};
+    unsigned long long hashes[2], low = 0, high = 0;
+    contribution(&e, status, counts, hashes);
+    MPI_Request requests[3];
+    MPI_Iallreduce(counts, reduced, 1, MPI_LONG_LONG, MPI_SUM, comm, &requests[0]);
+    MPI_Iallreduce(&hashes[0], &low, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, comm, &requests[1]);
+    MPI_Iallreduce(&hashes[1], &high, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm, &requests[2]);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    int done = 0;
+    while (!done && std::chrono::steady_clock::now() < until) {
+      MPI_Testall(3, requests, &done, MPI_STATUSES_IGNORE);
+      if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (done) a = Agreement{reduced[0], status, low, high};
+  }
+  print_agreed(&e, a, rank, size);
   if (tell) tell();
-  const int status = ours ? 2 : 3;
-  if (ranks > 1) MPI_Abort(MPI_COMM_WORLD, status);
+  if (size > 1) MPI_Abort(MPI_COMM_WORLD, status);
   return status;
 }
 
@@ -73,6 +178,12 @@ int main(int argc, char** argv) {
 
   std::string recipe;
   std::vector<std::string> sets, extra;
+  // Listed for --help only: main() hands `pentad launch` to the supervisor before MPI starts.
+  app.add_subcommand("launch",
+                     "Supervise a job: pentad launch [OPTIONS] -- mpirun ... pentad train ...; "
+                     "names a dead, hung or slow rank and restarts from the last checkpoint "
+                     "(pentad launch --help)")
+      ->allow_extras();
   auto* train = app.add_subcommand("train", "Train a model from a TOML recipe");
   train->add_option("recipe", recipe, "Recipe file (see recipes/)")
       ->required()
@@ -117,6 +228,14 @@ int main(int argc, char** argv) {
       "split the experts)");
   plan->add_option("-s,--set", sets, "Override a recipe key (repeatable)");
   plan->add_option("overrides", extra, "More section.key=value overrides");
+
+  auto* recipe_cmd = app.add_subcommand("recipe", "Recipe tools");
+  recipe_cmd->require_subcommand(1);
+  bool markdown = false;
+  auto* keys = recipe_cmd->add_subcommand(
+      "keys", "List every recipe key with its type, allowed values, default and meaning");
+  keys->add_flag("--markdown", markdown,
+                 "As docs/recipe-keys.md (a test checks that file against this output)");
 
   auto* data = app.add_subcommand("data", "Data preparation");
   data->require_subcommand(1);
@@ -175,12 +294,26 @@ int main(int argc, char** argv) {
 
   try {
     if (*train) {
-      std::vector<std::string> overrides = overrides_from(sets, extra);
-      if (!resume.empty()) overrides.push_back("train.resume=" + resume);
-      pentad::Config cfg = pentad::load_recipe(recipe, overrides);
-      const pentad::parallel::Backend backend = pentad::launch::start_rank(cfg);
-      const pentad::parallel::MeshConfig layout = pentad::mesh_config(cfg, mpi.size);
-      pentad::check_memory(cfg, layout, pentad::node_share());  // before any large allocation
+      // Before the mesh every rank runs the same steps, with no collective in between that
+      // one rank could leave the others waiting in: an error there is agreed on and printed
+      // once (agree_at_barrier).
+      pentad::Config cfg;
+      pentad::parallel::MeshConfig layout;
+      pentad::parallel::Backend backend{};
+      if (const int status = on_every_rank(mpi, [&] {
+            std::vector<std::string> overrides = overrides_from(sets, extra);
+            if (!resume.empty()) overrides.push_back("train.resume=" + resume);
+            cfg = pentad::load_recipe(recipe, overrides);
+            layout = pentad::mesh_config(cfg, mpi.size);
+          }))
+        return status;
+      if (const int status = on_every_rank(mpi, [&] { backend = pentad::launch::start_rank(cfg); }))
+        return status;
+      const pentad::NodeShare share = pentad::node_share();
+      if (const int status = on_every_rank(mpi, [&] {  // before any large allocation
+            pentad::check_memory(cfg, layout, share);
+          }))
+        return status;
       auto mesh = pentad::parallel::Mesh::create(layout, MPI_COMM_WORLD, backend);
       spdlog::info("mesh: {}", mesh.describe());
       if (mpi.rank != 0) spdlog::set_level(spdlog::level::warn);  // rank 0 reports for all
@@ -203,8 +336,17 @@ int main(int argc, char** argv) {
         // waits on its pending collectives, which the other ranks may never finish and
         // whose buffers the unwinding may already have freed (a hang or a crash in place of
         // the error). The supervisor gets the error as this rank's bye, after it is printed
-        // (told first, it could end the job before the line is out).
-        return report_error(e, mpi.size, [&] { monitor.finish(false, e.what()); });
+        // (told first, it could end the job before the line is out). Before the first step
+        // the error is a refusal: the supervisor ends the job instead of restarting it.
+        const bool refused = !(trainer && trainer->started());
+        const int status = !is_ours(e) ? kInternal : refused ? kRefused : kFailed;
+        // How long to wait for the other ranks' errors: an error every rank meets comes to
+        // each within milliseconds; one that only this rank has costs the whole wait while
+        // the others wait on it, and under `pentad launch` a wait of 2 s is a hang.
+        const double agree_s = refused ? 1.0 : 0.25;
+        return report_error(
+            e, status, mpi.rank, mpi.size, mpi.errors,
+            [&] { monitor.finish(false, e.what(), status == kRefused); }, agree_s);
       }
     } else if (*plan) {
       pentad::Config cfg = pentad::load_recipe(recipe, overrides_from(sets, extra));
@@ -237,13 +379,20 @@ int main(int argc, char** argv) {
         std::fputs(pentad::ckpt::Reader(ckpt_path).manifest().recipe_toml.c_str(), stdout);
       else
         std::fputs(pentad::ckpt::inspect(ckpt_path, verify).c_str(), stdout);
+    } else if (*keys) {
+      if (mpi.rank == 0) {
+        if (markdown)
+          std::fputs(pentad::recipe_keys_markdown().c_str(), stdout);
+        else
+          for (const std::string& key : pentad::recipe_keys()) std::puts(key.c_str());
+      }
     } else if (*prepare) {
       pentad::data::data_prepare(inputs, tokenizer, out_prefix, fortune_format);
     } else if (*tok_train) {
       pentad::data::tokenizer_train(inputs, vocab_size, tok_out);
     }
   } catch (const std::exception& e) {
-    return report_error(e, mpi.size);
+    return report_error(e, is_ours(e) ? kRefused : kInternal, mpi.rank, mpi.size, mpi.errors);
   }
   return 0;
 }

@@ -107,13 +107,18 @@ Monitor::~Monitor() {
   if (fd_ >= 0) close(fd_);
 }
 
-void Monitor::finish(bool ok, const std::string& message) {
+void Monitor::finish(bool ok, const std::string& message, bool refused) {
   if (fd_ < 0 || said_bye_.exchange(true)) return;
   stop_ = true;
   if (thread_.joinable()) thread_.join();  // the last beat goes before the bye
   send_line(nlohmann::json{
-      {"type", "bye"}, {"rank", rank_}, {"status", ok ? "done" : "error"}, {"message", message}}
-                .dump());
+      {"type", "bye"},
+      {"rank", rank_},
+      {"status", ok        ? "done"
+                 : refused ? "refused"
+                           : "error"},
+      {"message",
+       message}}.dump());
 }
 
 bool Monitor::send_line(const std::string& line) {

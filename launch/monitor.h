@@ -8,8 +8,9 @@
 //     "recent":[[step, seconds, wait seconds, compute CPU seconds], ...],
 //     "wait":{"comm","kind","seq","since_s","members"}}  every beat_ms (wait: only while
 //     blocked in a collective; recent: the last 16 steps);
-//   {"type":"bye","rank","status":"done"|"error"|"terminated","message"}  at the end
-//     (terminated: SIGTERM, from mpirun ending the job after another rank died).
+//   {"type":"bye","rank","status":"done"|"error"|"refused"|"terminated","message"}  at the
+//     end (refused: an error before the first step, which a restart would meet again;
+//     terminated: SIGTERM, from mpirun ending the job after another rank died).
 // The beats come from their own thread, so a rank that computes keeps beating, a rank
 // blocked in a collective says which, and a stopped or dead one goes silent: that, against
 // the others' waits, is what the supervisor (launch/supervisor.h) decides from.
@@ -35,7 +36,8 @@ class Monitor {
   ~Monitor();  // stops the thread; says bye "error" unless finish() said otherwise
   Monitor(const Monitor&) = delete;
   Monitor& operator=(const Monitor&) = delete;
-  void finish(bool ok, const std::string& message = "");
+  // The bye: "done" when ok, else "error", or "refused" for an error before the first step.
+  void finish(bool ok, const std::string& message = "", bool refused = false);
   bool connected() const { return fd_ >= 0; }
 
  private:

@@ -134,7 +134,7 @@ class Supervisor {
   int run();
 
  private:
-  enum class End { kDone, kFault, kStopped };
+  enum class End { kDone, kFault, kStopped, kRefused };
   End run_attempt(Job& job, Detector& detector, Detection* fault);
   std::vector<std::string> without_a_replica(const std::vector<std::string>& command);
   void handle_line(int conn, const std::string& line, Detector& detector);
@@ -176,6 +176,19 @@ class Supervisor {
   std::optional<Recovery> recovery_;
 };
 
+// Whether an attempt that ended with `status` was refused, and why (empty: the ranks' own
+// output says). A rank tells by its bye; before the monitor connects, the exit status 2 of
+// pentad's refusals (launch/main.cpp) is all there is.
+std::optional<std::string> refusal(int status, const Detector& detector) {
+  bool started = false;
+  for (const auto& [rank, r] : detector.ranks()) {
+    if (r.bye == "refused") return r.bye_message;
+    started = started || r.step > 0 || !r.history.empty();
+  }
+  if (status == 2 && !started) return std::string();
+  return std::nullopt;
+}
+
 int Supervisor::run() {
   say(fmt::format("monitor at {}; job: {}", monitor_, fmt::join(o_.command, " ")));
   std::vector<std::string> command = o_.command;
@@ -190,6 +203,15 @@ int Supervisor::run() {
     Detection fault;
     const End end = run_attempt(job, detector, &fault);
     if (end == End::kDone) return exit_with(0, restarts);
+    if (end == End::kRefused) {
+      // The same recipe, files and layout would be refused again: no restart, no exclusion.
+      event({{"event", "refused"}, {"reason", fault.reason}});
+      say("the job was refused before its first step" +
+          (fault.reason.empty() ? std::string(" (its ranks printed why)") : ": " + fault.reason) +
+          "; not restarting");
+      end_job(job, detector);
+      return exit_with(2, restarts);
+    }
     if (end == End::kStopped) {
       say(fmt::format("signal {}: ending the job", int(g_stop_signal)));
       end_job(job, detector);
@@ -265,6 +287,12 @@ Supervisor::End Supervisor::run_attempt(Job& job, Detector& detector, Detection*
         else
           say("the job finished");
         return End::kDone;
+      }
+      // A refusal (an error before the first step: exit status 2, or a rank's bye
+      // "refused") is the same on every attempt.
+      if (const std::optional<std::string> why = refusal(*status, detector)) {
+        fault->reason = *why;
+        return End::kRefused;
       }
       // A rank's own report (its vanishing, its error) names a better culprit than the
       // launcher's status.

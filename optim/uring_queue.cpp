@@ -17,7 +17,9 @@
 
 namespace pentad {
 
-namespace {
+// Named rather than anonymous: Impl's members have these types, which GCC refuses
+// (-Wsubobject-linkage) when this file is part of its floor's unity source.
+namespace uring_queue_detail {
 
 constexpr uint64_t kWakeTag = 0;  // user_data of the eventfd read; requests carry their address
 
@@ -39,7 +41,11 @@ struct TicketState {
   std::string error;  // the first failure
 };
 
-}  // namespace
+}  // namespace uring_queue_detail
+using uring_queue_detail::Job;
+using uring_queue_detail::kWakeTag;
+using uring_queue_detail::Request;
+using uring_queue_detail::TicketState;
 
 struct UringQueue::Impl {
   int fd;

@@ -1,12 +1,29 @@
 #!/usr/bin/env bash
 # The test command: installs dependencies, builds, checks the format (scripts/format_check.sh),
-# runs every test (ctest), then the sanitizer builds' tests (scripts/sanitize.sh).
+# runs the tests (ctest), then the sanitizer builds' tests (scripts/sanitize.sh), and prints
+# each stage's time.
+#   bash scripts/test.sh          the fast tier: every test but those labelled slow
+#   bash scripts/test.sh --full   also the slow tier (ctest -L slow: the nine other layout
+#                                 tests' Haswell variants; PENTAD_FULL_TESTS=1 gives the
+#                                 script tests their longer forms, e.g. 10 SIGKILL trials)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+full=0
+case ${1:-} in
+  --full) full=1 ;;
+  "") ;;
+  *) echo "usage: scripts/test.sh [--full]" >&2; exit 2 ;;
+esac
+stage_start=$SECONDS
+stage() {  # stage NAME: the time since the last stage ended
+  echo "test.sh: $1 took $((SECONDS - stage_start)) s"
+  stage_start=$SECONDS
+}
 # Device code for one architecture: no source branches on it (no __CUDA_ARCH__), so the
 # second of the default two adds compile time and no coverage (attention.cu: 47 s with
 # both, 21 s with one). The GPU runs compile for their own (scripts/gpu_bundle.sh).
 PENTAD_CUDA_ARCHITECTURES=90 bash scripts/build.sh
+stage "setup and build"
 bash scripts/format_check.sh  # .clang-format and header top comments; about a second
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 # Every arena and staging buffer starts as NaN, so a read before the first write fails
@@ -30,5 +47,13 @@ for _ in $(seq 100); do
   compgen -G "${TMPDIR:-/tmp}/ompi.*.$(id -u)/pid.$keeper" >/dev/null && break
   sleep 0.1
 done
-(cd build && ctest -j"$(nproc)" --output-on-failure --timeout 900)
+if ((full)); then
+  export PENTAD_FULL_TESTS=1
+  (cd build && ctest -j"$(nproc)" --output-on-failure --timeout 900)
+else
+  (cd build && ctest -j"$(nproc)" --output-on-failure --timeout 900 -LE slow)
+fi
+stage ctest
 bash scripts/sanitize.sh
+stage sanitizers
+echo "test.sh: all passed in $SECONDS s"

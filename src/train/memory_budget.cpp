@@ -291,6 +291,13 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
 
 }  // namespace
 
+int64_t model_parameters(const Config& cfg) {
+  Config whole = cfg;
+  whole.parallel = ParallelConfig{};
+  whole.parallel.dp = 1;
+  return int64_t(estimate_memory(whole, parallel::MeshConfig{}, 0).values);
+}
+
 MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& mesh) {
   MemoryEstimate worst;
   for (int stage = 0; stage < mesh.pp; ++stage) {

@@ -33,6 +33,9 @@ struct MemoryEstimate {
 // Closed form over the layer shapes of model.cpp and the schedule's micro-batches in
 // flight. Arena alignment is left out, so it is a little below the measured plan.
 MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& mesh);
+// The whole model's parameter count, whatever cfg.parallel says (under pp and ep a rank
+// holds a part): the closed form on one rank.
+int64_t model_parameters(const Config& cfg);
 // The same for the ranks of one pipeline stage.
 MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& mesh, int stage);
 

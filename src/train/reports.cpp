@@ -12,6 +12,7 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "core/device_memory.h"
 #include "core/npy.h"
@@ -39,8 +40,8 @@ void Trainer::log_plan() const {
   if (t.eval_every > 0 && !eval)
     spdlog::info(
         "eval: off, there is no validation data (data.val_fraction = 0 and no data.val_path)");
-  int64_t parameters = 0;
-  for (const ParamSpec& spec : model_->params().specs()) parameters += spec.global_shape.numel();
+  // The whole model's, not this rank's (a pipeline stage or an expert group holds a part).
+  const int64_t parameters = model_parameters(cfg_);
   spdlog::info("model: {} with {} layers, width {}, {} heads ({} kv), vocabulary {}: {} parameters",
                cfg_.model.family == ModelFamily::GPT2 ? "gpt2" : "llama", cfg_.model.n_layer,
                cfg_.model.d_model, cfg_.model.n_head, cfg_.model.kv_heads(), cfg_.model.vocab_size,
@@ -398,6 +399,17 @@ double Trainer::write_timeline(const std::string& path) {
     double cpu = 0;  // CPU time in passes, all ranks
   };
   std::map<int64_t, StepWindow> windows;
+  // Each stage's CPU time a forward and a backward pass (one micro-batch through one chunk),
+  // over the steps after the first: the schedule replayed with these is the bubble of the
+  // stages' own compute, which the clock cannot show when ranks wait for cores.
+  const int stages = mesh_->config().pp;
+  std::vector<double> pass_cpu[2] = {std::vector<double>(size_t(stages)),
+                                     std::vector<double>(size_t(stages))};
+  std::vector<int64_t> passes[2] = {std::vector<int64_t>(size_t(stages)),
+                                    std::vector<int64_t>(size_t(stages))};
+  std::set<int64_t> recorded;
+  for (int64_t i = 0; i < total; i += kRow) recorded.insert(gathered[size_t(i + 3)]);
+  const int64_t warm_up = recorded.size() > 1 ? *recorded.begin() : -1;  // left out
   int64_t offset = 0;
   for (int r = 0; r < n; ++r) {
     const parallel::MeshCoords x = parallel::mesh_coords(mesh_->config(), r);
@@ -422,6 +434,12 @@ double Trainer::write_timeline(const std::string& path) {
         w.end = std::max(w.end, row[5]);
         w.busy[r] += double(row[5] - row[4]);
         w.cpu += double(row[6]);
+        if (row[3] != warm_up) {
+          const int backward = kind == pp::Span::Backward;
+          const size_t stage = size_t(x[size_t(parallel::Axis::PP)]);
+          pass_cpu[backward][stage] += double(row[6]) * 1e-9;
+          ++passes[backward][stage];
+        }
       }
       const std::string name = pass ? fmt::format("{}{}{}", kind == pp::Span::Forward ? "F" : "B",
                                                   row[1], row[2] ? fmt::format(".{}", row[2]) : "")
@@ -463,6 +481,18 @@ double Trainer::write_timeline(const std::string& path) {
   const double bubble = steps ? bubble_sum / steps : 0.0;
   const double cpu_bubble = steps ? cpu_bubble_sum / steps : 0.0;
   const pp::ScheduleSpec& spec = pipeline_->schedule();
+  // A pass's CPU time over the threads a rank computes with: its time on cores of its own.
+  const double rank_threads = std::max(1.0, double(node.threads) / std::max(1, node.ranks));
+  pp::SimCosts costs;
+  for (int b = 0; b < 2; ++b)
+    for (int st = 0; st < stages; ++st) {
+      const double mean = passes[b][size_t(st)] ? pass_cpu[b][size_t(st)] /
+                                                      double(passes[b][size_t(st)]) / rank_threads
+                                                : 0.0;
+      (b ? costs.backward_seconds : costs.forward_seconds).push_back(mean);
+    }
+  const pp::SimResult replay = pp::simulate(spec, costs);
+  const double compute_bubble = replay.deadlock ? -1.0 : replay.bubble_fraction();
   nlohmann::json doc = {{"traceEvents", events},
                         {"displayTimeUnit", "ms"},
                         {"otherData",
@@ -474,25 +504,29 @@ double Trainer::write_timeline(const std::string& path) {
                           {"measured_bubble_fraction", bubble},
                           {"ideal_bubble_fraction", pp::ideal_bubble_fraction(spec)},
                           {"cpu_time_bubble_fraction", cpu_bubble},
+                          {"compute_time_bubble_fraction", compute_bubble},
                           {"threads_on_node", node.threads},
                           {"cores_on_node", node.cores}}}};
   std::ofstream out(path);
   if (!out) fail("cannot write the pipeline trace {}", path);
   out << doc.dump();
-  const std::string shared =
-      node.threads <= node.cores
-          ? ""
-          : fmt::format(
-                " | oversubscribed: {} ranks ({} compute threads) share {} core{} on this "
-                "machine, so the wall-time bubble includes time spent waiting for a core, "
-                "not only for other stages",
-                node.ranks, node.threads, node.cores, node.cores == 1 ? "" : "s");
-  spdlog::info(
-      "pipeline trace: {} ({} steps) | bubble measured {:.3f} (wall time; {:.3f} by CPU "
-      "time), ideal {:.3f} ({} p={} m={} v={}{}){}",
-      path, steps, bubble, cpu_bubble, pp::ideal_bubble_fraction(spec), cfg_.parallel.pp_schedule,
-      spec.stages, spec.micro_batches, spec.virtual_stages,
-      spec.kind == pp::ScheduleKind::KFKB ? fmt::format(" k={}", spec.group) : "", shared);
+  const std::string schedule =
+      fmt::format("{} p={} m={} v={}{}", cfg_.parallel.pp_schedule, spec.stages, spec.micro_batches,
+                  spec.virtual_stages,
+                  spec.kind == pp::ScheduleKind::KFKB ? fmt::format(" k={}", spec.group) : "");
+  if (node.threads <= node.cores)
+    spdlog::info(
+        "pipeline trace: {} ({} steps) | bubble measured {:.3f} (wall time; {:.3f} by CPU "
+        "time, {:.3f} from the stages' own compute time), ideal {:.3f} ({})",
+        path, steps, bubble, cpu_bubble, compute_bubble, pp::ideal_bubble_fraction(spec), schedule);
+  else  // the clock measures the waits for a core as much as the schedule
+    spdlog::info(
+        "pipeline trace: {} ({} steps) | bubble {:.3f} from the stages' own compute time (the "
+        "schedule replayed with each stage's CPU time a pass), ideal {:.3f} ({}) | not "
+        "measured by the clock: {} ranks ({} compute threads) share {} core{} on this machine, "
+        "so wall and CPU time count waits for a core, not only for other stages",
+        path, steps, compute_bubble, pp::ideal_bubble_fraction(spec), schedule, node.ranks,
+        node.threads, node.cores, node.cores == 1 ? "" : "s");
   return bubble;
 }
 

@@ -340,7 +340,13 @@ void Trainer::run() {
   if (t.save_every > 0) check_checkpoint_roots();
   open_run_files();
   const int64_t last = t.stop_at > 0 ? std::min(t.stop_at, t.steps) : t.steps;
+  if (start_step_ >= last && logs())
+    spdlog::info(
+        "nothing to train: the run resumed at step {}, and it stops at step {} (train.steps{}); "
+        "raise train.steps to train further",
+        start_step_, last, t.stop_at > 0 && t.stop_at < t.steps ? ", train.stop_at" : "");
   const auto run_start = std::chrono::steady_clock::now();
+  started_ = true;
   parallel::activity_run_started(start_step_);  // the fault monitor starts reporting
   blocked_reported_ = checkpoint_blocked_seconds();
   for (int64_t step = start_step_; step < last; ++step) {

@@ -63,6 +63,9 @@ class Trainer {
   float evaluate();
   // The whole run: prints the memory plan, trains cfg.train.steps steps, logs, evaluates.
   void run();
+  // Whether run() has reached its first step: an error before it is a refusal (the same
+  // on every attempt), one after it a failure (launch/main.cpp).
+  bool started() const { return started_; }
 
   Model& model() { return *model_; }
   const Config& config() const { return cfg_; }
@@ -317,7 +320,8 @@ class Trainer {
   int64_t saves_ = 0;
   std::vector<int64_t> failed_saves_;  // per checkpoint level: failures in a row
   int64_t start_step_ = 0;             // first step run() trains (after a resume)
-  std::string dump_grads_dir_;         // dump_first_gradients()
+  bool started_ = false;
+  std::string dump_grads_dir_;  // dump_first_gradients()
   void dump_shards(const std::string& dir, bool grads) const;
 };
 

@@ -290,6 +290,13 @@ void Trainer::check_same_model(const std::string& dir, const std::string& action
 
 void Trainer::check_checkpoint_roots() const {
   for (const std::string& root : checkpoint_roots()) {
+    // Found now rather than at the first save, steps later.
+    std::error_code ec;
+    std::filesystem::create_directories(root, ec);
+    if (ec || !std::filesystem::is_directory(root))
+      fail("{} = {}: cannot create the checkpoint directory ({}); set it to a writable place",
+           root == checkpoint_root() ? "train.ckpt_dir" : "train.ckpt_mirror", root,
+           ec ? ec.message() : "not a directory");
     std::vector<std::string> dirs = ckpt::committed_checkpoints(root);
     const std::vector<std::string> lost = ckpt::checkpoints_without_manifest(root);
     if (dirs.empty() && lost.empty()) continue;

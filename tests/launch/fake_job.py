@@ -18,6 +18,9 @@ Scenarios (on attempt >= 1 the job runs clean unless --every-attempt):
   lastword:R:0    rank R's process exits at the end before its bye, which a child holding its
                   socket sends 0.2 s later (a clean end whose last message is still on its
                   way when the process is gone); the job exits 1 s after its ranks
+  refuse:0:0      every rank says hello, then bye "refused" (an error before the first
+                  step, as pentad train's ranks report a refused recipe), and exits 2
+  refuse:1:0      no rank connects: the job exits 2 at once (a refusal before the mesh)
 --late-steps: the beats carry no progress; the last one, sent with the bye just after the
 job's own exit, carries every step (a run whose steps are shorter than a beat).
 """
@@ -81,6 +84,11 @@ def rank_main(rank, args, barrier, finished, attempt, resume_step, misbehave):
                 return
             time.sleep(BEAT_S)
 
+    if kind == "refuse":  # every attempt: what is refused is refused again
+        send({"type": "bye", "rank": rank, "status": "refused",
+              "message": "model.n_head = 5 does not divide parallel.tp = 2"})
+        sock.close()
+        os._exit(2)
     threading.Thread(target=beats, daemon=True).start()
 
     def enter_wait(comm, seq, members):
@@ -171,6 +179,8 @@ def main():
         resume_step = int(open(os.path.join(args.out, "fake-ckpt")).read())
     print(f"fake job: attempt {attempt}, {args.ranks} ranks, {args.scenario}, from step "
           f"{resume_step}", flush=True)
+    if misbehave and misbehave[:2] == ("refuse", 1):
+        sys.exit(2)
 
     barrier = multiprocessing.get_context("fork").Barrier(args.ranks)
     finished = multiprocessing.get_context("fork").Event()
@@ -193,7 +203,8 @@ def main():
         failed += status != 0
     if misbehave and misbehave[0] == "lastword":
         time.sleep(1.0)
-    sys.exit(1 if failed else 0)
+    refused = misbehave and misbehave[0] == "refuse"
+    sys.exit((2 if refused else 1) if failed else 0)
 
 
 if __name__ == "__main__":

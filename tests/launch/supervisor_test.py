@@ -151,6 +151,17 @@ def stopped_by_signal():
           f"sigterm: exit {rc}, events {events}, left {ps}")
 
 
+def refused_jobs():
+    """A job refused before its first step ends at once: no restart, no exclusion."""
+    for name, scenario, words in [
+            ("refused", "refuse:0:0", "refused before its first step: model.n_head = 5"),
+            ("refused-early", "refuse:1:0", "refused before its first step (its ranks")]:
+        p, events, out = launch(name, scenario, ["--exclude-culprit"], ["--every-attempt"])
+        check(p.returncode == 2 and words in p.stdout and "not restarting" in p.stdout
+              and not of(events, "action", "restart") and not of(events, "action", "exclude"),
+              f"{name}: exit {p.returncode}\n{p.stdout}\nevents {events}")
+
+
 def refusals():
     cases = [(["launch"], "put its command after --"),
              (["launch", "--max-restarts", "x", "--", "true"], "--max-restarts takes a number"),
@@ -172,7 +183,7 @@ with ThreadPoolExecutor(max_workers=4) as pool:
                                              3, HANG_BOUND_S),
             "non-comm slow": pool.submit(slow)}
     others = [pool.submit(f) for f in (clean, give_up, slow_restarts, slow_seen_at_the_end,
-                                       link_slow, stopped_by_signal, last_word)]
+                                       link_slow, stopped_by_signal, last_word, refused_jobs)]
     latencies = {k: f.result() for k, f in jobs.items()}
     for f in others:
         f.result()

@@ -30,7 +30,7 @@ namespace {
 
 const int64_t kChunk = int64_t(AdamW::kChunkElements);
 
-ParamStore make_params() {
+ParamStore make_offload_params() {
   ParamStore p;
   p.add("small", Shape{7}, Init::Normal, 0.02f, false);
   p.add("matrix", Shape{33, 65}, Init::Normal, 0.02f, true);
@@ -72,7 +72,7 @@ std::vector<float> normal(int64_t n, uint32_t seed) {
 }
 
 TEST(HostOffload, PlanTilesTheShardInChunksInsideParameters) {
-  const ParamStore p = make_params();
+  const ParamStore p = make_offload_params();
   for (const StateShard& shard : {StateShard::whole(p.numel()), some_rows(p)}) {
     const bool whole = shard.is_whole(p.numel());
     SCOPED_TRACE(whole ? "whole arena" : "ZeRO shard");
@@ -113,7 +113,7 @@ TEST(HostOffload, PlanTilesTheShardInChunksInsideParameters) {
 // Small chunks, so that the two staging slots take many turns: each chunk's update must see
 // its own parameters and gradients, and its result must land at its own place.
 TEST(HostOffload, EveryChunkUpdatesItsOwnValuesThroughTheStaging) {
-  ParamStore p = make_params();
+  ParamStore p = make_offload_params();
   const StateShard shard = some_rows(p);
   const std::vector<float> before(p.all_params().f32(), p.all_params().f32() + p.numel());
   const std::vector<float> grads = normal(shard.numel, 3);
@@ -144,7 +144,7 @@ TEST(HostOffload, AdamWStepThroughTheHostIsBitwiseTheStepInPlace) {
   OptimConfig cfg;
   for (const bool sharded : {false, true}) {
     SCOPED_TRACE(sharded ? "ZeRO shard" : "whole arena");
-    ParamStore plain = make_params(), hosted = make_params();
+    ParamStore plain = make_offload_params(), hosted = make_offload_params();
     const StateShard shard = sharded ? some_rows(plain) : StateShard::whole(plain.numel());
     AdamW a(cfg, plain, shard), b(cfg, hosted, shard, nullptr, "", false, /*on_host=*/true);
     EXPECT_TRUE(b.on_host());
@@ -177,7 +177,7 @@ TEST(HostOffload, AdamWStepThroughTheHostIsBitwiseTheStepInPlace) {
 // place on gradients clipped by clip_gradients.
 TEST(HostOffload, GradientsBroughtDownEarlyAreBitwiseTheStepInPlace) {
   OptimConfig cfg;
-  ParamStore plain = make_params(), hosted = make_params();
+  ParamStore plain = make_offload_params(), hosted = make_offload_params();
   const StateShard shard = some_rows_reordered(plain);
   AdamW a(cfg, plain, shard), b(cfg, hosted, shard, nullptr, "", false, /*on_host=*/true);
   const size_t staging = b.host_staging_bytes();
@@ -217,7 +217,7 @@ TEST(HostOffload, GradientsBroughtDownEarlyAreBitwiseTheStepInPlace) {
 // layout, the chunks still tile the same elements, and chunks_in() finds exactly the chunks of
 // each sub-group.
 TEST(HostOffload, PlanCutAtSubGroupsKeepsEachChunkInsideOne) {
-  const ParamStore p = make_params();
+  const ParamStore p = make_offload_params();
   const int64_t group = 3001;  // divides neither the chunks nor the parameters
   const char* names[] = {"whole arena", "ZeRO shard", "merged ZeRO shard"};
   const StateShard shards[] = {StateShard::whole(p.numel()), some_rows(p), some_rows_reordered(p)};
@@ -295,7 +295,7 @@ TEST_F(NvmeDir, AdamWWithMomentsOnNvmeThroughTheHostIsBitwiseTheStepInPlace) {
   for (int which = 0; which < 3; ++which) {
     const bool sharded = which > 0;
     SCOPED_TRACE(which == 0 ? "whole arena" : which == 1 ? "ZeRO shard" : "merged ZeRO shard");
-    ParamStore plain = make_params(), hosted = make_params();
+    ParamStore plain = make_offload_params(), hosted = make_offload_params();
     const StateShard shard = which == 0   ? StateShard::whole(plain.numel())
                              : which == 1 ? some_rows(plain)
                                           : some_rows_reordered(plain);
@@ -344,7 +344,7 @@ TEST_F(NvmeDir, AdamWWithParametersOnNvmeThroughTheHostIsBitwiseTheStepInPlace) 
   const NvmeOptions nvme = options();
   for (int which = 1; which < 3; ++which) {
     SCOPED_TRACE(which == 1 ? "ZeRO shard" : "merged ZeRO shard");
-    ParamStore plain = make_params(), hosted = make_params();
+    ParamStore plain = make_offload_params(), hosted = make_offload_params();
     const StateShard shard = which == 1 ? some_rows(plain) : some_rows_reordered(plain);
     AdamW a(cfg, plain, shard);
     AdamW b(cfg, hosted, shard, &nvme, "adamw.state", /*offload_params=*/true, /*on_host=*/true);

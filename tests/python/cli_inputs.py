@@ -135,7 +135,7 @@ CASES = [
      ["step 2: loss", "not finite; nothing updated, the batch dropped (1 of "
       "train.max_skipped_steps = 3)", "step     2/2"]),
     ("nan_gradient_over_the_limit", "gpt-tiny.toml",
-     TINY + ["train.inject_nan_grad=0:1", "train.max_skipped_steps=0"], 0, 2,
+     TINY + ["train.inject_nan_grad=0:1", "train.max_skipped_steps=0"], 0, 1,
      ["step 1: loss", "above train.max_skipped_steps = 0: training diverged"]),
     # Fault injections (train.inject_fault): a bad spec names the key and the field.
     ("inject_fault_slowlink_one_rank", "gpt-tiny.toml", TINY + ["train.inject_fault=slowlink:1:1:5"],
@@ -196,12 +196,18 @@ CASES = [
      ["AdamW offloaded to the host", "set checkpoint.snapshot = \"copy\""]),
     ("zero3_trains", "gpt-tiny.toml", TINY + ["parallel.zero=3"], 2, 0,
      ["ZeRO-3 over dp x cp = 2", "each layer is gathered into a buffer of its own", "step     2/2"]),
-    # Two pipeline ranks on one core: the bubble line says the figure includes the wait.
+    ("mirror_not_creatable", "gpt-tiny.toml",
+     TINY + ["train.save_every=1", "train.ckpt_mirror=/proc/pentad-mirror"], 0, 2,
+     ["train.ckpt_mirror = /proc/pentad-mirror: cannot create the checkpoint directory"]),
+    ("slowlink_without_named_sends", "gpt-tiny.toml",
+     TINY + ["train.inject_fault=slowlink:0:1:1"], 2, 2,
+     ["delays sends between ranks 0 and 1", "set parallel.ring_all_reduce = true"]),
+    # Two pipeline ranks on one core: the bubble comes from the stages' compute time.
     ("bubble_on_one_core", "gpt-tiny.toml",
      TINY + ["parallel.pp=2", "train.grad_accum=4", "train.eval_every=0", "--trace",
              "trace.json"], -2, 0,
-     ["bubble measured", "by CPU time", "2 ranks (2 compute threads) share 1 core",
-      "includes time spent waiting for a core"]),
+     ["from the stages' own compute time", "2 ranks (2 compute threads) share 1 core",
+      "not measured by the clock"]),
 ]
 
 
@@ -212,6 +218,39 @@ def command(pentad, recipe, overrides, ranks):
     mpirun = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(abs(ranks))]
     # ranks < 0: every rank on core 0 alone (the affinity mask the ranks inherit).
     return (["taskset", "-c", "0"] if ranks < 0 else []) + mpirun + cmd
+
+
+def once_per_job(pentad, recipes, work):
+    """A refusal every rank meets is printed once, by rank 0, with no MPI_ABORT notice."""
+    run = subprocess.run(command(pentad, recipes / "gpt-tiny.toml",
+                                 ["model.n_head=5", f"train.out_dir={work}/once"], 4),
+                         cwd=work, env=ENV, capture_output=True, text=True, timeout=60)
+    output = run.stdout + run.stderr
+    lines = [l for l in output.splitlines() if l.startswith("pentad: error")]
+    ok = (run.returncode == 2 and len(lines) == 1 and "model.n_head" in lines[0]
+          and "(rank" not in lines[0] and "MPI_ABORT" not in output)
+    print(f"{'ok  ' if ok else 'FAIL'} refused_once_on_4_ranks      exit {run.returncode}, "
+          f"{len(lines)} error lines")
+    if not ok:
+        print("     output:\n" + "\n".join("       " + l for l in output.splitlines()[-12:]))
+    return [] if ok else ["refused_once_on_4_ranks"]
+
+
+def nothing_left(pentad, recipes, work):
+    """--resume latest at the run's last step says there is nothing left to train."""
+    out = [f"train.out_dir={work}/done", "train.save_every=2"]
+    first = subprocess.run(command(pentad, recipes / "gpt-tiny.toml", TINY + out, 0), cwd=work,
+                           env=ENV, capture_output=True, text=True, timeout=60)
+    again = subprocess.run(command(pentad, recipes / "gpt-tiny.toml",
+                                   TINY + out + ["--resume", "latest"], 0),
+                           cwd=work, env=ENV, capture_output=True, text=True, timeout=60)
+    ok = (first.returncode == 0 and again.returncode == 0 and
+          "nothing to train: the run resumed at step 2" in again.stdout + again.stderr)
+    print(f"{'ok  ' if ok else 'FAIL'} resume_at_the_last_step      exit {again.returncode}")
+    if not ok:
+        print("     output:\n" + "\n".join(
+            "       " + l for l in (again.stdout + again.stderr).splitlines()[-8:]))
+    return [] if ok else ["resume_at_the_last_step"]
 
 
 def main():
@@ -244,8 +283,9 @@ def main():
             failures.append(name)
             print("     " + "\n     ".join(problems))
             print("     output tail:\n" + "\n".join("       " + l for l in output.splitlines()[-8:]))
+    failures += once_per_job(pentad, recipes, work) + nothing_left(pentad, recipes, work)
     if failures:
-        print(f"{len(failures)} of {len(CASES)} cases failed: {', '.join(failures)}")
+        print(f"{len(failures)} of {len(CASES) + 2} cases failed: {', '.join(failures)}")
         sys.exit(1)
     print(f"every input case behaves ({len(CASES)} cases)")
 

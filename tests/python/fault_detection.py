@@ -116,7 +116,9 @@ def error(pentad, recipe, work, reference):
     found = [e for e in events(work / "error") if e.get("event") == "detection"]
     reason = found[0].get("reason", "") if found else ""
     check("injected error on rank 3 at step 12" in reason
-          and "pentad: error: injected error on rank 3 at step 12" in proc.stdout + proc.stderr,
+          # only rank 3 has it, so it says which rank it is (the others print nothing)
+          and "pentad: error (rank 3): injected error on rank 3 at step 12" in
+          proc.stdout + proc.stderr,
           f"error: the rank's own message is printed and is the detection's reason ({reason!r})")
 
 

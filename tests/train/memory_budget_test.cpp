@@ -53,6 +53,11 @@ TEST(MemoryBudget, EstimateMatchesTheArenasOfOneRank) {
     }
     EXPECT_EQ(e.values, values);
     EXPECT_EQ(e.expert_values, experts);
+    // The count the `model:` line prints, whatever the layout (pp and ep split the model).
+    Config split = cfg;
+    split.parallel.pp = 2;
+    split.parallel.tp = 2;
+    EXPECT_EQ(double(model_parameters(split)), values);
     // MoE dispatch buffers are sized at each forward (MoeBlock::Acts), not up front.
     EXPECT_NEAR((e.total() - e.dispatch) / measured, 1.0, 0.02)
         << "estimate " << e.total() - e.dispatch << ", measured " << measured;

@@ -24,7 +24,7 @@ using namespace pentad;
 
 namespace {
 
-const std::string kRecipes = std::string(PENTAD_SOURCE_DIR) + "/recipes/";
+const std::string kTrainingRecipes = std::string(PENTAD_SOURCE_DIR) + "/recipes/";
 
 fs::path scratch(const std::string& name) {
   fs::path dir = fs::temp_directory_path() / ("pentad-test-" + std::to_string(::getpid())) / name;
@@ -39,7 +39,7 @@ std::string corpus_cache() {
 }
 
 float overfit(const std::string& recipe) {
-  Config cfg = load_recipe(kRecipes + recipe, {"train.threads=2"});
+  Config cfg = load_recipe(kTrainingRecipes + recipe, {"train.threads=2"});
   omp_set_num_threads(2);
   const int64_t b = 4, t = 32, V = cfg.model.vocab_size;
   Model model(cfg.model, b, t);
@@ -74,7 +74,7 @@ TEST(Training, LlamaOverfitsOneBatch) {
 
 TEST(Training, SameSeedIsBitwiseIdenticalAndSeedMatters) {
   auto run = [](const std::string& seed, std::vector<float>& losses) {
-    Config cfg = load_recipe(kRecipes + "llama-tiny.toml",
+    Config cfg = load_recipe(kTrainingRecipes + "llama-tiny.toml",
                              {"data.source=random", "train.steps=6", "train.threads=2",
                               "train.grad_accum=2", "train.seed=" + seed});
     Trainer trainer(cfg);
@@ -93,7 +93,7 @@ TEST(Training, SameSeedIsBitwiseIdenticalAndSeedMatters) {
 TEST(Training, DefaultRecipeLearnsTheCorpusUnderMpirun) {
   fs::path out = scratch("default");
   std::string cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 1 " +
-                    std::string(PENTAD_BINARY) + " train " + kRecipes + "gpt-tiny.toml" +
+                    std::string(PENTAD_BINARY) + " train " + kTrainingRecipes + "gpt-tiny.toml" +
                     " --set train.out_dir=" + out.string() +
                     " --set data.cache_dir=" + corpus_cache() + " --set train.threads=2 > " +
                     (out / "log.txt").string() + " 2>&1";
@@ -150,7 +150,7 @@ TEST(Layouts, RefusedWithTheDegreeToChange) {
        {"tp", "sequence"}},
   };
   for (const Row& row : rows) {
-    Config cfg = load_recipe(kRecipes + "gpt-tiny.toml", row.overrides);
+    Config cfg = load_recipe(kTrainingRecipes + "gpt-tiny.toml", row.overrides);
     try {
       mesh_config(cfg, row.world);
       ADD_FAILURE() << "accepted " << ::testing::PrintToString(row.overrides) << " on " << row.world
@@ -164,9 +164,9 @@ TEST(Layouts, RefusedWithTheDegreeToChange) {
 }
 
 TEST(Layouts, ContextParallelRecipesAreChecked) {
-  EXPECT_NO_THROW(load_recipe(kRecipes + "gpt-tiny.toml", {"parallel.cp=2"}));
+  EXPECT_NO_THROW(load_recipe(kTrainingRecipes + "gpt-tiny.toml", {"parallel.cp=2"}));
   try {
-    load_recipe(kRecipes + "gpt-tiny.toml", {"parallel.cp=4", "train.seq_len=36"});
+    load_recipe(kTrainingRecipes + "gpt-tiny.toml", {"parallel.cp=4", "train.seq_len=36"});
     ADD_FAILURE() << "a zig-zag ring over a sequence it does not split accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("2 x parallel.cp = 8"), std::string::npos) << e.what();

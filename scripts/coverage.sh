@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Line and branch coverage of the test command's tests, per top-level folder (and per
+# folder of src/): builds with gcov's counters into build-cov/ (CPU backend, -O1), runs the
+# same ctest as scripts/test.sh there, and summarises with gcovr (Debian's). About as long
+# as the test command's build and ctest stages.
+#   bash scripts/coverage.sh            prints the table; build-cov/coverage.json has it all
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+if ! dpkg-query -W -f='${Status}' gcovr 2>/dev/null | grep -q "install ok installed"; then
+  sudo_cmd=()
+  [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends gcovr
+fi
+cmake -S . -B build-cov -G Ninja -DCMAKE_BUILD_TYPE=Release -DPENTAD_CUDA=OFF \
+  -DPENTAD_COVERAGE=ON >/dev/null
+cmake --build build-cov -j"$(nproc)"
+find build-cov -name '*.gcda' -delete
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export PENTAD_POISON=1 OMP_WAIT_POLICY=passive OMPI_MCA_mpi_yield_when_idle=1
+mpirun -np 1 sleep 86400 >/dev/null 2>&1 &  # scripts/test.sh says why
+keeper=$!
+trap 'kill "$keeper" 2>/dev/null || true' EXIT
+# Failures do not stop the summary (a failing test still covers what it ran), but say so.
+(cd build-cov && ctest -j"$(nproc)" --timeout 900 --output-on-failure) ||
+  echo "coverage: some tests failed; the figures below count what ran"
+gcovr --root . --object-directory build-cov --filter '(core|kernels|parallel|optim|checkpoint|launch|src)/' \
+  --exclude '.*_test\.cpp' --exclude 'tests/' --json-summary build-cov/coverage.json \
+  --json-summary-pretty -j "$(nproc)" >/dev/null
+python3 - build-cov/coverage.json <<'PY'
+import json, sys
+from collections import defaultdict
+doc = json.load(open(sys.argv[1]))
+rows = defaultdict(lambda: [0, 0, 0, 0])  # lines covered, lines, branches covered, branches
+for f in doc["files"]:
+    parts = f["filename"].split("/")
+    folder = "/".join(parts[:2]) if parts[0] == "src" else parts[0]
+    r = rows[folder]
+    r[0] += f["line_covered"]; r[1] += f["line_total"]
+    r[2] += f["branch_covered"]; r[3] += f["branch_total"]
+pct = lambda a, b: f"{100.0 * a / b:5.1f}%" if b else "    -"
+print(f"{'folder':14} {'lines':>16} {'branches':>18}")
+total = [0, 0, 0, 0]
+for folder in sorted(rows):
+    r = rows[folder]
+    total = [t + x for t, x in zip(total, r)]
+    print(f"{folder:14} {pct(r[0], r[1])} of {r[1]:6d} {pct(r[2], r[3])} of {r[3]:7d}")
+print(f"{'all':14} {pct(total[0], total[1])} of {total[1]:6d} {pct(total[2], total[3])} of {total[3]:7d}")
+PY
