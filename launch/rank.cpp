@@ -2,9 +2,11 @@
 
 #include <mpi.h>
 #include <omp.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 
+#include "core/cgroup.h"
 #include "core/device_memory.h"
 #include "train/layout.h"
 
@@ -23,10 +25,20 @@ NodePlace node_place() {
   return place;
 }
 
-void set_compute_threads(int64_t threads, int ranks_on_node) {
-  const int n = threads > 0 ? static_cast<int>(threads)
-                            : std::max(1, omp_get_num_procs() / std::max(1, ranks_on_node));
+std::string set_compute_threads(int64_t threads, int ranks_on_node) {
+  if (threads > 0) {
+    omp_set_num_threads(static_cast<int>(threads));
+    return fmt::format("threads: {} (train.threads)", threads);
+  }
+  // A job's cgroup may allow fewer CPUs than the affinity mask shows (a CPU quota, as
+  // docker --cpus and Kubernetes limits set): more threads than that only wait their turn.
+  const CgroupCpus cpus = cgroup_cpus(omp_get_num_procs());
+  const int ranks = std::max(1, ranks_on_node);
+  const int n = std::max(1, cpus.cpus / ranks);
   omp_set_num_threads(n);
+  if (ranks == 1) return fmt::format("threads: {} from {}", n, cpus.source);
+  return fmt::format("threads: {} a rank, {} CPU{} from {} shared by {} ranks on this machine", n,
+                     cpus.cpus, cpus.cpus == 1 ? "" : "s", cpus.source, ranks);
 }
 
 parallel::Backend select_device(const Config& cfg) {
@@ -36,7 +48,9 @@ parallel::Backend select_device(const Config& cfg) {
 }
 
 parallel::Backend start_rank(const Config& cfg) {
-  set_compute_threads(cfg.train.threads, node_place().size);
+  const NodePlace place = node_place();
+  const std::string threads = set_compute_threads(cfg.train.threads, place.size);
+  if (cfg.train.threads == 0 && place.rank == 0) spdlog::info("{}", threads);
   return select_device(cfg);
 }
 

@@ -4,6 +4,7 @@
 // on. launch/main.cpp calls start_rank() first thing; tests that build a Trainer the way
 // the executable does call it too.
 #include <cstdint>
+#include <string>
 
 #include "parallel/comm.h"
 #include "train/config.h"
@@ -18,9 +19,13 @@ struct NodePlace {
 // Collective over MPI_COMM_WORLD; {0, 1} when MPI is not initialised.
 NodePlace node_place();
 
-// Sets the number of compute threads for OpenMP and OpenBLAS: `threads`, or when 0 this
-// machine's cores shared evenly among the ranks running on it (at least one each).
-void set_compute_threads(int64_t threads, int ranks_on_node = 1);
+// Sets the number of compute threads for OpenMP and OpenBLAS: `threads`, or when 0 the CPUs
+// this process may use shared evenly among the ranks running on its machine (at least one
+// each). Those CPUs are the fewest of its affinity mask, its cgroup's cpuset and its
+// cgroup's CPU quota rounded up (core/cgroup.h). Returns the count and what decided it, as
+// a line for the log: "threads: 2 from cgroup /x (cpu.max 150000 100000 = 1.5 CPUs,
+// rounded up)".
+std::string set_compute_threads(int64_t threads, int ranks_on_node = 1);
 
 // For train.device = "cuda": makes this rank's GPU current (its local rank modulo the
 // visible devices) and returns the backend the mesh's communicators need, NCCL (host
@@ -29,8 +34,9 @@ void set_compute_threads(int64_t threads, int ranks_on_node = 1);
 parallel::Backend select_device(const Config& cfg);
 
 // Both of the above for the recipe's train.threads and train.device, the ranks on this
-// machine sharing its cores: returns the backend for the mesh. Collective over
-// MPI_COMM_WORLD when MPI is initialised.
+// machine sharing its cores (the first of them logs how many threads each takes when
+// train.threads = 0): returns the backend for the mesh. Collective over MPI_COMM_WORLD when
+// MPI is initialised.
 parallel::Backend start_rank(const Config& cfg);
 
 }  // namespace pentad::launch

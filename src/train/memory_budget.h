@@ -42,10 +42,17 @@ MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& me
 // The ranks on this machine and what they share. Collective over MPI_COMM_WORLD (one rank
 // alone when MPI is not initialised).
 struct NodeShare {
-  int ranks = 1;            // ranks on this machine
-  int cores = 1;            // distinct cores in the union of their affinity masks
-  int threads = 1;          // compute threads of those ranks together
-  double memory_bytes = 0;  // physical memory, or the cgroup's limit when that is lower
+  int ranks = 1;       // ranks on this machine
+  int local_rank = 0;  // this rank's place among them
+  int cores = 1;       // distinct cores in the union of their affinity masks
+  int threads = 1;     // compute threads of those ranks together
+  // Physical memory, or the job's cgroup limit when that is lower (core/cgroup.h), and
+  // which of them it is: "the machine's physical memory", "cgroup /slurm/job_42 (memory.max)".
+  double memory_bytes = 0;
+  std::string memory_source;
+  // The cgroup's soft bound (memory.high), above which the kernel throttles; 0: none.
+  double memory_high = 0;
+  std::string memory_high_source;
 };
 NodeShare node_share();
 
@@ -53,10 +60,15 @@ NodeShare node_share();
 std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh);
 
 // Throws pentad::Error when the estimate is above train.memory_limit_mb, or, when that key
-// is 0, above this rank's share of the machine's memory (memory / ranks on it; CPU only:
-// on CUDA the device allocator reports what does not fit). The message lists the items
-// from the largest and the values of model.n_layer, model.d_model, train.micro_batch and
-// the parallel degrees that would fit.
+// is 0, above this rank's share of the memory its machine and its cgroup allow (memory /
+// ranks on the machine; CPU only: on CUDA the device allocator reports what does not fit).
+// The message names that memory and where its size came from, lists the items from the
+// largest and the values of model.n_layer, model.d_model, train.micro_batch and the
+// parallel degrees that would fit. When the plan fits, the first rank of each machine logs
+// that memory (CPU only), and warns when the plan is above its share of memory.high.
 void check_memory(const Config& cfg, const parallel::MeshConfig& mesh, const NodeShare& node);
+
+// "10.0 GiB from cgroup /slurm/job_42 (memory.max), 2 ranks share it".
+std::string describe_node_memory(const NodeShare& node);
 
 }  // namespace pentad

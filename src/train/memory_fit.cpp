@@ -1,18 +1,19 @@
-// Whether a run's memory plan fits (train/memory_budget.h): this rank's share of the
-// machine, the plan in words for `pentad plan`, and the refusal naming what would fit. The
-// estimate itself is train/memory_budget.cpp.
+// Whether a run's memory plan fits (train/memory_budget.h): this rank's share of what its
+// machine and its job's cgroup allow, the plan in words for `pentad plan`, and the refusal
+// naming what would fit. The estimate itself is train/memory_budget.cpp.
 #include <mpi.h>
 #include <omp.h>
 #include <sched.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <bit>
 #include <cstdint>
-#include <fstream>
 #include <functional>
 #include <vector>
 
+#include "core/cgroup.h"
 #include "core/check.h"
 #include "core/tensor.h"
 #include "model/moe.h"
@@ -51,10 +52,33 @@ std::pair<double, std::string> memory_limit(const Config& cfg, const NodeShare& 
     return {double(cfg.train.memory_limit_mb) * kMiB,
             fmt::format("train.memory_limit_mb = {}", cfg.train.memory_limit_mb)};
   const double share = node.memory_bytes / std::max(1, node.ranks);
-  return {share, fmt::format("this rank's share of the machine's memory ({} / {} rank{} = {}; "
+  return {share, fmt::format("this rank's share of the memory it may use ({}: {} each; "
                              "train.memory_limit_mb = 0 means automatic)",
-                             bytes_text(node.memory_bytes), node.ranks,
-                             node.ranks == 1 ? "" : "s on it", bytes_text(share))};
+                             describe_node_memory(node), bytes_text(share))};
+}
+
+// The plan fits: the first rank of each machine says what it fits in (each machine may
+// have a cgroup of its own), and warns when memory.high, the cgroup's soft bound, is below
+// it: the kernel then throttles the job and reclaims its pages, every step slower.
+void report_fit(const Config& cfg, const NodeShare& node, const MemoryEstimate& e) {
+  if (cfg.train.device != "cpu" || node.memory_bytes <= 0 || node.local_rank != 0) return;
+  const int ranks = std::max(1, node.ranks);
+  const double high_share = node.memory_high / ranks;
+  spdlog::info("memory: {}; the plan needs about {} a rank{}", describe_node_memory(node),
+               bytes_text(e.total()),
+               node.memory_high > 0
+                   ? fmt::format("; soft bound {} from {}", bytes_text(node.memory_high),
+                                 node.memory_high_source)
+                   : "");
+  if (node.memory_high > 0 && e.total() > high_share)
+    spdlog::warn(
+        "memory: the plan needs about {} a rank, above {}, this rank's share of the soft "
+        "bound {} from {} that {} rank{} share: past it the kernel throttles the job and "
+        "reclaims its memory, so the steps slow down. To stay below it: a smaller plan "
+        "(`pentad plan` shows it), or train.memory_limit_mb = {}, which refuses a plan above "
+        "that",
+        bytes_text(e.total()), bytes_text(high_share), bytes_text(node.memory_high),
+        node.memory_high_source, ranks, ranks == 1 ? "" : "s", int64_t(high_share / kMiB));
 }
 
 // The largest value in [lo, hi] for which fits(value) holds, fits being monotone
@@ -72,6 +96,13 @@ int64_t largest_fitting(int64_t lo, int64_t hi, const std::function<bool(int64_t
 }
 
 }  // namespace
+
+std::string describe_node_memory(const NodeShare& node) {
+  const int ranks = std::max(1, node.ranks);
+  return fmt::format("{} from {}, {} rank{} share{} it", bytes_text(node.memory_bytes),
+                     node.memory_source.empty() ? "this machine" : node.memory_source, ranks,
+                     ranks == 1 ? "" : "s", ranks == 1 ? "s" : "");
+}
 
 std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh) {
   const MemoryEstimate e = estimate_memory(cfg, mesh);
@@ -140,11 +171,17 @@ NodeShare node_share() {
   NodeShare node;
   const double pages = double(sysconf(_SC_PHYS_PAGES)), page = double(sysconf(_SC_PAGE_SIZE));
   node.memory_bytes = pages * page;
-  for (const char* path :
-       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
-    std::ifstream file(path);
-    double limit = 0;
-    if (file >> limit && limit > 0) node.memory_bytes = std::min(node.memory_bytes, limit);
+  node.memory_source = "the machine's physical memory";
+  // The job's cgroup (and those above it), not the root's: Slurm and Kubernetes set the
+  // limit on the job's own cgroup.
+  const CgroupMemory cgroup = cgroup_memory();
+  if (cgroup.limit > 0 && double(cgroup.limit) < node.memory_bytes) {
+    node.memory_bytes = double(cgroup.limit);
+    node.memory_source = cgroup.source;
+  }
+  if (cgroup.high > 0) {
+    node.memory_high = double(cgroup.high);
+    node.memory_high_source = cgroup.high_source;
   }
   // Cores: the union of the ranks' affinity masks, so ranks bound to distinct cores count
   // each one and ranks started on one core count it once.
@@ -162,6 +199,7 @@ NodeShare node_share() {
     MPI_Comm local;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
     MPI_Comm_size(local, &node.ranks);
+    MPI_Comm_rank(local, &node.local_rank);
     MPI_Allreduce(MPI_IN_PLACE, mask.data(), kWords, MPI_UINT64_T, MPI_BOR, local);
     MPI_Allreduce(MPI_IN_PLACE, &threads, 1, MPI_INT, MPI_SUM, local);
     MPI_Comm_free(&local);
@@ -178,7 +216,10 @@ void check_memory(const Config& cfg, const parallel::MeshConfig& mesh, const Nod
   const auto limits = memory_limit(cfg, node);  // (bytes, how they were chosen)
   const auto& [limit, limit_text] = limits;
   const MemoryEstimate e = estimate_memory(cfg, mesh);
-  if (e.total() <= limit) return;
+  if (e.total() <= limit) {
+    report_fit(cfg, node, e);
+    return;
+  }
 
   auto fits = [&](Config c) {
     try {

@@ -4,9 +4,15 @@
 
 #include <gtest/gtest.h>
 #include <omp.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
 
+#include "core/cgroup.h"
 #include "core/check.h"
 #include "core/device_memory.h"
 
@@ -15,8 +21,9 @@ using namespace pentad;
 namespace {
 
 TEST(ComputeThreads, ExplicitCountOrTheCoresSharedAmongTheRanks) {
-  const int cores = omp_get_num_procs();
-  launch::set_compute_threads(3);
+  // The CPUs this process may use: its affinity mask, or fewer where its cgroup says so.
+  const int cores = cgroup_cpus(omp_get_num_procs()).cpus;
+  EXPECT_EQ(launch::set_compute_threads(3), "threads: 3 (train.threads)");
   EXPECT_EQ(omp_get_max_threads(), 3);
   launch::set_compute_threads(0, 1);
   EXPECT_EQ(omp_get_max_threads(), cores);
@@ -24,6 +31,31 @@ TEST(ComputeThreads, ExplicitCountOrTheCoresSharedAmongTheRanks) {
   EXPECT_EQ(omp_get_max_threads(), std::max(1, cores / 2));
   launch::set_compute_threads(0, 4 * cores);  // more ranks than cores: one thread each
   EXPECT_EQ(omp_get_max_threads(), 1);
+}
+
+// A cgroup's CPU quota bounds the threads (a fake tree under PENTAD_CGROUP_ROOT): 1.5 CPUs
+// are 2 threads, shared among the ranks of the machine, and the line says so.
+TEST(ComputeThreads, TheCgroupQuotaBoundsThem) {
+  const std::filesystem::path root =
+      std::filesystem::temp_directory_path() / ("pentad_rank_test_" + std::to_string(getpid()));
+  std::filesystem::create_directories(root / "proc/self");
+  std::filesystem::create_directories(root / "sys/fs/cgroup/job");
+  std::ofstream(root / "proc/self/cgroup") << "0::/job\n";
+  std::ofstream(root / "sys/fs/cgroup/job/cpu.max") << "150000 100000\n";
+  setenv("PENTAD_CGROUP_ROOT", root.c_str(), 1);
+  const int procs = omp_get_num_procs();
+  const std::string line = launch::set_compute_threads(0, 1);
+  EXPECT_EQ(omp_get_max_threads(), std::min(2, procs));
+  const std::string shared = launch::set_compute_threads(0, 2);
+  EXPECT_EQ(omp_get_max_threads(), 1);
+  if (procs > 2) {  // else the affinity mask decides, and the lines name it
+    EXPECT_EQ(line, "threads: 2 from cgroup /job (cpu.max 150000 100000 = 1.5 CPUs, rounded up)");
+    EXPECT_EQ(shared,
+              "threads: 1 a rank, 2 CPUs from cgroup /job (cpu.max 150000 100000 = 1.5 CPUs, "
+              "rounded up) shared by 2 ranks on this machine");
+  }
+  unsetenv("PENTAD_CGROUP_ROOT");
+  std::filesystem::remove_all(root);
 }
 
 // Without MPI (a test, or a tool) a rank is alone on its machine.
