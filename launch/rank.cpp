@@ -50,7 +50,7 @@ parallel::Backend select_device(const Config& cfg) {
 parallel::Backend start_rank(const Config& cfg) {
   const NodePlace place = node_place();
   const std::string threads = set_compute_threads(cfg.train.threads, place.size);
-  if (cfg.train.threads == 0 && place.rank == 0) spdlog::info("{}", threads);
+  if (place.rank == 0) spdlog::info("{}", threads);
   return select_device(cfg);
 }
 

@@ -148,10 +148,12 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(train, log_every, at_least(1),
                  "Log the step's loss every N steps (and the first and last step)"),
       PENTAD_KEY(train, threads, at_least(0),
-                 "Compute threads per rank; 0: this machine's cores / the ranks on it"),
-      PENTAD_KEY(train, memory_limit_mb, at_least(0),
-                 "Memory per rank, MiB, checked against an estimate at start; 0: CPU: its share of "
-                 "the machine; CUDA: no check"),
+                 "Compute threads per rank; 0: the CPUs the job may use (cgroup quota, cpuset, "
+                 "affinity) / ranks"),
+      PENTAD_KEY(
+          train, memory_limit_mb, at_least(0),
+          "Memory per rank, MiB, for the planned state (not resident memory); 0: CPU: its share "
+          "of the job's cgroup or machine; CUDA: no check"),
       PENTAD_KEY(train, device, one_of({"cpu", "cuda"}),
                  "Where the model trains: cpu, or cuda (one GPU per rank, NCCL communicators)"),
       PENTAD_KEY(train, precision, one_of({"fp32", "bf16"}),

@@ -47,7 +47,6 @@ void Trainer::log_plan() const {
                cfg_.model.d_model, cfg_.model.n_head, cfg_.model.kv_heads(), cfg_.model.vocab_size,
                parameters);
   spdlog::info("{}", memory_plan());
-  spdlog::info("threads: {}", omp_get_max_threads());
   if (model_->params().device() == Device::CUDA)
     spdlog::info("device: {}", cuda_device_description());
 }
