@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Line and branch coverage of the test command's tests, per top-level folder (and per
+# Line and branch coverage of the test command's fast tier, per top-level folder (and per
 # folder of src/): builds with gcov's counters into build-cov/ (CPU backend, -O1), runs the
 # same ctest as scripts/test.sh there, and summarises with gcovr (Debian's). About as long
 # as the test command's build and ctest stages.
-#   bash scripts/coverage.sh            prints the table; build-cov/coverage.json has it all
+#   bash scripts/coverage.sh           the fast tier's table (build-cov/coverage.json)
+#   bash scripts/coverage.sh --full    then the slow tier on top, and its table: what the
+#                                      slow tier adds (build-cov/coverage-full.json)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+full=0
+[[ ${1:-} == --full ]] && full=1
 bash scripts/setup.sh
 if ! dpkg-query -W -f='${Status}' gcovr 2>/dev/null | grep -q "install ok installed"; then
   sudo_cmd=()
@@ -23,12 +27,11 @@ mpirun -np 1 sleep 86400 >/dev/null 2>&1 &  # scripts/test.sh says why
 keeper=$!
 trap 'kill "$keeper" 2>/dev/null || true' EXIT
 # Failures do not stop the summary (a failing test still covers what it ran), but say so.
-(cd build-cov && ctest -j"$(nproc)" --timeout 900 --output-on-failure) ||
-  echo "coverage: some tests failed; the figures below count what ran"
-gcovr --root . --object-directory build-cov --filter '(core|kernels|parallel|optim|checkpoint|launch|src)/' \
-  --exclude '.*_test\.cpp' --exclude 'tests/' --json-summary build-cov/coverage.json \
-  --json-summary-pretty -j "$(nproc)" >/dev/null
-python3 - build-cov/coverage.json <<'PY'
+summary() {  # summary JSON: gcovr over every counter so far, then the table
+  gcovr --root . --object-directory build-cov \
+    --filter '(core|kernels|parallel|optim|checkpoint|launch|src)/' --exclude 'tests/' \
+    --json-summary "$1" --json-summary-pretty -j "$(nproc)" >/dev/null
+  python3 - "$1" <<'PY'
 import json, sys
 from collections import defaultdict
 doc = json.load(open(sys.argv[1]))
@@ -40,11 +43,26 @@ for f in doc["files"]:
     r[0] += f["line_covered"]; r[1] += f["line_total"]
     r[2] += f["branch_covered"]; r[3] += f["branch_total"]
 pct = lambda a, b: f"{100.0 * a / b:5.1f}%" if b else "    -"
-print(f"{'folder':14} {'lines':>16} {'branches':>18}")
+print(f"| folder | lines | of | branches | of |")
+print(f"|---|---:|---:|---:|---:|")
 total = [0, 0, 0, 0]
 for folder in sorted(rows):
     r = rows[folder]
     total = [t + x for t, x in zip(total, r)]
-    print(f"{folder:14} {pct(r[0], r[1])} of {r[1]:6d} {pct(r[2], r[3])} of {r[3]:7d}")
-print(f"{'all':14} {pct(total[0], total[1])} of {total[1]:6d} {pct(total[2], total[3])} of {total[3]:7d}")
+    print(f"| {folder} | {pct(r[0], r[1])} | {r[1]} | {pct(r[2], r[3])} | {r[3]} |")
+print(f"| all | {pct(total[0], total[1])} | {total[1]} | {pct(total[2], total[3])} | {total[3]} |")
 PY
+}
+(cd build-cov && ctest -j"$(nproc)" --timeout 900 --output-on-failure -LE slow) ||
+  echo "coverage: some tests failed; the figures below count what ran"
+echo "coverage of the fast tier (scripts/test.sh):"
+summary build-cov/coverage.json
+if ((full)); then
+  (cd build-cov && PENTAD_FULL_TESTS=1 ctest -j"$(nproc)" --timeout 900 --output-on-failure \
+    -L slow) || echo "coverage: some slow tests failed"
+  # The script tests' longer forms too (PENTAD_FULL_TESTS: e.g. more SIGKILL trials).
+  (cd build-cov && PENTAD_FULL_TESTS=1 ctest -j"$(nproc)" --timeout 900 -R checkpoint_resume) ||
+    echo "coverage: checkpoint_resume failed"
+  echo "coverage with the slow tier added (scripts/test.sh --full):"
+  summary build-cov/coverage-full.json
+fi

@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <csignal>
 #include <cstdlib>
 #include <limits>
+#include <mutex>
 #include <numeric>
 #include <string_view>
 #include <thread>
@@ -23,6 +25,64 @@
 #include "train/recipe.h"
 
 namespace pentad {
+
+namespace {
+
+// Says, every `every` seconds, that a step is still running: the first step of a long
+// sequence (recipes/llama-longctx.toml) takes tens of seconds on a few cores, and a
+// terminal silent that long looks hung. A thread of its own, on the rank that logs.
+class StepProgress {
+ public:
+  StepProgress(double every_s, int64_t last) : every_(every_s), last_(last) {
+    if (every_ > 0) thread_ = std::thread([this] { loop(); });
+  }
+  ~StepProgress() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  StepProgress(const StepProgress&) = delete;
+  StepProgress& operator=(const StepProgress&) = delete;
+  void begin(int64_t step) {
+    std::lock_guard<std::mutex> lock(mu_);
+    step_ = step;
+    since_ = std::chrono::steady_clock::now();
+  }
+  void done(double seconds) {
+    std::lock_guard<std::mutex> lock(mu_);
+    step_ = -1;
+    previous_ = seconds;
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!cv_.wait_for(lock, std::chrono::duration<double>(every_), [this] { return stop_; })) {
+      if (step_ < 0) continue;
+      const double running =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - since_).count();
+      if (running < every_) continue;
+      spdlog::info("step {:>5}/{}: still running after {:.0f} s{}", step_ + 1, last_, running,
+                   previous_ > 0 ? fmt::format(" (the step before took {:.1f} s)", previous_)
+                                 : std::string(" (the first step: nothing to compare yet)"));
+    }
+  }
+
+  double every_;
+  int64_t last_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  int64_t step_ = -1;
+  double previous_ = 0;
+  std::chrono::steady_clock::time_point since_;
+  std::thread thread_;
+};
+
+}  // namespace
 
 namespace {
 
@@ -349,11 +409,14 @@ void Trainer::run() {
   started_ = true;
   parallel::activity_run_started(start_step_);  // the fault monitor starts reporting
   blocked_reported_ = checkpoint_blocked_seconds();
+  StepProgress progress(logs() ? 10.0 : 0.0, last);
   for (int64_t step = start_step_; step < last; ++step) {
     std::function<void()> dump;
     if (step == start_step_ && !dump_grads_dir_.empty())
       dump = [&] { dump_shards(dump_grads_dir_, true); };
+    progress.begin(step);
     StepStats s = train_step(step, dump);
+    progress.done(s.seconds);
     parallel::activity_step_done(step + 1, s.seconds);
     history_.push_back(s);
     if (s.skipped) {

@@ -3,7 +3,7 @@
 
 Each row runs the real binary on tiny settings: a recipe (a file of recipes/ or text
 written for the case), overrides, optionally under mpirun, and states the exit code and
-words the output must hold. Refusals must name the key or file to change, and come fast:
+words the output must hold. Two rows run at a time (the test runs alone: one a core). Refusals must name the key or file to change, and come fast:
 a memory plan that cannot fit is refused before anything large is allocated.
 
 usage: cli_inputs.py PENTAD RECIPES_DIR WORKDIR
@@ -14,6 +14,7 @@ import struct
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -259,7 +260,8 @@ def main():
     work.mkdir(parents=True)
     write_llmc_shard(work / SMALL, 400)
     failures = []
-    for name, recipe, overrides, ranks, code, words in CASES:
+    def run_case(case):
+        name, recipe, overrides, ranks, code, words = case
         if isinstance(recipe, dict):
             path = work / f"{name}.toml"
             path.write_text(recipe["text"])
@@ -278,11 +280,20 @@ def main():
         problems += [f"missing: {w}" for w in words if w not in output]
         if seconds > SECONDS:
             problems.append(f"took {seconds:.1f} s (limit {SECONDS} s)")
-        print(f"{'ok  ' if not problems else 'FAIL'} {name:28s} exit {rc} in {seconds:.2f} s")
+        report = f"{'ok  ' if not problems else 'FAIL'} {name:28s} exit {rc} in {seconds:.2f} s"
         if problems:
-            failures.append(name)
-            print("     " + "\n     ".join(problems))
-            print("     output tail:\n" + "\n".join("       " + l for l in output.splitlines()[-8:]))
+            report += "\n     " + "\n     ".join(problems)
+            report += "\n     output tail:\n" + "\n".join(
+                "       " + l for l in output.splitlines()[-8:])
+        return name, problems, report
+
+    # Two cases at a time, one a core (each has its own out_dir; none writes the data cache:
+    # the ones that train read random tokens or the llm.c shard written above).
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for name, problems, report in pool.map(run_case, CASES):
+            print(report)
+            if problems:
+                failures.append(name)
     failures += once_per_job(pentad, recipes, work) + nothing_left(pentad, recipes, work)
     if failures:
         print(f"{len(failures)} of {len(CASES) + 2} cases failed: {', '.join(failures)}")
