@@ -270,3 +270,11 @@ add_test(NAME launch_supervisor
           $<TARGET_FILE:pentad> ${CMAKE_CURRENT_BINARY_DIR}/launch-supervisor)
 set_tests_properties(launch_supervisor PROPERTIES TIMEOUT 300 RUN_SERIAL TRUE
   PASS_REGULAR_EXPRESSION "supervisor detects and recovers every scenario")
+
+# The job's own memory cgroup bounds the plan, on a real cgroup made for the test (root with a
+# writable cgroup hierarchy, as on CI's machine; skipped otherwise, saying why).
+add_test(NAME cgroup_limit
+  COMMAND ${PENTAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/cgroup_limit.py
+          $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml ${CMAKE_CURRENT_BINARY_DIR}/cgroup-limit)
+set_tests_properties(cgroup_limit PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
+  PASS_REGULAR_EXPRESSION "the job's cgroup bounds the plan")
