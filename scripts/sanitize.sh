@@ -13,18 +13,10 @@
 #                checkpoint saver's background-thread tests and the NVMe engine's (its I/O
 #                thread) and the fault monitor's beat thread, on 2 OpenMP threads.
 # Findings are fatal. Suppressions (tests/sanitizers/) cover only leaks inside Open MPI's
-# own libraries, never pentad code.
-# usage: sanitize.sh [--build-only] [asan|tsan]...
-#   --build-only  configure and build, run nothing (scripts/test.sh builds them this way at
-#                 idle priority while ctest runs, then calls sanitize.sh again to run them)
+# own libraries, never pentad code. usage: sanitize.sh [asan|tsan]...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-build_only=0
-if [[ ${1:-} == --build-only ]]; then
-  build_only=1
-  shift
-fi
 which=("$@")
 ((${#which[@]})) || which=(asan tsan)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
@@ -34,16 +26,14 @@ export PENTAD_POISON=1
 export OMP_WAIT_POLICY=passive OMPI_MCA_mpi_yield_when_idle=1
 # Two MPI programs starting at once can race to create Open MPI's session directory
 # (scripts/test.sh says how); an mpirun kept alive for the whole run keeps it in place.
-if ((!build_only)); then
-  mpirun -np 1 sleep 86400 >/dev/null 2>&1 &
-  keeper=$!
-  disown "$keeper"  # not one of the programs that run and finish count and wait for
-  trap 'kill "$keeper" 2>/dev/null || true' EXIT
-  for _ in $(seq 100); do
-    compgen -G "${TMPDIR:-/tmp}/ompi.*.$(id -u)/pid.$keeper" >/dev/null && break
-    sleep 0.1
-  done
-fi
+mpirun -np 1 sleep 86400 >/dev/null 2>&1 &
+keeper=$!
+disown "$keeper"  # not one of the programs that run and finish count and wait for
+trap 'kill "$keeper" 2>/dev/null || true' EXIT
+for _ in $(seq 100); do
+  compgen -G "${TMPDIR:-/tmp}/ompi.*.$(id -u)/pid.$keeper" >/dev/null && break
+  sleep 0.1
+done
 failed=()
 
 # A sanitizer build must still catch the bug planted for it (tests/sanitizers/
@@ -103,7 +93,6 @@ for kind in "${which[@]}"; do
       cmake -S . -B $dir -G Ninja -DCMAKE_BUILD_TYPE=Release -DPENTAD_CUDA=OFF \
         -DPENTAD_SANITIZE=address -DPENTAD_DRIVER_OPT=-O0 >/dev/null
       cmake --build $dir -j"$(nproc)" --target pentad context_parallel_test zero_test "${tests[@]}"
-      ((build_only)) && continue
       # Full stacks for every allocation (fast unwinding stops at the first library built
       # without frame pointers, so suppressions could not see Open MPI in the stack), and
       # Open MPI's plugins kept loaded so their frames still have names at exit.
@@ -178,7 +167,6 @@ for kind in "${which[@]}"; do
       CC=clang CXX=clang++ cmake -S . -B $dir -G Ninja -DCMAKE_BUILD_TYPE=Release \
         -DPENTAD_CUDA=OFF -DPENTAD_SANITIZE=thread >/dev/null
       cmake --build $dir -j"$(nproc)" --target "${tests[@]}"
-      ((build_only)) && continue
       # libarcher (an OMPT tool) gives TSan OpenMP's synchronisation; OpenBLAS runs one
       # thread (its OpenMP build links GCC's runtime, which TSan cannot see into).
       export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1"
@@ -201,8 +189,4 @@ if ((${#failed[@]})); then
   echo "sanitize: ${#failed[@]} failed: ${failed[*]}"
   exit 1
 fi
-if ((build_only)); then
-  echo "sanitize: built (${which[*]})"
-else
-  echo "sanitize: all clean (${which[*]})"
-fi
+echo "sanitize: all clean (${which[*]})"

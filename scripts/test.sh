@@ -47,14 +47,6 @@ for _ in $(seq 100); do
   compgen -G "${TMPDIR:-/tmp}/ompi.*.$(id -u)/pid.$keeper" >/dev/null && break
   sleep 0.1
 done
-# The sanitizer builds compile while ctest runs, at idle priority (SCHED_IDLE: they get a
-# core only when no test wants it). ctest leaves a core idle for minutes in all: tests that
-# wait (MPI start-up, mpirun's 2 s at a non-zero exit, the latency tests run alone at the
-# end). A test that wants the core takes it back at once.
-sanitize_log=build/sanitize-build.log
-setsid chrt --idle 0 bash scripts/sanitize.sh --build-only >"$sanitize_log" 2>&1 &
-sanitize_build=$!
-trap 'kill "$keeper" 2>/dev/null || true; kill -- -"$sanitize_build" 2>/dev/null || true' EXIT
 if ((full)); then
   export PENTAD_FULL_TESTS=1
   (cd build && ctest -j"$(nproc)" --output-on-failure --timeout 900)
@@ -62,12 +54,6 @@ else
   (cd build && ctest -j"$(nproc)" --output-on-failure --timeout 900 -LE slow)
 fi
 stage ctest
-if ! wait "$sanitize_build"; then
-  tail -40 "$sanitize_log"
-  echo "test.sh: the sanitizer builds failed ($sanitize_log)" >&2
-  exit 1
-fi
-stage "the rest of the sanitizer builds"
 bash scripts/sanitize.sh
-stage "sanitizer runs"
+stage sanitizers
 echo "test.sh: all passed in $SECONDS s"
