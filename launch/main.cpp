@@ -68,30 +68,29 @@ void print_error(const std::exception& e, int rank) {
   std::fflush(stderr);
 }
 
-// How the ranks that have an error, and those that have none, agree. `counts` is the
-// all-reduced {ranks with an error, the largest exit status}, `hashes` {smallest, largest}
-// hash of the errors' words (ranks without one contribute neutral values).
+// What the ranks agree on about an error, in one all-reduce (MPI_MAX) of four words: whether
+// some rank has none, the largest exit status (0: no rank has an error), and the smallest
+// (as its complement) and largest hash of the errors' words.
 struct Agreement {
-  long long errors = 0, status = 0;
-  unsigned long long low = 0, high = 0;
+  unsigned long long words[4] = {0, 0, 0, 0};
+  Agreement(const std::exception* e, int status) {
+    const unsigned long long h = e ? std::hash<std::string>{}(e->what()) : 0;
+    words[0] = e ? 0 : 1;
+    words[1] = e ? static_cast<unsigned long long>(status) : 0;
+    words[2] = e ? ~h : 0;
+    words[3] = e ? h : 0;
+  }
+  int status() const { return int(words[1]); }
   // One error line for the whole job where every rank has the same error.
-  bool unanimous(int size) const { return errors == size && low == high; }
+  bool unanimous() const { return words[0] == 0 && ~words[2] == words[3]; }
+  void print(const std::exception* e, int rank, int size) const {
+    if (!e) return;
+    if (!unanimous())
+      print_error(*e, size > 1 ? rank : -1);  // only some ranks: each says which it is
+    else if (rank == 0)
+      print_error(*e, -1);
+  }
 };
-void contribution(const std::exception* e, int status, long long counts[2],
-                  unsigned long long hashes[2]) {
-  const unsigned long long h = e ? std::hash<std::string>{}(e->what()) : 0;
-  counts[0] = e ? 1 : 0;
-  counts[1] = e ? status : 0;
-  hashes[0] = e ? h : ~0ULL;
-  hashes[1] = e ? h : 0ULL;
-}
-void print_agreed(const std::exception* e, const Agreement& a, int rank, int size) {
-  if (!e) return;
-  if (!a.unanimous(size))
-    print_error(*e, size > 1 ? rank : -1);  // only some ranks: each says which it is
-  else if (rank == 0)
-    print_error(*e, -1);
-}
 
 // Where every rank stands at the same point, none inside a collective (the steps before the
 // mesh: reading the recipe, the layout, the memory check), the ranks agree on an error
@@ -99,20 +98,10 @@ void print_agreed(const std::exception* e, const Agreement& a, int rank, int siz
 // the job's status after the error is printed once (or once per rank that has it), and the
 // ranks end through MPI_Finalize: no MPI_Abort, whose boilerplate would bury the message.
 int agree_at_barrier(const std::exception* e, int status, int rank, int size) {
-  long long counts[2];
-  unsigned long long hashes[2];
-  contribution(e, status, counts, hashes);
-  Agreement a;
-  long long reduced[2];
-  MPI_Allreduce(counts, reduced, 2, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
-  a.status = reduced[1];
-  MPI_Allreduce(counts, reduced, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
-  a.errors = reduced[0];
-  if (a.errors == 0) return 0;
-  MPI_Allreduce(&hashes[0], &a.low, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
-  MPI_Allreduce(&hashes[1], &a.high, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
-  print_agreed(e, a, rank, size);
-  return int(a.status);
+  Agreement a(e, status);
+  MPI_Allreduce(MPI_IN_PLACE, a.words, 4, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+  a.print(e, rank, size);
+  return a.status();
 }
 
 // Runs `step` on every rank, then agree_at_barrier: 0 when no rank failed.
@@ -132,25 +121,22 @@ int on_every_rank(const Mpi& mpi, const std::function<void()>& step) {
 // ends them all (a rank may be waiting on this one). Returns the status of a single rank.
 int report_error(const std::exception& e, int status, int rank, int size, MPI_Comm comm,
                  const std::function<void()>& tell = {}, double seconds = 1.0) {
-  Agreement a;
-  a.errors = 1;
+  Agreement a(&e, status);
   if (size > 1) {
-    long long counts[2], reduced[2] = {0, 0};
-    unsigned long long hashes[2], low = 0, high = 0;
-    contribution(&e, status, counts, hashes);
-    MPI_Request requests[3];
-    MPI_Iallreduce(counts, reduced, 1, MPI_LONG_LONG, MPI_SUM, comm, &requests[0]);
-    MPI_Iallreduce(&hashes[0], &low, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, comm, &requests[1]);
-    MPI_Iallreduce(&hashes[1], &high, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm, &requests[2]);
+    Agreement reduced = a;
+    MPI_Request request;
+    MPI_Iallreduce(a.words, reduced.words, 4, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm, &request);
     const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
     int done = 0;
     while (!done && std::chrono::steady_clock::now() < until) {
-      MPI_Testall(3, requests, &done, MPI_STATUSES_IGNORE);
+      MPI_Test(&request, &done, MPI_STATUS_IGNORE);
       if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    if (done) a = Agreement{reduced[0], status, low, high};
+    // Not every rank came: some have no error (or have not met theirs yet).
+    a.words[0] = done ? reduced.words[0] : 1;
+    if (done) std::copy(reduced.words + 1, reduced.words + 4, a.words + 1);
   }
-  print_agreed(&e, a, rank, size);
+  a.print(&e, rank, size);
   if (tell) tell();
   if (size > 1) MPI_Abort(MPI_COMM_WORLD, status);
   return status;
