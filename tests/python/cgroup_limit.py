@@ -9,10 +9,12 @@ and a writable cgroup hierarchy; exits 77 (skipped) otherwise, saying why.
 
 usage: cgroup_limit.py PENTAD RECIPE WORKDIR
 """
+import errno
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 LIMIT = 1000 * 2**20
@@ -40,6 +42,38 @@ def own_memory_cgroup():
                 if (Path(root) / "cgroup.controllers").exists() and base.is_dir():
                     return base, "memory.max"
     return None, None
+
+
+def remove_cgroup(child):
+    """Removes the child cgroup; returns what still lives in it after 10 s ("" when gone).
+
+    The kernel keeps a cgroup busy for a moment after its last process exits (io_uring
+    workers, exiting threads), so rmdir is retried; processes are moved to the parent."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            child.rmdir()
+            return ""
+        except OSError as e:
+            if e.errno != errno.EBUSY:
+                raise
+        pids = (child / "cgroup.procs").read_text().split()
+        if time.monotonic() > deadline:
+            names = []
+            for pid in pids:
+                try:
+                    names.append(f"{pid} ({Path(f'/proc/{pid}/comm').read_text().strip()})")
+                except OSError:
+                    names.append(pid)
+            if not names:  # the kernel's own state, not a process of pentad's
+                print(f"note: {child} is empty yet still busy; left in place")
+            return ", ".join(names)
+        for pid in pids:
+            try:
+                (child.parent / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass  # exited meanwhile, or a kernel thread that cannot move
+        time.sleep(0.1)
 
 
 def main():
@@ -84,7 +118,10 @@ def main():
             failures.append("nvme")
             print(out[-2000:])
     finally:
-        child.rmdir()
+        leftover = remove_cgroup(child)
+    if leftover:
+        print(f"FAIL processes still in {child} 10 s after pentad ended: {leftover}")
+        failures.append("leftover")
     if failures:
         sys.exit(1)
     print("the job's cgroup bounds the plan")
