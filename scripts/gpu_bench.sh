@@ -32,7 +32,8 @@
 # the device tool (10 minutes at most) holds the script even after a fresh build.
 #
 # Environment: PYTHON (default python3: the one with PyTorch), PENTAD_COMMIT (where the copy
-# has no .git), GPU_BENCH_LLMC (llm.c's train_gpt2cu), GPU_BENCH_SKIP_BUILD=1 (use the build
+# has no .git), GPU_BENCH_LLMC (llm.c's train_gpt2cu), GPU_BENCH_PARTS (comma-separated part
+# names to run, e.g. pentad_gpt2_bf16,llmc_gpt2; all by default), GPU_BENCH_SKIP_BUILD=1 (use the build
 # as it is), GPU_BENCH_SMOKE=1 (checks this script on a machine without a GPU: tiny models
 # on the CPU, no build; PENTAD_BUILD_DIR names the build to use).
 set -uo pipefail
@@ -64,6 +65,10 @@ part() {
   limit=$(budget "$2")
   shift 2
   printf '%s\n' "$*" >"$runs/$name.cmd"
+  if [[ -n ${GPU_BENCH_PARTS:-} && ",$GPU_BENCH_PARTS," != *",$name,"* ]]; then
+    skip "$name" "not in GPU_BENCH_PARTS"
+    return
+  fi
   if ((limit == 0)); then
     echo "gpu_bench: skipping $name: the deadline is near" | tee "$logs/$name.log"
     echo "$name skipped 0 0" >>"$runs/parts"
