@@ -8,6 +8,15 @@ namespace pentad {
 
 struct ParallelConfig {  // [parallel]: the device mesh (see parallel/mesh.h)
   int64_t tp = 1;        // tensor parallel (Megatron column/row) degree
+  // 2D tensor parallelism (parallel/tp/tensor_parallel.h): the tp ranks as a d1 x d2 mesh,
+  // "d1xd2" with d1 * d2 = tp; empty: "tpx1" (Megatron's 1D form); "auto": chosen from
+  // `topology` by the cost model. tp_order: "row" (a mesh row, the d2 ranks sharing d1's
+  // index, is adjacent ranks) or "column" (a mesh column is). tp_chunks: each 2D layer's
+  // collectives split in this many row pieces, pipelined with the GEMMs of the next piece.
+  std::string tp_shape;
+  std::string tp_order = "row";
+  int64_t tp_chunks = 1;
+  std::string topology;  // a `pentad probe` file: tp_shape = "auto" and the planner read it
   int64_t dp = 0;        // data parallel degree; 0 = world size / (tp * cp * pp)
   int64_t cp = 1;        // context parallel degree (parallel/cp/context_parallel.h)
   // How attention spans the cp ranks: "ulysses" (all-to-all of heads), "ring" (K/V blocks

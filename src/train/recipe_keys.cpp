@@ -217,6 +217,16 @@ const std::vector<Key>& key_table() {
                  "tokenizer"),
 
       PENTAD_KEY(parallel, tp, at_least(1), "Tensor parallel degree (Megatron column/row split)"),
+      PENTAD_KEY(parallel, tp_shape, any(),
+                 "2D tensor parallelism: \"d1xd2\" with d1 x d2 = tp; empty: tp x 1 (1D); "
+                 "\"auto\": from parallel.topology"),
+      PENTAD_KEY(parallel, tp_order, one_of({"row", "column"}),
+                 "2D tp: adjacent ranks form a mesh row (row) or a mesh column (column)"),
+      PENTAD_KEY(parallel, tp_chunks, at_least(1),
+                 "2D tp: each layer's collectives in this many row pieces, overlapped with the "
+                 "GEMMs of the others"),
+      PENTAD_KEY(parallel, topology, any(),
+                 "A `pentad probe` topology file (JSON) for tp_shape = \"auto\"; empty: none"),
       PENTAD_KEY(parallel, dp, at_least(0), "Data parallel degree; 0: world size / (tp x cp x pp)"),
       PENTAD_KEY(parallel, cp, at_least(1),
                  "Context parallel degree: each sequence split over cp ranks"),
