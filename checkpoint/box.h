@@ -31,15 +31,18 @@ struct Box {
   bool operator==(const Box& other) const = default;
 };
 
-// The box of global tensor `global` that a shard split along shard_dim (-1: none) holds,
-// and of that slice, `local[0]` rows from row_start on along dim 0 (a ZeRO share; the whole
-// slice when local[0] is its length).
+// The box of global tensor `global` that a shard split along shard_dim (-1: none) holds
+// (and along shard_dim2 too, from shard_start2: a 2D tensor-parallel block), and of that
+// slice, `local[0]` rows from row_start on along dim 0 (a ZeRO share; the whole slice when
+// local[0] is its length).
 inline Box shard_box(const Shape& global, int shard_dim, int64_t shard_start, const Shape& local,
-                     int64_t row_start = 0) {
+                     int64_t row_start = 0, int shard_dim2 = -1, int64_t shard_start2 = 0) {
   Box b;
   b.ndim = global.ndim;
   for (int d = 0; d < global.ndim; ++d) {
-    b.start[static_cast<size_t>(d)] = (d == shard_dim ? shard_start : 0) + (d == 0 ? row_start : 0);
+    b.start[static_cast<size_t>(d)] = (d == shard_dim ? shard_start : 0) +
+                                      (d == shard_dim2 ? shard_start2 : 0) +
+                                      (d == 0 ? row_start : 0);
     b.count[static_cast<size_t>(d)] = local[d];
   }
   return b;

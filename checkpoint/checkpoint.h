@@ -25,6 +25,8 @@ struct ShardInfo {
   uint64_t checksum = 0;  // of the shard's bytes (little-endian f32), by the algorithm
                           // its manifest names (Manifest::checksum)
   int64_t row_start = 0;  // a ZeRO share: local_shape[0] rows of the slice from this row on
+  int shard_dim2 = -1;    // a 2D tensor-parallel block: also cut along this dim
+  int64_t shard_start2 = 0;
 };
 
 struct ShardData {
@@ -117,7 +119,8 @@ class Reader {
   // differs throws pentad::Error naming the file and the tensor.
   // row_start: only local_shape[0] rows of the slice from this row on (a ZeRO share).
   void read(const std::string& name, const Shape& global_shape, int shard_dim, int64_t shard_start,
-            const Shape& local_shape, float* out, int64_t row_start = 0);
+            const Shape& local_shape, float* out, int64_t row_start = 0, int shard_dim2 = -1,
+            int64_t shard_start2 = 0);
 
   // Reads every stored shard not yet verified and checks its checksum; returns the number
   // of shards. Throws the first error (naming file and tensor).

@@ -121,6 +121,12 @@ int64_t create_shard(hid_t file, hid_t lcpl, hid_t dcpl, const ShardData& shard)
   write_attribute(dataset.get(), "shard_dim", H5T_STD_I32LE, H5T_NATIVE_INT32, &shard_dim, 0);
   write_attribute(dataset.get(), "shard_start", H5T_STD_I64LE, H5T_NATIVE_INT64, &info.shard_start,
                   0);
+  if (info.shard_dim2 >= 0) {  // a 2D tensor-parallel block
+    const int32_t dim2 = info.shard_dim2;
+    write_attribute(dataset.get(), "shard_dim2", H5T_STD_I32LE, H5T_NATIVE_INT32, &dim2, 0);
+    write_attribute(dataset.get(), "shard_start2", H5T_STD_I64LE, H5T_NATIVE_INT64,
+                    &info.shard_start2, 0);
+  }
   if (info.row_start != 0)  // a ZeRO share
     write_attribute(dataset.get(), "row_start", H5T_STD_I64LE, H5T_NATIVE_INT64, &info.row_start,
                     0);

@@ -38,6 +38,10 @@ json entry_json(const Manifest::Entry& e) {
          {"local_shape", shape_json(s.local_shape)},
          {"checksum", fmt::format("{:016x}", s.checksum)}};
   if (s.row_start != 0) j["row_start"] = s.row_start;  // ZeRO shares only
+  if (s.shard_dim2 >= 0) {                             // 2D tensor-parallel blocks only
+    j["shard_dim2"] = s.shard_dim2;
+    j["shard_start2"] = s.shard_start2;
+  }
   return j;
 }
 
@@ -83,6 +87,8 @@ Manifest::Entry entry_from(const json& j, int version) {
   s.shard_dim = static_cast<int>(integer(j, "shard_dim"));
   s.shard_start = integer(j, "shard_start");
   s.row_start = j.contains("row_start") ? integer(j, "row_start") : 0;
+  s.shard_dim2 = j.contains("shard_dim2") ? static_cast<int>(integer(j, "shard_dim2")) : -1;
+  s.shard_start2 = j.contains("shard_start2") ? integer(j, "shard_start2") : 0;
   if (version == 1) {
     const int64_t crc = integer(j, "crc32");
     if (crc < 0 || crc > 0xffffffffLL) fail("tensor {}: crc32 {} is not 32-bit", s.name, crc);
@@ -95,11 +101,16 @@ Manifest::Entry entry_from(const json& j, int version) {
   // such a slice along dim 0 (a ZeRO share).
   const int ndim = s.global_shape.ndim;
   bool ok = s.local_shape.ndim == ndim && s.shard_dim >= -1 && s.shard_dim < ndim &&
-            s.shard_start >= 0 && (s.shard_dim >= 0 || s.shard_start == 0) && s.row_start >= 0;
+            s.shard_start >= 0 && (s.shard_dim >= 0 || s.shard_start == 0) && s.row_start >= 0 &&
+            s.shard_dim2 >= -1 && s.shard_dim2 < ndim && s.shard_start2 >= 0 &&
+            (s.shard_dim2 >= 0 || s.shard_start2 == 0) && (s.shard_dim2 < 0 || s.shard_dim >= 0) &&
+            s.shard_dim2 != s.shard_dim;
   for (int d = 0; ok && d < ndim; ++d) {
-    const int64_t start = (d == s.shard_dim ? s.shard_start : 0) + (d == 0 ? s.row_start : 0);
-    ok = d == s.shard_dim || d == 0 ? start + s.local_shape[d] <= s.global_shape[d]
-                                    : s.local_shape[d] == s.global_shape[d];
+    const int64_t start = (d == s.shard_dim ? s.shard_start : 0) +
+                          (d == s.shard_dim2 ? s.shard_start2 : 0) + (d == 0 ? s.row_start : 0);
+    ok = d == s.shard_dim || d == s.shard_dim2 || d == 0
+             ? start + s.local_shape[d] <= s.global_shape[d]
+             : s.local_shape[d] == s.global_shape[d];
   }
   if (!ok)
     fail("tensor {}: local shape {} at {} along dim {} is not a slice of global shape {}", s.name,

@@ -23,7 +23,8 @@ namespace fs = std::filesystem;
 namespace {
 
 Box box_of(const ShardInfo& s) {
-  return shard_box(s.global_shape, s.shard_dim, s.shard_start, s.local_shape, s.row_start);
+  return shard_box(s.global_shape, s.shard_dim, s.shard_start, s.local_shape, s.row_start,
+                   s.shard_dim2, s.shard_start2);
 }
 
 constexpr size_t kKeepScratchBytes = 256u << 20;  // larger scratch is freed after each read
@@ -86,12 +87,14 @@ Shape Reader::global_shape(const std::string& name) const {
 }
 
 void Reader::read(const std::string& name, const Shape& global_shape, int shard_dim,
-                  int64_t shard_start, const Shape& local_shape, float* out, int64_t row_start) {
+                  int64_t shard_start, const Shape& local_shape, float* out, int64_t row_start,
+                  int shard_dim2, int64_t shard_start2) {
   const Shape stored_shape = this->global_shape(name);
   if (!(stored_shape == global_shape))
     fail("checkpoint {}: tensor {} has global shape {}, but the model needs {}", dir_, name,
          stored_shape.str(), global_shape.str());
-  const Box want = shard_box(global_shape, shard_dim, shard_start, local_shape, row_start);
+  const Box want = shard_box(global_shape, shard_dim, shard_start, local_shape, row_start,
+                             shard_dim2, shard_start2);
   PENTAD_CHECK(
       local_shape.ndim == global_shape.ndim && shard_dim >= -1 && shard_dim < global_shape.ndim &&
           intersect(want, whole_box(global_shape)) == want && want.numel() == local_shape.numel(),
@@ -204,6 +207,7 @@ std::string inspect(const std::string& dir, bool verify) {
     ++r.shards;
     r.bytes += e.shard.local_shape.numel() * static_cast<int64_t>(sizeof(float));
     if (e.shard.shard_dim >= 0) r.dims.insert(e.shard.shard_dim);
+    if (e.shard.shard_dim2 >= 0) r.dims.insert(e.shard.shard_dim2);
     width = std::max(width, e.shard.name.size());
     total += e.shard.local_shape.numel() * static_cast<int64_t>(sizeof(float));
   }

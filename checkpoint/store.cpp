@@ -77,7 +77,8 @@ void check_shard(const ShardData& s) {
                    i.shard_dim < i.global_shape.ndim,
                "{}: local {} global {} shard_dim {}", i.name, i.local_shape.str(),
                i.global_shape.str(), i.shard_dim);
-  const Box b = shard_box(i.global_shape, i.shard_dim, i.shard_start, i.local_shape, i.row_start);
+  const Box b = shard_box(i.global_shape, i.shard_dim, i.shard_start, i.local_shape, i.row_start,
+                          i.shard_dim2, i.shard_start2);
   PENTAD_CHECK(intersect(b, whole_box(i.global_shape)) == b && b.numel() == i.local_shape.numel(),
                "{}: local {} at {} along dim {} is not a slice of {}", i.name, i.local_shape.str(),
                i.shard_start, i.shard_dim, i.global_shape.str());
@@ -123,7 +124,8 @@ void check_coverage(const std::string& dir, const std::vector<Manifest::Entry>& 
       fail("{}: tensor {} has global shape {} in one rank file and {} in {}", dir, s.name,
            it->second.str(), s.global_shape.str(), e.file);
     boxes[s.name].push_back(
-        shard_box(s.global_shape, s.shard_dim, s.shard_start, s.local_shape, s.row_start));
+        shard_box(s.global_shape, s.shard_dim, s.shard_start, s.local_shape, s.row_start,
+                  s.shard_dim2, s.shard_start2));
   }
   for (const auto& [name, have] : boxes) {
     std::vector<Box> missing = {whole_box(shapes[name])};

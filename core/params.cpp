@@ -43,6 +43,24 @@ int ParamStore::add_shard(std::string name, Shape shape, Init init, float init_s
   return static_cast<int>(specs_.size()) - 1;
 }
 
+int ParamStore::add_block(std::string name, Shape shape, Init init, float init_std,
+                          bool weight_decay, int64_t start0, int64_t len0, int64_t start1,
+                          int64_t len1) {
+  PENTAD_CHECK(shape.ndim == 2 && start1 >= 0 && len1 > 0 && start1 + len1 <= shape[1],
+               "bad block of {}: columns [{}, {}) of {}", name, start1, start1 + len1, shape.str());
+  const int id = add_shard(std::move(name), shape, init, init_std, weight_decay, 0, start0, len0);
+  ParamSpec& spec = specs_[static_cast<size_t>(id)];
+  spec.shard_dim2 = 1;
+  spec.shard_start2 = start1;
+  spec.local_shape.dims[1] = len1;
+  // Re-place it: the arena holds the block, not the rows.
+  const int64_t align = spec.local_shape.numel() >= kPageAlignedElements ? 1024 : 16;
+  numel_ = static_cast<int64_t>(spec.offset);
+  spec.offset = static_cast<size_t>((numel_ + align - 1) / align * align);
+  numel_ = static_cast<int64_t>(spec.offset) + spec.local_shape.numel();
+  return id;
+}
+
 void ParamStore::allocate(Placement placement) {
   PENTAD_CHECK(placement.compute == DType::F32 || placement.compute == DType::BF16,
                "parameters compute in {}; want f32 or bf16", dtype_name(placement.compute));
@@ -228,6 +246,16 @@ void ParamStore::draw(const ParamSpec& spec, uint64_t seed, float* p) {
   for (int d = spec.shard_dim + 1; d < spec.global_shape.ndim; ++d) inner *= spec.global_shape[d];
   const int64_t local_dim = spec.shard_dim >= 0 ? spec.local_shape[spec.shard_dim] : 1;
   const int64_t global_dim = spec.shard_dim >= 0 ? spec.global_shape[spec.shard_dim] : 1;
+  if (spec.shard_dim2 >= 0) {  // a 2D block of a matrix: (rows, cols) at (start, start2)
+    const int64_t cols = spec.local_shape[1], global_cols = spec.global_shape[1];
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t global =
+          (spec.shard_start + i / cols) * global_cols + spec.shard_start2 + i % cols;
+      p[i] = static_cast<float>(spec.init_std * normal_at(key, static_cast<uint64_t>(global)));
+    }
+    return;
+  }
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     int64_t global = i;

@@ -45,7 +45,15 @@ struct ParamSpec {
   // shard_dim, whole along other dims. shard_dim = -1: replicated (one rank: always).
   int shard_dim = -1;
   int64_t shard_start = 0;
+  // 2D tensor parallelism cuts a matrix along both dims: the second cut, [shard_start2,
+  // shard_start2 + local_shape[shard_dim2]) along shard_dim2 (-1: none).
+  int shard_dim2 = -1;
+  int64_t shard_start2 = 0;
   Shape local_shape;
+  // Of the tp ranks holding this same slice (a 2D cut along one mesh dimension only: the
+  // other dimension's ranks hold copies), this rank's index; copy 0 saves it and counts it
+  // in the gradient norm.
+  int tp_replica = 0;
 
   size_t offset = 0;  // element offset in each arena
 
@@ -97,8 +105,15 @@ class ParamStore {
   // [shard_start, shard_start + shard_len) along shard_dim.
   int add_shard(std::string name, Shape shape, Init init, float init_std, bool weight_decay,
                 int shard_dim, int64_t shard_start, int64_t shard_len);
+  // A block of a matrix cut along both dims (2D tensor parallelism): [start0, start0 + len0)
+  // rows and [start1, start1 + len1) columns; tp_replica as in ParamSpec.
+  int add_block(std::string name, Shape shape, Init init, float init_std, bool weight_decay,
+                int64_t start0, int64_t len0, int64_t start1, int64_t len1);
   void mark_pipeline_copy(int id) { specs_.at(static_cast<size_t>(id)).pipeline_copy = true; }
   void mark_expert(int id) { specs_.at(static_cast<size_t>(id)).expert = true; }
+  void set_tp_replica(int id, int replica) {
+    specs_.at(static_cast<size_t>(id)).tp_replica = replica;
+  }
   // Allocates params, grads and, when the placement computes in another type than F32,
   // the compute copy (and nothing else: the optimizer owns its state), on its device.
   void allocate(Placement placement = {});

@@ -55,11 +55,11 @@ std::string divisors_hint(int64_t n) {
   return fmt::format("a divisor of {} ({})", n, fmt::join(divisors, ", "));
 }
 
-// Communicator over the ranks with equal `color`, ordered by world rank.
-std::unique_ptr<Communicator> split(MPI_Comm world, int color, int world_rank, Backend backend,
+// Communicator over the ranks with equal `color`, ordered by `key` (the world rank).
+std::unique_ptr<Communicator> split(MPI_Comm world, int color, int key, Backend backend,
                                     const std::string& name) {
   MPI_Comm part = MPI_COMM_NULL;
-  const int rc = MPI_Comm_split(world, color, world_rank, &part);
+  const int rc = MPI_Comm_split(world, color, key, &part);
   if (rc != MPI_SUCCESS)
     fail_with_trace(fmt::format("MPI_Comm_split for mesh group {} failed", name));
   if (part == MPI_COMM_NULL) return nullptr;  // color MPI_UNDEFINED: not a member
@@ -98,6 +98,10 @@ void validate(const MeshConfig& c, int world_size) {
       fail("mesh: {} is {} but every degree must be at least 1: set {} to 1 or more", name, value,
            name);
   parse_order(c.order);
+  if (c.tp_d2 < 1 || c.tp % c.tp_d2 != 0)
+    fail("mesh: the 2D tp shape {}x{} does not multiply to tp {}: set parallel.tp_shape to "
+         "\"d1xd2\" with d2 {}",
+         c.tp_d2 >= 1 ? c.tp / c.tp_d2 : 0, c.tp_d2, c.tp, divisors_hint(c.tp));
   if (c.cp_ulysses < 1 || c.cp % c.cp_ulysses != 0)
     fail("mesh: the Ulysses degree {} does not divide cp {}: set parallel.cp_ulysses to {}",
          c.cp_ulysses, c.cp, divisors_hint(c.cp));
@@ -127,9 +131,15 @@ void check_layout(const MeshConfig& c, int64_t n_head, int64_t n_kv_head, int64_
                   int64_t ffn_dim, int64_t n_layer, int64_t seq_len, int64_t micro_batch,
                   bool sequence_parallel) {
   const int64_t kv_heads = n_kv_head > 0 ? n_kv_head : n_head;
+  // Heads and the MLP width split over d1 (all of tp in 1D).
+  const int d1 = c.tp / c.tp_d2;
   auto tp_divides = [&](int64_t n, const char* key) {
-    if (n % c.tp != 0)
+    if (n % d1 == 0) return;
+    if (c.tp_d2 == 1)
       fail("tp {} does not divide {} = {}: change tp to {}", c.tp, key, n, divisors_hint(n));
+    fail("the 2D tp shape {}x{} splits {} = {} over d1 = {}, which does not divide it: change "
+         "parallel.tp_shape so that d1 is {}",
+         d1, c.tp_d2, key, n, d1, divisors_hint(n));
   };
   tp_divides(n_head, "model.n_head");
   tp_divides(kv_heads, "model.n_kv_head");
@@ -210,6 +220,11 @@ int mesh_rank(const MeshConfig& c, int tp, int cp, int dp, int pp) {
   return rank;
 }
 
+TpPlace tp_place(const MeshConfig& c, int t) {
+  const int d2 = c.tp_d2, d1 = c.tp / d2;
+  return c.tp_column_first ? TpPlace{t % d1, t / d1} : TpPlace{t / d2, t % d2};
+}
+
 Mesh Mesh::create(const MeshConfig& config, MPI_Comm world, Backend backend) {
   Mesh mesh;
   MPI_Comm_rank(world, &mesh.world_rank_);
@@ -256,6 +271,15 @@ Mesh Mesh::create(const MeshConfig& config, MPI_Comm world, Backend backend) {
     mesh.cp_ring_ = split(world, mesh_rank(config, at(Axis::TP), c % U, at(Axis::DP), pp),
                           mesh.world_rank_, backend, "cp_ring");
   }
+  // 2D tp: one color per tp group (its tp-0 rank), refined by the shared mesh index.
+  if (config.tp_d2 > 1) {
+    const int d1 = config.tp / config.tp_d2, d2 = config.tp_d2;
+    const int base = mesh_rank(config, 0, at(Axis::CP), at(Axis::DP), pp);
+    const TpPlace me = tp_place(config, at(Axis::TP));
+    mesh.tp_all_ = split(world, base, me.logical(d2), backend, "tp_all");
+    mesh.tp_heads_ = split(world, base * d2 + me.j, me.i, backend, "tp_heads");
+    mesh.tp_hidden_ = split(world, base * d1 + me.i, me.j, backend, "tp_hidden");
+  }
   mesh.world_ = make_communicator(backend, world, "world");
   return mesh;
 }
@@ -283,6 +307,15 @@ Communicator* Mesh::cp_ring() {
 }
 Communicator* Mesh::embedding_group() {
   return embedding_.get();
+}
+Communicator* Mesh::tp_all() {
+  return tp_all_.get();
+}
+Communicator* Mesh::tp_heads() {
+  return tp_heads_.get();
+}
+Communicator* Mesh::tp_hidden() {
+  return tp_hidden_.get();
 }
 Communicator& Mesh::world() {
   return *world_;

@@ -30,7 +30,19 @@ struct MeshConfig {
   // Context parallelism: cp = cp_ulysses (inner, adjacent cp ranks) x ring degree (outer).
   int cp_ulysses = 1;
   std::string order = "tp,cp,dp,pp";  // innermost first: tp ranks are adjacent
+  // 2D tensor parallelism (parallel/tp/tensor_parallel.h): the tp ranks as a tp/tp_d2 x
+  // tp_d2 mesh. Row-first: tp rank t is (t / d2, t % d2), a mesh row of d2 adjacent ranks;
+  // column-first: (t % d1, t / d1), a mesh column of d1 adjacent ranks.
+  int tp_d2 = 1;
+  bool tp_column_first = false;
 };
+
+// A tp rank's place on the 2D tp mesh: heads index i (of d1), hidden index j (of d2).
+struct TpPlace {
+  int i = 0, j = 0;
+  int logical(int d2) const { return i * d2 + j; }
+};
+TpPlace tp_place(const MeshConfig& config, int tp_rank);
 
 // Throws pentad::Error naming the degree to change if `config` cannot run on
 // `world_size` ranks: a degree below 1, an order that is not a permutation of
@@ -87,6 +99,13 @@ class Mesh {
   // hold the tied embedding; null on other stages and without pipelining.
   Communicator* embedding_group();
 
+  // 2D tensor parallelism (config().tp_d2 > 1): every tp rank in logical order, the d1
+  // ranks sharing this one's hidden index j, the d2 ranks sharing its heads index i; null
+  // otherwise.
+  Communicator* tp_all();
+  Communicator* tp_heads();
+  Communicator* tp_hidden();
+
   // "rank 5: pp 0/1 dp 1/2 cp 0/1 tp 1/2 | ep 0/1 etp 1/2 edp 1/2" (dense axes
   // outermost first, as the order puts them).
   std::string describe() const;
@@ -102,6 +121,7 @@ class Mesh {
   std::unique_ptr<Communicator> embedding_;
   std::unique_ptr<Communicator> expert_model_;
   std::unique_ptr<Communicator> cp_ulysses_, cp_ring_;  // hybrid only
+  std::unique_ptr<Communicator> tp_all_, tp_heads_, tp_hidden_;  // 2D tp only
   std::unique_ptr<Communicator> world_;
 };
 

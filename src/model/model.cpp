@@ -46,13 +46,14 @@ Model::Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Shard
   // seq_len is this rank's share of the sequence under context parallelism.
   PENTAD_CHECK(seq_len * cp_->degree() <= cfg.max_seq_len, "seq_len {} x cp {} > max_seq_len {}",
                seq_len, cp_->degree(), cfg.max_seq_len);
-  const int64_t p = tp_->degree();
+  const int64_t p = tp_->degree(), d1 = tp_->heads_degree(), d2 = tp_->hidden_degree();
   // Layouts that do not divide were refused with a user message (parallel::check_layout).
   PENTAD_CHECK(!cfg.is_moe() || p == 1 || tp_->sequence_parallel(),
                "MoE with tp {} needs sequence parallelism", p);
-  PENTAD_CHECK(cfg.n_head % p == 0 && cfg.kv_heads() % p == 0 && ffn_dim(cfg) % p == 0 &&
-                   cfg.vocab_size % p == 0 && (b_ * t_) % (tp_->sequence_parallel() ? p : 1) == 0,
-               "tp degree {} does not divide the model", p);
+  PENTAD_CHECK(d1 * d2 == p && cfg.n_head % d1 == 0 && cfg.kv_heads() % d1 == 0 &&
+                   ffn_dim(cfg) % d1 == 0 && cfg.d_model % d2 == 0 && cfg.vocab_size % p == 0 &&
+                   (b_ * t_) % (tp_->sequence_parallel() ? p : 1) == 0,
+               "tp degree {} ({}x{}) does not divide the model", p, d1, d2);
   if (layout.empty()) layout.push_back({0, cfg.n_layer, true, true});
   for (const LayerRange& c : layout) {
     PENTAD_CHECK(0 <= c.layer_begin && c.layer_begin < c.layer_end && c.layer_end <= cfg.n_layer &&
@@ -60,11 +61,13 @@ Model::Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Shard
                  "chunk [{}, {}) of {} layers", c.layer_begin, c.layer_end, cfg.n_layer);
     chunks_.push_back({c, {}});
   }
-  heads_ = cfg.n_head / p;
-  kv_heads_ = cfg.kv_heads() / p;
+  heads_ = cfg.n_head / d1;
+  kv_heads_ = cfg.kv_heads() / d1;
   att_width_ = heads_ * cfg.head_dim();
   kv_width_ = kv_heads_ * cfg.head_dim();
-  ffn_ = ffn_dim(cfg) / p;
+  ffn_ = ffn_dim(cfg) / d1;
+  width_ = cfg.d_model / d2;
+  apart_ = tp_->sequence_parallel() || d2 > 1;
   vocab_ = cfg.vocab_size / p;
   vocab_start_ = p > 1 ? tp_->rank() * vocab_ : -1;
   rows_ = tp_->local_rows(b_ * t_);
@@ -96,6 +99,34 @@ void Model::build_params() {
   };
   constexpr int kColumn = 0, kRow = 1, kWhole = -1;  // Megatron's column / row parallel
   const bool bias = gpt2();
+  // A layer's matrices and biases. 1D: Megatron's column (rows of (out, C) split) and row
+  // (columns of (C, in) split) parallel. 2D: rank (i, j) holds block (i, j), out and in
+  // split over d1, C over d2; a column bias goes with its rows (a copy on each of the d2
+  // ranks), a row bias with its output columns (a copy on each of the d1 ranks).
+  const int64_t d1 = tp_->heads_degree(), i = tp_->heads_rank();
+  const int64_t d2 = tp_->hidden_degree(), j = tp_->hidden_rank();
+  auto column = [&](const std::string& name, Shape shape, float s) {
+    if (d2 == 1) return matrix(name, shape, s, kColumn);
+    const int64_t rows = shape[0] / d1, cols = shape[1] / d2;
+    return params_.add_block(name, shape, Init::Normal, s, true, i * rows, rows, j * cols, cols);
+  };
+  auto row = [&](const std::string& name, Shape shape, float s) {
+    if (d2 == 1) return matrix(name, shape, s, kRow);
+    const int64_t rows = shape[0] / d2, cols = shape[1] / d1;
+    return params_.add_block(name, shape, Init::Normal, s, true, j * rows, rows, i * cols, cols);
+  };
+  auto column_bias = [&](const std::string& name, int64_t n) {
+    if (d2 == 1) return vector(name, n, Init::Zeros, true);
+    const int id = params_.add_shard(name, Shape{n}, Init::Zeros, 0.0f, false, 0, i * (n / d1), n / d1);
+    params_.set_tp_replica(id, int(j));
+    return id;
+  };
+  auto row_bias = [&](const std::string& name, int64_t n) {
+    if (d2 == 1) return vector(name, n, Init::Zeros, false);
+    const int id = params_.add_shard(name, Shape{n}, Init::Zeros, 0.0f, false, 0, j * (n / d2), n / d2);
+    params_.set_tp_replica(id, int(i));
+    return id;
+  };
 
   layers_.assign(static_cast<size_t>(cfg_.n_layer), LayerParams{});
   layer_ffn_.assign(static_cast<size_t>(cfg_.n_layer), 0);
@@ -119,27 +150,27 @@ void Model::build_params() {
       const std::string pre = "layers." + std::to_string(l) + ".";
       q.norm1_w = vector(pre + "norm1.weight", C, Init::Ones, false);
       if (bias) q.norm1_b = vector(pre + "norm1.bias", C, Init::Zeros, false);
-      q.q_w = matrix(pre + "attn.q.weight", Shape{C, C}, std, kColumn);
-      if (bias) q.q_b = vector(pre + "attn.q.bias", C, Init::Zeros, true);
-      q.k_w = matrix(pre + "attn.k.weight", Shape{Ckv, C}, std, kColumn);
-      if (bias) q.k_b = vector(pre + "attn.k.bias", Ckv, Init::Zeros, true);
-      q.v_w = matrix(pre + "attn.v.weight", Shape{Ckv, C}, std, kColumn);
-      if (bias) q.v_b = vector(pre + "attn.v.bias", Ckv, Init::Zeros, true);
-      q.o_w = matrix(pre + "attn.o.weight", Shape{C, C}, resid_std, kRow);
-      if (bias) q.o_b = vector(pre + "attn.o.bias", C, Init::Zeros, false);
+      q.q_w = column(pre + "attn.q.weight", Shape{C, C}, std);
+      if (bias) q.q_b = column_bias(pre + "attn.q.bias", C);
+      q.k_w = column(pre + "attn.k.weight", Shape{Ckv, C}, std);
+      if (bias) q.k_b = column_bias(pre + "attn.k.bias", Ckv);
+      q.v_w = column(pre + "attn.v.weight", Shape{Ckv, C}, std);
+      if (bias) q.v_b = column_bias(pre + "attn.v.bias", Ckv);
+      q.o_w = row(pre + "attn.o.weight", Shape{C, C}, resid_std);
+      if (bias) q.o_b = row_bias(pre + "attn.o.bias", C);
       q.norm2_w = vector(pre + "norm2.weight", C, Init::Ones, false);
       if (bias) q.norm2_b = vector(pre + "norm2.bias", C, Init::Zeros, false);
       // The MLP: dense, or an MoE layer's shared experts (one MLP as wide as all of them).
       const bool moe = is_moe_layer(cfg_, l);
       const int64_t width = moe ? cfg_.n_shared_experts * expert_ffn_dim(cfg_) : F;
       const std::string mlp = pre + (moe ? "moe.shared." : "mlp.");
-      layer_ffn_[static_cast<size_t>(l)] = width / p;
+      layer_ffn_[static_cast<size_t>(l)] = width / d1;
       if (width > 0) {
-        if (!gpt2()) q.gate_w = matrix(mlp + "gate.weight", Shape{width, C}, std, kColumn);
-        q.up_w = matrix(mlp + "up.weight", Shape{width, C}, std, kColumn);
-        if (bias) q.up_b = vector(mlp + "up.bias", width, Init::Zeros, true);
-        q.down_w = matrix(mlp + "down.weight", Shape{C, width}, resid_std, kRow);
-        if (bias) q.down_b = vector(mlp + "down.bias", C, Init::Zeros, false);
+        if (!gpt2()) q.gate_w = column(mlp + "gate.weight", Shape{width, C}, std);
+        q.up_w = column(mlp + "up.weight", Shape{width, C}, std);
+        if (bias) q.up_b = column_bias(mlp + "up.bias", width);
+        q.down_w = row(mlp + "down.weight", Shape{C, width}, resid_std);
+        if (bias) q.down_b = row_bias(mlp + "down.bias", C);
       }
       for (int id : {q.norm1_w, q.norm1_b, q.norm2_w, q.norm2_b})
         if (id >= 0) partial.push_back(id);
@@ -188,38 +219,44 @@ void Model::layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a, MoeB
                           float moe_weight, bool recomputing) {
   const LayerParams& p = layers_[static_cast<size_t>(l)];
   const int64_t d = cfg_.head_dim();
-  const bool sp = tp_->sequence_parallel();
-  // Norm on this rank's rows; with SP, gathered into whole rows for the column-parallel q, k, v.
-  Tensor norm1 = sp ? norm_local_ : a.norm1;
+  // Norm on this rank's rows; with SP, gathered into whole rows for the column-parallel q, k, v
+  // (in 2D, their columns j).
+  Tensor norm1 = apart_ ? norm_local_ : a.norm1;
   if (gpt2())
     k::layernorm_forward(norm1, a.norm1_mean, a.norm1_rstd, x, P(p.norm1_w), P(p.norm1_b),
                          cfg_.norm_eps);
   else
     k::rmsnorm_forward(norm1, a.norm1_rstd, x, P(p.norm1_w), cfg_.norm_eps);
-  tp_->f_forward(a.norm1, norm1);
-  k::linear_forward(a.q, a.norm1, P(p.q_w), P(p.q_b));
-  k::linear_forward(a.k, a.norm1, P(p.k_w), P(p.k_b));
-  k::linear_forward(a.v, a.norm1, P(p.v_w), P(p.v_b));
+  tp_->gather_hidden(a.norm1, norm1);
+  // 2D: partial sums over the d2 ranks, the bias added by one of them.
+  const bool column_bias = tp_->hidden_rank() == 0;
+  k::linear_forward(a.q, a.norm1, P(p.q_w), column_bias ? P(p.q_b) : Tensor{});
+  k::linear_forward(a.k, a.norm1, P(p.k_w), column_bias ? P(p.k_b) : Tensor{});
+  k::linear_forward(a.v, a.norm1, P(p.v_w), column_bias ? P(p.v_b) : Tensor{});
+  tp_->all_reduce_hidden(a.q);
+  tp_->all_reduce_hidden(a.k);
+  tp_->all_reduce_hidden(a.v);
   if (!gpt2()) {
     k::rope_forward(heads(a.q, b_, t_, d), 0, cfg_.rope_theta, cp_->positions());
     k::rope_forward(heads(a.k, b_, t_, d), 0, cfg_.rope_theta, cp_->positions());
   }
   cp_->attention_forward(heads(a.att, b_, t_, d), a.lse, heads(a.q, b_, t_, d),
                          heads(a.k, b_, t_, d), heads(a.v, b_, t_, d));
-  // Row-parallel projection: partial sums, reduced over tp. The replicated bias is added by
-  // tp rank 0 only so that the sum holds it once.
-  const bool add_bias = tp_->rank() == 0;
-  Tensor proj = sp ? proj_ : out;
+  // Row-parallel projection: partial sums, reduced over tp (2D: over d1, columns j). The
+  // replicated bias is added by heads rank 0 only so that the sum holds it once.
+  const bool add_bias = tp_->heads_rank() == 0;
+  Tensor proj = apart_ ? proj_.prefix(Shape{b_ * t_, width_}) : out;
   k::linear_forward(proj, a.att, P(p.o_w), add_bias ? P(p.o_b) : Tensor{});
-  tp_->g_forward(out, proj);
-  // res1 = x + attention, normalised in the same pass (one kernel on CUDA).
-  Tensor norm2 = sp ? norm_local_ : a.norm2;
+  tp_->reduce_hidden(out, proj);
+  // res1 = x + attention, normalised in the same pass (one kernel on CUDA). An MoE layer in
+  // 2D keeps its rows (the routed experts' input) apart.
+  Tensor norm2 = !apart_ ? a.norm2 : a.norm2_rows.data ? a.norm2_rows : norm_local_;
   if (gpt2())
     k::residual_layernorm_forward(a.res1, norm2, a.norm2_mean, a.norm2_rstd, x, out, P(p.norm2_w),
                                   P(p.norm2_b), cfg_.norm_eps);
   else
     k::residual_rmsnorm_forward(a.res1, norm2, a.norm2_rstd, x, out, P(p.norm2_w), cfg_.norm_eps);
-  tp_->f_forward(a.norm2, norm2);
+  tp_->gather_hidden(a.norm2, norm2);
   const int64_t ffn = layer_ffn_[size_t(l)];
   MoeBlock* block = moe_[size_t(l)].get();
   if (ffn > 0) mlp_forward(p, a, ffn, out);
@@ -234,10 +271,21 @@ void Model::layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a, MoeB
 // The MLP (or an MoE layer's shared experts) of width ffn on this rank: column-parallel up
 // (and gate), row-parallel down, reduced over tp into out's rows.
 void Model::mlp_forward(const LayerParams& p, LayerActs& a, int64_t ffn, Tensor out) {
-  const bool add_bias = tp_->rank() == 0;
-  Tensor proj = tp_->sequence_parallel() ? proj_ : out;
+  const bool add_bias = tp_->heads_rank() == 0;
+  Tensor proj = apart_ ? proj_.prefix(Shape{b_ * t_, width_}) : out;
   const Tensor up = at_width(a.up, ffn), gate = at_width(a.gate, ffn), act = at_width(a.act, ffn);
-  if (gpt2()) {
+  if (tp_->hidden_degree() > 1) {  // 2D: the d2 ranks' partial sums meet before the activation
+    const Tensor up_bias = tp_->hidden_rank() == 0 ? P(p.up_b) : Tensor{};
+    k::linear_forward(up, a.norm2, P(p.up_w), up_bias);
+    tp_->all_reduce_hidden(up);
+    if (gpt2()) {
+      k::gelu_forward(act, up);
+    } else {
+      k::linear_forward(gate, a.norm2, P(p.gate_w), Tensor{});
+      tp_->all_reduce_hidden(gate);
+      k::swiglu_forward(act, gate, up);
+    }
+  } else if (gpt2()) {
     k::linear_gelu_forward(act, up, a.norm2, P(p.up_w), P(p.up_b));  // up = pre-GELU
   } else {
     k::linear_forward(gate, a.norm2, P(p.gate_w), Tensor{});
@@ -245,7 +293,7 @@ void Model::mlp_forward(const LayerParams& p, LayerActs& a, int64_t ffn, Tensor 
     k::swiglu_forward(act, gate, up);
   }
   k::linear_forward(proj, act, P(p.down_w), add_bias ? P(p.down_b) : Tensor{});
-  tp_->g_forward(out, proj);
+  tp_->reduce_hidden(out, proj);
 }
 
 // Buffers planned for the widest MLP (the backward scratch, and one layer's activations
@@ -255,6 +303,7 @@ Tensor Model::at_width(const Tensor& t, int64_t ffn) const {
 }
 
 Tensor Model::moe_input(const LayerActs& a) const {
+  if (a.norm2_rows.data) return a.norm2_rows;  // 2D: kept apart (the gathered ones are columns)
   // Under sequence parallelism norm2 holds every rank's rows, gathered in rank order.
   return tp_->sequence_parallel() ? a.norm2.rows(tp_->rank() * rows_, rows_) : a.norm2;
 }
@@ -351,7 +400,23 @@ void Model::mlp_backward(const LayerParams& p, LayerActs& a, int64_t ffn) {
   const Tensor a_up = at_width(a.up, ffn), a_gate = at_width(a.gate, ffn),
                a_act = at_width(a.act, ffn);
   Tensor up = at_width(g.up, ffn), act = at_width(g.act, ffn);
-  tp_->g_backward(g.full, g.resid);
+  const Tensor full = g.full.prefix(Shape{b_ * t_, width_}), norm = g.norm.prefix(full.shape);
+  tp_->gather_hidden(full, g.resid);
+  if (tp_->hidden_degree() > 1) {  // 2D: the activation's gradient summed over the d2 ranks
+    k::linear_backward(act, G(p.down_w), G(p.down_b), full, a_act, P(p.down_w), false);
+    tp_->all_reduce_hidden(act);
+    if (gpt2()) {
+      k::gelu_backward(up, act, a_up);
+      k::linear_backward(norm, G(p.up_w), G(p.up_b), up, a.norm2, P(p.up_w), false);
+    } else {
+      Tensor gate = at_width(g.gate, ffn);
+      k::swiglu_backward(gate, up, act, a_gate, a_up);
+      k::linear_backward(norm, G(p.gate_w), Tensor{}, gate, a.norm2, P(p.gate_w), false);
+      k::linear_backward(norm, G(p.up_w), Tensor{}, up, a.norm2, P(p.up_w), true);
+    }
+    tp_->reduce_hidden(g.norm_local, norm);
+    return;
+  }
   if (gpt2()) {  // d(pre-GELU) straight from the projection's backward
     k::linear_backward_gelu(up, G(p.down_w), G(p.down_b), g.full, a_act, P(p.down_w), a_up);
     k::linear_backward(g.norm, G(p.up_w), G(p.up_b), up, a.norm2, P(p.up_w), false);
@@ -362,7 +427,7 @@ void Model::mlp_backward(const LayerParams& p, LayerActs& a, int64_t ffn) {
     k::linear_backward(g.norm, G(p.gate_w), Tensor{}, gate, a.norm2, P(p.gate_w), false);
     k::linear_backward(g.norm, G(p.up_w), Tensor{}, up, a.norm2, P(p.up_w), true);
   }
-  tp_->f_backward(g.norm_local, g.norm);
+  tp_->reduce_hidden(g.norm_local, g.norm);
 }
 
 void Model::layer_backward(int l, const Tensor& x, LayerActs& a, MoeBlock::Acts* moe,
@@ -386,8 +451,10 @@ void Model::layer_backward(int l, const Tensor& x, LayerActs& a, MoeBlock::Acts*
   else
     k::rmsnorm_backward(g.resid, G(p.norm2_w), g.norm_local, a.res1, P(p.norm2_w), a.norm2_rstd);
   // Attention block: g.resid now holds d(res1).
-  tp_->g_backward(g.full, g.resid);
-  k::linear_backward(g.att, G(p.o_w), G(p.o_b), g.full, a.att, P(p.o_w), false);
+  const Tensor full = g.full.prefix(Shape{b_ * t_, width_}), norm = g.norm.prefix(full.shape);
+  tp_->gather_hidden(full, g.resid);
+  k::linear_backward(g.att, G(p.o_w), G(p.o_b), full, a.att, P(p.o_w), false);
+  tp_->all_reduce_hidden(g.att);
   cp_->attention_backward(heads(g.q, b_, t_, d), heads(g.k, b_, t_, d), heads(g.v, b_, t_, d),
                           heads(g.att, b_, t_, d), heads(a.q, b_, t_, d), heads(a.k, b_, t_, d),
                           heads(a.v, b_, t_, d), heads(a.att, b_, t_, d), a.lse);
@@ -395,10 +462,10 @@ void Model::layer_backward(int l, const Tensor& x, LayerActs& a, MoeBlock::Acts*
     k::rope_backward(heads(g.q, b_, t_, d), 0, cfg_.rope_theta, cp_->positions());
     k::rope_backward(heads(g.k, b_, t_, d), 0, cfg_.rope_theta, cp_->positions());
   }
-  k::linear_backward(g.norm, G(p.q_w), G(p.q_b), g.q, a.norm1, P(p.q_w), false);
-  k::linear_backward(g.norm, G(p.k_w), G(p.k_b), g.k, a.norm1, P(p.k_w), true);
-  k::linear_backward(g.norm, G(p.v_w), G(p.v_b), g.v, a.norm1, P(p.v_w), true);
-  tp_->f_backward(g.norm_local, g.norm);
+  k::linear_backward(norm, G(p.q_w), G(p.q_b), g.q, a.norm1, P(p.q_w), false);
+  k::linear_backward(norm, G(p.k_w), G(p.k_b), g.k, a.norm1, P(p.k_w), true);
+  k::linear_backward(norm, G(p.v_w), G(p.v_b), g.v, a.norm1, P(p.v_w), true);
+  tp_->reduce_hidden(g.norm_local, norm);
   if (gpt2())
     k::layernorm_backward(g.resid, G(p.norm1_w), G(p.norm1_b), g.norm_local, x, P(p.norm1_w),
                           a.norm1_mean, a.norm1_rstd);
@@ -427,13 +494,15 @@ void Model::backward_chunk(int c, int slot_index, const Tensor& d_output, bool l
     k::zero(g.resid);  // the norm backward below accumulates into it
     param_hooks_->need(final_ids_, true);
     k::linear_backward(g.norm, G(head_), Tensor{}, s.logits, s.normf, P(head_), false);
-    tp_->f_backward(g.norm_local, g.norm);
+    // The head is 1D over every tp rank (2D too): its rows apart only with SP.
+    const Tensor norm_local = tp_->sequence_parallel() ? g.norm_local : g.norm;
+    tp_->f_backward(norm_local, g.norm);
     const Tensor& last = s.resid.back();
     if (gpt2())
-      k::layernorm_backward(g.resid, G(normf_w_), G(normf_b_), g.norm_local, last, P(normf_w_),
+      k::layernorm_backward(g.resid, G(normf_w_), G(normf_b_), norm_local, last, P(normf_w_),
                             s.normf_mean, s.normf_rstd);
     else
-      k::rmsnorm_backward(g.resid, G(normf_w_), g.norm_local, last, P(normf_w_), s.normf_rstd);
+      k::rmsnorm_backward(g.resid, G(normf_w_), norm_local, last, P(normf_w_), s.normf_rstd);
     param_hooks_->done(final_ids_);
     ready(normf_w_, partial_.back());
     s.have_dlogits = false;
@@ -457,8 +526,9 @@ void Model::backward_chunk(int c, int slot_index, const Tensor& d_output, bool l
   }
   if (!range.first) return;
   // The embedding's gradient needs every row: gathered under SP (so wpe's is whole too).
-  tp_->g_backward(g.full, g.resid);
-  k::embedding_backward(G(wte_), G(wpe_), g.full.reshaped(Shape{b_, t_, cfg_.d_model}), s.tokens,
+  const Tensor full = tp_->sequence_parallel() ? g.full : g.resid;  // 1D over every tp rank
+  tp_->g_backward(full, g.resid);
+  k::embedding_backward(G(wte_), G(wpe_), full.reshaped(Shape{b_, t_, cfg_.d_model}), s.tokens,
                         vocab_start_, cp_->positions());
   ready(wte_, {});
 }

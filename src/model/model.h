@@ -141,12 +141,14 @@ class Model {
   // One layer's saved activations, this rank's share. N = b*t rows, Nl = rows of the
   // replicated regions, C width; Ca, Ckv, F, H: this rank's attention width, kv width,
   // MLP width and heads (the whole model's divided by the tp degree).
+  // In 2D tp the gathered norm outputs are their columns j: (N, C/d2).
   struct LayerActs {
     Tensor norm1, norm1_mean, norm1_rstd;  // (N, C) whole rows, (Nl), (Nl)
     Tensor q, k, v;                        // (N, Ca), (N, Ckv), (N, Ckv); after RoPE (llama)
     Tensor att, lse;                       // (N, Ca), (b, H, t)
     Tensor res1;                           // (Nl, C): input + attention block
     Tensor norm2, norm2_mean, norm2_rstd;  // (N, C), (Nl), (Nl)
+    Tensor norm2_rows;  // (Nl, C): 2D tp's MoE layers, the routed experts' input kept apart
     Tensor up, gate, act;                  // (N, F) each; gpt2: up = fc pre-GELU, act = GELU(up)
   };
   // One micro-batch's activations in one chunk.
@@ -174,7 +176,7 @@ class Model {
   void build_params();
   void sync_partial_grads(const std::vector<int>& ids);  // tp all-reduce (sequence parallel)
   void plan_shared(Arena& arena);                        // scratch of every chunk and slot
-  void plan_layer(Arena& arena, LayerActs& a, int64_t ffn);
+  void plan_layer(Arena& arena, LayerActs& a, int64_t ffn, bool moe);
   void plan_slot(Arena& arena, const LayerRange& chunk, Slot& slot);
   Slot& slot(int c, int s) const;
   // recomputing: backward rebuilding the layer's activations (model.recompute).
@@ -200,6 +202,10 @@ class Model {
   // Per-rank sizes: heads, kv heads, width of attention outputs, MLP width, vocabulary
   // rows, rows of the replicated regions (b*t, or b*t/p with sequence parallelism).
   int64_t heads_, kv_heads_, att_width_, kv_width_, ffn_, vocab_, rows_;
+  // 2D tp: a layer's share of the model width (C / d2; C in 1D), and whether the layers'
+  // gathered inputs and partial outputs need buffers apart from this rank's rows (SP or 2D).
+  int64_t width_ = 0;
+  bool apart_ = false;
   int64_t vocab_start_;  // first vocabulary row held here; -1 when the table is whole
   ParamStore params_;
   int wte_ = -1, wpe_ = -1, normf_w_ = -1, normf_b_ = -1, head_ = -1, embedding_copy_ = -1;

@@ -7,9 +7,9 @@
 
 namespace pentad {
 
-void Model::plan_layer(Arena& arena, LayerActs& a, int64_t F) {
-  const int64_t N = b_ * t_, Nl = rows_, C = cfg_.d_model;
-  a.norm1 = arena.alloc(Shape{N, C}, act_);
+void Model::plan_layer(Arena& arena, LayerActs& a, int64_t F, bool moe) {
+  const int64_t N = b_ * t_, Nl = rows_, C = cfg_.d_model, Cj = width_;
+  a.norm1 = arena.alloc(Shape{N, Cj}, act_);
   if (gpt2()) a.norm1_mean = arena.alloc(Shape{Nl});
   a.norm1_rstd = arena.alloc(Shape{Nl});
   a.q = arena.alloc(Shape{N, att_width_}, act_);
@@ -18,7 +18,8 @@ void Model::plan_layer(Arena& arena, LayerActs& a, int64_t F) {
   a.att = arena.alloc(Shape{N, att_width_}, act_);
   a.lse = arena.alloc(Shape{b_, heads_, t_});
   a.res1 = arena.alloc(Shape{Nl, C}, act_);
-  a.norm2 = arena.alloc(Shape{N, C}, act_);
+  a.norm2 = arena.alloc(Shape{N, Cj}, act_);
+  if (moe && tp_->hidden_degree() > 1) a.norm2_rows = arena.alloc(Shape{Nl, C}, act_);
   if (gpt2()) a.norm2_mean = arena.alloc(Shape{Nl});
   a.norm2_rstd = arena.alloc(Shape{Nl});
   if (F == 0) return;  // an MoE layer without shared experts
@@ -37,7 +38,8 @@ void Model::plan_slot(Arena& arena, const LayerRange& chunk, Slot& s) {
     s.resid.push_back(arena.alloc(Shape{Nl, C}, act_));
   s.acts.assign(cfg_.recompute ? 0 : static_cast<size_t>(chunk.layer_end - chunk.layer_begin), {});
   for (size_t i = 0; i < s.acts.size(); ++i)
-    plan_layer(arena, s.acts[i], layer_ffn_[size_t(chunk.layer_begin) + i]);
+    plan_layer(arena, s.acts[i], layer_ffn_[size_t(chunk.layer_begin) + i],
+               moe_[size_t(chunk.layer_begin) + i] != nullptr);
   if (!chunk.last) return;
   s.normf = arena.alloc(Shape{N, C}, act_);
   s.normf_local = sp ? arena.alloc(Shape{Nl, C}, act_) : s.normf;
@@ -50,19 +52,18 @@ void Model::plan_slot(Arena& arena, const LayerRange& chunk, Slot& s) {
 void Model::plan_shared(Arena& arena) {
   const int64_t N = b_ * t_, Nl = rows_, C = cfg_.d_model;
   const int64_t F = *std::max_element(layer_ffn_.begin(), layer_ffn_.end());
-  const bool sp = tp_->sequence_parallel();
-  if (cfg_.recompute) plan_layer(arena, shared_acts_, F);  // (MoE does not recompute)
+  if (cfg_.recompute) plan_layer(arena, shared_acts_, F, false);  // (MoE does not recompute)
   if (cfg_.is_moe()) moe_out_ = arena.alloc(Shape{Nl, C}, act_);
-  if (sp) norm_local_ = arena.alloc(Shape{Nl, C}, act_);
+  if (apart_) norm_local_ = arena.alloc(Shape{Nl, C}, act_);
   proj_ = arena.alloc(Shape{N, C}, act_);
   if (tp_->degree() > 1 && holds_last()) {
     row_max_ = arena.alloc(Shape{N});
     ce_stats_ = arena.alloc(Shape{2, N});
   }
   grads_.resid = arena.alloc(Shape{Nl, C}, act_);
-  grads_.full = sp ? arena.alloc(Shape{N, C}, act_) : grads_.resid;
+  grads_.full = apart_ ? arena.alloc(Shape{N, C}, act_) : grads_.resid;
   grads_.norm = arena.alloc(Shape{N, C}, act_);
-  grads_.norm_local = sp ? arena.alloc(Shape{Nl, C}, act_) : grads_.norm;
+  grads_.norm_local = apart_ ? arena.alloc(Shape{Nl, C}, act_) : grads_.norm;
   grads_.att = arena.alloc(Shape{N, att_width_}, act_);
   grads_.q = arena.alloc(Shape{N, att_width_}, act_);
   grads_.k = arena.alloc(Shape{N, kv_width_}, act_);

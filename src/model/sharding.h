@@ -46,6 +46,20 @@ class TensorParallelHooks {
   virtual void g_forward(Tensor /*local*/, Tensor /*full*/) {}
   // g's backward: the output gradient's local rows made whole (n, C) on every rank.
   virtual void g_backward(Tensor /*full*/, const Tensor& /*local*/) {}
+  // 2D tensor parallelism (parallel/tp/tensor_parallel.h): the tp ranks as a d1 x d2 mesh;
+  // heads and the MLP width split over d1, the model width C of each layer's matrices over
+  // d2. The defaults are 1D: d1 = degree(), d2 = 1, and the layer operations are f and g.
+  virtual int heads_degree() const { return degree(); }
+  virtual int heads_rank() const { return rank(); }
+  virtual int hidden_degree() const { return 1; }
+  virtual int hidden_rank() const { return 0; }
+  // A layer's f forward (and g backward): columns j (n, C/d2) of the whole rows.
+  virtual void gather_hidden(Tensor full_j, const Tensor& local) { f_forward(full_j, local); }
+  // A layer's g forward (and f backward): partial sums (n, C/d2) into this rank's rows.
+  virtual void reduce_hidden(Tensor local, Tensor partial_j) { g_forward(local, partial_j); }
+  // Sum over the d2 ranks, in place: a column-parallel GEMM's output, a row-parallel GEMM's
+  // input gradient.
+  virtual void all_reduce_hidden(Tensor /*buf*/) {}
   // Element-wise sum / max over the tp ranks, in place: the vocabulary-parallel
   // cross-entropy's statistics, and gradients of replicated parameters that each rank holds
   // only a part of (norms under sequence parallelism).

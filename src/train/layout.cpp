@@ -1,5 +1,7 @@
 #include "train/layout.h"
 
+#include <cstdio>
+
 #include "core/check.h"
 #include "model/model.h"
 #include "parallel/pp/layout.h"
@@ -27,6 +29,28 @@ parallel::pp::ScheduleSpec schedule_spec(const Config& cfg) {
   return spec;
 }
 
+int tp_shape_d2(const Config& cfg) {
+  const ParallelConfig& p = cfg.parallel;
+  if (p.tp_shape.empty()) return 1;
+  if (p.tp_shape == "auto")
+    fail("parallel.tp_shape = \"auto\" needs a measured topology: run `pentad probe` and set "
+         "parallel.topology to its file");
+  int64_t d1 = 0, d2 = 0;
+  char x = 0, rest = 0;
+  if (std::sscanf(p.tp_shape.c_str(), "%ld%c%ld%c", &d1, &x, &d2, &rest) != 3 || x != 'x' ||
+      d1 < 1 || d2 < 1)
+    fail("parallel.tp_shape = \"{}\" is not \"d1xd2\" (e.g. \"2x2\") or \"auto\"", p.tp_shape);
+  if (d1 * d2 != p.tp)
+    fail("parallel.tp_shape = \"{}\": {} x {} = {} but parallel.tp = {}: set a shape whose "
+         "product is tp, or tp = {}",
+         p.tp_shape, d1, d2, d1 * d2, p.tp, d1 * d2);
+  if (cfg.model.d_model % d2 != 0)
+    fail("parallel.tp_shape = \"{}\" splits model.d_model = {} over d2 = {}, which does not "
+         "divide it: change parallel.tp_shape",
+         p.tp_shape, cfg.model.d_model, d2);
+  return static_cast<int>(d2);
+}
+
 parallel::MeshConfig mesh_config(const Config& cfg, int world_size) {
   const ParallelConfig& p = cfg.parallel;
   parallel::MeshConfig mesh;
@@ -39,6 +63,8 @@ parallel::MeshConfig mesh_config(const Config& cfg, int world_size) {
   mesh.ep = static_cast<int>(p.ep);
   mesh.etp = static_cast<int>(p.etp);
   mesh.order = p.order;
+  mesh.tp_d2 = tp_shape_d2(cfg);
+  mesh.tp_column_first = p.tp_order == "column";
   const int64_t others = p.tp * p.cp * p.pp;
   if (p.dp > 0)
     mesh.dp = static_cast<int>(p.dp);

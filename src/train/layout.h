@@ -12,6 +12,9 @@ namespace pentad {
 // The placement (device, compute type) a recipe asks for.
 Placement placement(const Config& cfg);
 
+// parallel.tp_shape's d2 (1: Megatron's 1D tp); pentad::Error naming the key if it is not
+// "d1xd2" with d1 x d2 = tp and d2 dividing model.d_model.
+int tp_shape_d2(const Config& cfg);
 // The mesh a recipe asks for on `world_size` ranks (dp = 0 takes what is left), checked
 // against the model: refusals name the degree to change.
 parallel::MeshConfig mesh_config(const Config& cfg, int world_size);

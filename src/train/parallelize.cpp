@@ -19,6 +19,8 @@ class MeshTensorParallel final : public TensorParallelHooks {
  public:
   MeshTensorParallel(parallel::Communicator& group, bool sequence_parallel)
       : tp_(&group, sequence_parallel) {}
+  MeshTensorParallel(parallel::Mesh& mesh, bool sequence_parallel)
+      : tp_(mesh.tp_all(), mesh.tp_heads(), mesh.tp_hidden(), sequence_parallel) {}
   int degree() const override { return tp_.degree(); }
   int rank() const override { return tp_.rank(); }
   bool sequence_parallel() const override { return tp_.sequence_parallel(); }
@@ -26,6 +28,17 @@ class MeshTensorParallel final : public TensorParallelHooks {
   void f_backward(Tensor local, Tensor full) override { tp_.f_backward(local, full); }
   void g_forward(Tensor local, Tensor full) override { tp_.g_forward(local, full); }
   void g_backward(Tensor full, const Tensor& local) override { tp_.g_backward(full, local); }
+  int heads_degree() const override { return tp_.heads_degree(); }
+  int heads_rank() const override { return tp_.heads_rank(); }
+  int hidden_degree() const override { return tp_.hidden_degree(); }
+  int hidden_rank() const override { return tp_.hidden_rank(); }
+  void gather_hidden(Tensor full_j, const Tensor& local) override {
+    tp_.gather_hidden(full_j, local);
+  }
+  void reduce_hidden(Tensor local, Tensor partial_j) override {
+    tp_.reduce_hidden(local, partial_j);
+  }
+  void all_reduce_hidden(Tensor buf) override { tp_.all_reduce_hidden(buf); }
   void sum(Tensor buf) override { tp_.all_reduce(buf, parallel::ReduceOp::Sum); }
   void max(Tensor buf) override { tp_.all_reduce(buf, parallel::ReduceOp::Max); }
 
@@ -127,7 +140,10 @@ std::unique_ptr<Model> parallelize(const Config& cfg, parallel::Mesh* mesh, Plac
   if (mesh) {
     parallel::Communicator& tp_group = mesh->group(parallel::Axis::TP);
     if (tp_group.size() > 1) {
-      wiring.tp = std::make_unique<MeshTensorParallel>(tp_group, cfg.parallel.sequence_parallel);
+      wiring.tp = mesh->tp_hidden()
+                      ? std::make_unique<MeshTensorParallel>(*mesh, cfg.parallel.sequence_parallel)
+                      : std::make_unique<MeshTensorParallel>(tp_group,
+                                                             cfg.parallel.sequence_parallel);
       sharding.tp = wiring.tp.get();
     }
     if (cfg.model.is_moe() &&
@@ -138,7 +154,7 @@ std::unique_ptr<Model> parallelize(const Config& cfg, parallel::Mesh* mesh, Plac
     }
     const int cp = mesh->degree(parallel::Axis::CP);
     if (cp > 1) {
-      const int64_t p = tp_group.size();
+      const int64_t p = tp_group.size() / mesh->config().tp_d2;  // heads split over d1
       const parallel::ContextShape shape{cfg.train.micro_batch, cfg.train.seq_len,
                                          cfg.model.n_head / p, cfg.model.kv_heads() / p,
                                          cfg.model.head_dim()};

@@ -207,7 +207,9 @@ void Trainer::dump_shards(const std::string& dir, bool grads) const {
                       {"file", file},
                       {"global_shape", shape},
                       {"shard_dim", spec.shard_dim},
-                      {"shard_start", spec.shard_start}});
+                      {"shard_start", spec.shard_start},
+                      {"shard_dim2", spec.shard_dim2},
+                      {"shard_start2", spec.shard_start2}});
   }
   if (!shards.empty())
     std::ofstream(fmt::format("{}/shards.pp{}.tp{}.r{}.json", dir, pp_rank_, tp_rank, world_rank_))

@@ -37,8 +37,15 @@ std::vector<std::string> Trainer::checkpoint_roots() const {
 std::vector<Trainer::StatePart> Trainer::state_parts(int id, bool with_optimizer) const {
   const ParamStore& p = model_->params();
   const ParamSpec& spec = p.spec(id);
-  const ckpt::ShardInfo whole{
-      "", spec.global_shape, spec.shard_dim, spec.shard_start, spec.local_shape, 0};
+  const ckpt::ShardInfo whole{"",
+                              spec.global_shape,
+                              spec.shard_dim,
+                              spec.shard_start,
+                              spec.local_shape,
+                              0,
+                              0,
+                              spec.shard_dim2,
+                              spec.shard_start2};
   std::vector<StatePart> parts;
   int tensor = 0;
   for (const StateBuffer& kind : state_buffers(with_optimizer)) {
@@ -73,7 +80,8 @@ bool Trainer::writes(const ParamSpec& spec) const {
   auto first = [&](parallel::Axis axis) { return !mesh_ || mesh_->coord(axis) == 0; };
   if (spec.expert)
     return first(parallel::Axis::EDP) && (spec.shard_dim >= 0 || first(parallel::Axis::ETP));
-  return dp_rank_ == 0 && cp_rank_ == 0 && (spec.shard_dim >= 0 || model_->tp().rank() == 0);
+  return dp_rank_ == 0 && cp_rank_ == 0 &&
+         (spec.shard_dim >= 0 ? spec.tp_replica == 0 : model_->tp().rank() == 0);
 }
 
 std::vector<ckpt::LiveTensor> Trainer::snapshot_tensors(std::vector<NvmeSlice>* on_nvme) const {
@@ -91,8 +99,9 @@ std::vector<ckpt::LiveTensor> Trainer::snapshot_tensors(std::vector<NvmeSlice>* 
   for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
     const ParamSpec& spec = p.spec(id);
     if (spec.pipeline_copy) continue;  // the first pipeline stage saves the original
-    const bool share_writes =
-        spec.shard_dim >= 0 || (spec.expert ? etp_first : model_->tp().rank() == 0);
+    const bool share_writes = spec.shard_dim >= 0
+                                  ? spec.tp_replica == 0
+                                  : (spec.expert ? etp_first : model_->tp().rank() == 0);
     for (const StatePart& part : state_parts(id, true))
       if (((part.moment && zero()) || zero() == 3) ? share_writes : writes(spec)) {
         if (part.on_nvme && on_nvme)
@@ -335,7 +344,7 @@ bool Trainer::load(const std::string& dir, bool with_optimizer) {
         if (part.on_nvme) {  // through host memory to the file (moments, ZeRO-3's shares)
           host.resize(static_cast<size_t>(i.local_shape.numel()));
           reader.read(i.name, i.global_shape, i.shard_dim, i.shard_start, i.local_shape,
-                      host.data(), i.row_start);
+                      host.data(), i.row_start, i.shard_dim2, i.shard_start2);
           optimizer_->write_state(part.tensor, part.shard, i.local_shape.numel(), host.data());
           continue;
         }
@@ -343,7 +352,7 @@ bool Trainer::load(const std::string& dir, bool with_optimizer) {
         if (dst.device != Device::CPU) host.resize(static_cast<size_t>(dst.numel()));
         float* out = dst.device == Device::CPU ? dst.f32() : host.data();
         reader.read(i.name, i.global_shape, i.shard_dim, i.shard_start, i.local_shape, out,
-                    i.row_start);
+                    i.row_start, i.shard_dim2, i.shard_start2);
         if (dst.device != Device::CPU)
           copy_bytes(dst.data, dst.device, out, Device::CPU, dst.bytes());
       }

@@ -19,8 +19,11 @@ def load_weights(folder):
                 w[...] = part
             else:
                 index = [slice(None)] * w.ndim
-                d = s["shard_dim"]
-                index[d] = slice(s["shard_start"], s["shard_start"] + part.shape[d])
+                # a 2D tensor-parallel block is cut along a second dim too
+                for d, start in ((s["shard_dim"], s["shard_start"]),
+                                 (s.get("shard_dim2", -1), s.get("shard_start2", 0))):
+                    if d >= 0:
+                        index[d] = slice(start, start + part.shape[d])
                 w[tuple(index)] = part
     for name, w in whole.items():
         assert not np.isnan(w).any(), f"{folder}: {name} is not fully covered by its shards"
