@@ -197,6 +197,25 @@ MOE_ZERO_LAYOUTS = [
     ("dp2-zero3", 2, [ZERO + "3"]),
 ]
 # Grouped-query attention with fewer kv heads (2) than the Ulysses degree (4): replicated.
+# 2D tensor parallelism (parallel.tp_shape): tp 4 as a 2x2 mesh row- and column-first, with
+# sequence parallelism, as 1x4 (C split four ways, heads whole), and composed with dp and pp.
+TP2D = ["parallel.tp=4", "parallel.tp_shape=2x2"]
+TP2D_LAYOUTS = [
+    ("tp4-2x2-row", 4, TP2D),
+    ("tp4-2x2-column+sp", 4, TP2D + ["parallel.tp_order=column", SP]),
+    ("tp4-1x4+sp", 4, ["parallel.tp=4", "parallel.tp_shape=1x4", SP]),
+    ("dp2xtp4-2x2-column+sp", 8, TP2D + ["parallel.tp_order=column", SP]),
+    ("pp2xtp4-2x2-1f1b", 8, TP2D + ["parallel.pp=2", "parallel.pp_schedule=1f1b",
+                                    "model.n_layer=4"]),
+]
+# MoE: the dense layers and shared experts in 2D, the routed experts folded over the same ranks.
+TP2D_MOE_LAYOUTS = [
+    ("ep4-on-tp4-2x2-column+sp", 4, TP2D + ["parallel.tp_order=column", SP, "parallel.ep=4"]),
+]
+TP2D_BROKEN = [
+    ("tp4-2x2 missing the attention output gradient's d2 sum", 4, TP2D,
+     "tp2d-skip-hidden-grad-sum"),
+]
 CONTEXT_GQA = ("cp4-ulysses-kv2", 4, ["parallel.cp=4", ULYSSES, "model.n_kv_head=2"])
 # Gradients that are zero in exact arithmetic (softmax ignores a constant added to every
 # score of a row, so the key bias never matters): their computed value is rounding noise,
@@ -375,7 +394,9 @@ def main():
     context = args[0] == "--context"
     zero = args[0] == "--zero"
     moe_zero = args[0] == "--moe-zero"
-    if pipeline or moe or context or zero or moe_zero:
+    tp2d = args[0] in ("--tp2d", "--tp2d-moe")
+    tp2d_moe = args[0] == "--tp2d-moe"
+    if pipeline or moe or context or zero or moe_zero or tp2d:
         args = args[1:]
     pentad, recipe, work = args[0], args[1], Path(args[2])
     if os.environ.get("OPENBLAS_CORETYPE") == "Haswell":
@@ -406,7 +427,8 @@ def main():
     failures = []
     layouts = (PIPELINE_LAYOUTS if pipeline else MOE_LAYOUTS if moe else
                CONTEXT_LAYOUTS if context else ZERO_LAYOUTS if zero else
-               MOE_ZERO_LAYOUTS if moe_zero else LAYOUTS)
+               MOE_ZERO_LAYOUTS if moe_zero else TP2D_MOE_LAYOUTS if tp2d_moe else
+               TP2D_LAYOUTS if tp2d else LAYOUTS)
     if context and any(o.startswith("model.n_kv_head=") for o in common):
         layouts = layouts + [CONTEXT_GQA]
     # MoE with ZeRO: each layout also stops after its first step, whose weights are compared
@@ -434,7 +456,8 @@ def main():
     if not pipeline:
         # The checks must catch real layout bugs: each broken variant has to fail.
         broken = (MOE_BROKEN if moe else CONTEXT_BROKEN if context else ZERO_BROKEN if zero
-                  else MOE_ZERO_BROKEN if moe_zero else BROKEN)
+                  else MOE_ZERO_BROKEN if moe_zero else [] if tp2d_moe else TP2D_BROKEN if tp2d
+                  else BROKEN)
         for name, ranks, overrides, bug in broken:
             problems = []
             for stop in lengths:
