@@ -103,8 +103,8 @@ Manifest::Entry entry_from(const json& j, int version) {
   bool ok = s.local_shape.ndim == ndim && s.shard_dim >= -1 && s.shard_dim < ndim &&
             s.shard_start >= 0 && (s.shard_dim >= 0 || s.shard_start == 0) && s.row_start >= 0 &&
             s.shard_dim2 >= -1 && s.shard_dim2 < ndim && s.shard_start2 >= 0 &&
-            (s.shard_dim2 >= 0 || s.shard_start2 == 0) && (s.shard_dim2 < 0 || s.shard_dim >= 0) &&
-            s.shard_dim2 != s.shard_dim;
+            (s.shard_dim2 >= 0 || s.shard_start2 == 0) &&
+            (s.shard_dim2 < 0 || (s.shard_dim >= 0 && s.shard_dim2 != s.shard_dim));
   for (int d = 0; ok && d < ndim; ++d) {
     const int64_t start = (d == s.shard_dim ? s.shard_start : 0) +
                           (d == s.shard_dim2 ? s.shard_start2 : 0) + (d == 0 ? s.row_start : 0);

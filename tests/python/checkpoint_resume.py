@@ -410,7 +410,16 @@ def main():
         "one rank": (1, ["train.grad_accum=4"]),
         "tp4": (4, ["parallel.tp=4", "train.grad_accum=4"]),
         "dp4": (4, ["parallel.tp=1", "train.grad_accum=1"]),
-        "pp2xtp2": (4, ["parallel.pp=2", "parallel.tp=2", "train.grad_accum=4"])})
+        "pp2xtp2": (4, ["parallel.pp=2", "parallel.tp=2", "train.grad_accum=4"]),
+        "tp4-2x2-column": (4, ["parallel.tp=4", "parallel.tp_shape=2x2", "parallel.tp_order=column",
+                               "train.grad_accum=4"])})
+    # 2D tp: blocks cut along both dims resume bitwise and reshard to one rank and to 1D tp.
+    ckpt = bitwise_resume(pentad, recipe, work, "tp4-2x2", 4,
+                          ["parallel.tp=4", "parallel.tp_shape=2x2", "train.grad_accum=4"])
+    reshard(pentad, recipe, work, ckpt, "tp4-2x2", {
+        "one rank": (1, ["train.grad_accum=4"]),
+        "dp2xtp2+sp": (4, ["parallel.tp=2", "parallel.sequence_parallel=true",
+                           "train.grad_accum=2"])})
     # Pipeline layouts: the tied embedding is saved once (by the first stage) and loads into
     # both ends; a pp2 x dp2 checkpoint reshards to one rank and to tp2.
     ckpt = bitwise_resume(pentad, recipe, work, "pp2xdp2", 4,
