@@ -88,6 +88,10 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   const ModelConfig& m = cfg.model;
   const bool gpt2 = m.family == ModelFamily::GPT2, sp = cfg.parallel.sequence_parallel;
   const double p = mesh.tp, C = double(m.d_model), V = double(m.vocab_size), F = ffn_width(m);
+  // 2D tp (tp = d1 x d2): heads and MLP widths split over d1, a layer's C over d2; the
+  // gathered norm outputs are (N, C / d2) and, with SP or 2D, rows live apart from them.
+  const double d2 = mesh.tp_d2, d1 = p / d2;
+  const bool apart = sp || mesh.tp_d2 > 1;
   const double Ckv = double(m.kv_heads()) * double(m.head_dim());
   // Under context parallelism a rank holds seq_len / cp tokens of each sequence.
   const double b = double(cfg.train.micro_batch), t = double(cfg.train.seq_len) / mesh.cp;
@@ -100,12 +104,15 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   auto mlp_values = [&](double W, double q) {
     return mlp_mats * W * C / q + (gpt2 ? W / q + C : 0);
   };
-  const double attn_values =
-      (2 * C * C + 2 * Ckv * C) / p + (gpt2 ? 5 * C + (C + 2 * Ckv) / p : 2 * C);  // + norms
-  const double layer_values = attn_values + mlp_values(F, p);
-  const double attn_acts = act * (2 * N * C + Nl * C + 2 * N * (C / p) + 2 * N * (Ckv / p)) +
-                           f32 * ((gpt2 ? 4 : 2) * Nl + b * t * double(m.n_head) / p);
-  const double layer_acts = attn_acts + act * mlp_mats * N * (F / p);
+  auto dense_mlp_values = [&](double W) {  // over tp (2D: the up bias over d1, down's over d2)
+    return mlp_mats * W * C / p + (gpt2 ? W / d1 + C / d2 : 0);
+  };
+  const double attn_values = (2 * C * C + 2 * Ckv * C) / p +
+                             (gpt2 ? 4 * C + C / d2 + (C + 2 * Ckv) / d1 : 2 * C);  // + norms
+  const double layer_values = attn_values + dense_mlp_values(F);
+  const double attn_acts = act * (2 * N * C / d2 + Nl * C + 2 * N * (C / d1) + 2 * N * (Ckv / d1)) +
+                           f32 * ((gpt2 ? 4 : 2) * Nl + b * t * double(m.n_head) / d1);
+  const double layer_acts = attn_acts + act * mlp_mats * N * (F / d1);
 
   // MoE layers: E experts, k picks, width Fe (each etp rank 1/etp of it), shared width Fs.
   const std::vector<int64_t> moe = m.is_moe() ? moe_layer_indices(m) : std::vector<int64_t>{};
@@ -114,7 +121,7 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   const double Fs = double(m.n_shared_experts) * Fe;
   const double expert_values = E / ep * mlp_values(Fe, etp);
   const double moe_values = attn_values + E * C + E + expert_values +  // router, expert bias
-                            (Fs > 0 ? mlp_values(Fs, p) : 0);
+                            (Fs > 0 ? dense_mlp_values(Fs) : 0);
   // Dispatch (MoeBlock::Acts: rows in the activations' type, routing in fp32), worst case:
   // each of the ep x etp ranks that send to
   // this one routes all its Nl rows here, each to min(k, E / ep) of its local experts; with
@@ -134,7 +141,8 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   // input and gradient and that gradient cast back (Nl, C) each.
   const double dispatch_backward = act * (2 * A * C + 2 * R * C + 3 * R * (Fe / etp)) +
                                    f32 * Nl * k + (act < f32 ? (2 * f32 + act) * Nl * C : 0);
-  const double moe_acts = attn_acts + (Fs > 0 ? act * mlp_mats * N * (Fs / p) : 0) + dispatch;
+  const double moe_acts = attn_acts + (Fs > 0 ? act * mlp_mats * N * (Fs / d1) : 0) + dispatch +
+                          (d2 > 1 ? act * Nl * C : 0);  // 2D: the routed experts' rows apart
 
   const double head_acts =
       act * (N * C + (sp ? Nl * C : 0) + N * V / p) + f32 * ((gpt2 ? 2 : 1) * Nl + N);
@@ -181,23 +189,26 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   // recomputed layer's activations, with the MLP widths of the layers held here; an MoE
   // model adds the routed output, and an MoE layer's backward the gradients of its
   // dispatched rows.
-  const double widest = std::max(holds_dense ? F : 0, holds_moe ? Fs : 0) / p;
-  e.activations += act * (N * C + Nl * C + (sp ? N * C : 0) + N * C + (sp ? 2 * Nl * C : 0) +
-                          2 * N * (C / p) + 2 * N * (Ckv / p) + mlp_mats * N * widest) +
+  const double widest = std::max(holds_dense ? F : 0, holds_moe ? Fs : 0) / d1;
+  e.activations += act * (N * C + Nl * C + (apart ? N * C : 0) + N * C + (apart ? 2 * Nl * C : 0) +
+                          2 * N * (C / d1) + 2 * N * (Ckv / d1) + mlp_mats * N * widest) +
                    (m.recompute ? attn_acts + act * mlp_mats * N * widest : 0) +
                    (m.is_moe() ? act * Nl * C : 0) + (p > 1 && holds_last ? 3 * f32 * N : 0);
+  // 2D tp's exchange buffers (parallel/tp/tensor_parallel.cpp): two of N C values without
+  // SP, two of N C / tp with it.
+  if (d2 > 1) e.activations += act * 2 * N * C / (sp ? p : 1);
   // Context parallelism's scratch (parallel/cp/context_parallel.cpp), shared by the layers:
   // Ulysses' exchange buffers and head-sharded q, k, v, out and gradients; the ring's two
   // K/V blocks, three dK/dV partials and one block's output.
   if (mesh.cp > 1) {
     const double U = mesh.cp_ulysses, R = mesh.cp / U, D = double(m.head_dim());
-    const double kv_heads = std::max(1.0, double(m.kv_heads()) / p / U), slice = N * U;
-    const double replica = U * p > double(m.kv_heads()) ? N * double(m.kv_heads()) / p * D : 0;
+    const double kv_heads = std::max(1.0, double(m.kv_heads()) / d1 / U), slice = N * U;
+    const double replica = U * d1 > double(m.kv_heads()) ? N * double(m.kv_heads()) / d1 * D : 0;
     if (U > 1)
-      e.activations += act * (2 * N * std::max(C / p, U * kv_heads * D) + 4 * N * (C / p) +
+      e.activations += act * (2 * N * std::max(C / d1, U * kv_heads * D) + 4 * N * (C / d1) +
                               4 * slice * kv_heads * D + replica);
     if (R > 1)
-      e.activations += act * (10 * slice * kv_heads * D + N * (C / p)) + f32 * N * m.n_head / p;
+      e.activations += act * (10 * slice * kv_heads * D + N * (C / d1)) + f32 * N * m.n_head / d1;
   }
   if (holds_moe) {
     // The dispatcher's staging (parallel/ep/expert_parallel.h), one for every layer: this

@@ -105,6 +105,21 @@ TEST(MeshCheckLayout, RefusalsNameTheDegreeOrModelKey) {
   EXPECT_EQ(check(layout(1, 1, 1, 8)),
             "pp 8 is more than model.n_layer = 4: every pipeline stage needs a layer; change pp "
             "to at most 4");
+  // 2D tp: heads split over d1 only, and d2 must divide tp.
+  MeshConfig two = layout(8, 1, 1, 1);
+  two.tp_d2 = 2;
+  EXPECT_EQ(check(two), "");  // d1 4 divides the 4 kv heads where tp 8 does not
+  two.tp_d2 = 1;
+  two.tp = 16;
+  two.tp_d2 = 2;
+  EXPECT_EQ(check(two),
+            "the 2D tp shape 8x2 splits model.n_kv_head = 4 over d1 = 8, which does not divide "
+            "it: change parallel.tp_shape so that d1 is a divisor of 4 (1, 2, 4)");
+  MeshConfig odd = layout(4, 1, 1, 1);
+  odd.tp_d2 = 3;
+  EXPECT_EQ(error_of([&] { validate(odd, 4); }),
+            "mesh: the 2D tp shape 1x3 does not multiply to tp 4: set parallel.tp_shape to "
+            "\"d1xd2\" with d2 a divisor of 4 (1, 2, 4)");
   // n_kv_head 0 means n_head (MHA); without sequence parallelism seq_len may be odd for tp.
   EXPECT_EQ(error_of([] { check_layout(layout(8, 1, 1, 1), 8, 0, 1000, 256, 4, 5, 1, false); }),
             "");
@@ -247,6 +262,33 @@ TEST(MeshGroups, FourRanksByHand) {
   EXPECT_EQ(members(folded.group(Axis::EP), me), dp[size_t(me)]);
   EXPECT_EQ(folded.coord(Axis::ETP), me % 2);
   EXPECT_EQ(folded.coord(Axis::EP), me / 2);
+}
+
+TEST(MeshGroups, TwoDimensionalTpByHand) {
+  if (world_size() % 4 != 0) GTEST_SKIP() << "needs a multiple of 4 ranks";
+  // tp 4 as 2x2 (times dp). Row-first: tp rank t is (i, j) = (t / 2, t % 2): the hidden
+  // groups (same i) are adjacent ranks {0,1} {2,3}, the heads groups (same j) {0,2} {1,3}.
+  MeshConfig c = layout(4, 1, world_size() / 4, 1);
+  c.tp_d2 = 2;
+  int me = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  const int b = me / 4 * 4, t = me % 4;  // this tp group's first rank, the tp rank
+  Mesh row = Mesh::create(c, MPI_COMM_WORLD);
+  EXPECT_EQ(members(*row.tp_hidden(), me), (std::vector<int>{b + t / 2 * 2, b + t / 2 * 2 + 1}));
+  EXPECT_EQ(members(*row.tp_heads(), me), (std::vector<int>{b + t % 2, b + t % 2 + 2}));
+  EXPECT_EQ(members(*row.tp_all(), me), (std::vector<int>{b, b + 1, b + 2, b + 3}));
+  // Column-first: t is (t % 2, t / 2): the heads groups are the adjacent ones, and the
+  // logical order (i * d2 + j) is 0, 2, 1, 3.
+  c.tp_column_first = true;
+  Mesh column = Mesh::create(c, MPI_COMM_WORLD);
+  EXPECT_EQ(members(*column.tp_heads(), me), (std::vector<int>{b + t / 2 * 2, b + t / 2 * 2 + 1}));
+  EXPECT_EQ(members(*column.tp_hidden(), me), (std::vector<int>{b + t % 2, b + t % 2 + 2}));
+  EXPECT_EQ(members(*column.tp_all(), me), (std::vector<int>{b, b + 2, b + 1, b + 3}));
+  EXPECT_EQ(tp_place(c, 1).i, 1);
+  EXPECT_EQ(tp_place(c, 1).j, 0);
+  // 1D: none of them.
+  Mesh flat = Mesh::create(layout(4, 1, world_size() / 4, 1), MPI_COMM_WORLD);
+  EXPECT_EQ(flat.tp_all(), nullptr);
 }
 
 TEST(MeshGroups, EightRanksEveryAxisByHand) {

@@ -72,6 +72,52 @@ TEST(MemoryBudget, EstimateMatchesTheArenasOfOneRank) {
   }
 }
 
+// A tp rank's view without its group: the hooks' shape, no communication (building a model
+// communicates nothing).
+struct TpShape final : TensorParallelHooks {
+  int p, d2, r;
+  bool sp;
+  TpShape(int p_, int d2_, int r_, bool sp_) : p(p_), d2(d2_), r(r_), sp(sp_) {}
+  int degree() const override { return p; }
+  int rank() const override { return r; }
+  bool sequence_parallel() const override { return sp; }
+  int heads_degree() const override { return p / d2; }
+  int heads_rank() const override { return r / d2; }
+  int hidden_degree() const override { return d2; }
+  int hidden_rank() const override { return r % d2; }
+};
+
+// 1D and 2D tp: the values a rank holds exactly, its activations within 2% (the estimate
+// also counts 2D tp's exchange buffers, which are no part of the model's arenas).
+TEST(MemoryBudget, EstimateMatchesTheArenasOfATpRank) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> rows = {
+      {"gpt-tiny.toml", {"parallel.tp=4"}},
+      {"gpt-tiny.toml", {"parallel.tp=4", "parallel.tp_shape=2x2"}},
+      {"gpt-tiny.toml", {"parallel.tp=4", "parallel.tp_shape=1x4", "parallel.sequence_parallel=true"}},
+      {"llama-tiny.toml", {"parallel.tp=4", "parallel.tp_shape=2x2", "parallel.sequence_parallel=true"}},
+      {"mixtral-tiny.toml", {"parallel.tp=4", "parallel.tp_shape=2x2", "parallel.sequence_parallel=true"}},
+  };
+  for (const auto& [recipe, overrides] : rows) {
+    SCOPED_TRACE(recipe + " " + overrides.back());
+    const Config cfg = load_recipe(kRecipes + recipe, overrides);
+    const parallel::MeshConfig mesh = mesh_config(cfg, 4);
+    TpShape tp(4, mesh.tp_d2, 1, cfg.parallel.sequence_parallel);
+    Sharding sharding;
+    sharding.tp = &tp;
+    Model model(cfg.model, cfg.train.micro_batch, cfg.train.seq_len, sharding);
+    double values = 0;
+    for (const ParamSpec& spec : model.params().specs()) values += double(spec.local_shape.numel());
+    const MemoryEstimate e = estimate_memory(cfg, mesh);
+    EXPECT_EQ(e.values, values);
+    const double scratch =
+        mesh.tp_d2 > 1 ? 4.0 * 2 * double(cfg.train.micro_batch * cfg.train.seq_len) *
+                             double(cfg.model.d_model) / (cfg.parallel.sequence_parallel ? 4 : 1)
+                       : 0.0;
+    EXPECT_NEAR((e.activations - e.dispatch - scratch) / double(model.activation_bytes()), 1.0,
+                0.02);
+  }
+}
+
 // moe-fine-tiny by hand (C 64, 2 KV heads of 16, dense width 256, vocabulary 512): layer 0
 // dense, layers 1 and 2 MoE with 16 experts of width 32 and one shared expert of width 32.
 TEST(MemoryBudget, MoeParametersByHand) {
