@@ -296,13 +296,15 @@ set_tests_properties(probe_sim_nodes PROPERTIES TIMEOUT 120 RUN_SERIAL TRUE
   PASS_REGULAR_EXPRESSION "probe measures the simulated nodes")
 
 # `pentad plan` against measured steps on this machine (bench/plan_cpu.py --set ci): five
-# layouts of a small GPT on 8 ranks (dp, pp, tp 1D and 2D, cp Ulysses, recompute), each
-# predicted as is from a fresh kernel table and trained 4 steps; the predicted ranking must
-# agree (Spearman >= 0.9) and the predicted best be within 10% of the measured best. The full
-# table of 16 layouts: bench/RESULTS.md.
+# layouts of a small GPT on 8 ranks (tp 1D and 2D, dp with ZeRO-1, pp interleaved,
+# recompute), each predicted as is from a fresh kernel table and trained 4 steps; the
+# predicted ranking must agree (Spearman >= 0.9) and the predicted best be within 10% of the
+# measured best. A timed test: in the slow tier (scripts/test.sh --full) only, alone on the
+# machine, since MEASURE.md keeps timed tests out of the default run (on a machine shared with
+# other jobs its steps swing by 2x). The full table of 20 layouts: bench/RESULTS.md.
 add_test(NAME plan_vs_measured
   COMMAND ${PENTAD_PYTHON} ${CMAKE_SOURCE_DIR}/bench/plan_cpu.py $<TARGET_FILE:pentad>
           ${CMAKE_SOURCE_DIR}/bench/plan/gpt-cpu.toml ${CMAKE_CURRENT_BINARY_DIR}/plan-vs-measured
           --set ci --steps 4 --calibration ${CMAKE_CURRENT_BINARY_DIR}/plan-calibration.json)
-set_tests_properties(plan_vs_measured PROPERTIES TIMEOUT 300 RUN_SERIAL TRUE
+set_tests_properties(plan_vs_measured PROPERTIES TIMEOUT 300 RUN_SERIAL TRUE LABELS slow
   PASS_REGULAR_EXPRESSION "plan ranks the layouts as measured")
