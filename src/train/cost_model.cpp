@@ -199,7 +199,9 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
       machine.gpu ? 1.0 : std::max(1.0, double(node_ranks * threads) / double(machine.cores));
   const Rates rates{machine, machine.gpu ? KernelRates{} : machine.calibration.at_threads(threads),
                     slow};
-  const Links links{topo, slow};
+  // A topology measured on these ranks (`pentad probe`: samples of their collectives) already
+  // holds what sharing the cores costs a message; a modelled one (links alone) does not.
+  const Links links{topo, topo.collectives.empty() ? slow : 1.0};
 
   const double b = double(cfg.train.micro_batch), s = double(cfg.train.seq_len);
   const double n = b * s / mesh.cp;  // rows of this rank
