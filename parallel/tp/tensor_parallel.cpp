@@ -112,8 +112,17 @@ void TensorParallel::reduce_hidden(Tensor local, Tensor partial_j) {
   for (int64_t k = 0; k < d2; ++k) put_columns(local, recv.rows(k * rows, rows), k);
 }
 
-void TensorParallel::all_reduce_hidden(Tensor buf) {
-  if (hidden_) hidden_->all_reduce(buf);
+void TensorParallel::all_reduce_hidden(Tensor buf, bool async) {
+  if (!hidden_) return;
+  if (async)
+    pending_.push_back(hidden_->all_reduce(buf, ReduceOp::Sum, true));
+  else
+    hidden_->all_reduce(buf);
+}
+
+void TensorParallel::wait_hidden() {
+  for (Work& w : pending_) w.wait();
+  pending_.clear();
 }
 
 void TensorParallel::all_reduce(Tensor buf, ReduceOp op) {

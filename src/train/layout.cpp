@@ -31,7 +31,13 @@ parallel::pp::ScheduleSpec schedule_spec(const Config& cfg) {
 
 int tp_shape_d2(const Config& cfg) {
   const ParallelConfig& p = cfg.parallel;
-  if (p.tp_shape.empty()) return 1;
+  if (p.tp_shape.empty()) {
+    if (p.tp_chunks > 1)
+      fail("parallel.tp_chunks = {} pipelines 2D tp's collectives with its GEMMs: set "
+           "parallel.tp_shape to a 2D shape (\"d1xd2\") or tp_chunks = 1",
+           p.tp_chunks);
+    return 1;
+  }
   if (p.tp_shape == "auto")
     fail("parallel.tp_shape = \"auto\" needs a measured topology: run `pentad probe` and set "
          "parallel.topology to its file");
@@ -48,6 +54,10 @@ int tp_shape_d2(const Config& cfg) {
     fail("parallel.tp_shape = \"{}\" splits model.d_model = {} over d2 = {}, which does not "
          "divide it: change parallel.tp_shape",
          p.tp_shape, cfg.model.d_model, d2);
+  if (p.tp_chunks > 1 && d2 == 1)
+    fail("parallel.tp_chunks = {} pipelines 2D tp's collectives with its GEMMs, but "
+         "parallel.tp_shape = \"{}\" is 1D: set tp_chunks = 1 or a 2D shape",
+         p.tp_chunks, p.tp_shape);
   return static_cast<int>(d2);
 }
 

@@ -204,6 +204,7 @@ TP2D_LAYOUTS = [
     ("tp4-2x2-row", 4, TP2D),
     ("tp4-2x2-column+sp", 4, TP2D + ["parallel.tp_order=column", SP]),
     ("tp4-1x4+sp", 4, ["parallel.tp=4", "parallel.tp_shape=1x4", SP]),
+    ("tp4-2x2-chunks3", 4, TP2D + ["parallel.tp_chunks=3"]),
     ("dp2xtp4-2x2-column+sp", 8, TP2D + ["parallel.tp_order=column", SP]),
     ("pp2xtp4-2x2-1f1b", 8, TP2D + ["parallel.pp=2", "parallel.pp_schedule=1f1b",
                                     "model.n_layer=4"]),
