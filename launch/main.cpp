@@ -1,4 +1,4 @@
-// pentad: the command line. Subcommands: train, plan, data prepare, tokenizer train, ckpt
+// pentad: the command line. Subcommands: train, plan, probe, data prepare, tokenizer train, ckpt
 // inspect/convert, and the developer command reference (used by the PyTorch equivalence
 // tests). Each rank starts here: MPI, then launch/rank.h's threads and device, then the
 // mesh and the Trainer. `pentad launch` (launch/supervisor.h) is no rank and starts first.
@@ -19,6 +19,7 @@
 #include "checkpoint/checkpoint.h"
 #include "cli/convert.h"
 #include "cli/data_commands.h"
+#include "cli/probe.h"
 #include "launch/monitor.h"
 #include "launch/rank.h"
 #include "launch/supervisor.h"
@@ -215,6 +216,15 @@ int main(int argc, char** argv) {
   plan->add_option("-s,--set", sets, "Override a recipe key (repeatable)");
   plan->add_option("overrides", extra, "More section.key=value overrides");
 
+  pentad::probe::ProbeOptions probe_options;
+  auto* probe = app.add_subcommand(
+      "probe",
+      "Measure the links and collectives of this job's ranks (run under mpirun) and "
+      "write a topology file for the planner (docs/probe.md)");
+  probe->add_option("-o,--out", probe_options.out, "Topology file to write")->capture_default_str();
+  probe->add_flag("--quick", probe_options.quick,
+                  "One size per collective and fewer repetitions: seconds, for tests");
+
   auto* recipe_cmd = app.add_subcommand("recipe", "Recipe tools");
   recipe_cmd->require_subcommand(1);
   bool markdown = false;
@@ -345,6 +355,17 @@ int main(int argc, char** argv) {
       // Against train.memory_limit_mb when set (this machine's memory says nothing of the
       // machines planned for).
       if (cfg.train.memory_limit_mb > 0) pentad::check_memory(cfg, layout, pentad::NodeShare{});
+    } else if (*probe) {
+      // Both refusals before any rank measures: a missing directory, a bad PENTAD_SIM_NODES.
+      if (const int status = on_every_rank(mpi, [&] {
+            pentad::probe::check_output(probe_options.out);
+            pentad::parallel::simulated_nodes_from_env();
+          }))
+        return status;
+      if (mpi.rank != 0) spdlog::set_level(spdlog::level::warn);
+      const pentad::parallel::Topology topology =
+          pentad::probe::run_probe(MPI_COMM_WORLD, probe_options);
+      if (mpi.rank == 0) std::fputs(pentad::probe::describe(topology).c_str(), stdout);
     } else if (*reference) {
       pentad::Config cfg = pentad::load_recipe(recipe, sets);
       pentad::launch::start_rank(cfg);

@@ -1,5 +1,7 @@
 #include "parallel/comm.h"
 
+#include <spdlog/spdlog.h>
+
 #include <cstdio>
 
 #include "parallel/activity.h"
@@ -178,10 +180,11 @@ TraceTicket Communicator::enter_injected(CommKind kind, int64_t bytes, int peer)
 // posts on that backend.
 template <typename Post>
 Work Communicator::collective(CommKind kind, const Tensor& routed, bool reduction, int64_t bytes,
-                              int peer, bool async, Post post) {
+                              int peer, bool async, Post post, int64_t model_bytes) {
   Communicator& backend = route(routed);
   backend.check_dtype(routed.dtype, reduction);
   TraceTicket ticket = enter_injected(kind, bytes, peer);
+  simulate_collective(kind, model_bytes);
   return finish(post(backend), ticket, async);
 }
 
@@ -192,8 +195,10 @@ Work Communicator::all_reduce(Tensor buf, ReduceOp op, bool async) {
     TraceTicket ticket = enter_injected(CommKind::AllReduce, int64_t(buf.bytes()), -1);
     return finish(post_ring_all_reduce(buf), ticket, async);
   }
-  return collective(CommKind::AllReduce, buf, true, int64_t(buf.bytes()), -1, async,
-                    [&](Communicator& backend) { return backend.post_all_reduce(buf, op); });
+  return collective(
+      CommKind::AllReduce, buf, true, int64_t(buf.bytes()), -1, async,
+      [&](Communicator& backend) { return backend.post_all_reduce(buf, op); },
+      int64_t(buf.bytes()));
 }
 
 Work Communicator::reduce_scatter(Tensor out, const Tensor& in, ReduceOp op, bool async) {
@@ -204,7 +209,8 @@ Work Communicator::reduce_scatter(Tensor out, const Tensor& in, ReduceOp op, boo
       name_, in.shape.str(), in.numel(), size_, out.shape.str(), int64_t(size_) * out.numel());
   return collective(
       CommKind::ReduceScatter, in, true, int64_t(in.bytes()), -1, async,
-      [&](Communicator& backend) { return backend.post_reduce_scatter(out, in, op); });
+      [&](Communicator& backend) { return backend.post_reduce_scatter(out, in, op); },
+      int64_t(in.bytes()));
 }
 
 Work Communicator::all_gather(Tensor out, const Tensor& in, bool async) {
@@ -213,8 +219,10 @@ Work Communicator::all_gather(Tensor out, const Tensor& in, bool async) {
       out.numel() == int64_t(size_) * in.numel(),
       "communicator '{}' all_gather: out {} has {} elements but needs size {} x in {} = {}", name_,
       out.shape.str(), out.numel(), size_, in.shape.str(), int64_t(size_) * in.numel());
-  return collective(CommKind::AllGather, in, false, int64_t(in.bytes()), -1, async,
-                    [&](Communicator& backend) { return backend.post_all_gather(out, in); });
+  return collective(
+      CommKind::AllGather, in, false, int64_t(in.bytes()), -1, async,
+      [&](Communicator& backend) { return backend.post_all_gather(out, in); },
+      int64_t(out.bytes()));
 }
 
 int64_t Communicator::check_counts(std::span<const int64_t> counts, const char* op) const {
@@ -239,7 +247,8 @@ Work Communicator::reduce_scatter_v(Tensor out, const Tensor& in, std::span<cons
                name_, in.shape.str(), total, out.shape.str(), counts[size_t(rank_)]);
   return collective(
       CommKind::ReduceScatter, in, true, int64_t(in.bytes()), -1, async,
-      [&](Communicator& backend) { return backend.post_reduce_scatter_v(out, in, counts, op); });
+      [&](Communicator& backend) { return backend.post_reduce_scatter_v(out, in, counts, op); },
+      int64_t(in.bytes()));
 }
 
 Work Communicator::all_gather_v(Tensor buf, std::span<const int64_t> counts, bool async) {
@@ -249,8 +258,10 @@ Work Communicator::all_gather_v(Tensor buf, std::span<const int64_t> counts, boo
                "communicator '{}' all_gather_v: buf {} must hold the counts' sum {}", name_,
                buf.shape.str(), total);
   const int64_t mine = counts[size_t(rank_)] * int64_t(dtype_bytes(buf.dtype));
-  return collective(CommKind::AllGather, buf, false, mine, -1, async,
-                    [&](Communicator& backend) { return backend.post_all_gather_v(buf, counts); });
+  return collective(
+      CommKind::AllGather, buf, false, mine, -1, async,
+      [&](Communicator& backend) { return backend.post_all_gather_v(buf, counts); },
+      int64_t(buf.bytes()));
 }
 
 Work Communicator::all_to_all(Tensor out, const Tensor& in, bool async) {
@@ -259,8 +270,9 @@ Work Communicator::all_to_all(Tensor out, const Tensor& in, bool async) {
                "communicator '{}' all_to_all: in {} and out {} must have equal element counts "
                "divisible by the group size {}",
                name_, in.shape.str(), out.shape.str(), size_);
-  return collective(CommKind::AllToAll, in, false, int64_t(in.bytes()), -1, async,
-                    [&](Communicator& backend) { return backend.post_all_to_all(out, in); });
+  return collective(
+      CommKind::AllToAll, in, false, int64_t(in.bytes()), -1, async,
+      [&](Communicator& backend) { return backend.post_all_to_all(out, in); }, int64_t(in.bytes()));
 }
 
 Work Communicator::all_to_all_v(Tensor out, std::span<const int64_t> recv_counts, const Tensor& in,
@@ -283,17 +295,21 @@ Work Communicator::all_to_all_v(Tensor out, std::span<const int64_t> recv_counts
       recv_total <= out.numel(),
       "communicator '{}' all_to_all_v: receive counts sum to {} but out {} has {} elements", name_,
       recv_total, out.shape.str(), out.numel());
-  return collective(CommKind::AllToAllV, in, false, send_total * int64_t(dtype_bytes(in.dtype)), -1,
-                    async, [&](Communicator& backend) {
-                      return backend.post_all_to_all_v(out, recv_counts, in, send_counts);
-                    });
+  return collective(
+      CommKind::AllToAllV, in, false, send_total * int64_t(dtype_bytes(in.dtype)), -1, async,
+      [&](Communicator& backend) {
+        return backend.post_all_to_all_v(out, recv_counts, in, send_counts);
+      },
+      send_total * int64_t(dtype_bytes(in.dtype)));
 }
 
 Work Communicator::broadcast(Tensor buf, int root, bool async) {
   check_tensor(buf, "broadcast", "buf");
   check_peer(root, 0, "broadcast");
-  return collective(CommKind::Broadcast, buf, false, int64_t(buf.bytes()), root, async,
-                    [&](Communicator& backend) { return backend.post_broadcast(buf, root); });
+  return collective(
+      CommKind::Broadcast, buf, false, int64_t(buf.bytes()), root, async,
+      [&](Communicator& backend) { return backend.post_broadcast(buf, root); },
+      int64_t(buf.bytes()));
 }
 
 Work Communicator::send(const Tensor& buf, int peer, int tag, bool async) {
@@ -352,7 +368,9 @@ std::vector<std::unique_ptr<WorkImpl>> Communicator::post_p2p_routed(
 }
 
 void Communicator::barrier() {
-  finish(post_barrier(), enter_injected(CommKind::Barrier, 0, -1), false);
+  TraceTicket ticket = enter_injected(CommKind::Barrier, 0, -1);
+  simulate_collective(CommKind::Barrier, 0);
+  finish(post_barrier(), ticket, false);
 }
 
 // ---- the factory: the one place a backend is chosen ----
@@ -378,6 +396,19 @@ std::unique_ptr<Communicator> make_communicator(Backend backend, MPI_Comm comm, 
   MPI_Group_free(&group);
   MPI_Group_free(&world);
   made->set_trace_members(std::move(global));
+  if (made->backend() == Backend::MPI) {
+    const SimulatedNodes nodes = simulated_nodes_from_env();
+    made->set_simulated_nodes(nodes);
+    static bool told = false;
+    int world_rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    if (nodes.on() && !told && world_rank == 0)
+      spdlog::info(
+          "simulated nodes (PENTAD_SIM_NODES): {} ranks a node; between nodes +{:.0f} us and "
+          "{:.3g} GB/s a transfer",
+          nodes.ranks_per_node, nodes.latency_s * 1e6, nodes.bytes_per_second * 1e-9);
+    told = told || nodes.on();
+  }
   return made;
 }
 

@@ -112,6 +112,24 @@ struct Injection {
   int link_peer = -1;           // rank within this communicator; -1: every peer of slow_rank
 };
 
+// Simulated nodes, so that one machine shows a cluster's uneven links (PENTAD_SIM_NODES =
+// "R:LAT_US:GBS"): world ranks r and s are on one node iff r / R == s / R, and every transfer
+// between two nodes costs LAT_US microseconds more plus bytes / (GBS * 1e9) seconds. A send
+// to another node is delivered that much later (as an Injection's slow link); a collective
+// whose group spans nodes first sleeps, on every rank of the group, for the time its traffic
+// between nodes would take (comm_injection.cpp gives the model; the sleep blocks the caller
+// even for async operations, so it hides behind no computation). make_communicator applies
+// it to every MPI communicator; NCCL communicators run at the hardware's speed.
+struct SimulatedNodes {
+  int ranks_per_node = 0;       // 0: off
+  double latency_s = 0;         // added to each transfer between nodes
+  double bytes_per_second = 0;  // of a link between nodes
+  bool on() const { return ranks_per_node > 0; }
+};
+// "R:LAT_US:GBS" (empty: off); pentad::Error naming PENTAD_SIM_NODES if malformed.
+SimulatedNodes parse_simulated_nodes(const std::string& text);
+SimulatedNodes simulated_nodes_from_env();  // PENTAD_SIM_NODES, read at each call
+
 class Communicator {
  public:
   virtual ~Communicator();
@@ -164,6 +182,9 @@ class Communicator {
     trace_set_members(trace_, std::move(world_ranks));
   }
   const Injection& injection() const { return injection_; }
+  // Simulated nodes over this communicator's world ranks (set them first: make_communicator
+  // does both). Collective: every rank of the group must set the same.
+  void set_simulated_nodes(const SimulatedNodes& nodes);
 
  protected:
   Communicator(std::string name, Backend backend);
@@ -205,12 +226,18 @@ class Communicator {
   TraceTicket enter_injected(CommKind kind, int64_t bytes, int peer);  // enter, then inject
   template <typename Post>
   Work collective(CommKind kind, const Tensor& routed, bool reduction, int64_t bytes, int peer,
-                  bool async, Post post);
+                  bool async, Post post, int64_t model_bytes);
 
   // Injected slowness (comm_injection.cpp).
   void inject(int64_t bytes) const;
   // 0 on ranks the injection spares; peer -1: to any peer (is this rank touched at all?).
   double injected_seconds(int64_t bytes, int peer = -1) const;
+  // Simulated nodes: the extra seconds of a send to `peer`, and the sleep before a
+  // collective of `bytes` (topology.h's convention) that spans nodes.
+  double simulated_link_seconds(int64_t bytes, int peer) const;
+  void simulate_collective(CommKind kind, int64_t bytes) const;
+  // Whether sends may be queued: an injection on this rank, or nodes simulated.
+  bool may_defer_sends() const { return injected_seconds(1) > 0 || sim_ring_crossings_ > 0; }
   friend class DeferredSend;
   friend class PumpingWork;
   friend class RingAllReduce;
@@ -244,6 +271,9 @@ class Communicator {
   bool ring_all_reduce_ = false;
   std::deque<Deferred> deferred_;
   std::vector<std::chrono::steady_clock::time_point> link_free_;  // per peer
+  SimulatedNodes sim_;
+  std::vector<int> sim_node_;   // simulated node of each group rank; empty: off
+  int sim_ring_crossings_ = 0;  // edges i -> i+1 (mod size) of the group's ring between nodes
   // A device backend's MPI companion; null for MPI communicators.
   std::unique_ptr<Communicator> host_;
 };

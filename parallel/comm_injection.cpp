@@ -4,9 +4,28 @@
 // come; every Work of a communicator with an injection or queued sends pumps the queue when
 // tested or waited, so two ranks waiting on each other's late sends both progress. With no
 // injection set, nothing here changes what is posted.
+//
+// Simulated nodes (comm.h, SimulatedNodes) reuse the late sends for transfers between nodes.
+// A collective cannot be slowed link by link from outside the backend, so it is slowed as a
+// whole, by the time its traffic between nodes would take on a ring through the group in
+// group order (the ring that bandwidth-optimal collectives use): each step every rank sends
+// one chunk to the next, and a step lasts as long as its slowest edge, so when any edge of
+// the ring crosses nodes each step costs the extra latency plus chunk / bandwidth:
+//   all_reduce (and broadcast, as scatter + all-gather): 2 (p - 1) steps of bytes / p;
+//   all_gather, reduce_scatter, all_to_all: p - 1 steps of bytes / p;
+//   barrier: p - 1 steps of nothing;
+// with bytes as in parallel/topology.h (all_gather: the output; reduce_scatter, all_to_all:
+// the input). Every rank of the group sleeps that long before posting, so the collective
+// really lasts that much longer on all of them. Pentad's own ring all-reduce runs over sends,
+// which are slowed one by one instead.
 #include <algorithm>
+#include <charconv>
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "parallel/backend.h"
 #include "parallel/comm.h"
@@ -105,7 +124,7 @@ std::unique_ptr<WorkImpl> Communicator::pump_if_delayed(std::unique_ptr<WorkImpl
 std::vector<std::unique_ptr<WorkImpl>> Communicator::post_p2p_delayed(
     const std::vector<P2POp>& ops) {
   std::vector<std::unique_ptr<WorkImpl>> impls;
-  if (injected_seconds(1) <= 0) {
+  if (!may_defer_sends()) {
     impls = post_p2p_routed(ops);
     for (auto& impl : impls) impl = pump_if_delayed(std::move(impl));
     return impls;
@@ -118,13 +137,16 @@ std::vector<std::unique_ptr<WorkImpl>> Communicator::post_p2p_delayed(
   for (size_t i = 0; i < ops.size(); ++i) {
     // Receives, and on a slow link the sends to other peers (never queued, so never behind
     // a late one in the queue), go now.
-    if (!ops[i].is_send || injected_seconds(int64_t(ops[i].buf.bytes()), ops[i].peer) <= 0) {
+    const int64_t bytes = int64_t(ops[i].buf.bytes());
+    const double late_s =
+        injected_seconds(bytes, ops[i].peer) + simulated_link_seconds(bytes, ops[i].peer);
+    if (!ops[i].is_send || late_s <= 0) {
       now_ops.push_back(ops[i]);
       now_index.push_back(i);
       continue;
     }
     const auto seconds = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-        std::chrono::duration<double>(injected_seconds(int64_t(ops[i].buf.bytes()), ops[i].peer)));
+        std::chrono::duration<double>(late_s));
     auto& free = link_free_[size_t(ops[i].peer)];
     free = std::max(free, std::chrono::steady_clock::now()) + seconds;
     auto deferred = std::make_unique<DeferredSend>(*this);
@@ -135,6 +157,77 @@ std::vector<std::unique_ptr<WorkImpl>> Communicator::post_p2p_delayed(
   for (size_t j = 0; j < posted.size(); ++j)
     impls[now_index[j]] = std::make_unique<PumpingWork>(*this, std::move(posted[j]));
   return impls;
+}
+
+// ---- simulated nodes ----
+
+SimulatedNodes parse_simulated_nodes(const std::string& text) {
+  SimulatedNodes nodes;
+  if (text.empty()) return nodes;
+  const auto refuse = [&](const char* why) {
+    fail(
+        "PENTAD_SIM_NODES=\"{}\": {}; expected R:LAT_US:GBS (ranks per simulated node, extra "
+        "microseconds and GB/s of a transfer between nodes), e.g. 4:200:0.2",
+        text, why);
+  };
+  std::vector<std::string> parts;
+  size_t begin = 0;
+  for (size_t colon; (colon = text.find(':', begin)) != std::string::npos; begin = colon + 1)
+    parts.push_back(text.substr(begin, colon - begin));
+  parts.push_back(text.substr(begin));
+  if (parts.size() != 3) refuse("not three fields separated by ':'");
+  const auto number = [&](const std::string& part, const char* name) {
+    double x = 0;
+    const char* end = part.data() + part.size();
+    const auto [ptr, ec] = std::from_chars(part.data(), end, x);
+    if (part.empty() || ec != std::errc() || ptr != end || !std::isfinite(x))
+      refuse(fmt::format("{} '{}' is not a number", name, part).c_str());
+    return x;
+  };
+  const double ranks = number(parts[0], "R");
+  nodes.latency_s = number(parts[1], "LAT_US") * 1e-6;
+  nodes.bytes_per_second = number(parts[2], "GBS") * 1e9;
+  if (ranks < 1 || ranks != std::floor(ranks) || ranks > 1e9)
+    refuse("R must be a whole number of ranks, at least 1");
+  if (nodes.latency_s < 0) refuse("LAT_US must be at least 0");
+  if (!(nodes.bytes_per_second > 0)) refuse("GBS must be above 0");
+  nodes.ranks_per_node = int(ranks);
+  return nodes;
+}
+
+SimulatedNodes simulated_nodes_from_env() {
+  const char* text = std::getenv("PENTAD_SIM_NODES");
+  return parse_simulated_nodes(text ? text : "");
+}
+
+void Communicator::set_simulated_nodes(const SimulatedNodes& nodes) {
+  PENTAD_CHECK(deferred_.empty(), "communicator '{}': simulated nodes set with sends pending",
+               name_);
+  sim_ = nodes;
+  sim_node_.clear();
+  sim_ring_crossings_ = 0;
+  if (!nodes.on()) return;
+  const std::vector<int> world = world_ranks();
+  PENTAD_CHECK(int(world.size()) == size_, "communicator '{}': {} world ranks for {} ranks", name_,
+               world.size(), size_);
+  for (int w : world) sim_node_.push_back(w / nodes.ranks_per_node);
+  for (int i = 0; i < size_; ++i)
+    sim_ring_crossings_ += sim_node_[size_t(i)] != sim_node_[size_t((i + 1) % size_)];
+}
+
+double Communicator::simulated_link_seconds(int64_t bytes, int peer) const {
+  if (sim_ring_crossings_ == 0 || sim_node_[size_t(rank_)] == sim_node_[size_t(peer)]) return 0.0;
+  return sim_.latency_s + double(bytes) / sim_.bytes_per_second;
+}
+
+void Communicator::simulate_collective(CommKind kind, int64_t bytes) const {
+  if (sim_ring_crossings_ == 0) return;
+  const int p = size_;
+  const int steps =
+      kind == CommKind::AllReduce || kind == CommKind::Broadcast ? 2 * (p - 1) : p - 1;
+  const double chunk = double(bytes) / p;
+  const double seconds = steps * (sim_.latency_s + chunk / sim_.bytes_per_second);
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
 }
 
 }  // namespace pentad::parallel

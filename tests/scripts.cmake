@@ -285,3 +285,12 @@ add_test(NAME cgroup_limit
           $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml ${CMAKE_CURRENT_BINARY_DIR}/cgroup-limit)
 set_tests_properties(cgroup_limit PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
   PASS_REGULAR_EXPRESSION "the job's cgroup bounds the plan")
+
+# `pentad probe --quick` on 8 ranks as two simulated nodes (PENTAD_SIM_NODES): the islands, the
+# slow links and the slow collectives between the nodes are found; bad -o directories and
+# malformed PENTAD_SIM_NODES refused. Alone: it measures time.
+add_test(NAME probe_sim_nodes
+  COMMAND ${PENTAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/probe.py $<TARGET_FILE:pentad>
+          ${CMAKE_CURRENT_BINARY_DIR}/probe)
+set_tests_properties(probe_sim_nodes PROPERTIES TIMEOUT 120 RUN_SERIAL TRUE
+  PASS_REGULAR_EXPRESSION "probe measures the simulated nodes")

@@ -7,9 +7,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <thread>
@@ -695,6 +697,56 @@ TEST_F(CommTest, DeviceBackendRoutesHostTensorsToItsMpiCompanion) {
   EXPECT_EQ(fake.log.size(), logged);
   fake.finish_all();
   fake.barrier();
+}
+
+// PENTAD_SIM_NODES on 4 ranks as two nodes of two ({0, 1}, {2, 3}), 40 ms between them: a
+// group inside a node runs at full speed, a group across them is slowed on every rank by the
+// ring model (comm_injection.cpp), and a send between nodes is delivered 40 ms late.
+TEST_F(CommTest, SimulatedNodesSlowOnlyWhatCrossesNodes) {
+  if (n != 4) GTEST_SKIP() << "needs 4 ranks";
+  const double lat = 0.04;
+  setenv("PENTAD_SIM_NODES", "2:40000:1", 1);
+  const auto group = [&](int color, const char* name) {
+    MPI_Comm part = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, color, r, &part);
+    auto made = make_communicator(Backend::MPI, part, name);
+    MPI_Comm_free(&part);
+    return made;
+  };
+  auto inside = group(r / 2, "sim_inside");  // {0, 1}, {2, 3}
+  auto across = group(r % 2, "sim_across");  // {0, 2}, {1, 3}: world ranks on two nodes
+  unsetenv("PENTAD_SIM_NODES");
+  const auto seconds = [](const std::function<void()>& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  std::vector<float> x(4), all(8);
+  const auto reset = [&] { std::fill(x.begin(), x.end(), float(r)); };
+  // The fastest of three inside a node: well under one simulated latency.
+  double inside_s = 1e9;
+  for (int rep = 0; rep < 3; ++rep) {
+    reset();
+    inside_s = std::min(inside_s, seconds([&] { inside->all_reduce(view(x)); }));
+    EXPECT_EQ(x[0], float(r / 2 * 4 + 1));  // {0, 1}: 1, {2, 3}: 5
+  }
+  EXPECT_LT(inside_s, lat);
+  // Across: all_reduce of p = 2 is 2 steps of latency + bytes / 2 / 1 GB/s; all_gather 1.
+  reset();
+  EXPECT_GE(seconds([&] { across->all_reduce(view(x)); }), 2 * lat);
+  EXPECT_EQ(x[0], float(2 * (r % 2) + 2));  // {0, 2}: 2, {1, 3}: 4
+  EXPECT_GE(seconds([&] { across->all_gather(view(all), view(x)); }), lat);
+  // A send between nodes arrives late; the receive waits for it.
+  const int peer = 1 - across->rank();
+  reset();
+  const double send_s = seconds([&] {
+    if (across->rank() == 0)
+      across->send(view(x), peer);
+    else
+      across->recv(view(x), peer);
+  });
+  EXPECT_GE(send_s, across->rank() == 0 ? lat : 0.5 * lat);
+  EXPECT_EQ(x[0], float(r % 2));  // the sender's value: world rank 0 or 1
 }
 
 TEST_F(CommTest, NcclWithoutNcclIsAClearError) {
