@@ -24,6 +24,8 @@
 #include "launch/rank.h"
 #include "launch/supervisor.h"
 #include "train/memory_budget.h"
+#include "train/plan_command.h"
+#include "train/plan_search.h"
 #include "train/recipe.h"
 #include "train/reference.h"
 #include "train/trainer.h"
@@ -203,16 +205,37 @@ int main(int argc, char** argv) {
                         "Start from this checkpoint directory's weights, not the initialisation");
   reference->add_option("-s,--set", sets, "Override a recipe key (repeatable)");
 
-  int64_t plan_ranks = 0;
+  pentad::PlanArgs plan_args;
   auto* plan = app.add_subcommand(
       "plan",
-      "Check a recipe and print the memory each rank would need, allocating nothing (plans "
-      "for more ranks or larger machines than this one)");
-  plan->add_option("recipe", recipe, "Recipe file")->required()->check(CLI::ExistingFile);
-  plan->add_option(
-      "--ranks", plan_ranks,
-      "Ranks to plan for (default: the recipe's parallel degrees; dp 0: the fewest that "
-      "split the experts)");
+      "Check a recipe and print the memory each rank would need, allocating nothing; with "
+      "--ranks N, search every layout of N ranks and rank them by predicted step time "
+      "(docs/plan.md)");
+  plan->add_option("recipe", plan_args.recipe, "Recipe file")->check(CLI::ExistingFile);
+  plan->add_option("--ranks", plan_args.ranks,
+                   "Search the layouts of this many ranks (predicted step time, tokens/s, MFU, "
+                   "memory per rank)");
+  plan->add_option("--topology", plan_args.topology,
+                   "The links: a `pentad probe` file for these ranks (default: the cluster "
+                   "preset's, or this machine's)");
+  plan->add_option("--cluster", plan_args.cluster,
+                   "A GPU cluster preset: dgx-a100 or dgx-h100, optionally :NODES (default: this "
+                   "CPU machine, from its calibration)");
+  plan->add_option("--memory-gb", plan_args.memory_gb,
+                   "Memory per rank, GB (default: train.memory_limit_mb, else the GPU's, else this "
+                   "machine's share)");
+  plan->add_option("--top", plan_args.top, "Rows of the ranked table")->capture_default_str();
+  plan->add_flag("--json", plan_args.json, "Every layout that fits, ranked, as JSON");
+  plan->add_option("--write", plan_args.write, "Write the recipe with the best layout here (TOML)");
+  plan->add_option("--layout", plan_args.layout,
+                   "Fix these fields and search the rest, e.g. \"tp=8,pp=4,dp=32,vp=2,mb=1\" "
+                   "(fields: " +
+                       pentad::layout_fields() + ")");
+  plan->add_flag("--calibrate", plan_args.calibrate,
+                 "Time this machine's kernels and write the table the CPU cost model reads");
+  plan->add_option("--calibration", plan_args.calibration,
+                   "The kernel table (default: $PENTAD_CALIBRATION, else "
+                   "~/.cache/pentad/calibration.json)");
   plan->add_option("-s,--set", sets, "Override a recipe key (repeatable)");
   plan->add_option("overrides", extra, "More section.key=value overrides");
 
@@ -345,16 +368,8 @@ int main(int argc, char** argv) {
             [&] { monitor.finish(false, e.what(), status == kRefused); }, agree_s);
       }
     } else if (*plan) {
-      pentad::Config cfg = pentad::load_recipe(recipe, overrides_from(sets, extra));
-      const pentad::ParallelConfig& p = cfg.parallel;
-      // dp 0: the fewest data-parallel ranks over which the experts split (ep x etp).
-      const int64_t dp = p.dp > 0 ? p.dp : p.ep * p.etp / std::gcd(p.ep * p.etp, p.cp * p.tp);
-      const int64_t ranks = plan_ranks > 0 ? plan_ranks : dp * p.tp * p.cp * p.pp;
-      const pentad::parallel::MeshConfig layout = pentad::mesh_config(cfg, int(ranks));
-      if (mpi.rank == 0) std::puts(pentad::describe_memory(cfg, layout).c_str());
-      // Against train.memory_limit_mb when set (this machine's memory says nothing of the
-      // machines planned for).
-      if (cfg.train.memory_limit_mb > 0) pentad::check_memory(cfg, layout, pentad::NodeShare{});
+      plan_args.overrides = overrides_from(sets, extra);
+      pentad::plan_command(plan_args, mpi.rank == 0);
     } else if (*probe) {
       // Both refusals before any rank measures: a missing directory, a bad PENTAD_SIM_NODES.
       if (const int status = on_every_rank(mpi, [&] {

@@ -119,13 +119,15 @@ void Model::build_params() {
   };
   auto column_bias = [&](const std::string& name, int64_t n) {
     if (d2 == 1) return vector(name, n, Init::Zeros, true);
-    const int id = params_.add_shard(name, Shape{n}, Init::Zeros, 0.0f, false, 0, i * (n / d1), n / d1);
+    const int id =
+        params_.add_shard(name, Shape{n}, Init::Zeros, 0.0f, false, 0, i * (n / d1), n / d1);
     params_.set_tp_replica(id, int(j));
     return id;
   };
   auto row_bias = [&](const std::string& name, int64_t n) {
     if (d2 == 1) return vector(name, n, Init::Zeros, false);
-    const int id = params_.add_shard(name, Shape{n}, Init::Zeros, 0.0f, false, 0, j * (n / d2), n / d2);
+    const int id =
+        params_.add_shard(name, Shape{n}, Init::Zeros, 0.0f, false, 0, j * (n / d2), n / d2);
     params_.set_tp_replica(id, int(i));
     return id;
   };
@@ -600,29 +602,33 @@ std::vector<int> Model::expert_bias_ids() const {
   return ids;
 }
 
-double Model::flops_per_micro_batch() const {
-  const double C = static_cast<double>(cfg_.d_model), F = static_cast<double>(ffn_dim(cfg_));
-  const double Ckv = static_cast<double>(cfg_.kv_heads() * cfg_.head_dim());
-  const double V = static_cast<double>(cfg_.vocab_size);
-  const double T = static_cast<double>(t_ * cp_->degree());  // keys: the whole sequence
-  const double matrices = gpt2() ? 2.0 : 3.0;                // per MLP: up, down (+ gate)
-  const double Fe = static_cast<double>(expert_ffn_dim(cfg_));
+double layer_flops_per_token(const ModelConfig& cfg, bool moe, double keys) {
+  const double C = static_cast<double>(cfg.d_model), F = static_cast<double>(ffn_dim(cfg));
+  const double Ckv = static_cast<double>(cfg.kv_heads() * cfg.head_dim());
+  const double matrices = cfg.family == ModelFamily::GPT2 ? 2.0 : 3.0;  // up, down (+ gate)
   // An MoE layer: the shared experts, top_k routed ones per token and the router.
-  const double moe_mlp =
-      matrices * C * Fe * double(cfg_.n_shared_experts + cfg_.top_k) + C * double(cfg_.n_experts);
-  double mlp_sum = 0.0;
-  int64_t layers = 0;
+  const double mlp = moe ? matrices * C * static_cast<double>(expert_ffn_dim(cfg)) *
+                                   double(cfg.n_shared_experts + cfg.top_k) +
+                               C * double(cfg.n_experts)
+                         : matrices * C * F;
+  // Causal attention: each query meets keys/2 keys on average; QK^T and PV cost 2*C flops per
+  // pair each, so 2*C*(keys/2) per token forward, written here in the same units as a parameter.
+  const double attention = 2 * C * C + 2 * C * Ckv + C * keys;
+  return 3.0 * 2.0 * (attention + mlp);  // forward + 2x for backward
+}
+
+double head_flops_per_token(const ModelConfig& cfg) {
+  return 3.0 * 2.0 * static_cast<double>(cfg.vocab_size) * static_cast<double>(cfg.d_model);
+}
+
+double Model::flops_per_micro_batch() const {
+  const double keys = static_cast<double>(t_ * cp_->degree());  // the whole sequence
+  double per_token = holds_last() ? head_flops_per_token(cfg_) : 0.0;
   for (const ChunkState& c : chunks_)
-    for (int64_t l = c.range.layer_begin; l < c.range.layer_end; ++l, ++layers)
-      mlp_sum += moe_[size_t(l)] ? moe_mlp : matrices * C * F;
-  // Causal attention: each query meets T/2 keys on average; QK^T and PV cost 2*C flops per
-  // pair each, so 2*C*t per token forward, written here in the same units as a parameter.
-  const double per_layer = 2 * C * C + 2 * C * Ckv + C * T;
-  const double per_token =
-      static_cast<double>(layers) * per_layer + mlp_sum + (holds_last() ? V * C : 0.0);
-  const double tokens = static_cast<double>(b_ * t_);
-  // Forward + 2x for backward, this rank's share of the tensor-parallel work.
-  return 3.0 * 2.0 * tokens * per_token / tp_->degree();
+    for (int64_t l = c.range.layer_begin; l < c.range.layer_end; ++l)
+      per_token += layer_flops_per_token(cfg_, moe_[size_t(l)] != nullptr, keys);
+  // This rank's share of the tensor-parallel work.
+  return static_cast<double>(b_ * t_) * per_token / tp_->degree();
 }
 
 }  // namespace pentad

@@ -33,6 +33,14 @@ namespace pentad {
 // Feed-forward width: d_ff if set, else 4C (GPT-2) or LLaMA's 2/3 * 4C rounded up to 256.
 int64_t ffn_dim(const ModelConfig& cfg);
 
+// Training FLOPs per token (forward + backward = 3 x forward, 2 per multiply-add; matmuls and
+// causal attention, recomputation not counted) of one layer (`moe`: an MoE layer, its shared
+// and top_k routed experts and router) and of the head, before any tensor-parallel split;
+// `keys`: the whole sequence a query may attend to (each query meets keys / 2 on average).
+// Model::flops_per_micro_batch and the planner (train/cost_model.h) both count with these.
+double layer_flops_per_token(const ModelConfig& cfg, bool moe, double keys);
+double head_flops_per_token(const ModelConfig& cfg);
+
 // Called during backward: gradients at element offsets [offset, end) of the gradient arena
 // are final for this micro-batch (data parallelism starts reducing them).
 using GradsReady = std::function<void(int64_t offset)>;
@@ -148,8 +156,8 @@ class Model {
     Tensor att, lse;                       // (N, Ca), (b, H, t)
     Tensor res1;                           // (Nl, C): input + attention block
     Tensor norm2, norm2_mean, norm2_rstd;  // (N, C), (Nl), (Nl)
-    Tensor norm2_rows;  // (Nl, C): 2D tp's MoE layers, the routed experts' input kept apart
-    Tensor up, gate, act;                  // (N, F) each; gpt2: up = fc pre-GELU, act = GELU(up)
+    Tensor norm2_rows;     // (Nl, C): 2D tp's MoE layers, the routed experts' input kept apart
+    Tensor up, gate, act;  // (N, F) each; gpt2: up = fc pre-GELU, act = GELU(up)
   };
   // One micro-batch's activations in one chunk.
   struct Slot {

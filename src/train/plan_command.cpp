@@ -1,0 +1,89 @@
+// `pentad plan` (train/plan_command.h).
+#include "train/plan_command.h"
+
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+
+#include "core/check.h"
+#include "train/calibration.h"
+#include "train/layout.h"
+#include "train/memory_budget.h"
+#include "train/plan_search.h"
+#include "train/recipe.h"
+
+namespace pentad {
+
+void plan_command(const PlanArgs& a, bool print) {
+  auto out = [&](const std::string& s) {
+    if (print) std::fputs(s.c_str(), stdout);
+  };
+  const std::string calibration_path =
+      a.calibration.empty() ? default_calibration_path() : a.calibration;
+  if (a.calibrate) {
+    const Calibration c = calibrate(print);
+    c.write(calibration_path);
+    out(fmt::format("calibration of {} ({} cores) written to {}\n", c.machine, c.cores,
+                    calibration_path));
+    if (a.recipe.empty()) return;
+  }
+  if (a.recipe.empty()) fail("pentad plan needs a recipe (or --calibrate alone)");
+  const Config cfg = load_recipe(a.recipe, a.overrides);
+  const bool search = a.ranks > 0;
+  if (!search) {
+    for (const auto& [set, name] : {std::pair{!a.topology.empty(), "--topology"},
+                                    {!a.cluster.empty(), "--cluster"},
+                                    {!a.layout.empty(), "--layout"},
+                                    {!a.write.empty(), "--write"},
+                                    {a.json, "--json"}})
+      if (set) fail("{} needs --ranks N: the layout search is over N ranks", name);
+    const ParallelConfig& p = cfg.parallel;
+    // dp 0: the fewest data-parallel ranks over which the experts split (ep x etp).
+    const int64_t dp = p.dp > 0 ? p.dp : p.ep * p.etp / std::gcd(p.ep * p.etp, p.cp * p.tp);
+    const parallel::MeshConfig layout = mesh_config(cfg, int(dp * p.tp * p.cp * p.pp));
+    out(describe_memory(cfg, layout) + "\n");
+    // Against train.memory_limit_mb when set (this machine's memory says nothing of the
+    // machines planned for).
+    if (cfg.train.memory_limit_mb > 0) check_memory(cfg, layout, NodeShare{});
+    return;
+  }
+  if (a.ranks > (1 << 20)) fail("--ranks {}: at most {} ranks", a.ranks, 1 << 20);
+  const int ranks = int(a.ranks);
+  Cluster cluster;
+  if (!a.cluster.empty()) {
+    cluster = cluster_preset(a.cluster, ranks);
+  } else {
+    cluster = this_machine(Calibration::read(calibration_path), ranks);
+    const NodeShare node = node_share();
+    cluster.machine.memory_bytes = node.memory_bytes / ranks;
+  }
+  if (!a.topology.empty()) {
+    cluster.topology = parallel::Topology::read(a.topology);
+    cluster.topology.check_ranks(ranks, a.topology);
+  }
+  if (a.memory_gb < 0) fail("--memory-gb {}: must be positive", a.memory_gb);
+  const double limit = a.memory_gb > 0 ? a.memory_gb * 1e9
+                       : cfg.train.memory_limit_mb > 0
+                           ? double(cfg.train.memory_limit_mb) * 1048576.0
+                           : cluster.machine.memory_bytes;
+  if (a.top < 1) fail("--top {}: must be at least 1", a.top);
+  const PlanSearch plan = search_layouts(cfg, ranks, parse_layout(a.layout, ranks), limit,
+                                         cluster.machine, cluster.topology);
+  Config best = cfg;
+  plan.rows.front().layout.apply(best);
+  if (a.json) {
+    out(plan_json(plan, cluster.machine) + "\n");
+  } else {
+    out(describe_plan(plan, cluster.machine, a.top));
+    out(describe_memory(best, mesh_config(best, ranks)) + "\n");
+  }
+  if (!a.write.empty()) {
+    std::ofstream f(a.write);
+    if (!f) fail("--write {}: cannot open the file for writing", a.write);
+    f << recipe_to_toml(best);
+    if (!f) fail("--write {}: write failed", a.write);
+    if (!a.json) out(fmt::format("recipe with the best layout written to {}\n", a.write));
+  }
+}
+
+}  // namespace pentad

@@ -1,0 +1,225 @@
+// The planner (train/cost_model.h, train/plan_search.h, train/calibration.h): the volumes of
+// tensor parallelism's collectives, the FLOP count it shares with the model, a ranking that
+// flips between 1D and 2D tensor parallelism with the topology, a fixed layout predicted as
+// is, and the refusals.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "core/check.h"
+#include "model/model.h"
+#include "train/calibration.h"
+#include "train/cost_model.h"
+#include "train/layout.h"
+#include "train/plan_search.h"
+#include "train/recipe.h"
+
+using namespace pentad;
+
+namespace plan_test {
+
+// A GPT-2 shape small enough to plan in milliseconds, wide enough for tp 8 and 2D shapes.
+Config gpt(std::vector<std::string> overrides = {}) {
+  const std::string toml = R"(
+[model]
+family = "gpt2"
+n_layer = 4
+d_model = 1024
+n_head = 16
+vocab_size = 32768
+max_seq_len = 1024
+[train]
+seq_len = 1024
+micro_batch = 1
+grad_accum = 8
+eval_every = 0
+precision = "bf16"
+device = "cuda"
+)";
+  return parse_recipe(toml, "plan_test.toml", overrides);
+}
+
+Machine h100() {
+  return cluster_preset("dgx-h100", 8).machine;
+}
+
+Prediction predict(const Config& cfg, const parallel::Topology& topo) {
+  return predict_step(cfg, mesh_config(cfg, 8), h100(), topo);
+}
+
+TEST(Plan, OneDimensionalTensorParallelVolumes) {
+  // n = 1024 rows, C = 1024, bf16: two all-reduces of n C e forward, two backward; with
+  // sequence parallelism each an all-gather and a reduce-scatter of the same volume.
+  const double ncE = 1024.0 * 1024 * 2;
+  Config cfg = gpt({"parallel.tp=4", "parallel.dp=2"});
+  const parallel::MeshConfig mesh = mesh_config(cfg, 8);
+  for (bool backward : {false, true}) {
+    const auto calls = tp_layer_collectives(cfg, mesh, backward);
+    ASSERT_EQ(calls.size(), 2u);
+    for (const CollectiveCall& c : calls) {
+      EXPECT_EQ(c.op, parallel::CollectiveOp::AllReduce);
+      EXPECT_DOUBLE_EQ(c.bytes, ncE);
+      EXPECT_EQ(c.group, (std::vector<int>{0, 1, 2, 3}));
+    }
+  }
+  cfg = gpt({"parallel.tp=4", "parallel.dp=2", "parallel.sequence_parallel=true"});
+  const auto sp = tp_layer_collectives(cfg, mesh_config(cfg, 8), false);
+  ASSERT_EQ(sp.size(), 4u);
+  EXPECT_EQ(sp[0].op, parallel::CollectiveOp::AllGather);
+  EXPECT_EQ(sp[1].op, parallel::CollectiveOp::ReduceScatter);
+  for (const CollectiveCall& c : sp) EXPECT_DOUBLE_EQ(c.bytes, ncE);
+}
+
+TEST(Plan, TwoDimensionalTensorParallelVolumesAndGroups) {
+  // tp 4 = 2 x 2, row order: the d2 group of tp rank 0 is {0, 1} (adjacent), its d1 group
+  // {0, 2}. Forward: qkv all-reduce over d2 of n (3C)/d1 e; o: all-reduce over d1 of
+  // n C/d2 e and all-gather over d2 of n C e; up: n 4C/d1 e over d2; down as o.
+  const double n = 1024, C = 1024, e = 2;
+  Config cfg = gpt({"parallel.tp=4", "parallel.dp=2", "parallel.tp_shape=\"2x2\""});
+  const auto fwd = tp_layer_collectives(cfg, mesh_config(cfg, 8), false);
+  ASSERT_EQ(fwd.size(), 6u);
+  EXPECT_EQ(fwd[0].group, (std::vector<int>{0, 1}));
+  EXPECT_DOUBLE_EQ(fwd[0].bytes, n * 3 * C / 2 * e);
+  EXPECT_EQ(fwd[1].op, parallel::CollectiveOp::AllReduce);
+  EXPECT_EQ(fwd[1].group, (std::vector<int>{0, 2}));
+  EXPECT_DOUBLE_EQ(fwd[1].bytes, n * C / 2 * e);
+  EXPECT_EQ(fwd[2].op, parallel::CollectiveOp::AllGather);
+  EXPECT_DOUBLE_EQ(fwd[2].bytes, n * C * e);
+  EXPECT_DOUBLE_EQ(fwd[3].bytes, n * 4 * C / 2 * e);
+  // Backward: down's input gradient over d2 (n F/d1 e), then up's over d1 and d2, ...
+  const auto bwd = tp_layer_collectives(cfg, mesh_config(cfg, 8), true);
+  ASSERT_EQ(bwd.size(), 6u);
+  EXPECT_DOUBLE_EQ(bwd[0].bytes, n * 4 * C / 2 * e);
+  EXPECT_DOUBLE_EQ(bwd[3].bytes, n * C / 2 * e);
+  // Column order: the d1 group is adjacent.
+  cfg = gpt({"parallel.tp=4", "parallel.dp=2", "parallel.tp_shape=\"2x2\"",
+             "parallel.tp_order=\"column\""});
+  const auto col = tp_layer_collectives(cfg, mesh_config(cfg, 8), false);
+  EXPECT_EQ(col[0].group, (std::vector<int>{0, 2}));
+  EXPECT_EQ(col[1].group, (std::vector<int>{0, 1}));
+  // Chunks hide (chunks - 1) / chunks of the 2D collectives.
+  cfg =
+      gpt({"parallel.tp=4", "parallel.dp=2", "parallel.tp_shape=\"2x2\"", "parallel.tp_chunks=4"});
+  EXPECT_DOUBLE_EQ(tp_layer_collectives(cfg, mesh_config(cfg, 8), false)[0].hidden, 0.75);
+}
+
+TEST(Plan, FlopsCountedAsTheModelCountsThem) {
+  const Config cfg = gpt();
+  const double C = 1024, F = 4 * C, T = 1024;
+  // 6 x (q,k,v,o + MLP + causal attention) per token; the head 6 V C.
+  EXPECT_DOUBLE_EQ(layer_flops_per_token(cfg.model, false, T),
+                   6 * (2 * C * C + 2 * C * C + C * T + 2 * C * F));
+  EXPECT_DOUBLE_EQ(head_flops_per_token(cfg.model), 6 * 32768 * C);
+  // The prediction's model FLOP/s per device times its step and ranks: every token's flops.
+  const Config one = gpt({"parallel.dp=8"});
+  const Prediction p = predict(one, parallel::uniform_cluster(1, 8, 450, 3e-6, 450, 3e-6));
+  const double tokens = 1024.0 * 8 * 8;
+  EXPECT_NEAR(
+      p.flops_per_device * p.step_seconds * 8,
+      tokens * (4 * layer_flops_per_token(cfg.model, false, T) + head_flops_per_token(cfg.model)),
+      1.0);
+  EXPECT_GT(p.mfu, 0.05);
+  EXPECT_LT(p.mfu, 0.74);
+}
+
+TEST(Plan, TwoDimensionalWinsOnlyOverUnevenLinks) {
+  // tp 8 over two nodes of 4: 1D's all-reduces cross the slow link with n C e; the 2x4
+  // shape keeps its d2 group (4 adjacent ranks) inside a node and sends a quarter of that
+  // over the d1 group. On even links 1D's fewer, larger collectives and undivided compute win.
+  const parallel::Topology even = parallel::uniform_cluster(1, 8, 450, 3e-6, 450, 3e-6);
+  const parallel::Topology uneven = parallel::uniform_cluster(2, 4, 450, 3e-6, 5, 20e-6);
+  const Config one_d = gpt({"parallel.tp=8"});
+  const Config two_d = gpt({"parallel.tp=8", "parallel.tp_shape=\"2x4\""});
+  EXPECT_LT(predict(one_d, even).step_seconds, predict(two_d, even).step_seconds);
+  EXPECT_GT(predict(one_d, uneven).step_seconds, predict(two_d, uneven).step_seconds);
+  // And the search, tp fixed at 8, ranks them accordingly: the best 1D layout above the best
+  // 2x4 one over even links, below it over uneven ones.
+  const auto fixed = parse_layout("tp=8,sp=false,zero=0,recompute=false,offload=none", 8);
+  const Machine m = h100();
+  auto first = [](const PlanSearch& plan, int64_t d2) {
+    for (size_t i = 0; i < plan.rows.size(); ++i)
+      if (plan.rows[i].layout.d2 == d2 && plan.rows[i].layout.tp_order == "row") return i;
+    return plan.rows.size();
+  };
+  const PlanSearch on_even = search_layouts(one_d, 8, fixed, 80e9, m, even);
+  const PlanSearch on_uneven = search_layouts(one_d, 8, fixed, 80e9, m, uneven);
+  EXPECT_LT(first(on_even, 1), first(on_even, 4));
+  EXPECT_GT(first(on_uneven, 1), first(on_uneven, 4));
+}
+
+TEST(Plan, AFixedLayoutIsPredictedAsIs) {
+  const Config cfg = gpt({"parallel.dp=8"});
+  const auto fixed = parse_layout(
+      "tp=2,tp_shape=2x1,tp_order=row,tp_chunks=1,sp=true,cp=1,cp_impl=ring,pp=2,schedule=1f1b,"
+      "vp=1,pp_group=2,dp=2,mb=2,ga=16,ep=1,etp=1,zero=1,offload=none,recompute=false",
+      8);
+  const PlanSearch plan = search_layouts(cfg, 8, fixed, 80e9, h100(),
+                                         parallel::uniform_cluster(1, 8, 450, 3e-6, 450, 3e-6));
+  ASSERT_EQ(plan.rows.size(), 1u);
+  const Layout& l = plan.rows.front().layout;
+  EXPECT_EQ(l.label(), "tp2 sp pp2 1f1b dp2 mb2 ga16 z1");
+  // Its prediction is the cost model's for that recipe.
+  Config applied = cfg;
+  l.apply(applied);
+  const Prediction direct = predict_step(applied, mesh_config(applied, 8), h100(),
+                                         parallel::uniform_cluster(1, 8, 450, 3e-6, 450, 3e-6));
+  EXPECT_DOUBLE_EQ(plan.rows.front().prediction.step_seconds, direct.step_seconds);
+  EXPECT_DOUBLE_EQ(plan.global_batch, 64);  // the recipe's: 1 x 8 x dp 8
+}
+
+void expect_error(const std::function<void()>& f, const std::string& part) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one naming " << part;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+TEST(Plan, Refusals) {
+  expect_error([] { parse_layout("tp=2,bogus=3", 8); }, "unknown field \"bogus\"");
+  expect_error([] { parse_layout("tp=3", 8); }, "tp=3 does not divide --ranks 8");
+  expect_error([] { parse_layout("tp=2,pp=2,dp=1,cp=1", 8); }, "does not equal --ranks 8");
+  expect_error([] { parse_layout("zero=x", 8); }, "zero=x");
+  expect_error([] { cluster_preset("dgx-z100", 8); }, "--cluster dgx-z100");
+  expect_error([] { cluster_preset("dgx-h100:1", 16); }, "fewer than --ranks 16");
+  const Config cfg = gpt({"parallel.dp=8"});
+  const parallel::Topology topo = parallel::uniform_cluster(1, 8, 450, 3e-6, 450, 3e-6);
+  expect_error([&] { search_layouts(cfg, 8, {}, 1e6, h100(), topo); }, "the smallest needs");
+  expect_error([&] { search_layouts(cfg, 8, parse_layout("tp=8,mb=3", 8), 80e9, h100(), topo); },
+               "mb");
+  // A topology measured on other ranks: the topology file's own refusal.
+  expect_error([&] { topo.check_ranks(16, "probe.json"); }, "probe.json");
+  expect_error([] { Calibration::read("/nonexistent/calibration.json"); }, "--calibrate");
+}
+
+TEST(Plan, CalibrationRoundTripAndInterpolation) {
+  Calibration c;
+  c.machine = "test";
+  c.cores = 2;
+  for (int t : {1, 2}) {
+    KernelRates r;
+    r.threads = t;
+    r.gemm = {{1e6, 1e9 * t}, {1e9, 4e9 * t}};
+    r.attention_flops_per_s = 2e9 * t;
+    r.elementwise_bytes_per_s = 5e9;
+    r.adamw_params_per_s = 1e8 * t;
+    r.copy_bytes_per_s = 8e9;
+    c.rates.push_back(r);
+  }
+  const std::string path = std::filesystem::temp_directory_path() / "pentad_plan_test_cal.json";
+  c.write(path);
+  const Calibration back = Calibration::read(path);
+  std::filesystem::remove(path);
+  ASSERT_EQ(back.rates.size(), 2u);
+  EXPECT_DOUBLE_EQ(back.rates[1].gemm[1].second, 8e9);
+  const KernelRates one = back.at_threads(1);
+  EXPECT_DOUBLE_EQ(Calibration::gemm_seconds(one, 1e6), 1e-3);
+  EXPECT_DOUBLE_EQ(Calibration::gemm_seconds(one, 1e9), 0.25);
+  // Between two shapes the rate is interpolated in log(flops): halfway, the mean rate.
+  EXPECT_NEAR(Calibration::gemm_seconds(one, std::sqrt(1e6 * 1e9)), std::sqrt(1e15) / 2.5e9, 1e-12);
+}
+
+}  // namespace plan_test
