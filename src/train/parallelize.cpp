@@ -20,8 +20,7 @@ class MeshTensorParallel final : public TensorParallelHooks {
   MeshTensorParallel(parallel::Communicator& group, bool sequence_parallel)
       : tp_(&group, sequence_parallel) {}
   MeshTensorParallel(parallel::Mesh& mesh, bool sequence_parallel, int chunks)
-      : tp_(mesh.tp_all(), mesh.tp_heads(), mesh.tp_hidden(), sequence_parallel),
-        chunks_(chunks) {}
+      : tp_(mesh.tp_all(), mesh.tp_heads(), mesh.tp_hidden(), sequence_parallel), chunks_(chunks) {}
   int degree() const override { return tp_.degree(); }
   int rank() const override { return tp_.rank(); }
   bool sequence_parallel() const override { return tp_.sequence_parallel(); }
@@ -145,11 +144,11 @@ std::unique_ptr<Model> parallelize(const Config& cfg, parallel::Mesh* mesh, Plac
   if (mesh) {
     parallel::Communicator& tp_group = mesh->group(parallel::Axis::TP);
     if (tp_group.size() > 1) {
-      wiring.tp = mesh->tp_hidden()
-                      ? std::make_unique<MeshTensorParallel>(*mesh, cfg.parallel.sequence_parallel,
-                                                             int(cfg.parallel.tp_chunks))
-                      : std::make_unique<MeshTensorParallel>(tp_group,
-                                                             cfg.parallel.sequence_parallel);
+      wiring.tp =
+          mesh->tp_hidden()
+              ? std::make_unique<MeshTensorParallel>(*mesh, cfg.parallel.sequence_parallel,
+                                                     int(cfg.parallel.tp_chunks))
+              : std::make_unique<MeshTensorParallel>(tp_group, cfg.parallel.sequence_parallel);
       sharding.tp = wiring.tp.get();
     }
     if (cfg.model.is_moe() &&

@@ -98,6 +98,24 @@ def main():
           f"ranks 1 apart: {across_s * 1e3:.3g} ms against {inside_s * 1e3:.3g}")
     check(len(topo["collectives"]) == 6 * 4, "every shape and op measured")
 
+    # parallel.tp_shape = "auto" on this topology puts the slow links along d1: tp 8 as 2x4
+    # row-first (the hidden groups of 4 inside a node), and trains a step with it.
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "gpt-tiny.toml"
+    code, text, _ = run(mpirun(8, pentad, "train", str(recipe), "model.d_model=128",
+                               "model.n_head=8", "parallel.tp=8", "parallel.tp_shape=auto",
+                               f"parallel.topology={out}", "train.steps=1", "train.eval_every=0",
+                               "data.source=random", "train.threads=1",
+                               f"train.out_dir={work / 'auto'}"), env)
+    check(code == 0 and text.count("tp shape: 2x4 row") == 1 and "step     1/1" in text,
+          f"tp_shape = auto picks 2x4 row-first, said once ({code}): "
+          f"{[l for l in text.splitlines() if 'tp shape' in l]}")
+    code, text, _ = run(mpirun(4, pentad, "train", str(recipe), "parallel.tp=4",
+                               "parallel.tp_shape=auto", f"parallel.topology={out}",
+                               "train.steps=1", f"train.out_dir={work / 'auto4'}"))
+    check(code == 2 and "8 ranks" in text and str(out) in text,
+          f"a topology of 8 ranks for 4 is refused naming the file ({code}): "
+          f"{text.strip()[-200:]}")
+
     # One rank: nothing to pair, one island.
     one = work / "one.json"
     code, text, _ = run([pentad, "probe", "--quick", "-o", str(one)])

@@ -93,9 +93,12 @@ TEST(MemoryBudget, EstimateMatchesTheArenasOfATpRank) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> rows = {
       {"gpt-tiny.toml", {"parallel.tp=4"}},
       {"gpt-tiny.toml", {"parallel.tp=4", "parallel.tp_shape=2x2"}},
-      {"gpt-tiny.toml", {"parallel.tp=4", "parallel.tp_shape=1x4", "parallel.sequence_parallel=true"}},
-      {"llama-tiny.toml", {"parallel.tp=4", "parallel.tp_shape=2x2", "parallel.sequence_parallel=true"}},
-      {"mixtral-tiny.toml", {"parallel.tp=4", "parallel.tp_shape=2x2", "parallel.sequence_parallel=true"}},
+      {"gpt-tiny.toml",
+       {"parallel.tp=4", "parallel.tp_shape=1x4", "parallel.sequence_parallel=true"}},
+      {"llama-tiny.toml",
+       {"parallel.tp=4", "parallel.tp_shape=2x2", "parallel.sequence_parallel=true"}},
+      {"mixtral-tiny.toml",
+       {"parallel.tp=4", "parallel.tp_shape=2x2", "parallel.sequence_parallel=true"}},
   };
   for (const auto& [recipe, overrides] : rows) {
     SCOPED_TRACE(recipe + " " + overrides.back());
