@@ -8,8 +8,8 @@ For each run it reports, per rank (Z = dp when zero > 0 and dp > 1, else 1; S = 
   formula  README's per-rank bytes of parameters + gradients + AdamW m, v:
              stage 0  4N + 4N + 8N
              stage 1  4N + (4N + 4S) + 8S
-             stage 2  4N + (2 buckets + 8S) + 8S
-             stage 3  (4S + 2 adjacent units) + (2 units + 8S) + 8S
+             stage 2  4N + (2 buckets + 4S) + 8S
+             stage 3  (4S + 2 adjacent units) + (2 units + 4S) + 8S
            with N the values the run's memory plan names, a bucket the larger of
            parallel.bucket_mb and the embedding (a parameter is never split: the tied
            embedding's V C values make a bucket of their own), and a unit the larger of a
@@ -148,7 +148,7 @@ def formula(n, z, stage, unit_bytes, pair_bytes, bucket_bytes):
     bucket = unit_bytes if stage == 3 else bucket_bytes
     params = 4 * n if stage < 3 else 4 * s + min(4 * n, pair_bytes)
     grads = 4 * n if stage == 0 else 4 * n + 4 * s if stage == 1 else (
-        min(4 * n, 2 * bucket) + 8 * s)
+        min(4 * n, 2 * bucket) + 4 * s)
     return params, grads, 8 * s
 
 

@@ -123,9 +123,8 @@ void check_coverage(const std::string& dir, const std::vector<Manifest::Entry>& 
     if (!inserted && !(it->second == s.global_shape))
       fail("{}: tensor {} has global shape {} in one rank file and {} in {}", dir, s.name,
            it->second.str(), s.global_shape.str(), e.file);
-    boxes[s.name].push_back(
-        shard_box(s.global_shape, s.shard_dim, s.shard_start, s.local_shape, s.row_start,
-                  s.shard_dim2, s.shard_start2));
+    boxes[s.name].push_back(shard_box(s.global_shape, s.shard_dim, s.shard_start, s.local_shape,
+                                      s.row_start, s.shard_dim2, s.shard_start2));
   }
   for (const auto& [name, have] : boxes) {
     std::vector<Box> missing = {whole_box(shapes[name])};

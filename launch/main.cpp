@@ -318,12 +318,13 @@ int main(int argc, char** argv) {
       // once (agree_at_barrier).
       pentad::Config cfg;
       pentad::parallel::MeshConfig layout;
+      std::string layout_note;
       pentad::parallel::Backend backend{};
       if (const int status = on_every_rank(mpi, [&] {
             std::vector<std::string> overrides = overrides_from(sets, extra);
             if (!resume.empty()) overrides.push_back("train.resume=" + resume);
             cfg = pentad::load_recipe(recipe, overrides);
-            layout = pentad::mesh_config(cfg, mpi.size);
+            layout = pentad::mesh_config(cfg, mpi.size, &layout_note);
           }))
         return status;
       if (const int status = on_every_rank(mpi, [&] { backend = pentad::launch::start_rank(cfg); }))
@@ -333,6 +334,7 @@ int main(int argc, char** argv) {
             pentad::check_memory(cfg, layout, share);
           }))
         return status;
+      if (mpi.rank == 0 && !layout_note.empty()) spdlog::info("{}", layout_note);
       auto mesh = pentad::parallel::Mesh::create(layout, MPI_COMM_WORLD, backend);
       spdlog::info("mesh: {}", mesh.describe());
       if (mpi.rank != 0) spdlog::set_level(spdlog::level::warn);  // rank 0 reports for all

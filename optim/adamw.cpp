@@ -34,7 +34,7 @@ void for_each_counted_grad(const ParamStore& params, bool count_etp_replicated,
                            const StateShard* shard, const Tensor& grads, Add&& add) {
   for (int id = 0; id < static_cast<int>(params.specs().size()); ++id) {
     const ParamSpec& spec = params.spec(id);
-    if (spec.pipeline_copy) continue;  // the original is counted on its own stage
+    if (spec.pipeline_copy) continue;   // the original is counted on its own stage
     if (spec.tp_replica > 0) continue;  // a copy of a 2D tensor-parallel slice: counted once
     if (spec.expert && spec.shard_dim < 0 && !count_etp_replicated) continue;
     std::vector<Tensor> pieces;

@@ -117,8 +117,9 @@ struct Injection {
 // between two nodes costs LAT_US microseconds more plus bytes / (GBS * 1e9) seconds. A send
 // to another node is delivered that much later (as an Injection's slow link); a collective
 // whose group spans nodes first sleeps, on every rank of the group, for the time its traffic
-// between nodes would take (comm_injection.cpp gives the model). make_communicator applies it
-// to every MPI communicator; NCCL communicators run at the hardware's speed.
+// between nodes would take (comm_injection.cpp gives the model; the sleep blocks the caller
+// even for async operations, so it hides behind no computation). make_communicator applies
+// it to every MPI communicator; NCCL communicators run at the hardware's speed.
 struct SimulatedNodes {
   int ranks_per_node = 0;       // 0: off
   double latency_s = 0;         // added to each transfer between nodes

@@ -99,9 +99,10 @@ void validate(const MeshConfig& c, int world_size) {
            name);
   parse_order(c.order);
   if (c.tp_d2 < 1 || c.tp % c.tp_d2 != 0)
-    fail("mesh: the 2D tp shape {}x{} does not multiply to tp {}: set parallel.tp_shape to "
-         "\"d1xd2\" with d2 {}",
-         c.tp_d2 >= 1 ? c.tp / c.tp_d2 : 0, c.tp_d2, c.tp, divisors_hint(c.tp));
+    fail(
+        "mesh: the 2D tp shape {}x{} does not multiply to tp {}: set parallel.tp_shape to "
+        "\"d1xd2\" with d2 {}",
+        c.tp_d2 >= 1 ? c.tp / c.tp_d2 : 0, c.tp_d2, c.tp, divisors_hint(c.tp));
   if (c.cp_ulysses < 1 || c.cp % c.cp_ulysses != 0)
     fail("mesh: the Ulysses degree {} does not divide cp {}: set parallel.cp_ulysses to {}",
          c.cp_ulysses, c.cp, divisors_hint(c.cp));
@@ -137,9 +138,10 @@ void check_layout(const MeshConfig& c, int64_t n_head, int64_t n_kv_head, int64_
     if (n % d1 == 0) return;
     if (c.tp_d2 == 1)
       fail("tp {} does not divide {} = {}: change tp to {}", c.tp, key, n, divisors_hint(n));
-    fail("the 2D tp shape {}x{} splits {} = {} over d1 = {}, which does not divide it: change "
-         "parallel.tp_shape so that d1 is {}",
-         d1, c.tp_d2, key, n, d1, divisors_hint(n));
+    fail(
+        "the 2D tp shape {}x{} splits {} = {} over d1 = {}, which does not divide it: change "
+        "parallel.tp_shape so that d1 is {}",
+        d1, c.tp_d2, key, n, d1, divisors_hint(n));
   };
   tp_divides(n_head, "model.n_head");
   tp_divides(kv_heads, "model.n_kv_head");

@@ -120,7 +120,7 @@ class Mesh {
   std::unique_ptr<Communicator> dp_cp_;
   std::unique_ptr<Communicator> embedding_;
   std::unique_ptr<Communicator> expert_model_;
-  std::unique_ptr<Communicator> cp_ulysses_, cp_ring_;  // hybrid only
+  std::unique_ptr<Communicator> cp_ulysses_, cp_ring_;           // hybrid only
   std::unique_ptr<Communicator> tp_all_, tp_heads_, tp_hidden_;  // 2D tp only
   std::unique_ptr<Communicator> world_;
 };

@@ -244,6 +244,16 @@ void Topology::check_ranks(int world_size, const std::string& path) const {
         path, ranks, world_size, world_size, path);
 }
 
+double Topology::ring_latency(CollectiveOp op, const std::vector<int>& group) const {
+  const int p = int(group.size());
+  const int steps = ring_steps(op, p, 0.0).first;
+  double step_seconds = 0;
+  for (int i = 0; i < p; ++i)
+    step_seconds = std::max(
+        step_seconds, latency_s[size_t(group[size_t(i)])][size_t(group[size_t((i + 1) % p)])]);
+  return steps * step_seconds;
+}
+
 double Topology::collective_seconds(CollectiveOp op, const std::vector<int>& group,
                                     double bytes) const {
   const int p = int(group.size());
@@ -263,9 +273,14 @@ double Topology::collective_seconds(CollectiveOp op, const std::vector<int>& gro
     });
     const CollectiveSample& lo = *same.front();
     const CollectiveSample& hi = *same.back();
-    // Below the smallest sample its time is the latency floor; above the largest, the time
-    // grows at the largest sample's bandwidth (bytes / seconds).
-    if (bytes <= lo.bytes) return lo.seconds;
+    // Below the smallest sample: the ring's latency (its steps over the group's measured
+    // point-to-point latencies) plus the rest of that sample's time scaled by the bytes, so a
+    // small collective is not priced like the smallest one measured (--quick measures one
+    // size only). Above the largest, the time grows at the largest sample's bandwidth.
+    if (bytes <= lo.bytes) {
+      const double alpha = std::min(lo.seconds, ring_latency(op, group));
+      return alpha + (lo.seconds - alpha) * bytes / lo.bytes;
+    }
     if (bytes >= hi.bytes) return hi.seconds + (bytes - hi.bytes) * hi.seconds / hi.bytes;
     for (size_t i = 1; i < same.size(); ++i) {
       const CollectiveSample& a = *same[i - 1];

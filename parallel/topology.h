@@ -46,6 +46,9 @@ struct Topology {
   // and stride when there are any (interpolated in bytes, log-log), else a ring over the
   // group's links (alpha-beta: the slowest link of the ring bounds its bandwidth).
   double collective_seconds(CollectiveOp op, const std::vector<int>& group, double bytes) const;
+  // The latency part of a ring collective over `group`: its steps times the ring's slowest
+  // point-to-point latency.
+  double ring_latency(CollectiveOp op, const std::vector<int>& group) const;
 };
 
 // A topology for a cluster preset without measuring: `nodes` nodes of `per_node` ranks;

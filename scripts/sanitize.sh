@@ -112,8 +112,11 @@ for kind in "${which[@]}"; do
       run asan-train-dp2 mpirun -np 2 $dir/pentad train recipes/gpt-tiny.toml train.threads=2 \
         train.steps=3 train.eval_every=2 train.save_every=2 train.micro_batch=2 \
         train.seq_len=32 data.source=random train.out_dir="$work/run"
-      run asan-train-tp2-sp mpirun -np 2 $dir/pentad train recipes/llama-tiny.toml train.threads=2 \
-        parallel.tp=2 parallel.sequence_parallel=true train.steps=3 train.eval_every=0 \
+      # 2D tp (1x2: the model width split, the d2 sums in 2 overlapped pieces) with SP; 1D tp
+      # + SP runs in asan-train-moe-fold below.
+      run asan-train-tp2d-sp mpirun -np 2 $dir/pentad train recipes/llama-tiny.toml train.threads=2 \
+        parallel.tp=2 parallel.tp_shape=1x2 parallel.tp_chunks=2 \
+        parallel.sequence_parallel=true train.steps=3 train.eval_every=0 \
         train.micro_batch=2 train.seq_len=32 data.source=random train.out_dir="$work/run2"
       # MoE: expert parallelism over dp (capacity drops, the bias update, a checkpoint), and
       # folded over tp + SP with etp (GPT-2 experts, sigmoid routing, a shared expert).

@@ -65,10 +65,6 @@ GradReducer::GradReducer(Communicator& group, ParamStore& params, size_t bucket_
   // the whole parameter arena is still resident at start-up (ZeRO-3's peak).
   shard_grads_.discard(0, shard_grads_.capacity());
   shares_ = static_cast<float*>(shard_grads_.base());
-  if (stage_ >= 2) {
-    incoming_ = Arena("incoming gradient shares", size_t(shard_.numel) * sizeof(float), device_);
-    incoming_.discard(0, incoming_.capacity());
-  }
   PENTAD_CHECK(params.sparse_grads() == (stage_ >= 2) && params.sparse_params() == (stage_ == 3),
                "ZeRO-{} wants a parameter store with {} (Placement::sparse_*)", stage_,
                stage_ == 3   ? "sparse parameters and gradients"
@@ -204,21 +200,23 @@ void GradReducer::start(Bucket& b) {
     return;
   }
   const int64_t mine = b.counts[size_t(group_.rank())];
-  float* const out = (accumulate_ ? static_cast<float*>(incoming_.base()) : shares_) + b.shard;
-  b.work = group_.reduce_scatter_v(view_of(out, Shape{mine}, DType::F32, device_), region, b.counts,
-                                   ReduceOp::Sum, /*async=*/true);
+  const Tensor share = view_of(shares_ + b.shard, Shape{mine}, DType::F32, device_);
+  if (accumulate_ && mine > 0) {
+    // Stage 2's later micro-batches: the sum so far joins this rank's part of the bucket
+    // before the reduce-scatter, which then leaves sum so far + this micro-batch's in the
+    // shares. No second buffer of shares to receive into; on CUDA the add is queued on the
+    // compute stream, which the collective's stream follows.
+    const Tensor part =
+        view_of(region.f32() + (share_begin(b) - b.begin), Shape{mine}, DType::F32, device_);
+    kernels::add(part, part, share);
+  }
+  b.work = group_.reduce_scatter_v(share, region, b.counts, ReduceOp::Sum, /*async=*/true);
 }
 
 void GradReducer::complete(Bucket& b) {
   if (b.done) return;
   b.done = true;
   const int64_t mine = stage_ == 0 ? 0 : b.counts[size_t(group_.rank())];
-  if (accumulate_ && mine > 0) {  // stage 2's later micro-batches
-    auto at = [&](void* base) {
-      return view_of(static_cast<float*>(base) + b.shard, Shape{mine}, DType::F32, device_);
-    };
-    kernels::add(at(shares_), at(shares_), at(incoming_.base()));
-  }
   if (reduced_ && stage_ == 0) reduced_(b.begin, b.end - b.begin);
   if (reduced_ && mine > 0) reduced_(b.shard, mine);
   if (stage_ >= 2) drop_grads(b);

@@ -12,7 +12,9 @@
 // compact gradient buffer, laid out as shard() says. The optimizer updates the parameters of
 // its shares only; gather_params() all-gathers every bucket in place afterwards.
 //   stage 1: the full gradient arena stays; buckets reduce after the last micro-batch.
-//   stage 2: buckets reduce after every micro-batch, adding into the compact buffer. The
+//   stage 2: buckets reduce after every micro-batch, adding into the compact buffer (after
+//            the first micro-batch, this rank's shares are added into its part of the bucket
+//            before the reduce-scatter writes them back: no second buffer of shares). The
 //            gradient arena is reserved, not backed (Placement::sparse_grads): a bucket's
 //            gradients get a zeroed buffer of their own at the first write of backward
 //            (ParamStore's gradient source asks grads_source()), which goes as soon as the
@@ -172,8 +174,8 @@ class GradReducer {
   std::vector<Bucket> buckets_;  // from the end of the arena towards its start
   size_t next_ = 0;              // first bucket not started
   StateShard shard_;
-  Arena shard_grads_, incoming_;  // ZeRO: reduced shares; stage 2's next micro-batch's
-  float* shares_ = nullptr;       // the reduced shares: shard_grads_, or place_shares()'
+  Arena shard_grads_;        // ZeRO: the reduced shares
+  float* shares_ = nullptr;  // the reduced shares: shard_grads_, or place_shares()'
   bool accumulate_ = false;
   FetchShare fetch_;  // stage 3: where this rank's shares come from (empty: they stay)
   Reduced reduced_;

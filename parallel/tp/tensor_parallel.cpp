@@ -78,7 +78,8 @@ void TensorParallel::gather_hidden(Tensor full_j, const Tensor& local) {
   // back is every (i, j') rank's rows, columns j: the d2 row blocks of heads block i, in
   // order. The heads ranks then gather their blocks.
   const int64_t rows = local.dim(0);
-  Tensor send = scratch(0, Shape{d2 * rows, w}, local), recv = scratch(1, Shape{d2 * rows, w}, local);
+  Tensor send = scratch(0, Shape{d2 * rows, w}, local),
+         recv = scratch(1, Shape{d2 * rows, w}, local);
   for (int64_t k = 0; k < d2; ++k) take_columns(send.rows(k * rows, rows), local, k);
   hidden_->all_to_all(recv, send);
   if (heads_->size() > 1)
@@ -112,8 +113,17 @@ void TensorParallel::reduce_hidden(Tensor local, Tensor partial_j) {
   for (int64_t k = 0; k < d2; ++k) put_columns(local, recv.rows(k * rows, rows), k);
 }
 
-void TensorParallel::all_reduce_hidden(Tensor buf) {
-  if (hidden_) hidden_->all_reduce(buf);
+void TensorParallel::all_reduce_hidden(Tensor buf, bool async) {
+  if (!hidden_) return;
+  if (async)
+    pending_.push_back(hidden_->all_reduce(buf, ReduceOp::Sum, true));
+  else
+    hidden_->all_reduce(buf);
+}
+
+void TensorParallel::wait_hidden() {
+  for (Work& w : pending_) w.wait();
+  pending_.clear();
 }
 
 void TensorParallel::all_reduce(Tensor buf, ReduceOp op) {

@@ -27,6 +27,7 @@
 // mesh's logical order (rank = i * d2 + j), which sequence parallelism's rows follow too.
 // With degree 1 every operation is a no-op; with d2 = 1 the 2D operations are f and g.
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 #include "parallel/comm.h"
@@ -64,7 +65,10 @@ class TensorParallel {
   // this rank's (rows, C).
   void gather_hidden(Tensor full_j, const Tensor& local);
   void reduce_hidden(Tensor local, Tensor partial_j);
-  void all_reduce_hidden(Tensor buf);  // over the d2 ranks; no-op with d2 = 1
+  // Over the d2 ranks; no-op with d2 = 1. async: started now, finished by wait_hidden()
+  // (chunk-based overlap: a GEMM's pieces each start their sum as they end).
+  void all_reduce_hidden(Tensor buf, bool async = false);
+  void wait_hidden();
 
   // Element-wise over the group, in place (the vocabulary-parallel cross-entropy's row max
   // and sums; gradients of replicated parameters each rank holds a part of).
@@ -79,6 +83,7 @@ class TensorParallel {
   Communicator* hidden_ = nullptr;  // 2D only (null: 1D)
   bool sequence_parallel_ = false;
   Arena scratch_;
+  std::vector<Work> pending_;  // async hidden sums not yet waited for
   size_t scratch_half_ = 0;
 };
 

@@ -42,7 +42,7 @@ struct Settings {
 };
 
 Settings settings_for(bool quick) {
-  if (quick) return Settings{10, 5, 3, double(1 << 20), {double(1 << 20)}};
+  if (quick) return Settings{10, 5, 5, double(1 << 20), {double(1 << 20)}};
   return Settings{20, 5, 7, double(4 << 20), {double(64 << 10), double(1 << 20), double(8 << 20)}};
 }
 

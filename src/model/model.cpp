@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/device_memory.h"
 #include "kernels/ops.h"
@@ -232,12 +234,10 @@ void Model::layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a, MoeB
   tp_->gather_hidden(a.norm1, norm1);
   // 2D: partial sums over the d2 ranks, the bias added by one of them.
   const bool column_bias = tp_->hidden_rank() == 0;
-  k::linear_forward(a.q, a.norm1, P(p.q_w), column_bias ? P(p.q_b) : Tensor{});
-  k::linear_forward(a.k, a.norm1, P(p.k_w), column_bias ? P(p.k_b) : Tensor{});
-  k::linear_forward(a.v, a.norm1, P(p.v_w), column_bias ? P(p.v_b) : Tensor{});
-  tp_->all_reduce_hidden(a.q);
-  tp_->all_reduce_hidden(a.k);
-  tp_->all_reduce_hidden(a.v);
+  column_gemm(a.q, a.norm1, P(p.q_w), column_bias ? P(p.q_b) : Tensor{});
+  column_gemm(a.k, a.norm1, P(p.k_w), column_bias ? P(p.k_b) : Tensor{});
+  column_gemm(a.v, a.norm1, P(p.v_w), column_bias ? P(p.v_b) : Tensor{});
+  tp_->end_hidden_sums();
   if (!gpt2()) {
     k::rope_forward(heads(a.q, b_, t_, d), 0, cfg_.rope_theta, cp_->positions());
     k::rope_forward(heads(a.k, b_, t_, d), 0, cfg_.rope_theta, cp_->positions());
@@ -278,15 +278,13 @@ void Model::mlp_forward(const LayerParams& p, LayerActs& a, int64_t ffn, Tensor 
   const Tensor up = at_width(a.up, ffn), gate = at_width(a.gate, ffn), act = at_width(a.act, ffn);
   if (tp_->hidden_degree() > 1) {  // 2D: the d2 ranks' partial sums meet before the activation
     const Tensor up_bias = tp_->hidden_rank() == 0 ? P(p.up_b) : Tensor{};
-    k::linear_forward(up, a.norm2, P(p.up_w), up_bias);
-    tp_->all_reduce_hidden(up);
-    if (gpt2()) {
+    column_gemm(up, a.norm2, P(p.up_w), up_bias);
+    if (!gpt2()) column_gemm(gate, a.norm2, P(p.gate_w), Tensor{});
+    tp_->end_hidden_sums();
+    if (gpt2())
       k::gelu_forward(act, up);
-    } else {
-      k::linear_forward(gate, a.norm2, P(p.gate_w), Tensor{});
-      tp_->all_reduce_hidden(gate);
+    else
       k::swiglu_forward(act, gate, up);
-    }
   } else if (gpt2()) {
     k::linear_gelu_forward(act, up, a.norm2, P(p.up_w), P(p.up_b));  // up = pre-GELU
   } else {
@@ -296,6 +294,38 @@ void Model::mlp_forward(const LayerParams& p, LayerActs& a, int64_t ffn, Tensor 
   }
   k::linear_forward(proj, act, P(p.down_w), add_bias ? P(p.down_b) : Tensor{});
   tp_->reduce_hidden(out, proj);
+}
+
+// The row pieces a 2D layer's GEMMs run in (parallel.tp_chunks; one in 1D).
+static std::vector<std::pair<int64_t, int64_t>> pieces(int64_t rows, int64_t chunks) {
+  chunks = std::clamp<int64_t>(chunks, 1, std::max<int64_t>(rows, 1));
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int64_t c = 0; c < chunks; ++c)
+    out.push_back({rows * c / chunks, rows * (c + 1) / chunks - rows * c / chunks});
+  return out;
+}
+
+// out = inp @ w^T + bias, piece by piece, each piece's sum over the d2 ranks started as its
+// GEMM ends (end_hidden_sums() finishes them).
+void Model::column_gemm(Tensor out, const Tensor& inp, const Tensor& w, const Tensor& bias) {
+  const int64_t chunks = tp_->hidden_degree() > 1 ? tp_->chunks() : 1;
+  for (const auto& [first, rows] : pieces(out.dim(0), chunks)) {
+    const Tensor part = chunks > 1 ? out.rows(first, rows) : out;
+    k::linear_forward(part, chunks > 1 ? inp.rows(first, rows) : inp, w, bias);
+    tp_->begin_hidden_sum(part);
+  }
+}
+
+// A row-parallel GEMM's backward, its input gradient summed over the d2 ranks the same way.
+void Model::row_gemm_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
+                              const Tensor& inp, const Tensor& w, bool sum) {
+  const int64_t chunks = tp_->hidden_degree() > 1 ? tp_->chunks() : 1;
+  for (const auto& [first, rows] : pieces(dinp.dim(0), chunks)) {
+    const Tensor part = chunks > 1 ? dinp.rows(first, rows) : dinp;
+    k::linear_backward(part, dweight, dbias, chunks > 1 ? dout.rows(first, rows) : dout,
+                       chunks > 1 ? inp.rows(first, rows) : inp, w, false);
+    if (sum) tp_->begin_hidden_sum(part);
+  }
 }
 
 // Buffers planned for the widest MLP (the backward scratch, and one layer's activations
@@ -405,8 +435,8 @@ void Model::mlp_backward(const LayerParams& p, LayerActs& a, int64_t ffn) {
   const Tensor full = g.full.prefix(Shape{b_ * t_, width_}), norm = g.norm.prefix(full.shape);
   tp_->gather_hidden(full, g.resid);
   if (tp_->hidden_degree() > 1) {  // 2D: the activation's gradient summed over the d2 ranks
-    k::linear_backward(act, G(p.down_w), G(p.down_b), full, a_act, P(p.down_w), false);
-    tp_->all_reduce_hidden(act);
+    row_gemm_backward(act, G(p.down_w), G(p.down_b), full, a_act, P(p.down_w));
+    tp_->end_hidden_sums();
     if (gpt2()) {
       k::gelu_backward(up, act, a_up);
       k::linear_backward(norm, G(p.up_w), G(p.up_b), up, a.norm2, P(p.up_w), false);
@@ -455,9 +485,10 @@ void Model::layer_backward(int l, const Tensor& x, LayerActs& a, MoeBlock::Acts*
   // Attention block: g.resid now holds d(res1).
   const Tensor full = g.full.prefix(Shape{b_ * t_, width_}), norm = g.norm.prefix(full.shape);
   tp_->gather_hidden(full, g.resid);
-  k::linear_backward(g.att, G(p.o_w), G(p.o_b), full, a.att, P(p.o_w), false);
   // Planted for the layout test: the heads' gradient left partial over the d2 ranks.
-  if (!bug_injected("tp2d-skip-hidden-grad-sum")) tp_->all_reduce_hidden(g.att);
+  row_gemm_backward(g.att, G(p.o_w), G(p.o_b), full, a.att, P(p.o_w),
+                    !bug_injected("tp2d-skip-hidden-grad-sum"));
+  tp_->end_hidden_sums();
   cp_->attention_backward(heads(g.q, b_, t_, d), heads(g.k, b_, t_, d), heads(g.v, b_, t_, d),
                           heads(g.att, b_, t_, d), heads(a.q, b_, t_, d), heads(a.k, b_, t_, d),
                           heads(a.v, b_, t_, d), heads(a.att, b_, t_, d), a.lse);

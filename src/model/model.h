@@ -194,6 +194,9 @@ class Model {
   void mlp_forward(const LayerParams& p, LayerActs& a, int64_t ffn, Tensor out);
   void mlp_backward(const LayerParams& p, LayerActs& a, int64_t ffn);
   Tensor moe_input(const LayerActs& a) const;
+  void column_gemm(Tensor out, const Tensor& inp, const Tensor& w, const Tensor& bias);
+  void row_gemm_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
+                         const Tensor& inp, const Tensor& w, bool sum = true);
   Tensor at_width(const Tensor& t, int64_t ffn) const;  // this rank's rows of the MoE block's input
   Tensor P(int id) const { return id < 0 ? Tensor{} : params_.weight(id); }
   Tensor G(int id) const { return id < 0 ? Tensor{} : params_.grad(id); }

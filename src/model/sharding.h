@@ -60,6 +60,12 @@ class TensorParallelHooks {
   // Sum over the d2 ranks, in place: a column-parallel GEMM's output, a row-parallel GEMM's
   // input gradient.
   virtual void all_reduce_hidden(Tensor /*buf*/) {}
+  // Chunk-based overlap (2D): a GEMM whose output is summed over the d2 ranks runs in
+  // chunks() row pieces, each piece's sum started (begin_hidden_sum) as its GEMM ends, all
+  // finished by end_hidden_sums() before anything reads them.
+  virtual int chunks() const { return 1; }
+  virtual void begin_hidden_sum(Tensor buf) { all_reduce_hidden(buf); }
+  virtual void end_hidden_sums() {}
   // Element-wise sum / max over the tp ranks, in place: the vocabulary-parallel
   // cross-entropy's statistics, and gradients of replicated parameters that each rank holds
   // only a part of (norms under sequence parallelism).

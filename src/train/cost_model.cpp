@@ -181,6 +181,50 @@ std::vector<CollectiveCall> tp_layer_collectives(const Config& cfg,
   return calls;
 }
 
+std::string TpShapeChoice::describe(int tp) const {
+  return fmt::format("{}x{}{}", tp / d2, d2,
+                     d2 > 1 && d2 < tp ? (column_first ? " column" : " row") : "");
+}
+
+TpShapeChoice choose_tp_shape(const Config& cfg, parallel::MeshConfig mesh,
+                              const parallel::Topology& topology) {
+  const ModelConfig& m = cfg.model;
+  auto seconds = [&](const parallel::MeshConfig& shape) {
+    double total = 0;
+    for (bool backward : {false, true})
+      for (const CollectiveCall& c : tp_layer_collectives(cfg, shape, backward))
+        total += topology.collective_seconds(c.op, c.group, c.bytes) * (1.0 - c.hidden);
+    return total;
+  };
+  TpShapeChoice best;
+  mesh.tp_d2 = 1;
+  mesh.tp_column_first = false;
+  best.seconds = best.one_d_seconds = seconds(mesh);
+  best.candidates = fmt::format("{}x1 {:.3g} ms", mesh.tp, best.seconds * 1e3);
+  for (int d2 = 2; d2 <= mesh.tp; ++d2) {
+    const int d1 = mesh.tp / d2;
+    if (mesh.tp % d2 != 0 || m.d_model % d2 != 0 || m.n_head % d1 != 0 || m.kv_heads() % d1 != 0 ||
+        ffn_dim(m) % d1 != 0)
+      continue;
+    for (bool column : {false, true}) {
+      if (column && (d1 == 1 || d2 == mesh.tp)) continue;  // one order only
+      mesh.tp_d2 = d2;
+      mesh.tp_column_first = column;
+      const double s = seconds(mesh);
+      TpShapeChoice shape;
+      shape.d2 = d2;
+      shape.column_first = column;
+      best.candidates += fmt::format(", {} {:.3g} ms", shape.describe(mesh.tp), s * 1e3);
+      if (s < best.seconds) {
+        best.seconds = s;
+        best.d2 = d2;
+        best.column_first = column;
+      }
+    }
+  }
+  return best;
+}
+
 Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, const Machine& machine,
                         const parallel::Topology& topo) {
   const ModelConfig& m = cfg.model;

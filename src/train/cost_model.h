@@ -57,6 +57,19 @@ struct CollectiveCall {
 std::vector<CollectiveCall> tp_layer_collectives(const Config& cfg,
                                                  const parallel::MeshConfig& mesh, bool backward);
 
+// parallel.tp_shape = "auto": of every 2D shape d1 x d2 of mesh.tp that divides the model
+// (and both orders where d1, d2 > 1), the one whose tp collectives of one layer (forward and
+// backward, tp_layer_collectives, chunks' overlap counted) take least time over `topology`.
+struct TpShapeChoice {
+  int d2 = 1;
+  bool column_first = false;
+  double seconds = 0, one_d_seconds = 0;
+  std::string describe(int tp) const;  // "2x4 row"
+  std::string candidates;              // every shape tried with its time: "8x1 1.2 ms, ..."
+};
+TpShapeChoice choose_tp_shape(const Config& cfg, parallel::MeshConfig mesh,
+                              const parallel::Topology& topology);
+
 struct Prediction {
   double step_seconds = 0;
   double tokens_per_second = 0;

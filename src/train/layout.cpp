@@ -1,11 +1,14 @@
 #include "train/layout.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "core/check.h"
 #include "model/model.h"
 #include "parallel/pp/layout.h"
 #include "parallel/pp/pipeline.h"
+#include "parallel/topology.h"
+#include "train/cost_model.h"
 
 namespace pentad {
 
@@ -31,27 +34,45 @@ parallel::pp::ScheduleSpec schedule_spec(const Config& cfg) {
 
 int tp_shape_d2(const Config& cfg) {
   const ParallelConfig& p = cfg.parallel;
-  if (p.tp_shape.empty()) return 1;
-  if (p.tp_shape == "auto")
-    fail("parallel.tp_shape = \"auto\" needs a measured topology: run `pentad probe` and set "
-         "parallel.topology to its file");
+  if (p.tp_shape.empty()) {
+    if (p.tp_chunks > 1)
+      fail(
+          "parallel.tp_chunks = {} pipelines 2D tp's collectives with its GEMMs: set "
+          "parallel.tp_shape to a 2D shape (\"d1xd2\") or tp_chunks = 1",
+          p.tp_chunks);
+    return 1;
+  }
+  if (p.tp_shape == "auto") {
+    if (p.topology.empty())
+      fail(
+          "parallel.tp_shape = \"auto\" needs a measured topology: run `pentad probe` and set "
+          "parallel.topology to its file");
+    return 0;  // chosen by mesh_config once the mesh is known
+  }
   int64_t d1 = 0, d2 = 0;
   char x = 0, rest = 0;
   if (std::sscanf(p.tp_shape.c_str(), "%ld%c%ld%c", &d1, &x, &d2, &rest) != 3 || x != 'x' ||
       d1 < 1 || d2 < 1)
     fail("parallel.tp_shape = \"{}\" is not \"d1xd2\" (e.g. \"2x2\") or \"auto\"", p.tp_shape);
   if (d1 * d2 != p.tp)
-    fail("parallel.tp_shape = \"{}\": {} x {} = {} but parallel.tp = {}: set a shape whose "
-         "product is tp, or tp = {}",
-         p.tp_shape, d1, d2, d1 * d2, p.tp, d1 * d2);
+    fail(
+        "parallel.tp_shape = \"{}\": {} x {} = {} but parallel.tp = {}: set a shape whose "
+        "product is tp, or tp = {}",
+        p.tp_shape, d1, d2, d1 * d2, p.tp, d1 * d2);
   if (cfg.model.d_model % d2 != 0)
-    fail("parallel.tp_shape = \"{}\" splits model.d_model = {} over d2 = {}, which does not "
-         "divide it: change parallel.tp_shape",
-         p.tp_shape, cfg.model.d_model, d2);
+    fail(
+        "parallel.tp_shape = \"{}\" splits model.d_model = {} over d2 = {}, which does not "
+        "divide it: change parallel.tp_shape",
+        p.tp_shape, cfg.model.d_model, d2);
+  if (p.tp_chunks > 1 && d2 == 1)
+    fail(
+        "parallel.tp_chunks = {} pipelines 2D tp's collectives with its GEMMs, but "
+        "parallel.tp_shape = \"{}\" is 1D: set tp_chunks = 1 or a 2D shape",
+        p.tp_chunks, p.tp_shape);
   return static_cast<int>(d2);
 }
 
-parallel::MeshConfig mesh_config(const Config& cfg, int world_size) {
+parallel::MeshConfig mesh_config(const Config& cfg, int world_size, std::string* note) {
   const ParallelConfig& p = cfg.parallel;
   parallel::MeshConfig mesh;
   mesh.tp = static_cast<int>(p.tp);
@@ -63,7 +84,8 @@ parallel::MeshConfig mesh_config(const Config& cfg, int world_size) {
   mesh.ep = static_cast<int>(p.ep);
   mesh.etp = static_cast<int>(p.etp);
   mesh.order = p.order;
-  mesh.tp_d2 = tp_shape_d2(cfg);
+  const int d2 = tp_shape_d2(cfg);
+  mesh.tp_d2 = std::max(d2, 1);
   mesh.tp_column_first = p.tp_order == "column";
   const int64_t others = p.tp * p.cp * p.pp;
   if (p.dp > 0)
@@ -84,6 +106,18 @@ parallel::MeshConfig mesh_config(const Config& cfg, int world_size) {
         "divisor of {}, or start more ranks",
         p.ep, p.etp, expert, stage_ranks, mesh.dp, mesh.cp, mesh.tp, stage_ranks);
   parallel::validate(mesh, world_size);
+  if (d2 == 0) {  // "auto": the shape and order whose tp collectives take least time
+    const parallel::Topology topology = parallel::Topology::read(p.topology);
+    topology.check_ranks(world_size, p.topology);
+    const TpShapeChoice best = choose_tp_shape(cfg, mesh, topology);
+    mesh.tp_d2 = best.d2;
+    mesh.tp_column_first = best.column_first;
+    if (note)
+      *note = fmt::format(
+          "tp shape: {}, the least time predicted for one layer's tp collectives over {} "
+          "(forward and backward: {})",
+          best.describe(mesh.tp), p.topology, best.candidates);
+  }
   // Every rank of an ep group takes part in each MoE layer's all-to-alls, and at ZeRO-3
   // every rank of dp x cp (edp) in each layer's parameter gather, so data-parallel ranks
   // must run the same number of eval micro-batches.

@@ -2,6 +2,8 @@
 // What a recipe asks of the hardware and the ranks, read from its Config: the placement
 // (device, compute type), the device mesh and the pipeline schedule. The trainer, the
 // memory budget and the launcher (launch/) read them here.
+#include <string>
+
 #include "core/params.h"
 #include "parallel/mesh.h"
 #include "parallel/pp/schedule.h"
@@ -16,8 +18,9 @@ Placement placement(const Config& cfg);
 // "d1xd2" with d1 x d2 = tp and d2 dividing model.d_model.
 int tp_shape_d2(const Config& cfg);
 // The mesh a recipe asks for on `world_size` ranks (dp = 0 takes what is left), checked
-// against the model: refusals name the degree to change.
-parallel::MeshConfig mesh_config(const Config& cfg, int world_size);
+// against the model: refusals name the degree to change. parallel.tp_shape = "auto" reads
+// parallel.topology and picks the shape (choose_tp_shape); `note` then says which and why.
+parallel::MeshConfig mesh_config(const Config& cfg, int world_size, std::string* note = nullptr);
 
 // The pipeline schedule a recipe asks for (parallel.pp_schedule over train.grad_accum).
 parallel::pp::ScheduleSpec schedule_spec(const Config& cfg);

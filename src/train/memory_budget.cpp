@@ -222,8 +222,8 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   // ZeRO over the Z = dp x cp ranks (the routed experts over their edp replicas): AdamW's m
   // and v for this rank's shares S, 1/Z of the dense values and 1/edp of the experts'; stage 1
   // adds the reduced S to the full gradients, stage 2 keeps the full gradients only while
-  // backward fills a bucket (two at most in flight) besides the reduced S and a second S for
-  // the next micro-batch's reduction.
+  // backward fills a bucket (two at most in flight) besides the reduced S (later micro-batches
+  // add it into the bucket before the reduce-scatter writes it back: no second S).
   const int64_t zero = mesh.dp * mesh.cp > 1 ? cfg.parallel.zero : 0;
   const double Z = zero > 0 ? double(mesh.dp * mesh.cp) : 1.0;
   const double edp = zero > 0 ? double(parallel::mesh_degree(mesh, parallel::Axis::EDP)) : 1.0;
@@ -238,11 +238,10 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   const double bucket = zero == 3 ? unit : std::max(bucket_mb, V * C / p * f32);
   const double dense_values = e.values - e.expert_values;
   const double expert_bucket = zero == 3 ? expert_values * f32 : bucket_mb;  // a layer's experts
-  e.gradients = zero == 0 ? e.values * f32
-                : zero == 1
-                    ? (e.values + shares) * f32
-                    : std::min(dense_values * f32, 2 * bucket) +
-                          std::min(e.expert_values * f32, 2 * expert_bucket) + 2 * shares * f32;
+  e.gradients = zero == 0   ? e.values * f32
+                : zero == 1 ? (e.values + shares) * f32
+                            : std::min(dense_values * f32, 2 * bucket) +
+                                  std::min(e.expert_values * f32, 2 * expert_bucket) + shares * f32;
   const double moments = 2 * shares * f32;  // AdamW's m and v of this rank's shares
   e.optimizer = moments;
   const bool nvme = cfg.parallel.offload == "nvme";

@@ -129,7 +129,7 @@ std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh)
           : fmt::format("S = N / {}", Z);
   const bool nvme = cfg.parallel.offload == "nvme";
   const bool cuda = cfg.train.device == "cuda";
-  const char* grads_formula = zero == 0 ? "4N" : zero == 1 ? "4N + 4S" : "<= 2 buckets of 4N + 8S";
+  const char* grads_formula = zero == 0 ? "4N" : zero == 1 ? "4N + 4S" : "<= 2 buckets of 4N + 4S";
   const bool nvme_params = nvme && zero == 3 && cfg.parallel.offload_params;
   if (zero == 3) {
     text.pop_back();  // the parameters line ends here

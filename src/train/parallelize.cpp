@@ -19,8 +19,8 @@ class MeshTensorParallel final : public TensorParallelHooks {
  public:
   MeshTensorParallel(parallel::Communicator& group, bool sequence_parallel)
       : tp_(&group, sequence_parallel) {}
-  MeshTensorParallel(parallel::Mesh& mesh, bool sequence_parallel)
-      : tp_(mesh.tp_all(), mesh.tp_heads(), mesh.tp_hidden(), sequence_parallel) {}
+  MeshTensorParallel(parallel::Mesh& mesh, bool sequence_parallel, int chunks)
+      : tp_(mesh.tp_all(), mesh.tp_heads(), mesh.tp_hidden(), sequence_parallel), chunks_(chunks) {}
   int degree() const override { return tp_.degree(); }
   int rank() const override { return tp_.rank(); }
   bool sequence_parallel() const override { return tp_.sequence_parallel(); }
@@ -39,11 +39,15 @@ class MeshTensorParallel final : public TensorParallelHooks {
     tp_.reduce_hidden(local, partial_j);
   }
   void all_reduce_hidden(Tensor buf) override { tp_.all_reduce_hidden(buf); }
+  int chunks() const override { return chunks_; }
+  void begin_hidden_sum(Tensor buf) override { tp_.all_reduce_hidden(buf, /*async=*/true); }
+  void end_hidden_sums() override { tp_.wait_hidden(); }
   void sum(Tensor buf) override { tp_.all_reduce(buf, parallel::ReduceOp::Sum); }
   void max(Tensor buf) override { tp_.all_reduce(buf, parallel::ReduceOp::Max); }
 
  private:
   parallel::TensorParallel tp_;
+  int chunks_ = 1;
 };
 
 // An MoE block's dispatch and combine run parallel/ep's all-to-alls over the ep and etp
@@ -140,10 +144,11 @@ std::unique_ptr<Model> parallelize(const Config& cfg, parallel::Mesh* mesh, Plac
   if (mesh) {
     parallel::Communicator& tp_group = mesh->group(parallel::Axis::TP);
     if (tp_group.size() > 1) {
-      wiring.tp = mesh->tp_hidden()
-                      ? std::make_unique<MeshTensorParallel>(*mesh, cfg.parallel.sequence_parallel)
-                      : std::make_unique<MeshTensorParallel>(tp_group,
-                                                             cfg.parallel.sequence_parallel);
+      wiring.tp =
+          mesh->tp_hidden()
+              ? std::make_unique<MeshTensorParallel>(*mesh, cfg.parallel.sequence_parallel,
+                                                     int(cfg.parallel.tp_chunks))
+              : std::make_unique<MeshTensorParallel>(tp_group, cfg.parallel.sequence_parallel);
       sharding.tp = wiring.tp.get();
     }
     if (cfg.model.is_moe() &&

@@ -221,7 +221,8 @@ std::string Trainer::memory_plan() const {
   // ZeRO: AdamW keeps m and v for this rank's shares (S elements of the arena's N); stage 1
   // adds the reduced shares (S) to the full gradients (N), stage 2 holds the full gradients
   // only bucket by bucket while backward writes them (a bucket's pages go once reduced),
-  // plus the reduced shares and a second set for the next micro-batch's reduction (2 S).
+  // plus the reduced shares (S; later micro-batches add them into each bucket before its
+  // reduce-scatter writes them back).
   const size_t shard = size_t(optimizer_->shard().numel) * sizeof(float);
   // Offloaded to NVMe: the streaming buffers (three sub-groups of m and v) in memory.
   const NvmeState* nvme = optimizer_->nvme();
@@ -261,7 +262,7 @@ std::string Trainer::memory_plan() const {
         pending += parallel::GradReducer::kInFlight * size_t(r->largest_bucket()) * sizeof(float);
   const size_t grads = zero() == 0   ? p.bytes()
                        : zero() == 1 ? p.bytes() + shard
-                                     : std::min(p.bytes(), pending) + 2 * shard;
+                                     : std::min(p.bytes(), pending) + shard;
   std::string zero_text;
   if (zero() > 0)
     zero_text = fmt::format(

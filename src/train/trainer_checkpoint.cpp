@@ -37,15 +37,9 @@ std::vector<std::string> Trainer::checkpoint_roots() const {
 std::vector<Trainer::StatePart> Trainer::state_parts(int id, bool with_optimizer) const {
   const ParamStore& p = model_->params();
   const ParamSpec& spec = p.spec(id);
-  const ckpt::ShardInfo whole{"",
-                              spec.global_shape,
-                              spec.shard_dim,
-                              spec.shard_start,
-                              spec.local_shape,
-                              0,
-                              0,
-                              spec.shard_dim2,
-                              spec.shard_start2};
+  const ckpt::ShardInfo whole{
+      "", spec.global_shape, spec.shard_dim,   spec.shard_start, spec.local_shape, 0,
+      0,  spec.shard_dim2,   spec.shard_start2};
   std::vector<StatePart> parts;
   int tensor = 0;
   for (const StateBuffer& kind : state_buffers(with_optimizer)) {

@@ -5,6 +5,7 @@
 // (the share read from elsewhere, when kept there) and re-derives a bf16 model's compute copy
 // of each unit it gathers.
 #include <gtest/gtest.h>
+#include <malloc.h>
 #include <mpi.h>
 
 #include <algorithm>
@@ -209,6 +210,68 @@ TEST(Zero, StageTwoHoldsTheFullGradientsOnlyBucketByBucket) {
       EXPECT_LT(held, std::min(bound, 0.75))
           << "stage 2 held " << held << " of the gradient arena at once (bound " << bound << ")";
   }
+}
+
+// Stage 2 over a step of two micro-batches with a large tied embedding (half the values, as
+// GPT-2's vocabulary makes it: written first by the head and last by the embedding, so its
+// bucket is whole throughout backward). The second micro-batch adds into the reduced shares
+// without a second set of them: after the step only the shares (S = N / D) stay resident (a
+// second set to receive the next micro-batch's reduction made it 2S). The gradient buffers
+// at their highest (what the pool holds: on CUDA it keeps them all) are within the plan's
+// 2 largest buckets, and with S below the full gradient arena that stage 0 keeps (the
+// second S put the plan above it, and the pool beside 2S here too).
+TEST(Zero, StageTwoAccumulatesIntoTheSharesWithoutASecondSet) {
+  const int D = world_size();
+  if (D < 4) GTEST_SKIP() << "needs mpirun with at least 4 ranks";
+  if (!kMeasuresMemory) GTEST_SKIP() << "resident memory is not measured under ASan";
+  // Open MPI's non-blocking reduce-scatter mallocs a scratch of twice the bucket on the ranks
+  // it reduces to; with glibc's sliding mmap threshold its pages would stay after the free.
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  auto group = parallel::make_communicator(parallel::Backend::MPI, MPI_COMM_WORLD, "dp");
+  ParamStore p;
+  const int64_t C = 256;
+  p.add("wte.weight", Shape{12288, C}, Init::Normal, 0.02f, true);  // (V, C): 3.1M values
+  for (int l = 0; l < 4; ++l) {
+    const std::string at = "layers." + std::to_string(l) + ".";
+    p.add(at + "attn.qkv.weight", Shape{3 * C, C}, Init::Normal, 0.02f, true);
+    p.add(at + "attn.o.weight", Shape{C, C}, Init::Normal, 0.02f, true);
+    p.add(at + "mlp.up.weight", Shape{4 * C, C}, Init::Normal, 0.02f, true);
+    p.add(at + "mlp.down.weight", Shape{C, 4 * C}, Init::Normal, 0.02f, true);
+  }
+  Placement placement;
+  placement.sparse_grads = true;
+  p.allocate(placement);
+  parallel::GradReducer reducer(*group, p, size_t{1} << 20, 2);
+  const double shares = double(reducer.shard().numel) * sizeof(float);
+  const size_t base = resident_bytes();
+  const auto& specs = p.specs();
+  for (int micro = 0; micro < 2; ++micro) {
+    reducer.set_accumulate(micro > 0);
+    std::fill_n(p.grad(0).f32(), specs[0].local_shape.numel(), 1.0f);  // the tied head
+    for (size_t i = specs.size(); i-- > 0;) {                          // backward order
+      float* const g = p.grad(int(i)).f32();
+      for (int64_t e = 0; e < specs[i].local_shape.numel(); ++e) g[e] += 1.0f;
+      reducer.ready_from(int64_t(specs[i].offset));
+      group->barrier();  // every rank has started the buckets below; let them finish
+      reducer.ready_from(int64_t(specs[i].offset));
+    }
+    reducer.finish();
+  }
+  // Correct as well as small: every reduced element is D ranks x 2 micro-batches x (2 for
+  // the embedding's two writes, else 1).
+  const float* reduced = reducer.shard_grads().f32();
+  for (const ParamSpec& spec : specs)
+    for (const StateShard::Piece& piece : reducer.shard().pieces(spec))
+      for (int64_t k = 0; k < piece.count; k += 97)
+        ASSERT_EQ(reduced[piece.shard + k], float(2 * D * (spec.name == "wte.weight" ? 2 : 1)))
+            << spec.name;
+  const double after = double(resident_bytes()) - double(base);
+  EXPECT_LT(after, shares + double(1 << 20))
+      << "after the step: " << after / shares << " S resident, want the shares alone";
+  const double buffers = double(reducer.pool_bytes()), arena = double(p.bytes());
+  const double two_buckets = 2 * double(reducer.largest_bucket()) * sizeof(float);
+  EXPECT_LE(buffers, two_buckets) << "the plan's 2 buckets";
+  EXPECT_LT(buffers + shares, arena) << "stage 0 holds the whole gradient arena";
 }
 
 // Stage 3's parameters: one bucket per layer. The arena backs this rank's shares only (to

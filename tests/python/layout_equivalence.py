@@ -204,9 +204,13 @@ TP2D_LAYOUTS = [
     ("tp4-2x2-row", 4, TP2D),
     ("tp4-2x2-column+sp", 4, TP2D + ["parallel.tp_order=column", SP]),
     ("tp4-1x4+sp", 4, ["parallel.tp=4", "parallel.tp_shape=1x4", SP]),
+    ("tp4-2x2-chunks3", 4, TP2D + ["parallel.tp_chunks=3"]),
     ("dp2xtp4-2x2-column+sp", 8, TP2D + ["parallel.tp_order=column", SP]),
     ("pp2xtp4-2x2-1f1b", 8, TP2D + ["parallel.pp=2", "parallel.pp_schedule=1f1b",
                                     "model.n_layer=4"]),
+    ("dp2xtp2-1x2-zero3", 4, ["parallel.tp=2", "parallel.tp_shape=1x2", ZERO + "3"]),
+    ("cp2xtp2-1x2+sp-ring", 4, ["parallel.tp=2", "parallel.tp_shape=1x2", SP, "parallel.cp=2",
+                                RING]),
 ]
 # MoE: the dense layers and shared experts in 2D, the routed experts folded over the same ranks.
 TP2D_MOE_LAYOUTS = [

@@ -93,9 +93,12 @@ TEST(MemoryBudget, EstimateMatchesTheArenasOfATpRank) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> rows = {
       {"gpt-tiny.toml", {"parallel.tp=4"}},
       {"gpt-tiny.toml", {"parallel.tp=4", "parallel.tp_shape=2x2"}},
-      {"gpt-tiny.toml", {"parallel.tp=4", "parallel.tp_shape=1x4", "parallel.sequence_parallel=true"}},
-      {"llama-tiny.toml", {"parallel.tp=4", "parallel.tp_shape=2x2", "parallel.sequence_parallel=true"}},
-      {"mixtral-tiny.toml", {"parallel.tp=4", "parallel.tp_shape=2x2", "parallel.sequence_parallel=true"}},
+      {"gpt-tiny.toml",
+       {"parallel.tp=4", "parallel.tp_shape=1x4", "parallel.sequence_parallel=true"}},
+      {"llama-tiny.toml",
+       {"parallel.tp=4", "parallel.tp_shape=2x2", "parallel.sequence_parallel=true"}},
+      {"mixtral-tiny.toml",
+       {"parallel.tp=4", "parallel.tp_shape=2x2", "parallel.sequence_parallel=true"}},
   };
   for (const auto& [recipe, overrides] : rows) {
     SCOPED_TRACE(recipe + " " + overrides.back());
@@ -324,6 +327,24 @@ TEST(MemoryBudget, CudaZeroFreesLikeTheCpuAndHostAdamWHoldsNone) {
   };
   EXPECT_EQ(nvme("cuda").optimizer, 0.0);
   EXPECT_EQ(nvme("cpu").optimizer, 3 * 2 * 16 * 1024.0);
+}
+
+// ZeRO-2 on GPT-2 small over 4 ranks: the tied embedding's V x 768 values are one bucket
+// (about 147 MiB, far beyond bucket_mb), two of them in flight, and the reduced shares S = N / 4;
+// fewer gradient bytes per rank than stage 0's 4N. With a second S for the next
+// micro-batch's reduction (the reducer kept one until it added into the bucket instead) the
+// plan said 532 MiB against stage 0's 475 MiB.
+TEST(MemoryBudget, ZeroTwoHoldsFewerGradientsThanNoZeroOnGpt2Small) {
+  auto estimate = [](const std::string& zero) {
+    const Config cfg = load_recipe(kRecipes + "gpt2-124m.toml", {"parallel.zero=" + zero});
+    return estimate_memory(cfg, mesh_config(cfg, 4));
+  };
+  const MemoryEstimate none = estimate("0"), two = estimate("2");
+  const ModelConfig m = load_recipe(kRecipes + "gpt2-124m.toml").model;
+  const double f32 = 4, embedding = double(m.vocab_size) * double(m.d_model) * f32;
+  EXPECT_EQ(none.gradients, none.values * f32);
+  EXPECT_DOUBLE_EQ(two.gradients, 2 * embedding + two.values / 4 * f32);
+  EXPECT_LT(two.gradients, none.gradients);
 }
 
 // ZeRO-3's parameter shares on NVMe on CUDA: no device memory holds the shares (as on the
