@@ -164,9 +164,15 @@ std::vector<CollectiveCall> tp_layer_collectives(const Config& cfg,
   auto over_d2 = [&](double width, const std::string& what) {
     calls.push_back({CollectiveOp::AllReduce, g2, n * width / d1 * e, hidden, what + " d2"});
   };
-  if (sp)  // the entry gather of the layer's sequence shards, as in 1D
-    for (const char* what : {"attention entry", "mlp entry"})
-      calls.push_back({CollectiveOp::AllGather, all, n * C * e, 0, what});
+  // With SP, columns j of the whole rows from this rank's sequence shard (gather_hidden:
+  // before q/k/v and up forward, before o's and down's input gradient backward): an
+  // all-to-all over d2 of this rank's rows, then an all-gather over d1 to n x C/d2.
+  if (sp)
+    for (const char* what : {"attention entry", "mlp entry"}) {
+      calls.push_back({CollectiveOp::AllToAll, g2, n * C / (d1 * d2) * e, 0,
+                       std::string(what) + " d2"});
+      calls.push_back({CollectiveOp::AllGather, g1, n * C / d2 * e, 0, std::string(what) + " d1"});
+    }
   if (!backward) {
     over_d2(qkv, "qkv");
     finish_rows("o");
