@@ -169,8 +169,8 @@ std::vector<CollectiveCall> tp_layer_collectives(const Config& cfg,
   // all-to-all over d2 of this rank's rows, then an all-gather over d1 to n x C/d2.
   if (sp)
     for (const char* what : {"attention entry", "mlp entry"}) {
-      calls.push_back({CollectiveOp::AllToAll, g2, n * C / (d1 * d2) * e, 0,
-                       std::string(what) + " d2"});
+      calls.push_back(
+          {CollectiveOp::AllToAll, g2, n * C / (d1 * d2) * e, 0, std::string(what) + " d2"});
       calls.push_back({CollectiveOp::AllGather, g1, n * C / d2 * e, 0, std::string(what) + " d1"});
     }
   if (!backward) {
