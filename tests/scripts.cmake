@@ -108,10 +108,12 @@ pentad_layout_test(layouts_pipeline_gpt2 --pipeline gpt-tiny.toml train.micro_ba
 pentad_layout_test(layouts_pipeline_llama --pipeline llama-tiny.toml train.micro_batch=2
                    train.seq_len=32 model.n_head=8 model.n_kv_head=4 optim.lr=1e-3)
 
-# 2D tensor parallelism (tp 4 as 2x2 and 1x4, row- and column-first, + sp, dp, pp; MoE).
+# 2D tensor parallelism: tp 4 as 2x2 and 1x4, row- and column-first, + sp, chunks, and with
+# dp, pp, ZeRO-3 and cp (GPT-2); the shapes again for llama's gate and grouped-query heads;
+# MoE folded over a 2D tp.
 pentad_layout_test(layouts_tp2d_gpt2 --tp2d gpt-tiny.toml train.micro_batch=2 train.seq_len=32)
-pentad_layout_test(layouts_tp2d_llama --tp2d llama-tiny.toml train.micro_batch=2 train.seq_len=32
-                   model.n_head=8 model.n_kv_head=4)
+pentad_layout_test(layouts_tp2d_llama --tp2d-shapes llama-tiny.toml train.micro_batch=2
+                   train.seq_len=32 model.n_head=8 model.n_kv_head=4)
 pentad_layout_test(layouts_tp2d_moe --tp2d-moe mixtral-tiny.toml train.micro_batch=2
                    train.seq_len=32)
 

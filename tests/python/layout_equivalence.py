@@ -212,6 +212,9 @@ TP2D_LAYOUTS = [
     ("cp2xtp2-1x2+sp-ring", 4, ["parallel.tp=2", "parallel.tp_shape=1x2", SP, "parallel.cp=2",
                                 RING]),
 ]
+# The second family takes the shapes only (its gate, grouped-query heads and bias-free
+# layers); the compositions with dp, pp, ZeRO and cp run the same code for both families.
+TP2D_SHAPE_LAYOUTS = TP2D_LAYOUTS[:4]
 # MoE: the dense layers and shared experts in 2D, the routed experts folded over the same ranks.
 TP2D_MOE_LAYOUTS = [
     ("ep4-on-tp4-2x2-column+sp", 4, TP2D + ["parallel.tp_order=column", SP, "parallel.ep=4"]),
@@ -398,7 +401,8 @@ def main():
     context = args[0] == "--context"
     zero = args[0] == "--zero"
     moe_zero = args[0] == "--moe-zero"
-    tp2d = args[0] in ("--tp2d", "--tp2d-moe")
+    tp2d = args[0] in ("--tp2d", "--tp2d-shapes", "--tp2d-moe")
+    tp2d_shapes = args[0] == "--tp2d-shapes"
     tp2d_moe = args[0] == "--tp2d-moe"
     if pipeline or moe or context or zero or moe_zero or tp2d:
         args = args[1:]
@@ -432,7 +436,7 @@ def main():
     layouts = (PIPELINE_LAYOUTS if pipeline else MOE_LAYOUTS if moe else
                CONTEXT_LAYOUTS if context else ZERO_LAYOUTS if zero else
                MOE_ZERO_LAYOUTS if moe_zero else TP2D_MOE_LAYOUTS if tp2d_moe else
-               TP2D_LAYOUTS if tp2d else LAYOUTS)
+               TP2D_SHAPE_LAYOUTS if tp2d_shapes else TP2D_LAYOUTS if tp2d else LAYOUTS)
     if context and any(o.startswith("model.n_kv_head=") for o in common):
         layouts = layouts + [CONTEXT_GQA]
     # MoE with ZeRO: each layout also stops after its first step, whose weights are compared
