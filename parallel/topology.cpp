@@ -244,14 +244,20 @@ void Topology::check_ranks(int world_size, const std::string& path) const {
         path, ranks, world_size, world_size, path);
 }
 
+// One step of a ring in group order: every rank sends `chunk` bytes to the next, so the
+// step lasts as long as the ring's slowest link takes for it (alpha + chunk / beta).
+double Topology::ring_step_seconds(const std::vector<int>& group, double chunk) const {
+  const size_t p = group.size();
+  double seconds = 0;
+  for (size_t i = 0; i < p; ++i) {
+    const size_t a = size_t(group[i]), b = size_t(group[(i + 1) % p]);
+    seconds = std::max(seconds, latency_s[a][b] + chunk / bandwidth_Bps[a][b]);
+  }
+  return seconds;
+}
+
 double Topology::ring_latency(CollectiveOp op, const std::vector<int>& group) const {
-  const int p = int(group.size());
-  const int steps = ring_steps(op, p, 0.0).first;
-  double step_seconds = 0;
-  for (int i = 0; i < p; ++i)
-    step_seconds = std::max(
-        step_seconds, latency_s[size_t(group[size_t(i)])][size_t(group[size_t((i + 1) % p)])]);
-  return steps * step_seconds;
+  return ring_steps(op, int(group.size()), 0.0).first * ring_step_seconds(group, 0.0);
 }
 
 double Topology::collective_seconds(CollectiveOp op, const std::vector<int>& group,
@@ -292,15 +298,9 @@ double Topology::collective_seconds(CollectiveOp op, const std::vector<int>& gro
     }
     return hi.seconds;
   }
-  // A ring in group order: each step every rank sends one chunk to the next, so a step
-  // lasts as long as the ring's slowest link takes for it (alpha + chunk / beta).
+  // A ring in group order.
   const auto [steps, chunk] = ring_steps(op, p, bytes);
-  double step_seconds = 0;
-  for (int i = 0; i < p; ++i) {
-    const size_t a = size_t(group[size_t(i)]), b = size_t(group[size_t((i + 1) % p)]);
-    step_seconds = std::max(step_seconds, latency_s[a][b] + chunk / bandwidth_Bps[a][b]);
-  }
-  return steps * step_seconds;
+  return steps * ring_step_seconds(group, chunk);
 }
 
 Topology uniform_cluster(int nodes, int per_node, double intra_gbs, double intra_latency_s,

@@ -49,6 +49,10 @@ struct Topology {
   // The latency part of a ring collective over `group`: its steps times the ring's slowest
   // point-to-point latency.
   double ring_latency(CollectiveOp op, const std::vector<int>& group) const;
+
+ private:
+  // One ring step over `group` moving `chunk` bytes a link: the slowest link's time.
+  double ring_step_seconds(const std::vector<int>& group, double chunk) const;
 };
 
 // A topology for a cluster preset without measuring: `nodes` nodes of `per_node` ranks;
