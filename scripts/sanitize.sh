@@ -13,12 +13,48 @@
 #                checkpoint saver's background-thread tests and the NVMe engine's (its I/O
 #                thread) and the fault monitor's beat thread, on 2 OpenMP threads.
 # Findings are fatal. Suppressions (tests/sanitizers/) cover only leaks inside Open MPI's
-# own libraries, never pentad code. usage: sanitize.sh [asan|tsan]...
+# own libraries, never pentad code.
+#   sanitize.sh [asan|tsan]...              configure, build and run (both when none named)
+#   sanitize.sh --build-only [asan|tsan]... configure and build only (scripts/test.sh does
+#                                           this beside ctest, at idle priority)
+#   sanitize.sh --no-build [asan|tsan]...   run what an earlier --build-only built
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+phase=all
+case ${1:-} in
+  --build-only) phase=build; shift ;;
+  --no-build) phase=run; shift ;;
+esac
 which=("$@")
 ((${#which[@]})) || which=(asan tsan)
+for kind in "${which[@]}"; do
+  [[ $kind == asan || $kind == tsan ]] ||
+    { echo "sanitize.sh: unknown kind '$kind' (asan or tsan)" >&2; exit 2; }
+done
+# The gtest programs each runs (one per test folder, tests/CMakeLists.txt).
+asan_tests=(core_tests kernels_tests data_tests model_tests train_tests checkpoint_tests
+  optim_tests pp_tests cli_tests launch_tests)
+tsan_tests=(kernels_tests checkpoint_tests optim_tests launch_tests)
+build() {  # build KIND: configures and builds build-KIND's targets
+  case $1 in
+    asan)
+      cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Release -DPENTAD_CUDA=OFF \
+        -DPENTAD_SANITIZE=address -DPENTAD_DRIVER_OPT=-O0 >/dev/null
+      cmake --build build-asan -j"$(nproc)" --target pentad context_parallel_test zero_test \
+        "${asan_tests[@]}"
+      ;;
+    tsan)
+      CC=clang CXX=clang++ cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DPENTAD_CUDA=OFF -DPENTAD_SANITIZE=thread >/dev/null
+      cmake --build build-tsan -j"$(nproc)" --target "${tsan_tests[@]}"
+      ;;
+  esac
+}
+if [[ $phase != run ]]; then
+  for kind in "${which[@]}"; do build "$kind"; done
+  [[ $phase == build ]] && exit 0
+fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export PENTAD_POISON=1
 # Programs share the cores (run, below): idle OpenMP threads and MPI ranks sleep instead of
@@ -81,18 +117,11 @@ finish() {
   return 0
 }
 
-unit_tests() {  # the gtest programs of the given test folders (tests/CMakeLists.txt)
-  for folder in "$@"; do echo "${folder}_tests"; done
-}
-
 for kind in "${which[@]}"; do
   case $kind in
     asan)
       dir=build-asan
-      tests=($(unit_tests core kernels data model train checkpoint optim pp cli launch))
-      cmake -S . -B $dir -G Ninja -DCMAKE_BUILD_TYPE=Release -DPENTAD_CUDA=OFF \
-        -DPENTAD_SANITIZE=address -DPENTAD_DRIVER_OPT=-O0 >/dev/null
-      cmake --build $dir -j"$(nproc)" --target pentad context_parallel_test zero_test "${tests[@]}"
+      tests=("${asan_tests[@]}")
       # Full stacks for every allocation (fast unwinding stops at the first library built
       # without frame pointers, so suppressions could not see Open MPI in the stack), and
       # Open MPI's plugins kept loaded so their frames still have names at exit.
@@ -163,13 +192,10 @@ for kind in "${which[@]}"; do
       ;;
     tsan)
       dir=build-tsan
-      tests=($(unit_tests kernels checkpoint optim launch))
+      tests=("${tsan_tests[@]}")
       # Of checkpoint, optim and launch: the suites that run threads (the saver's and the
       # snapshot's background thread, AdamW's and the NVMe engine's I/O, the monitor's beats).
       threaded='SaverTest.*:CheckpointSnapshot.*:AdamW.*:NvmeStateTest.*:Monitor.*'
-      CC=clang CXX=clang++ cmake -S . -B $dir -G Ninja -DCMAKE_BUILD_TYPE=Release \
-        -DPENTAD_CUDA=OFF -DPENTAD_SANITIZE=thread >/dev/null
-      cmake --build $dir -j"$(nproc)" --target "${tests[@]}"
       # libarcher (an OMPT tool) gives TSan OpenMP's synchronisation; OpenBLAS runs one
       # thread (its OpenMP build links GCC's runtime, which TSan cannot see into).
       export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1"
@@ -184,7 +210,6 @@ for kind in "${which[@]}"; do
       done
       finish
       ;;
-    *) echo "sanitize.sh: unknown kind '$kind' (asan or tsan)" >&2; exit 2 ;;
   esac
 done
 

@@ -20,6 +20,7 @@ packages=(
   python3-torch python3-numpy         # numerical reference in tests and benchmarks
   python3-venv python3-pip            # the transformers environment below
   fortunes                            # default English corpus
+  procps util-linux                   # scripts/test.sh: pgrep, chrt
 )
 
 missing=()
