@@ -47,10 +47,11 @@ for _ in $(seq 100); do
   compgen -G "${TMPDIR:-/tmp}/ompi.*.$(id -u)/pid.$keeper" >/dev/null && break
   sleep 0.1
 done
-# The sanitizer builds compile beside ctest at idle priority (SCHED_IDLE: they run only on
-# a core no test wants). ctest leaves about 40% of the two cores idle (serial tests, ranks
-# waiting on each other), and that is most of the ASan build's 2.5 minutes; the timed tests
-# lose nothing to a task that only gets leftover cycles.
+# The sanitizer builds compile beside ctest at idle priority (SCHED_IDLE: a core goes to
+# them only when no test wants it). ctest alone keeps the two cores about 60% busy (its
+# serial tail, ranks waiting on each other), and the leftover is most of the sanitizer
+# builds' 3.5 minutes: ctest took about 35 s longer, the sanitizer stage 210 s less
+# (bench/RESULTS.md). The tests that bound latencies see no competitor at their priority.
 idle=(chrt --idle 0)
 "${idle[@]}" true 2>/dev/null || idle=(nice -n 19)
 "${idle[@]}" bash scripts/sanitize.sh --build-only >build/sanitizer-build.log 2>&1 &
