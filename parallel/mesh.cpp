@@ -128,9 +128,9 @@ void validate(const MeshConfig& c, int world_size) {
   }
 }
 
-void check_layout(const MeshConfig& c, int64_t n_head, int64_t n_kv_head, int64_t vocab_size,
-                  int64_t ffn_dim, int64_t n_layer, int64_t seq_len, int64_t micro_batch,
-                  bool sequence_parallel) {
+void check_layout(const MeshConfig& c, int64_t d_model, int64_t n_head, int64_t n_kv_head,
+                  int64_t vocab_size, int64_t ffn_dim, int64_t n_layer, int64_t seq_len,
+                  int64_t micro_batch, bool sequence_parallel) {
   const int64_t kv_heads = n_kv_head > 0 ? n_kv_head : n_head;
   // Heads and the MLP width split over d1 (all of tp in 1D).
   const int d1 = c.tp / c.tp_d2;
@@ -151,6 +151,11 @@ void check_layout(const MeshConfig& c, int64_t n_head, int64_t n_kv_head, int64_
         "(e.g. {}) or change tp to {}",
         c.tp, vocab_size, c.tp, (vocab_size + c.tp - 1) / c.tp * c.tp, divisors_hint(vocab_size));
   tp_divides(ffn_dim, "model.d_ff");
+  if (d_model % c.tp_d2 != 0)
+    fail(
+        "the 2D tp shape {}x{} splits model.d_model = {} over d2 = {}, which does not divide "
+        "it: change parallel.tp_shape so that d2 is {}",
+        d1, c.tp_d2, d_model, c.tp_d2, divisors_hint(d_model));
   if (sequence_parallel && (micro_batch * seq_len) % c.tp != 0)
     fail(
         "with sequence parallelism tp {} must divide train.micro_batch × train.seq_len = {} × {} "

@@ -50,11 +50,13 @@ TpPlace tp_place(const MeshConfig& config, int tp_rank);
 void validate(const MeshConfig& config, int world_size);
 
 // Throws pentad::Error naming the degree or model key to change if the model cannot be
-// split this way: tp must divide heads, kv heads, vocab and ffn width (and, with
-// sequence parallelism, micro_batch*seq_len); cp must divide seq_len; pp <= n_layer.
-void check_layout(const MeshConfig& config, int64_t n_head, int64_t n_kv_head, int64_t vocab_size,
-                  int64_t ffn_dim, int64_t n_layer, int64_t seq_len, int64_t micro_batch,
-                  bool sequence_parallel);
+// split this way: tp must divide the vocab (and, with sequence parallelism,
+// micro_batch*seq_len); tp's d1 (all of tp in 1D) heads, kv heads and ffn width; a 2D
+// shape's d2 the model width; cp must divide seq_len; pp <= n_layer. The one statement of
+// these rules: the layout, `tp_shape = "auto"` and the planner all ask it.
+void check_layout(const MeshConfig& config, int64_t d_model, int64_t n_head, int64_t n_kv_head,
+                  int64_t vocab_size, int64_t ffn_dim, int64_t n_layer, int64_t seq_len,
+                  int64_t micro_batch, bool sequence_parallel);
 
 // A rank's coordinate on every axis, dense and expert, indexed by Axis.
 using MeshCoords = std::array<int, kNumAxes>;

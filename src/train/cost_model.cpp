@@ -208,13 +208,17 @@ TpShapeChoice choose_tp_shape(const Config& cfg, parallel::MeshConfig mesh,
   best.seconds = best.one_d_seconds = seconds(mesh);
   best.candidates = fmt::format("{}x1 {:.3g} ms", mesh.tp, best.seconds * 1e3);
   for (int d2 = 2; d2 <= mesh.tp; ++d2) {
-    const int d1 = mesh.tp / d2;
-    if (mesh.tp % d2 != 0 || m.d_model % d2 != 0 || m.n_head % d1 != 0 || m.kv_heads() % d1 != 0 ||
-        ffn_dim(m) % d1 != 0)
+    if (mesh.tp % d2 != 0) continue;
+    mesh.tp_d2 = d2;
+    try {  // the shapes the layout would refuse (the mesh's rules, stated once there)
+      parallel::check_layout(mesh, m.d_model, m.n_head, m.n_kv_head, m.vocab_size, ffn_dim(m),
+                             m.n_layer, cfg.train.seq_len, cfg.train.micro_batch,
+                             cfg.parallel.sequence_parallel);
+    } catch (const Error&) {
       continue;
+    }
     for (bool column : {false, true}) {
-      if (column && (d1 == 1 || d2 == mesh.tp)) continue;  // one order only
-      mesh.tp_d2 = d2;
+      if (column && d2 == mesh.tp) continue;  // one order only
       mesh.tp_column_first = column;
       const double s = seconds(mesh);
       TpShapeChoice shape;

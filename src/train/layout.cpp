@@ -59,11 +59,6 @@ int tp_shape_d2(const Config& cfg) {
         "parallel.tp_shape = \"{}\": {} x {} = {} but parallel.tp = {}: set a shape whose "
         "product is tp, or tp = {}",
         p.tp_shape, d1, d2, d1 * d2, p.tp, d1 * d2);
-  if (cfg.model.d_model % d2 != 0)
-    fail(
-        "parallel.tp_shape = \"{}\" splits model.d_model = {} over d2 = {}, which does not "
-        "divide it: change parallel.tp_shape",
-        p.tp_shape, cfg.model.d_model, d2);
   if (p.tp_chunks > 1 && d2 == 1)
     fail(
         "parallel.tp_chunks = {} pipelines 2D tp's collectives with its GEMMs, but "
@@ -136,9 +131,9 @@ parallel::MeshConfig mesh_config(const Config& cfg, int world_size, std::string*
     parallel::pp::check_schedule(schedule_spec(cfg));
     parallel::pp::chunk_layers(cfg.model.n_layer, int(p.pp), int(p.virtual_stages), p.pp_layout);
   }
-  parallel::check_layout(mesh, cfg.model.n_head, cfg.model.n_kv_head, cfg.model.vocab_size,
-                         ffn_dim(cfg.model), cfg.model.n_layer, cfg.train.seq_len,
-                         cfg.train.micro_batch, p.sequence_parallel);
+  parallel::check_layout(mesh, cfg.model.d_model, cfg.model.n_head, cfg.model.n_kv_head,
+                         cfg.model.vocab_size, ffn_dim(cfg.model), cfg.model.n_layer,
+                         cfg.train.seq_len, cfg.train.micro_batch, p.sequence_parallel);
   return mesh;
 }
 

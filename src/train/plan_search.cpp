@@ -303,9 +303,10 @@ PlanSearch search_layouts(const Config& recipe, int ranks,
           shape.order = recipe.parallel.order;
           try {
             parallel::validate(shape, ranks);
-            parallel::check_layout(shape, recipe.model.n_head, recipe.model.n_kv_head,
-                                   recipe.model.vocab_size, ffn_dim(recipe.model),
-                                   recipe.model.n_layer, recipe.train.seq_len, 1, false);
+            parallel::check_layout(shape, recipe.model.d_model, recipe.model.n_head,
+                                   recipe.model.n_kv_head, recipe.model.vocab_size,
+                                   ffn_dim(recipe.model), recipe.model.n_layer,
+                                   recipe.train.seq_len, 1, false);
           } catch (const Error& e) {
             ++plan.pruned;
             if (first_refusal.empty())

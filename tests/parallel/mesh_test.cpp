@@ -81,22 +81,24 @@ TEST(MeshValidate, ExpertDegreesMustDivideAStage) {
 }
 
 TEST(MeshCheckLayout, RefusalsNameTheDegreeOrModelKey) {
-  // n_head 8, kv 4, vocab 1000, ffn 256, 4 layers, seq 64, micro-batch 2
+  // d_model 96, n_head 8, kv 4, vocab 1000, ffn 256, 4 layers, seq 64, micro-batch 2
   auto check = [](MeshConfig c, bool sp = false, int64_t seq_len = 64) {
-    return error_of([&] { check_layout(c, 8, 4, 1000, 256, 4, seq_len, 2, sp); });
+    return error_of([&] { check_layout(c, 96, 8, 4, 1000, 256, 4, seq_len, 2, sp); });
   };
   EXPECT_EQ(check(layout(4, 2, 1, 4)), "");
   EXPECT_EQ(check(layout(3, 1, 1, 1)),
             "tp 3 does not divide model.n_head = 8: change tp to a divisor of 8 (1, 2, 4, 8)");
   EXPECT_EQ(check(layout(8, 1, 1, 1)),
             "tp 8 does not divide model.n_kv_head = 4: change tp to a divisor of 4 (1, 2, 4)");
-  EXPECT_EQ(error_of([] { check_layout(layout(2, 1, 1, 1), 8, 4, 1001, 256, 4, 64, 2, false); }),
-            "tp 2 does not divide model.vocab_size = 1001: pad model.vocab_size to a multiple of 2 "
-            "(e.g. 1002) or change tp to a divisor of 1001 (1, 7, 11, 13, 77, 91, 143, 1001)");
-  EXPECT_EQ(error_of([] { check_layout(layout(4, 1, 1, 1), 8, 4, 1000, 250, 4, 64, 2, false); }),
-            "tp 4 does not divide model.d_ff = 250: change tp to a divisor of 250 (1, 2, 5, 10, "
-            "25, 50, 125, 250)");
-  EXPECT_EQ(error_of([] { check_layout(layout(4, 1, 1, 1), 8, 4, 1000, 256, 4, 5, 1, true); }),
+  EXPECT_EQ(
+      error_of([] { check_layout(layout(2, 1, 1, 1), 96, 8, 4, 1001, 256, 4, 64, 2, false); }),
+      "tp 2 does not divide model.vocab_size = 1001: pad model.vocab_size to a multiple of 2 "
+      "(e.g. 1002) or change tp to a divisor of 1001 (1, 7, 11, 13, 77, 91, 143, 1001)");
+  EXPECT_EQ(
+      error_of([] { check_layout(layout(4, 1, 1, 1), 96, 8, 4, 1000, 250, 4, 64, 2, false); }),
+      "tp 4 does not divide model.d_ff = 250: change tp to a divisor of 250 (1, 2, 5, 10, "
+      "25, 50, 125, 250)");
+  EXPECT_EQ(error_of([] { check_layout(layout(4, 1, 1, 1), 96, 8, 4, 1000, 256, 4, 5, 1, true); }),
             "with sequence parallelism tp 4 must divide train.micro_batch × train.seq_len = 1 × "
             "5 = 5: change tp to a divisor of 5 (1, 5) or change train.seq_len");
   EXPECT_EQ(check(layout(1, 3, 1, 1)),
@@ -115,13 +117,19 @@ TEST(MeshCheckLayout, RefusalsNameTheDegreeOrModelKey) {
   EXPECT_EQ(check(two),
             "the 2D tp shape 8x2 splits model.n_kv_head = 4 over d1 = 8, which does not divide "
             "it: change parallel.tp_shape so that d1 is a divisor of 4 (1, 2, 4)");
+  MeshConfig wide = layout(10, 1, 1, 1);
+  wide.tp_d2 = 5;  // d1 2 divides the heads; d2 5 does not divide the width
+  EXPECT_EQ(check(wide),
+            "the 2D tp shape 2x5 splits model.d_model = 96 over d2 = 5, which does not divide "
+            "it: change parallel.tp_shape so that d2 is a divisor of 96 (1, 2, 3, 4, 6, 8, 12, "
+            "16, 24, 32, 48, 96)");
   MeshConfig odd = layout(4, 1, 1, 1);
   odd.tp_d2 = 3;
   EXPECT_EQ(error_of([&] { validate(odd, 4); }),
             "mesh: the 2D tp shape 1x3 does not multiply to tp 4: set parallel.tp_shape to "
             "\"d1xd2\" with d2 a divisor of 4 (1, 2, 4)");
   // n_kv_head 0 means n_head (MHA); without sequence parallelism seq_len may be odd for tp.
-  EXPECT_EQ(error_of([] { check_layout(layout(8, 1, 1, 1), 8, 0, 1000, 256, 4, 5, 1, false); }),
+  EXPECT_EQ(error_of([] { check_layout(layout(8, 1, 1, 1), 96, 8, 0, 1000, 256, 4, 5, 1, false); }),
             "");
 }
 
