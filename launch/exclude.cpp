@@ -23,6 +23,28 @@ void drop_set(std::vector<std::string>& command, const std::string& key) {
       ++i;
 }
 
+// Where the launcher's rank count sits before `train_at`: the index of the argument holding it
+// and what precedes the number there ("--ntasks=" for srun's joined form, else ""). Each
+// launcher's own flags: srun's -c is CPUs per task, not a rank count as mpirun's is.
+struct RankCount {
+  size_t at = 0;  // 0: none found
+  std::string prefix;
+};
+RankCount find_rank_count(const std::vector<std::string>& command, size_t train_at) {
+  const std::string launcher = command.empty() ? "" : command[0].substr(command[0].rfind('/') + 1);
+  const std::vector<std::string> flags =
+      launcher == "srun" ? std::vector<std::string>{"-n", "--ntasks"}
+                         : std::vector<std::string>{"-np", "-n", "--np", "--n", "-c"};
+  RankCount found;
+  for (size_t i = 0; i < train_at && i < command.size(); ++i) {
+    if (i + 1 < train_at && std::find(flags.begin(), flags.end(), command[i]) != flags.end())
+      found = {i + 1, ""};
+    else if (launcher == "srun" && command[i].rfind("--ntasks=", 0) == 0)
+      found = {i, "--ntasks="};
+  }
+  return found;
+}
+
 }  // namespace
 
 Exclusion exclude_one_replica(const std::vector<std::string>& command, const nlohmann::json& layout,
@@ -47,20 +69,18 @@ Exclusion exclude_one_replica(const std::vector<std::string>& command, const nlo
     return x;
   }
   const size_t train_at = pentad_train_at(command);
-  size_t count_at = 0;
-  for (size_t i = 0; i + 1 < train_at; ++i)
-    if (command[i] == "-np" || command[i] == "-n" || command[i] == "--np" || command[i] == "--n" ||
-        command[i] == "-c")
-      count_at = i + 1;
-  if (train_at == command.size() || count_at == 0) {
+  const RankCount count = find_rank_count(command, train_at);
+  if (train_at == command.size() || count.at == 0) {
     *why =
-        "the job command has no launcher rank count (-np N or -n N before `pentad train`) "
-        "to lower";
+        "the job command has no launcher rank count (-np N, -n N or srun's --ntasks=N before "
+        "`pentad train`) to lower";
     return x;
   }
-  if (command[count_at] != std::to_string(world)) {
-    *why = fmt::format("the launcher starts {} ranks ({} {}) but the job reported {}",
-                       command[count_at], command[count_at - 1], command[count_at], world);
+  const std::string ranks = command[count.at].substr(count.prefix.size());
+  if (ranks != std::to_string(world)) {
+    const std::string flag = count.prefix.empty() ? command[count.at - 1] + " " : "";
+    *why = fmt::format("the launcher starts {} ranks ({}{}) but the job reported {}", ranks, flag,
+                       command[count.at], world);
     return x;
   }
   const int64_t micro = layout.value("micro_batch", int64_t{0});
@@ -70,7 +90,7 @@ Exclusion exclude_one_replica(const std::vector<std::string>& command, const nlo
   x.dp_after = dp - 1;
   x.ranks_before = world;
   x.ranks_after = world - world / dp;
-  x.command[count_at] = std::to_string(x.ranks_after);
+  x.command[count.at] = count.prefix + std::to_string(x.ranks_after);
   drop_set(x.command, "parallel.dp");
   x.command.insert(x.command.end(), {"--set", fmt::format("parallel.dp={}", dp - 1)});
   x.global_batch_before = micro * accum * dp;

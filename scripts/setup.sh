@@ -8,6 +8,9 @@ packages=(
   clang llvm libomp-dev libclang-rt-dev  # sanitizer builds: TSan with libarcher (OpenMP
                                         # for TSan), llvm-symbolizer for their stacks
   openmpi-bin libopenmpi-dev          # communicators (MPI backend)
+  slurmctld slurmd slurm-client       # tests/launch/slurm_srun.py: a one-node Slurm (srun)
+  slurm-wlm-basic-plugins libpmix-dev  # srun --mpi=pmix: Slurm's plugin loads libpmix.so
+                                       # (unversioned, from -dev), the PMIx Open MPI uses
   libhdf5-dev libxxhash-dev zlib1g-dev  # checkpoints (HDF5 files, xxh3 and crc32 checksums)
   libspdlog-dev libfmt-dev            # logging
   libgtest-dev                        # tests

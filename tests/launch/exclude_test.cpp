@@ -56,6 +56,22 @@ TEST(Exclude, ABatchThatDoesNotDivideShrinksAndSaysSo) {
   EXPECT_EQ(std::count(x.command.begin(), x.command.end(), "train.grad_accum=1"), 0);
 }
 
+// srun counts ranks with -n N or --ntasks=N; its -c is CPUs per task, which stays.
+TEST(Exclude, SrunsRankCountIsLoweredAndItsCpusPerTaskKept) {
+  std::string why;
+  const std::vector<std::string> joined = {"/usr/bin/srun", "--ntasks=8",  "-c",    "2",
+                                           "--mpi=pmix",    "/bin/pentad", "train", "r.toml"};
+  Exclusion x = exclude_one_replica(joined, layout(4, 2, 1), 8, &why);
+  ASSERT_FALSE(x.command.empty()) << why;
+  EXPECT_EQ(x.command[1], "--ntasks=6");
+  EXPECT_EQ(x.command[3], "2");
+  const std::vector<std::string> split = {"srun", "-n", "8", "-c", "2", "/bin/pentad", "train"};
+  x = exclude_one_replica(split, layout(4, 2, 1), 8, &why);
+  ASSERT_FALSE(x.command.empty()) << why;
+  EXPECT_EQ(x.command[2], "6");
+  EXPECT_EQ(x.command[4], "2");
+}
+
 TEST(Exclude, RefusalsSayWhatStandsInTheWay) {
   std::string why;
   EXPECT_TRUE(exclude_one_replica(kJob, layout(1, 8, 1), 8, &why).command.empty());
