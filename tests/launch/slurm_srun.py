@@ -8,8 +8,9 @@ slurmctld and slurmd in the foreground as children, waits for the node to be idl
      `mpirun -np 4`: every step's loss and gradient norm must be the same (same layout, same
      collectives: bitwise), and under srun the ranks must find each other on one machine
      (launch/rank.h: the log's "shared by 4 ranks");
-  2. runs the same srun job under `pentad launch` (the supervisor inside an allocation): it
-     must see every rank's hello and bye and train the same losses.
+  2. submits scripts/slurm_train.sbatch twice, its ranks started by srun and by mpirun:
+     `pentad launch` inside the allocation must see every rank finish, and each job must
+     train the same losses.
 Then stops the daemons and removes the directory. Exits 77 (skipped), saying why, when it
 cannot run: not root (slurmd starts job steps as their user), Slurm or mpirun not installed.
 
@@ -28,6 +29,7 @@ import time
 from pathlib import Path
 
 RANKS = 4
+SBATCH = str(Path(__file__).resolve().parents[2] / "scripts" / "slurm_train.sbatch")
 TRAIN = ["--set", "parallel.dp=2", "--set", "parallel.tp=2", "--set", "train.steps=4",
          "--set", "train.seq_len=32", "--set", "train.eval_every=0", "--set",
          "train.threads=0", "--set", "data.source=random"]
@@ -90,6 +92,27 @@ def run(cmd, env, timeout_s=60):
     t0 = time.monotonic()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
     return proc, time.monotonic() - t0
+
+
+def batch(args, env, timeout_s=60):
+    """Submits a batch job and waits for it: ("STATE EXIT:SIGNAL", seconds). Polls
+    scontrol, since `sbatch --wait` checks only every few seconds."""
+    t0 = time.monotonic()
+    sub = subprocess.run(["sbatch", "--parsable", *args], env=env, capture_output=True,
+                         text=True)
+    if sub.returncode != 0:
+        return f"sbatch failed ({sub.returncode}): {sub.stderr.strip()}", 0.0
+    job_id = sub.stdout.strip().split(";")[0]
+    while time.monotonic() - t0 < timeout_s:
+        show = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=env,
+                              capture_output=True, text=True).stdout
+        fields = dict(f.split("=", 1) for f in show.split() if "=" in f)
+        if fields.get("JobState") not in (None, "PENDING", "RUNNING", "CONFIGURING",
+                                          "COMPLETING"):
+            return f"{fields['JobState']} {fields.get('ExitCode')}", time.monotonic() - t0
+        time.sleep(0.1)
+    subprocess.run(["scancel", job_id], env=env)
+    return f"TIMEOUT after {timeout_s} s", time.monotonic() - t0
 
 
 def wait_idle(env, daemons, timeout_s=20):
@@ -191,7 +214,7 @@ def main():
     pentad, recipe = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
     if os.geteuid() != 0:
         skip("not root: slurmd runs job steps as their user and needs root to do so")
-    for tool in ("slurmctld", "slurmd", "srun", "sinfo", "mpirun"):
+    for tool in ("slurmctld", "slurmd", "srun", "sbatch", "scontrol", "sinfo", "mpirun"):
         if not shutil.which(tool, path=os.environ.get("PATH", "") + ":/usr/sbin"):
             skip(f"{tool} not found (Debian: apt-get install slurm-wlm openmpi-bin; "
                  "scripts/setup.sh installs them)")
@@ -247,17 +270,25 @@ def main():
               f"srun's losses and gradient norms equal mpirun's, every step "
               f"(step 4 loss {want[-1][1]:.6f})", f"srun   {got}\nmpirun {want}")
 
-        proc, seconds = run([pentad, "launch", "--max-restarts", "0", "--", *srun, pentad,
-                             "train", recipe, *TRAIN, "--set",
-                             f"train.out_dir={tmp / 'launch'}"], env)
-        out = proc.stdout + proc.stderr
-        check(failures, proc.returncode == 0 and "the job finished" in out
-              and "no rank connected" not in out and "not every rank" not in out,
-              f"pentad launch -- srun ...: every rank reports to the supervisor ({seconds:.1f} s)",
-              out)
-        if proc.returncode == 0:
-            check(failures, losses(tmp / "launch") == want,
-                  "the supervised srun job trains the same losses")
+        # The shipped batch script: pentad launch (the supervisor inside the allocation)
+        # over srun, then over mpirun reading the allocation from Slurm's environment.
+        for launcher in ("srun", "mpirun"):
+            out_dir = tmp / f"sbatch-{launcher}"
+            state, seconds = batch(["-n", str(RANKS), "--overcommit",
+                                    f"--output={tmp}/sbatch-{launcher}.log", SBATCH, recipe,
+                                    *TRAIN, "--set", f"train.out_dir={out_dir}"],
+                                   dict(env, PENTAD=pentad, PENTAD_LAUNCHER=launcher))
+            log = state
+            if (tmp / f"sbatch-{launcher}.log").exists():
+                log += "\n" + (tmp / f"sbatch-{launcher}.log").read_text()
+            ok = state.startswith("COMPLETED 0:0")
+            check(failures, ok and "the job finished" in log
+                  and "no rank connected" not in log and "not every rank" not in log,
+                  f"sbatch {Path(SBATCH).name} with {launcher}: pentad launch sees every rank "
+                  f"finish ({seconds:.1f} s)", log)
+            if ok:
+                check(failures, losses(out_dir) == want,
+                      f"the batch job over {launcher} trains the same losses")
     finally:
         stop(daemons)
         orphans = [f"{pid} (would not exit)" for pid in reap_orphans()]
