@@ -281,8 +281,8 @@ set_tests_properties(launch_supervisor PROPERTIES TIMEOUT 300 RUN_SERIAL TRUE
   PASS_REGULAR_EXPRESSION "supervisor detects and recovers every scenario")
 
 # `srun -n 4 --mpi=pmix pentad train` against `mpirun -np 4` (dp2 x tp2, the same losses
-# and gradient norms) and under `pentad launch`, on a one-node Slurm the test starts and
-# stops itself (slurmctld and slurmd, auth/none, free ports, a temporary directory). Not
+# and gradient norms), and scripts/slurm_train.sbatch (pentad launch over srun, over mpirun),
+# on a one-node Slurm the test starts and stops itself (slurmctld and slurmd, auth/none, free ports, a temporary directory). Not
 # serial: its ports and directory are its own. Skipped (77), saying why, without root or Slurm.
 add_test(NAME launch_slurm_srun
   COMMAND ${PENTAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/launch/slurm_srun.py
