@@ -11,7 +11,9 @@
 
 namespace pentad::launch {
 
-// This rank's place among the ranks sharing its machine (its cores and GPUs).
+// This rank's place among the ranks sharing its machine (its cores and GPUs). From MPI, never
+// from a launcher's environment (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID): the same under
+// mpirun and srun, or any launcher that starts an MPI job (docs/launching.md).
 struct NodePlace {
   int rank = 0;  // local rank
   int size = 1;  // ranks on this machine
