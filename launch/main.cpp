@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <numeric>
 #include <optional>
@@ -159,6 +160,13 @@ int main(int argc, char** argv) {
   // The supervisor is no MPI process: an MPI_Init here would leak OMPI_* into the job it starts.
   if (argc > 1 && std::string(argv[1]) == "launch")
     return pentad::launch::supervise_main(argc - 1, argv + 1);
+  // Before MPI_Init, which would abort here with a message that names no cause. Every task
+  // gets the same environment but one, SLURM_PROCID 0, says why.
+  if (const std::string why = pentad::launch::mpi_start_refusal(std::getenv); !why.empty()) {
+    const char* task = std::getenv("SLURM_PROCID");
+    if (!task || std::string(task) == "0") std::fprintf(stderr, "pentad: error: %s\n", why.c_str());
+    return 2;
+  }
   Mpi mpi(argc, argv);
   spdlog::set_pattern(fmt::format("%H:%M:%S [rank {}] %v", mpi.rank));
 

@@ -4,12 +4,22 @@
 // on. launch/main.cpp calls start_rank() first thing; tests that build a Trainer the way
 // the executable does call it too.
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "parallel/comm.h"
 #include "train/config.h"
 
 namespace pentad::launch {
+
+// Why MPI cannot start in this process, from its environment (`env` looks a variable up:
+// std::getenv in the executable, a table in tests), or "" when nothing stands in the way.
+// One case: a task that srun started without a process-management interface (srun
+// --mpi=none, or a slurm.conf without MpiDefault=pmix). Open MPI cannot join such a task to
+// the others, nor run it alone, and aborts in MPI_Init saying only "Local abort before
+// MPI_INIT completed"; the refusal names the fix instead. A batch script's own shell (no
+// SLURM_STEP_ID) and mpirun's ranks (OMPI_COMM_WORLD_RANK) start as usual.
+std::string mpi_start_refusal(const std::function<const char*(const char*)>& env);
 
 // This rank's place among the ranks sharing its machine (its cores and GPUs). From MPI, never
 // from a launcher's environment (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID): the same under

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include "core/cgroup.h"
@@ -19,6 +20,33 @@
 using namespace pentad;
 
 namespace {
+
+// The environments srun, sbatch and mpirun give a rank (as srun and sbatch set them on
+// Slurm 22.05): only srun without PMIx is refused, naming the fix.
+TEST(MpiStart, SrunWithoutPmixIsRefusedNamingTheFix) {
+  using Env = std::map<std::string, std::string>;
+  auto refusal = [](const Env& vars) {
+    return launch::mpi_start_refusal([&](const char* name) -> const char* {
+      const auto it = vars.find(name);
+      return it == vars.end() ? nullptr : it->second.c_str();
+    });
+  };
+  EXPECT_EQ(refusal({}), "");  // a plain process: a singleton
+  EXPECT_EQ(refusal({{"SLURM_JOB_ID", "7"}, {"SLURM_PROCID", "0"}}), "");  // a batch script
+  const Env srun_task = {{"SLURM_JOB_ID", "7"}, {"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "1"}};
+  Env pmix = srun_task;
+  pmix.insert({{"SLURM_MPI_TYPE", "pmix"}, {"PMIX_RANK", "1"}});
+  EXPECT_EQ(refusal(pmix), "");
+  Env under_mpirun = srun_task;  // mpirun started inside an srun step
+  under_mpirun["OMPI_COMM_WORLD_RANK"] = "3";
+  EXPECT_EQ(refusal(under_mpirun), "");
+  const std::string none = refusal(srun_task);
+  EXPECT_NE(none.find("SLURM_MPI_TYPE unset: srun --mpi=none"), std::string::npos) << none;
+  EXPECT_NE(none.find("srun --mpi=pmix"), std::string::npos) << none;
+  Env pmi2 = srun_task;  // an Open MPI with Slurm's PMI-2 client may start here
+  pmi2.insert({{"SLURM_MPI_TYPE", "pmi2"}, {"PMI_FD", "5"}});
+  EXPECT_EQ(refusal(pmi2), "");
+}
 
 TEST(ComputeThreads, ExplicitCountOrTheCoresSharedAmongTheRanks) {
   // The CPUs this process may use: its affinity mask, or fewer where its cgroup says so.

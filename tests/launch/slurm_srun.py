@@ -8,7 +8,8 @@ slurmctld and slurmd in the foreground as children, waits for the node to be idl
      `mpirun -np 4`: every step's loss and gradient norm must be the same (same layout, same
      collectives: bitwise), and under srun the ranks must find each other on one machine
      (launch/rank.h: the log's "shared by 4 ranks");
-  2. submits scripts/slurm_train.sbatch twice, its ranks started by srun and by mpirun:
+  2. starts it with `srun --mpi=none`: refused once, naming the fix, before MPI_Init;
+  3. submits scripts/slurm_train.sbatch twice, its ranks started by srun and by mpirun:
      `pentad launch` inside the allocation must see every rank finish, and each job must
      train the same losses.
 Then stops the daemons and removes the directory. Exits 77 (skipped), saying why, when it
@@ -94,15 +95,18 @@ def run(cmd, env, timeout_s=60):
     return proc, time.monotonic() - t0
 
 
-def batch(args, env, timeout_s=60):
-    """Submits a batch job and waits for it: ("STATE EXIT:SIGNAL", seconds). Polls
-    scontrol, since `sbatch --wait` checks only every few seconds."""
-    t0 = time.monotonic()
+def submit(args, env):
+    """Submits a batch job: (its id, or "" and why not)."""
     sub = subprocess.run(["sbatch", "--parsable", *args], env=env, capture_output=True,
                          text=True)
     if sub.returncode != 0:
-        return f"sbatch failed ({sub.returncode}): {sub.stderr.strip()}", 0.0
-    job_id = sub.stdout.strip().split(";")[0]
+        return "", f"sbatch failed ({sub.returncode}): {sub.stderr.strip()}"
+    return sub.stdout.strip().split(";")[0], ""
+
+
+def wait_job(job_id, env, t0, timeout_s=60):
+    """Waits for a batch job to end: ("STATE EXIT:SIGNAL", seconds since t0). Polls
+    scontrol, since `sbatch --wait` checks only every few seconds."""
     while time.monotonic() - t0 < timeout_s:
         show = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=env,
                               capture_output=True, text=True).stdout
@@ -270,14 +274,29 @@ def main():
               f"srun's losses and gradient norms equal mpirun's, every step "
               f"(step 4 loss {want[-1][1]:.6f})", f"srun   {got}\nmpirun {want}")
 
+        # Without PMIx Open MPI would abort in MPI_Init naming no cause; pentad refuses first,
+        # once (task 0), naming the fix (launch/rank.h).
+        no_pmix, _ = run(["srun", "-n", "2", "--overcommit", "--mpi=none", pentad, "train",
+                          recipe, *TRAIN], env)
+        said = no_pmix.stderr.count("pentad: error: srun started this task without PMIx")
+        check(failures, no_pmix.returncode != 0 and said == 1
+              and "run srun --mpi=pmix" in no_pmix.stderr,
+              f"srun --mpi=none is refused once, naming --mpi=pmix (exit {no_pmix.returncode})",
+              no_pmix.stdout + no_pmix.stderr)
+
         # The shipped batch script: pentad launch (the supervisor inside the allocation)
         # over srun, then over mpirun reading the allocation from Slurm's environment.
+        # Both at once: with --overcommit each holds one CPU of the node, so they run side
+        # by side.
+        t0 = time.monotonic()
+        jobs = {}
         for launcher in ("srun", "mpirun"):
-            out_dir = tmp / f"sbatch-{launcher}"
-            state, seconds = batch(["-n", str(RANKS), "--overcommit",
-                                    f"--output={tmp}/sbatch-{launcher}.log", SBATCH, recipe,
-                                    *TRAIN, "--set", f"train.out_dir={out_dir}"],
-                                   dict(env, PENTAD=pentad, PENTAD_LAUNCHER=launcher))
+            jobs[launcher] = submit(["-n", str(RANKS), "--overcommit",
+                                     f"--output={tmp}/sbatch-{launcher}.log", SBATCH, recipe,
+                                     *TRAIN, "--set", f"train.out_dir={tmp}/sbatch-{launcher}"],
+                                    dict(env, PENTAD=pentad, PENTAD_LAUNCHER=launcher))
+        for launcher, (job_id, why) in jobs.items():
+            state, seconds = wait_job(job_id, env, t0) if job_id else (why, 0.0)
             log = state
             if (tmp / f"sbatch-{launcher}.log").exists():
                 log += "\n" + (tmp / f"sbatch-{launcher}.log").read_text()
@@ -287,7 +306,7 @@ def main():
                   f"sbatch {Path(SBATCH).name} with {launcher}: pentad launch sees every rank "
                   f"finish ({seconds:.1f} s)", log)
             if ok:
-                check(failures, losses(out_dir) == want,
+                check(failures, losses(tmp / f"sbatch-{launcher}") == want,
                       f"the batch job over {launcher} trains the same losses")
     finally:
         stop(daemons)
