@@ -3,7 +3,7 @@
 
 Reads each run directory's metrics.jsonl (train.out_dir) and draws a 2x2 figure against the
 step: the loss (training, and evaluation as dots), the learning rate, the throughput
-(tokens/s) and the gradient norm; one colour per run, named by its directory in the legend.
+(tokens/s) and the gradient norm (log scale, before clipping); one colour per run, named by its directory in the legend.
 A resumed run that trained some steps again counts the later rows, as TensorBoard does.
 Needs matplotlib (Debian: python3-matplotlib, which scripts/setup.sh installs).
 """
@@ -93,6 +93,7 @@ def main():
         ax.set_xlabel("step")
     axes[0, 0].legend(fontsize=8)
     axes[0, 1].ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
+    axes[1, 1].set_yscale("log")  # one clipped spike would flatten the rest
     fig.tight_layout()
     try:
         fig.savefig(args.out, dpi=100)
