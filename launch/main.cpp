@@ -167,7 +167,8 @@ void add_plot_options(CLI::App* plot, std::vector<std::string>& run_dirs, std::s
 int plot_main(int argc, char** argv) {
   CLI::App app{
       "pentad plot: training curves of runs (loss and eval loss, learning rate, "
-      "tokens/s, gradient norm against the step)"};
+      "tokens/s, gradient norm against the step)",
+      "pentad plot"};
   std::vector<std::string> run_dirs;
   std::string out;
   add_plot_options(&app, run_dirs, out);
