@@ -267,9 +267,10 @@ int main(int argc, char** argv) {
   auto* prepare = data->add_subcommand(
       "prepare", "Tokenize text files into a Megatron indexed dataset (PREFIX.bin + PREFIX.idx)");
   prepare->add_option("inputs", inputs, "Text files")->required()->check(CLI::ExistingFile);
-  prepare->add_option("-t,--tokenizer", tokenizer,
-                      "tokenizer.json (Hugging Face byte-level BPE) or tokenizer.model "
-                      "(SentencePiece)")
+  prepare
+      ->add_option("-t,--tokenizer", tokenizer,
+                   "tokenizer.json (Hugging Face byte-level BPE) or tokenizer.model "
+                   "(SentencePiece)")
       ->required()
       ->check(CLI::ExistingFile);
   prepare->add_option("-o,--out", out_prefix, "Output prefix")->required();

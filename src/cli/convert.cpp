@@ -188,8 +188,8 @@ std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_r
   // The recipe names the model's own tokenizer and no data: training from it refuses until
   // data.source and data.path name the user's tokens, rather than train on the fortunes.
   std::string tokenizer_description;
-  const std::string tokenizer = imported_tokenizer(hf_dir, checkpoint_root, cfg.model.vocab_size,
-                                                   tokenizer_description);
+  const std::string tokenizer =
+      imported_tokenizer(hf_dir, checkpoint_root, cfg.model.vocab_size, tokenizer_description);
   cfg.data.tokenizer = tokenizer;
   cfg.data.source = "none";
   const std::string recipe = recipe_to_toml(cfg);
@@ -283,8 +283,8 @@ std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_r
     fs::copy_file(fs::path(hf_dir) / fs::path(tokenizer).filename(), tokenizer,
                   fs::copy_options::overwrite_existing, ec);
     if (ec) fail("{}: cannot copy the tokenizer there ({})", tokenizer, ec.message());
-    tokenizer_note = fmt::format("data.tokenizer = {}, copied from {}", tokenizer,
-                                 tokenizer_description);
+    tokenizer_note =
+        fmt::format("data.tokenizer = {}, copied from {}", tokenizer, tokenizer_description);
   }
   return fmt::format(
       "imported {} tensors ({} parameters) from {} safetensors file(s) in {} into {} "

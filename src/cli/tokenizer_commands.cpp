@@ -25,15 +25,17 @@ void tokenizer_encode(const std::string& tokenizer_file, bool allow_special, std
     try {
       value = nlohmann::json::parse(line);
     } catch (const nlohmann::json::exception& e) {
-      fail("tokenizer encode: input line {} is not JSON ({}); give one JSON string or "
-           "{{\"text\": ...}} object per line",
-           number, e.what());
+      fail(
+          "tokenizer encode: input line {} is not JSON ({}); give one JSON string or "
+          "{{\"text\": ...}} object per line",
+          number, e.what());
     }
     if (value.is_object() && value.contains("text")) value = value["text"];
     if (!value.is_string())
-      fail("tokenizer encode: input line {} is neither a JSON string nor an object with a "
-           "\"text\" string",
-           number);
+      fail(
+          "tokenizer encode: input line {} is neither a JSON string nor an object with a "
+          "\"text\" string",
+          number);
     docs.push_back(value.get<std::string>());
     bytes += docs.back().size();
   }

@@ -39,8 +39,8 @@ class AddedTokens {
   void split_pass(std::string_view text, bool allow_special, bool normalized,
                   std::vector<Segment>& out) const;
 
-  std::vector<AddedToken> tokens_;  // longest first
-  bool has_plain_ = false;          // some token is not special
+  std::vector<AddedToken> tokens_;      // longest first
+  bool has_plain_ = false;              // some token is not special
   std::array<bool, 256> first_byte_{};  // some token starts with this byte
 };
 

@@ -120,7 +120,8 @@ void BpeModel::encode_piece(std::string_view piece, std::vector<int32_t>& out) c
     const auto& fallback = fallback_ids_[b];
     const size_t width = byte_to_unicode(b).size();
     if (byte_fallback_ && fallback[0] >= 0 && (width == 1 || fallback[1] >= 0)) {
-      ids.insert(ids.end(), fallback.begin(), fallback.begin() + static_cast<std::ptrdiff_t>(width));
+      ids.insert(ids.end(), fallback.begin(),
+                 fallback.begin() + static_cast<std::ptrdiff_t>(width));
       last_was_unk = false;
     } else if (unk_id_ >= 0) {
       if (!(fuse_unk_ && last_was_unk)) ids.push_back(unk_id_);
@@ -178,9 +179,9 @@ void BpeModel::encode_stretch(std::string_view text, Scratch& s, std::vector<int
     const size_t before = out.size();
     encode_piece(piece, out);
     if (s.cache.size() >= kMaxCached) s.cache.clear();
-    s.cache.emplace(std::string(piece), std::vector<int32_t>(
-                                            out.begin() + static_cast<std::ptrdiff_t>(before),
-                                            out.end()));
+    s.cache.emplace(
+        std::string(piece),
+        std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(before), out.end()));
   }
 }
 

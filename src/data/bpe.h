@@ -76,9 +76,9 @@ class BpeModel final : public TokenizerModel {
   AddedTokens added_tokens_;
   std::unordered_map<uint64_t, int32_t> merge_rank_;  // (left << 32 | right) -> rank
   std::array<int32_t, 256> byte_id_{};                // byte -> token id, -1 if the vocab lacks it
-  std::array<std::array<int32_t, 2>, 256> fallback_ids_{};  // byte -> "<0xXX>" ids of its stand-in
+  std::array<std::array<int32_t, 2>, 256> fallback_ids_{};   // byte -> "<0xXX>" ids of its stand-in
   std::unordered_map<std::string, int32_t> whole_piece_id_;  // ignore_merges: bytes -> id
-  std::unordered_map<int32_t, uint8_t> fallback_byte_;        // "<0xXX>" id -> XX
+  std::unordered_map<int32_t, uint8_t> fallback_byte_;       // "<0xXX>" id -> XX
   int32_t eot_id_ = -1, bos_id_ = -1;
 };
 

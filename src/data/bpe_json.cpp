@@ -42,8 +42,8 @@ void read_split(const json& step, const std::string& path, const std::string& wh
                 std::vector<std::string>& patterns) {
   if (!step.contains("pattern") || !step["pattern"].is_object() ||
       !step["pattern"].contains("Regex") || !step["pattern"]["Regex"].is_string())
-    fail("{}: {}.pattern must be {{\"Regex\": \"...\"}} (a String pattern is not supported)",
-         path, where);
+    fail("{}: {}.pattern must be {{\"Regex\": \"...\"}} (a String pattern is not supported)", path,
+         where);
   const std::string behavior = string_or_empty(step, "behavior");
   if (behavior != "Isolated")
     fail("{}: {}.behavior is \"{}\"; only \"Isolated\" is supported", path, where, behavior);

@@ -82,7 +82,7 @@ int utf8_char_length(std::string_view text, size_t i) {
   if (c >= 0xC2 && c <= 0xDF) return cont(i + 1, 0x80, 0xBF) ? 2 : 0;
   if (c >= 0xE0 && c <= 0xEF) {
     const uint8_t lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;  // no overlongs
-    return cont(i + 1, lo, hi) && cont(i + 2, 0x80, 0xBF) ? 3 : 0;           // nor surrogates
+    return cont(i + 1, lo, hi) && cont(i + 2, 0x80, 0xBF) ? 3 : 0;             // nor surrogates
   }
   if (c >= 0xF0 && c <= 0xF4) {
     const uint8_t lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;  // <= U+10FFFF

@@ -85,8 +85,7 @@ void RegexSplitter::split_valid(std::string_view text, RegexScratch& scratch,
     const int rc =
         pcre2_match(code, subject, text.size(), from, PCRE2_NO_UTF_CHECK, match, context);
     if (rc == PCRE2_ERROR_NOMATCH) break;
-    if (rc < 0)
-      fail("{}: matching the pattern {} failed: {}", where_, pattern_, pcre2_message(rc));
+    if (rc < 0) fail("{}: matching the pattern {} failed: {}", where_, pattern_, pcre2_message(rc));
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match);
     const size_t begin = ovector[0], end = ovector[1];
     if (end == begin) {  // an empty match is no piece: search again one character on

@@ -55,8 +55,8 @@ void SentencePieceModel::encode_into(std::string_view text, bool allow_special,
       continue;
     }
     const auto status = processor_->Encode(segment.text, &ids);
-    if (!status.ok()) fail("{}: SentencePiece could not encode the text ({})", path_,
-                           status.ToString());
+    if (!status.ok())
+      fail("{}: SentencePiece could not encode the text ({})", path_, status.ToString());
     out.insert(out.end(), ids.begin(), ids.end());
   }
 }

@@ -41,7 +41,7 @@ class SentencePieceModel final : public TokenizerModel {
 
   std::string path_, bytes_;
   std::shared_ptr<const sentencepiece::SentencePieceProcessor> processor_;  // immutable
-  AddedTokens specials_;  // the control symbols
+  AddedTokens specials_;                                                    // the control symbols
 };
 
 }  // namespace pentad::data

@@ -197,8 +197,7 @@ const std::vector<Key>& key_table() {
           train, stop_at, at_least(0),
           "End this run at step N (0: train.steps); the lr schedule still spans train.steps"),
 
-      PENTAD_KEY(data, source,
-                 one_of({"fortunes", "megatron", "llmc", "tokens", "random", "none"}),
+      PENTAD_KEY(data, source, one_of({"fortunes", "megatron", "llmc", "tokens", "random", "none"}),
                  "Tokens from: the fortune corpus, Megatron .bin/.idx, llm.c shards, a pentad "
                  "token file, random; none: not chosen yet (an imported model's recipe), "
                  "training refuses"),
