@@ -57,7 +57,7 @@ FRAGMENTS = [
     "مرحبا بالعالم", "हिन्दी भाषा", "ภาษาไทย", "e\u0301te\u0301", "🙂🙃", "👨‍👩‍👧 family",
     "🇫🇷🇯🇵", "x²+y³", "3.14159", "1234567890", "٣٤٥", "2026-11-28", "$1,000,000.00",
     "    ", "\t\t", "\n\n\n", "\r\n", " \n ", "\u00a0non-breaking\u00a0", "\u3000全角\u3000",
-    "thin\u2009space", "zero\u200bwidth", "def f(x):\n    return x ** 2  # square\n",
+    "thin\u2009space", "zero\u200bwidth", "odd\u0085\u2028\u2029\u1680\u180e\u000b\u000c\u001c\ufeff\u2060 x", "def f(x):\n    return x ** 2  # square\n",
     "for (int i = 0; i < n; ++i) { s += a[i]; }", "<div class=\"x\">&amp;</div>",
     "snake_case_name = CamelCase()", "--flag=value", "...!!!???", "«quoted» „text“",
     "<|endoftext|>", "<|end_of_text|>", "<|eot_id|>", "<s>", "</s>", "<|endoftext",
@@ -81,7 +81,7 @@ def run_pentad(pentad, args, stdin):
     if result.returncode != 0:
         sys.exit(f"pentad tokenizer {' '.join(args)} failed:\n{result.stderr}")
     sys.stderr.write(result.stderr)
-    return result.stdout.splitlines()
+    return result.stdout.split("\n")[:-1]  # not splitlines(): U+2028 may be inside a line
 
 
 def pentad_encode(pentad, path, docs, special):
