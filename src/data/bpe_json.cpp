@@ -105,7 +105,8 @@ std::unique_ptr<BpeModel> BpeModel::from_json(const std::string& text, const std
     fail(
         "{}: pre_tokenizer is not ByteLevel (nor a Sequence of Split steps ending in "
         "ByteLevel); only byte-level BPE tokenizers (GPT-2, LLaMA-3 style) load from "
-        "tokenizer.json",
+        "tokenizer.json; for a SentencePiece-based model (LLaMA-2, Mistral: Metaspace) give "
+        "its tokenizer.model",
         path);
   }
   // ---- model options ----
