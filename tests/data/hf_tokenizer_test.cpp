@@ -49,12 +49,12 @@ TEST(HfTokenizer, SpecialTokensOnlyWhenAllowed) {
   EXPECT_EQ(tok.special_id("ca"), -1);  // an added token, but not special
   EXPECT_EQ(tok.special_id("<|nope|>"), -1);
   const std::string text = "ab<|eot_id|>xab<|endoftext|>";
-  // Default: special tokens stay text, byte by byte ('<' and '|' are not in the vocab: z
-  // stands in for them below, so encode a text without them first).
-  EXPECT_EQ(tok.encode("abcab"), (std::vector<int32_t>{4, 12, 1}));  // "ca" always split out
-  // Allowed: leftmost-longest ("<|eot_id|>x" over "<|eot_id|>").
+  // An added token that is not special ("ca") is always split out.
+  EXPECT_EQ(tok.encode("abcab"), (std::vector<int32_t>{4, 12, 1}));
+  // Allowed: special tokens found leftmost-longest ("<|eot_id|>x" over "<|eot_id|>").
   EXPECT_EQ(tok.encode(text, true), (std::vector<int32_t>{4, 11, 4, 8}));
-  EXPECT_THROW(tok.encode(text), Error);  // as text, '<' has no token in this vocab
+  // By default they are text, and '<' has no token in this vocabulary.
+  EXPECT_THROW(tok.encode(text), Error);
   const std::vector<std::string_view> docs = {text, "b<|endoftext|>"};
   const auto batch = tok.encode_batch(docs, true);
   EXPECT_EQ(batch[0], tok.encode(text, true));
