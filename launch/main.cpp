@@ -1,8 +1,8 @@
 // pentad: the command line. Subcommands: train, plan, probe, data prepare, tokenizer
-// train/encode/decode, ckpt
-// inspect/convert, and the developer command reference (used by the PyTorch equivalence
-// tests). Each rank starts here: MPI, then launch/rank.h's threads and device, then the
-// mesh and the Trainer. `pentad launch` (launch/supervisor.h) is no rank and starts first.
+// train/encode/decode, ckpt inspect/convert, plot, and the developer command reference (used
+// by the PyTorch equivalence tests). Each rank starts here: MPI, then launch/rank.h's threads
+// and device, then the mesh and the Trainer. `pentad launch` (launch/supervisor.h) and `pentad plot`
+// (cli/plot.h) are no ranks and start first.
 #include <mpi.h>
 #include <spdlog/spdlog.h>
 
@@ -21,6 +21,7 @@
 #include "checkpoint/checkpoint.h"
 #include "cli/convert.h"
 #include "cli/data_commands.h"
+#include "cli/plot.h"
 #include "cli/probe.h"
 #include "cli/tokenizer_commands.h"
 #include "launch/monitor.h"
@@ -156,12 +157,43 @@ std::vector<std::string> overrides_from(const std::vector<std::string>& sets,
   return all;
 }
 
+// The plot subcommand's options, for `pentad plot` itself and for `pentad --help`.
+void add_plot_options(CLI::App* plot, std::vector<std::string>& run_dirs, std::string& out) {
+  plot->add_option("run_dirs", run_dirs, "Run directories (train.out_dir), one colour each")
+      ->required();
+  plot->add_option("-o,--out", out, "PNG file to write")->required();
+}
+
+// `pentad plot`: a Python script draws the figure, so no MPI starts (a child process of an
+// MPI singleton is one Open MPI warns about).
+int plot_main(int argc, char** argv) {
+  CLI::App app{
+      "pentad plot: training curves of runs (loss and eval loss, learning rate, "
+      "tokens/s, gradient norm against the step)",
+      "pentad plot"};
+  std::vector<std::string> run_dirs;
+  std::string out;
+  add_plot_options(&app, run_dirs, out);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : kRefused;
+  }
+  try {
+    return pentad::plot_curves(run_dirs, out);
+  } catch (const pentad::Error& e) {
+    print_error(e, -1);
+    return kRefused;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   // The supervisor is no MPI process: an MPI_Init here would leak OMPI_* into the job it starts.
   if (argc > 1 && std::string(argv[1]) == "launch")
     return pentad::launch::supervise_main(argc - 1, argv + 1);
+  if (argc > 1 && std::string(argv[1]) == "plot") return plot_main(argc - 1, argv + 1);
   Mpi mpi(argc, argv);
   spdlog::set_pattern(fmt::format("%H:%M:%S [rank {}] %v", mpi.rank));
 
@@ -176,6 +208,12 @@ int main(int argc, char** argv) {
                      "names a dead, hung or slow rank and restarts from the last checkpoint "
                      "(pentad launch --help)")
       ->allow_extras();
+  std::vector<std::string> plot_run_dirs;  // for --help: main() hands `pentad plot` over first
+  std::string plot_out;
+  add_plot_options(app.add_subcommand("plot",
+                                      "Draw runs' training curves into a PNG: pentad plot RUN_DIR "
+                                      "[RUN_DIR ...] -o curves.png (matplotlib)"),
+                   plot_run_dirs, plot_out);
   auto* train = app.add_subcommand("train", "Train a model from a TOML recipe");
   train->add_option("recipe", recipe, "Recipe file (see recipes/)")
       ->required()

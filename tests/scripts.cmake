@@ -320,3 +320,18 @@ add_test(NAME plan_vs_measured
           --set ci --steps 4 --calibration ${CMAKE_CURRENT_BINARY_DIR}/plan-calibration.json)
 set_tests_properties(plan_vs_measured PROPERTIES TIMEOUT 300 RUN_SERIAL TRUE LABELS slow
   PASS_REGULAR_EXPRESSION "plan ranks the layouts as measured")
+
+# TensorBoard event files read back by the tensorboard package's own reader (in the
+# environment above): every tag and step of metrics.jsonl, the values equal in float32,
+# through a resume that trains steps again and an MoE run's per-layer load.
+add_test(NAME tensorboard_events
+  COMMAND ${PENTAD_HF_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/tensorboard_events.py
+          $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml ${CMAKE_CURRENT_BINARY_DIR}/tensorboard)
+set_tests_properties(tensorboard_events PROPERTIES TIMEOUT 120
+  PASS_REGULAR_EXPRESSION "tensorboard events match metrics.jsonl")
+# `pentad plot`: two tiny runs into one PNG (both drawn), and its refusals.
+add_test(NAME plot_curves
+  COMMAND ${PENTAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/plot_curves.py
+          $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml ${CMAKE_CURRENT_BINARY_DIR}/plot-curves)
+set_tests_properties(plot_curves PROPERTIES TIMEOUT 120
+  PASS_REGULAR_EXPRESSION "pentad plot draws and refuses as it should")

@@ -36,6 +36,8 @@ struct TrainConfig {  // [train]
   // (pentad's kernel only). CPU training always runs pentad's kernel.
   std::string attention = "auto";
   std::string out_dir = "runs/default";
+  // Also write metrics.jsonl's scalars as TensorBoard event files in <out_dir>/tensorboard.
+  bool tensorboard = true;
   // Checkpoints (checkpoint/): every save_every steps (0: never) into ckpt_dir (empty:
   // <out_dir>/checkpoints), keeping the newest keep_last; async_save copies the state in
   // the background while the next step computes. resume: "" (start fresh), "latest" (the

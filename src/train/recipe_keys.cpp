@@ -165,6 +165,9 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(
           train, out_dir, any(),
           "Run directory: metrics.jsonl, recipe.toml, and checkpoints unless ckpt_dir is set"),
+      PENTAD_KEY(train, tensorboard, any(),
+                 "Also write metrics.jsonl's scalars as TensorBoard event files in "
+                 "<out_dir>/tensorboard"),
       PENTAD_KEY(train, save_every, at_least(0), "Save a checkpoint every N steps; 0: never"),
       PENTAD_KEY(train, ckpt_dir, any(), "Checkpoint directory; empty: <out_dir>/checkpoints"),
       PENTAD_KEY(train, ckpt_mirror, any(),

@@ -1,7 +1,7 @@
 // The Trainer's reports: the plan it prints before training (data, model, memory), the
-// step and eval lines and metrics.jsonl, and the files asked for on the command line (the
-// communication log, weight and gradient dumps, the pipeline timeline). None of them
-// changes what is trained.
+// step and eval lines and metrics.jsonl (with its TensorBoard events), and the files asked for on
+// the command line (the communication log, weight and gradient dumps, the pipeline timeline). None
+// of them changes what is trained.
 #include <omp.h>
 #include <spdlog/spdlog.h>
 
@@ -54,18 +54,14 @@ void Trainer::log_plan() const {
 void Trainer::open_run_files() {
   const TrainConfig& t = cfg_.train;
   if (!logs()) return;
-  std::filesystem::create_directories(t.out_dir);
-  metrics_.open(std::filesystem::path(t.out_dir) / "metrics.jsonl",
-                t.resume.empty() ? std::ios::trunc : std::ios::app);
-  if (!metrics_) fail("cannot write {}/metrics.jsonl", t.out_dir);
+  metrics_.open(t.out_dir, !t.resume.empty(), start_step_, t.tensorboard);
   std::ofstream recipe(std::filesystem::path(t.out_dir) / "recipe.toml");
   recipe << recipe_to_toml(cfg_);
 }
 
-void Trainer::write_metrics(const std::string& json_line) {
+void Trainer::write_metrics(const nlohmann::json& row) {
   if (!logs()) return;
-  metrics_ << json_line << '\n';
-  metrics_.flush();
+  metrics_.write(row);
 }
 
 void Trainer::report_step(const StepStats& s, std::chrono::steady_clock::time_point run_start,
@@ -109,7 +105,7 @@ void Trainer::report_step(const StepStats& s, std::chrono::steady_clock::time_po
     j["blocked_seconds"] = checkpoint_blocked_seconds() - blocked_reported_;
     blocked_reported_ = checkpoint_blocked_seconds();
   }
-  write_metrics(j.dump());
+  write_metrics(j);
   if (t.log_every > 0 && ((step + 1) % t.log_every == 0 || step == start_step_ || step + 1 == last))
     spdlog::info(
         "step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | {:.1f} "
@@ -119,15 +115,14 @@ void Trainer::report_step(const StepStats& s, std::chrono::steady_clock::time_po
 }
 
 void Trainer::report_eval(int64_t step, float loss) {
-  write_metrics(nlohmann::json{{"step", step + 1}, {"eval_loss", loss}}.dump());
+  write_metrics(nlohmann::json{{"step", step + 1}, {"eval_loss", loss}});
   spdlog::info("step {:>5}/{} | eval loss {:.4f}", step + 1, cfg_.train.steps, loss);
 }
 
 void Trainer::report_checkpoints(double blocked_seconds, double final_flush_seconds) {
   write_metrics(nlohmann::json{{"checkpoint_saves", saves_},
                                {"checkpoint_blocked_seconds", blocked_seconds},
-                               {"checkpoint_final_flush_seconds", final_flush_seconds}}
-                    .dump());
+                               {"checkpoint_final_flush_seconds", final_flush_seconds}});
   spdlog::info(
       "checkpoints: {} saves, training blocked {:.3f} s in all ({}), final flush {:.3f} s, {} "
       "files written over recycled ones",
@@ -142,8 +137,7 @@ void Trainer::report_saver_time(int64_t step, const ckpt::AsyncSaver::Timings& t
                                {"saver_copy_seconds", t.copy_seconds},
                                {"saver_copy_cpu_seconds", t.copy_cpu_seconds},
                                {"saver_write_seconds", t.write_seconds},
-                               {"saver_write_cpu_seconds", t.write_cpu_seconds}}
-                    .dump());
+                               {"saver_write_cpu_seconds", t.write_cpu_seconds}});
 }
 
 void Trainer::write_comm_log(const std::string& dir) const {

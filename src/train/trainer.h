@@ -23,6 +23,7 @@
 #include "parallel/pp/pipeline.h"
 #include "train/config.h"
 #include "train/layout.h"
+#include "train/metrics_log.h"
 #include "train/parallelize.h"
 
 namespace pentad {
@@ -143,10 +144,11 @@ class Trainer {
     return model_->embedding_copy() >= 0 ? model_->embedding_copy() : model_->embedding();
   }
   // Reports (train/reports.cpp): the plan printed before training, then per step and eval
-  // the log line and metrics.jsonl (world rank 0 writes it, beside recipe.toml).
+  // the log line and metrics.jsonl with its TensorBoard events (world rank 0 writes them,
+  // beside recipe.toml; train/metrics_log.h).
   void log_plan() const;
   void open_run_files();
-  void write_metrics(const std::string& json_line);
+  void write_metrics(const nlohmann::json& row);
   void report_step(const StepStats& s, std::chrono::steady_clock::time_point run_start,
                    int64_t last);
   void report_eval(int64_t step, float loss);
@@ -304,7 +306,7 @@ class Trainer {
   StepReadback step_readback_;
   std::unique_ptr<parallel::pp::Pipeline> pipeline_;      // with pp > 1
   std::vector<std::pair<int64_t, int64_t>> step_starts_;  // pipelined steps: (step, start ns)
-  std::ofstream metrics_;
+  MetricsLog metrics_;
   std::vector<int32_t> inputs_, targets_;
   std::vector<StepStats> history_;  // every step of run(), for write_comm_log
   ckpt::AsyncSaver saver_;
