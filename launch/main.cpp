@@ -1,8 +1,8 @@
 // pentad: the command line. Subcommands: train, plan, probe, data prepare, tokenizer
 // train/encode/decode, ckpt inspect/convert, plot, and the developer command reference (used
 // by the PyTorch equivalence tests). Each rank starts here: MPI, then launch/rank.h's threads
-// and device, then the mesh and the Trainer. `pentad launch` (launch/supervisor.h) and `pentad plot`
-// (cli/plot.h) are no ranks and start first.
+// and device, then the mesh and the Trainer. `pentad launch` (launch/supervisor.h) and
+// `pentad plot` (cli/plot.h) are no ranks and start first.
 #include <mpi.h>
 #include <spdlog/spdlog.h>
 
