@@ -1,8 +1,8 @@
-// pentad: the command line. Subcommands: train, plan, probe, data prepare, tokenizer train, ckpt
-// inspect/convert, plot, and the developer command reference (used by the PyTorch equivalence
-// tests). Each rank starts here: MPI, then launch/rank.h's threads and device, then the
-// mesh and the Trainer. `pentad launch` (launch/supervisor.h) and `pentad plot`
-// (cli/plot.h) are no ranks and start first.
+// pentad: the command line. Subcommands: train, plan, probe, data prepare, tokenizer
+// train/encode/decode, ckpt inspect/convert, plot, and the developer command reference (used
+// by the PyTorch equivalence tests). Each rank starts here: MPI, then launch/rank.h's threads
+// and device, then the mesh and the Trainer. `pentad launch` (launch/supervisor.h) and
+// `pentad plot` (cli/plot.h) are no ranks and start first.
 #include <mpi.h>
 #include <spdlog/spdlog.h>
 
@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <iostream>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -23,6 +24,7 @@
 #include "cli/data_commands.h"
 #include "cli/plot.h"
 #include "cli/probe.h"
+#include "cli/tokenizer_commands.h"
 #include "launch/monitor.h"
 #include "launch/rank.h"
 #include "launch/supervisor.h"
@@ -311,7 +313,10 @@ int main(int argc, char** argv) {
   auto* prepare = data->add_subcommand(
       "prepare", "Tokenize text files into a Megatron indexed dataset (PREFIX.bin + PREFIX.idx)");
   prepare->add_option("inputs", inputs, "Text files")->required()->check(CLI::ExistingFile);
-  prepare->add_option("-t,--tokenizer", tokenizer, "tokenizer.json (Hugging Face byte-level BPE)")
+  prepare
+      ->add_option("-t,--tokenizer", tokenizer,
+                   "tokenizer.json (Hugging Face byte-level BPE) or tokenizer.model "
+                   "(SentencePiece)")
       ->required()
       ->check(CLI::ExistingFile);
   prepare->add_option("-o,--out", out_prefix, "Output prefix")->required();
@@ -327,6 +332,23 @@ int main(int argc, char** argv) {
   tok_train->add_option("-v,--vocab-size", vocab_size, "Vocabulary size, <|endoftext|> included")
       ->capture_default_str();
   tok_train->add_option("-o,--out", tok_out, "Output tokenizer.json")->required();
+  std::string tok_file;
+  bool allow_special = false;
+  auto* tok_encode = tok->add_subcommand(
+      "encode",
+      "Encode documents from stdin, one per line as a JSON string or {\"text\": ...}; writes "
+      "one line of space-separated ids per document");
+  tok_encode->add_option("tokenizer", tok_file, "tokenizer.json or tokenizer.model")
+      ->required()
+      ->check(CLI::ExistingFile);
+  tok_encode->add_flag("--special", allow_special,
+                       "Special tokens written in the text (\"<|endoftext|>\") become their ids; "
+                       "by default they stay text");
+  auto* tok_decode = tok->add_subcommand(
+      "decode", "Decode lines of space-separated ids from stdin; writes one JSON string per line");
+  tok_decode->add_option("tokenizer", tok_file, "tokenizer.json or tokenizer.model")
+      ->required()
+      ->check(CLI::ExistingFile);
 
   auto* ckpt = app.add_subcommand("ckpt", "Checkpoint tools");
   ckpt->require_subcommand(1);
@@ -461,6 +483,10 @@ int main(int argc, char** argv) {
       pentad::data::data_prepare(inputs, tokenizer, out_prefix, fortune_format);
     } else if (*tok_train) {
       pentad::data::tokenizer_train(inputs, vocab_size, tok_out);
+    } else if (*tok_encode) {
+      pentad::data::tokenizer_encode(tok_file, allow_special, std::cin, std::cout);
+    } else if (*tok_decode) {
+      pentad::data::tokenizer_decode(tok_file, std::cin, std::cout);
     }
   } catch (const std::exception& e) {
     return report_error(e, is_ours(e) ? kRefused : kInternal, mpi.rank, mpi.size, mpi.errors);

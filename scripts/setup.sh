@@ -20,6 +20,7 @@ packages=(
   libopenblas-openmp-dev              # CPU GEMM, sharing the OpenMP thread pool
   liburing-dev                        # NVMe offload
   nlohmann-json3-dev                  # tokenizer.json, metrics
+  libpcre2-dev libsentencepiece-dev   # tokenizers: pre-tokenizer regexes, SentencePiece models
   python3-torch python3-numpy         # numerical reference in tests and benchmarks
   python3-matplotlib                  # pentad plot (scripts/plot_curves.py)
   python3-venv python3-pip            # the transformers environment below
@@ -43,20 +44,22 @@ fi
 # The Hugging Face tests load pentad's exports with the real transformers library (and
 # read safetensors files), which Debian does not ship. They go into a virtual environment
 # in .venv/ that also sees Debian's torch and numpy (--system-site-packages); tests/
-# scripts.cmake runs those tests with its python. transformers 4.40 is the newest that
+# scripts.cmake runs those tests with its python; the tokenizer test trains references with
+# tokenizers and sentencepiece (0.1.99: the closest wheel to Debian's libsentencepiece
+# 0.1.97, which pentad links). transformers 4.40 is the newest that
 # runs on Debian's torch 1.13; its dependencies are pinned to versions checked with it.
 # The TensorBoard test reads pentad's event files with the tensorboard package's own
 # reader, from the same environment. A stamp holding the pins makes the next run a file
 # comparison.
 venv="$(cd "$(dirname "$0")/.." && pwd)/.venv"
 hf_pins=(transformers==4.40.2 tokenizers==0.19.1 huggingface-hub==0.36.2 safetensors==0.8.0
-  tensorboard==2.21.0)
+         sentencepiece==0.1.99 tensorboard==2.21.0)
 stamp="$venv/pentad-pins.txt"
 if [[ ! -x $venv/bin/python || "$(cat "$stamp" 2>/dev/null)" != "${hf_pins[*]}" ]]; then
   echo "setup: installing ${hf_pins[*]} into $venv"
   /usr/bin/python3 -m venv --system-site-packages "$venv"
   "$venv/bin/python" -m pip install --quiet "${hf_pins[@]}"
-  "$venv/bin/python" -c "import torch, transformers, safetensors.torch; transformers.GPT2Config()"
+  "$venv/bin/python" -c "import torch, transformers, safetensors.torch, sentencepiece; transformers.GPT2Config()"
   "$venv/bin/python" -c "from tensorboard.backend.event_processing import event_accumulator"
   echo "${hf_pins[*]}" >"$stamp"
 fi

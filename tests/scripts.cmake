@@ -234,6 +234,16 @@ add_test(NAME hf_export_mixtral
 set_tests_properties(hf_export_gpt2 hf_export_llama hf_export_mixtral PROPERTIES TIMEOUT 300
   PASS_REGULAR_EXPRESSION "hf export matches")
 
+# Tokenizers against the libraries: GPT-2- and LLaMA-3-style byte-level BPE trained with
+# `tokenizers`, SentencePiece BPE and unigram models with byte fallback trained with
+# `sentencepiece`, on a multilingual corpus the test writes; every document's ids identical,
+# with and without special tokens, and decoding gives the text back (about 5 s).
+add_test(NAME tokenizer_ids
+  COMMAND ${PENTAD_HF_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/tokenizer_ids.py
+          $<TARGET_FILE:pentad> ${CMAKE_CURRENT_BINARY_DIR}/tokenizer-ids)
+set_tests_properties(tokenizer_ids PROPERTIES TIMEOUT 120
+  PASS_REGULAR_EXPRESSION "tokenizer ids match")
+
 # Inputs pentad must accept or refuse (issue 12): exit codes and the words of each message,
 # run on the real binary with tiny settings, each case in well under 5 s.
 add_test(NAME cli_inputs

@@ -23,6 +23,7 @@
 #include "cli/checkpoint_params.h"
 #include "cli/hf_layout.h"
 #include "core/check.h"
+#include "data/tokenizer.h"
 #include "train/recipe.h"
 
 namespace pentad::ckpt {
@@ -94,6 +95,23 @@ class HfTensors {
   std::vector<SafetensorsFile> files_;
   std::map<std::string, size_t> where_;  // tensor name -> index in files_
 };
+
+// The tokenizer that came with the model (tokenizer.json, else tokenizer.model), loaded to
+// check it, and where it will be copied beside the checkpoint; "" when hf_dir has none.
+std::string imported_tokenizer(const std::string& hf_dir, const std::string& checkpoint_root,
+                               int64_t vocab_size, std::string& description) {
+  for (const char* name : {"tokenizer.json", "tokenizer.model"}) {
+    const fs::path source = fs::path(hf_dir) / name;
+    if (!fs::exists(source)) continue;
+    const data::Tokenizer tokenizer = data::Tokenizer::load(source.string());
+    if (tokenizer.vocab_size() > vocab_size)
+      fail("{}: the tokenizer has {} tokens, more than config.json's vocab_size {}",
+           source.string(), tokenizer.vocab_size(), vocab_size);
+    description = fmt::format("{} ({}, {} tokens)", name, tokenizer.kind(), tokenizer.vocab_size());
+    return fs::absolute(fs::path(checkpoint_root) / name).lexically_normal().string();
+  }
+  return "";
+}
 
 }  // namespace
 
@@ -167,6 +185,13 @@ std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_r
   Config cfg = parse_recipe("", config_path);
   cfg.model = model_from_hf(hf_config, config_path);
   cfg.train.seq_len = std::min(cfg.train.seq_len, cfg.model.max_seq_len);
+  // The recipe names the model's own tokenizer and no data: training from it refuses until
+  // data.source and data.path name the user's tokens, rather than train on the fortunes.
+  std::string tokenizer_description;
+  const std::string tokenizer =
+      imported_tokenizer(hf_dir, checkpoint_root, cfg.model.vocab_size, tokenizer_description);
+  cfg.data.tokenizer = tokenizer;
+  cfg.data.source = "none";
   const std::string recipe = recipe_to_toml(cfg);
   cfg = parse_recipe(recipe, config_path);
   const ModelConfig& m = cfg.model;
@@ -251,10 +276,23 @@ std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_r
   std::ofstream recipe_out(recipe_path);
   recipe_out << recipe;
   if (!recipe_out.flush()) fail("{}: write failed ({})", recipe_path, std::strerror(errno));
+  std::string tokenizer_note =
+      fmt::format("{} has no tokenizer.json or tokenizer.model: data.tokenizer is empty", hf_dir);
+  if (!tokenizer.empty()) {
+    std::error_code ec;
+    fs::copy_file(fs::path(hf_dir) / fs::path(tokenizer).filename(), tokenizer,
+                  fs::copy_options::overwrite_existing, ec);
+    if (ec) fail("{}: cannot copy the tokenizer there ({})", tokenizer, ec.message());
+    tokenizer_note =
+        fmt::format("data.tokenizer = {}, copied from {}", tokenizer, tokenizer_description);
+  }
   return fmt::format(
       "imported {} tensors ({} parameters) from {} safetensors file(s) in {} into {} "
-      "(ignored {} buffers); its recipe is {} (train on: pentad train {} --resume {})",
-      params.size(), values, hf.files(), hf_dir, target, ignored, recipe_path, recipe_path, target);
+      "(ignored {} buffers); its recipe is {} (train on: pentad train {} --resume {} "
+      "data.source=megatron data.path=PREFIX, PREFIX from pentad data prepare FILES "
+      "--tokenizer {} -o PREFIX); {}",
+      params.size(), values, hf.files(), hf_dir, target, ignored, recipe_path, recipe_path, target,
+      tokenizer.empty() ? "TOKENIZER" : tokenizer, tokenizer_note);
 }
 
 }  // namespace pentad::ckpt

@@ -8,7 +8,7 @@
 #include <unordered_map>
 
 #include "core/check.h"
-#include "data/tokenizer.h"
+#include "data/bpe.h"
 
 namespace pentad::data {
 
@@ -35,12 +35,8 @@ struct Candidate {
 
 }  // namespace
 
-Tokenizer Tokenizer::train(std::string_view text, int64_t vocab_size) {
-  std::string_view one[] = {text};
-  return train(std::span<const std::string_view>(one), vocab_size);
-}
-
-Tokenizer Tokenizer::train(std::span<const std::string_view> documents, int64_t vocab_size) {
+std::unique_ptr<BpeModel> BpeModel::train(std::span<const std::string_view> documents,
+                                          int64_t vocab_size) {
   if (vocab_size < 257)
     fail("tokenizer vocab_size must be at least 257 (256 bytes + <|endoftext|>), got {}",
          vocab_size);
@@ -60,7 +56,8 @@ Tokenizer Tokenizer::train(std::span<const std::string_view> documents, int64_t 
     words[w].count = sorted[w].second;
   }
 
-  Tokenizer tok;
+  auto owned = std::make_unique<BpeModel>();
+  BpeModel& tok = *owned;
   std::unordered_map<std::string, int32_t> id_of;
   for (int b = 0; b < 256; ++b) {
     tok.tokens_.emplace_back(1, static_cast<char>(b));
@@ -146,11 +143,16 @@ Tokenizer Tokenizer::train(std::span<const std::string_view> documents, int64_t 
     }
   }
 
-  tok.tokens_.emplace_back(kEndOfText);
-  tok.special_.assign(tok.tokens_.size(), false);
-  tok.special_.back() = true;
+  AddedToken eot;
+  eot.content = "<|endoftext|>";
+  eot.id = static_cast<int32_t>(tok.tokens_.size());
+  eot.normalized = true;  // as GPT-2's tokenizer.json has it
+  tok.tokens_.push_back(eot.content);
+  tok.added_.assign(tok.tokens_.size(), false);
+  tok.added_.back() = true;
+  tok.added_list_.push_back(eot);
   tok.build_lookup();
-  return tok;
+  return owned;
 }
 
 }  // namespace pentad::data

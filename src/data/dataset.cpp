@@ -371,6 +371,13 @@ DataLoader DataLoader::open(const DataConfig& cfg, int64_t seq_len, int64_t voca
     fail("data.val_fraction must be in [0, 1), got {}", cfg.val_fraction);
   }
   const std::string& source = cfg.source;
+  if (source == "none")
+    fail(
+        "data.source = \"none\": this recipe names no training data (ckpt convert --from hf "
+        "writes it so, rather than train an imported model on the fortune corpus); set "
+        "data.source and data.path, e.g. data.source=megatron data.path=PREFIX with PREFIX from "
+        "`pentad data prepare FILES --tokenizer {} -o PREFIX`",
+        cfg.tokenizer.empty() ? "TOKENIZER" : cfg.tokenizer);
   if (source == "random") {
     const int64_t val_size = std::max<int64_t>(1 << 20, 16 * (seq_len + 1));
     return DataLoader(TokenStream::random(seed, vocab_size, int64_t{1} << 40),

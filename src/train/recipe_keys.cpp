@@ -200,9 +200,10 @@ const std::vector<Key>& key_table() {
           train, stop_at, at_least(0),
           "End this run at step N (0: train.steps); the lr schedule still spans train.steps"),
 
-      PENTAD_KEY(data, source, one_of({"fortunes", "megatron", "llmc", "tokens", "random"}),
+      PENTAD_KEY(data, source, one_of({"fortunes", "megatron", "llmc", "tokens", "random", "none"}),
                  "Tokens from: the fortune corpus, Megatron .bin/.idx, llm.c shards, a pentad "
-                 "token file, random"),
+                 "token file, random; none: not chosen yet (an imported model's recipe), "
+                 "training refuses"),
       PENTAD_KEY(
           data, path, any(),
           "megatron: .bin/.idx prefix; llmc: a .bin shard or a glob; tokens: the token file"),
@@ -213,8 +214,8 @@ const std::vector<Key>& key_table() {
                  "Without val_path: the fraction at the end of the stream held out for validation; "
                  "0: none"),
       PENTAD_KEY(data, tokenizer, any(),
-                 "tokenizer.json (fortunes tokenize with it, others take its EOT id); empty: "
-                 "fortunes learn a BPE"),
+                 "tokenizer.json or SentencePiece tokenizer.model (fortunes tokenize with it, "
+                 "others take its EOT id); empty: fortunes learn a BPE"),
       PENTAD_KEY(data, cache_dir, any(),
                  "Directory where fortunes' automatic tokenization writes its tokens and "
                  "tokenizer"),

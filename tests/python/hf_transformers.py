@@ -15,7 +15,9 @@ llama-gqa-tied, llama-gqa-untied, mixtral-gqa-untied, mixtral-top1-tied):
 Import cases (NAME = gpt2-import, gpt2-untied-import, llama-gqa-import, mixtral-import):
 1. transformers builds a small model with every parameter perturbed (so biases and norms
    are not their 0 / 1 initialisation) and save_pretrained writes it;
-2. `pentad ckpt convert --from hf` imports it and writes ROOT/recipe.toml, which
+2. `pentad ckpt convert --from hf` imports it (with a small tokenizer.json beside it, which
+   it copies and names as data.tokenizer; data.source = "none" makes training from the
+   recipe refuse until data is named) and writes ROOT/recipe.toml, which
    `pentad ckpt inspect` prints back (and `--recipe` alone, byte for byte);
 3. pentad's logits on its batch (`pentad reference --checkpoint`) are within TOL of
    transformers';
@@ -203,6 +205,13 @@ def check_import(pentad, recipes, work, name):
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     model.save_pretrained(work / "hf")
+    # A byte-level BPE small enough for the tiny vocabulary: the printable ASCII bytes.
+    vocab = {chr(c): i for i, c in enumerate(range(ord("!"), ord("~") + 1))}
+    added = [{"id": len(vocab), "content": "<|endoftext|>", "special": True}]
+    vocab["<|endoftext|>"] = len(vocab)
+    (work / "hf" / "tokenizer.json").write_text(json.dumps({
+        "added_tokens": added, "normalizer": None, "pre_tokenizer": {"type": "ByteLevel"},
+        "model": {"type": "BPE", "vocab": vocab, "merges": []}}))
 
     root = work / "imported"
     summary = run(pentad, "ckpt", "convert", "--from", "hf", work / "hf", root).strip()
@@ -212,6 +221,22 @@ def check_import(pentad, recipes, work, name):
         failures.append(f"convert --from hf wrote no {recipe} or did not say so")
         return failures
     ckpt = newest_checkpoint(root)
+
+    # The recipe names the imported tokenizer, copied beside the checkpoint, and no data:
+    # training from it as written refuses, naming the keys to set.
+    copied = (root / "tokenizer.json").resolve()
+    if not copied.exists() or copied.read_bytes() != (work / "hf" / "tokenizer.json").read_bytes():
+        failures.append(f"convert --from hf did not copy tokenizer.json to {copied}")
+    for line in (f'tokenizer = "{copied}"', 'source = "none"'):
+        if line not in recipe.read_text().splitlines():
+            failures.append(f"recipe.toml has no line '{line}'")
+    refused = subprocess.run([str(pentad), "train", str(recipe), "--resume", str(ckpt),
+                              "--set", f"train.out_dir={work / 'refused'}"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if refused.returncode == 0 or "data.path" not in refused.stdout or \
+            "data.source" not in refused.stdout:
+        failures.append("training from the imported recipe without data did not refuse naming "
+                        f"data.source and data.path:\n{refused.stdout[-2000:]}")
 
     # inspect prints the recorded recipe, and --recipe prints it alone, as the file holds it.
     text = recipe.read_text()
