@@ -5,6 +5,9 @@ For each NAME (gpt2, llama-gqa): `pentad train` a few steps (random tokens, so t
 learned something but no tokenizer is needed), export the checkpoint with `ckpt convert
 --to hf`, then greedy-decode the same prompt ids with `pentad generate --print-ids` and with
 transformers' generate(do_sample=False): the new ids must be equal, token for token.
+With "sample": train.sample_every = STEPS logs the same ids as `pentad generate` from
+that step's checkpoint (start: the end-of-text id, V - 1 without a tokenizer), the losses
+are those of the same run without it, and under tp2 the key is refused naming the layout.
 With "tp2" also given, the gpt2 run is repeated under mpirun -np 2 with parallel.tp=2 and
 its checkpoint must generate the same ids as its one-rank twin.
 
@@ -42,21 +45,23 @@ def run(*cmd, env=None):
                           text=True, env=env).stdout
 
 
-def train(pentad, recipe, work, overrides, ranks=1):
+def train(pentad, recipe, work, overrides, ranks=1, log=None):
     sets = [a for o in COMMON + overrides for a in ("--set", o)]
     launcher = MPI if ranks > 1 else []
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    run(*launcher, pentad, "train", recipe, *sets, "--set", f"train.ckpt_dir={work / 'ckpt'}",
-        "--set", f"train.out_dir={work / 'run'}", env=env)
+    out = run(*launcher, pentad, "train", recipe, *sets, "--set",
+              f"train.ckpt_dir={work / 'ckpt'}", "--set", f"train.out_dir={work / 'run'}", env=env)
+    if log is not None:
+        log.extend(out.splitlines())
     steps = sorted((work / "ckpt").glob("step-*"))
     if not steps:
         sys.exit(f"no checkpoint under {work / 'ckpt'}")
     return steps[-1]
 
 
-def pentad_ids(pentad, ckpt):
-    out = run(pentad, "generate", ckpt, "--prompt-ids", ",".join(map(str, PROMPT)),
-              "--print-ids", "--max-tokens", NEW_TOKENS).strip().splitlines()
+def pentad_ids(pentad, ckpt, prompt=PROMPT, new_tokens=NEW_TOKENS):
+    out = run(pentad, "generate", ckpt, "--prompt-ids", ",".join(map(str, prompt)),
+              "--print-ids", "--max-tokens", new_tokens).strip().splitlines()
     if "tokens/s" not in out[-1]:
         sys.exit(f"generate printed no tokens/s line: {out}")
     return [int(x) for x in out[-2].split(",")]
@@ -72,6 +77,33 @@ def hf_ids(pentad, ckpt, out):
                              min_new_tokens=NEW_TOKENS, pad_token_id=0,
                              attention_mask=torch.ones(1, len(PROMPT), dtype=torch.long))
     return ids[0, len(PROMPT):].tolist()
+
+
+def check_sample(pentad, recipe, work):
+    failures = []
+    with_log, without_log = [], []
+    ckpt = train(pentad, recipe, work / "with", [f"train.sample_every={STEPS}"], log=with_log)
+    train(pentad, recipe, work / "without", [], log=without_log)
+    losses = [[line.split("| loss ")[1].split()[0] for line in lines if "| loss " in line]
+              for lines in (with_log, without_log)]
+    if not losses[0] or losses[0] != losses[1]:
+        failures.append(f"sample_every changed the losses: {losses[0]} != {losses[1]}")
+    samples = [line for line in with_log if f"step {STEPS} sample (ids): " in line]
+    if len(samples) != 1:
+        return failures + [f"expected one step-{STEPS} sample line, got {samples}"]
+    logged = [int(x) for x in samples[0].split("sample (ids): ")[1].split()]
+    vocab = 512  # gpt-tiny's model.vocab_size; the sample starts at V - 1 without a tokenizer
+    generated = pentad_ids(pentad, ckpt, [vocab - 1], len(logged))
+    print(f"sample: logged {logged}\nsample: generate {generated}")
+    if logged != generated:
+        failures.append(f"sample {logged} != pentad generate {generated}")
+    try:
+        train(pentad, recipe, work / "tp2", [f"train.sample_every={STEPS}", "parallel.tp=2"], 2)
+        failures.append("train.sample_every under tp2 was not refused")
+    except subprocess.CalledProcessError as e:
+        if "train.sample_every" not in e.stdout or "tp = 2" not in e.stdout:
+            failures.append(f"tp2 refusal does not name the key and layout: {e.stdout[-400:]}")
+    return failures
 
 
 def main():
@@ -94,6 +126,8 @@ def main():
         print(f"gpt2 tp2: pentad {ids}")
         if ids != ours.get("gpt2"):
             failures.append(f"gpt2 tp2 checkpoint: {ids} != one-rank twin {ours.get('gpt2')}")
+    if "sample" in names:
+        failures += check_sample(pentad, recipes / CASES["gpt2"][0], work / "sample")
     if failures:
         sys.exit("\n".join(failures))
     print("pentad generate matches transformers")
