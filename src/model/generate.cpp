@@ -57,8 +57,17 @@ int32_t pick_token(std::span<const float> logits, const SamplingOptions& o, std:
   return ids[keep - 1];
 }
 
+namespace {
+// Decoding routes without a capacity limit (as transformers' Mixtral does): with one, the
+// padded tail would compete with the prefix for expert slots and change its logits.
+ModelConfig dropless(ModelConfig cfg) {
+  cfg.moe.capacity_factor = 0.0f;
+  return cfg;
+}
+}  // namespace
+
 Generator::Generator(const ModelConfig& cfg)
-    : model_(cfg, 1, cfg.max_seq_len),
+    : model_(dropless(cfg), 1, cfg.max_seq_len),
       padded_(size_t(cfg.max_seq_len), 0),
       targets_(size_t(cfg.max_seq_len), 0) {}
 

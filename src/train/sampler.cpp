@@ -64,7 +64,10 @@ void TrainingSampler::print(const Model& trained, int64_t step) {
   }
   const std::span<const int32_t> made(tokens.data() + 1, tokens.size() - 1);
   if (tokenizer_) {
-    spdlog::info("step {} sample: {}", step, tokenizer_->decode(made));
+    std::string text;  // one log line: newlines shown as \n
+    for (char c : tokenizer_->decode(made))
+      text += c == '\n' ? std::string("\\n") : std::string(1, c);
+    spdlog::info("step {} sample: {}", step, text);
   } else {
     std::string ids;
     for (int32_t id : made) ids += (ids.empty() ? "" : " ") + std::to_string(id);
