@@ -22,6 +22,7 @@
 #include "checkpoint/checkpoint.h"
 #include "cli/convert.h"
 #include "cli/data_commands.h"
+#include "cli/generate.h"
 #include "cli/plot.h"
 #include "cli/probe.h"
 #include "cli/tokenizer_commands.h"
@@ -374,6 +375,28 @@ int main(int argc, char** argv) {
   convert->add_option("destination", convert_dst, "Output directory, file, or checkpoint root")
       ->required();
 
+  pentad::ckpt::GenerateOptions gen;
+  auto* generate = app.add_subcommand(
+      "generate", "Continue a prompt from a checkpoint's weights, on the CPU (docs/generate.md)");
+  generate->add_option("checkpoint", gen.checkpoint, "Checkpoint directory (step-N), any layout")
+      ->required();
+  generate->add_option("--prompt", gen.prompt, "Text to continue");
+  generate->add_option("--prompt-ids", gen.prompt_ids,
+                       "Comma-separated token ids to continue instead of text");
+  generate->add_option("--tokenizer", gen.tokenizer,
+                       "tokenizer.json to use instead of the recipe's");
+  generate->add_option("--max-tokens", gen.max_tokens, "Most tokens to generate")
+      ->capture_default_str();
+  generate->add_option("--temperature", gen.sampling.temperature, "0: greedy")
+      ->capture_default_str();
+  generate->add_option("--top-k", gen.sampling.top_k, "Keep the k most likely tokens (0: all)")
+      ->capture_default_str();
+  generate->add_option("--top-p", gen.sampling.top_p, "Nucleus mass to keep (1: all)")
+      ->capture_default_str();
+  generate->add_option("--seed", gen.sampling.seed, "Sampling seed")->capture_default_str();
+  generate->add_flag("--print-ids", gen.print_ids,
+                     "Print the generated token ids (one comma-separated line) instead of text");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -467,6 +490,9 @@ int main(int argc, char** argv) {
       else
         pentad::fail("ckpt convert needs --to hf|llmc or --from hf");
       std::puts(summary.c_str());
+    } else if (*generate) {
+      if (mpi.size > 1) pentad::fail("generate runs in one process: start it without mpirun");
+      pentad::ckpt::generate(gen);
     } else if (*inspect) {
       if (recipe_only)
         std::fputs(pentad::ckpt::Reader(ckpt_path).manifest().recipe_toml.c_str(), stdout);

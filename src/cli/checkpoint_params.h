@@ -23,6 +23,7 @@ class CheckpointParams {
   explicit CheckpointParams(const std::string& dir);
 
   const ModelConfig& model() const { return config_.model; }
+  const Config& config() const { return config_; }  // the whole recipe it was saved with
   // Whether the checkpoint holds parameter `name`.
   bool has(const std::string& name) const { return reader_.has("param/" + name); }
   // Parameter `name` ("param/<name>" in the checkpoint) with shape `dims`; throws

@@ -21,6 +21,7 @@ struct TrainConfig {  // [train]
   uint64_t seed = 1234;
   int64_t eval_every = 50;  // 0 disables eval
   int64_t eval_batches = 4;
+  int64_t sample_every = 0;  // rank 0 logs a short greedy sample every N steps; 0 = off
   int64_t log_every = 1;
   int64_t threads = 0;          // 0 = this machine's cores / ranks on it
   int64_t memory_limit_mb = 0;  // per rank; 0 = its share of this machine's memory

@@ -145,6 +145,9 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(
           train, eval_batches, at_least(1),
           "Validation micro-batches per evaluation, shared out over the data-parallel ranks"),
+      PENTAD_KEY(train, sample_every, at_least(0),
+                 "Log a 32-token greedy sample from the current weights every N steps (world "
+                 "rank 0; refused where rank 0 holds only part of the model); 0: never"),
       PENTAD_KEY(train, log_every, at_least(1),
                  "Log the step's loss every N steps (and the first and last step)"),
       PENTAD_KEY(train, threads, at_least(0),

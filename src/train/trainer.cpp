@@ -23,6 +23,7 @@
 #include "parallel/pp/adaptive.h"
 #include "parallel/pp/layout.h"
 #include "train/recipe.h"
+#include "train/sampler.h"
 
 namespace pentad {
 
@@ -398,6 +399,9 @@ void Trainer::run() {
   if (!t.resume.empty()) start_step_ = resume(t.resume);
   if (!t.init_from.empty()) init_from(t.init_from);
   if (t.save_every > 0) check_checkpoint_roots();
+  check_sample_layout(cfg_, mesh_);
+  std::unique_ptr<TrainingSampler> sampler;
+  if (t.sample_every > 0 && logs()) sampler = std::make_unique<TrainingSampler>(cfg_);
   open_run_files();
   const int64_t last = t.stop_at > 0 ? std::min(t.stop_at, t.steps) : t.steps;
   if (start_step_ >= last && logs())
@@ -437,6 +441,7 @@ void Trainer::run() {
     if (t.save_every > 0 && ((step + 1) % t.save_every == 0 || step + 1 == last)) save(step + 1);
     report_step(s, run_start, last);
     if (eval && ((step + 1) % t.eval_every == 0 || step + 1 == last)) report_eval(step, evaluate());
+    if (sampler && (step + 1) % t.sample_every == 0) sampler->print(*model_, step + 1);
   }
   // Blocked time while training; the last snapshot's flush at exit is reported apart.
   const double blocked = checkpoint_blocked_seconds();

@@ -1,0 +1,114 @@
+#include "cli/generate.h"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <sstream>
+
+#include "cli/checkpoint_params.h"
+#include "core/check.h"
+#include "data/corpus.h"
+#include "data/tokenizer.h"
+
+namespace pentad::ckpt {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<int32_t> parse_prompt_ids(const std::string& text, int64_t vocab) {
+  std::vector<int32_t> ids;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    long long id = -1;
+    try {
+      id = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || id < 0 || id >= vocab)
+      fail("--prompt-ids: '{}' is not a token id in [0, {})", item, vocab);
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  return ids;
+}
+
+}  // namespace
+
+void generate(const GenerateOptions& o) {
+  check_sampling(o.sampling);
+  if (o.max_tokens < 1) fail("--max-tokens {}: must be >= 1", o.max_tokens);
+  if (!fs::exists(fs::path(o.checkpoint) / "manifest.json"))
+    fail("{}: not a committed checkpoint (no manifest.json); pass a step-N directory",
+         o.checkpoint);
+  if (o.prompt.empty() == o.prompt_ids.empty())
+    fail("generate needs exactly one of --prompt TEXT and --prompt-ids IDS");
+  CheckpointParams ckpt(o.checkpoint);
+  const ModelConfig& m = ckpt.model();
+
+  // The tokenizer: --tokenizer, else the recipe's (data.tokenizer or the learned default).
+  std::optional<data::Tokenizer> tokenizer;
+  if (!o.prompt.empty() || !o.print_ids) {
+    const std::string path = !o.tokenizer.empty()
+                                 ? o.tokenizer
+                                 : data::default_corpus_tokenizer(ckpt.config().data, m.vocab_size);
+    if (!fs::exists(path))
+      fail("{}: the recipe's tokenizer is missing; pass --tokenizer FILE or --prompt-ids", path);
+    tokenizer = data::Tokenizer::load(path);
+    if (tokenizer->vocab_size() > m.vocab_size)
+      fail("{}: {} tokens, more than the model's model.vocab_size = {}", path,
+           tokenizer->vocab_size(), m.vocab_size);
+  }
+  std::vector<int32_t> tokens =
+      o.prompt.empty() ? parse_prompt_ids(o.prompt_ids, m.vocab_size) : tokenizer->encode(o.prompt);
+  if (tokens.empty()) fail("--prompt: encodes to no tokens");
+  if (static_cast<int64_t>(tokens.size()) >= m.max_seq_len)
+    fail("the prompt is {} tokens; the model's context (model.max_seq_len) is {}: shorten it",
+         tokens.size(), m.max_seq_len);
+
+  Generator gen(m);
+  ParamStore& params = gen.params();
+  for (const ParamSpec& spec : params.specs()) {
+    const Dims dims(spec.global_shape.dims.begin(),
+                    spec.global_shape.dims.begin() + spec.global_shape.ndim);
+    const std::vector<float> values = ckpt.get(spec.name, dims);
+    std::copy(values.begin(), values.end(), params.weight(params.find(spec.name)).f32());
+  }
+  const int32_t eot = tokenizer ? tokenizer->eot_id() : -1;
+  std::mt19937_64 rng(o.sampling.seed);
+  const size_t prompt_len = tokens.size();
+  const auto start = std::chrono::steady_clock::now();
+  int64_t made = 0;
+  std::string shown;  // the decoded continuation so far: print only what is new
+  while (made < o.max_tokens && static_cast<int64_t>(tokens.size()) < gen.context()) {
+    const std::vector<float> logits = gen.next_logits(tokens);
+    const int32_t next = pick_token(logits, o.sampling, rng);
+    ++made;
+    if (next == eot) break;
+    tokens.push_back(next);
+    if (o.print_ids) continue;
+    const std::span<const int32_t> tail(tokens.data() + prompt_len, tokens.size() - prompt_len);
+    const std::string text = tokenizer->decode(tail);
+    if (text.size() > shown.size() && text.compare(0, shown.size(), shown) == 0) {
+      std::fputs(text.c_str() + shown.size(), stdout);
+      std::fflush(stdout);
+      shown = text;
+    }
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (o.print_ids) {
+    std::string line;
+    for (size_t i = prompt_len; i < tokens.size(); ++i)
+      line += (i > prompt_len ? "," : "") + std::to_string(tokens[i]);
+    std::puts(line.c_str());
+  } else {
+    std::puts("");
+  }
+  std::printf("%lld tokens in %.3f s: %.1f tokens/s\n", static_cast<long long>(made), seconds,
+              seconds > 0 ? static_cast<double>(made) / seconds : 0.0);
+}
+
+}  // namespace pentad::ckpt

@@ -1,0 +1,24 @@
+#pragma once
+// `pentad generate CHECKPOINT --prompt TEXT`: loads a committed checkpoint of any layout into
+// one CPU process, encodes the prompt with the recipe's tokenizer and prints the
+// continuation as it is produced, then a line with tokens/s (docs/generate.md).
+#include <cstdint>
+#include <string>
+
+#include "model/generate.h"
+
+namespace pentad::ckpt {
+
+struct GenerateOptions {
+  std::string checkpoint;
+  std::string prompt;
+  std::string prompt_ids;  // comma-separated token ids instead of text (no tokenizer needed)
+  std::string tokenizer;   // tokenizer.json overriding the recipe's
+  int64_t max_tokens = 64;
+  bool print_ids = false;  // print the generated ids, one line, instead of text
+  SamplingOptions sampling;
+};
+
+void generate(const GenerateOptions& options);
+
+}  // namespace pentad::ckpt

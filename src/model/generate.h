@@ -1,0 +1,47 @@
+#pragma once
+// Text generation from a trained model on the CPU: next-token logits of a growing sequence,
+// and the sampling rules (greedy, temperature, top-k, top-p) that pick the next token.
+// The logits come from the training forward itself (Model with micro-batch 1 and the
+// model's context), run again over the whole prefix for each new token: no cache of keys and
+// values yet, so a step costs a full forward of the context. Causal attention makes the
+// logits at position i depend only on tokens 0..i, so the unused tail is padded.
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "model/model.h"
+
+namespace pentad {
+
+struct SamplingOptions {
+  double temperature = 0.0;  // 0: greedy (argmax, ties to the smallest id)
+  int64_t top_k = 0;         // keep the k most likely tokens; 0: all
+  double top_p = 1.0;        // keep the smallest set of tokens whose mass reaches p
+  uint64_t seed = 0;
+};
+
+// Throws pentad::Error naming the option when a value is out of range.
+void check_sampling(const SamplingOptions& options);
+
+// The next token from one row of logits (V), by the options; rng drawn only when
+// temperature > 0.
+int32_t pick_token(std::span<const float> logits, const SamplingOptions& options,
+                   std::mt19937_64& rng);
+
+class Generator {
+ public:
+  // A one-device CPU model of `cfg` for sequences up to cfg.max_seq_len tokens; its
+  // parameters are filled by the caller through params().
+  explicit Generator(const ModelConfig& cfg);
+  ParamStore& params() { return model_.params(); }
+  int64_t context() const { return model_.seq_len(); }
+  // Logits (V) of the token after `tokens` (1..context ids).
+  std::vector<float> next_logits(std::span<const int32_t> tokens);
+
+ private:
+  Model model_;
+  std::vector<int32_t> padded_, targets_;
+};
+
+}  // namespace pentad
