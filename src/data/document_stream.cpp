@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "data/compressed_input.h"
 
 namespace pentad::data {
 
@@ -24,6 +25,7 @@ bool has_wildcard(const std::string& s) {
 // "a.jsonl.gz" -> true: the format is named by the suffix under the compression suffix.
 bool is_jsonl_name(std::string_view path) {
   if (ends_with(path, ".gz")) path.remove_suffix(3);
+  if (ends_with(path, ".zst")) path.remove_suffix(4);
   return ends_with(path, ".jsonl") || ends_with(path, ".json") || ends_with(path, ".ndjson");
 }
 
@@ -95,20 +97,30 @@ bool is_valid_utf8(std::string_view text) {
 }
 
 DocumentStream::DocumentStream(std::vector<std::string> files, DocumentStreamOptions options)
-    : files_(std::move(files)), options_(std::move(options)) {}
+    : files_(std::move(files)), options_(std::move(options)) {
+  for (const std::string& path : files_) {
+    std::error_code ec;
+    const auto bytes = std::filesystem::file_size(path, ec);
+    if (!ec) input_bytes_total_ += static_cast<int64_t>(bytes);
+  }
+}
 
-DocumentStream::~DocumentStream() {
-  if (file_ != nullptr) gzclose(file_);
+DocumentStream::~DocumentStream() = default;
+
+int64_t DocumentStream::input_bytes_read() const {
+  return input_bytes_done_ + (file_ ? file_->compressed_bytes_read() : 0);
 }
 
 bool DocumentStream::open_next_file() {
-  if (file_ != nullptr) gzclose(file_);
-  file_ = nullptr;
+  if (file_ != nullptr) {
+    std::error_code ec;
+    const auto bytes = std::filesystem::file_size(file_->path(), ec);
+    if (!ec) input_bytes_done_ += static_cast<int64_t>(bytes);
+  }
+  file_.reset();
   if (file_index_ >= files_.size()) return false;
   const std::string& path = files_[file_index_++];
-  file_ = gzopen(path.c_str(), "rb");
-  if (file_ == nullptr) fail("{}: cannot open input file", path);
-  gzbuffer(file_, 1 << 20);
+  file_ = std::make_unique<CompressedInput>(path);
   jsonl_ = is_jsonl_name(path);
   line_ = 0;
   pending_.clear();
@@ -138,13 +150,8 @@ bool DocumentStream::read_line(std::string& line) {
       return true;
     }
     pending_.resize(1 << 20);
-    const int got = gzread(file_, pending_.data(), static_cast<unsigned>(pending_.size()));
-    if (got < 0) {
-      int errnum = 0;
-      fail("{}: read or decompression failed ({})", files_[file_index_ - 1],
-           gzerror(file_, &errnum));
-    }
-    pending_.resize(static_cast<size_t>(got));
+    const size_t got = file_->read(pending_.data(), pending_.size());
+    pending_.resize(got);
     if (got == 0) eof_ = true;
   }
 }
@@ -217,14 +224,9 @@ bool DocumentStream::next_whole_file(std::string& doc) {
   doc.clear();
   std::string chunk(1 << 20, '\0');
   while (true) {
-    const int got = gzread(file_, chunk.data(), static_cast<unsigned>(chunk.size()));
-    if (got < 0) {
-      int errnum = 0;
-      fail("{}: read or decompression failed ({})", files_[file_index_ - 1],
-           gzerror(file_, &errnum));
-    }
+    const size_t got = file_->read(chunk.data(), chunk.size());
     if (got == 0) break;
-    doc.append(chunk, 0, static_cast<size_t>(got));
+    doc.append(chunk, 0, got);
   }
   eof_ = true;
   if (doc.empty()) return false;

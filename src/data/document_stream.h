@@ -2,16 +2,17 @@
 // Streams documents out of users' input files for `pentad data prepare`: JSONL (one JSON
 // object per line, the text under a key, as Megatron's preprocess_data.py reads), fortune
 // files (documents between "%" lines) or plain text (one document per file), each
-// optionally gzip-compressed. Files are read line by line, so a corpus larger than memory
+// optionally gzip- or zstd-compressed. Files are read line by line, so a corpus larger than memory
 // streams through.
-#include <zlib.h>
-
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace pentad::data {
+
+class CompressedInput;
 
 // Shell-style globs -> files, in argument order, each glob's matches sorted. A pattern
 // without wildcards must name an existing file; a glob that matches nothing is an error.
@@ -37,6 +38,10 @@ class DocumentStream {
   bool next(std::string& doc);
   int64_t bad_documents() const { return bad_documents_; }
   int64_t files_read() const { return static_cast<int64_t>(file_index_); }
+  // Bytes of the input files consumed so far (compressed bytes for compressed files), and
+  // their total size on disk: the progress display's fraction done.
+  int64_t input_bytes_read() const;
+  int64_t input_bytes_total() const { return input_bytes_total_; }
 
  private:
   bool open_next_file();
@@ -50,10 +55,11 @@ class DocumentStream {
   std::vector<std::string> files_;
   DocumentStreamOptions options_;
   size_t file_index_ = 0;
-  gzFile file_ = nullptr;  // zlib reads plain files through the same calls
+  std::unique_ptr<CompressedInput> file_;
   bool jsonl_ = false;
   int64_t line_ = 0;
   int64_t bad_documents_ = 0;
+  int64_t input_bytes_total_ = 0, input_bytes_done_ = 0;  // done: files already closed
   std::string pending_;  // bytes read but not yet consumed as lines
   size_t pending_pos_ = 0;
   bool eof_ = false;

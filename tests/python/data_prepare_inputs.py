@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""`pentad data prepare` on users' inputs: JSONL, gzip (made by the gzip tool), globs and
+"""`pentad data prepare` on users' inputs: JSONL, gzip and zstd (made by the gzip and zstd tools), globs and
 several files give the ids of the plain-text path, and those ids are the Hugging Face
 `tokenizers` library's for the same tokenizer.json; thread counts give identical files; bad
 lines are named by file:line, --skip-bad counts them, and a failed run leaves no output.
@@ -98,6 +98,23 @@ def main():
     assert gzip.decompress((WORK / "part-b.jsonl.gz").read_bytes()).decode() == "".join(all_lines[half:])
     run("data", "prepare", f"{WORK}/part-*.jsonl*", "-t", tok, "-o", WORK / "glob")
     same_files(WORK / "plain", WORK / "glob")
+
+    # zstd from the command-line tool, two frames (two files concatenated), against plain.
+    (WORK / "z1.jsonl").write_text("".join(all_lines[:half]), encoding="utf-8")
+    (WORK / "z2.jsonl").write_text("".join(all_lines[half:]), encoding="utf-8")
+    for name in ("z1", "z2"):
+        subprocess.run(["zstd", "-q", "-f", "--rm", WORK / f"{name}.jsonl"], check=True)
+    (WORK / "docs.jsonl.zst").write_bytes((WORK / "z1.jsonl.zst").read_bytes() +
+                                          (WORK / "z2.jsonl.zst").read_bytes())
+    unzstd = subprocess.run(["zstd", "-d", "-c", WORK / "docs.jsonl.zst"], check=True,
+                            capture_output=True).stdout
+    assert unzstd.decode() == lines
+    run("data", "prepare", WORK / "docs.jsonl.zst", "-t", tok, "-o", WORK / "zst")
+    same_files(WORK / "plain", WORK / "zst")
+    (WORK / "cut.jsonl.zst").write_bytes((WORK / "z1.jsonl.zst").read_bytes()[:-7])
+    out = run("data", "prepare", WORK / "cut.jsonl.zst", "-t", tok, "-o", WORK / "cut", expect=2)
+    assert "cut.jsonl.zst" in out and "truncated" in out, out
+    assert not list(WORK.glob("cut.*.tmp*")) and not (WORK / "cut.idx").exists()
 
     # Thread counts: byte-identical files.
     run("data", "prepare", WORK / "docs.jsonl", "-t", tok, "-o", WORK / "t1", "--threads", 1)
