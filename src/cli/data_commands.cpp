@@ -7,6 +7,7 @@
 #include <chrono>
 
 #include "core/check.h"
+#include "core/progress.h"
 #include "data/corpus.h"
 #include "data/document_stream.h"
 #include "data/token_files.h"
@@ -86,8 +87,14 @@ void data_prepare(const PrepareOptions& options) {
     batch.clear();
     batch_bytes = 0;
   };
+  Progress progress("data prepare", stream.input_bytes_total());
+  int64_t documents_read = 0;
   std::string doc;
   while (stream.next(doc)) {
+    ++documents_read;
+    if (progress.due())
+      progress.show(stream.input_bytes_read(),
+                    fmt::format("{} documents, {} tokens", documents_read, writer.num_tokens()));
     batch_bytes += doc.size();
     input_bytes += doc.size();
     batch.push_back(std::move(doc));
@@ -95,6 +102,7 @@ void data_prepare(const PrepareOptions& options) {
     if (batch_bytes >= kBatchBytes) flush();
   }
   if (!batch.empty()) flush();
+  progress.finish();
   if (writer.num_documents() == 0)
     fail("data prepare: the {} input files hold no documents", files.size());
   writer.finish();
