@@ -15,6 +15,7 @@
 #include "checkpoint/h5.h"
 #include "checkpoint/manifest.h"
 #include "core/check.h"
+#include "core/progress.h"
 
 namespace pentad::ckpt {
 
@@ -151,7 +152,14 @@ void Reader::read(const std::string& name, const Shape& global_shape, int shard_
 }
 
 int64_t Reader::verify_all() {
+  int64_t total_bytes = 0;  // float32 shards: the ETA's denominator
+  for (const auto& entry : manifest_.shards)
+    total_bytes += entry.shard.local_shape.numel() * static_cast<int64_t>(sizeof(float));
+  Progress progress("verify", total_bytes);
+  int64_t bytes_read = 0;
   for (size_t i = 0; i < manifest_.shards.size(); ++i) {
+    if (progress.due())
+      progress.show(bytes_read, fmt::format("{}/{} shards", i, manifest_.shards.size()));
     if (impl_->verified[i]) continue;
     const ShardInfo& s = manifest_.shards[i].shard;
     h5::File& file = impl_->file(dir_, manifest_.shards[i].file);
@@ -159,7 +167,9 @@ int64_t Reader::verify_all() {
     file.read(s.name, s.local_shape, impl_->scratch.data());
     impl_->verify(file, s, impl_->scratch.data());
     impl_->verified[i] = true;
+    bytes_read += static_cast<int64_t>(impl_->scratch.size() * sizeof(float));
   }
+  progress.finish();
   std::vector<float>().swap(impl_->scratch);
   return static_cast<int64_t>(manifest_.shards.size());
 }

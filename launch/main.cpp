@@ -309,19 +309,32 @@ int main(int argc, char** argv) {
   auto* data = app.add_subcommand("data", "Data preparation");
   data->require_subcommand(1);
   std::vector<std::string> inputs;
-  std::string tokenizer, out_prefix;
-  bool fortune_format = false;
   auto* prepare = data->add_subcommand(
       "prepare", "Tokenize text files into a Megatron indexed dataset (PREFIX.bin + PREFIX.idx)");
-  prepare->add_option("inputs", inputs, "Text files")->required()->check(CLI::ExistingFile);
+  pentad::data::PrepareOptions prep;
   prepare
-      ->add_option("-t,--tokenizer", tokenizer,
+      ->add_option("inputs", prep.inputs,
+                   "Input files or quoted globs: *.jsonl[.gz] (JSON lines), else text "
+                   "(one document per file, or --fortune), each optionally .gz or .zst")
+      ->required();
+  prepare
+      ->add_option("-t,--tokenizer", prep.tokenizer_json,
                    "tokenizer.json (Hugging Face byte-level BPE) or tokenizer.model "
                    "(SentencePiece)")
       ->required()
       ->check(CLI::ExistingFile);
-  prepare->add_option("-o,--out", out_prefix, "Output prefix")->required();
-  prepare->add_flag("--fortune", fortune_format, "Documents are separated by lines holding '%'");
+  prepare->add_option("-o,--out", prep.out_prefix, "Output prefix")->required();
+  prepare->add_flag("--fortune", prep.fortune_format,
+                    "Text documents are separated by lines holding '%'");
+  prepare->add_option("--json-key", prep.json_key, "JSONL: the key that holds the text")
+      ->capture_default_str();
+  prepare->add_option("--eod", prep.eod,
+                      "Token appended to every document (default <|endoftext|>)");
+  prepare->add_option("--bos", prep.bos, "Token prepended to every document (default none)");
+  prepare->add_flag("--skip-bad", prep.skip_bad,
+                    "Skip (and count) bad JSON lines and invalid UTF-8 instead of stopping");
+  prepare->add_option("--threads", prep.threads, "Tokenizing threads (default: every core)")
+      ->check(CLI::NonNegativeNumber);
 
   auto* tok = app.add_subcommand("tokenizer", "Tokenizers");
   tok->require_subcommand(1);
@@ -506,7 +519,7 @@ int main(int argc, char** argv) {
           for (const std::string& key : pentad::recipe_keys()) std::puts(key.c_str());
       }
     } else if (*prepare) {
-      pentad::data::data_prepare(inputs, tokenizer, out_prefix, fortune_format);
+      pentad::data::data_prepare(prep);
     } else if (*tok_train) {
       pentad::data::tokenizer_train(inputs, vocab_size, tok_out);
     } else if (*tok_encode) {

@@ -12,6 +12,7 @@ packages=(
   slurm-wlm-basic-plugins libpmix-dev  # srun --mpi=pmix: Slurm's plugin loads libpmix.so
                                        # (unversioned, from -dev), the PMIx Open MPI uses
   libhdf5-dev libxxhash-dev zlib1g-dev  # checkpoints (HDF5 files, xxh3 and crc32 checksums)
+  libzstd-dev zstd  # zstd-compressed inputs of data prepare (and the tool its test compresses with)
   libspdlog-dev libfmt-dev            # logging
   libgtest-dev                        # tests
   clang-format                        # scripts/format_check.sh (Debian 14; .clang-format)

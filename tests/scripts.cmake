@@ -359,3 +359,11 @@ add_test(NAME plot_curves
           $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml ${CMAKE_CURRENT_BINARY_DIR}/plot-curves)
 set_tests_properties(plot_curves PROPERTIES TIMEOUT 120
   PASS_REGULAR_EXPRESSION "pentad plot draws and refuses as it should")
+
+# `pentad data prepare` on JSONL, gzip and globs: the same ids as plain text and as the
+# Hugging Face tokenizers library; thread counts give identical files; bad lines by file:line.
+add_test(NAME data_prepare_inputs
+  COMMAND ${PENTAD_HF_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/data_prepare_inputs.py
+          $<TARGET_FILE:pentad> ${CMAKE_CURRENT_BINARY_DIR}/data-prepare-inputs)
+set_tests_properties(data_prepare_inputs PROPERTIES TIMEOUT 60
+  PASS_REGULAR_EXPRESSION "data prepare inputs behave")

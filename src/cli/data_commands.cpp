@@ -1,11 +1,16 @@
 #include "cli/data_commands.h"
 
 #include <fmt/format.h>
+#include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "core/check.h"
+#include "core/progress.h"
 #include "data/corpus.h"
+#include "data/document_stream.h"
+#include "data/token_files.h"
 #include "data/tokenizer.h"
 
 namespace pentad::data {
@@ -27,15 +32,87 @@ void tokenizer_train(const std::vector<std::string>& text_files, int64_t vocab_s
              seconds);
 }
 
-void data_prepare(const std::vector<std::string>& text_files, const std::string& tokenizer_json,
-                  const std::string& out_prefix, bool fortune_format) {
-  if (text_files.empty()) fail("data prepare: no text files given");
-  const Tokenizer tokenizer = Tokenizer::load(tokenizer_json);
-  const std::vector<std::string> docs = read_documents(text_files, fortune_format);
-  if (docs.empty()) fail("data prepare: the {} files hold no documents", text_files.size());
-  const int64_t tokens = write_tokenized(tokenizer, docs, out_prefix);
-  fmt::print("data prepare: {} documents, {} tokens -> {}.bin, {}.idx\n", docs.size(), tokens,
-             out_prefix, out_prefix);
+namespace {
+
+// The id of the token whose content is `content`, or -1. A scan through the public API,
+// once per run, keeps the tokenizer's interface unchanged.
+int32_t find_token_id(const Tokenizer& tokenizer, std::string_view content) {
+  for (int32_t id = 0; id < tokenizer.vocab_size(); ++id)
+    if (tokenizer.token_bytes(id) == content) return id;
+  return -1;
+}
+
+int32_t boundary_token(const Tokenizer& tokenizer, const std::string& content,
+                       const std::string& flag, const std::string& tokenizer_json) {
+  const int32_t id = find_token_id(tokenizer, content);
+  if (id < 0)
+    fail("{}: the tokenizer has no token \"{}\" for {}; name one it has", tokenizer_json, content,
+         flag);
+  return id;
+}
+
+}  // namespace
+
+void data_prepare(const PrepareOptions& options) {
+  if (options.inputs.empty()) fail("data prepare: no input files given");
+  const std::vector<std::string> files = expand_input_globs(options.inputs);
+  const Tokenizer tokenizer = Tokenizer::load(options.tokenizer_json);
+  const int32_t eod_id =
+      options.eod.empty() ? tokenizer.eot_id()
+                          : boundary_token(tokenizer, options.eod, "--eod", options.tokenizer_json);
+  const int32_t bos_id =
+      options.bos.empty() ? -1
+                          : boundary_token(tokenizer, options.bos, "--bos", options.tokenizer_json);
+  if (options.threads > 0) omp_set_num_threads(options.threads);
+
+  const auto start = std::chrono::steady_clock::now();
+  DocumentStream stream(files, {options.fortune_format, options.json_key, options.skip_bad});
+  MegatronWriter writer(options.out_prefix, smallest_token_dtype(tokenizer.vocab_size()));
+  // Batches of documents, each encoded on every thread and written in input order, so the
+  // output does not depend on the thread count and memory stays at one batch.
+  constexpr size_t kBatchBytes = size_t{32} << 20;
+  std::vector<std::string> batch;
+  size_t batch_bytes = 0, input_bytes = 0;
+  auto flush = [&] {
+    std::vector<std::string_view> views(batch.begin(), batch.end());
+    std::vector<std::vector<int32_t>> encoded = tokenizer.encode_batch(views);
+    std::vector<int32_t> ids;
+    for (const auto& doc_ids : encoded) {
+      ids.clear();
+      if (bos_id >= 0) ids.push_back(bos_id);
+      ids.insert(ids.end(), doc_ids.begin(), doc_ids.end());
+      if (eod_id >= 0) ids.push_back(eod_id);
+      writer.add_document(ids);
+    }
+    batch.clear();
+    batch_bytes = 0;
+  };
+  Progress progress("data prepare", stream.input_bytes_total());
+  int64_t documents_read = 0;
+  std::string doc;
+  while (stream.next(doc)) {
+    ++documents_read;
+    if (progress.due())
+      progress.show(stream.input_bytes_read(),
+                    fmt::format("{} documents, {} tokens", documents_read, writer.num_tokens()));
+    batch_bytes += doc.size();
+    input_bytes += doc.size();
+    batch.push_back(std::move(doc));
+    doc = std::string();
+    if (batch_bytes >= kBatchBytes) flush();
+  }
+  if (!batch.empty()) flush();
+  progress.finish();
+  if (writer.num_documents() == 0)
+    fail("data prepare: the {} input files hold no documents", files.size());
+  writer.finish();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  fmt::print(
+      "data prepare: {} files, {} documents, {} tokens, {} bad lines skipped -> {}.bin, {}.idx "
+      "({:.1f} MB/s)\n",
+      files.size(), writer.num_documents(), writer.num_tokens(), stream.bad_documents(),
+      options.out_prefix, options.out_prefix, input_bytes / 1e6 / std::max(seconds, 1e-9));
 }
 
 }  // namespace pentad::data

@@ -10,9 +10,19 @@ namespace pentad::data {
 void tokenizer_train(const std::vector<std::string>& text_files, int64_t vocab_size,
                      const std::string& out_json);
 
-// Tokenizes text files into a Megatron dataset <out_prefix>.bin/.idx, EOT after each
-// document. fortune_format: documents are separated by "%" lines; else one per file.
-void data_prepare(const std::vector<std::string>& text_files, const std::string& tokenizer_json,
-                  const std::string& out_prefix, bool fortune_format);
+struct PrepareOptions {
+  std::vector<std::string> inputs;  // files or shell-style globs
+  std::string tokenizer_json, out_prefix;
+  bool fortune_format = false;    // plain text: documents between "%" lines, else one per file
+  std::string json_key = "text";  // *.jsonl[.gz]: the field that holds the text
+  std::string eod, bos;           // token contents; eod defaults to "<|endoftext|>"
+  bool skip_bad = false;
+  int threads = 0;  // tokenizing threads; 0: every core
+};
+
+// Streams the inputs (JSONL, fortune or plain text, optionally gzip) through the tokenizer
+// into a Megatron dataset <out_prefix>.bin/.idx: [bos] document eod, one sequence each.
+// The output appears (by rename) only when every input was read.
+void data_prepare(const PrepareOptions& options);
 
 }  // namespace pentad::data

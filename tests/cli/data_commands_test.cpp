@@ -21,8 +21,12 @@ TEST(Commands, TrainTokenizerThenPrepareData) {
   const Tokenizer tok = Tokenizer::load(dir.file("tok.json"));
   EXPECT_EQ(tok.vocab_size(), 300);
 
-  data_prepare({dir.file("a.txt"), dir.file("b.txt")}, dir.file("tok.json"), dir.file("fortune"),
-               true);
+  PrepareOptions prep;
+  prep.inputs = {dir.file("a.txt"), dir.file("b.txt")};
+  prep.tokenizer_json = dir.file("tok.json");
+  prep.out_prefix = dir.file("fortune");
+  prep.fortune_format = true;
+  data_prepare(prep);
   const MegatronDataset fortunes = MegatronDataset::open(dir.file("fortune"));
   ASSERT_EQ(fortunes.num_documents(), 4);
   auto second = fortunes.document(1);
@@ -30,8 +34,9 @@ TEST(Commands, TrainTokenizerThenPrepareData) {
   second.pop_back();
   EXPECT_EQ(tok.decode(second), "Second fortune here.\n");
 
-  data_prepare({dir.file("a.txt"), dir.file("b.txt")}, dir.file("tok.json"), dir.file("whole"),
-               false);
+  prep.out_prefix = dir.file("whole");
+  prep.fortune_format = false;
+  data_prepare(prep);
   EXPECT_EQ(MegatronDataset::open(dir.file("whole")).num_documents(), 2);
 }
 
