@@ -69,8 +69,9 @@ def main():
     pentad_rates, hf_rates = [], []
     for _ in range(args.rounds):  # interleaved, so load changes hit both
         start = time.perf_counter()
-        subprocess.run([args.pentad, "data", "prepare", corpus, "-t", tok, "-o",
-                        args.workdir / "out", "--threads", "2"], check=True, capture_output=True)
+        out = subprocess.run([args.pentad, "data", "prepare", corpus, "-t", tok, "-o",
+                              args.workdir / "out", "--threads", "2"], check=True,
+                             capture_output=True, text=True).stdout
         pentad_rates.append(megabytes / (time.perf_counter() - start))
         start = time.perf_counter()
         batch, tokens = [], 0
@@ -83,6 +84,10 @@ def main():
         if batch:
             tokens += sum(len(e.ids) for e in hf.encode_batch(batch, add_special_tokens=False))
         hf_rates.append(megabytes / (time.perf_counter() - start))
+        # The same work: pentad's tokens are tokenizers' plus one <|endoftext|> a document.
+        docs, pentad_tokens = [int(w.split()[0]) for w in out.split(",")[1:3]]
+        if pentad_tokens != tokens + docs:
+            sys.exit(f"token counts differ: pentad {pentad_tokens}, tokenizers {tokens} + {docs}")
     p, h = statistics.median(pentad_rates), statistics.median(hf_rates)
     print(f"corpus {megabytes:.0f} MB, vocab {args.vocab}, {args.rounds} rounds, load {os.getloadavg()[0]:.2f}")
     print(f"pentad data prepare --threads 2: median {p:.1f} MB/s (runs {', '.join(f'{r:.1f}' for r in pentad_rates)})")
