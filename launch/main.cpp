@@ -203,6 +203,7 @@ int main(int argc, char** argv) {
     if (!task || std::string(task) == "0") std::fprintf(stderr, "pentad: error: %s\n", why.c_str());
     return 2;
   }
+  pentad::launch::prepare_singleton_start();
   Mpi mpi(argc, argv);
   spdlog::set_pattern(fmt::format("%H:%M:%S [rank {}] %v", mpi.rank));
 

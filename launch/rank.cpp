@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "core/cgroup.h"
 #include "core/device_memory.h"
@@ -23,6 +24,20 @@ std::string mpi_start_refusal(const std::function<const char*(const char*)>& env
       "srun started this task without PMIx (SLURM_MPI_TYPE {}), so MPI cannot start in it: "
       "run srun --mpi=pmix ..., or set MpiDefault=pmix in slurm.conf (docs/launching.md)",
       mpi_type ? fmt::format("= {}", mpi_type) : std::string("unset: srun --mpi=none"));
+}
+
+bool mpi_singleton(const std::function<const char*(const char*)>& env) {
+  // mpirun's ranks, PMIx (srun --mpi=pmix, prterun), PMI-1/2 (MPICH's hydra, srun --mpi=pmi2).
+  for (const char* wired : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_FD"})
+    if (env(wired)) return false;
+  return true;
+}
+
+void prepare_singleton_start() {
+  if (!mpi_singleton(std::getenv)) return;
+  setenv("OMPI_MCA_ess_singleton_isolated", "1", /*overwrite=*/0);
+  setenv("OMPI_MCA_pml", "ob1", 0);
+  setenv("OMPI_MCA_btl", "self", 0);
 }
 
 NodePlace node_place() {

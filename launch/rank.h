@@ -21,6 +21,14 @@ namespace pentad::launch {
 // SLURM_STEP_ID) and mpirun's ranks (OMPI_COMM_WORLD_RANK) start as usual.
 std::string mpi_start_refusal(const std::function<const char*(const char*)>& env);
 
+// Whether this process starts MPI alone (a singleton: no launcher's variables; `env` as
+// above). Open MPI then spends about 0.35 s of each start on a daemon no singleton of ours
+// uses (pentad never spawns) and on probing network transports it has no peer for.
+bool mpi_singleton(const std::function<const char*(const char*)>& env);
+// For a singleton, before MPI_Init: no daemon, and the one transport a lone process needs
+// (self); a start takes 0.15 s instead of 0.5. Variables the user set are kept.
+void prepare_singleton_start();
+
 // This rank's place among the ranks sharing its machine (its cores and GPUs). From MPI, never
 // from a launcher's environment (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID): the same under
 // mpirun and srun, or any launcher that starts an MPI job (docs/launching.md).

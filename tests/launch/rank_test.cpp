@@ -48,6 +48,24 @@ TEST(MpiStart, SrunWithoutPmixIsRefusedNamingTheFix) {
   EXPECT_EQ(refusal(pmi2), "");
 }
 
+// Only a process no launcher started gets the singleton's quick start (no daemon, no
+// network transports): ranks of mpirun, srun with PMIx or PMI-2, or hydra keep theirs.
+TEST(MpiStart, SingletonOnlyWithoutALauncher) {
+  using Env = std::map<std::string, std::string>;
+  auto singleton = [](const Env& vars) {
+    return launch::mpi_singleton([&](const char* name) -> const char* {
+      const auto it = vars.find(name);
+      return it == vars.end() ? nullptr : it->second.c_str();
+    });
+  };
+  EXPECT_TRUE(singleton({}));
+  EXPECT_TRUE(singleton({{"SLURM_JOB_ID", "7"}, {"SLURM_PROCID", "0"}}));  // a batch script
+  EXPECT_FALSE(singleton({{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_RANK", "1"}}));
+  EXPECT_FALSE(singleton({{"SLURM_STEP_ID", "0"}, {"PMIX_RANK", "1"}}));
+  EXPECT_FALSE(singleton({{"PMI_RANK", "2"}}));
+  EXPECT_FALSE(singleton({{"SLURM_STEP_ID", "0"}, {"PMI_FD", "5"}}));
+}
+
 TEST(ComputeThreads, ExplicitCountOrTheCoresSharedAmongTheRanks) {
   // The CPUs this process may use: its affinity mask, or fewer where its cgroup says so.
   const int cores = cgroup_cpus(omp_get_num_procs()).cpus;
