@@ -30,6 +30,10 @@ constexpr int64_t kMaxHeadDim = 128;
 // Fails with a message unless t's memory is CUDA device (or managed) memory.
 void require_device_memory(const char* op, const char* name, const Tensor& t);
 
+// The version of the cuBLASLt library linear_*() use, opening it as their first call does
+// (no device needed); fails naming the library when it does not load.
+size_t cublaslt_version();
+
 void linear_forward(const Tensor& out, const Tensor& inp, const Tensor& weight, const Tensor& bias,
                     int64_t N, int64_t C, int64_t OC);
 void linear_gelu_forward(const Tensor& out, const Tensor& pre_gelu, const Tensor& inp,

@@ -5,11 +5,18 @@
 //
 // F32 runs with CUBLAS_COMPUTE_32F (no TF32), BF16 inputs with F32 accumulation. Parameter
 // gradients (dweight, dbias) are F32 whatever the data type.
+//
+// cuBLASLt is opened (dlopen) at the first GEMM, not linked: loading its 540 MB library costs
+// about 0.1 s of CPU in page faults (its relocations), which every process of a CPU run paid
+// for nothing, each rank and each test program (about 25,000 minor faults a start).
 #include <cublasLt.h>
+#include <dlfcn.h>
 
 #include <array>
 #include <map>
 #include <mutex>
+#include <string>
+#include <type_traits>
 
 #include "core/device_memory.h"
 #include "kernels/cuda/common.cuh"
@@ -19,13 +26,66 @@ namespace pentad::kernels::cuda {
 
 namespace {
 
+// The cuBLASLt functions used here, from the library opened on first use.
+struct LtApi {
+  decltype(&cublasLtCreate) Create = nullptr;
+  decltype(&cublasLtGetStatusString) GetStatusString = nullptr;
+  decltype(&cublasLtGetVersion) GetVersion = nullptr;
+  decltype(&cublasLtMatmul) Matmul = nullptr;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) MatmulAlgoGetHeuristic = nullptr;
+  decltype(&cublasLtMatmulDescCreate) MatmulDescCreate = nullptr;
+  decltype(&cublasLtMatmulDescDestroy) MatmulDescDestroy = nullptr;
+  decltype(&cublasLtMatmulDescSetAttribute) MatmulDescSetAttribute = nullptr;
+  decltype(&cublasLtMatmulPreferenceCreate) MatmulPreferenceCreate = nullptr;
+  decltype(&cublasLtMatmulPreferenceDestroy) MatmulPreferenceDestroy = nullptr;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) MatmulPreferenceSetAttribute = nullptr;
+  decltype(&cublasLtMatrixLayoutCreate) MatrixLayoutCreate = nullptr;
+  decltype(&cublasLtMatrixLayoutDestroy) MatrixLayoutDestroy = nullptr;
+};
+
+const LtApi& lt_api() {
+  static const LtApi api = [] {
+    const std::string name = fmt::format("libcublasLt.so.{}", CUBLAS_VER_MAJOR);
+    void* library = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!library)
+      fail("the CUDA backend's GEMMs need {}, which did not load: {}", name, dlerror());
+    LtApi api;
+    auto load = [&](auto& function, const char* symbol) {
+      function = reinterpret_cast<std::remove_reference_t<decltype(function)>>(
+          dlsym(library, symbol));
+      if (!function) fail("{} has no {}: {}", name, symbol, dlerror());
+    };
+    load(api.Create, "cublasLtCreate");
+    load(api.GetStatusString, "cublasLtGetStatusString");
+    load(api.GetVersion, "cublasLtGetVersion");
+    load(api.Matmul, "cublasLtMatmul");
+    load(api.MatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic");
+    load(api.MatmulDescCreate, "cublasLtMatmulDescCreate");
+    load(api.MatmulDescDestroy, "cublasLtMatmulDescDestroy");
+    load(api.MatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute");
+    load(api.MatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate");
+    load(api.MatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy");
+    load(api.MatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute");
+    load(api.MatrixLayoutCreate, "cublasLtMatrixLayoutCreate");
+    load(api.MatrixLayoutDestroy, "cublasLtMatrixLayoutDestroy");
+    return api;
+  }();
+  return api;
+}
+
+}  // namespace
+
+size_t cublaslt_version() { return lt_api().GetVersion(); }
+
+namespace {
+
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // what cuBLAS recommends for Hopper
 constexpr int kMaxDevices = 64;
 constexpr int kThreads = 256;
 
 void check_lt(cublasStatus_t status, const char* what) {
   if (status != CUBLAS_STATUS_SUCCESS)
-    fail("cuBLASLt error in {}: {}", what, cublasLtGetStatusString(status));
+    fail("cuBLASLt error in {}: {}", what, lt_api().GetStatusString(status));
 }
 
 cudaDataType_t data_type(DType dtype) {
@@ -66,7 +126,7 @@ DeviceLt& device_lt() {
   PENTAD_CHECK(device >= 0 && device < kMaxDevices, "CUDA device {}", device);
   DeviceLt& lt = devices[static_cast<size_t>(device)];
   if (!lt.handle) {
-    check_lt(cublasLtCreate(&lt.handle), "cublasLtCreate");
+    check_lt(lt_api().Create(&lt.handle), "cublasLtCreate");
     count_device_wait();
     check(cudaMalloc(&lt.workspace, kWorkspaceBytes), "cudaMalloc (cuBLASLt workspace)");
   }
@@ -79,23 +139,23 @@ struct Descriptors {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulPreference_t preference = nullptr;
   ~Descriptors() {
-    if (preference) cublasLtMatmulPreferenceDestroy(preference);
-    if (d) cublasLtMatrixLayoutDestroy(d);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (matmul) cublasLtMatmulDescDestroy(matmul);
+    if (preference) lt_api().MatmulPreferenceDestroy(preference);
+    if (d) lt_api().MatrixLayoutDestroy(d);
+    if (b) lt_api().MatrixLayoutDestroy(b);
+    if (a) lt_api().MatrixLayoutDestroy(a);
+    if (matmul) lt_api().MatmulDescDestroy(matmul);
   }
 };
 
 template <typename V>
 void set(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute, const V& value) {
-  check_lt(cublasLtMatmulDescSetAttribute(desc, attribute, &value, sizeof(value)),
+  check_lt(lt_api().MatmulDescSetAttribute(desc, attribute, &value, sizeof(value)),
            "cublasLtMatmulDescSetAttribute");
 }
 template <typename V>
 void set(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attribute,
          const V& value) {
-  check_lt(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &value, sizeof(value)),
+  check_lt(lt_api().MatmulPreferenceSetAttribute(pref, attribute, &value, sizeof(value)),
            "cublasLtMatmulPreferenceSetAttribute");
 }
 
@@ -104,7 +164,7 @@ void set(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t a
 bool try_matmul(const Gemm& g) {
   DeviceLt& lt = device_lt();
   Descriptors desc;
-  check_lt(cublasLtMatmulDescCreate(&desc.matmul, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+  check_lt(lt_api().MatmulDescCreate(&desc.matmul, CUBLAS_COMPUTE_32F, CUDA_R_32F),
            "cublasLtMatmulDescCreate");
   const cublasOperation_t op_a = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -117,13 +177,13 @@ bool try_matmul(const Gemm& g) {
     set(desc.matmul, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.ldd);
   }
   const auto rows = [](bool trans, int64_t r, int64_t c) { return trans ? c : r; };
-  check_lt(cublasLtMatrixLayoutCreate(&desc.a, g.ab_type, rows(g.trans_a, g.m, g.k),
+  check_lt(lt_api().MatrixLayoutCreate(&desc.a, g.ab_type, rows(g.trans_a, g.m, g.k),
                                       rows(g.trans_a, g.k, g.m), g.lda),
            "cublasLtMatrixLayoutCreate (A)");
-  check_lt(cublasLtMatrixLayoutCreate(&desc.b, g.ab_type, rows(g.trans_b, g.k, g.n),
+  check_lt(lt_api().MatrixLayoutCreate(&desc.b, g.ab_type, rows(g.trans_b, g.k, g.n),
                                       rows(g.trans_b, g.n, g.k), g.ldb),
            "cublasLtMatrixLayoutCreate (B)");
-  check_lt(cublasLtMatrixLayoutCreate(&desc.d, g.d_type, g.m, g.n, g.ldd),
+  check_lt(lt_api().MatrixLayoutCreate(&desc.d, g.d_type, g.m, g.n, g.ldd),
            "cublasLtMatrixLayoutCreate (D)");
 
   const int align_a = pointer_alignment(g.a), align_b = pointer_alignment(g.b);
@@ -135,7 +195,7 @@ bool try_matmul(const Gemm& g) {
                        align_b,   align_d,   align_e,   g.beta != 0.0f};
   auto found = lt.algorithms.find(key);
   if (found == lt.algorithms.end()) {
-    check_lt(cublasLtMatmulPreferenceCreate(&desc.preference), "cublasLtMatmulPreferenceCreate");
+    check_lt(lt_api().MatmulPreferenceCreate(&desc.preference), "cublasLtMatmulPreferenceCreate");
     set(desc.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{kWorkspaceBytes});
     set(desc.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, uint32_t(align_a));
     set(desc.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, uint32_t(align_b));
@@ -144,14 +204,14 @@ bool try_matmul(const Gemm& g) {
     cublasLtMatmulHeuristicResult_t heuristic{};
     int returned = 0;
     const cublasStatus_t status =
-        cublasLtMatmulAlgoGetHeuristic(lt.handle, desc.matmul, desc.a, desc.b, desc.d, desc.d,
+        lt_api().MatmulAlgoGetHeuristic(lt.handle, desc.matmul, desc.a, desc.b, desc.d, desc.d,
                                        desc.preference, 1, &heuristic, &returned);
     if (status != CUBLAS_STATUS_SUCCESS || returned == 0) return false;
     found = lt.algorithms.emplace(key, heuristic.algo).first;
   }
   const float alpha = 1.0f;
   check_lt(
-      cublasLtMatmul(lt.handle, desc.matmul, &alpha, g.a, desc.a, g.b, desc.b, &g.beta, g.d, desc.d,
+      lt_api().Matmul(lt.handle, desc.matmul, &alpha, g.a, desc.a, g.b, desc.b, &g.beta, g.d, desc.d,
                      g.d, desc.d, &found->second, lt.workspace, kWorkspaceBytes, stream()),
       "cublasLtMatmul");
   return true;

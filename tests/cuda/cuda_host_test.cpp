@@ -1,7 +1,10 @@
 // The host-side arithmetic of the CUDA kernels (kernels/cuda/tiling.h), which runs on any
 // machine: launch shapes cover their inputs, reduction chunking is fixed by the shape, and
-// the attention kernels' shared memory fits the devices pentad builds for (sm_80, sm_90).
+// the attention kernels' shared memory fits the devices pentad builds for (sm_80, sm_90);
+// and cuBLASLt, which pentad opens at the first GEMM instead of linking, opens.
 #include <gtest/gtest.h>
+
+#include <cublasLt.h>
 
 #include <cstdint>
 
@@ -11,6 +14,12 @@
 
 namespace pentad::kernels::cuda {
 namespace {
+
+TEST(CublasLt, OpensAtFirstUseAndIsTheVersionCompiledFor) {
+  // Opened and its functions found by name, no device needed: the major version is the one
+  // the headers were (CUBLASLT_VERSION: major * 10000 + minor * 100 + patch).
+  EXPECT_EQ(cublaslt_version() / 10000, size_t{CUBLAS_VER_MAJOR});
+}
 
 TEST(CudaTiling, GridsCoverEveryItemWithinTheLimit) {
   for (int64_t n :
