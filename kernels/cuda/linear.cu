@@ -47,12 +47,11 @@ const LtApi& lt_api() {
   static const LtApi api = [] {
     const std::string name = fmt::format("libcublasLt.so.{}", CUBLAS_VER_MAJOR);
     void* library = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!library)
-      fail("the CUDA backend's GEMMs need {}, which did not load: {}", name, dlerror());
+    if (!library) fail("the CUDA backend's GEMMs need {}, which did not load: {}", name, dlerror());
     LtApi api;
     auto load = [&](auto& function, const char* symbol) {
-      function = reinterpret_cast<std::remove_reference_t<decltype(function)>>(
-          dlsym(library, symbol));
+      function =
+          reinterpret_cast<std::remove_reference_t<decltype(function)>>(dlsym(library, symbol));
       if (!function) fail("{} has no {}: {}", name, symbol, dlerror());
     };
     load(api.Create, "cublasLtCreate");
@@ -75,7 +74,9 @@ const LtApi& lt_api() {
 
 }  // namespace
 
-size_t cublaslt_version() { return lt_api().GetVersion(); }
+size_t cublaslt_version() {
+  return lt_api().GetVersion();
+}
 
 namespace {
 
@@ -178,10 +179,10 @@ bool try_matmul(const Gemm& g) {
   }
   const auto rows = [](bool trans, int64_t r, int64_t c) { return trans ? c : r; };
   check_lt(lt_api().MatrixLayoutCreate(&desc.a, g.ab_type, rows(g.trans_a, g.m, g.k),
-                                      rows(g.trans_a, g.k, g.m), g.lda),
+                                       rows(g.trans_a, g.k, g.m), g.lda),
            "cublasLtMatrixLayoutCreate (A)");
   check_lt(lt_api().MatrixLayoutCreate(&desc.b, g.ab_type, rows(g.trans_b, g.k, g.n),
-                                      rows(g.trans_b, g.n, g.k), g.ldb),
+                                       rows(g.trans_b, g.n, g.k), g.ldb),
            "cublasLtMatrixLayoutCreate (B)");
   check_lt(lt_api().MatrixLayoutCreate(&desc.d, g.d_type, g.m, g.n, g.ldd),
            "cublasLtMatrixLayoutCreate (D)");
@@ -205,14 +206,14 @@ bool try_matmul(const Gemm& g) {
     int returned = 0;
     const cublasStatus_t status =
         lt_api().MatmulAlgoGetHeuristic(lt.handle, desc.matmul, desc.a, desc.b, desc.d, desc.d,
-                                       desc.preference, 1, &heuristic, &returned);
+                                        desc.preference, 1, &heuristic, &returned);
     if (status != CUBLAS_STATUS_SUCCESS || returned == 0) return false;
     found = lt.algorithms.emplace(key, heuristic.algo).first;
   }
   const float alpha = 1.0f;
   check_lt(
-      lt_api().Matmul(lt.handle, desc.matmul, &alpha, g.a, desc.a, g.b, desc.b, &g.beta, g.d, desc.d,
-                     g.d, desc.d, &found->second, lt.workspace, kWorkspaceBytes, stream()),
+      lt_api().Matmul(lt.handle, desc.matmul, &alpha, g.a, desc.a, g.b, desc.b, &g.beta, g.d,
+                      desc.d, g.d, desc.d, &found->second, lt.workspace, kWorkspaceBytes, stream()),
       "cublasLtMatmul");
   return true;
 }

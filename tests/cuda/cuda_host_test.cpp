@@ -2,9 +2,8 @@
 // machine: launch shapes cover their inputs, reduction chunking is fixed by the shape, and
 // the attention kernels' shared memory fits the devices pentad builds for (sm_80, sm_90);
 // and cuBLASLt, which pentad opens at the first GEMM instead of linking, opens.
-#include <gtest/gtest.h>
-
 #include <cublasLt.h>
+#include <gtest/gtest.h>
 
 #include <cstdint>
 
