@@ -2,8 +2,9 @@
 # Sanitizer builds and their tests, part of the test command (scripts/test.sh). Each
 # builds, in its own directory, only the targets it runs, with the CUDA backend off, at
 # -O1 and without -Werror (the main build holds the warnings; GCC's sanitizer builds warn
-# falsely inside libstdc++'s <regex>):
-#   build-asan/  AddressSanitizer + UndefinedBehaviorSanitizer (GCC): every CPU unit test
+# falsely inside libstdc++'s <regex>). Both use clang: GCC took 346 s of CPU to build the
+# ASan + UBSan targets, clang 197 s (2026-11-28, bench/RESULTS.md).
+#   build-asan/  AddressSanitizer + UndefinedBehaviorSanitizer (clang): every CPU unit test
 #                program (the slowest model-training cases left to the main build) and
 #                short trainings on 2 ranks x 2 threads under mpirun (dp, tp + SP, MoE
 #                expert parallelism over dp and folded over tp, context parallelism ring
@@ -39,8 +40,8 @@ tsan_tests=(kernels_tests checkpoint_tests optim_tests launch_tests)
 build() {  # build KIND: configures and builds build-KIND's targets
   case $1 in
     asan)
-      cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Release -DPENTAD_CUDA=OFF \
-        -DPENTAD_SANITIZE=address -DPENTAD_DRIVER_OPT=-O0 >/dev/null
+      CC=clang CXX=clang++ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DPENTAD_CUDA=OFF -DPENTAD_SANITIZE=address -DPENTAD_DRIVER_OPT=-O0 >/dev/null
       cmake --build build-asan -j"$(nproc)" --target pentad context_parallel_test zero_test \
         "${asan_tests[@]}"
       ;;
@@ -133,7 +134,7 @@ for kind in "${which[@]}"; do
       export LSAN_OPTIONS=suppressions=$root/tests/sanitizers/lsan.supp:print_suppressions=0
       export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
       log_dir=$dir/sanitize-logs && rm -rf "$log_dir" && mkdir -p "$log_dir"
-      planted g++ "-fsanitize=address,undefined" overflow "heap-buffer-overflow"
+      planted clang++ "-fsanitize=address,undefined" overflow "heap-buffer-overflow"
       # Training to convergence belongs to the main build: under ASan it takes minutes.
       slow='Training.*OverfitsOneBatch:Training.SameSeed*:*FiniteDifferences*AcrossBlocks'
       for t in "${tests[@]}"; do

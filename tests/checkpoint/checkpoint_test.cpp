@@ -16,10 +16,10 @@
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <random>
 
 #include "checkpoint/direct_io.h"
 #include "checkpoint/h5.h"
+#include "tests/fast_random.h"
 
 namespace pentad::ckpt {
 namespace {
@@ -51,9 +51,7 @@ struct Global {
 
 Global make_tensor(const std::string& name, Shape shape, uint32_t seed) {
   Global g{name, shape, std::vector<float>(static_cast<size_t>(shape.numel()))};
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal;
-  for (float& x : g.data) x = normal(rng);
+  fast_random_fill(g.data.data(), g.data.size(), seed);
   // Values whose bits a careless copy or conversion would change.
   g.data[0] = -0.0f;
   g.data[1] = std::numeric_limits<float>::denorm_min();

@@ -12,9 +12,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <random>
 
 #include "core/check.h"
+#include "tests/fast_random.h"
 
 namespace pentad::ckpt {
 namespace {
@@ -47,13 +47,10 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 // Several tens of MB (the copy takes milliseconds), sizes that are not whole pages.
 State make_state(uint32_t seed) {
   State s;
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal;
+  uint64_t stream = uint64_t{seed} << 8;
   for (size_t n :
-       {size_t{3}, size_t{5'000'001}, size_t{1023}, size_t{4'000'000}, size_t{2'999'999}}) {
-    s.tensors.emplace_back(n);
-    for (float& x : s.tensors.back()) x = normal(rng);
-  }
+       {size_t{3}, size_t{5'000'001}, size_t{1023}, size_t{4'000'000}, size_t{2'999'999}})
+    s.tensors.push_back(fast_random(n, stream++));
   return s;
 }
 

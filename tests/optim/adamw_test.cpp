@@ -6,10 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <random>
 #include <vector>
 
 #include "kernels/ops.h"
+#include "tests/fast_random.h"
 
 namespace pentad {
 namespace {
@@ -31,10 +31,7 @@ ParamStore make_params() {
 }
 
 void fill_grads(ParamStore& p, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 0.1f);
-  float* g = p.all_grads().f32();
-  for (int64_t i = 0; i < p.numel(); ++i) g[i] = normal(rng);
+  fast_random_fill(p.all_grads().f32(), size_t(p.numel()), seed, 0.1f);
 }
 
 bool same_bits(const float* a, const float* b, int64_t n) {

@@ -18,12 +18,12 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "optim/adamw.h"
 #include "optim/nvme_state.h"
+#include "tests/fast_random.h"
 
 namespace pentad {
 namespace {
@@ -63,12 +63,8 @@ StateShard some_rows_reordered(const ParamStore& p) {
                            {{{m.begin, m.end, 0}}, m.end - m.begin});
 }
 
-std::vector<float> normal(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 0.1f);
-  std::vector<float> out(static_cast<size_t>(n));
-  for (float& x : out) x = dist(rng);
-  return out;
+std::vector<float> random_grads(int64_t n, uint32_t seed) {
+  return fast_random(size_t(n), seed, 0.1f);
 }
 
 TEST(HostOffload, PlanTilesTheShardInChunksInsideParameters) {
@@ -116,7 +112,7 @@ TEST(HostOffload, EveryChunkUpdatesItsOwnValuesThroughTheStaging) {
   ParamStore p = make_offload_params();
   const StateShard shard = some_rows(p);
   const std::vector<float> before(p.all_params().f32(), p.all_params().f32() + p.numel());
-  const std::vector<float> grads = normal(shard.numel, 3);
+  const std::vector<float> grads = random_grads(shard.numel, 3);
   HostOffload offload(p, shard, 777);
   ASSERT_GT(offload.chunks().size(), 100u);
   size_t heard = 0;
@@ -152,7 +148,7 @@ TEST(HostOffload, AdamWStepThroughTheHostIsBitwiseTheStepInPlace) {
     EXPECT_GT(b.host_staging_bytes(), 0u);
     for (int64_t step = 1; step <= 3; ++step) {
       const int64_t n = sharded ? shard.numel : plain.numel();
-      std::vector<float> g = normal(n, uint32_t(step));
+      std::vector<float> g = random_grads(n, uint32_t(step));
       const Tensor grads = view_of(g.data(), Shape{n});
       if (!sharded) {
         std::memcpy(plain.all_grads().data, g.data(), g.size() * sizeof(float));
@@ -186,13 +182,13 @@ TEST(HostOffload, GradientsBroughtDownEarlyAreBitwiseTheStepInPlace) {
   EXPECT_LT(b.host_staging_bytes(), staging + size_t(shard.numel) * sizeof(float) + 4096);
   const int64_t n = shard.numel, half = n / 2 + 3;  // not at a chunk boundary
   for (int64_t step = 1; step <= 3; ++step) {
-    std::vector<float> g = normal(n, uint32_t(step));
+    std::vector<float> g = random_grads(n, uint32_t(step));
     const float coefficient = step == 2 ? 1.0f : 0.25f * float(step);
     std::vector<float> clipped = g;  // as the CPU's clip_gradients scales them
     for (float& x : clipped) x *= coefficient;
     b.forget_early_grads();
     // A stale download of another step's gradients: forgotten.
-    if (step == 1) b.download_early_grads(normal(n, 99).data(), 0, n);
+    if (step == 1) b.download_early_grads(random_grads(n, 99).data(), 0, n);
     b.forget_early_grads();
     b.download_early_grads(g.data(), half, n - half);  // the second part, as reduced
     b.download_early_grads(g.data(), 0, 5);            // a sliver of the first chunk
@@ -306,7 +302,7 @@ TEST_F(NvmeDir, AdamWWithMomentsOnNvmeThroughTheHostIsBitwiseTheStepInPlace) {
     ASSERT_GT(shard.numel, 3 * nvme.subgroup_elements) << "several sub-groups";
     for (int64_t step = 1; step <= 3; ++step) {
       const int64_t n = sharded ? shard.numel : plain.numel();
-      std::vector<float> g = normal(n, uint32_t(step));
+      std::vector<float> g = random_grads(n, uint32_t(step));
       const Tensor grads = view_of(g.data(), Shape{n});
       if (!sharded) {
         std::memcpy(plain.all_grads().data, g.data(), g.size() * sizeof(float));
@@ -368,7 +364,7 @@ TEST_F(NvmeDir, AdamWWithParametersOnNvmeThroughTheHostIsBitwiseTheStepInPlace) 
     for (const StateShard::Range& r : shard.ranges)
       std::fill(arena + r.begin, arena + r.end, std::numeric_limits<float>::quiet_NaN());
     for (int64_t step = 1; step <= 3; ++step) {
-      std::vector<float> g = normal(shard.numel, uint32_t(step));
+      std::vector<float> g = random_grads(shard.numel, uint32_t(step));
       const Tensor grads = view_of(g.data(), Shape{shard.numel});
       const float lr = 1e-3f * float(step);
       a.step(plain, lr, {}, false, grads);

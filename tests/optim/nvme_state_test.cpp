@@ -12,11 +12,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "core/check.h"
+#include "tests/fast_random.h"
 
 namespace pentad {
 namespace {
@@ -46,11 +46,7 @@ class NvmeStateTest : public ::testing::Test {
 };
 
 std::vector<float> random_floats(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal;
-  std::vector<float> x(n);
-  for (float& v : x) v = normal(rng);
-  return x;
+  return fast_random(n, seed);
 }
 
 // Index of the first element whose bits differ, or -1.

@@ -29,8 +29,12 @@ using namespace pentad;
 namespace {
 
 // AddressSanitizer's allocator and quarantine change what is resident: the plain build only.
+// GCC defines __SANITIZE_ADDRESS__; clang 14 (the sanitizer builds' compiler) only answers
+// __has_feature.
 #if defined(__SANITIZE_ADDRESS__)
 constexpr bool kMeasuresMemory = false;
+#elif defined(__has_feature)
+constexpr bool kMeasuresMemory = !__has_feature(address_sanitizer);
 #else
 constexpr bool kMeasuresMemory = true;
 #endif
