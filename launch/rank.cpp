@@ -36,6 +36,10 @@ bool mpi_singleton(const std::function<const char*(const char*)>& env) {
 void prepare_singleton_start() {
   if (!mpi_singleton(std::getenv)) return;
   setenv("OMPI_MCA_ess_singleton_isolated", "1", /*overwrite=*/0);
+  // Isolated singletons all take job id [0,1], so their session directories would be one
+  // (/tmp/ompi.<host>.<uid>/jf.0/1): one exiting removed it while another was creating it
+  // ("orte_session_dir failed"). A lone process needs none.
+  setenv("OMPI_MCA_orte_create_session_dirs", "0", 0);
   setenv("OMPI_MCA_pml", "ob1", 0);
   setenv("OMPI_MCA_btl", "self", 0);
 }

@@ -25,8 +25,9 @@ std::string mpi_start_refusal(const std::function<const char*(const char*)>& env
 // above). Open MPI then spends about 0.35 s of each start on a daemon no singleton of ours
 // uses (pentad never spawns) and on probing network transports it has no peer for.
 bool mpi_singleton(const std::function<const char*(const char*)>& env);
-// For a singleton, before MPI_Init: no daemon, and the one transport a lone process needs
-// (self); a start takes 0.15 s instead of 0.5. Variables the user set are kept.
+// For a singleton, before MPI_Init: no daemon, no session directory, and the one transport a
+// lone process needs (self); a start takes 0.15 s instead of 0.5. Variables the user set are
+// kept.
 void prepare_singleton_start();
 
 // This rank's place among the ranks sharing its machine (its cores and GPUs). From MPI, never

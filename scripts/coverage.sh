@@ -24,7 +24,7 @@ find build-cov -name '*.gcda' -delete
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export PENTAD_POISON=1 OMP_WAIT_POLICY=passive OMPI_MCA_mpi_yield_when_idle=1
 # One machine: shared memory and self only, no singleton daemon (scripts/test.sh says why).
-export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader OMPI_MCA_ess_singleton_isolated=1
+export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader
 mpirun -np 1 sleep 86400 >/dev/null 2>&1 &  # scripts/test.sh says why
 keeper=$!
 trap 'kill "$keeper" 2>/dev/null || true' EXIT

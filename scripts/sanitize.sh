@@ -61,8 +61,8 @@ export PENTAD_POISON=1
 # Programs share the cores (run, below): idle OpenMP threads and MPI ranks sleep instead of
 # spinning on a core another program could use (scripts/test.sh says what spinning costs).
 export OMP_WAIT_POLICY=passive OMPI_MCA_mpi_yield_when_idle=1
-# One machine: shared memory and self only, no singleton daemon (scripts/test.sh says why).
-export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader OMPI_MCA_ess_singleton_isolated=1
+# One machine: shared memory and self only (scripts/test.sh says why).
+export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader
 # Two MPI programs starting at once can race to create Open MPI's session directory
 # (scripts/test.sh says how); an mpirun kept alive for the whole run keeps it in place.
 mpirun -np 1 sleep 86400 >/dev/null 2>&1 &

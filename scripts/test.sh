@@ -35,10 +35,11 @@ export PENTAD_POISON=1
 # quanta: Training.Gpt2OverfitsOneBatch took 72 s beside a build, 2.5 s with passive waits.
 export OMP_WAIT_POLICY=passive OMPI_MCA_mpi_yield_when_idle=1
 # Every rank of the tests runs on this machine, so Open MPI needs two transports, shared
-# memory (vader) and self. Probing the others (openib, ofi, psm, ucx, tcp) and a singleton's
-# daemon took about 0.35 s of every process start, a third of checkpoint_resume's 60 s; pentad
-# gives its own singletons the quick start (launch/rank.h), the test programs get it here.
-export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader OMPI_MCA_ess_singleton_isolated=1
+# memory (vader) and self: probing the others (openib, ofi, psm, ucx, tcp) took about 0.2 s of
+# every process start. A singleton's daemon took another 0.2 s; pentad and the MPI test
+# programs start their singletons without one (launch/rank.h). Together a third of
+# checkpoint_resume's 60 s.
+export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader
 # Open MPI 4.1 creates its per-user session directory (${TMPDIR:-/tmp}/ompi.<host>.<uid>)
 # racily: when it does not exist, two MPI processes starting at the same moment (ctest runs
 # tests in parallel, several of them MPI singletons) can both try, and the loser fails

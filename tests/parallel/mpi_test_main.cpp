@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <string>
 
+#include "launch/rank.h"
+
 namespace {
 
 int world_rank() {
@@ -51,6 +53,7 @@ class RankVerdicts : public testing::EmptyTestEventListener {
 }  // namespace
 
 int main(int argc, char** argv) {
+  pentad::launch::prepare_singleton_start();  // as the executable does (one rank, no mpirun)
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   testing::InitGoogleTest(&argc, argv);
