@@ -44,35 +44,42 @@ fi
 
 # The Hugging Face tests load pentad's exports with the real transformers library (and
 # read safetensors files), which Debian does not ship. They go into a virtual environment
-# in .venv/ that also sees Debian's torch and numpy (--system-site-packages); tests/
-# scripts.cmake runs those tests with its python; the tokenizer test trains references with
+# that also sees Debian's torch and numpy (--system-site-packages); tests/scripts.cmake runs
+# those tests with its python (.venv/bin/python); the tokenizer test trains references with
 # tokenizers and sentencepiece (0.1.99: the closest wheel to Debian's libsentencepiece
-# 0.1.97, which pentad links). transformers 4.40 is the newest that
-# runs on Debian's torch 1.13; its dependencies are pinned to versions checked with it.
-# The TensorBoard test reads pentad's event files with the tensorboard package's own
-# reader, from the same environment. A stamp holding the pins makes the next run a file
-# comparison.
-venv="$(cd "$(dirname "$0")/.." && pwd)/.venv"
+# 0.1.97, which pentad links). transformers 4.40 is the newest that runs on Debian's torch
+# 1.13; its dependencies are pinned to versions checked with it. The TensorBoard test reads
+# pentad's event files with the tensorboard package's own reader, from the same environment.
+# The cuDNN frontend's C++ headers (the graph API behind train.attention = "cudnn") come from
+# its wheel too: header-only, needed at build time only, found in site-packages by
+# cmake/cudnn_frontend.cmake (the wheel's python bindings are never imported).
+#
+# One environment serves every checkout with the same pins (clones, worktrees): it is built
+# once (about 45 s) in ${PENTAD_VENV_CACHE:-~/.cache/pentad}/venv-<hash of the pins and the
+# python>, under a lock, and .venv links to it.
+root="$(cd "$(dirname "$0")/.." && pwd)"
 hf_pins=(transformers==4.40.2 tokenizers==0.19.1 huggingface-hub==0.36.2 safetensors==0.8.0
          sentencepiece==0.1.99 tensorboard==2.21.0)
-stamp="$venv/pentad-pins.txt"
-if [[ ! -x $venv/bin/python || "$(cat "$stamp" 2>/dev/null)" != "${hf_pins[*]}" ]]; then
-  echo "setup: installing ${hf_pins[*]} into $venv"
-  /usr/bin/python3 -m venv --system-site-packages "$venv"
-  "$venv/bin/python" -m pip install --quiet "${hf_pins[@]}"
-  "$venv/bin/python" -c "import torch, transformers, safetensors.torch, sentencepiece; transformers.GPT2Config()"
-  "$venv/bin/python" -c "from tensorboard.backend.event_processing import event_accumulator"
-  echo "${hf_pins[*]}" >"$stamp"
-fi
-
-# The cuDNN frontend's C++ headers (the graph API behind train.attention = "cudnn"). They
-# are header-only and needed at build time only; the CUDA configure finds them in this
-# environment's site-packages (cmake/cudnn_frontend.cmake). The wheel also ships python
-# bindings, which pentad never imports. Pinned, with its own stamp.
 cudnn_frontend_pin=nvidia-cudnn-frontend==1.32.0
-cudnn_stamp="$venv/pentad-cudnn-frontend.txt"
-if [[ "$(cat "$cudnn_stamp" 2>/dev/null)" != "$cudnn_frontend_pin" ]]; then
-  echo "setup: installing $cudnn_frontend_pin into $venv"
-  "$venv/bin/python" -m pip install --quiet --no-deps "$cudnn_frontend_pin"
-  echo "$cudnn_frontend_pin" >"$cudnn_stamp"
+key=$(printf '%s\n' "${hf_pins[@]}" "$cudnn_frontend_pin" "$(/usr/bin/python3 -V)" |
+  sha256sum | cut -c1-12)
+cache=${PENTAD_VENV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pentad}
+venv=$cache/venv-$key
+mkdir -p "$cache"
+(
+  flock 9
+  if [[ ! -f $venv/pentad-ready ]]; then
+    echo "setup: installing ${hf_pins[*]} $cudnn_frontend_pin into $venv"
+    rm -rf "$venv"
+    /usr/bin/python3 -m venv --system-site-packages "$venv"
+    "$venv/bin/python" -m pip install --quiet "${hf_pins[@]}"
+    "$venv/bin/python" -m pip install --quiet --no-deps "$cudnn_frontend_pin"
+    "$venv/bin/python" -c "import torch, transformers, safetensors.torch, sentencepiece; transformers.GPT2Config()"
+    "$venv/bin/python" -c "from tensorboard.backend.event_processing import event_accumulator"
+    touch "$venv/pentad-ready"
+  fi
+) 9>"$venv.lock"
+if [[ "$(readlink "$root/.venv" 2>/dev/null)" != "$venv" ]]; then
+  rm -rf "$root/.venv"  # an older setup's environment of its own, or a link to another
+  ln -s "$venv" "$root/.venv"
 fi
