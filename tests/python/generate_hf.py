@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`pentad generate` checked against transformers' greedy generate on the same weights.
 
-For each NAME (gpt2, llama-gqa): `pentad train` a few steps (random tokens, so the model has
+For each NAME (gpt2, llama-gqa, mixtral): `pentad train` a few steps (random tokens, so the model has
 learned something but no tokenizer is needed), export the checkpoint with `ckpt convert
 --to hf`, then greedy-decode the same prompt ids with `pentad generate --print-ids` and with
 transformers' generate(do_sample=False) (both with their key/value caches): the new ids
@@ -36,6 +36,7 @@ COMMON = ["data.source=random", "train.micro_batch=2", "train.seq_len=32", "trai
 CASES = {
     "gpt2": ("gpt-tiny.toml", []),
     "llama-gqa": ("llama-tiny.toml", ["model.n_kv_head=2", "model.tie_embeddings=false"]),
+    "mixtral": ("mixtral-tiny.toml", []),  # GQA, 8 experts, top 2 (MixtralForCausalLM)
 }
 MPI = ["mpirun", "--oversubscribe", "-np", "2"]
 
