@@ -410,6 +410,9 @@ int main(int argc, char** argv) {
   generate->add_option("--seed", gen.sampling.seed, "Sampling seed")->capture_default_str();
   generate->add_flag("--print-ids", gen.print_ids,
                      "Print the generated token ids (one comma-separated line) instead of text");
+  generate->add_flag("--no-cache", gen.no_cache,
+                     "Run the whole training forward for every token instead of decoding from "
+                     "a key/value cache (slower; the reference the cache is tested against)");
 
   try {
     app.parse(argc, argv);

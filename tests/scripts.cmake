@@ -280,14 +280,15 @@ set_tests_properties(hf_transformers_gpt2 hf_transformers_llama hf_transformers_
   PROPERTIES TIMEOUT 300
   PASS_REGULAR_EXPRESSION "transformers loads pentad's exports and pentad transformers' models")
 
-# `pentad generate`: greedy decoding of small trained GPT-2 and LLaMA (GQA) models equals
-# transformers' generate(do_sample=False) on the HF export, token for token; a tp2 checkpoint
-# generates what its one-rank twin does; train.sample_every logs what generate prints, leaves
-# the losses as they were, and is refused under tp2.
+# `pentad generate`: greedy decoding of small trained GPT-2, LLaMA (GQA) and Mixtral models,
+# with and without the key/value cache, equals transformers' generate(do_sample=False) on the
+# HF export, token for token; a tp2 checkpoint generates what its one-rank twin does;
+# train.sample_every logs what generate prints, leaves the losses as they were, and is
+# refused under tp2.
 add_test(NAME generate_hf
   COMMAND ${PENTAD_HF_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/generate_hf.py
           $<TARGET_FILE:pentad> ${RECIPES} ${CMAKE_CURRENT_BINARY_DIR}/generate-hf gpt2
-          llama-gqa tp2)
+          llama-gqa mixtral tp2)
 add_test(NAME generate_sample
   COMMAND ${PENTAD_HF_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/generate_hf.py
           $<TARGET_FILE:pentad> ${RECIPES} ${CMAKE_CURRENT_BINARY_DIR}/generate-sample sample)

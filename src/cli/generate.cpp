@@ -68,7 +68,7 @@ void generate(const GenerateOptions& o) {
     fail("the prompt is {} tokens; the model's context (model.max_seq_len) is {}: shorten it",
          tokens.size(), m.max_seq_len);
 
-  Generator gen(m);
+  Generator gen(m, !o.no_cache);
   ParamStore& params = gen.params();
   for (const ParamSpec& spec : params.specs()) {
     const Dims dims(spec.global_shape.dims.begin(),
@@ -99,6 +99,9 @@ void generate(const GenerateOptions& o) {
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // The context is a hard stop: GPT-2's learned positions end there, and a sliding window
+  // would change the logits of every kept token (docs/generate.md).
+  const bool full = static_cast<int64_t>(tokens.size()) >= gen.context() && made < o.max_tokens;
   if (o.print_ids) {
     std::string line;
     for (size_t i = prompt_len; i < tokens.size(); ++i)
@@ -107,8 +110,15 @@ void generate(const GenerateOptions& o) {
   } else {
     std::puts("");
   }
-  std::printf("%lld tokens in %.3f s: %.1f tokens/s\n", static_cast<long long>(made), seconds,
-              seconds > 0 ? static_cast<double>(made) / seconds : 0.0);
+  std::printf("%lld tokens in %.3f s: %.1f tokens/s (%s)\n", static_cast<long long>(made), seconds,
+              seconds > 0 ? static_cast<double>(made) / seconds : 0.0,
+              gen.uses_cache() ? "key/value cache" : "no cache: a full forward per token");
+  std::fflush(stdout);
+  if (full)
+    std::fprintf(stderr,
+                 "generate: stopped after %lld tokens: the sequence filled the model's context "
+                 "(model.max_seq_len = %lld)\n",
+                 static_cast<long long>(made), static_cast<long long>(gen.context()));
 }
 
 }  // namespace pentad::ckpt

@@ -16,6 +16,7 @@ struct GenerateOptions {
   std::string tokenizer;   // tokenizer.json overriding the recipe's
   int64_t max_tokens = 64;
   bool print_ids = false;  // print the generated ids, one line, instead of text
+  bool no_cache = false;   // every step a full forward of the context (no key/value cache)
   SamplingOptions sampling;
 };
 

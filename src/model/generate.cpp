@@ -66,15 +66,35 @@ ModelConfig dropless(ModelConfig cfg) {
 }
 }  // namespace
 
-Generator::Generator(const ModelConfig& cfg)
+Generator::Generator(const ModelConfig& cfg, bool use_cache)
     : model_(dropless(cfg), 1, cfg.max_seq_len),
       padded_(size_t(cfg.max_seq_len), 0),
-      targets_(size_t(cfg.max_seq_len), 0) {}
+      targets_(size_t(cfg.max_seq_len), 0) {
+  if (use_cache) cache_ = std::make_unique<KvCache>(cfg, cfg.max_seq_len);
+}
+
+void Generator::reset() {
+  if (cache_) cache_->clear();
+  cached_.clear();
+  last_.clear();
+}
 
 std::vector<float> Generator::next_logits(std::span<const int32_t> tokens) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   PENTAD_CHECK(n >= 1 && n <= context(), "next_logits: {} tokens for a context of {}", n,
                context());
+  if (cache_) {
+    const bool extends = !cached_.empty() && cached_.size() <= tokens.size() &&
+                         std::equal(cached_.begin(), cached_.end(), tokens.begin());
+    if (!extends) reset();
+    if (cached_.size() < tokens.size()) {
+      const std::span<const int32_t> fresh = tokens.subspan(cached_.size());
+      const std::span<const float> logits = model_.decode(*cache_, fresh);
+      cached_.insert(cached_.end(), fresh.begin(), fresh.end());
+      last_.assign(logits.begin(), logits.end());
+    }
+    return last_;
+  }
   std::fill(padded_.begin(), padded_.end(), 0);
   std::copy(tokens.begin(), tokens.end(), padded_.begin());
   model_.forward(padded_.data(), targets_.data(), 0.0f);  // dloss 0: the logits stay logits

@@ -1,11 +1,14 @@
 #pragma once
 // Text generation from a trained model on the CPU: next-token logits of a growing sequence,
 // and the sampling rules (greedy, temperature, top-k, top-p) that pick the next token.
-// The logits come from the training forward itself (Model with micro-batch 1 and the
-// model's context), run again over the whole prefix for each new token: no cache of keys and
-// values yet, so a step costs a full forward of the context. Causal attention makes the
-// logits at position i depend only on tokens 0..i, so the unused tail is padded.
+// By default the logits come from Model::decode over a cache of keys and values
+// (model/kv_cache.h): the prompt is run once (prefill), then each new token costs one row
+// of every layer. Without the cache they come from the training forward itself (Model with
+// micro-batch 1 and the model's context), run again over the whole padded prefix for each
+// new token: causal attention makes the logits at position i depend only on tokens 0..i, so
+// the unused tail does not matter. Both give the training forward's logits (generate_test).
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <span>
 #include <vector>
@@ -32,16 +35,25 @@ int32_t pick_token(std::span<const float> logits, const SamplingOptions& options
 class Generator {
  public:
   // A one-device CPU model of `cfg` for sequences up to cfg.max_seq_len tokens; its
-  // parameters are filled by the caller through params().
-  explicit Generator(const ModelConfig& cfg);
+  // parameters are filled by the caller through params(). use_cache = false: every step is
+  // a full training forward (the reference the cache is tested against).
+  explicit Generator(const ModelConfig& cfg, bool use_cache = true);
   ParamStore& params() { return model_.params(); }
   int64_t context() const { return model_.seq_len(); }
-  // Logits (V) of the token after `tokens` (1..context ids).
+  bool uses_cache() const { return cache_ != nullptr; }
+  // Logits (V) of the token after `tokens` (1..context ids). With the cache, a call whose
+  // tokens extend the previous call's decodes only the new ones; any other sequence starts
+  // the cache again (prefill). Parameters changed through params() after a call need
+  // reset() before the next one.
   std::vector<float> next_logits(std::span<const int32_t> tokens);
+  void reset();
 
  private:
   Model model_;
   std::vector<int32_t> padded_, targets_;
+  std::unique_ptr<KvCache> cache_;  // null without the cache
+  std::vector<int32_t> cached_;     // the tokens whose keys and values the cache holds
+  std::vector<float> last_;         // the logits after cached_
 };
 
 }  // namespace pentad

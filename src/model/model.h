@@ -20,11 +20,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "core/device_memory.h"
 #include "core/params.h"
 #include "model/config.h"
+#include "model/kv_cache.h"
 #include "model/moe.h"
 #include "model/sharding.h"
 
@@ -72,6 +74,16 @@ class Model {
   // are summed over tp, and on_ready (if given) hears of each finished range.
   void backward(bool last_micro_batch = true, const GradsReady& on_ready = {});
   Tensor logits() const;  // (b*t, V); holds dlogits after a training forward
+
+  // ---- decoding with a cache of keys and values (model/decode.cpp) ----
+  // Runs `tokens` (n >= 1 new ids, at positions cache.length() ..  + n - 1) through every
+  // layer, one row each, appends their keys and values to the cache and returns the logits
+  // (V) of the last one: the training forward's logits at that position, computed from the
+  // cached rows instead of the whole prefix. A prompt goes in as one call (prefill), each
+  // generated token as one more. The same parameters; no training buffer is touched.
+  // One device holding every layer, fp32 on the CPU; MoE layers route without a capacity.
+  // The view is valid until the next call with this cache.
+  std::span<const float> decode(KvCache& cache, std::span<const int32_t> tokens);
 
   // ---- chunks and slots (pipeline parallelism) ----
   int chunks() const { return static_cast<int>(chunks_.size()); }

@@ -36,6 +36,35 @@ void to_device(const Tensor& t, const V* host) {
   if (t.device != Device::CPU) copy_bytes(t.data, t.device, host, Device::CPU, t.bytes());
 }
 
+// One token's routing from its router logits (E): scores s (E), the top k of s + bias (ties
+// to the lower index) into pick (k) and their weights into w (k); returns the logits'
+// logsumexp. order: scratch of E entries. Training's route() and decode() both use it.
+float score_and_pick(const float* l, const float* bias, float* si, int32_t* pick, float* w,
+                     std::vector<int64_t>& order, int64_t K, bool sigmoid, bool renormalize) {
+  const int64_t E = static_cast<int64_t>(order.size());
+  float mx = l[0];
+  for (int64_t e = 1; e < E; ++e) mx = std::max(mx, l[e]);
+  double sum = 0.0;
+  for (int64_t e = 0; e < E; ++e) sum += std::exp(double(l[e]) - mx);
+  const auto lse = static_cast<float>(mx + std::log(sum));
+  for (int64_t e = 0; e < E; ++e)
+    si[e] = sigmoid ? static_cast<float>(1.0 / (1.0 + std::exp(-double(l[e]))))
+                    : static_cast<float>(std::exp(double(l[e]) - mx) / sum);
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int64_t p, int64_t q) {
+    const float vp = si[p] + bias[p], vq = si[q] + bias[q];
+    return vp > vq || (vp == vq && p < q);
+  });
+  double picked = 0.0;
+  for (int64_t j = 0; j < K; ++j) picked += si[order[size_t(j)]];
+  for (int64_t j = 0; j < K; ++j) {
+    const int64_t e = order[size_t(j)];
+    pick[j] = static_cast<int32_t>(e);
+    w[j] = renormalize ? static_cast<float>(si[e] / picked) : si[e];
+  }
+  return lse;
+}
+
 }  // namespace
 
 // ---- the block ----
@@ -172,31 +201,9 @@ void MoeBlock::route(Acts& a, const Tensor& x, float weight, bool count) {
   a.lse.assign(static_cast<size_t>(Nl), 0.0f);
   const bool sigmoid = moe_.score == "sigmoid";
   std::vector<int64_t> order(static_cast<size_t>(E));
-  for (int64_t i = 0; i < Nl; ++i) {
-    const float* l = logits + i * E;
-    float* si = s + i * E;
-    float mx = l[0];
-    for (int64_t e = 1; e < E; ++e) mx = std::max(mx, l[e]);
-    double sum = 0.0;
-    for (int64_t e = 0; e < E; ++e) sum += std::exp(double(l[e]) - mx);
-    a.lse[size_t(i)] = static_cast<float>(mx + std::log(sum));
-    for (int64_t e = 0; e < E; ++e)
-      si[e] = sigmoid ? static_cast<float>(1.0 / (1.0 + std::exp(-double(l[e]))))
-                      : static_cast<float>(std::exp(double(l[e]) - mx) / sum);
-    // Top k of s + bias, ties to the lower index.
-    std::iota(order.begin(), order.end(), int64_t{0});
-    std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int64_t p, int64_t q) {
-      const float vp = si[p] + bias[p], vq = si[q] + bias[q];
-      return vp > vq || (vp == vq && p < q);
-    });
-    double picked = 0.0;
-    for (int64_t j = 0; j < K; ++j) picked += si[order[size_t(j)]];
-    for (int64_t j = 0; j < K; ++j) {
-      const int64_t e = order[size_t(j)];
-      pick[i * K + j] = static_cast<int32_t>(e);
-      w[i * K + j] = moe_.renormalize ? static_cast<float>(si[e] / picked) : si[e];
-    }
-  }
+  for (int64_t i = 0; i < Nl; ++i)
+    a.lse[size_t(i)] = score_and_pick(logits + i * E, bias, s + i * E, pick + i * K, w + i * K,
+                                      order, K, sigmoid, moe_.renormalize);
 
   // The losses' statistics over the whole micro-batch: counts and probability sums per
   // expert (and per sequence), summed over the ranks that share the micro-batch.
@@ -332,6 +339,50 @@ void MoeBlock::forward(Acts& a, const Tensor& x, Tensor out, float weight, bool 
   experts_forward(a);
   ep_.combine(a.route, a.yr, a.yp);
   k::moe_unpermute(out, a.yp, a.pos, a.w, false);
+}
+
+void MoeBlock::decode(const Tensor& x, Tensor out) {
+  PENTAD_CHECK(device_ == Device::CPU && act_ == DType::F32 && x.dtype == DType::F32 &&
+                   ep_.ep_degree() == 1 && ep_.etp_degree() == 1 && tp_.degree() == 1,
+               "MoE decode: one fp32 CPU device holding every expert");
+  const int64_t n = x.dim(0), E = E_, K = k_, A = n * K;
+  // Routing as training's, without a capacity (decoding is dropless) and without statistics.
+  std::vector<float> logits(static_cast<size_t>(n * E)), scores(static_cast<size_t>(n * E)),
+      w(static_cast<size_t>(A));
+  std::vector<int32_t> pick(static_cast<size_t>(A)), pos(static_cast<size_t>(A)),
+      src(static_cast<size_t>(A));
+  k::linear_forward(view_of(logits.data(), Shape{n, E}), x, params_.param(router_), Tensor{});
+  const float* bias = params_.param(bias_).f32();
+  std::vector<int64_t> order(static_cast<size_t>(E));
+  const bool sigmoid = moe_.score == "sigmoid";
+  for (int64_t i = 0; i < n; ++i)
+    score_and_pick(logits.data() + i * E, bias, scores.data() + i * E, pick.data() + i * K,
+                   w.data() + i * K, order, K, sigmoid, moe_.renormalize);
+  // Picks in expert order (a counting sort, as route()), then the training's own kernels:
+  // permute, every expert's MLP over its rows, weighted sum back in pick order.
+  Acts a;
+  a.route.rows.assign(static_cast<size_t>(E), 0);
+  for (int64_t i = 0; i < A; ++i) ++a.route.rows[size_t(pick[static_cast<size_t>(i)])];
+  std::vector<int64_t> next(static_cast<size_t>(E), 0);
+  for (int64_t e = 1; e < E; ++e)
+    next[static_cast<size_t>(e)] = next[size_t(e - 1)] + a.route.rows[size_t(e - 1)];
+  for (int64_t i = 0; i < A; ++i) {
+    const int64_t slot = next[size_t(pick[static_cast<size_t>(i)])]++;
+    pos[static_cast<size_t>(i)] = static_cast<int32_t>(slot);
+    src[static_cast<size_t>(slot)] = static_cast<int32_t>(i / K);
+  }
+  std::vector<float> rows(static_cast<size_t>(A * C_)),
+      gate(gpt2_ ? 0 : static_cast<size_t>(A * F_)), up(static_cast<size_t>(A * F_)),
+      act(static_cast<size_t>(A * F_)), y(static_cast<size_t>(A * C_));
+  a.xr = view_of(rows.data(), Shape{A, C_});
+  if (!gpt2_) a.gate = view_of(gate.data(), Shape{A, F_});
+  a.up = view_of(up.data(), Shape{A, F_});
+  a.act = view_of(act.data(), Shape{A, F_});
+  a.yr = view_of(y.data(), Shape{A, C_});
+  k::moe_permute(a.xr, x, view_of(src.data(), Shape{A}, DType::I32));
+  experts_forward(a);
+  k::moe_unpermute(out, a.yr, view_of(pos.data(), Shape{n, K}, DType::I32),
+                   view_of(w.data(), Shape{n, K}), false);
 }
 
 void MoeBlock::experts_forward(Acts& a) {

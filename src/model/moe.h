@@ -91,6 +91,10 @@ class MoeBlock {
   // weight: the micro-batch's weight in the training objective (0: no backward follows and
   // nothing is counted). count = false: a recomputation of a forward already counted.
   void forward(Acts& a, const Tensor& x, Tensor out, float weight, bool count = true);
+  // Decoding (Model::decode): out (n, C) = the routed output of n rows x (n, C), any n,
+  // routed as forward() without a capacity limit and counting nothing. One fp32 CPU device
+  // holding every expert.
+  void decode(const Tensor& x, Tensor out);
   // dx (Nl, C) += d(x) from dout (Nl, C); parameter gradients +=.
   void backward(Acts& a, const Tensor& x, const Tensor& dout, Tensor dx, float weight);
   // bias_e += rate * sign(mean - counts[e]) from the job's counts of one step (E values).

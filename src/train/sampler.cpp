@@ -51,6 +51,7 @@ void TrainingSampler::print(const Model& trained, int64_t step) {
     const Tensor to = dst.param(dst.find(spec.name));
     copy_bytes(to.data, to.device, from.data, from.device, to.bytes());
   }
+  gen_->reset();  // the cached keys and values are the last step's parameters'
   const int32_t start = tokenizer_ && tokenizer_->eot_id() >= 0
                             ? tokenizer_->eot_id()
                             : static_cast<int32_t>(cfg_.model.vocab_size - 1);

@@ -1,12 +1,17 @@
-// Generation: the logits of each prefix (the decode path) against the training forward over
-// the whole sequence, and the sampling rules against their definitions.
+// Generation: the logits of each prefix (the cached decode path and the full-forward one)
+// against the training forward over the whole sequence, cached decoding against the full
+// forward on the tiny recipes' models, and the sampling rules against their definitions.
 #include "model/generate.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <string>
 #include <vector>
+
+#include "train/recipe.h"
 
 using namespace pentad;
 
@@ -40,7 +45,7 @@ double gen_rel_err(const float* a, const float* b, int64_t n) {
   return std::sqrt(diff / std::max(ref, 1e-30));
 }
 
-void expect_prefix_logits_match(const ModelConfig& cfg) {
+void expect_prefix_logits_match(const ModelConfig& cfg, bool use_cache) {
   const int64_t t = cfg.max_seq_len;
   Model full(cfg, 1, t);
   full.params().initialize(11);
@@ -50,7 +55,8 @@ void expect_prefix_logits_match(const ModelConfig& cfg) {
   const Tensor logits = full.logits();
   const int64_t V = cfg.vocab_size;
 
-  Generator gen(cfg);
+  Generator gen(cfg, use_cache);
+  ASSERT_EQ(gen.uses_cache(), use_cache);
   gen.params().initialize(11);
   for (int64_t n = 1; n <= t; ++n) {
     const std::vector<float> next =
@@ -60,14 +66,101 @@ void expect_prefix_logits_match(const ModelConfig& cfg) {
   }
 }
 
+// Every prefix up to the whole context: with the cache, each call decodes one more token,
+// and the last fills the cache to the model's context.
 TEST(Generate, PrefixLogitsEqualFullForwardGpt2) {
-  expect_prefix_logits_match(gen_tiny(ModelFamily::GPT2, false));
+  for (bool cache : {true, false})
+    expect_prefix_logits_match(gen_tiny(ModelFamily::GPT2, false), cache);
 }
 TEST(Generate, PrefixLogitsEqualFullForwardLlamaGqa) {
-  expect_prefix_logits_match(gen_tiny(ModelFamily::LLaMA, false));
+  for (bool cache : {true, false})
+    expect_prefix_logits_match(gen_tiny(ModelFamily::LLaMA, false), cache);
 }
 TEST(Generate, PrefixLogitsEqualFullForwardMoe) {
-  expect_prefix_logits_match(gen_tiny(ModelFamily::LLaMA, true));
+  for (bool cache : {true, false})
+    expect_prefix_logits_match(gen_tiny(ModelFamily::LLaMA, true), cache);
+}
+
+ModelConfig gen_recipe_model(const std::string& name) {
+  return load_recipe(std::string(PENTAD_SOURCE_DIR) + "/recipes/" + name + ".toml").model;
+}
+
+// A recipe's model with random weights: a 20-token prompt (one prefill), then 12 greedy
+// tokens decoded one at a time from the cache. At every step the cached logits equal the
+// full forward's (the --no-cache path), both pick the same token, and the logits are not
+// trivial: they spread, and they move from one step to the next by far more than the
+// tolerance (so a step that reused stale rows or the wrong position would show).
+void gen_expect_cached_matches(const std::string& recipe) {
+  const ModelConfig cfg = gen_recipe_model(recipe);
+  Generator cached(cfg), full(cfg, false);
+  ASSERT_TRUE(cached.uses_cache());
+  cached.params().initialize(5);
+  full.params().initialize(5);
+  const int64_t V = cfg.vocab_size;
+  std::vector<int32_t> tokens;
+  for (int64_t i = 0; i < 20; ++i) tokens.push_back(int32_t((i * 131 + 7) % V));
+  std::mt19937_64 rng(0);
+  std::vector<float> previous;
+  for (int step = 0; step < 12; ++step) {
+    const std::vector<float> a = cached.next_logits(tokens), b = full.next_logits(tokens);
+    ASSERT_EQ(int64_t(a.size()), V);
+    EXPECT_LT(gen_rel_err(a.data(), b.data(), V), 1e-6) << recipe << " step " << step;
+    const auto [lo, hi] = std::minmax_element(b.begin(), b.end());
+    EXPECT_GT(*hi - *lo, 1e-2f) << recipe << " step " << step;
+    if (!previous.empty()) {
+      EXPECT_GT(gen_rel_err(a.data(), previous.data(), V), 1e-3) << recipe << " step " << step;
+    }
+    previous = a;
+    const int32_t next = pick_token(a, {}, rng);
+    ASSERT_EQ(next, pick_token(b, {}, rng)) << recipe << " step " << step;
+    tokens.push_back(next);
+  }
+}
+
+TEST(Generate, CachedDecodeEqualsFullForwardGptTiny) {
+  gen_expect_cached_matches("gpt-tiny");
+}
+TEST(Generate, CachedDecodeEqualsFullForwardLlamaTinyGqa) {
+  ASSERT_LT(gen_recipe_model("llama-tiny").kv_heads(), gen_recipe_model("llama-tiny").n_head);
+  gen_expect_cached_matches("llama-tiny");
+}
+TEST(Generate, CachedDecodeEqualsFullForwardMixtralTiny) {
+  ASSERT_TRUE(gen_recipe_model("mixtral-tiny").is_moe());
+  gen_expect_cached_matches("mixtral-tiny");
+}
+
+// The cache holds what it was given: the same next token after a prompt whose first token
+// differs gives other logits, and a Generator fed an unrelated sequence starts again
+// (prefill) instead of extending the cached one.
+TEST(Generate, CacheRestartsOnAnotherSequence) {
+  const ModelConfig cfg = gen_recipe_model("llama-tiny");
+  Generator cached(cfg), full(cfg, false);
+  cached.params().initialize(9);
+  full.params().initialize(9);
+  const std::vector<int32_t> a = {3, 14, 15, 92, 65, 35}, b = {4, 14, 15, 92, 65, 35};
+  const std::vector<float> la = cached.next_logits(a), lb = cached.next_logits(b);
+  EXPECT_GT(gen_rel_err(la.data(), lb.data(), cfg.vocab_size), 1e-3);
+  const std::vector<float> ref = full.next_logits(b);
+  EXPECT_LT(gen_rel_err(lb.data(), ref.data(), cfg.vocab_size), 1e-6);
+  // A shorter prefix of b after b: prefill again, the full forward's logits.
+  const std::vector<int32_t> b3(b.begin(), b.begin() + 3);
+  const std::vector<float> l3 = cached.next_logits(b3), ref3 = full.next_logits(b3);
+  EXPECT_LT(gen_rel_err(l3.data(), ref3.data(), cfg.vocab_size), 1e-6);
+}
+
+// Model::decode refuses more tokens than the cache has positions left (the generate command
+// stops at the context before that).
+TEST(Generate, DecodeRefusesPastTheContext) {
+  ModelConfig cfg = gen_tiny(ModelFamily::GPT2, false);
+  Model model(cfg, 1, cfg.max_seq_len);
+  model.params().initialize(1);
+  KvCache cache(cfg, cfg.max_seq_len);
+  std::vector<int32_t> tokens(size_t(cfg.max_seq_len), 1);
+  model.decode(cache, tokens);
+  EXPECT_EQ(cache.length(), cfg.max_seq_len);
+  const std::vector<int32_t> one = {2};
+  EXPECT_THROW(model.decode(cache, one), std::exception);
+  EXPECT_THROW(KvCache(cfg, cfg.max_seq_len + 1), std::exception);
 }
 
 TEST(Generate, GreedyTakesFirstMaximum) {

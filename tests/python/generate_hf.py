@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """`pentad generate` checked against transformers' greedy generate on the same weights.
 
-For each NAME (gpt2, llama-gqa): `pentad train` a few steps (random tokens, so the model has
+For each NAME (gpt2, llama-gqa, mixtral): `pentad train` a few steps (random tokens, so the model has
 learned something but no tokenizer is needed), export the checkpoint with `ckpt convert
 --to hf`, then greedy-decode the same prompt ids with `pentad generate --print-ids` and with
-transformers' generate(do_sample=False): the new ids must be equal, token for token.
+transformers' generate(do_sample=False) (both with their key/value caches): the new ids
+must be equal, token for token, and `pentad generate --no-cache` (a full forward per token)
+must give them too.
 With "sample": train.sample_every = STEPS logs the same ids as `pentad generate` from
 that step's checkpoint (start: the end-of-text id, V - 1 without a tokenizer), the losses
 are those of the same run without it, and under tp2 the key is refused naming the layout.
@@ -34,6 +36,7 @@ COMMON = ["data.source=random", "train.micro_batch=2", "train.seq_len=32", "trai
 CASES = {
     "gpt2": ("gpt-tiny.toml", []),
     "llama-gqa": ("llama-tiny.toml", ["model.n_kv_head=2", "model.tie_embeddings=false"]),
+    "mixtral": ("mixtral-tiny.toml", []),  # GQA, 8 experts, top 2 (MixtralForCausalLM)
 }
 MPI = ["mpirun", "--oversubscribe", "-np", "2"]
 
@@ -59,9 +62,9 @@ def train(pentad, recipe, work, overrides, ranks=1, log=None):
     return steps[-1]
 
 
-def pentad_ids(pentad, ckpt, prompt=PROMPT, new_tokens=NEW_TOKENS):
+def pentad_ids(pentad, ckpt, prompt=PROMPT, new_tokens=NEW_TOKENS, *extra):
     out = run(pentad, "generate", ckpt, "--prompt-ids", ",".join(map(str, prompt)),
-              "--print-ids", "--max-tokens", new_tokens).strip().splitlines()
+              "--print-ids", "--max-tokens", new_tokens, *extra).strip().splitlines()
     if "tokens/s" not in out[-1]:
         sys.exit(f"generate printed no tokens/s line: {out}")
     return [int(x) for x in out[-2].split(",")]
@@ -73,7 +76,8 @@ def hf_ids(pentad, ckpt, out):
                                                  attn_implementation="eager")
     model.generation_config.eos_token_id = None  # pentad's --prompt-ids run has no end token
     with torch.no_grad():
-        ids = model.generate(torch.tensor([PROMPT]), do_sample=False, max_new_tokens=NEW_TOKENS,
+        ids = model.generate(torch.tensor([PROMPT]), do_sample=False, use_cache=True,
+                             max_new_tokens=NEW_TOKENS,
                              min_new_tokens=NEW_TOKENS, pad_token_id=0,
                              attention_mask=torch.ones(1, len(PROMPT), dtype=torch.long))
     return ids[0, len(PROMPT):].tolist()
@@ -116,10 +120,14 @@ def main():
         recipe_file, extra = CASES[name]
         ckpt = train(pentad, recipes / recipe_file, work / name, extra)
         ours[name] = pentad_ids(pentad, ckpt)
+        uncached = pentad_ids(pentad, ckpt, PROMPT, NEW_TOKENS, "--no-cache")
         theirs = hf_ids(pentad, ckpt, work / name / "hf")
-        print(f"{name}: pentad {ours[name]}\n{name}: transformers {theirs}")
+        print(f"{name}: pentad {ours[name]}\n{name}: pentad --no-cache {uncached}\n"
+              f"{name}: transformers {theirs}")
         if ours[name] != theirs:
             failures.append(f"{name}: pentad {ours[name]} != transformers {theirs}")
+        if ours[name] != uncached:
+            failures.append(f"{name}: pentad {ours[name]} != pentad --no-cache {uncached}")
     if "tp2" in names:
         ckpt = train(pentad, recipes / CASES["gpt2"][0], work / "gpt2-tp2", ["parallel.tp=2"], 2)
         ids = pentad_ids(pentad, ckpt)
