@@ -41,7 +41,7 @@ that FSDP2 makes of the embedding, position table and final norm, 150 MiB):
            stage 1 has no FSDP counterpart.
 --timing runs zero 1, zero 3 with parallel.zero_live_units = 2 (prefetch on) and zero 3 with
 1 (off), A B C A B C ..., --reps times at the first of --dps, and reports each one's median
-step time (steps after the first, from the tokens/s of the log lines) and its spread
+step time (steps after the first, from metrics.jsonl) and its spread
 (min..max over repetitions), and the ratios of the medians against zero 1.
 
 usage: /usr/bin/python3 bench/zero_memory.py [--pentad build/pentad] [--steps 4]
@@ -49,6 +49,7 @@ usage: /usr/bin/python3 bench/zero_memory.py [--pentad build/pentad] [--steps 4]
            [--timing --reps 3] [--work bench/out/zero_memory]
 """
 import argparse
+import json
 import os
 import re
 import shutil
@@ -157,8 +158,7 @@ def run(pentad, ranks, keys, out, recipe=RECIPE):
         return max(parse_bytes(re.search(name + r" ([\d.]+ \w+)", line).group(1))
                    for line in plans)
     m = re.search(r"peak resident memory per rank: (\d+) to (\d+) MiB", text)
-    rates = [float(x) for x in re.findall(r"step\s+\d+/\d+ \|.*?\| (\d+) tok/s", text)]
-    return dict(rates=rates,values=int(re.search(r"\((\d+) values", plans[0]).group(1)),
+    return dict(values=int(re.search(r"\((\d+) values", plans[0]).group(1)),
                 params=field("parameters"), grads=field("gradients"),
                 optim=field("AdamW state"), acts=field("activations"), total=field("total"),
                 rss=(int(m.group(1)) * MiB, int(m.group(2)) * MiB),
@@ -195,15 +195,16 @@ def timing(args, recipe, model, common):
                 ("zero 3, live units 2", {"parallel.zero": 3, "parallel.zero_live_units": 2}),
                 ("zero 3, live units 1", {"parallel.zero": 3, "parallel.zero_live_units": 1})]
     seconds = {name: [] for name, _ in variants}
-    tokens = common["train.micro_batch"] * common["train.seq_len"] * dp
     for rep in range(args.reps):
         for name, extra in variants:
             keys = dict(model, **common, **extra, **{"train.steps": args.steps,
                                                       "parallel.dp": dp})
-            r = run(args.pentad, dp, keys, Path(args.work) / f"time-{rep}", recipe)
-            later = r["rates"][1:]  # the first step fills the pools and the caches
-            seconds[name].append(statistics.median(tokens / x for x in later))
-            print(f"<!-- {name}, repetition {rep + 1}: {' '.join(f'{tokens / x:.2f}' for x in later)}"
+            out = Path(args.work) / f"time-{rep}-{name.replace(' ', '').replace(',', '-')}"
+            r = run(args.pentad, dp, keys, out, recipe)
+            rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+            later = [row["seconds"] for row in rows if "seconds" in row][1:]  # after the first
+            seconds[name].append(statistics.median(later))
+            print(f"<!-- {name}, repetition {rep + 1}: {' '.join(f'{x:.2f}' for x in later)}"
                   f" s; {r['cmd']} -->", flush=True)
     base = statistics.median(seconds["zero 1"])
     print(f"| dp {dp} | median step s | min..max s | median / zero 1 |")
