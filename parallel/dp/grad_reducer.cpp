@@ -128,23 +128,40 @@ void GradReducer::place_shares(const Tensor& buffer) {
 }
 
 Arena GradReducer::take(size_t bytes, const char* what) {
-  size_t best = pool_.size();
-  for (size_t i = 0; i < pool_.size(); ++i)
-    if (pool_[i].capacity() >= bytes &&
-        (best == pool_.size() || pool_[i].capacity() < pool_[best].capacity()))
-      best = i;
-  if (best == pool_.size()) {
-    ++buffers_made_;
-    const std::string name = fmt::format("ZeRO unit {}", what);
-    if (device_ != Device::CPU) return Arena(name, bytes, device_);
-    // On the host fresh pages of their own, in memory once written (heap memory might be
-    // pages an earlier free left resident), given back by give()'s discard.
-    Arena buffer = Arena::reserved(name, bytes);
-    buffer.commit(0, buffer.capacity());
-    return buffer;
+  // The buffer that the same take of the step before had (the n-th since finish()), if
+  // free: a step's takes and gives come in the order of the one before, so by induction over
+  // its takes each finds that buffer free and the pool makes none. Otherwise (the first step,
+  // or after a pass of another shape: an evaluation) the smallest that fits, or a new one.
+  const size_t nth = takes_++;
+  size_t pick = pool_.size();
+  if (nth < took_.size())
+    for (size_t i = 0; i < pool_.size() && pick == pool_.size(); ++i)
+      if (pool_[i].base() == took_[nth] && pool_[i].capacity() >= bytes) pick = i;
+  if (pick == pool_.size())
+    for (size_t i = 0; i < pool_.size(); ++i)
+      if (pool_[i].capacity() >= bytes &&
+          (pick == pool_.size() || pool_[i].capacity() < pool_[pick].capacity()))
+        pick = i;
+  Arena buffer;
+  if (pick < pool_.size()) {
+    buffer = std::move(pool_[pick]);
+    pool_.erase(pool_.begin() + std::ptrdiff_t(pick));
+  } else {
+    buffer = make_buffer(bytes, what);
   }
-  Arena buffer = std::move(pool_[best]);
-  pool_.erase(pool_.begin() + std::ptrdiff_t(best));
+  if (took_.size() <= nth) took_.resize(nth + 1);
+  took_[nth] = buffer.base();
+  return buffer;
+}
+
+Arena GradReducer::make_buffer(size_t bytes, const char* what) {
+  ++buffers_made_;
+  const std::string name = fmt::format("ZeRO unit {}", what);
+  if (device_ != Device::CPU) return Arena(name, bytes, device_);
+  // On the host fresh pages of their own, in memory once written (heap memory might be
+  // pages an earlier free left resident), given back by give()'s discard.
+  Arena buffer = Arena::reserved(name, bytes);
+  buffer.commit(0, buffer.capacity());
   return buffer;
 }
 
@@ -263,6 +280,7 @@ void GradReducer::finish() {
     complete(b);
   }
   next_ = 0;
+  takes_ = 0;  // the pool's takes of the next step count from here
 }
 
 void GradReducer::gather(const std::function<float*(Bucket&)>& at) {

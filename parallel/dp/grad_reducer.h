@@ -39,10 +39,8 @@
 // device; on the host the pages go back to the system). Takes follow the model's hooks and
 // gives come at points every step reaches alike (a release, a bucket pushed out of the
 // kInFlight window, finish()), never when a test() happens to find a reduction done, so
-// every step asks the pool the same. It makes its buffers in the first two steps
-// (buffers_made()): the second starts with every buffer free, and best fit may hand a larger
-// one to a smaller request there, which the first did not; from the third on a step starts
-// as the one before and takes exactly what it did.
+// every step asks the pool the same; each take gets the buffer the same take of the step
+// before had, so the pool makes its buffers in the first step only (buffers_made()).
 // How many units are gathered at once is the caller's budget (parallel.zero_live_units,
 // train/parallelize.cpp), read back through units_whole().
 // Stream rule on CUDA, no host wait: the compute stream orders every reuse. A buffer goes
@@ -52,7 +50,7 @@
 // done by test(). Its next user queues its first work on the compute stream (this rank's
 // share copied in, zeros, kernels) or on the communicator's stream, which the communicator
 // makes wait for an event recorded on the compute stream as each collective is posted. The
-// one host wait left is a buffer the pool makes (cudaMalloc): in the first two steps only.
+// one host wait left is a buffer the pool makes (cudaMalloc): in the first step only.
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -119,7 +117,7 @@ class GradReducer {
   size_t pool_bytes() const;  // sparse arenas: the buffers the pool holds, in use or not
   // The buffers the pool has made since construction (on CUDA each a cudaMalloc, which
   // waits): the takes and gives of a step come in the same order every step, so after the
-  // second step this stops growing (zero3_memory_test counts it).
+  // first step this stops growing (zero3_memory_test counts it).
   int64_t buffers_made() const { return buffers_made_; }
 
   // Stage 3: the bucket holding arena element `offset`; acquire() makes the buckets whole
@@ -184,6 +182,7 @@ class GradReducer {
   // Sparse arenas: the pool's buffers, and a bucket's gradient buffer (zeros) placed as
   // their home; grads_source() is ParamStore's gradient source for this reducer's buckets.
   Arena take(size_t bytes, const char* what);
+  Arena make_buffer(size_t bytes, const char* what);
   void give(Arena& buffer);
   void home_grads(Bucket& b);
   void drop_grads(Bucket& b);
@@ -203,6 +202,9 @@ class GradReducer {
   FetchShare fetch_;  // stage 3: where this rank's shares come from (empty: they stay)
   Reduced reduced_;
   std::vector<Arena> pool_;  // stages 2, 3: buffers not in use
+  // The pool's takes since finish(), and the buffer (its base) each n-th take last had.
+  size_t takes_ = 0;
+  std::vector<void*> took_;
   int64_t buffers_made_ = 0;
 };
 
