@@ -55,6 +55,10 @@ struct ParallelConfig {  // [parallel]: the device mesh (see parallel/mesh.h)
   // sharded, gradients reduce-scattered, parameters all-gathered after the update; 2 also
   // the full-size gradients dropped bucket by bucket as they are reduced.
   int64_t zero = 0;
+  // ZeRO-3: the most units (a layer, the embedding, the head) each reducer holds gathered at
+  // once. 2: the unit computing and the next one prefetched; 1: no prefetch (each gather
+  // waited for where the unit is needed); a stretch that reads more units gathers them all.
+  int64_t zero_live_units = 2;
   // Where AdamW's state lives: "none" (beside the parameters), "cpu" (host memory, the update
   // on the host: what a CPU run does anyway), "nvme" (a file under offload_path, streamed
   // through host buffers sub-group by sub-group with io_uring and O_DIRECT: optim/nvme_state.h;

@@ -128,22 +128,40 @@ void GradReducer::place_shares(const Tensor& buffer) {
 }
 
 Arena GradReducer::take(size_t bytes, const char* what) {
-  size_t best = pool_.size();
-  for (size_t i = 0; i < pool_.size(); ++i)
-    if (pool_[i].capacity() >= bytes &&
-        (best == pool_.size() || pool_[i].capacity() < pool_[best].capacity()))
-      best = i;
-  if (best == pool_.size()) {
-    const std::string name = fmt::format("ZeRO unit {}", what);
-    if (device_ != Device::CPU) return Arena(name, bytes, device_);
-    // On the host fresh pages of their own, in memory once written (heap memory might be
-    // pages an earlier free left resident), given back by give()'s discard.
-    Arena buffer = Arena::reserved(name, bytes);
-    buffer.commit(0, buffer.capacity());
-    return buffer;
+  // The buffer that the same take of the step before had (the n-th since finish()), if
+  // free: a step's takes and gives come in the order of the one before, so by induction over
+  // its takes each finds that buffer free and the pool makes none. Otherwise (the first step,
+  // or after a pass of another shape: an evaluation) the smallest that fits, or a new one.
+  const size_t nth = takes_++;
+  size_t pick = pool_.size();
+  if (nth < took_.size())
+    for (size_t i = 0; i < pool_.size() && pick == pool_.size(); ++i)
+      if (pool_[i].base() == took_[nth] && pool_[i].capacity() >= bytes) pick = i;
+  if (pick == pool_.size())
+    for (size_t i = 0; i < pool_.size(); ++i)
+      if (pool_[i].capacity() >= bytes &&
+          (pick == pool_.size() || pool_[i].capacity() < pool_[pick].capacity()))
+        pick = i;
+  Arena buffer;
+  if (pick < pool_.size()) {
+    buffer = std::move(pool_[pick]);
+    pool_.erase(pool_.begin() + std::ptrdiff_t(pick));
+  } else {
+    buffer = make_buffer(bytes, what);
   }
-  Arena buffer = std::move(pool_[best]);
-  pool_.erase(pool_.begin() + std::ptrdiff_t(best));
+  if (took_.size() <= nth) took_.resize(nth + 1);
+  took_[nth] = buffer.base();
+  return buffer;
+}
+
+Arena GradReducer::make_buffer(size_t bytes, const char* what) {
+  ++buffers_made_;
+  const std::string name = fmt::format("ZeRO unit {}", what);
+  if (device_ != Device::CPU) return Arena(name, bytes, device_);
+  // On the host fresh pages of their own, in memory once written (heap memory might be
+  // pages an earlier free left resident), given back by give()'s discard.
+  Arena buffer = Arena::reserved(name, bytes);
+  buffer.commit(0, buffer.capacity());
   return buffer;
 }
 
@@ -213,24 +231,34 @@ void GradReducer::start(Bucket& b) {
   b.work = group_.reduce_scatter_v(share, region, b.counts, ReduceOp::Sum, /*async=*/true);
 }
 
-void GradReducer::complete(Bucket& b) {
-  if (b.done) return;
-  b.done = true;
+void GradReducer::report(Bucket& b) {
+  if (b.reported) return;
+  b.reported = true;
   const int64_t mine = stage_ == 0 ? 0 : b.counts[size_t(group_.rank())];
   if (reduced_ && stage_ == 0) reduced_(b.begin, b.end - b.begin);
   if (reduced_ && mine > 0) reduced_(b.shard, mine);
+}
+
+void GradReducer::complete(Bucket& b) {
+  if (b.done) return;
+  report(b);
+  b.done = true;
   if (stage_ >= 2) drop_grads(b);
 }
 
 void GradReducer::ready_from(int64_t offset) {
   while (next_ < buckets_.size() && buckets_[next_].begin >= offset) {
     Bucket& b = buckets_[next_++];
-    b.done = false;
+    b.done = b.reported = false;
     if (&b == &buckets_.front() && bug_injected("dp-skip-last-bucket")) continue;
     start(b);
   }
-  for (size_t i = 0; i < next_; ++i)  // drive progress; stage 2 frees what is done
-    if (buckets_[i].work.test()) complete(buckets_[i]);
+  // Drive progress, and report what is done. Stage 2 gives a bucket's gradient buffer back
+  // to the pool only below, at points every step reaches alike (not when a test happens to
+  // find its reduction done), so that the pool's takes and gives run in the same order in
+  // every step and the pool, settled in the first, makes no buffer after it.
+  for (size_t i = 0; i < next_; ++i)
+    if (buckets_[i].work.test()) stage_ >= 2 ? report(buckets_[i]) : complete(buckets_[i]);
   if (stage_ < 2) return;
   // Stage 2 holds at most kInFlight buckets of full-size gradients: MPI without a progress
   // thread moves a reduction only inside MPI calls, so without this bound buckets finish
@@ -252,6 +280,7 @@ void GradReducer::finish() {
     complete(b);
   }
   next_ = 0;
+  takes_ = 0;  // the pool's takes of the next step count from here
 }
 
 void GradReducer::gather(const std::function<float*(Bucket&)>& at) {
@@ -281,6 +310,12 @@ int64_t GradReducer::bucket_elements(int b) const {
 int64_t GradReducer::bucket_share(int b) const {
   const Bucket& bucket = buckets_.at(size_t(b));
   return bucket.counts.empty() ? bucket.end - bucket.begin : bucket.counts[size_t(group_.rank())];
+}
+
+int GradReducer::units_whole() const {
+  if (stage_ < 3) return 0;
+  return int(
+      std::count_if(buckets_.begin(), buckets_.end(), [](const Bucket& b) { return b.whole; }));
 }
 
 int GradReducer::bucket_of(int64_t offset) const {

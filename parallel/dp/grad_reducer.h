@@ -36,10 +36,21 @@
 // The same on the CPU and on CUDA, where a reserved arena is virtual memory with only the
 // shares mapped: the memory of stages 2 and 3 really goes on a GPU too. The buffers come from
 // a pool that keeps what it handed out (on CUDA nothing is freed, so nothing waits for the
-// device; on the host the pages go back to the system); its size settles in the first step.
-// Stream rule on CUDA: a buffer is handed out again only after the host has waited (wait():
-// the compute stream follows the collective) for the work that used it, and new work on it
-// is queued on the compute stream or behind it (NCCL's stream waits for it).
+// device; on the host the pages go back to the system). Takes follow the model's hooks and
+// gives come at points every step reaches alike (a release, a bucket pushed out of the
+// kInFlight window, finish()), never when a test() happens to find a reduction done, so
+// every step asks the pool the same; each take gets the buffer the same take of the step
+// before had, so the pool makes its buffers in the first step only (buffers_made()).
+// How many units are gathered at once is the caller's budget (parallel.zero_live_units,
+// train/parallelize.cpp), read back through units_whole().
+// Stream rule on CUDA, no host wait: the compute stream orders every reuse. A buffer goes
+// back to the pool once all its use is on the compute stream or ordered before it: the
+// model's kernels run there, and the collective that filled or read it was waited for
+// (Work::wait(): cudaStreamWaitEvent on the collective's event, the host goes on) or found
+// done by test(). Its next user queues its first work on the compute stream (this rank's
+// share copied in, zeros, kernels) or on the communicator's stream, which the communicator
+// makes wait for an event recorded on the compute stream as each collective is posted. The
+// one host wait left is a buffer the pool makes (cudaMalloc): in the first step only.
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -104,6 +115,10 @@ class GradReducer {
   void gather_grads();
   void drop_gathered_grads();
   size_t pool_bytes() const;  // sparse arenas: the buffers the pool holds, in use or not
+  // The buffers the pool has made since construction (on CUDA each a cudaMalloc, which
+  // waits): the takes and gives of a step come in the same order every step, so after the
+  // first step this stops growing (zero3_memory_test counts it).
+  int64_t buffers_made() const { return buffers_made_; }
 
   // Stage 3: the bucket holding arena element `offset`; acquire() makes the buckets whole
   // on this rank (all-gathers those not already, each acquire counted), prefetch() starts
@@ -115,6 +130,10 @@ class GradReducer {
   void release(int bucket);
   void release_all();
   int buckets_count() const { return int(buckets_.size()); }
+  // Stage 3: the buckets whole now (gathered, or with a gather on its way), which the
+  // caller's live budget bounds (train/parallelize.cpp): prefetch() and acquire() add one
+  // each, release() of its last acquirer takes it away.
+  int units_whole() const;
   // Shares kept elsewhere: starts reading the share of a unit ahead of its prefetch(), so
   // that the read overlaps the compute of the unit before.
   void read_ahead(int bucket);
@@ -140,7 +159,8 @@ class GradReducer {
     std::vector<int64_t> counts;  // ZeRO: each rank's share, in rank order
     int64_t shard = 0;            // ZeRO: where this rank's share sits in the compact buffer
     Work work;
-    bool done = false;  // finished and, at stage 2, discarded
+    bool done = false;      // finished and, at stage 2, discarded
+    bool reported = false;  // finished and reported to on_reduced()'s callback
     // Stage 3: the parameters' all-gather, whether they are whole here, and the acquirers.
     Work gather;
     bool whole = true;
@@ -154,13 +174,15 @@ class GradReducer {
   int64_t share_begin(const Bucket& b) const;  // this rank's share in the arena
   void cut_shares(Bucket& b, const ParamStore& params) const;
   void start(Bucket& b);
-  void complete(Bucket& b);  // after its work is done
+  void report(Bucket& b);    // its reduction is done: on_reduced()'s call
+  void complete(Bucket& b);  // after its work is done: reported, and its buffer given back
   // All-gathers every bucket in place; at(b) is where element b.begin of it lies.
   void gather(const std::function<float*(Bucket&)>& at);
   void refresh_compute_copy(Bucket& b);  // stage 3, bf16 models: after the gather is waited for
   // Sparse arenas: the pool's buffers, and a bucket's gradient buffer (zeros) placed as
   // their home; grads_source() is ParamStore's gradient source for this reducer's buckets.
   Arena take(size_t bytes, const char* what);
+  Arena make_buffer(size_t bytes, const char* what);
   void give(Arena& buffer);
   void home_grads(Bucket& b);
   void drop_grads(Bucket& b);
@@ -180,6 +202,10 @@ class GradReducer {
   FetchShare fetch_;  // stage 3: where this rank's shares come from (empty: they stay)
   Reduced reduced_;
   std::vector<Arena> pool_;  // stages 2, 3: buffers not in use
+  // The pool's takes since finish(), and the buffer (its base) each n-th take last had.
+  size_t takes_ = 0;
+  std::vector<void*> took_;
+  int64_t buffers_made_ = 0;
 };
 
 }  // namespace pentad::parallel

@@ -52,11 +52,13 @@ struct ZeroStretch {
 
 // The most values whole at once, the dense units' weighted by `dense` and the experts' by
 // `experts` (the part of a unit that is not this rank's share; 1 with the shares on NVMe),
-// walking forward and backward as the hooks do: the stretch computing and each reducer's
-// next unit prefetched, the experts' also from a stretch without any. A tied head reads the
-// embedding in the final stretch, and backward prefetches nothing from there; the
-// embedding's backward reads no parameter.
-double zero3_gathered(const std::vector<ZeroStretch>& s, bool tied, double dense, double experts) {
+// walking forward and backward as the hooks do: the stretch computing and, while a reducer
+// holds fewer than `live` units (parallel.zero_live_units), its next unit prefetched, the
+// experts' also from a stretch without any. A tied head reads the embedding in the final
+// stretch (two dense units), and backward prefetches nothing from there; the embedding's
+// backward reads no parameter.
+double zero3_gathered(const std::vector<ZeroStretch>& s, bool tied, double dense, double experts,
+                      int64_t live) {
   const size_t last = s.size() - 1;
   auto next_experts = [&](size_t k, bool backward) {
     if (backward) {
@@ -68,14 +70,21 @@ double zero3_gathered(const std::vector<ZeroStretch>& s, bool tied, double dense
     }
     return 0.0;
   };
+  // Stretch k's own units and values (the tied head's stretch reads the embedding's unit).
+  auto reads = [&](size_t k) { return tied && k == last ? 2 : 1; };
+  auto own = [&](size_t k) { return s[k].dense + (tied && k == last ? s[0].dense : 0); };
+  auto experts_whole = [&](size_t k, bool backward) {
+    const int units = s[k].experts > 0 ? 1 : 0;
+    return s[k].experts + (units < live ? next_experts(k, backward) : 0);
+  };
   double most = 0;
   for (size_t k = 0; k <= last; ++k) {  // forward
-    const double d = s[k].dense + (k < last ? s[k + 1].dense : tied ? s[0].dense : 0);
-    most = std::max(most, d * dense + (s[k].experts + next_experts(k, false)) * experts);
+    const double d = own(k) + (reads(k) < live && k < last ? s[k + 1].dense : 0);
+    most = std::max(most, d * dense + experts_whole(k, false) * experts);
   }
   for (size_t k = last; k >= 1; --k) {  // backward
-    const double d = s[k].dense + (tied && k == last ? s[0].dense : s[k - 1].dense);
-    most = std::max(most, d * dense + (s[k].experts + next_experts(k, true)) * experts);
+    const double d = own(k) + (reads(k) < live && !(tied && k == last) ? s[k - 1].dense : 0);
+    most = std::max(most, d * dense + experts_whole(k, true) * experts);
   }
   return most;
 }
@@ -264,7 +273,8 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
       ahead = std::max(ahead, st.dense / Z);
       experts_ahead = std::max(experts_ahead, st.experts / edp);
     }
-    const double gathered = zero3_gathered(stretches, m.tie_embeddings, 1, 1);
+    const double gathered =
+        zero3_gathered(stretches, m.tie_embeddings, 1, 1, cfg.parallel.zero_live_units);
     const double per_value = e.parameters / e.values;  // bytes (with a bf16 compute copy)
     e.parameters = (nvme_params ? ahead + experts_ahead : shares) * f32 +
                    std::min(e.parameters, gathered * per_value);

@@ -196,12 +196,21 @@ namespace {
 // With MoE a layer has a unit in each reducer: its dense parameters' over dp x cp, its
 // routed experts' over edp; each reducer prefetches its own next unit, the experts' also
 // from a stretch that has none (a dense layer, the embedding).
+// The live budget (parallel.zero_live_units, DeepSpeed's stage3_max_live_parameters counted
+// in units): a prefetch that would leave a reducer with more units whole than the budget is
+// skipped, and the unit is gathered (and waited for) where a stretch needs it; with the
+// shares on NVMe its share is read ahead instead. A stretch's own units are gathered
+// whatever the budget (the tied head reads two), so nothing waits on a unit that never
+// goes. The choice depends only on the order of the hooks' calls, which every rank of a
+// group makes alike: all issue the same gathers in the same order.
 // A dry run (counting) moves no data: it follows the same calls to count the values whole.
 class ZeroParameters final : public ParameterHooks {
  public:
   ZeroParameters(std::vector<parallel::GradReducer*> reducers, const ParamStore& params,
-                 bool counting = false)
-      : reducers_(std::move(reducers)), counting_(counting) {
+                 int live_units, bool counting = false)
+      : reducers_(std::move(reducers)), live_units_(live_units), counting_(counting) {
+    PENTAD_CHECK(live_units_ >= 1, "ZeRO-3 wants at least one unit whole at a time, got {}",
+                 live_units_);
     for (const ParamSpec& spec : params.specs()) {
       Place at;
       for (size_t r = 0; r < reducers_.size() && at.bucket < 0; ++r)
@@ -209,19 +218,22 @@ class ZeroParameters final : public ParameterHooks {
       place_.push_back(at);
     }
     for (parallel::GradReducer* r : reducers_) count_.emplace_back(size_t(r->buckets_count()));
+    units_.assign(reducers_.size(), 0);
   }
   void need(const std::vector<int>& ids, bool backward) override {
     for (size_t r = 0; r < reducers_.size(); ++r) {
       const std::vector<int> buckets = of(ids, int(r));
       for (int b : buckets) acquire(r, b);
+      const bool room = units_whole(r) < live_units_;
       if (buckets.empty()) {  // the experts' reducer at a dense layer or the embedding
-        prefetch(r, beyond(ids, int(r), backward));
+        if (room) prefetch(r, beyond(ids, int(r), backward));
         continue;
       }
       // Buckets run from the end of the arena: forward goes to lower indices.
       const auto [low, high] = std::minmax_element(buckets.begin(), buckets.end());
-      prefetch(r, backward ? *high + 1 : *low - 1);
-      if (!counting_) reducers_[r]->read_ahead(backward ? *high + 2 : *low - 2);
+      const int next = backward ? *high + 1 : *low - 1, step = backward ? 1 : -1;
+      if (room) prefetch(r, next);
+      if (!counting_) reducers_[r]->read_ahead(room ? next + step : next);
     }
   }
   void done(const std::vector<int>& ids) override {
@@ -263,10 +275,12 @@ class ZeroParameters final : public ParameterHooks {
     return -1;
   }
   // The reducers' calls, or in a dry run their effect on which units are whole.
+  int units_whole(size_t r) const { return counting_ ? units_[r] : reducers_[r]->units_whole(); }
   void prefetch(size_t r, int b) {
     if (!counting_) return reducers_[r]->prefetch(b);
     if (b < 0 || b >= reducers_[r]->buckets_count() || count_[r][size_t(b)].whole) return;
     count_[r][size_t(b)].whole = true;
+    ++units_[r];
     now_.whole += reducers_[r]->bucket_elements(b);
     now_.others += reducers_[r]->bucket_elements(b) - reducers_[r]->bucket_share(b);
     peak_.whole = std::max(peak_.whole, now_.whole);
@@ -282,13 +296,16 @@ class ZeroParameters final : public ParameterHooks {
     Count& c = count_[r][size_t(b)];
     if (--c.users > 0) return;
     c.whole = false;
+    --units_[r];
     now_.whole -= reducers_[r]->bucket_elements(b);
     now_.others -= reducers_[r]->bucket_elements(b) - reducers_[r]->bucket_share(b);
   }
   std::vector<parallel::GradReducer*> reducers_;
   std::vector<Place> place_;  // per parameter id
+  const int live_units_;      // per reducer
   const bool counting_;
   std::vector<std::vector<Count>> count_;  // dry run: per reducer, per bucket
+  std::vector<int> units_;                 // dry run: per reducer, the units whole
   GatheredPeak now_, peak_;
   // Planted for the layout test: the experts' units, once gathered, are never dropped.
   const bool stale_experts_ = bug_injected("zero3-moe-stale-experts");
@@ -297,14 +314,14 @@ class ZeroParameters final : public ParameterHooks {
 }  // namespace
 
 std::unique_ptr<ParameterHooks> zero_parameters(std::vector<parallel::GradReducer*> reducers,
-                                                const ParamStore& params) {
-  return std::make_unique<ZeroParameters>(std::move(reducers), params);
+                                                const ParamStore& params, int live_units) {
+  return std::make_unique<ZeroParameters>(std::move(reducers), params, live_units);
 }
 
 GatheredPeak zero3_gathered_peak(std::vector<parallel::GradReducer*> reducers,
                                  const ParamStore& params,
-                                 const std::vector<std::vector<int>>& stretches) {
-  ZeroParameters dry(std::move(reducers), params, /*counting=*/true);
+                                 const std::vector<std::vector<int>>& stretches, int live_units) {
+  ZeroParameters dry(std::move(reducers), params, live_units, /*counting=*/true);
   for (const std::vector<int>& ids : stretches) {  // forward
     dry.need(ids, false);
     dry.done(ids);

@@ -38,21 +38,23 @@ std::unique_ptr<Model> parallelize(const Config& cfg, parallel::Mesh* mesh, Plac
 
 // ZeRO-3 (parameters sharded over dp x cp, MoE experts over edp): the model's parameter
 // hooks, which gather each stretch's units through the reducers' buckets before it and drop
-// them after. A parameter belongs to the first reducer that buckets it. The reducers and the
-// store outlive the hooks.
+// them after, each reducer holding at most `live_units` units whole at once (besides what a
+// stretch itself reads: parallel.zero_live_units). A parameter belongs to the first reducer
+// that buckets it. The reducers and the store outlive the hooks.
 std::unique_ptr<ParameterHooks> zero_parameters(std::vector<parallel::GradReducer*> reducers,
-                                                const ParamStore& params);
+                                                const ParamStore& params, int live_units);
 
 // ZeRO-3: the most parameter values the hooks of zero_parameters() hold whole at once
 // through one forward and backward over `stretches` (Model::stretches()), counted by
-// following the same calls: each stretch's units and the next ones prefetched. `others`
+// following the same calls: each stretch's units and the next ones prefetched as far as
+// `live_units` allows. `others`
 // leaves out this rank's shares, resident anyway unless they are kept on NVMe.
 struct GatheredPeak {
   int64_t whole = 0, others = 0;  // values
 };
 GatheredPeak zero3_gathered_peak(std::vector<parallel::GradReducer*> reducers,
                                  const ParamStore& params,
-                                 const std::vector<std::vector<int>>& stretches);
+                                 const std::vector<std::vector<int>>& stretches, int live_units);
 
 // The model's chunks as a pipeline stage sees them; the model outlives it.
 std::unique_ptr<parallel::pp::Stage> pipeline_stage(Model& model);

@@ -183,6 +183,11 @@ void check_zero(const Config& c, const Where& where) {
         "offloaded to the host (parallel.offload = \"cpu\" with train.device = \"cuda\") "
         "does not have: set checkpoint.snapshot = \"copy\" (or \"auto\")",
         where({"checkpoint.snapshot", "parallel.offload", "train.save_every"}));
+  if (p.zero_live_units != 2 && p.zero != 3)
+    fail(
+        "{}: parallel.zero_live_units = {} bounds the units ZeRO-3 holds gathered, and "
+        "parallel.zero = {} gathers none: set parallel.zero = 3 or remove zero_live_units",
+        where({"parallel.zero_live_units", "parallel.zero"}), p.zero_live_units, p.zero);
   if (p.zero == 0) return;
   if (p.zero >= 2 && p.pp > 1)
     fail(

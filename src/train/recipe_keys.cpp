@@ -279,6 +279,9 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(parallel, zero, closed(0, 3),
                  "ZeRO stage over dp x cp: 1 shards AdamW state, 2 also gradients, 3 also "
                  "parameters; 0: none"),
+      PENTAD_KEY(parallel, zero_live_units, at_least(1),
+                 "ZeRO 3: units (layers) each reducer holds gathered at once; 2 prefetches the "
+                 "next, 1 prefetches none"),
       PENTAD_KEY(parallel, offload, one_of({"none", "cpu", "nvme"}),
                  "Where AdamW's state lives: beside the parameters, in host memory, or in a file "
                  "on NVMe"),

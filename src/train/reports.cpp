@@ -229,7 +229,8 @@ std::string Trainer::memory_plan() const {
   GatheredPeak gathered;
   size_t read_ahead = 0;
   if (zero() == 3) {
-    gathered = zero3_gathered_peak(zero_reducers(), p, model_->stretches());
+    gathered = zero3_gathered_peak(zero_reducers(), p, model_->stretches(),
+                                   int(cfg_.parallel.zero_live_units));
     for (const parallel::GradReducer* r : zero_reducers()) {
       int64_t most = 0;
       for (int b = 0; b < r->buckets_count(); ++b) most = std::max(most, r->bucket_share(b));

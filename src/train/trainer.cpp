@@ -162,7 +162,7 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
     std::vector<parallel::GradReducer*> gathering = zero_reducers();
     if (bug_injected("zero3-moe-skip-expert-gather"))  // planted for the layout test
       gathering.resize(1);
-    zero_params_ = zero_parameters(gathering, model_->params());
+    zero_params_ = zero_parameters(gathering, model_->params(), int(cfg.parallel.zero_live_units));
     model_->set_parameter_hooks(zero_params_.get());
     if (optimizer_->params_offloaded()) offload_parameter_shares();
     // From here on each rank holds its shares only (or none).

@@ -70,6 +70,8 @@ class Trainer {
 
   Model& model() { return *model_; }
   const Config& config() const { return cfg_; }
+  // ZeRO-2/3: the buffers the reducers' pools have made so far (GradReducer::buffers_made).
+  int64_t zero_buffers_made() const;
   const AdamW& optimizer() const { return *optimizer_; }
   // This rank's micro-batch `micro` of step `step`: (b, t) inputs and targets (t: this
   // rank's tokens of each sequence under context parallelism).

@@ -259,6 +259,12 @@ void Trainer::whole_parameters(bool all) {
         r->release(b);
 }
 
+int64_t Trainer::zero_buffers_made() const {
+  int64_t made = 0;
+  for (const parallel::GradReducer* r : zero_reducers()) made += r->buffers_made();
+  return made;
+}
+
 std::vector<parallel::GradReducer*> Trainer::zero_reducers() const {
   std::vector<parallel::GradReducer*> reducers;
   if (zero() && reducer_) reducers.push_back(reducer_.get());

@@ -596,6 +596,14 @@ std::vector<BadRecipe> bad_recipes() {
        "[model]\nn_shared_experts = 2\n",
        {},
        {"model.n_shared_experts is set but the model has no MoE layers"}},
+      {"zero_live_units_zero",
+       "[parallel]\nzero = 3\nzero_live_units = 0\n",
+       {},
+       {"parallel.zero_live_units", ">= 1"}},
+      {"zero_live_units_without_stage_three",
+       "[parallel]\nzero = 1\nzero_live_units = 1\n",
+       {},
+       {"parallel.zero_live_units = 1", "set parallel.zero = 3 or remove zero_live_units"}},
   };
 }
 
