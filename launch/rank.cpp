@@ -13,24 +13,24 @@
 
 namespace pentad::launch {
 
+bool mpi_singleton(const std::function<const char*(const char*)>& env) {
+  // mpirun's ranks, PMIx (srun --mpi=pmix, prterun, mpirun's own server), PMI-1/2 (MPICH's
+  // hydra, srun --mpi=pmi2).
+  for (const char* wired : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "PMI_FD"})
+    if (env(wired)) return false;
+  return true;
+}
+
 std::string mpi_start_refusal(const std::function<const char*(const char*)>& env) {
   if (!env("SLURM_STEP_ID")) return "";  // not a task of srun
-  // PMIx (srun --mpi=pmix, or mpirun's own server), mpirun's ranks, PMI-2 (srun --mpi=pmi2,
-  // which an Open MPI built with Slurm's PMI-2 can use).
-  for (const char* wired : {"PMIX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMI_FD"})
-    if (env(wired)) return "";
+  // Wired to the others by PMIx, mpirun or PMI-2 (srun --mpi=pmi2, which an Open MPI built
+  // with Slurm's PMI-2 can use).
+  if (!mpi_singleton(env)) return "";
   const char* mpi_type = env("SLURM_MPI_TYPE");
   return fmt::format(
       "srun started this task without PMIx (SLURM_MPI_TYPE {}), so MPI cannot start in it: "
       "run srun --mpi=pmix ..., or set MpiDefault=pmix in slurm.conf (docs/launching.md)",
       mpi_type ? fmt::format("= {}", mpi_type) : std::string("unset: srun --mpi=none"));
-}
-
-bool mpi_singleton(const std::function<const char*(const char*)>& env) {
-  // mpirun's ranks, PMIx (srun --mpi=pmix, prterun), PMI-1/2 (MPICH's hydra, srun --mpi=pmi2).
-  for (const char* wired : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_FD"})
-    if (env(wired)) return false;
-  return true;
 }
 
 void prepare_singleton_start() {
