@@ -107,6 +107,10 @@ TEST_F(SaverTest, OverwritingBehindTheCopyKeepsTheSnapshot) {
       std::fill(t.begin() + static_cast<std::ptrdiff_t>(at),
                 t.begin() + static_cast<std::ptrdiff_t>(end), -1.0f);
     }
+  // Every chunk was waited for, but the copy may still be running: each wait returns as
+  // soon as its piece is published, and the copy ends only after the last tensor's checksum
+  // and its bookkeeping. (Asserting !copying() before this wait failed once under ASan.)
+  saver.wait_for_copy();
   EXPECT_FALSE(saver.copying());
   saver.wait_for_file();
   const auto got = read_back(original, 1);
