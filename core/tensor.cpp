@@ -167,6 +167,13 @@ void Arena::commit(size_t begin, size_t end) {
   committed_ = std::move(merged);
 }
 
+void Arena::prefer_huge_pages() {
+  constexpr size_t kHugePage = size_t{2} << 20;
+  if (device_ != Device::CPU || !base_ || capacity_ < kHugePage) return;
+  // Advice only: a kernel without transparent huge pages refuses it, and 4 KiB pages serve.
+  (void)madvise(base_, capacity_, MADV_HUGEPAGE);
+}
+
 size_t Arena::committed_bytes() const {
   if (!is_reserved()) return capacity_;
   size_t total = 0;

@@ -162,6 +162,7 @@ Arena GradReducer::make_buffer(size_t bytes, const char* what) {
   // pages an earlier free left resident), given back by give()'s discard.
   Arena buffer = Arena::reserved(name, bytes);
   buffer.commit(0, buffer.capacity());
+  buffer.prefer_huge_pages();  // refilled after every discard: 512 times fewer faults
   return buffer;
 }
 
