@@ -1,6 +1,7 @@
 #include "parallel/pp/schedule.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <set>
@@ -127,6 +128,78 @@ double SimResult::bubble_fraction() const {
   return 1.0 - busy / (static_cast<double>(busy_seconds.size()) * step_seconds);
 }
 
+namespace {
+
+// simulate() on shared cores: time advances from event to event (a pass ends, an input
+// arrives); between them every running stage progresses at its node's shared rate.
+SimResult simulate_shared(const ScheduleSpec& spec, const SimCosts& costs,
+                          const std::vector<std::vector<Action>>& lists, SimResult r) {
+  const int p = spec.stages, vstages = p * spec.virtual_stages;
+  const int per_node = std::clamp(costs.stages_per_node, 1, p);
+  std::map<std::tuple<int, int, int>, double> arrival;
+  std::map<std::pair<int, int>, double> link_free;
+  std::vector<size_t> next(size_t(p), 0);
+  std::vector<double> left(size_t(p), -1.0), started(size_t(p), 0.0);  // left < 0: not running
+  double now = 0.0;
+  size_t remaining = 0;
+  for (const auto& list : lists) remaining += list.size();
+  auto ready_at = [&](int s, const Action& a) -> double {
+    const int vs = a.chunk * p + s;
+    const bool needs_input = a.type == Action::Forward ? vs > 0 : vs < vstages - 1;
+    if (!needs_input) return 0.0;
+    auto it = arrival.find({a.type, a.micro, vs});
+    return it == arrival.end() ? -1.0 : it->second;
+  };
+  while (remaining > 0) {
+    double soonest_input = std::numeric_limits<double>::infinity();
+    for (int s = 0; s < p; ++s) {  // idle stages start what has arrived
+      if (left[size_t(s)] >= 0 || next[size_t(s)] == lists[size_t(s)].size()) continue;
+      const Action& a = lists[size_t(s)][next[size_t(s)]];
+      const double ready = ready_at(s, a);
+      if (ready >= 0 && ready <= now) {
+        left[size_t(s)] = a.type == Action::Forward ? costs.forward_seconds[size_t(s)]
+                                                    : costs.backward_seconds[size_t(s)];
+        started[size_t(s)] = now;
+      } else if (ready > now) {
+        soonest_input = std::min(soonest_input, ready);
+      }
+    }
+    std::vector<double> rate(size_t(p), 0.0);
+    double dt = soonest_input - now;
+    for (int s = 0; s < p; ++s) {
+      if (left[size_t(s)] < 0) continue;
+      int running = 0;
+      for (int o = s / per_node * per_node; o < std::min(p, (s / per_node + 1) * per_node); ++o)
+        running += left[size_t(o)] >= 0 ? 1 : 0;
+      rate[size_t(s)] = std::min(1.0, costs.core_share / running);
+      dt = std::min(dt, left[size_t(s)] / rate[size_t(s)]);
+    }
+    if (!std::isfinite(dt)) {  // nothing runs and nothing is on its way
+      r.deadlock = true;
+      return r;
+    }
+    now += dt;
+    for (int s = 0; s < p; ++s) {
+      if (left[size_t(s)] < 0) continue;
+      left[size_t(s)] -= dt * rate[size_t(s)];
+      if (left[size_t(s)] > 1e-12 * (1.0 + now)) continue;
+      left[size_t(s)] = -1.0;
+      const Action a = lists[size_t(s)][next[size_t(s)]++];
+      --remaining;
+      r.busy_seconds[size_t(s)] += now - started[size_t(s)];
+      r.step_seconds = std::max(r.step_seconds, now);
+      const int to_vs = a.type == Action::Forward ? a.chunk * p + s + 1 : a.chunk * p + s - 1;
+      if (to_vs < 0 || to_vs >= vstages) continue;
+      double& free = link_free[{s, to_vs % p}];
+      free = std::max(now, free) + costs.transfer_seconds;
+      arrival[{a.type, a.micro, to_vs}] = free;
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
 SimResult simulate(const ScheduleSpec& spec, const SimCosts& costs) {
   const int p = spec.stages, v = spec.virtual_stages, vstages = p * v;
   PENTAD_CHECK(static_cast<int>(costs.forward_seconds.size()) == p &&
@@ -139,6 +212,7 @@ SimResult simulate(const ScheduleSpec& spec, const SimCosts& costs) {
     r.peak_in_flight.push_back(peak_in_flight(lists.back()));
   }
   r.busy_seconds.assign(static_cast<size_t>(p), 0.0);
+  if (costs.core_share > 0) return simulate_shared(spec, costs, lists, std::move(r));
   // Arrival time of each pass's input: key (type, micro, virtual stage).
   std::map<std::tuple<int, int, int>, double> arrival;
   std::map<std::pair<int, int>, double> link_free;  // directed link (from, to)

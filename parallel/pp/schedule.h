@@ -57,15 +57,23 @@ int peak_in_flight(const std::vector<Action>& actions);
 // starts when its input has arrived (forward: the previous virtual stage's output; backward:
 // the next one's gradient) and the stage is free. A transfer takes `latency + bytes/bandwidth`
 // and the messages on one directed link go one at a time. Sends never block the sender.
+//
+// Shared cores (`core_share` > 0: ranks outnumbering a CPU node's cores): the stages of a
+// node, `stages_per_node` consecutive ones, share its cores, and a stage waiting for input
+// yields them. A running stage computes at min(1, core_share / running stages of its node),
+// core_share being the node's cores over one stage's ranks on it; the costs are at full
+// speed. Each pass then advances by processor sharing instead of at a fixed rate.
 struct SimCosts {
   std::vector<double> forward_seconds;   // per stage: one micro-batch through one chunk
   std::vector<double> backward_seconds;  // per stage
   double transfer_seconds = 0.0;         // one activation (or gradient) over one link
+  double core_share = 0.0;               // 0: every rank has its own device or core
+  int stages_per_node = 1;
 };
 struct SimResult {
   bool deadlock = false;             // some stage waited on a pass that never runs
   double step_seconds = 0.0;         // last pass's end
-  std::vector<double> busy_seconds;  // per stage
+  std::vector<double> busy_seconds;  // per stage (shared cores: its passes' wall time)
   std::vector<int> peak_in_flight;   // per stage
   double bubble_fraction() const;    // 1 - mean busy / step
 };

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "core/check.h"
 #include "model/model.h"
@@ -357,6 +358,7 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
   const std::vector<int64_t> layers = parallel::pp::chunk_layers(m.n_layer, p, v, par.pp_layout);
   parallel::pp::SimCosts sim;
   std::vector<double> stage_comm(size_t(p), 0.0), stage_bwd(size_t(p), 0.0);
+  std::vector<double> stage_work(size_t(p), 0.0);  // a micro-batch's, every chunk
   double compute_max = 0, tp_max = 0, cp_max = 0, ep_max = 0;
   for (int st = 0; st < p; ++st) {
     double fwd = 0, bwd = 0, tpc = 0, cpc = 0, epc = 0, chunks = 0;
@@ -386,6 +388,7 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
     sim.backward_seconds.push_back((bwd + comm * (1 - share)) / chunks);
     stage_comm[size_t(st)] = comm;
     stage_bwd[size_t(st)] = bwd + comm * (1 - share);
+    stage_work[size_t(st)] = fwd + bwd + comm;
     if (fwd + bwd > compute_max) {
       compute_max = fwd + bwd;
       tp_max = tpc;
@@ -397,6 +400,15 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
   sim.transfer_seconds = p > 1 ? links.p2p(0, parallel::mesh_rank(mesh, 0, 0, 0, 1), boundary) : 0;
   parallel::pp::ScheduleSpec spec = schedule_spec(cfg);
   if (p == 1) spec = {parallel::pp::ScheduleKind::OneFOneB, 1, spec.micro_batches, 1, 1};
+  if (slow > 1) {
+    // Oversubscribed cores: the stages of a node share them and a stage waiting for input
+    // yields its share (Open MPI's waits yield when oversubscribed), so the replay runs the
+    // passes at full speed under processor sharing instead of each stretched by `slow`.
+    sim.stages_per_node = std::clamp(p * node_ranks / world, 1, p);
+    sim.core_share = double(machine.cores) / (threads * std::min(world / p, node_ranks));
+    for (double& f : sim.forward_seconds) f /= slow;
+    for (double& b : sim.backward_seconds) b /= slow;
+  }
   const parallel::pp::SimResult run = parallel::pp::simulate(spec, sim);
   PENTAD_CHECK(!run.deadlock, "schedule simulation deadlocked");
   const double ga = double(cfg.train.grad_accum);
@@ -451,14 +463,24 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
   out.tp = tp_max * ga;
   out.cp = cp_max * ga;
   out.ep = ep_max * ga;
-  // The pipeline's idle time beyond the busiest stage's work. On oversubscribed cores a
-  // stage waiting in it yields its core to the others, which then run faster: what the
-  // bubble costs shrinks by the same factor as everything else was stretched.
-  const double busiest = *std::max_element(run.busy_seconds.begin(), run.busy_seconds.end());
-  out.bubble = std::max(0.0, run.step_seconds - busiest) / slow;
+  // The pipeline: the busiest stage's work and the idle time beyond it. On shared cores the
+  // replay's step is the whole of it; the parts above become the node's mean stage (the work
+  // its cores do, stretched), and what the replay adds to that is bubble.
+  double busiest = *std::max_element(run.busy_seconds.begin(), run.busy_seconds.end());
+  const double pipeline = run.step_seconds;
+  if (slow > 1) {
+    const double mean = std::accumulate(stage_work.begin(), stage_work.end(), 0.0) / double(p);
+    const double scale = mean / *std::max_element(stage_work.begin(), stage_work.end());
+    out.compute *= scale;
+    out.tp *= scale;
+    out.cp *= scale;
+    out.ep *= scale;
+    busiest = std::min(ga * mean, pipeline);
+  }
+  out.bubble = pipeline - busiest;
   out.dp = dp_exposed;
   out.optimizer = optimizer;
-  out.step_seconds = busiest + out.bubble + dp_exposed + optimizer;
+  out.step_seconds = pipeline + dp_exposed + optimizer;
   out.oversubscription = slow;
   const double tokens = b * s * ga * mesh.dp;
   double flops_per_token = head_flops_per_token(m);

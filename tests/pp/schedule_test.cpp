@@ -108,6 +108,47 @@ TEST(Schedule, IdealBubbles) {
     }
 }
 
+TEST(Schedule, SharedCoresReplay) {
+  SimCosts costs;
+  costs.forward_seconds = {1.0, 1.0, 1.0, 1.0};
+  costs.backward_seconds = {2.0, 2.0, 2.0, 2.0};
+  costs.transfer_seconds = 0.25;
+  // Cores enough for every stage's ranks at once: the shared replay is the ordinary one.
+  for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB}) {
+    const SimResult own = simulate({kind, 4, 8, 1, 1}, costs);
+    costs.core_share = 4.0;
+    costs.stages_per_node = 4;
+    const SimResult shared = simulate({kind, 4, 8, 1, 1}, costs);
+    costs.core_share = 0.0;
+    EXPECT_NEAR(shared.step_seconds, own.step_seconds, 1e-9) << schedule_name(kind);
+  }
+  // One stage on a quarter of a core: four times its work.
+  SimCosts one;
+  one.forward_seconds = {1.0};
+  one.backward_seconds = {2.0};
+  one.core_share = 0.25;
+  EXPECT_NEAR(simulate({ScheduleKind::OneFOneB, 1, 8, 1, 1}, one).step_seconds, 4 * 8 * 3.0, 1e-9);
+  // Two stages sharing one core (half a core for each rank set when both run), the last
+  // three times the first's work: the idle first stage hands the core to the last, so the
+  // step is near the total work (8 x (3 + 9) = 96 at full speed), far below the own-core
+  // replay stretched by two (the last stage's 8 x 9, plus the fill, times two).
+  SimCosts uneven;
+  uneven.forward_seconds = {1.0, 3.0};
+  uneven.backward_seconds = {2.0, 6.0};
+  const double own = simulate({ScheduleKind::OneFOneB, 2, 8, 1, 1}, uneven).step_seconds;
+  uneven.core_share = 1.0;
+  uneven.stages_per_node = 2;
+  const SimResult shared = simulate({ScheduleKind::OneFOneB, 2, 8, 1, 1}, uneven);
+  EXPECT_FALSE(shared.deadlock);
+  EXPECT_GE(shared.step_seconds, 96.0 - 1e-9);
+  EXPECT_LT(shared.step_seconds, 1.1 * 96.0);
+  EXPECT_GT(2 * own, 1.4 * shared.step_seconds);
+  // Stages on nodes of their own share nothing: the own-core replay at half speed.
+  uneven.stages_per_node = 1;
+  uneven.core_share = 0.5;
+  EXPECT_NEAR(simulate({ScheduleKind::OneFOneB, 2, 8, 1, 1}, uneven).step_seconds, 2 * own, 1e-9);
+}
+
 TEST(Schedule, GroupingHidesLatency) {
   // A slow link: 1F1B pays the latency on its critical path every micro-batch; kFkB with
   // k = 4 pays it once per group and finishes sooner, for the same compute.
