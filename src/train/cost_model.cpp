@@ -68,6 +68,7 @@ struct Pass {
 struct Links {
   const parallel::Topology& topo;
   double slow = 1;
+  bool overlaps = true;  // false on CPUs: the cores that compute also copy the messages
   double collective(CollectiveOp op, const std::vector<int>& group, double bytes) const {
     return group.size() > 1 ? slow * topo.collective_seconds(op, group, bytes) : 0;
   }
@@ -78,7 +79,8 @@ struct Links {
   }
   double calls(const std::vector<CollectiveCall>& list) const {
     double s = 0;
-    for (const CollectiveCall& c : list) s += collective(c.op, c.group, c.bytes) * (1 - c.hidden);
+    for (const CollectiveCall& c : list)
+      s += collective(c.op, c.group, c.bytes) * (overlaps ? 1 - c.hidden : 1.0);
     return s;
   }
 };
@@ -256,7 +258,11 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
                     slow};
   // A topology measured on these ranks (`pentad probe`: samples of their collectives) already
   // holds what sharing the cores costs a message; a modelled one (links alone) does not.
-  const Links links{topo, topo.collectives.empty() ? slow : 1.0};
+  // On a CPU the messages between ranks are copies made by the cores that compute (shared
+  // memory, or the network stack's copies): overlapping them with compute saves nothing, so
+  // what a GPU hides behind compute (2D tp chunks, ring K/V passes, the gradient reduction
+  // during backward, ZeRO-3's prefetched gathers) a CPU rank pays in full.
+  const Links links{topo, topo.collectives.empty() ? slow : 1.0, machine.gpu};
 
   const double b = double(cfg.train.micro_batch), s = double(cfg.train.seq_len);
   const double n = b * s / mesh.cp;  // rows of this rank
@@ -334,8 +340,8 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
       const double kv = 2 * b * (s / R) * kvc * D * e;
       const double pass = links.p2p(cp_all[0], cp_all[size_t(U)], kv);
       const double block_fwd = rates.attention(6 * n * C * s / d1) / 3 / R;
-      cp_fwd += (R - 1) * std::max(0.0, pass - block_fwd);
-      cp_bwd += (2 * R - 1) * std::max(0.0, pass - 2 * block_fwd);
+      cp_fwd += (R - 1) * std::max(0.0, pass - (links.overlaps ? block_fwd : 0.0));
+      cp_bwd += (2 * R - 1) * std::max(0.0, pass - (links.overlaps ? 2 * block_fwd : 0.0));
     }
   }
 
@@ -431,7 +437,8 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
         par.zero > 0 ? CollectiveOp::ReduceScatter : CollectiveOp::AllReduce;
     const double all = links.collective(reduce, dp_group, grad_bytes);
     const double last = links.collective(reduce, dp_group, bucket);
-    const double window = *std::max_element(stage_bwd.begin(), stage_bwd.end());
+    const double window =
+        links.overlaps ? *std::max_element(stage_bwd.begin(), stage_bwd.end()) : 0.0;
     const double per_reduction = std::max(all - window, last);
     const double reductions = par.zero >= 2 ? ga : 1;
     dp_exposed = per_reduction * reductions;
@@ -442,7 +449,7 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
     if (par.zero == 3) {
       const double gathers =
           2 * ga * links.collective(CollectiveOp::AllGather, dp_group, grad_bytes);
-      dp_exposed += std::max(0.0, gathers - run.step_seconds);
+      dp_exposed += std::max(0.0, gathers - (links.overlaps ? run.step_seconds : 0.0));
     }
   }
 

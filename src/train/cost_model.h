@@ -76,7 +76,8 @@ struct Prediction {
   double flops_per_device = 0;  // model FLOP/s per rank, counted as the model counts them
   double mfu = 0;               // flops_per_device / Machine::rank_peak_flops
   double memory_bytes = 0;      // the memory plan's total on the fullest rank
-  // The parts of the step (seconds): compute of the busiest stage through the schedule,
+  // The parts of the step (seconds): compute of the busiest stage through the schedule (on
+  // oversubscribed CPU cores, of the node's mean stage: its stages share the cores),
   // tp/cp/ep collectives not hidden, the pipeline's bubble, the data-parallel reduction left
   // after backward, the optimizer. `oversubscription`: ranks' threads per core on a CPU
   // node (every part above is already stretched by it), 1 otherwise.
