@@ -68,7 +68,25 @@ struct Pass {
 struct Links {
   const parallel::Topology& topo;
   double slow = 1;
-  bool overlaps = true;  // false on CPUs: the cores that compute also copy the messages
+  bool gpu = true;
+  // Whether a transfer among `group` can run while its ranks compute: on GPUs (copy engines,
+  // NCCL's own kernels) and between CPU nodes (the network moves the bytes), yes; among the
+  // ranks of one CPU node, no: shared memory is copied by the cores that compute.
+  bool overlaps(const std::vector<int>& group) const {
+    if (gpu || group.size() < 2) return true;
+    auto node_of = [&](int r) -> int {
+      for (size_t i = 0; i < topo.islands.size(); ++i)
+        if (std::find(topo.islands[i].begin(), topo.islands[i].end(), r) != topo.islands[i].end())
+          return int(i);
+      return -1;
+    };
+    for (int r : group) {
+      const bool other_host = size_t(r) < topo.hosts.size() && size_t(group[0]) < topo.hosts.size() &&
+                              topo.hosts[size_t(r)] != topo.hosts[size_t(group[0])];
+      if (other_host || node_of(r) != node_of(group[0])) return true;
+    }
+    return false;
+  }
   double collective(CollectiveOp op, const std::vector<int>& group, double bytes) const {
     return group.size() > 1 ? slow * topo.collective_seconds(op, group, bytes) : 0;
   }
@@ -80,7 +98,7 @@ struct Links {
   double calls(const std::vector<CollectiveCall>& list) const {
     double s = 0;
     for (const CollectiveCall& c : list)
-      s += collective(c.op, c.group, c.bytes) * (overlaps ? 1 - c.hidden : 1.0);
+      s += collective(c.op, c.group, c.bytes) * (overlaps(c.group) ? 1 - c.hidden : 1.0);
     return s;
   }
 };
@@ -258,10 +276,9 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
                     slow};
   // A topology measured on these ranks (`pentad probe`: samples of their collectives) already
   // holds what sharing the cores costs a message; a modelled one (links alone) does not.
-  // On a CPU the messages between ranks are copies made by the cores that compute (shared
-  // memory, or the network stack's copies): overlapping them with compute saves nothing, so
-  // what a GPU hides behind compute (2D tp chunks, ring K/V passes, the gradient reduction
-  // during backward, ZeRO-3's prefetched gathers) a CPU rank pays in full.
+  // Among the ranks of one CPU node a message is copied by the cores that compute: what a
+  // GPU hides behind compute (2D tp chunks, ring K/V passes, the gradient reduction during
+  // backward, ZeRO-3's prefetched gathers) such a group pays in full (Links::overlaps).
   const Links links{topo, topo.collectives.empty() ? slow : 1.0, machine.gpu};
 
   const double b = double(cfg.train.micro_batch), s = double(cfg.train.seq_len);
@@ -339,9 +356,10 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
       const double kvc = U > 1 ? std::max(1.0, hkv / U) : hkv;
       const double kv = 2 * b * (s / R) * kvc * D * e;
       const double pass = links.p2p(cp_all[0], cp_all[size_t(U)], kv);
+      const bool hides = links.overlaps({cp_all[0], cp_all[size_t(U)]});
       const double block_fwd = rates.attention(6 * n * C * s / d1) / 3 / R;
-      cp_fwd += (R - 1) * std::max(0.0, pass - (links.overlaps ? block_fwd : 0.0));
-      cp_bwd += (2 * R - 1) * std::max(0.0, pass - (links.overlaps ? 2 * block_fwd : 0.0));
+      cp_fwd += (R - 1) * std::max(0.0, pass - (hides ? block_fwd : 0.0));
+      cp_bwd += (2 * R - 1) * std::max(0.0, pass - (hides ? 2 * block_fwd : 0.0));
     }
   }
 
@@ -438,7 +456,7 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
     const double all = links.collective(reduce, dp_group, grad_bytes);
     const double last = links.collective(reduce, dp_group, bucket);
     const double window =
-        links.overlaps ? *std::max_element(stage_bwd.begin(), stage_bwd.end()) : 0.0;
+        links.overlaps(dp_group) ? *std::max_element(stage_bwd.begin(), stage_bwd.end()) : 0.0;
     const double per_reduction = std::max(all - window, last);
     const double reductions = par.zero >= 2 ? ga : 1;
     dp_exposed = per_reduction * reductions;
@@ -449,7 +467,7 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
     if (par.zero == 3) {
       const double gathers =
           2 * ga * links.collective(CollectiveOp::AllGather, dp_group, grad_bytes);
-      dp_exposed += std::max(0.0, gathers - (links.overlaps ? run.step_seconds : 0.0));
+      dp_exposed += std::max(0.0, gathers - (links.overlaps(dp_group) ? run.step_seconds : 0.0));
     }
   }
 
