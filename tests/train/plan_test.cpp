@@ -45,6 +45,9 @@ Machine h100() {
   return cluster_preset("dgx-h100", 8).machine;
 }
 
+// One H100 node's links (the dgx-h100 preset's NVSwitch figures).
+parallel::Topology nvswitch() { return parallel::uniform_cluster(1, 8, 450, 3e-6, 450, 3e-6); }
+
 Prediction predict(const Config& cfg, const parallel::Topology& topo) {
   return predict_step(cfg, mesh_config(cfg, 8), h100(), topo);
 }
@@ -193,6 +196,58 @@ TEST(Plan, Refusals) {
   // A topology measured on other ranks: the topology file's own refusal.
   expect_error([&] { topo.check_ranks(16, "probe.json"); }, "probe.json");
   expect_error([] { Calibration::read("/nonexistent/calibration.json"); }, "--calibrate");
+}
+
+Calibration two_cores() {
+  Calibration c;
+  c.machine = "test";
+  c.cores = 2;
+  for (int t : {1, 2}) {
+    KernelRates r;
+    r.threads = t;
+    r.gemm = {{1e6, 1e9 * t}, {1e9, 4e9 * t}};
+    r.attention_flops_per_s = 2e9 * t;
+    r.elementwise_bytes_per_s = 5e9;
+    r.adamw_params_per_s = 1e8 * t;
+    r.copy_bytes_per_s = 8e9;
+    c.rates.push_back(r);
+  }
+  return c;
+}
+
+TEST(Plan, OversubscribedCpuCoresAreShared) {
+  // 8 ranks on a 2-core node. A pipeline stage waiting for its input lends its cores to the
+  // stage computing, so pp2's bubble nearly vanishes, which on GPUs it does not.
+  const Cluster cpu = this_machine(two_cores(), 8);
+  const std::vector<std::string> on_cpu = {"train.device=\"cpu\"", "train.precision=\"fp32\""};
+  auto with = [&](std::vector<std::string> keys) {
+    keys.insert(keys.end(), on_cpu.begin(), on_cpu.end());
+    return gpt(keys);
+  };
+  const Config pp = with({"parallel.pp=2", "parallel.dp=4"});
+  const Prediction shared = predict_step(pp, mesh_config(pp, 8), cpu.machine, cpu.topology);
+  const Prediction own = predict(gpt({"parallel.pp=2", "parallel.dp=4"}), nvswitch());
+  // m 8, p 2: (p-1)/(m+p-1) = 11% of the stages' time idle; the head's stage, the busiest,
+  // idles least (its share of the step: about 5%).
+  EXPECT_GT(own.bubble / own.step_seconds, 0.03);
+  EXPECT_LT(shared.bubble / shared.step_seconds, 0.1 * own.bubble / own.step_seconds);
+  EXPECT_GT(shared.oversubscription, 1.0);
+  // Shared memory is copied by the cores that compute: 2D tp's chunks hide nothing among the
+  // ranks of one CPU node, while on GPUs (NCCL beside the GEMMs) they hide 3/4 of it.
+  const Config one = with({"parallel.tp=4", "parallel.tp_shape=\"2x2\"", "parallel.dp=2"});
+  const Config four = with({"parallel.tp=4", "parallel.tp_shape=\"2x2\"", "parallel.dp=2",
+                            "parallel.tp_chunks=4"});
+  const double cpu_one = predict_step(one, mesh_config(one, 8), cpu.machine, cpu.topology).tp;
+  const double cpu_four = predict_step(four, mesh_config(four, 8), cpu.machine, cpu.topology).tp;
+  EXPECT_GT(cpu_one, 0.0);
+  EXPECT_DOUBLE_EQ(cpu_one, cpu_four);
+  const double gpu_one =
+      predict(gpt({"parallel.tp=4", "parallel.tp_shape=\"2x2\"", "parallel.dp=2"}), nvswitch()).tp;
+  const double gpu_four = predict(gpt({"parallel.tp=4", "parallel.tp_shape=\"2x2\"", "parallel.dp=2",
+                                       "parallel.tp_chunks=4"}),
+                                  nvswitch())
+                              .tp;
+  EXPECT_LT(gpu_four, 0.5 * gpu_one);  // the loss's all-reduces over tp are not chunked
 }
 
 TEST(Plan, CalibrationRoundTripAndInterpolation) {
