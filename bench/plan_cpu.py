@@ -159,6 +159,10 @@ def main():
               f"{pr.index(i) + 1} | {mr.index(i) + 1} |")
     print(f"\npredicted best: {best_pred['layout']} (measured {best_pred['measured']:.3f} s); "
           f"measured best: {best_meas['layout']} ({best_meas['measured']:.3f} s)")
+    if a.repeat > 1:  # how well the measurement agrees with itself: the ceiling for the model
+        pairs = [spearman([r["times"][i] for r in rows], [r["times"][j] for r in rows])
+                 for i in range(a.repeat) for j in range(i + 1, a.repeat)]
+        print(f"repetitions against each other: spearman {min(pairs):.3f}..{max(pairs):.3f}")
     print(f"spearman {rho:.3f} best-gap {100 * gap:.1f}%")
     ok = rho >= 0.9 and gap <= 0.10
     print("plan ranks the layouts as measured" if ok else
