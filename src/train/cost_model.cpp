@@ -81,7 +81,8 @@ struct Links {
       return -1;
     };
     for (int r : group) {
-      const bool other_host = size_t(r) < topo.hosts.size() && size_t(group[0]) < topo.hosts.size() &&
+      const bool other_host = size_t(r) < topo.hosts.size() &&
+                              size_t(group[0]) < topo.hosts.size() &&
                               topo.hosts[size_t(r)] != topo.hosts[size_t(group[0])];
       if (other_host || node_of(r) != node_of(group[0])) return true;
     }

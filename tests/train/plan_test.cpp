@@ -46,7 +46,9 @@ Machine h100() {
 }
 
 // One H100 node's links (the dgx-h100 preset's NVSwitch figures).
-parallel::Topology nvswitch() { return parallel::uniform_cluster(1, 8, 450, 3e-6, 450, 3e-6); }
+parallel::Topology nvswitch() {
+  return parallel::uniform_cluster(1, 8, 450, 3e-6, 450, 3e-6);
+}
 
 Prediction predict(const Config& cfg, const parallel::Topology& topo) {
   return predict_step(cfg, mesh_config(cfg, 8), h100(), topo);
@@ -235,16 +237,16 @@ TEST(Plan, OversubscribedCpuCoresAreShared) {
   // Shared memory is copied by the cores that compute: 2D tp's chunks hide nothing among the
   // ranks of one CPU node, while on GPUs (NCCL beside the GEMMs) they hide 3/4 of it.
   const Config one = with({"parallel.tp=4", "parallel.tp_shape=\"2x2\"", "parallel.dp=2"});
-  const Config four = with({"parallel.tp=4", "parallel.tp_shape=\"2x2\"", "parallel.dp=2",
-                            "parallel.tp_chunks=4"});
+  const Config four =
+      with({"parallel.tp=4", "parallel.tp_shape=\"2x2\"", "parallel.dp=2", "parallel.tp_chunks=4"});
   const double cpu_one = predict_step(one, mesh_config(one, 8), cpu.machine, cpu.topology).tp;
   const double cpu_four = predict_step(four, mesh_config(four, 8), cpu.machine, cpu.topology).tp;
   EXPECT_GT(cpu_one, 0.0);
   EXPECT_DOUBLE_EQ(cpu_one, cpu_four);
   const double gpu_one =
       predict(gpt({"parallel.tp=4", "parallel.tp_shape=\"2x2\"", "parallel.dp=2"}), nvswitch()).tp;
-  const double gpu_four = predict(gpt({"parallel.tp=4", "parallel.tp_shape=\"2x2\"", "parallel.dp=2",
-                                       "parallel.tp_chunks=4"}),
+  const double gpu_four = predict(gpt({"parallel.tp=4", "parallel.tp_shape=\"2x2\"",
+                                       "parallel.dp=2", "parallel.tp_chunks=4"}),
                                   nvswitch())
                               .tp;
   EXPECT_LT(gpu_four, 0.5 * gpu_one);  // the loss's all-reduces over tp are not chunked
