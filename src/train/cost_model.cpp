@@ -382,7 +382,7 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
   };
   const std::vector<int64_t> layers = parallel::pp::chunk_layers(m.n_layer, p, v, par.pp_layout);
   parallel::pp::SimCosts sim;
-  std::vector<double> stage_comm(size_t(p), 0.0), stage_bwd(size_t(p), 0.0);
+  std::vector<double> stage_bwd(size_t(p), 0.0);
   std::vector<double> stage_work(size_t(p), 0.0);  // a micro-batch's, every chunk
   double compute_max = 0, tp_max = 0, cp_max = 0, ep_max = 0;
   for (int st = 0; st < p; ++st) {
@@ -411,7 +411,6 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
     const double share = fwd / std::max(1e-30, fwd + bwd);
     sim.forward_seconds.push_back((fwd + comm * share) / chunks);
     sim.backward_seconds.push_back((bwd + comm * (1 - share)) / chunks);
-    stage_comm[size_t(st)] = comm;
     stage_bwd[size_t(st)] = bwd + comm * (1 - share);
     stage_work[size_t(st)] = fwd + bwd + comm;
     if (fwd + bwd > compute_max) {
