@@ -245,6 +245,11 @@ Work Communicator::reduce_scatter_v(Tensor out, const Tensor& in, std::span<cons
                "communicator '{}' reduce_scatter_v: in {} must hold the counts' sum {} and out {} "
                "at least this rank's {}",
                name_, in.shape.str(), total, out.shape.str(), counts[size_t(rank_)]);
+  if (op == ReduceOp::Sum && in.dtype == DType::F32 && in.device == Device::CPU &&
+      out.device == Device::CPU && size_ > 1) {  // pentad's ring (ring_all_reduce.cpp)
+    TraceTicket ticket = enter_injected(CommKind::ReduceScatter, int64_t(in.bytes()), -1);
+    return finish(post_ring_reduce_scatter(out, in, counts), ticket, async);
+  }
   return collective(
       CommKind::ReduceScatter, in, true, int64_t(in.bytes()), -1, async,
       [&](Communicator& backend) { return backend.post_reduce_scatter_v(out, in, counts, op); },

@@ -152,7 +152,9 @@ class Communicator {
   Work all_gather(Tensor out, const Tensor& in, bool async = false);
   // Uneven blocks, counts in elements, one per rank, packed in rank order (displacement =
   // prefix sum); zero counts are fine. reduce_scatter_v: in holds the sum of the counts,
-  // and out (at least counts[rank()] elements) gets block rank() of the reduction.
+  // and out (at least counts[rank()] elements) gets block rank() of the reduction; a sum of
+  // f32 host memory runs as pentad's ring (ring_all_reduce.cpp: two blocks of scratch on
+  // every rank, each leg timed per peer for the link matrix), others as the backend's.
   // all_gather_v is in place: buf holds the sum of the counts, each rank's own block
   // already where it belongs, and every rank ends with all of them (ZeRO's buckets).
   Work reduce_scatter_v(Tensor out, const Tensor& in, std::span<const int64_t> counts,
@@ -240,8 +242,10 @@ class Communicator {
   bool may_defer_sends() const { return injected_seconds(1) > 0 || sim_ring_crossings_ > 0; }
   friend class DeferredSend;
   friend class PumpingWork;
-  friend class RingAllReduce;
+  friend class RingWork;
   std::unique_ptr<WorkImpl> post_ring_all_reduce(Tensor buf);  // ring_all_reduce.cpp
+  std::unique_ptr<WorkImpl> post_ring_reduce_scatter(Tensor out, const Tensor& in,
+                                                     std::span<const int64_t> counts);
   struct Deferred {  // a send waiting for its simulated link
     P2POp op;
     std::chrono::steady_clock::time_point due;

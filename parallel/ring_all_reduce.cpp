@@ -25,23 +25,17 @@
 
 namespace pentad::parallel {
 
-// Tags of ring legs: one per all-reduce in flight (sequence number mod kTagSpan), so that
-// legs of two overlapping all-reduces between the same pair never match each other's.
+// Tags of ring legs: one per ring collective in flight (sequence number mod kTagSpan), so
+// that legs of two overlapping ones between the same pair never match each other's.
 constexpr int kRingTagBase = 16384, kTagSpan = 16383;
 
-class RingAllReduce final : public WorkImpl {
+// The legs of a ring: each sends one piece to the right neighbour and receives one from the
+// left, both posted together; a leg's receipt is handled (leg_done) once both halves are
+// done, then the next leg is posted. Subclasses say what each leg moves.
+class RingWork : public WorkImpl {
  public:
-  RingAllReduce(Communicator& comm, Tensor buf, int tag)
-      : comm_(comm), buf_(buf), tag_(tag), n_(comm.size()), me_(comm.rank()) {
-    right_world_ = trace_channel_member(comm.trace_, (me_ + 1) % n_);
-    left_world_ = trace_channel_member(comm.trace_, (me_ - 1 + n_) % n_);
-    int64_t largest = 0;
-    for (int c = 0; c < n_; ++c) largest = std::max(largest, end(c) - begin(c));
-    scratch_.resize(size_t(largest));
-    post_leg();
-  }
   bool test() override {
-    while (leg_ < 2 * (n_ - 1)) {
+    while (leg_ < legs_) {
       if (!send_done_ && send_->test()) {
         send_done_ = true;
         activity_link_sample(right_world_, true, send_bytes_,
@@ -53,9 +47,9 @@ class RingAllReduce final : public WorkImpl {
                              1e-9 * double(trace_now_ns() - posted_ns_));
       }
       if (!send_done_ || !recv_done_) return false;
-      if (leg_ < n_ - 1) add_received();
+      leg_done(leg_);
       ++leg_;
-      if (leg_ < 2 * (n_ - 1)) post_leg();
+      if (leg_ < legs_) post_leg();
     }
     return true;
   }
@@ -63,49 +57,135 @@ class RingAllReduce final : public WorkImpl {
     while (!test()) std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
 
- private:
-  int64_t begin(int c) const { return buf_.numel() * c / n_; }
-  int64_t end(int c) const { return buf_.numel() * (c + 1) / n_; }
+ protected:
+  RingWork(Communicator& comm, int tag, int legs)
+      : comm_(comm), tag_(tag), legs_(legs), n_(comm.size()), me_(comm.rank()) {
+    right_world_ = trace_channel_member(comm.trace_, (me_ + 1) % n_);
+    left_world_ = trace_channel_member(comm.trace_, (me_ - 1 + n_) % n_);
+  }
+  void start() {  // by the subclass's constructor, once its buffers exist
+    if (legs_ > 0) post_leg();
+  }
+  // Leg `leg`: the f32 elements sent to the right and the buffer receiving from the left.
+  virtual std::pair<Tensor, Tensor> leg_buffers(int leg) = 0;
+  virtual void leg_done(int leg) = 0;
   int chunk(int k) const { return ((k % n_) + n_) % n_; }
-  float* at(int c) const { return buf_.f32() + begin(c); }
 
+  Communicator& comm_;
+  const int tag_, legs_, n_, me_;
+
+ private:
   void post_leg() {
-    const bool reducing = leg_ < n_ - 1;
-    const int s = reducing ? leg_ : leg_ - (n_ - 1);
-    const int out = reducing ? chunk(me_ - s) : chunk(me_ + 1 - s);
-    in_ = reducing ? chunk(me_ - s - 1) : chunk(me_ - s);
-    const int64_t out_n = end(out) - begin(out), in_n = end(in_) - begin(in_);
-    float* into = reducing ? scratch_.data() : at(in_);
-    std::vector<P2POp> ops{
-        P2POp{true, view_of(at(out), Shape{out_n}, DType::F32), (me_ + 1) % n_, tag_},
-        P2POp{false, view_of(into, Shape{in_n}, DType::F32), (me_ - 1 + n_) % n_, tag_}};
-    send_bytes_ = out_n * int64_t(sizeof(float));
-    recv_bytes_ = in_n * int64_t(sizeof(float));
+    const auto [out, in] = leg_buffers(leg_);
+    std::vector<P2POp> ops{P2POp{true, out, (me_ + 1) % n_, tag_},
+                           P2POp{false, in, (me_ - 1 + n_) % n_, tag_}};
+    send_bytes_ = int64_t(out.bytes());
+    recv_bytes_ = int64_t(in.bytes());
     posted_ns_ = trace_now_ns();
     std::vector<std::unique_ptr<WorkImpl>> impls = comm_.post_p2p_delayed(ops);
     send_ = std::move(impls.at(0));
     recv_ = std::move(impls.at(1));
     send_done_ = recv_done_ = false;
   }
-  void add_received() {
-    float* sum = at(in_);
-    const int64_t count = end(in_) - begin(in_);
-    for (int64_t e = 0; e < count; ++e) sum[e] += scratch_[size_t(e)];
-  }
 
-  Communicator& comm_;
-  Tensor buf_;
-  int tag_, n_, me_, right_world_ = -1, left_world_ = -1;
-  int leg_ = 0, in_ = 0;        // the leg in flight, and the chunk it receives
-  std::vector<float> scratch_;  // a received chunk before it is added (reduce-scatter)
+  int leg_ = 0, right_world_ = -1, left_world_ = -1;
   std::unique_ptr<WorkImpl> send_, recv_;
   bool send_done_ = false, recv_done_ = false;
   int64_t send_bytes_ = 0, recv_bytes_ = 0, posted_ns_ = 0;
 };
 
+static Tensor f32_span(float* data, int64_t count) { return view_of(data, Shape{count}, DType::F32); }
+
+class RingAllReduce final : public RingWork {
+ public:
+  RingAllReduce(Communicator& comm, Tensor buf, int tag)
+      : RingWork(comm, tag, 2 * (comm.size() - 1)), buf_(buf) {
+    int64_t largest = 0;
+    for (int c = 0; c < n_; ++c) largest = std::max(largest, end(c) - begin(c));
+    scratch_.resize(size_t(largest));
+    start();
+  }
+
+ private:
+  int64_t begin(int c) const { return buf_.numel() * c / n_; }
+  int64_t end(int c) const { return buf_.numel() * (c + 1) / n_; }
+  float* at(int c) const { return buf_.f32() + begin(c); }
+
+  std::pair<Tensor, Tensor> leg_buffers(int leg) override {
+    const bool reducing = leg < n_ - 1;
+    const int s = reducing ? leg : leg - (n_ - 1);
+    const int out = reducing ? chunk(me_ - s) : chunk(me_ + 1 - s);
+    in_ = reducing ? chunk(me_ - s - 1) : chunk(me_ - s);
+    return {f32_span(at(out), end(out) - begin(out)),
+            f32_span(reducing ? scratch_.data() : at(in_), end(in_) - begin(in_))};
+  }
+  void leg_done(int leg) override {
+    if (leg >= n_ - 1) return;  // all-gather legs land in place
+    float* sum = at(in_);
+    const int64_t count = end(in_) - begin(in_);
+    for (int64_t e = 0; e < count; ++e) sum[e] += scratch_[size_t(e)];
+  }
+
+  Tensor buf_;
+  int in_ = 0;                  // the chunk the leg in flight receives
+  std::vector<float> scratch_;  // a received chunk before it is added (reduce-scatter)
+};
+
+// A sum reduce-scatter of f32 host memory with uneven blocks (block c: counts[c] elements, in
+// rank order) as the all-reduce's first n-1 legs, shifted so that rank i ends with block i:
+// leg s sends the partial sum of block (i - s - 1) and receives that of block (i - s - 2),
+// to which it adds its own. `in` is only read; the partial sums travel through two buffers
+// of the largest block, so no rank ever holds more than that besides in and out (Open MPI's
+// MPI_Ireduce_scatter reduces whole buffers up a binomial tree, and the tree's inner ranks
+// hold scratch copies of every pending one).
+class RingReduceScatter final : public RingWork {
+ public:
+  RingReduceScatter(Communicator& comm, Tensor out, const Tensor& in,
+                    std::span<const int64_t> counts, int tag)
+      : RingWork(comm, tag, comm.size() - 1), out_(out), in_(in) {
+    int64_t largest = 0, at = 0;
+    for (int64_t c : counts) {
+      offset_.push_back(at);
+      count_.push_back(c);
+      at += c;
+      largest = std::max(largest, c);
+    }
+    send_.resize(size_t(largest));
+    recv_.resize(size_t(largest));
+    start();
+  }
+
+ private:
+  const float* own(int c) const { return in_.f32() + offset_[size_t(c)]; }
+
+  std::pair<Tensor, Tensor> leg_buffers(int leg) override {
+    const int out = chunk(me_ - leg - 1), in = chunk(me_ - leg - 2);
+    // Leg 0 sends this rank's own block as it is; later legs the partial sum leg_done made.
+    float* from = leg == 0 ? const_cast<float*>(own(out)) : send_.data();
+    return {f32_span(from, count_[size_t(out)]), f32_span(recv_.data(), count_[size_t(in)])};
+  }
+  void leg_done(int leg) override {
+    const int c = chunk(me_ - leg - 2);  // the block just received
+    const bool last = leg == legs_ - 1;  // then c is this rank's own block
+    float* sum = last ? out_.f32() : send_.data();
+    const float* mine = own(c);
+    for (int64_t e = 0; e < count_[size_t(c)]; ++e) sum[e] = recv_[size_t(e)] + mine[e];
+  }
+
+  Tensor out_, in_;
+  std::vector<int64_t> offset_, count_;
+  std::vector<float> send_, recv_;
+};
+
 std::unique_ptr<WorkImpl> Communicator::post_ring_all_reduce(Tensor buf) {
   const int tag = kRingTagBase + int((next_seq_ - 1) % uint64_t(kTagSpan));
   return std::make_unique<RingAllReduce>(*this, buf, tag);
+}
+
+std::unique_ptr<WorkImpl> Communicator::post_ring_reduce_scatter(Tensor out, const Tensor& in,
+                                                                 std::span<const int64_t> counts) {
+  const int tag = kRingTagBase + int((next_seq_ - 1) % uint64_t(kTagSpan));
+  return std::make_unique<RingReduceScatter>(*this, out, in, counts, tag);
 }
 
 }  // namespace pentad::parallel

@@ -1,6 +1,6 @@
-// Pentad's ring all-reduce (parallel/ring_all_reduce.cpp) against the closed form and MPI's
-// own, and the link matrix it feeds (parallel/activity.h): a slow link between two ranks
-// shows at both its ends.
+// Pentad's ring all-reduce and reduce-scatter (parallel/ring_all_reduce.cpp) against the closed
+// form and MPI's own, and the link matrix they feed (parallel/activity.h): a slow link between
+// two ranks shows at both its ends.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -85,6 +85,38 @@ TEST_F(RingTest, ASlowLinkShowsAtBothItsEnds) {
   }
   if (r == 1) {
     EXPECT_GE(left.recv_s_per_mb, 0.9 * delay_s / mb);
+  }
+}
+
+// reduce_scatter_v of f32 host memory always runs as the ring (ZeRO's gradient buckets):
+// each rank's block equals that block of MPI's all-reduce within rounding, uneven and empty
+// blocks included, `in` untouched, nothing written past the block; two in flight at once
+// keep their legs apart.
+TEST_F(RingTest, ReduceScatterGivesEachRankItsBlock) {
+  auto mpi = make_communicator(Backend::MPI, MPI_COMM_WORLD, "mpi");
+  for (int64_t scale : {int64_t(1), int64_t(1000)}) {
+    std::vector<int64_t> counts(static_cast<size_t>(n));
+    int64_t total = 0, mine = 0;
+    for (int q = 0; q < n; ++q) {
+      counts[size_t(q)] = q == 1 ? 0 : scale * (q + 1) + q;
+      if (q == r) mine = total;
+      total += counts[size_t(q)];
+    }
+    std::vector<float> in(static_cast<size_t>(total)), reference(static_cast<size_t>(total));
+    for (int64_t i = 0; i < total; ++i) in[size_t(i)] = reference[size_t(i)] = std::sin(float(r + i));
+    const std::vector<float> before = in;
+    std::vector<float> out(size_t(counts[size_t(r)] + 1), -7.0f), again = out;
+    Work first = ring->reduce_scatter_v(view(out), view(in), counts, ReduceOp::Sum, true);
+    Work second = ring->reduce_scatter_v(view(again), view(in), counts, ReduceOp::Sum, true);
+    second.wait();
+    first.wait();
+    mpi->all_reduce(view(reference));
+    for (int64_t i = 0; i < counts[size_t(r)]; ++i) {
+      ASSERT_NEAR(out[size_t(i)], reference[size_t(mine + i)], 1e-5f) << scale << " " << i;
+      ASSERT_EQ(again[size_t(i)], out[size_t(i)]) << scale << " " << i;
+    }
+    EXPECT_EQ(out.back(), -7.0f);
+    EXPECT_EQ(in, before);
   }
 }
 
