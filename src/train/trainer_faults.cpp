@@ -69,15 +69,16 @@ void Trainer::parse_injections() {
     const int world = mesh_ ? mesh_->world().size() : 1;
     if (!(link_a_ != link_b_ && link_a_ < world && link_b_ < world))
       fail("{} = \"{}\": A and B must be two different world ranks below {}", key, spec, world);
-    // The delay is on sends that name their peer: pentad's ring all-reduce, the pipeline's
-    // transfers, ring attention. MPI's own collectives name none, so without those nothing
-    // would slow down.
+    // The delay is on sends that name their peer: pentad's ring all-reduce and ZeRO's ring
+    // reduce-scatter on the host, the pipeline's transfers, ring attention. MPI's own
+    // collectives name none, so without those nothing would slow down.
     const ParallelConfig& par = cfg_.parallel;
-    if (!par.ring_all_reduce && par.pp == 1 && par.cp == 1)
+    const bool host_zero = par.zero > 0 && cfg_.train.device == "cpu";
+    if (!par.ring_all_reduce && !host_zero && par.pp == 1 && par.cp == 1)
       fail(
           "{} = \"{}\" delays sends between ranks {} and {}, but this layout sends none that "
           "name their peer (MPI's all-reduce does not): set parallel.ring_all_reduce = true, "
-          "or use pipeline or context parallelism",
+          "parallel.zero >= 1, or use pipeline or context parallelism",
           key, spec, link_a_, link_b_);
     fault_step_ = whole(part[3], key, spec, "STEP");  // every rank: each sets its groups
     fault_factor_ = part.size() == 5 ? double(whole(part[4], key, spec, "MS")) : 20.0;
@@ -150,7 +151,8 @@ void Trainer::inject_slow_link() const {
       if (members[size_t(r)] == link_b_) b = r;
     }
     // Sends between the two ends only; collectives of the backend's own are not delayed
-    // (their transfers name no peer: parallel.ring_all_reduce makes dp's all-reduce sends).
+    // (their transfers name no peer: parallel.ring_all_reduce makes dp's all-reduce sends,
+    // ZeRO's host reduce-scatter always is).
     if (a >= 0 && b >= 0) g->set_injection({fault_factor_ * 1e-3, a, 0, /*links_only=*/true, b});
   }
 }
