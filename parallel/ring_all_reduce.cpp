@@ -94,7 +94,9 @@ class RingWork : public WorkImpl {
   int64_t send_bytes_ = 0, recv_bytes_ = 0, posted_ns_ = 0;
 };
 
-static Tensor f32_span(float* data, int64_t count) { return view_of(data, Shape{count}, DType::F32); }
+static Tensor f32_span(float* data, int64_t count) {
+  return view_of(data, Shape{count}, DType::F32);
+}
 
 class RingAllReduce final : public RingWork {
  public:

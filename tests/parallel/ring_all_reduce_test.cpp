@@ -103,7 +103,8 @@ TEST_F(RingTest, ReduceScatterGivesEachRankItsBlock) {
       total += counts[size_t(q)];
     }
     std::vector<float> in(static_cast<size_t>(total)), reference(static_cast<size_t>(total));
-    for (int64_t i = 0; i < total; ++i) in[size_t(i)] = reference[size_t(i)] = std::sin(float(r + i));
+    for (int64_t i = 0; i < total; ++i)
+      in[size_t(i)] = reference[size_t(i)] = std::sin(float(r + i));
     const std::vector<float> before = in;
     std::vector<float> out(size_t(counts[size_t(r)] + 1), -7.0f), again = out;
     Work first = ring->reduce_scatter_v(view(out), view(in), counts, ReduceOp::Sum, true);
