@@ -15,6 +15,7 @@
 // The Work advances leg by leg inside test() and wait(): like MPI without a progress
 // thread, a ring moves only while its owner polls it. Legs go through the communicator's
 // injection (comm_injection.cpp), so a slow link delays exactly the legs that cross it.
+#include <algorithm>
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -136,42 +137,56 @@ class RingAllReduce final : public RingWork {
 // A sum reduce-scatter of f32 host memory with uneven blocks (block c: counts[c] elements, in
 // rank order) as the all-reduce's first n-1 legs, shifted so that rank i ends with block i:
 // leg s sends the partial sum of block (i - s - 1) and receives that of block (i - s - 2),
-// to which it adds its own. `in` is only read; the partial sums travel through two buffers
-// of the largest block, so no rank ever holds more than that besides in and out (Open MPI's
-// MPI_Ireduce_scatter reduces whole buffers up a binomial tree, and the tree's inner ranks
-// hold scratch copies of every pending one).
+// to which it adds its own. Blocks longer than kPiece go around in slices of kPiece, one
+// slice's n-1 legs after the other, so that the partial sums travel through two buffers of
+// kPiece at most whatever the bucket: no rank holds more than that besides in and out (Open
+// MPI's MPI_Ireduce_scatter reduces whole buffers up a binomial tree, and the tree's inner
+// ranks hold scratch copies of every pending one). `in` is only read.
 class RingReduceScatter final : public RingWork {
  public:
+  static constexpr int64_t kPiece = int64_t{1} << 20;  // elements: 4 MiB
+
   RingReduceScatter(Communicator& comm, Tensor out, const Tensor& in,
                     std::span<const int64_t> counts, int tag)
-      : RingWork(comm, tag, comm.size() - 1), out_(out), in_(in) {
-    int64_t largest = 0, at = 0;
+      : RingWork(comm, tag, slices(counts) * (comm.size() - 1)), out_(out), in_(in) {
+    int64_t at = 0;
     for (int64_t c : counts) {
       offset_.push_back(at);
       count_.push_back(c);
       at += c;
-      largest = std::max(largest, c);
     }
-    send_.resize(size_t(largest));
-    recv_.resize(size_t(largest));
+    const int64_t piece = std::min(kPiece, *std::max_element(counts.begin(), counts.end()));
+    send_.resize(size_t(piece));
+    recv_.resize(size_t(piece));
     start();
   }
 
  private:
-  const float* own(int c) const { return in_.f32() + offset_[size_t(c)]; }
+  static int slices(std::span<const int64_t> counts) {
+    const int64_t largest = *std::max_element(counts.begin(), counts.end());
+    return int(std::max<int64_t>(1, (largest + kPiece - 1) / kPiece));
+  }
+  // Slice k of block c: elements [first, first + length) of the block.
+  int64_t first(int c, int k) const { return std::min(count_[size_t(c)], k * kPiece); }
+  int64_t length(int c, int k) const {
+    return std::min(count_[size_t(c)], (k + 1) * kPiece) - first(c, k);
+  }
+  const float* own(int c, int k) const { return in_.f32() + offset_[size_t(c)] + first(c, k); }
 
   std::pair<Tensor, Tensor> leg_buffers(int leg) override {
-    const int out = chunk(me_ - leg - 1), in = chunk(me_ - leg - 2);
-    // Leg 0 sends this rank's own block as it is; later legs the partial sum leg_done made.
-    float* from = leg == 0 ? const_cast<float*>(own(out)) : send_.data();
-    return {f32_span(from, count_[size_t(out)]), f32_span(recv_.data(), count_[size_t(in)])};
+    const int k = leg / (n_ - 1), s = leg % (n_ - 1);
+    const int out = chunk(me_ - s - 1), in = chunk(me_ - s - 2);
+    // A slice's first leg sends this rank's own part as it is; later legs the partial sum
+    // leg_done made.
+    float* from = s == 0 ? const_cast<float*>(own(out, k)) : send_.data();
+    return {f32_span(from, length(out, k)), f32_span(recv_.data(), length(in, k))};
   }
   void leg_done(int leg) override {
-    const int c = chunk(me_ - leg - 2);  // the block just received
-    const bool last = leg == legs_ - 1;  // then c is this rank's own block
-    float* sum = last ? out_.f32() : send_.data();
-    const float* mine = own(c);
-    for (int64_t e = 0; e < count_[size_t(c)]; ++e) sum[e] = recv_[size_t(e)] + mine[e];
+    const int k = leg / (n_ - 1), s = leg % (n_ - 1);
+    const int c = chunk(me_ - s - 2);  // the block whose slice k just came in
+    float* sum = s == n_ - 2 ? out_.f32() + first(c, k) : send_.data();  // last: c is mine
+    const float* mine = own(c, k);
+    for (int64_t e = 0; e < length(c, k); ++e) sum[e] = recv_[size_t(e)] + mine[e];
   }
 
   Tensor out_, in_;

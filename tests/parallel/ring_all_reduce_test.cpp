@@ -89,12 +89,13 @@ TEST_F(RingTest, ASlowLinkShowsAtBothItsEnds) {
 }
 
 // reduce_scatter_v of f32 host memory always runs as the ring (ZeRO's gradient buckets):
-// each rank's block equals that block of MPI's all-reduce within rounding, uneven and empty
-// blocks included, `in` untouched, nothing written past the block; two in flight at once
+// each rank's block equals that block of MPI's all-reduce within rounding, uneven, empty and
+// sliced blocks included, `in` untouched, nothing written past the block; two in flight at once
 // keep their legs apart.
 TEST_F(RingTest, ReduceScatterGivesEachRankItsBlock) {
   auto mpi = make_communicator(Backend::MPI, MPI_COMM_WORLD, "mpi");
-  for (int64_t scale : {int64_t(1), int64_t(1000)}) {
+  // The largest: blocks of more than 2^20 elements, which go around in 4 MiB slices.
+  for (int64_t scale : {int64_t(1), int64_t(1000), int64_t(600000)}) {
     std::vector<int64_t> counts(static_cast<size_t>(n));
     int64_t total = 0, mine = 0;
     for (int q = 0; q < n; ++q) {
