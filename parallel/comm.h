@@ -153,8 +153,9 @@ class Communicator {
   // Uneven blocks, counts in elements, one per rank, packed in rank order (displacement =
   // prefix sum); zero counts are fine. reduce_scatter_v: in holds the sum of the counts,
   // and out (at least counts[rank()] elements) gets block rank() of the reduction; a sum of
-  // f32 host memory runs as pentad's ring (ring_all_reduce.cpp: two blocks of scratch on
-  // every rank, each leg timed per peer for the link matrix), others as the backend's.
+  // f32 host memory runs as pentad's ring (ring_all_reduce.cpp: two slices of at most 4 MiB
+  // as scratch on every rank, each leg timed per peer for the link matrix), others as the
+  // backend's.
   // all_gather_v is in place: buf holds the sum of the counts, each rank's own block
   // already where it belongs, and every rank ends with all of them (ZeRO's buckets).
   Work reduce_scatter_v(Tensor out, const Tensor& in, std::span<const int64_t> counts,
