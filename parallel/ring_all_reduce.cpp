@@ -1,9 +1,12 @@
-// A sum all-reduce of f32 host memory as pentad's own ring over send/recv (Communicator::
-// set_ring_all_reduce), so that every transfer has a known peer: the send and the receive of
-// each leg are timed and added to this rank's row of the link matrix (parallel/activity.h). MPI's
-// own all-reduce hides which peer it waited for; a slow link is then a slow rank to everyone.
+// A sum all-reduce (Communicator::set_ring_all_reduce) and a sum reduce-scatter with uneven
+// blocks (Communicator::reduce_scatter_v, always: ZeRO's gradient buckets; RingReduceScatter
+// below) of f32 host memory as pentad's own ring over send/recv, so that every transfer has a
+// known peer: the send and the receive of each leg are timed and added to this rank's row of
+// the link matrix (parallel/activity.h). MPI's own collectives hide which peer they waited
+// for; a slow link is then a slow rank to everyone.
 //
-// n ranks, buf cut into n chunks (chunk c: elements [numel c / n, numel (c+1) / n)). Rank i
+// The all-reduce: n ranks, buf cut into n chunks (chunk c: elements [numel c / n,
+// numel (c+1) / n)). Rank i
 // sends to i+1 and receives from i-1 only:
 //   reduce-scatter, legs s = 0..n-2: send chunk (i - s), receive chunk (i - s - 1) and add
 //     it into buf; afterwards rank i holds the sum of chunk (i + 1);
