@@ -6,8 +6,7 @@
 // for; a slow link is then a slow rank to everyone.
 //
 // The all-reduce: n ranks, buf cut into n chunks (chunk c: elements [numel c / n,
-// numel (c+1) / n)). Rank i
-// sends to i+1 and receives from i-1 only:
+// numel (c+1) / n)). Rank i sends to i+1 and receives from i-1 only:
 //   reduce-scatter, legs s = 0..n-2: send chunk (i - s), receive chunk (i - s - 1) and add
 //     it into buf; afterwards rank i holds the sum of chunk (i + 1);
 //   all-gather, legs s = 0..n-2: send chunk (i + 1 - s), receive chunk (i - s) into buf.
