@@ -130,32 +130,57 @@ double SimResult::bubble_fraction() const {
 
 namespace {
 
+// The transfers of a replay: when each pass's input arrives at its stage, the messages on
+// one directed link going one at a time.
+class Transfers {
+ public:
+  Transfers(int stages, int vstages, double seconds)
+      : p_(stages), vstages_(vstages), seconds_(seconds) {}
+  // When the input of stage s's pass a is there: 0 if it needs none (the first forward,
+  // the last backward; a backward's own forward ran earlier on the same stage), -1 if it
+  // has not been sent yet.
+  double ready_at(int s, const Action& a) const {
+    const int vs = a.chunk * p_ + s;
+    const bool needs_input = a.type == Action::Forward ? vs > 0 : vs < vstages_ - 1;
+    if (!needs_input) return 0.0;
+    auto it = arrival_.find({a.type, a.micro, vs});
+    return it == arrival_.end() ? -1.0 : it->second;
+  }
+  // Stage s finished pass a at `end`: its output leaves for the next virtual stage.
+  void send(int s, const Action& a, double end) {
+    const int vs = a.chunk * p_ + s;
+    const int to_vs = a.type == Action::Forward ? vs + 1 : vs - 1;
+    if (to_vs < 0 || to_vs >= vstages_) return;
+    double& free = link_free_[{s, to_vs % p_}];
+    free = std::max(end, free) + seconds_;
+    arrival_[{a.type, a.micro, to_vs}] = free;
+  }
+
+ private:
+  const int p_, vstages_;
+  const double seconds_;
+  std::map<std::tuple<int, int, int>, double> arrival_;  // (type, micro, virtual stage)
+  std::map<std::pair<int, int>, double> link_free_;      // directed link (from, to)
+};
+
 // simulate() on shared cores: time advances from event to event (a pass ends, an input
 // arrives); between them every running stage progresses at its node's shared rate.
 SimResult simulate_shared(const ScheduleSpec& spec, const SimCosts& costs,
                           const std::vector<std::vector<Action>>& lists, SimResult r) {
-  const int p = spec.stages, vstages = p * spec.virtual_stages;
+  const int p = spec.stages;
   const int per_node = std::clamp(costs.stages_per_node, 1, p);
-  std::map<std::tuple<int, int, int>, double> arrival;
-  std::map<std::pair<int, int>, double> link_free;
+  Transfers transfers(p, p * spec.virtual_stages, costs.transfer_seconds);
   std::vector<size_t> next(size_t(p), 0);
   std::vector<double> left(size_t(p), -1.0), started(size_t(p), 0.0);  // left < 0: not running
   double now = 0.0;
   size_t remaining = 0;
   for (const auto& list : lists) remaining += list.size();
-  auto ready_at = [&](int s, const Action& a) -> double {
-    const int vs = a.chunk * p + s;
-    const bool needs_input = a.type == Action::Forward ? vs > 0 : vs < vstages - 1;
-    if (!needs_input) return 0.0;
-    auto it = arrival.find({a.type, a.micro, vs});
-    return it == arrival.end() ? -1.0 : it->second;
-  };
   while (remaining > 0) {
     double soonest_input = std::numeric_limits<double>::infinity();
     for (int s = 0; s < p; ++s) {  // idle stages start what has arrived
       if (left[size_t(s)] >= 0 || next[size_t(s)] == lists[size_t(s)].size()) continue;
       const Action& a = lists[size_t(s)][next[size_t(s)]];
-      const double ready = ready_at(s, a);
+      const double ready = transfers.ready_at(s, a);
       if (ready >= 0 && ready <= now) {
         left[size_t(s)] = a.type == Action::Forward ? costs.forward_seconds[size_t(s)]
                                                     : costs.backward_seconds[size_t(s)];
@@ -188,11 +213,7 @@ SimResult simulate_shared(const ScheduleSpec& spec, const SimCosts& costs,
       --remaining;
       r.busy_seconds[size_t(s)] += now - started[size_t(s)];
       r.step_seconds = std::max(r.step_seconds, now);
-      const int to_vs = a.type == Action::Forward ? a.chunk * p + s + 1 : a.chunk * p + s - 1;
-      if (to_vs < 0 || to_vs >= vstages) continue;
-      double& free = link_free[{s, to_vs % p}];
-      free = std::max(now, free) + costs.transfer_seconds;
-      arrival[{a.type, a.micro, to_vs}] = free;
+      transfers.send(s, a, now);
     }
   }
   return r;
@@ -201,7 +222,7 @@ SimResult simulate_shared(const ScheduleSpec& spec, const SimCosts& costs,
 }  // namespace
 
 SimResult simulate(const ScheduleSpec& spec, const SimCosts& costs) {
-  const int p = spec.stages, v = spec.virtual_stages, vstages = p * v;
+  const int p = spec.stages;
   PENTAD_CHECK(static_cast<int>(costs.forward_seconds.size()) == p &&
                    static_cast<int>(costs.backward_seconds.size()) == p,
                "simulate: {} stages but costs for {}", p, costs.forward_seconds.size());
@@ -213,19 +234,9 @@ SimResult simulate(const ScheduleSpec& spec, const SimCosts& costs) {
   }
   r.busy_seconds.assign(static_cast<size_t>(p), 0.0);
   if (costs.core_share > 0) return simulate_shared(spec, costs, lists, std::move(r));
-  // Arrival time of each pass's input: key (type, micro, virtual stage).
-  std::map<std::tuple<int, int, int>, double> arrival;
-  std::map<std::pair<int, int>, double> link_free;  // directed link (from, to)
+  Transfers transfers(p, p * spec.virtual_stages, costs.transfer_seconds);
   std::vector<size_t> next(static_cast<size_t>(p), 0);
   std::vector<double> clock(static_cast<size_t>(p), 0.0);
-  // Local dependency: a backward needs its own forward (done earlier on the same stage).
-  auto ready_at = [&](int s, const Action& a) -> double {
-    const int vs = a.chunk * p + s;
-    const bool needs_input = a.type == Action::Forward ? vs > 0 : vs < vstages - 1;
-    if (!needs_input) return 0.0;
-    auto it = arrival.find({a.type, a.micro, vs});
-    return it == arrival.end() ? -1.0 : it->second;
-  };
   size_t remaining = 0;
   for (const auto& list : lists) remaining += list.size();
   while (remaining > 0) {
@@ -234,7 +245,7 @@ SimResult simulate(const ScheduleSpec& spec, const SimCosts& costs) {
     double best_start = std::numeric_limits<double>::infinity();
     for (int s = 0; s < p; ++s) {
       if (next[size_t(s)] == lists[size_t(s)].size()) continue;
-      const double ready = ready_at(s, lists[size_t(s)][next[size_t(s)]]);
+      const double ready = transfers.ready_at(s, lists[size_t(s)][next[size_t(s)]]);
       if (ready < 0) continue;
       const double start = std::max(ready, clock[size_t(s)]);
       if (start < best_start) best_start = start, best = s;
@@ -251,14 +262,7 @@ SimResult simulate(const ScheduleSpec& spec, const SimCosts& costs) {
     clock[size_t(best)] = end;
     r.busy_seconds[size_t(best)] += cost;
     r.step_seconds = std::max(r.step_seconds, end);
-    const int vs = a.chunk * p + best;
-    const int to_vs = a.type == Action::Forward ? vs + 1 : vs - 1;
-    if (to_vs < 0 || to_vs >= vstages) continue;
-    const int to = to_vs % p;
-    double& free = link_free[{best, to}];
-    const double arrive = std::max(end, free) + costs.transfer_seconds;
-    free = arrive;
-    arrival[{a.type, a.micro, to_vs}] = arrive;
+    transfers.send(best, a, end);
   }
   return r;
 }

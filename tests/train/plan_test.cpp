@@ -200,6 +200,7 @@ TEST(Plan, Refusals) {
   expect_error([] { Calibration::read("/nonexistent/calibration.json"); }, "--calibrate");
 }
 
+// A kernel table of a 2-core machine, one and two threads.
 Calibration two_cores() {
   Calibration c;
   c.machine = "test";
@@ -253,19 +254,7 @@ TEST(Plan, OversubscribedCpuCoresAreShared) {
 }
 
 TEST(Plan, CalibrationRoundTripAndInterpolation) {
-  Calibration c;
-  c.machine = "test";
-  c.cores = 2;
-  for (int t : {1, 2}) {
-    KernelRates r;
-    r.threads = t;
-    r.gemm = {{1e6, 1e9 * t}, {1e9, 4e9 * t}};
-    r.attention_flops_per_s = 2e9 * t;
-    r.elementwise_bytes_per_s = 5e9;
-    r.adamw_params_per_s = 1e8 * t;
-    r.copy_bytes_per_s = 8e9;
-    c.rates.push_back(r);
-  }
+  const Calibration c = two_cores();
   const std::string path = std::filesystem::temp_directory_path() / "pentad_plan_test_cal.json";
   c.write(path);
   const Calibration back = Calibration::read(path);
