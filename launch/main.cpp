@@ -391,7 +391,7 @@ int main(int argc, char** argv) {
 
   pentad::ckpt::GenerateOptions gen;
   auto* generate = app.add_subcommand(
-      "generate", "Continue a prompt from a checkpoint's weights, on the CPU (docs/generate.md)");
+      "generate", "Continue a prompt from a checkpoint's weights (docs/generate.md)");
   generate->add_option("checkpoint", gen.checkpoint, "Checkpoint directory (step-N), any layout")
       ->required();
   generate->add_option("--prompt", gen.prompt, "Text to continue");
@@ -410,6 +410,12 @@ int main(int argc, char** argv) {
   generate->add_option("--seed", gen.sampling.seed, "Sampling seed")->capture_default_str();
   generate->add_flag("--print-ids", gen.print_ids,
                      "Print the generated token ids (one comma-separated line) instead of text");
+  generate->add_option("--device", gen.device, "Where to run: cpu, or cuda (the first GPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  generate->add_option("--precision", gen.precision, "fp32, or bf16 (with --device cuda)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
   generate->add_flag("--no-cache", gen.no_cache,
                      "Run the whole training forward for every token instead of decoding from "
                      "a key/value cache (slower; the reference the cache is tested against)");

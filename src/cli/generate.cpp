@@ -8,6 +8,7 @@
 
 #include "cli/checkpoint_params.h"
 #include "core/check.h"
+#include "core/device_memory.h"
 #include "data/corpus.h"
 #include "data/tokenizer.h"
 
@@ -40,6 +41,18 @@ std::vector<int32_t> parse_prompt_ids(const std::string& text, int64_t vocab) {
 void generate(const GenerateOptions& o) {
   check_sampling(o.sampling);
   if (o.max_tokens < 1) fail("--max-tokens {}: must be >= 1", o.max_tokens);
+  Placement placement;  // checked first: nothing is read for a run that cannot start
+  if (o.device == "cuda") {
+    if (cuda_device_count() == 0)
+      fail(
+          "--device cuda: no CUDA device is visible (check the driver and CUDA_VISIBLE_DEVICES, "
+          "or generate on the CPU)");
+    placement.device = Device::CUDA;
+    select_cuda_device(0);
+  } else if (o.precision == "bf16") {
+    fail("--precision bf16 runs on a GPU only: add --device cuda");
+  }
+  placement.compute = o.precision == "bf16" ? DType::BF16 : DType::F32;
   if (!fs::exists(fs::path(o.checkpoint) / "manifest.json"))
     fail("{}: not a committed checkpoint (no manifest.json); pass a step-N directory",
          o.checkpoint);
@@ -68,14 +81,18 @@ void generate(const GenerateOptions& o) {
     fail("the prompt is {} tokens; the model's context (model.max_seq_len) is {}: shorten it",
          tokens.size(), m.max_seq_len);
 
-  Generator gen(m, !o.no_cache);
+  Generator gen(m, !o.no_cache, placement);
   ParamStore& params = gen.params();
   for (const ParamSpec& spec : params.specs()) {
     const Dims dims(spec.global_shape.dims.begin(),
                     spec.global_shape.dims.begin() + spec.global_shape.ndim);
     const std::vector<float> values = ckpt.get(spec.name, dims);
-    std::copy(values.begin(), values.end(), params.weight(params.find(spec.name)).f32());
+    const Tensor to = params.param(params.find(spec.name));
+    PENTAD_CHECK(to.numel() == static_cast<int64_t>(values.size()), "{}: {} values for {}",
+                 spec.name, values.size(), to.shape.str());
+    copy_bytes(to.data, to.device, values.data(), Device::CPU, to.bytes());
   }
+  gen.reset();  // a bf16 model's compute copy follows the loaded weights
   const int32_t eot = tokenizer ? tokenizer->eot_id() : -1;
   std::mt19937_64 rng(o.sampling.seed);
   const size_t prompt_len = tokens.size();
@@ -110,9 +127,10 @@ void generate(const GenerateOptions& o) {
   } else {
     std::puts("");
   }
-  std::printf("%lld tokens in %.3f s: %.1f tokens/s (%s)\n", static_cast<long long>(made), seconds,
-              seconds > 0 ? static_cast<double>(made) / seconds : 0.0,
-              gen.uses_cache() ? "key/value cache" : "no cache: a full forward per token");
+  std::printf("%lld tokens in %.3f s: %.1f tokens/s (%s, %s %s)\n", static_cast<long long>(made),
+              seconds, seconds > 0 ? static_cast<double>(made) / seconds : 0.0,
+              gen.uses_cache() ? "key/value cache" : "no cache: a full forward per token",
+              o.device.c_str(), o.precision.c_str());
   std::fflush(stdout);
   if (full)
     std::fprintf(stderr,

@@ -1,7 +1,8 @@
 #pragma once
 // `pentad generate CHECKPOINT --prompt TEXT`: loads a committed checkpoint of any layout into
-// one CPU process, encodes the prompt with the recipe's tokenizer and prints the
-// continuation as it is produced, then a line with tokens/s (docs/generate.md).
+// one process, on the CPU or a GPU (--device, --precision), encodes the prompt with the
+// recipe's tokenizer and prints the continuation as it is produced, then a line with
+// tokens/s (docs/generate.md).
 #include <cstdint>
 #include <string>
 
@@ -15,8 +16,10 @@ struct GenerateOptions {
   std::string prompt_ids;  // comma-separated token ids instead of text (no tokenizer needed)
   std::string tokenizer;   // tokenizer.json overriding the recipe's
   int64_t max_tokens = 64;
-  bool print_ids = false;  // print the generated ids, one line, instead of text
-  bool no_cache = false;   // every step a full forward of the context (no key/value cache)
+  bool print_ids = false;          // print the generated ids, one line, instead of text
+  bool no_cache = false;           // every step a full forward of the context (no key/value cache)
+  std::string device = "cpu";      // or "cuda": the first visible GPU
+  std::string precision = "fp32";  // or "bf16" (CUDA only): bf16 weights and activations
   SamplingOptions sampling;
 };
 

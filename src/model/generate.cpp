@@ -4,7 +4,10 @@
 #include <cmath>
 #include <numeric>
 
+#include "core/bf16.h"
 #include "core/check.h"
+#include "core/device_memory.h"
+#include "kernels/ops.h"
 
 namespace pentad {
 
@@ -64,16 +67,23 @@ ModelConfig dropless(ModelConfig cfg) {
   cfg.moe.capacity_factor = 0.0f;
   return cfg;
 }
+// Generation never runs backward: the gradient arena is reserved address space only (on a
+// GPU as on the host), so a model for inference holds its parameters, not twice them.
+Placement without_gradients(Placement placement) {
+  placement.sparse_grads = true;
+  return placement;
+}
 }  // namespace
 
-Generator::Generator(const ModelConfig& cfg, bool use_cache)
-    : model_(dropless(cfg), 1, cfg.max_seq_len),
+Generator::Generator(const ModelConfig& cfg, bool use_cache, Placement placement)
+    : model_(dropless(cfg), 1, cfg.max_seq_len, {}, {}, without_gradients(placement)),
       padded_(size_t(cfg.max_seq_len), 0),
       targets_(size_t(cfg.max_seq_len), 0) {
-  if (use_cache) cache_ = std::make_unique<KvCache>(cfg, cfg.max_seq_len);
+  if (use_cache) cache_ = std::make_unique<KvCache>(cfg, cfg.max_seq_len, placement);
 }
 
 void Generator::reset() {
+  kernels::refresh_weights(model_.params());
   if (cache_) cache_->clear();
   cached_.clear();
   last_.clear();
@@ -98,10 +108,16 @@ std::vector<float> Generator::next_logits(std::span<const int32_t> tokens) {
   std::fill(padded_.begin(), padded_.end(), 0);
   std::copy(tokens.begin(), tokens.end(), padded_.begin());
   model_.forward(padded_.data(), targets_.data(), 0.0f);  // dloss 0: the logits stay logits
-  const Tensor logits = model_.logits();
-  const int64_t V = logits.shape.dims[1];
-  const float* row = logits.f32() + (n - 1) * V;
-  return {row, row + V};
+  const Tensor row = model_.logits().rows(n - 1, 1);
+  std::vector<float> out(static_cast<size_t>(row.numel()));
+  if (row.dtype == DType::F32) {
+    copy_bytes(out.data(), Device::CPU, row.data, row.device, row.bytes());
+  } else {  // bf16 on a device: read back as it is, widened here (exact)
+    std::vector<uint16_t> bits(out.size());
+    copy_bytes(bits.data(), Device::CPU, row.data, row.device, row.bytes());
+    std::transform(bits.begin(), bits.end(), out.begin(), bf16_to_float);
+  }
+  return out;
 }
 
 }  // namespace pentad

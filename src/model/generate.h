@@ -1,5 +1,6 @@
 #pragma once
-// Text generation from a trained model on the CPU: next-token logits of a growing sequence,
+// Text generation from a trained model on one device (the CPU, or a GPU in fp32 or bf16):
+// next-token logits of a growing sequence,
 // and the sampling rules (greedy, temperature, top-k, top-p) that pick the next token.
 // By default the logits come from Model::decode over a cache of keys and values
 // (model/kv_cache.h): the prompt is run once (prefill), then each new token costs one row
@@ -34,18 +35,20 @@ int32_t pick_token(std::span<const float> logits, const SamplingOptions& options
 
 class Generator {
  public:
-  // A one-device CPU model of `cfg` for sequences up to cfg.max_seq_len tokens; its
-  // parameters are filled by the caller through params(). use_cache = false: every step is
-  // a full training forward (the reference the cache is tested against).
-  explicit Generator(const ModelConfig& cfg, bool use_cache = true);
+  // A one-device model of `cfg` for sequences up to cfg.max_seq_len tokens, on the
+  // placement's device and in its compute type; its parameters are filled by the caller
+  // through params(), then reset(). use_cache = false: every step is a full training forward
+  // (the reference the cache is tested against).
+  explicit Generator(const ModelConfig& cfg, bool use_cache = true, Placement placement = {});
   ParamStore& params() { return model_.params(); }
   int64_t context() const { return model_.seq_len(); }
   bool uses_cache() const { return cache_ != nullptr; }
   // Logits (V) of the token after `tokens` (1..context ids). With the cache, a call whose
   // tokens extend the previous call's decodes only the new ones; any other sequence starts
-  // the cache again (prefill). Parameters changed through params() after a call need
-  // reset() before the next one.
+  // the cache again (prefill). On a device the logits are read back (the host waits).
   std::vector<float> next_logits(std::span<const int32_t> tokens);
+  // Starts the cache again, and a bf16 model's compute copy follows the parameters: call it
+  // after writing them through params().
   void reset();
 
  private:

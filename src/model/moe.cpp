@@ -342,47 +342,60 @@ void MoeBlock::forward(Acts& a, const Tensor& x, Tensor out, float weight, bool 
 }
 
 void MoeBlock::decode(const Tensor& x, Tensor out) {
-  PENTAD_CHECK(device_ == Device::CPU && act_ == DType::F32 && x.dtype == DType::F32 &&
-                   ep_.ep_degree() == 1 && ep_.etp_degree() == 1 && tp_.degree() == 1,
-               "MoE decode: one fp32 CPU device holding every expert");
+  PENTAD_CHECK(x.device == device_ && x.dtype == act_ && ep_.ep_degree() == 1 &&
+                   ep_.etp_degree() == 1 && tp_.degree() == 1,
+               "MoE decode: one device holding every expert");
   const int64_t n = x.dim(0), E = E_, K = k_, A = n * K;
-  // Routing as training's, without a capacity (decoding is dropless) and without statistics.
-  std::vector<float> logits(static_cast<size_t>(n * E)), scores(static_cast<size_t>(n * E)),
-      w(static_cast<size_t>(A));
-  std::vector<int32_t> pick(static_cast<size_t>(A)), pos(static_cast<size_t>(A)),
-      src(static_cast<size_t>(A));
-  k::linear_forward(view_of(logits.data(), Shape{n, E}), x, params_.param(router_), Tensor{});
-  const float* bias = params_.param(bias_).f32();
+  // This call's buffers on the model's device: the router's fp32 input and logits, the
+  // permutation and weights, and the experts' rows (as training's Acts).
+  Acts a;
+  Tensor x32, logits, src, pos, w;
+  fit(decode_, "moe decode", device_, [&](Arena& arena) {
+    if (act_ != DType::F32) x32 = arena.alloc(Shape{n, C_});
+    logits = arena.alloc(Shape{n, E});
+    src = arena.alloc(Shape{A}, DType::I32);
+    pos = arena.alloc(Shape{n, K}, DType::I32);
+    w = arena.alloc(Shape{n, K});
+    a.xr = arena.alloc(Shape{A, C_}, act_);
+    if (!gpt2_) a.gate = arena.alloc(Shape{A, F_}, act_);
+    a.up = arena.alloc(Shape{A, F_}, act_);
+    a.act = arena.alloc(Shape{A, F_}, act_);
+    a.yr = arena.alloc(Shape{A, C_}, act_);
+  });
+  // Routing as training's, without a capacity (decoding is dropless) and without statistics:
+  // the router in fp32 from its master weight, the picks on the host (host_side above).
+  if (act_ != DType::F32) k::convert(x32, x);
+  k::linear_forward(logits, act_ != DType::F32 ? x32 : x, params_.param(router_), Tensor{});
+  std::vector<float> host_logits, host_bias, scores(static_cast<size_t>(n * E)), host_w;
+  const float* lg = host_side(logits, host_logits, true);
+  const float* bias = host_side(params_.param(bias_), host_bias, true);
+  float* wt = host_side(w, host_w, false);
+  std::vector<int32_t> pick(static_cast<size_t>(A)), host_pos, host_src;
   std::vector<int64_t> order(static_cast<size_t>(E));
   const bool sigmoid = moe_.score == "sigmoid";
   for (int64_t i = 0; i < n; ++i)
-    score_and_pick(logits.data() + i * E, bias, scores.data() + i * E, pick.data() + i * K,
-                   w.data() + i * K, order, K, sigmoid, moe_.renormalize);
+    score_and_pick(lg + i * E, bias, scores.data() + i * E, pick.data() + i * K, wt + i * K, order,
+                   K, sigmoid, moe_.renormalize);
   // Picks in expert order (a counting sort, as route()), then the training's own kernels:
   // permute, every expert's MLP over its rows, weighted sum back in pick order.
-  Acts a;
   a.route.rows.assign(static_cast<size_t>(E), 0);
   for (int64_t i = 0; i < A; ++i) ++a.route.rows[size_t(pick[static_cast<size_t>(i)])];
   std::vector<int64_t> next(static_cast<size_t>(E), 0);
   for (int64_t e = 1; e < E; ++e)
     next[static_cast<size_t>(e)] = next[size_t(e - 1)] + a.route.rows[size_t(e - 1)];
+  int32_t* ps = host_side(pos, host_pos, false);
+  int32_t* sr = host_side(src, host_src, false);
   for (int64_t i = 0; i < A; ++i) {
     const int64_t slot = next[size_t(pick[static_cast<size_t>(i)])]++;
-    pos[static_cast<size_t>(i)] = static_cast<int32_t>(slot);
-    src[static_cast<size_t>(slot)] = static_cast<int32_t>(i / K);
+    ps[i] = static_cast<int32_t>(slot);
+    sr[slot] = static_cast<int32_t>(i / K);
   }
-  std::vector<float> rows(static_cast<size_t>(A * C_)),
-      gate(gpt2_ ? 0 : static_cast<size_t>(A * F_)), up(static_cast<size_t>(A * F_)),
-      act(static_cast<size_t>(A * F_)), y(static_cast<size_t>(A * C_));
-  a.xr = view_of(rows.data(), Shape{A, C_});
-  if (!gpt2_) a.gate = view_of(gate.data(), Shape{A, F_});
-  a.up = view_of(up.data(), Shape{A, F_});
-  a.act = view_of(act.data(), Shape{A, F_});
-  a.yr = view_of(y.data(), Shape{A, C_});
-  k::moe_permute(a.xr, x, view_of(src.data(), Shape{A}, DType::I32));
+  to_device(w, wt);
+  to_device(pos, ps);
+  to_device(src, sr);
+  k::moe_permute(a.xr, x, src);
   experts_forward(a);
-  k::moe_unpermute(out, a.yr, view_of(pos.data(), Shape{n, K}, DType::I32),
-                   view_of(w.data(), Shape{n, K}), false);
+  k::moe_unpermute(out, a.yr, pos, w, false);
 }
 
 void MoeBlock::experts_forward(Acts& a) {

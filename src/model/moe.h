@@ -92,8 +92,8 @@ class MoeBlock {
   // nothing is counted). count = false: a recomputation of a forward already counted.
   void forward(Acts& a, const Tensor& x, Tensor out, float weight, bool count = true);
   // Decoding (Model::decode): out (n, C) = the routed output of n rows x (n, C), any n,
-  // routed as forward() without a capacity limit and counting nothing. One fp32 CPU device
-  // holding every expert.
+  // routed as forward() without a capacity limit and counting nothing. One device (CPU, or
+  // CUDA in fp32 or bf16) holding every expert; the routing reads the logits back (a wait).
   void decode(const Tensor& x, Tensor out);
   // dx (Nl, C) += d(x) from dout (Nl, C); parameter gradients +=.
   void backward(Acts& a, const Tensor& x, const Tensor& dout, Tensor dx, float weight);
@@ -147,6 +147,7 @@ class MoeBlock {
   // that cast back (Nl, C) in the activations' type; used within one call at a time.
   Arena router_scratch_;
   Tensor x32_, dx32_, dx_act_;
+  Arena decode_;  // decode()'s buffers, grown as needed
   // Statistics (training forwards since take_stats).
   std::vector<double> counts_;
   double dropped_ = 0, aux_ = 0, seq_aux_ = 0, z_ = 0;

@@ -128,6 +128,13 @@ def main():
             failures.append(f"{name}: pentad {ours[name]} != transformers {theirs}")
         if ours[name] != uncached:
             failures.append(f"{name}: pentad {ours[name]} != pentad --no-cache {uncached}")
+    if ours:  # bf16 is a GPU's: refused on the CPU, naming the option to add
+        try:
+            run(pentad, "generate", ckpt, "--prompt-ids", "1", "--precision", "bf16")
+            failures.append("generate --precision bf16 without --device cuda was not refused")
+        except subprocess.CalledProcessError as e:
+            if "--device cuda" not in e.stdout:
+                failures.append(f"bf16 refusal does not name --device cuda: {e.stdout[-400:]}")
     if "tp2" in names:
         ckpt = train(pentad, recipes / CASES["gpt2"][0], work / "gpt2-tp2", ["parallel.tp=2"], 2)
         ids = pentad_ids(pentad, ckpt)
