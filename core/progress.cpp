@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 namespace pentad {
@@ -18,8 +19,12 @@ std::string format_duration(double seconds) {
 }  // namespace
 
 Progress::Progress(std::string label, int64_t total_bytes)
+    : Progress(std::move(label), total_bytes, "") {}
+
+Progress::Progress(std::string label, int64_t total, std::string unit)
     : label_(std::move(label)),
-      total_bytes_(total_bytes),
+      total_(total),
+      unit_(std::move(unit)),
       terminal_(isatty(STDERR_FILENO) == 1),
       start_(Clock::now()),
       next_(start_ + (terminal_ ? std::chrono::milliseconds(200) : std::chrono::seconds(10))) {}
@@ -32,14 +37,15 @@ bool Progress::due() const {
   return Clock::now() >= next_;
 }
 
-void Progress::show(int64_t done_bytes, std::string_view counts) {
+void Progress::show(int64_t done, std::string_view counts) {
   const Clock::time_point now = Clock::now();
   next_ = now + (terminal_ ? std::chrono::milliseconds(200) : std::chrono::seconds(10));
-  const double seconds = std::chrono::duration<double>(now - start_).count();
-  const double mb_per_second = done_bytes / 1e6 / std::max(seconds, 1e-9);
-  std::string line = fmt::format("{}: {} | {:.1f} MB/s", label_, counts, mb_per_second);
-  if (total_bytes_ > 0 && done_bytes > 0) {
-    const double fraction = std::min(1.0, static_cast<double>(done_bytes) / total_bytes_);
+  const double seconds = std::max(std::chrono::duration<double>(now - start_).count(), 1e-9);
+  std::string line =
+      unit_.empty() ? fmt::format("{}: {} | {:.1f} MB/s", label_, counts, done / 1e6 / seconds)
+                    : fmt::format("{}: {} | {:.0f} {}/s", label_, counts, done / seconds, unit_);
+  if (total_ > 0 && done > 0) {
+    const double fraction = std::min(1.0, static_cast<double>(done) / total_);
     const double eta = seconds * (1.0 - fraction) / fraction;
     line = fmt::format("{} | {:5.1f}% | ETA {}", line, 100.0 * fraction, format_duration(eta));
   }

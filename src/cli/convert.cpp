@@ -23,6 +23,7 @@
 #include "cli/checkpoint_params.h"
 #include "cli/hf_layout.h"
 #include "core/check.h"
+#include "core/progress.h"
 #include "data/tokenizer.h"
 #include "train/recipe.h"
 
@@ -39,6 +40,13 @@ std::vector<float> transpose(const std::vector<float>& m, int64_t rows, int64_t 
     for (int64_t c = 0; c < cols; ++c)
       t[static_cast<size_t>(c * rows + r)] = m[static_cast<size_t>(r * cols + c)];
   return t;
+}
+
+// The fp32 bytes of every tensor of the table: the progress line's total.
+int64_t table_bytes(const std::vector<HfEntry>& table) {
+  int64_t values = 0;
+  for (const HfEntry& e : table) values += numel(e.hf_shape());
+  return values * static_cast<int64_t>(sizeof(float));
 }
 
 // One or more safetensors files seen as one table.
@@ -145,7 +153,11 @@ std::string export_hf(const std::string& checkpoint_dir, const std::string& out_
         checkpoint_dir, m.moe.capacity_factor);
   std::vector<NamedTensor> tensors;
   int64_t values = 0;
-  for (const HfEntry& e : hf_table(m)) {
+  const std::vector<HfEntry> table = hf_table(m);
+  Progress progress("ckpt convert", table_bytes(table));
+  for (const HfEntry& e : table) {
+    if (progress.due())
+      progress.show(values * 4, fmt::format("{}/{} tensors read", tensors.size(), table.size()));
     std::vector<float> stacked;
     for (const auto& [name, dims] : e.parts) {
       std::vector<float> part = ckpt.get(name, dims);
@@ -213,7 +225,12 @@ std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_r
   std::set<std::string> used;
   std::vector<NamedTensor> params;
   int64_t values = 0;
-  for (const HfEntry& e : hf_table(m)) {
+  const std::vector<HfEntry> table = hf_table(m);
+  Progress progress("ckpt convert", table_bytes(table));
+  for (size_t i = 0; i < table.size(); ++i) {
+    const HfEntry& e = table[i];
+    if (progress.due())
+      progress.show(values * 4, fmt::format("{}/{} tensors read", i, table.size()));
     const std::string stored = hf.find(e.hf);
     if (stored.empty()) {
       missing.push_back(e.hf);

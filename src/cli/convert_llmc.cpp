@@ -12,6 +12,7 @@
 #include "cli/checkpoint_params.h"
 #include "cli/convert.h"
 #include "core/check.h"
+#include "core/progress.h"
 #include "model/model.h"
 
 namespace pentad::ckpt {
@@ -38,9 +39,14 @@ std::string export_llmc(const std::string& checkpoint_dir, const std::string& ou
   const std::string tmp = out_path + ".tmp";
   std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
   if (!out) fail("{}: cannot create ({})", tmp, std::strerror(errno));
+  // llm.c's file, after the header: L (12 C^2 + 13 C) + (Vp + T + 2) C floats.
+  Progress progress("ckpt convert", (L * (12 * C * C + 13 * C) + (Vp + T + 2) * C) * 4);
+  int64_t written = 0;
   auto put = [&](const std::vector<float>& v) {
     out.write(reinterpret_cast<const char*>(v.data()),
               static_cast<std::streamsize>(v.size() * sizeof(float)));
+    written += static_cast<int64_t>(v.size() * sizeof(float));
+    if (progress.due()) progress.show(written, fmt::format("{} MB written", written >> 20));
   };
   int32_t header[256] = {};
   const int64_t fields[] = {20240326, 3, T, V, L, m.n_head, C, Vp};  // magic, version, ...

@@ -23,7 +23,7 @@ void tokenizer_train(const std::vector<std::string>& text_files, int64_t vocab_s
   size_t bytes = 0;
   for (const auto& d : docs) bytes += d.size();
   std::vector<std::string_view> views(docs.begin(), docs.end());
-  const Tokenizer tokenizer = Tokenizer::train(views, vocab_size);
+  const Tokenizer tokenizer = Tokenizer::train(views, vocab_size, /*progress=*/true);
   tokenizer.save(out_json);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -108,10 +108,12 @@ void data_prepare(const PrepareOptions& options) {
   writer.finish();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const std::string empty =
+      stream.empty_texts() > 0 ? fmt::format(", {} empty texts skipped", stream.empty_texts()) : "";
   fmt::print(
-      "data prepare: {} files, {} documents, {} tokens, {} bad lines skipped -> {}.bin, {}.idx "
+      "data prepare: {} files, {} documents, {} tokens, {} bad lines skipped{} -> {}.bin, {}.idx "
       "({:.1f} MB/s)\n",
-      files.size(), writer.num_documents(), writer.num_tokens(), stream.bad_documents(),
+      files.size(), writer.num_documents(), writer.num_tokens(), stream.bad_documents(), empty,
       options.out_prefix, options.out_prefix, input_bytes / 1e6 / std::max(seconds, 1e-9));
 }
 

@@ -24,8 +24,9 @@ class BpeModel final : public TokenizerModel {
  public:
   // Learns merges on `documents` (bpe_train.cpp): 256 byte tokens, merges until
   // vocab_size - 1 tokens, then "<|endoftext|>" as the last id; GPT-2's pre-tokenizer.
+  // progress: a progress line (core/progress.h) while counting and while merging.
   static std::unique_ptr<BpeModel> train(std::span<const std::string_view> documents,
-                                         int64_t vocab_size);
+                                         int64_t vocab_size, bool progress = false);
   // Parses the text of a tokenizer.json (bpe_json.cpp); `path` names it in messages.
   static std::unique_ptr<BpeModel> from_json(const std::string& text, const std::string& path);
   void save(const std::string& path) const override;

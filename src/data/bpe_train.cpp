@@ -2,12 +2,16 @@
 // counts live in a table with, for each pair, the words that contain it, so a merge only
 // revisits the words it changes. A lazy max-heap picks the next pair: entries whose count
 // is out of date are skipped when popped.
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <optional>
 #include <queue>
 #include <string>
 #include <unordered_map>
 
 #include "core/check.h"
+#include "core/progress.h"
 #include "data/bpe.h"
 
 namespace pentad::data {
@@ -36,15 +40,26 @@ struct Candidate {
 }  // namespace
 
 std::unique_ptr<BpeModel> BpeModel::train(std::span<const std::string_view> documents,
-                                          int64_t vocab_size) {
+                                          int64_t vocab_size, bool progress) {
   if (vocab_size < 257)
     fail("tokenizer vocab_size must be at least 257 (256 bytes + <|endoftext|>), got {}",
          vocab_size);
   if (vocab_size > (int64_t{1} << 31) - 1) fail("tokenizer vocab_size {} is too large", vocab_size);
 
   std::unordered_map<std::string_view, int64_t> piece_counts;
-  for (std::string_view doc : documents) {
-    for (std::string_view piece : pretokenize(doc)) ++piece_counts[piece];
+  {
+    int64_t total = 0, done = 0, docs = 0;
+    for (std::string_view doc : documents) total += static_cast<int64_t>(doc.size());
+    std::optional<Progress> counting;
+    if (progress) counting.emplace("tokenizer train: counting pieces", total);
+    for (std::string_view doc : documents) {
+      for (std::string_view piece : pretokenize(doc)) ++piece_counts[piece];
+      done += static_cast<int64_t>(doc.size());
+      ++docs;
+      if (counting && counting->due())
+        counting->show(done,
+                       fmt::format("{} documents, {} distinct pieces", docs, piece_counts.size()));
+    }
   }
   // Sorted so that word indices (and with them every later step) are deterministic.
   std::vector<std::pair<std::string_view, int64_t>> sorted(piece_counts.begin(),
@@ -81,7 +96,15 @@ std::unique_ptr<BpeModel> BpeModel::train(std::span<const std::string_view> docu
   for (const auto& [p, c] : pair_count) heap.push({c, p});
 
   std::unordered_map<uint64_t, int64_t> delta;
+  const auto first_merged = static_cast<int64_t>(tok.tokens_.size());  // 256: the bytes
+  const int64_t merges_wanted = vocab_size - 1 - first_merged;
+  std::optional<Progress> merging;
+  if (progress) merging.emplace("tokenizer train: merging", merges_wanted, "merges");
   while (static_cast<int64_t>(tok.tokens_.size()) < vocab_size - 1 && !heap.empty()) {
+    if (merging && merging->due()) {
+      const int64_t made = static_cast<int64_t>(tok.tokens_.size()) - first_merged;
+      merging->show(made, fmt::format("{}/{} merges", made, merges_wanted));
+    }
     Candidate top = heap.top();
     heap.pop();
     auto found = pair_count.find(top.pair);

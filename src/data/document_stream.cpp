@@ -187,7 +187,10 @@ bool DocumentStream::next_jsonl(std::string& doc) {
       continue;
     }
     doc = text.get<std::string>();
-    if (doc.empty()) continue;
+    if (doc.empty()) {
+      ++empty_texts_;
+      continue;
+    }
     return true;
   }
   return false;

@@ -37,6 +37,8 @@ class DocumentStream {
   // bad JSONL line or invalid UTF-8 unless skip_bad.
   bool next(std::string& doc);
   int64_t bad_documents() const { return bad_documents_; }
+  // JSONL lines whose text is "": skipped (no document), counted for the summary.
+  int64_t empty_texts() const { return empty_texts_; }
   int64_t files_read() const { return static_cast<int64_t>(file_index_); }
   // Bytes of the input files consumed so far (compressed bytes for compressed files), and
   // their total size on disk: the progress display's fraction done.
@@ -59,6 +61,7 @@ class DocumentStream {
   bool jsonl_ = false;
   int64_t line_ = 0;
   int64_t bad_documents_ = 0;
+  int64_t empty_texts_ = 0;
   int64_t input_bytes_total_ = 0, input_bytes_done_ = 0;  // done: files already closed
   std::string pending_;  // bytes read but not yet consumed as lines
   size_t pending_pos_ = 0;

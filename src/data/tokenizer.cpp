@@ -36,8 +36,9 @@ Tokenizer Tokenizer::train(std::string_view text, int64_t vocab_size) {
   return train(std::span<const std::string_view>(one), vocab_size);
 }
 
-Tokenizer Tokenizer::train(std::span<const std::string_view> documents, int64_t vocab_size) {
-  return Tokenizer(BpeModel::train(documents, vocab_size));
+Tokenizer Tokenizer::train(std::span<const std::string_view> documents, int64_t vocab_size,
+                           bool progress) {
+  return Tokenizer(BpeModel::train(documents, vocab_size, progress));
 }
 
 Tokenizer Tokenizer::load(const std::string& path) {

@@ -25,8 +25,10 @@ class Tokenizer {
   // "<|endoftext|>" as the last id. Stops early (smaller vocab) if the text runs out of
   // pairs. Deterministic: ties go to the smallest pair of ids. GPT-2's pre-tokenizer.
   static Tokenizer train(std::string_view text, int64_t vocab_size);
-  // Same, but pieces never span documents.
-  static Tokenizer train(std::span<const std::string_view> documents, int64_t vocab_size);
+  // Same, but pieces never span documents. progress: a progress line on stderr while it
+  // counts and merges (tokenizer train).
+  static Tokenizer train(std::span<const std::string_view> documents, int64_t vocab_size,
+                         bool progress = false);
 
   // A Hugging Face tokenizer.json (byte-level BPE) or a SentencePiece model, told apart by
   // the contents: a JSON object is the former. Errors name the file and the field.

@@ -130,10 +130,11 @@ def main():
     run("data", "prepare", WORK / "g.txt.gz", "--fortune", "-t", tok, "-o", WORK / "g")
     same_files(WORK / "f", WORK / "g")
 
-    # Bad lines: line 2 not JSON, line 4 lacks the key, line 5 a number, line 6 bad UTF-8.
+    # Bad lines: line 2 not JSON, line 4 lacks the key, line 5 a number, line 6 bad UTF-8;
+    # line 8's text is empty: no document, counted apart from the bad ones.
     bad = WORK / "bad.jsonl"
     bad.write_bytes(b'{"text": "one"}\n{not json\n{"text": "three"}\n{"body": "x"}\n'
-                    b'{"text": 5}\n{"text": "\xff\xfe"}\n{"text": "seven"}\n')
+                    b'{"text": 5}\n{"text": "\xff\xfe"}\n{"text": "seven"}\n{"text": ""}\n')
     out = run("data", "prepare", bad, "-t", tok, "-o", WORK / "bad", expect=2)
     assert f"{bad}:2" in out and "--skip-bad" in out, out
     left = [p.name for p in WORK.iterdir() if p.name.startswith("bad.") and p.name != "bad.jsonl"]
@@ -141,7 +142,7 @@ def main():
     out = run("data", "prepare", bad, "-t", tok, "-o", WORK / "bad", "--skip-bad")
     for line in (2, 4, 5, 6):
         assert f"{bad}:{line}" in out, (line, out)
-    assert "4 bad lines skipped" in out, out
+    assert "4 bad lines skipped, 1 empty texts skipped" in out, out
     assert len(read_dataset(WORK / "bad")) == 3
 
     # A glob that matches nothing is refused, naming it.
