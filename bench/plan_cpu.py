@@ -5,9 +5,16 @@ median measured step of `pentad train` on those ranks (mpirun --oversubscribe), 
 Spearman rank correlation and how far the predicted best is from the measured best.
 
 usage: plan_cpu.py PENTAD RECIPE WORKDIR [--set ci|full] [--steps N] [--sim-nodes R:LAT_US:GBS]
-                   [--topology FILE] [--repeat K]
+                   [--topology FILE | --probe] [--repeat K] [--no-bind]
 Prints a Markdown table; ends with "spearman X best-gap Y" (exit 1 when X < 0.9 or Y > 10%).
-Needs the calibration file (`pentad plan --calibrate`; made here when missing).
+Needs the calibration file (`pentad plan --calibrate`; made here when missing). --probe runs
+`pentad probe --quick` on the same 8 ranks (and simulated nodes) first and plans with its
+topology file.
+
+The ranks are bound to the cores in turn (mpirun --bind-to core: rank r on core r mod cores)
+unless --no-bind: 8 ranks on 2 cores left to the kernel land on cores differently from run to
+run, and the same 20 layouts measured three times agreed with each other at Spearman 0.81-0.83
+unbound, 0.92 bound (bench/RESULTS.md).
 """
 import argparse
 import json
@@ -26,19 +33,20 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 DEFAULTS = dict(tp_shape="", tp_order="row", tp_chunks=1, sp="false", cp=1, cp_impl="ring",
                 cp_ulysses=1, pp=1, schedule="1f1b", vp=1, pp_group=2, ep=1, etp=1, zero=0,
                 offload="none", recompute="false")
-CI = [  # the CI's five: far enough apart that machine noise does not reorder them
+CI = [  # the CI's ten: every kind of layout, spread from 0.45 to 1.3 s a step here
     dict(tp=2, sp="true", dp=4, mb=2, ga=1),
     dict(tp=1, dp=8, mb=1, ga=1, zero=1, recompute="true"),
     dict(tp=1, pp=2, schedule="interleaved", vp=2, dp=4, mb=1, ga=2, recompute="true"),
     dict(tp=4, tp_shape="1x4", dp=2, mb=2, ga=2),
     dict(tp=8, tp_shape="1x8", dp=1, mb=4, ga=2),
+    dict(tp=1, pp=4, dp=2, mb=1, ga=4),
+    dict(tp=1, dp=8, mb=1, ga=1),
+    dict(tp=2, cp=2, cp_impl="ulysses", dp=2, mb=1, ga=4),
+    dict(tp=1, cp=4, cp_impl="ring", dp=2, mb=2, ga=2),
+    dict(tp=4, tp_shape="2x2", dp=2, mb=2, ga=2),
 ]
 FULL = CI + [
-    dict(tp=1, dp=8, mb=1, ga=1),
     dict(tp=8, dp=1, mb=4, ga=2),
-    dict(tp=1, pp=4, dp=2, mb=1, ga=4),
-    dict(tp=2, cp=2, cp_impl="ulysses", dp=2, mb=1, ga=4),
-    dict(tp=4, tp_shape="2x2", dp=2, mb=2, ga=2),
     dict(tp=1, dp=8, mb=1, ga=1, zero=1),
     dict(tp=1, dp=8, mb=1, ga=1, recompute="true"),
     dict(tp=2, dp=4, mb=1, ga=2),
@@ -46,7 +54,6 @@ FULL = CI + [
     dict(tp=1, pp=2, dp=4, mb=1, ga=2),
     dict(tp=1, pp=2, schedule="interleaved", vp=2, dp=4, mb=1, ga=2),
     dict(tp=1, cp=2, cp_impl="ring", dp=4, mb=1, ga=2),
-    dict(tp=1, cp=4, cp_impl="ring", dp=2, mb=2, ga=2),
     dict(tp=2, pp=2, dp=2, mb=1, ga=4),
     dict(tp=1, dp=8, mb=1, ga=1, zero=2),
 ]
@@ -94,6 +101,10 @@ def main():
     ap.add_argument("--sim-nodes", default="")
     ap.add_argument("--topology", default="")
     ap.add_argument("--calibration", default="")
+    ap.add_argument("--probe", action="store_true",
+                    help="plan with the topology `pentad probe --quick` measures first")
+    ap.add_argument("--no-bind", action="store_true",
+                    help="leave the ranks unbound (the kernel places them)")
     a = ap.parse_args()
     work = Path(a.work)
     shutil.rmtree(work, ignore_errors=True)
@@ -110,6 +121,12 @@ def main():
                            env=env, capture_output=True, text=True)
         if "--calibrate" in p.stdout + p.stderr:
             subprocess.run([a.pentad, "plan", "--calibrate"], check=True, env=env)
+    bind = [] if a.no_bind else ["--bind-to", "core:overload-allowed", "--map-by", "core"]
+    mpirun = ["mpirun", "-q", "--oversubscribe", *bind, "-np", "8"]
+    if a.probe:
+        a.topology = str(work / "topology.json")
+        subprocess.run([*mpirun, a.pentad, "probe", "--quick", "-o", a.topology], check=True,
+                       env=env, capture_output=True, text=True)
     topo = ["--topology", a.topology] if a.topology else []
     layouts = CI if a.set == "ci" else FULL
     rows = []
@@ -130,8 +147,8 @@ def main():
     for rep in range(a.repeat):
         for i, r in enumerate(rows):
             out = work / f"layout{i}"
-            cmd = ["mpirun", "-q", "--oversubscribe", "-np", "8", a.pentad, "train", a.recipe,
-                   *r["overrides"], f"train.steps={a.steps}", f"train.out_dir={out}"]
+            cmd = [*mpirun, a.pentad, "train", a.recipe, *r["overrides"],
+                   f"train.steps={a.steps}", f"train.out_dir={out}"]
             t0 = time.monotonic()
             p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
             if p.returncode != 0:

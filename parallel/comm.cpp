@@ -2,7 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <cstdio>
+#include <thread>
 
 #include "parallel/activity.h"
 #include "parallel/backend.h"
@@ -184,8 +186,8 @@ Work Communicator::collective(CommKind kind, const Tensor& routed, bool reductio
   Communicator& backend = route(routed);
   backend.check_dtype(routed.dtype, reduction);
   TraceTicket ticket = enter_injected(kind, bytes, peer);
-  simulate_collective(kind, model_bytes);
-  return finish(post(backend), ticket, async);
+  const double wire_s = simulated_collective_seconds(kind, model_bytes);
+  return finish(after_wire_time(post(backend), wire_s), ticket, async);
 }
 
 Work Communicator::all_reduce(Tensor buf, ReduceOp op, bool async) {
@@ -374,7 +376,8 @@ std::vector<std::unique_ptr<WorkImpl>> Communicator::post_p2p_routed(
 
 void Communicator::barrier() {
   TraceTicket ticket = enter_injected(CommKind::Barrier, 0, -1);
-  simulate_collective(CommKind::Barrier, 0);
+  std::this_thread::sleep_for(
+      std::chrono::duration<double>(simulated_collective_seconds(CommKind::Barrier, 0)));
   finish(post_barrier(), ticket, false);
 }
 

@@ -116,10 +116,11 @@ struct Injection {
 // "R:LAT_US:GBS"): world ranks r and s are on one node iff r / R == s / R, and every transfer
 // between two nodes costs LAT_US microseconds more plus bytes / (GBS * 1e9) seconds. A send
 // to another node is delivered that much later (as an Injection's slow link); a collective
-// whose group spans nodes first sleeps, on every rank of the group, for the time its traffic
-// between nodes would take (comm_injection.cpp gives the model; the sleep blocks the caller
-// even for async operations, so it hides behind no computation). make_communicator applies
-// it to every MPI communicator; NCCL communicators run at the hardware's speed.
+// whose group spans nodes completes, on every rank of the group, no sooner than the time its
+// traffic between nodes would take (comm_injection.cpp gives the model): wire time, which an
+// asynchronous collective spends behind the caller's computation, as on a real network.
+// make_communicator applies it to every MPI communicator; NCCL communicators run at the
+// hardware's speed.
 struct SimulatedNodes {
   int ranks_per_node = 0;       // 0: off
   double latency_s = 0;         // added to each transfer between nodes
@@ -235,10 +236,13 @@ class Communicator {
   void inject(int64_t bytes) const;
   // 0 on ranks the injection spares; peer -1: to any peer (is this rank touched at all?).
   double injected_seconds(int64_t bytes, int peer = -1) const;
-  // Simulated nodes: the extra seconds of a send to `peer`, and the sleep before a
-  // collective of `bytes` (topology.h's convention) that spans nodes.
+  // Simulated nodes: the extra seconds of a send to `peer`, and the wire time of a
+  // collective of `bytes` (topology.h's convention) that spans nodes (0 if it does not);
+  // after_wire_time() makes a posted collective complete no sooner than that time after the
+  // simulated link is free (comm_injection.cpp).
   double simulated_link_seconds(int64_t bytes, int peer) const;
-  void simulate_collective(CommKind kind, int64_t bytes) const;
+  double simulated_collective_seconds(CommKind kind, int64_t bytes) const;
+  std::unique_ptr<WorkImpl> after_wire_time(std::unique_ptr<WorkImpl> impl, double seconds);
   // Whether sends may be queued: an injection on this rank, or nodes simulated.
   bool may_defer_sends() const { return injected_seconds(1) > 0 || sim_ring_crossings_ > 0; }
   friend class DeferredSend;
@@ -279,6 +283,7 @@ class Communicator {
   SimulatedNodes sim_;
   std::vector<int> sim_node_;   // simulated node of each group rank; empty: off
   int sim_ring_crossings_ = 0;  // edges i -> i+1 (mod size) of the group's ring between nodes
+  std::chrono::steady_clock::time_point sim_link_free_{};  // the last collective's wire time ends
   // A device backend's MPI companion; null for MPI communicators.
   std::unique_ptr<Communicator> host_;
 };

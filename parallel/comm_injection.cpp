@@ -15,9 +15,12 @@
 //   all_gather, reduce_scatter, all_to_all: p - 1 steps of bytes / p;
 //   barrier: p - 1 steps of nothing;
 // with bytes as in parallel/topology.h (all_gather: the output; reduce_scatter, all_to_all:
-// the input). Every rank of the group sleeps that long before posting, so the collective
-// really lasts that much longer on all of them. Pentad's own ring all-reduce runs over sends,
-// which are slowed one by one instead.
+// the input). That time is wire time, as a network's: the collective is posted at once and
+// does not complete on any rank of the group before it has passed, so an asynchronous one
+// (ZeRO's gradient buckets during backward) runs behind the caller's computation as it would
+// between real nodes, and a blocking one lasts that much longer. The link carries one
+// collective at a time: each starts when the one before it has passed. A barrier sleeps.
+// Pentad's own ring all-reduce runs over sends, which are slowed one by one instead.
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -220,14 +223,41 @@ double Communicator::simulated_link_seconds(int64_t bytes, int peer) const {
   return sim_.latency_s + double(bytes) / sim_.bytes_per_second;
 }
 
-void Communicator::simulate_collective(CommKind kind, int64_t bytes) const {
-  if (sim_ring_crossings_ == 0) return;
+namespace {
+// A collective over simulated nodes: done when the real one is and its wire time has passed.
+class WireTimeWork final : public WorkImpl {
+ public:
+  WireTimeWork(std::unique_ptr<WorkImpl> inner, std::chrono::steady_clock::time_point due)
+      : inner_(std::move(inner)), due_(due) {}
+  bool test() override { return inner_->test() && std::chrono::steady_clock::now() >= due_; }
+  void wait() override {
+    inner_->wait();
+    std::this_thread::sleep_until(due_);
+  }
+
+ private:
+  std::unique_ptr<WorkImpl> inner_;
+  std::chrono::steady_clock::time_point due_;
+};
+}  // namespace
+
+double Communicator::simulated_collective_seconds(CommKind kind, int64_t bytes) const {
+  if (sim_ring_crossings_ == 0) return 0.0;
   const int p = size_;
   const int steps =
       kind == CommKind::AllReduce || kind == CommKind::Broadcast ? 2 * (p - 1) : p - 1;
   const double chunk = double(bytes) / p;
-  const double seconds = steps * (sim_.latency_s + chunk / sim_.bytes_per_second);
-  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  return steps * (sim_.latency_s + chunk / sim_.bytes_per_second);
+}
+
+std::unique_ptr<WorkImpl> Communicator::after_wire_time(std::unique_ptr<WorkImpl> impl,
+                                                        double seconds) {
+  if (seconds <= 0) return impl;
+  const auto now = std::chrono::steady_clock::now();
+  sim_link_free_ = std::max(sim_link_free_, now) +
+                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                       std::chrono::duration<double>(seconds));
+  return std::make_unique<WireTimeWork>(std::move(impl), sim_link_free_);
 }
 
 }  // namespace pentad::parallel

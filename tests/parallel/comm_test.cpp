@@ -701,7 +701,8 @@ TEST_F(CommTest, DeviceBackendRoutesHostTensorsToItsMpiCompanion) {
 
 // PENTAD_SIM_NODES on 4 ranks as two nodes of two ({0, 1}, {2, 3}), 40 ms between them: a
 // group inside a node runs at full speed, a group across them is slowed on every rank by the
-// ring model (comm_injection.cpp), and a send between nodes is delivered 40 ms late.
+// ring model (comm_injection.cpp) as wire time that an asynchronous collective spends behind
+// the caller, and a send between nodes is delivered 40 ms late.
 TEST_F(CommTest, SimulatedNodesSlowOnlyWhatCrossesNodes) {
   if (n != 4) GTEST_SKIP() << "needs 4 ranks";
   const double lat = 0.04;
@@ -736,6 +737,22 @@ TEST_F(CommTest, SimulatedNodesSlowOnlyWhatCrossesNodes) {
   EXPECT_GE(seconds([&] { across->all_reduce(view(x)); }), 2 * lat);
   EXPECT_EQ(x[0], float(2 * (r % 2) + 2));  // {0, 2}: 2, {1, 3}: 4
   EXPECT_GE(seconds([&] { across->all_gather(view(all), view(x)); }), lat);
+  // Asynchronous collectives are posted at once, their wire time passing behind the caller,
+  // and complete no sooner than it has; the link carries one at a time, so a second one
+  // posted behind the first completes a whole wire time after it.
+  reset();
+  std::vector<float> y(4, float(r));
+  const auto t0 = std::chrono::steady_clock::now();
+  Work reduce = across->all_reduce(view(x), ReduceOp::Sum, true);
+  Work gather = across->all_gather(view(all), view(y), true);
+  const double posted_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(posted_s, lat);
+  reduce.wait();
+  EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2 * lat);
+  gather.wait();
+  EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3 * lat);
+  EXPECT_EQ(x[0], float(2 * (r % 2) + 2));
   // A send between nodes arrives late; the receive waits for it.
   const int peer = 1 - across->rank();
   reset();
