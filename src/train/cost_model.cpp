@@ -450,7 +450,12 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
   const double Z = par.zero > 0 ? double(dp_group.size()) : 1.0;
   double dp_exposed = 0;
   if (dp_group.size() > 1) {
-    const double bucket = std::min(grad_bytes, double(par.bucket_mb) * 1024 * 1024);
+    // The last bucket to finish is the first stage's first: the embedding, whose gradient is
+    // final only at the very end of backward, and a bucket never splits a parameter, so it
+    // holds the whole table (V C / tp, and GPT-2's positions) even beyond bucket_mb.
+    const double embedding = 4 * (V * C / tp + (gpt2 ? double(m.max_seq_len) * C : 0.0));
+    const double bucket =
+        std::min(grad_bytes, std::max(double(par.bucket_mb) * 1024 * 1024, embedding));
     const CollectiveOp reduce =
         par.zero > 0 ? CollectiveOp::ReduceScatter : CollectiveOp::AllReduce;
     const double all = links.collective(reduce, dp_group, grad_bytes);
