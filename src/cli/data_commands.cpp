@@ -4,7 +4,9 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <future>
 
 #include "core/check.h"
 #include "core/progress.h"
@@ -69,12 +71,15 @@ void data_prepare(const PrepareOptions& options) {
   DocumentStream stream(files, {options.fortune_format, options.json_key, options.skip_bad});
   MegatronWriter writer(options.out_prefix, smallest_token_dtype(tokenizer.vocab_size()));
   // Batches of documents, each encoded on every thread and written in input order, so the
-  // output does not depend on the thread count and memory stays at one batch.
+  // output does not depend on the thread count. One batch is encoded and written on a worker
+  // while this thread reads and parses the next, so memory stays at two batches.
   constexpr size_t kBatchBytes = size_t{32} << 20;
   std::vector<std::string> batch;
   size_t batch_bytes = 0, input_bytes = 0;
-  auto flush = [&] {
-    std::vector<std::string_view> views(batch.begin(), batch.end());
+  std::atomic<int64_t> tokens_written{0};
+  auto encode_and_write = [&](const std::vector<std::string>& docs) {
+    if (options.threads > 0) omp_set_num_threads(options.threads);  // per thread in OpenMP
+    std::vector<std::string_view> views(docs.begin(), docs.end());
     std::vector<std::vector<int32_t>> encoded = tokenizer.encode_batch(views);
     std::vector<int32_t> ids;
     for (const auto& doc_ids : encoded) {
@@ -84,7 +89,13 @@ void data_prepare(const PrepareOptions& options) {
       if (eod_id >= 0) ids.push_back(eod_id);
       writer.add_document(ids);
     }
-    batch.clear();
+    tokens_written = writer.num_tokens();
+  };
+  std::future<void> in_flight;  // the batch being encoded and written; declared after what it uses
+  auto flush = [&] {
+    if (in_flight.valid()) in_flight.get();  // rethrows the worker's error
+    in_flight = std::async(std::launch::async, encode_and_write, std::move(batch));
+    batch = {};
     batch_bytes = 0;
   };
   Progress progress("data prepare", stream.input_bytes_total());
@@ -94,7 +105,7 @@ void data_prepare(const PrepareOptions& options) {
     ++documents_read;
     if (progress.due())
       progress.show(stream.input_bytes_read(),
-                    fmt::format("{} documents, {} tokens", documents_read, writer.num_tokens()));
+                    fmt::format("{} documents, {} tokens", documents_read, tokens_written.load()));
     batch_bytes += doc.size();
     input_bytes += doc.size();
     batch.push_back(std::move(doc));
@@ -102,6 +113,7 @@ void data_prepare(const PrepareOptions& options) {
     if (batch_bytes >= kBatchBytes) flush();
   }
   if (!batch.empty()) flush();
+  if (in_flight.valid()) in_flight.get();
   progress.finish();
   if (writer.num_documents() == 0)
     fail("data prepare: the {} input files hold no documents", files.size());
