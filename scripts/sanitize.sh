@@ -12,7 +12,8 @@
 #                context-parallel attention and ZeRO tests on 4;
 #   build-tsan/  ThreadSanitizer (clang, libomp + libarcher): the kernels' tests, the
 #                checkpoint saver's background-thread tests and the NVMe engine's (its I/O
-#                thread) and the fault monitor's beat thread, on 2 OpenMP threads.
+#                thread), data prepare's worker and the fault monitor's beat thread, on 2
+#                OpenMP threads.
 # Findings are fatal. Suppressions (tests/sanitizers/) cover only leaks inside Open MPI's
 # own libraries, never pentad code.
 #   sanitize.sh [asan|tsan]...              configure, build and run (both when none named)
@@ -36,7 +37,7 @@ done
 # The gtest programs each runs (one per test folder, tests/CMakeLists.txt).
 asan_tests=(core_tests kernels_tests data_tests model_tests train_tests checkpoint_tests
   optim_tests pp_tests cli_tests launch_tests)
-tsan_tests=(kernels_tests checkpoint_tests optim_tests launch_tests)
+tsan_tests=(kernels_tests checkpoint_tests optim_tests cli_tests launch_tests)
 build() {  # build KIND: configures and builds build-KIND's targets
   case $1 in
     asan)
@@ -196,9 +197,10 @@ for kind in "${which[@]}"; do
     tsan)
       dir=build-tsan
       tests=("${tsan_tests[@]}")
-      # Of checkpoint, optim and launch: the suites that run threads (the saver's and the
-      # snapshot's background thread, AdamW's and the NVMe engine's I/O, the monitor's beats).
-      threaded='SaverTest.*:CheckpointSnapshot.*:AdamW.*:NvmeStateTest.*:Monitor.*'
+      # Of checkpoint, optim, cli and launch: the suites that run threads (the saver's and the
+      # snapshot's background thread, AdamW's and the NVMe engine's I/O, data prepare's
+      # worker, the monitor's beats).
+      threaded='SaverTest.*:CheckpointSnapshot.*:AdamW.*:NvmeStateTest.*:Commands.*:Monitor.*'
       # libarcher (an OMPT tool) gives TSan OpenMP's synchronisation; OpenBLAS runs one
       # thread (its OpenMP build links GCC's runtime, which TSan cannot see into).
       export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1"

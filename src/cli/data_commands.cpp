@@ -70,10 +70,10 @@ void data_prepare(const PrepareOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   DocumentStream stream(files, {options.fortune_format, options.json_key, options.skip_bad});
   MegatronWriter writer(options.out_prefix, smallest_token_dtype(tokenizer.vocab_size()));
-  // Batches of documents, each encoded on every thread and written in input order, so the
-  // output does not depend on the thread count. One batch is encoded and written on a worker
-  // while this thread reads and parses the next, so memory stays at two batches.
-  constexpr size_t kBatchBytes = size_t{32} << 20;
+  // Batches of documents (options.batch_bytes of text), each encoded on every thread and
+  // written in input order, so the output depends neither on the thread count nor on the
+  // batch size. One batch is encoded and written on a worker while this thread reads and
+  // parses the next, so memory stays at two batches.
   std::vector<std::string> batch;
   size_t batch_bytes = 0, input_bytes = 0;
   std::atomic<int64_t> tokens_written{0};
@@ -110,7 +110,7 @@ void data_prepare(const PrepareOptions& options) {
     input_bytes += doc.size();
     batch.push_back(std::move(doc));
     doc = std::string();
-    if (batch_bytes >= kBatchBytes) flush();
+    if (batch_bytes >= options.batch_bytes) flush();
   }
   if (!batch.empty()) flush();
   if (in_flight.valid()) in_flight.get();

@@ -18,6 +18,8 @@ struct PrepareOptions {
   std::string eod, bos;           // token contents; eod defaults to "<|endoftext|>"
   bool skip_bad = false;
   int threads = 0;  // tokenizing threads; 0: every core
+  // Text per batch: one is tokenized and written on a worker while the next is read.
+  size_t batch_bytes = size_t{32} << 20;
 };
 
 // Streams the inputs (JSONL, fortune or plain text, optionally gzip) through the tokenizer

@@ -26,7 +26,7 @@ using parallel::CollectiveOp;
 // GEMMs: a plateau of 74% of dense peak, approached as the smallest side grows (tiles
 // underfilled below ~1k; cuBLAS on H100 reaches 650-750 of 989 TFLOP/s on large bf16 GEMMs).
 // Fused attention (cuDNN / FlashAttention-2 class, forward + backward, causal flops as
-// counted): 45%. Element-wise kernels: 70% of memory bandwidth.
+// counted): 40%. Element-wise kernels: 70% of memory bandwidth.
 constexpr double kGemmPlateau = 0.74, kGemmSide = 1024.0;
 constexpr double kAttentionEfficiency = 0.40;
 constexpr double kMemoryEfficiency = 0.70;

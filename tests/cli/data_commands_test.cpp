@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "../data/test_files.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
@@ -38,6 +40,36 @@ TEST(Commands, TrainTokenizerThenPrepareData) {
   prep.fortune_format = false;
   data_prepare(prep);
   EXPECT_EQ(MegatronDataset::open(dir.file("whole")).num_documents(), 2);
+}
+
+// Batches of a few documents each, so that every batch but the first is read while the one
+// before it is encoded and written on the worker: the same files as one batch for all.
+TEST(Commands, PrepareIsTheSameForAnyBatchSize) {
+  ScratchDir dir;
+  std::string jsonl, text;
+  for (int i = 0; i < 200; ++i) {
+    const std::string doc =
+        "document " + std::to_string(i) + ": " + std::string(size_t(i % 17), 'x');
+    jsonl += "{\"text\": \"" + doc + "\"}\n";
+    text += doc + " ";
+  }
+  testing::write_text(dir.file("docs.jsonl"), jsonl);
+  testing::write_text(dir.file("all.txt"), text);
+  tokenizer_train({dir.file("all.txt")}, 300, dir.file("tok.json"));
+  PrepareOptions prep;
+  prep.inputs = {dir.file("docs.jsonl")};
+  prep.tokenizer_json = dir.file("tok.json");
+  prep.threads = 2;
+  prep.out_prefix = dir.file("one");
+  data_prepare(prep);
+  prep.out_prefix = dir.file("many");
+  prep.batch_bytes = 64;
+  data_prepare(prep);
+  const MegatronDataset one = MegatronDataset::open(dir.file("one"));
+  const MegatronDataset many = MegatronDataset::open(dir.file("many"));
+  ASSERT_EQ(one.num_documents(), 200);
+  ASSERT_EQ(many.num_documents(), 200);
+  for (int64_t d = 0; d < 200; ++d) EXPECT_EQ(one.document(d), many.document(d)) << d;
 }
 
 }  // namespace
