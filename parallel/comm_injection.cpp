@@ -18,8 +18,9 @@
 // the input). That time is wire time, as a network's: the collective is posted at once and
 // does not complete on any rank of the group before it has passed, so an asynchronous one
 // (ZeRO's gradient buckets during backward) runs behind the caller's computation as it would
-// between real nodes, and a blocking one lasts that much longer. The link carries one
-// collective at a time: each starts when the one before it has passed. A barrier sleeps.
+// between real nodes, and a blocking one lasts that much longer. A communicator's
+// collectives cross one at a time: each starts when the one before it on that communicator
+// has passed (other communicators' traffic is not counted against it). A barrier sleeps.
 // Pentad's own ring all-reduce runs over sends, which are slowed one by one instead.
 #include <algorithm>
 #include <charconv>
