@@ -44,10 +44,11 @@ struct ParallelConfig {  // [parallel]: the device mesh (see parallel/mesh.h)
   // Simulated slow stage-to-stage links, for benchmarks and tests: every pipeline send is
   // delivered this many milliseconds late (the sender does not wait).
   float pp_link_delay_ms = 0.0f;
-  // Data-parallel gradient all-reduces (ZeRO stage 0, f32, MPI) as pentad's ring over
-  // send/recv, whose legs are timed per peer for the fault monitor's link matrix
-  // (parallel/ring_all_reduce.cpp); false: MPI's own all-reduce, which names no peer.
-  bool ring_all_reduce = false;
+  // Data-parallel gradient all-reduces (ZeRO stage 0, f32 host memory) as pentad's ring over
+  // send/recv, whose legs are timed per peer for the fault monitor's link matrix, with at
+  // most two 4 MiB slices of scratch a rank (parallel/ring_all_reduce.cpp); false: MPI's own
+  // all-reduce, which names no peer and whose tree holds scratch copies on its inner ranks.
+  bool ring_all_reduce = true;
   bool sequence_parallel = false;     // shard norm/residual regions along the sequence over tp
   std::string order = "tp,cp,dp,pp";  // mesh axes, innermost (fastest links) first
   float bucket_mb = 4.0f;             // data-parallel gradient bucket size, MiB

@@ -269,8 +269,8 @@ const std::vector<Key>& key_table() {
                  "Simulated slow links (tests, benchmarks): each pipeline send arrives this many "
                  "ms late; 0: off"),
       PENTAD_KEY(parallel, ring_all_reduce, any(),
-                 "Data-parallel all-reduce (ZeRO 0) as pentad's ring, timed per peer; false: "
-                 "MPI's own"),
+                 "Data-parallel all-reduce (ZeRO 0, host memory) as pentad's ring, timed per "
+                 "peer; false: MPI's own"),
       PENTAD_KEY(parallel, sequence_parallel, any(),
                  "Shard norm and residual regions along the sequence over the tp ranks"),
       PENTAD_KEY(parallel, order, any(), "Mesh axes, innermost (fastest links) first"),

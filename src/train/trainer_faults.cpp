@@ -72,13 +72,15 @@ void Trainer::parse_injections() {
     // The delay is on sends that name their peer: pentad's ring all-reduce and ZeRO's ring
     // reduce-scatter on the host, the pipeline's transfers, ring attention. MPI's own
     // collectives name none, so without those nothing would slow down.
+    // Both rings run on host memory only: on a GPU the gradients go through NCCL.
     const ParallelConfig& par = cfg_.parallel;
-    const bool host_zero = par.zero > 0 && cfg_.train.device == "cpu";
-    if (!par.ring_all_reduce && !host_zero && par.pp == 1 && par.cp == 1)
+    const bool host = cfg_.train.device == "cpu";
+    if (!(host && (par.ring_all_reduce || par.zero > 0)) && par.pp == 1 && par.cp == 1)
       fail(
           "{} = \"{}\" delays sends between ranks {} and {}, but this layout sends none that "
-          "name their peer (MPI's all-reduce does not): set parallel.ring_all_reduce = true, "
-          "parallel.zero >= 1, or use pipeline or context parallelism",
+          "name their peer (MPI's and NCCL's all-reduces do not): on the CPU keep "
+          "parallel.ring_all_reduce = true (the default) or set parallel.zero >= 1, or use "
+          "pipeline or context parallelism",
           key, spec, link_a_, link_b_);
     fault_step_ = whole(part[3], key, spec, "STEP");  // every rank: each sets its groups
     fault_factor_ = part.size() == 5 ? double(whole(part[4], key, spec, "MS")) : 20.0;
