@@ -61,8 +61,13 @@ class RingWork : public WorkImpl {
   }
 
  protected:
-  RingWork(Communicator& comm, int tag, int legs)
-      : comm_(comm), tag_(tag), legs_(legs), n_(comm.size()), me_(comm.rank()) {
+  // The tag is the collective's sequence number's (the trace ticket just taken).
+  RingWork(Communicator& comm, int legs)
+      : comm_(comm),
+        tag_(kRingTagBase + int((comm.next_seq_ - 1) % uint64_t(kTagSpan))),
+        legs_(legs),
+        n_(comm.size()),
+        me_(comm.rank()) {
     right_world_ = trace_channel_member(comm.trace_, (me_ + 1) % n_);
     left_world_ = trace_channel_member(comm.trace_, (me_ - 1 + n_) % n_);
   }
@@ -103,8 +108,7 @@ static Tensor f32_span(float* data, int64_t count) {
 
 class RingAllReduce final : public RingWork {
  public:
-  RingAllReduce(Communicator& comm, Tensor buf, int tag)
-      : RingWork(comm, tag, 2 * (comm.size() - 1)), buf_(buf) {
+  RingAllReduce(Communicator& comm, Tensor buf) : RingWork(comm, 2 * (comm.size() - 1)), buf_(buf) {
     int64_t largest = 0;
     for (int c = 0; c < n_; ++c) largest = std::max(largest, end(c) - begin(c));
     scratch_.resize(size_t(largest));
@@ -149,8 +153,8 @@ class RingReduceScatter final : public RingWork {
   static constexpr int64_t kPiece = int64_t{1} << 20;  // elements: 4 MiB
 
   RingReduceScatter(Communicator& comm, Tensor out, const Tensor& in,
-                    std::span<const int64_t> counts, int tag)
-      : RingWork(comm, tag, slices(counts) * (comm.size() - 1)), out_(out), in_(in) {
+                    std::span<const int64_t> counts)
+      : RingWork(comm, slices(counts) * (comm.size() - 1)), out_(out), in_(in) {
     int64_t at = 0;
     for (int64_t c : counts) {
       offset_.push_back(at);
@@ -158,8 +162,8 @@ class RingReduceScatter final : public RingWork {
       at += c;
     }
     const int64_t piece = std::min(kPiece, *std::max_element(counts.begin(), counts.end()));
-    send_.resize(size_t(piece));
-    recv_.resize(size_t(piece));
+    partial_.resize(size_t(piece));
+    received_.resize(size_t(piece));
     start();
   }
 
@@ -180,31 +184,29 @@ class RingReduceScatter final : public RingWork {
     const int out = chunk(me_ - s - 1), in = chunk(me_ - s - 2);
     // A slice's first leg sends this rank's own part as it is; later legs the partial sum
     // leg_done made.
-    float* from = s == 0 ? const_cast<float*>(own(out, k)) : send_.data();
-    return {f32_span(from, length(out, k)), f32_span(recv_.data(), length(in, k))};
+    float* from = s == 0 ? const_cast<float*>(own(out, k)) : partial_.data();
+    return {f32_span(from, length(out, k)), f32_span(received_.data(), length(in, k))};
   }
   void leg_done(int leg) override {
     const int k = leg / (n_ - 1), s = leg % (n_ - 1);
     const int c = chunk(me_ - s - 2);  // the block whose slice k just came in
-    float* sum = s == n_ - 2 ? out_.f32() + first(c, k) : send_.data();  // last: c is mine
+    float* sum = s == n_ - 2 ? out_.f32() + first(c, k) : partial_.data();  // last: c is mine
     const float* mine = own(c, k);
-    for (int64_t e = 0; e < length(c, k); ++e) sum[e] = recv_[size_t(e)] + mine[e];
+    for (int64_t e = 0; e < length(c, k); ++e) sum[e] = received_[size_t(e)] + mine[e];
   }
 
   Tensor out_, in_;
   std::vector<int64_t> offset_, count_;
-  std::vector<float> send_, recv_;
+  std::vector<float> partial_, received_;  // the partial sum to send on, the one come in
 };
 
 std::unique_ptr<WorkImpl> Communicator::post_ring_all_reduce(Tensor buf) {
-  const int tag = kRingTagBase + int((next_seq_ - 1) % uint64_t(kTagSpan));
-  return std::make_unique<RingAllReduce>(*this, buf, tag);
+  return std::make_unique<RingAllReduce>(*this, buf);
 }
 
 std::unique_ptr<WorkImpl> Communicator::post_ring_reduce_scatter(Tensor out, const Tensor& in,
                                                                  std::span<const int64_t> counts) {
-  const int tag = kRingTagBase + int((next_seq_ - 1) % uint64_t(kTagSpan));
-  return std::make_unique<RingReduceScatter>(*this, out, in, counts, tag);
+  return std::make_unique<RingReduceScatter>(*this, out, in, counts);
 }
 
 }  // namespace pentad::parallel

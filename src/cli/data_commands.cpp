@@ -65,7 +65,6 @@ void data_prepare(const PrepareOptions& options) {
   const int32_t bos_id =
       options.bos.empty() ? -1
                           : boundary_token(tokenizer, options.bos, "--bos", options.tokenizer_json);
-  if (options.threads > 0) omp_set_num_threads(options.threads);
 
   const auto start = std::chrono::steady_clock::now();
   DocumentStream stream(files, {options.fortune_format, options.json_key, options.skip_bad});
@@ -78,7 +77,8 @@ void data_prepare(const PrepareOptions& options) {
   size_t batch_bytes = 0, input_bytes = 0;
   std::atomic<int64_t> tokens_written{0};
   auto encode_and_write = [&](const std::vector<std::string>& docs) {
-    if (options.threads > 0) omp_set_num_threads(options.threads);  // per thread in OpenMP
+    // The thread count is an OpenMP setting of the thread that encodes: this worker's.
+    if (options.threads > 0) omp_set_num_threads(options.threads);
     std::vector<std::string_view> views(docs.begin(), docs.end());
     std::vector<std::vector<int32_t>> encoded = tokenizer.encode_batch(views);
     std::vector<int32_t> ids;

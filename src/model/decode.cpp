@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "core/bf16.h"
 #include "core/device_memory.h"
 #include "kernels/ops.h"
 #include "model/model.h"
@@ -43,7 +44,6 @@ KvCache::KvCache(const ModelConfig& cfg, int64_t context, Placement placement)
     for (Tensor* t : {&up_, &gate_, &act_}) *t = arena.alloc(Shape{n, F}, act);
     normf_ = arena.alloc(Shape{1, C}, act);
     logits_ = arena.alloc(Shape{1, cfg.vocab_size}, act);
-    if (act != DType::F32) logits32_ = arena.alloc(Shape{1, cfg.vocab_size});
   };
   Arena measure = Arena::measuring("key/value cache");
   plan(measure);
@@ -141,14 +141,17 @@ std::span<const float> Model::decode(KvCache& cache, std::span<const int32_t> to
   k::linear_forward(cache.logits_, normf, P(head_), Tensor{});
   cache.length_ = keys;
   if (placement_.device == Device::CPU) return {cache.logits_.f32(), static_cast<size_t>(V)};
-  // On a device: the logits in fp32 (converted there from bf16), read back (the host waits).
-  Tensor logits = cache.logits_;
-  if (act_ != DType::F32) {
-    k::convert(cache.logits32_, logits);
-    logits = cache.logits32_;
-  }
-  copy_bytes(cache.host_logits_.data(), Device::CPU, logits.data, logits.device, logits.bytes());
+  read_floats(cache.logits_, cache.host_logits_.data());  // on a device: read back
   return cache.host_logits_;
+}
+
+void read_floats(const Tensor& t, float* out) {
+  PENTAD_CHECK(t.dtype == DType::F32 || t.dtype == DType::BF16, "read_floats: a {} tensor",
+               dtype_name(t.dtype));
+  if (t.dtype == DType::F32) return copy_bytes(out, Device::CPU, t.data, t.device, t.bytes());
+  std::vector<uint16_t> bits(static_cast<size_t>(t.numel()));
+  copy_bytes(bits.data(), Device::CPU, t.data, t.device, t.bytes());
+  std::transform(bits.begin(), bits.end(), out, bf16_to_float);
 }
 
 }  // namespace pentad

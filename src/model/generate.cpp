@@ -4,9 +4,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "core/bf16.h"
 #include "core/check.h"
-#include "core/device_memory.h"
 #include "kernels/ops.h"
 
 namespace pentad {
@@ -110,13 +108,7 @@ std::vector<float> Generator::next_logits(std::span<const int32_t> tokens) {
   model_.forward(padded_.data(), targets_.data(), 0.0f);  // dloss 0: the logits stay logits
   const Tensor row = model_.logits().rows(n - 1, 1);
   std::vector<float> out(static_cast<size_t>(row.numel()));
-  if (row.dtype == DType::F32) {
-    copy_bytes(out.data(), Device::CPU, row.data, row.device, row.bytes());
-  } else {  // bf16 on a device: read back as it is, widened here (exact)
-    std::vector<uint16_t> bits(out.size());
-    copy_bytes(bits.data(), Device::CPU, row.data, row.device, row.bytes());
-    std::transform(bits.begin(), bits.end(), out.begin(), bf16_to_float);
-  }
+  read_floats(row, out.data());
   return out;
 }
 

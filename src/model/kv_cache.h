@@ -48,7 +48,6 @@ class KvCache {
   Tensor up_, gate_, act_;          // (n, F)
   Tensor moe_;                      // (n, C): the routed experts' output
   Tensor normf_, logits_;           // (1, C), (1, V): the last new row only
-  Tensor logits32_;                 // (1, V) F32: bf16 logits converted for the readback
   std::vector<float> host_logits_;  // a device's logits, read back
 };
 

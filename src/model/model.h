@@ -35,6 +35,10 @@ namespace pentad {
 // Feed-forward width: d_ff if set, else 4C (GPT-2) or LLaMA's 2/3 * 4C rounded up to 256.
 int64_t ffn_dim(const ModelConfig& cfg);
 
+// The values of an F32 or BF16 tensor on any device, as host floats into out (numel of them;
+// BF16 widened exactly). A device tensor is read back: the host waits.
+void read_floats(const Tensor& t, float* out);
+
 // Training FLOPs per token (forward + backward = 3 x forward, 2 per multiply-add; matmuls and
 // causal attention, recomputation not counted) of one layer (`moe`: an MoE layer, its shared
 // and top_k routed experts and router) and of the head, before any tensor-parallel split;
@@ -81,8 +85,9 @@ class Model {
   // (V) of the last one: the training forward's logits at that position, computed from the
   // cached rows instead of the whole prefix. A prompt goes in as one call (prefill), each
   // generated token as one more. The same parameters; no training buffer is touched.
-  // One device holding every layer, fp32 on the CPU; MoE layers route without a capacity.
-  // The view is valid until the next call with this cache.
+  // One device holding every layer (the CPU in fp32, or CUDA in fp32 or bf16); MoE layers
+  // route without a capacity. The view (host memory) is valid until the next call with
+  // this cache.
   std::span<const float> decode(KvCache& cache, std::span<const int32_t> tokens);
 
   // ---- chunks and slots (pipeline parallelism) ----
