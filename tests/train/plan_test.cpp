@@ -1,7 +1,7 @@
 // The planner (train/cost_model.h, train/plan_search.h, train/calibration.h): the volumes of
 // tensor parallelism's collectives, the FLOP count it shares with the model, a ranking that
-// flips between 1D and 2D tensor parallelism with the topology, a fixed layout predicted as
-// is, and the refusals.
+// flips between 1D and 2D tensor parallelism with the topology, the gradient bucket left
+// after backward, a fixed layout predicted as is, and the refusals.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -127,6 +127,19 @@ TEST(Plan, FlopsCountedAsTheModelCountsThem) {
       1.0);
   EXPECT_GT(p.mfu, 0.05);
   EXPECT_LT(p.mfu, 0.74);
+}
+
+// The gradient bucket left after backward is the embedding's, whole (a bucket never splits a
+// parameter, and the embedding's gradient is final last): 32768 x 1024 + GPT-2's 1024 x 1024
+// positions, 136 MB of fp32, far beyond bucket_mb's 4 MiB. On NVSwitch the rest hides behind
+// backward; that one reduction cannot.
+TEST(Plan, TheEmbeddingsBucketIsWaitedForWhole) {
+  const parallel::Topology topo = nvswitch();
+  const Prediction p = predict(gpt({"parallel.dp=8"}), topo);
+  const double embedding = 4.0 * (32768 + 1024) * 1024;
+  const std::vector<int> all{0, 1, 2, 3, 4, 5, 6, 7};
+  EXPECT_NEAR(p.dp, topo.collective_seconds(parallel::CollectiveOp::AllReduce, all, embedding),
+              1e-12);
 }
 
 TEST(Plan, TwoDimensionalWinsOnlyOverUnevenLinks) {
