@@ -272,6 +272,10 @@ int main(int argc, char** argv) {
   plan->add_option("--cluster", plan_args.cluster,
                    "A GPU cluster preset: dgx-a100 or dgx-h100, optionally :NODES (default: this "
                    "CPU machine, from its calibration)");
+  plan->add_option("--engine", plan_args.engine,
+                   "Whose implementation to predict: pentad, or megatron-core (its overlaps, to "
+                   "compare with its published figures; needs --cluster)")
+      ->capture_default_str();
   plan->add_option("--memory-gb", plan_args.memory_gb,
                    "Memory per rank, GB (default: train.memory_limit_mb, else the GPU's, else this "
                    "machine's share)");

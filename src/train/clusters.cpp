@@ -73,6 +73,18 @@ Cluster cluster_preset(const std::string& spec, int ranks) {
   return c;
 }
 
+Engine engine_named(const std::string& name) {
+  Engine e;
+  e.name = name;
+  if (name == "pentad") return e;
+  if (name != "megatron-core")
+    fail("--engine {}: unknown; the engines are pentad (the default) and megatron-core", name);
+  e.param_gather_in_compute_type = true;
+  e.param_gather_overlapped = true;
+  e.tp_comm_overlapped = true;
+  return e;
+}
+
 Cluster this_machine(const Calibration& calibration, int ranks) {
   Cluster c;
   Machine& m = c.machine;

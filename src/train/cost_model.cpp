@@ -335,8 +335,18 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
   }
 
   // Tensor-parallel collectives per dense layer (not overlapped in 1D; 2D chunks hide some).
-  const double tp_fwd = links.calls(tp_layer_collectives(cfg, mesh, false));
-  const double tp_bwd = links.calls(tp_layer_collectives(cfg, mesh, true));
+  double tp_fwd = links.calls(tp_layer_collectives(cfg, mesh, false));
+  double tp_bwd = links.calls(tp_layer_collectives(cfg, mesh, true));
+  if (machine.engine.tp_comm_overlapped && d2 == 1 && sp && tp > 1) {
+    // Megatron-Core's --tp-comm-overlap: each gather or scatter goes in tp pieces, the GEMM
+    // on one piece computing while the next travels; what is left exposed is a piece, or
+    // the part of the transfer longer than the layer's GEMMs.
+    Pass gemms;
+    gemms.add_fwd_bwd(rates.gemm(n, C, (C + 2 * Ckv) / tp) + rates.gemm(n, C / tp, C) +
+                      rates.gemm(n, C, mats * F / tp) + rates.gemm(n, F / tp, C));
+    tp_fwd = std::max(tp_fwd - gemms.forward, tp_fwd / tp);
+    tp_bwd = std::max(tp_bwd - gemms.backward, tp_bwd / tp);
+  }
 
   // Context parallelism (parallel/cp/context_parallel.h's volumes): Ulysses all-to-alls are
   // waited for; ring K/V passes overlap the block they travel behind.
@@ -382,7 +392,7 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
   };
   const std::vector<int64_t> layers = parallel::pp::chunk_layers(m.n_layer, p, v, par.pp_layout);
   parallel::pp::SimCosts sim;
-  std::vector<double> stage_bwd(size_t(p), 0.0);
+  std::vector<double> stage_bwd(size_t(p), 0.0), stage_fwd(size_t(p), 0.0);
   std::vector<double> stage_work(size_t(p), 0.0);  // a micro-batch's, every chunk
   double compute_max = 0, tp_max = 0, cp_max = 0, ep_max = 0;
   for (int st = 0; st < p; ++st) {
@@ -412,6 +422,7 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
     sim.forward_seconds.push_back((fwd + comm * share) / chunks);
     sim.backward_seconds.push_back((bwd + comm * (1 - share)) / chunks);
     stage_bwd[size_t(st)] = bwd + comm * (1 - share);
+    stage_fwd[size_t(st)] = fwd + comm * share;
     stage_work[size_t(st)] = fwd + bwd + comm;
     if (fwd + bwd > compute_max) {
       compute_max = fwd + bwd;
@@ -466,7 +477,20 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
     const double reductions = par.zero >= 2 ? ga : 1;
     dp_exposed = per_reduction * reductions;
     if (par.zero >= 1) {
-      const double gather = links.collective(CollectiveOp::AllGather, dp_group, grad_bytes);
+      // The updated values, as pentad gathers them (fp32, waited for after the optimizer) or
+      // as the engine does: in the compute type, each bucket behind the next step's first
+      // forward of this stage, so that only the first bucket and what outlasts the forward
+      // show (Megatron-Core's buckets: max(40 M, 1 M x dp) values).
+      const Engine& engine = machine.engine;
+      const double bytes = engine.param_gather_in_compute_type ? e * mem.values : grad_bytes;
+      double gather = links.collective(CollectiveOp::AllGather, dp_group, bytes);
+      if (engine.param_gather_overlapped && links.overlaps(dp_group)) {
+        const double first_bucket = std::min(
+            bytes, bytes / mem.values * std::max(40e6, 1e6 * double(dp_group.size())));
+        const double forward = *std::max_element(stage_fwd.begin(), stage_fwd.end());
+        gather = std::max(links.collective(CollectiveOp::AllGather, dp_group, first_bucket),
+                          gather - forward);
+      }
       dp_exposed += gather;
     }
     if (par.zero == 3) {

@@ -14,6 +14,21 @@
 
 namespace pentad {
 
+// The trainer whose step is predicted: what it overlaps and what it sends. pentad's own (the
+// default) is what pentad implements. Megatron-Core's (`--engine megatron-core`, GPU
+// clusters) is there to compare with its published figures: its distributed optimizer
+// all-gathers the bf16 model parameters (not fp32), bucket by bucket behind the next step's
+// first forward (--overlap-param-gather), and with sequence parallelism its 1D tp gathers and
+// scatters are pipelined with the GEMMs they feed or follow (--tp-comm-overlap).
+struct Engine {
+  std::string name = "pentad";
+  bool param_gather_in_compute_type = false;  // ZeRO >= 1: the gather's bytes per value
+  bool param_gather_overlapped = false;       // behind the next step's first forward
+  bool tp_comm_overlapped = false;            // 1D tp with sp: pipelined with the GEMMs
+};
+// "pentad" or "megatron-core"; pentad::Error naming --engine otherwise.
+Engine engine_named(const std::string& name);
+
 // What computes, per rank.
 struct Machine {
   std::string name;
@@ -26,6 +41,7 @@ struct Machine {
   // A CPU node: its cores and the measured kernel table.
   int cores = 1;
   Calibration calibration;
+  Engine engine;
   // Peak FLOP/s of one rank, what MFU is against: a GPU's datasheet peak, or a CPU node's
   // fastest measured GEMM rate (every core) over its ranks.
   double rank_peak_flops() const;

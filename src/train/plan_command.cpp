@@ -34,6 +34,7 @@ void plan_command(const PlanArgs& a, bool print) {
     for (const auto& [set, name] : {std::pair{!a.topology.empty(), "--topology"},
                                     {!a.cluster.empty(), "--cluster"},
                                     {!a.layout.empty(), "--layout"},
+                                    {a.engine != "pentad", "--engine"},
                                     {!a.write.empty(), "--write"},
                                     {a.json, "--json"}})
       if (set) fail("{} needs --ranks N: the layout search is over N ranks", name);
@@ -57,6 +58,9 @@ void plan_command(const PlanArgs& a, bool print) {
     const NodeShare node = node_share();
     cluster.machine.memory_bytes = node.memory_bytes / ranks;
   }
+  cluster.machine.engine = engine_named(a.engine);
+  if (a.engine != "pentad" && !cluster.machine.gpu)
+    fail("--engine {}: predicts another trainer on a GPU cluster; add --cluster", a.engine);
   if (!a.topology.empty()) {
     cluster.topology = parallel::Topology::read(a.topology);
     cluster.topology.check_ranks(ranks, a.topology);

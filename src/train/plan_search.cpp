@@ -419,9 +419,11 @@ PlanSearch search_layouts(const Config& recipe, int ranks,
 std::string describe_plan(const PlanSearch& plan, const Machine& machine, int top) {
   const bool gpu = machine.gpu;
   std::string s = fmt::format(
-      "plan: {}; {} layouts enumerated, {} refused by the checks (and {} groups of them refused "
-      "whole), {} over memory, {} fit; global batch {} sequences\n",
-      machine.name, plan.considered, plan.refused, plan.pruned, plan.over_memory, plan.rows.size(),
+      "plan: {}{}; {} layouts enumerated, {} refused by the checks (and {} groups of them "
+      "refused whole), {} over memory, {} fit; global batch {} sequences\n",
+      machine.name,
+      machine.engine.name == "pentad" ? "" : fmt::format(", as {} runs it", machine.engine.name),
+      plan.considered, plan.refused, plan.pruned, plan.over_memory, plan.rows.size(),
       plan.global_batch);
   s += fmt::format("{:>4}  {:<58} {:>10} {:>12} {:>12} {:>6} {:>10}\n", "#", "layout", "step s",
                    "tokens/s", gpu ? "TFLOP/s/dev" : "GFLOP/s/dev", "MFU", "mem/rank");
@@ -473,7 +475,8 @@ std::string plan_json(const PlanSearch& plan, const Machine& machine) {
                       {"optimizer", r.prediction.optimizer}}}});
   }
   return nlohmann::json{
-      {"machine", machine.name},           {"peak_flops_per_device", machine.rank_peak_flops()},
+      {"machine", machine.name},           {"engine", machine.engine.name},
+      {"peak_flops_per_device", machine.rank_peak_flops()},
       {"considered", plan.considered},     {"refused", plan.refused},
       {"pruned_mesh_shapes", plan.pruned}, {"over_memory", plan.over_memory},
       {"global_batch", plan.global_batch}, {"rows", rows}}

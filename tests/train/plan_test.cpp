@@ -1,7 +1,7 @@
 // The planner (train/cost_model.h, train/plan_search.h, train/calibration.h): the volumes of
 // tensor parallelism's collectives, the FLOP count it shares with the model, a ranking that
 // flips between 1D and 2D tensor parallelism with the topology, the gradient bucket left
-// after backward, a fixed layout predicted as is, and the refusals.
+// after backward, a fixed layout predicted as is, another engine's overlaps, and the refusals.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -13,6 +13,7 @@
 #include "train/calibration.h"
 #include "train/cost_model.h"
 #include "train/layout.h"
+#include "train/memory_budget.h"
 #include "train/plan_search.h"
 #include "train/recipe.h"
 
@@ -142,6 +143,42 @@ TEST(Plan, TheEmbeddingsBucketIsWaitedForWhole) {
               1e-12);
 }
 
+// `--engine megatron-core` predicts what Megatron-Core overlaps and pentad does not (yet); the
+// compute is the same. With sequence parallelism its 1D tp collectives are pipelined with
+// the GEMMs: less than pentad's waited-for collectives, never less than one piece of tp.
+// Without sp they are pentad's. Its ZeRO-1 parameter gather sends bf16, not fp32, and hides
+// behind the first forward: at least the bytes saved go, and at most the whole fp32 gather
+// less its first bucket's.
+TEST(Plan, MegatronCoresEngineHidesWhatItOverlaps) {
+  Machine theirs = h100();
+  theirs.engine = engine_named("megatron-core");
+  const parallel::Topology topo = nvswitch();
+  const Config tp8 = gpt({"parallel.tp=8", "parallel.sequence_parallel=true"});
+  const Prediction ours_tp = predict(tp8, topo);
+  const Prediction their_tp = predict_step(tp8, mesh_config(tp8, 8), theirs, topo);
+  EXPECT_DOUBLE_EQ(their_tp.compute, ours_tp.compute);
+  EXPECT_LT(their_tp.tp, 0.9 * ours_tp.tp);
+  EXPECT_GE(their_tp.tp, ours_tp.tp / 8 * (1 - 1e-12));
+  const Config no_sp = gpt({"parallel.tp=8", "parallel.sequence_parallel=false"});
+  EXPECT_DOUBLE_EQ(predict_step(no_sp, mesh_config(no_sp, 8), theirs, topo).tp,
+                   predict(no_sp, topo).tp);
+
+  // dp 8 over two nodes of 4 (InfiniBand between them), ZeRO-1.
+  const parallel::Topology nodes = parallel::uniform_cluster(2, 4, 450, 3e-6, 50, 6e-6);
+  const Config dp8 = gpt({"parallel.dp=8", "parallel.zero=1"});
+  const parallel::MeshConfig mesh = mesh_config(dp8, 8);
+  const Prediction ours = predict_step(dp8, mesh, h100(), nodes);
+  const Prediction their = predict_step(dp8, mesh, theirs, nodes);
+  const double values = estimate_memory(dp8, mesh).values;
+  const std::vector<int> all{0, 1, 2, 3, 4, 5, 6, 7};
+  auto gather = [&](double bytes) {
+    return nodes.collective_seconds(parallel::CollectiveOp::AllGather, all, bytes);
+  };
+  EXPECT_DOUBLE_EQ(their.compute, ours.compute);
+  EXPECT_LE(their.dp, ours.dp - (gather(4 * values) - gather(2 * values)) * (1 - 1e-12));
+  EXPECT_GE(their.dp, ours.dp - gather(4 * values) + gather(2 * 40e6) * (1 - 1e-12));
+}
+
 TEST(Plan, TwoDimensionalWinsOnlyOverUnevenLinks) {
   // tp 8 over two nodes of 4: 1D's all-reduces cross the slow link with n C e; the 2x4
   // shape keeps its d2 group (4 adjacent ranks) inside a node and sends a quarter of that
@@ -203,6 +240,7 @@ TEST(Plan, Refusals) {
   expect_error([] { parse_layout("zero=x", 8); }, "zero=x");
   expect_error([] { cluster_preset("dgx-z100", 8); }, "--cluster dgx-z100");
   expect_error([] { cluster_preset("dgx-h100:1", 16); }, "fewer than --ranks 16");
+  expect_error([] { engine_named("deepspeed"); }, "--engine deepspeed");
   const Config cfg = gpt({"parallel.dp=8"});
   const parallel::Topology topo = parallel::uniform_cluster(1, 8, 450, 3e-6, 450, 3e-6);
   expect_error([&] { search_layouts(cfg, 8, {}, 1e6, h100(), topo); }, "the smallest needs");
