@@ -485,8 +485,8 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
       const double bytes = engine.param_gather_in_compute_type ? e * mem.values : grad_bytes;
       double gather = links.collective(CollectiveOp::AllGather, dp_group, bytes);
       if (engine.param_gather_overlapped && links.overlaps(dp_group)) {
-        const double first_bucket = std::min(
-            bytes, bytes / mem.values * std::max(40e6, 1e6 * double(dp_group.size())));
+        const double first_bucket =
+            std::min(bytes, bytes / mem.values * std::max(40e6, 1e6 * double(dp_group.size())));
         const double forward = *std::max_element(stage_fwd.begin(), stage_fwd.end());
         gather = std::max(links.collective(CollectiveOp::AllGather, dp_group, first_bucket),
                           gather - forward);

@@ -9,11 +9,11 @@ namespace pentad {
 struct PlanArgs {
   std::string recipe;
   std::vector<std::string> overrides;
-  int64_t ranks = 0;     // 0: the recipe's own layout, memory plan only
-  std::string topology;  // a `pentad probe` file
-  std::string cluster;   // "dgx-h100[:NODES]"
+  int64_t ranks = 0;              // 0: the recipe's own layout, memory plan only
+  std::string topology;           // a `pentad probe` file
+  std::string cluster;            // "dgx-h100[:NODES]"
   std::string engine = "pentad";  // whose implementation is predicted (train/cost_model.h)
-  double memory_gb = 0;  // per rank; 0: the machine's
+  double memory_gb = 0;           // per rank; 0: the machine's
   int top = 10;
   bool json = false;
   std::string write;   // recipe with the best layout

@@ -474,12 +474,15 @@ std::string plan_json(const PlanSearch& plan, const Machine& machine) {
                       {"dp", r.prediction.dp},
                       {"optimizer", r.prediction.optimizer}}}});
   }
-  return nlohmann::json{
-      {"machine", machine.name},           {"engine", machine.engine.name},
-      {"peak_flops_per_device", machine.rank_peak_flops()},
-      {"considered", plan.considered},     {"refused", plan.refused},
-      {"pruned_mesh_shapes", plan.pruned}, {"over_memory", plan.over_memory},
-      {"global_batch", plan.global_batch}, {"rows", rows}}
+  return nlohmann::json{{"machine", machine.name},
+                        {"engine", machine.engine.name},
+                        {"peak_flops_per_device", machine.rank_peak_flops()},
+                        {"considered", plan.considered},
+                        {"refused", plan.refused},
+                        {"pruned_mesh_shapes", plan.pruned},
+                        {"over_memory", plan.over_memory},
+                        {"global_batch", plan.global_batch},
+                        {"rows", rows}}
       .dump(1);
 }
 
