@@ -463,7 +463,10 @@ void Model::mlp_backward(const LayerParams& p, LayerActs& a, int64_t ffn) {
 }
 
 void Model::layer_backward(int l, const Tensor& x, LayerActs& a, MoeBlock::Acts* moe,
-                           float moe_weight) {
+                           float moe_weight, const std::function<void()>& poll) {
+  auto progress = [&] {
+    if (poll) poll();
+  };
   const LayerParams& p = layers_[static_cast<size_t>(l)];
   const int64_t d = cfg_.head_dim();
   Grads& g = grads_;
@@ -482,6 +485,7 @@ void Model::layer_backward(int l, const Tensor& x, LayerActs& a, MoeBlock::Acts*
                           a.norm2_mean, a.norm2_rstd);
   else
     k::rmsnorm_backward(g.resid, G(p.norm2_w), g.norm_local, a.res1, P(p.norm2_w), a.norm2_rstd);
+  progress();
   // Attention block: g.resid now holds d(res1).
   const Tensor full = g.full.prefix(Shape{b_ * t_, width_}), norm = g.norm.prefix(full.shape);
   tp_->gather_hidden(full, g.resid);
@@ -489,6 +493,7 @@ void Model::layer_backward(int l, const Tensor& x, LayerActs& a, MoeBlock::Acts*
   row_gemm_backward(g.att, G(p.o_w), G(p.o_b), full, a.att, P(p.o_w),
                     !bug_injected("tp2d-skip-hidden-grad-sum"));
   tp_->end_hidden_sums();
+  progress();
   cp_->attention_backward(heads(g.q, b_, t_, d), heads(g.k, b_, t_, d), heads(g.v, b_, t_, d),
                           heads(g.att, b_, t_, d), heads(a.q, b_, t_, d), heads(a.k, b_, t_, d),
                           heads(a.v, b_, t_, d), heads(a.att, b_, t_, d), a.lse);
@@ -496,6 +501,7 @@ void Model::layer_backward(int l, const Tensor& x, LayerActs& a, MoeBlock::Acts*
     k::rope_backward(heads(g.q, b_, t_, d), 0, cfg_.rope_theta, cp_->positions());
     k::rope_backward(heads(g.k, b_, t_, d), 0, cfg_.rope_theta, cp_->positions());
   }
+  progress();
   k::linear_backward(norm, G(p.q_w), G(p.q_b), g.q, a.norm1, P(p.q_w), false);
   k::linear_backward(norm, G(p.k_w), G(p.k_b), g.k, a.norm1, P(p.k_w), true);
   k::linear_backward(norm, G(p.v_w), G(p.v_b), g.v, a.norm1, P(p.v_w), true);
@@ -517,10 +523,15 @@ void Model::backward_chunk(int c, int slot_index, const Tensor& d_output, bool l
   const LayerRange& range = chunk(c);
   Slot& s = slot(c, slot_index);
   Grads& g = grads_;
+  int64_t reported = -1;  // the offset last given to on_ready
   auto ready = [&](int first_param, const std::vector<int>& partial) {
     if (!last_micro_batch) return;
     sync_partial_grads(partial);
-    if (on_ready) on_ready(static_cast<int64_t>(params_.spec(first_param).offset));
+    reported = static_cast<int64_t>(params_.spec(first_param).offset);
+    if (on_ready) on_ready(reported);
+  };
+  const std::function<void()> poll = [&] {
+    if (reported >= 0 && on_ready) on_ready(reported);
   };
   if (range.last) {
     PENTAD_CHECK(s.have_dlogits, "backward needs a forward with dloss != 0 (chunk {} slot {})", c,
@@ -553,7 +564,7 @@ void Model::backward_chunk(int c, int slot_index, const Tensor& d_output, bool l
     param_hooks_->need(layer_ids_[size_t(l)], true);
     if (cfg_.recompute)
       layer_forward(static_cast<int>(l), x, s.resid[i + 1], a, moe, s.moe_weight, true);
-    layer_backward(static_cast<int>(l), x, a, moe, s.moe_weight);
+    layer_backward(static_cast<int>(l), x, a, moe, s.moe_weight, poll);
     param_hooks_->done(layer_ids_[size_t(l)]);
     ready(layers_[static_cast<size_t>(l)].norm1_w, partial_[static_cast<size_t>(l)]);
     if (progress_) progress_();

@@ -48,7 +48,10 @@ double layer_flops_per_token(const ModelConfig& cfg, bool moe, double keys);
 double head_flops_per_token(const ModelConfig& cfg);
 
 // Called during backward: gradients at element offsets [offset, end) of the gradient arena
-// are final for this micro-batch (data parallelism starts reducing them).
+// are final for this micro-batch (data parallelism starts reducing them). Also called again
+// with the offset last given, between a layer's GEMMs, so that reductions under way progress
+// (host collectives move only inside the caller's calls: pentad's ring, and MPI without a
+// progress thread).
 using GradsReady = std::function<void(int64_t offset)>;
 
 // A contiguous range of layers run together; first: it starts with the embedding (layer
@@ -207,7 +210,9 @@ class Model {
   // recomputing: backward rebuilding the layer's activations (model.recompute).
   void layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a, MoeBlock::Acts* moe,
                      float moe_weight, bool recomputing = false);
-  void layer_backward(int l, const Tensor& x, LayerActs& a, MoeBlock::Acts* moe, float moe_weight);
+  // poll: between its GEMMs (may be empty).
+  void layer_backward(int l, const Tensor& x, LayerActs& a, MoeBlock::Acts* moe, float moe_weight,
+                      const std::function<void()>& poll = {});
   void mlp_forward(const LayerParams& p, LayerActs& a, int64_t ffn, Tensor out);
   void mlp_backward(const LayerParams& p, LayerActs& a, int64_t ffn);
   Tensor moe_input(const LayerActs& a) const;

@@ -75,6 +75,44 @@ INSTANTIATE_TEST_SUITE_P(Families, ModelFamilies,
 
 // Any slice of a parameter initialises to the same values as that slice of the whole
 // parameter: layouts that shard parameters start from the same global weights.
+// Backward reports the gradients final from each layer's first parameter on, rising towards
+// the arena's start (data parallelism starts a bucket's reduction then), and between a
+// layer's GEMMs repeats the offset last reported, so that reductions under way progress
+// (a host reduction moves only inside these calls). The same gradients as with no listener.
+TEST_P(ModelFamilies, BackwardReportsFinalGradientsAndPollsBetweenGemms) {
+  omp_set_num_threads(2);
+  const ModelConfig cfg = tiny(GetParam());
+  const int64_t b = 2, t = 16;
+  Model model(cfg, b, t);
+  model.params().initialize(3);
+  std::vector<int32_t> in(static_cast<size_t>(b * t)), tg(in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    in[i] = static_cast<int32_t>(splitmix64(i) % 97);
+    tg[i] = static_cast<int32_t>(splitmix64(i + 1000) % 97);
+  }
+  model.params().zero_grads();
+  model.forward(in.data(), tg.data(), 1.0f / static_cast<float>(b * t));
+  std::vector<int64_t> calls;
+  model.backward(true, [&](int64_t offset) { calls.push_back(offset); });
+  std::vector<int64_t> distinct;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    if (i > 0) {
+      EXPECT_LE(calls[i], calls[i - 1]) << "call " << i;  // never backwards
+    }
+    if (distinct.empty() || calls[i] != distinct.back()) distinct.push_back(calls[i]);
+  }
+  // The final norm, each layer, the embedding: one offset each, the last the arena's start.
+  ASSERT_EQ(distinct.size(), size_t(cfg.n_layer + 2));
+  EXPECT_EQ(distinct.back(), 0);
+  // Polls: three inside each layer after the first one's report.
+  EXPECT_EQ(calls.size(), distinct.size() + size_t(3 * cfg.n_layer));
+  const Tensor g = model.params().all_grads();
+  float loss = 0;
+  size_t act_bytes = 0;
+  const std::vector<float> quiet = grads_of(cfg, false, loss, act_bytes);
+  EXPECT_EQ(std::memcmp(quiet.data(), g.f32(), quiet.size() * sizeof(float)), 0);
+}
+
 TEST(Params, ShardedInitialisationIsTheSliceOfTheWhole) {
   ParamStore whole, part;
   whole.add("w", Shape{6, 10}, Init::Normal, 0.02f, true);
