@@ -73,9 +73,7 @@ TEST_P(ModelFamilies, RecomputeIsExactAndSavesMemory) {
 INSTANTIATE_TEST_SUITE_P(Families, ModelFamilies,
                          ::testing::Values(ModelFamily::GPT2, ModelFamily::LLaMA));
 
-// Any slice of a parameter initialises to the same values as that slice of the whole
-// parameter: layouts that shard parameters start from the same global weights.
-// Backward reports the gradients final from each layer's first parameter on, rising towards
+// Backward reports the gradients final from each layer's first parameter on, moving towards
 // the arena's start (data parallelism starts a bucket's reduction then), and between a
 // layer's GEMMs repeats the offset last reported, so that reductions under way progress
 // (a host reduction moves only inside these calls). The same gradients as with no listener.
@@ -113,6 +111,8 @@ TEST_P(ModelFamilies, BackwardReportsFinalGradientsAndPollsBetweenGemms) {
   EXPECT_EQ(std::memcmp(quiet.data(), g.f32(), quiet.size() * sizeof(float)), 0);
 }
 
+// Any slice of a parameter initialises to the same values as that slice of the whole
+// parameter: layouts that shard parameters start from the same global weights.
 TEST(Params, ShardedInitialisationIsTheSliceOfTheWhole) {
   ParamStore whole, part;
   whole.add("w", Shape{6, 10}, Init::Normal, 0.02f, true);
