@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <map>
 #include <set>
 
 #include "core/check.h"
@@ -134,8 +133,12 @@ namespace {
 // one directed link going one at a time.
 class Transfers {
  public:
-  Transfers(int stages, int vstages, double seconds)
-      : p_(stages), vstages_(vstages), seconds_(seconds) {}
+  Transfers(int stages, int vstages, int micro_batches, double seconds)
+      : p_(stages),
+        vstages_(vstages),
+        seconds_(seconds),
+        arrival_(size_t(2) * size_t(micro_batches) * size_t(vstages), -1.0),
+        link_free_(size_t(stages) * size_t(stages), 0.0) {}
   // When the input of stage s's pass a is there: 0 if it needs none (the first forward,
   // the last backward; a backward's own forward ran earlier on the same stage), -1 if it
   // has not been sent yet.
@@ -143,24 +146,28 @@ class Transfers {
     const int vs = a.chunk * p_ + s;
     const bool needs_input = a.type == Action::Forward ? vs > 0 : vs < vstages_ - 1;
     if (!needs_input) return 0.0;
-    auto it = arrival_.find({a.type, a.micro, vs});
-    return it == arrival_.end() ? -1.0 : it->second;
+    return arrival_[index(a.type, a.micro, vs)];
   }
   // Stage s finished pass a at `end`: its output leaves for the next virtual stage.
   void send(int s, const Action& a, double end) {
     const int vs = a.chunk * p_ + s;
     const int to_vs = a.type == Action::Forward ? vs + 1 : vs - 1;
     if (to_vs < 0 || to_vs >= vstages_) return;
-    double& free = link_free_[{s, to_vs % p_}];
+    double& free = link_free_[size_t(s) * size_t(p_) + size_t(to_vs % p_)];
     free = std::max(end, free) + seconds_;
-    arrival_[{a.type, a.micro, to_vs}] = free;
+    arrival_[index(a.type, a.micro, to_vs)] = free;
   }
 
  private:
+  size_t index(Action::Type type, int micro, int vs) const {
+    return (size_t(micro) * 2 + size_t(type)) * size_t(vstages_) + size_t(vs);
+  }
   const int p_, vstages_;
   const double seconds_;
-  std::map<std::tuple<int, int, int>, double> arrival_;  // (type, micro, virtual stage)
-  std::map<std::pair<int, int>, double> link_free_;      // directed link (from, to)
+  // Flat tables (the planner simulates every layout it ranks): each (micro, type, virtual
+  // stage)'s arrival, -1 until sent, and each directed link's (from, to stage) free time.
+  std::vector<double> arrival_;
+  std::vector<double> link_free_;
 };
 
 // simulate() on shared cores: time advances from event to event (a pass ends, an input
@@ -169,7 +176,7 @@ SimResult simulate_shared(const ScheduleSpec& spec, const SimCosts& costs,
                           const std::vector<std::vector<Action>>& lists, SimResult r) {
   const int p = spec.stages;
   const int per_node = std::clamp(costs.stages_per_node, 1, p);
-  Transfers transfers(p, p * spec.virtual_stages, costs.transfer_seconds);
+  Transfers transfers(p, p * spec.virtual_stages, spec.micro_batches, costs.transfer_seconds);
   std::vector<size_t> next(size_t(p), 0);
   std::vector<double> left(size_t(p), -1.0), started(size_t(p), 0.0);  // left < 0: not running
   double now = 0.0;
@@ -234,7 +241,7 @@ SimResult simulate(const ScheduleSpec& spec, const SimCosts& costs) {
   }
   r.busy_seconds.assign(static_cast<size_t>(p), 0.0);
   if (costs.core_share > 0) return simulate_shared(spec, costs, lists, std::move(r));
-  Transfers transfers(p, p * spec.virtual_stages, costs.transfer_seconds);
+  Transfers transfers(p, p * spec.virtual_stages, spec.micro_batches, costs.transfer_seconds);
   std::vector<size_t> next(static_cast<size_t>(p), 0);
   std::vector<double> clock(static_cast<size_t>(p), 0.0);
   size_t remaining = 0;
