@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <set>
 
 #include "core/check.h"
 
@@ -149,13 +148,15 @@ class Transfers {
     return arrival_[index(a.type, a.micro, vs)];
   }
   // Stage s finished pass a at `end`: its output leaves for the next virtual stage.
-  void send(int s, const Action& a, double end) {
+  // Returns the stage it goes to (-1: none).
+  int send(int s, const Action& a, double end) {
     const int vs = a.chunk * p_ + s;
     const int to_vs = a.type == Action::Forward ? vs + 1 : vs - 1;
-    if (to_vs < 0 || to_vs >= vstages_) return;
+    if (to_vs < 0 || to_vs >= vstages_) return -1;
     double& free = link_free_[size_t(s) * size_t(p_) + size_t(to_vs % p_)];
     free = std::max(end, free) + seconds_;
     arrival_[index(a.type, a.micro, to_vs)] = free;
+    return to_vs % p_;
   }
 
  private:
@@ -244,20 +245,25 @@ SimResult simulate(const ScheduleSpec& spec, const SimCosts& costs) {
   Transfers transfers(p, p * spec.virtual_stages, spec.micro_batches, costs.transfer_seconds);
   std::vector<size_t> next(static_cast<size_t>(p), 0);
   std::vector<double> clock(static_cast<size_t>(p), 0.0);
+  // Each stage's next pass: when it can start (infinity: its input has not been sent, or
+  // nothing is left). The pass run next is the earliest (ties: the lowest stage), so links
+  // serve messages in time order. Running a pass changes only its own stage's next start
+  // and the receiving stage's.
+  constexpr double kNever = std::numeric_limits<double>::infinity();
+  std::vector<double> start_at(static_cast<size_t>(p), kNever);
+  auto update = [&](int s) {
+    start_at[size_t(s)] = kNever;
+    if (next[size_t(s)] == lists[size_t(s)].size()) return;
+    const double arrival = transfers.ready_at(s, lists[size_t(s)][next[size_t(s)]]);
+    if (arrival >= 0) start_at[size_t(s)] = std::max(arrival, clock[size_t(s)]);
+  };
+  for (int s = 0; s < p; ++s) update(s);
   size_t remaining = 0;
   for (const auto& list : lists) remaining += list.size();
   while (remaining > 0) {
-    // Run the pass that can start earliest (so links serve messages in time order).
-    int best = -1;
-    double best_start = std::numeric_limits<double>::infinity();
-    for (int s = 0; s < p; ++s) {
-      if (next[size_t(s)] == lists[size_t(s)].size()) continue;
-      const double ready = transfers.ready_at(s, lists[size_t(s)][next[size_t(s)]]);
-      if (ready < 0) continue;
-      const double start = std::max(ready, clock[size_t(s)]);
-      if (start < best_start) best_start = start, best = s;
-    }
-    if (best < 0) {
+    const int best = int(std::min_element(start_at.begin(), start_at.end()) - start_at.begin());
+    const double start = start_at[size_t(best)];
+    if (start == kNever) {
       r.deadlock = true;
       return r;
     }
@@ -265,11 +271,13 @@ SimResult simulate(const ScheduleSpec& spec, const SimCosts& costs) {
     --remaining;
     const double cost = a.type == Action::Forward ? costs.forward_seconds[size_t(best)]
                                                   : costs.backward_seconds[size_t(best)];
-    const double end = best_start + cost;
+    const double end = start + cost;
     clock[size_t(best)] = end;
     r.busy_seconds[size_t(best)] += cost;
     r.step_seconds = std::max(r.step_seconds, end);
-    transfers.send(best, a, end);
+    const int to = transfers.send(best, a, end);
+    update(best);
+    if (to >= 0 && to != best) update(to);
   }
   return r;
 }
