@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/common.h"
@@ -14,8 +15,10 @@
 // through these leading dimensions; nothing is transposed or copied.
 //
 // Query i sees the keys [0, n_i), n_i = #{j : k_pos[j] <= q_pos[i]} (a prefix, as k_pos
-// ascends; n_i = i + 1 without positions). Per (b, h) and block of query rows [r0, r1),
-// the block's widest prefix is n = n_{r1-1} (q_pos ascends too), and:
+// ascends; n_i = i + 1 without positions). Per (b, h) and block of query rows [r0, r1) (at
+// most kAttentionBlock rows of consecutive positions: a block never spans a jump, such as
+// the one between a zig-zag rank's two chunks, whose later chunk sees many more keys), the
+// block's widest prefix is n = n_{r1-1} (q_pos ascends too), and:
 //   S (rows, n) = scale * Q_blk K^T      P = softmax(S) with j >= n_i masked to 0
 //   O_blk = P V                          lse_i = log sum_j exp(S_ij)
 // Backward recomputes P = exp(S - lse) and, with D_i = dO_i . O_i,
@@ -65,6 +68,20 @@ std::vector<int64_t> visible_keys(const int32_t* q_pos, const int32_t* k_pos, in
   return n;
 }
 
+// The query row blocks [r0, r1): kAttentionBlock rows at most, cut wherever the positions
+// jump.
+std::vector<std::pair<int64_t, int64_t>> row_blocks(const int32_t* q_pos, int64_t Tq) {
+  std::vector<std::pair<int64_t, int64_t>> blocks;
+  for (int64_t r0 = 0; r0 < Tq;) {
+    const int64_t end = std::min(Tq, r0 + kAttentionBlock);
+    int64_t r1 = r0 + 1;
+    while (r1 < end && (!q_pos || q_pos[r1] == q_pos[r1 - 1] + 1)) ++r1;
+    blocks.emplace_back(r0, r1);
+    r0 = r1;
+  }
+  return blocks;
+}
+
 }  // namespace
 
 template <typename T>
@@ -72,7 +89,8 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
                        const int32_t* k_pos, int64_t B, int64_t Tq, int64_t Tk, int64_t Hq,
                        int64_t Hkv, int64_t D) {
   const int64_t group = Hq / Hkv;
-  const int64_t blocks = (Tq + kAttentionBlock - 1) / kAttentionBlock;
+  const std::vector<std::pair<int64_t, int64_t>> row_block = row_blocks(q_pos, Tq);
+  const int64_t blocks = int64_t(row_block.size());
   const int64_t ldq = Hq * D, ldk = Hkv * D;
   const T scale = T(1) / std::sqrt(T(D));
   const std::vector<int64_t> visible = visible_keys(q_pos, k_pos, Tq, Tk);
@@ -84,7 +102,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
 #pragma omp for schedule(static, 1)
     for (int64_t task = 0; task < B * Hq * blocks; ++task) {
       const int64_t blk = task % blocks, h = task / blocks % Hq, b = task / (blocks * Hq);
-      const int64_t r0 = blk * kAttentionBlock, r1 = std::min(Tq, r0 + kAttentionBlock);
+      const auto [r0, r1] = row_block[size_t(blk)];
       const int64_t rows = r1 - r0, hk = h / group, width = visible[r1 - 1];
       const T* q_blk = q + (b * Tq + r0) * ldq + h * D;
       const T* k_head = k + b * Tk * ldk + hk * D;
@@ -114,11 +132,11 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
                         int64_t B, int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D,
                         bool accumulate) {
   const int64_t group = Hq / Hkv;
-  const int64_t blocks = (Tq + kAttentionBlock - 1) / kAttentionBlock;
   const int64_t ldq = Hq * D, ldk = Hkv * D;
   const T scale = T(1) / std::sqrt(T(D));
   const T dq_beta = accumulate ? T(1) : T(0);
   const std::vector<int64_t> visible = visible_keys(q_pos, k_pos, Tq, Tk);
+  const std::vector<std::pair<int64_t, int64_t>> row_block = row_blocks(q_pos, Tq);
   // One task per (b, kv head): it owns that head's dk and dv rows, and its group's query
   // heads add into them in a fixed order, so no two threads touch the same gradient.
   // With fewer tasks than threads the region stays inactive and BLAS threads instead.
@@ -141,8 +159,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
         }
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
         const T* lse_head = lse + (b * Hq + h) * Tq;
-        for (int64_t blk = 0; blk < blocks; ++blk) {
-          const int64_t r0 = blk * kAttentionBlock, r1 = std::min(Tq, r0 + kAttentionBlock);
+        for (const auto& [r0, r1] : row_block) {
           const int64_t rows = r1 - r0, width = visible[r1 - 1];
           const int64_t offset = (b * Tq + r0) * ldq + h * D;  // first row of this block
           if (width == 0) {                                    // no row sees a key: no gradient

@@ -9,8 +9,8 @@ namespace pentad::kernels::cpu {
 // lse (B, Hq, Tq) may be null. q_pos (Tq) and k_pos (Tk) are ascending positions, both null
 // for 0..T-1 (then Tq == Tk). Query i sees the keys j with k_pos[j] <= q_pos[i], a prefix
 // of the keys; a query that sees none gets out = 0 and lse = -inf. Scale 1/sqrt(D). Works
-// on blocks of kAttentionBlock query rows per (b, h), so scratch is kAttentionBlock * Tk
-// per thread, never Tq * Tk.
+// on blocks of at most kAttentionBlock query rows per (b, h), cut where q_pos jumps (a
+// zig-zag rank's two chunks), so scratch is kAttentionBlock * Tk per thread, never Tq * Tk.
 constexpr int64_t kAttentionBlock = 64;
 
 template <typename T>

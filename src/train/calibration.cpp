@@ -82,8 +82,10 @@ KernelRates measure(int threads, bool verbose) {
     r.gemm.emplace_back(flops, flops / time_linear(s[0], s[1], s[2]));
   }
   std::sort(r.gemm.begin(), r.gemm.end());
-  {  // causal attention, b 1, t 512, 4 heads of 32: counted as the model counts it
-    const int64_t b = 1, t = 512, h = 4, d = 32, C = h * d;
+  // Causal attention, 4 heads of 32, at sequences of 64 to 512 tokens (b 8 to 1: the same
+  // tokens), counted as the model counts it; the 512's is the single rate.
+  for (const int64_t t : {64, 128, 256, 512}) {
+    const int64_t b = 512 / t, h = 4, d = 32, C = h * d;
     auto q = random_values(b * t * C, 7), k = random_values(b * t * C, 8),
          v = random_values(b * t * C, 9);
     auto out = random_values(b * t * C, 10), lse = random_values(b * h * t, 11);
@@ -96,7 +98,8 @@ KernelRates measure(int threads, bool verbose) {
                                   host_view(dout, qs), host_view(q, qs), host_view(k, qs),
                                   host_view(v, qs), host_view(out, qs), host_view(lse, {b, h, t}));
     });
-    r.attention_flops_per_s = 6.0 * double(b * t) * double(C) * double(t) / s;
+    r.attention_by_keys.emplace_back(double(t), 6.0 * double(b * t) * double(C) * double(t) / s);
+    r.attention_flops_per_s = r.attention_by_keys.back().second;
   }
   {  // layernorm forward + backward and a residual add: 5 + 3 passes over N x C floats
     const int64_t N = 16384, C = 256;  // 16 MiB a tensor: beyond the caches
@@ -144,9 +147,13 @@ json rates_json(const KernelRates& r) {
   json gemm = json::array();
   for (const auto& [flops, rate] : r.gemm)
     gemm.push_back({{"flops", flops}, {"flops_per_s", rate}});
+  json attention = json::array();
+  for (const auto& [keys, rate] : r.attention_by_keys)
+    attention.push_back({{"keys", keys}, {"flops_per_s", rate}});
   return {{"threads", r.threads},
           {"gemm", gemm},
           {"attention_flops_per_s", r.attention_flops_per_s},
+          {"attention_by_keys", attention},
           {"elementwise_bytes_per_s", r.elementwise_bytes_per_s},
           {"adamw_params_per_s", r.adamw_params_per_s},
           {"copy_bytes_per_s", r.copy_bytes_per_s}};
@@ -176,6 +183,9 @@ KernelRates Calibration::at_threads(int threads) const {
   for (size_t i = 0; i < r.gemm.size() && i < hi.gemm.size(); ++i)
     r.gemm[i].second = mix(lo.gemm[i].second, hi.gemm[i].second);
   r.attention_flops_per_s = mix(lo.attention_flops_per_s, hi.attention_flops_per_s);
+  for (size_t i = 0; i < r.attention_by_keys.size() && i < hi.attention_by_keys.size(); ++i)
+    r.attention_by_keys[i].second =
+        mix(lo.attention_by_keys[i].second, hi.attention_by_keys[i].second);
   r.elementwise_bytes_per_s = mix(lo.elementwise_bytes_per_s, hi.elementwise_bytes_per_s);
   r.adamw_params_per_s = mix(lo.adamw_params_per_s, hi.adamw_params_per_s);
   return r;
@@ -191,6 +201,19 @@ double Calibration::gemm_seconds(const KernelRates& r, double flops) {
   // Rate interpolated in log(flops) between the neighbouring shapes.
   const double w = std::log(flops / g[i - 1].first) / std::log(g[i].first / g[i - 1].first);
   return flops / (g[i - 1].second + w * (g[i].second - g[i - 1].second));
+}
+
+double Calibration::attention_seconds(const KernelRates& r, double counted_flops, double keys) {
+  const auto& a = r.attention_by_keys;
+  if (counted_flops <= 0) return 0;
+  if (a.empty()) return counted_flops / r.attention_flops_per_s;
+  if (keys <= a.front().first) return counted_flops / a.front().second;
+  if (keys >= a.back().first) return counted_flops / a.back().second;
+  size_t i = 1;
+  while (a[i].first < keys) ++i;
+  // Rate interpolated in log(keys) between the neighbouring lengths.
+  const double w = std::log(keys / a[i - 1].first) / std::log(a[i].first / a[i - 1].first);
+  return counted_flops / (a[i - 1].second + w * (a[i].second - a[i - 1].second));
 }
 
 Calibration calibrate(bool verbose) {
@@ -244,6 +267,10 @@ Calibration Calibration::read(const std::string& path) {
     if (r.gemm.empty()) fail("calibration file {}: no \"gemm\" rates", path);
     std::sort(r.gemm.begin(), r.gemm.end());
     r.attention_flops_per_s = calibration_positive(rj, "attention_flops_per_s", path);
+    for (const json& a : rj.value("attention_by_keys", json::array()))
+      r.attention_by_keys.emplace_back(calibration_positive(a, "keys", path),
+                                       calibration_positive(a, "flops_per_s", path));
+    std::sort(r.attention_by_keys.begin(), r.attention_by_keys.end());
     r.elementwise_bytes_per_s = calibration_positive(rj, "elementwise_bytes_per_s", path);
     r.adamw_params_per_s = calibration_positive(rj, "adamw_params_per_s", path);
     r.copy_bytes_per_s = calibration_positive(rj, "copy_bytes_per_s", path);

@@ -14,6 +14,9 @@ struct KernelRates {  // one thread count
   // GEMM rate against size: (flops of one linear forward + backward, FLOP/s), rising flops.
   std::vector<std::pair<double, double>> gemm;
   double attention_flops_per_s = 0;    // causal attention forward + backward, counted flops
+  // The same at a few key lengths (keys a call sees, rising): short calls, such as ring
+  // attention's blocks, run slower. Empty (an older file): attention_flops_per_s throughout.
+  std::vector<std::pair<double, double>> attention_by_keys;
   double elementwise_bytes_per_s = 0;  // norms, residual adds, activations: bytes touched
   double adamw_params_per_s = 0;       // AdamW update, parameters a second
   double copy_bytes_per_s = 0;         // memcpy: what shared-memory messages move at
@@ -28,6 +31,8 @@ struct Calibration {
   KernelRates at_threads(int threads) const;
   // Seconds of one linear forward + backward of flops `flops` at these rates.
   static double gemm_seconds(const KernelRates& r, double flops);
+  // Seconds of attention of `counted_flops` done in calls that each see `keys` keys.
+  static double attention_seconds(const KernelRates& r, double counted_flops, double keys);
 
   static Calibration read(const std::string& path);  // pentad::Error naming the file
   void write(const std::string& path) const;

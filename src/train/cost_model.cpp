@@ -39,13 +39,22 @@ struct Rates {  // what one rank computes at
   // One GEMM's forward + backward (3 matmuls of 2 M K N flops).
   double gemm(double M, double K, double N) const {
     const double flops = 6 * M * K * N;
-    if (!m.gpu) return slow * Calibration::gemm_seconds(cpu, flops);
+    if (!m.gpu) {
+      // On CPU ranks that share their cores the operands come from memory, not from a warm
+      // cache as in the kernel table's repeated runs: the three matmuls read the weight
+      // three times and write its gradient (4 K N values), and read or write the rows' inputs
+      // and outputs six times (3 M K + 3 M N), at the measured memory bandwidth. Packing
+      // them is what costs a GEMM with few rows (OpenBLAS packs every operand panel).
+      const double bytes = 4.0 * (4 * K * N + 3 * M * (K + N));
+      return slow * (Calibration::gemm_seconds(cpu, flops) + bytes / cpu.elementwise_bytes_per_s);
+    }
     const double side = std::min({M, K, N});
     return flops / (m.peak_flops * kGemmPlateau * (1 - std::exp(-side / kGemmSide)));
   }
-  double attention(double counted_flops) const {
+  // `keys`: the keys each call sees (the sequence; a ring block's share of it).
+  double attention(double counted_flops, double keys) const {
     return m.gpu ? counted_flops / (m.peak_flops * kAttentionEfficiency)
-                 : slow * counted_flops / cpu.attention_flops_per_s;
+                 : slow * Calibration::attention_seconds(cpu, counted_flops, keys);
   }
   double elementwise(double bytes) const {
     return m.gpu ? bytes / (m.memory_Bps * kMemoryEfficiency)
@@ -298,7 +307,9 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
   };
   Pass dense;
   dense.add_fwd_bwd(rates.gemm(n, C / d2, (C + 2 * Ckv) / d1) + rates.gemm(n, C / d1, C / d2));
-  dense.add_fwd_bwd(rates.attention(6 * n * C * s / d1));
+  // Each call sees the whole sequence, or under ring attention one block of it.
+  const double ring = mesh.cp > 1 ? double(mesh.cp) / mesh.cp_ulysses : 1.0;
+  dense.add_fwd_bwd(rates.attention(6 * n * C * s / d1, s / ring));
   const double norm_elems = 10 * C / (sp ? tp : 1);
   const double between = ((gpt2 ? 2 : 3) * F + (gpt2 ? 0 : 2 * (C + Ckv))) / d1;
   const double layer_elem_bytes = n * (norm_elems + between) * e;
@@ -368,7 +379,7 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
       const double kv = 2 * b * (s / R) * kvc * D * e;
       const double pass = links.p2p(cp_all[0], cp_all[size_t(U)], kv);
       const bool hides = links.overlaps({cp_all[0], cp_all[size_t(U)]});
-      const double block_fwd = rates.attention(6 * n * C * s / d1) / 3 / R;
+      const double block_fwd = rates.attention(6 * n * C * s / d1, s / R) / 3 / R;
       cp_fwd += (R - 1) * std::max(0.0, pass - (hides ? block_fwd : 0.0));
       cp_bwd += (2 * R - 1) * std::max(0.0, pass - (hides ? 2 * block_fwd : 0.0));
     }

@@ -305,7 +305,8 @@ TEST(Plan, OversubscribedCpuCoresAreShared) {
 }
 
 TEST(Plan, CalibrationRoundTripAndInterpolation) {
-  const Calibration c = two_cores();
+  Calibration c = two_cores();
+  c.rates[0].attention_by_keys = {{64, 1e9}, {512, 4e9}};
   const std::string path = std::filesystem::temp_directory_path() / "pentad_plan_test_cal.json";
   c.write(path);
   const Calibration back = Calibration::read(path);
@@ -317,6 +318,44 @@ TEST(Plan, CalibrationRoundTripAndInterpolation) {
   EXPECT_DOUBLE_EQ(Calibration::gemm_seconds(one, 1e9), 0.25);
   // Between two shapes the rate is interpolated in log(flops): halfway, the mean rate.
   EXPECT_NEAR(Calibration::gemm_seconds(one, std::sqrt(1e6 * 1e9)), std::sqrt(1e15) / 2.5e9, 1e-12);
+  // Attention by the keys a call sees: clamped at the ends, interpolated in log(keys).
+  ASSERT_EQ(one.attention_by_keys.size(), 2u);
+  EXPECT_DOUBLE_EQ(Calibration::attention_seconds(one, 1e9, 32), 1.0);
+  EXPECT_DOUBLE_EQ(Calibration::attention_seconds(one, 1e9, 4096), 0.25);
+  EXPECT_NEAR(Calibration::attention_seconds(one, 1e9, std::sqrt(64.0 * 512)), 1 / 2.5, 1e-12);
+  // A file without the table (older): the single rate throughout.
+  EXPECT_DOUBLE_EQ(Calibration::attention_seconds(back.at_threads(2), 4e9, 64), 1.0);
+}
+
+// The CPU compute model: attention calls that see fewer keys (ring attention's blocks) run at
+// the kernel table's rate for that length, and a GEMM's operands come from memory, so the
+// same flops in micro-batches of fewer rows cost more (the weights are read once a GEMM).
+TEST(Plan, CpuComputeFollowsKeysAndRows) {
+  auto predict_on = [](Calibration cal, std::vector<std::string> keys) {
+    keys.insert(keys.end(), {"train.device=\"cpu\"", "train.precision=\"fp32\""});
+    const Config cfg = gpt(keys);
+    const Cluster cpu = this_machine(cal, 8);
+    return predict_step(cfg, mesh_config(cfg, 8), cpu.machine, cpu.topology).compute;
+  };
+  const std::vector<std::string> ring = {"parallel.cp=4", "parallel.cp_impl=\"ring\"",
+                                         "parallel.dp=2"};
+  const std::vector<std::string> ulysses = {"parallel.cp=4", "parallel.cp_impl=\"ulysses\"",
+                                            "parallel.dp=2"};
+  Calibration by_keys = two_cores();
+  for (KernelRates& r : by_keys.rates) r.attention_by_keys = {{64, 1e8}, {4096, 2e9}};
+  EXPECT_DOUBLE_EQ(predict_on(two_cores(), ring), predict_on(two_cores(), ulysses));
+  EXPECT_GT(predict_on(by_keys, ring), 1.05 * predict_on(by_keys, ulysses));
+
+  // The same sequences a step in micro-batches of 1 or 4: the memory traffic (the compute
+  // at unlimited bandwidth taken off) is larger with more, smaller micro-batches.
+  Calibration fast_memory = two_cores();
+  for (KernelRates& r : fast_memory.rates) r.elementwise_bytes_per_s = 1e30;
+  auto traffic = [&](const char* mb, const char* ga) {
+    const std::vector<std::string> keys = {"parallel.dp=8", mb, ga};
+    return predict_on(two_cores(), keys) - predict_on(fast_memory, keys);
+  };
+  EXPECT_GT(traffic("train.micro_batch=1", "train.grad_accum=4"),
+            1.2 * traffic("train.micro_batch=4", "train.grad_accum=1"));
 }
 
 }  // namespace plan_test
