@@ -13,7 +13,7 @@ struct KernelRates {  // one thread count
   int threads = 1;
   // GEMM rate against size: (flops of one linear forward + backward, FLOP/s), rising flops.
   std::vector<std::pair<double, double>> gemm;
-  double attention_flops_per_s = 0;    // causal attention forward + backward, counted flops
+  double attention_flops_per_s = 0;  // causal attention forward + backward, counted flops
   // The same at a few key lengths (keys a call sees, rising): short calls, such as ring
   // attention's blocks, run slower. Empty (an older file): attention_flops_per_s throughout.
   std::vector<std::pair<double, double>> attention_by_keys;
