@@ -484,7 +484,32 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
     const double last = links.collective(reduce, dp_group, bucket);
     const double window =
         links.overlaps(dp_group) ? *std::max_element(stage_bwd.begin(), stage_bwd.end()) : 0.0;
-    const double per_reduction = std::max(all - window, last);
+    double per_reduction = std::max(all - window, last);
+    if (!machine.gpu && window > 0 && (par.zero > 0 || par.ring_all_reduce)) {
+      // Between CPU nodes the reduction is pentad's ring over send/recv (ZeRO >= 1's
+      // reduce-scatter always, ZeRO 0's all-reduce by default: parallel/ring_all_reduce.cpp),
+      // and without a progress thread a ring moves a leg only when its rank polls it: backward
+      // polls kPollsPerLayer times a layer (Model::layer_backward), one leg of every bucket in
+      // flight each time. A layer's bucket, ready after its backward, has the polls of the
+      // layers after it; the legs left over run after backward, bucket after bucket, as does
+      // the whole of the embedding's, ready last.
+      constexpr double kPollsPerLayer = 4;
+      const double ranks = double(dp_group.size());
+      const double legs = par.zero > 0 ? ranks - 1 : 2 * (ranks - 1);
+      int stage_layers = 1;
+      for (int st = 0; st < p; ++st) {
+        int here = 0;
+        for (const parallel::pp::Chunk& c : parallel::pp::stage_chunks(layers, p, st))
+          here += int(c.layer_end - c.layer_begin);
+        stage_layers = std::max(stage_layers, here);
+      }
+      const double layer_bytes = std::max(0.0, grad_bytes - bucket) / stage_layers;
+      const double one_layer = links.collective(reduce, dp_group, layer_bytes);
+      double polled = last;
+      for (int k = 0; k < stage_layers; ++k)
+        polled += std::max(0.0, 1 - kPollsPerLayer * (stage_layers - 1 - k) / legs) * one_layer;
+      per_reduction = std::max(per_reduction, polled);
+    }
     const double reductions = par.zero >= 2 ? ga : 1;
     dp_exposed = per_reduction * reductions;
     if (par.zero >= 1) {

@@ -304,6 +304,28 @@ TEST(Plan, OversubscribedCpuCoresAreShared) {
   EXPECT_LT(gpu_four, 0.5 * gpu_one);  // the loss's all-reduces over tp are not chunked
 }
 
+// Over two CPU nodes the gradient all-reduce is pentad's ring, which moves a leg only when
+// backward polls it (4 times a layer): more is left after backward than of MPI's all-reduce,
+// which the network moves behind backward; ZeRO-1's reduce-scatter (half the legs) is always
+// pentad's ring. On one node nothing overlaps and the two are predicted alike.
+TEST(Plan, CpuRingMovesOnlyWhenPolled) {
+  const Cluster cpu = this_machine(two_cores(), 8);
+  const parallel::Topology two_nodes = parallel::uniform_cluster(2, 4, 5, 5e-6, 0.2, 2e-4);
+  auto dp_part = [&](const parallel::Topology& topo, std::vector<std::string> keys) {
+    keys.insert(keys.end(), {"train.device=\"cpu\"", "train.precision=\"fp32\"",
+                             "parallel.dp=8"});
+    const Config cfg = gpt(keys);
+    return predict_step(cfg, mesh_config(cfg, 8), cpu.machine, topo).dp;
+  };
+  const double ring = dp_part(two_nodes, {});
+  const double mpi = dp_part(two_nodes, {"parallel.ring_all_reduce=false"});
+  EXPECT_GT(ring, 1.2 * mpi);
+  EXPECT_DOUBLE_EQ(dp_part(two_nodes, {"parallel.zero=1"}),
+                   dp_part(two_nodes, {"parallel.zero=1", "parallel.ring_all_reduce=false"}));
+  EXPECT_DOUBLE_EQ(dp_part(cpu.topology, {}),
+                   dp_part(cpu.topology, {"parallel.ring_all_reduce=false"}));
+}
+
 TEST(Plan, CalibrationRoundTripAndInterpolation) {
   Calibration c = two_cores();
   c.rates[0].attention_by_keys = {{64, 1e9}, {512, 4e9}};
