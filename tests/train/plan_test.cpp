@@ -312,8 +312,7 @@ TEST(Plan, CpuRingMovesOnlyWhenPolled) {
   const Cluster cpu = this_machine(two_cores(), 8);
   const parallel::Topology two_nodes = parallel::uniform_cluster(2, 4, 5, 5e-6, 0.2, 2e-4);
   auto dp_part = [&](const parallel::Topology& topo, std::vector<std::string> keys) {
-    keys.insert(keys.end(), {"train.device=\"cpu\"", "train.precision=\"fp32\"",
-                             "parallel.dp=8"});
+    keys.insert(keys.end(), {"train.device=\"cpu\"", "train.precision=\"fp32\"", "parallel.dp=8"});
     const Config cfg = gpt(keys);
     return predict_step(cfg, mesh_config(cfg, 8), cpu.machine, topo).dp;
   };
