@@ -132,10 +132,12 @@ namespace {
 // one directed link going one at a time.
 class Transfers {
  public:
-  Transfers(int stages, int vstages, int micro_batches, double seconds)
+  Transfers(int stages, int vstages, int micro_batches, const SimCosts& costs)
       : p_(stages),
         vstages_(vstages),
-        seconds_(seconds),
+        seconds_(!costs.link_seconds.empty() ? costs.link_seconds
+                                             : std::vector<double>(size_t(stages) * size_t(stages),
+                                                                   costs.transfer_seconds)),
         arrival_(size_t(2) * size_t(micro_batches) * size_t(vstages), -1.0),
         link_free_(size_t(stages) * size_t(stages), 0.0) {}
   // When the input of stage s's pass a is there: 0 if it needs none (the first forward,
@@ -153,8 +155,9 @@ class Transfers {
     const int vs = a.chunk * p_ + s;
     const int to_vs = a.type == Action::Forward ? vs + 1 : vs - 1;
     if (to_vs < 0 || to_vs >= vstages_) return -1;
-    double& free = link_free_[size_t(s) * size_t(p_) + size_t(to_vs % p_)];
-    free = std::max(end, free) + seconds_;
+    const size_t link = size_t(s) * size_t(p_) + size_t(to_vs % p_);
+    double& free = link_free_[link];
+    free = std::max(end, free) + seconds_[link];
     arrival_[index(a.type, a.micro, to_vs)] = free;
     return to_vs % p_;
   }
@@ -164,7 +167,7 @@ class Transfers {
     return (size_t(micro) * 2 + size_t(type)) * size_t(vstages_) + size_t(vs);
   }
   const int p_, vstages_;
-  const double seconds_;
+  const std::vector<double> seconds_;  // per directed link
   // Flat tables (the planner simulates every layout it ranks): each (micro, type, virtual
   // stage)'s arrival, -1 until sent, and each directed link's (from, to stage) free time.
   std::vector<double> arrival_;
@@ -177,7 +180,7 @@ SimResult simulate_shared(const ScheduleSpec& spec, const SimCosts& costs,
                           const std::vector<std::vector<Action>>& lists, SimResult r) {
   const int p = spec.stages;
   const int per_node = std::clamp(costs.stages_per_node, 1, p);
-  Transfers transfers(p, p * spec.virtual_stages, spec.micro_batches, costs.transfer_seconds);
+  Transfers transfers(p, p * spec.virtual_stages, spec.micro_batches, costs);
   std::vector<size_t> next(size_t(p), 0);
   std::vector<double> left(size_t(p), -1.0), started(size_t(p), 0.0);  // left < 0: not running
   double now = 0.0;
@@ -234,6 +237,9 @@ SimResult simulate(const ScheduleSpec& spec, const SimCosts& costs) {
   PENTAD_CHECK(static_cast<int>(costs.forward_seconds.size()) == p &&
                    static_cast<int>(costs.backward_seconds.size()) == p,
                "simulate: {} stages but costs for {}", p, costs.forward_seconds.size());
+  PENTAD_CHECK(costs.link_seconds.empty() || costs.link_seconds.size() == size_t(p) * size_t(p),
+               "simulate: {} stages but {} link times (stages x stages)", p,
+               costs.link_seconds.size());
   std::vector<std::vector<Action>> lists;
   SimResult r;
   for (int s = 0; s < p; ++s) {
@@ -242,7 +248,7 @@ SimResult simulate(const ScheduleSpec& spec, const SimCosts& costs) {
   }
   r.busy_seconds.assign(static_cast<size_t>(p), 0.0);
   if (costs.core_share > 0) return simulate_shared(spec, costs, lists, std::move(r));
-  Transfers transfers(p, p * spec.virtual_stages, spec.micro_batches, costs.transfer_seconds);
+  Transfers transfers(p, p * spec.virtual_stages, spec.micro_batches, costs);
   std::vector<size_t> next(static_cast<size_t>(p), 0);
   std::vector<double> clock(static_cast<size_t>(p), 0.0);
   // Each stage's next pass: when it can start (infinity: its input has not been sent, or

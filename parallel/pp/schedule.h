@@ -67,7 +67,9 @@ struct SimCosts {
   std::vector<double> forward_seconds;   // per stage: one micro-batch through one chunk
   std::vector<double> backward_seconds;  // per stage
   double transfer_seconds = 0.0;         // one activation (or gradient) over one link
-  double core_share = 0.0;               // 0: every rank has its own device or core
+  // Per directed link (from stage * stages + to stage); empty: transfer_seconds on every link.
+  std::vector<double> link_seconds;
+  double core_share = 0.0;  // 0: every rank has its own device or core
   int stages_per_node = 1;
 };
 struct SimResult {

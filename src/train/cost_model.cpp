@@ -405,11 +405,13 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
   parallel::pp::SimCosts sim;
   std::vector<double> stage_bwd(size_t(p), 0.0), stage_fwd(size_t(p), 0.0);
   std::vector<double> stage_work(size_t(p), 0.0);  // a micro-batch's, every chunk
+  std::vector<int> stage_layers(size_t(p), 0);
   double compute_max = 0, tp_max = 0, cp_max = 0, ep_max = 0;
   for (int st = 0; st < p; ++st) {
     double fwd = 0, bwd = 0, tpc = 0, cpc = 0, epc = 0, chunks = 0;
     for (const parallel::pp::Chunk& c : parallel::pp::stage_chunks(layers, p, st)) {
       ++chunks;
+      stage_layers[size_t(st)] += int(c.layer_end - c.layer_begin);
       for (int64_t l = c.layer_begin; l < c.layer_end; ++l) {
         const bool mo = is_moe(l);
         const Pass& pass = mo ? moe : dense;
@@ -443,7 +445,16 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
     }
   }
   const double boundary = n * C * e / (sp ? tp : 1);  // only the tp rank's rows cross (SP)
-  sim.transfer_seconds = p > 1 ? links.p2p(0, parallel::mesh_rank(mesh, 0, 0, 0, 1), boundary) : 0;
+  // Each directed link between neighbouring stages (interleaving wraps around): the slow
+  // ones between nodes are not always stage 0's.
+  if (p > 1) {
+    sim.link_seconds.assign(size_t(p) * size_t(p), 0.0);
+    for (int st = 0; st < p; ++st)
+      for (const int to : {(st + 1) % p, (st + p - 1) % p})
+        sim.link_seconds[size_t(st) * size_t(p) + size_t(to)] =
+            links.p2p(parallel::mesh_rank(mesh, 0, 0, 0, st),
+                      parallel::mesh_rank(mesh, 0, 0, 0, to), boundary);
+  }
   parallel::pp::ScheduleSpec spec = schedule_spec(cfg);
   if (p == 1) spec = {parallel::pp::ScheduleKind::OneFOneB, 1, spec.micro_batches, 1, 1};
   if (slow > 1) {
@@ -496,18 +507,12 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
       constexpr double kPollsPerLayer = 4;
       const double ranks = double(dp_group.size());
       const double legs = par.zero > 0 ? ranks - 1 : 2 * (ranks - 1);
-      int stage_layers = 1;
-      for (int st = 0; st < p; ++st) {
-        int here = 0;
-        for (const parallel::pp::Chunk& c : parallel::pp::stage_chunks(layers, p, st))
-          here += int(c.layer_end - c.layer_begin);
-        stage_layers = std::max(stage_layers, here);
-      }
-      const double layer_bytes = std::max(0.0, grad_bytes - bucket) / stage_layers;
+      const int most = std::max(1, *std::max_element(stage_layers.begin(), stage_layers.end()));
+      const double layer_bytes = std::max(0.0, grad_bytes - bucket) / most;
       const double one_layer = links.collective(reduce, dp_group, layer_bytes);
       double polled = last;
-      for (int k = 0; k < stage_layers; ++k)
-        polled += std::max(0.0, 1 - kPollsPerLayer * (stage_layers - 1 - k) / legs) * one_layer;
+      for (int k = 0; k < most; ++k)
+        polled += std::max(0.0, 1 - kPollsPerLayer * (most - 1 - k) / legs) * one_layer;
       per_reduction = std::max(per_reduction, polled);
     }
     const double reductions = par.zero >= 2 ? ga : 1;
@@ -534,6 +539,13 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
           2 * ga * links.collective(CollectiveOp::AllGather, dp_group, grad_bytes);
       dp_exposed += std::max(0.0, gathers - (links.overlaps(dp_group) ? run.step_seconds : 0.0));
     }
+  }
+  if (p > 1 && m.tie_embeddings) {
+    // Tied embeddings under pipelining: the first and last stages' tables (fp32 gradients,
+    // each rank's ZeRO share) summed between the two after the reduction, waited for.
+    const double table = 4 * V * C / tp / Z;
+    dp_exposed += links.collective(CollectiveOp::AllReduce,
+                                   {0, parallel::mesh_rank(mesh, 0, 0, 0, p - 1)}, table);
   }
 
   // AdamW over this rank's share (fp32 p, g, m, v read; p, m, v written; a bf16 copy).

@@ -108,6 +108,24 @@ TEST(Schedule, IdealBubbles) {
     }
 }
 
+// Per-link transfer times: all equal is the single time; one slow link (stage 1 to 2, as
+// between two nodes of two stages each) lengthens the step by at least its delay on the fill
+// and the drain, and by less than every micro-batch paying it both ways.
+TEST(Schedule, LinkTimesPerDirectedLink) {
+  SimCosts costs;
+  costs.forward_seconds = {1.0, 1.0, 1.0, 1.0};
+  costs.backward_seconds = {2.0, 2.0, 2.0, 2.0};
+  costs.transfer_seconds = 0.25;
+  const ScheduleSpec spec{ScheduleKind::OneFOneB, 4, 8, 1, 1};
+  const double uniform = simulate(spec, costs).step_seconds;
+  costs.link_seconds.assign(16, 0.25);
+  EXPECT_DOUBLE_EQ(simulate(spec, costs).step_seconds, uniform);
+  costs.link_seconds[1 * 4 + 2] = costs.link_seconds[2 * 4 + 1] = 2.25;
+  const double slow = simulate(spec, costs).step_seconds;
+  EXPECT_GE(slow, uniform + 2 * 2.0 - 1e-9);
+  EXPECT_LT(slow, uniform + 8 * 2 * 2.0);
+}
+
 TEST(Schedule, SharedCoresReplay) {
   SimCosts costs;
   costs.forward_seconds = {1.0, 1.0, 1.0, 1.0};

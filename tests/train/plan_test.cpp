@@ -149,6 +149,20 @@ TEST(Plan, TheEmbeddingsBucketIsWaitedForWhole) {
 // Without sp they are pentad's. Its ZeRO-1 parameter gather sends bf16, not fp32, and hides
 // behind the first forward: at least the bytes saved go, and at most the whole fp32 gather
 // less its first bucket's.
+// Tied embeddings under pipelining: the first and last stages sum their tables' gradients
+// after the reduction, over the link between them (here across two nodes, the dp groups
+// inside one): the dp part pays it, untied it does not.
+TEST(Plan, TiedEmbeddingsAreSummedBetweenTheEnds) {
+  auto dp_part = [](const Config& cfg, double inter_gbs) {
+    return predict(cfg, parallel::uniform_cluster(2, 4, 450, 3e-6, inter_gbs, 5e-6)).dp;
+  };
+  const Config tied = gpt({"parallel.pp=2", "parallel.dp=4"});
+  const double table = 4.0 * double(tied.model.vocab_size * tied.model.d_model);
+  EXPECT_GT(dp_part(tied, 1) - dp_part(tied, 1000), 0.9 * table / 1e9);
+  const Config untied = gpt({"parallel.pp=2", "parallel.dp=4", "model.tie_embeddings=false"});
+  EXPECT_NEAR(dp_part(untied, 1), dp_part(untied, 1000), 1e-12);
+}
+
 TEST(Plan, MegatronCoresEngineHidesWhatItOverlaps) {
   Machine theirs = h100();
   theirs.engine = engine_named("megatron-core");
