@@ -191,29 +191,27 @@ KernelRates Calibration::at_threads(int threads) const {
   return r;
 }
 
-double Calibration::gemm_seconds(const KernelRates& r, double flops) {
-  if (flops <= 0) return 0;
-  const auto& g = r.gemm;
-  if (flops <= g.front().first) return flops / g.front().second;  // small: the smallest's rate
-  if (flops >= g.back().first) return flops / g.back().second;
+namespace {
+// The rate at x of a table of (x, rate) rising in x: the end's rate beyond either end,
+// else interpolated in log(x) between the neighbouring entries.
+double rate_at(const std::vector<std::pair<double, double>>& table, double x) {
+  if (x <= table.front().first) return table.front().second;
+  if (x >= table.back().first) return table.back().second;
   size_t i = 1;
-  while (g[i].first < flops) ++i;
-  // Rate interpolated in log(flops) between the neighbouring shapes.
-  const double w = std::log(flops / g[i - 1].first) / std::log(g[i].first / g[i - 1].first);
-  return flops / (g[i - 1].second + w * (g[i].second - g[i - 1].second));
+  while (table[i].first < x) ++i;
+  const double w = std::log(x / table[i - 1].first) / std::log(table[i].first / table[i - 1].first);
+  return table[i - 1].second + w * (table[i].second - table[i - 1].second);
+}
+}  // namespace
+
+double Calibration::gemm_seconds(const KernelRates& r, double flops) {
+  return flops <= 0 ? 0 : flops / rate_at(r.gemm, flops);  // by size, between the shapes
 }
 
 double Calibration::attention_seconds(const KernelRates& r, double counted_flops, double keys) {
-  const auto& a = r.attention_by_keys;
   if (counted_flops <= 0) return 0;
-  if (a.empty()) return counted_flops / r.attention_flops_per_s;
-  if (keys <= a.front().first) return counted_flops / a.front().second;
-  if (keys >= a.back().first) return counted_flops / a.back().second;
-  size_t i = 1;
-  while (a[i].first < keys) ++i;
-  // Rate interpolated in log(keys) between the neighbouring lengths.
-  const double w = std::log(keys / a[i - 1].first) / std::log(a[i].first / a[i - 1].first);
-  return counted_flops / (a[i - 1].second + w * (a[i].second - a[i - 1].second));
+  if (r.attention_by_keys.empty()) return counted_flops / r.attention_flops_per_s;
+  return counted_flops / rate_at(r.attention_by_keys, keys);  // by length, between them
 }
 
 Calibration calibrate(bool verbose) {
