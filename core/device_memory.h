@@ -68,6 +68,10 @@ void copy(const Tensor& dst, const Tensor& src);
 int select_cuda_device(int local_rank);
 // One line naming the current device ("NVIDIA H100 80GB HBM3, 79.1 GiB, sm_90").
 std::string cuda_device_description();
+// The current device's PCI bus id ("0000:3b:00.0"), the same in every process on the machine
+// whatever CUDA_VISIBLE_DEVICES numbers it: how ranks tell that they share a GPU. "" without
+// CUDA or a device.
+std::string cuda_device_pci_bus_id();
 // Blocks until every kernel and copy issued so far on the current device has finished.
 void device_synchronize();
 
@@ -162,6 +166,45 @@ class StagedUpload {
   size_t next_ = 0;          // the slot stage() hands out next
   size_t staged_ = 0;        // the slot stage() returned last
   size_t staged_bytes_ = 0;  // and the bytes its upload copies
+};
+
+// Host memory through which a communicator moves tensors of any device (the staged backend,
+// parallel/staged_comm.cpp). acquire() hands out a block (page-locked where a CUDA device is
+// visible, plain host memory otherwise), release() takes it back; blocks are kept for reuse.
+// Stream rule (CUDA): download() queues a copy from the device into a block on the compute
+// stream, and wait_downloads() makes the host wait for every one queued, so the bytes follow
+// every kernel issued before; upload() queues a copy from a block to the device on the
+// compute stream and returns at once: later kernels see it. release() records an event
+// behind a block's uploads, and acquire() hands the block out again only once the device has
+// passed it. Host memory (Device::CPU) is copied with memcpy in both directions, at once.
+// One thread uses an instance.
+class HostStaging {
+ public:
+  HostStaging() = default;
+  ~HostStaging();
+  HostStaging(const HostStaging&) = delete;
+  HostStaging& operator=(const HostStaging&) = delete;
+  void* acquire(size_t bytes);  // at least `bytes` (0 is fine), free of pending copies
+  void release(void* block);
+  // `at` and `bytes` lie inside one acquired block.
+  void download(void* at, const void* src, Device src_device, size_t bytes);
+  void wait_downloads();
+  void upload(void* dst, Device dst_device, const void* at, size_t bytes);
+  size_t held_bytes() const;  // every block, free or not
+
+ private:
+  struct Block {
+    char* host = nullptr;
+    size_t bytes = 0;
+    bool pinned = false;  // cudaMallocHost, else operator new
+    bool in_use = false;
+    bool uploads = false;   // uploads queued from it since it was acquired
+    void* event = nullptr;  // cudaEvent_t, recorded at release() after uploads
+    bool pending = false;   // the event may not have passed yet
+  };
+  Block& block_of(const void* at, size_t bytes);
+  std::vector<Block> blocks_;
+  bool downloads_queued_ = false;
 };
 
 // A readback of a few device bytes into page-locked host memory owned here: one copy

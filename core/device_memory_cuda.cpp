@@ -199,6 +199,15 @@ std::string cuda_device_description() {
                      format_bytes(prop.totalGlobalMem), prop.major, prop.minor);
 }
 
+std::string cuda_device_pci_bus_id() {
+  if (cuda_device_count() == 0) return "";
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  char id[32] = {};
+  check(cudaDeviceGetPCIBusId(id, int(sizeof(id)), device), "cudaDeviceGetPCIBusId");
+  return id;
+}
+
 void device_synchronize() {
   count_device_wait();
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
@@ -342,6 +351,117 @@ void StagedUpload::upload(void* dst_device) {
   check(cudaEventRecord(static_cast<cudaEvent_t>(s.event), cudaStreamLegacy),
         "cudaEventRecord (staged upload)");
   s.pending = true;
+}
+
+HostStaging::~HostStaging() {
+  for (Block& b : blocks_) {
+    // An upload still queued reads the block: it must be done before the memory goes.
+    if (b.event) {
+      cudaEventSynchronize(static_cast<cudaEvent_t>(b.event));
+      cudaEventDestroy(static_cast<cudaEvent_t>(b.event));
+    }
+    if (b.pinned)
+      cudaFreeHost(b.host);
+    else
+      ::operator delete(b.host);
+  }
+}
+
+void* HostStaging::acquire(size_t bytes) {
+  Block* best = nullptr;
+  for (Block& b : blocks_)
+    if (!b.in_use && b.bytes >= bytes && (!best || b.bytes < best->bytes)) best = &b;
+  if (!best) {
+    Block b;
+    b.bytes = std::max<size_t>((bytes + 4095) / 4096 * 4096, size_t{64} << 10);
+    b.pinned = cuda_device_count() > 0;
+    if (b.pinned) {
+      count_device_wait();  // cudaMallocHost synchronises
+      void* host = nullptr;
+      check(cudaMallocHost(&host, b.bytes), "cudaMallocHost (communicator staging)");
+      b.host = static_cast<char*>(host);
+    } else {
+      b.host = static_cast<char*>(::operator new(b.bytes));
+    }
+    blocks_.push_back(b);
+    best = &blocks_.back();
+  }
+  if (best->pending) {  // the device has not yet run the uploads from its last use
+    const auto event = static_cast<cudaEvent_t>(best->event);
+    const cudaError_t rc = cudaEventQuery(event);
+    if (rc == cudaErrorNotReady) {
+      count_device_wait();
+      check(cudaEventSynchronize(event), "cudaEventSynchronize (communicator staging)");
+    } else {
+      check(rc, "cudaEventQuery (communicator staging)");
+    }
+    best->pending = false;
+  }
+  best->in_use = true;
+  best->uploads = false;
+  return best->host;
+}
+
+HostStaging::Block& HostStaging::block_of(const void* at, size_t bytes) {
+  const char* p = static_cast<const char*>(at);
+  for (Block& b : blocks_)
+    if (b.in_use && p >= b.host && p + bytes <= b.host + b.bytes) return b;
+  fail("HostStaging: {} bytes at {} are not inside an acquired block", bytes, at);
+}
+
+void HostStaging::release(void* block) {
+  Block& b = block_of(block, 0);
+  b.in_use = false;
+  if (!b.uploads) return;
+  if (!b.event) {
+    cudaEvent_t event = nullptr;
+    check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+    b.event = event;
+  }
+  // The kernels run on the legacy default stream, and so do the uploads (upload()).
+  check(cudaEventRecord(static_cast<cudaEvent_t>(b.event), cudaStreamLegacy),
+        "cudaEventRecord (communicator staging)");
+  b.pending = true;
+}
+
+void HostStaging::download(void* at, const void* src, Device src_device, size_t bytes) {
+  if (bytes == 0) return;
+  Block& b = block_of(at, bytes);
+  if (src_device == Device::CPU) {
+    std::memcpy(at, src, bytes);
+    return;
+  }
+  // An explicit direction: a host pointer labelled CUDA is an error here, not a host copy.
+  check(cudaMemcpyAsync(at, src, bytes, b.pinned ? cudaMemcpyDeviceToHost : cudaMemcpyDefault,
+                        cudaStreamLegacy),
+        "cudaMemcpyAsync (communicator staging, from the device)");
+  downloads_queued_ = true;
+}
+
+void HostStaging::wait_downloads() {
+  if (!downloads_queued_) return;
+  downloads_queued_ = false;
+  count_device_wait();
+  check(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize (communicator staging)");
+}
+
+void HostStaging::upload(void* dst, Device dst_device, const void* at, size_t bytes) {
+  if (bytes == 0) return;
+  Block& b = block_of(at, bytes);
+  if (dst_device == Device::CPU) {
+    std::memcpy(dst, at, bytes);
+    return;
+  }
+  check(cudaMemcpyAsync(dst, at, bytes, b.pinned ? cudaMemcpyHostToDevice : cudaMemcpyDefault,
+                        cudaStreamLegacy),
+        "cudaMemcpyAsync (communicator staging, to the device)");
+  b.uploads = true;
+}
+
+size_t HostStaging::held_bytes() const {
+  size_t total = 0;
+  for (const Block& b : blocks_) total += b.bytes;
+  return total;
 }
 
 StepReadback::~StepReadback() {

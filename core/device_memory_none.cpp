@@ -1,5 +1,6 @@
 // Device memory in builds without CUDA: there is no device, and nothing can be allocated
 // on one. Host-to-host copies still work.
+#include <algorithm>
 #include <cstring>
 
 #include "core/device_memory.h"
@@ -72,6 +73,10 @@ std::string cuda_device_description() {
   return "no CUDA device (CUDA not built)";
 }
 
+std::string cuda_device_pci_bus_id() {
+  return "";
+}
+
 void device_synchronize() {}
 
 void host_pin(void*, size_t) {}
@@ -113,6 +118,59 @@ void* StagedUpload::stage(size_t) {
 
 void StagedUpload::upload(void*) {
   no_cuda("upload to the device");
+}
+
+// Host memory only: every copy is a memcpy, and a device tensor cannot get here.
+HostStaging::~HostStaging() {
+  for (Block& b : blocks_) ::operator delete(b.host);
+}
+
+void* HostStaging::acquire(size_t bytes) {
+  Block* best = nullptr;
+  for (Block& b : blocks_)
+    if (!b.in_use && b.bytes >= bytes && (!best || b.bytes < best->bytes)) best = &b;
+  if (!best) {
+    Block b;
+    b.bytes = std::max<size_t>((bytes + 4095) / 4096 * 4096, size_t{64} << 10);
+    b.host = static_cast<char*>(::operator new(b.bytes));
+    blocks_.push_back(b);
+    best = &blocks_.back();
+  }
+  best->in_use = true;
+  return best->host;
+}
+
+HostStaging::Block& HostStaging::block_of(const void* at, size_t bytes) {
+  const char* p = static_cast<const char*>(at);
+  for (Block& b : blocks_)
+    if (b.in_use && p >= b.host && p + bytes <= b.host + b.bytes) return b;
+  fail("HostStaging: {} bytes at {} are not inside an acquired block", bytes, at);
+}
+
+void HostStaging::release(void* block) {
+  block_of(block, 0).in_use = false;
+}
+
+void HostStaging::download(void* at, const void* src, Device src_device, size_t bytes) {
+  if (bytes == 0) return;
+  block_of(at, bytes);
+  if (src_device != Device::CPU) no_cuda("communicator staging from the device");
+  std::memcpy(at, src, bytes);
+}
+
+void HostStaging::wait_downloads() {}
+
+void HostStaging::upload(void* dst, Device dst_device, const void* at, size_t bytes) {
+  if (bytes == 0) return;
+  block_of(at, bytes);
+  if (dst_device != Device::CPU) no_cuda("communicator staging to the device");
+  std::memcpy(dst, at, bytes);
+}
+
+size_t HostStaging::held_bytes() const {
+  size_t total = 0;
+  for (const Block& b : blocks_) total += b.bytes;
+  return total;
 }
 
 StepReadback::~StepReadback() = default;

@@ -9,6 +9,7 @@
 
 #include "core/cgroup.h"
 #include "core/device_memory.h"
+#include "parallel/backend_choice.h"
 #include "train/layout.h"
 
 namespace pentad::launch {
@@ -74,9 +75,10 @@ std::string set_compute_threads(int64_t threads, int ranks_on_node) {
 }
 
 parallel::Backend select_device(const Config& cfg) {
-  if (placement(cfg).device == Device::CPU) return parallel::Backend::MPI;
-  select_cuda_device(node_place().rank);
-  return parallel::Backend::NCCL;
+  const bool on_gpu = placement(cfg).device == Device::CUDA;
+  if (on_gpu) select_cuda_device(node_place().rank);
+  return parallel::select_backend(cfg.parallel.comm_backend, on_gpu,
+                                  on_gpu ? cuda_device_pci_bus_id() : "", MPI_COMM_WORLD);
 }
 
 parallel::Backend start_rank(const Config& cfg) {

@@ -49,9 +49,11 @@ NodePlace node_place();
 std::string set_compute_threads(int64_t threads, int ranks_on_node = 1);
 
 // For train.device = "cuda": makes this rank's GPU current (its local rank modulo the
-// visible devices) and returns the backend the mesh's communicators need, NCCL (host
-// tensors on them travel by MPI). MPI for the CPU. Throws pentad::Error when no GPU is
-// visible. Call before creating the mesh. Collective over MPI_COMM_WORLD for "cuda".
+// visible devices) and returns the backend the mesh's communicators need: NCCL (host
+// tensors on them travel by MPI), or the staged backend where two ranks share a GPU, NCCL
+// is not built or parallel.comm_backend asks for it (parallel/backend_choice.h). MPI for the
+// CPU unless parallel.comm_backend = "staged". Throws pentad::Error when no GPU is visible.
+// Call before creating the mesh. Collective over MPI_COMM_WORLD for "cuda".
 parallel::Backend select_device(const Config& cfg);
 
 // Both of the above for the recipe's train.threads and train.device, the ranks on this

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace pentad::parallel {
 
@@ -31,6 +32,9 @@ class WorkImpl {
 [[noreturn]] void fail_with_trace(const std::string& message);
 
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, std::string name);
+std::unique_ptr<Communicator> make_staged_communicator(MPI_Comm comm, std::string name);
+// The world ranks of comm's ranks, in its rank order. Collective-free.
+std::vector<int> world_ranks_of(MPI_Comm comm);
 // Defined by nccl_comm.cpp in builds with CUDA and NCCL, else by nccl_stub.cpp.
 std::unique_ptr<Communicator> make_nccl_communicator(MPI_Comm comm, std::string name);
 bool nccl_compiled();

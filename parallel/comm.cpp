@@ -24,11 +24,19 @@ const char* reduce_op_name(ReduceOp op) {
 }
 
 const char* backend_name(Backend backend) {
-  return backend == Backend::MPI ? "mpi" : "nccl";
+  switch (backend) {
+    case Backend::MPI:
+      return "mpi";
+    case Backend::NCCL:
+      return "nccl";
+    case Backend::Staged:
+      return "staged";
+  }
+  return "?";
 }
 
 bool backend_available(Backend backend) {
-  return backend == Backend::MPI || nccl_compiled();
+  return backend != Backend::NCCL || nccl_compiled();
 }
 
 void fail_with_trace(const std::string& message) {
@@ -112,7 +120,7 @@ Communicator::Communicator(std::string name, Backend backend)
 Communicator::~Communicator() = default;
 
 Device Communicator::device() const {
-  return backend_ == Backend::MPI ? Device::CPU : Device::CUDA;
+  return backend_ == Backend::NCCL ? Device::CUDA : Device::CPU;
 }
 
 void Communicator::set_host_companion(std::unique_ptr<Communicator> host) {
@@ -130,7 +138,7 @@ std::unique_ptr<WorkImpl> Communicator::post_host_barrier() {
 }
 
 void Communicator::check_tensor(const Tensor& t, const char* op, const char* what) const {
-  PENTAD_CHECK(t.device == device() || (host_ && t.device == Device::CPU),
+  PENTAD_CHECK(t.device == device() || (host_ && t.device == Device::CPU) || stages_everything(),
                "communicator '{}' {}: {} is on {} but the {} backend needs {} tensors", name_, op,
                what, device_name(t.device), backend_name(backend_), device_name(device()));
   PENTAD_CHECK(t.data != nullptr || t.numel() == 0,
@@ -193,7 +201,7 @@ Work Communicator::collective(CommKind kind, const Tensor& routed, bool reductio
 Work Communicator::all_reduce(Tensor buf, ReduceOp op, bool async) {
   check_tensor(buf, "all_reduce", "buf");
   if (ring_all_reduce_ && op == ReduceOp::Sum && buf.dtype == DType::F32 &&
-      buf.device == Device::CPU && size_ > 1) {
+      buf.device == Device::CPU && size_ > 1 && !stages_everything()) {
     TraceTicket ticket = enter_injected(CommKind::AllReduce, int64_t(buf.bytes()), -1);
     return finish(post_ring_all_reduce(buf), ticket, async);
   }
@@ -247,8 +255,9 @@ Work Communicator::reduce_scatter_v(Tensor out, const Tensor& in, std::span<cons
                "communicator '{}' reduce_scatter_v: in {} must hold the counts' sum {} and out {} "
                "at least this rank's {}",
                name_, in.shape.str(), total, out.shape.str(), counts[size_t(rank_)]);
+  // pentad's ring (ring_all_reduce.cpp); the staged backend runs it on its staging itself.
   if (op == ReduceOp::Sum && in.dtype == DType::F32 && in.device == Device::CPU &&
-      out.device == Device::CPU && size_ > 1) {  // pentad's ring (ring_all_reduce.cpp)
+      out.device == Device::CPU && size_ > 1 && !stages_everything()) {
     TraceTicket ticket = enter_injected(CommKind::ReduceScatter, int64_t(in.bytes()), -1);
     return finish(post_ring_reduce_scatter(out, in, counts), ticket, async);
   }
@@ -383,6 +392,20 @@ void Communicator::barrier() {
 
 // ---- the factory: the one place a backend is chosen ----
 
+std::vector<int> world_ranks_of(MPI_Comm comm) {
+  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  MPI_Comm_group(comm, &group);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  int size = 0;
+  MPI_Comm_size(comm, &size);
+  std::vector<int> local(static_cast<size_t>(size)), global(local.size());
+  for (size_t i = 0; i < local.size(); ++i) local[i] = int(i);
+  MPI_Group_translate_ranks(group, size, local.data(), world, global.data());
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  return global;
+}
+
 std::unique_ptr<Communicator> make_communicator(Backend backend, MPI_Comm comm, std::string name) {
   std::unique_ptr<Communicator> made;
   switch (backend) {
@@ -392,18 +415,12 @@ std::unique_ptr<Communicator> make_communicator(Backend backend, MPI_Comm comm, 
     case Backend::NCCL:
       made = make_nccl_communicator(comm, std::move(name));
       break;
+    case Backend::Staged:
+      made = make_staged_communicator(comm, std::move(name));
+      break;
   }
   PENTAD_CHECK(made != nullptr, "communicator '{}': unknown backend", name);
-  // Its members as world ranks, for the fault monitor's reports.
-  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
-  MPI_Comm_group(comm, &group);
-  MPI_Comm_group(MPI_COMM_WORLD, &world);
-  std::vector<int> local(static_cast<size_t>(made->size())), global(local.size());
-  for (size_t i = 0; i < local.size(); ++i) local[i] = int(i);
-  MPI_Group_translate_ranks(group, int(local.size()), local.data(), world, global.data());
-  MPI_Group_free(&group);
-  MPI_Group_free(&world);
-  made->set_trace_members(std::move(global));
+  made->set_trace_members(world_ranks_of(comm));  // for the fault monitor's reports
   if (made->backend() == Backend::MPI) {
     const SimulatedNodes nodes = simulated_nodes_from_env();
     made->set_simulated_nodes(nodes);

@@ -16,7 +16,10 @@
 // may be tested from that thread only. Tensors have no strides, so every tensor is
 // contiguous. Ranks are 0..size()-1 within the group.
 //
-// Host and device tensors. An MPI communicator takes host (CPU) tensors only. An NCCL
+// Host and device tensors. An MPI communicator takes host (CPU) tensors only. A staged
+// communicator (parallel/staged_comm.cpp) takes tensors of any device and moves them through
+// host memory with an MPI communicator's collectives: for several ranks on one GPU, or a
+// build without NCCL. An NCCL
 // communicator takes both: device tensors go to NCCL, host tensors (a loss sum in a
 // double, a flag) to an MPI companion over the same ranks in the same order, so callers
 // never pick a communicator by device. Both kinds share one sequence, one trace channel
@@ -61,7 +64,7 @@
 namespace pentad::parallel {
 
 enum class ReduceOp { Sum, Max, Min };
-enum class Backend { MPI, NCCL };
+enum class Backend { MPI, NCCL, Staged };
 const char* reduce_op_name(ReduceOp op);
 const char* backend_name(Backend backend);
 bool backend_available(Backend backend);  // NCCL: only in builds with CUDA and NCCL
@@ -141,7 +144,8 @@ class Communicator {
   int size() const { return size_; }
   const std::string& name() const { return name_; }
   Backend backend() const { return backend_; }
-  // The backend's own device: CPU for MPI, CUDA for NCCL (which takes host tensors too).
+  // The backend's own device: CPU for MPI, CUDA for NCCL (which takes host tensors too),
+  // CPU for staged (its memory is host memory; it takes tensors of every device).
   Device device() const;
 
   // In place: every rank ends with op over all ranks' buf.
@@ -246,6 +250,7 @@ class Communicator {
   // Whether sends may be queued: an injection on this rank, or nodes simulated.
   bool may_defer_sends() const { return injected_seconds(1) > 0 || sim_ring_crossings_ > 0; }
   friend class DeferredSend;
+  friend class StagedCommunicator;  // posts on its MPI communicator's hooks and rings
   friend class PumpingWork;
   friend class RingWork;
   std::unique_ptr<WorkImpl> post_ring_all_reduce(Tensor buf);  // ring_all_reduce.cpp
@@ -268,6 +273,8 @@ class Communicator {
   void check_same_device(const Tensor& out, const Tensor& in, const char* op) const;
   // The backend that moves t: the host companion for host tensors, if any, else this.
   Communicator& route(const Tensor& t) { return host_ && t.device == Device::CPU ? *host_ : *this; }
+  // The staged backend takes every device and runs pentad's rings itself, on its staging.
+  bool stages_everything() const { return backend_ == Backend::Staged; }
   std::vector<std::unique_ptr<WorkImpl>> post_p2p_routed(const std::vector<P2POp>& ops);
   void check_peer(int peer, int tag, const char* op) const;
   Work finish(std::unique_ptr<WorkImpl> impl, TraceTicket ticket, bool async);
@@ -290,7 +297,8 @@ class Communicator {
 
 // The factory: duplicates `comm` (the communicator owns its own MPI communicator, and for
 // NCCL bootstraps its ncclComm over it). Collective over `comm`. Asking for NCCL in a
-// build without it throws pentad::Error.
+// build without it throws pentad::Error; the staged backend exists in every build.
+// Which backend a job takes: parallel/backend_choice.h.
 std::unique_ptr<Communicator> make_communicator(Backend backend, MPI_Comm comm, std::string name);
 
 }  // namespace pentad::parallel

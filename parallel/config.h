@@ -49,6 +49,10 @@ struct ParallelConfig {  // [parallel]: the device mesh (see parallel/mesh.h)
   // most two 4 MiB slices of scratch a rank (parallel/ring_all_reduce.cpp); false: MPI's own
   // all-reduce, which names no peer and whose tree holds scratch copies on its inner ranks.
   bool ring_all_reduce = true;
+  // Communicator backend (parallel/backend_choice.h): "auto" (CPU: MPI; CUDA: NCCL, or the
+  // staged backend where two ranks share a GPU or NCCL is not built), "nccl", or "staged"
+  // (collectives through host memory; on the CPU, host tensors through its staging).
+  std::string comm_backend = "auto";
   bool sequence_parallel = false;     // shard norm/residual regions along the sequence over tp
   std::string order = "tp,cp,dp,pp";  // mesh axes, innermost (fastest links) first
   float bucket_mb = 4.0f;             // data-parallel gradient bucket size, MiB

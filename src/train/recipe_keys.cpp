@@ -271,6 +271,9 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(parallel, ring_all_reduce, any(),
                  "Data-parallel all-reduce (ZeRO 0, host memory) as pentad's ring, timed per "
                  "peer; false: MPI's own"),
+      PENTAD_KEY(parallel, comm_backend, one_of({"auto", "nccl", "staged"}),
+                 "Communicators: auto (CPU: MPI; CUDA: NCCL, staged where ranks share a GPU or "
+                 "NCCL is not built), nccl, or staged (through host memory)"),
       PENTAD_KEY(parallel, sequence_parallel, any(),
                  "Shard norm and residual regions along the sequence over the tp ranks"),
       PENTAD_KEY(parallel, order, any(), "Mesh axes, innermost (fastest links) first"),
