@@ -44,8 +44,11 @@ struct Layout {
 struct Manifest {
   int64_t step = 0;             // optimizer steps completed; training resumes at this step
   int64_t optimizer_steps = 0;  // AdamW's step counter (bias correction)
-  Layout layout;                // of the run that wrote it
-  std::string recipe_toml;      // the effective recipe
+  // Training samples consumed: where the data order continues (global sample index).
+  // -1: not recorded (older checkpoints, imported ones).
+  int64_t samples = -1;
+  Layout layout;            // of the run that wrote it
+  std::string recipe_toml;  // the effective recipe
   // Algorithm of every shard's checksum: "xxh3-64" (what pentad writes; format version 2)
   // or "crc32" (zlib's; version 1 checkpoints, still read).
   std::string checksum = "xxh3-64";

@@ -202,17 +202,17 @@ std::string manifest_json(const Manifest& m) {
   const Layout& l = m.layout;
   json layout{{"world", l.world}, {"tp", l.tp}, {"dp", l.dp},
               {"pp", l.pp},       {"cp", l.cp}, {"sequence_parallel", l.sequence_parallel}};
-  return json{{"format", "pentad-checkpoint"},
-              {"version", kFormatVersion},
-              {"checksum", m.checksum},
-              {"step", m.step},
-              {"optimizer_steps", m.optimizer_steps},
-              {"layout", std::move(layout)},
-              {"recipe", m.recipe_toml},
-              {"files", std::move(files)},
-              {"shards", std::move(shards)}}
-             .dump(1) +
-         "\n";
+  json j{{"format", "pentad-checkpoint"},
+         {"version", kFormatVersion},
+         {"checksum", m.checksum},
+         {"step", m.step},
+         {"optimizer_steps", m.optimizer_steps},
+         {"layout", std::move(layout)},
+         {"recipe", m.recipe_toml},
+         {"files", std::move(files)},
+         {"shards", std::move(shards)}};
+  if (m.samples >= 0) j["samples"] = m.samples;
+  return j.dump(1) + "\n";
 }
 
 Manifest parse_manifest(const std::string& path) {
@@ -224,6 +224,8 @@ Manifest parse_manifest(const std::string& path) {
     m.step = integer(j, "step");
     m.optimizer_steps = integer(j, "optimizer_steps");
     if (m.step < 0 || m.optimizer_steps < 0) fail("negative step");
+    m.samples = j.contains("samples") ? integer(j, "samples") : -1;
+    if (j.contains("samples") && m.samples < 0) fail("negative samples");
     const json& l = j.at("layout");
     m.layout.world = static_cast<int>(integer(l, "world"));
     m.layout.tp = static_cast<int>(integer(l, "tp"));

@@ -230,10 +230,10 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   train->add_option("-s,--set", sets, "Override a recipe key: section.key=value (repeatable)");
   train->add_option("overrides", extra, "More section.key=value overrides");
-  std::string dump_dir, grads_dir, comm_log, resume, trace;
+  std::string dump_dir, grads_dir, samples_dir, comm_log, resume, trace;
   train->add_option("--resume", resume,
-                    "Resume from 'latest' (newest valid checkpoint in train.ckpt_dir) or a "
-                    "checkpoint directory; any parallel layout");
+                    "Resume from 'latest' (newest valid checkpoint in train.ckpt_dir), a "
+                    "checkpoint directory, or a root of them (its newest); any parallel layout");
   train->add_option("--comm-log", comm_log,
                     "Write each rank's communication trace and step spans (rankN.json) here");
   train->add_option("--trace", trace,
@@ -243,6 +243,8 @@ int main(int argc, char** argv) {
                     "Developer: write the final parameter shards (.npy) to this directory");
   train->add_option("--dump-grads", grads_dir,
                     "Developer: write the first step's reduced gradient shards (.npy) here");
+  train->add_option("--dump-samples", samples_dir,
+                    "Developer: write the training samples each step read (dp<r>.jsonl) here");
 
   std::string ref_out, ref_checkpoint;
   int64_t ref_steps = 10;
@@ -444,6 +446,7 @@ int main(int argc, char** argv) {
             if (!resume.empty()) overrides.push_back("train.resume=" + resume);
             cfg = pentad::load_recipe(recipe, overrides);
             layout = pentad::mesh_config(cfg, mpi.size, &layout_note);
+            pentad::apply_global_batch(cfg, layout.dp);
           }))
         return status;
       if (const int status = on_every_rank(mpi, [&] { backend = pentad::launch::start_rank(cfg); }))
@@ -465,6 +468,7 @@ int main(int argc, char** argv) {
       try {
         trainer.emplace(cfg, &mesh);
         if (!grads_dir.empty()) trainer->dump_first_gradients(grads_dir);
+        if (!samples_dir.empty()) trainer->dump_sample_ids(samples_dir);
         trainer->run();
         monitor.finish(true);
         if (!dump_dir.empty()) trainer->dump_weights(dump_dir);

@@ -166,6 +166,15 @@ add_test(NAME checkpoint_resume
 set_tests_properties(checkpoint_resume PROPERTIES TIMEOUT 600 COST 100
   PASS_REGULAR_EXPRESSION "checkpoints resume exactly")
 
+# train.global_batch across a dp 4 -> 2 -> 3 reshard: every step reads one rank's samples,
+# each sample once (--dump-samples); the batch that changes without it said in one line;
+# --resume latest with nothing to resume, --resume of a root. About 15 s.
+add_test(NAME global_batch_resume
+  COMMAND ${PENTAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/global_batch_resume.py
+          $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml ${CMAKE_CURRENT_BINARY_DIR}/global-batch)
+set_tests_properties(global_batch_resume PROPERTIES TIMEOUT 300
+  PASS_REGULAR_EXPRESSION "every sample read exactly once across the reshards")
+
 # ZeRO's optimizer state offloaded to NVMe: bitwise the in-memory runs, under a memory limit
 # that refuses them, and bad offload paths refused by name.
 add_test(NAME zero_offload

@@ -18,6 +18,10 @@ struct TrainConfig {  // [train]
   int64_t micro_batch = 4;  // sequences per micro-batch (per data-parallel rank)
   int64_t seq_len = 64;
   int64_t grad_accum = 1;  // micro-batches per optimizer step
+  // Sequences per optimizer step, kept under any layout (Megatron's and torchtitan's
+  // global batch): when > 0, grad_accum follows from it (global_batch / (micro_batch x dp),
+  // apply_global_batch in train/layout.h); 0: micro_batch x grad_accum x dp.
+  int64_t global_batch = 0;
   uint64_t seed = 1234;
   int64_t eval_every = 50;  // 0 disables eval
   int64_t eval_batches = 4;
@@ -42,7 +46,8 @@ struct TrainConfig {  // [train]
   // Checkpoints (checkpoint/): every save_every steps (0: never) into ckpt_dir (empty:
   // <out_dir>/checkpoints), keeping the newest keep_last; async_save copies the state in
   // the background while the next step computes. resume: "" (start fresh), "latest" (the
-  // newest valid checkpoint in ckpt_dir, falling back past corrupt ones) or a checkpoint path.
+  // newest valid checkpoint in ckpt_dir, falling back past corrupt ones), a checkpoint path,
+  // or a root that holds checkpoints (its newest valid one, as init_from takes).
   // A checkpoint of another model (model.* keys, data.tokenizer) is refused, never loaded.
   int64_t save_every = 0;
   std::string ckpt_dir;

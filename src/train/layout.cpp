@@ -32,6 +32,20 @@ parallel::pp::ScheduleSpec schedule_spec(const Config& cfg) {
   return spec;
 }
 
+void apply_global_batch(Config& cfg, int dp) {
+  TrainConfig& t = cfg.train;
+  if (t.global_batch <= 0) return;
+  const int64_t round = t.micro_batch * dp;  // sequences of one micro-batch on every dp rank
+  if (t.global_batch % round != 0)
+    fail(
+        "train.global_batch = {} is not a multiple of train.micro_batch ({}) x dp ({}) = {}: "
+        "set train.global_batch to a multiple of {} (e.g. {}), or change train.micro_batch or "
+        "the data-parallel degree (parallel.dp, the ranks started)",
+        t.global_batch, t.micro_batch, dp, round, round,
+        std::max<int64_t>(1, t.global_batch / round) * round);
+  t.grad_accum = t.global_batch / round;
+}
+
 int tp_shape_d2(const Config& cfg) {
   const ParallelConfig& p = cfg.parallel;
   if (p.tp_shape.empty()) {
@@ -128,7 +142,9 @@ parallel::MeshConfig mesh_config(const Config& cfg, int world_size, std::string*
            : "the data-parallel ranks, which gather each layer's parameters together,",
         (cfg.train.eval_batches + mesh.dp - 1) / mesh.dp * mesh.dp);
   if (p.pp > 1 || p.virtual_stages > 1 || !p.pp_layout.empty()) {
-    parallel::pp::check_schedule(schedule_spec(cfg));
+    Config resolved = cfg;  // the schedule runs the micro-batches train.global_batch implies
+    apply_global_batch(resolved, mesh.dp);
+    parallel::pp::check_schedule(schedule_spec(resolved));
     parallel::pp::chunk_layers(cfg.model.n_layer, int(p.pp), int(p.virtual_stages), p.pp_layout);
   }
   parallel::check_layout(mesh, cfg.model.d_model, cfg.model.n_head, cfg.model.n_kv_head,

@@ -22,6 +22,11 @@ int tp_shape_d2(const Config& cfg);
 // parallel.topology and picks the shape (choose_tp_shape); `note` then says which and why.
 parallel::MeshConfig mesh_config(const Config& cfg, int world_size, std::string* note = nullptr);
 
+// train.global_batch, when set, on `dp` data-parallel ranks: sets train.grad_accum to
+// global_batch / (micro_batch x dp), so that every layout takes the same sequences a step.
+// Refuses (pentad::Error naming the keys) a layout that does not divide it. Idempotent.
+void apply_global_batch(Config& cfg, int dp);
+
 // The pipeline schedule a recipe asks for (parallel.pp_schedule over train.grad_accum).
 parallel::pp::ScheduleSpec schedule_spec(const Config& cfg);
 

@@ -139,6 +139,9 @@ const std::vector<Key>& key_table() {
                  "Tokens per training sequence; at most model.max_seq_len"),
       PENTAD_KEY(train, grad_accum, at_least(1),
                  "Micro-batches per optimizer step (the pipeline's micro-batches when pp > 1)"),
+      PENTAD_KEY(train, global_batch, at_least(0),
+                 "Sequences per step under any layout: grad_accum = global_batch / (micro_batch "
+                 "x dp); 0: micro_batch x grad_accum x dp"),
       PENTAD_KEY(train, seed, at_least(0), "Seed of the weight initialization and the data order"),
       PENTAD_KEY(train, eval_every, at_least(0),
                  "Evaluate on validation data every N steps and at the last; 0: never"),
@@ -182,8 +185,8 @@ const std::vector<Key>& key_table() {
                  "Snapshot and write checkpoints in the background while training goes on; false: "
                  "training waits"),
       PENTAD_KEY(train, resume, any(),
-                 "\"\": start fresh; \"latest\": the newest valid checkpoint in ckpt_dir; or a "
-                 "checkpoint path"),
+                 "\"\": start fresh; \"latest\": the newest valid checkpoint in ckpt_dir; a "
+                 "checkpoint, or a root of them (its newest)"),
       PENTAD_KEY(train, init_from, any(),
                  "Fine-tuning: weights only from a checkpoint directory or root; the optimizer "
                  "starts at step 0"),

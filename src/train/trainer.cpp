@@ -96,7 +96,10 @@ bool host_adamw_forced() {
 
 }  // namespace
 
-Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mesh) {
+Trainer::Trainer(const Config& recipe, parallel::Mesh* mesh) : cfg_(recipe), mesh_(mesh) {
+  // Callers that built the mesh have applied it already (launch/main.cpp); tests may not.
+  apply_global_batch(cfg_, mesh_ ? mesh_->degree(parallel::Axis::DP) : 1);
+  const Config& cfg = cfg_;
   const TrainConfig& t = cfg.train;
   if (mesh_) {
     world_rank_ = mesh_->world_rank();
@@ -175,31 +178,6 @@ Trainer::Trainer(const Config& cfg, parallel::Mesh* mesh) : cfg_(cfg), mesh_(mes
   prepare_snapshots();
   inputs_.resize(static_cast<size_t>(t.micro_batch * t.seq_len));
   targets_.resize(inputs_.size());
-}
-
-void Trainer::fetch_batch(int64_t step, int64_t micro, std::vector<int32_t>& inputs,
-                          std::vector<int32_t>& targets) const {
-  const TrainConfig& t = cfg_.train;
-  // The global batch of a step is a contiguous range of the sampler's order; micro-batch m
-  // of data-parallel rank r takes slice m * dp + r. One rank reads the same range in the
-  // same order, so the data never depends on the layout.
-  const int64_t global_batch = t.micro_batch * t.grad_accum * dp_size_;
-  inputs.resize(static_cast<size_t>(t.micro_batch * t.seq_len));
-  targets.resize(inputs.size());
-  data_->train_samples(step * global_batch + (micro * dp_size_ + dp_rank_) * t.micro_batch,
-                       t.micro_batch, inputs.data(), targets.data());
-  keep_local_tokens(inputs);
-  keep_local_tokens(targets);
-}
-
-void Trainer::keep_local_tokens(std::vector<int32_t>& ids) const {
-  if (cp_positions_.empty()) return;
-  // In place: position p[j] >= j, so every read is at or after the rows written so far.
-  const int64_t T = cfg_.train.seq_len, t = int64_t(cp_positions_.size());
-  for (int64_t b = 0; b < cfg_.train.micro_batch; ++b)
-    for (int64_t j = 0; j < t; ++j)
-      ids[size_t(b * t + j)] = ids[size_t(b * T + cp_positions_[size_t(j)])];
-  ids.resize(size_t(cfg_.train.micro_batch * t));
 }
 
 StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_backward) {
@@ -443,6 +421,7 @@ void Trainer::run() {
     if (eval && ((step + 1) % t.eval_every == 0 || step + 1 == last)) report_eval(step, evaluate());
     if (sampler && (step + 1) % t.sample_every == 0) sampler->print(*model_, step + 1);
   }
+  if (!samples_dir_.empty()) write_sample_ids();
   // Blocked time while training; the last snapshot's flush at exit is reported apart.
   const double blocked = checkpoint_blocked_seconds();
   commit_pending(true);

@@ -5,12 +5,14 @@
 // itself (threads, device) is set up before, by launch/rank.h.
 // trainer.cpp: construction, train_step, evaluate, run; reports.cpp: what it prints and
 // writes; trainer_checkpoint.cpp: saving, resuming, restoring.
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <fstream>
 #include <functional>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <vector>
 
@@ -74,9 +76,20 @@ class Trainer {
   int64_t zero_buffers_made() const;
   const AdamW& optimizer() const { return *optimizer_; }
   // This rank's micro-batch `micro` of step `step`: (b, t) inputs and targets (t: this
-  // rank's tokens of each sequence under context parallelism).
+  // rank's tokens of each sequence under context parallelism). train/trainer_data.cpp.
   void fetch_batch(int64_t step, int64_t micro, std::vector<int32_t>& inputs,
                    std::vector<int32_t>& targets) const;
+  // Sequences a step takes: micro_batch x grad_accum x dp (train.global_batch when set).
+  int64_t global_batch() const;
+  // The training order's index of step `step`'s first sample: the steps since the data
+  // origin (step 0, or the resumed checkpoint's step and samples) times the global batch.
+  int64_t first_sample(int64_t step) const {
+    return data_samples_ + (step - data_step_) * global_batch();
+  }
+  // run() then writes, for each step, the training order's indices of the samples this
+  // data-parallel replica read (<dir>/dp<r>.jsonl, by the replica's first rank), for the
+  // resharding tests, which check that every sample is read exactly once.
+  void dump_sample_ids(std::string dir) { samples_dir_ = std::move(dir); }
   // (b, seq_len) ids cut down to (b, t): the tokens at this rank's cp positions.
   void keep_local_tokens(std::vector<int32_t>& ids) const;
   parallel::pp::Pipeline* pipeline() { return pipeline_.get(); }
@@ -198,6 +211,11 @@ class Trainer {
   // False (and a warning) if the checkpoint is unusable (corrupt, truncated, missing).
   // with_optimizer = false loads the parameters only and starts the optimizer afresh.
   bool load(const std::string& dir, bool with_optimizer);
+  // After a resume from the checkpoint at dir: the data order continues at the sample it
+  // recorded (older ones: at its step times its run's global batch), and a global batch
+  // other than the checkpoint's is said in one line.
+  void continue_data_order(const ckpt::Manifest& manifest, const std::string& dir);
+  void write_sample_ids() const;  // dump_sample_ids()
   // A commit in flight: the step, each level's file error agreed by the ranks (empty: every
   // file written), and on rank 0 its thread's outcome: each level's commit error and what
   // retention retired.
@@ -322,8 +340,13 @@ class Trainer {
   double commit_seconds_ = 0;    // in commit_pending(), less the saver's waits
   double blocked_reported_ = 0;  // checkpoint_blocked_seconds() at the last report_step()
   int64_t saves_ = 0;
-  std::vector<int64_t> failed_saves_;  // per checkpoint level: failures in a row
-  int64_t start_step_ = 0;             // first step run() trains (after a resume)
+  std::vector<int64_t> failed_saves_;         // per checkpoint level: failures in a row
+  int64_t start_step_ = 0;                    // first step run() trains (after a resume)
+  int64_t data_step_ = 0, data_samples_ = 0;  // the data origin: first_sample(data_step_)
+  std::string samples_dir_;                   // dump_sample_ids()
+  // What fetch_batch() read, while samples_dir_ is set: (step, first sample, count).
+  mutable std::mutex samples_read_mu_;
+  mutable std::vector<std::array<int64_t, 3>> samples_read_;
   bool started_ = false;
   std::string dump_grads_dir_;  // dump_first_gradients()
   void dump_shards(const std::string& dir, bool grads) const;

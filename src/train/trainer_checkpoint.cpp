@@ -319,8 +319,10 @@ void Trainer::check_checkpoint_roots() const {
 bool Trainer::load(const std::string& dir, bool with_optimizer) {
   std::string error;
   int64_t step = 0, optimizer_steps = 0;
+  ckpt::Manifest manifest;
   try {
     ckpt::Reader reader(dir);
+    manifest = reader.manifest();
     step = reader.manifest().step;
     optimizer_steps = reader.manifest().optimizer_steps;
     ParamStore& p = model_->params();
@@ -363,10 +365,25 @@ bool Trainer::load(const std::string& dir, bool with_optimizer) {
   }
   start_step_ = step;
   optimizer_->set_steps_taken(optimizer_steps);
+  if (with_optimizer) continue_data_order(manifest, dir);
   return true;
 }
 
 int64_t Trainer::resume(const std::string& which) {
+  // A root that holds checkpoints (no manifest.json of its own), as train.init_from takes:
+  // its newest that loads, falling back past corrupt ones.
+  if (which != "latest" && !std::filesystem::exists(which + "/manifest.json"))
+    if (const std::vector<std::string> dirs = ckpt::committed_checkpoints(which); !dirs.empty()) {
+      for (const std::string& dir : dirs) {
+        check_same_model(dir, "resume from", true);
+        if (load(dir, true)) {
+          spdlog::info("resumed from {} at step {}", dir, start_step_);
+          return start_step_;
+        }
+        spdlog::warn("falling back to the checkpoint before {}", dir);
+      }
+      fail("--resume {}: no checkpoint there loads (see the warnings above)", which);
+    }
   if (which != "latest") {
     check_same_model(which, "resume from", true);
     if (!load(which, true)) fail("cannot resume from {} (see the warning above)", which);
@@ -396,12 +413,19 @@ int64_t Trainer::resume(const std::string& which) {
         "no checkpoint in {} loads (see the warnings above); refusing to start from step 0 "
         "and write over them: move them away, or set train.ckpt_dir to another directory",
         fmt::join(checkpoint_roots(), " or "));
-  spdlog::info("no checkpoint in {} yet: starting from step 0",
+  // Said as a warning: a mistyped train.ckpt_dir would otherwise retrain from scratch
+  // unnoticed. Under `pentad launch` a restart before the first save lands here too.
+  spdlog::warn("--resume latest: no checkpoint found in {}: training starts from step 0",
                fmt::join(checkpoint_roots(), " or "));
   return 0;
 }
 
 void Trainer::init_from(const std::string& path) {
+  if (path == "latest")  // --resume's word for this run's own ckpt_dir, which a new run
+                         // (init_from starts one) would refuse to save beside
+    fail(
+        "train.init_from = latest: init_from takes a checkpoint directory or a root of them; "
+        "to continue this run's checkpoints use --resume latest");
   // A checkpoint directory holds a manifest; a root holds checkpoint directories.
   const bool one = std::filesystem::exists(path + "/manifest.json");
   std::vector<std::string> dirs =

@@ -74,6 +74,7 @@ void Trainer::start_commit(bool block) {
     ckpt::Manifest m;
     m.step = job.step;
     m.optimizer_steps = pending_optimizer_steps_;
+    m.samples = first_sample(job.step);
     const parallel::MeshConfig* mc = mesh_ ? &mesh_->config() : nullptr;
     m.layout = ckpt::Layout{mesh_ ? mesh_->world_size() : 1,
                             mc ? mc->tp : 1,
