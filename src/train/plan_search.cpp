@@ -274,9 +274,20 @@ PlanSearch search_layouts(const Config& recipe, int ranks,
     }
   };
 
+  // A fixed degree may not divide the ranks the degrees before it leave (tp=8 leaves 96 of
+  // 768 ranks; cp = 96 of them leaves 1, which pp=2 cannot split): that branch has no layout.
+  auto leaves_no_layout = [&](int64_t left, int64_t degree, const char* name) {
+    if (left % degree == 0) return false;
+    if (first_refusal.empty())
+      first_refusal = fmt::format("{} rank{} left for {}={}, which it does not divide", left,
+                                  left == 1 ? "" : "s", name, degree);
+    return true;
+  };
   for (int64_t tp : picks("tp", layout_divisors(ranks)))
-    for (int64_t cp : picks("cp", layout_divisors(ranks / tp)))
+    for (int64_t cp : picks("cp", layout_divisors(ranks / tp))) {
+      if (leaves_no_layout(ranks / tp, cp, "cp")) continue;
       for (int64_t pp : picks("pp", layout_divisors(ranks / tp / cp))) {
+        if (leaves_no_layout(ranks / tp / cp, pp, "pp")) continue;
         const int64_t dp = ranks / tp / cp / pp;
         if (fixed.count("dp") && layout_integer(fixed, "dp") != dp) continue;
         if (global % dp != 0) continue;                       // the global batch must split over dp
@@ -284,8 +295,13 @@ PlanSearch search_layouts(const Config& recipe, int ranks,
         if (fixed.count("tp_shape")) {
           const std::string& sh = fixed.at("tp_shape");
           long long a = 0, b = 0;
-          if (sh.empty() || std::sscanf(sh.c_str(), "%lldx%lld", &a, &b) != 2 || a * b != tp)
-            fail("--layout tp_shape={}: not \"d1xd2\" with d1 x d2 = tp ({})", sh, tp);
+          if (sh.empty() || std::sscanf(sh.c_str(), "%lldx%lld", &a, &b) != 2 || a < 1 || b < 1)
+            fail("--layout tp_shape={}: not \"d1xd2\" with positive d1 and d2", sh);
+          if (a * b != tp) {  // the shape fixes tp at d1 x d2: another tp has no layout
+            if (first_refusal.empty())
+              first_refusal = fmt::format("tp_shape={} needs tp = {}", sh, a * b);
+            continue;
+          }
           shapes.push_back({b, "row"});
         } else {
           for (int64_t d2 : layout_divisors(tp)) shapes.push_back({d2, "row"});
@@ -399,6 +415,7 @@ PlanSearch search_layouts(const Config& recipe, int ranks,
                 }
         }
       }
+    }
   if (plan.rows.empty()) {
     if (plan.considered == plan.refused)
       fail("no layout of {} ranks passes the recipe's checks{}; one refusal: {}", ranks,

@@ -265,6 +265,66 @@ TEST(Plan, Refusals) {
   expect_error([] { Calibration::read("/nonexistent/calibration.json"); }, "--calibrate");
 }
 
+// Every --layout field alone and in pairs, on a small dense recipe and a MoE one: each search
+// ends with layouts or with one line (an Error), never a signal. Before the fix a fixed pp with
+// dp free divided by zero (cp took every rank tp left, and dp became 0).
+TEST(Plan, EveryLayoutFieldAloneAndInPairsEndsInLayoutsOrOneLine) {
+  // 4 ranks (the search is widest where only one field is fixed: 8 took 30 s) and one value
+  // a field, chosen to leave little room: cp=2 after tp=2 leaves one rank of 4, which pp=2
+  // cannot split (the case that divided by zero).
+  const std::vector<std::pair<std::string, std::vector<std::string>>> fields = {
+      {"tp", {"2"}},           {"tp_shape", {"2x2"}},  {"tp_order", {"column"}},
+      {"tp_chunks", {"2"}},    {"sp", {"true"}},       {"cp", {"2"}},
+      {"cp_impl", {"hybrid"}}, {"cp_ulysses", {"2"}},  {"pp", {"2"}},
+      {"schedule", {"kfkb"}},  {"vp", {"2"}},          {"pp_group", {"4"}},
+      {"dp", {"2"}},           {"mb", {"3"}},          {"ga", {"4"}},
+      {"ep", {"2"}},           {"etp", {"2"}},         {"zero", {"3"}},
+      {"offload", {"cpu"}},    {"recompute", {"true"}}};
+  std::vector<std::string> specs;
+  for (size_t i = 0; i < fields.size(); ++i)
+    for (const std::string& a : fields[i].second) {
+      specs.push_back(fields[i].first + "=" + a);
+      for (size_t j = i + 1; j < fields.size(); ++j)
+        for (const std::string& b : fields[j].second)
+          specs.push_back(fields[i].first + "=" + a + "," + fields[j].first + "=" + b);
+    }
+  const Config dense = gpt({"parallel.dp=4"});
+  const Config moe =
+      gpt({"parallel.dp=4", "model.moe_layers=\"all\"", "model.n_experts=4", "model.top_k=2"});
+  const parallel::Topology topo = parallel::uniform_cluster(1, 4, 450, 3e-6, 450, 3e-6);
+  int searched = 0, refused = 0;
+  for (const Config* cfg : {&dense, &moe})
+    for (const std::string& spec : specs) {
+      try {
+        const PlanSearch plan = search_layouts(*cfg, 4, parse_layout(spec, 4), 80e9, h100(), topo);
+        EXPECT_FALSE(plan.rows.empty()) << spec;
+        ++searched;
+      } catch (const Error& e) {
+        EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << spec << ": " << e.what();
+        ++refused;
+      }
+    }
+  EXPECT_GT(searched, refused);  // most pairs leave layouts: the sweep searched, not only parsed
+}
+
+// The README's 70B example, pp fixed with dp free: the layouts with cp = all of tp's 96 ranks
+// leave none for pp and are skipped.
+TEST(Plan, FixedPipelineWithFreeDataParallelOnTheSeventyBillionRecipe) {
+  Config cfg = parse_recipe(
+      "[model]\nfamily = \"gpt2\"\nn_layer = 84\nd_model = 8192\nn_head = 64\n"
+      "vocab_size = 131072\nmax_seq_len = 4096\ntie_embeddings = false\n[train]\n"
+      "device = \"cuda\"\nprecision = \"bf16\"\nseq_len = 4096\nmicro_batch = 1\n"
+      "grad_accum = 8\neval_every = 0\n[parallel]\ntp = 8\npp = 2\ndp = 48\n",
+      "gpt-70b.toml", {});
+  const Machine m = cluster_preset("dgx-h100", 768).machine;
+  const parallel::Topology topo = parallel::uniform_cluster(96, 8, 450, 3e-6, 50, 5e-6);
+  const PlanSearch plan = search_layouts(
+      cfg, 768, parse_layout("tp=8,pp=2,sp=true,zero=1,recompute=false", 768), 80e9, m, topo);
+  ASSERT_FALSE(plan.rows.empty());
+  for (const PlanRow& row : plan.rows)
+    EXPECT_EQ(row.layout.pp * row.layout.tp * row.layout.cp * row.layout.dp, 768);
+}
+
 // A kernel table of a 2-core machine, one and two threads.
 Calibration two_cores() {
   Calibration c;
