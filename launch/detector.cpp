@@ -44,6 +44,9 @@ int Detector::message(const nlohmann::json& msg, double now, std::string* error)
     r.out_dir = msg.value("out_dir", "");
     r.resume_step = msg.value("resume_step", int64_t{0});
     r.step = r.resume_step;
+    if (msg.contains("ckpt_dirs") && msg["ckpt_dirs"].is_array())
+      for (const auto& dir : msg["ckpt_dirs"])
+        if (dir.is_string()) r.ckpt_dirs.push_back(dir.get<std::string>());
   } else if (type == "started") {  // the step training starts from, after any resume
     r.resume_step = msg.value("resume_step", int64_t{0});
     r.step = std::max(r.step, r.resume_step);
@@ -93,6 +96,10 @@ int Detector::message(const nlohmann::json& msg, double now, std::string* error)
   } else if (type == "bye") {
     r.bye = msg.value("status", "error");
     r.bye_message = msg.value("message", "");
+    if (msg.contains("cause") && msg["cause"].is_object()) {
+      r.cause_kind = msg["cause"].value("kind", "");
+      r.cause_path = msg["cause"].value("path", "");
+    }
   } else {
     *error = fmt::format("rank {}: unknown message type \"{}\"", rank, type);
     return -1;

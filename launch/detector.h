@@ -44,7 +44,9 @@ struct RankState {
   double closed_at = 0;
   std::string bye;  // "", "done", "error", "refused" or "terminated"
   std::string bye_message;
-  double last_heard_at = 0;  // hello or last beat
+  std::string cause_kind, cause_path;  // the bye's cause, launch/monitor.h (may be empty)
+  std::vector<std::string> ckpt_dirs;  // the hello's: train.ckpt_dir's, then the mirror's
+  double last_heard_at = 0;            // hello or last beat
   std::string phase = "other";
   int64_t step = 0, ckpt_step = -1;
   std::optional<Wait> wait;

@@ -12,6 +12,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "parallel/activity.h"
@@ -71,12 +72,13 @@ std::string attempt() {
 }  // namespace
 
 Monitor::Monitor(int world_rank, int world_size, std::string out_dir, int beat_ms,
-                 MonitorLayout layout)
+                 MonitorLayout layout, std::vector<std::string> ckpt_dirs)
     : rank_(world_rank),
       world_(world_size),
       out_dir_(std::move(out_dir)),
       beat_ms_(beat_ms),
-      layout_(layout) {
+      layout_(layout),
+      ckpt_dirs_(std::move(ckpt_dirs)) {
   const char* address = std::getenv("PENTAD_MONITOR");
   if (!address || !*address) return;
   std::string why;
@@ -107,18 +109,18 @@ Monitor::~Monitor() {
   if (fd_ >= 0) close(fd_);
 }
 
-void Monitor::finish(bool ok, const std::string& message, bool refused) {
+void Monitor::finish(bool ok, const std::string& message, bool refused, const ByeCause& cause) {
   if (fd_ < 0 || said_bye_.exchange(true)) return;
   stop_ = true;
   if (thread_.joinable()) thread_.join();  // the last beat goes before the bye
-  send_line(nlohmann::json{
-      {"type", "bye"},
-      {"rank", rank_},
-      {"status", ok        ? "done"
-                 : refused ? "refused"
-                           : "error"},
-      {"message",
-       message}}.dump());
+  nlohmann::json bye{{"type", "bye"},
+                     {"rank", rank_},
+                     {"status", ok        ? "done"
+                                : refused ? "refused"
+                                          : "error"},
+                     {"message", message}};
+  if (!cause.kind.empty()) bye["cause"] = {{"kind", cause.kind}, {"path", cause.path}};
+  send_line(bye.dump());
 }
 
 bool Monitor::send_line(const std::string& line) {
@@ -155,6 +157,14 @@ void Monitor::run() {
                          {"etp", layout_.etp},
                          {"micro_batch", layout_.micro_batch},
                          {"grad_accum", layout_.grad_accum}}}};
+  // Absolute: the supervisor checks them from its own working directory.
+  nlohmann::json dirs = nlohmann::json::array();
+  for (const std::string& dir : ckpt_dirs_) {
+    std::error_code ec;
+    const std::filesystem::path absolute = std::filesystem::absolute(dir, ec);
+    dirs.push_back(ec ? dir : absolute.lexically_normal().string());
+  }
+  hello["ckpt_dirs"] = std::move(dirs);
   if (!send_line(hello.dump())) return;
   bool started = false;
   // Once stopping, one more round: the last step (and "started", for a run shorter than a

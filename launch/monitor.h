@@ -2,15 +2,18 @@
 // The in-rank side of `pentad launch`'s fault detection: a thread that streams this rank's
 // activity (parallel/activity.h) to the supervisor over TCP, newline-delimited JSON:
 //   {"type":"hello","rank","world","pid","host","out_dir","attempt","resume_step":-1,
-//    "layout":{"dp","tp","cp","pp","ep","etp","micro_batch","grad_accum"}}  at once;
+//    "layout":{"dp","tp","cp","pp","ep","etp","micro_batch","grad_accum"},
+//    "ckpt_dirs":[absolute paths: train.ckpt_dir's, then the mirror's]}  at once;
 //   {"type":"started","rank","resume_step"}  when training starts (after any resume);
 //   {"type":"beat","rank","t","step","phase","step_seconds","wait_seconds","ckpt_step",
 //     "recent":[[step, seconds, wait seconds, compute CPU seconds], ...],
 //     "wait":{"comm","kind","seq","since_s","members"}}  every beat_ms (wait: only while
 //     blocked in a collective; recent: the last 16 steps);
-//   {"type":"bye","rank","status":"done"|"error"|"refused"|"terminated","message"}  at the
-//     end (refused: an error before the first step, which a restart would meet again;
-//     terminated: SIGTERM, from mpirun ending the job after another rank died).
+//   {"type":"bye","rank","status":"done"|"error"|"refused"|"terminated","message",
+//    "cause":{"kind","path"}}  at the end (refused: an error before the first step, which a
+//     restart would meet again; terminated: SIGTERM, from mpirun ending the job after
+//     another rank died; cause, with some errors: what the supervisor can check before it
+//     restarts, launch/store_check.h).
 // The beats come from their own thread, so a rank that computes keeps beating, a rank
 // blocked in a collective says which, and a stopped or dead one goes silent: that, against
 // the others' waits, is what the supervisor (launch/supervisor.h) decides from.
@@ -20,6 +23,7 @@
 #include <cstdint>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace pentad::launch {
 
@@ -29,15 +33,22 @@ struct MonitorLayout {
   int64_t micro_batch = 0, grad_accum = 1;
 };
 
+// An error's cause that the supervisor can check: kind "checkpoint_save", saves that failed
+// at the checkpoint directory `path` (a full or missing file system).
+struct ByeCause {
+  std::string kind, path;
+};
+
 class Monitor {
  public:
   Monitor(int world_rank, int world_size, std::string out_dir, int beat_ms = 100,
-          MonitorLayout layout = {});
+          MonitorLayout layout = {}, std::vector<std::string> ckpt_dirs = {});
   ~Monitor();  // stops the thread; says bye "error" unless finish() said otherwise
   Monitor(const Monitor&) = delete;
   Monitor& operator=(const Monitor&) = delete;
   // The bye: "done" when ok, else "error", or "refused" for an error before the first step.
-  void finish(bool ok, const std::string& message = "", bool refused = false);
+  void finish(bool ok, const std::string& message = "", bool refused = false,
+              const ByeCause& cause = {});
   bool connected() const { return fd_ >= 0; }
 
  private:
@@ -48,6 +59,7 @@ class Monitor {
   std::string out_dir_;
   int beat_ms_ = 100;
   MonitorLayout layout_;
+  std::vector<std::string> ckpt_dirs_;
   int fd_ = -1;
   std::atomic<bool> stop_{false};
   std::atomic<bool> said_bye_{false};

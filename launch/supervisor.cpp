@@ -12,13 +12,17 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <set>
+#include <thread>
 
 #include "core/check.h"
 #include "launch/detector.h"
 #include "launch/exclude.h"
 #include "launch/job.h"
 #include "launch/monitor_server.h"
+#include "launch/restart_policy.h"
+#include "launch/store_check.h"
 
 namespace pentad::launch {
 
@@ -29,6 +33,8 @@ using nlohmann::json;
 // How long a local rank's process may be gone, its connection still open and no bye read,
 // before it counts as dead: time for its last messages and end of connection to arrive.
 constexpr double kGoneGrace = 0.5;
+// While it waits for a checkpoint directory to clear, a line this often.
+constexpr double kNoteSeconds = 10.0;
 
 constexpr const char* kUsage =
     R"(Usage: pentad launch [options] -- LAUNCHER... pentad train RECIPE [args]
@@ -38,7 +44,15 @@ of their own communication, has the ranks dump their communication traces, ends 
 and restarts it with --resume latest.
 
 Options:
-  --max-restarts N     restarts before giving up (default 3)
+  --max-restarts N     restarts in a row before giving up (default 3): a restarted job that
+                       trains 3 steps past the furthest step of the failed attempts clears
+                       them, and the count starts again
+  --backoff-s S        restarts in a row for the same cause wait 0, S, 2S, 4S, ... seconds,
+                       each x a factor from 0.75 to 1.25 (default 2)
+  --backoff-max-s S    ... at most S seconds (x that factor) (default 60)
+  --storage-wait-s S   before a restart, wait up to S seconds for a checkpoint directory
+                       to clear: one gone (an unmounted share), or one whose saves failed
+                       without room there for a save; then give up saying which (default 30)
   --restart-on-slow    also restart on a slow rank or link (default: report only)
   --port P             monitor port, 0 = any free one (default 0)
   --hang-factor K      a wait longer than K x the median step time is a hang (default 5)
@@ -47,6 +61,8 @@ Options:
   --events PATH        event log (default: <out_dir>/events.jsonl, out_dir from the ranks)
   --exclude-culprit    restart with one data-parallel replica fewer after a fault with a
                        culprit (launch/exclude.h; on one machine: fewer ranks)
+
+Every wait is in the event log ("wait" when it starts, "waited" when it ends).
 )";
 
 volatile std::sig_atomic_t g_stop_signal = 0;
@@ -129,7 +145,8 @@ class Supervisor {
         server_(o_.port),
         events_(o_.events_path),
         monitor_(monitor_host() + ":" + std::to_string(server_.port())),
-        start_(std::chrono::steady_clock::now()) {}
+        start_(std::chrono::steady_clock::now()),
+        policy_({o_.max_restarts, o_.backoff_s, o_.backoff_max_s, 0.25}, std::random_device{}()) {}
 
   int run();
 
@@ -139,7 +156,14 @@ class Supervisor {
   std::vector<std::string> without_a_replica(const std::vector<std::string>& command);
   void handle_line(int conn, const std::string& line, Detector& detector);
   void report(const Detection& d, const Detector& detector);
-  void end_job(Job& job, const Detector& detector);
+  void end_job(Job& job, Detector& detector);
+  std::optional<int> wait_to_restart(const RestartPolicy::Decision& decision,
+                                     const std::string& cause, const Detector& detector,
+                                     int64_t ckpt_step);
+  void sleep_a_tick() {
+    server_.poll(
+        0.1, [](int, const std::string&) {}, [](int) {});
+  }
   double now() const {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   }
@@ -165,6 +189,8 @@ class Supervisor {
   json layout_;                       // the mesh degrees and batch the ranks reported (hello)
   int world_ = 0;
   bool warned_unreadable_ = false;
+  RestartPolicy policy_;
+  bool committed_before_ = false;  // some attempt reported a checkpoint committed (ckpt_step)
 
   // From a fault to the restarted job's first progress.
   struct Recovery {
@@ -189,6 +215,14 @@ std::optional<std::string> refusal(int status, const Detector& detector) {
   return std::nullopt;
 }
 
+// What a fault's restarts back off by: its class and culprit, and the cause a rank named.
+std::string cause_of(const Detection& fault, const Detector& detector) {
+  std::string cause = fault.cls + ", " + culprit_words(fault.culprit);
+  for (const auto& [rank, r] : detector.ranks())
+    if (!r.cause_kind.empty()) return cause + ", " + r.cause_kind + " " + r.cause_path;
+  return cause;
+}
+
 int Supervisor::run() {
   say(fmt::format("monitor at {}; job: {}", monitor_, fmt::join(o_.command, " ")));
   std::vector<std::string> command = o_.command;
@@ -205,11 +239,12 @@ int Supervisor::run() {
     if (end == End::kDone) return exit_with(0, restarts);
     if (end == End::kRefused) {
       // The same recipe, files and layout would be refused again: no restart, no exclusion.
+      // The job is ended first, so that the decision is the last line.
+      end_job(job, detector);
       event({{"event", "refused"}, {"reason", fault.reason}});
       say("the job was refused before its first step" +
           (fault.reason.empty() ? std::string(" (its ranks printed why)") : ": " + fault.reason) +
           "; not restarting");
-      end_job(job, detector);
       return exit_with(2, restarts);
     }
     if (end == End::kStopped) {
@@ -217,17 +252,8 @@ int Supervisor::run() {
       end_job(job, detector);
       return exit_with(128 + g_stop_signal, restarts);
     }
-    end_job(job, detector);
+    end_job(job, detector);  // the ranks' beats meanwhile say how far they got
     if (detector.median_step_seconds() > 0) prior_step_seconds = detector.median_step_seconds();
-    if (restarts >= o_.max_restarts) {
-      event({{"event", "action"},
-             {"action", "give_up"},
-             {"seconds", 0.0},
-             {"failures", restarts + 1}});
-      say(fmt::format("the job failed {} times, more than --max-restarts {}; giving up ({})",
-                      restarts + 1, o_.max_restarts, events_.where()));
-      return exit_with(1, restarts);
-    }
     Recovery recovery{fault.detected_at, 0, -1, std::nullopt, 0};
     bool any = false;
     for (const auto& [rank, r] : detector.ranks()) {
@@ -235,15 +261,134 @@ int Supervisor::run() {
       recovery.ckpt_step = any ? std::min(recovery.ckpt_step, r.ckpt_step) : r.ckpt_step;
       any = true;
     }
+    const std::string cause = cause_of(fault, detector);
+    const RestartPolicy::Decision decision = policy_.failed(cause, recovery.last_step);
+    if (decision.give_up) {
+      event({{"event", "action"},
+             {"action", "give_up"},
+             {"seconds", 0.0},
+             {"failures", decision.in_a_row},
+             {"past_step", decision.past_step}});
+      say(fmt::format(
+          "the job failed {} times in a row, more than --max-restarts {} (no attempt got {} "
+          "steps past step {}); giving up ({})",
+          decision.in_a_row, o_.max_restarts, RestartPolicy::kClearSteps, decision.past_step,
+          events_.where()));
+      return exit_with(1, restarts);
+    }
+    if (const std::optional<int> status =
+            wait_to_restart(decision, cause, detector, recovery.ckpt_step))
+      return exit_with(*status, restarts);
     recovery_ = recovery;
     command = with_resume_latest(command);
     if (o_.exclude_culprit && !fault.culprit.empty()) command = without_a_replica(command);
     ++attempt_;
     const double seconds = now() - fault.detected_at;
-    event({{"event", "action"}, {"action", "restart"}, {"seconds", seconds}, {"command", command}});
-    say(fmt::format("action: restart as attempt {} ({:.2f} s after the detection): {}", attempt_,
-                    seconds, fmt::join(command, " ")));
+    event({{"event", "action"},
+           {"action", "restart"},
+           {"seconds", seconds},
+           {"command", command},
+           {"cause", cause},
+           {"in_a_row", decision.in_a_row}});
+    say(fmt::format(
+        "action: restart as attempt {} ({:.2f} s after the detection; failure {} in "
+        "a row of at most {}): {}",
+        attempt_, seconds, decision.in_a_row, o_.max_restarts + 1, fmt::join(command, " ")));
   }
+}
+
+// The backoff, then until every checkpoint directory the restart needs allows it (checked
+// where this machine sees it: with ranks of its own). Returns the exit status when the
+// supervisor gives up instead (a directory that did not clear, a stop signal).
+std::optional<int> Supervisor::wait_to_restart(const RestartPolicy::Decision& decision,
+                                               const std::string& cause, const Detector& detector,
+                                               int64_t ckpt_step) {
+  std::vector<std::string> dirs;  // train.ckpt_dir's, then the mirror's
+  std::string failed_at;          // where the ranks' saves failed
+  for (const auto& [rank, r] : detector.ranks()) {
+    if (!local_ranks_.count(rank)) continue;
+    if (dirs.empty()) dirs = r.ckpt_dirs;
+    if (r.cause_kind == "checkpoint_save" && failed_at.empty()) failed_at = r.cause_path;
+  }
+  if (ckpt_step >= 0) committed_before_ = true;
+  auto blocked = [&]() -> StoreCheck {
+    if (!dirs.empty()) {
+      StoreCheck c = check_store(dirs[0], {ckpt_step, committed_before_, failed_at == dirs[0]});
+      if (!c.blocked.empty()) return c;
+    }
+    if (!failed_at.empty() && (dirs.empty() || failed_at != dirs[0]))
+      return check_store(failed_at, {-1, false, true});
+    return {};
+  };
+  const double start = now(), backoff_until = start + decision.wait_s;
+  if (decision.wait_s > 0) {
+    event({{"event", "wait"},
+           {"why", "backoff"},
+           {"seconds", decision.wait_s},
+           {"same_cause", decision.same_cause},
+           {"cause", cause}});
+    say(
+        fmt::format("waiting {:.1f} s before restarting (restart {} in a row for {}; "
+                    "--backoff-s {}, --backoff-max-s {})",
+                    decision.wait_s, decision.same_cause, cause, o_.backoff_s, o_.backoff_max_s));
+  }
+  std::string waiting_for;  // the storage wait under way, if any
+  double next_note = 0;
+  for (;;) {
+    if (g_stop_signal) {
+      say(fmt::format("signal {}: not restarting", int(g_stop_signal)));
+      return 128 + g_stop_signal;
+    }
+    const StoreCheck c = blocked();
+    if (c.blocked.empty() && now() >= backoff_until) break;
+    if (!c.blocked.empty()) {
+      if (waiting_for.empty()) {
+        waiting_for = c.blocked;
+        event({{"event", "wait"},
+               {"why", c.blocked},
+               {"what", c.words},
+               {"free_bytes", c.free_bytes},
+               {"needed_bytes", c.needed_bytes},
+               {"timeout_s", o_.storage_wait_s}});
+        say(fmt::format("waiting for {} before restarting (up to --storage-wait-s {})", c.words,
+                        o_.storage_wait_s));
+        next_note = now() + kNoteSeconds;
+      } else if (now() >= next_note) {
+        say(fmt::format("still waiting, {:.0f} s: {}", now() - start, c.words));
+        next_note += kNoteSeconds;
+      }
+      if (now() - start >= o_.storage_wait_s) {
+        event({{"event", "waited"},
+               {"why", c.blocked},
+               {"seconds", now() - start},
+               {"cleared", false}});
+        event({{"event", "action"},
+               {"action", "give_up"},
+               {"seconds", 0.0},
+               {"why", c.blocked},
+               {"what", c.words},
+               {"mount_point", c.mount_point},
+               {"free_bytes", c.free_bytes},
+               {"needed_bytes", c.needed_bytes}});
+        say(fmt::format("giving up after waiting {:.0f} s: {}; {} ({})", now() - start, c.words,
+                        c.blocked == "checkpoint_space"
+                            ? "free space there or point train.ckpt_dir / train.ckpt_mirror "
+                              "elsewhere, then run again with --resume latest"
+                            : "mount it again, then run again with --resume latest",
+                        events_.where()));
+        return 1;
+      }
+    }
+    sleep_a_tick();
+  }
+  if (decision.wait_s > 0 || !waiting_for.empty())
+    event({{"event", "waited"},
+           {"why", waiting_for.empty() ? "backoff" : waiting_for},
+           {"seconds", now() - start},
+           {"cleared", true}});
+  if (!waiting_for.empty())
+    say(fmt::format("the checkpoint directory cleared after {:.1f} s", now() - start));
+  return std::nullopt;
 }
 
 Supervisor::End Supervisor::run_attempt(Job& job, Detector& detector, Detection* fault) {
@@ -348,17 +493,25 @@ void Supervisor::handle_line(int conn, const std::string& line, Detector& detect
   if (recovery_ && recovery_->hello_at && recovery_->resume_step >= 0 &&
       msg.value("type", "") == "beat" && r.step > recovery_->resume_step) {
     const double seconds = now() - recovery_->detected_at;
+    // The steps trained again: from the step resumed at to the furthest step any rank had
+    // finished before the job was ended (its beats up to the kill, end_job()).
+    const int64_t redone = std::max<int64_t>(0, recovery_->last_step - recovery_->resume_step);
     event({{"event", "resumed"},
            {"resume_step", recovery_->resume_step},
            {"ckpt_step", recovery_->ckpt_step},
-           // From beats (10 a second): a lower bound when steps are shorter than a beat.
-           {"steps_lost", std::max<int64_t>(0, recovery_->last_step - recovery_->resume_step)},
+           {"reached_step", recovery_->last_step},
+           {"steps_lost", redone},
            {"seconds_to_hello", *recovery_->hello_at - recovery_->detected_at},
            {"seconds_to_resume", seconds}});
-    say(fmt::format("resumed at step {} ({} steps lost), {:.2f} s after the detection",
-                    recovery_->resume_step,
-                    std::max<int64_t>(0, recovery_->last_step - recovery_->resume_step), seconds));
+    say(
+        fmt::format("resumed at step {} ({} steps redone: step {} was reached before the fault), "
+                    "{:.2f} s after the detection",
+                    recovery_->resume_step, redone, recovery_->last_step, seconds));
     recovery_.reset();
+  }
+  if (msg.value("type", "") == "beat" && policy_.progressed(r.step)) {
+    event({{"event", "cleared"}, {"step", r.step}});
+    say(fmt::format("step {} reached: the failures in a row are cleared", r.step));
   }
 }
 
@@ -398,7 +551,7 @@ void Supervisor::report(const Detection& d, const Detector& detector) {
 
 // Dump, then kill: the ranks on this machine write their communication traces on SIGUSR1
 // (the evidence of what hung), then the whole job ends.
-void Supervisor::end_job(Job& job, const Detector& detector) {
+void Supervisor::end_job(Job& job, Detector& detector) {
   std::vector<pid_t> pids;
   for (int rank : local_ranks_) {
     const RankState& r = detector.ranks().at(rank);
@@ -411,11 +564,19 @@ void Supervisor::end_job(Job& job, const Detector& detector) {
     if (!r.closed && process_alive(pid_t(r.pid)) && ::kill(pid_t(r.pid), SIGUSR1) == 0)
       dumped.push_back(rank);
   }
-  // Keep reading meanwhile, so that no rank blocks on a full socket while it dumps.
+  // Keep reading meanwhile, so that no rank blocks on a full socket while it dumps, and so
+  // that the steps the ranks finished (their beats, a few a step when steps are short) are
+  // known to the end: the steps a restart redoes.
   if (!dumped.empty())
     while (now() < dump_at + 0.5)
       server_.poll(
-          0.05, [](int, const std::string&) {}, [](int) {});
+          0.05, [&](int conn, const std::string& line) { handle_line(conn, line, detector); },
+          [&](int conn) {
+            auto it = conn_rank_.find(conn);
+            if (it == conn_rank_.end()) return;
+            detector.vanished(it->second, now());
+            conn_rank_.erase(it);
+          });
   event({{"event", "action"}, {"action", "dump"}, {"seconds", now() - dump_at}, {"ranks", dumped}});
   say(fmt::format("action: dump (SIGUSR1 to {} local ranks), {:.2f} s", dumped.size(),
                   now() - dump_at));
@@ -454,6 +615,12 @@ LaunchOptions parse_launch_options(int argc, char** argv) {
     };
     if (arg == "--max-restarts")
       o.max_restarts = int(number(arg, value(), 0, 1000));
+    else if (arg == "--backoff-s")
+      o.backoff_s = number(arg, value(), 0, 3600);
+    else if (arg == "--backoff-max-s")
+      o.backoff_max_s = number(arg, value(), 0, 86400);
+    else if (arg == "--storage-wait-s")
+      o.storage_wait_s = number(arg, value(), 0, 86400);
     else if (arg == "--port")
       o.port = int(number(arg, value(), 0, 65535));
     else if (arg == "--hang-factor")

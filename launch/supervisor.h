@@ -7,13 +7,18 @@
 // on a TCP port and starts the command with PENTAD_MONITOR=<host>:<port> and
 // PENTAD_LAUNCH_ATTEMPT=<n> in its environment. Each rank connects and sends
 // newline-delimited JSON, rank -> supervisor only:
-//   {"type":"hello","rank","world","pid","host","out_dir","attempt","resume_step"}  once
+//   {"type":"hello","rank","world","pid","host","out_dir","attempt","resume_step",
+//    "ckpt_dirs"}  once
 //   {"type":"beat","rank","t","step","phase":"compute"|"wait"|"other","step_seconds",
 //    "wait_seconds","ckpt_step","wait":{"comm","kind","seq","since_s","members"}}  every 100 ms
 //     ("wait" only in phase wait; "p2p":[[peer, send_s_per_mb, recv_s_per_mb],...] optional,
 //     the rank's row of the link matrix, parallel/activity.h)
-//   {"type":"bye","rank","status":"done"|"error","message"}  at the end
+//   {"type":"bye","rank","status":"done"|"error","message","cause"}  at the end
 // Events go to stdout, one line each, and as JSON objects to events.jsonl.
+//
+// Before a restart it waits: backing off when the same cause comes back (restart_policy.h),
+// and until the checkpoint directories allow a restart (store_check.h: one gone, or full
+// where the saves failed), up to --storage-wait-s, saying so every kNoteSeconds.
 #include <string>
 #include <vector>
 
@@ -21,6 +26,8 @@ namespace pentad::launch {
 
 struct LaunchOptions {
   int max_restarts = 3;
+  double backoff_s = 2.0, backoff_max_s = 60.0;  // restart_policy.h's first_s and cap_s
+  double storage_wait_s = 30.0;                  // for a checkpoint directory to clear
   bool exclude_culprit = false;
   bool restart_on_slow = false;
   int port = 0;

@@ -3,13 +3,18 @@
 
 It forks N fake ranks that speak the monitor protocol of launch/supervisor.h to
 PENTAD_MONITOR: a hello, a beat every 100 ms from a thread of their own, a bye. Each step
-computes ~0.1 s (a sleep) and ends in a shared collective (a barrier) that every rank enters,
-reported as phase "wait" on comm "dp", seq = the step. Every 10 steps rank 0 commits a
-"checkpoint" (out/fake-ckpt); `--resume latest` starts from it, as pentad train would.
+computes ~0.1 s (a sleep; --compute-s) and ends in a shared collective (a barrier) that every
+rank enters, reported as phase "wait" on comm "dp", seq = the step. Every 10 steps rank 0
+commits a "checkpoint" (out/fake-ckpt, and out/ckpt/step-<8 digits>/manifest.json, the
+directory the hello names as its ckpt_dirs); `--resume latest` starts from it, as pentad
+train would.
 
 Scenarios (on attempt >= 1 the job runs clean unless --every-attempt):
   clean:N         N steps, then bye "done"
   kill:R:S        rank R exits abruptly at step S; the others block in the collective
+  killafter:R:K   rank R exits abruptly K steps after the step it resumed from (every attempt)
+  lose:R:S        as kill, but first rank R renames out/ckpt away (an unmounted share) to
+                  out/ckpt.away, which the test puts back
   hang:R:S        rank R stops stepping at step S but keeps beating in phase compute
   commhang:R:S    rank R enters another collective (comm "tp") at step S and stays there
   stop:R:S        rank R SIGSTOPs itself at step S (silent, connection open)
@@ -60,7 +65,8 @@ def rank_main(rank, args, barrier, finished, attempt, resume_step, misbehave):
     signal.signal(signal.SIGUSR1, on_dump)
     send({"type": "hello", "rank": rank, "world": args.ranks, "pid": os.getpid(),
           "host": socket.gethostname(), "out_dir": args.out, "attempt": attempt,
-          "resume_step": resume_step})
+          "resume_step": resume_step,
+          "ckpt_dirs": [os.path.abspath(os.path.join(args.out, "ckpt"))]})
 
     def beats():
         while True:
@@ -104,11 +110,15 @@ def rank_main(rank, args, barrier, finished, attempt, resume_step, misbehave):
         with state_lock:
             state["phase"] = "compute"
         bad_step = misbehave and rank == a and step == b
-        if kind == "kill" and bad_step:
+        if kind == "lose" and bad_step:
+            os.rename(os.path.join(args.out, "ckpt"), os.path.join(args.out, "ckpt.away"))
+        if kind in ("kill", "lose") and bad_step:
+            os._exit(1)
+        if kind == "killafter" and rank == a and step == resume_step + b:
             os._exit(1)
         if kind == "stop" and bad_step:
             os.kill(os.getpid(), signal.SIGSTOP)
-        compute = COMPUTE_S + random.uniform(0, 0.03)
+        compute = args.compute_s * (1 + random.uniform(0, 0.3))
         if kind == "slow" and rank == a:
             compute *= b
         time.sleep(compute)
@@ -135,6 +145,10 @@ def rank_main(rank, args, barrier, finished, attempt, resume_step, misbehave):
             with open(tmp, "w") as f:
                 f.write(str(step + 1))
             os.replace(tmp, os.path.join(args.out, "fake-ckpt"))
+            step_dir = os.path.join(args.out, "ckpt", f"step-{step + 1:08d}")
+            os.makedirs(step_dir, exist_ok=True)
+            with open(os.path.join(step_dir, "manifest.json"), "w") as f:
+                f.write("{}")
     if args.late_steps:  # every step at once, just before the bye, after the job's exit
         barrier.wait()
         if rank == 0:
@@ -160,6 +174,7 @@ def main():
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--out", default="runs/fake")
     p.add_argument("--every-attempt", action="store_true")
+    p.add_argument("--compute-s", type=float, default=COMPUTE_S, help="seconds a step computes")
     p.add_argument("--resume", default="")
     p.add_argument("--late-steps", action="store_true",
                    help="beats carry no progress; the last one, before the bye, every step")
@@ -172,7 +187,7 @@ def main():
     misbehave = None
     if kind == "clean":
         args.steps = numbers[0] if numbers else args.steps
-    elif attempt == 0 or args.every_attempt:
+    elif attempt == 0 or args.every_attempt or kind == "killafter":
         misbehave = (kind, numbers[0], numbers[1])
     resume_step = 0
     if args.resume == "latest" and os.path.exists(os.path.join(args.out, "fake-ckpt")):

@@ -3,9 +3,14 @@
 the right class and culprit within the latency bound, the ranks are asked for their traces,
 the job is ended and restarted from its checkpoint, and events.jsonl records all of it; a
 clean run sees no detection, nor does one whose rank's process is gone before its bye is
-read; a job that fails every time is given up after --max-restarts.
+read; a job that fails every time is given up after --max-restarts, its restarts backing off
+with each wait in the log, while one whose fault comes back only after progress is never given
+up; the steps a restart redoes are counted from the ranks' last beats; a checkpoint directory
+gone at the fault is waited for before the restart (and given up on, by name, after
+--storage-wait-s); a refused job's decision is its last line.
 
-usage: supervisor_test.py PENTAD WORK_DIR
+usage: supervisor_test.py PENTAD WORK_DIR [CHECK...]  (CHECK: one function's name, e.g.
+steps_redone; all of them by default)
 """
 import json
 import os
@@ -128,12 +133,82 @@ def link_slow():
 
 
 def give_up():
-    p, events, out = launch("give-up", "kill:0:3", ["--max-restarts", "1"], ["--every-attempt"])
-    words = "the job failed 2 times, more than --max-restarts 1; giving up (events in "
+    """The same fault at every start: restarts back off (0, then 0.4 s x 0.75-1.25), each wait
+    in the log, and the job is given up after --max-restarts."""
+    p, events, out = launch("give-up", "kill:0:3", ["--max-restarts", "2", "--backoff-s", "0.4"],
+                            ["--every-attempt"])
+    words = ("the job failed 3 times in a row, more than --max-restarts 2 (no attempt got 3 "
+             "steps past step 3); giving up (events in ")
     check(p.returncode == 1 and words in p.stdout, f"give-up: exit {p.returncode}\n{p.stdout}")
-    check(len(of(events, "detection")) == 2 and of(events, "action", "give_up") and
+    check(len(of(events, "detection")) == 3 and of(events, "action", "give_up") and
           events[-1]["event"] == "exit" and events[-1]["status"] == 1,
           f"give-up: events {events}")
+    waits = [e for e in events if e["event"] == "wait"]
+    waited = [e for e in events if e["event"] == "waited"]
+    restarts = of(events, "action", "restart")
+    check(len(waits) == 1 and waits[0]["why"] == "backoff" and waits[0]["same_cause"] == 2 and
+          0.3 <= waits[0]["seconds"] <= 0.5 and len(waited) == 1 and
+          waited[0]["seconds"] >= waits[0]["seconds"] and waited[0]["cleared"] and
+          [r["in_a_row"] for r in restarts] == [1, 2],
+          f"give-up: the first restart at once, the second after a backoff: {events}")
+
+
+def cleared():
+    """A fault that comes back on every attempt, but only after the job got past where it
+    failed before, never uses up --max-restarts 1: each such run clears the count."""
+    p, events, _ = launch("cleared", "killafter:1:15", ["--max-restarts", "1"],
+                          ["--steps", "50", "--compute-s", "0.01"])
+    check(p.returncode == 0 and events[-1]["restarts"] == 4 and
+          len([e for e in events if e["event"] == "cleared"]) == 3 and
+          not [e for e in events if e["event"] == "wait"],
+          f"cleared: exit {p.returncode}, events {events}\n{p.stdout}")
+
+
+def steps_redone():
+    """Steps shorter than a beat: the steps redone are those the ranks had finished when the
+    job was ended (rank 1 killed at step 27, the others blocked after it) less the step
+    resumed from (20), not what the last beat before the detection said."""
+    p, events, _ = launch("redone", "kill:1:27",
+                          fake_options=["--compute-s", "0.004", "--steps", "80"])
+    res = of(events, "resumed")
+    check(p.returncode == 0 and len(res) == 1 and res[0]["resume_step"] == 20 and
+          res[0]["reached_step"] == 27 and res[0]["steps_lost"] == 7 and
+          "resumed at step 20 (7 steps redone: step 27 was reached" in p.stdout,
+          f"steps redone: exit {p.returncode}, resumed {res}\n{p.stdout}")
+
+
+def lost_directory():
+    """The checkpoint directory vanishes with the fault (an unmounted share): the supervisor
+    waits for it, saying so, and restarts once it is back; never back: it gives up by name."""
+    out = os.path.abspath(os.path.join(WORK, "lost"))
+
+    def put_back():  # 2.5 s after it went
+        away = os.path.join(out, "ckpt.away")
+        until = time.monotonic() + 60
+        while not os.path.exists(away) and time.monotonic() < until:
+            time.sleep(0.05)
+        time.sleep(2.5)
+        os.rename(away, os.path.join(out, "ckpt"))
+
+    with ThreadPoolExecutor(max_workers=1) as helper:
+        back = helper.submit(put_back)
+        p, events, _ = launch("lost", "lose:2:14")
+        back.result()
+    waits = [e for e in events if e["event"] == "wait"]
+    waited = [e for e in events if e["event"] == "waited"]
+    res = of(events, "resumed")
+    check(p.returncode == 0 and len(waits) == 1 and waits[0]["why"] == "checkpoint_dir" and
+          len(waited) == 1 and waited[0]["cleared"] and waited[0]["seconds"] > 1.0 and
+          len(res) == 1 and res[0]["resume_step"] == 10 and
+          f"waiting for the checkpoint directory {out}/ckpt is gone" in p.stdout,
+          f"lost directory: exit {p.returncode}, events {events}\n{p.stdout}")
+    p, events, _ = launch("lost-for-good", "lose:2:14", ["--storage-wait-s", "1"])
+    line = [l for l in p.stdout.splitlines() if "giving up after waiting" in l]
+    gone = os.path.abspath(os.path.join(WORK, "lost-for-good", "ckpt")) + " is gone"
+    check(p.returncode == 1 and len(line) == 1 and gone in line[0]
+          and not of(events, "action", "restart") and
+          [e["cleared"] for e in events if e["event"] == "waited"] == [False],
+          f"lost for good: exit {p.returncode}, events {events}\n{p.stdout}")
 
 
 def stopped_by_signal():
@@ -160,11 +235,18 @@ def refused_jobs():
         check(p.returncode == 2 and words in p.stdout and "not restarting" in p.stdout
               and not of(events, "action", "restart") and not of(events, "action", "exclude"),
               f"{name}: exit {p.returncode}\n{p.stdout}\nevents {events}")
+        # The decision comes after the actions that end the job, not before them.
+        lines = [l for l in p.stdout.splitlines() if l.startswith("pentad launch")]
+        check("not restarting" in lines[-1] and
+              (not events or events[-2]["event"] == "refused"),
+              f"{name}: the decision is the last line\n{p.stdout}")
 
 
 def refusals():
     cases = [(["launch"], "put its command after --"),
              (["launch", "--max-restarts", "x", "--", "true"], "--max-restarts takes a number"),
+             (["launch", "--backoff-s", "-1", "--", "true"], "--backoff-s takes a number"),
+             (["launch", "--storage-wait-s", "x", "--", "true"], "--storage-wait-s takes a"),
              (["launch", "--", "/no/such/launcher"], "cannot run '/no/such/launcher'")]
     for args, words in cases:
         p = subprocess.run([PENTAD, *args], capture_output=True, text=True, timeout=30)
@@ -172,6 +254,11 @@ def refusals():
 
 
 os.makedirs(WORK, exist_ok=True)
+if sys.argv[3:]:
+    for name in sys.argv[3:]:
+        globals()[name]()
+    print(f"{len(failures)} supervisor checks failed" if failures else "those checks passed")
+    sys.exit(1 if failures else 0)
 refusals()
 with ThreadPoolExecutor(max_workers=4) as pool:
     jobs = {"dead": pool.submit(recovered, "dead", "kill:1:12", "dead", 1, DEAD_BOUND_S),
@@ -183,7 +270,8 @@ with ThreadPoolExecutor(max_workers=4) as pool:
                                              3, HANG_BOUND_S),
             "non-comm slow": pool.submit(slow)}
     others = [pool.submit(f) for f in (clean, give_up, slow_restarts, slow_seen_at_the_end,
-                                       link_slow, stopped_by_signal, last_word, refused_jobs)]
+                                       link_slow, stopped_by_signal, last_word, refused_jobs,
+                                       cleared, steps_redone, lost_directory)]
     latencies = {k: f.result() for k, f in jobs.items()}
     for f in others:
         f.result()
