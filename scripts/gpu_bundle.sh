@@ -33,7 +33,9 @@ grep -q "pentad: CUDA backend ON" "$build.configure.log" ||
   { echo "gpu_bundle: CMake did not enable the CUDA backend" >&2; exit 1; }
 grep -q "pentad: NCCL backend ON" "$build.configure.log" ||
   { echo "gpu_bundle: CMake found no NCCL: nccl_comm_test would be missing" >&2; exit 1; }
-targets=(pentad pentad_gpu_kernels_bench cuda_kernels_test cuda_train_test nccl_comm_test device_checkpoint_test)
+gpu_tests=(cuda_kernels_test cuda_train_test nccl_comm_test device_checkpoint_test
+  cuda_zero_test cuda_moe_test cuda_layout_test)  # the last three: multi-rank (gpu_multi)
+targets=(pentad pentad_gpu_kernels_bench "${gpu_tests[@]}")
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
 
 stage=$(mktemp -d /tmp/pentad-gpu-bundle.XXXXXX)
@@ -48,7 +50,9 @@ mkdir -p "$root/bin" "$root/lib" "$root/build" "$ompi_plugins" "$root/ompi/share
 
 # ---- binaries ----
 for t in pentad pentad_gpu_kernels_bench; do cp "$build/$t" "$root/bin/"; done
-for t in cuda_kernels_test cuda_train_test nccl_comm_test device_checkpoint_test; do cp "$build/tests/cuda/$t" "$root/bin/"; done
+for t in "${gpu_tests[@]}"; do cp "$build/tests/cuda/$t" "$root/bin/"; done
+# Open MPI's launcher, for the multi-rank tests (every rank on this machine: no orted).
+cp -L "$(command -v orterun)" "$root/bin/orterun"
 strip --strip-unneeded "$root"/bin/*
 
 # ---- shared libraries ----
@@ -75,6 +79,9 @@ add_deps() {  # add_deps FILE...: copy what each needs (ldd lists the whole clos
   done
 }
 add_deps "$root"/bin/*
+# PMIx (its libraries through the plugin that wires mpirun's ranks to it), so that the
+# plugin passes the filter below.
+add_deps "$ompi_sys"/openmpi3/mca_pmix_ext3x.so
 
 # Open MPI's plugins: those whose libraries are all bundled or system ones (the ones for
 # InfiniBand, UCX, libfabric, PSM, external PMIx and OpenSHMEM are left out; a one-rank
@@ -95,7 +102,7 @@ if ((${#missing[@]})); then
 fi
 # Open MPI's settings for the bundle (read through OPAL_SYSCONFDIR, set by env.sh).
 cat >"$root/ompi/etc/openmpi-mca-params.conf" <<'EOF'
-# pentad GPU bundle: one-rank singletons, shared memory and self only.
+# pentad GPU bundle: singletons and mpirun's ranks on this machine, shared memory and self only.
 btl = self,vader
 pml = ob1
 btl_base_warn_component_unused = 0
@@ -119,10 +126,12 @@ export OPAL_PREFIX=$PENTAD_GPU_ROOT/ompi
 export OPAL_SYSCONFDIR=$PENTAD_GPU_ROOT/ompi/etc
 export OMPI_MCA_ess_singleton_isolated=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# mpirun starts every rank on this machine itself (no ssh, no orted), as many as asked for.
+export OMPI_MCA_plm=isolated OMPI_MCA_rmaps_base_oversubscribe=1
 export HWLOC_PLUGINS_PATH=$PENTAD_GPU_ROOT/hwloc-plugins
 unset cuda_libs fallback
 EOF
-for t in pentad pentad_gpu_kernels_bench cuda_kernels_test cuda_train_test nccl_comm_test device_checkpoint_test; do
+for t in pentad pentad_gpu_kernels_bench orterun "${gpu_tests[@]}"; do
   cat >"$root/build/$t" <<EOF
 #!/bin/sh
 # Runs the bundled $t with the bundle's libraries (scripts/gpu_bundle.sh).

@@ -2,7 +2,7 @@
 # Runs pentad's GPU checks on a GPU machine that cannot build pentad (no Debian packages, no
 # network), from the bundle that scripts/gpu_bundle.sh wrote into .gpu/ on the development
 # machine. With the device tool: run(carry [".gpu"], command "bash scripts/gpu_run.sh $OUT").
-#   bash scripts/gpu_run.sh OUT_DIR [test|bench|all]
+#   bash scripts/gpu_run.sh OUT_DIR [test|bench|all|multi]
 #     test (default): the GPU suite. Runs cuda_kernels_test, cuda_train_test,
 #       nccl_comm_test (a one-rank MPI singleton) and device_checkpoint_test side by side, each writing
 #       OUT_DIR/gpu_tests/NAME.log and NAME.xml. Fails when a program failed, ran no test, or
@@ -11,6 +11,12 @@
 #       OUT_DIR/logs/). When .llmc/ holds llm.c's sources (bench/RESULTS.md) and is carried
 #       too, builds llm.c's train_gpt2cu first and benchmarks it beside pentad.
 #     all: test, then bench in the time left (one call of the device tool: 10 minutes).
+#     multi: the multi-rank suite (ctest's label gpu_multi) with the bundle's mpirun, every
+#       rank on this machine, one run at a time: the staged communicator's collectives and
+#       stream ordering on device tensors (nccl_comm_test, 2 and 4 ranks), the parallel
+#       layouts against one rank (cuda_layout_test, 2, 4 and 8 ranks), ZeRO and MoE against
+#       the CPU (2 ranks). With fewer GPUs than ranks (one GPU: all of them) the ranks share
+#       them through the staged communicator. OUT_DIR/gpu_multi/NAME.log for each run.
 # Also writes OUT_DIR/gpu_run_env.txt: the machine, the bundle, the CUDA libraries found.
 # Environment: PENTAD_GPU_UNPACK (where to unpack; default /tmp/pentad-gpu-run),
 # PENTAD_GPU_CUDA_LIBS (folders holding libcublasLt.so.13, libnccl.so.2, libcudnn.so.9 and
@@ -19,7 +25,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 out=${1:?usage: bash scripts/gpu_run.sh OUT_DIR [test|bench|all]}
 mode=${2:-test}
-case $mode in test | bench | all) ;; *) echo "gpu_run: unknown mode $mode" >&2; exit 2 ;; esac
+case $mode in test | bench | all | multi) ;; *) echo "gpu_run: unknown mode $mode" >&2; exit 2 ;; esac
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 deadline=$((SECONDS + ${GPU_RUN_DEADLINE_S:-570}))
 tarball=.gpu/pentad-gpu.tar.xz
@@ -137,6 +143,48 @@ run_tests() {
   return "$status"
 }
 
+# ---- the multi-rank suite ----
+# One run: NAME RANKS BINARY [ARGS...]; passes when it exits 0 having passed tests and
+# skipped none. The same runs as tests/cuda/CMakeLists.txt's gpu_multi ctests, in the order
+# that puts the cheapest first.
+run_multi_one() {
+  local name=$1 ranks=$2 bin=$3 dir=$out/gpu_multi rc passed skipped failed limit
+  shift 3
+  limit=$((deadline - SECONDS - 10))
+  ((limit > 30)) || { echo "gpu_run: $name: no time left" | tee -a "$dir/summary.txt"; return 1; }
+  local start=$SECONDS
+  OMP_NUM_THREADS=${GPU_RUN_THREADS:-2} timeout -k 10 "$limit" "$root/build/orterun" \
+    -np "$ranks" "$root/build/$bin" "$@" >"$dir/$name.log" 2>&1
+  rc=$?
+  passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\?\..*/\1/p' "$dir/$name.log" | tail -1)
+  skipped=$(grep '^\[  SKIPPED \] [A-Za-z]' "$dir/$name.log" | awk '{print $4}' | sort -u | grep -c .)
+  failed=$(grep '^\[  FAILED  \] [A-Za-z]' "$dir/$name.log" | awk '{print $4}' | sort -u | grep -c .)
+  echo "gpu_run: $name: exit $rc, ${passed:-0} passed, $skipped skipped, $failed failed," \
+    "$((SECONDS - start)) s (log: $dir/$name.log)" | tee -a "$dir/summary.txt"
+  if ((rc != 0 || failed > 0 || skipped > 0 || ${passed:-0} == 0)); then
+    grep -E '^\[  FAILED  \]|^\[  SKIPPED \]|Failure|error' "$dir/$name.log" | head -20
+    return 1
+  fi
+}
+
+run_multi() {
+  local dir=$out/gpu_multi status=0
+  mkdir -p "$dir"
+  : >"$dir/summary.txt"
+  echo "gpu_run: the multi-rank suite, one run at a time"
+  local staged=(--gtest_filter='DTypes/NcclCollective.*:NcclStreams.KernelsAndCollectives*')
+  PENTAD_COMM_TEST_BACKEND=staged run_multi_one nccl_comm_test_staged_np2 2 nccl_comm_test "${staged[@]}" || status=1
+  PENTAD_COMM_TEST_BACKEND=staged run_multi_one nccl_comm_test_staged_np4 4 nccl_comm_test "${staged[@]}" || status=1
+  for ranks in 2 4 8; do
+    run_multi_one "cuda_layout_test_np$ranks" "$ranks" cuda_layout_test "--gtest_filter=*np$ranks" || status=1
+  done
+  run_multi_one cuda_zero_test_np2 2 cuda_zero_test || status=1
+  run_multi_one cuda_moe_test_np2 2 cuda_moe_test || status=1
+  if ((status == 0)); then echo "gpu_run: the multi-rank suite passed" | tee -a "$dir/summary.txt"
+  else echo "gpu_run: the multi-rank suite did not pass" | tee -a "$dir/summary.txt" >&2; fi
+  return "$status"
+}
+
 # ---- the benchmark ----
 run_bench() {
   local llmc=${GPU_BENCH_LLMC:-}
@@ -162,6 +210,7 @@ status=0
 case $mode in
   test) run_tests || status=1 ;;
   bench) run_bench || status=1 ;;
+  multi) run_multi || status=1 ;;
   all)
     run_tests || status=1
     run_bench || status=1

@@ -1,6 +1,6 @@
-// ZeRO on CUDA against the CPU, on dp ranks with one GPU each (NCCL refuses two ranks on one
-// GPU): every rank trains the recipe of tests/cuda/train_test_util.h on the CPU without ZeRO
-// (the reference), then on its GPU with
+// ZeRO on CUDA against the CPU, on dp ranks, with a GPU each (NCCL) or several sharing one
+// (the staged communicator, parallel/staged_comm.cpp): every rank trains the recipe of
+// tests/cuda/train_test_util.h on the CPU without ZeRO (the reference), then on its GPU with
 //  - ZeRO-3 (parallel.zero = 3): each layer gathered through NCCL before it computes and
 //    dropped after; in bf16 the gathered layer's bf16 copy re-derived from the gathered fp32
 //    values (parallel/dp/grad_reducer.h). A copy left stale freezes the other ranks' shares
@@ -12,9 +12,9 @@
 //    (fp32 and bf16).
 // Bounds as in cuda_train_test.cpp: 1e-4 of the loss in fp32, 1e-2 in bf16, every step.
 //
-// Run with `mpirun -np 2` (or more, one GPU per rank). ctest registers it under the label
-// "gpu_multi", which scripts/gpu_test.sh (one GPU) leaves out; alone, or with fewer GPUs than
-// ranks, every test skips.
+// Run with `mpirun -np N` (N >= 2; the ranks share the visible GPUs, local rank modulo the
+// count). ctest registers it under the label "gpu_multi" at 2 ranks; alone, or without a GPU,
+// every test skips.
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <stdlib.h>
@@ -32,20 +32,11 @@ namespace {
 
 using namespace cuda_train;
 
-int world_size() {
-  int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
-
 class CudaZero : public ::testing::TestWithParam<ModelCase> {
  protected:
   void SetUp() override {
     if (!have_device()) GTEST_SKIP() << "no CUDA device";
     if (world_size() < 2) GTEST_SKIP() << "ZeRO needs dp ranks: run under mpirun -np 2";
-    if (cuda_device_count() < world_size())
-      GTEST_SKIP() << "NCCL needs one GPU per rank: " << world_size() << " ranks, "
-                   << cuda_device_count() << " GPUs";
   }
 };
 

@@ -11,11 +11,19 @@
 //
 // Without a CUDA device every test skips with "no CUDA device", and ctest reports it as
 // skipped (tests/cuda/CMakeLists.txt); scripts/gpu_test.sh fails on a skip.
+//
+// PENTAD_COMM_TEST_BACKEND=staged runs the fixture's tests on the staged communicator
+// (parallel/staged_comm.cpp: device tensors through page-locked host staging and MPI) with
+// any number of ranks sharing the GPUs; ctest runs the collectives and the ordering test so
+// at 2 and 4 ranks on one GPU (label gpu_multi). The tests of NCCL's own behaviour (a wait
+// that leaves the host free, host routing to the companion, the memory check, the pipeline
+// rounds on one rank) are NCCL's only.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -126,16 +134,22 @@ int world_size() {
   return size;
 }
 
+// NCCL, or the staged backend where PENTAD_COMM_TEST_BACKEND=staged.
+Backend tested_backend() {
+  const char* backend = std::getenv("PENTAD_COMM_TEST_BACKEND");
+  return backend && std::string(backend) == "staged" ? Backend::Staged : Backend::NCCL;
+}
+
 class NcclComm : public testing::Test {
  protected:
   void SetUp() override {
     if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-    if (cuda_device_count() < world_size())
+    if (tested_backend() == Backend::NCCL && cuda_device_count() < world_size())
       GTEST_SKIP() << "NCCL needs one GPU per rank: " << world_size() << " ranks, "
                    << cuda_device_count() << " GPUs";
     ASSERT_TRUE(backend_available(Backend::NCCL)) << "a CUDA build without NCCL";
-    select_cuda_device(world_rank());
-    comm = make_communicator(Backend::NCCL, MPI_COMM_WORLD, "nccl");
+    select_cuda_device(world_rank());  // modulo the GPUs: the staged backend shares them
+    comm = make_communicator(tested_backend(), MPI_COMM_WORLD, "nccl");
     r = comm->rank();
     n = comm->size();
   }
@@ -366,7 +380,9 @@ class NcclStreams : public NcclComm {};
 // gather -> read out, gather -> next write of in, read out -> next gather) is needed for
 // the sums; the host never waits until the end, so it runs far ahead of the device.
 TEST_F(NcclStreams, KernelsAndCollectivesStayOrderedWithoutTheHostWaiting) {
-  const int64_t m = int64_t(1) << 24;  // 64 MiB per f32 buffer: each kernel takes a while
+  // 64 MiB per f32 buffer: each kernel takes a while. Staged: 4 MiB, which every operation
+  // moves through host memory (and the host waits for the kernels before each one anyway).
+  const int64_t m = int64_t(1) << (tested_backend() == Backend::Staged ? 20 : 24);
   const int reps = 100;
   // Every copy from the host is made before the loop: one from pageable memory would
   // synchronize the compute stream and let the device catch up with the host.

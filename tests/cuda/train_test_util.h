@@ -1,13 +1,18 @@
 #pragma once
-// The GPU suite's training runs (tests/cuda/cuda_train_test.cpp, cuda_zero_test.cpp): the
-// Markov-chain data, the two tiny models, the whole recipe, a run's trajectory, and the
-// step-by-step loss comparison with its tolerances (their derivation: cuda_train_test.cpp).
+// The GPU suite's training runs (tests/cuda/cuda_train_test.cpp, cuda_zero_test.cpp,
+// cuda_moe_test.cpp, cuda_layout_test.cpp): the Markov-chain data, the two tiny models, the
+// whole recipe, a run's trajectory, and the step-by-step loss comparison with its tolerances
+// (their derivation: cuda_train_test.cpp). Under mpirun a run trains on a mesh of every
+// rank (the layout from the recipe's parallel.* keys), with the communicators the executable
+// would pick: NCCL with a GPU per rank, the staged backend where ranks share one.
 #include <gtest/gtest.h>
+#include <mpi.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <system_error>
@@ -17,6 +22,8 @@
 #include "core/rng.h"
 #include "data/token_files.h"
 #include "launch/rank.h"
+#include "parallel/mesh.h"
+#include "train/layout.h"
 #include "train/recipe.h"
 #include "train/trainer.h"
 
@@ -137,29 +144,50 @@ inline Config make_config(const ModelCase& m, const std::string& device,
 struct Trajectory {
   std::vector<float> losses;
   std::vector<double> grad_norms;
-  std::vector<std::string> names;           // of the parameters
-  std::vector<std::vector<float>> weights;  // final master parameters, on the host
+  std::vector<std::string> names;                      // of the parameters
+  std::vector<std::vector<float>> weights;             // final master parameters, on the host
+  parallel::Backend backend = parallel::Backend::MPI;  // of the mesh's communicators
 };
 
+// Ranks of MPI_COMM_WORLD; 1 where MPI is not initialised (the one-rank programs).
+inline int world_size() {
+  int initialized = 0, size = 1;
+  MPI_Initialized(&initialized);
+  if (initialized) MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+// on_mesh = false: one rank alone, even under mpirun (a layout test's reference). steps:
+// fewer than kSteps for the layout tests.
 inline Trajectory train(const ModelCase& m, const std::string& device, const std::string& precision,
-                        const std::vector<std::string>& extra = {}) {
-  const Config cfg = make_config(m, device, precision, extra);
-  launch::start_rank(cfg);  // threads and the GPU, as the executable sets them
-  Trainer trainer(cfg);
+                        const std::vector<std::string>& extra = {}, bool on_mesh = true,
+                        int64_t steps = kSteps) {
+  std::vector<std::string> keys = extra;
+  if (steps != kSteps) keys.push_back("train.steps=" + std::to_string(steps));
+  const Config cfg = make_config(m, device, precision, keys);
+  // Threads, the GPU and the communicators' backend, as the executable sets them.
+  const parallel::Backend backend = launch::start_rank(cfg);
+  std::optional<parallel::Mesh> mesh;
+  const int world = world_size();
+  if (world > 1 && on_mesh)
+    mesh.emplace(parallel::Mesh::create(mesh_config(cfg, world), MPI_COMM_WORLD, backend));
+  Trainer trainer(cfg, mesh ? &*mesh : nullptr);
   // Guards against a silent fallback: a "cuda" run that computed on the CPU would match the
   // CPU reference bitwise and pass every comparison below.
   const ParamStore& params = trainer.model().params();
   EXPECT_EQ(params.device(), device == "cuda" ? Device::CUDA : Device::CPU) << m.name;
   EXPECT_EQ(params.compute_dtype(), precision == "bf16" ? DType::BF16 : DType::F32) << m.name;
   Trajectory run;
-  for (int64_t step = 0; step < kSteps; ++step) {
+  run.backend = backend;
+  for (int64_t step = 0; step < steps; ++step) {
     const StepStats s = trainer.train_step(step);
     run.losses.push_back(s.loss);
     run.grad_norms.push_back(s.grad_norm);
   }
+  // Under ZeRO-3 the arena holds this rank's shares only: names, no weights.
   for (int id = 0; id < static_cast<int>(params.specs().size()); ++id) {
     run.names.push_back(params.spec(id).name);
-    run.weights.push_back(params.to_host(id));
+    if (!params.sparse_params()) run.weights.push_back(params.to_host(id));
   }
   return run;
 }
