@@ -7,8 +7,9 @@
 # the ignored folder .gpu/:
 #   .gpu/pentad-gpu.tar.xz  the binaries (pentad, the GPU tests, the kernel benchmark), every
 #                           shared library they need that is not glibc, libstdc++, libgcc or
-#                           part of CUDA (Open MPI, HDF5, OpenBLAS, spdlog, ...), and Open MPI's
-#                           plugins and help files for a one-rank singleton;
+#                           part of CUDA (Open MPI, HDF5, OpenBLAS, spdlog, ...), Open MPI's
+#                           plugins and help files, and its launcher (orterun, with PMIx) for
+#                           the multi-rank tests on one machine (scripts/gpu_run.sh multi);
 #   .gpu/MANIFEST.txt       what is inside, where each file came from, the commit and sizes.
 # libcublasLt (541 MB), libnccl (218 MB), libcudnn (with its engines, about 1 GB) and
 # libnvrtc (100 MB) are not bundled: they do not compress and the device tool carries 64 MiB

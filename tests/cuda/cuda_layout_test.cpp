@@ -106,6 +106,11 @@ TEST_P(CudaLayout, Fp32MatchesOneRank) {
   std::vector<std::string> keys = l.keys;
   if (test_device() == "cpu-staged") keys.push_back("parallel.comm_backend=staged");
   const Trajectory run = train(l.model, device_key(), "fp32", keys, /*on_mesh=*/true, kLayoutSteps);
+  // The layout really ran: a mesh of every rank, with the data-parallel degree the reference's
+  // global batch was sized for (a run without a mesh would match the reference as well).
+  ASSERT_TRUE(run.mesh.has_value()) << l.name << ": no mesh";
+  EXPECT_EQ(run.mesh->tp * run.mesh->cp * run.mesh->dp * run.mesh->pp, world_size()) << l.name;
+  EXPECT_EQ(run.mesh->dp, l.dp) << l.name;
   EXPECT_EQ(run.backend, expected_backend())
       << l.name << ": communicators " << parallel::backend_name(run.backend);
   const std::string what = test_device() + " fp32 " + l.name;

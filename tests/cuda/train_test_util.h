@@ -147,6 +147,7 @@ struct Trajectory {
   std::vector<std::string> names;                      // of the parameters
   std::vector<std::vector<float>> weights;             // final master parameters, on the host
   parallel::Backend backend = parallel::Backend::MPI;  // of the mesh's communicators
+  std::optional<parallel::MeshConfig> mesh;            // the layout, if it ran on a mesh
 };
 
 // Ranks of MPI_COMM_WORLD; 1 where MPI is not initialised (the one-rank programs).
@@ -179,6 +180,7 @@ inline Trajectory train(const ModelCase& m, const std::string& device, const std
   EXPECT_EQ(params.compute_dtype(), precision == "bf16" ? DType::BF16 : DType::F32) << m.name;
   Trajectory run;
   run.backend = backend;
+  if (mesh) run.mesh = mesh->config();
   for (int64_t step = 0; step < steps; ++step) {
     const StepStats s = trainer.train_step(step);
     run.losses.push_back(s.loss);
