@@ -10,6 +10,7 @@
 // Tensor names: "param/<parameter name>", "adam_m/<name>", "adam_v/<name>".
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/tensor.h"
@@ -49,6 +50,11 @@ struct Manifest {
   int64_t samples = -1;
   Layout layout;            // of the run that wrote it
   std::string recipe_toml;  // the effective recipe
+  // The tokenizer of the run's tokens, carried in the checkpoint directory (commit() writes
+  // it): its file name there (kTokenizerFiles) and the sha256 of its bytes (sha256sum's
+  // hex); both empty where the run names no tokenizer (random or pre-tokenized data without
+  // data.tokenizer) and in checkpoints written before issue 45.
+  std::string tokenizer_file, tokenizer_sha256;
   // Algorithm of every shard's checksum: "xxh3-64" (what pentad writes; format version 2)
   // or "crc32" (zlib's; version 1 checkpoints, still read).
   std::string checksum = "xxh3-64";
@@ -87,8 +93,18 @@ std::string recycle_dir(const std::string& root);  // <root>/recycled
 // it, and returns those paths, with any .deleting left by an earlier run. Deleting them is
 // the caller's (remove_dirs): freeing a multi-GiB file can take most of a second (on a
 // file system mounted with discard), which the trainer keeps off its training thread.
+// Where base names a tokenizer (tokenizer_file), its bytes come as `tokenizer` (their sha256
+// must be base.tokenizer_sha256) and are written into the directory, fsynced, before the
+// manifest: the copy is part of what the rename commits.
 [[nodiscard]] std::vector<std::string> commit(const std::string& root, const Manifest& base,
-                                              int keep_last);
+                                              int keep_last, std::string_view tokenizer = {});
+
+// The names a carried tokenizer may have: Hugging Face's byte-level BPE, SentencePiece's model.
+inline constexpr const char* kTokenizerFiles[] = {"tokenizer.json", "tokenizer.model"};
+// The tokenizer committed checkpoint `dir` carries, as <dir>/<file> ("" where it carries
+// none), after checking its bytes against the manifest's sha256; throws pentad::Error
+// naming the file where it is missing or differs.
+std::string carried_tokenizer(const std::string& dir, const Manifest& manifest);
 // Deletes directories (what commit() retired); errors cost disk space only and are ignored.
 void remove_dirs(const std::vector<std::string>& dirs);
 // Moves the rank files of retired directories to recycle_dir(<their root>), one per rank

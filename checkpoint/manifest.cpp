@@ -212,6 +212,8 @@ std::string manifest_json(const Manifest& m) {
          {"files", std::move(files)},
          {"shards", std::move(shards)}};
   if (m.samples >= 0) j["samples"] = m.samples;
+  if (!m.tokenizer_file.empty())
+    j["tokenizer"] = {{"file", m.tokenizer_file}, {"sha256", m.tokenizer_sha256}};
   return j.dump(1) + "\n";
 }
 
@@ -234,6 +236,17 @@ Manifest parse_manifest(const std::string& path) {
     m.layout.cp = static_cast<int>(integer(l, "cp"));
     m.layout.sequence_parallel = l.at("sequence_parallel").get<bool>();
     m.recipe_toml = j.at("recipe").get<std::string>();
+    if (j.contains("tokenizer")) {
+      const json& t = j.at("tokenizer");
+      m.tokenizer_file = t.at("file").get<std::string>();
+      m.tokenizer_sha256 = t.at("sha256").get<std::string>();
+      if (std::find(std::begin(kTokenizerFiles), std::end(kTokenizerFiles), m.tokenizer_file) ==
+          std::end(kTokenizerFiles))
+        fail("tokenizer file \"{}\" is not tokenizer.json or tokenizer.model", m.tokenizer_file);
+      if (m.tokenizer_sha256.size() != 64 ||
+          m.tokenizer_sha256.find_first_not_of("0123456789abcdef") != std::string::npos)
+        fail("tokenizer sha256 \"{}\" is not 64 hex digits", m.tokenizer_sha256);
+    }
     m.shards = entries_from(j.at("shards"), version);
     if (m.shards.empty()) fail("no shards");
     return m;

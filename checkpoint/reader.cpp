@@ -202,6 +202,12 @@ std::string inspect(const std::string& dir, bool verify) {
     const auto bytes = fs::file_size(dir + "/" + e.file, ec);
     text += fmt::format("    {}  {}\n", e.file, ec ? "MISSING" : format_bytes(bytes));
   }
+  if (!m.tokenizer_file.empty()) {
+    // --verify checks the copy's bytes against the recorded hash, as generate and convert do.
+    if (verify) carried_tokenizer(dir, m);
+    text += fmt::format("    {}  tokenizer, sha256 {}{}\n", m.tokenizer_file, m.tokenizer_sha256,
+                        verify ? " (verified)" : "");
+  }
 
   struct Row {
     Shape shape;

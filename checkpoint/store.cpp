@@ -20,6 +20,7 @@
 #include "checkpoint/direct_io.h"
 #include "checkpoint/h5.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/sha256.h"
 #include "core/check.h"
 
 namespace pentad::ckpt {
@@ -246,7 +247,8 @@ bool write_rank_file(const std::string& path, const std::vector<ShardData>& shar
   return written != tmp;
 }
 
-std::vector<std::string> commit(const std::string& root, const Manifest& base, int keep_last) {
+std::vector<std::string> commit(const std::string& root, const Manifest& base, int keep_last,
+                                std::string_view tokenizer) {
   const std::string partial = partial_dir(root, base.step);
   const std::string final_dir = checkpoint_dir(root, base.step);
   if (!fs::is_directory(partial)) fail("{}: no such checkpoint directory to commit", partial);
@@ -272,6 +274,11 @@ std::vector<std::string> commit(const std::string& root, const Manifest& base, i
     }
   }
   check_coverage(partial, manifest.shards);
+  if (!base.tokenizer_file.empty()) {
+    PENTAD_CHECK(sha256_hex(tokenizer) == base.tokenizer_sha256, "{}: {} bytes for {} {}", partial,
+                 tokenizer.size(), base.tokenizer_file, base.tokenizer_sha256);
+    write_atomically(partial + "/" + base.tokenizer_file, std::string(tokenizer));
+  }
   write_atomically(partial + "/manifest.json", manifest_json(manifest));
   sync_path(partial, true);
 
@@ -309,6 +316,19 @@ std::vector<std::string> commit(const std::string& root, const Manifest& base, i
   }
   for (const fs::path& p : stale) retire(p.string(), retired);
   return retired;
+}
+
+std::string carried_tokenizer(const std::string& dir, const Manifest& manifest) {
+  if (manifest.tokenizer_file.empty()) return "";
+  const std::string path = (fs::path(dir) / manifest.tokenizer_file).string();
+  if (!fs::exists(path))
+    fail("{}: missing; the checkpoint's manifest.json names it (sha256 {})", path,
+         manifest.tokenizer_sha256);
+  const std::string got = sha256_hex(read_text(path));
+  if (got != manifest.tokenizer_sha256)
+    fail("{}: sha256 {}, but the checkpoint's manifest.json records {}: the file was changed", path,
+         got, manifest.tokenizer_sha256);
+  return path;
 }
 
 void pool_rank_files(const std::vector<std::string>& dirs) {

@@ -390,6 +390,16 @@ int main(int argc, char** argv) {
   auto* from =
       convert->add_option("--from", convert_from, "Import format")->check(CLI::IsMember({"hf"}));
   to->excludes(from);
+  bool convert_overwrite = false;
+  std::string convert_tokenizer;
+  convert
+      ->add_option("--tokenizer", convert_tokenizer,
+                   "--to hf: the tokenizer to export instead of the one the checkpoint "
+                   "carries (or, for older checkpoints, the recipe's)")
+      ->check(CLI::ExistingFile);
+  convert->add_flag("--overwrite", convert_overwrite,
+                    "Replace an existing export (--to hf: the directory's weights, config and "
+                    "tokenizer files; --to llmc: the file)");
   convert->add_option("source", convert_src, "Checkpoint directory (step-N), or HF directory")
       ->required();
   convert->add_option("destination", convert_dst, "Output directory, file, or checkpoint root")
@@ -404,7 +414,10 @@ int main(int argc, char** argv) {
   generate->add_option("--prompt-ids", gen.prompt_ids,
                        "Comma-separated token ids to continue instead of text");
   generate->add_option("--tokenizer", gen.tokenizer,
-                       "tokenizer.json to use instead of the recipe's");
+                       "tokenizer.json or tokenizer.model to use instead of the one the "
+                       "checkpoint carries (or, for older checkpoints, the recipe's)");
+  generate->add_flag("--ignore-eos", gen.ignore_eos,
+                     "Go on past the end-of-text token, to --max-tokens");
   generate->add_option("--max-tokens", gen.max_tokens, "Most tokens to generate")
       ->capture_default_str();
   generate->add_option("--temperature", gen.sampling.temperature, "0: greedy")
@@ -513,9 +526,10 @@ int main(int argc, char** argv) {
     } else if (*convert) {
       std::string summary;
       if (convert_to == "hf")
-        summary = pentad::ckpt::export_hf(convert_src, convert_dst);
+        summary =
+            pentad::ckpt::export_hf(convert_src, convert_dst, convert_overwrite, convert_tokenizer);
       else if (convert_to == "llmc")
-        summary = pentad::ckpt::export_llmc(convert_src, convert_dst);
+        summary = pentad::ckpt::export_llmc(convert_src, convert_dst, convert_overwrite);
       else if (convert_from == "hf")
         summary = pentad::ckpt::import_hf(convert_src, convert_dst);
       else

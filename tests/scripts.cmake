@@ -243,6 +243,15 @@ add_test(NAME hf_export_mixtral
 set_tests_properties(hf_export_gpt2 hf_export_llama hf_export_mixtral PROPERTIES TIMEOUT 300
   PASS_REGULAR_EXPRESSION "hf export matches")
 
+# A checkpoint carries its run's tokenizer (issue 45): generate from another directory, and
+# the HF export's tokenizer.json + tokenizer_config.json loaded by AutoTokenizer, ids equal to
+# pentad's; a SentencePiece run exports tokenizer.model (about 6 s).
+add_test(NAME hf_tokenizer_export
+  COMMAND ${PENTAD_HF_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/hf_tokenizer_export.py
+          $<TARGET_FILE:pentad> ${RECIPES} ${CMAKE_CURRENT_BINARY_DIR}/hf-tokenizer-export)
+set_tests_properties(hf_tokenizer_export PROPERTIES TIMEOUT 120
+  PASS_REGULAR_EXPRESSION "hf tokenizer export matches")
+
 # Tokenizers against the libraries: GPT-2- and LLaMA-3-style byte-level BPE trained with
 # `tokenizers`, SentencePiece BPE and unigram models with byte fallback trained with
 # `sentencepiece`, on a multilingual corpus the test writes; every document's ids identical,

@@ -24,6 +24,8 @@ class CheckpointParams {
 
   const ModelConfig& model() const { return config_.model; }
   const Config& config() const { return config_; }  // the whole recipe it was saved with
+  const Manifest& manifest() const { return reader_.manifest(); }
+  const std::string& dir() const { return reader_.dir(); }
   // Whether the checkpoint holds parameter `name`.
   bool has(const std::string& name) const { return reader_.has("param/" + name); }
   // Parameter `name` ("param/<name>" in the checkpoint) with shape `dims`; throws

@@ -20,10 +20,12 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/sha256.h"
 #include "cli/checkpoint_params.h"
 #include "cli/hf_layout.h"
 #include "core/check.h"
 #include "core/progress.h"
+#include "data/corpus.h"
 #include "data/tokenizer.h"
 #include "train/recipe.h"
 
@@ -121,12 +123,99 @@ std::string imported_tokenizer(const std::string& hf_dir, const std::string& che
   return "";
 }
 
+// What an earlier export (ours, or transformers' save_pretrained) left that this one would
+// not replace: its weights (every *.safetensors and the shards' index, which transformers
+// would load beside ours) and its tokenizer files.
+void remove_previous_export(const std::string& out_dir) {
+  std::error_code ec;
+  std::vector<fs::path> stale;
+  for (const fs::directory_entry& e : fs::directory_iterator(out_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (e.path().extension() == ".safetensors" || name == "model.safetensors.index.json" ||
+        name == "tokenizer.json" || name == "tokenizer_config.json" || name == "tokenizer.model" ||
+        name == "special_tokens_map.json")
+      stale.push_back(e.path());
+  }
+  for (const fs::path& p : stale) {
+    fs::remove(p, ec);
+    if (ec) fail("{}: cannot remove it to overwrite the export ({})", p.string(), ec.message());
+  }
+}
+
+// The tokenizer an export takes: `chosen` (--tokenizer), else the one the checkpoint carries
+// (its sha256 checked), else, for checkpoints from before they carried one, the recipe's file
+// where it exists; "" for none.
+std::string export_tokenizer(const CheckpointParams& ckpt, const std::string& chosen) {
+  if (!chosen.empty()) return chosen;
+  const std::string carried = carried_tokenizer(ckpt.dir(), ckpt.manifest());
+  if (!carried.empty()) return carried;
+  const std::string recipes = data::run_tokenizer(ckpt.config().data, ckpt.model().vocab_size);
+  return !recipes.empty() && fs::exists(recipes) ? recipes : "";
+}
+
+// Writes the tokenizer at `path` into an export at out_dir and says what it wrote. A Hugging
+// Face tokenizer.json goes as it is, with a tokenizer_config.json that names the class,
+// the end-of-text (and beginning) token and the context, so that AutoTokenizer loads it. A
+// SentencePiece model goes as tokenizer.model alone: which class reads it (LlamaTokenizer,
+// T5Tokenizer, ...) and its special-token rules are the model's, which pentad does not know.
+std::string write_hf_tokenizer(const std::string& path, const std::string& out_dir,
+                               const ModelConfig& m) {
+  const data::Tokenizer tokenizer = data::Tokenizer::load(path);
+  if (tokenizer.vocab_size() > m.vocab_size)
+    fail("{}: {} tokens, more than the model's model.vocab_size = {}", path, tokenizer.vocab_size(),
+         m.vocab_size);
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  const std::string name = data::Tokenizer::file_name_for(bytes);
+  const std::string target = (fs::path(out_dir) / name).string();
+  std::ofstream out(target, std::ios::binary | std::ios::trunc);
+  out << bytes;
+  if (!out.flush()) fail("{}: write failed ({})", target, std::strerror(errno));
+  if (name == "tokenizer.model")
+    return fmt::format(
+        "tokenizer.model ({}, {} tokens; no tokenizer_config.json: choose the transformers "
+        "class that reads it, e.g. LlamaTokenizer.from_pretrained)",
+        tokenizer.kind(), tokenizer.vocab_size());
+  nlohmann::json config = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+                           {"model_max_length", m.max_seq_len},
+                           {"clean_up_tokenization_spaces", false}};
+  if (tokenizer.eot_id() >= 0) config["eos_token"] = tokenizer.token_bytes(tokenizer.eot_id());
+  if (tokenizer.bos_id() >= 0) config["bos_token"] = tokenizer.token_bytes(tokenizer.bos_id());
+  const std::string config_path = (fs::path(out_dir) / "tokenizer_config.json").string();
+  std::ofstream config_out(config_path);
+  config_out << config.dump(2) << "\n";
+  if (!config_out.flush()) fail("{}: write failed ({})", config_path, std::strerror(errno));
+  return fmt::format("tokenizer.json and tokenizer_config.json ({}, {} tokens)", tokenizer.kind(),
+                     tokenizer.vocab_size());
+}
+
 }  // namespace
 
-std::string export_hf(const std::string& checkpoint_dir, const std::string& out_dir) {
+void refuse_to_replace(const std::string& out, bool overwrite) {
+  std::error_code ec;
+  if (!fs::exists(out, ec) || overwrite) return;
+  if (fs::is_directory(out, ec) && fs::is_empty(out, ec)) return;
+  std::string what = fs::is_directory(out, ec) ? "a non-empty directory" : "a file";
+  const fs::path config = fs::path(out) / "config.json";
+  if (fs::is_regular_file(config, ec)) {
+    std::ifstream in(config);
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    if (j.is_object() && j.contains("model_type") && j["model_type"].is_string())
+      what = fmt::format("an export of a {} model", j["model_type"].get<std::string>());
+  }
+  fail(
+      "{}: already exists ({}); ckpt convert replaces nothing: choose another destination, or "
+      "pass --overwrite to replace it",
+      out, what);
+}
+
+std::string export_hf(const std::string& checkpoint_dir, const std::string& out_dir, bool overwrite,
+                      const std::string& tokenizer) {
+  refuse_to_replace(out_dir, overwrite);
   CheckpointParams ckpt(checkpoint_dir);
   const ModelConfig& m = ckpt.model();
   check_hf_exportable(m, checkpoint_dir);
+  const std::string tokenizer_path = export_tokenizer(ckpt, tokenizer);
   // The selection bias of aux-loss-free balancing has no place in Mixtral: at zero (never
   // updated) it changes no choice and is left out; otherwise transformers would route
   // tokens to other experts than pentad does.
@@ -171,6 +260,7 @@ std::string export_hf(const std::string& checkpoint_dir, const std::string& out_
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) fail("{}: cannot create directory ({})", out_dir, ec.message());
+  if (overwrite) remove_previous_export(out_dir);
   const std::string weights = (fs::path(out_dir) / "model.safetensors").string();
   const std::string config = (fs::path(out_dir) / "config.json").string();
   // transformers refuses safetensors without format metadata.
@@ -178,9 +268,15 @@ std::string export_hf(const std::string& checkpoint_dir, const std::string& out_
   std::ofstream config_out(config);
   config_out << hf_config(m).dump(2) << "\n";
   if (!config_out.flush()) fail("{}: write failed ({})", config, std::strerror(errno));
-  return fmt::format("exported {} tensors ({} parameters, {} bytes) from {} to {} and {} ({})",
+  const std::string tokenizer_note =
+      tokenizer_path.empty()
+          ? "no tokenizer: the checkpoint carries none and its recipe names none (pass "
+            "--tokenizer FILE)"
+          : fmt::format("the tokenizer from {} as {}", tokenizer_path,
+                        write_hf_tokenizer(tokenizer_path, out_dir, m));
+  return fmt::format("exported {} tensors ({} parameters, {} bytes) from {} to {} and {} ({}); {}",
                      tensors.size(), values, fs::file_size(weights), checkpoint_dir, weights,
-                     config, hf_model_type(m));
+                     config, hf_model_type(m), tokenizer_note);
 }
 
 std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_root, int64_t step) {
@@ -289,7 +385,14 @@ std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_r
   Manifest base;
   base.step = step;
   base.recipe_toml = recipe;
-  remove_dirs(commit(checkpoint_root, base, 0));
+  std::string tokenizer_bytes;  // the checkpoint carries the model's tokenizer too
+  if (!tokenizer.empty()) {
+    std::ifstream in(fs::path(hf_dir) / fs::path(tokenizer).filename(), std::ios::binary);
+    tokenizer_bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    base.tokenizer_file = fs::path(tokenizer).filename().string();
+    base.tokenizer_sha256 = sha256_hex(tokenizer_bytes);
+  }
+  remove_dirs(commit(checkpoint_root, base, 0, tokenizer_bytes));
   std::ofstream recipe_out(recipe_path);
   recipe_out << recipe;
   if (!recipe_out.flush()) fail("{}: write failed ({})", recipe_path, std::strerror(errno));

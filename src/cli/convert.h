@@ -46,7 +46,19 @@ namespace pentad::ckpt {
 // grouped-query attention or experts; an MoE that Mixtral does not compute: dense layers,
 // shared experts, sigmoid scores, no renormalisation, a nonzero expert_bias), naming the
 // recipe key, or an unreadable checkpoint.
-std::string export_hf(const std::string& checkpoint_dir, const std::string& out_dir);
+// out_dir must not exist, or be an empty directory, unless overwrite (refuse_to_replace).
+// The tokenizer goes with the weights: `tokenizer` if given, else the one the checkpoint
+// carries, else the recipe's file where it exists. A tokenizer.json is written with a
+// tokenizer_config.json (PreTrainedTokenizerFast, its end-of-text token), so that
+// AutoTokenizer.from_pretrained(out_dir) loads it; a SentencePiece model as tokenizer.model
+// alone (the summary says so).
+std::string export_hf(const std::string& checkpoint_dir, const std::string& out_dir,
+                      bool overwrite = false, const std::string& tokenizer = "");
+
+// Throws pentad::Error, naming `out` and --overwrite, where `out` exists and is not an
+// empty directory (a file, or a directory holding anything) and overwrite is false: an
+// export never replaces another quietly (import refuses an existing step the same way).
+void refuse_to_replace(const std::string& out, bool overwrite);
 
 // Reads hf_dir/config.json and hf_dir/model.safetensors (or, without it, every
 // *.safetensors in hf_dir), builds the matching recipe (model keys from config.json, every
@@ -68,6 +80,8 @@ std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_r
 // Writes llm.c's GPT-2 model file (fp32, version 3: train_gpt2.c's gpt2_build_from_checkpoint
 // reads it) from a GPT-2 checkpoint with tied embeddings, 4C MLP and n_kv_head = n_head.
 // Refuses other models with a message saying why. Returns a one-line summary.
-std::string export_llmc(const std::string& checkpoint_dir, const std::string& out_path);
+// out_path must not exist unless overwrite (refuse_to_replace).
+std::string export_llmc(const std::string& checkpoint_dir, const std::string& out_path,
+                        bool overwrite = false);
 
 }  // namespace pentad::ckpt

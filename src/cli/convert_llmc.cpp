@@ -19,7 +19,9 @@ namespace pentad::ckpt {
 
 namespace fs = std::filesystem;
 
-std::string export_llmc(const std::string& checkpoint_dir, const std::string& out_path) {
+std::string export_llmc(const std::string& checkpoint_dir, const std::string& out_path,
+                        bool overwrite) {
+  refuse_to_replace(out_path, overwrite);
   CheckpointParams ckpt(checkpoint_dir);
   const ModelConfig& m = ckpt.model();
   const int64_t C = m.d_model, V = m.vocab_size, L = m.n_layer, T = m.max_seq_len;

@@ -6,6 +6,7 @@
 #include <optional>
 #include <sstream>
 
+#include "checkpoint/checkpoint.h"
 #include "cli/checkpoint_params.h"
 #include "core/check.h"
 #include "core/device_memory.h"
@@ -61,12 +62,22 @@ void generate(const GenerateOptions& o) {
   CheckpointParams ckpt(o.checkpoint);
   const ModelConfig& m = ckpt.model();
 
-  // The tokenizer: --tokenizer, else the recipe's (data.tokenizer or the learned default).
+  // The tokenizer: --tokenizer, else the one the checkpoint carries (checked against its
+  // sha256), else, for checkpoints from before they carried one, the recipe's file. With
+  // --prompt-ids it is optional: without one nothing marks the end of a text.
+  const std::string carried = carried_tokenizer(o.checkpoint, ckpt.manifest());
+  const std::string recipes = data::run_tokenizer(ckpt.config().data, m.vocab_size);
+  const std::string path = !o.tokenizer.empty() ? o.tokenizer
+                           : !carried.empty()   ? carried
+                                                : recipes;
+  const bool needed = !o.prompt.empty() || !o.print_ids;
   std::optional<data::Tokenizer> tokenizer;
-  if (!o.prompt.empty() || !o.print_ids) {
-    const std::string path = !o.tokenizer.empty()
-                                 ? o.tokenizer
-                                 : data::default_corpus_tokenizer(ckpt.config().data, m.vocab_size);
+  if (needed && path.empty())
+    fail(
+        "{}: the checkpoint carries no tokenizer and its recipe names none (data.tokenizer); "
+        "pass --tokenizer FILE, or --prompt-ids with --print-ids",
+        o.checkpoint);
+  if (!path.empty() && (needed || fs::exists(path))) {
     if (!fs::exists(path))
       fail("{}: the recipe's tokenizer is missing; pass --tokenizer FILE or --prompt-ids", path);
     tokenizer = data::Tokenizer::load(path);
@@ -93,17 +104,22 @@ void generate(const GenerateOptions& o) {
     copy_bytes(to.data, to.device, values.data(), Device::CPU, to.bytes());
   }
   gen.reset();  // a bf16 model's compute copy follows the loaded weights
-  const int32_t eot = tokenizer ? tokenizer->eot_id() : -1;
+  // The end of a text ends the continuation, prompt ids or text alike (--ignore-eos: not).
+  const int32_t eot = tokenizer && !o.ignore_eos ? tokenizer->eot_id() : -1;
   std::mt19937_64 rng(o.sampling.seed);
   const size_t prompt_len = tokens.size();
   const auto start = std::chrono::steady_clock::now();
   int64_t made = 0;
-  std::string shown;  // the decoded continuation so far: print only what is new
+  bool stopped = false;  // at the end-of-text token
+  std::string shown;     // the decoded continuation so far: print only what is new
   while (made < o.max_tokens && static_cast<int64_t>(tokens.size()) < gen.context()) {
     const std::vector<float> logits = gen.next_logits(tokens);
     const int32_t next = pick_token(logits, o.sampling, rng);
     ++made;
-    if (next == eot) break;
+    if (next == eot) {
+      stopped = true;
+      break;
+    }
     tokens.push_back(next);
     if (o.print_ids) continue;
     const std::span<const int32_t> tail(tokens.data() + prompt_len, tokens.size() - prompt_len);
@@ -127,11 +143,14 @@ void generate(const GenerateOptions& o) {
   } else {
     std::puts("");
   }
-  std::printf("%lld tokens in %.3f s: %.1f tokens/s (%s, %s %s)\n", static_cast<long long>(made),
-              seconds, seconds > 0 ? static_cast<double>(made) / seconds : 0.0,
-              gen.uses_cache() ? "key/value cache" : "no cache: a full forward per token",
-              o.device.c_str(), o.precision.c_str());
   std::fflush(stdout);
+  // The summary goes to stderr: stdout holds the continuation alone, for pipes and files.
+  std::fprintf(stderr, "generate: %lld tokens in %.3f s: %.1f tokens/s (%s, %s %s)%s\n",
+               static_cast<long long>(made), seconds,
+               seconds > 0 ? static_cast<double>(made) / seconds : 0.0,
+               gen.uses_cache() ? "key/value cache" : "no cache: a full forward per token",
+               o.device.c_str(), o.precision.c_str(),
+               stopped ? "; stopped at the end-of-text token" : "");
   if (full)
     std::fprintf(stderr,
                  "generate: stopped after %lld tokens: the sequence filled the model's context "

@@ -1,8 +1,8 @@
 #pragma once
 // `pentad generate CHECKPOINT --prompt TEXT`: loads a committed checkpoint of any layout into
 // one process, on the CPU or a GPU (--device, --precision), encodes the prompt with the
-// recipe's tokenizer and prints the continuation as it is produced, then a line with
-// tokens/s (docs/generate.md).
+// tokenizer the checkpoint carries (else the recipe's) and prints the continuation to stdout as
+// it is produced, then a line with tokens/s to stderr (docs/generate.md).
 #include <cstdint>
 #include <string>
 
@@ -13,8 +13,9 @@ namespace pentad::ckpt {
 struct GenerateOptions {
   std::string checkpoint;
   std::string prompt;
-  std::string prompt_ids;  // comma-separated token ids instead of text (no tokenizer needed)
-  std::string tokenizer;   // tokenizer.json overriding the recipe's
+  std::string prompt_ids;   // comma-separated token ids instead of text (no tokenizer needed)
+  std::string tokenizer;    // overrides the checkpoint's (else the recipe's) tokenizer file
+  bool ignore_eos = false;  // go on past the end-of-text token (to --max-tokens)
   int64_t max_tokens = 64;
   bool print_ids = false;          // print the generated ids, one line, instead of text
   bool no_cache = false;           // every step a full forward of the context (no key/value cache)

@@ -125,6 +125,12 @@ std::string default_corpus_tokenizer(const DataConfig& cfg, int64_t vocab_size) 
   return default_corpus_prefix(cfg, vocab_size) + ".json";
 }
 
+std::string run_tokenizer(const DataConfig& cfg, int64_t vocab_size) {
+  if (!cfg.tokenizer.empty() || cfg.source == "fortunes")
+    return default_corpus_tokenizer(cfg, vocab_size);
+  return "";
+}
+
 std::string prepare_default_corpus(const DataConfig& cfg, int64_t vocab_size,
                                    const std::string& corpus_dir) {
   const std::string prefix = default_corpus_prefix(cfg, vocab_size);

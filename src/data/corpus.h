@@ -32,6 +32,10 @@ int64_t write_tokenized(const Tokenizer& tokenizer, const std::vector<std::strin
 std::string default_corpus_prefix(const DataConfig& cfg, int64_t vocab_size);
 // The tokenizer.json that goes with it (the learned one, or data.tokenizer).
 std::string default_corpus_tokenizer(const DataConfig& cfg, int64_t vocab_size);
+// The tokenizer the run's tokens were encoded with: data.tokenizer, else with data.source =
+// "fortunes" the learned one; "" where the recipe names none (random tokens, or token files
+// prepared elsewhere without data.tokenizer). Checkpoints carry a copy of it.
+std::string run_tokenizer(const DataConfig& cfg, int64_t vocab_size);
 
 // Makes sure <prefix>.bin/.idx (and the learned tokenizer) exist, building them if not,
 // and returns the prefix. Idempotent, and safe when several processes race: each writes

@@ -56,6 +56,13 @@ Tokenizer Tokenizer::load(const std::string& path) {
   return Tokenizer(SentencePieceModel::from_bytes(bytes, path));
 }
 
+const char* Tokenizer::file_name_for(std::string_view bytes) {
+  const size_t first = bytes.find_first_not_of(" \t\r\n");
+  const bool json = first != std::string_view::npos &&
+                    (bytes[first] == '{' || bytes[first] == '[' || bytes[first] == '"');
+  return json ? "tokenizer.json" : "tokenizer.model";
+}
+
 void Tokenizer::save(const std::string& path) const {
   model().save(path);
 }

@@ -33,6 +33,9 @@ class Tokenizer {
   // A Hugging Face tokenizer.json (byte-level BPE) or a SentencePiece model, told apart by
   // the contents: a JSON object is the former. Errors name the file and the field.
   static Tokenizer load(const std::string& path);
+  // The conventional name of a tokenizer file with these contents, told apart as load() does:
+  // "tokenizer.json" (a JSON document) or "tokenizer.model" (SentencePiece).
+  static const char* file_name_for(std::string_view bytes);
   void save(const std::string& path) const;  // written atomically, in the format it came in
 
   Tokenizer();

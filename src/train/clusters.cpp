@@ -2,6 +2,8 @@
 // datasheets, and this CPU machine from its kernel table.
 #include <algorithm>
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "core/check.h"
 #include "train/cost_model.h"
@@ -83,6 +85,24 @@ Engine engine_named(const std::string& name) {
   e.param_gather_overlapped = true;
   e.tp_comm_overlapped = true;
   return e;
+}
+
+double gpu_peak_flops(const std::string& device_name) {
+  // Dense bf16 tensor-core peaks, TFLOP/s, no sparsity (datasheets; bench/torch_gpt2.py
+  // keeps the same table): the first row whose words all appear in the name wins.
+  struct Peak {
+    std::vector<std::string> words;
+    double tflops;
+  };
+  static const Peak kPeaks[] = {
+      {{"H200", "NVL"}, 835.0}, {{"H200"}, 989.4}, {{"H100", "PCIe"}, 756.0},
+      {{"H100", "NVL"}, 835.0}, {{"H100"}, 989.4}, {{"A100"}, 312.0},
+  };
+  for (const Peak& p : kPeaks)
+    if (std::all_of(p.words.begin(), p.words.end(),
+                    [&](const std::string& w) { return device_name.find(w) != std::string::npos; }))
+      return p.tflops * 1e12;
+  return 0;
 }
 
 Cluster this_machine(const Calibration& calibration, int ranks) {

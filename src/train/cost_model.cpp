@@ -223,6 +223,15 @@ std::string TpShapeChoice::describe(int tp) const {
                      d2 > 1 && d2 < tp ? (column_first ? " column" : " row") : "");
 }
 
+double model_flops_per_token(const ModelConfig& m, double keys) {
+  const std::vector<int64_t> moe_ids = m.is_moe() ? moe_layer_indices(m) : std::vector<int64_t>{};
+  double flops = head_flops_per_token(m);
+  for (int64_t l = 0; l < m.n_layer; ++l)
+    flops += layer_flops_per_token(m, std::find(moe_ids.begin(), moe_ids.end(), l) != moe_ids.end(),
+                                   keys);
+  return flops;
+}
+
 TpShapeChoice choose_tp_shape(const Config& cfg, parallel::MeshConfig mesh,
                               const parallel::Topology& topology) {
   const ModelConfig& m = cfg.model;
@@ -585,8 +594,7 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
   out.step_seconds = pipeline + dp_exposed + optimizer;
   out.oversubscription = slow;
   const double tokens = b * s * ga * mesh.dp;
-  double flops_per_token = head_flops_per_token(m);
-  for (int64_t l = 0; l < m.n_layer; ++l) flops_per_token += layer_flops_per_token(m, is_moe(l), s);
+  const double flops_per_token = model_flops_per_token(m, s);
   out.tokens_per_second = tokens / out.step_seconds;
   out.flops_per_device = flops_per_token * tokens / out.step_seconds / world;
   out.mfu = out.flops_per_device / machine.rank_peak_flops();

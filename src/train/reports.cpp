@@ -6,16 +6,25 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "checkpoint/sha256.h"
 #include "core/device_memory.h"
 #include "core/npy.h"
+#include "data/corpus.h"
+#include "data/tokenizer.h"
+#include "train/calibration.h"
+#include "train/cost_model.h"
 #include "train/memory_budget.h"
 #include "train/recipe.h"
 #include "train/trainer.h"
@@ -53,10 +62,72 @@ void Trainer::log_plan() const {
 
 void Trainer::open_run_files() {
   const TrainConfig& t = cfg_.train;
+  set_throughput_basis();
   if (!logs()) return;
   metrics_.open(t.out_dir, !t.resume.empty(), start_step_, t.tensorboard);
   std::ofstream recipe(std::filesystem::path(t.out_dir) / "recipe.toml");
   recipe << recipe_to_toml(cfg_);
+  keep_tokenizer();
+  spdlog::info(
+      "throughput: {:.4g} model FLOPs a token (forward and backward, as pentad plan counts "
+      "them), over {} device{}; {}",
+      flops_per_token_, devices_, devices_ == 1 ? "" : "s", peak_note_);
+}
+
+void Trainer::set_throughput_basis() {
+  flops_per_token_ = model_flops_per_token(cfg_.model, double(cfg_.train.seq_len));
+  devices_ = mesh_ ? mesh_->world_size() : 1;
+  if (model_->params().device() == Device::CUDA) {
+    const std::string device = cuda_device_description();
+    peak_flops_per_device_ = gpu_peak_flops(device);
+    peak_note_ = peak_flops_per_device_ > 0
+                     ? fmt::format("MFU against the GPU's dense bf16 peak, {:.1f} TFLOP/s ({})",
+                                   peak_flops_per_device_ / 1e12, device)
+                     : fmt::format("MFU n/a (no datasheet peak known for {})", device);
+    return;
+  }
+  // A CPU rank's peak: the machine's fastest measured GEMM (every core) over the ranks on it,
+  // as `pentad plan` takes it (Machine::rank_peak_flops).
+  const NodeShare node = node_share();
+  const std::string path = default_calibration_path();
+  if (!std::filesystem::exists(path)) {
+    peak_note_ = "MFU n/a (no calibration: run pentad plan --calibrate)";
+    return;
+  }
+  try {
+    const Calibration calibration = Calibration::read(path);
+    peak_flops_per_device_ = this_machine(calibration, node.ranks).machine.rank_peak_flops();
+    peak_note_ = fmt::format(
+        "MFU against this machine's measured peak: its fastest GEMM over the {} rank{} on it, "
+        "{:.3g} GFLOP/s a rank ({}, {} cores; {})",
+        node.ranks, node.ranks == 1 ? "" : "s", peak_flops_per_device_ / 1e9, calibration.machine,
+        calibration.cores, path);
+  } catch (const Error& e) {
+    peak_note_ = fmt::format("MFU n/a (the calibration cannot be read: {})", e.what());
+  }
+}
+
+void Trainer::keep_tokenizer() {
+  namespace fs = std::filesystem;
+  const std::string path = data::run_tokenizer(cfg_.data, cfg_.model.vocab_size);
+  if (path.empty()) return;  // random tokens, or token files without data.tokenizer
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    spdlog::warn("tokenizer: {} cannot be read ({}): checkpoints will carry no tokenizer", path,
+                 std::strerror(errno));
+    return;
+  }
+  auto bytes = std::make_shared<std::string>(std::istreambuf_iterator<char>(in),
+                                             std::istreambuf_iterator<char>());
+  tokenizer_.file = data::Tokenizer::file_name_for(*bytes);
+  tokenizer_.sha256 = ckpt::sha256_hex(*bytes);
+  tokenizer_.bytes = std::move(bytes);
+  // A copy with the run, and its hash in sha256sum's format (`sha256sum -c` checks it).
+  const fs::path copy = fs::path(cfg_.train.out_dir) / tokenizer_.file;
+  std::ofstream(copy, std::ios::binary | std::ios::trunc) << *tokenizer_.bytes;
+  std::ofstream(copy.string() + ".sha256") << tokenizer_.sha256 << "  " << tokenizer_.file << "\n";
+  spdlog::info("tokenizer: {} (sha256 {}), copied to {} and carried by every checkpoint", path,
+               tokenizer_.sha256, copy.string());
 }
 
 void Trainer::write_metrics(const nlohmann::json& row) {
@@ -105,12 +176,24 @@ void Trainer::report_step(const StepStats& s, std::chrono::steady_clock::time_po
     j["blocked_seconds"] = checkpoint_blocked_seconds() - blocked_reported_;
     blocked_reported_ = checkpoint_blocked_seconds();
   }
+  // Megatron's and torchtitan's figures: tokens/s of the job and per device, model FLOP/s
+  // per device (the global batch's, counted as `pentad plan` counts them, over every rank) and
+  // MFU against the device's peak. flops_per_second stays this rank's share, as it was.
+  const double device_tokens = s.tokens_per_second / devices_;
+  const double device_flops = device_tokens * flops_per_token_;
+  j["tokens_per_second_per_device"] = device_tokens;
+  j["flops_per_second_per_device"] = device_flops;
+  if (peak_flops_per_device_ > 0) j["mfu"] = device_flops / peak_flops_per_device_;
   write_metrics(j);
   if (t.log_every > 0 && ((step + 1) % t.log_every == 0 || step == start_step_ || step + 1 == last))
     spdlog::info(
-        "step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | {:.1f} "
-        "GFLOP/s{}",
-        step + 1, t.steps, s.loss, s.lr, s.grad_norm, s.tokens_per_second, s.flops_per_second / 1e9,
+        "step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tokens/s ({:.0f} per "
+        "device) | {:.3g} TFLOP/s per device | MFU {}{}",
+        step + 1, t.steps, s.loss, s.lr, s.grad_norm, s.tokens_per_second, device_tokens,
+        device_flops / 1e12,
+        peak_flops_per_device_ > 0
+            ? fmt::format("{:.1f}%", 100 * device_flops / peak_flops_per_device_)
+            : std::string("n/a"),
         moe_line);
 }
 

@@ -163,6 +163,13 @@ class Trainer {
   // beside recipe.toml; train/metrics_log.h).
   void log_plan() const;
   void open_run_files();
+  // Rank 0, as the run starts: reads the run's tokenizer (data::run_tokenizer) into
+  // tokenizer_ and writes a copy, with its sha256, to train.out_dir.
+  void keep_tokenizer();
+  // Every rank (node_share() is collective), as the run starts: the step line's throughput
+  // basis below, from the recipe, the mesh, and the device's peak (a GPU's datasheet, or the
+  // CPU's calibration, as `pentad plan` takes it).
+  void set_throughput_basis();
   void write_metrics(const nlohmann::json& row);
   void report_step(const StepStats& s, std::chrono::steady_clock::time_point run_start,
                    int64_t last);
@@ -236,9 +243,11 @@ class Trainer {
   // commit in flight, if any, and takes its outcome (the ranks agree on it).
   void start_commit(bool block);
   void conclude_commit();
+  // tokenizer: the bytes of base.tokenizer_file, which each level's checkpoint carries.
   static CommitOutcome commit_levels(const std::vector<std::string>& roots,
                                      const ckpt::Manifest& base, int keep_last,
-                                     const std::vector<std::string>& file_errors);
+                                     const std::vector<std::string>& file_errors,
+                                     std::shared_ptr<const std::string> tokenizer);
   // Throws unless the checkpoint at dir holds this recipe's model (`action`: what was
   // refused, for the message); logs the other keys that changed when `log_changes`.
   void check_same_model(const std::string& dir, const std::string& action, bool log_changes) const;
@@ -333,6 +342,18 @@ class Trainer {
   int64_t pending_save_ = -1;            // step of the snapshot not yet committed
   std::optional<CommitJob> committing_;  // its files are written; its commit is in flight
   int64_t pending_optimizer_steps_ = 0;
+  // The run's tokenizer as it was when the run started (keep_tokenizer(), rank 0): every
+  // checkpoint carries these bytes, whatever later happens to the file. No file: none.
+  struct KeptTokenizer {
+    std::string file, sha256;  // Manifest::tokenizer_file, tokenizer_sha256
+    std::shared_ptr<const std::string> bytes;
+  } tokenizer_;
+  // The step line's throughput, counted as `pentad plan` counts it: model FLOPs a token,
+  // the job's devices (ranks), and one device's peak FLOP/s (0: unknown; peak_note_ says
+  // what MFU is against, or why there is none).
+  double flops_per_token_ = 0, peak_flops_per_device_ = 0;
+  int devices_ = 1;
+  std::string peak_note_;
   int64_t snapshot_step_ = -1, snapshot_optimizer_steps_ = 0;  // of the newest, in memory
   // Swap snapshots: the newest snapshot is the live state set until the next optimizer step
   // (swap_pending_: that step goes out of place), then the spare one (snapshot_in_spare_).

@@ -83,22 +83,27 @@ void Trainer::start_commit(bool block) {
                             mc ? mc->cp : 1,
                             model_->tp().sequence_parallel()};
     m.recipe_toml = recipe_to_toml(cfg_);
+    m.tokenizer_file = tokenizer_.file;
+    m.tokenizer_sha256 = tokenizer_.sha256;
     saver_.wait_for_removal();  // commit() hands back any *.deleting it finds
-    job.outcome = std::async(std::launch::async, &Trainer::commit_levels, roots, std::move(m),
-                             static_cast<int>(cfg_.train.keep_last), job.file_errors);
+    job.outcome =
+        std::async(std::launch::async, &Trainer::commit_levels, roots, std::move(m),
+                   static_cast<int>(cfg_.train.keep_last), job.file_errors, tokenizer_.bytes);
   }
   committing_ = std::move(job);
 }
 
 Trainer::CommitOutcome Trainer::commit_levels(const std::vector<std::string>& roots,
                                               const ckpt::Manifest& base, int keep_last,
-                                              const std::vector<std::string>& file_errors) {
+                                              const std::vector<std::string>& file_errors,
+                                              std::shared_ptr<const std::string> tokenizer) {
   CommitOutcome out;
   out.errors.resize(roots.size());
   for (size_t level = 0; level < roots.size(); ++level) {
     if (file_errors[level].empty()) {
       try {
-        for (std::string& dir : ckpt::commit(roots[level], base, keep_last))
+        for (std::string& dir : ckpt::commit(roots[level], base, keep_last,
+                                             tokenizer ? *tokenizer : std::string_view()))
           out.retired.push_back(std::move(dir));
         spdlog::info("checkpoint: step {} committed to {}", base.step,
                      ckpt::checkpoint_dir(roots[level], base.step));

@@ -519,6 +519,39 @@ TEST(ConvertHf, ExportNamesAMissingParameter) {
   fs::remove_all(work);
 }
 
+// Issue 45: a LLaMA export into the folder of a GPT-2 one replaced it without a word.
+TEST(ConvertHf, ExportRefusesToReplaceAnExportUnlessAskedTo) {
+  const std::string work = fresh_dir("replace");
+  const Config gpt2 = tiny(ModelFamily::GPT2, true), llama = tiny(ModelFamily::LLaMA, true);
+  const std::string a = write_checkpoint(work + "/a", gpt2, random_params(gpt2, 3), 1);
+  const std::string b = write_checkpoint(work + "/b", llama, random_params(llama, 4), 1);
+  fs::create_directories(work + "/empty");
+  export_hf(a, work + "/empty");  // an empty directory is no export to lose
+  export_hf(a, work + "/hf");
+  const auto before = fs::last_write_time(work + "/hf/model.safetensors");
+  const std::string msg = error_of([&] { export_hf(b, work + "/hf"); });
+  EXPECT_NE(msg.find(work + "/hf: already exists (an export of a gpt2 model)"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("--overwrite"), std::string::npos) << msg;
+  EXPECT_EQ(read_json(work + "/hf/config.json")["model_type"], "gpt2");
+  EXPECT_EQ(fs::last_write_time(work + "/hf/model.safetensors"), before);
+  // A stray file or a file in the way counts too.
+  std::ofstream(work + "/other.txt") << "x";
+  EXPECT_NE(error_of([&] { export_hf(b, work + "/other.txt"); }).find("(a file)"),
+            std::string::npos);
+  // Asked to: the weights and config are the LLaMA's, and the GPT-2's shards are gone.
+  std::ofstream(work + "/hf/model-00002-of-00002.safetensors") << "stale";
+  export_hf(b, work + "/hf", /*overwrite=*/true);
+  EXPECT_EQ(read_json(work + "/hf/config.json")["model_type"], "llama");
+  EXPECT_FALSE(fs::exists(work + "/hf/model-00002-of-00002.safetensors"));
+  // llm.c's file the same way.
+  export_llmc(a, work + "/gpt2.bin");
+  EXPECT_NE(error_of([&] { export_llmc(a, work + "/gpt2.bin"); }).find("--overwrite"),
+            std::string::npos);
+  export_llmc(a, work + "/gpt2.bin", /*overwrite=*/true);
+  fs::remove_all(work);
+}
+
 // ---- pentad -> llm.c ----
 
 TEST(ConvertLlmc, HeaderAndParameterPositions) {
