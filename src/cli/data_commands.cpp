@@ -26,6 +26,15 @@ void tokenizer_train(const std::vector<std::string>& text_files, int64_t vocab_s
   for (const auto& d : docs) bytes += d.size();
   std::vector<std::string_view> views(docs.begin(), docs.end());
   const Tokenizer tokenizer = Tokenizer::train(views, vocab_size, /*progress=*/true);
+  // Merging stops where no pair of tokens repeats: a vocabulary short of the size asked for
+  // would not fit the model.vocab_size it was asked for, so nothing is written.
+  if (tokenizer.vocab_size() < vocab_size)
+    fail(
+        "tokenizer train: the text gives {} tokens, not the {} of --vocab-size: after {} merges "
+        "no pair of tokens occurs twice ({} bytes of text). Give more text, or --vocab-size {} "
+        "or less; {} not written",
+        tokenizer.vocab_size(), vocab_size, tokenizer.num_merges(), bytes, tokenizer.vocab_size(),
+        out_json);
   tokenizer.save(out_json);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

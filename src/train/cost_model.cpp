@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "core/check.h"
@@ -242,19 +243,31 @@ TpShapeChoice choose_tp_shape(const Config& cfg, parallel::MeshConfig mesh,
         total += topology.collective_seconds(c.op, c.group, c.bytes) * (1.0 - c.hidden);
     return total;
   };
+  // Why the layout would refuse a shape ("" if it would not): the mesh's rules, stated once.
+  auto refusal = [&](const parallel::MeshConfig& shape) -> std::string {
+    try {
+      parallel::check_layout(shape, m.d_model, m.n_head, m.n_kv_head, m.vocab_size, ffn_dim(m),
+                             m.n_layer, cfg.train.seq_len, cfg.train.micro_batch,
+                             cfg.parallel.sequence_parallel);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
   TpShapeChoice best;
   mesh.tp_d2 = 1;
   mesh.tp_column_first = false;
-  best.seconds = best.one_d_seconds = seconds(mesh);
-  best.candidates = fmt::format("{}x1 {:.3g} ms", mesh.tp, best.seconds * 1e3);
+  best.one_d_seconds = seconds(mesh);
+  const std::string one_d = refusal(mesh);
+  best.seconds = one_d.empty() ? best.one_d_seconds : std::numeric_limits<double>::infinity();
+  best.candidates = one_d.empty() ? fmt::format("{}x1 {:.3g} ms", mesh.tp, best.seconds * 1e3)
+                                  : fmt::format("{}x1 does not split the model", mesh.tp);
+  std::string two_d;  // each 2D shape's refusal
   for (int d2 = 2; d2 <= mesh.tp; ++d2) {
     if (mesh.tp % d2 != 0) continue;
     mesh.tp_d2 = d2;
-    try {  // the shapes the layout would refuse (the mesh's rules, stated once there)
-      parallel::check_layout(mesh, m.d_model, m.n_head, m.n_kv_head, m.vocab_size, ffn_dim(m),
-                             m.n_layer, cfg.train.seq_len, cfg.train.micro_batch,
-                             cfg.parallel.sequence_parallel);
-    } catch (const Error&) {
+    if (const std::string why = refusal(mesh); !why.empty()) {
+      two_d += fmt::format("{}{}x{}: {}", two_d.empty() ? "" : "; ", mesh.tp / d2, d2, why);
       continue;
     }
     for (bool column : {false, true}) {
@@ -272,6 +285,13 @@ TpShapeChoice choose_tp_shape(const Config& cfg, parallel::MeshConfig mesh,
       }
     }
   }
+  if (best.seconds == std::numeric_limits<double>::infinity())
+    fail(
+        "parallel.tp_shape = \"auto\" finds no shape of parallel.tp = {} that splits this model. "
+        "1D ({}x1) splits the heads, kv heads and MLP width over all of tp: {}. 2D (d1 x d2) "
+        "splits them over d1 and model.d_model over d2: {}. Change parallel.tp, or the model's "
+        "sizes",
+        mesh.tp, mesh.tp, one_d, two_d.empty() ? "tp has no 2D shape" : two_d);
   return best;
 }
 

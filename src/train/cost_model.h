@@ -73,9 +73,20 @@ struct CollectiveCall {
 std::vector<CollectiveCall> tp_layer_collectives(const Config& cfg,
                                                  const parallel::MeshConfig& mesh, bool backward);
 
-// parallel.tp_shape = "auto": of every 2D shape d1 x d2 of mesh.tp that divides the model
-// (and both orders where d1, d2 > 1), the one whose tp collectives of one layer (forward and
-// backward, tp_layer_collectives, chunks' overlap counted) take least time over `topology`.
+// Model FLOPs of one token through a training step (forward and backward; recomputation not
+// counted), as the model counts them (head_flops_per_token, layer_flops_per_token at `keys`,
+// the sequence length): what `pentad plan`'s MFU and the training step line count.
+double model_flops_per_token(const ModelConfig& m, double keys);
+
+// Dense bf16 peak FLOP/s of a GPU from its name as CUDA reports it ("NVIDIA H100 80GB HBM3"),
+// by datasheet; 0 where the name is not in the table.
+double gpu_peak_flops(const std::string& device_name);
+
+// parallel.tp_shape = "auto": of every shape d1 x d2 of mesh.tp (1D tp x 1 among them) that
+// divides the model (and both orders where d1, d2 > 1), the one whose tp collectives of one
+// layer (forward and backward, tp_layer_collectives, chunks' overlap counted) take least time
+// over `topology`. Where none divides it, throws pentad::Error stating the 1D and the 2D rule
+// and why each shape fails.
 struct TpShapeChoice {
   int d2 = 1;
   bool column_first = false;

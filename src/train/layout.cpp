@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "core/check.h"
 #include "model/model.h"
@@ -81,6 +84,35 @@ int tp_shape_d2(const Config& cfg) {
   return static_cast<int>(d2);
 }
 
+namespace {
+
+// For tp x cp x pp that does not divide the world: each of the three set above 1, with the
+// values that would make the product divide it, the others kept ("change parallel.pp to 1, 2,
+// 3 or 6").
+std::string product_fixes(const ParallelConfig& p, int world_size) {
+  const std::pair<const char*, int64_t> keys[] = {
+      {"parallel.tp", p.tp}, {"parallel.cp", p.cp}, {"parallel.pp", p.pp}};
+  std::vector<std::string> fixes;
+  for (const auto& [key, value] : keys) {
+    if (value == 1) continue;
+    const int64_t rest = p.tp * p.cp * p.pp / value;
+    std::vector<int64_t> fit;
+    for (int64_t v = 1; v * rest <= world_size; ++v)
+      if (world_size % (v * rest) == 0) fit.push_back(v);
+    if (fit.empty()) continue;
+    std::string values = std::to_string(fit[0]);
+    for (size_t i = 1; i < fit.size(); ++i)
+      values += (i + 1 == fit.size() ? " or " : ", ") + std::to_string(fit[i]);
+    fixes.push_back(fmt::format("change {} to {}", key, values));
+  }
+  if (fixes.empty()) return "change parallel.tp, parallel.cp or parallel.pp";
+  std::string text = fixes[0];
+  for (size_t i = 1; i < fixes.size(); ++i) text += ", or " + fixes[i];
+  return text;
+}
+
+}  // namespace
+
 parallel::MeshConfig mesh_config(const Config& cfg, int world_size, std::string* note) {
   const ParallelConfig& p = cfg.parallel;
   parallel::MeshConfig mesh;
@@ -104,8 +136,8 @@ parallel::MeshConfig mesh_config(const Config& cfg, int world_size, std::string*
   else
     fail(
         "parallel.tp ({}) x parallel.cp ({}) x parallel.pp ({}) = {} does not divide the {} "
-        "ranks started: change parallel.tp or start a multiple of {} ranks",
-        p.tp, p.cp, p.pp, others, world_size, others);
+        "ranks started: {}, or start a multiple of {} ranks",
+        p.tp, p.cp, p.pp, others, world_size, product_fixes(p, world_size), others);
   // MoE Parallel Folding re-splits a pipeline stage's ranks into edp x ep x etp.
   const int64_t stage_ranks = int64_t(mesh.dp) * mesh.cp * mesh.tp, expert = p.ep * p.etp;
   if (stage_ranks % expert != 0)

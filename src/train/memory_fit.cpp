@@ -261,10 +261,24 @@ void check_memory(const Config& cfg, const parallel::MeshConfig& mesh, const Nod
         fmt::format("train.micro_batch <= {} (raise train.grad_accum to keep the "
                     "batch)",
                     batch));
+  // What a change saves where it does not fit alone (estimate_memory refusing it: nothing).
+  auto saves = [&](const Config& c, const parallel::MeshConfig& layout) {
+    try {
+      return e.total() - estimate_memory(c, layout).total();
+    } catch (const Error&) {
+      return 0.0;
+    }
+  };
   if (!m.recompute) {
     Config c = cfg;
     c.model.recompute = true;
-    if (fits(c)) knobs.push_back("model.recompute = true");
+    if (fits(c))
+      knobs.push_back("model.recompute = true");
+    else if (saves(c, mesh) > 0)
+      knobs.push_back(fmt::format(
+          "model.recompute = true (recomputes each layer's forward in backward: saves {} of "
+          "activations, not enough alone)",
+          bytes_text(saves(c, mesh))));
   }
   // Context parallelism divides the activations of every layer by cp.
   for (int cp = mesh.cp * 2; cp <= 64 && cfg.train.seq_len % (2 * cp) == 0; cp *= 2) {
@@ -284,17 +298,37 @@ void check_memory(const Config& cfg, const parallel::MeshConfig& mesh, const Nod
   }
   // ZeRO divides the AdamW state (and at stage 2 the gradients) over dp x cp, the routed
   // experts' over edp.
-  if (mesh.dp * mesh.cp > 1 && cfg.parallel.zero < 2 &&
-      (cfg.parallel.pp == 1 || cfg.parallel.zero < 1)) {
+  const bool zero_helps = cfg.parallel.zero < 2 && (cfg.parallel.pp == 1 || cfg.parallel.zero < 1);
+  if (mesh.dp * mesh.cp > 1 && zero_helps) {
     Config c = cfg;
     c.parallel.zero = cfg.parallel.pp == 1 ? 2 : 1;
+    const std::string what = fmt::format(
+        "parallel.zero = {} (now {}; AdamW state{} over dp x cp = {}{})", c.parallel.zero,
+        cfg.parallel.zero, c.parallel.zero == 2 ? " and gradients" : "", mesh.dp * mesh.cp,
+        e.expert_values > 0 ? fmt::format(", the routed experts' over edp = {}",
+                                          parallel::mesh_degree(mesh, parallel::Axis::EDP))
+                            : "");
     if (fits(c))
+      knobs.push_back(what);
+    else if (saves(c, mesh) > 0)
+      knobs.push_back(
+          fmt::format("{}: saves {}, not enough alone", what, bytes_text(saves(c, mesh))));
+  }
+  // One data-parallel rank has no one to share its state with: ZeRO over more of them.
+  if (mesh.dp * mesh.cp == 1 && zero_helps && e.optimizer > 0) {
+    Config c = cfg;
+    c.parallel.zero = cfg.parallel.pp == 1 ? 2 : 1;
+    for (int dp = 2; dp <= 64; dp *= 2) {
+      parallel::MeshConfig wider = mesh;
+      wider.dp = dp;
+      if (saves(c, wider) <= 0 || e.total() - saves(c, wider) > limit) continue;
       knobs.push_back(fmt::format(
-          "parallel.zero = {} (now {}; AdamW state{} over dp x cp = {}{})", c.parallel.zero,
-          cfg.parallel.zero, c.parallel.zero == 2 ? " and gradients" : "", mesh.dp * mesh.cp,
-          e.expert_values > 0 ? fmt::format(", the routed experts' over edp = {}",
-                                            parallel::mesh_degree(mesh, parallel::Axis::EDP))
-                              : ""));
+          "parallel.zero = {} over {} data-parallel ranks (now 1; {} ranks in all): AdamW "
+          "state{} divided over them",
+          c.parallel.zero, dp, int64_t(dp) * mesh.tp * mesh.pp * mesh.cp,
+          c.parallel.zero == 2 ? " and gradients" : ""));
+      break;
+    }
   }
   // NVMe offload leaves three sub-groups of AdamW's state in memory.
   if (cfg.parallel.offload != "nvme" && cfg.train.device == "cpu") {
@@ -334,12 +368,16 @@ void check_memory(const Config& cfg, const parallel::MeshConfig& mesh, const Nod
       {fmt::format("parameters {} ({})", bytes_text(e.parameters), values_text(e)), e.parameters},
       {fmt::format("gradients {}", bytes_text(e.gradients)), e.gradients},
       {fmt::format("AdamW state {}", bytes_text(e.optimizer)), e.optimizer},
-      {fmt::format("checkpoint snapshot {} (checkpoint.snapshot = \"copy\" keeps it in host "
-                   "memory on CUDA; train.save_every = 0 drops it)",
-                   bytes_text(e.snapshot)),
-       e.snapshot},
       {fmt::format("activations {} ({})", bytes_text(e.activations), activations_text(cfg, e)),
        e.activations}};
+  // Only where there is one (saves on), and the note about host memory only on CUDA.
+  if (e.snapshot > 0)
+    items.push_back({fmt::format("checkpoint snapshot {} ({}train.save_every = 0 drops it)",
+                                 bytes_text(e.snapshot),
+                                 cfg.train.device == "cuda"
+                                     ? "checkpoint.snapshot = \"copy\" keeps it in host memory; "
+                                     : ""),
+                     e.snapshot});
   std::stable_sort(items.begin(), items.end(),
                    [](const Item& a, const Item& b) { return a.bytes > b.bytes; });
   std::string largest;

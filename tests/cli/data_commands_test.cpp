@@ -3,9 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 
 #include "../data/test_files.h"
+#include "core/check.h"
 #include "data/dataset.h"
 #include "data/tokenizer.h"
 
@@ -40,6 +42,21 @@ TEST(Commands, TrainTokenizerThenPrepareData) {
   prep.fortune_format = false;
   data_prepare(prep);
   EXPECT_EQ(MegatronDataset::open(dir.file("whole")).num_documents(), 2);
+}
+
+// Issue 45: --vocab-size 5000 on a little text gave 337 tokens without a word.
+TEST(Commands, TrainTokenizerRefusesAVocabularyTheTextCannotGive) {
+  ScratchDir dir;
+  testing::write_text(dir.file("a.txt"), "Hello there, world! Hello again, world.\n");
+  try {
+    tokenizer_train({dir.file("a.txt")}, 5000, dir.file("tok.json"));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("not the 5000 of --vocab-size"), std::string::npos) << message;
+    EXPECT_NE(message.find("Give more text, or --vocab-size"), std::string::npos) << message;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.file("tok.json")));
 }
 
 // Batches of a few documents each, so that every batch but the first is read while the one

@@ -84,6 +84,15 @@ CASES = [
     ("huge_micro_batch", "gpt-tiny.toml",
      ["train.micro_batch=100000", "train.memory_limit_mb=1024"], 0, 2,
      ["memory plan does not fit", "activations", "train.micro_batch <="]),
+    # Issue 45: ZeRO over more ranks and recompute are named even where neither fits alone.
+    ("layers_10000_state_bound", "gpt-tiny.toml",
+     ["model.n_layer=10000", "train.steps=0", "train.micro_batch=2", "train.seq_len=16",
+      "train.memory_limit_mb=7000"], 0, 2,
+     ["model.recompute = true (recomputes", "not enough alone",
+      "parallel.zero = 2 over 2 data-parallel ranks"]),
+    # Issue 45: pp = 4 on 6 ranks named parallel.tp, which the recipe left at 1.
+    ("pp_not_dividing_the_ranks", "gpt-tiny.toml", ["parallel.pp=4"], 6, 2,
+     ["does not divide the 6 ranks started: change parallel.pp to 1, 2, 3 or 6"]),
     ("memory_limit_tiny", "gpt-tiny.toml", ["train.memory_limit_mb=1"], 0, 2,
      ["above train.memory_limit_mb = 1"]),
     ("memory_limit_negative", "gpt-tiny.toml", ["train.memory_limit_mb=-1"], 0, 2,
@@ -237,6 +246,25 @@ def once_per_job(pentad, recipes, work):
     return [] if ok else ["refused_once_on_4_ranks"]
 
 
+def usage(pentad, work):
+    """Issue 45: --version prints one; usage errors exit 2 like every refusal (not CLI11's
+    105 and 106)."""
+    cases = [("version", ["--version"], 0, "pentad 0."), ("no_subcommand", [], 2, "subcommand"),
+             ("missing_recipe", ["train", "missing.toml"], 2, "missing.toml"),
+             ("missing_argument", ["ckpt", "convert", "--to", "hf"], 2, "required")]
+    failures = []
+    for name, args, code, words in cases:
+        run = subprocess.run([pentad, *args], cwd=work, env=ENV, capture_output=True, text=True,
+                             timeout=60)
+        ok = run.returncode == code and words in run.stdout + run.stderr
+        print(f"{'ok  ' if ok else 'FAIL'} usage_{name:22s} exit {run.returncode}")
+        if not ok:
+            print("     output:\n" + "\n".join(
+                "       " + l for l in (run.stdout + run.stderr).splitlines()[-4:]))
+            failures.append(f"usage_{name}")
+    return failures
+
+
 def nothing_left(pentad, recipes, work):
     """--resume latest at the run's last step says there is nothing left to train."""
     out = [f"train.out_dir={work}/done", "train.save_every=2"]
@@ -295,8 +323,9 @@ def main():
             if problems:
                 failures.append(name)
     failures += once_per_job(pentad, recipes, work) + nothing_left(pentad, recipes, work)
+    failures += usage(pentad, work)
     if failures:
-        print(f"{len(failures)} of {len(CASES) + 2} cases failed: {', '.join(failures)}")
+        print(f"{len(failures)} of {len(CASES) + 6} cases failed: {', '.join(failures)}")
         sys.exit(1)
     print(f"every input case behaves ({len(CASES)} cases)")
 

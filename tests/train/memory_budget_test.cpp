@@ -396,3 +396,29 @@ TEST(MemoryBudget, CudaPlanOverTheLimitNamesCpuOffload) {
     }
   }
 }
+
+// Issue 45: the advice named ZeRO and recompute only where either fit alone (never on one
+// rank), and every refusal listed a checkpoint snapshot with a note about CUDA.
+TEST(MemoryBudget, RefusalNamesZeroAndRecomputeAndSnapshotsOnlyWhereThereAreAny) {
+  for (const char* save_every : {"0", "5"}) {
+    const Config cfg =
+        load_recipe(kRecipes + "gpt-tiny.toml",
+                    {"model.n_layer=10000", "train.micro_batch=2", "train.seq_len=16",
+                     "train.memory_limit_mb=7000", std::string("train.save_every=") + save_every});
+    try {
+      check_memory(cfg, one_rank(), NodeShare{});
+      ADD_FAILURE() << "10000 layers fit in 7000 MiB";
+    } catch (const Error& e) {
+      const std::string message = e.what();
+      for (const char* part :
+           {"model.recompute = true (recomputes each layer's forward in "
+            "backward: saves ",
+            "not enough alone", "parallel.zero = 2 over ", "data-parallel ranks (now 1; "})
+        EXPECT_NE(message.find(part), std::string::npos) << message << "\nmissing: " << part;
+      EXPECT_EQ(message.find("CUDA"), std::string::npos) << message;
+      EXPECT_EQ(message.find("checkpoint snapshot") != std::string::npos,
+                std::string(save_every) != "0")
+          << message;
+    }
+  }
+}

@@ -48,6 +48,30 @@ TEST(TpShape, SlowLinksBetweenNodesGoAlongD1) {
   EXPECT_EQ(even.describe(8), "8x1") << even.candidates;
 }
 
+// Issue 45: tp above the head count chose 1D, the cheapest on even links, and the layout then
+// refused it with the 1D rule only, though 4x2 splits the 4 heads over d1 = 4.
+TEST(TpShape, AutoSkipsShapesTheModelRefusesAndStatesBothRules) {
+  const parallel::Topology one_node = parallel::uniform_cluster(1, 8, 100.0, 1e-8, 100.0, 1e-8);
+  const Config four_heads = tp8({"model.n_head=4"});
+  parallel::MeshConfig mesh = mesh_config(tp8(), 8);
+  const TpShapeChoice fits = choose_tp_shape(four_heads, mesh, one_node);
+  EXPECT_EQ(fits.d2, 2) << fits.candidates;
+  EXPECT_NE(fits.candidates.find("8x1 does not split the model"), std::string::npos)
+      << fits.candidates;
+  // Two heads of width 5: 1D, 4x2 split the heads over more ranks than there are; 2x4, 1x8 cut
+  // d_model = 10 into 4 or 8.
+  const Config none = tp8({"model.n_head=2", "model.d_model=10"});
+  const std::string why = tp_shape_refusal([&] { choose_tp_shape(none, mesh, one_node); });
+  for (const char* words :
+       {"parallel.tp_shape = \"auto\" finds no shape of parallel.tp = 8",
+        "1D (8x1) splits the heads, kv heads and MLP width over all of tp: tp 8 does not divide "
+        "model.n_head = 2",
+        "2D (d1 x d2) splits them over d1 and model.d_model over d2: 4x2: the 2D tp shape 4x2 "
+        "splits model.n_head = 2 over d1 = 4",
+        "2x4: the 2D tp shape 2x4 splits model.d_model = 10 over d2 = 4", "1x8: "})
+    EXPECT_NE(why.find(words), std::string::npos) << words << "\n" << why;
+}
+
 TEST(TpShape, AutoNeedsATopologyOfThisJob) {
   const std::string no_file =
       tp_shape_refusal([] { mesh_config(tp8({"parallel.tp_shape=auto"}), 8); });
@@ -57,6 +81,24 @@ TEST(TpShape, AutoNeedsATopologyOfThisJob) {
   const std::string chunks =
       tp_shape_refusal([] { mesh_config(tp8({"parallel.tp_chunks=2"}), 8); });
   EXPECT_NE(chunks.find("parallel.tp_chunks = 2"), std::string::npos) << chunks;
+}
+
+// Issue 45: pp = 4 on 6 ranks said "change parallel.tp", a key the recipe had left at 1.
+TEST(MeshConfig, ARankCountThatDoesNotDivideNamesTheKeysSet) {
+  const std::string gpt = std::string(PENTAD_SOURCE_DIR) + "/recipes/gpt-tiny.toml";
+  const std::string pp4 =
+      tp_shape_refusal([&] { mesh_config(load_recipe(gpt, {"parallel.pp=4"}), 6); });
+  EXPECT_NE(pp4.find("parallel.pp (4) = 4 does not divide the 6 ranks started: change "
+                     "parallel.pp to 1, 2, 3 or 6, or start a multiple of 4 ranks"),
+            std::string::npos)
+      << pp4;
+  EXPECT_EQ(pp4.find("change parallel.tp"), std::string::npos) << pp4;
+  const std::string both = tp_shape_refusal([&] {
+    mesh_config(load_recipe(gpt, {"parallel.tp=2", "parallel.pp=2"}), 6);
+  });
+  EXPECT_NE(both.find("change parallel.tp to 1 or 3, or change parallel.pp to 1 or 3"),
+            std::string::npos)
+      << both;
 }
 
 }  // namespace
