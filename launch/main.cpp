@@ -26,7 +26,6 @@
 #include "cli/plot.h"
 #include "cli/probe.h"
 #include "cli/tokenizer_commands.h"
-#include "kernels/door.h"
 #include "launch/monitor.h"
 #include "launch/rank.h"
 #include "launch/supervisor.h"
@@ -190,12 +189,6 @@ int plot_main(int argc, char** argv) {
   }
 }
 
-// `pentad --version`: the release (CMake's project version) and the backends compiled in.
-std::string pentad_version() {
-  return fmt::format("pentad {} (backends: cpu{})", PENTAD_VERSION,
-                     pentad::kernels::kCudaBuilt ? ", cuda" : "");
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -216,7 +209,6 @@ int main(int argc, char** argv) {
 
   CLI::App app{"pentad: 5D-parallel trainer for GPT and MoE language models"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", pentad_version(), "Print pentad's version and backends");
 
   std::string recipe;
   std::vector<std::string> sets, extra;
@@ -450,10 +442,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    // CLI11's own statuses (105 a failed check, 106 a missing argument, ...) would be the only
-    // usage errors not to exit 2; --help and --version exit 0.
-    const int status = mpi.rank == 0 ? app.exit(e) : e.get_exit_code();
-    return status == 0 ? 0 : kRefused;
+    return mpi.rank == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 2);
   }
 
   try {
@@ -485,9 +474,18 @@ int main(int argc, char** argv) {
       spdlog::info("mesh: {}", mesh.describe());
       if (mpi.rank != 0) spdlog::set_level(spdlog::level::warn);  // rank 0 reports for all
       // Under `pentad launch` (PENTAD_MONITOR set): beats to the supervisor from a thread.
+      // Where it saves (Trainer::checkpoint_roots()): the supervisor checks them before a
+      // restart.
+      std::vector<std::string> ckpt_dirs;
+      if (cfg.train.save_every > 0) {
+        ckpt_dirs.push_back(cfg.train.ckpt_dir.empty() ? cfg.train.out_dir + "/checkpoints"
+                                                       : cfg.train.ckpt_dir);
+        if (!cfg.train.ckpt_mirror.empty()) ckpt_dirs.push_back(cfg.train.ckpt_mirror);
+      }
       pentad::launch::Monitor monitor(mpi.rank, mpi.size, cfg.train.out_dir, 100,
                                       {layout.dp, layout.tp, layout.cp, layout.pp, layout.ep,
-                                       layout.etp, cfg.train.micro_batch, cfg.train.grad_accum});
+                                       layout.etp, cfg.train.micro_batch, cfg.train.grad_accum},
+                                      ckpt_dirs);
       std::optional<pentad::Trainer> trainer;  // outside the try: see the catch
       try {
         trainer.emplace(cfg, &mesh);
@@ -514,7 +512,13 @@ int main(int argc, char** argv) {
         const double agree_s = refused ? 1.0 : 0.25;
         return report_error(
             e, status, mpi.rank, mpi.size, mpi.errors,
-            [&] { monitor.finish(false, e.what(), status == kRefused); }, agree_s);
+            [&] {
+              pentad::launch::ByeCause cause;  // one the supervisor can check
+              if (const auto* saves = dynamic_cast<const pentad::SavesFailed*>(&e))
+                cause = {"checkpoint_save", saves->root};
+              monitor.finish(false, e.what(), status == kRefused, cause);
+            },
+            agree_s);
       }
     } else if (*plan) {
       plan_args.overrides = overrides_from(sets, extra);

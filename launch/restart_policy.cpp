@@ -12,11 +12,12 @@ double RestartPolicy::base_wait_s(const BackoffOptions& options, int n) {
   return std::min(options.cap_s, doubled);
 }
 
-RestartPolicy::Decision RestartPolicy::failed(const std::string& cause, int64_t step) {
+RestartPolicy::Decision RestartPolicy::failed(const std::string& cause, int64_t step,
+                                              int64_t unseen_steps) {
   ++in_a_row_;
   same_cause_ = cause == cause_ ? same_cause_ + 1 : 1;
   cause_ = cause;
-  reached_ = std::max(reached_, step);
+  reached_ = std::max(reached_, step + std::max<int64_t>(0, unseen_steps));
   Decision d;
   d.in_a_row = in_a_row_;
   d.same_cause = same_cause_;

@@ -2,14 +2,17 @@
 // When `pentad launch` restarts a failed job, how long it waits first, and when it gives up.
 //
 // Failures in a row are those with no progress between them: a restarted job that trains
-// kClearSteps past the furthest step any failed attempt reached has cleared them, and the
-// count starts again from zero. --max-restarts bounds the restarts in a row, so a cause
-// that clears costs one restart however long it lasted, and one that never does (a fault
-// met at the same step on every attempt) still ends the job. Restarts in a row for the same
-// cause back off exponentially, as Kubernetes' CrashLoopBackOff does: the first at once
-// (a lone fault costs no time), then first_s, 2 first_s, 4 first_s, ... up to cap_s, each
-// times a factor drawn from [1 - jitter, 1 + jitter] (jobs that failed together do not
-// restart in step). A new cause starts its own schedule; it still counts as in a row.
+// kClearSteps past the furthest step any failed attempt may have reached has cleared them,
+// and the count starts again from zero. Where that step is known only from beats (a lower
+// bound: steps shorter than a beat go unseen before a kill), the caller adds the steps that
+// may have gone unseen, so that a fault met at the same step every time never clears.
+// --max-restarts bounds the restarts in a row, so a cause that clears costs one restart however
+// long it lasted, and one that never does (a fault met at the same step on every attempt) still
+// ends the job. Restarts in a row for the same cause back off exponentially, as Kubernetes'
+// CrashLoopBackOff does: the first at once (a lone fault costs no time), then first_s, 2 first_s, 4
+// first_s, ... up to cap_s, each times a factor drawn from [1 - jitter, 1 + jitter] (jobs that
+// failed together do not restart in step). A new cause starts its own schedule; it still counts as
+// in a row.
 #include <cstdint>
 #include <random>
 #include <string>
@@ -36,8 +39,9 @@ class RestartPolicy {
     double wait_s = 0;      // before this restart (0 with give_up)
     int64_t past_step = 0;  // the step a restarted job must get kClearSteps past
   };
-  // An attempt failed with `cause` after reaching `step` (the furthest step of any rank).
-  Decision failed(const std::string& cause, int64_t step);
+  // An attempt failed with `cause` after reaching `step` (the furthest step of any rank),
+  // or up to `unseen_steps` more.
+  Decision failed(const std::string& cause, int64_t step, int64_t unseen_steps = 0);
   // A running attempt reached `step`. True once, when this clears the failures in a row.
   bool progressed(int64_t step);
   int in_a_row() const { return in_a_row_; }

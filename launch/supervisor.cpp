@@ -5,6 +5,7 @@
 #include <sys/prctl.h>
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -33,6 +34,8 @@ using nlohmann::json;
 // How long a local rank's process may be gone, its connection still open and no bye read,
 // before it counts as dead: time for its last messages and end of connection to arrive.
 constexpr double kGoneGrace = 0.5;
+// The ranks' beat interval (launch/main.cpp's Monitor).
+constexpr double kBeatSeconds = 0.1;
 // While it waits for a checkpoint directory to clear, a line this often.
 constexpr double kNoteSeconds = 10.0;
 
@@ -215,6 +218,31 @@ std::optional<std::string> refusal(int status, const Detector& detector) {
   return std::nullopt;
 }
 
+// The last step world rank 0 wrote to <out_dir>/metrics.jsonl during this attempt (a line a
+// step, flushed as written): the furthest step the job finished, beats or not. -1 where
+// there is none (no step logged since `since`, or the file is elsewhere).
+int64_t last_logged_step(const std::string& out_dir, std::filesystem::file_time_type since) {
+  const std::filesystem::path path = std::filesystem::path(out_dir) / "metrics.jsonl";
+  std::error_code ec;
+  const auto written = std::filesystem::last_write_time(path, ec);
+  if (ec || written < since) return -1;
+  std::ifstream in(path, std::ios::binary);
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  const std::streamoff from = std::max<std::streamoff>(0, size - (64 << 10));
+  in.seekg(from);
+  std::string line;
+  if (from > 0) std::getline(in, line);  // a part line
+  int64_t step = -1;
+  while (std::getline(in, line)) {
+    const json row = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (row.is_object() && row.contains("loss") && row.contains("step") &&
+        row["step"].is_number_integer())
+      step = row["step"].get<int64_t>();
+  }
+  return step;
+}
+
 // What a fault's restarts back off by: its class and culprit, and the cause a rank named.
 std::string cause_of(const Detection& fault, const Detector& detector) {
   std::string cause = fault.cls + ", " + culprit_words(fault.culprit);
@@ -232,6 +260,7 @@ int Supervisor::run() {
     conn_rank_.clear();
     local_ranks_.clear();
     gone_since_.clear();
+    const auto attempt_start = std::filesystem::file_time_type::clock::now();
     Job job(command,
             {{"PENTAD_MONITOR", monitor_}, {"PENTAD_LAUNCH_ATTEMPT", std::to_string(attempt_)}});
     Detection fault;
@@ -261,8 +290,20 @@ int Supervisor::run() {
       recovery.ckpt_step = any ? std::min(recovery.ckpt_step, r.ckpt_step) : r.ckpt_step;
       any = true;
     }
+    // The beats say how far the ranks got, up to the last one before they ended; where the
+    // launcher killed them all at once, steps shorter than a beat may have gone unseen.
+    // Rank 0's metrics say it exactly, where this machine can read them.
+    int64_t unseen = 0;
+    const auto zero = detector.ranks().find(0);
+    const int64_t logged = zero != detector.ranks().end() && local_ranks_.count(0)
+                               ? last_logged_step(zero->second.out_dir, attempt_start)
+                               : -1;
+    if (logged >= 0)
+      recovery.last_step = std::max(recovery.last_step, logged);
+    else if (detector.median_step_seconds() > 0)
+      unseen = int64_t(std::ceil(kBeatSeconds / detector.median_step_seconds())) + 1;
     const std::string cause = cause_of(fault, detector);
-    const RestartPolicy::Decision decision = policy_.failed(cause, recovery.last_step);
+    const RestartPolicy::Decision decision = policy_.failed(cause, recovery.last_step, unseen);
     if (decision.give_up) {
       event({{"event", "action"},
              {"action", "give_up"},

@@ -60,8 +60,12 @@ struct TrainConfig {  // [train]
   // step 0. Refused, like resume, when the checkpoint holds another model.
   std::string init_from;
   // Training stops once a checkpoint level (ckpt_dir or ckpt_mirror) has failed this many
-  // saves in a row (a full disk), rather than running on unprotected.
+  // saves in a row (a full disk), rather than running on unprotected ...
   int64_t max_failed_saves = 3;
+  // ... and the first of them failed this many seconds ago, where the level's newest
+  // committed checkpoint still stands (the newest snapshot stays in memory meanwhile): a
+  // disk full for a moment costs no restart however short the steps. 0: the count alone.
+  float failed_save_grace_s = 120;
   // A step whose loss or gradient norm is not finite updates nothing: its batch is dropped
   // (the optimizer, its moments and step count untouched), up to this many steps in a run;
   // one more ends the run.

@@ -192,7 +192,10 @@ const std::vector<Key>& key_table() {
                  "starts at step 0"),
       PENTAD_KEY(train, max_failed_saves, at_least(1),
                  "Stop once a checkpoint level has failed this many saves in a row (e.g. a full "
-                 "disk)"),
+                 "disk) and failed_save_grace_s has passed"),
+      PENTAD_KEY(train, failed_save_grace_s, at_least(0),
+                 "Seconds failed saves in a row are tolerated (warned each time) while the "
+                 "level's newest committed checkpoint stands; 0: max_failed_saves alone"),
       PENTAD_KEY(train, max_skipped_steps, at_least(0),
                  "Steps with a non-finite loss or gradient norm skipped (no update) per run; one "
                  "more ends it"),

@@ -54,6 +54,15 @@ struct StepStats {
   bool skipped = false;  // loss or gradient norm not finite: nothing was updated
 };
 
+// The run stops because checkpoint saves at `root` (a level: train.ckpt_dir or the mirror)
+// failed past train.max_failed_saves and train.failed_save_grace_s. `pentad launch` checks
+// that directory (its free space, whether it is there) before it restarts the job.
+struct SavesFailed : Error {
+  SavesFailed(const std::string& message, std::string where)
+      : Error(message), root(std::move(where)) {}
+  std::string root;
+};
+
 class Trainer {
  public:
   // mesh: null for one rank; otherwise every rank of the mesh constructs its Trainer.
@@ -117,7 +126,9 @@ class Trainer {
   // the commit), in each level (ckpt_dir, ckpt_mirror) on its own. Rank 0 commits on a
   // thread of its own (manifest, renames, fsyncs); without block, the next commit_pending()
   // takes the outcome. A level that failed train.max_failed_saves saves in a row makes it
-  // throw. Collective: every rank calls them at the same points.
+  // throw SavesFailed, unless its newest committed checkpoint still stands and its first
+  // failure in the row was under train.failed_save_grace_s ago (the snapshot in memory is
+  // the newest state meanwhile). Collective: every rank calls them at the same points.
   void save(int64_t steps_done);
   // The end of a run: <ckpt_dir>/recycled (checkpoint.recycle_files) goes.
   void drop_recycled_files();
@@ -361,7 +372,9 @@ class Trainer {
   double commit_seconds_ = 0;    // in commit_pending(), less the saver's waits
   double blocked_reported_ = 0;  // checkpoint_blocked_seconds() at the last report_step()
   int64_t saves_ = 0;
-  std::vector<int64_t> failed_saves_;         // per checkpoint level: failures in a row
+  std::vector<int64_t> failed_saves_;  // per checkpoint level: failures in a row
+  std::vector<std::chrono::steady_clock::time_point> first_failed_at_;  // ... the first's time
+  std::vector<int64_t> committed_step_;       // per level: the newest step committed (-1: none)
   int64_t start_step_ = 0;                    // first step run() trains (after a resume)
   int64_t data_step_ = 0, data_samples_ = 0;  // the data origin: first_sample(data_step_)
   std::string samples_dir_;                   // dump_sample_ids()

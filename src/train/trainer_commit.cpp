@@ -126,6 +126,10 @@ void Trainer::conclude_commit() {
   CommitOutcome out = job.outcome.valid() ? job.outcome.get() : CommitOutcome{};  // rank 0
   const std::vector<std::string> roots = checkpoint_roots();
   failed_saves_.resize(roots.size(), 0);
+  first_failed_at_.resize(roots.size());
+  committed_step_.resize(roots.size(), -1);
+  const auto now = std::chrono::steady_clock::now();
+  const double grace_s = cfg_.train.failed_save_grace_s;
   std::vector<std::string> why = job.file_errors;
   for (size_t level = 0; level < roots.size(); ++level) {
     const std::string commit_error = level < out.errors.size() ? out.errors[level] : "";
@@ -133,23 +137,52 @@ void Trainer::conclude_commit() {
     const bool failed = all_ranks(why[level].empty() ? 0 : 1, parallel::ReduceOp::Max) != 0;
     if (failed && why[level].empty()) why[level] = "rank 0 could not commit it (see its messages)";
     failed_saves_[level] = failed ? failed_saves_[level] + 1 : 0;
+    if (failed_saves_[level] == 1) first_failed_at_[level] = now;
+    if (!failed) committed_step_[level] = job.step;
     if (failed && world_rank_ == 0)
       spdlog::warn(
-          "checkpoint of step {} not committed to {} (failure {} in a row of at most "
-          "train.max_failed_saves = {}): {}",
-          job.step, roots[level], failed_saves_[level], cfg_.train.max_failed_saves, why[level]);
+          "checkpoint of step {} not committed to {} (failure {} in a row, the first {:.1f} s "
+          "ago; the run stops after train.max_failed_saves = {} once train.failed_save_grace_s "
+          "= {} s have passed): {}",
+          job.step, roots[level], failed_saves_[level],
+          std::chrono::duration<double>(now - first_failed_at_[level]).count(),
+          cfg_.train.max_failed_saves, grace_s, why[level]);
   }
   if (world_rank_ == 0) saver_.remove_later(std::move(out.retired));  // off the training thread
   if (failed_saves_[0] == 0)                                          // the local level committed
     parallel::activity_checkpoint_committed(job.step);
   if (mesh_) mesh_->world().barrier();  // nobody resumes from a checkpoint not yet visible
-  for (size_t level = 0; level < roots.size(); ++level)
-    if (failed_saves_[level] >= cfg_.train.max_failed_saves)
-      fail(
-          "stopping: {} consecutive checkpoints could not be saved to {} (train.max_failed_saves "
-          "= {}), the last because {}; training on would leave the run unprotected. Free space "
-          "there, or point train.ckpt_dir / train.ckpt_mirror elsewhere, then --resume latest",
-          failed_saves_[level], roots[level], cfg_.train.max_failed_saves, why[level]);
+  for (size_t level = 0; level < roots.size(); ++level) {
+    if (failed_saves_[level] < cfg_.train.max_failed_saves) continue;
+    const double seconds = std::chrono::duration<double>(now - first_failed_at_[level]).count();
+    // Within the grace the run trains on while the level's newest committed checkpoint stands
+    // (a resume has it) and the newest snapshot is in memory. Every rank takes rank 0's word:
+    // its clock and what it sees of the directory.
+    int tolerated = 0;
+    if (world_rank_ == 0 && seconds < grace_s && snapshot_step_ >= 0) {
+      const std::vector<std::string> committed = ckpt::committed_checkpoints(roots[level]);
+      const std::string newest = committed_step_[level] >= 0
+                                     ? ckpt::checkpoint_dir(roots[level], committed_step_[level])
+                                     : std::string();
+      tolerated = !committed.empty() && (newest.empty() || committed.front() == newest);
+      if (tolerated && failed_saves_[level] == cfg_.train.max_failed_saves)  // once a row
+        spdlog::warn(
+            "training on: {} still holds {}, and {:.0f} s of train.failed_save_grace_s "
+            "are left",
+            roots[level], std::filesystem::path(committed.front()).filename().string(),
+            grace_s - seconds);
+    }
+    if (all_ranks(tolerated, parallel::ReduceOp::Max) != 0) continue;
+    throw SavesFailed(
+        fmt::format(
+            "stopping: {} consecutive checkpoints could not be saved to {} over {:.1f} s "
+            "(train.max_failed_saves = {}, train.failed_save_grace_s = {}), the last because {}; "
+            "training on would leave the run unprotected. Free space there, or point "
+            "train.ckpt_dir / train.ckpt_mirror elsewhere, then --resume latest",
+            failed_saves_[level], roots[level], seconds, cfg_.train.max_failed_saves, grace_s,
+            why[level]),
+        roots[level]);
+  }
 }
 
 void Trainer::drop_recycled_files() {
