@@ -169,8 +169,9 @@ class StagedUpload {
 };
 
 // Host memory through which a communicator moves tensors of any device (the staged backend,
-// parallel/staged_comm.cpp). acquire() hands out a block (page-locked where a CUDA device is
-// visible, plain host memory otherwise), release() takes it back; blocks are kept for reuse.
+// parallel/staged_comm.cpp). acquire() hands out a block (page-locked when asked for and a
+// CUDA device is visible, plain host memory otherwise: a CPU run creates no CUDA context),
+// release() takes it back; blocks are kept for reuse.
 // Stream rule (CUDA): download() queues a copy from the device into a block on the compute
 // stream, and wait_downloads() makes the host wait for every one queued, so the bytes follow
 // every kernel issued before; upload() queues a copy from a block to the device on the
@@ -184,7 +185,9 @@ class HostStaging {
   ~HostStaging();
   HostStaging(const HostStaging&) = delete;
   HostStaging& operator=(const HostStaging&) = delete;
-  void* acquire(size_t bytes);  // at least `bytes` (0 is fine), free of pending copies
+  // At least `bytes` (0 is fine), free of pending copies; pinned: for copies to and from a
+  // device.
+  void* acquire(size_t bytes, bool pinned);
   void release(void* block);
   // `at` and `bytes` lie inside one acquired block.
   void download(void* at, const void* src, Device src_device, size_t bytes);

@@ -367,14 +367,16 @@ HostStaging::~HostStaging() {
   }
 }
 
-void* HostStaging::acquire(size_t bytes) {
+void* HostStaging::acquire(size_t bytes, bool pinned) {
+  pinned = pinned && cuda_device_count() > 0;
   Block* best = nullptr;
   for (Block& b : blocks_)
-    if (!b.in_use && b.bytes >= bytes && (!best || b.bytes < best->bytes)) best = &b;
+    if (!b.in_use && b.bytes >= bytes && (b.pinned || !pinned) && (!best || b.bytes < best->bytes))
+      best = &b;
   if (!best) {
     Block b;
     b.bytes = std::max<size_t>((bytes + 4095) / 4096 * 4096, size_t{64} << 10);
-    b.pinned = cuda_device_count() > 0;
+    b.pinned = pinned;
     if (b.pinned) {
       count_device_wait();  // cudaMallocHost synchronises
       void* host = nullptr;

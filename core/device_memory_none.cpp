@@ -125,7 +125,7 @@ HostStaging::~HostStaging() {
   for (Block& b : blocks_) ::operator delete(b.host);
 }
 
-void* HostStaging::acquire(size_t bytes) {
+void* HostStaging::acquire(size_t bytes, bool) {
   Block* best = nullptr;
   for (Block& b : blocks_)
     if (!b.in_use && b.bytes >= bytes && (!best || b.bytes < best->bytes)) best = &b;

@@ -125,7 +125,7 @@ class StagedCommunicator final : public Communicator {
   }
 
   std::unique_ptr<WorkImpl> post_all_reduce(Tensor buf, ReduceOp op) override {
-    Staging s(*this, buf.bytes());
+    Staging s(*this, buf.bytes(), buf.device);
     const Tensor staged = s.download(buf);
     s.wait_downloads();
     // pentad's ring where the MPI backend would run it on host memory (Communicator::all_reduce)
@@ -136,7 +136,7 @@ class StagedCommunicator final : public Communicator {
 
   std::unique_ptr<WorkImpl> post_reduce_scatter(Tensor out, const Tensor& in,
                                                 ReduceOp op) override {
-    Staging s(*this, in.bytes() + out.bytes());
+    Staging s(*this, in.bytes() + out.bytes(), in.device);
     const Tensor staged_in = s.download(in);
     const Tensor staged_out = s.take(out);
     s.wait_downloads();
@@ -145,7 +145,7 @@ class StagedCommunicator final : public Communicator {
   }
 
   std::unique_ptr<WorkImpl> post_all_gather(Tensor out, const Tensor& in) override {
-    Staging s(*this, in.bytes() + out.bytes());
+    Staging s(*this, in.bytes() + out.bytes(), in.device);
     const Tensor staged_in = s.download(in);
     const Tensor staged_out = s.take(out);
     s.wait_downloads();
@@ -156,7 +156,7 @@ class StagedCommunicator final : public Communicator {
                                                   std::span<const int64_t> counts,
                                                   ReduceOp op) override {
     const int64_t mine = counts[size_t(rank())];  // out may be longer: the rest is untouched
-    Staging s(*this, in.bytes() + size_t(mine) * dtype_bytes(out.dtype));
+    Staging s(*this, in.bytes() + size_t(mine) * dtype_bytes(out.dtype), in.device);
     const Tensor staged_in = s.download(in);
     const Tensor staged_out = s.take_elements(out.dtype, mine);
     s.wait_downloads();
@@ -174,7 +174,7 @@ class StagedCommunicator final : public Communicator {
     int64_t first = 0;
     for (int r = 0; r < rank(); ++r) first += counts[size_t(r)];
     const int64_t mine = counts[size_t(rank())], after = first + mine;
-    Staging s(*this, buf.bytes());
+    Staging s(*this, buf.bytes(), buf.device);
     const Tensor staged = s.take(buf);
     s.download_into(staged, first, span_of(buf, first, mine));
     s.wait_downloads();
@@ -184,7 +184,7 @@ class StagedCommunicator final : public Communicator {
   }
 
   std::unique_ptr<WorkImpl> post_all_to_all(Tensor out, const Tensor& in) override {
-    Staging s(*this, in.bytes() + out.bytes());
+    Staging s(*this, in.bytes() + out.bytes(), in.device);
     const Tensor staged_in = s.download(in);
     const Tensor staged_out = s.take(out);
     s.wait_downloads();
@@ -201,7 +201,7 @@ class StagedCommunicator final : public Communicator {
       received += recv_counts[size_t(p)];
     }
     const size_t element = dtype_bytes(in.dtype);
-    Staging s(*this, size_t(sent + received) * element);
+    Staging s(*this, size_t(sent + received) * element, in.device);
     const Tensor staged_in = s.take_elements(in.dtype, sent);
     s.download_into(staged_in, 0, span_of(in, 0, sent));
     const Tensor staged_out = s.take_elements(out.dtype, received);
@@ -212,7 +212,7 @@ class StagedCommunicator final : public Communicator {
 
   std::unique_ptr<WorkImpl> post_broadcast(Tensor buf, int root) override {
     const bool is_root = rank() == root;
-    Staging s(*this, buf.bytes());
+    Staging s(*this, buf.bytes(), buf.device);
     const Tensor staged = is_root ? s.download(buf) : s.take(buf);
     s.wait_downloads();
     std::vector<StagedWork::Upload> back;
@@ -227,7 +227,7 @@ class StagedCommunicator final : public Communicator {
     stagings.reserve(ops.size());
     std::vector<P2POp> staged_ops = ops;
     for (size_t i = 0; i < ops.size(); ++i) {
-      stagings.emplace_back(*this, ops[i].buf.bytes());
+      stagings.emplace_back(*this, ops[i].buf.bytes(), ops[i].buf.device);
       staged_ops[i].buf =
           ops[i].is_send ? stagings[i].download(ops[i].buf) : stagings[i].take(ops[i].buf);
     }
@@ -256,10 +256,11 @@ class StagedCommunicator final : public Communicator {
   // 256-byte boundary), given back to the pool unless posted() hands it to a StagedWork.
   class Staging {
    public:
-    Staging(StagedCommunicator& comm, size_t bytes)
+    // device: where the operation's tensors are (page-locked staging for a device only).
+    Staging(StagedCommunicator& comm, size_t bytes, Device device)
         : comm_(comm),
           staging_(comm.staging_),
-          block_(static_cast<char*>(staging_.acquire(bytes + 256 * 3))),
+          block_(static_cast<char*>(staging_.acquire(bytes + 256 * 3, device != Device::CPU))),
           capacity_(bytes + 256 * 3) {}
     ~Staging() {
       if (block_) staging_.release(block_);
