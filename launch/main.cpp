@@ -26,6 +26,7 @@
 #include "cli/plot.h"
 #include "cli/probe.h"
 #include "cli/tokenizer_commands.h"
+#include "kernels/door.h"
 #include "launch/monitor.h"
 #include "launch/rank.h"
 #include "launch/supervisor.h"
@@ -189,6 +190,12 @@ int plot_main(int argc, char** argv) {
   }
 }
 
+// `pentad --version`: the release (CMake's project version) and the backends compiled in.
+std::string pentad_version() {
+  return fmt::format("pentad {} (backends: cpu{})", PENTAD_VERSION,
+                     pentad::kernels::kCudaBuilt ? ", cuda" : "");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -209,6 +216,7 @@ int main(int argc, char** argv) {
 
   CLI::App app{"pentad: 5D-parallel trainer for GPT and MoE language models"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", pentad_version(), "Print pentad's version and backends");
 
   std::string recipe;
   std::vector<std::string> sets, extra;
@@ -442,7 +450,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return mpi.rank == 0 ? app.exit(e) : (e.get_exit_code() == 0 ? 0 : 2);
+    // CLI11's own statuses (105 a failed check, 106 a missing argument, ...) would be the only
+    // usage errors not to exit 2; --help and --version exit 0.
+    const int status = mpi.rank == 0 ? app.exit(e) : e.get_exit_code();
+    return status == 0 ? 0 : kRefused;
   }
 
   try {

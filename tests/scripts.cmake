@@ -252,6 +252,14 @@ add_test(NAME hf_tokenizer_export
 set_tests_properties(hf_tokenizer_export PROPERTIES TIMEOUT 120
   PASS_REGULAR_EXPRESSION "hf tokenizer export matches")
 
+# The step line's tokens/s (job and per device), TFLOP/s per device and MFU (issue 45): counted
+# as `pentad plan` counts them, against a calibration's peak; "MFU n/a" without one (2 s).
+add_test(NAME step_throughput
+  COMMAND ${PENTAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/step_throughput.py
+          $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml ${CMAKE_CURRENT_BINARY_DIR}/step-throughput)
+set_tests_properties(step_throughput PROPERTIES TIMEOUT 120
+  PASS_REGULAR_EXPRESSION "step throughput matches the plan's counting")
+
 # Tokenizers against the libraries: GPT-2- and LLaMA-3-style byte-level BPE trained with
 # `tokenizers`, SentencePiece BPE and unigram models with byte fallback trained with
 # `sentencepiece`, on a multilingual corpus the test writes; every document's ids identical,
