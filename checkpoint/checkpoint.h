@@ -9,6 +9,7 @@
 //
 // Tensor names: "param/<parameter name>", "adam_m/<name>", "adam_v/<name>".
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -116,6 +117,12 @@ std::vector<std::string> committed_checkpoints(const std::string& root);
 // Directories under root named like a committed checkpoint (step-<N>) but without a
 // manifest.json (deleted or lost): no resume can use them. Newest first.
 std::vector<std::string> checkpoints_without_manifest(const std::string& root);
+// The step a checkpoint directory's name gives (<root>/step-<N> -> N); nullopt for another name.
+std::optional<int64_t> checkpoint_step(const std::string& dir);
+// Moves checkpoint directory dir (<root>/step-<N>) into <root>/<folder>/ (created), where no
+// listing, resume or retention sees it and nothing deletes it; a name already taken there gets
+// a suffix .1, .2, ... Returns the new path; throws pentad::Error naming both on failure.
+std::string set_aside(const std::string& dir, const std::string& folder);
 
 class Reader {
  public:

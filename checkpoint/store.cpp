@@ -331,6 +331,24 @@ std::string carried_tokenizer(const std::string& dir, const Manifest& manifest) 
   return path;
 }
 
+std::optional<int64_t> checkpoint_step(const std::string& dir) {
+  return step_of(fs::path(dir).filename().string(), "");
+}
+
+std::string set_aside(const std::string& dir, const std::string& folder) {
+  const fs::path from(dir);
+  const fs::path into = from.parent_path() / folder;
+  std::error_code ec;
+  fs::create_directories(into, ec);
+  if (ec) fail("cannot create {} to move {} into: {}", into.string(), dir, ec.message());
+  fs::path to = into / from.filename();
+  for (int n = 1; fs::exists(to, ec); ++n)
+    to = into / (from.filename().string() + "." + std::to_string(n));
+  rename_or_fail(dir, to.string());
+  sync_path(from.parent_path().string(), true);
+  return to.string();
+}
+
 void pool_rank_files(const std::vector<std::string>& dirs) {
   std::error_code ec;  // errors cost the reuse only
   for (const std::string& dir : dirs) {

@@ -5,7 +5,7 @@
 # global batch as one rank with micro_batch 16. Writes the pipeline timeline next to the
 # metrics. Extra arguments are recipe overrides (key=value).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$(readlink -f "$0")")/.."  # the checkout, also when called through a link
 bash scripts/build.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 mkdir -p runs/gpt-tiny

@@ -415,3 +415,13 @@ add_test(NAME data_prepare_inputs
           $<TARGET_FILE:pentad> ${CMAKE_CURRENT_BINARY_DIR}/data-prepare-inputs)
 set_tests_properties(data_prepare_inputs PROPERTIES TIMEOUT 60
   PASS_REGULAR_EXPRESSION "data prepare inputs behave")
+
+# Every ```sh block of README.md and docs/*.md runs as written (issue 45): each page's blocks in
+# order in a directory of its own; a block is shortened, given what it assumes, or left out
+# only by a docs-run comment above it that says why (tests/python/docs_commands.py). It runs
+# scripts/train.sh (the main job, 20 steps), so the build must be current; about 90 s.
+add_test(NAME docs_commands
+  COMMAND ${PENTAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/docs_commands.py ${CMAKE_SOURCE_DIR}
+          ${CMAKE_CURRENT_BINARY_DIR}/docs-commands)
+set_tests_properties(docs_commands PROPERTIES TIMEOUT 900 COST 200
+  PASS_REGULAR_EXPRESSION "every documented command runs")

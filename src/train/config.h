@@ -55,6 +55,9 @@ struct TrainConfig {  // [train]
   int64_t keep_last = 3;
   bool async_save = true;
   std::string resume;
+  // A resume of a checkpoint older than the newest in ckpt_dir (or the mirror) is refused: the
+  // run's saves would replace the newer ones. true moves them to <root>/retired/ and goes on.
+  bool retire_newer = false;
   // Weights only, for fine-tuning: a checkpoint directory (any layout, a converted one
   // included) or a root (its newest loadable checkpoint); the optimizer starts fresh at
   // step 0. Refused, like resume, when the checkpoint holds another model.

@@ -203,16 +203,20 @@ PlanSearch search_layouts(const Config& recipe, int ranks,
                           const parallel::Topology& topology) {
   PENTAD_CHECK(ranks >= 1, "ranks {}", ranks);
   PlanSearch plan;
-  // The recipe's global batch on `ranks` ranks.
+  // The recipe's global batch on `ranks` ranks: train.global_batch where set, else
+  // micro_batch x grad_accum x the dp the recipe's other degrees leave.
   const ParallelConfig& rp = recipe.parallel;
   const int64_t others = rp.tp * rp.cp * rp.pp;
-  if (rp.dp <= 0 && ranks % others != 0)
+  if (recipe.train.global_batch <= 0 && rp.dp <= 0 && ranks % others != 0)
     fail(
         "{}: parallel.tp x cp x pp = {} does not divide --ranks {}, so the recipe's global "
-        "batch (train.micro_batch x train.grad_accum x dp) is not defined: set parallel.dp",
+        "batch (train.micro_batch x train.grad_accum x dp) is not defined: set parallel.dp or "
+        "train.global_batch",
         recipe.recipe_path, others, ranks);
   const int64_t dp0 = rp.dp > 0 ? rp.dp : ranks / others;
-  const int64_t global = recipe.train.micro_batch * recipe.train.grad_accum * dp0;
+  const int64_t global = recipe.train.global_batch > 0
+                             ? recipe.train.global_batch
+                             : recipe.train.micro_batch * recipe.train.grad_accum * dp0;
   plan.global_batch = double(global);
 
   auto pick = [&](const char* name, std::vector<std::string> values) {

@@ -187,6 +187,9 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(train, resume, any(),
                  "\"\": start fresh; \"latest\": the newest valid checkpoint in ckpt_dir; a "
                  "checkpoint, or a root of them (its newest)"),
+      PENTAD_KEY(train, retire_newer, any(),
+                 "Resuming a checkpoint older than the newest in ckpt_dir: move the newer ones to "
+                 "<ckpt_dir>/retired/ (false: refuse the run)"),
       PENTAD_KEY(train, init_from, any(),
                  "Fine-tuning: weights only from a checkpoint directory or root; the optimizer "
                  "starts at step 0"),

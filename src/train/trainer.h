@@ -263,8 +263,10 @@ class Trainer {
   // refused, for the message); logs the other keys that changed when `log_changes`.
   void check_same_model(const std::string& dir, const std::string& action, bool log_changes) const;
   // Before the first save: refuses checkpoint roots that hold checkpoints this run did not
-  // resume, which its saves would write over.
-  void check_checkpoint_roots() const;
+  // resume, or (after a resume) checkpoints newer than the step it resumed, which its saves
+  // would write over. Newer ones are moved aside instead, never deleted: to <root>/retired/
+  // with train.retire_newer, to <root>/unloadable/ when --resume latest fell back past them.
+  void check_checkpoint_roots();
   int all_ranks(int value, parallel::ReduceOp op);  // over the world; value alone on one rank
   double all_reduce_dp(double value);               // sum over dp of the mean over cp
   // Fault injection for tests, read once from the recipe: train.inject_nan_grad and

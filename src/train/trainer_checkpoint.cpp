@@ -291,15 +291,21 @@ void Trainer::check_same_model(const std::string& dir, const std::string& action
                  describe_changes(changes.other));
 }
 
-void Trainer::check_checkpoint_roots() const {
+void Trainer::check_checkpoint_roots() {
+  const std::string& resumed = cfg_.train.resume;
   for (const std::string& root : checkpoint_roots()) {
+    // Whether the resume chose among this root's checkpoints, newest first (--resume latest,
+    // or --resume <this root>): then those newer than the step it took did not load.
+    std::error_code same_ec;
+    const bool searched =
+        resumed == "latest" || std::filesystem::equivalent(resumed, root, same_ec);
+    const char* key = root == checkpoint_root() ? "train.ckpt_dir" : "train.ckpt_mirror";
     // Found now rather than at the first save, steps later.
     std::error_code ec;
     std::filesystem::create_directories(root, ec);
     if (ec || !std::filesystem::is_directory(root))
-      fail("{} = {}: cannot create the checkpoint directory ({}); set it to a writable place",
-           root == checkpoint_root() ? "train.ckpt_dir" : "train.ckpt_mirror", root,
-           ec ? ec.message() : "not a directory");
+      fail("{} = {}: cannot create the checkpoint directory ({}); set it to a writable place", key,
+           root, ec ? ec.message() : "not a directory");
     std::vector<std::string> dirs = ckpt::committed_checkpoints(root);
     const std::vector<std::string> lost = ckpt::checkpoints_without_manifest(root);
     if (dirs.empty() && lost.empty()) continue;
@@ -310,9 +316,27 @@ void Trainer::check_checkpoint_roots() const {
           "{} holds checkpoints (newest {}) that this run did not resume: its saves would "
           "write over them. Pass --resume latest to continue them, or set {} to another "
           "directory (or move them away)",
-          root, (dirs.empty() ? lost : dirs).front(),
-          root == checkpoint_root() ? "train.ckpt_dir" : "train.ckpt_mirror");
-    for (const std::string& dir : dirs) check_same_model(dir, "save beside", false);
+          root, (dirs.empty() ? lost : dirs).front(), key);
+    // Checkpoints past the resumed step would be replaced by this run's saves of the same
+    // steps (and retention would count them as the newest): never touched in place.
+    std::vector<std::string> newer;
+    for (const std::vector<std::string>* list : {&std::as_const(dirs), &lost})
+      for (const std::string& dir : *list)
+        if (ckpt::checkpoint_step(dir).value_or(-1) > start_step_) newer.push_back(dir);
+    if (!newer.empty() && !searched && !cfg_.train.retire_newer)
+      fail(
+          "--resume {} (step {}): {} holds newer checkpoints ({}) that this run's saves would "
+          "replace; nothing was written. Set {} to another directory, or pass "
+          "train.retire_newer=true to move them to {}/retired/ and train on from step {}",
+          cfg_.train.resume, start_step_, root, fmt::join(newer, ", "), key, root, start_step_);
+    const char* folder = searched ? "unloadable" : "retired";
+    if (world_rank_ == 0)
+      for (const std::string& dir : newer)
+        spdlog::warn("{} is newer than step {}, which this run resumed: moved to {}", dir,
+                     start_step_, ckpt::set_aside(dir, folder));
+    all_ranks(0, parallel::ReduceOp::Max);  // every rank sees the moves before any save
+    for (const std::string& dir : ckpt::committed_checkpoints(root))
+      check_same_model(dir, "save beside", false);
   }
 }
 
@@ -390,22 +414,29 @@ int64_t Trainer::resume(const std::string& which) {
     spdlog::info("resumed from {} at step {}", which, start_step_);
     return start_step_;
   }
-  // Newest first in the local level, then the mirror (the local disk may be gone).
+  // Newest first over both levels (the local disk may be gone, or hold only older ones); at
+  // one step the local level first.
   bool found = false;
-  for (const std::string& root : checkpoint_roots()) {
+  std::vector<std::pair<int64_t, std::string>> candidates;
+  const std::vector<std::string> roots = checkpoint_roots();
+  for (const std::string& root : roots) {
     for (const std::string& dir : ckpt::checkpoints_without_manifest(root)) {
       spdlog::warn("{} has no manifest.json (deleted or lost): it cannot be resumed", dir);
       found = true;
     }
-    for (const std::string& dir : ckpt::committed_checkpoints(root)) {
-      found = true;
-      check_same_model(dir, "resume from", true);
-      if (load(dir, true)) {
-        spdlog::info("resumed from {} at step {}", dir, start_step_);
-        return start_step_;
-      }
-      spdlog::warn("falling back to the checkpoint before {}", dir);
+    for (const std::string& dir : ckpt::committed_checkpoints(root))
+      candidates.push_back({ckpt::checkpoint_step(dir).value_or(-1), dir});
+  }
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (const auto& [step, dir] : candidates) {
+    found = true;
+    check_same_model(dir, "resume from", true);
+    if (load(dir, true)) {
+      spdlog::info("resumed from {} at step {}", dir, start_step_);
+      return start_step_;
     }
+    spdlog::warn("falling back to the checkpoint before {}", dir);
   }
   // Training from step 0 would write over checkpoints that are damaged, not absent.
   if (found)

@@ -232,10 +232,17 @@ def corruption(pentad, recipe, work):
     data = bytearray(newest.read_bytes())
     data[len(data) // 2] ^= 0xFF  # inside the tensor data (the metadata sits at the start)
     newest.write_bytes(bytes(data))
-    log = train(pentad, recipe, 1, work / "corrupt-resumed", [f"train.ckpt_dir={ckpt}"], ["--resume", "latest"])
+    damaged = newest.read_bytes()
+    log = train(pentad, recipe, 1, work / "corrupt-resumed",
+                [f"train.ckpt_dir={ckpt}", "train.stop_at=10", "train.save_every=5"],
+                ["--resume", "latest"])
     check("checksum" in log and "rank-00000.h5" in log and "tensor" in log,
           "corrupt checkpoint: the warning names the file, the tensor and the checksum")
     check("at step 5" in log, "corrupt checkpoint: fell back to the previous one (step 5)")
+    kept = ckpt / "unloadable" / "step-00000010" / "rank-00000.h5"
+    check(kept.exists() and kept.read_bytes() == damaged and
+          (ckpt / "step-00000010" / "manifest.json").exists(),
+          "corrupt checkpoint: moved to unloadable/ as it was, not written over by the new step 10")
 
 
 def mirror(pentad, recipe, work):
@@ -312,6 +319,25 @@ def refusals(pentad, recipe, work):
     rc, log = run_pentad(pentad, recipe, 1, work / "refuse-fresh", saving)
     check(rc != 0 and str(ckpt) in log and "--resume latest" in log and files(ckpt) == before,
           "a fresh run saving into a directory of checkpoints: refused, files untouched")
+
+    # An older checkpoint resumed into the directory of newer ones: refused, nothing written;
+    # with train.retire_newer the newer ones move to retired/ byte for byte.
+    older = [f"train.ckpt_dir={ckpt}", "train.save_every=2", "optim.lr=1e-4"]
+    rc, log = run_pentad(pentad, recipe, 1, work / "refuse-older", older,
+                         ["--resume", str(ckpt / "step-00000002")])
+    check(rc != 0 and "step-00000004" in log and "train.retire_newer=true" in log and
+          "train.ckpt_dir" in log and files(ckpt) == before,
+          "resume of an older checkpoint beside newer ones: refused naming them, files untouched")
+    retire = work / "refuse-retire"
+    shutil.copytree(ckpt, retire)
+    rc, log = run_pentad(pentad, recipe, 1, work / "refuse-retire-run",
+                         [f"train.ckpt_dir={retire}", "train.save_every=2", "optim.lr=1e-4",
+                          "train.stop_at=6", "train.retire_newer=true"],
+                         ["--resume", str(retire / "step-00000002")])
+    moved = files(retire / "retired")
+    check(rc == 0 and moved == {k: v for k, v in before.items() if k.startswith("step-00000004/")}
+          and (retire / "step-00000006" / "manifest.json").exists(),
+          "train.retire_newer: the newer checkpoint moved to retired/ byte for byte, training on")
 
     corrupt = work / "refuse-corrupt"
     shutil.copytree(ckpt, corrupt)

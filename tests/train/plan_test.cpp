@@ -238,6 +238,19 @@ TEST(Plan, AFixedLayoutIsPredictedAsIs) {
   EXPECT_DOUBLE_EQ(plan.global_batch, 64);  // the recipe's: 1 x 8 x dp 8
 }
 
+TEST(Plan, TheGlobalBatchKeyIsTheSearchsBatch) {
+  // train.global_batch = 24 over 8 ranks: every layout takes 24 sequences a step, whatever
+  // micro_batch x grad_accum x dp the recipe's own keys give (1 x 8 x 8 = 64).
+  const Config cfg = gpt({"parallel.dp=8", "train.global_batch=24"});
+  const PlanSearch plan = search_layouts(cfg, 8, parse_layout("sp=false,zero=0,recompute=false", 8),
+                                         80e9, h100(), nvswitch());
+  EXPECT_DOUBLE_EQ(plan.global_batch, 24);
+  ASSERT_FALSE(plan.rows.empty());
+  for (const PlanRow& row : plan.rows)
+    EXPECT_EQ(row.layout.micro_batch * row.layout.grad_accum * row.layout.dp, 24)
+        << row.layout.label();
+}
+
 void expect_error(const std::function<void()>& f, const std::string& part) {
   try {
     f();
