@@ -80,9 +80,14 @@ void Trainer::set_throughput_basis() {
   if (model_->params().device() == Device::CUDA) {
     const std::string device = cuda_device_description();
     peak_flops_per_device_ = gpu_peak_flops(device);
+    // Against the bf16 tensor-core peak whatever the precision, as Megatron and torchtitan
+    // report it: an fp32 run's MFU reads low, and the note says so.
     peak_note_ = peak_flops_per_device_ > 0
-                     ? fmt::format("MFU against the GPU's dense bf16 peak, {:.1f} TFLOP/s ({})",
-                                   peak_flops_per_device_ / 1e12, device)
+                     ? fmt::format("MFU against the GPU's dense bf16 peak, {:.1f} TFLOP/s ({}){}",
+                                   peak_flops_per_device_ / 1e12, device,
+                                   cfg_.train.precision == "bf16"
+                                       ? ""
+                                       : "; this run computes in fp32, below that peak")
                      : fmt::format("MFU n/a (no datasheet peak known for {})", device);
     return;
   }
