@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "core/tensor.h"
@@ -65,6 +66,49 @@ __device__ __forceinline__ T from_f32(float x) {
     return x;
   else
     return __float2bfloat16_rn(x);
+}
+
+// kWidth consecutive elements moved as one access: 16 bytes (8 BF16 or 4 F32, one 128-bit
+// load or store) where the address allows it, kWidth = 1 elsewhere.
+template <typename T>
+constexpr int kVec = static_cast<int>(16 / sizeof(T));
+template <typename T, int kWidth>
+struct alignas(sizeof(T) * kWidth) Pack {
+  T v[kWidth];
+};
+// Global memory only. Through uint4 where a pack is 16 bytes: a plain store of a pack, or
+// even of a uint4, compiled (CUDA 13.0) to 2- or 4-byte stores; __stwb (st.global.wb, the
+// default cache policy) keeps it one 16-byte store.
+template <typename T, int kWidth>
+__device__ __forceinline__ Pack<T, kWidth> load_pack(const T* p) {
+  Pack<T, kWidth> x;
+  if constexpr (sizeof(x) == 16) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    memcpy(&x, &u, 16);
+  } else {
+    x = *reinterpret_cast<const Pack<T, kWidth>*>(p);
+  }
+  return x;
+}
+__device__ __forceinline__ uint32_t word_of(float a) {
+  return __float_as_uint(a);
+}
+__device__ __forceinline__ uint32_t word_of(bf16 a, bf16 b) {
+  return static_cast<uint32_t>(__bfloat16_as_ushort(a)) |
+         static_cast<uint32_t>(__bfloat16_as_ushort(b)) << 16;
+}
+template <typename T, int kWidth>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T, kWidth>& x) {
+  if constexpr (sizeof(x) == 16 && std::is_same_v<T, float>) {
+    __stwb(reinterpret_cast<uint4*>(p),
+           make_uint4(word_of(x.v[0]), word_of(x.v[1]), word_of(x.v[2]), word_of(x.v[3])));
+  } else if constexpr (sizeof(x) == 16) {
+    __stwb(reinterpret_cast<uint4*>(p),
+           make_uint4(word_of(x.v[0], x.v[1]), word_of(x.v[2], x.v[3]), word_of(x.v[4], x.v[5]),
+                      word_of(x.v[6], x.v[7])));
+  } else {
+    *reinterpret_cast<Pack<T, kWidth>*>(p) = x;
+  }
 }
 
 __device__ __forceinline__ float warp_sum(float x) {

@@ -28,6 +28,39 @@ inline int64_t column_chunks(int64_t N) {
   return ceil_div(N, column_chunk_rows(N));
 }
 
+// The norms' backward (norms.cu: norm_backward_rows_kernel): a group of group_threads
+// threads (32 to 512, a power of two) per row, each thread holding up to kNormBackwardVecs
+// accesses of `width` elements of a row in registers; blocks of `threads` (at least 256:
+// several rows per block when a group is narrower) run `rounds` rounds of threads /
+// group_threads consecutive rows each and write one partial row of column sums. At most
+// kNormBackwardMaxBlocks blocks, so those partials stay a few per cent of the traffic
+// (256 x 2C F32 against GPT-2's 8192 x C x 8 bytes), and two blocks an SM of 132 (an H200)
+// hold the whole grid at once. Fixed by N, C and width, so the order of every sum is too.
+// blocks == 0: rows too wide (more than 512 x 3 accesses): the caller takes another path.
+constexpr int kNormBackwardVecs = 3;
+constexpr int kNormBackwardMaxThreads = 512;
+constexpr int64_t kNormBackwardMaxBlocks = 256;
+
+struct NormBackwardShape {
+  int group_threads = 0, threads = 0;
+  int64_t rounds = 0, blocks = 0;
+};
+
+inline NormBackwardShape norm_backward_shape(int64_t N, int64_t C, int width) {
+  const int64_t accesses = ceil_div(C, width);
+  NormBackwardShape s;
+  s.group_threads = kWarp;
+  while (s.group_threads * int64_t{kNormBackwardVecs} < accesses &&
+         s.group_threads < kNormBackwardMaxThreads)
+    s.group_threads *= 2;
+  if (s.group_threads * int64_t{kNormBackwardVecs} < accesses || N == 0) return {};
+  s.threads = std::max(s.group_threads, 256);
+  const int64_t block_rounds = ceil_div(N, s.threads / s.group_threads);  // rows a group takes
+  s.rounds = ceil_div(block_rounds, kNormBackwardMaxBlocks);
+  s.blocks = ceil_div(block_rounds, s.rounds);
+  return s;
+}
+
 // Attention works on tiles of kAttentionTile query rows by kAttentionTile keys with
 // kAttentionThreads threads; register tiles are sized for the head_dim rounded up to 64 or
 // 128 (attention_max_d). A third size, 256, would spill registers and add a minute to every

@@ -224,8 +224,37 @@ struct RowsShape {
 const RowsShape kRowShapes[] = {{1, 1},    {3, 7},      {17, 33},  {64, 768},
                                 {5, 1000}, {130, 4096}, {1000, 64}};
 
+// The backward passes take more: each path of norms.cu's backward (tiling.h:
+// norm_backward_shape), in BF16 and F32. A warp a row in 16-byte accesses (64 x 768, and
+// 4100 x 768: rows not a multiple of a block's, the last block partly idle); groups of
+// several warps with a barrier a row (33 x 2048: 128 threads; 7 x 8192: 512 in BF16); one
+// element at a time where C is not a multiple of the access (3 x 7, 17 x 33, 9 x 1500 in
+// BF16: 512 threads); rows too wide for any group (5 x 5001, 3 x 12800, 7 x 8192 in F32),
+// which take the older two-kernel path.
+const RowsShape kNormBackwardShapes[] = {
+    {1, 1},      {3, 7},     {17, 33},  {64, 768}, {5, 1000}, {130, 4096}, {1000, 64},
+    {4100, 768}, {33, 2048}, {7, 8192}, {9, 1500}, {5, 5001}, {3, 12800}};
+
 std::string str(RowsShape s) {
   return "N " + std::to_string(s.N) + " C " + std::to_string(s.C);
+}
+
+// A tensor of `shape` one element past the start of its own allocation, so that its rows
+// start off 16 bytes (kernels with 16-byte accesses must take their element-wise path):
+// holding `values`, or NaN.
+Tensor off_by_one(Gpu& gpu, const std::vector<float>& values, Shape shape, DType dtype) {
+  std::vector<float> padded(values.size() + 1, 0.0f);
+  std::copy(values.begin(), values.end(), padded.begin() + 1);
+  Tensor t = gpu.upload(padded, {static_cast<int64_t>(padded.size())}, dtype);
+  t.data = static_cast<char*>(t.data) + dtype_bytes(dtype);
+  t.shape = shape;
+  return t;
+}
+Tensor poisoned_off_by_one(Gpu& gpu, Shape shape, DType dtype) {
+  Tensor t = gpu.poisoned({shape.numel() + 1}, dtype);
+  t.data = static_cast<char*>(t.data) + dtype_bytes(dtype);
+  t.shape = shape;
+  return t;
 }
 
 TEST_P(CudaKernel, LayerNormForward) {
@@ -298,7 +327,7 @@ TEST_P(CudaKernel, ResidualNormInPlace) {
 }
 
 TEST_P(CudaKernel, LayerNormBackward) {
-  for (RowsShape s : kRowShapes) {
+  for (RowsShape s : kNormBackwardShapes) {
     const auto x = rand(s.N * s.C), w = rand(s.C), dy = rand(s.N * s.C), dx0 = rand(s.N * s.C);
     const auto dw0 = random(DType::F32, s.C, 93), db0 = random(DType::F32, s.C, 94);
     std::vector<float> out(s.N * s.C), mean(s.N), rstd(s.N);
@@ -320,7 +349,7 @@ TEST_P(CudaKernel, LayerNormBackward) {
 }
 
 TEST_P(CudaKernel, RmsNormForwardAndBackward) {
-  for (RowsShape s : kRowShapes) {
+  for (RowsShape s : kNormBackwardShapes) {
     const auto x = rand(s.N * s.C), w = rand(s.C), dy = rand(s.N * s.C), dx0 = rand(s.N * s.C);
     const auto dw0 = random(DType::F32, s.C, 95);
     std::vector<float> out(s.N * s.C), rstd(s.N);
@@ -340,6 +369,74 @@ TEST_P(CudaKernel, RmsNormForwardAndBackward) {
                         gpu.upload(rstd, {s.N}, DType::F32));
     expect_close("rmsnorm dinp " + str(s), gdx, dx, dt());
     expect_close("rmsnorm dweight " + str(s), gdw, dw, dt());
+  }
+}
+
+// Tensors whose rows start off 16 bytes (C a multiple of the access) take the backward's
+// element-wise path; without dinp, or without the parameter gradients, the rest is the same;
+// and two calls give the same bits (no atomics: the partial sums add in a fixed order).
+TEST_P(CudaKernel, NormBackwardOffsetTensorsAbsentOutputsAndDeterminism) {
+  const RowsShape s{37, 768};
+  const auto x = rand(s.N * s.C), w = rand(s.C), dy = rand(s.N * s.C), dx0 = rand(s.N * s.C);
+  const auto dw0 = random(DType::F32, s.C, 96), db0 = random(DType::F32, s.C, 97);
+  std::vector<float> out(s.N * s.C), mean(s.N), rstd(s.N);
+  k::layernorm_forward(view(out, {s.N, s.C}), view(mean, {s.N}), view(rstd, {s.N}),
+                       view(x, {s.N, s.C}), view(w, {s.C}), Tensor{}, 1e-5f);
+  for (bool rms : {false, true}) {
+    std::vector<float> dx = dx0, dw = dw0, db = db0;
+    if (rms)
+      k::rmsnorm_backward(view(dx, {s.N, s.C}), view(dw, {s.C}), view(dy, {s.N, s.C}),
+                          view(x, {s.N, s.C}), view(w, {s.C}), view(rstd, {s.N}));
+    else
+      k::layernorm_backward(view(dx, {s.N, s.C}), view(dw, {s.C}), view(db, {s.C}),
+                            view(dy, {s.N, s.C}), view(x, {s.N, s.C}), view(w, {s.C}),
+                            view(mean, {s.N}), view(rstd, {s.N}));
+    const Tensor gmean = gpu.upload(mean, {s.N}, DType::F32);
+    const Tensor grstd = gpu.upload(rstd, {s.N}, DType::F32);
+    const Tensor gw = gpu.upload(w, {s.C}, dt());
+    // Offset: dout, inp and dinp one element off; whole outputs.
+    const std::string what = std::string(rms ? "rmsnorm" : "layernorm");
+    for (bool offset : {true, false}) {
+      const Shape rows{s.N, s.C};
+      const Tensor gdx = offset ? off_by_one(gpu, dx0, rows, dt()) : gpu.upload(dx0, rows, dt());
+      const Tensor gdy = offset ? off_by_one(gpu, dy, rows, dt()) : gpu.upload(dy, rows, dt());
+      const Tensor gx = offset ? off_by_one(gpu, x, rows, dt()) : gpu.upload(x, rows, dt());
+      const Tensor gdw = gpu.upload(dw0, {s.C}, DType::F32);
+      const Tensor gdb = gpu.upload(db0, {s.C}, DType::F32);
+      if (rms)
+        k::rmsnorm_backward(gdx, gdw, gdy, gx, gw, grstd);
+      else
+        k::layernorm_backward(gdx, gdw, gdb, gdy, gx, gw, gmean, grstd);
+      const std::string how = what + (offset ? " offset" : " aligned");
+      expect_close(how + " dinp", gdx, dx, dt());
+      expect_close(how + " dweight", gdw, dw, dt());
+      if (!rms) expect_close(how + " dbias", gdb, db, dt());
+      if (offset) continue;
+      // Again from the same start: bitwise the same.
+      const Tensor again_dx = gpu.upload(dx0, rows, dt());
+      const Tensor again_dw = gpu.upload(dw0, {s.C}, DType::F32);
+      const Tensor again_db = gpu.upload(db0, {s.C}, DType::F32);
+      if (rms)
+        k::rmsnorm_backward(again_dx, again_dw, gdy, gx, gw, grstd);
+      else
+        k::layernorm_backward(again_dx, again_dw, again_db, gdy, gx, gw, gmean, grstd);
+      EXPECT_TRUE(bitwise_equal(download(again_dx), download(gdx))) << what << " dinp varies";
+      EXPECT_TRUE(bitwise_equal(download(again_dw), download(gdw))) << what << " dweight varies";
+      EXPECT_TRUE(bitwise_equal(download(again_db), download(gdb))) << what << " dbias varies";
+      // dinp alone (parameter gradients absent), then the parameter gradients alone.
+      const Tensor only_dx = gpu.upload(dx0, rows, dt());
+      if (rms)
+        k::rmsnorm_backward(only_dx, Tensor{}, gdy, gx, gw, grstd);
+      else
+        k::layernorm_backward(only_dx, Tensor{}, Tensor{}, gdy, gx, gw, gmean, grstd);
+      EXPECT_TRUE(bitwise_equal(download(only_dx), download(gdx))) << what << " dinp alone";
+      const Tensor only_dw = gpu.upload(dw0, {s.C}, DType::F32);
+      if (rms)
+        k::rmsnorm_backward(Tensor{}, only_dw, gdy, gx, gw, grstd);
+      else
+        k::layernorm_backward(Tensor{}, only_dw, Tensor{}, gdy, gx, gw, gmean, grstd);
+      EXPECT_TRUE(bitwise_equal(download(only_dw), download(gdw))) << what << " dweight alone";
+    }
   }
 }
 
@@ -686,7 +783,12 @@ TEST_P(CudaKernel, AttentionMerge) {
 
 // ---- cross-entropy ----
 
-const RowsShape kLogitShapes[] = {{1, 1}, {3, 5}, {7, 1000}, {64, 50257}, {33, 4099}};
+// Odd and even vocabularies (50257: every other BF16 row starts off 16 bytes; 50304, GPT-2's
+// padded one), fewer classes than one 16-byte access (3 x 5), rows kept in shared memory
+// between the passes and rows read twice (crossentropy.cu: kMaxCachedRowBytes; F32 28200 and
+// 50257, and 131072 in both types, take the second).
+const RowsShape kLogitShapes[] = {{1, 1},      {3, 5},     {7, 1000},   {64, 50257}, {33, 4099},
+                                  {17, 50304}, {4, 28200}, {3, 131072}, {2, 9}};
 
 TEST_P(CudaKernel, CrossEntropy) {
   for (RowsShape s : kLogitShapes) {
@@ -716,35 +818,76 @@ TEST_P(CudaKernel, CrossEntropy) {
   }
 }
 
+// dlogits whose rows start at another offset from 16 bytes than the logits' (a view one
+// element on) take the element-wise gradient; two calls give the same bits.
+TEST_P(CudaKernel, CrossEntropyOffsetGradientAndDeterminism) {
+  for (RowsShape s : {RowsShape{7, 1000}, RowsShape{5, 50304}, RowsShape{3, 131072}}) {
+    const auto logits = rand(s.N * s.C, 3.0);
+    const auto targets = random_ids(s.N, s.C, 21);
+    const float dloss = 0.5f;
+    std::vector<float> losses(s.N), dlogits(logits.size());
+    k::crossentropy_forward_backward(view(losses, {s.N}), view(dlogits, {s.N, s.C}),
+                                     view(logits, {s.N, s.C}), view(targets, {s.N}), dloss);
+    const Tensor glogits = gpu.upload(logits, {s.N, s.C}, dt());
+    const Tensor gtargets = gpu.upload_ids(targets, {s.N});
+    const Tensor glosses = gpu.poisoned({s.N}, DType::F32);
+    const Tensor gd = poisoned_off_by_one(gpu, {s.N, s.C}, dt());
+    k::crossentropy_forward_backward(glosses, gd, glogits, gtargets, dloss);
+    const double ce_tol = dt() == DType::F32 && s.C > 10000 ? 1e-4 : tolerance(dt());
+    expect_close("ce losses, offset dlogits " + str(s), glosses, losses, dt());
+    expect_close("ce offset dlogits " + str(s), download(gd), dlogits, ce_tol);
+    const Tensor again_losses = gpu.poisoned({s.N}, DType::F32);
+    const Tensor again_d = gpu.poisoned({s.N, s.C}, dt()), first_d = gpu.poisoned({s.N, s.C}, dt());
+    k::crossentropy_forward_backward(again_losses, first_d, glogits, gtargets, dloss);
+    k::crossentropy_forward_backward(Tensor{}, again_d, glogits, gtargets, dloss);
+    EXPECT_TRUE(bitwise_equal(download(again_losses), download(glosses))) << "losses " << str(s);
+    EXPECT_TRUE(bitwise_equal(download(again_d), download(first_d))) << "dlogits " << str(s);
+  }
+}
+
 TEST_P(CudaKernel, VocabParallelCrossEntropy) {
-  const int64_t N = 37, V = 1000, start = 300, Vl = 411;  // shard [300, 711)
-  const auto logits = rand(N * Vl, 3.0);
-  const auto targets = random_ids(N, V, 19);  // some inside the shard, most outside
-  const float dloss = 0.25f;
-  std::vector<float> row_max(N), stats(2 * N), losses(N), dlogits(logits.size());
-  k::vocab_parallel_ce_max(view(row_max, {N}), view(logits, {N, Vl}));
-  k::vocab_parallel_ce_stats(view(stats, {2, N}), view(logits, {N, Vl}), view(row_max, {N}),
-                             view(targets, {N}), start);
-  k::vocab_parallel_ce_finish(view(losses, {N}), view(dlogits, {N, Vl}), view(logits, {N, Vl}),
-                              view(row_max, {N}), view(stats, {2, N}), view(targets, {N}), start,
-                              dloss);
-  const Tensor glogits = gpu.upload(logits, {N, Vl}, dt());
-  const Tensor gtargets = gpu.upload_ids(targets, {N});
-  const Tensor gmax = gpu.poisoned({N}, DType::F32), gstats = gpu.poisoned({2, N}, DType::F32);
-  k::vocab_parallel_ce_max(gmax, glogits);
-  expect_close("row_max", gmax, row_max, dt());
-  k::vocab_parallel_ce_stats(gstats, glogits, gmax, gtargets, start);
-  expect_close("stats", gstats, stats, dt());
-  // Continue from the reference statistics, so finish is checked on its own.
-  const Tensor ref_max = gpu.upload(row_max, {N}, DType::F32);
-  const Tensor ref_stats = gpu.upload(stats, {2, N}, DType::F32);
-  const Tensor glosses = gpu.poisoned({N}, DType::F32), gd = gpu.poisoned({N, Vl}, dt());
-  k::vocab_parallel_ce_finish(glosses, gd, glogits, ref_max, ref_stats, gtargets, start, dloss);
-  expect_close("losses", glosses, losses, dt());
-  expect_close("dlogits", gd, dlogits, dt());
-  k::vocab_parallel_ce_finish(Tensor{}, glogits, glogits, ref_max, ref_stats, gtargets, start,
-                              dloss);
-  expect_close("dlogits in place", glogits, dlogits, dt());
+  // Shards [300, 711) of 1000 (411 columns: rows off 16 bytes), and [50000, 100257) of
+  // 120000 (a shard as wide as GPT-2's whole vocabulary).
+  struct Shard {
+    int64_t N, V, start, Vl;
+  };
+  for (const Shard& c : {Shard{37, 1000, 300, 411}, Shard{6, 120000, 50000, 50257}}) {
+    const int64_t N = c.N, V = c.V, start = c.start, Vl = c.Vl;
+    const std::string what = " shard " + std::to_string(start) + "+" + std::to_string(Vl);
+    const auto logits = rand(N * Vl, 3.0);
+    auto targets = random_ids(N, V, 19);  // some inside the shard, most outside
+    targets[0] = static_cast<int32_t>(start);
+    targets[1] = static_cast<int32_t>(start + Vl - 1);
+    const float dloss = 0.25f;
+    std::vector<float> row_max(N), stats(2 * N), losses(N), dlogits(logits.size());
+    k::vocab_parallel_ce_max(view(row_max, {N}), view(logits, {N, Vl}));
+    k::vocab_parallel_ce_stats(view(stats, {2, N}), view(logits, {N, Vl}), view(row_max, {N}),
+                               view(targets, {N}), start);
+    k::vocab_parallel_ce_finish(view(losses, {N}), view(dlogits, {N, Vl}), view(logits, {N, Vl}),
+                                view(row_max, {N}), view(stats, {2, N}), view(targets, {N}), start,
+                                dloss);
+    const Tensor glogits = gpu.upload(logits, {N, Vl}, dt());
+    const Tensor gtargets = gpu.upload_ids(targets, {N});
+    const Tensor gmax = gpu.poisoned({N}, DType::F32), gstats = gpu.poisoned({2, N}, DType::F32);
+    k::vocab_parallel_ce_max(gmax, glogits);
+    expect_close("row_max" + what, gmax, row_max, dt());
+    k::vocab_parallel_ce_stats(gstats, glogits, gmax, gtargets, start);
+    expect_close("stats" + what, gstats, stats, dt());
+    // Continue from the reference statistics, so finish is checked on its own.
+    const Tensor ref_max = gpu.upload(row_max, {N}, DType::F32);
+    const Tensor ref_stats = gpu.upload(stats, {2, N}, DType::F32);
+    const Tensor glosses = gpu.poisoned({N}, DType::F32), gd = gpu.poisoned({N, Vl}, dt());
+    k::vocab_parallel_ce_finish(glosses, gd, glogits, ref_max, ref_stats, gtargets, start, dloss);
+    expect_close("losses" + what, glosses, losses, dt());
+    expect_close("dlogits" + what, gd, dlogits, dt());
+    const Tensor offset_d = poisoned_off_by_one(gpu, {N, Vl}, dt());
+    k::vocab_parallel_ce_finish(Tensor{}, offset_d, glogits, ref_max, ref_stats, gtargets, start,
+                                dloss);
+    expect_close("offset dlogits" + what, offset_d, dlogits, dt());
+    k::vocab_parallel_ce_finish(Tensor{}, glogits, glogits, ref_max, ref_stats, gtargets, start,
+                                dloss);
+    expect_close("dlogits in place" + what, glogits, dlogits, dt());
+  }
 }
 
 // ---- embedding ----
