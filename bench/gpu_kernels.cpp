@@ -2,7 +2,8 @@
 // 50304, bf16 activations, F32 parameter gradients and AdamW), with CUDA events: median of
 // 20 runs after 3 warm-ups, on random inputs. Prints each kernel's time, its FLOP/s (GEMMs,
 // attention; cuDNN's attention beside pentad's) and its bandwidth against the bytes it must move at
-// least (everything else). Never run as a test; see ../shared/MEASURE.md.
+// least (everything else), and, for layernorm_backward and cross-entropy, the same at micro-batch
+// 4 and 8 beside a device-to-device copy. Never run as a test; see ../shared/MEASURE.md.
 //   build/pentad_gpu_kernels_bench [B] [T]
 #include <cuda_runtime.h>
 
@@ -185,6 +186,43 @@ int main(int argc, char** argv) {
     const Tensor dwte = make.make({V, C}, f32), dwpe = make.make({T, C}, f32);
     report("embedding_backward", median_ms([&] { k::embedding_backward(dwte, dwpe, out, tokens); }),
            0, N * C * e + 2.0 * N * C * 4);
+  }
+  {  // Issue 44's two memory-bound kernels at GPT-2 124M's shapes for micro-batches 4 and 8,
+     // beside a device-to-device copy of 1 GiB (the card's ceiling: read + write). Bytes as
+     // above: the least each must move (the norms' parameter-gradient partials left out).
+    const int64_t copy_bytes = int64_t{1} << 30;
+    const Tensor src = make.make({copy_bytes / 4}, f32, 0.0f),
+                 dst = make.make({copy_bytes / 4}, f32, 0.0f);
+    report("copy (cudaMemcpy device to device, 1 GiB)", median_ms([&] {
+             check(
+                 cudaMemcpyAsync(dst.data, src.data, copy_bytes, cudaMemcpyDeviceToDevice, nullptr),
+                 "cudaMemcpyAsync");
+           }),
+           0, 2.0 * copy_bytes);
+    for (const int64_t b : {int64_t{4}, int64_t{8}}) {
+      const int64_t rows = b * T;
+      const std::string at = " B" + std::to_string(b);
+      const Tensor x = make.make({rows, C}, bf), dy = make.make({rows, C}, bf);
+      const Tensor dx = make.make({rows, C}, bf), w = make.make({C}, bf);
+      const Tensor mean = make.make({rows}, f32), rstd = make.make({rows}, f32, 0.0f);
+      const Tensor dw = make.make({C}, f32), db = make.make({C}, f32);
+      report("layernorm_backward" + at,
+             median_ms([&] { k::layernorm_backward(dx, dw, db, dy, x, w, mean, rstd); }), 0,
+             4.0 * rows * C * e);
+      report("rmsnorm_backward" + at,
+             median_ms([&] { k::rmsnorm_backward(dx, dw, dy, x, w, rstd); }), 0,
+             4.0 * rows * C * e);
+      const Tensor logits = make.make({rows, V}, bf), losses = make.make({rows}, f32);
+      const Tensor targets = make.ids({rows}, V);
+      report("crossentropy_forward_backward in place" + at, median_ms([&] {
+               k::crossentropy_forward_backward(losses, logits, logits, targets, 1.0f / rows);
+             }),
+             0, 2.0 * rows * V * e);
+      report("crossentropy_forward (losses only)" + at, median_ms([&] {
+               k::crossentropy_forward_backward(losses, Tensor{}, logits, targets, 1.0f / rows);
+             }),
+             0, 1.0 * rows * V * e);
+    }
   }
   {  // Optimizer over every parameter: 4 F32 reads, 3 writes.
     const Tensor p = make.make({params}, f32), m = make.make({params}, f32, 0.01f);
