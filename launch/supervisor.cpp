@@ -391,12 +391,9 @@ std::optional<int> Supervisor::wait_to_restart(const RestartPolicy::Decision& de
                {"free_bytes", c.free_bytes},
                {"needed_bytes", c.needed_bytes},
                {"timeout_s", o_.storage_wait_s}});
-        say(fmt::format("waiting for {} before restarting (up to --storage-wait-s {})", c.words,
-                        o_.storage_wait_s));
+        say(fmt::format("waiting before restarting (up to --storage-wait-s {}): {}",
+                        o_.storage_wait_s, c.words));
         next_note = now() + kNoteSeconds;
-      } else if (now() >= next_note) {
-        say(fmt::format("still waiting, {:.0f} s: {}", now() - start, c.words));
-        next_note += kNoteSeconds;
       }
       if (now() - start >= o_.storage_wait_s) {
         event({{"event", "waited"},
@@ -418,6 +415,10 @@ std::optional<int> Supervisor::wait_to_restart(const RestartPolicy::Decision& de
                             : "mount it again, then run again with --resume latest",
                         events_.where()));
         return 1;
+      }
+      if (now() >= next_note) {
+        say(fmt::format("still waiting, {:.0f} s: {}", now() - start, c.words));
+        next_note += kNoteSeconds;
       }
     }
     sleep_a_tick();

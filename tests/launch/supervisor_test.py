@@ -202,7 +202,8 @@ def lost_directory():
     check(p.returncode == 0 and len(waits) == 1 and waits[0]["why"] == "checkpoint_dir" and
           len(waited) == 1 and waited[0]["cleared"] and waited[0]["seconds"] > 1.0 and
           len(res) == 1 and res[0]["resume_step"] == 10 and
-          f"waiting for the checkpoint directory {out}/ckpt is gone" in p.stdout,
+          "waiting before restarting (up to --storage-wait-s 30): the checkpoint directory "
+          f"{out}/ckpt is gone" in p.stdout,
           f"lost directory: exit {p.returncode}, events {events}\n{p.stdout}")
     p, events, _ = launch("lost-for-good", "lose:2:14", ["--storage-wait-s", "1"])
     line = [l for l in p.stdout.splitlines() if "giving up after waiting" in l]
