@@ -75,6 +75,15 @@ TEST(RestartPolicy, TrainingPastTheFurthestStepClearsTheCount) {
   EXPECT_TRUE(p.failed("full disk", 500).give_up);
 }
 
+TEST(RestartPolicy, StepsABeatMayNotHaveShownCountAsReached) {
+  // Beats said step 12; up to 7 more may have passed unseen before the kill: a job that fails
+  // at 19 on every attempt must not clear the count by reaching 15.
+  RestartPolicy p({3, 2.0, 60.0, 0.0}, 1);
+  EXPECT_EQ(p.failed("dead, culprit rank 1", 12, 7).past_step, 19);
+  EXPECT_FALSE(p.progressed(19 + RestartPolicy::kClearSteps - 1));
+  EXPECT_TRUE(p.progressed(19 + RestartPolicy::kClearSteps));
+}
+
 TEST(RestartPolicy, ANewCauseStartsItsOwnScheduleButCountsInTheRow) {
   RestartPolicy p({3, 2.0, 60.0, 0.0}, 1);
   p.failed("dead, culprit rank 1", 10);
