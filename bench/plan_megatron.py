@@ -8,7 +8,7 @@ micro-batch 1, sequence parallelism with tp, distributed optimizer = ZeRO-1, no 
 memory not limited) twice:
   - `--engine megatron-core`: as Megatron-Core runs it (the overlaps its README names:
     bf16 parameter gather behind the first forward, tp communication pipelined with GEMMs;
-    train/cost_model.h). This is the comparison with the published MFU.
+    plan/cost_model.h). This is the comparison with the published MFU.
   - `--engine pentad`: as pentad runs the same layout today (fp32 gather after the
     optimizer, 1D tp collectives waited for).
 The README names no pipeline schedule; Megatron's default (no virtual stages) is 1F1B, and

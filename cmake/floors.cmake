@@ -15,9 +15,11 @@ set(PENTAD_FLOORS
   "checkpoint:core,kernels,parallel"
   "src/data:core"
   "src/model:core,kernels"
-  "src/train:core,kernels,parallel,optim,checkpoint,src/data,src/model"
-  "src/cli:core,kernels,parallel,optim,checkpoint,src/data,src/model,src/train"
-  "launch:core,kernels,parallel,optim,checkpoint,src/data,src/model,src/train,src/cli"
+  "src/recipe:core,kernels,parallel,optim,checkpoint,src/data,src/model"
+  "src/plan:core,kernels,parallel,optim,checkpoint,src/data,src/model,src/recipe"
+  "src/train:core,kernels,parallel,optim,checkpoint,src/data,src/model,src/recipe,src/plan"
+  "src/cli:core,kernels,parallel,optim,checkpoint,src/data,src/model,src/recipe,src/plan,src/train"
+  "launch:core,kernels,parallel,optim,checkpoint,src/data,src/model,src/recipe,src/plan,src/train,src/cli"
 )
 
 # The folder an include names: "parallel/pp/x.h" -> parallel, "model/x.h" -> src/model
@@ -26,7 +28,7 @@ function(_pentad_include_folder include out)
   string(REGEX MATCH "^[^/]+" first "${include}")
   if(first MATCHES "^(core|kernels|parallel|optim|checkpoint|launch)$")
     set(${out} "${first}" PARENT_SCOPE)
-  elseif(first MATCHES "^(data|model|train|cli)$")
+  elseif(first MATCHES "^(data|model|recipe|plan|train|cli)$")
     set(${out} "src/${first}" PARENT_SCOPE)
   else()
     set(${out} "" PARENT_SCOPE)  # a system or third-party header

@@ -10,7 +10,7 @@
 #include "core/cgroup.h"
 #include "core/device_memory.h"
 #include "parallel/backend_choice.h"
-#include "train/layout.h"
+#include "plan/layout.h"
 
 namespace pentad::launch {
 

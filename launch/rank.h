@@ -8,7 +8,7 @@
 #include <string>
 
 #include "parallel/comm.h"
-#include "train/config.h"
+#include "recipe/config.h"
 
 namespace pentad::launch {
 

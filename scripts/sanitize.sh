@@ -35,7 +35,7 @@ for kind in "${which[@]}"; do
     { echo "sanitize.sh: unknown kind '$kind' (asan or tsan)" >&2; exit 2; }
 done
 # The gtest programs each runs (one per test folder, tests/CMakeLists.txt).
-asan_tests=(core_tests kernels_tests data_tests model_tests train_tests checkpoint_tests
+asan_tests=(core_tests kernels_tests data_tests model_tests recipe_tests plan_tests train_tests checkpoint_tests
   optim_tests pp_tests cli_tests launch_tests)
 tsan_tests=(kernels_tests checkpoint_tests optim_tests cli_tests launch_tests)
 build() {  # build KIND: configures and builds build-KIND's targets

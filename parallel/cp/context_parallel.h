@@ -23,7 +23,7 @@
 // Grouped-query attention under Ulysses: a rank's Hq/U query heads need their kv heads; when
 // U > Hkv each kv head goes to the U/Hkv ranks whose query heads read it (replicated), and
 // their gradients are summed on the way back. Needs Hq % U == 0 and Hkv % U == 0 or
-// U % Hkv == 0 (checked by the recipe, src/train/recipe_checks.cpp).
+// U % Hkv == 0 (checked by the recipe, src/recipe/recipe_checks.cpp).
 //
 // Communication per layer and micro-batch, as the trace counts it (an all-to-all: its whole
 // send buffer, the block a rank keeps included; a send: its bytes). e bytes per value;

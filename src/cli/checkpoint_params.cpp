@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "core/check.h"
-#include "train/recipe.h"
+#include "recipe/recipe.h"
 
 namespace pentad::ckpt {
 

@@ -8,7 +8,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "core/tensor.h"
-#include "train/config.h"
+#include "recipe/config.h"
 
 namespace pentad::ckpt {
 

@@ -27,7 +27,7 @@
 #include "core/progress.h"
 #include "data/corpus.h"
 #include "data/tokenizer.h"
-#include "train/recipe.h"
+#include "recipe/recipe.h"
 
 namespace pentad::ckpt {
 

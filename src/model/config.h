@@ -1,6 +1,6 @@
 #pragma once
 // The [model] section of a recipe: the architecture, and the [moe] section: how its
-// Mixture-of-Experts layers route (src/train/recipe.cpp fills both).
+// Mixture-of-Experts layers route (src/recipe/recipe.cpp fills both).
 #include <cstdint>
 #include <string>
 #include <vector>

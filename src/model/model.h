@@ -43,7 +43,7 @@ void read_floats(const Tensor& t, float* out);
 // causal attention, recomputation not counted) of one layer (`moe`: an MoE layer, its shared
 // and top_k routed experts and router) and of the head, before any tensor-parallel split;
 // `keys`: the whole sequence a query may attend to (each query meets keys / 2 on average).
-// Model::flops_per_micro_batch and the planner (train/cost_model.h) both count with these.
+// Model::flops_per_micro_batch and the planner (plan/cost_model.h) both count with these.
 double layer_flops_per_token(const ModelConfig& cfg, bool moe, double keys);
 double head_flops_per_token(const ModelConfig& cfg);
 

@@ -18,7 +18,7 @@
 #include "parallel/dp/grad_reducer.h"
 #include "parallel/mesh.h"
 #include "parallel/pp/stage.h"
-#include "train/config.h"
+#include "recipe/config.h"
 
 namespace pentad {
 

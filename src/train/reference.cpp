@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "core/npy.h"
-#include "train/recipe.h"
+#include "recipe/recipe.h"
 #include "train/trainer.h"
 
 namespace pentad {

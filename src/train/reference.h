@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <string>
 
-#include "train/config.h"
+#include "recipe/config.h"
 
 namespace pentad {
 

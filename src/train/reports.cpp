@@ -23,10 +23,10 @@
 #include "core/npy.h"
 #include "data/corpus.h"
 #include "data/tokenizer.h"
-#include "train/calibration.h"
-#include "train/cost_model.h"
-#include "train/memory_budget.h"
-#include "train/recipe.h"
+#include "plan/calibration.h"
+#include "plan/cost_model.h"
+#include "plan/memory_budget.h"
+#include "recipe/recipe.h"
 #include "train/trainer.h"
 
 namespace pentad {

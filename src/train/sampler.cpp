@@ -71,7 +71,10 @@ void TrainingSampler::print(const Model& trained, int64_t step) {
     spdlog::info("step {} sample: {}", step, text);
   } else {
     std::string ids;
-    for (int32_t id : made) ids += (ids.empty() ? "" : " ") + std::to_string(id);
+    for (int32_t id : made) {  // (GCC 12 flags "" + to_string here, -Wrestrict, falsely)
+      if (!ids.empty()) ids += ' ';
+      ids += std::to_string(id);
+    }
     spdlog::info("step {} sample (ids): {}", step, ids);
   }
 }

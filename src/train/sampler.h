@@ -10,7 +10,7 @@
 #include "data/tokenizer.h"
 #include "model/generate.h"
 #include "parallel/mesh.h"
-#include "train/config.h"
+#include "recipe/config.h"
 
 namespace pentad {
 

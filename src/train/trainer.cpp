@@ -22,7 +22,7 @@
 #include "parallel/cp/context_parallel.h"
 #include "parallel/pp/adaptive.h"
 #include "parallel/pp/layout.h"
-#include "train/recipe.h"
+#include "recipe/recipe.h"
 #include "train/sampler.h"
 
 namespace pentad {

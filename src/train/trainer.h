@@ -23,8 +23,8 @@
 #include "parallel/dp/grad_reducer.h"
 #include "parallel/mesh.h"
 #include "parallel/pp/pipeline.h"
-#include "train/config.h"
-#include "train/layout.h"
+#include "plan/layout.h"
+#include "recipe/config.h"
 #include "train/metrics_log.h"
 #include "train/parallelize.h"
 

@@ -9,8 +9,8 @@
 #include "core/device_memory.h"
 #include "kernels/ops.h"
 #include "parallel/activity.h"
-#include "train/checkpoint_recipe.h"
-#include "train/recipe.h"
+#include "recipe/checkpoint_recipe.h"
+#include "recipe/recipe.h"
 #include "train/trainer.h"
 
 namespace pentad {

@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "train/recipe.h"
+#include "recipe/recipe.h"
 #include "train/trainer.h"
 
 namespace pentad {

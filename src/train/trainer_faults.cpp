@@ -1,5 +1,5 @@
 // Fault injection for the fault detector's tests and benchmarks (launch/): the recipe's
-// train.inject_nan_grad and train.inject_fault (train/config.h), read once.
+// train.inject_nan_grad and train.inject_fault (recipe/config.h), read once.
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 

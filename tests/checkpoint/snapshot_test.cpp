@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
-#include "train/recipe.h"
+#include "recipe/recipe.h"
 #include "train/trainer.h"
 
 namespace pentad {

@@ -14,7 +14,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "model/model.h"
-#include "train/recipe.h"
+#include "recipe/recipe.h"
 
 namespace fs = std::filesystem;
 using namespace pentad;

@@ -16,7 +16,7 @@
 #include "checkpoint/sha256.h"
 #include "data/tokenizer.h"
 #include "model/model.h"
-#include "train/recipe.h"
+#include "recipe/recipe.h"
 
 namespace fs = std::filesystem;
 using namespace pentad;

@@ -16,8 +16,8 @@
 
 #include "core/device_memory.h"
 #include "model/generate.h"
+#include "recipe/recipe.h"
 #include "tests/cuda/train_test_util.h"
-#include "train/recipe.h"
 
 namespace pentad {
 namespace {

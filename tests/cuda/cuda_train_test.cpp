@@ -54,8 +54,8 @@
 #include "core/device_memory.h"
 #include "launch/rank.h"
 #include "optim/adamw.h"
+#include "recipe/recipe.h"
 #include "tests/cuda/train_test_util.h"
-#include "train/recipe.h"
 #include "train/trainer.h"
 
 namespace pentad {

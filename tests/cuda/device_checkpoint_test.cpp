@@ -21,7 +21,7 @@
 #include "checkpoint/saver.h"
 #include "core/device_memory.h"
 #include "launch/rank.h"
-#include "train/recipe.h"
+#include "recipe/recipe.h"
 #include "train/trainer.h"
 
 namespace pentad {

@@ -23,8 +23,8 @@
 #include "data/token_files.h"
 #include "launch/rank.h"
 #include "parallel/mesh.h"
-#include "train/layout.h"
-#include "train/recipe.h"
+#include "plan/layout.h"
+#include "recipe/recipe.h"
 #include "train/trainer.h"
 
 namespace pentad::cuda_train {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "train/recipe.h"
+#include "recipe/recipe.h"
 
 using namespace pentad;
 

@@ -20,7 +20,7 @@
 #include "checkpoint/checkpoint.h"
 #include "launch/rank.h"
 #include "parallel/mesh.h"
-#include "train/recipe.h"
+#include "recipe/recipe.h"
 #include "train/trainer.h"
 
 using namespace pentad;

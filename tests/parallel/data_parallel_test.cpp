@@ -5,7 +5,7 @@
 #include "launch/rank.h"
 #include "parallel/mesh.h"
 #include "parallel/trace.h"
-#include "train/recipe.h"
+#include "recipe/recipe.h"
 #include "train/trainer.h"
 
 using namespace pentad;

@@ -11,7 +11,7 @@
 #include "parallel/mesh.h"
 #include "parallel/pp/adaptive.h"
 #include "parallel/trace.h"
-#include "train/recipe.h"
+#include "recipe/recipe.h"
 #include "train/trainer.h"
 
 using namespace pentad;

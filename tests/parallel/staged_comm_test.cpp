@@ -22,8 +22,8 @@
 #include "parallel/comm.h"
 #include "parallel/mesh.h"
 #include "parallel/trace.h"
-#include "train/layout.h"
-#include "train/recipe.h"
+#include "plan/layout.h"
+#include "recipe/recipe.h"
 #include "train/trainer.h"
 
 namespace pentad::parallel {

@@ -27,8 +27,8 @@
 
 #include "launch/rank.h"
 #include "parallel/mesh.h"
-#include "train/memory_budget.h"
-#include "train/recipe.h"
+#include "plan/memory_budget.h"
+#include "recipe/recipe.h"
 #include "train/trainer.h"
 
 using namespace pentad;

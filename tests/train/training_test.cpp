@@ -16,7 +16,7 @@
 #include "core/rng.h"
 #include "model/model.h"
 #include "optim/adamw.h"
-#include "train/recipe.h"
+#include "recipe/recipe.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;

@@ -1,6 +1,6 @@
-// Whether a run's memory plan fits (train/memory_budget.h): this rank's share of what its
+// Whether a run's memory plan fits (plan/memory_budget.h): this rank's share of what its
 // machine and its job's cgroup allow, the plan in words for `pentad plan`, and the refusal
-// naming what would fit. The estimate itself is train/memory_budget.cpp.
+// naming what would fit. The estimate itself is plan/memory_budget.cpp.
 #include <mpi.h>
 #include <omp.h>
 #include <sched.h>
@@ -17,7 +17,7 @@
 #include "core/check.h"
 #include "core/tensor.h"
 #include "model/moe.h"
-#include "train/memory_budget.h"
+#include "plan/memory_budget.h"
 
 namespace pentad {
 namespace {

@@ -1,4 +1,4 @@
-// The machines the planner knows (train/cost_model.h): GPU cluster presets from vendors'
+// The machines the planner knows (plan/cost_model.h): GPU cluster presets from vendors'
 // datasheets, and this CPU machine from its kernel table.
 #include <algorithm>
 #include <cstdio>
@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "core/check.h"
-#include "train/cost_model.h"
+#include "plan/cost_model.h"
 
 namespace pentad {
 namespace {

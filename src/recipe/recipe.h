@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "train/config.h"
+#include "recipe/config.h"
 
 namespace pentad {
 

@@ -1,7 +1,7 @@
-// The memory estimate from a recipe alone (train/memory_budget.h): each pipeline stage's
+// The memory estimate from a recipe alone (plan/memory_budget.h): each pipeline stage's
 // parameters, gradients, AdamW state, activations and snapshot, in closed form over the
-// layer shapes. Whether it fits, and the words for it: train/memory_fit.cpp.
-#include "train/memory_budget.h"
+// layer shapes. Whether it fits, and the words for it: plan/memory_fit.cpp.
+#include "plan/memory_budget.h"
 
 #include <algorithm>
 #include <cmath>
@@ -14,7 +14,6 @@
 #include "optim/adamw.h"
 #include "parallel/pp/layout.h"
 #include "parallel/pp/pipeline.h"
-#include "train/trainer.h"
 
 namespace pentad {
 namespace {

@@ -4,7 +4,7 @@
 #include <map>
 #include <string>
 
-#include "train/config.h"
+#include "recipe/config.h"
 
 namespace pentad::recipe {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "train/config.h"
+#include "recipe/config.h"
 
 namespace pentad {
 

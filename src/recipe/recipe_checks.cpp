@@ -1,10 +1,10 @@
-#include "train/recipe_checks.h"
+#include "recipe/recipe_checks.h"
 
 #include <fmt/format.h>
 
 #include "core/check.h"
 #include "model/moe.h"
-#include "train/recipe_keys.h"
+#include "recipe/recipe_keys.h"
 
 namespace pentad::recipe {
 namespace {

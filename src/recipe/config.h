@@ -1,7 +1,7 @@
 #pragma once
 // Everything a recipe can say: each section's configuration lives in the folder that
 // owns it; this file adds [train] and composes them. Recipes are TOML (recipes/*.toml);
-// src/train/recipe.cpp reads and validates them. Every field is one key "<section>.<name>".
+// src/recipe/recipe.cpp reads and validates them. Every field is one key "<section>.<name>".
 #include <cstdint>
 #include <string>
 
@@ -20,7 +20,7 @@ struct TrainConfig {  // [train]
   int64_t grad_accum = 1;  // micro-batches per optimizer step
   // Sequences per optimizer step, kept under any layout (Megatron's and torchtitan's
   // global batch): when > 0, grad_accum follows from it (global_batch / (micro_batch x dp),
-  // apply_global_batch in train/layout.h); 0: micro_batch x grad_accum x dp.
+  // apply_global_batch in plan/layout.h); 0: micro_batch x grad_accum x dp.
   int64_t global_batch = 0;
   uint64_t seed = 1234;
   int64_t eval_every = 50;  // 0 disables eval

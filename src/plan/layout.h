@@ -7,7 +7,7 @@
 #include "core/params.h"
 #include "parallel/mesh.h"
 #include "parallel/pp/schedule.h"
-#include "train/config.h"
+#include "recipe/config.h"
 
 namespace pentad {
 

@@ -1,4 +1,4 @@
-// The planner (train/cost_model.h, train/plan_search.h, train/calibration.h): the volumes of
+// The planner (plan/cost_model.h, plan/plan_search.h, plan/calibration.h): the volumes of
 // tensor parallelism's collectives, the FLOP count it shares with the model, a ranking that
 // flips between 1D and 2D tensor parallelism with the topology, the gradient bucket left
 // after backward, a fixed layout predicted as is, another engine's overlaps, and the refusals.
@@ -10,12 +10,12 @@
 
 #include "core/check.h"
 #include "model/model.h"
-#include "train/calibration.h"
-#include "train/cost_model.h"
-#include "train/layout.h"
-#include "train/memory_budget.h"
-#include "train/plan_search.h"
-#include "train/recipe.h"
+#include "plan/calibration.h"
+#include "plan/cost_model.h"
+#include "plan/layout.h"
+#include "plan/memory_budget.h"
+#include "plan/plan_search.h"
+#include "recipe/recipe.h"
 
 using namespace pentad;
 

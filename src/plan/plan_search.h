@@ -1,11 +1,11 @@
 #pragma once
 // `pentad plan --ranks N`: every layout of N ranks that the recipe's checks accept and whose
-// memory plan fits, each with its predicted step (train/cost_model.h), ranked. docs/plan.md.
+// memory plan fits, each with its predicted step (plan/cost_model.h), ranked. docs/plan.md.
 #include <map>
 #include <string>
 #include <vector>
 
-#include "train/cost_model.h"
+#include "plan/cost_model.h"
 
 namespace pentad {
 

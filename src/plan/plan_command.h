@@ -1,6 +1,6 @@
 #pragma once
 // `pentad plan`: the memory plan of a recipe's own layout, or (with --ranks) the layout
-// search with predicted step times (train/plan_search.h), and `--calibrate`.
+// search with predicted step times (plan/plan_search.h), and `--calibrate`.
 #include <string>
 #include <vector>
 
@@ -12,7 +12,7 @@ struct PlanArgs {
   int64_t ranks = 0;              // 0: the recipe's own layout, memory plan only
   std::string topology;           // a `pentad probe` file
   std::string cluster;            // "dgx-h100[:NODES]"
-  std::string engine = "pentad";  // whose implementation is predicted (train/cost_model.h)
+  std::string engine = "pentad";  // whose implementation is predicted (plan/cost_model.h)
   double memory_gb = 0;           // per rank; 0: the machine's
   int top = 10;
   bool json = false;

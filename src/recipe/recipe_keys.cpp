@@ -1,4 +1,4 @@
-#include "train/recipe_keys.h"
+#include "recipe/recipe_keys.h"
 
 #include <charconv>
 #include <cmath>

@@ -1,7 +1,7 @@
 // Recipes: every shipped recipe loads, overrides and family defaults work, recipe_to_toml
 // round-trips bit for bit, and every kind of mistake gives a message naming the file,
 // the key and what is allowed.
-#include "train/recipe.h"
+#include "recipe/recipe.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -17,7 +17,7 @@
 #include "core/check.h"
 #include "model/model.h"
 #include "model/moe.h"
-#include "train/recipe_keys.h"
+#include "recipe/recipe_keys.h"
 
 namespace pentad {
 namespace {
@@ -632,7 +632,7 @@ TEST(Recipe, BadRecipesFailWithActionableMessages) {
 TEST(RecipeKeys, ReferenceFileIsUpToDate) {
   const fs::path path = fs::path(PENTAD_SOURCE_DIR) / "docs" / "recipe-keys.md";
   const std::string regenerate =
-      "docs/recipe-keys.md is out of date with the key table (src/train/recipe_keys.cpp): "
+      "docs/recipe-keys.md is out of date with the key table (src/recipe/recipe_keys.cpp): "
       "regenerate with `build/pentad recipe keys --markdown > docs/recipe-keys.md`";
   std::ifstream in(path, std::ios::binary);
   ASSERT_TRUE(in) << "cannot read " << path.string() << "; " << regenerate;

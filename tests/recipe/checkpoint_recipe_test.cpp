@@ -1,13 +1,13 @@
 // Which recipe changes a checkpoint refuses: keys that define the model or its token ids
 // (each named with both values), against keys that may change between runs (logged).
-#include "train/checkpoint_recipe.h"
+#include "recipe/checkpoint_recipe.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
-#include "train/recipe.h"
+#include "recipe/recipe.h"
 
 namespace pentad {
 namespace {

@@ -1,7 +1,7 @@
-// The layout search of `pentad plan` (train/plan_search.h): enumerate, keep what the
+// The layout search of `pentad plan` (plan/plan_search.h): enumerate, keep what the
 // existing checks accept (mesh_config: the mesh, the model split, the schedule; the
 // recipe's combination checks) and what the memory plan (estimate_memory) fits, predict.
-#include "train/plan_search.h"
+#include "plan/plan_search.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -12,9 +12,9 @@
 
 #include "core/check.h"
 #include "model/model.h"
-#include "train/layout.h"
-#include "train/memory_budget.h"
-#include "train/recipe_checks.h"
+#include "plan/layout.h"
+#include "plan/memory_budget.h"
+#include "recipe/recipe_checks.h"
 
 namespace pentad {
 namespace {

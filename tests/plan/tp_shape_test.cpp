@@ -1,4 +1,4 @@
-// parallel.tp_shape = "auto" (train/cost_model.h, choose_tp_shape): the shape and order
+// parallel.tp_shape = "auto" (plan/cost_model.h, choose_tp_shape): the shape and order
 // whose tp collectives take least time over the links of a topology.
 #include <gtest/gtest.h>
 
@@ -7,9 +7,9 @@
 
 #include "core/check.h"
 #include "parallel/topology.h"
-#include "train/cost_model.h"
-#include "train/layout.h"
-#include "train/recipe.h"
+#include "plan/cost_model.h"
+#include "plan/layout.h"
+#include "recipe/recipe.h"
 
 using namespace pentad;
 

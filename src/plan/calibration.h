@@ -1,5 +1,5 @@
 #pragma once
-// The kernel table of this machine for the planner's cost model (train/cost_model.h): how
+// The kernel table of this machine for the planner's cost model (plan/cost_model.h): how
 // long the real CPU kernels of kernels/ops.h take at a few shapes, measured by
 // `pentad plan --calibrate` and kept as JSON (default ~/.cache/pentad/calibration.json).
 // Measured at one thread and at every core, since a rank's threads are the cores over the

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "parallel/mesh.h"
-#include "train/config.h"
+#include "recipe/config.h"
 
 namespace pentad {
 

@@ -1,4 +1,4 @@
-#include "train/checkpoint_recipe.h"
+#include "recipe/checkpoint_recipe.h"
 
 #include <fmt/format.h>
 
@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "model/model.h"
-#include "train/recipe.h"
+#include "recipe/recipe.h"
 
 namespace pentad {
 namespace {

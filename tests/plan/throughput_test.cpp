@@ -5,8 +5,8 @@
 #include <string>
 
 #include "model/model.h"
-#include "train/cost_model.h"
-#include "train/recipe.h"
+#include "plan/cost_model.h"
+#include "recipe/recipe.h"
 
 using namespace pentad;
 

@@ -12,7 +12,7 @@
 #include <variant>
 #include <vector>
 
-#include "train/config.h"
+#include "recipe/config.h"
 
 namespace pentad::recipe {
 

@@ -1,4 +1,4 @@
-#include "train/layout.h"
+#include "plan/layout.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -11,7 +11,7 @@
 #include "parallel/pp/layout.h"
 #include "parallel/pp/pipeline.h"
 #include "parallel/topology.h"
-#include "train/cost_model.h"
+#include "plan/cost_model.h"
 
 namespace pentad {
 

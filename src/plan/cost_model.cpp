@@ -1,9 +1,9 @@
-// The planner's cost model (train/cost_model.h; docs/plan.md says what it counts and why).
+// The planner's cost model (plan/cost_model.h; docs/plan.md says what it counts and why).
 // Per micro-batch and rank: each layer's GEMMs, attention and element-wise passes timed from
 // the machine, each layer's tp/cp/ep collectives from the topology, the stages replayed
 // through the schedule simulator (parallel/pp/schedule.h), then the data-parallel reduction
 // as the grad reducer overlaps it with backward and the optimizer.
-#include "train/cost_model.h"
+#include "plan/cost_model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,8 +15,8 @@
 #include "model/moe.h"
 #include "parallel/pp/layout.h"
 #include "parallel/pp/schedule.h"
-#include "train/layout.h"
-#include "train/memory_budget.h"
+#include "plan/layout.h"
+#include "plan/memory_budget.h"
 
 namespace pentad {
 namespace {

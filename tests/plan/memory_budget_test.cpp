@@ -1,6 +1,6 @@
-// The memory estimate made from a recipe alone (train/memory_budget.h) against the arenas a
+// The memory estimate made from a recipe alone (plan/memory_budget.h) against the arenas a
 // model of that recipe really allocates, and the refusal it gives when the plan does not fit.
-#include "train/memory_budget.h"
+#include "plan/memory_budget.h"
 
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
@@ -19,8 +19,8 @@
 
 #include "core/check.h"
 #include "model/model.h"
-#include "train/layout.h"
-#include "train/recipe.h"
+#include "plan/layout.h"
+#include "recipe/recipe.h"
 
 using namespace pentad;
 

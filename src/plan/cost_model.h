@@ -1,6 +1,6 @@
 #pragma once
 // The planner's cost model (docs/plan.md): the predicted step time of a recipe on a layout,
-// from what each rank computes (a kernel table measured on this CPU, train/calibration.h,
+// from what each rank computes (a kernel table measured on this CPU, plan/calibration.h,
 // or a GPU's datasheet peak with an efficiency per kernel shape) and what it sends (a
 // topology, parallel/topology.h: measured by `pentad probe` or a cluster preset's links).
 // FLOPs are counted as the model counts them (layer_flops_per_token, model/model.h).
@@ -9,8 +9,8 @@
 
 #include "parallel/mesh.h"
 #include "parallel/topology.h"
-#include "train/calibration.h"
-#include "train/config.h"
+#include "plan/calibration.h"
+#include "recipe/config.h"
 
 namespace pentad {
 

@@ -1,16 +1,16 @@
-// `pentad plan` (train/plan_command.h).
-#include "train/plan_command.h"
+// `pentad plan` (plan/plan_command.h).
+#include "plan/plan_command.h"
 
 #include <cstdio>
 #include <fstream>
 #include <numeric>
 
 #include "core/check.h"
-#include "train/calibration.h"
-#include "train/layout.h"
-#include "train/memory_budget.h"
-#include "train/plan_search.h"
-#include "train/recipe.h"
+#include "plan/calibration.h"
+#include "plan/layout.h"
+#include "plan/memory_budget.h"
+#include "plan/plan_search.h"
+#include "recipe/recipe.h"
 
 namespace pentad {
 

@@ -1,6 +1,6 @@
-// `pentad plan --calibrate`: the kernel table of this machine (train/calibration.h), timed on
+// `pentad plan --calibrate`: the kernel table of this machine (plan/calibration.h), timed on
 // the kernels training runs (kernels/ops.h), each a median over repetitions after a warm-up.
-#include "train/calibration.h"
+#include "plan/calibration.h"
 
 #include <omp.h>
 #include <spdlog/spdlog.h>
