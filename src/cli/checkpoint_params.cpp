@@ -21,6 +21,10 @@ Shape to_shape(const Dims& dims) {
   return s;
 }
 
+Dims dims_of(const Shape& shape) {
+  return Dims(shape.dims.begin(), shape.dims.begin() + shape.ndim);
+}
+
 CheckpointParams::CheckpointParams(const std::string& dir)
     : reader_(dir), config_(parse_recipe(reader_.manifest().recipe_toml, dir + "/manifest.json")) {}
 

@@ -16,6 +16,7 @@ using Dims = std::vector<int64_t>;
 
 int64_t numel(const Dims& dims);
 Shape to_shape(const Dims& dims);
+Dims dims_of(const Shape& shape);
 
 // Parameters of a committed checkpoint, read whole, with the recipe they belong to.
 class CheckpointParams {

@@ -1,12 +1,15 @@
 // `pentad ckpt convert --to llmc`: a GPT-2 checkpoint as llm.c's model file (convert.h).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "cli/checkpoint_params.h"
@@ -14,10 +17,37 @@
 #include "core/check.h"
 #include "core/progress.h"
 #include "model/model.h"
+#include "model/param_table.h"
 
 namespace pentad::ckpt {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// llm.c's layer tensors (train_gpt2.c, ParameterTensors) in its order, each made of the
+// model table's parameters (model/param_table.h) in the rows' order: qkvw stacks q, k, v
+// rows. Its matmul weights are (out, in), pentad's layout.
+constexpr std::pair<std::string_view, std::string_view> kLlmcLayer[] = {
+    {"ln1w", "norm1.weight"},        // (L, C)
+    {"ln1b", "norm1.bias"},          // (L, C)
+    {"qkvw", "attn.q.weight"},       // (L, 3C, C)
+    {"qkvw", "attn.k.weight"},       //
+    {"qkvw", "attn.v.weight"},       //
+    {"qkvb", "attn.q.bias"},         // (L, 3C)
+    {"qkvb", "attn.k.bias"},         //
+    {"qkvb", "attn.v.bias"},         //
+    {"attprojw", "attn.o.weight"},   // (L, C, C)
+    {"attprojb", "attn.o.bias"},     // (L, C)
+    {"ln2w", "norm2.weight"},        // (L, C)
+    {"ln2b", "norm2.bias"},          // (L, C)
+    {"fcw", "mlp.up.weight"},        // (L, 4C, C)
+    {"fcb", "mlp.up.bias"},          // (L, 4C)
+    {"fcprojw", "mlp.down.weight"},  // (L, C, 4C)
+    {"fcprojb", "mlp.down.bias"},    // (L, C)
+};
+
+}  // namespace
 
 std::string export_llmc(const std::string& checkpoint_dir, const std::string& out_path,
                         bool overwrite) {
@@ -37,6 +67,12 @@ std::string export_llmc(const std::string& checkpoint_dir, const std::string& ou
   if (m.kv_heads() != m.n_head)
     fail("{}: llm.c's GPT-2 has n_kv_head = n_head; this model has {}", checkpoint_dir,
          m.kv_heads());
+  const std::vector<ParamDecl> layer = layer_params(m, false);
+  for (const ParamDecl& d : layer)
+    if (std::find_if(std::begin(kLlmcLayer), std::end(kLlmcLayer),
+                     [&](const auto& r) { return d.name == r.second; }) == std::end(kLlmcLayer))
+      fail("{}: parameter {} has no place in llm.c's GPT-2 (cli/convert_llmc.cpp)", checkpoint_dir,
+           d.name);
 
   const std::string tmp = out_path + ".tmp";
   std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
@@ -59,37 +95,27 @@ std::string export_llmc(const std::string& checkpoint_dir, const std::string& ou
   }
   out.write(reinterpret_cast<const char*>(header), sizeof(header));
 
-  // llm.c's order (train_gpt2.c, ParameterTensors): each kind for all layers in turn.
-  // Its matmul weights are (out, in), pentad's layout; qkvw stacks q, k, v rows.
-  int64_t values = 0;
-  auto all_layers = [&](const std::vector<std::pair<std::string, Dims>>& parts) {
-    for (int64_t l = 0; l < L; ++l)
-      for (const auto& [suffix, dims] : parts) {
-        put(ckpt.get(fmt::format("layers.{}.{}", l, suffix), dims));
-        values += numel(dims);
-      }
-  };
   std::vector<float> wte = ckpt.get("wte.weight", {V, C});
   wte.resize(static_cast<size_t>(Vp * C), 0.0f);  // (Vp, C): padding rows are zero
   put(wte);
   put(ckpt.get("wpe.weight", {T, C}));  // (maxT, C)
-  values += Vp * C + T * C;
-  all_layers({{"norm1.weight", {C}}});  // ln1w (L, C)
-  all_layers({{"norm1.bias", {C}}});    // ln1b (L, C)
-  all_layers({{"attn.q.weight", {C, C}},
-              {"attn.k.weight", {C, C}},
-              {"attn.v.weight", {C, C}}});  // qkvw (L, 3C, C)
-  all_layers({{"attn.q.bias", {C}}, {"attn.k.bias", {C}}, {"attn.v.bias", {C}}});  // qkvb (L, 3C)
-  all_layers({{"attn.o.weight", {C, C}}});        // attprojw (L, C, C)
-  all_layers({{"attn.o.bias", {C}}});             // attprojb (L, C)
-  all_layers({{"norm2.weight", {C}}});            // ln2w (L, C)
-  all_layers({{"norm2.bias", {C}}});              // ln2b (L, C)
-  all_layers({{"mlp.up.weight", {4 * C, C}}});    // fcw (L, 4C, C)
-  all_layers({{"mlp.up.bias", {4 * C}}});         // fcb (L, 4C)
-  all_layers({{"mlp.down.weight", {C, 4 * C}}});  // fcprojw (L, C, 4C)
-  all_layers({{"mlp.down.bias", {C}}});           // fcprojb (L, C)
-  put(ckpt.get("norm_f.weight", {C}));            // lnfw (C)
-  put(ckpt.get("norm_f.bias", {C}));              // lnfb (C)
+  int64_t values = Vp * C + T * C;
+  // The layers' tensors, each kind for all layers in turn, from the model's table.
+  for (size_t k = 0; k < std::size(kLlmcLayer);) {
+    size_t end = k;  // the rows [k, end) make one llm.c tensor
+    while (end < std::size(kLlmcLayer) && kLlmcLayer[end].first == kLlmcLayer[k].first) ++end;
+    for (int64_t l = 0; l < L; ++l)
+      for (size_t r = k; r < end; ++r)
+        for (const ParamDecl& d : layer)
+          if (d.name == kLlmcLayer[r].second) {
+            const Dims dims = dims_of(d.shape);
+            put(ckpt.get(layer_prefix(l) + d.name, dims));
+            values += numel(dims);
+          }
+    k = end;
+  }
+  put(ckpt.get("norm_f.weight", {C}));  // lnfw (C)
+  put(ckpt.get("norm_f.bias", {C}));    // lnfb (C)
   values += 2 * C;
   out.flush();
   if (!out) fail("{}: write failed ({})", tmp, std::strerror(errno));

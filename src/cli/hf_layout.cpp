@@ -2,9 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <iterator>
+#include <span>
+
 #include "core/check.h"
 #include "model/model.h"
 #include "model/moe.h"
+#include "model/param_table.h"
 
 namespace pentad::ckpt {
 
@@ -49,86 +54,143 @@ void check_hf_exportable(const ModelConfig& m, const std::string& where) {
     fail("{}: moe.renormalize = false: Mixtral divides the top-k weights by their sum", where);
 }
 
-std::vector<HfEntry> hf_table(const ModelConfig& m) {
-  const int64_t C = m.d_model, V = m.vocab_size, F = ffn_dim(m), T = m.max_seq_len;
-  const int64_t Ckv = m.kv_heads() * m.head_dim();
-  std::vector<HfEntry> t;
-  auto one = [&](std::string hf, std::string ours, Dims dims, bool transposed = false) {
-    t.push_back({std::move(hf), transposed, {{std::move(ours), std::move(dims)}}});
+namespace {
+
+// Where transformers keeps one of the model table's parameters (model/param_table.h): its
+// name (empty: nowhere, a pentad-only parameter) and whether it is stored transposed
+// (GPT-2's Conv1D, [in, out]). Parameters of one name stack along their first dim in the
+// order of these rows; entries are written in the order of their first row.
+struct HfName {
+  const char* ours;
+  const char* hf;
+  bool transposed = false;
+};
+
+// GPT2LMHeadModel keeps the body under "transformer." and the head beside it; a file
+// without the prefix loads only into the bare GPT2Model, so an untied head (or any head)
+// would make from_pretrained refuse it.
+constexpr HfName kGpt2Outer[] = {
+    {"wte.weight", "transformer.wte.weight"},     {"wpe.weight", "transformer.wpe.weight"},
+    {"norm_f.weight", "transformer.ln_f.weight"}, {"norm_f.bias", "transformer.ln_f.bias"},
+    {"lm_head.weight", "lm_head.weight"},
+};
+// Under "transformer.h.<l>.". c_attn.weight [C, 3C] = [Wq^T Wk^T Wv^T]; c_attn.bias = [bq bk bv].
+constexpr HfName kGpt2Layer[] = {
+    {"norm1.weight", "ln_1.weight"},
+    {"norm1.bias", "ln_1.bias"},
+    {"attn.q.weight", "attn.c_attn.weight", true},
+    {"attn.k.weight", "attn.c_attn.weight", true},
+    {"attn.v.weight", "attn.c_attn.weight", true},
+    {"attn.q.bias", "attn.c_attn.bias"},
+    {"attn.k.bias", "attn.c_attn.bias"},
+    {"attn.v.bias", "attn.c_attn.bias"},
+    {"attn.o.weight", "attn.c_proj.weight", true},
+    {"attn.o.bias", "attn.c_proj.bias"},
+    {"norm2.weight", "ln_2.weight"},
+    {"norm2.bias", "ln_2.bias"},
+    {"mlp.up.weight", "mlp.c_fc.weight", true},
+    {"mlp.up.bias", "mlp.c_fc.bias"},
+    {"mlp.down.weight", "mlp.c_proj.weight", true},
+    {"mlp.down.bias", "mlp.c_proj.bias"},
+    {"moe.expert_bias", ""},
+};
+// pentad's RoPE pairs dimension i with i + d/2 (HF's rotate_half), the convention HF
+// LLaMA checkpoints are stored in, so q_proj and k_proj are copied without permutation.
+// Mixtral is the same model with block_sparse_moe in place of mlp.
+constexpr HfName kLlamaOuter[] = {
+    {"wte.weight", "model.embed_tokens.weight"},
+    {"norm_f.weight", "model.norm.weight"},
+    {"lm_head.weight", "lm_head.weight"},
+};
+constexpr HfName kLlamaLayer[] = {
+    // under "model.layers.<l>."
+    {"norm1.weight", "input_layernorm.weight"},
+    {"attn.q.weight", "self_attn.q_proj.weight"},
+    {"attn.k.weight", "self_attn.k_proj.weight"},
+    {"attn.v.weight", "self_attn.v_proj.weight"},
+    {"attn.o.weight", "self_attn.o_proj.weight"},
+    {"norm2.weight", "post_attention_layernorm.weight"},
+    {"mlp.gate.weight", "mlp.gate_proj.weight"},
+    {"mlp.up.weight", "mlp.up_proj.weight"},
+    {"mlp.down.weight", "mlp.down_proj.weight"},
+    {"moe.router.weight", "block_sparse_moe.gate.weight"},
+    {"moe.expert_bias", ""},  // aux-loss-free balancing's; Mixtral has none
+};
+// Under "model.layers.<l>.block_sparse_moe.experts.<e>.": Mixtral's expert is
+// w2(silu(w1 x) * w3 x), so w1 is pentad's gate, w3 its up.
+constexpr HfName kMixtralExpert[] = {
+    {"gate.weight", "w1.weight"},
+    {"down.weight", "w2.weight"},
+    {"up.weight", "w3.weight"},
+};
+
+// The entries of `decls` (one scope of the table: the routed experts' with `experts`),
+// names prefixed, appended to `out`. A parameter without a row is refused: an export that
+// left it out would load as another model.
+void add_entries(std::vector<HfEntry>& out, const std::vector<ParamDecl>& decls,
+                 std::span<const HfName> rows, bool experts, const std::string& ours,
+                 const std::string& hf, const ModelConfig& m) {
+  auto row_of = [&](const ParamDecl& d) {
+    return std::find_if(rows.begin(), rows.end(),
+                        [&](const HfName& r) { return d.name == r.ours; });
   };
-  if (m.family == ModelFamily::GPT2) {
-    // GPT2LMHeadModel keeps the body under "transformer." and the head beside it; a file
-    // without the prefix loads only into the bare GPT2Model, so an untied head (or any
-    // head) would make from_pretrained refuse it.
-    one("transformer.wte.weight", "wte.weight", {V, C});
-    one("transformer.wpe.weight", "wpe.weight", {T, C});
-    for (int64_t l = 0; l < m.n_layer; ++l) {
-      const std::string p = fmt::format("layers.{}.", l), h = fmt::format("transformer.h.{}.", l);
-      one(h + "ln_1.weight", p + "norm1.weight", {C});
-      one(h + "ln_1.bias", p + "norm1.bias", {C});
-      // c_attn.weight [C, 3C] = [Wq^T Wk^T Wv^T]; c_attn.bias = [bq bk bv].
-      t.push_back({h + "attn.c_attn.weight",
-                   true,
-                   {{p + "attn.q.weight", {C, C}},
-                    {p + "attn.k.weight", {C, C}},
-                    {p + "attn.v.weight", {C, C}}}});
-      t.push_back({h + "attn.c_attn.bias",
-                   false,
-                   {{p + "attn.q.bias", {C}}, {p + "attn.k.bias", {C}}, {p + "attn.v.bias", {C}}}});
-      one(h + "attn.c_proj.weight", p + "attn.o.weight", {C, C}, true);
-      one(h + "attn.c_proj.bias", p + "attn.o.bias", {C});
-      one(h + "ln_2.weight", p + "norm2.weight", {C});
-      one(h + "ln_2.bias", p + "norm2.bias", {C});
-      one(h + "mlp.c_fc.weight", p + "mlp.up.weight", {F, C}, true);
-      one(h + "mlp.c_fc.bias", p + "mlp.up.bias", {F});
-      one(h + "mlp.c_proj.weight", p + "mlp.down.weight", {C, F}, true);
-      one(h + "mlp.c_proj.bias", p + "mlp.down.bias", {C});
-    }
-    one("transformer.ln_f.weight", "norm_f.weight", {C});
-    one("transformer.ln_f.bias", "norm_f.bias", {C});
-  } else {
-    // pentad's RoPE pairs dimension i with i + d/2 (HF's rotate_half), the convention HF
-    // LLaMA checkpoints are stored in, so q_proj and k_proj are copied without permutation.
-    // Mixtral is the same model with block_sparse_moe in place of mlp.
-    one("model.embed_tokens.weight", "wte.weight", {V, C});
-    for (int64_t l = 0; l < m.n_layer; ++l) {
-      const std::string p = fmt::format("layers.{}.", l), h = fmt::format("model.layers.{}.", l);
-      one(h + "input_layernorm.weight", p + "norm1.weight", {C});
-      one(h + "self_attn.q_proj.weight", p + "attn.q.weight", {C, C});
-      one(h + "self_attn.k_proj.weight", p + "attn.k.weight", {Ckv, C});
-      one(h + "self_attn.v_proj.weight", p + "attn.v.weight", {Ckv, C});
-      one(h + "self_attn.o_proj.weight", p + "attn.o.weight", {C, C});
-      one(h + "post_attention_layernorm.weight", p + "norm2.weight", {C});
-      if (m.is_moe() && is_moe_layer(m, l)) {
-        // Mixtral's expert is w2(silu(w1 x) * w3 x): w1 is pentad's gate, w3 its up.
-        const int64_t E = m.n_experts, Fe = expert_ffn_dim(m);
-        one(h + "block_sparse_moe.gate.weight", p + "moe.router.weight", {E, C});
-        for (int64_t e = 0; e < E; ++e) {
-          const std::string pe = fmt::format("{}moe.experts.{}.", p, e);
-          const std::string he = fmt::format("{}block_sparse_moe.experts.{}.", h, e);
-          one(he + "w1.weight", pe + "gate.weight", {Fe, C});
-          one(he + "w2.weight", pe + "down.weight", {C, Fe});
-          one(he + "w3.weight", pe + "up.weight", {Fe, C});
-        }
-      } else {
-        one(h + "mlp.gate_proj.weight", p + "mlp.gate.weight", {F, C});
-        one(h + "mlp.up_proj.weight", p + "mlp.up.weight", {F, C});
-        one(h + "mlp.down_proj.weight", p + "mlp.down.weight", {C, F});
-      }
-    }
-    one("model.norm.weight", "norm_f.weight", {C});
+  for (const ParamDecl& d : decls)
+    if (d.expert() == experts && row_of(d) == rows.end())
+      fail("parameter {}{} of this {} model has no transformers name (cli/hf_layout.cpp)", ours,
+           d.name, hf_model_type(m));
+  const size_t first = out.size();
+  for (const HfName& r : rows) {
+    auto d = std::find_if(decls.begin(), decls.end(), [&](const ParamDecl& x) {
+      return x.name == r.ours && x.expert() == experts;
+    });
+    if (d == decls.end() || *r.hf == 0) continue;
+    auto e = std::find_if(out.begin() + long(first), out.end(),
+                          [&](const HfEntry& x) { return x.hf == hf + r.hf; });
+    if (e == out.end()) e = out.insert(out.end(), HfEntry{hf + r.hf, r.transposed, {}});
+    e->parts.push_back({ours + d->name, dims_of(d->shape)});
+  }
+}
+
+std::span<const HfName> layer_rows(const ModelConfig& m) {
+  if (m.family == ModelFamily::GPT2) return kGpt2Layer;
+  return kLlamaLayer;
+}
+
+std::span<const HfName> outer_rows(const ModelConfig& m) {
+  if (m.family == ModelFamily::GPT2) return kGpt2Outer;
+  return kLlamaOuter;
+}
+
+}  // namespace
+
+std::vector<HfEntry> hf_table(const ModelConfig& m) {
+  const bool gpt2 = m.family == ModelFamily::GPT2;
+  std::vector<HfEntry> t;
+  add_entries(t, embedding_params(m), outer_rows(m), false, "", "", m);
+  for (int64_t l = 0; l < m.n_layer; ++l) {
+    const bool moe = m.is_moe() && is_moe_layer(m, l);
+    const std::vector<ParamDecl> decls = layer_params(m, moe);
+    const std::string h =
+        gpt2 ? fmt::format("transformer.h.{}.", l) : fmt::format("model.layers.{}.", l);
+    add_entries(t, decls, layer_rows(m), false, layer_prefix(l), h, m);
+    if (moe)
+      for (int64_t e = 0; e < m.n_experts; ++e)
+        add_entries(t, decls, kMixtralExpert, true, expert_prefix(l, e),
+                    fmt::format("{}block_sparse_moe.experts.{}.", h, e), m);
   }
   // A tied head is the embedding: transformers' save_pretrained leaves it out, and
   // tie_word_embeddings in config.json makes from_pretrained tie it again.
-  if (!m.tie_embeddings) one("lm_head.weight", "lm_head.weight", {V, C});
+  add_entries(t, final_params(m), outer_rows(m), false, "", "", m);
   return t;
 }
 
 std::vector<std::pair<std::string, Dims>> pentad_only_params(const ModelConfig& m) {
   std::vector<std::pair<std::string, Dims>> only;
-  if (m.is_moe())
-    for (int64_t l : moe_layer_indices(m))
-      only.push_back({fmt::format("layers.{}.moe.expert_bias", l), {m.n_experts}});
+  for (int64_t l = 0; l < m.n_layer; ++l)
+    for (const ParamDecl& d : layer_params(m, m.is_moe() && is_moe_layer(m, l)))
+      for (const HfName& r : layer_rows(m))
+        if (d.name == r.ours && *r.hf == 0)
+          only.push_back({layer_prefix(l) + d.name, dims_of(d.shape)});
   return only;
 }
 

@@ -28,13 +28,6 @@ void ContextParallelHooks::attention_backward(Tensor dq, Tensor dk, Tensor dv, c
   k::attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
 }
 
-int64_t ffn_dim(const ModelConfig& cfg) {
-  if (cfg.d_ff > 0) return cfg.d_ff;
-  if (cfg.family == ModelFamily::GPT2) return 4 * cfg.d_model;
-  int64_t hidden = 2 * (4 * cfg.d_model) / 3;
-  return (hidden + 255) / 256 * 256;
-}
-
 Model::Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Sharding sharding,
              std::vector<LayerRange> layout, Placement placement)
     : cfg_(cfg),
@@ -83,129 +76,112 @@ Model::Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Shard
 }
 
 void Model::build_params() {
-  const int64_t C = cfg_.d_model, V = cfg_.vocab_size, F = ffn_dim(cfg_);
-  const int64_t Ckv = cfg_.kv_heads() * cfg_.head_dim();
-  const int64_t p = tp_->degree(), r = tp_->rank();
-  const float std = cfg_.init_std;
-  // Residual projections are scaled so the residual stream's variance does not grow with depth.
-  const float resid_std = std / std::sqrt(2.0f * static_cast<float>(cfg_.n_layer));
-  // A (rows, cols) weight held whole, or split along `dim` over the tp ranks.
-  auto matrix = [&](const std::string& name, Shape shape, float s, int dim) {
-    if (p == 1 || dim < 0) return params_.add(name, shape, Init::Normal, s, true);
-    const int64_t len = shape[dim] / p;
-    return params_.add_shard(name, shape, Init::Normal, s, true, dim, r * len, len);
-  };
-  auto vector = [&](const std::string& name, int64_t n, Init init, bool sharded) {
-    if (p == 1 || !sharded) return params_.add(name, Shape{n}, init, 0.0f, false);
-    return params_.add_shard(name, Shape{n}, init, 0.0f, false, 0, r * (n / p), n / p);
-  };
-  constexpr int kColumn = 0, kRow = 1, kWhole = -1;  // Megatron's column / row parallel
-  const bool bias = gpt2();
-  // A layer's matrices and biases. 1D: Megatron's column (rows of (out, C) split) and row
-  // (columns of (C, in) split) parallel. 2D: rank (i, j) holds block (i, j), out and in
-  // split over d1, C over d2; a column bias goes with its rows (a copy on each of the d2
-  // ranks), a row bias with its output columns (a copy on each of the d1 ranks).
-  const int64_t d1 = tp_->heads_degree(), i = tp_->heads_rank();
-  const int64_t d2 = tp_->hidden_degree(), j = tp_->hidden_rank();
-  auto column = [&](const std::string& name, Shape shape, float s) {
-    if (d2 == 1) return matrix(name, shape, s, kColumn);
-    const int64_t rows = shape[0] / d1, cols = shape[1] / d2;
-    return params_.add_block(name, shape, Init::Normal, s, true, i * rows, rows, j * cols, cols);
-  };
-  auto row = [&](const std::string& name, Shape shape, float s) {
-    if (d2 == 1) return matrix(name, shape, s, kRow);
-    const int64_t rows = shape[0] / d2, cols = shape[1] / d1;
-    return params_.add_block(name, shape, Init::Normal, s, true, j * rows, rows, i * cols, cols);
-  };
-  auto column_bias = [&](const std::string& name, int64_t n) {
-    if (d2 == 1) return vector(name, n, Init::Zeros, true);
-    const int id =
-        params_.add_shard(name, Shape{n}, Init::Zeros, 0.0f, false, 0, i * (n / d1), n / d1);
-    params_.set_tp_replica(id, int(j));
-    return id;
-  };
-  auto row_bias = [&](const std::string& name, int64_t n) {
-    if (d2 == 1) return vector(name, n, Init::Zeros, false);
-    const int id =
-        params_.add_shard(name, Shape{n}, Init::Zeros, 0.0f, false, 0, j * (n / d2), n / d2);
-    params_.set_tp_replica(id, int(i));
-    return id;
-  };
-
   layers_.assign(static_cast<size_t>(cfg_.n_layer), LayerParams{});
   layer_ffn_.assign(static_cast<size_t>(cfg_.n_layer), 0);
   moe_.resize(static_cast<size_t>(cfg_.n_layer));
   partial_.assign(static_cast<size_t>(cfg_.n_layer) + 1, {});
+  layer_ids_.resize(static_cast<size_t>(cfg_.n_layer));
   // Parameters in chunk order, each chunk's in the order its forward uses them: backward
   // then finishes them from the end of the arena towards its start.
   for (const ChunkState& chunk : chunks_) {
-    const LayerRange& range = chunk.range;
-    if (range.first) {
-      wte_ = matrix("wte.weight", Shape{V, C}, std, kColumn);  // vocabulary parallel
-      if (gpt2()) wpe_ = matrix("wpe.weight", Shape{cfg_.max_seq_len, C}, std, kWhole);
-      embed_ids_ = {wte_};
-      if (wpe_ >= 0) embed_ids_.push_back(wpe_);
-    }
-    layer_ids_.resize(static_cast<size_t>(cfg_.n_layer));
-    for (int64_t l = range.layer_begin; l < range.layer_end; ++l) {
-      const int first_id = static_cast<int>(params_.specs().size());
-      LayerParams& q = layers_[static_cast<size_t>(l)];
-      std::vector<int>& partial = partial_[static_cast<size_t>(l)];
-      const std::string pre = "layers." + std::to_string(l) + ".";
-      q.norm1_w = vector(pre + "norm1.weight", C, Init::Ones, false);
-      if (bias) q.norm1_b = vector(pre + "norm1.bias", C, Init::Zeros, false);
-      q.q_w = column(pre + "attn.q.weight", Shape{C, C}, std);
-      if (bias) q.q_b = column_bias(pre + "attn.q.bias", C);
-      q.k_w = column(pre + "attn.k.weight", Shape{Ckv, C}, std);
-      if (bias) q.k_b = column_bias(pre + "attn.k.bias", Ckv);
-      q.v_w = column(pre + "attn.v.weight", Shape{Ckv, C}, std);
-      if (bias) q.v_b = column_bias(pre + "attn.v.bias", Ckv);
-      q.o_w = row(pre + "attn.o.weight", Shape{C, C}, resid_std);
-      if (bias) q.o_b = row_bias(pre + "attn.o.bias", C);
-      q.norm2_w = vector(pre + "norm2.weight", C, Init::Ones, false);
-      if (bias) q.norm2_b = vector(pre + "norm2.bias", C, Init::Zeros, false);
-      // The MLP: dense, or an MoE layer's shared experts (one MLP as wide as all of them).
-      const bool moe = is_moe_layer(cfg_, l);
-      const int64_t width = moe ? cfg_.n_shared_experts * expert_ffn_dim(cfg_) : F;
-      const std::string mlp = pre + (moe ? "moe.shared." : "mlp.");
-      layer_ffn_[static_cast<size_t>(l)] = width / d1;
-      if (width > 0) {
-        if (!gpt2()) q.gate_w = column(mlp + "gate.weight", Shape{width, C}, std);
-        q.up_w = column(mlp + "up.weight", Shape{width, C}, std);
-        if (bias) q.up_b = column_bias(mlp + "up.bias", width);
-        q.down_w = row(mlp + "down.weight", Shape{C, width}, resid_std);
-        if (bias) q.down_b = row_bias(mlp + "down.bias", C);
-      }
-      for (int id : {q.norm1_w, q.norm1_b, q.norm2_w, q.norm2_b})
-        if (id >= 0) partial.push_back(id);
-      if (moe) {
-        auto& block = moe_[static_cast<size_t>(l)];
-        block = std::make_unique<MoeBlock>(cfg_, l, params_, *ep_, *tp_, *cp_, b_, t_,
-                                           placement_.device, act_);
-        partial.push_back(block->router());  // each tp rank routes its own rows (SP)
-      }
-      for (int id = first_id; id < static_cast<int>(params_.specs().size()); ++id)
-        layer_ids_[static_cast<size_t>(l)].push_back(id);
-    }
-    if (range.last) {
-      normf_w_ = vector("norm_f.weight", C, Init::Ones, false);
-      if (bias) normf_b_ = vector("norm_f.bias", C, Init::Zeros, false);
-      for (int id : {normf_w_, normf_b_})
-        if (id >= 0) partial_.back().push_back(id);
-      if (!cfg_.tie_embeddings) {
-        head_ = matrix("lm_head.weight", Shape{V, C}, std, kColumn);
-      } else if (wte_ >= 0) {
-        head_ = wte_;
-      } else {
-        // The tied table lives on the first stage too: this stage keeps a copy, initialised
-        // the same (same name) and kept equal by summing the two gradients every step.
-        head_ = embedding_copy_ = matrix("wte.weight", Shape{V, C}, std, kColumn);
-        params_.mark_pipeline_copy(head_);
-      }
-      for (int id : {normf_w_, normf_b_, head_})
-        if (id >= 0) final_ids_.push_back(id);
-    }
+    if (chunk.range.first) build_embedding();
+    for (int64_t l = chunk.range.layer_begin; l < chunk.range.layer_end; ++l) build_layer(l);
+    if (chunk.range.last) build_final();
   }
+}
+
+int* Model::LayerParams::id(Role role) {
+  switch (role) {
+    case Role::Norm1W:
+      return &norm1_w;
+    case Role::Norm1B:
+      return &norm1_b;
+    case Role::QW:
+      return &q_w;
+    case Role::QB:
+      return &q_b;
+    case Role::KW:
+      return &k_w;
+    case Role::KB:
+      return &k_b;
+    case Role::VW:
+      return &v_w;
+    case Role::VB:
+      return &v_b;
+    case Role::OW:
+      return &o_w;
+    case Role::OB:
+      return &o_b;
+    case Role::Norm2W:
+      return &norm2_w;
+    case Role::Norm2B:
+      return &norm2_b;
+    case Role::GateW:
+      return &gate_w;
+    case Role::UpW:
+      return &up_w;
+    case Role::UpB:
+      return &up_b;
+    case Role::DownW:
+      return &down_w;
+    case Role::DownB:
+      return &down_b;
+    default:
+      return nullptr;
+  }
+}
+
+void Model::build_embedding() {
+  for (const ParamDecl& d : embedding_params(cfg_)) {
+    const int id = add_param(params_, d, d.name, *tp_);  // the table vocabulary parallel
+    if (d.role == Role::Wte) wte_ = id;
+    if (d.role == Role::Wpe) wpe_ = id;
+    embed_ids_.push_back(id);
+  }
+}
+
+void Model::build_layer(int64_t l) {
+  const int first_id = static_cast<int>(params_.specs().size());
+  const bool moe = is_moe_layer(cfg_, l);
+  LayerParams& q = layers_[size_t(l)];
+  std::vector<int>& partial = partial_[size_t(l)];
+  for (const ParamDecl& d : layer_params(cfg_, moe)) {
+    if (d.routed) continue;  // the MoE block's
+    const int id = add_param(params_, d, layer_prefix(l) + d.name, *tp_);
+    if (int* field = q.id(d.role)) *field = id;
+    if (d.tp_partial) partial.push_back(id);
+  }
+  // The MLP: dense, or an MoE layer's shared experts (one MLP as wide as all of them).
+  layer_ffn_[size_t(l)] = mlp_width(cfg_, moe) / tp_->heads_degree();
+  if (moe) {
+    auto& block = moe_[size_t(l)];
+    block = std::make_unique<MoeBlock>(cfg_, l, params_, *ep_, *tp_, *cp_, b_, t_,
+                                       placement_.device, act_);
+    partial.push_back(block->router());  // each tp rank routes its own rows (SP)
+  }
+  for (int id = first_id; id < static_cast<int>(params_.specs().size()); ++id)
+    layer_ids_[size_t(l)].push_back(id);
+}
+
+void Model::build_final() {
+  for (const ParamDecl& d : final_params(cfg_)) {
+    const int id = add_param(params_, d, d.name, *tp_);
+    if (d.role == Role::NormFW) normf_w_ = id;
+    if (d.role == Role::NormFB) normf_b_ = id;
+    if (d.role == Role::Head) head_ = id;
+    if (d.tp_partial) partial_.back().push_back(id);
+    final_ids_.push_back(id);
+  }
+  if (!cfg_.tie_embeddings) return;
+  if (wte_ >= 0) {
+    head_ = wte_;
+  } else {
+    // The tied table lives on the first stage too: this stage keeps a copy, initialised
+    // the same (same name) and kept equal by summing the two gradients every step.
+    head_ = embedding_copy_ = add_param(params_, embedding_params(cfg_)[0], "wte.weight", *tp_);
+    params_.mark_pipeline_copy(head_);
+  }
+  final_ids_.push_back(head_);
 }
 
 bool Model::holds_last() const {

@@ -28,12 +28,10 @@
 #include "model/config.h"
 #include "model/kv_cache.h"
 #include "model/moe.h"
+#include "model/param_table.h"
 #include "model/sharding.h"
 
 namespace pentad {
-
-// Feed-forward width: d_ff if set, else 4C (GPT-2) or LLaMA's 2/3 * 4C rounded up to 256.
-int64_t ffn_dim(const ModelConfig& cfg);
 
 // The values of an F32 or BF16 tensor on any device, as host floats into out (numel of them;
 // BF16 widened exactly). A device tensor is read back: the host waits.
@@ -165,6 +163,7 @@ class Model {
     int norm1_w = -1, norm1_b = -1, q_w = -1, q_b = -1, k_w = -1, k_b = -1, v_w = -1, v_b = -1;
     int o_w = -1, o_b = -1, norm2_w = -1, norm2_b = -1;
     int up_w = -1, up_b = -1, gate_w = -1, down_w = -1, down_b = -1;
+    int* id(Role role);  // the field a declaration of this role fills (null: none)
   };
   // One layer's saved activations, this rank's share. N = b*t rows, Nl = rows of the
   // replicated regions, C width; Ca, Ckv, F, H: this rank's attention width, kv width,
@@ -201,7 +200,11 @@ class Model {
     Tensor att, q, k, v, up, gate, act;
   };
 
+  // The parameters (model/param_table.h) of this rank's chunks, in chunk order.
   void build_params();
+  void build_embedding();
+  void build_layer(int64_t l);
+  void build_final();
   void sync_partial_grads(const std::vector<int>& ids);  // tp all-reduce (sequence parallel)
   void plan_shared(Arena& arena);                        // scratch of every chunk and slot
   void plan_layer(Arena& arena, LayerActs& a, int64_t ffn, bool moe);

@@ -7,6 +7,7 @@
 
 #include "core/device_memory.h"
 #include "kernels/ops.h"
+#include "model/param_table.h"
 
 namespace pentad {
 
@@ -100,29 +101,26 @@ MoeBlock::MoeBlock(const ModelConfig& cfg, int64_t layer, ParamStore& params,
                "MoE layer {}: {} experts, top {}, width {} over ep {} x etp {}", layer, E_, k_, Fe,
                ep_.ep_degree(), p);
   F_ = Fe / p;
-  const float std = cfg.init_std;
-  const float resid_std = std / std::sqrt(2.0f * static_cast<float>(cfg.n_layer));
-  const std::string pre = "layers." + std::to_string(layer) + ".moe.";
-  router_ = params.add(pre + "router.weight", Shape{E_, C_}, Init::Normal, std, true);
-  // Selection bias: never trained (zero gradient, no decay), moved by update_bias().
-  bias_ = params.add(pre + "expert_bias", Shape{E_}, Init::Zeros, 0.0f, false);
-  auto expert = [&](const std::string& name, Shape shape, float s, bool decay, int dim) {
-    const int id = (p == 1 || dim < 0)
-                       ? params.add(name, shape, s > 0 ? Init::Normal : Init::Zeros, s, decay)
-                       : params.add_shard(name, shape, s > 0 ? Init::Normal : Init::Zeros, s, decay,
-                                          dim, r * (shape[dim] / p), shape[dim] / p);
-    params.mark_expert(id);
-    return id;
-  };
+  // The router, the expert bias and each local expert's parameters (model/param_table.h).
+  const std::vector<ParamDecl> decls = layer_params(cfg, true);
+  for (const ParamDecl& d : decls) {
+    if (!d.routed || d.expert()) continue;
+    const int id = add_param(params, d, layer_prefix(layer) + d.name, tp_);
+    if (d.role == Role::Router) router_ = id;
+    if (d.role == Role::ExpertBias) bias_ = id;
+  }
   const int64_t first = ep_.first_expert(E_);
   for (int64_t e = first; e < first + ep_.local_experts(E_); ++e) {
-    const std::string ex = pre + "experts." + std::to_string(e) + ".";
     Expert x;
-    if (!gpt2_) x.gate = expert(ex + "gate.weight", Shape{Fe, C_}, std, true, 0);
-    x.up = expert(ex + "up.weight", Shape{Fe, C_}, std, true, 0);
-    if (gpt2_) x.up_b = expert(ex + "up.bias", Shape{Fe}, 0.0f, false, 0);
-    x.down = expert(ex + "down.weight", Shape{C_, Fe}, resid_std, true, 1);
-    if (gpt2_) x.down_b = expert(ex + "down.bias", Shape{C_}, 0.0f, false, -1);
+    for (const ParamDecl& d : decls) {
+      if (!d.expert()) continue;
+      const int id = add_param(params, d, expert_prefix(layer, e) + d.name, tp_, p, r);
+      if (d.role == Role::GateW) x.gate = id;
+      if (d.role == Role::UpW) x.up = id;
+      if (d.role == Role::UpB) x.up_b = id;
+      if (d.role == Role::DownW) x.down = id;
+      if (d.role == Role::DownB) x.down_b = id;
+    }
     experts_.push_back(x);
   }
   counts_.assign(static_cast<size_t>(E_), 0.0);

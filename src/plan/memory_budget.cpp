@@ -11,6 +11,7 @@
 #include "core/check.h"
 #include "core/tensor.h"
 #include "model/moe.h"
+#include "model/param_table.h"
 #include "optim/adamw.h"
 #include "parallel/pp/layout.h"
 #include "parallel/pp/pipeline.h"
@@ -19,14 +20,6 @@ namespace pentad {
 namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
-
-// Doubles throughout: a recipe may ask for 10^12-wide layers, and the product must not wrap.
-double ffn_width(const ModelConfig& m) {
-  const double C = double(m.d_model);
-  if (m.d_ff > 0) return double(m.d_ff);
-  if (m.family == ModelFamily::GPT2) return 4 * C;
-  return std::ceil(std::floor(8 * C / 3) / 256) * 256;  // ffn_dim's LLaMA rule
-}
 
 std::vector<parallel::pp::Chunk> chunks_of_stage(const Config& cfg, int stages, int stage) {
   const ParallelConfig& p = cfg.parallel;
@@ -88,14 +81,14 @@ double zero3_gathered(const std::vector<ZeroStretch>& s, bool tied, double dense
   return most;
 }
 
-// One stage's bytes. Shapes as in Model::build_params, plan_layer, plan_slot and
-// plan_shared, on one tp rank: column- and row-parallel matrices split over tp, norms whole.
-// An MoE layer (model/moe.h) holds, in place of the MLP, the router, n_experts / ep routed
-// experts split over etp and the shared experts as one MLP split over tp.
+// One stage's bytes. Parameters: the model's table (model/param_table.h) summed over one tp
+// rank's cuts; an MoE layer (model/moe.h) holds, besides the shared experts' MLP, the
+// router, the expert bias and n_experts / ep routed experts split over etp. Activations:
+// shapes as in Model::plan_layer, plan_slot and plan_shared.
 MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mesh, int stage) {
   const ModelConfig& m = cfg.model;
   const bool gpt2 = m.family == ModelFamily::GPT2, sp = cfg.parallel.sequence_parallel;
-  const double p = mesh.tp, C = double(m.d_model), V = double(m.vocab_size), F = ffn_width(m);
+  const double p = mesh.tp, C = double(m.d_model), V = double(m.vocab_size), F = double(ffn_dim(m));
   // 2D tp (tp = d1 x d2): heads and MLP widths split over d1, a layer's C over d2; the
   // gathered norm outputs are (N, C / d2) and, with SP or 2D, rows live apart from them.
   const double d2 = mesh.tp_d2, d1 = p / d2;
@@ -107,17 +100,12 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   const double act = cfg.train.precision == "bf16" ? 2 : 4, f32 = 4;
   const double mlp_mats = gpt2 ? 2 : 3;  // up, down (+ gate)
 
-  // An MLP of width W split over q ranks: matrices, and GPT-2's up bias (split) and down
-  // bias (whole).
-  auto mlp_values = [&](double W, double q) {
-    return mlp_mats * W * C / q + (gpt2 ? W / q + C : 0);
-  };
-  auto dense_mlp_values = [&](double W) {  // over tp (2D: the up bias over d1, down's over d2)
-    return mlp_mats * W * C / p + (gpt2 ? W / d1 + C / d2 : 0);
-  };
-  const double attn_values = (2 * C * C + 2 * Ckv * C) / p +
-                             (gpt2 ? 4 * C + C / d2 + (C + 2 * Ckv) / d1 : 2 * C);  // + norms
-  const double layer_values = attn_values + dense_mlp_values(F);
+  const CutDegrees degrees{p, double(mesh.tp_d2), double(mesh.ep), double(mesh.etp)};
+  const double layer_values = rank_values(layer_params(m, false), degrees, 0).all;
+  const std::vector<ParamDecl> embedding_decls = embedding_params(m);
+  const double embedding = rank_values(embedding_decls, degrees, 0).all;
+  const double table = rank_values(embedding_decls[0], degrees);  // the largest parameter
+  const double final_values = rank_values(final_params(m), degrees, 0).all;
   const double attn_acts = act * (2 * N * C / d2 + Nl * C + 2 * N * (C / d1) + 2 * N * (Ckv / d1)) +
                            f32 * ((gpt2 ? 4 : 2) * Nl + b * t * double(m.n_head) / d1);
   const double layer_acts = attn_acts + act * mlp_mats * N * (F / d1);
@@ -127,9 +115,9 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   const double E = double(m.n_experts), k = double(m.top_k), ep = mesh.ep, etp = mesh.etp;
   const double Fe = m.is_moe() ? double(expert_ffn_dim(m)) : 0;
   const double Fs = double(m.n_shared_experts) * Fe;
-  const double expert_values = E / ep * mlp_values(Fe, etp);
-  const double moe_values = attn_values + E * C + E + expert_values +  // router, expert bias
-                            (Fs > 0 ? dense_mlp_values(Fs) : 0);
+  const RankValues moe_layer =
+      m.is_moe() ? rank_values(layer_params(m, true), degrees, m.n_experts) : RankValues{};
+  const double expert_values = moe_layer.experts, moe_values = moe_layer.all;
   // Dispatch (MoeBlock::Acts: rows in the activations' type, routing in fp32), worst case:
   // each of the ep x etp ranks that send to
   // this one routes all its Nl rows here, each to min(k, E / ep) of its local experts; with
@@ -169,12 +157,12 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
     holds_dense = holds_dense || moe_layers < layers;
     e.values += (layers - moe_layers) * layer_values + moe_layers * moe_values;
     e.expert_values += moe_layers * expert_values;
-    if (chunk.first) e.values += V * C / p + (gpt2 ? double(m.max_seq_len) * C : 0);
+    if (chunk.first) e.values += embedding;
     if (chunk.last) {
       holds_last = true;
-      e.values += gpt2 ? 2 * C : C;
+      e.values += final_values;
       // A tied head is the embedding itself on one stage, a copy of it on the last stage.
-      if (!m.tie_embeddings || mesh.pp > 1) e.values += V * C / p;
+      if (m.tie_embeddings && mesh.pp > 1) e.values += table;
     }
     // One activation slot per micro-batch the schedule keeps in flight on this chunk.
     double in_flight = 1;
@@ -240,10 +228,9 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
   // make one larger than bucket_mb; at stage 3 a bucket is a unit: a layer or the embedding
   // (zero >= 2 runs without pp, so this stage holds both). The experts' reducer keeps its
   // own buckets in flight.
-  const double embedding = V * C / p + (gpt2 ? double(m.max_seq_len) * C : 0);
   const double unit = std::max(layer_values, embedding) * f32;
   const double bucket_mb = double(cfg.parallel.bucket_mb) * kMiB;
-  const double bucket = zero == 3 ? unit : std::max(bucket_mb, V * C / p * f32);
+  const double bucket = zero == 3 ? unit : std::max(bucket_mb, table * f32);
   const double dense_values = e.values - e.expert_values;
   const double expert_bucket = zero == 3 ? expert_values * f32 : bucket_mb;  // a layer's experts
   e.gradients = zero == 0   ? e.values * f32
@@ -265,7 +252,7 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
       stretches.push_back(std::find(moe.begin(), moe.end(), l) != moe.end()
                               ? ZeroStretch{moe_values - expert_values, expert_values}
                               : ZeroStretch{layer_values, 0});
-    stretches.push_back({(gpt2 ? 2 * C : C) + (m.tie_embeddings ? 0 : V * C / p), 0});
+    stretches.push_back({final_values, 0});
     double ahead = 0, experts_ahead = 0;  // the largest share of each reducer's units
     // (elements; on CUDA also the size of the slots that upload shares read from NVMe)
     for (const ZeroStretch& st : stretches) {
