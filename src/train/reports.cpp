@@ -316,7 +316,7 @@ std::string Trainer::memory_plan() const {
   const bool nvme_params = optimizer_->params_offloaded();
   GatheredPeak gathered;
   size_t read_ahead = 0;
-  if (zero() == 3) {
+  if (zero_stage() == 3) {
     gathered = zero3_gathered_peak(zero_reducers(), p, model_->stretches(),
                                    int(cfg_.parallel.zero_live_units));
     for (const parallel::GradReducer* r : zero_reducers()) {
@@ -329,7 +329,7 @@ std::string Trainer::memory_plan() const {
   // A gathered unit's values, and its compute copy when the model computes in bf16.
   const size_t per_value =
       sizeof(float) + (p.compute_dtype() == DType::F32 ? 0 : dtype_bytes(p.compute_dtype()));
-  const size_t params = zero() != 3
+  const size_t params = zero_stage() != 3
                             ? p.bytes() + p.compute_copy_bytes()
                             : size_t(gathered.whole) * per_value + (nvme_params ? read_ahead : 0) +
                                   p.committed_param_bytes();
@@ -339,31 +339,31 @@ std::string Trainer::memory_plan() const {
   // Stages 2 and 3 also hold up to GradReducer::kInFlight buckets of the full gradients (per
   // reducer: the experts' too) while their reductions are pending (README's "2 buckets").
   size_t pending = 0;
-  if (zero() >= 2)
+  if (zero_stage() >= 2)
     for (const parallel::GradReducer* r : {reducer_.get(), expert_reducer_.get()})
       if (r)
         pending += parallel::GradReducer::kInFlight * size_t(r->largest_bucket()) * sizeof(float);
-  const size_t grads = zero() == 0   ? p.bytes()
-                       : zero() == 1 ? p.bytes() + shard
-                                     : std::min(p.bytes(), pending) + shard;
+  const size_t grads = zero_stage() == 0   ? p.bytes()
+                       : zero_stage() == 1 ? p.bytes() + shard
+                                           : std::min(p.bytes(), pending) + shard;
   std::string zero_text;
-  if (zero() > 0)
+  if (zero_stage() > 0)
     zero_text = fmt::format(
         " | ZeRO-{} over dp x cp = {}{}: this rank's shares {} of {} values (AdamW m, v and the "
         "reduced gradients){}",
-        zero(), dp_size_ * cp_size_,
+        zero_stage(), dp_size_ * cp_size_,
         expert_reducer_
             ? fmt::format(", the routed experts over edp = {}", mesh_->degree(parallel::Axis::EDP))
             : "",
         optimizer_->shard().numel, p.numel(),
-        zero() >= 2 ? "; the full gradients live only bucket by bucket during backward" : "");
+        zero_stage() >= 2 ? "; the full gradients live only bucket by bucket during backward" : "");
   if (optimizer_->on_host() && !nvme)
     zero_text += fmt::format(
         " | AdamW state in host memory: {} (m and v) and {} of page-locked staging; each step "
         "streams the {} values' parameters and gradients through the host and back",
         format_bytes(2 * shard), format_bytes(optimizer_->host_staging_bytes()),
         optimizer_->shard().numel);
-  if (zero() == 3 && !nvme_params)
+  if (zero_stage() == 3 && !nvme_params)
     zero_text += fmt::format(
         "; parameters: the {} of this rank's shares stay, each layer is gathered into a buffer "
         "of its own while it computes and dropped after",

@@ -161,7 +161,10 @@ Trainer::Trainer(const Config& recipe, parallel::Mesh* mesh) : cfg_(recipe), mes
       // same path (tests: the device run's streaming logic, on host memory).
       cfg.parallel.offload != "none" && (t.device == "cuda" || host_adamw_forced()));
   if (grads_come_down_early()) optimizer_->reserve_early_grads();
-  if (zero() == 3) {
+  grad_sync_ =
+      GradSync::make(zero_stage(), model_->params(), {reducer_.get(), expert_reducer_.get()},
+                     zero_stage() ? &optimizer_->shard() : nullptr, reduced_shares());
+  if (zero_stage() == 3) {
     std::vector<parallel::GradReducer*> gathering = zero_reducers();
     if (bug_injected("zero3-moe-skip-expert-gather"))  // planted for the layout test
       gathering.resize(1);
@@ -182,110 +185,34 @@ Trainer::Trainer(const Config& recipe, parallel::Mesh* mesh) : cfg_(recipe), mes
 
 StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_backward) {
   const TrainConfig& t = cfg_.train;
-  auto start = std::chrono::steady_clock::now();
+  const auto start = std::chrono::steady_clock::now();
   StepStats s;
+  s.step = step;
   s.start_ns = parallel::trace_now_ns();
   const double start_cpu = parallel::thread_cpu_seconds();
   slow_factor_ = std::max(slow_factor_, inject_fault(step));
-  ParamStore& params = model_->params();
-  if (zero() < 2) params.zero_grads();  // above, each bucket's gradients start from zeros
+  grad_sync_->begin_step();
   // Each token of the global batch weighs the same; the gradients of data- and
   // context-parallel ranks are summed.
   float dloss = 1.0f / static_cast<float>(t.micro_batch * t.seq_len * t.grad_accum * dp_size_);
   if (nan_injected(step)) dloss = std::numeric_limits<float>::quiet_NaN();
-  double loss_sum = 0.0;
-  // On a device the micro-batches' losses add up there (Model::set_loss_total).
-  const bool on_device = params.device() != Device::CPU;
-  constexpr int64_t kStepSums = 4;  // the loss, then GradSquares' three
-  auto step_sum = [&](int64_t first, int64_t count) {
-    return view_of(static_cast<double*>(step_sums_.base()) + first, Shape{count}, DType::F64,
-                   params.device());
-  };
-  if (on_device) {
-    if (!step_sums_.base())
-      step_sums_ = Arena("step sums", kStepSums * sizeof(double), params.device());
-    device_zero(step_sums_.base(), kStepSums * sizeof(double));
-    model_->set_loss_total(step_sum(0, 1));
-  }
+  begin_step_sums();
   optimizer_->forget_early_grads();  // host-offloaded AdamW: none of this step's yet
-  GradsReady on_ready;
-  if (reducer_ || expert_reducer_)
-    on_ready = [this](int64_t offset) {
-      if (reducer_) reducer_->ready_from(offset);
-      if (expert_reducer_) expert_reducer_->ready_from(offset);
-    };
-  if (pipeline_) {
-    download_grads_during_backward(true);  // stages 0 and 1 reduce after the last micro-batch
-    loss_sum = pipeline_->train(
-        step,
-        [&](int micro, std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
-          fetch_batch(step, micro, inputs, targets);
-        },
-        dloss, on_ready);
-  } else {
-    for (int64_t micro = 0; micro < t.grad_accum; ++micro) {
-      fetch_batch(step, micro, inputs_, targets_);
-      loss_sum += model_->forward(inputs_.data(), targets_.data(), dloss);
-      // ZeRO-2 reduces every micro-batch, adding into its shares, and drops the full buffer.
-      const bool reduce_now = micro + 1 == t.grad_accum || zero() >= 2;
-      for (parallel::GradReducer* r : {reducer_.get(), expert_reducer_.get()})
-        if (r && zero() >= 2) r->set_accumulate(micro > 0);
-      download_grads_during_backward(micro + 1 == t.grad_accum);
-      model_->backward(reduce_now, on_ready);
-      for (parallel::GradReducer* r : {reducer_.get(), expert_reducer_.get()})
-        if (r && zero() >= 2 && micro + 1 < t.grad_accum) r->finish();
-    }
-  }
+  double loss_sum = run_micro_batches(step, dloss);
   s.backward_end_ns = parallel::trace_now_ns();
-  if (slow_factor_ > 1.0) {  // an injected slow rank: its compute takes that much longer,
-    // spinning (a slow device or core works longer; a sleep would look descheduled).
-    const double now = parallel::thread_cpu_seconds();
-    const double until = now + (slow_factor_ - 1.0) * (now - start_cpu);
-    while (parallel::thread_cpu_seconds() < until) {
-    }
-    s.backward_end_ns = parallel::trace_now_ns();
-  }
-  if (pipeline_) {  // for the timeline, which keeps the spans of the last steps only
-    step_starts_.push_back({step, s.start_ns});
-    if (step_starts_.size() > size_t(pipeline_->keep_steps()))
-      step_starts_.erase(step_starts_.begin());
-  }
-  if (reducer_) reducer_->finish();
-  if (expert_reducer_) expert_reducer_->finish();
+  if (stretch_compute(start_cpu)) s.backward_end_ns = parallel::trace_now_ns();
+  keep_step_start(step, s.start_ns);
+  grad_sync_->finish();
   download_grads_during_backward(false);
-  // Tied embeddings under pipelining: the first and last stages' tables get the sum of
-  // both gradients, so they stay equal.
-  // With ZeRO each rank sums its shares of them (cut alike on both stages).
-  if (parallel::Communicator* ends = mesh_ ? mesh_->embedding_group() : nullptr)
-    if (cfg_.model.tie_embeddings) {
-      const int id = embedding_id();
-      if (!zero())
-        ends->all_reduce(params.grad(id));
-      else
-        for (const StateShard::Piece& piece : optimizer_->shard().pieces(params.spec(id)))
-          ends->all_reduce(view_of(reduced_shares().f32() + piece.shard, Shape{piece.count},
-                                   DType::F32, params.device()));
-    }
+  sum_tied_embedding();
   s.reduced_ns = parallel::trace_now_ns();
-  if (after_backward) {
-    if (zero()) {  // the dump shows whole reduced gradients
-      reducer_->gather_grads();
-      if (expert_reducer_) expert_reducer_->gather_grads();
-    }
+  if (after_backward) {  // whole reduced gradients, also where ZeRO holds shares
+    grad_sync_->gather_grads();
     after_backward();
-    for (parallel::GradReducer* r : zero_reducers()) r->drop_gathered_grads();
+    grad_sync_->drop_gathered_grads();
   }
-  s.step = step;
   GradSquares device_squares;
-  if (on_device) {  // the step's one host wait: the loss and squared sums, read back together
-    grad_squares_into(step_sum(1, 3));
-    const auto* sums = static_cast<const double*>(
-        step_readback_.read(step_sums_.base(), kStepSums * sizeof(double)));
-    loss_sum += sums[0];
-    device_squares = {sums[1], sums[2], sums[3]};
-    model_->set_loss_total({});
-    model_->rewind_uploads();
-  }
+  const bool on_device = read_step_sums(loss_sum, device_squares);
   // The loss is known on the last stage: summed over stages, then over data-parallel ranks.
   s.loss = static_cast<float>(all_reduce_dp(all_reduce_pp(loss_sum)) /
                               static_cast<double>(t.grad_accum * dp_size_));
@@ -298,13 +225,8 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
     s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return s;
   }
-  if (optimizer_->on_host())  // clipped on the host (optim/host_offload.h says why)
-    optimizer_->scale_grads_on_host(clip_coefficient(s.grad_norm, cfg_.optim.grad_clip));
-  else
-    clip_gradients(params, s.grad_norm, cfg_.optim.grad_clip, reduced_shares());
-  if (pipeline_ && cfg_.parallel.pp_schedule == "adaptive" &&
-      (step + 1) % cfg_.parallel.pp_adapt_every == 0)
-    adapt_pipeline_group();
+  clip_grads(s.grad_norm);
+  adapt_pipeline_group(step);
   optimizer_step(s.lr);
   if (cfg_.model.is_moe()) finish_moe_step(s);
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -313,6 +235,81 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
   s.flops_per_second =
       model_->flops_per_micro_batch() * static_cast<double>(t.grad_accum) / s.seconds;
   return s;
+}
+
+double Trainer::run_micro_batches(int64_t step, float dloss) {
+  const int64_t count = cfg_.train.grad_accum;
+  const GradsReady on_ready = grad_sync_->ready();
+  if (pipeline_) {
+    download_grads_during_backward(true);  // stages 0 and 1 reduce after the last micro-batch
+    return pipeline_->train(
+        step,
+        [&](int micro, std::vector<int32_t>& inputs, std::vector<int32_t>& targets) {
+          fetch_batch(step, micro, inputs, targets);
+        },
+        dloss, on_ready);
+  }
+  double loss_sum = 0.0;
+  for (int64_t micro = 0; micro < count; ++micro) {
+    fetch_batch(step, micro, inputs_, targets_);
+    loss_sum += model_->forward(inputs_.data(), targets_.data(), dloss);
+    const bool reduce_now = grad_sync_->begin_micro_batch(micro, count);
+    download_grads_during_backward(micro + 1 == count);
+    model_->backward(reduce_now, on_ready);
+    grad_sync_->after_backward(micro, count);
+  }
+  return loss_sum;
+}
+
+namespace {
+constexpr int64_t kStepSums = 4;  // the loss, then GradSquares' three
+}  // namespace
+
+Tensor Trainer::step_sums(int64_t first, int64_t count) const {
+  return view_of(static_cast<double*>(step_sums_.base()) + first, Shape{count}, DType::F64,
+                 model_->params().device());
+}
+
+void Trainer::begin_step_sums() {
+  const Device device = model_->params().device();
+  if (device == Device::CPU) return;
+  if (!step_sums_.base()) step_sums_ = Arena("step sums", kStepSums * sizeof(double), device);
+  device_zero(step_sums_.base(), kStepSums * sizeof(double));
+  model_->set_loss_total(step_sums(0, 1));  // the micro-batches' losses add up there
+}
+
+bool Trainer::read_step_sums(double& loss_sum, GradSquares& squares) {
+  if (model_->params().device() == Device::CPU) return false;
+  // The step's one host wait: the loss and squared sums, read back together.
+  grad_squares_into(step_sums(1, 3));
+  const auto* sums = static_cast<const double*>(
+      step_readback_.read(step_sums_.base(), kStepSums * sizeof(double)));
+  loss_sum += sums[0];
+  squares = {sums[1], sums[2], sums[3]};
+  model_->set_loss_total({});
+  model_->rewind_uploads();
+  return true;
+}
+
+void Trainer::keep_step_start(int64_t step, int64_t start_ns) {
+  if (!pipeline_) return;  // for the timeline, which keeps the spans of the last steps only
+  step_starts_.push_back({step, start_ns});
+  if (step_starts_.size() > size_t(pipeline_->keep_steps()))
+    step_starts_.erase(step_starts_.begin());
+}
+
+void Trainer::sum_tied_embedding() {
+  // Tied embeddings under pipelining: the first and last stages' tables get the sum of
+  // both gradients, so they stay equal.
+  parallel::Communicator* ends = mesh_ ? mesh_->embedding_group() : nullptr;
+  if (ends && cfg_.model.tie_embeddings) grad_sync_->sum_over(*ends, embedding_id());
+}
+
+void Trainer::clip_grads(double grad_norm) {
+  if (optimizer_->on_host())  // clipped on the host (optim/host_offload.h says why)
+    optimizer_->scale_grads_on_host(clip_coefficient(grad_norm, cfg_.optim.grad_clip));
+  else
+    clip_gradients(model_->params(), grad_norm, cfg_.optim.grad_clip, reduced_shares());
 }
 
 double Trainer::all_reduce_pp(double value) {
@@ -453,7 +450,10 @@ void Trainer::run() {
   }
 }
 
-void Trainer::adapt_pipeline_group() {
+void Trainer::adapt_pipeline_group(int64_t step) {
+  if (!pipeline_ || cfg_.parallel.pp_schedule != "adaptive" ||
+      (step + 1) % cfg_.parallel.pp_adapt_every != 0)
+    return;
   parallel::Communicator& stages = mesh_->group(parallel::Axis::PP);
   const double link =
       parallel::pp::measure_link_seconds(stages, model_->rows() * cfg_.model.d_model);
@@ -513,7 +513,7 @@ void Trainer::finish_moe_step(StepStats& s) {
   }
   if (cfg_.model.moe.bias_update_rate > 0) update_expert_bias(held);
   // ZeRO-3: back to this rank's shares, the bias's other shares (just moved here too) as well.
-  if (zero() == 3) gather_updated_params();
+  if (zero_stage() == 3) grad_sync_->gather_updated_params();
 }
 
 int Trainer::all_ranks(int value, parallel::ReduceOp op) {

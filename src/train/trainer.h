@@ -25,6 +25,7 @@
 #include "parallel/pp/pipeline.h"
 #include "plan/layout.h"
 #include "recipe/config.h"
+#include "train/grad_sync.h"
 #include "train/metrics_log.h"
 #include "train/parallelize.h"
 
@@ -164,7 +165,8 @@ class Trainer {
  private:
   bool logs() const { return world_rank_ == 0; }
   // The ZeRO stage in effect: parallel.zero where dp x cp > 1 (nothing to shard otherwise).
-  int zero() const { return reducer_ ? reducer_->zero_stage() : 0; }
+  // (From the reducer: the constructor asks before grad_sync_ is built.)
+  int zero_stage() const { return reducer_ ? reducer_->zero_stage() : 0; }
   // The tied embedding's parameter on this stage (the last stage's copy, or the original).
   int embedding_id() const {
     return model_->embedding_copy() >= 0 ? model_->embedding_copy() : model_->embedding();
@@ -278,6 +280,9 @@ class Trainer {
   double inject_fault(int64_t step);
   void inject_slow_link() const;     // slowlink: on every communicator holding both ends
   void corrupt_newest_checkpoint();  // corrupt: once one is committed; then SIGKILL
+  // train.inject_fault "slow", after the step's backward: spins until its compute took
+  // slow_factor_ times as long since start_cpu; whether it did.
+  bool stretch_compute(double start_cpu) const;
   int64_t nan_step_ = -1, fault_step_ = -1;
   std::string fault_kind_;
   double fault_factor_ = 3.0;      // slow: compute this many times as long; slowlink: ms of delay
@@ -287,7 +292,8 @@ class Trainer {
   double all_reduce_pp(double value);  // sum over the pipeline stages
   // Adaptive kFkB (parallel/pp/adaptive.h): re-chooses the group size k from this step's
   // measured pass times and a measured stage-to-stage transfer.
-  void adapt_pipeline_group();
+  // After the step's backward, every pp_adapt_every steps.
+  void adapt_pipeline_group(int64_t step);
   // MoE after the optimizer step: the step's statistics over the job into s, and the
   // aux-loss-free bias update from them.
   void finish_moe_step(StepStats& s);
@@ -321,6 +327,8 @@ class Trainer {
   // parameter shares on NVMe, on this rank's shares of the bias in the optimizer's file.
   void update_expert_bias(const std::vector<double>& counts);
   std::unique_ptr<parallel::GradReducer> expert_reducer_;  // MoE experts, over edp
+  // The step's gradient reduction, per ZeRO stage, driving the reducers above.
+  std::unique_ptr<GradSync> grad_sync_;
   // ZeRO: the reducers whose shares make up the optimizer's shard (the dense one, then the
   // experts' with MoE); at stage 3 they gather the parameters too.
   std::vector<parallel::GradReducer*> zero_reducers() const;
@@ -340,7 +348,18 @@ class Trainer {
   // This rank's squared sums added on the device into sums (3 F64: GradSquares' order).
   void grad_squares_into(const Tensor& sums);
   bool counts_etp_replicated() const;
-  void gather_updated_params();
+  // train_step()'s parts: the micro-batches' forward and backward (through the pipeline
+  // with pp > 1), returning their loss sum; the tied embedding's gradients summed over its
+  // two stages; clipping to optim.grad_clip; the pipelined steps' starts, for the timeline.
+  double run_micro_batches(int64_t step, float dloss);
+  void sum_tied_embedding();
+  void clip_grads(double grad_norm);
+  void keep_step_start(int64_t step, int64_t start_ns);
+  // The step's sums on a device: zeroed before the micro-batches; after them, read back
+  // (loss added to loss_sum; false on the CPU, which keeps no such sums).
+  void begin_step_sums();
+  bool read_step_sums(double& loss_sum, GradSquares& squares);
+  Tensor step_sums(int64_t first, int64_t count) const;
   // Training on a device: the step's loss sum and this rank's squared gradient sums (4 F64:
   // loss, then GradSquares') accumulate on the device and come back in the step's one
   // readback; nothing else in the step waits for the device.

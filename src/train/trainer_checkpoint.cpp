@@ -50,7 +50,7 @@ std::vector<Trainer::StatePart> Trainer::state_parts(int id, bool with_optimizer
       return kind.base ? view_of(static_cast<float*>(kind.base) + at, shape, DType::F32, device)
                        : Tensor{};
     };
-    if (!moment && zero() < 3) {  // parameters whole on every rank
+    if (!moment && zero_stage() < 3) {  // parameters whole on every rank
       parts.push_back({whole, p.view(kind.base, id, p.device()), false, 0, 0});
       parts.back().info.name = kind.prefix + spec.name;
       continue;
@@ -97,7 +97,7 @@ std::vector<ckpt::LiveTensor> Trainer::snapshot_tensors(std::vector<NvmeSlice>* 
                                   ? spec.tp_replica == 0
                                   : (spec.expert ? etp_first : model_->tp().rank() == 0);
     for (const StatePart& part : state_parts(id, true))
-      if (((part.moment && zero()) || zero() == 3) ? share_writes : writes(spec)) {
+      if (((part.moment && zero_stage()) || zero_stage() == 3) ? share_writes : writes(spec)) {
         if (part.on_nvme && on_nvme)
           on_nvme->push_back(
               {tensors.size(), part.tensor, part.shard, part.info.local_shape.numel()});
@@ -161,7 +161,7 @@ void Trainer::optimizer_step(float lr) {
     swap_pending_ = false;
     snapshot_in_spare_ = true;
   }
-  if (zero()) {
+  if (zero_stage()) {
     // The all-gather writes every parameter: a copy in flight must have them all first.
     if (saver_.copying()) {
       const float* base = p.all_params().f32();
@@ -169,7 +169,7 @@ void Trainer::optimizer_step(float lr) {
     }
     // Stage 1, 2: on every rank now; stage 3: when next used. MoE at stage 3: after the
     // bias update (finish_moe_step), which writes every rank's whole copy of the expert bias.
-    if (zero() < 3 || !cfg_.model.is_moe()) gather_updated_params();
+    if (zero_stage() < 3 || !cfg_.model.is_moe()) grad_sync_->gather_updated_params();
   }
   kernels::refresh_weights(p);  // the compute copy follows the new master values
 }
@@ -215,14 +215,14 @@ int64_t Trainer::restore_snapshot() {
   const bool moe = cfg_.model.is_moe();
   const bool replicated = dp_size_ * cp_size_ > 1;
   // With ZeRO every rank staged the moments of its own shares (at stage 3 its parameters' too).
-  if (replicated && !moe && zero() < 3)
-    for (const StateBuffer& b : state_buffers(!zero()))
+  if (replicated && !moe && zero_stage() < 3)
+    for (const StateBuffer& b : state_buffers(!zero_stage()))
       mesh_->dp_cp().broadcast(view_of(b.base, Shape{p.numel()}, DType::F32, device_of(b)), 0);
   // ... (with MoE parameter by parameter: experts from their first edp and etp rank;
   // with ZeRO each rank staged its shares of the experts' moments (at stage 3 of their
   // values too), and those of an etp-replicated one come from the first etp rank) ...
-  if (mesh_ && moe && zero() < 3)
-    for (const StateBuffer& b : state_buffers(!zero()))
+  if (mesh_ && moe && zero_stage() < 3)
+    for (const StateBuffer& b : state_buffers(!zero_stage()))
       for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
         const ParamSpec& spec = p.spec(id);
         const Tensor t = p.view(b.base, id, device_of(b));
@@ -235,11 +235,12 @@ int64_t Trainer::restore_snapshot() {
         if (spec.shard_dim < 0 && mesh_->degree(parallel::Axis::ETP) > 1)
           mesh_->group(parallel::Axis::ETP).broadcast(t, 0);
       }
-  if (mesh_ && moe && zero() && mesh_->degree(parallel::Axis::ETP) > 1)
+  if (mesh_ && moe && zero_stage() && mesh_->degree(parallel::Axis::ETP) > 1)
     for (int id = 0; id < static_cast<int>(p.specs().size()); ++id)
       if (p.spec(id).expert && p.spec(id).shard_dim < 0)
         for (const StatePart& part : state_parts(id, true))
-          if (part.moment || zero() == 3) mesh_->group(parallel::Axis::ETP).broadcast(part.view, 0);
+          if (part.moment || zero_stage() == 3)
+            mesh_->group(parallel::Axis::ETP).broadcast(part.view, 0);
   // ... and tensor-parallel ranks their replicated parameters from tp rank 0.
   if (model_->tp().degree() > 1)
     for (int id = 0; id < static_cast<int>(p.specs().size()); ++id)
@@ -258,7 +259,7 @@ int64_t Trainer::restored_snapshot() {
   // ZeRO-3: the snapshot's shares only, as a load leaves them. A swap snapshot goes back to
   // the set frozen at the save, where a unit prefetched and not yet used was still whole;
   // a copy writes the shares over whatever was gathered when the restore came.
-  if (zero() == 3)
+  if (zero_stage() == 3)
     for (parallel::GradReducer* r : zero_reducers()) r->release_all();
   kernels::refresh_weights(model_->params());  // the compute copy follows the master values
   optimizer_->set_steps_taken(snapshot_optimizer_steps_);

@@ -192,4 +192,15 @@ void Trainer::corrupt_newest_checkpoint() {
   std::raise(SIGKILL);
 }
 
+bool Trainer::stretch_compute(double start_cpu) const {
+  if (slow_factor_ <= 1.0) return false;
+  // An injected slow rank: its compute takes that much longer, spinning (a slow device or
+  // core works longer; a sleep would look descheduled).
+  const double now = parallel::thread_cpu_seconds();
+  const double until = now + (slow_factor_ - 1.0) * (now - start_cpu);
+  while (parallel::thread_cpu_seconds() < until) {
+  }
+  return true;
+}
+
 }  // namespace pentad

@@ -54,11 +54,11 @@ void Trainer::build_reducers(size_t bucket_bytes) {
   // ZeRO shards the experts' state over edp, even where edp is 1 (there the reduce-scatter
   // is a copy): the optimizer reads one compact buffer of reduced gradients.
   const int edp = mesh_->degree(parallel::Axis::EDP);
-  const bool expert_zero = zero() > 0;
+  const bool expert_zero = zero_stage() > 0;
   if ((edp > 1 || expert_zero) &&
       !bug_injected("moe-skip-edp-reduce"))  // a planted bug the layout test must catch
     expert_reducer_ = std::make_unique<parallel::GradReducer>(
-        mesh_->group(parallel::Axis::EDP), params, bucket_bytes, expert_zero ? zero() : 0,
+        mesh_->group(parallel::Axis::EDP), params, bucket_bytes, expert_zero ? zero_stage() : 0,
         [](const ParamSpec& p) { return p.expert; }, parallel::GradReducer::Filter(), unit,
         from_file(reducer_ ? reducer_->shard().numel : 0));
   if (!expert_zero || !expert_reducer_) return;
@@ -97,7 +97,8 @@ void Trainer::download_grads_during_backward(bool on) {
   if (!grads_come_down_early()) return;
   // Where the optimizer reads them: ZeRO's compact shares (the dense reducer's, then the
   // experts'), or the gradient arena.
-  const float* const grads = zero() ? reduced_shares().f32() : model_->params().all_grads().f32();
+  const float* const grads =
+      zero_stage() ? reduced_shares().f32() : model_->params().all_grads().f32();
   int64_t first = 0;
   for (parallel::GradReducer* r : {reducer_.get(), expert_reducer_.get()}) {
     if (!r) continue;
@@ -105,18 +106,18 @@ void Trainer::download_grads_during_backward(bool on) {
                       : [this, grads, first](int64_t at, int64_t count) {
                           optimizer_->download_early_grads(grads, first + at, count);
                         });
-    if (zero()) first += r->shard().numel;
+    if (zero_stage()) first += r->shard().numel;
   }
 }
 
 StateShard Trainer::optimizer_shard() const {
-  if (!zero()) return {};
+  if (!zero_stage()) return {};
   if (!zero_grads_.base()) return reducer_->shard();
   return StateShard::merge(reducer_->shard(), expert_reducer_->shard());
 }
 
 Tensor Trainer::reduced_shares() const {
-  if (!zero()) return {};
+  if (!zero_stage()) return {};
   if (!zero_grads_.base()) return reducer_->shard_grads();
   return view_of(zero_grads_.base(), Shape{optimizer_->shard().numel}, DType::F32,
                  model_->params().device());
@@ -130,42 +131,25 @@ bool Trainer::counts_etp_replicated() const {
 
 void Trainer::grad_squares_into(const Tensor& sums) {
   grad_sum_squares_into(sums, model_->params(), counts_etp_replicated(),
-                        zero() ? &optimizer_->shard() : nullptr, reduced_shares());
+                        zero_stage() ? &optimizer_->shard() : nullptr, reduced_shares());
 }
 
 double Trainer::grad_norm(const GradSquares* local) {
   GradSquares squares =
       local ? *local
             : grad_sum_squares(model_->params(), counts_etp_replicated(),
-                               zero() ? &optimizer_->shard() : nullptr, reduced_shares());
+                               zero_stage() ? &optimizer_->shard() : nullptr, reduced_shares());
   static_assert(sizeof(GradSquares) == 3 * sizeof(double));
   // With ZeRO each rank holds its shares of the gradients: the dense ones of the dp x cp
   // group's, the experts' of the edp group's.
-  if (zero()) mesh_->dp_cp().all_reduce(view_of(&squares.sharded, Shape{2}, DType::F64));
-  if (zero() && cfg_.model.is_moe() && mesh_->degree(parallel::Axis::EDP) > 1)
+  if (zero_stage()) mesh_->dp_cp().all_reduce(view_of(&squares.sharded, Shape{2}, DType::F64));
+  if (zero_stage() && cfg_.model.is_moe() && mesh_->degree(parallel::Axis::EDP) > 1)
     mesh_->group(parallel::Axis::EDP).all_reduce(view_of(&squares.expert, Shape{1}, DType::F64));
   if (model_->tp().degree() > 1)  // shards add up over tp; replicated ones count once
     mesh_->group(parallel::Axis::TP).all_reduce(view_of(&squares.sharded, Shape{1}, DType::F64));
   if (mesh_ && cfg_.model.is_moe() && mesh_->expert_model().size() > 1)  // each expert once
     mesh_->expert_model().all_reduce(view_of(&squares.expert, Shape{1}, DType::F64));
   return std::sqrt(all_reduce_pp(squares.sharded + squares.replicated + squares.expert));
-}
-
-void Trainer::gather_updated_params() {
-  if (zero() == 3) {
-    // The units gather them when next used; any gathered (or prefetched) before the update
-    // holds old values of the other ranks' shares, so back to this rank's shares only.
-    if (!bug_injected("zero3-keep-stale"))  // planted for the layout test
-      reducer_->release_all();
-    if (zero_grads_.base() &&
-        !bug_injected("zero3-moe-stale-experts"))  // planted for the layout test
-      expert_reducer_->release_all();
-    return;
-  }
-  reducer_->gather_params();
-  if (zero_grads_.base() &&
-      !bug_injected("zero-moe-skip-expert-gather"))  // planted for the layout test
-    expert_reducer_->gather_params();
 }
 
 void Trainer::offload_parameter_shares() {
@@ -250,7 +234,7 @@ void Trainer::update_expert_bias(const std::vector<double>& counts) {
 }
 
 void Trainer::whole_parameters(bool all) {
-  if (zero() != 3) return;
+  if (zero_stage() != 3) return;
   for (parallel::GradReducer* r : zero_reducers())
     for (int b = 0; b < r->buckets_count(); ++b)
       if (all)
@@ -267,8 +251,8 @@ int64_t Trainer::zero_buffers_made() const {
 
 std::vector<parallel::GradReducer*> Trainer::zero_reducers() const {
   std::vector<parallel::GradReducer*> reducers;
-  if (zero() && reducer_) reducers.push_back(reducer_.get());
-  if (zero() && zero_grads_.base()) reducers.push_back(expert_reducer_.get());
+  if (zero_stage() && reducer_) reducers.push_back(reducer_.get());
+  if (zero_stage() && zero_grads_.base()) reducers.push_back(expert_reducer_.get());
   return reducers;
 }
 
