@@ -19,6 +19,17 @@ int cuda_device_count();
 // cudaMalloc; fails with a message naming `what` and the size.
 void* device_alloc(size_t bytes, const std::string& what);
 void device_free(void* ptr) noexcept;
+
+// What this process holds on CUDA devices through pentad's allocators (device_alloc and
+// DeviceReservation's mappings), now and at most since the last reset: a rank's own memory,
+// where cudaMemGetInfo sees the whole device, every process on it. Arenas are named
+// "the <name> arena"; the kernels' workspaces and scratch by what they are.
+struct DeviceMemoryUse {
+  size_t bytes = 0, peak_bytes = 0;              // everything
+  size_t arena_bytes = 0, arena_peak_bytes = 0;  // the arenas only (what the plan estimates)
+};
+DeviceMemoryUse device_memory_use();
+void reset_device_memory_peak();  // the peaks restart from what is held now
 void device_zero(void* ptr, size_t bytes);
 // Fills with 0xff bytes: NaN in f32 and bf16 (tests poison outputs with it).
 void device_fill_ones(void* ptr, size_t bytes);

@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
 
 #include "core/device_memory.h"
 
@@ -15,7 +18,54 @@ void check(cudaError_t rc, const char* call) {
   if (rc != cudaSuccess) fail("CUDA error in {}: {}", call, cudaGetErrorString(rc));
 }
 std::atomic<int64_t> waits{0};
+
+// The allocation counters: allocations are few (arenas, workspaces), so one lock will do.
+struct Held {
+  std::mutex mutex;
+  std::unordered_map<const void*, std::pair<size_t, bool>> sizes;  // bytes, is an arena
+  DeviceMemoryUse use;
+};
+Held& held() {
+  static Held h;
+  return h;
+}
+bool is_arena(const std::string& what) {
+  return what.ends_with(" arena");
+}
+void count_allocation(const void* ptr, size_t bytes, bool arena) {
+  Held& h = held();
+  std::lock_guard lock(h.mutex);
+  h.sizes[ptr] = {bytes, arena};
+  h.use.bytes += bytes;
+  h.use.peak_bytes = std::max(h.use.peak_bytes, h.use.bytes);
+  if (arena) {
+    h.use.arena_bytes += bytes;
+    h.use.arena_peak_bytes = std::max(h.use.arena_peak_bytes, h.use.arena_bytes);
+  }
+}
+void count_free(const void* ptr) {
+  Held& h = held();
+  std::lock_guard lock(h.mutex);
+  auto it = h.sizes.find(ptr);
+  if (it == h.sizes.end()) return;
+  h.use.bytes -= it->second.first;
+  if (it->second.second) h.use.arena_bytes -= it->second.first;
+  h.sizes.erase(it);
+}
 }  // namespace
+
+DeviceMemoryUse device_memory_use() {
+  Held& h = held();
+  std::lock_guard lock(h.mutex);
+  return h.use;
+}
+
+void reset_device_memory_peak() {
+  Held& h = held();
+  std::lock_guard lock(h.mutex);
+  h.use.peak_bytes = h.use.bytes;
+  h.use.arena_peak_bytes = h.use.arena_bytes;
+}
 
 int64_t device_waits() {
   return waits.load();
@@ -43,12 +93,14 @@ void* device_alloc(size_t bytes, const std::string& what) {
     fail("cannot allocate {} of CUDA device memory for {}: {}", format_bytes(bytes), what,
          cudaGetErrorString(rc));
   }
+  count_allocation(ptr, bytes, is_arena(what));
   return ptr;
 }
 
 void device_free(void* ptr) noexcept {
   if (!ptr) return;
   count_device_wait();  // cudaFree synchronises the device
+  count_free(ptr);
   cudaFree(ptr);
 }
 
@@ -155,6 +207,7 @@ DeviceReservation::~DeviceReservation() {
   for (const Mapping& m : mappings_) {
     vmm().unmap(reinterpret_cast<CUdeviceptr>(base_) + m.offset, m.bytes);
     vmm().release(CUmemGenericAllocationHandle(m.handle));
+    count_free(static_cast<const char*>(base_) + m.offset);
   }
   vmm().unreserve(reinterpret_cast<CUdeviceptr>(base_), bytes_);
 }
@@ -173,6 +226,7 @@ void DeviceReservation::map(size_t offset, size_t bytes) {
   const CUdeviceptr at = reinterpret_cast<CUdeviceptr>(base_) + offset;
   check_driver(vmm().map(at, bytes, 0, handle, 0), "cuMemMap", what_);
   mappings_.push_back({offset, bytes, handle});
+  count_allocation(static_cast<const char*>(base_) + offset, bytes, is_arena(what_));
   CUmemAccessDesc access{};
   access.location = prop.location;
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;

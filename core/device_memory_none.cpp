@@ -20,6 +20,12 @@ int cuda_device_count() {
   return 0;
 }
 
+DeviceMemoryUse device_memory_use() {
+  return {};  // nothing is ever allocated on a device here
+}
+
+void reset_device_memory_peak() {}
+
 void* device_alloc(size_t bytes, const std::string& what) {
   no_cuda(what.c_str());
 }

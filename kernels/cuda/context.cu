@@ -48,11 +48,11 @@ void* scratch(size_t bytes) {
   // Kernels queued earlier may still read the old buffer.
   count_device_wait();
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (growing the scratch buffer)");
-  if (s.data) check(cudaFree(s.data), "cudaFree (scratch)");
+  device_free(s.data);  // through pentad's allocator, so that device_memory_use() counts it
   s.data = nullptr;
   s.bytes = 0;
   const size_t grown = std::max<size_t>(bytes, size_t{1} << 20);
-  check(cudaMalloc(&s.data, grown), "cudaMalloc (scratch)");
+  s.data = device_alloc(grown, "the kernels' scratch");
   s.bytes = grown;
   return s.data;
 }

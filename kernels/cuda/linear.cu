@@ -128,8 +128,7 @@ DeviceLt& device_lt() {
   DeviceLt& lt = devices[static_cast<size_t>(device)];
   if (!lt.handle) {
     check_lt(lt_api().Create(&lt.handle), "cublasLtCreate");
-    count_device_wait();
-    check(cudaMalloc(&lt.workspace, kWorkspaceBytes), "cudaMalloc (cuBLASLt workspace)");
+    lt.workspace = device_alloc(kWorkspaceBytes, "the cuBLASLt workspace");
   }
   return lt;
 }

@@ -24,6 +24,7 @@
 #include "launch/rank.h"
 #include "parallel/mesh.h"
 #include "plan/layout.h"
+#include "plan/memory_budget.h"
 #include "recipe/recipe.h"
 #include "train/trainer.h"
 
@@ -148,6 +149,8 @@ struct Trajectory {
   std::vector<std::vector<float>> weights;             // final master parameters, on the host
   parallel::Backend backend = parallel::Backend::MPI;  // of the mesh's communicators
   std::optional<parallel::MeshConfig> mesh;            // the layout, if it ran on a mesh
+  DeviceMemoryUse memory;    // this rank's device memory, peaks over the trainer's life
+  double planned_bytes = 0;  // the memory plan's total for the layout (its largest rank)
 };
 
 // Ranks of MPI_COMM_WORLD; 1 where MPI is not initialised (the one-rank programs).
@@ -172,6 +175,7 @@ inline Trajectory train(const ModelCase& m, const std::string& device, const std
   const int world = world_size();
   if (world > 1 && on_mesh)
     mesh.emplace(parallel::Mesh::create(mesh_config(cfg, world), MPI_COMM_WORLD, backend));
+  reset_device_memory_peak();  // what earlier runs left (workspaces) stays counted
   Trainer trainer(cfg, mesh ? &*mesh : nullptr);
   // Guards against a silent fallback: a "cuda" run that computed on the CPU would match the
   // CPU reference bitwise and pass every comparison below.
@@ -186,6 +190,8 @@ inline Trajectory train(const ModelCase& m, const std::string& device, const std
     run.losses.push_back(s.loss);
     run.grad_norms.push_back(s.grad_norm);
   }
+  run.memory = device_memory_use();
+  run.planned_bytes = estimate_memory(cfg, mesh ? mesh->config() : mesh_config(cfg, 1)).total();
   // Under ZeRO-3 the arena holds this rank's shares only: names, no weights.
   for (int id = 0; id < static_cast<int>(params.specs().size()); ++id) {
     run.names.push_back(params.spec(id).name);
