@@ -164,12 +164,16 @@ std::span<const HfName> outer_rows(const ModelConfig& m) {
 }  // namespace
 
 std::vector<HfEntry> hf_table(const ModelConfig& m) {
+  return hf_table(m, param_table(m));
+}
+
+std::vector<HfEntry> hf_table(const ModelConfig& m, const ParamTable& table) {
   const bool gpt2 = m.family == ModelFamily::GPT2;
   std::vector<HfEntry> t;
-  add_entries(t, embedding_params(m), outer_rows(m), false, "", "", m);
+  add_entries(t, table.embedding, outer_rows(m), false, "", "", m);
   for (int64_t l = 0; l < m.n_layer; ++l) {
     const bool moe = m.is_moe() && is_moe_layer(m, l);
-    const std::vector<ParamDecl> decls = layer_params(m, moe);
+    const std::vector<ParamDecl>& decls = table.layer(moe);
     const std::string h =
         gpt2 ? fmt::format("transformer.h.{}.", l) : fmt::format("model.layers.{}.", l);
     add_entries(t, decls, layer_rows(m), false, layer_prefix(l), h, m);
@@ -180,7 +184,7 @@ std::vector<HfEntry> hf_table(const ModelConfig& m) {
   }
   // A tied head is the embedding: transformers' save_pretrained leaves it out, and
   // tie_word_embeddings in config.json makes from_pretrained tie it again.
-  add_entries(t, final_params(m), outer_rows(m), false, "", "", m);
+  add_entries(t, table.final, outer_rows(m), false, "", "", m);
   return t;
 }
 

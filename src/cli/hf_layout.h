@@ -10,6 +10,7 @@
 
 #include "cli/checkpoint_params.h"
 #include "model/config.h"
+#include "model/param_table.h"
 
 namespace pentad::ckpt {
 
@@ -35,6 +36,9 @@ void check_hf_exportable(const ModelConfig& m, const std::string& where);
 
 // Every HF tensor of `m`, in the order they are written.
 std::vector<HfEntry> hf_table(const ModelConfig& m);
+// The same for the parameters of `table` (param_table(m), or one a test extends); throws
+// pentad::Error naming a parameter that has no transformers name.
+std::vector<HfEntry> hf_table(const ModelConfig& m, const ParamTable& table);
 
 // pentad parameters that transformers has no place for, each (name, shape): an MoE layer's
 // expert_bias (aux-loss-free balancing steers selection with it; Mixtral has none).

@@ -30,7 +30,12 @@ void ContextParallelHooks::attention_backward(Tensor dq, Tensor dk, Tensor dv, c
 
 Model::Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Sharding sharding,
              std::vector<LayerRange> layout, Placement placement)
+    : Model(cfg, param_table(cfg), micro_batch, seq_len, sharding, std::move(layout), placement) {}
+
+Model::Model(const ModelConfig& cfg, ParamTable table, int64_t micro_batch, int64_t seq_len,
+             Sharding sharding, std::vector<LayerRange> layout, Placement placement)
     : cfg_(cfg),
+      table_(std::move(table)),
       b_(micro_batch),
       t_(seq_len),
       placement_(placement),
@@ -132,7 +137,7 @@ int* Model::LayerParams::id(Role role) {
 }
 
 void Model::build_embedding() {
-  for (const ParamDecl& d : embedding_params(cfg_)) {
+  for (const ParamDecl& d : table_.embedding) {
     const int id = add_param(params_, d, d.name, *tp_);  // the table vocabulary parallel
     if (d.role == Role::Wte) wte_ = id;
     if (d.role == Role::Wpe) wpe_ = id;
@@ -145,7 +150,7 @@ void Model::build_layer(int64_t l) {
   const bool moe = is_moe_layer(cfg_, l);
   LayerParams& q = layers_[size_t(l)];
   std::vector<int>& partial = partial_[size_t(l)];
-  for (const ParamDecl& d : layer_params(cfg_, moe)) {
+  for (const ParamDecl& d : table_.layer(moe)) {
     if (d.routed) continue;  // the MoE block's
     const int id = add_param(params_, d, layer_prefix(l) + d.name, *tp_);
     if (int* field = q.id(d.role)) *field = id;
@@ -164,7 +169,7 @@ void Model::build_layer(int64_t l) {
 }
 
 void Model::build_final() {
-  for (const ParamDecl& d : final_params(cfg_)) {
+  for (const ParamDecl& d : table_.final) {
     const int id = add_param(params_, d, d.name, *tp_);
     if (d.role == Role::NormFW) normf_w_ = id;
     if (d.role == Role::NormFB) normf_b_ = id;
@@ -178,7 +183,7 @@ void Model::build_final() {
   } else {
     // The tied table lives on the first stage too: this stage keeps a copy, initialised
     // the same (same name) and kept equal by summing the two gradients every step.
-    head_ = embedding_copy_ = add_param(params_, embedding_params(cfg_)[0], "wte.weight", *tp_);
+    head_ = embedding_copy_ = add_param(params_, table_.embedding[0], "wte.weight", *tp_);
     params_.mark_pipeline_copy(head_);
   }
   final_ids_.push_back(head_);

@@ -68,6 +68,10 @@ class Model {
   // Token ids come from host memory and losses return to it; everything else stays put.
   Model(const ModelConfig& cfg, int64_t micro_batch, int64_t seq_len, Sharding sharding = {},
         std::vector<LayerRange> layout = {}, Placement placement = {});
+  // The same with the parameters of `table` (param_table(cfg), or one a test extends; an
+  // MoE layer's router and experts come from MoeBlock's own reading of the table).
+  Model(const ModelConfig& cfg, ParamTable table, int64_t micro_batch, int64_t seq_len,
+        Sharding sharding = {}, std::vector<LayerRange> layout = {}, Placement placement = {});
 
   // ---- one chunk holding the whole model ----
   // Mean cross-entropy of the micro-batch. tokens, targets: (b, t). When dloss != 0 the
@@ -229,6 +233,7 @@ class Model {
   bool holds_last() const;
 
   ModelConfig cfg_;
+  ParamTable table_;  // every parameter's name, shape and cut (model/param_table.h)
   int64_t b_, t_;
   Placement placement_;
   DType act_ = DType::F32;    // activations and their gradients

@@ -45,8 +45,8 @@ float residual_std(const ModelConfig& cfg) {
 }
 
 // An MLP of width W (up, and gate for LLaMA's SwiGLU; down; GPT-2's biases) under `pre`.
-void add_mlp(std::vector<ParamDecl>& t, const ModelConfig& cfg, const std::string& pre,
-             int64_t W, bool expert) {
+void add_mlp(std::vector<ParamDecl>& t, const ModelConfig& cfg, const std::string& pre, int64_t W,
+             bool expert) {
   const int64_t C = cfg.d_model;
   const bool gpt2 = cfg.family == ModelFamily::GPT2;
   const Cut column = expert ? Cut::ExpertColumn : Cut::Column;
@@ -109,8 +109,8 @@ std::vector<ParamDecl> layer_params(const ModelConfig& cfg, bool moe) {
   const int64_t E = cfg.n_experts;
   // Each tp rank routes its own rows (SP): the router's gradient is partial.
   const size_t routed = t.size();
-  t.push_back({"moe.router.weight", Shape{E, C}, Cut::Whole, Role::Router, Init::Normal, std, true,
-               true});
+  t.push_back(
+      {"moe.router.weight", Shape{E, C}, Cut::Whole, Role::Router, Init::Normal, std, true, true});
   // Selection bias: never trained (zero gradient, no decay), moved by MoeBlock::update_bias.
   t.push_back(vector("moe.expert_bias", E, Cut::Whole, Role::ExpertBias, Init::Zeros));
   add_mlp(t, cfg, "", expert_ffn_dim(cfg), true);  // one routed expert's
@@ -126,6 +126,15 @@ std::vector<ParamDecl> final_params(const ModelConfig& cfg) {
   if (!cfg.tie_embeddings)
     t.push_back(matrix("lm_head.weight", Shape{cfg.vocab_size, cfg.d_model}, Cut::Vocab, Role::Head,
                        cfg.init_std));
+  return t;
+}
+
+ParamTable param_table(const ModelConfig& cfg) {
+  ParamTable t;
+  t.embedding = embedding_params(cfg);
+  t.dense_layer = layer_params(cfg, false);
+  if (cfg.is_moe()) t.moe_layer = layer_params(cfg, true);
+  t.final = final_params(cfg);
   return t;
 }
 
@@ -209,8 +218,7 @@ RankValues rank_values(const std::vector<ParamDecl>& decls, const CutDegrees& de
                        int64_t n_experts) {
   RankValues v;
   double one_expert = 0;
-  for (const ParamDecl& d : decls)
-    (d.expert() ? one_expert : v.all) += rank_values(d, deg);
+  for (const ParamDecl& d : decls) (d.expert() ? one_expert : v.all) += rank_values(d, deg);
   v.experts = double(n_experts) / deg.ep * one_expert;
   v.all += v.experts;
   return v;

@@ -91,7 +91,14 @@ int64_t mlp_width(const ModelConfig& cfg, bool moe);
 std::vector<ParamDecl> embedding_params(const ModelConfig& cfg);
 std::vector<ParamDecl> layer_params(const ModelConfig& cfg, bool moe);
 std::vector<ParamDecl> final_params(const ModelConfig& cfg);
-std::string layer_prefix(int64_t layer);                  // "layers.3."
+// The whole table, built once from the config, as its readers take it (a test may add a
+// row to see it reach every one of them).
+struct ParamTable {
+  std::vector<ParamDecl> embedding, dense_layer, moe_layer, final;  // moe_layer: MoE models
+  const std::vector<ParamDecl>& layer(bool moe) const { return moe ? moe_layer : dense_layer; }
+};
+ParamTable param_table(const ModelConfig& cfg);
+std::string layer_prefix(int64_t layer);                   // "layers.3."
 std::string expert_prefix(int64_t layer, int64_t expert);  // "layers.3.moe.experts.5."
 
 // Registers this rank's slice of `d` as parameter `name`: its tp block, and for a routed

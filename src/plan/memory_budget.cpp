@@ -81,90 +81,128 @@ double zero3_gathered(const std::vector<ZeroStretch>& s, bool tied, double dense
   return most;
 }
 
-// One stage's bytes. Parameters: the model's table (model/param_table.h) summed over one tp
-// rank's cuts; an MoE layer (model/moe.h) holds, besides the shared experts' MLP, the
-// router, the expert bias and n_experts / ep routed experts split over etp. Activations:
-// shapes as in Model::plan_layer, plan_slot and plan_shared.
-MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mesh, int stage) {
-  const ModelConfig& m = cfg.model;
-  const bool gpt2 = m.family == ModelFamily::GPT2, sp = cfg.parallel.sequence_parallel;
-  const double p = mesh.tp, C = double(m.d_model), V = double(m.vocab_size), F = double(ffn_dim(m));
-  // 2D tp (tp = d1 x d2): heads and MLP widths split over d1, a layer's C over d2; the
-  // gathered norm outputs are (N, C / d2) and, with SP or 2D, rows live apart from them.
-  const double d2 = mesh.tp_d2, d1 = p / d2;
-  const bool apart = sp || mesh.tp_d2 > 1;
-  const double Ckv = double(m.kv_heads()) * double(m.head_dim());
-  // Under context parallelism a rank holds seq_len / cp tokens of each sequence.
-  const double b = double(cfg.train.micro_batch), t = double(cfg.train.seq_len) / mesh.cp;
-  const double N = b * t, Nl = sp ? N / p : N;  // rows: whole, and this rank's
-  const double act = cfg.train.precision == "bf16" ? 2 : 4, f32 = 4;
-  const double mlp_mats = gpt2 ? 2 : 3;  // up, down (+ gate)
+// One stage's sizes on one rank, in the units its terms are written in. Parameters: the
+// model's table (model/param_table.h) summed over this rank's cuts; an MoE layer (model/moe.h)
+// holds, besides the shared experts' MLP, the router, the expert bias and n_experts / ep
+// routed experts split over etp. Activations: shapes as in Model::plan_layer, plan_slot and
+// plan_shared, and MoeBlock's.
+struct Sizes {
+  bool gpt2 = false, sp = false, apart = false;
+  double p = 1, C = 0, V = 0, F = 0, d1 = 1, d2 = 1, Ckv = 0;
+  double b = 0, t = 0, N = 0, Nl = 0;  // rows: whole (N) and this rank's (Nl)
+  double act = 4, f32 = 4, mlp_mats = 2;
+  // MoE layers: E experts, k picks, width Fe (each etp rank 1/etp of it), shared width Fs;
+  // A rows sent, R received (worst case).
+  std::vector<int64_t> moe;
+  double E = 0, k = 0, ep = 1, etp = 1, Fe = 0, Fs = 0, A = 0, senders = 1, R = 0;
+  // Values this rank holds: a dense layer, an MoE layer (of which routed experts), the
+  // embedding, its table (the largest parameter) and the final norm and head.
+  double layer_values = 0, moe_values = 0, expert_values = 0, embedding = 0, table = 0,
+         final_values = 0;
+  // Bytes of one layer's (and the head's) saved activations and of the MoE buffers.
+  double attn_acts = 0, layer_acts = 0, moe_acts = 0, head_acts = 0, dispatch = 0,
+         dispatch_backward = 0;
+};
 
-  const CutDegrees degrees{p, double(mesh.tp_d2), double(mesh.ep), double(mesh.etp)};
-  const double layer_values = rank_values(layer_params(m, false), degrees, 0).all;
-  const std::vector<ParamDecl> embedding_decls = embedding_params(m);
-  const double embedding = rank_values(embedding_decls, degrees, 0).all;
-  const double table = rank_values(embedding_decls[0], degrees);  // the largest parameter
-  const double final_values = rank_values(final_params(m), degrees, 0).all;
-  const double attn_acts = act * (2 * N * C / d2 + Nl * C + 2 * N * (C / d1) + 2 * N * (Ckv / d1)) +
-                           f32 * ((gpt2 ? 4 : 2) * Nl + b * t * double(m.n_head) / d1);
-  const double layer_acts = attn_acts + act * mlp_mats * N * (F / d1);
-
-  // MoE layers: E experts, k picks, width Fe (each etp rank 1/etp of it), shared width Fs.
-  const std::vector<int64_t> moe = m.is_moe() ? moe_layer_indices(m) : std::vector<int64_t>{};
-  const double E = double(m.n_experts), k = double(m.top_k), ep = mesh.ep, etp = mesh.etp;
-  const double Fe = m.is_moe() ? double(expert_ffn_dim(m)) : 0;
-  const double Fs = double(m.n_shared_experts) * Fe;
+void add_parameter_values(Sizes& s, const ModelConfig& m, const parallel::MeshConfig& mesh,
+                          const ParamTable& table) {
+  const CutDegrees degrees{s.p, s.d2, double(mesh.ep), double(mesh.etp)};
+  s.layer_values = rank_values(table.dense_layer, degrees, 0).all;
+  s.embedding = rank_values(table.embedding, degrees, 0).all;
+  s.table = rank_values(table.embedding.front(), degrees);
+  s.final_values = rank_values(table.final, degrees, 0).all;
   const RankValues moe_layer =
-      m.is_moe() ? rank_values(layer_params(m, true), degrees, m.n_experts) : RankValues{};
-  const double expert_values = moe_layer.experts, moe_values = moe_layer.all;
-  // Dispatch (MoeBlock::Acts: rows in the activations' type, routing in fp32), worst case:
-  // each of the ep x etp ranks that send to
-  // this one routes all its Nl rows here, each to min(k, E / ep) of its local experts; with
-  // a capacity, a local expert takes at most min(Nl, capacity) rows from each of them.
-  // Sent: A = Nl k permuted rows and their outputs; received: R rows in and out and their
-  // activations; the router's logits, scores, picks, weights and positions.
-  const double A = Nl * k, senders = ep * etp;
-  double R = senders * Nl * std::min(k, E / ep);
+      m.is_moe() ? rank_values(table.moe_layer, degrees, m.n_experts) : RankValues{};
+  s.expert_values = moe_layer.experts;
+  s.moe_values = moe_layer.all;
+}
+
+// Dispatch (MoeBlock::Acts: rows in the activations' type, routing in fp32), worst case:
+// each of the ep x etp ranks that send to this one routes all its Nl rows here, each to
+// min(k, E / ep) of its local experts; with a capacity, a local expert takes at most
+// min(Nl, capacity) rows from each of them. Sent: A = Nl k permuted rows and their outputs;
+// received: R rows in and out and their activations; the router's logits, scores, picks,
+// weights and positions.
+void add_moe_sizes(Sizes& s, const ModelConfig& m, const parallel::MeshConfig& mesh) {
+  s.moe = m.is_moe() ? moe_layer_indices(m) : std::vector<int64_t>{};
+  s.E = double(m.n_experts), s.k = double(m.top_k), s.ep = mesh.ep, s.etp = mesh.etp;
+  s.Fe = m.is_moe() ? double(expert_ffn_dim(m)) : 0;
+  s.Fs = double(m.n_shared_experts) * s.Fe;
+  const double E = s.E, k = s.k, ep = s.ep, etp = s.etp, Fe = s.Fe, Fs = s.Fs, Nl = s.Nl, N = s.N,
+               C = s.C, act = s.act, f32 = s.f32;
+  s.A = Nl * k, s.senders = ep * etp;
+  s.R = s.senders * Nl * std::min(k, E / ep);
   if (m.moe.capacity_factor > 0) {
     const double capacity = std::ceil(double(m.moe.capacity_factor) * N * k / E);
-    R = std::min(R, E / ep * senders * std::min(Nl, capacity));
+    s.R = std::min(s.R, E / ep * s.senders * std::min(Nl, capacity));
   }
-  const double dispatch = act * (2 * A * C + 2 * R * C + mlp_mats * R * (Fe / etp)) +
-                          f32 * (2 * Nl * E + 3 * Nl * k + A);
+  const double A = s.A, R = s.R;
+  s.dispatch = act * (2 * A * C + 2 * R * C + s.mlp_mats * R * (Fe / etp)) +
+               f32 * (2 * Nl * E + 3 * Nl * k + A);
   // Backward's scratch: the gradients of those rows, and three of width Fe/etp for all of
   // them (the grouped expert GEMMs' d(act), d(gate), d(up)); in bf16 also the router's fp32
   // input and gradient and that gradient cast back (Nl, C) each.
-  const double dispatch_backward = act * (2 * A * C + 2 * R * C + 3 * R * (Fe / etp)) +
-                                   f32 * Nl * k + (act < f32 ? (2 * f32 + act) * Nl * C : 0);
-  const double moe_acts = attn_acts + (Fs > 0 ? act * mlp_mats * N * (Fs / d1) : 0) + dispatch +
-                          (d2 > 1 ? act * Nl * C : 0);  // 2D: the routed experts' rows apart
+  s.dispatch_backward = act * (2 * A * C + 2 * R * C + 3 * R * (Fe / etp)) + f32 * Nl * k +
+                        (act < f32 ? (2 * f32 + act) * Nl * C : 0);
+  s.moe_acts = s.attn_acts + (Fs > 0 ? act * s.mlp_mats * N * (Fs / s.d1) : 0) + s.dispatch +
+               (s.d2 > 1 ? act * Nl * C : 0);  // 2D: the routed experts' rows apart
+}
 
-  const double head_acts =
-      act * (N * C + (sp ? Nl * C : 0) + N * V / p) + f32 * ((gpt2 ? 2 : 1) * Nl + N);
+Sizes sizes_of(const Config& cfg, const parallel::MeshConfig& mesh, const ParamTable& table) {
+  const ModelConfig& m = cfg.model;
+  Sizes s;
+  s.gpt2 = m.family == ModelFamily::GPT2, s.sp = cfg.parallel.sequence_parallel;
+  s.p = mesh.tp, s.C = double(m.d_model), s.V = double(m.vocab_size), s.F = double(ffn_dim(m));
+  // 2D tp (tp = d1 x d2): heads and MLP widths split over d1, a layer's C over d2; the
+  // gathered norm outputs are (N, C / d2) and, with SP or 2D, rows live apart from them.
+  s.d2 = mesh.tp_d2, s.d1 = s.p / s.d2;
+  s.apart = s.sp || mesh.tp_d2 > 1;
+  s.Ckv = double(m.kv_heads()) * double(m.head_dim());
+  // Under context parallelism a rank holds seq_len / cp tokens of each sequence.
+  s.b = double(cfg.train.micro_batch), s.t = double(cfg.train.seq_len) / mesh.cp;
+  s.N = s.b * s.t, s.Nl = s.sp ? s.N / s.p : s.N;
+  s.act = cfg.train.precision == "bf16" ? 2 : 4;
+  s.mlp_mats = s.gpt2 ? 2 : 3;  // up, down (+ gate)
+  add_parameter_values(s, m, mesh, table);
+  const double N = s.N, Nl = s.Nl, C = s.C, d1 = s.d1, act = s.act, f32 = s.f32;
+  s.attn_acts = act * (2 * N * C / s.d2 + Nl * C + 2 * N * (C / d1) + 2 * N * (s.Ckv / d1)) +
+                f32 * ((s.gpt2 ? 4 : 2) * Nl + s.b * s.t * double(m.n_head) / d1);
+  s.layer_acts = s.attn_acts + act * s.mlp_mats * N * (s.F / d1);
+  add_moe_sizes(s, m, mesh);
+  s.head_acts =
+      act * (N * C + (s.sp ? Nl * C : 0) + N * s.V / s.p) + f32 * ((s.gpt2 ? 2 : 1) * Nl + N);
+  return s;
+}
 
-  MemoryEstimate e;
-  e.stage = stage;
+// What a stage's chunks hold: the last chunk, MoE layers, dense layers.
+struct Holds {
+  bool last = false, moe = false, dense = false;
+};
+
+// Each chunk's parameter values and its activation slots, one per micro-batch the schedule
+// keeps in flight on it.
+Holds add_chunks(MemoryEstimate& e, const Sizes& s, const Config& cfg,
+                 const parallel::MeshConfig& mesh, int stage) {
+  const ModelConfig& m = cfg.model;
   const std::vector<parallel::pp::Chunk> chunks = chunks_of_stage(cfg, mesh.pp, stage);
   std::vector<parallel::pp::Action> actions;
   if (mesh.pp > 1) actions = parallel::pp::stage_actions(schedule_spec(cfg), stage);
-  bool holds_last = false, holds_moe = false, holds_dense = false;
+  Holds holds;
   for (size_t c = 0; c < chunks.size(); ++c) {
     const parallel::pp::Chunk& chunk = chunks[c];
     const double layers = double(chunk.layer_end - chunk.layer_begin);
-    const double moe_layers = moe_layers_in(moe, chunk.layer_begin, chunk.layer_end);
-    holds_moe = holds_moe || moe_layers > 0;
-    holds_dense = holds_dense || moe_layers < layers;
-    e.values += (layers - moe_layers) * layer_values + moe_layers * moe_values;
-    e.expert_values += moe_layers * expert_values;
-    if (chunk.first) e.values += embedding;
+    const double moe_layers = moe_layers_in(s.moe, chunk.layer_begin, chunk.layer_end);
+    holds.moe = holds.moe || moe_layers > 0;
+    holds.dense = holds.dense || moe_layers < layers;
+    e.values += (layers - moe_layers) * s.layer_values + moe_layers * s.moe_values;
+    e.expert_values += moe_layers * s.expert_values;
+    if (chunk.first) e.values += s.embedding;
     if (chunk.last) {
-      holds_last = true;
-      e.values += final_values;
+      holds.last = true;
+      e.values += s.final_values;
       // A tied head is the embedding itself on one stage, a copy of it on the last stage.
-      if (m.tie_embeddings && mesh.pp > 1) e.values += table;
+      if (m.tie_embeddings && mesh.pp > 1) e.values += s.table;
     }
-    // One activation slot per micro-batch the schedule keeps in flight on this chunk.
     double in_flight = 1;
     if (!actions.empty()) {
       std::vector<parallel::pp::Action> mine;
@@ -173,26 +211,36 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
       in_flight = std::max(1, parallel::pp::peak_in_flight(mine));
     }
     // The dispatch buffers stay per micro-batch even under recompute (MoeBlock::Acts).
-    const double kept =
-        (m.recompute ? 0
-                     : (layers - moe_layers) * layer_acts + moe_layers * (moe_acts - dispatch)) +
-        moe_layers * dispatch;
-    const double slot = 8 * N + (layers + 1) * Nl * C * act + kept + (chunk.last ? head_acts : 0);
+    const double kept = (m.recompute ? 0
+                                     : (layers - moe_layers) * s.layer_acts +
+                                           moe_layers * (s.moe_acts - s.dispatch)) +
+                        moe_layers * s.dispatch;
+    const double slot =
+        8 * s.N + (layers + 1) * s.Nl * s.C * s.act + kept + (chunk.last ? s.head_acts : 0);
     e.activations += in_flight * slot;
-    e.dispatch += in_flight * moe_layers * dispatch;
+    e.dispatch += in_flight * moe_layers * s.dispatch;
   }
-  // Scratch shared by every layer: backward's gradients, the projection output, and the
-  // recomputed layer's activations, with the MLP widths of the layers held here; an MoE
-  // model adds the routed output, and an MoE layer's backward the gradients of its
-  // dispatched rows.
-  const double widest = std::max(holds_dense ? F : 0, holds_moe ? Fs : 0) / d1;
-  e.activations += act * (N * C + Nl * C + (apart ? N * C : 0) + N * C + (apart ? 2 * Nl * C : 0) +
-                          2 * N * (C / d1) + 2 * N * (Ckv / d1) + mlp_mats * N * widest) +
-                   (m.recompute ? attn_acts + act * mlp_mats * N * widest : 0) +
-                   (m.is_moe() ? act * Nl * C : 0) + (p > 1 && holds_last ? 3 * f32 * N : 0);
+  return holds;
+}
+
+// Scratch shared by every layer: backward's gradients, the projection output, and the
+// recomputed layer's activations, with the MLP widths of the layers held here; an MoE
+// model adds the routed output, and an MoE layer's backward the gradients of its
+// dispatched rows; 2D tp's and context parallelism's exchange buffers, the dispatcher's
+// staging.
+void add_shared_scratch(MemoryEstimate& e, const Sizes& s, const Config& cfg,
+                        const parallel::MeshConfig& mesh, const Holds& holds) {
+  const ModelConfig& m = cfg.model;
+  const double N = s.N, Nl = s.Nl, C = s.C, d1 = s.d1, act = s.act, f32 = s.f32;
+  const double widest = std::max(holds.dense ? s.F : 0, holds.moe ? s.Fs : 0) / d1;
+  e.activations +=
+      act * (N * C + Nl * C + (s.apart ? N * C : 0) + N * C + (s.apart ? 2 * Nl * C : 0) +
+             2 * N * (C / d1) + 2 * N * (s.Ckv / d1) + s.mlp_mats * N * widest) +
+      (m.recompute ? s.attn_acts + act * s.mlp_mats * N * widest : 0) +
+      (m.is_moe() ? act * Nl * C : 0) + (s.p > 1 && holds.last ? 3 * f32 * N : 0);
   // 2D tp's exchange buffers (parallel/tp/tensor_parallel.cpp): two of N C values without
   // SP, two of N C / tp with it.
-  if (d2 > 1) e.activations += act * 2 * N * C / (sp ? p : 1);
+  if (s.d2 > 1) e.activations += act * 2 * N * C / (s.sp ? s.p : 1);
   // Context parallelism's scratch (parallel/cp/context_parallel.cpp), shared by the layers:
   // Ulysses' exchange buffers and head-sharded q, k, v, out and gradients; the ring's two
   // K/V blocks, three dK/dV partials and one block's output.
@@ -206,92 +254,134 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
     if (R > 1)
       e.activations += act * (10 * slice * kv_heads * D + N * (C / d1)) + f32 * N * m.n_head / d1;
   }
-  if (holds_moe) {
+  if (holds.moe) {
     // The dispatcher's staging (parallel/ep/expert_parallel.h), one for every layer: this
     // etp rank's share of the received rows (R / etp), and with etp > 1 every etp rank's, in
     // the rows' type.
-    const double staging = senders > 1 ? act * C * (R / etp + (etp > 1 ? R : 0)) : 0;
-    e.activations += dispatch_backward + staging;
-    e.dispatch += dispatch_backward + staging;
+    const double staging = s.senders > 1 ? act * C * (s.R / s.etp + (s.etp > 1 ? s.R : 0)) : 0;
+    e.activations += s.dispatch_backward + staging;
+    e.dispatch += s.dispatch_backward + staging;
   }
-  e.parameters = e.values * (f32 + (cfg.train.precision == "bf16" ? 2 : 0));
-  // ZeRO over the Z = dp x cp ranks (the routed experts over their edp replicas): AdamW's m
-  // and v for this rank's shares S, 1/Z of the dense values and 1/edp of the experts'; stage 1
-  // adds the reduced S to the full gradients, stage 2 keeps the full gradients only while
-  // backward fills a bucket (two at most in flight) besides the reduced S (later micro-batches
-  // add it into the bucket before the reduce-scatter writes it back: no second S).
-  const int64_t zero = mesh.dp * mesh.cp > 1 ? cfg.parallel.zero : 0;
-  const double Z = zero > 0 ? double(mesh.dp * mesh.cp) : 1.0;
-  const double edp = zero > 0 ? double(parallel::mesh_degree(mesh, parallel::Axis::EDP)) : 1.0;
-  const double shares = (e.values - e.expert_values) / Z + e.expert_values / edp;
-  // A bucket never splits a parameter, so the embedding (or an untied head, V C / p) may
-  // make one larger than bucket_mb; at stage 3 a bucket is a unit: a layer or the embedding
-  // (zero >= 2 runs without pp, so this stage holds both). The experts' reducer keeps its
-  // own buckets in flight.
-  const double unit = std::max(layer_values, embedding) * f32;
+}
+
+// ZeRO over the Z = dp x cp ranks (the routed experts over their edp replicas).
+struct ZeroShares {
+  int64_t stage = 0;
+  double Z = 1, edp = 1;
+  double shares = 0;  // this rank's values: 1/Z of the dense values and 1/edp of the experts'
+};
+
+ZeroShares zero_shares(const MemoryEstimate& e, const Config& cfg,
+                       const parallel::MeshConfig& mesh) {
+  ZeroShares z;
+  z.stage = mesh.dp * mesh.cp > 1 ? cfg.parallel.zero : 0;
+  z.Z = z.stage > 0 ? double(mesh.dp * mesh.cp) : 1.0;
+  z.edp = z.stage > 0 ? double(parallel::mesh_degree(mesh, parallel::Axis::EDP)) : 1.0;
+  z.shares = (e.values - e.expert_values) / z.Z + e.expert_values / z.edp;
+  return z;
+}
+
+// Gradients: stage 1 adds the reduced shares S to the full gradients, stage 2 keeps the
+// full gradients only while backward fills a bucket (two at most in flight) besides the
+// reduced S (later micro-batches add it into the bucket before the reduce-scatter writes
+// it back: no second S). A bucket never splits a parameter, so the embedding (or an untied
+// head) may make one larger than bucket_mb; at stage 3 a bucket is a unit: a layer or the
+// embedding (zero >= 2 runs without pp, so this stage holds both). The experts' reducer
+// keeps its own buckets in flight.
+double gradient_bytes(const MemoryEstimate& e, const Sizes& s, const ZeroShares& z,
+                      const Config& cfg) {
+  const double f32 = s.f32;
+  const double unit = std::max(s.layer_values, s.embedding) * f32;
   const double bucket_mb = double(cfg.parallel.bucket_mb) * kMiB;
-  const double bucket = zero == 3 ? unit : std::max(bucket_mb, table * f32);
+  const double bucket = z.stage == 3 ? unit : std::max(bucket_mb, s.table * f32);
   const double dense_values = e.values - e.expert_values;
-  const double expert_bucket = zero == 3 ? expert_values * f32 : bucket_mb;  // a layer's experts
-  e.gradients = zero == 0   ? e.values * f32
-                : zero == 1 ? (e.values + shares) * f32
-                            : std::min(dense_values * f32, 2 * bucket) +
-                                  std::min(e.expert_values * f32, 2 * expert_bucket) + shares * f32;
+  const double expert_bucket = z.stage == 3 ? s.expert_values * f32 : bucket_mb;  // a layer's
+  return z.stage == 0   ? e.values * f32
+         : z.stage == 1 ? (e.values + z.shares) * f32
+                        : std::min(dense_values * f32, 2 * bucket) +
+                              std::min(e.expert_values * f32, 2 * expert_bucket) + z.shares * f32;
+}
+
+// ZeRO-3: this rank's shares (fp32), and the units whole at once in buffers of their own
+// (with a bf16 compute copy, that too); with the shares on NVMe (ZeRO-Infinity) none
+// resident, and each reducer's next share on its way. Units: the embedding, each layer's
+// dense parameters (an MoE layer's attention, router, bias and shared experts) and its
+// routed experts, the final norm and head (zero 3 runs without pp: every stretch is on this
+// rank).
+void add_zero3_parameters(MemoryEstimate& e, const Sizes& s, const ZeroShares& z, const Config& cfg,
+                          bool nvme_params) {
+  const ModelConfig& m = cfg.model;
+  std::vector<ZeroStretch> stretches = {{s.embedding, 0}};
+  for (int64_t l = 0; l < m.n_layer; ++l)
+    stretches.push_back(std::find(s.moe.begin(), s.moe.end(), l) != s.moe.end()
+                            ? ZeroStretch{s.moe_values - s.expert_values, s.expert_values}
+                            : ZeroStretch{s.layer_values, 0});
+  stretches.push_back({s.final_values, 0});
+  double ahead = 0, experts_ahead = 0;  // the largest share of each reducer's units
+  // (elements; on CUDA also the size of the slots that upload shares read from NVMe)
+  for (const ZeroStretch& st : stretches) {
+    ahead = std::max(ahead, st.dense / z.Z);
+    experts_ahead = std::max(experts_ahead, st.experts / z.edp);
+  }
+  const double gathered =
+      zero3_gathered(stretches, m.tie_embeddings, 1, 1, cfg.parallel.zero_live_units);
+  const double per_value = e.parameters / e.values;  // bytes (with a bf16 compute copy)
+  e.parameters = (nvme_params ? ahead + experts_ahead : z.shares) * s.f32 +
+                 std::min(e.parameters, gathered * per_value);
+  // On CUDA each share read comes up through 3 page-locked slots of the largest share
+  // (optim/adamw.h, reserve_param_uploads); on the CPU it lands in the unit's buffer.
+  if (nvme_params && cfg.train.device == "cuda")
+    e.host = 3 * std::max(ahead, experts_ahead) * s.f32;
+}
+
+// Parameters (fp32, and a bf16 compute copy), gradients, AdamW's m and v of this rank's
+// shares, ZeRO-3's gathered units, the offloads and the snapshot.
+void add_training_state(MemoryEstimate& e, const Sizes& s, const Config& cfg,
+                        const parallel::MeshConfig& mesh) {
+  const ModelConfig& m = cfg.model;
+  const double f32 = s.f32;
+  e.parameters = e.values * (f32 + (cfg.train.precision == "bf16" ? 2 : 0));
+  const ZeroShares z = zero_shares(e, cfg, mesh);
+  const double shares = z.shares;
+  e.gradients = gradient_bytes(e, s, z, cfg);
   const double moments = 2 * shares * f32;  // AdamW's m and v of this rank's shares
   e.optimizer = moments;
   const bool nvme = cfg.parallel.offload == "nvme";
-  const bool nvme_params = nvme && zero == 3 && cfg.parallel.offload_params;
-  if (zero == 3) {
-    // This rank's shares (fp32), and the units whole at once in buffers of their own (with a
-    // bf16 compute copy, that too); with the shares on NVMe (ZeRO-Infinity) none resident,
-    // and each reducer's next share on its way. Units: the embedding, each layer's dense parameters
-    // (an MoE layer's attention, router, bias and shared experts) and its routed experts,
-    // the final norm and head (zero 3 runs without pp: every stretch is on this rank).
-    std::vector<ZeroStretch> stretches = {{embedding, 0}};
-    for (int64_t l = 0; l < m.n_layer; ++l)
-      stretches.push_back(std::find(moe.begin(), moe.end(), l) != moe.end()
-                              ? ZeroStretch{moe_values - expert_values, expert_values}
-                              : ZeroStretch{layer_values, 0});
-    stretches.push_back({final_values, 0});
-    double ahead = 0, experts_ahead = 0;  // the largest share of each reducer's units
-    // (elements; on CUDA also the size of the slots that upload shares read from NVMe)
-    for (const ZeroStretch& st : stretches) {
-      ahead = std::max(ahead, st.dense / Z);
-      experts_ahead = std::max(experts_ahead, st.experts / edp);
-    }
-    const double gathered =
-        zero3_gathered(stretches, m.tie_embeddings, 1, 1, cfg.parallel.zero_live_units);
-    const double per_value = e.parameters / e.values;  // bytes (with a bf16 compute copy)
-    e.parameters = (nvme_params ? ahead + experts_ahead : shares) * f32 +
-                   std::min(e.parameters, gathered * per_value);
-    // On CUDA each share read comes up through 3 page-locked slots of the largest share
-    // (optim/adamw.h, reserve_param_uploads); on the CPU it lands in the unit's buffer.
-    if (nvme_params && cfg.train.device == "cuda")
-      e.host = 3 * std::max(ahead, experts_ahead) * f32;
-  }
+  const bool nvme_params = nvme && z.stage == 3 && cfg.parallel.offload_params;
+  if (z.stage == 3) add_zero3_parameters(e, s, z, cfg, nvme_params);
   if (nvme) {  // on disk; in memory three sub-groups of m and v (and the parameter shares)
     const double tensors = nvme_params ? 3 : 2;
     e.optimizer = 3 * std::min(tensors * shares * f32,
                                tensors * double(cfg.parallel.nvme_subgroup_kb) * 1024);
   }
   if (cfg.train.save_every > 0)  // values, m and v again (offloaded too: read into staging)
-    e.snapshot = (zero == 3 ? shares : e.values) * f32 + moments;
-  // CUDA: AdamW on the host holds none of its state on the device.
-  if (cfg.train.device == "cuda") {
-    // Both offloads update on the host (the "nvme" sub-groups and staging are host memory).
-    if (cfg.parallel.offload != "none") {
-      // optim/host_offload.h: two slots of a chunk (at most AdamW::kChunkElements elements) of
-      // parameters and gradients, gradients only when the parameters are in the file.
-      const double chunk = std::min(shares, double(AdamW::kChunkElements));
-      e.host += e.optimizer + 2 * (nvme_params ? 1 : 2) * chunk * f32;
-      e.optimizer = 0;
-      // With a gradient reducer, the shard's gradients brought down during backward (4S;
-      // not under pipelining with a tied embedding, Trainer::download_grads_during_backward).
-      const bool reduces =
-          mesh.dp * mesh.cp > 1 || parallel::mesh_degree(mesh, parallel::Axis::EDP) > 1;
-      if (reduces && !(mesh.pp > 1 && m.tie_embeddings)) e.host += shares * f32;
-    }
+    e.snapshot = (z.stage == 3 ? shares : e.values) * f32 + moments;
+  // CUDA: AdamW on the host holds none of its state on the device. Both offloads update on
+  // the host (the "nvme" sub-groups and staging are host memory).
+  if (cfg.train.device == "cuda" && cfg.parallel.offload != "none") {
+    // optim/host_offload.h: two slots of a chunk (at most AdamW::kChunkElements elements) of
+    // parameters and gradients, gradients only when the parameters are in the file.
+    const double chunk = std::min(shares, double(AdamW::kChunkElements));
+    e.host += e.optimizer + 2 * (nvme_params ? 1 : 2) * chunk * f32;
+    e.optimizer = 0;
+    // With a gradient reducer, the shard's gradients brought down during backward (4S;
+    // not under pipelining with a tied embedding, Trainer::download_grads_during_backward).
+    const bool reduces =
+        mesh.dp * mesh.cp > 1 || parallel::mesh_degree(mesh, parallel::Axis::EDP) > 1;
+    if (reduces && !(mesh.pp > 1 && m.tie_embeddings)) e.host += shares * f32;
   }
+}
+
+// One stage's bytes: its chunks' parameters and activation slots, the scratch they share,
+// and the training state of its parameters.
+MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mesh, int stage,
+                              const ParamTable& table) {
+  const Sizes s = sizes_of(cfg, mesh, table);
+  MemoryEstimate e;
+  e.stage = stage;
+  const Holds holds = add_chunks(e, s, cfg, mesh, stage);
+  add_shared_scratch(e, s, cfg, mesh, holds);
+  add_training_state(e, s, cfg, mesh);
   return e;
 }
 
@@ -305,16 +395,21 @@ int64_t model_parameters(const Config& cfg) {
 }
 
 MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& mesh) {
+  return estimate_memory(cfg, mesh, param_table(cfg.model));
+}
+
+MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& mesh,
+                               const ParamTable& table) {
   MemoryEstimate worst;
   for (int stage = 0; stage < mesh.pp; ++stage) {
-    const MemoryEstimate e = estimate_stage(cfg, mesh, stage);
+    const MemoryEstimate e = estimate_stage(cfg, mesh, stage, table);
     if (stage == 0 || e.total() > worst.total()) worst = e;
   }
   return worst;
 }
 
 MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& mesh, int stage) {
-  return estimate_stage(cfg, mesh, stage);
+  return estimate_stage(cfg, mesh, stage, param_table(cfg.model));
 }
 
 }  // namespace pentad

@@ -5,6 +5,7 @@
 // lets a recipe that asks for terabytes fail in milliseconds, naming the keys to change.
 #include <string>
 
+#include "model/param_table.h"
 #include "parallel/mesh.h"
 #include "recipe/config.h"
 
@@ -33,6 +34,10 @@ struct MemoryEstimate {
 // Closed form over the layer shapes of model.cpp and the schedule's micro-batches in
 // flight. Arena alignment is left out, so it is a little below the measured plan.
 MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& mesh);
+// The same for the parameters of `table` (model/param_table.h: param_table(cfg.model), or
+// one a test extends).
+MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& mesh,
+                               const ParamTable& table);
 // The whole model's parameter count, whatever cfg.parallel says (under pp and ep a rank
 // holds a part): the closed form on one rank.
 int64_t model_parameters(const Config& cfg);
