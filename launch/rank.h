@@ -1,8 +1,8 @@
 #pragma once
 // Start-up of one rank, before its mesh and its Trainer exist: how many compute threads it
 // runs, where it sits among the ranks sharing its machine, and which device it computes
-// on. launch/main.cpp calls start_rank() first thing; tests that build a Trainer the way
-// the executable does call it too.
+// on. `pentad train` (launch/train_command.cpp) calls start_rank() first thing; tests that build a
+// Trainer the way the executable does call it too.
 #include <cstdint>
 #include <functional>
 #include <string>

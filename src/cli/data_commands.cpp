@@ -3,11 +3,13 @@
 #include <fmt/format.h>
 #include <omp.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <future>
 
+#include "cli/command.h"
 #include "core/check.h"
 #include "core/progress.h"
 #include "data/corpus.h"
@@ -139,3 +141,42 @@ void data_prepare(const PrepareOptions& options) {
 }
 
 }  // namespace pentad::data
+
+namespace pentad::cli {
+
+void add_data_commands(Commands& commands) {
+  CLI::App* data = commands.app().add_subcommand("data", "Data preparation");
+  data->require_subcommand(1);
+  auto& prep = commands.keep<data::PrepareOptions>();
+  CLI::App* prepare = data->add_subcommand(
+      "prepare", "Tokenize text files into a Megatron indexed dataset (PREFIX.bin + PREFIX.idx)");
+  prepare
+      ->add_option("inputs", prep.inputs,
+                   "Input files or quoted globs: *.jsonl[.gz] (JSON lines), else text "
+                   "(one document per file, or --fortune), each optionally .gz or .zst")
+      ->required();
+  prepare
+      ->add_option("-t,--tokenizer", prep.tokenizer_json,
+                   "tokenizer.json (Hugging Face byte-level BPE) or tokenizer.model "
+                   "(SentencePiece)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  prepare->add_option("-o,--out", prep.out_prefix, "Output prefix")->required();
+  prepare->add_flag("--fortune", prep.fortune_format,
+                    "Text documents are separated by lines holding '%'");
+  prepare->add_option("--json-key", prep.json_key, "JSONL: the key that holds the text")
+      ->capture_default_str();
+  prepare->add_option("--eod", prep.eod,
+                      "Token appended to every document (default <|endoftext|>)");
+  prepare->add_option("--bos", prep.bos, "Token prepended to every document (default none)");
+  prepare->add_flag("--skip-bad", prep.skip_bad,
+                    "Skip (and count) bad JSON lines and invalid UTF-8 instead of stopping");
+  prepare->add_option("--threads", prep.threads, "Tokenizing threads (default: every core)")
+      ->check(CLI::NonNegativeNumber);
+  commands.add(prepare, [&prep](const Job&) {
+    data::data_prepare(prep);
+    return 0;
+  });
+}
+
+}  // namespace pentad::cli

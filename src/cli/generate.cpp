@@ -1,5 +1,6 @@
 #include "cli/generate.h"
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -8,6 +9,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "cli/checkpoint_params.h"
+#include "cli/command.h"
 #include "core/check.h"
 #include "core/device_memory.h"
 #include "data/corpus.h"
@@ -159,3 +161,48 @@ void generate(const GenerateOptions& o) {
 }
 
 }  // namespace pentad::ckpt
+
+namespace pentad::cli {
+
+void add_generate_command(Commands& commands) {
+  auto& gen = commands.keep<ckpt::GenerateOptions>();
+  CLI::App* generate = commands.app().add_subcommand(
+      "generate", "Continue a prompt from a checkpoint's weights (docs/generate.md)");
+  generate->add_option("checkpoint", gen.checkpoint, "Checkpoint directory (step-N), any layout")
+      ->required();
+  generate->add_option("--prompt", gen.prompt, "Text to continue");
+  generate->add_option("--prompt-ids", gen.prompt_ids,
+                       "Comma-separated token ids to continue instead of text");
+  generate->add_option("--tokenizer", gen.tokenizer,
+                       "tokenizer.json or tokenizer.model to use instead of the one the "
+                       "checkpoint carries (or, for older checkpoints, the recipe's)");
+  generate->add_flag("--ignore-eos", gen.ignore_eos,
+                     "Go on past the end-of-text token, to --max-tokens");
+  generate->add_option("--max-tokens", gen.max_tokens, "Most tokens to generate")
+      ->capture_default_str();
+  generate->add_option("--temperature", gen.sampling.temperature, "0: greedy")
+      ->capture_default_str();
+  generate->add_option("--top-k", gen.sampling.top_k, "Keep the k most likely tokens (0: all)")
+      ->capture_default_str();
+  generate->add_option("--top-p", gen.sampling.top_p, "Nucleus mass to keep (1: all)")
+      ->capture_default_str();
+  generate->add_option("--seed", gen.sampling.seed, "Sampling seed")->capture_default_str();
+  generate->add_flag("--print-ids", gen.print_ids,
+                     "Print the generated token ids (one comma-separated line) instead of text");
+  generate->add_option("--device", gen.device, "Where to run: cpu, or cuda (the first GPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  generate->add_option("--precision", gen.precision, "fp32, or bf16 (with --device cuda)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
+  generate->add_flag("--no-cache", gen.no_cache,
+                     "Run the whole training forward for every token instead of decoding from "
+                     "a key/value cache (slower; the reference the cache is tested against)");
+  commands.add(generate, [&gen](const Job& job) {
+    if (job.size > 1) fail("generate runs in one process: start it without mpirun");
+    ckpt::generate(gen);
+    return 0;
+  });
+}
+
+}  // namespace pentad::cli

@@ -4,10 +4,12 @@
 #include <spawn.h>
 #include <sys/wait.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
+#include "cli/command.h"
 #include "core/check.h"
 
 extern char** environ;
@@ -71,3 +73,52 @@ int plot_curves(const std::vector<std::string>& run_dirs, const std::string& out
 }
 
 }  // namespace pentad
+
+namespace pentad::cli {
+namespace {
+
+// The plot subcommand's options, for `pentad plot` itself and for `pentad --help`.
+void add_plot_options(CLI::App* plot, std::vector<std::string>& run_dirs, std::string& out) {
+  plot->add_option("run_dirs", run_dirs, "Run directories (train.out_dir), one colour each")
+      ->required();
+  plot->add_option("-o,--out", out, "PNG file to write")->required();
+}
+
+// `pentad plot`: a Python script draws the figure, so no MPI starts (a child process of an
+// MPI singleton is one Open MPI warns about).
+int plot_main(int argc, char** argv) {
+  CLI::App app{
+      "pentad plot: training curves of runs (loss and eval loss, learning rate, "
+      "tokens/s, gradient norm against the step)",
+      "pentad plot"};
+  std::vector<std::string> run_dirs;
+  std::string out;
+  add_plot_options(&app, run_dirs, out);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : kRefused;
+  }
+  try {
+    return plot_curves(run_dirs, out);
+  } catch (const Error& e) {
+    print_error(e, -1);
+    return kRefused;
+  }
+}
+
+}  // namespace
+
+void add_plot_command(Commands& commands) {
+  // For --help alone: `pentad plot` runs plot_main before MPI starts.
+  auto& run_dirs = commands.keep<std::vector<std::string>>();
+  auto& out = commands.keep<std::string>();
+  CLI::App* plot = commands.app().add_subcommand(
+      "plot",
+      "Draw runs' training curves into a PNG: pentad plot RUN_DIR [RUN_DIR ...] -o curves.png "
+      "(matplotlib)");
+  add_plot_options(plot, run_dirs, out);
+  commands.add_standalone(plot, plot_main);
+}
+
+}  // namespace pentad::cli

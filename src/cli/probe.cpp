@@ -8,8 +8,10 @@
 //   3. islands: connected components of the fast links.
 #include "cli/probe.h"
 
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -19,6 +21,7 @@
 #include <numeric>
 #include <system_error>
 
+#include "cli/command.h"
 #include "core/check.h"
 #include "core/tensor.h"
 #include "parallel/comm.h"
@@ -435,3 +438,30 @@ std::string describe(const parallel::Topology& t) {
 }
 
 }  // namespace pentad::probe
+
+namespace pentad::cli {
+
+void add_probe_command(Commands& commands) {
+  auto& options = commands.keep<probe::ProbeOptions>();
+  CLI::App* probe = commands.app().add_subcommand(
+      "probe",
+      "Measure the links and collectives of this job's ranks (run under mpirun) and "
+      "write a topology file for the planner (docs/probe.md)");
+  probe->add_option("-o,--out", options.out, "Topology file to write")->capture_default_str();
+  probe->add_flag("--quick", options.quick,
+                  "One size per collective and fewer repetitions: seconds, for tests");
+  commands.add(probe, [&options](const Job& job) {
+    // Both refusals before any rank measures: a missing directory, a bad PENTAD_SIM_NODES.
+    if (const int status = job.on_every_rank([&] {
+          probe::check_output(options.out);
+          parallel::simulated_nodes_from_env();
+        }))
+      return status;
+    if (job.rank != 0) spdlog::set_level(spdlog::level::warn);
+    const parallel::Topology topology = probe::run_probe(MPI_COMM_WORLD, options);
+    if (job.rank == 0) std::fputs(probe::describe(topology).c_str(), stdout);
+    return 0;
+  });
+}
+
+}  // namespace pentad::cli

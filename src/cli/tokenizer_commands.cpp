@@ -3,12 +3,16 @@
 
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
+#include <iostream>
 #include <istream>
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <sstream>
 
+#include "cli/command.h"
+#include "cli/data_commands.h"
 #include "core/check.h"
 #include "data/tokenizer.h"
 
@@ -91,3 +95,52 @@ void tokenizer_decode(const std::string& tokenizer_file, std::istream& in, std::
 }
 
 }  // namespace pentad::data
+
+namespace pentad::cli {
+
+void add_tokenizer_commands(Commands& commands) {
+  CLI::App* tok = commands.app().add_subcommand("tokenizer", "Tokenizers");
+  tok->require_subcommand(1);
+  struct Options {
+    std::vector<std::string> inputs;
+    int64_t vocab_size = 8192;
+    std::string out, tokenizer;
+    bool allow_special = false;
+  };
+  auto& o = commands.keep<Options>();
+  CLI::App* train =
+      tok->add_subcommand("train", "Learn a byte-level BPE vocabulary from text files");
+  train->add_option("inputs", o.inputs, "Text files")->required()->check(CLI::ExistingFile);
+  train->add_option("-v,--vocab-size", o.vocab_size, "Vocabulary size, <|endoftext|> included")
+      ->capture_default_str();
+  train->add_option("-o,--out", o.out, "Output tokenizer.json")->required();
+  commands.add(train, [&o](const Job&) {
+    data::tokenizer_train(o.inputs, o.vocab_size, o.out);
+    return 0;
+  });
+  CLI::App* encode = tok->add_subcommand(
+      "encode",
+      "Encode documents from stdin, one per line as a JSON string or {\"text\": ...}; writes "
+      "one line of space-separated ids per document");
+  encode->add_option("tokenizer", o.tokenizer, "tokenizer.json or tokenizer.model")
+      ->required()
+      ->check(CLI::ExistingFile);
+  encode->add_flag("--special", o.allow_special,
+                   "Special tokens written in the text (\"<|endoftext|>\") become their ids; "
+                   "by default they stay text");
+  commands.add(encode, [&o](const Job&) {
+    data::tokenizer_encode(o.tokenizer, o.allow_special, std::cin, std::cout);
+    return 0;
+  });
+  CLI::App* decode = tok->add_subcommand(
+      "decode", "Decode lines of space-separated ids from stdin; writes one JSON string per line");
+  decode->add_option("tokenizer", o.tokenizer, "tokenizer.json or tokenizer.model")
+      ->required()
+      ->check(CLI::ExistingFile);
+  commands.add(decode, [&o](const Job&) {
+    data::tokenizer_decode(o.tokenizer, std::cin, std::cout);
+    return 0;
+  });
+}
+
+}  // namespace pentad::cli
