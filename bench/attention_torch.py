@@ -37,7 +37,7 @@ def main():
     B = int(sys.argv[1]) if len(sys.argv) > 1 else 8
     T = int(sys.argv[2]) if len(sys.argv) > 2 else 1024
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; B {B}, T {T}, bf16")
-    for hq, hkv, d in [(12, 12, 64), (32, 8, 64), (16, 2, 128)]:
+    for hq, hkv, d in [(12, 12, 64), (32, 8, 64), (16, 2, 128), (8, 8, 160), (4, 1, 256)]:
         # SDPA's layout is (b, h, t, d): transposed views of (b, t, h, d), as pentad's are.
         q = torch.randn(B, T, hq, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
         k = torch.randn(B, T, hkv, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)

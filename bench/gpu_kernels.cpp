@@ -147,13 +147,16 @@ int main(int argc, char** argv) {
     report("gelu_backward", median_ms([&] { k::gelu_backward(g, g, h); }), 0, 3.0 * N * 4 * C * e);
   }
   // Attention: causal FLOPs, 4 B H T^2 D / 2 forward and 2.5 times that backward; pentad's
-  // kernel and cuDNN's (train.attention), at GPT-2's heads and at two grouped-query shapes
-  // (LLaMA-1B's 32:8 heads of 64, and 16:2 heads of 128). bench/attention_torch.py times
-  // PyTorch's SDPA on the same shapes, named the same way.
+  // kernel and cuDNN's (train.attention), at GPT-2's heads, at two grouped-query shapes
+  // (LLaMA-1B's 32:8 heads of 64, and 16:2 heads of 128) and at two wide ones (8 heads of 160,
+  // as the 530B and 1T GPT configurations, and 4:1 heads of 256, pentad's kernel keeping its
+  // output in shared memory). bench/attention_torch.py times PyTorch's SDPA on the same
+  // shapes, named the same way.
   struct Heads {
     int64_t hq, hkv, d;
   };
-  for (const Heads& a : {Heads{H, H, D}, Heads{32, 8, 64}, Heads{16, 2, 128}}) {
+  for (const Heads& a :
+       {Heads{H, H, D}, Heads{32, 8, 64}, Heads{16, 2, 128}, Heads{8, 8, 160}, Heads{4, 1, 256}}) {
     const Shape sq{B, T, a.hq, a.d}, skv{B, T, a.hkv, a.d};
     const Tensor q = make.make(sq, bf), kk = make.make(skv, bf), v = make.make(skv, bf);
     const Tensor out = make.make(sq, bf), lse = make.make({B, a.hq, T}, f32);

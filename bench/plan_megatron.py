@@ -20,6 +20,11 @@ memory within 80 GB, as pentad runs it.
 MFU is counted as Megatron counts it: 72 B s L h^2 (1 + s/(6h) + V/(12 h L)) a step, full
 s x s attention, against 989 TFLOP/s dense bf16.
 
+Last, the two largest rows of the SC21 paper's A100 table (Narayanan et al., "Efficient
+Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", Table 1: 530B and 1T,
+heads 160 wide, sequence 2048, vocabulary 51200, bench/plan/megatron/gpt-530b.toml and
+gpt-1t.toml), predicted the same way on `--cluster dgx-a100` (312 TFLOP/s).
+
 usage: plan_megatron.py PENTAD [--rows 1.7b,7.1b,...] [--no-search]
 """
 import argparse
@@ -29,10 +34,16 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROWS = [  # name, tp, pp, gpus, published MFU %
-    ("1.7b", 1, 1, 48, 41), ("7.1b", 2, 1, 96, 47), ("16b", 4, 1, 192, 49),
-    ("32b", 8, 1, 384, 46), ("70b", 8, 2, 768, 42), ("119b", 8, 4, 1536, 43),
-    ("177b", 8, 6, 2304, 44), ("314b", 8, 8, 3072, 48), ("462b", 8, 16, 6144, 47),
+H100 = ("dgx-h100", 4096)  # cluster preset, sequence length
+A100 = ("dgx-a100", 2048)
+ROWS = [  # name, tp, pp, gpus, published MFU %, (cluster, sequence)
+    ("1.7b", 1, 1, 48, 41, H100), ("7.1b", 2, 1, 96, 47, H100), ("16b", 4, 1, 192, 49, H100),
+    ("32b", 8, 1, 384, 46, H100), ("70b", 8, 2, 768, 42, H100), ("119b", 8, 4, 1536, 43, H100),
+    ("177b", 8, 6, 2304, 44, H100), ("314b", 8, 8, 3072, 48, H100),
+    ("462b", 8, 16, 6144, 47, H100),
+    # The SC21 paper's A100 table (Narayanan et al., Table 1; sequence 2048, vocabulary 51200):
+    # its two largest rows, whose heads are 160 wide. Shown last, with their cluster.
+    ("530b", 8, 35, 2520, 52, A100), ("1t", 8, 64, 3072, 52, A100),
 ]
 
 
@@ -45,8 +56,12 @@ def recipe_values(path):
     return int(v["n_layer"]), int(v["d_model"]), int(v["vocab_size"]), int(v["grad_accum"])
 
 
-def plan(pentad, recipe, gpus, layout=None, memory_gb=None, engine="pentad"):
-    cmd = [pentad, "plan", str(recipe), "--ranks", str(gpus), "--cluster", "dgx-h100", "--json",
+class Refused(Exception):
+    """`pentad plan` refused (its message)."""
+
+
+def plan(pentad, recipe, gpus, layout=None, memory_gb=None, engine="pentad", cluster="dgx-h100"):
+    cmd = [pentad, "plan", str(recipe), "--ranks", str(gpus), "--cluster", cluster, "--json",
            "--engine", engine]
     if memory_gb:
         cmd += ["--memory-gb", str(memory_gb)]
@@ -54,7 +69,7 @@ def plan(pentad, recipe, gpus, layout=None, memory_gb=None, engine="pentad"):
         cmd += ["--layout", layout]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)}:\n{p.stdout}{p.stderr}")
+        raise Refused(f"{' '.join(cmd)}:\n{p.stdout}{p.stderr}")
     return json.loads(p.stdout)
 
 
@@ -70,12 +85,12 @@ def main():
           "| pentad's best plan (80 GB) | its MFU |")
     print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     worst = 0.0
-    for name, tp, pp, gpus, published in ROWS:
+    for name, tp, pp, gpus, published, (cluster, s) in ROWS:
         if want and name not in want:
             continue
         recipe = HERE / "plan" / "megatron" / f"gpt-{name}.toml"
         L, h, V, ga = recipe_values(recipe)
-        s = 4096
+        label = name.upper() + (" (A100)" if cluster == "dgx-a100" else "")
         dp = gpus // (tp * pp)
         per_token = 72 * L * h * h * (1 + s / (6 * h) + V / (12 * h * L))
 
@@ -86,11 +101,18 @@ def main():
             layout = (f"{schedule}tp={tp},tp_shape={tp}x1,pp={pp},dp={dp},cp=1,mb=1,"
                       f"sp={'true' if tp > 1 else 'false'},zero=1,recompute=false,offload=none,"
                       "ep=1,etp=1")
-            result = plan(a.pentad, recipe, gpus, layout, memory_gb=10000, engine=engine)
+            result = plan(a.pentad, recipe, gpus, layout, memory_gb=10000, engine=engine,
+                          cluster=cluster)
             return result["rows"][0], mfu(result, result["rows"][0])
 
         default = "schedule=1f1b,vp=1," if pp > 1 else ""
-        row, theirs = predict(default, "megatron-core")
+        try:
+            row, theirs = predict(default, "megatron-core")
+        except Refused as e:  # 1T's pp 64: pentad's pipelines take at most 63 stages
+            why = str(e).strip().splitlines()[-1].removeprefix("pentad: error: ")
+            print(f"| {label} | {gpus} | TP{tp} PP{pp} DP{dp} | {ga * dp} | {published}% "
+                  f"| refused: {why} | - | - | - | - | - | - |", flush=True)
+            continue
         _, ours = predict(default, "pentad")
         interleaved = "-"
         if pp > 1 and ga % pp == 0 and L % (2 * pp) == 0:
@@ -99,10 +121,10 @@ def main():
         worst = max(worst, abs(err))
         best_txt, best_mfu = "-", "-"
         if not a.no_search:
-            result = plan(a.pentad, recipe, gpus)  # pentad's engine, within the GPU's 80 GB
+            result = plan(a.pentad, recipe, gpus, cluster=cluster)  # pentad's, within 80 GB
             best_txt = result["rows"][0]["layout"]
             best_mfu = f"{100 * mfu(result, result['rows'][0]):.1f}%"
-        print(f"| {name.upper()} | {gpus} | TP{tp} PP{pp} DP{dp} | {ga * dp} | {published}% "
+        print(f"| {label} | {gpus} | TP{tp} PP{pp} DP{dp} | {ga * dp} | {published}% "
               f"| {100 * theirs:.1f}% | {100 * err:+.0f}% | {interleaved} | {100 * ours:.1f}% "
               f"| {row['memory_bytes'] / 1e9:.0f} GB | {best_txt} | {best_mfu} |", flush=True)
     print(f"\nworst relative error against the published MFU: {100 * worst:.0f}%")

@@ -22,7 +22,8 @@
 //    writes (adding to them when accumulating), so there are no atomics and results are
 //    bitwise reproducible.
 // A thread owns 8 of the 32 x 32 score cells (a warp: one query row, 32 keys) and, of the
-// 32 x D output tile, the cells idx = thread + 128 c (a warp: one row, 32 columns).
+// 32 x D output tile, the cells idx = thread + 128 c (a warp: one row, 32 columns), held in
+// registers for head_dim up to 128 and in shared memory above (Cells; tiling.h says why).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -95,6 +96,22 @@ __device__ int64_t first_seeing_query_tile(const int32_t* q_pos, const int32_t* 
   return first / kTile;
 }
 
+// The output cells a thread owns: cell c is (idx / kMaxD, idx % kMaxD) for idx = thread +
+// kThreads c. Registers for kMaxD up to 128; above, a (32, kMaxD) block of shared memory of
+// which a thread touches only its own cells, so they need no barrier.
+template <int kMaxD, bool kShared = (kMaxD > 128)>
+struct Cells {
+  float v[kTile * kMaxD / kThreads];
+  __device__ explicit Cells(float*) {}
+  __device__ __forceinline__ float& operator[](int c) { return v[c]; }
+};
+template <int kMaxD>
+struct Cells<kMaxD, true> {
+  float* v;
+  __device__ explicit Cells(float* block) : v(block + threadIdx.x) {}
+  __device__ __forceinline__ float& operator[](int c) { return v[c * kThreads]; }
+};
+
 // sum_d a[d] * b[d] over two shared-memory rows.
 __device__ __forceinline__ float dot(const float* a, const float* b, int D) {
   float acc = 0.0f;
@@ -110,13 +127,14 @@ __global__ void __launch_bounds__(kThreads)
                              int64_t Hq, int64_t Hkv, int D, float scale) {
   constexpr int kCells = kTile * kMaxD / kThreads;
   extern __shared__ float smem[];
-  float* Qs = smem;                  // (32, D)
-  float* Ks = Qs + kTile * D;        // (32, D + 1)
-  float* Vs = Ks + kTile * (D + 1);  // (32, D)
-  float* S = Vs + kTile * D;         // (32, 33): scores, then probabilities
-  float* row_m = S + kTile * kS;     // running max per query row
-  float* row_l = row_m + kTile;      // running sum of exp(score - max)
-  float* row_alpha = row_l + kTile;  // rescale of the previous tiles' sums
+  float* Qs = smem;                   // (32, D)
+  float* Ks = Qs + kTile * D;         // (32, D + 1)
+  float* Vs = Ks + kTile * (D + 1);   // (32, D)
+  float* S = Vs + kTile * D;          // (32, 33): scores, then probabilities
+  float* row_m = S + kTile * kS;      // running max per query row
+  float* row_l = row_m + kTile;       // running sum of exp(score - max)
+  float* row_alpha = row_l + kTile;   // rescale of the previous tiles' sums
+  Cells<kMaxD> o(row_alpha + kTile);  // (32, kMaxD) where shared: the unnormalised output
   const int64_t qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / (Hq / Hkv);
   const int64_t r0 = qt * kTile;
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
@@ -126,7 +144,6 @@ __global__ void __launch_bounds__(kThreads)
     row_m[tid] = -INFINITY;
     row_l[tid] = 0.0f;
   }
-  float o[kCells];
 #pragma unroll
   for (int c = 0; c < kCells; ++c) o[c] = 0.0f;
 
@@ -246,6 +263,7 @@ __global__ void __launch_bounds__(kThreads)
   float* dS = Vs + kTile * (D + 1);  // (32, 33)
   float* lse_s = dS + kTile * kS;    // (32)
   float* Di_s = lse_s + kTile;       // (32)
+  Cells<kMaxD> acc(Di_s + kTile);    // (32, kMaxD) where shared: dQ / scale
   const int64_t qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / (Hq / Hkv);
   const int64_t r0 = qt * kTile;
   const int tid = threadIdx.x;
@@ -253,7 +271,6 @@ __global__ void __launch_bounds__(kThreads)
   load_tile(Qs, D, q, b, r0, h, Hq, Tq, D);
   load_tile(dOs, D, dout, b, r0, h, Hq, Tq, D);
   load_row_stats(lse_s, Di_s, lse, Di, b, h, Hq, r0, Tq);
-  float acc[kCells];
 #pragma unroll
   for (int c = 0; c < kCells; ++c) acc[c] = 0.0f;
 
@@ -311,6 +328,8 @@ __global__ void __launch_bounds__(kThreads)
   float* dS = P + kTile * kS;        // (32, 33)
   float* lse_s = dS + kTile * kS;    // (32)
   float* Di_s = lse_s + kTile;       // (32)
+  // (32, kMaxD) each where shared: dK / scale, dV
+  Cells<kMaxD> dk_acc(Di_s + kTile), dv_acc(Di_s + kTile + kTile * kMaxD);
   const int64_t kt = blockIdx.x, hk = blockIdx.y, b = blockIdx.z, group = Hq / Hkv;
   const int64_t c0 = kt * kTile, q_tiles = (Tq + kTile - 1) / kTile;
   const int64_t first_q_tile = first_seeing_query_tile(q_pos, k_pos, c0, Tq);
@@ -318,7 +337,6 @@ __global__ void __launch_bounds__(kThreads)
 
   load_tile(Ks, D + 1, k, b, c0, hk, Hkv, Tk, D);
   load_tile(Vs, D + 1, v, b, c0, hk, Hkv, Tk, D);
-  float dk_acc[kCells], dv_acc[kCells];
 #pragma unroll
   for (int c = 0; c < kCells; ++c) dk_acc[c] = dv_acc[c] = 0.0f;
 
@@ -370,18 +388,40 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Register tiles for head_dim up to 64 or up to kMaxHeadDim = 128 (the door in
-// kernels/attention.cpp refuses more).
+// Output cells for head_dim up to 64, 128 (registers) or kMaxHeadDim = 256 (shared memory;
+// the door in kernels/attention.cpp refuses more).
 template <typename F>
 void by_max_d(int64_t D, F&& f) {
-  if (attention_max_d(D) == 64)
-    f(std::integral_constant<int, 64>{});
-  else
-    f(std::integral_constant<int, 128>{});
+  switch (attention_max_d(D)) {
+    case 64:
+      f(std::integral_constant<int, 64>{});
+      break;
+    case 128:
+      f(std::integral_constant<int, 128>{});
+      break;
+    default:
+      f(std::integral_constant<int, 256>{});
+  }
 }
 
 size_t smem_bytes(int64_t floats) {
   return static_cast<size_t>(floats) * sizeof(float);
+}
+
+// Fails, naming the head_dim and the way out, where a kernel's shared memory is more than
+// this GPU gives a block (head_dim above 128 keeps the output in shared memory: up to 201 KiB
+// at 256, which sm_90's 227 KiB holds and sm_80's 163 KiB does not).
+void require_shared_memory(const char* op, size_t bytes, int64_t D) {
+  int device = 0, limit = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+        "cudaDeviceGetAttribute (shared memory per block)");
+  if (bytes > static_cast<size_t>(limit))
+    fail(
+        "{}: pentad's attention kernel at head_dim {} needs {} KiB of shared memory a block, "
+        "more than this GPU's {} KiB: use cuDNN's (train.attention = \"auto\" or \"cudnn\", "
+        "bf16) or smaller heads (raise model.n_head)",
+        op, D, bytes / 1024, limit / 1024);
 }
 
 }  // namespace
@@ -394,6 +434,7 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
                   static_cast<unsigned>(B));
   const size_t bytes = smem_bytes(attention_forward_smem_floats(D));
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
+  require_shared_memory("attention_forward", bytes, D);
   by_dtype(q.dtype, [&](auto tag) {
     using E = typename decltype(tag)::type;
     by_max_d(D, [&](auto max_d) {
@@ -428,6 +469,7 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
   const size_t dq_bytes = smem_bytes(attention_dq_smem_floats(D));
   const size_t dkdv_bytes = smem_bytes(attention_dkdv_smem_floats(D));
+  require_shared_memory("attention_backward", std::max(dq_bytes, dkdv_bytes), D);
   const unsigned q_tiles = static_cast<unsigned>(ceil_div(Tq, kTile));
   const unsigned k_tiles = static_cast<unsigned>(ceil_div(Tk, kTile));
   const int32_t* qp = ptr<int32_t>(q_pos);

@@ -24,8 +24,9 @@
 
 namespace pentad::kernels::cuda {
 
-// The largest attention head_dim the CUDA attention kernels take (tiling.h says why).
-constexpr int64_t kMaxHeadDim = 128;
+// The largest attention head_dim the CUDA attention kernels take: pentad's kernel up to 256
+// (tiling.h: cells in shared memory above 128), cuDNN's on Hopper up to 256 in multiples of 8.
+constexpr int64_t kMaxHeadDim = 256;
 
 // Fails with a message unless t's memory is CUDA device (or managed) memory.
 void require_device_memory(const char* op, const char* name, const Tensor& t);

@@ -62,35 +62,52 @@ inline NormBackwardShape norm_backward_shape(int64_t N, int64_t C, int width) {
 }
 
 // Attention works on tiles of kAttentionTile query rows by kAttentionTile keys with
-// kAttentionThreads threads; register tiles are sized for the head_dim rounded up to 64 or
-// 128 (attention_max_d). A third size, 256, would spill registers and add a minute to every
-// build, so head_dim above 128 is refused (cuda_ops.h: kMaxHeadDim).
+// kAttentionThreads threads. Each thread owns kAttentionTile * max_d / kAttentionThreads cells
+// of the (tile, head_dim) output, sized for the head_dim rounded up to 64, 128 or 256
+// (attention_max_d). Up to 128 those cells are registers; at 256 they would be 64 (dk and dv:
+// 128) registers a thread on top of the 160-odd the 128 variant already takes, and would spill,
+// so the 256 variant keeps them in shared memory instead (attention_cells_in_shared), a
+// thread's own cells at stride kAttentionThreads: no bank conflicts, no barriers.
 constexpr int kAttentionTile = 32;
 constexpr int kAttentionThreads = 128;
 
 inline int attention_max_d(int64_t D) {
-  return D <= 64 ? 64 : 128;
+  return D <= 64 ? 64 : D <= 128 ? 128 : 256;
+}
+
+inline bool attention_cells_in_shared(int64_t D) {
+  return attention_max_d(D) > 128;
+}
+
+// Floats of one (tile, max_d) block of output cells in shared memory (0 where they are
+// registers).
+inline int64_t attention_shared_cells_floats(int64_t D) {
+  return attention_cells_in_shared(D) ? int64_t{kAttentionTile} * attention_max_d(D) : 0;
 }
 
 // Dynamic shared memory, in floats, of each attention kernel (see attention.cu for the
-// layout). Rows read across lanes are padded to D + 1 floats to avoid bank conflicts.
+// layout). Rows read across lanes are padded to D + 1 floats to avoid bank conflicts; the
+// output cells, where shared, come last (the forward's o, dq's accumulator, dk's and dv's).
 inline int64_t attention_forward_smem_floats(int64_t D) {
   const int64_t t = kAttentionTile;
   return t * D + t * (D + 1) + t * D  // Q, K (padded), V
          + t * (t + 1)                // scores, then probabilities
-         + 3 * t;                     // running max, sum, rescale per row
+         + 3 * t                      // running max, sum, rescale per row
+         + attention_shared_cells_floats(D);
 }
 inline int64_t attention_dq_smem_floats(int64_t D) {
   const int64_t t = kAttentionTile;
   return 2 * t * D + 2 * t * (D + 1)  // Q, dO; K, V (padded)
          + t * (t + 1)                // dS
-         + 2 * t;                     // lse, D_i per row
+         + 2 * t                      // lse, D_i per row
+         + attention_shared_cells_floats(D);
 }
 inline int64_t attention_dkdv_smem_floats(int64_t D) {
   const int64_t t = kAttentionTile;
   return 2 * t * (D + 1) + 2 * t * D  // K, V (padded); Q, dO
          + 2 * t * (t + 1)            // P, dS
-         + 2 * t;                     // lse, D_i per row
+         + 2 * t                      // lse, D_i per row
+         + 2 * attention_shared_cells_floats(D);
 }
 
 // Alignment in bytes of an address, capped at 256 (cuBLASLt's largest requirement).

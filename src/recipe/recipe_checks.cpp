@@ -256,11 +256,24 @@ void check_combinations(const Config& c, const std::map<std::string, std::string
         "link posts sends late, out of the order NCCL matches pipeline transfers by "
         "(parallel/pp/rounds.h): set parallel.pp_link_delay_ms = 0 or train on the CPU",
         where({"parallel.pp_link_delay_ms", "train.device"}), c.parallel.pp_link_delay_ms);
-  if (c.train.device == "cuda" && m.head_dim() > 128)
+  // CUDA's attention: pentad's kernel takes any head_dim up to 256 (above 128 its output
+  // tile lives in shared memory, which sm_90 has room for); cuDNN's fused attention takes
+  // multiples of 8 up to 256 on Hopper, and "auto" falls back to pentad's kernel elsewhere.
+  if (c.train.device == "cuda" && m.head_dim() > 256)
     fail(
-        "{}: head_dim = model.d_model / model.n_head = {} is above 128, the largest the CUDA "
-        "attention kernels take: raise model.n_head",
-        where({"model.d_model", "model.n_head", "train.device"}), m.head_dim());
+        "{}: head_dim = model.d_model / model.n_head = {} / {} = {} is above 256, the largest "
+        "the attention kernels take with train.device = \"cuda\" (pentad's kernel: up to 256; "
+        "cuDNN's: multiples of 8 up to 256 on Hopper): raise model.n_head",
+        where({"model.d_model", "model.n_head", "train.device"}), m.d_model, m.n_head,
+        m.head_dim());
+  if (c.train.device == "cuda" && c.train.attention == "cudnn" && m.head_dim() % 8 != 0)
+    fail(
+        "{}: head_dim = model.d_model / model.n_head = {} / {} = {} with train.attention = "
+        "\"cudnn\": cuDNN's fused attention takes head sizes that are multiples of 8 (up to "
+        "256): set train.attention = \"auto\" (pentad's kernel takes any up to 256) or change "
+        "model.n_head",
+        where({"model.d_model", "model.n_head", "train.attention"}), m.d_model, m.n_head,
+        m.head_dim());
   check_context(c, where);
   check_moe(c, where);
   check_zero(c, where);

@@ -56,7 +56,7 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(model, n_layer, at_least(1), "Transformer blocks"),
       PENTAD_KEY(model, d_model, at_least(1), "Model width (hidden size); a multiple of n_head"),
       PENTAD_KEY(model, n_head, at_least(1),
-                 "Attention (query) heads; head_dim = d_model / n_head, at most 128 on CUDA"),
+                 "Attention (query) heads; head_dim = d_model / n_head, at most 256 on CUDA"),
       PENTAD_KEY(
           model, n_kv_head, at_least(0),
           "Key/value heads; 0: n_head (MHA); fewer, dividing n_head: grouped-query attention "

@@ -1,10 +1,12 @@
 // The host-side arithmetic of the CUDA kernels (kernels/cuda/tiling.h), which runs on any
 // machine: launch shapes cover their inputs, reduction chunking is fixed by the shape, and
-// the attention kernels' shared memory fits the devices pentad builds for (sm_80, sm_90);
-// and cuBLASLt, which pentad opens at the first GEMM instead of linking, opens.
+// the attention kernels' shared memory fits the devices pentad builds for (sm_80 up to
+// head_dim 128, sm_90 up to 256); and cuBLASLt, which pentad opens at the first GEMM instead of
+// linking, opens.
 #include <cublasLt.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/device_memory.h"
@@ -44,19 +46,30 @@ TEST(CudaTiling, ColumnChunksCoverTheRowsOnce) {
 }
 
 TEST(CudaTiling, AttentionRegisterTilesAndSharedMemoryFit) {
+  EXPECT_EQ(kMaxHeadDim, 256);
   for (int64_t D = 1; D <= kMaxHeadDim; ++D) {
     const int max_d = attention_max_d(D);
     EXPECT_GE(max_d, D);
+    EXPECT_LT(max_d / 2, std::max<int64_t>(D, 33));  // the smallest of 64, 128, 256 that holds D
     // Output cells split evenly over the threads, a warp's cells in one row.
     EXPECT_EQ(kAttentionTile * max_d % kAttentionThreads, 0);
     EXPECT_EQ(max_d % kWarp, 0);
-    // 163 KiB of opt-in shared memory per block on sm_80 (227 KiB on sm_90).
+    // Cells in registers up to 128, in shared memory above.
+    EXPECT_EQ(attention_cells_in_shared(D), D > 128) << D;
+    // Opt-in shared memory per block: 163 KiB on sm_80 (head_dim up to 128 runs there too),
+    // 227 KiB on sm_90 (up to 256).
+    const int64_t limit = (D <= 128 ? 163 : 227) * 1024;
     for (int64_t floats : {attention_forward_smem_floats(D), attention_dq_smem_floats(D),
                            attention_dkdv_smem_floats(D)})
-      EXPECT_LE(floats * 4, 163 * 1024) << "head_dim " << D;
+      EXPECT_LE(floats * 4, limit) << "head_dim " << D;
   }
   EXPECT_EQ(attention_max_d(64), 64);
   EXPECT_EQ(attention_max_d(65), 128);
+  EXPECT_EQ(attention_max_d(128), 128);
+  EXPECT_EQ(attention_max_d(129), 256);
+  EXPECT_EQ(attention_max_d(256), 256);
+  // The largest: dk and dv's cells beside K, V, Q, dO, P and dS at head_dim 256.
+  EXPECT_EQ(attention_dkdv_smem_floats(256) * 4, 205568);
   EXPECT_EQ(kAttentionTile * kAttentionTile % kAttentionThreads, 0);
   EXPECT_EQ(kAttentionTile % (kAttentionThreads / kWarp), 0);  // softmax rows per warp
 }

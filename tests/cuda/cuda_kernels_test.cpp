@@ -548,11 +548,15 @@ struct AttnShape {
   }
 };
 // T around the 32-row tile (1, 31, 32, 33, 65, 150); GQA, MQA and MHA; head_dim odd, below
-// and at 64, between 64 and 128, and 128.
-const AttnShape kAttnShapes[] = {{2, 9, 4, 2, 8},    {1, 1, 2, 2, 4},    {2, 31, 2, 1, 16},
-                                 {2, 32, 4, 4, 16},  {1, 33, 3, 1, 96},  {1, 65, 4, 1, 5},
-                                 {2, 70, 6, 3, 32},  {1, 150, 2, 1, 64}, {1, 100, 2, 2, 128},
-                                 {2, 64, 12, 12, 64}};
+// and at 64, between 64 and 128, and 128; then the heads wider than 128, whose output cells
+// live in shared memory (tiling.h): 129 (the first), 136, 160 (the 530B and 1T GPT
+// configurations), 192, 200 (not a multiple of 8, cuDNN's requirement) and 256 (the largest).
+const AttnShape kAttnShapes[] = {
+    {2, 9, 4, 2, 8},     {1, 1, 2, 2, 4},     {2, 31, 2, 1, 16},  {2, 32, 4, 4, 16},
+    {1, 33, 3, 1, 96},   {1, 65, 4, 1, 5},    {2, 70, 6, 3, 32},  {1, 150, 2, 1, 64},
+    {1, 100, 2, 2, 128}, {2, 64, 12, 12, 64}, {1, 40, 2, 1, 129}, {1, 1, 2, 2, 160},
+    {2, 33, 4, 2, 136},  {1, 97, 4, 1, 160},  {2, 31, 2, 2, 192}, {1, 70, 6, 3, 200},
+    {1, 150, 2, 1, 256}, {2, 64, 4, 4, 256},  {1, 33, 8, 1, 256}};
 
 // Pentad's kernel (cuDNN's, which "auto" would pick for BF16, is checked against it in
 // cudnn_attention_test.cpp).
@@ -648,6 +652,7 @@ const PosAttnCase kPosAttnCases[] = {
     {2, 9, 13, 4, 2, 8, 0, 3, 20},       {1, 70, 40, 4, 1, 16, 0, 0, 100},
     {2, 130, 150, 4, 2, 8, 0, 100, 300}, {1, 65, 65, 4, 4, 64, 5, 0, 80},
     {1, 33, 100, 2, 1, 96, 50, 0, 150},  {2, 64, 64, 2, 2, 128, 0, 0, 64},
+    {1, 70, 90, 4, 2, 160, 0, 40, 200},  {1, 33, 33, 2, 1, 256, 10, 0, 60},
 };
 
 std::vector<int32_t> sorted_positions(int64_t n, int64_t first, int64_t span, uint64_t seed) {
@@ -754,7 +759,8 @@ TEST_P(CudaKernel, AttentionBackwardWithPositions) {
 // Running (out, lse) with rows nothing has seen yet (0, -inf), merged with a block that has
 // rows it saw no key for (-inf).
 TEST_P(CudaKernel, AttentionMerge) {
-  const Shape shapes[] = {{1, 1, 1, 4}, {2, 33, 3, 16}, {1, 70, 4, 128}, {2, 9, 2, 5}};
+  const Shape shapes[] = {
+      {1, 1, 1, 4}, {2, 33, 3, 16}, {1, 70, 4, 128}, {2, 9, 2, 5}, {1, 40, 2, 256}};
   for (const Shape& shape : shapes) {
     const int64_t B = shape[0], T = shape[1], H = shape[2], D = shape[3];
     const Shape lse_shape{B, H, T};
@@ -1249,9 +1255,9 @@ TEST_F(CudaOps, WrongDtypesDevicesAndShapesAreRefused) {
   const Tensor pos = gpu.alloc({2, 1}, DType::I32), bf_w = gpu.alloc({2, 1}, DType::BF16);
   EXPECT_NE(error_of([&] { k::moe_unpermute(x, x, pos, bf_w, false); }).find("want f32 on CUDA"),
             std::string::npos);
-  // head_dim above what the kernels take.
-  const Tensor q = gpu.alloc({1, 2, 1, 160}, DType::F32);
-  EXPECT_NE(error_of([&] { k::attention_forward(q, Tensor{}, q, q, q); }).find("head_dim 160"),
+  // head_dim above what the kernels take (256).
+  const Tensor q = gpu.alloc({1, 2, 1, 264}, DType::F32);
+  EXPECT_NE(error_of([&] { k::attention_forward(q, Tensor{}, q, q, q); }).find("head_dim 264"),
             std::string::npos);
   // A CUDA tensor over host memory.
   Tensor fake = view(host, {4});

@@ -2,8 +2,10 @@
 // attention kernel, the reference (itself checked against the CPU in cuda_kernels_test.cpp):
 // forward out and lse, and dq, dk, dv, at odd sequence lengths (1, 7, 129, 1000), MHA,
 // GQA 4:1 and 8:1 and MQA, head sizes 64 and 128; F32 calls staged through BF16; the
-// accumulating backward; the graph cache; and which calls the door sends to cuDNN. Part of
-// cuda_kernels_test; skipped without a CUDA device like the rest of it.
+// accumulating backward; the graph cache; and which calls the door sends to cuDNN. Heads
+// wider than 128 (136, 160, 192, 256: cuDNN 9 takes up to 256 on Hopper) against the CPU
+// reference directly, so that a fault of pentad's wide-head kernel cannot hide one of
+// cuDNN's. Part of cuda_kernels_test; skipped without a CUDA device like the rest of it.
 //
 // Tolerances (largest error over the largest reference value, as cuda_kernels_test). Both
 // read the same BF16 inputs and keep scores, softmax statistics and accumulators in F32.
@@ -164,6 +166,79 @@ TEST_F(CudnnAttention, MatchesPentadKernelInBf16) {
   }
 }
 
+// Heads wider than 128 against the CPU (fp32 on the same BF16-rounded inputs; the backward
+// from the CPU's out, rounded to BF16 as a GPU forward would store it, and lse): causal,
+// MHA, GQA and MQA, T = 1 (forward only: cuDNN refuses the backward there), 7, 129 and 300
+// (not multiples of any tile). On Hopper cuDNN must take every other shape both ways (the
+// frontend's check for sm_90: head_dim <= 256, a multiple of 8); elsewhere a refusal is
+// printed and the shape skipped ("auto" falls back to pentad's kernel).
+TEST_F(CudnnAttention, WideHeadsMatchTheCpu) {
+  const bool hopper = cuda_device_description().find("sm_90") != std::string::npos;
+  Impl cudnn(k::AttentionImpl::Cudnn);
+  const Case cases[] = {{1, 1, 4, 2, 160},   {2, 7, 4, 1, 136},    {1, 129, 8, 2, 160},
+                        {1, 129, 4, 4, 192}, {2, 300, 4, 1, 160},  {1, 300, 8, 8, 256},
+                        {1, 7, 2, 2, 256},   {1, 129, 16, 2, 256}, {1, 300, 4, 2, 192}};
+  uint64_t seed = 500;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.str());
+    bool taken[2];
+    for (bool backward : {false, true}) {
+      std::string why;
+      taken[backward] =
+          k::cuda::cudnn_attention_supported(backward, c.B, c.T, c.Hq, c.Hkv, c.D, &why);
+      if (!taken[backward]) {
+        std::printf("cuDNN refuses the %s at %s: %s\n", backward ? "backward" : "forward",
+                    c.str().c_str(), why.c_str());
+        if (hopper) {
+          EXPECT_TRUE(backward && c.T == 1) << "cuDNN refuses a shape it should take";
+        }
+      }
+    }
+    if (!taken[0]) continue;
+    // BF16-representable inputs on both sides.
+    auto bf16_values = [&](int64_t n) {
+      std::vector<float> v = testing::to_float(testing::randn(static_cast<size_t>(n), seed++));
+      for (float& x : v) x = bf16_to_float(float_to_bf16(x));
+      return v;
+    };
+    const auto q = bf16_values(c.q().numel()), kk = bf16_values(c.kv().numel()),
+               v = bf16_values(c.kv().numel()), dy = bf16_values(c.q().numel());
+    std::vector<float> out(q.size()), lse(static_cast<size_t>(c.lse().numel()));
+    k::attention_forward(testing::view(out, c.q()), testing::view(lse, c.lse()),
+                         testing::view(q, c.q()), testing::view(kk, c.kv()),
+                         testing::view(v, c.kv()));
+    const Tensor gq = gpu.upload(q, c.q(), DType::BF16), gk = gpu.upload(kk, c.kv(), DType::BF16),
+                 gv = gpu.upload(v, c.kv(), DType::BF16);
+    const Tensor gout = gpu.poisoned(c.q(), DType::BF16), glse = gpu.poisoned(c.lse(), DType::F32);
+    k::attention_forward(gout, glse, gq, gk, gv);
+    auto close = [&](const char* what, const Tensor& got, const std::vector<float>& want,
+                     double tol) {
+      const std::vector<float> g = download(got);
+      size_t non_finite = 0;
+      for (float x : g) non_finite += std::isfinite(x) ? 0 : 1;
+      EXPECT_EQ(non_finite, 0u) << what << ": non-finite values (an unwritten output stays NaN)";
+      EXPECT_LT(rel_error(g, want, 1e-6), tol) << what;
+    };
+    close("out", gout, out, kOutTolerance);
+    close("lse", glse, lse, kLseTolerance);
+    if (!taken[1]) continue;
+    for (float& x : out) x = bf16_to_float(float_to_bf16(x));
+    std::vector<float> dq(q.size()), dk(kk.size()), dv(v.size());
+    k::attention_backward(
+        testing::view(dq, c.q()), testing::view(dk, c.kv()), testing::view(dv, c.kv()),
+        testing::view(dy, c.q()), testing::view(q, c.q()), testing::view(kk, c.kv()),
+        testing::view(v, c.kv()), testing::view(out, c.q()), testing::view(lse, c.lse()));
+    const Tensor gdq = gpu.poisoned(c.q(), DType::BF16), gdk = gpu.poisoned(c.kv(), DType::BF16),
+                 gdv = gpu.poisoned(c.kv(), DType::BF16);
+    k::attention_backward(gdq, gdk, gdv, gpu.upload(dy, c.q(), DType::BF16), gq, gk, gv,
+                          gpu.upload(out, c.q(), DType::BF16),
+                          gpu.upload(lse, c.lse(), DType::F32));
+    close("dq", gdq, dq, kGradTolerance);
+    close("dk", gdk, dk, kGradTolerance);
+    close("dv", gdv, dv, kGradTolerance);
+  }
+}
+
 // F32 data under "cudnn": staged through BF16 copies; and the accumulating backward (on
 // F32 and BF16) adds to what the gradients held.
 TEST_F(CudnnAttention, F32StagingAndAccumulation) {
@@ -252,6 +327,13 @@ TEST_F(CudnnAttention, TheDoorPicksByImplDtypeAndPositions) {
   EXPECT_EQ(probe(I::Auto, DType::BF16, false, 64), 1) << "auto, bf16: cuDNN";
   EXPECT_EQ(probe(I::Auto, DType::F32, false, 64), 0) << "auto, f32: pentad's kernel";
   EXPECT_EQ(probe(I::Auto, DType::BF16, false, 12), 0) << "auto, head_dim 12: pentad's kernel";
+  // Wide heads: cuDNN where it takes them (Hopper: multiples of 8 up to 256), pentad's
+  // kernel for the rest, which runs: "auto" falls back.
+  if (cuda_device_description().find("sm_90") != std::string::npos) {
+    EXPECT_EQ(probe(I::Auto, DType::BF16, false, 160), 1) << "auto, head_dim 160: cuDNN";
+  }
+  EXPECT_EQ(probe(I::Auto, DType::BF16, false, 132), 0) << "auto, head_dim 132: pentad's kernel";
+  EXPECT_EQ(probe(I::Auto, DType::F32, false, 256), 0) << "auto, f32, head_dim 256: pentad's";
   EXPECT_EQ(probe(I::Auto, DType::BF16, true, 64), 0) << "positions: pentad's kernel";
   EXPECT_EQ(probe(I::Pentad, DType::BF16, false, 64), 0) << "pentad: pentad's kernel";
   EXPECT_EQ(probe(I::Cudnn, DType::F32, false, 64), 1) << "cudnn, f32: cuDNN";

@@ -338,6 +338,44 @@ TEST(Plan, FixedPipelineWithFreeDataParallelOnTheSeventyBillionRecipe) {
     EXPECT_EQ(row.layout.pp * row.layout.tp * row.layout.cp * row.layout.dp, 768);
 }
 
+// The 530B and 1T rows of Megatron-LM's A100 table have heads 160 wide (CUDA's attention takes
+// up to 256): their recipes load and plan. 530B on its published layout; 1T's (pp 64) is over
+// the 63 pipeline stages pentad's message tags allow (parallel/pp/schedule.cpp), so on pp 32
+// over twice the data parallelism, the same 3072 GPUs.
+TEST(Plan, TheWideHeadedMegatronRowsPlan) {
+  struct Row {
+    const char* recipe;
+    int ranks;
+    const char* layout;
+  };
+  const auto path = [](const char* recipe) {
+    return (std::filesystem::path(PENTAD_SOURCE_DIR) / "bench/plan/megatron" / recipe).string();
+  };
+  const std::string fixed = ",mb=1,sp=true,zero=1,recompute=false,cp=1,schedule=1f1b,vp=1";
+  for (const Row& r : {Row{"gpt-530b.toml", 2520, "tp=8,pp=35,dp=9"},
+                       Row{"gpt-1t.toml", 3072, "tp=8,pp=32,dp=12"}}) {
+    SCOPED_TRACE(r.recipe);
+    const Config cfg = load_recipe(path(r.recipe));
+    EXPECT_EQ(cfg.model.head_dim(), 160);
+    const Machine m = cluster_preset("dgx-a100", r.ranks).machine;
+    const parallel::Topology topo = parallel::uniform_cluster(r.ranks / 8, 8, 300, 3e-6, 25, 5e-6);
+    const PlanSearch plan =
+        search_layouts(cfg, r.ranks, parse_layout(r.layout + fixed, r.ranks), 1e13, m, topo);
+    ASSERT_FALSE(plan.rows.empty());
+    const Prediction& p = plan.rows.front().prediction;
+    EXPECT_GT(p.step_seconds, 0.0);
+    EXPECT_GT(p.mfu, 0.1);
+    EXPECT_LT(p.mfu, 1.0);
+    if (r.ranks == 3072)
+      expect_error(
+          [&] {
+            search_layouts(cfg, r.ranks, parse_layout("tp=8,pp=64,dp=6" + fixed, r.ranks), 1e13, m,
+                           topo);
+          },
+          "at most 63");
+  }
+}
+
 // A kernel table of a 2-core machine, one and two threads.
 Calibration two_cores() {
   Calibration c;

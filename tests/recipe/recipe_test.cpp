@@ -279,6 +279,21 @@ TEST(Recipe, MoeBf16OnCudaLoadsWithExpertParallelism) {
   EXPECT_EQ(both.parallel.ep * both.parallel.etp, 4);
 }
 
+// Heads up to 256 wide load on CUDA (the 530B and 1T GPT configurations' are 160): pentad's
+// attention kernel takes any, cuDNN's multiples of 8; 264 is refused (above).
+TEST(Recipe, WideHeadsOnCudaLoad) {
+  const std::string path =
+      write_recipe("wide_heads_on_cuda.toml", "[model]\nn_head = 2\n[train]\ndevice = \"cuda\"\n");
+  for (const char* width : {"320", "512", "264"}) {  // head_dim 160, 256, 132
+    const Config c = load_recipe(path, {std::string("model.d_model=") + width});
+    EXPECT_EQ(c.model.head_dim(), std::stoi(width) / 2);
+  }
+  for (const char* attention : {"cudnn", "pentad"})
+    EXPECT_EQ(load_recipe(path, {"model.d_model=320", std::string("train.attention=") + attention})
+                  .model.head_dim(),
+              160);
+}
+
 TEST(Recipe, Overrides) {
   Config c = load_shipped("gpt-tiny", {"train.steps=7",                   // integer
                                        "optim.lr=1e-3",                   // float
@@ -545,9 +560,15 @@ std::vector<BadRecipe> bad_recipes() {
        {"parallel.pp_link_delay_ms = 5 with train.device = \"cuda\"",
         "set parallel.pp_link_delay_ms = 0"}},
       {"head_dim_over_cuda_limit",
-       "[model]\nd_model = 512\nn_head = 2\n[train]\ndevice = \"cuda\"\n",
+       "[model]\nd_model = 528\nn_head = 2\n[train]\ndevice = \"cuda\"\n",
        {},
-       {"head_dim = model.d_model / model.n_head = 256", "raise model.n_head"}},
+       {"head_dim_over_cuda_limit.toml:", "model.d_model", "model.n_head", "train.device",
+        "head_dim = model.d_model / model.n_head = 528 / 2 = 264 is above 256",
+        "pentad's kernel: up to 256", "raise model.n_head"}},
+      {"head_dim_not_for_cudnn",
+       "[model]\nd_model = 264\nn_head = 2\n[train]\ndevice = \"cuda\"\nattention = \"cudnn\"\n",
+       {},
+       {"train.attention", "264 / 2 = 132", "multiples of 8", "set train.attention = \"auto\""}},
       // Mixture of Experts.
       {"experts_without_layers",
        "[model]\nn_experts = 4\n",
