@@ -26,37 +26,6 @@ std::vector<int64_t> layout_divisors(int64_t n) {
   return d;
 }
 
-struct LayoutField {
-  const char* name;
-  const char* key;  // the recipe key it sets
-  bool degree;      // must divide --ranks
-};
-const LayoutField kFields[] = {
-    {"tp", "parallel.tp", true},
-    {"tp_shape", "parallel.tp_shape", false},
-    {"tp_order", "parallel.tp_order", false},
-    {"tp_chunks", "parallel.tp_chunks", false},
-    {"sp", "parallel.sequence_parallel", false},
-    {"cp", "parallel.cp", true},
-    {"cp_impl", "parallel.cp_impl", false},
-    {"cp_ulysses", "parallel.cp_ulysses", false},
-    {"pp", "parallel.pp", true},
-    {"schedule", "parallel.pp_schedule", false},
-    {"vp", "parallel.virtual_stages", false},
-    {"pp_group", "parallel.pp_group", false},
-    {"dp", "parallel.dp", true},
-    {"mb", "train.micro_batch", false},
-    {"ga", "train.grad_accum", false},
-    {"ep", "parallel.ep", true},
-    {"etp", "parallel.etp", true},
-    {"zero", "parallel.zero", false},
-    {"offload", "parallel.offload", false},
-    {"recompute", "model.recompute", false},
-};
-
-int64_t layout_integer(const std::map<std::string, std::string>& f, const char* name) {
-  return std::stoll(f.at(name));
-}
 bool layout_flag(const std::string& v) {
   return v == "true" || v == "1" || v == "on";
 }
@@ -76,135 +45,9 @@ constexpr std::initializer_list<const char*> kBelowContext = {
     "parallel.pp_group"};
 #undef PENTAD_BELOW_ZERO
 
-}  // namespace
-
-std::string layout_fields() {
-  std::string s;
-  for (const LayoutField& f : kFields) s += std::string(s.empty() ? "" : ", ") + f.name;
-  return s;
-}
-
-std::map<std::string, std::string> parse_layout(const std::string& spec, int ranks) {
-  std::map<std::string, std::string> fixed;
-  size_t pos = 0;
-  while (pos < spec.size()) {
-    size_t end = spec.find(',', pos);
-    if (end == std::string::npos) end = spec.size();
-    const std::string item = spec.substr(pos, end - pos);
-    pos = end + 1;
-    if (item.empty()) continue;
-    const size_t eq = item.find('=');
-    if (eq == std::string::npos)
-      fail("--layout \"{}\": \"{}\" is not field=value (fields: {})", spec, item, layout_fields());
-    const std::string name = item.substr(0, eq), value = item.substr(eq + 1);
-    const LayoutField* field = nullptr;
-    for (const LayoutField& f : kFields)
-      if (name == f.name) field = &f;
-    if (!field)
-      fail("--layout \"{}\": unknown field \"{}\" (fields: {})", spec, name, layout_fields());
-    const bool text = name == "tp_shape" || name == "tp_order" || name == "cp_impl" ||
-                      name == "schedule" || name == "offload" || name == "sp" ||
-                      name == "recompute";
-    if (!text) {
-      char* rest = nullptr;
-      const long long v = std::strtoll(value.c_str(), &rest, 10);
-      if (value.empty() || *rest != '\0' || v < (name == "zero" ? 0 : 1))
-        fail("--layout \"{}\": {}={} is not a{} integer", spec, name, value,
-             name == "zero" ? " non-negative" : " positive");
-      if (field->degree && ranks % v != 0)
-        fail("--layout \"{}\": {}={} does not divide --ranks {}", spec, name, value, ranks);
-    }
-    fixed[name] = value;
-  }
-  int64_t product = 1;
-  for (const char* d : {"tp", "cp", "pp", "dp"})
-    if (fixed.count(d)) product *= layout_integer(fixed, d);
-  if (ranks % product != 0 || (fixed.count("tp") && fixed.count("cp") && fixed.count("pp") &&
-                               fixed.count("dp") && product != ranks))
-    fail("--layout \"{}\": tp x cp x pp x dp = {} does not {} --ranks {}", spec, product,
-         ranks % product != 0 ? "divide" : "equal", ranks);
-  return fixed;
-}
-
-std::vector<std::string> Layout::overrides() const {
-  std::vector<std::string> o = {
-      fmt::format("parallel.tp={}", tp),
-      fmt::format("parallel.tp_shape={}", d2 > 1 ? fmt::format("\"{}x{}\"", tp / d2, d2) : "\"\""),
-      fmt::format("parallel.tp_order=\"{}\"", tp_order),
-      fmt::format("parallel.tp_chunks={}", tp_chunks),
-      fmt::format("parallel.sequence_parallel={}", sp),
-      fmt::format("parallel.cp={}", cp),
-      fmt::format("parallel.cp_impl=\"{}\"", cp_impl),
-      fmt::format("parallel.cp_ulysses={}", cp_impl == "hybrid" ? cp_ulysses : 0),
-      fmt::format("parallel.pp={}", pp),
-      fmt::format("parallel.pp_schedule=\"{}\"", schedule),
-      fmt::format("parallel.virtual_stages={}", vp),
-      fmt::format("parallel.pp_group={}", pp_group),
-      fmt::format("parallel.dp={}", dp),
-      fmt::format("parallel.ep={}", ep),
-      fmt::format("parallel.etp={}", etp),
-      fmt::format("parallel.zero={}", zero),
-      fmt::format("parallel.offload=\"{}\"", offload),
-      fmt::format("model.recompute={}", recompute),
-      fmt::format("train.micro_batch={}", micro_batch),
-      fmt::format("train.grad_accum={}", grad_accum),
-  };
-  return o;
-}
-
-void Layout::apply(Config& c) const {
-  ParallelConfig& p = c.parallel;
-  p.tp = tp;
-  p.tp_shape = d2 > 1 ? fmt::format("{}x{}", tp / d2, d2) : "";
-  p.tp_order = tp_order;
-  p.tp_chunks = tp_chunks;
-  p.sequence_parallel = sp;
-  p.cp = cp;
-  p.cp_impl = cp_impl;
-  p.cp_ulysses = cp_impl == "hybrid" ? cp_ulysses : 0;
-  p.pp = pp;
-  p.pp_schedule = schedule;
-  p.virtual_stages = vp;
-  p.pp_group = pp_group;
-  p.dp = dp;
-  p.ep = ep;
-  p.etp = etp;
-  p.zero = zero;
-  p.offload = offload;
-  c.model.recompute = recompute;
-  c.train.micro_batch = micro_batch;
-  c.train.grad_accum = grad_accum;
-}
-
-std::string Layout::label() const {
-  std::string s = fmt::format("tp{}", tp);
-  if (d2 > 1) s += fmt::format(" {}x{}{}", tp / d2, d2, tp_order == "column" ? " col" : "");
-  if (d2 > 1 && tp_chunks > 1) s += fmt::format(" c{}", tp_chunks);
-  if (sp) s += " sp";
-  if (cp > 1)
-    s += fmt::format(" cp{} {}", cp,
-                     cp_impl == "hybrid" ? fmt::format("hybrid{}", cp_ulysses) : cp_impl);
-  if (pp > 1) {
-    s += fmt::format(" pp{} {}", pp, schedule);
-    if (schedule == "interleaved") s += fmt::format(" v{}", vp);
-    if (schedule == "kfkb") s += fmt::format(" k{}", pp_group);
-  }
-  s += fmt::format(" dp{} mb{} ga{}", dp, micro_batch, grad_accum);
-  if (ep > 1 || etp > 1) s += fmt::format(" ep{} etp{}", ep, etp);
-  if (zero > 0) s += fmt::format(" z{}", zero);
-  if (offload != "none") s += " off:" + offload;
-  if (recompute) s += " rc";
-  return s;
-}
-
-PlanSearch search_layouts(const Config& recipe, int ranks,
-                          const std::map<std::string, std::string>& fixed,
-                          double memory_limit_bytes, const Machine& machine,
-                          const parallel::Topology& topology) {
-  PENTAD_CHECK(ranks >= 1, "ranks {}", ranks);
-  PlanSearch plan;
-  // The recipe's global batch on `ranks` ranks: train.global_batch where set, else
-  // micro_batch x grad_accum x the dp the recipe's other degrees leave.
+// The recipe's global batch on `ranks` ranks: train.global_batch where set, else
+// micro_batch x grad_accum x the dp the recipe's other degrees leave.
+int64_t recipe_global_batch(const Config& recipe, int ranks) {
   const ParallelConfig& rp = recipe.parallel;
   const int64_t others = rp.tp * rp.cp * rp.pp;
   if (recipe.train.global_batch <= 0 && rp.dp <= 0 && ranks % others != 0)
@@ -214,227 +57,299 @@ PlanSearch search_layouts(const Config& recipe, int ranks,
         "train.global_batch",
         recipe.recipe_path, others, ranks);
   const int64_t dp0 = rp.dp > 0 ? rp.dp : ranks / others;
-  const int64_t global = recipe.train.global_batch > 0
-                             ? recipe.train.global_batch
-                             : recipe.train.micro_batch * recipe.train.grad_accum * dp0;
-  plan.global_batch = double(global);
+  return recipe.train.global_batch > 0 ? recipe.train.global_batch
+                                       : recipe.train.micro_batch * recipe.train.grad_accum * dp0;
+}
 
-  auto pick = [&](const char* name, std::vector<std::string> values) {
-    if (auto it = fixed.find(name); it != fixed.end()) return std::vector<std::string>{it->second};
-    return values;
-  };
-  auto picks = [&](const char* name, const std::vector<int64_t>& values) {
-    if (auto it = fixed.find(name); it != fixed.end())
-      return std::vector<int64_t>{std::stoll(it->second)};
-    return values;
-  };
-  const bool moe = recipe.model.is_moe();
-  std::string first_refusal;
-  double least_memory = std::numeric_limits<double>::infinity();
-  std::string least_label;
+using Strings = std::vector<std::string>;
+using Integers = std::vector<int64_t>;
 
-  auto consider = [&](const Layout& l) {
-    ++plan.considered;
-    Config cfg = recipe;
-    l.apply(cfg);
-    parallel::MeshConfig mesh;
-    try {
-      recipe::check_combinations(cfg, {}, recipe.recipe_path);
-      mesh = mesh_config(cfg, ranks);
-    } catch (const Error& e) {
-      ++plan.refused;
-      if (first_refusal.empty()) first_refusal = fmt::format("{}: {}", l.label(), e.what());
-      return;
-    }
-    const double bytes = estimate_memory(cfg, mesh).total();
-    if (bytes > memory_limit_bytes) {
-      ++plan.over_memory;
-      if (bytes < least_memory) {
-        least_memory = bytes;
-        least_label = l.label();
-      }
-      return;
-    }
-    plan.rows.push_back({l, predict_step(cfg, mesh, machine, topology)});
-  };
+// One search: the levels of the enumeration, outermost first (the degrees tp, cp, pp and the
+// dp they leave; tp's 2D shape; tp order, sp and cp's implementation; the pipeline schedule;
+// ZeRO; the micro-batch; ep, etp, offload and recompute), each level a method handing one
+// Layout, filled in as it goes, to the next. Every level skips what the --layout fields fix
+// otherwise (pick), and the bookkeeping of refusals (refuse, subtree_refused) says why when
+// nothing is left.
+class LayoutSearch {
+ public:
+  LayoutSearch(const Config& recipe, int ranks, const std::map<std::string, std::string>& fixed,
+               double memory_limit_bytes, const Machine& machine,
+               const parallel::Topology& topology)
+      : recipe_(recipe),
+        ranks_(ranks),
+        fixed_(fixed),
+        memory_limit_bytes_(memory_limit_bytes),
+        machine_(machine),
+        topology_(topology),
+        global_(recipe_global_batch(recipe, ranks)),
+        moe_(recipe.model.is_moe()) {
+    plan_.global_batch = double(global_);
+  }
+
+  PlanSearch run() {
+    search_degrees();
+    return finish();
+  }
+
+ private:
+  // The values a field takes: the --layout one where fixed, else `values`.
+  Strings pick(const char* name, Strings values) const {
+    if (auto it = fixed_.find(name); it != fixed_.end()) return Strings{it->second};
+    return values;
+  }
+  Integers picks(const char* name, const Integers& values) const {
+    if (auto it = fixed_.find(name); it != fixed_.end()) return Integers{std::stoll(it->second)};
+    return values;
+  }
+  bool fixed(const char* name) const { return fixed_.count(name) > 0; }
+  int64_t fixed_integer(const char* name) const { return std::stoll(fixed_.at(name)); }
+
+  // The first refusal met is the one a search that finds nothing names.
+  void refuse(const std::string& why) {
+    if (first_refusal_.empty()) first_refusal_ = why;
+  }
+
+  // A fixed degree may not divide the ranks the degrees before it leave (tp=8 leaves 96 of
+  // 768 ranks; cp = 96 of them leaves 1, which pp=2 cannot split): that branch has no layout.
+  bool leaves_no_layout(int64_t left, int64_t degree, const char* name) {
+    if (left % degree == 0) return false;
+    refuse(fmt::format("{} rank{} left for {}={}, which it does not divide", left,
+                       left == 1 ? "" : "s", name, degree));
+    return true;
+  }
 
   // A subtree of choices is skipped when its first layout (the choices below at their
   // one-rank values, micro-batch 1) is refused by a message naming none of the keys chosen
   // below it: refusals name the keys they depend on, so no choice below could lift it.
-  auto subtree_refused = [&](const Layout& probe, std::initializer_list<const char*> below) {
-    Config cfg = recipe;
+  bool subtree_refused(const Layout& probe, std::initializer_list<const char*> below) {
+    Config cfg = recipe_;
     probe.apply(cfg);
     try {
-      recipe::check_combinations(cfg, {}, recipe.recipe_path);
-      mesh_config(cfg, ranks);
+      recipe::check_combinations(cfg, {}, recipe_.recipe_path);
+      mesh_config(cfg, ranks_);
       return false;
     } catch (const Error& e) {
       const std::string what = e.what();
       for (const char* key : below)
         if (what.find(key) != std::string::npos) return false;
-      ++plan.pruned;
-      if (first_refusal.empty()) first_refusal = fmt::format("{}: {}", probe.label(), what);
+      ++plan_.pruned;
+      refuse(fmt::format("{}: {}", probe.label(), what));
       return true;
     }
-  };
+  }
 
-  // A fixed degree may not divide the ranks the degrees before it leave (tp=8 leaves 96 of
-  // 768 ranks; cp = 96 of them leaves 1, which pp=2 cannot split): that branch has no layout.
-  auto leaves_no_layout = [&](int64_t left, int64_t degree, const char* name) {
-    if (left % degree == 0) return false;
-    if (first_refusal.empty())
-      first_refusal = fmt::format("{} rank{} left for {}={}, which it does not divide", left,
-                                  left == 1 ? "" : "s", name, degree);
-    return true;
-  };
-  for (int64_t tp : picks("tp", layout_divisors(ranks)))
-    for (int64_t cp : picks("cp", layout_divisors(ranks / tp))) {
-      if (leaves_no_layout(ranks / tp, cp, "cp")) continue;
-      for (int64_t pp : picks("pp", layout_divisors(ranks / tp / cp))) {
-        if (leaves_no_layout(ranks / tp / cp, pp, "pp")) continue;
-        const int64_t dp = ranks / tp / cp / pp;
-        if (fixed.count("dp") && layout_integer(fixed, "dp") != dp) continue;
-        if (global % dp != 0) continue;                       // the global batch must split over dp
-        std::vector<std::pair<int64_t, std::string>> shapes;  // (d2, order)
-        if (fixed.count("tp_shape")) {
-          const std::string& sh = fixed.at("tp_shape");
-          long long a = 0, b = 0;
-          if (sh.empty() || std::sscanf(sh.c_str(), "%lldx%lld", &a, &b) != 2 || a < 1 || b < 1)
-            fail("--layout tp_shape={}: not \"d1xd2\" with positive d1 and d2", sh);
-          if (a * b != tp) {  // the shape fixes tp at d1 x d2: another tp has no layout
-            if (first_refusal.empty())
-              first_refusal = fmt::format("tp_shape={} needs tp = {}", sh, a * b);
-            continue;
+  // A whole layout: refused by the checks, over memory, or a row with its prediction.
+  void consider(const Layout& l) {
+    ++plan_.considered;
+    Config cfg = recipe_;
+    l.apply(cfg);
+    parallel::MeshConfig mesh;
+    try {
+      recipe::check_combinations(cfg, {}, recipe_.recipe_path);
+      mesh = mesh_config(cfg, ranks_);
+    } catch (const Error& e) {
+      ++plan_.refused;
+      refuse(fmt::format("{}: {}", l.label(), e.what()));
+      return;
+    }
+    const double bytes = estimate_memory(cfg, mesh).total();
+    if (bytes > memory_limit_bytes_) {
+      ++plan_.over_memory;
+      if (bytes < least_memory_) {
+        least_memory_ = bytes;
+        least_label_ = l.label();
+      }
+      return;
+    }
+    plan_.rows.push_back({l, predict_step(cfg, mesh, machine_, topology_)});
+  }
+
+  // tp, cp and pp over the divisors of the ranks each leaves; dp is what is left, and must
+  // split the global batch.
+  void search_degrees() {
+    for (int64_t tp : picks("tp", layout_divisors(ranks_)))
+      for (int64_t cp : picks("cp", layout_divisors(ranks_ / tp))) {
+        if (leaves_no_layout(ranks_ / tp, cp, "cp")) continue;
+        for (int64_t pp : picks("pp", layout_divisors(ranks_ / tp / cp))) {
+          if (leaves_no_layout(ranks_ / tp / cp, pp, "pp")) continue;
+          const int64_t dp = ranks_ / tp / cp / pp;
+          if (fixed("dp") && fixed_integer("dp") != dp) continue;
+          if (global_ % dp != 0) continue;  // the global batch must split over dp
+          for (int64_t d2 : tp_shapes(tp)) {
+            if (mesh_shape_refused(tp, d2, cp, pp, dp)) continue;
+            Layout l;
+            l.tp = tp;
+            l.d2 = d2;
+            l.cp = cp;
+            l.pp = pp;
+            l.dp = dp;
+            l.tp_chunks = fixed("tp_chunks") ? fixed_integer("tp_chunks") : 1;
+            l.grad_accum = global_ / dp;  // probes (below) run micro-batch 1
+            search_inside_degrees(l);
           }
-          shapes.push_back({b, "row"});
-        } else {
-          for (int64_t d2 : layout_divisors(tp)) shapes.push_back({d2, "row"});
-        }
-        for (auto [d2, order0] : shapes) {
-          // The mesh's own checks of these degrees, before the choices inside them: what they
-          // refuse without sequence parallelism (heads, kv heads, vocabulary, ffn width, the
-          // sequence over cp, layers over pp) they refuse with any micro-batch and either sp.
-          parallel::MeshConfig shape;
-          shape.tp = int(tp);
-          shape.cp = int(cp);
-          shape.pp = int(pp);
-          shape.dp = int(dp);
-          shape.tp_d2 = int(d2);
-          shape.order = recipe.parallel.order;
-          try {
-            parallel::validate(shape, ranks);
-            parallel::check_layout(shape, recipe.model.d_model, recipe.model.n_head,
-                                   recipe.model.n_kv_head, recipe.model.vocab_size,
-                                   ffn_dim(recipe.model), recipe.model.n_layer,
-                                   recipe.train.seq_len, 1, false);
-          } catch (const Error& e) {
-            ++plan.pruned;
-            if (first_refusal.empty())
-              first_refusal = fmt::format("tp{} cp{} pp{}: {}", tp, cp, pp, e.what());
-            continue;
-          }
-          Layout l;
-          l.tp = tp;
-          l.d2 = d2;
-          l.cp = cp;
-          l.pp = pp;
-          l.dp = dp;
-          l.tp_chunks = fixed.count("tp_chunks") ? layout_integer(fixed, "tp_chunks") : 1;
-          l.grad_accum = global / dp;  // probes (below) run micro-batch 1
-          for (const std::string& order :
-               pick("tp_order", d2 > 1 && d2 < tp ? std::vector<std::string>{"row", "column"}
-                                                  : std::vector<std::string>{"row"}))
-            for (const std::string& sp :
-                 pick("sp", tp > 1 ? std::vector<std::string>{"false", "true"}
-                                   : std::vector<std::string>{"false"}))
-              for (const std::string& cp_impl :
-                   pick("cp_impl", cp > 1 ? std::vector<std::string>{"ring", "ulysses", "hybrid"}
-                                          : std::vector<std::string>{"ring"}))
-                for (int64_t cu :
-                     picks("cp_ulysses",
-                           cp_impl == "hybrid" ? layout_divisors(cp) : std::vector<int64_t>{1})) {
-                  if (cp_impl == "hybrid" && (cu == 1 || cu == cp)) continue;
-                  l.tp_order = order;
-                  l.sp = layout_flag(sp);
-                  l.cp_impl = cp_impl;
-                  l.cp_ulysses = cu;
-                  l.schedule = "1f1b", l.vp = 1, l.pp_group = 2;
-                  if (subtree_refused(l, kBelowContext)) continue;
-                  for (const std::string& schedule :
-                       pick("schedule",
-                            pp > 1 ? std::vector<std::string>{"1f1b", "interleaved", "kfkb"}
-                                   : std::vector<std::string>{"1f1b"}))
-                    for (int64_t vp :
-                         picks("vp", schedule == "interleaved" ? std::vector<int64_t>{2, 4}
-                                                               : std::vector<int64_t>{1}))
-                      for (int64_t group :
-                           picks("pp_group", schedule == "kfkb" ? std::vector<int64_t>{2, 4}
-                                                                : std::vector<int64_t>{2})) {
-                        l.schedule = schedule, l.vp = vp, l.pp_group = group;
-                        l.zero = 0;
-                        if (subtree_refused(l, kBelowSchedule)) continue;
-                        for (int64_t zero :
-                             picks("zero", dp * cp > 1 ? std::vector<int64_t>{0, 1, 2, 3}
-                                                       : std::vector<int64_t>{0})) {
-                          l.zero = zero;
-                          l.micro_batch = 1, l.grad_accum = global / dp;
-                          if (subtree_refused(l, kBelowZero)) continue;
-                          for (int64_t mb : picks("mb", layout_divisors(global / dp))) {
-                            const int64_t ga = global / dp / mb;
-                            if (fixed.count("ga") && layout_integer(fixed, "ga") != ga) {
-                              if (first_refusal.empty())
-                                first_refusal = fmt::format(
-                                    "mb {} x ga {} x dp {} is not the recipe's global batch of {} "
-                                    "sequences (ga {} would be)",
-                                    mb, layout_integer(fixed, "ga"), dp, global, ga);
-                              continue;
-                            }
-                            if (global % (dp * mb) != 0) {
-                              if (!fixed.count("dp") && !fixed.count("tp") && !fixed.count("pp"))
-                                continue;
-                              fail(
-                                  "--layout mb={}: the global batch of {} sequences over dp {} is "
-                                  "{} a rank, which mb does not divide",
-                                  mb, global, dp, global / dp);
-                            }
-                            l.micro_batch = mb, l.grad_accum = ga;
-                            for (int64_t ep :
-                                 picks("ep", moe ? layout_divisors(recipe.model.n_experts)
-                                                 : std::vector<int64_t>{1}))
-                              for (int64_t etp : picks(
-                                       "etp", moe ? layout_divisors(tp) : std::vector<int64_t>{1}))
-                                for (const std::string& offload :
-                                     pick("offload", machine.gpu
-                                                         ? std::vector<std::string>{"none", "cpu"}
-                                                         : std::vector<std::string>{"none"}))
-                                  for (const std::string& rc :
-                                       pick("recompute", {"false", "true"})) {
-                                    l.ep = ep, l.etp = etp, l.offload = offload;
-                                    l.recompute = layout_flag(rc);
-                                    consider(l);
-                                  }
-                          }
-                        }
-                      }
-                }
         }
       }
-    }
-  if (plan.rows.empty()) {
-    if (plan.considered == plan.refused)
-      fail("no layout of {} ranks passes the recipe's checks{}; one refusal: {}", ranks,
-           fixed.empty() ? "" : " with the --layout fields given",
-           first_refusal.empty() ? "none enumerated: the global batch splits over no dp"
-                                 : first_refusal);
-    fail(
-        "no layout of {} ranks fits in {} a rank (--memory-gb); the smallest needs {} ({}): "
-        "give more ranks or memory, or a smaller train.micro_batch or model",
-        ranks, plan_gib(memory_limit_bytes), plan_gib(least_memory), least_label);
   }
-  std::stable_sort(plan.rows.begin(), plan.rows.end(), [](const PlanRow& a, const PlanRow& b) {
-    return a.prediction.step_seconds < b.prediction.step_seconds;
-  });
-  return plan;
+
+  // tp's second dimension d2 (1: 1D): every divisor of tp, or the fixed tp_shape's.
+  Integers tp_shapes(int64_t tp) {
+    if (!fixed("tp_shape")) return layout_divisors(tp);
+    const std::string& sh = fixed_.at("tp_shape");
+    long long a = 0, b = 0;
+    if (sh.empty() || std::sscanf(sh.c_str(), "%lldx%lld", &a, &b) != 2 || a < 1 || b < 1)
+      fail("--layout tp_shape={}: not \"d1xd2\" with positive d1 and d2", sh);
+    if (a * b != tp) {  // the shape fixes tp at d1 x d2: another tp has no layout
+      refuse(fmt::format("tp_shape={} needs tp = {}", sh, a * b));
+      return {};
+    }
+    return {b};
+  }
+
+  // The mesh's own checks of these degrees, before the choices inside them: what they
+  // refuse without sequence parallelism (heads, kv heads, vocabulary, ffn width, the
+  // sequence over cp, layers over pp) they refuse with any micro-batch and either sp.
+  bool mesh_shape_refused(int64_t tp, int64_t d2, int64_t cp, int64_t pp, int64_t dp) {
+    parallel::MeshConfig shape;
+    shape.tp = int(tp);
+    shape.cp = int(cp);
+    shape.pp = int(pp);
+    shape.dp = int(dp);
+    shape.tp_d2 = int(d2);
+    shape.order = recipe_.parallel.order;
+    try {
+      parallel::validate(shape, ranks_);
+      parallel::check_layout(shape, recipe_.model.d_model, recipe_.model.n_head,
+                             recipe_.model.n_kv_head, recipe_.model.vocab_size,
+                             ffn_dim(recipe_.model), recipe_.model.n_layer, recipe_.train.seq_len,
+                             1, false);
+      return false;
+    } catch (const Error& e) {
+      ++plan_.pruned;
+      refuse(fmt::format("tp{} cp{} pp{}: {}", tp, cp, pp, e.what()));
+      return true;
+    }
+  }
+
+  // Inside fixed degrees: the 2D order, sequence parallelism, cp's implementation.
+  void search_inside_degrees(Layout& l) {
+    const int64_t tp = l.tp, d2 = l.d2, cp = l.cp;
+    for (const std::string& order :
+         pick("tp_order", d2 > 1 && d2 < tp ? Strings{"row", "column"} : Strings{"row"}))
+      for (const std::string& sp : pick("sp", tp > 1 ? Strings{"false", "true"} : Strings{"false"}))
+        for (const std::string& cp_impl :
+             pick("cp_impl", cp > 1 ? Strings{"ring", "ulysses", "hybrid"} : Strings{"ring"}))
+          for (int64_t cu :
+               picks("cp_ulysses", cp_impl == "hybrid" ? layout_divisors(cp) : Integers{1})) {
+            if (cp_impl == "hybrid" && (cu == 1 || cu == cp)) continue;
+            l.tp_order = order;
+            l.sp = layout_flag(sp);
+            l.cp_impl = cp_impl;
+            l.cp_ulysses = cu;
+            l.schedule = "1f1b", l.vp = 1, l.pp_group = 2;
+            if (subtree_refused(l, kBelowContext)) continue;
+            search_schedules(l);
+          }
+  }
+
+  // The pipeline's schedule (with its virtual stages or group), then ZeRO.
+  void search_schedules(Layout& l) {
+    const int64_t pp = l.pp, dp = l.dp, cp = l.cp;
+    for (const std::string& schedule :
+         pick("schedule", pp > 1 ? Strings{"1f1b", "interleaved", "kfkb"} : Strings{"1f1b"}))
+      for (int64_t vp : picks("vp", schedule == "interleaved" ? Integers{2, 4} : Integers{1}))
+        for (int64_t group : picks("pp_group", schedule == "kfkb" ? Integers{2, 4} : Integers{2})) {
+          l.schedule = schedule, l.vp = vp, l.pp_group = group;
+          l.zero = 0;
+          if (subtree_refused(l, kBelowSchedule)) continue;
+          for (int64_t zero : picks("zero", dp * cp > 1 ? Integers{0, 1, 2, 3} : Integers{0})) {
+            l.zero = zero;
+            l.micro_batch = 1, l.grad_accum = global_ / dp;
+            if (subtree_refused(l, kBelowZero)) continue;
+            search_micro_batches(l);
+          }
+        }
+  }
+
+  // The micro-batch, every divisor of a dp rank's share of the global batch (grad_accum the
+  // rest).
+  void search_micro_batches(Layout& l) {
+    const int64_t dp = l.dp;
+    for (int64_t mb : picks("mb", layout_divisors(global_ / dp))) {
+      const int64_t ga = global_ / dp / mb;
+      if (fixed("ga") && fixed_integer("ga") != ga) {
+        refuse(fmt::format(
+            "mb {} x ga {} x dp {} is not the recipe's global batch of {} sequences (ga {} "
+            "would be)",
+            mb, fixed_integer("ga"), dp, global_, ga));
+        continue;
+      }
+      if (global_ % (dp * mb) != 0) {
+        if (!fixed("dp") && !fixed("tp") && !fixed("pp")) continue;
+        fail(
+            "--layout mb={}: the global batch of {} sequences over dp {} is {} a rank, which mb "
+            "does not divide",
+            mb, global_, dp, global_ / dp);
+      }
+      l.micro_batch = mb, l.grad_accum = ga;
+      search_last_choices(l);
+    }
+  }
+
+  // The innermost choices, each layout considered whole: experts' ep and etp, optimizer
+  // offload (GPU only), recompute.
+  void search_last_choices(Layout& l) {
+    for (int64_t ep : picks("ep", moe_ ? layout_divisors(recipe_.model.n_experts) : Integers{1}))
+      for (int64_t etp : picks("etp", moe_ ? layout_divisors(l.tp) : Integers{1}))
+        for (const std::string& offload :
+             pick("offload", machine_.gpu ? Strings{"none", "cpu"} : Strings{"none"}))
+          for (const std::string& rc : pick("recompute", {"false", "true"})) {
+            l.ep = ep, l.etp = etp, l.offload = offload;
+            l.recompute = layout_flag(rc);
+            consider(l);
+          }
+  }
+
+  // The rows fastest first; or why there are none.
+  PlanSearch finish() {
+    if (plan_.rows.empty()) {
+      if (plan_.considered == plan_.refused)
+        fail("no layout of {} ranks passes the recipe's checks{}; one refusal: {}", ranks_,
+             fixed_.empty() ? "" : " with the --layout fields given",
+             first_refusal_.empty() ? "none enumerated: the global batch splits over no dp"
+                                    : first_refusal_);
+      fail(
+          "no layout of {} ranks fits in {} a rank (--memory-gb); the smallest needs {} ({}): "
+          "give more ranks or memory, or a smaller train.micro_batch or model",
+          ranks_, plan_gib(memory_limit_bytes_), plan_gib(least_memory_), least_label_);
+    }
+    std::stable_sort(plan_.rows.begin(), plan_.rows.end(), [](const PlanRow& a, const PlanRow& b) {
+      return a.prediction.step_seconds < b.prediction.step_seconds;
+    });
+    return std::move(plan_);
+  }
+
+  const Config& recipe_;
+  const int ranks_;
+  const std::map<std::string, std::string>& fixed_;
+  const double memory_limit_bytes_;
+  const Machine& machine_;
+  const parallel::Topology& topology_;
+  const int64_t global_;  // sequences per step, kept at the recipe's
+  const bool moe_;
+  PlanSearch plan_;
+  std::string first_refusal_;
+  double least_memory_ = std::numeric_limits<double>::infinity();
+  std::string least_label_;
+};
+
+}  // namespace
+
+PlanSearch search_layouts(const Config& recipe, int ranks,
+                          const std::map<std::string, std::string>& fixed,
+                          double memory_limit_bytes, const Machine& machine,
+                          const parallel::Topology& topology) {
+  PENTAD_CHECK(ranks >= 1, "ranks {}", ranks);
+  return LayoutSearch(recipe, ranks, fixed, memory_limit_bytes, machine, topology).run();
 }
 
 std::string describe_plan(const PlanSearch& plan, const Machine& machine, int top) {
