@@ -16,17 +16,21 @@
 #   6. build/pentad_gpu_kernels_bench: every CUDA kernel at GPT-2 124M shapes (attention
 #      by pentad's kernel and by cuDNN, also at two grouped-query shapes);
 #   7. bench/attention_torch.py: PyTorch's SDPA at those attention shapes;
-#   8. pentad, GPT-2 124M in fp32.
+#   8. bench/generate_speed.py --device cuda: decode tokens/s of `pentad generate` (bf16, key/value
+#      cache, 256 tokens after a 64-token prompt) next to transformers' generate(use_cache=True)
+#      on the same weights and prompt (a plain-PyTorch GPT-2 with a cache where transformers is
+#      not installed), alternating, and the fp32 greedy ids of both checked equal;
+#   9. pentad, GPT-2 124M in fp32.
 # Step times are medians over the steps after a warm-up (pentad: metrics.jsonl's "seconds";
 # llm.c: its per-step "ms"; PyTorch: CUDA events). MFU = model FLOP/s, counted as pentad
 # counts them (Model::flops_per_micro_batch, which bench/torch_gpt2.py shares), over the
 # device's dense bf16 peak (bench/torch_gpt2.py's table; GPU_BENCH_PEAK_TFLOPS overrides).
 # Prints a table last; writes every figure, nvidia-smi's report and the commit to
-# SUMMARY_JSON, and each part's log to LOG_DIR (default bench/out/gpu-bench): 10 files, 9
+# SUMMARY_JSON, and each part's log to LOG_DIR (default bench/out/gpu-bench): 11 files, 10
 # with GPU_BENCH_SKIP_BUILD. The device tool returns at most 8 files from $OUT: pack them
 # into one archive there (bench/RESULTS.md shows the command).
 #
-# Time: the parts' limits add up to 7 minutes (a run on a fast GPU should take about half
+# Time: the parts' limits add up to 8.5 minutes (a run on a fast GPU should take about half
 # that); no part starts once GPU_BENCH_DEADLINE_S (default 560) seconds from the start,
 # build included, are near, and a part that would run past it gets less time, so one call of
 # the device tool (10 minutes at most) holds the script even after a fresh build.
@@ -118,6 +122,7 @@ torch_args=(--measure-gemm)
 llmc_args=(-e d12 -b 4 -t 1024 -d 32768 -r 0 -v 100000 -m 1 -s 0 -l 6e-4 -u 0 -q 0 -c 0.1)
 shard_args=(--random --tokens 2000000 --vocab 50257 --seed 1)
 gpt2_steps=30 gpt2_warmup=5 save1_steps=15 fp32_steps=15 fp32_warmup=3 llama_steps=6 llama_warmup=2
+generate_args=(--device cuda --threads 8)
 device=cuda bf16=bf16
 if ((smoke)); then  # tiny, on the CPU: checks this script, not the GPU
   tiny=(--set model.n_layer=2 --set model.d_model=64 --set model.n_head=4 --set model.vocab_size=512
@@ -129,6 +134,8 @@ if ((smoke)); then  # tiny, on the CPU: checks this script, not the GPU
     --grad-accum 2 --threads 2 --measure-gemm)
   shard_args=(--random --tokens 100000 --vocab 512 --seed 1)
   gpt2_steps=6 gpt2_warmup=2 save1_steps=4 fp32_steps=4 fp32_warmup=1 llama_steps=4 llama_warmup=1
+  generate_args=(--device cpu --threads 2 --layers 2 --width 64 --heads 4 --vocab 512
+    --new-tokens 32 --short-tokens 8 --repeats 1 --no-cache-tokens 0)
   device=cpu bf16=fp32
   export GPU_BENCH_SKIP_BUILD=1
 fi
@@ -203,6 +210,10 @@ if ((!smoke)); then
 else
   skip attention_torch "a smoke run"
 fi
+
+# Decoding: about a minute on an H200 (a CPU training step makes the checkpoint first).
+part generate_decode 90 "$PYTHON" bench/generate_speed.py "$pentad" "$runs/generate" \
+  "${generate_args[@]}"
 
 part pentad_gpt2_fp32 45 "$pentad" train "${gpt2[@]}" --set train.device=$device \
   --set train.precision=fp32 --set train.steps=$fp32_steps --set train.out_dir="$runs/gpt2_fp32"
@@ -327,7 +338,12 @@ summary = {
                                               warmups["gpt2_bf16"]),
     "kernels_bench": dict(parts.get("kernels", {}), output=log_text("kernels")),
     "attention_torch": dict(parts.get("attention_torch", {}), output=log_text("attention_torch")),
+    "generate_decode": dict(parts.get("generate_decode", {})),
 }
+# bench/generate_speed.py's last line is its figures as JSON.
+for line in log_text("generate_decode").splitlines():
+    if line.startswith("{"):
+        summary["generate_decode"].update(json.loads(line))
 ratio = lambda a, b: a / b if a and b else None
 tps = lambda key: summary[key].get("tokens_per_second")
 summary["ratios"] = {
@@ -362,5 +378,11 @@ gemm = torch_run.get("gemm")
 if gemm:
     print(f"{gemm['dtype']} GEMM {gemm['n']}^3 through PyTorch: {gemm['tflops']:.1f} TFLOP/s")
 print("tokens/s ratios: " + ", ".join(f"{k} {fmt(v, '.3f')}" for k, v in summary["ratios"].items()))
+g = summary["generate_decode"]
+print(f"decode ({g.get('status', '-')}): pentad generate {fmt(g.get('pentad_decode_tokens_per_s'), '.1f')}"
+      f" tokens/s, {g.get('reference') or 'the reference'} "
+      f"{fmt(g.get('reference_decode_tokens_per_s'), '.1f')} tokens/s, ratio "
+      f"{fmt(g.get('decode_ratio'), '.2f')} ({g.get('precision', '-')}, {g.get('new_tokens', '-')}"
+      f" tokens after {g.get('prompt_tokens', '-')})")
 print(f"summary: {env['GB_SUMMARY']}; logs: {logs}")
 EOF
