@@ -8,6 +8,7 @@
 #include "core/device_memory.h"
 #include "kernels/ops.h"
 #include "model/param_table.h"
+#include "model/router.h"
 
 namespace pentad {
 
@@ -35,35 +36,6 @@ const V* on_host(const Tensor& t, const std::vector<V>& mirror) {
 template <typename V>
 void to_device(const Tensor& t, const V* host) {
   if (t.device != Device::CPU) copy_bytes(t.data, t.device, host, Device::CPU, t.bytes());
-}
-
-// One token's routing from its router logits (E): scores s (E), the top k of s + bias (ties
-// to the lower index) into pick (k) and their weights into w (k); returns the logits'
-// logsumexp. order: scratch of E entries. Training's route() and decode() both use it.
-float score_and_pick(const float* l, const float* bias, float* si, int32_t* pick, float* w,
-                     std::vector<int64_t>& order, int64_t K, bool sigmoid, bool renormalize) {
-  const int64_t E = static_cast<int64_t>(order.size());
-  float mx = l[0];
-  for (int64_t e = 1; e < E; ++e) mx = std::max(mx, l[e]);
-  double sum = 0.0;
-  for (int64_t e = 0; e < E; ++e) sum += std::exp(double(l[e]) - mx);
-  const auto lse = static_cast<float>(mx + std::log(sum));
-  for (int64_t e = 0; e < E; ++e)
-    si[e] = sigmoid ? static_cast<float>(1.0 / (1.0 + std::exp(-double(l[e]))))
-                    : static_cast<float>(std::exp(double(l[e]) - mx) / sum);
-  std::iota(order.begin(), order.end(), int64_t{0});
-  std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int64_t p, int64_t q) {
-    const float vp = si[p] + bias[p], vq = si[q] + bias[q];
-    return vp > vq || (vp == vq && p < q);
-  });
-  double picked = 0.0;
-  for (int64_t j = 0; j < K; ++j) picked += si[order[size_t(j)]];
-  for (int64_t j = 0; j < K; ++j) {
-    const int64_t e = order[size_t(j)];
-    pick[j] = static_cast<int32_t>(e);
-    w[j] = renormalize ? static_cast<float>(si[e] / picked) : si[e];
-  }
-  return lse;
 }
 
 }  // namespace
@@ -180,13 +152,30 @@ Tensor MoeBlock::router_input(const Tensor& x) {
   return x32_;
 }
 
-// Scores, picks and weights of this rank's rows, the losses' statistics over the
-// micro-batch, the capacity drops, and the permutation into expert order.
+// The router (model/router.h) in four steps: scores and picks of this rank's rows, the
+// balancing losses over the micro-batch, the capacity drops, the permutation into expert
+// order.
 void MoeBlock::route(Acts& a, const Tensor& x, float weight, bool count) {
-  const int64_t Nl = rows_, E = E_, K = k_, N = b_ * T_;  // N: the micro-batch's tokens
   size_routing(a);
   a.aux_coef.clear();
   a.seq_coef.clear();
+  score(a, x);
+  const bool losses = moe_.aux_loss_coef > 0 || moe_.seq_aux_loss_coef > 0 || moe_.z_loss_coef > 0;
+  if (weight != 0.0f && losses) balance(a, count);
+  std::vector<uint8_t> kept(static_cast<size_t>(rows_ * k_), 1);
+  if (moe_.capacity_factor > 0) drop_over_capacity(a, kept);
+  if (count && weight != 0.0f) {
+    const int32_t* pick = on_host(a.pick, a.host_pick);
+    for (int64_t i = 0; i < rows_ * k_; ++i) {
+      counts_[size_t(pick[i])] += 1.0;
+      if (!kept[size_t(i)]) dropped_ += 1.0;
+    }
+  }
+  permute(a, kept);
+}
+
+void MoeBlock::score(Acts& a, const Tensor& x) {
+  const int64_t Nl = rows_, E = E_, K = k_;
   // The router in fp32 from its master weight (router_input: x cast when in bf16).
   k::linear_forward(a.logits, router_input(x), params_.param(router_), Tensor{});
   // Logits (and the selection bias) in; scores, picks and weights out (host_side above).
@@ -200,93 +189,25 @@ void MoeBlock::route(Acts& a, const Tensor& x, float weight, bool count) {
   const bool sigmoid = moe_.score == "sigmoid";
   std::vector<int64_t> order(static_cast<size_t>(E));
   for (int64_t i = 0; i < Nl; ++i)
-    a.lse[size_t(i)] = score_and_pick(logits + i * E, bias, s + i * E, pick + i * K, w + i * K,
-                                      order, K, sigmoid, moe_.renormalize);
+    a.lse[size_t(i)] = router::score_and_pick(logits + i * E, bias, s + i * E, pick + i * K,
+                                              w + i * K, order, K, sigmoid, moe_.renormalize);
+}
 
-  // The losses' statistics over the whole micro-batch: counts and probability sums per
-  // expert (and per sequence), summed over the ranks that share the micro-batch.
-  const bool aux = moe_.aux_loss_coef > 0, seq = moe_.seq_aux_loss_coef > 0;
-  const bool z = moe_.z_loss_coef > 0;
-  if (weight != 0.0f && (aux || seq || z)) {
-    // [counts (E), p sums (E), per sequence: counts (b, E), p sums (b, E), sum of lse^2]
-    std::vector<float> stats(static_cast<size_t>(2 * E + 2 * b_ * E + 1), 0.0f);
-    float* cnt = stats.data();
-    float* psum = cnt + E;
-    float* scnt = psum + E;
-    float* spsum = scnt + b_ * E;
-    for (int64_t i = 0; i < Nl; ++i) {
-      const int64_t sq = (row_start_ + i) / t_;
-      const float* si = s + i * E;
-      double norm = 1.0;
-      if (sigmoid) norm = std::accumulate(si, si + E, 0.0);
-      for (int64_t e = 0; e < E; ++e) {
-        const float p = static_cast<float>(si[e] / norm);
-        psum[e] += p;
-        spsum[sq * E + e] += p;
-      }
-      for (int64_t j = 0; j < K; ++j) {
-        cnt[pick[i * K + j]] += 1.0f;
-        scnt[sq * E + pick[i * K + j]] += 1.0f;
-      }
-      stats.back() += a.lse[size_t(i)] * a.lse[size_t(i)];
-    }
-    sum_over_micro_batch(stats);
-    const double kT = double(K) * double(N) * double(N), kt = double(K) * double(T_) * double(T_);
-    a.aux_coef.assign(size_t(E), 0.0);
-    a.seq_coef.assign(size_t(b_ * E), 0.0);
-    double aux_value = 0.0, seq_value = 0.0;
-    for (int64_t e = 0; e < E; ++e) {
-      if (aux) a.aux_coef[size_t(e)] = moe_.aux_loss_coef * double(E) / kT * cnt[e];
-      aux_value += a.aux_coef[size_t(e)] * psum[e];
-      for (int64_t q = 0; q < b_; ++q) {
-        const size_t qe = size_t(q * E + e);
-        if (seq) a.seq_coef[qe] = moe_.seq_aux_loss_coef / double(b_) * double(E) / kt * scnt[qe];
-        seq_value += a.seq_coef[qe] * spsum[qe];
-      }
-    }
-    if (count && tp_.rank() == 0 && cp_.rank() == 0) {  // once per micro-batch
-      aux_ += aux_value;
-      seq_aux_ += seq_value;
-      z_ += moe_.z_loss_coef * double(stats.back()) / double(N);
-    }
+// The losses' statistics over the whole micro-batch: counts and probability sums per expert
+// (and per sequence), summed over the ranks that share the micro-batch.
+void MoeBlock::balance(Acts& a, bool count) {
+  std::vector<float> stats =
+      router::balance_statistics(on_host(a.scores, a.host_scores), on_host(a.pick, a.host_pick),
+                                 a.lse, rows_, E_, k_, b_, t_, row_start_, moe_.score == "sigmoid");
+  sum_over_micro_batch(stats);
+  router::BalanceLosses losses = router::balance_losses(stats, moe_, E_, k_, b_, T_);
+  a.aux_coef = std::move(losses.aux_coef);
+  a.seq_coef = std::move(losses.seq_coef);
+  if (count && tp_.rank() == 0 && cp_.rank() == 0) {  // once per micro-batch
+    aux_ += losses.aux;
+    seq_aux_ += losses.seq_aux;
+    z_ += losses.z;
   }
-
-  std::vector<uint8_t> kept(static_cast<size_t>(Nl * K), 1);
-  if (moe_.capacity_factor > 0) drop_over_capacity(a, kept);
-
-  // Expert order: picks sorted by expert, then by row and pick (a counting sort).
-  ExpertRoute& route = a.route;
-  route.send.assign(size_t(E), 0);
-  int64_t A = 0;
-  for (int64_t i = 0; i < Nl * K; ++i) {
-    if (count && weight != 0.0f) {
-      counts_[size_t(pick[i])] += 1.0;
-      if (!kept[size_t(i)]) dropped_ += 1.0;
-    }
-    if (kept[size_t(i)]) ++route.send[size_t(pick[i])], ++A;
-  }
-  std::vector<int64_t> next(size_t(E), 0);
-  for (int64_t e = 1; e < E; ++e) next[size_t(e)] = next[size_t(e - 1)] + route.send[size_t(e - 1)];
-  ep_.plan(route);
-  size_rows(a, A, route.recv_rows);
-  a.picks = A;
-  std::vector<int32_t> host_pos, host_src;
-  int32_t* pos = host_side(a.pos, host_pos, false);
-  int32_t* src = host_side(a.src, host_src, false);
-  for (int64_t i = 0; i < Nl * K; ++i) {
-    if (!kept[size_t(i)]) {
-      pos[i] = -1;
-      continue;
-    }
-    const int64_t slot = next[size_t(pick[i])]++;
-    pos[i] = static_cast<int32_t>(slot);
-    src[slot] = static_cast<int32_t>(i / K);
-  }
-  // What the permutation kernels read. (On CUDA the device logits, scores and pick are not
-  // read again: the host copies in `a` serve drop_over_capacity and router_backward.)
-  to_device(a.w, on_host(a.w, a.host_w));
-  to_device(a.pos, pos);
-  to_device(a.src, src);
 }
 
 // Capacity over the micro-batch: every rank sees every pick (a sum of zero-filled shares
@@ -307,21 +228,29 @@ void MoeBlock::drop_over_capacity(Acts& a, std::vector<uint8_t>& kept) const {
     }
   }
   sum_over_micro_batch(all);
-  const auto capacity = static_cast<int64_t>(
-      std::ceil(double(moe_.capacity_factor) * double(N) * double(K) / double(E)));
-  std::vector<std::vector<int64_t>> by_expert(static_cast<size_t>(E));
-  for (int64_t g = 0; g < N * K; ++g) by_expert[size_t(all[size_t(2 * g)])].push_back(g);
-  for (std::vector<int64_t>& picks : by_expert) {
-    if (int64_t(picks.size()) <= capacity) continue;
-    // Highest score first; ties: earlier token, then earlier pick (g's order).
-    std::stable_sort(picks.begin(), picks.end(), [&](int64_t p, int64_t q) {
-      return all[size_t(2 * p + 1)] > all[size_t(2 * q + 1)];
-    });
-    for (size_t d = size_t(capacity); d < picks.size(); ++d) {
-      const int64_t row = mine[size_t(picks[d] / K)];
-      if (row >= 0) kept[size_t(row * K + picks[d] % K)] = 0;
-    }
-  }
+  router::drop_over_capacity(all, mine, N, K, E, double(moe_.capacity_factor), kept);
+}
+
+// Expert order: the kept picks sorted by expert, then by row and pick; the hooks plan the
+// dispatch from the counts, and the rows' buffers are sized for it.
+void MoeBlock::permute(Acts& a, const std::vector<uint8_t>& kept) {
+  const int64_t n = rows_ * k_;
+  const int32_t* pick = on_host(a.pick, a.host_pick);
+  const std::vector<int64_t> counts = router::count_by_expert(pick, kept, n, E_);
+  ExpertRoute& route = a.route;
+  route.send = counts;
+  ep_.plan(route);
+  a.picks = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  size_rows(a, a.picks, route.recv_rows);
+  std::vector<int32_t> host_pos, host_src;
+  int32_t* pos = host_side(a.pos, host_pos, false);
+  int32_t* src = host_side(a.src, host_src, false);
+  router::expert_order(pick, kept, n, k_, counts, pos, src);
+  // What the permutation kernels read. (On CUDA the device logits, scores and pick are not
+  // read again: the host copies in `a` serve drop_over_capacity and router_backward.)
+  to_device(a.w, on_host(a.w, a.host_w));
+  to_device(a.pos, pos);
+  to_device(a.src, src);
 }
 
 void MoeBlock::sum_over_micro_batch(std::vector<float>& values) const {
@@ -372,22 +301,15 @@ void MoeBlock::decode(const Tensor& x, Tensor out) {
   std::vector<int64_t> order(static_cast<size_t>(E));
   const bool sigmoid = moe_.score == "sigmoid";
   for (int64_t i = 0; i < n; ++i)
-    score_and_pick(lg + i * E, bias, scores.data() + i * E, pick.data() + i * K, wt + i * K, order,
-                   K, sigmoid, moe_.renormalize);
-  // Picks in expert order (a counting sort, as route()), then the training's own kernels:
+    router::score_and_pick(lg + i * E, bias, scores.data() + i * E, pick.data() + i * K, wt + i * K,
+                           order, K, sigmoid, moe_.renormalize);
+  // Picks in expert order (as route(), every pick kept), then the training's own kernels:
   // permute, every expert's MLP over its rows, weighted sum back in pick order.
-  a.route.rows.assign(static_cast<size_t>(E), 0);
-  for (int64_t i = 0; i < A; ++i) ++a.route.rows[size_t(pick[static_cast<size_t>(i)])];
-  std::vector<int64_t> next(static_cast<size_t>(E), 0);
-  for (int64_t e = 1; e < E; ++e)
-    next[static_cast<size_t>(e)] = next[size_t(e - 1)] + a.route.rows[size_t(e - 1)];
+  const std::vector<uint8_t> kept(static_cast<size_t>(A), 1);
+  a.route.rows = router::count_by_expert(pick.data(), kept, A, E);
   int32_t* ps = host_side(pos, host_pos, false);
   int32_t* sr = host_side(src, host_src, false);
-  for (int64_t i = 0; i < A; ++i) {
-    const int64_t slot = next[size_t(pick[static_cast<size_t>(i)])]++;
-    ps[i] = static_cast<int32_t>(slot);
-    sr[slot] = static_cast<int32_t>(i / K);
-  }
+  router::expert_order(pick.data(), kept, A, K, a.route.rows, ps, sr);
   to_device(w, wt);
   to_device(pos, ps);
   to_device(src, sr);

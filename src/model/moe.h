@@ -110,8 +110,15 @@ class MoeBlock {
   struct Expert {
     int gate = -1, up = -1, up_b = -1, down = -1, down_b = -1;
   };
+  // The router (model/router.h): route() runs its steps, each a method below.
   void route(Acts& a, const Tensor& x, float weight, bool count);
+  // Logits (fp32), scores, the top k, weights and each row's logsumexp, into `a`.
+  void score(Acts& a, const Tensor& x);
+  // The balancing losses' coefficients into `a` (and with count, their values into stats).
+  void balance(Acts& a, bool count);
   void drop_over_capacity(Acts& a, std::vector<uint8_t>& kept) const;
+  // The kept picks into expert order (a.pos, a.src), the dispatch planned (a.route).
+  void permute(Acts& a, const std::vector<uint8_t>& kept);
   void size_routing(Acts& a);
   void size_rows(Acts& a, int64_t picks, int64_t recv_rows);
   void experts_forward(Acts& a);
