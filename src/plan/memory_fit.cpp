@@ -211,24 +211,38 @@ NodeShare node_share() {
   return node;
 }
 
-void check_memory(const Config& cfg, const parallel::MeshConfig& mesh, const NodeShare& node) {
-  if (cfg.train.memory_limit_mb == 0 && cfg.train.device != "cpu") return;
-  const auto limits = memory_limit(cfg, node);  // (bytes, how they were chosen)
-  const auto& [limit, limit_text] = limits;
-  const MemoryEstimate e = estimate_memory(cfg, mesh);
-  if (e.total() <= limit) {
-    report_fit(cfg, node, e);
-    return;
-  }
+namespace {
 
-  auto fits = [&](Config c) {
+// The search for what would fit: the plan as it stands, the limit, and whether a changed
+// recipe or mesh fits (or what it saves where it does not fit alone; estimate_memory
+// refusing it: nothing).
+struct FitSearch {
+  const Config& cfg;
+  const parallel::MeshConfig& mesh;
+  double limit;
+  MemoryEstimate e;
+
+  bool fits(const Config& c) const {
     try {
-      return estimate_memory(c, mesh).total() <= limits.first;
+      return estimate_memory(c, mesh).total() <= limit;
     } catch (const Error&) {  // a layout the changed value does not split into
       return false;
     }
-  };
-  std::vector<std::string> knobs;
+  }
+  double saves(const Config& c, const parallel::MeshConfig& layout) const {
+    try {
+      return e.total() - estimate_memory(c, layout).total();
+    } catch (const Error&) {
+      return 0.0;
+    }
+  }
+};
+
+// Smaller models and micro-batches: the largest value of each key that fits alone.
+void model_knobs(const FitSearch& f, std::vector<std::string>& knobs) {
+  const Config& cfg = f.cfg;
+  const parallel::MeshConfig& mesh = f.mesh;
+  auto fits = [&](const Config& c) { return f.fits(c); };
   const ModelConfig& m = cfg.model;
   const int64_t min_layers = int64_t(mesh.pp) * cfg.parallel.virtual_stages;
   const int64_t layers = largest_fitting(min_layers, m.n_layer - 1, [&](int64_t n) {
@@ -261,14 +275,15 @@ void check_memory(const Config& cfg, const parallel::MeshConfig& mesh, const Nod
         fmt::format("train.micro_batch <= {} (raise train.grad_accum to keep the "
                     "batch)",
                     batch));
-  // What a change saves where it does not fit alone (estimate_memory refusing it: nothing).
-  auto saves = [&](const Config& c, const parallel::MeshConfig& layout) {
-    try {
-      return e.total() - estimate_memory(c, layout).total();
-    } catch (const Error&) {
-      return 0.0;
-    }
-  };
+}
+
+// Recomputation, and context parallelism dividing the activations of every layer by cp.
+void activation_knobs(const FitSearch& f, std::vector<std::string>& knobs) {
+  const Config& cfg = f.cfg;
+  const parallel::MeshConfig& mesh = f.mesh;
+  const ModelConfig& m = cfg.model;
+  auto fits = [&](const Config& c) { return f.fits(c); };
+  auto saves = [&](const Config& c, const parallel::MeshConfig& l) { return f.saves(c, l); };
   if (!m.recompute) {
     Config c = cfg;
     c.model.recompute = true;
@@ -280,14 +295,13 @@ void check_memory(const Config& cfg, const parallel::MeshConfig& mesh, const Nod
           "activations, not enough alone)",
           bytes_text(saves(c, mesh))));
   }
-  // Context parallelism divides the activations of every layer by cp.
   for (int cp = mesh.cp * 2; cp <= 64 && cfg.train.seq_len % (2 * cp) == 0; cp *= 2) {
     parallel::MeshConfig wider = mesh;
     wider.cp = cp;
     wider.cp_ulysses = mesh.cp_ulysses == mesh.cp && mesh.cp > 1 ? cp : mesh.cp_ulysses;
     bool fit = false;
     try {
-      fit = estimate_memory(cfg, wider).total() <= limits.first;
+      fit = estimate_memory(cfg, wider).total() <= f.limit;
     } catch (const Error&) {
     }
     if (fit) {
@@ -296,6 +310,16 @@ void check_memory(const Config& cfg, const parallel::MeshConfig& mesh, const Nod
       break;
     }
   }
+}
+
+// ZeRO and the offloads: the training state divided or moved out.
+void state_knobs(const FitSearch& f, std::vector<std::string>& knobs) {
+  const Config& cfg = f.cfg;
+  const parallel::MeshConfig& mesh = f.mesh;
+  const MemoryEstimate& e = f.e;
+  const double limit = f.limit;
+  auto fits = [&](const Config& c) { return f.fits(c); };
+  auto saves = [&](const Config& c, const parallel::MeshConfig& l) { return f.saves(c, l); };
   // ZeRO divides the AdamW state (and at stage 2 the gradients) over dp x cp, the routed
   // experts' over edp.
   const bool zero_helps = cfg.parallel.zero < 2 && (cfg.parallel.pp == 1 || cfg.parallel.zero < 1);
@@ -346,6 +370,14 @@ void check_memory(const Config& cfg, const parallel::MeshConfig& mesh, const Nod
     if (fits(c))
       knobs.push_back("parallel.offload = \"cpu\" (AdamW state in host memory, updated there)");
   }
+}
+
+// More ranks in tp x pp, and the experts over more of ep.
+void spread_knobs(const FitSearch& f, std::vector<std::string>& knobs) {
+  const parallel::MeshConfig& mesh = f.mesh;
+  const MemoryEstimate& e = f.e;
+  const ModelConfig& m = f.cfg.model;
+  const double limit = f.limit;
   // Parameters, gradients and AdamW state divide over tp x pp; activations mostly do not.
   const double state = e.parameters + e.gradients + e.optimizer;
   const double room = limit - e.activations;
@@ -359,7 +391,10 @@ void check_memory(const Config& cfg, const parallel::MeshConfig& mesh, const Nod
     knobs.push_back(fmt::format(
         "spread the experts ({} of the values) over more ranks: parallel.ep up to {} (now {})",
         bytes_text(e.expert_values * 4), m.n_experts, mesh.ep));
+}
 
+// The plan's items, largest first.
+std::string largest_items(const Config& cfg, const MemoryEstimate& e) {
   struct Item {
     std::string text;
     double bytes;
@@ -382,13 +417,32 @@ void check_memory(const Config& cfg, const parallel::MeshConfig& mesh, const Nod
                    [](const Item& a, const Item& b) { return a.bytes > b.bytes; });
   std::string largest;
   for (const Item& item : items) largest += (largest.empty() ? "" : ", ") + item.text;
+  return largest;
+}
+
+}  // namespace
+
+void check_memory(const Config& cfg, const parallel::MeshConfig& mesh, const NodeShare& node) {
+  if (cfg.train.memory_limit_mb == 0 && cfg.train.device != "cpu") return;
+  const auto [limit, limit_text] = memory_limit(cfg, node);  // bytes, how they were chosen
+  const MemoryEstimate e = estimate_memory(cfg, mesh);
+  if (e.total() <= limit) {
+    report_fit(cfg, node, e);
+    return;
+  }
+  const FitSearch search{cfg, mesh, limit, e};
+  std::vector<std::string> knobs;
+  model_knobs(search, knobs);
+  activation_knobs(search, knobs);
+  state_knobs(search, knobs);
+  spread_knobs(search, knobs);
   std::string options;
   for (const std::string& k : knobs) options += (options.empty() ? "" : "; or ") + k;
   fail(
       "{}: the memory plan does not fit: each rank{} needs about {} ({}), above {}. "
       "To fit: {}; or {} train.memory_limit_mb (MiB per rank)",
       cfg.recipe_path, mesh.pp > 1 ? fmt::format(" of pipeline stage {}", e.stage) : "",
-      bytes_text(e.total()), largest, limit_text, options,
+      bytes_text(e.total()), largest_items(cfg, e), limit_text, options,
       cfg.train.memory_limit_mb > 0 ? "raise" : "set");
 }
 
