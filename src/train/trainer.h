@@ -3,8 +3,9 @@
 // AdamW), eval every N steps, one log line per step and every metric as JSONL. Runs on one
 // rank, or on every rank of a device mesh (data, tensor and pipeline parallel). The rank
 // itself (threads, device) is set up before, by launch/rank.h.
-// trainer.cpp: construction, train_step, evaluate, run; reports.cpp: what it prints and
-// writes; trainer_checkpoint.cpp: saving, resuming, restoring.
+// trainer.cpp: construction, train_step, evaluate; trainer_run.cpp: run; grad_sync.h: the
+// step's gradient reduction per ZeRO stage; reports.cpp, memory_report.cpp, timeline.cpp:
+// what it prints and writes; trainer_checkpoint.cpp: saving, resuming, restoring.
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -104,8 +105,8 @@ class Trainer {
   void keep_local_tokens(std::vector<int32_t>& ids) const;
   parallel::pp::Pipeline* pipeline() { return pipeline_.get(); }
 
-  // Reports (train/reports.cpp). The memory plan: this rank's parameters, gradients,
-  // optimizer state and activations.
+  // Reports (train/reports.cpp). The memory plan (train/memory_report.cpp): this rank's
+  // parameters, gradients, optimizer state and activations.
   std::string memory_plan() const;
   // Writes this rank's parameter shards as .npy plus their global identity (shards.json),
   // when this rank is the first of its data-parallel replicas.
@@ -115,9 +116,9 @@ class Trainer {
   void dump_first_gradients(std::string dir) { dump_grads_dir_ = std::move(dir); }
   // Writes this rank's communication trace and step spans (rank<r>.json) for bench/.
   void write_comm_log(const std::string& dir) const;
-  // Pipeline timeline: every rank's forward, backward and transfer-wait spans of the last
-  // steps, gathered into one Chrome-trace JSON (opens in Perfetto) by world rank 0, which
-  // returns the measured bubble fraction (-1 without pipelining; 0 on other ranks).
+  // Pipeline timeline (train/timeline.cpp): every rank's forward, backward and transfer-wait spans
+  // of the last steps, gathered into one Chrome-trace JSON (opens in Perfetto) by world rank 0,
+  // which returns the measured bubble fraction (-1 without pipelining; 0 on other ranks).
   // Collective.
   double write_timeline(const std::string& path);
 
@@ -189,6 +190,15 @@ class Trainer {
   void report_eval(int64_t step, float loss);
   void report_checkpoints(double blocked_seconds, double final_flush_seconds);
   void report_saver_time(int64_t step, const ckpt::AsyncSaver::Timings& timings);
+  // memory_plan()'s parts (train/memory_report.cpp): the parameters' and gradients' bytes
+  // (shard: the bytes of this rank's ZeRO shares), the text on ZeRO and offloading, the
+  // activations' bytes (note: context parallelism and the pipeline's slots) and the MoE
+  // dispatch buffers' (experts: the values in routed experts).
+  size_t planned_param_bytes() const;
+  size_t planned_grad_bytes(size_t shard) const;
+  std::string sharding_note(size_t shard) const;
+  size_t planned_activation_bytes(std::string& note) const;
+  size_t planned_dispatch_bytes(std::string& experts, std::string& note) const;
   // The state a checkpoint holds, each buffer laid out like the parameter arena.
   struct StateBuffer {
     const char* prefix;  // tensor name prefix in the checkpoint: "param/", "adam_m/", "adam_v/"

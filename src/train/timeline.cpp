@@ -1,0 +1,249 @@
+// The pipeline timeline (Trainer::write_timeline): every rank's forward, backward and
+// transfer-wait spans of the last steps, gathered to world rank 0 into one Chrome-trace JSON
+// (opens in Perfetto), with the bubble measured three ways: by the clock, by CPU time, and by
+// the schedule replayed with the stages' own compute time.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "plan/memory_budget.h"
+#include "train/trainer.h"
+
+namespace pentad {
+
+namespace pp = parallel::pp;
+
+namespace {
+
+// A span as a row of 7 int64: kind, micro, chunk, step, start, end, CPU time; a step's start
+// is a row of kind -1.
+constexpr int64_t kRow = 7;
+
+// Every rank's rows on world rank 0, rank after rank (counts: each rank's values); on other
+// ranks `values` is empty. Collective.
+struct GatheredRows {
+  std::vector<int64_t> values, counts;
+  int64_t total = 0;
+};
+
+GatheredRows gather_rows(parallel::Communicator& world, std::vector<int64_t> rows, bool root) {
+  // int64 values travel as pairs of int32 (the same bytes).
+  auto words = [](int64_t* data, int64_t count) {
+    return view_of(data, Shape{2 * count}, DType::I32);
+  };
+  const int n = world.size();
+  GatheredRows g;
+  int64_t count = int64_t(rows.size());
+  g.counts.resize(static_cast<size_t>(n));
+  world.all_gather(words(g.counts.data(), n), words(&count, 1));
+  std::vector<int64_t> send_counts(size_t(n), 0), recv_counts(size_t(n), 0);
+  send_counts[0] = 2 * count;
+  if (root)
+    for (int r = 0; r < n; ++r) recv_counts[size_t(r)] = 2 * g.counts[size_t(r)];
+  for (int64_t c : recv_counts) g.total += c / 2;
+  g.values.resize(size_t(std::max<int64_t>(g.total, 1)));
+  rows.resize(std::max<size_t>(rows.size(), 1));
+  world.all_to_all_v(words(g.values.data(), int64_t(g.values.size())), recv_counts,
+                     words(rows.data(), int64_t(rows.size())), send_counts);
+  return g;
+}
+
+// Per step: the earliest start over ranks, the latest pass end, and each rank's busy time.
+struct StepWindow {
+  int64_t start = std::numeric_limits<int64_t>::max(), end = 0;
+  std::map<int, double> busy;
+  double cpu = 0;  // CPU time in passes, all ranks
+};
+
+// What the rows say: the trace's events, the step windows, and each stage's CPU time in
+// forward ([0]) and backward ([1]) passes (one micro-batch through one chunk) over the steps
+// after the first, with their counts.
+struct Scan {
+  nlohmann::json events = nlohmann::json::array();
+  std::map<int64_t, StepWindow> windows;
+  std::vector<double> pass_cpu[2];
+  std::vector<int64_t> passes[2];
+};
+
+nlohmann::json thread_name(int r, const parallel::MeshCoords& x) {
+  return {{"name", "thread_name"},
+          {"ph", "M"},
+          {"pid", 0},
+          {"tid", r},
+          {"args",
+           {{"name", fmt::format("rank {} (pp {} dp {} tp {})", r, x[size_t(parallel::Axis::PP)],
+                                 x[size_t(parallel::Axis::DP)], x[size_t(parallel::Axis::TP)])}}}};
+}
+
+nlohmann::json span_event(const int64_t* row, int r, int64_t origin) {
+  const auto kind = pp::Span::Kind(row[0]);
+  const bool pass = kind == pp::Span::Forward || kind == pp::Span::Backward;
+  const std::string name = pass ? fmt::format("{}{}{}", kind == pp::Span::Forward ? "F" : "B",
+                                              row[1], row[2] ? fmt::format(".{}", row[2]) : "")
+                                : pp::span_name(kind);
+  return {{"name", name},
+          {"cat", pp::span_name(kind)},
+          {"ph", "X"},
+          {"pid", 0},
+          {"tid", r},
+          {"ts", double(row[4] - origin) * 1e-3},
+          {"dur", double(row[5] - row[4]) * 1e-3},
+          {"args",
+           {{"step", row[3] + 1},
+            {"micro_batch", row[1]},
+            {"chunk", row[2]},
+            {"cpu_ms", double(row[6]) * 1e-6}}}};
+}
+
+Scan scan_rows(const GatheredRows& g, const parallel::MeshConfig& mesh, int n) {
+  Scan scan;
+  const std::vector<int64_t>& v = g.values;
+  int64_t origin = std::numeric_limits<int64_t>::max();
+  for (int64_t i = 0; i < g.total; i += kRow) origin = std::min(origin, v[size_t(i + 4)]);
+  for (int b = 0; b < 2; ++b) {
+    scan.pass_cpu[b].resize(size_t(mesh.pp));
+    scan.passes[b].resize(size_t(mesh.pp));
+  }
+  std::set<int64_t> recorded;
+  for (int64_t i = 0; i < g.total; i += kRow) recorded.insert(v[size_t(i + 3)]);
+  const int64_t warm_up = recorded.size() > 1 ? *recorded.begin() : -1;  // left out
+  int64_t offset = 0;
+  for (int r = 0; r < n; ++r) {
+    const parallel::MeshCoords x = parallel::mesh_coords(mesh, r);
+    scan.events.push_back(thread_name(r, x));
+    for (int64_t i = offset; i < offset + g.counts[size_t(r)]; i += kRow) {
+      const int64_t* row = &v[size_t(i)];
+      StepWindow& w = scan.windows[row[3]];
+      if (row[0] < 0) {
+        w.start = std::min(w.start, row[4]);
+        continue;
+      }
+      const auto kind = pp::Span::Kind(row[0]);
+      if (kind == pp::Span::Forward || kind == pp::Span::Backward) {
+        w.end = std::max(w.end, row[5]);
+        w.busy[r] += double(row[5] - row[4]);
+        w.cpu += double(row[6]);
+        if (row[3] != warm_up) {
+          const int backward = kind == pp::Span::Backward;
+          const size_t stage = size_t(x[size_t(parallel::Axis::PP)]);
+          scan.pass_cpu[backward][stage] += double(row[6]) * 1e-9;
+          ++scan.passes[backward][stage];
+        }
+      }
+      scan.events.push_back(span_event(row, r, origin));
+    }
+    offset += g.counts[size_t(r)];
+  }
+  return scan;
+}
+
+struct Bubbles {
+  double wall = 0, cpu = 0, compute = 0;
+  int steps = 0;
+};
+
+// Bubble: 1 - mean busy / window, averaged over the recorded steps after the first
+// (warm-up). Assumes the ranks' steady clocks agree, as they do on one machine.
+// The CPU-time bubble counts the cores' time instead: 1 - CPU time in passes / (cores the
+// ranks can use x window). It is the larger one when ranks wait for a core (each other's or
+// another program's) in the middle of a pass. The compute-time bubble replays the schedule
+// with each stage's mean CPU time a pass.
+Bubbles measure_bubbles(const Scan& scan, const NodeShare& node, int n,
+                        const pp::ScheduleSpec& spec, int stages) {
+  const double core_slots =
+      double(std::min(node.threads, node.cores)) * std::max(1, n / node.ranks);
+  double bubble_sum = 0.0, cpu_bubble_sum = 0.0;
+  Bubbles b;
+  for (auto it = scan.windows.begin(); it != scan.windows.end(); ++it) {
+    if (it == scan.windows.begin() && scan.windows.size() > 1) continue;
+    const StepWindow& w = it->second;
+    if (w.end <= w.start) continue;
+    double busy = 0.0;
+    for (const auto& [rank, time] : w.busy) busy += time;
+    bubble_sum += 1.0 - busy / (double(n) * double(w.end - w.start));
+    cpu_bubble_sum += std::max(0.0, 1.0 - w.cpu / (core_slots * double(w.end - w.start)));
+    ++b.steps;
+  }
+  b.wall = b.steps ? bubble_sum / b.steps : 0.0;
+  b.cpu = b.steps ? cpu_bubble_sum / b.steps : 0.0;
+  // A pass's CPU time over the threads a rank computes with: its time on cores of its own.
+  const double rank_threads = std::max(1.0, double(node.threads) / std::max(1, node.ranks));
+  pp::SimCosts costs;
+  for (int k = 0; k < 2; ++k)
+    for (int st = 0; st < stages; ++st) {
+      const double passes = double(scan.passes[k][size_t(st)]);
+      const double mean = passes ? scan.pass_cpu[k][size_t(st)] / passes / rank_threads : 0.0;
+      (k ? costs.backward_seconds : costs.forward_seconds).push_back(mean);
+    }
+  const pp::SimResult replay = pp::simulate(spec, costs);
+  b.compute = replay.deadlock ? -1.0 : replay.bubble_fraction();
+  return b;
+}
+
+void log_timeline(const std::string& path, const Bubbles& b, const pp::ScheduleSpec& spec,
+                  const std::string& schedule_name, const NodeShare& node) {
+  const std::string schedule = fmt::format(
+      "{} p={} m={} v={}{}", schedule_name, spec.stages, spec.micro_batches, spec.virtual_stages,
+      spec.kind == pp::ScheduleKind::KFKB ? fmt::format(" k={}", spec.group) : "");
+  if (node.threads <= node.cores)
+    spdlog::info(
+        "pipeline trace: {} ({} steps) | bubble measured {:.3f} (wall time; {:.3f} by CPU "
+        "time, {:.3f} from the stages' own compute time), ideal {:.3f} ({})",
+        path, b.steps, b.wall, b.cpu, b.compute, pp::ideal_bubble_fraction(spec), schedule);
+  else  // the clock measures the waits for a core as much as the schedule
+    spdlog::info(
+        "pipeline trace: {} ({} steps) | bubble {:.3f} from the stages' own compute time (the "
+        "schedule replayed with each stage's CPU time a pass), ideal {:.3f} ({}) | not "
+        "measured by the clock: {} ranks ({} compute threads) share {} core{} on this machine, "
+        "so wall and CPU time count waits for a core, not only for other stages",
+        path, b.steps, b.compute, pp::ideal_bubble_fraction(spec), schedule, node.ranks,
+        node.threads, node.cores, node.cores == 1 ? "" : "s");
+}
+
+}  // namespace
+
+double Trainer::write_timeline(const std::string& path) {
+  if (!pipeline_) return -1.0;
+  std::vector<int64_t> rows;
+  for (const auto& [step, start] : step_starts_)
+    rows.insert(rows.end(), {-1, 0, 0, step, start, start, 0});
+  for (const pp::Span& s : pipeline_->spans())
+    rows.insert(rows.end(),
+                {int64_t(s.kind), s.micro, s.chunk, s.step, s.start_ns, s.end_ns, s.cpu_ns});
+  parallel::Communicator& world = mesh_->world();
+  const GatheredRows gathered = gather_rows(world, std::move(rows), world_rank_ == 0);
+  // Spans are wall time: when the ranks' threads outnumber the cores, a rank that waits for
+  // a core looks idle, and the measured bubble counts that wait too.
+  const NodeShare node = node_share();
+  if (world_rank_ != 0) return 0.0;
+  const int n = world.size();
+  const Scan scan = scan_rows(gathered, mesh_->config(), n);
+  const pp::ScheduleSpec& spec = pipeline_->schedule();
+  const Bubbles bubbles = measure_bubbles(scan, node, n, spec, mesh_->config().pp);
+  nlohmann::json doc = {{"traceEvents", scan.events},
+                        {"displayTimeUnit", "ms"},
+                        {"otherData",
+                         {{"schedule", cfg_.parallel.pp_schedule},
+                          {"stages", spec.stages},
+                          {"micro_batches", spec.micro_batches},
+                          {"virtual_stages", spec.virtual_stages},
+                          {"group", spec.group},
+                          {"measured_bubble_fraction", bubbles.wall},
+                          {"ideal_bubble_fraction", pp::ideal_bubble_fraction(spec)},
+                          {"cpu_time_bubble_fraction", bubbles.cpu},
+                          {"compute_time_bubble_fraction", bubbles.compute},
+                          {"threads_on_node", node.threads},
+                          {"cores_on_node", node.cores}}}};
+  std::ofstream out(path);
+  if (!out) fail("cannot write the pipeline trace {}", path);
+  out << doc.dump();
+  log_timeline(path, bubbles, spec, cfg_.parallel.pp_schedule, node);
+  return bubbles.wall;
+}
+
+}  // namespace pentad
