@@ -48,8 +48,9 @@ void check_hf_exportable(const ModelConfig& m, const std::string& where) {
   if (m.n_shared_experts > 0)
     fail("{}: model.n_shared_experts = {}: Mixtral has no shared experts", where,
          m.n_shared_experts);
-  if (m.moe.score != "softmax")
-    fail("{}: moe.score = \"{}\": Mixtral's router scores with softmax", where, m.moe.score);
+  if (m.moe.score != MoeScore::Softmax)
+    fail("{}: moe.score = \"{}\": Mixtral's router scores with softmax", where,
+         moe_score_name(m.moe.score));
   if (!m.moe.renormalize)
     fail("{}: moe.renormalize = false: Mixtral divides the top-k weights by their sum", where);
 }
@@ -348,7 +349,7 @@ ModelConfig model_from_hf(const nlohmann::json& c, const std::string& path) {
       m.n_experts = integer("num_local_experts");
       m.top_k = has("num_experts_per_tok") ? integer("num_experts_per_tok") : 2;
       m.d_ff_expert = integer("intermediate_size");
-      m.moe.score = "softmax";
+      m.moe.score = MoeScore::Softmax;
       m.moe.renormalize = true;
       // pentad's term is per layer with a 1/k (src/model/moe.h): k/L times transformers'.
       m.moe.aux_loss_coef =

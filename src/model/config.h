@@ -9,13 +9,20 @@ namespace pentad {
 
 enum class ModelFamily { GPT2, LLaMA };
 
+// moe.score: how the router turns logits into probabilities.
+enum class MoeScore { Softmax, Sigmoid };
+// Its name in a recipe ("softmax", "sigmoid").
+inline const char* moe_score_name(MoeScore score) {
+  return score == MoeScore::Sigmoid ? "sigmoid" : "softmax";
+}
+
 // [moe]: the router and the losses that balance it (src/model/moe.h has the formulas).
 struct MoeConfig {
-  std::string score = "softmax";   // "softmax" | "sigmoid": router probabilities
-  bool renormalize = true;         // top-k weights divided by their sum
-  float aux_loss_coef = 0.0f;      // Switch/GShard load balancing, over each micro-batch
-  float seq_aux_loss_coef = 0.0f;  // the same, per sequence (DeepSeek-V3's complementary loss)
-  float z_loss_coef = 0.0f;        // router z-loss: mean squared logsumexp of the logits
+  MoeScore score = MoeScore::Softmax;  // "softmax" | "sigmoid": router probabilities
+  bool renormalize = true;             // top-k weights divided by their sum
+  float aux_loss_coef = 0.0f;          // Switch/GShard load balancing, over each micro-batch
+  float seq_aux_loss_coef = 0.0f;      // the same, per sequence (DeepSeek-V3's complementary loss)
+  float z_loss_coef = 0.0f;            // router z-loss: mean squared logsumexp of the logits
   // Aux-loss-free balancing (DeepSeek-V3): after each step every expert's selection bias
   // moves by this much toward balance (up when it got fewer tokens than the mean); 0: off.
   float bias_update_rate = 0.0f;

@@ -177,6 +177,8 @@ void set_value(Config& config, const Key& key, const toml::node& node, const std
           check_word(word);
           if constexpr (std::is_same_v<T, ModelFamily>)
             *dst = word == "llama" ? ModelFamily::LLaMA : ModelFamily::GPT2;
+          else if constexpr (std::is_same_v<T, MoeScore>)
+            *dst = word == "sigmoid" ? MoeScore::Sigmoid : MoeScore::Softmax;
           else
             *dst = word;
         }
@@ -196,6 +198,8 @@ std::string format_value(Field field) {
           return quote(*v);
         else if constexpr (std::is_same_v<T, ModelFamily>)
           return quote(family_name(*v));
+        else if constexpr (std::is_same_v<T, MoeScore>)
+          return quote(moe_score_name(*v));
         else
           return fmt::format("{}", *v);
       },
@@ -216,7 +220,7 @@ std::string_view field_type(Field field) {
         else if constexpr (std::is_same_v<T, bool>)
           return "true / false";
         else
-          return "string";  // std::string, ModelFamily
+          return "string";  // std::string, ModelFamily, MoeScore
       },
       field);
 }

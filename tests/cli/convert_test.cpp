@@ -365,7 +365,7 @@ TEST(ConvertHf, MixtralImportKeys) {
   EXPECT_EQ(m.top_k, 2);
   EXPECT_EQ(m.d_ff_expert, 6);
   EXPECT_EQ(m.n_shared_experts, 0);
-  EXPECT_EQ(m.moe.score, "softmax");
+  EXPECT_EQ(m.moe.score, MoeScore::Softmax);
   EXPECT_TRUE(m.moe.renormalize);
   EXPECT_EQ(m.moe.aux_loss_coef, 0.125f);
   EXPECT_EQ(m.rope_theta, 1e6f);  // MixtralConfig's defaults, not LlamaConfig's

@@ -173,7 +173,7 @@ TEST(Recipe, ShippedShapes) {
   EXPECT_EQ(moe_layer_indices(mixtral.model), (std::vector<int64_t>{0, 1}));
   EXPECT_EQ(mixtral.model.n_experts, 8);
   EXPECT_EQ(mixtral.model.top_k, 2);
-  EXPECT_EQ(mixtral.model.moe.score, "softmax");
+  EXPECT_EQ(mixtral.model.moe.score, MoeScore::Softmax);
   EXPECT_TRUE(mixtral.model.moe.renormalize);
   EXPECT_EQ(mixtral.model.moe.aux_loss_coef, 0.01f);
 
@@ -182,7 +182,7 @@ TEST(Recipe, ShippedShapes) {
   EXPECT_EQ(fine.model.n_experts, 16);
   EXPECT_EQ(fine.model.top_k, 4);
   EXPECT_EQ(fine.model.n_shared_experts, 1);
-  EXPECT_EQ(fine.model.moe.score, "sigmoid");
+  EXPECT_EQ(fine.model.moe.score, MoeScore::Sigmoid);
   EXPECT_EQ(fine.model.moe.aux_loss_coef, 0.0f);
   EXPECT_GT(fine.model.moe.bias_update_rate, 0.0f);
 
