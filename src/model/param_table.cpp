@@ -1,6 +1,7 @@
 // The model's parameters declared once (model/param_table.h).
 #include "model/param_table.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/check.h"
@@ -30,8 +31,9 @@ std::string expert_prefix(int64_t layer, int64_t expert) {
 namespace {
 
 // Matrices: normal, decayed; vectors: ones or zeros, not decayed.
-ParamDecl matrix(std::string name, Shape shape, Cut cut, Role role, float std) {
-  return {std::move(name), shape, cut, role, Init::Normal, std, true, false};
+ParamDecl matrix(std::string name, Shape shape, Cut cut, Role role, float std,
+                 Reads reads = Reads::None) {
+  return {std::move(name), shape, cut, role, Init::Normal, std, true, false, false, reads};
 }
 ParamDecl vector(std::string name, int64_t n, Cut cut, Role role, Init init,
                  bool tp_partial = false) {
@@ -52,18 +54,20 @@ void add_mlp(std::vector<ParamDecl>& t, const ModelConfig& cfg, const std::strin
   const Cut column = expert ? Cut::ExpertColumn : Cut::Column;
   const Cut row = expert ? Cut::ExpertRow : Cut::Row;
   // A routed expert's matrices start at zero where init_std is 0 (MoeBlock's rule).
-  auto weight = [&](std::string name, Shape shape, Cut cut, Role role, float std) {
-    ParamDecl d = matrix(std::move(name), shape, cut, role, std);
+  auto weight = [&](std::string name, Shape shape, Cut cut, Role role, float std, Reads reads) {
+    ParamDecl d = matrix(std::move(name), shape, cut, role, std, reads);
     if (expert && std <= 0) d.init = Init::Zeros;
     return d;
   };
   const float std = cfg.init_std;
-  if (!gpt2) t.push_back(weight(pre + "gate.weight", Shape{W, C}, column, Role::GateW, std));
-  t.push_back(weight(pre + "up.weight", Shape{W, C}, column, Role::UpW, std));
+  if (!gpt2)
+    t.push_back(weight(pre + "gate.weight", Shape{W, C}, column, Role::GateW, std, Reads::Norm2));
+  t.push_back(weight(pre + "up.weight", Shape{W, C}, column, Role::UpW, std, Reads::Norm2));
   if (gpt2)
     t.push_back(vector(pre + "up.bias", W, expert ? Cut::ExpertColumn : Cut::ColumnBias, Role::UpB,
                        Init::Zeros));
-  t.push_back(weight(pre + "down.weight", Shape{C, W}, row, Role::DownW, residual_std(cfg)));
+  t.push_back(weight(pre + "down.weight", Shape{C, W}, row, Role::DownW, residual_std(cfg),
+                     Reads::Activation));
   if (gpt2)
     t.push_back(vector(pre + "down.bias", C, expert ? Cut::ExpertWhole : Cut::RowBias, Role::DownB,
                        Init::Zeros));
@@ -92,14 +96,16 @@ std::vector<ParamDecl> layer_params(const ModelConfig& cfg, bool moe) {
   };
   // Attention: q, k, v column parallel (heads over d1), o row parallel.
   auto projection = [&](const std::string& name, int64_t out, Role w, Role b) {
-    t.push_back(matrix("attn." + name + ".weight", Shape{out, C}, Cut::Column, w, std));
+    t.push_back(
+        matrix("attn." + name + ".weight", Shape{out, C}, Cut::Column, w, std, Reads::Norm1));
     if (gpt2) t.push_back(vector("attn." + name + ".bias", out, Cut::ColumnBias, b, Init::Zeros));
   };
   norm("norm1", Role::Norm1W, Role::Norm1B);
   projection("q", C, Role::QW, Role::QB);
   projection("k", Ckv, Role::KW, Role::KB);
   projection("v", Ckv, Role::VW, Role::VB);
-  t.push_back(matrix("attn.o.weight", Shape{C, C}, Cut::Row, Role::OW, residual_std(cfg)));
+  t.push_back(matrix("attn.o.weight", Shape{C, C}, Cut::Row, Role::OW, residual_std(cfg),
+                     Reads::Attention));
   if (gpt2) t.push_back(vector("attn.o.bias", C, Cut::RowBias, Role::OB, Init::Zeros));
   norm("norm2", Role::Norm2W, Role::Norm2B);
   // The MLP: dense, or an MoE layer's shared experts.
@@ -222,6 +228,47 @@ RankValues rank_values(const std::vector<ParamDecl>& decls, const CutDegrees& de
   v.experts = double(n_experts) / deg.ep * one_expert;
   v.all += v.experts;
   return v;
+}
+
+std::vector<LayerGemm> layer_gemms(const std::vector<ParamDecl>& decls, const CutDegrees& deg,
+                                   bool experts) {
+  // Summed over a GEMM's weights: their inputs' width and outputs' widths, and what divides
+  // each (column: in over d2, out over d1; row: in over d1, out over d2; an expert's: over
+  // etp, the width side).
+  struct Sum {
+    Reads reads;
+    double k, n, k_parts, n_parts;
+  };
+  std::vector<Sum> sums;
+  const double d1 = deg.tp / deg.tp_d2, d2 = deg.tp_d2;
+  for (const ParamDecl& d : decls) {
+    if (d.reads == Reads::None || d.shape.ndim != 2 || d.expert() != experts) continue;
+    double k_parts = 0, n_parts = 0;
+    switch (d.cut) {
+      case Cut::Column:
+        k_parts = d2, n_parts = d1;
+        break;
+      case Cut::Row:
+        k_parts = d1, n_parts = d2;
+        break;
+      case Cut::ExpertColumn:
+        k_parts = 1, n_parts = deg.etp;
+        break;
+      case Cut::ExpertRow:
+        k_parts = deg.etp, n_parts = 1;
+        break;
+      default:
+        continue;  // a whole matrix (the router) is the MoE block's own GEMM
+    }
+    auto same = [&](const Sum& x) { return x.reads == d.reads; };
+    auto it = std::find_if(sums.begin(), sums.end(), same);
+    if (it == sums.end())
+      it = sums.insert(sums.end(), {d.reads, double(d.shape[1]), 0, k_parts, n_parts});
+    it->n += double(d.shape[0]);
+  }
+  std::vector<LayerGemm> gemms;
+  for (const Sum& x : sums) gemms.push_back({x.reads, x.k / x.k_parts, x.n / x.n_parts});
+  return gemms;
 }
 
 }  // namespace pentad

@@ -59,6 +59,10 @@ enum class Role : uint8_t {
   Head,
 };
 
+// The activation a weight multiplies, for the GEMM it runs in: the weights reading the same
+// one run as one GEMM (q, k and v; gate and up), their outputs side by side. None: no GEMM's.
+enum class Reads : uint8_t { None, Norm1, Attention, Norm2, Activation };
+
 struct ParamDecl {
   // Within its scope: a layer's "attn.q.weight" (layer_prefix), a routed expert's
   // "up.weight" (expert_prefix); the embedding's and the final ones whole ("wte.weight").
@@ -75,6 +79,7 @@ struct ParamDecl {
   // Registered by the MoE block (model/moe.h): the router, the expert bias and the routed
   // experts' parameters.
   bool routed = false;
+  Reads reads = Reads::None;
   bool expert() const { return cut >= Cut::ExpertColumn; }
 };
 
@@ -121,5 +126,15 @@ struct RankValues {
 };
 RankValues rank_values(const std::vector<ParamDecl>& decls, const CutDegrees& deg,
                        int64_t n_experts);
+
+// One GEMM of a layer on one rank, per row of its input: (rows, k) x (k, n).
+struct LayerGemm {
+  Reads reads = Reads::None;
+  double k = 0, n = 0;
+};
+// The GEMMs of a layer's tensor-parallel weights (column and row), in forward order; with
+// `experts`, those of one routed expert instead (cut over etp).
+std::vector<LayerGemm> layer_gemms(const std::vector<ParamDecl>& decls, const CutDegrees& deg,
+                                   bool experts);
 
 }  // namespace pentad

@@ -13,6 +13,7 @@
 #include "core/check.h"
 #include "model/model.h"
 #include "model/moe.h"
+#include "model/param_table.h"
 #include "parallel/pp/layout.h"
 #include "parallel/pp/schedule.h"
 #include "plan/layout.h"
@@ -326,16 +327,25 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
   const double F = double(ffn_dim(m)), V = double(m.vocab_size), e = element_bytes(cfg);
   const bool gpt2 = m.family == ModelFamily::GPT2, sp = par.sequence_parallel;
   const double tp = mesh.tp, d2 = mesh.tp_d2, d1 = tp / d2;
-  const double mats = gpt2 ? 1 : 2;  // column GEMMs of the MLP's input: up (+ gate)
 
-  // One dense layer's compute: GEMMs split (1D) over tp or (2D) their input over d2 and output
-  // over d1; attention's core and what lies between a column and a row GEMM split over d1
-  // only (redundant over d2); norms and residuals over tp with sequence parallelism.
-  auto dense_mlp = [&](double width, Pass& p) {
-    p.add_fwd_bwd(rates.gemm(n, C / d2, mats * width / d1) + rates.gemm(n, width / d1, C / d2));
+  // One dense layer's compute: the GEMMs of the parameter table's weights (model/
+  // param_table.h), split (1D) over tp or (2D) their input over d2 and output over d1;
+  // attention's core and what lies between a column and a row GEMM split over d1 only
+  // (redundant over d2); norms and residuals over tp with sequence parallelism.
+  const ParamTable table = param_table(m);
+  const CutDegrees degrees{tp, d2, double(mesh.ep), double(mesh.etp)};
+  const std::vector<LayerGemm> dense_gemms = layer_gemms(table.dense_layer, degrees, false);
+  // The seconds of a block's GEMMs (attention: reading norm1's output and the attention's;
+  // the MLP: norm2's and the activation's) on `rows` rows.
+  auto gemm_seconds = [&](const std::vector<LayerGemm>& gemms, bool mlp, double rows) {
+    double seconds = 0;
+    for (const LayerGemm& g : gemms)
+      if ((g.reads == Reads::Norm2 || g.reads == Reads::Activation) == mlp)
+        seconds += rates.gemm(rows, g.k, g.n);
+    return seconds;
   };
   Pass dense;
-  dense.add_fwd_bwd(rates.gemm(n, C / d2, (C + 2 * Ckv) / d1) + rates.gemm(n, C / d1, C / d2));
+  dense.add_fwd_bwd(gemm_seconds(dense_gemms, false, n));
   // Each call sees the whole sequence, or under ring attention one block of it.
   const double ring = mesh.cp > 1 ? double(mesh.cp) / mesh.cp_ulysses : 1.0;
   dense.add_fwd_bwd(rates.attention(6 * n * C * s / d1, s / ring));
@@ -345,7 +355,7 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
   dense.forward += rates.elementwise(layer_elem_bytes);
   dense.backward += rates.elementwise(2 * layer_elem_bytes);
   Pass attention_part = dense;
-  dense_mlp(F, dense);
+  dense.add_fwd_bwd(gemm_seconds(dense_gemms, true, n));
 
   // An MoE layer: the attention half as above, then each rank's routed rows through its
   // experts (balanced: its own rows x top_k, each expert's width over etp, gathered over etp)
@@ -353,13 +363,14 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
   Pass moe = attention_part;
   double moe_comm_fwd = 0;
   if (m.is_moe()) {
-    const double Fe = double(expert_ffn_dim(m)), k = double(m.top_k);
+    const double k = double(m.top_k);
     const double rows = (sp ? n / tp : n) * k * mesh.etp;
     const double experts_here = double(m.n_experts) / mesh.ep;
     const double per_expert = rows / experts_here;
-    moe.add_fwd_bwd(experts_here * (rates.gemm(per_expert, C, mats * Fe / mesh.etp) +
-                                    rates.gemm(per_expert, Fe / mesh.etp, C)));
-    if (m.n_shared_experts > 0) dense_mlp(Fe * double(m.n_shared_experts), moe);
+    moe.add_fwd_bwd(experts_here *
+                    gemm_seconds(layer_gemms(table.moe_layer, degrees, true), true, per_expert));
+    if (m.n_shared_experts > 0)  // the shared experts: a dense MLP
+      moe.add_fwd_bwd(gemm_seconds(layer_gemms(table.moe_layer, degrees, false), true, n));
     moe.add_fwd_bwd(rates.gemm(sp ? n / tp : n, C, double(m.n_experts)));  // router
     const double sent = (sp ? n / tp : n) * k * C * e;
     if (mesh.ep > 1) {
@@ -382,8 +393,9 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
     // on one piece computing while the next travels; what is left exposed is a piece, or
     // the part of the transfer longer than the layer's GEMMs.
     Pass gemms;
-    gemms.add_fwd_bwd(rates.gemm(n, C, (C + 2 * Ckv) / tp) + rates.gemm(n, C / tp, C) +
-                      rates.gemm(n, C, mats * F / tp) + rates.gemm(n, F / tp, C));
+    double seconds = 0;
+    for (const LayerGemm& g : dense_gemms) seconds += rates.gemm(n, g.k, g.n);
+    gemms.add_fwd_bwd(seconds);
     tp_fwd = std::max(tp_fwd - gemms.forward, tp_fwd / tp);
     tp_bwd = std::max(tp_bwd - gemms.backward, tp_bwd / tp);
   }

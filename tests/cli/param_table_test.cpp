@@ -144,3 +144,22 @@ TEST(ParamTable, ANewRowReachesEveryReader) {
     }
   }
 }
+
+// The cost model's GEMMs are the table's weights: one reading norm1's output runs in the
+// q, k, v GEMM (its outputs beside theirs), and a 2D cut divides its sides as the model does.
+TEST(ParamTable, ANewWeightJoinsItsGemm) {
+  const ModelConfig m = table_recipe(Kind::LLaMA).model;
+  const double C = double(m.d_model), Ckv = double(m.kv_heads() * m.head_dim());
+  const CutDegrees tp4{4, 2, 1, 1};  // tp 4 as 2 x 2
+  ParamTable table = param_table(m);
+  const std::vector<LayerGemm> before = layer_gemms(table.dense_layer, tp4, false);
+  ASSERT_EQ(before.size(), 4u);  // q k v, o, gate up, down
+  EXPECT_EQ(before[0].k, C / 2);
+  EXPECT_EQ(before[0].n, (C + 2 * Ckv) / 2);
+  table.dense_layer.push_back({"attn.toy.weight", Shape{m.d_model, m.d_model}, Cut::Column,
+                               Role::Other, Init::Normal, 0.02f, true, false, false, Reads::Norm1});
+  const std::vector<LayerGemm> after = layer_gemms(table.dense_layer, tp4, false);
+  ASSERT_EQ(after.size(), 4u);
+  EXPECT_EQ(after[0].n, (2 * C + 2 * Ckv) / 2);
+  for (size_t i = 1; i < after.size(); ++i) EXPECT_EQ(after[i].n, before[i].n);
+}
