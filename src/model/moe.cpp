@@ -186,19 +186,18 @@ void MoeBlock::score(Acts& a, const Tensor& x) {
   int32_t* pick = host_side(a.pick, a.host_pick, false);
   float* w = host_side(a.w, a.host_w, false);
   a.lse.assign(static_cast<size_t>(Nl), 0.0f);
-  const bool sigmoid = moe_.score == MoeScore::Sigmoid;
   std::vector<int64_t> order(static_cast<size_t>(E));
   for (int64_t i = 0; i < Nl; ++i)
     a.lse[size_t(i)] = router::score_and_pick(logits + i * E, bias, s + i * E, pick + i * K,
-                                              w + i * K, order, K, sigmoid, moe_.renormalize);
+                                              w + i * K, order, K, moe_.score, moe_.renormalize);
 }
 
 // The losses' statistics over the whole micro-batch: counts and probability sums per expert
 // (and per sequence), summed over the ranks that share the micro-batch.
 void MoeBlock::balance(Acts& a, bool count) {
-  std::vector<float> stats = router::balance_statistics(
-      on_host(a.scores, a.host_scores), on_host(a.pick, a.host_pick), a.lse, rows_, E_, k_, b_, t_,
-      row_start_, moe_.score == MoeScore::Sigmoid);
+  std::vector<float> stats =
+      router::balance_statistics(on_host(a.scores, a.host_scores), on_host(a.pick, a.host_pick),
+                                 a.lse, rows_, E_, k_, b_, t_, row_start_, moe_.score);
   sum_over_micro_batch(stats);
   router::BalanceLosses losses = router::balance_losses(stats, moe_, E_, k_, b_, T_);
   a.aux_coef = std::move(losses.aux_coef);
@@ -299,10 +298,9 @@ void MoeBlock::decode(const Tensor& x, Tensor out) {
   float* wt = host_side(w, host_w, false);
   std::vector<int32_t> pick(static_cast<size_t>(A)), host_pos, host_src;
   std::vector<int64_t> order(static_cast<size_t>(E));
-  const bool sigmoid = moe_.score == MoeScore::Sigmoid;
   for (int64_t i = 0; i < n; ++i)
     router::score_and_pick(lg + i * E, bias, scores.data() + i * E, pick.data() + i * K, wt + i * K,
-                           order, K, sigmoid, moe_.renormalize);
+                           order, K, moe_.score, moe_.renormalize);
   // Picks in expert order (as route(), every pick kept), then the training's own kernels:
   // permute, every expert's MLP over its rows, weighted sum back in pick order.
   const std::vector<uint8_t> kept(static_cast<size_t>(A), 1);

@@ -9,7 +9,8 @@
 namespace pentad::router {
 
 float score_and_pick(const float* l, const float* bias, float* si, int32_t* pick, float* w,
-                     std::vector<int64_t>& order, int64_t K, bool sigmoid, bool renormalize) {
+                     std::vector<int64_t>& order, int64_t K, MoeScore score, bool renormalize) {
+  const bool sigmoid = score == MoeScore::Sigmoid;
   const int64_t E = static_cast<int64_t>(order.size());
   float mx = l[0];
   for (int64_t e = 1; e < E; ++e) mx = std::max(mx, l[e]);
@@ -37,7 +38,8 @@ float score_and_pick(const float* l, const float* bias, float* si, int32_t* pick
 std::vector<float> balance_statistics(const float* s, const int32_t* pick,
                                       const std::vector<float>& lse, int64_t rows, int64_t E,
                                       int64_t K, int64_t b, int64_t t, int64_t row_start,
-                                      bool sigmoid) {
+                                      MoeScore score) {
+  const bool sigmoid = score == MoeScore::Sigmoid;
   std::vector<float> stats(static_cast<size_t>(2 * E + 2 * b * E + 1), 0.0f);
   float* cnt = stats.data();
   float* psum = cnt + E;

@@ -15,9 +15,9 @@ namespace pentad::router {
 
 // One token's routing from its router logits l (E): scores s (E), the top k of s + bias
 // (ties to the lower index) into pick (k) and their weights into w (k); returns the logits'
-// logsumexp. sigmoid: moe.score = "sigmoid" (else softmax). order: scratch of E entries.
+// logsumexp. order: scratch of E entries.
 float score_and_pick(const float* l, const float* bias, float* s, int32_t* pick, float* w,
-                     std::vector<int64_t>& order, int64_t k, bool sigmoid, bool renormalize);
+                     std::vector<int64_t>& order, int64_t k, MoeScore score, bool renormalize);
 
 // The balancing losses' statistics of `rows` routed rows (s (rows, E), pick (rows, k), lse
 // (rows)), row i being row row_start + i of the micro-batch's b sequences of t tokens:
@@ -25,7 +25,7 @@ float score_and_pick(const float* l, const float* bias, float* s, int32_t* pick,
 std::vector<float> balance_statistics(const float* s, const int32_t* pick,
                                       const std::vector<float>& lse, int64_t rows, int64_t E,
                                       int64_t k, int64_t b, int64_t t, int64_t row_start,
-                                      bool sigmoid);
+                                      MoeScore score);
 
 // The losses of one micro-batch of b sequences of T tokens, from its statistics summed over
 // its ranks: each loss's value and d loss / d p[t, e] (aux: E values; seq_aux: (b, E)).

@@ -15,7 +15,8 @@ struct PickCase {
   const char* what;
   std::vector<float> logits, bias;
   int64_t k;
-  bool sigmoid, renormalize;
+  MoeScore score;
+  bool renormalize;
   std::vector<int32_t> pick;
   std::vector<float> w;  // expected weights
 };
@@ -32,21 +33,23 @@ TEST(Router, ScoresPicksAndWeights) {
   const std::vector<float> l = {1, 3, 2, 0};
   const float s1 = softmax_of(l, 1), s2 = softmax_of(l, 2), s3 = softmax_of(l, 3);
   const float sig2 = float(1 / (1 + std::exp(-2.0)));
+  const auto softmax = MoeScore::Softmax, sigmoid = MoeScore::Sigmoid;
   const std::vector<PickCase> cases = {
+      // what, logits, bias, k, score, renormalize, picks, weights
       {"softmax top 2, renormalised",
        l,
        {0, 0, 0, 0},
        2,
-       false,
+       softmax,
        true,
        {1, 2},
        {s1 / (s1 + s2), s2 / (s1 + s2)}},
-      {"softmax top 2, not renormalised", l, {0, 0, 0, 0}, 2, false, false, {1, 2}, {s1, s2}},
+      {"softmax top 2, not renormalised", l, {0, 0, 0, 0}, 2, softmax, false, {1, 2}, {s1, s2}},
       {"ties go to the lower index",
        {0, 0, 0, 0},
        {0, 0, 0, 0},
        2,
-       false,
+       softmax,
        true,
        {0, 1},
        {0.5f, 0.5f}},
@@ -54,11 +57,11 @@ TEST(Router, ScoresPicksAndWeights) {
        l,
        {0, 0, 0, 5},
        2,
-       false,
+       softmax,
        true,
        {3, 1},
        {s3 / (s3 + s1), s1 / (s3 + s1)}},
-      {"sigmoid top 1", {0, 2, -2}, {0, 0, 0}, 1, true, false, {1}, {sig2}},
+      {"sigmoid top 1", {0, 2, -2}, {0, 0, 0}, 1, sigmoid, false, {1}, {sig2}},
   };
   for (const PickCase& c : cases) {
     const size_t E = c.logits.size();
@@ -66,7 +69,7 @@ TEST(Router, ScoresPicksAndWeights) {
     std::vector<int32_t> pick(size_t(c.k));
     std::vector<int64_t> order(E);
     const float lse = router::score_and_pick(c.logits.data(), c.bias.data(), s.data(), pick.data(),
-                                             w.data(), order, c.k, c.sigmoid, c.renormalize);
+                                             w.data(), order, c.k, c.score, c.renormalize);
     double sum = 0;
     for (float v : c.logits) sum += std::exp(double(v));
     EXPECT_NEAR(lse, std::log(sum), 1e-6) << c.what;
@@ -100,9 +103,9 @@ TEST(Router, BalancingLosses) {
     for (int64_t t = 0; t < T; ++t)
       lse[size_t(t)] =
           router::score_and_pick(c.logits.data() + t * E, bias.data(), s.data() + t * E,
-                                 pick.data() + t, w.data() + t, order, k, false, true);
+                                 pick.data() + t, w.data() + t, order, k, MoeScore::Softmax, true);
     const std::vector<float> stats =
-        router::balance_statistics(s.data(), pick.data(), lse, T, E, k, b, T, 0, false);
+        router::balance_statistics(s.data(), pick.data(), lse, T, E, k, b, T, 0, MoeScore::Softmax);
     const router::BalanceLosses losses = router::balance_losses(stats, moe, E, k, b, T);
     EXPECT_NEAR(losses.aux, c.aux, 1e-7) << c.what;
     EXPECT_NEAR(losses.z, 0.1 / T * (lse[0] * lse[0] + lse[1] * lse[1]), 1e-6) << c.what;
