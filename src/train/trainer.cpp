@@ -116,6 +116,12 @@ Trainer::Trainer(const Config& recipe, parallel::Mesh* mesh) : cfg_(recipe), mes
   // within noise and costs a second set of the state (bench/RESULTS.md, 2026-11-25).
   swap_snapshots_ = cfg.checkpoint.snapshot == "swap";
   saver_.set_recycling(cfg.checkpoint.recycle_files);
+  committer_ = std::make_unique<CheckpointCommitter>(
+      saver_, mesh_ ? &mesh_->world() : nullptr, world_rank_, cfg_.train, checkpoint_roots(),
+      [this](int64_t step) { return checkpoint_record(step); },
+      [this](int64_t step, const ckpt::AsyncSaver::Timings& timings) {
+        report_saver_time(step, timings);
+      });
   prepare_snapshots();
   inputs_.resize(static_cast<size_t>(t.micro_batch * t.seq_len));
   targets_.resize(inputs_.size());

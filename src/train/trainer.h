@@ -26,6 +26,7 @@
 #include "parallel/pp/pipeline.h"
 #include "plan/layout.h"
 #include "recipe/config.h"
+#include "train/checkpoint_commit.h"
 #include "train/grad_sync.h"
 #include "train/metrics_log.h"
 #include "train/parallelize.h"
@@ -54,15 +55,6 @@ struct StepStats {
   };
   std::vector<MoeLayer> moe_layers;
   bool skipped = false;  // loss or gradient norm not finite: nothing was updated
-};
-
-// The run stops because checkpoint saves at `root` (a level: train.ckpt_dir or the mirror)
-// failed past train.max_failed_saves and train.failed_save_grace_s. `pentad launch` checks
-// that directory (its free space, whether it is there) before it restarts the job.
-struct SavesFailed : Error {
-  SavesFailed(const std::string& message, std::string where)
-      : Error(message), root(std::move(where)) {}
-  std::string root;
 };
 
 class Trainer {
@@ -147,7 +139,9 @@ class Trainer {
   std::vector<std::string> checkpoint_roots() const;  // the local level, then the mirror
   // The training thread's seconds spent on checkpoints: the saver's waits, and the commits
   // (the collective that asks whether every file is done, manifest, renames, fsyncs).
-  double checkpoint_blocked_seconds() const { return saver_.blocked_seconds() + commit_seconds_; }
+  double checkpoint_blocked_seconds() const {
+    return saver_.blocked_seconds() + committer_->seconds();
+  }
   // Restarts inside the job from the newest snapshot (the last save()), which stays in
   // host memory: parameters, AdamW moments and step, bitwise what resume() would load from
   // its checkpoint, without reading disk. Returns the step to train next, or -1 when this
@@ -246,31 +240,8 @@ class Trainer {
   // other than the checkpoint's is said in one line.
   void continue_data_order(const ckpt::Manifest& manifest, const std::string& dir);
   void write_sample_ids() const;  // dump_sample_ids()
-  // A commit in flight: the step, each level's file error agreed by the ranks (empty: every
-  // file written), and on rank 0 its thread's outcome: each level's commit error and what
-  // retention retired.
-  struct CommitOutcome {
-    std::vector<std::string> errors;
-    std::vector<std::string> retired;
-  };
-  struct CommitJob {
-    int64_t step = -1;
-    std::vector<std::string> file_errors;
-    std::future<CommitOutcome> outcome;
-  };
-  // Rank 0, on the commit's thread: writes each level's manifest (base) and renames the
-  // partial directory into place; a level whose file failed (or whose commit throws) has its
-  // partial directory removed instead.
-  // commit_pending()'s parts: start_commit() hands the pending save to the commit thread
-  // once every file is written (block: waits for that); conclude_commit() waits for the
-  // commit in flight, if any, and takes its outcome (the ranks agree on it).
-  void start_commit(bool block);
-  void conclude_commit();
-  // tokenizer: the bytes of base.tokenizer_file, which each level's checkpoint carries.
-  static CommitOutcome commit_levels(const std::vector<std::string>& roots,
-                                     const ckpt::Manifest& base, int keep_last,
-                                     const std::vector<std::string>& file_errors,
-                                     std::shared_ptr<const std::string> tokenizer);
+  // What rank 0's commit of the checkpoint of `step` records (train/trainer_commit.cpp).
+  CheckpointCommitter::Record checkpoint_record(int64_t step) const;
   // Throws unless the checkpoint at dir holds this recipe's model (`action`: what was
   // refused, for the message); logs the other keys that changed when `log_changes`.
   void check_same_model(const std::string& dir, const std::string& action, bool log_changes) const;
@@ -381,8 +352,7 @@ class Trainer {
   std::vector<int32_t> inputs_, targets_;
   std::vector<StepStats> history_;  // every step of run(), for write_comm_log
   ckpt::AsyncSaver saver_;
-  int64_t pending_save_ = -1;            // step of the snapshot not yet committed
-  std::optional<CommitJob> committing_;  // its files are written; its commit is in flight
+  std::unique_ptr<CheckpointCommitter> committer_;  // commits what saver_ wrote
   int64_t pending_optimizer_steps_ = 0;
   // The run's tokenizer as it was when the run started (keep_tokenizer(), rank 0): every
   // checkpoint carries these bytes, whatever later happens to the file. No file: none.
@@ -400,12 +370,8 @@ class Trainer {
   // Swap snapshots: the newest snapshot is the live state set until the next optimizer step
   // (swap_pending_: that step goes out of place), then the spare one (snapshot_in_spare_).
   bool swap_snapshots_ = false, swap_pending_ = false, snapshot_in_spare_ = false;
-  double commit_seconds_ = 0;    // in commit_pending(), less the saver's waits
   double blocked_reported_ = 0;  // checkpoint_blocked_seconds() at the last report_step()
   int64_t saves_ = 0;
-  std::vector<int64_t> failed_saves_;  // per checkpoint level: failures in a row
-  std::vector<std::chrono::steady_clock::time_point> first_failed_at_;  // ... the first's time
-  std::vector<int64_t> committed_step_;       // per level: the newest step committed (-1: none)
   int64_t start_step_ = 0;                    // first step run() trains (after a resume)
   int64_t data_step_ = 0, data_samples_ = 0;  // the data origin: first_sample(data_step_)
   std::string samples_dir_;                   // dump_sample_ids()

@@ -139,7 +139,7 @@ void Trainer::save(int64_t steps_done) {
                [this](const std::vector<float*>& staged) { stage_from_nvme(staged); });
   swap_pending_ = swap_snapshots_;
   snapshot_in_spare_ = false;
-  pending_save_ = steps_done;
+  committer_->pending(steps_done);
   ++saves_;
   pending_optimizer_steps_ = optimizer_->steps_taken();
   snapshot_step_ = steps_done;
