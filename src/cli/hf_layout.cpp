@@ -265,113 +265,144 @@ nlohmann::ordered_json hf_config(const ModelConfig& m) {
   return c;
 }
 
-ModelConfig model_from_hf(const nlohmann::json& c, const std::string& path) {
-  auto has = [&](const char* key) { return c.contains(key) && !c[key].is_null(); };
-  auto integer = [&](const char* key) -> int64_t {
+namespace {
+
+// config.json's keys, read with messages naming the file: absent (or null) keys take the
+// default given, present ones must have the right type.
+struct HfKeys {
+  const nlohmann::json& c;
+  const std::string& path;
+
+  bool has(const char* key) const { return c.contains(key) && !c[key].is_null(); }
+  int64_t integer(const char* key) const {
     if (!has(key)) fail("{}: missing \"{}\"", path, key);
     if (!c[key].is_number_integer()) fail("{}: \"{}\" is not an integer", path, key);
     return c[key].get<int64_t>();
-  };
-  auto number = [&](const char* key, double otherwise) -> float {
+  }
+  float number(const char* key, double otherwise) const {
     if (!has(key)) return static_cast<float>(otherwise);
     if (!c[key].is_number()) fail("{}: \"{}\" is not a number", path, key);
     return c[key].get<float>();
-  };
-  auto flag = [&](const char* key, bool otherwise) {
+  }
+  bool flag(const char* key, bool otherwise) const {
     if (!has(key)) return otherwise;
     if (!c[key].is_boolean()) fail("{}: \"{}\" is not true or false", path, key);
     return c[key].get<bool>();
-  };
-  auto word = [&](const char* key, const char* otherwise) -> std::string {
+  }
+  std::string word(const char* key, const char* otherwise) const {
     if (!has(key)) return otherwise;
     if (!c[key].is_string()) fail("{}: \"{}\" is not a string", path, key);
     return c[key].get<std::string>();
-  };
+  }
+};
 
+ModelConfig gpt2_from_hf(const HfKeys& k) {
+  const std::string& path = k.path;
+  ModelConfig m;
+  m.family = ModelFamily::GPT2;
+  m.d_model = k.integer("n_embd");
+  m.n_layer = k.integer("n_layer");
+  m.n_head = k.integer("n_head");
+  m.vocab_size = k.integer("vocab_size");
+  m.max_seq_len = k.has("n_positions") ? k.integer("n_positions") : k.integer("n_ctx");
+  m.d_ff = k.has("n_inner") ? k.integer("n_inner") : 0;
+  m.norm_eps = k.number("layer_norm_epsilon", 1e-5);
+  m.tie_embeddings = k.flag("tie_word_embeddings", true);
+  const std::string act = k.word("activation_function", "gelu_new");
+  if (act != "gelu_new" && act != "gelu_pytorch_tanh")
+    fail("{}: activation_function \"{}\": pentad's GPT-2 uses the tanh GELU (\"gelu_new\")", path,
+         act);
+  return m;
+}
+
+// Mixtral's routing: every layer routes with softmax scores to the top
+// num_experts_per_tok experts, weights renormalised to sum to 1; intermediate_size is each
+// expert's width.
+void mixtral_from_hf(const HfKeys& k, ModelConfig& m) {
+  const std::string& path = k.path;
+  m.moe_layers = "all";
+  m.n_experts = k.integer("num_local_experts");
+  m.top_k = k.has("num_experts_per_tok") ? k.integer("num_experts_per_tok") : 2;
+  m.d_ff_expert = k.integer("intermediate_size");
+  m.moe.score = MoeScore::Softmax;
+  m.moe.renormalize = true;
+  // pentad's term is per layer with a 1/k (src/model/moe.h): k/L times transformers'.
+  m.moe.aux_loss_coef = k.number("router_aux_loss_coef", 0.001) * float(m.top_k) / float(m.n_layer);
+  if (m.n_experts < 1 || m.top_k < 1 || m.top_k > m.n_experts)
+    fail("{}: num_experts_per_tok {} of num_local_experts {}: each token needs 1 to {} experts",
+         path, m.top_k, m.n_experts, m.n_experts);
+  if (k.has("sliding_window") && k.integer("sliding_window") < m.max_seq_len)
+    fail(
+        "{}: sliding_window {} < max_position_embeddings {}: pentad attends to the whole "
+        "sequence",
+        path, k.integer("sliding_window"), m.max_seq_len);
+  // router_jitter_noise (multiplicative noise on the router's input while training) is
+  // a training choice that pentad lacks; the weights are the same without it.
+}
+
+ModelConfig llama_from_hf(const HfKeys& k, bool mixtral) {
+  const nlohmann::json& c = k.c;
+  const std::string& path = k.path;
+  ModelConfig m;
+  // The two differ in their MLPs and in the defaults transformers fills in for absent keys.
+  m.family = ModelFamily::LLaMA;
+  m.d_model = k.integer("hidden_size");
+  m.n_layer = k.integer("num_hidden_layers");
+  m.n_head = k.integer("num_attention_heads");
+  m.n_kv_head = k.has("num_key_value_heads") ? k.integer("num_key_value_heads") : mixtral ? 8 : 0;
+  if (m.n_kv_head == m.n_head) m.n_kv_head = 0;  // the recipe's spelling of plain MHA
+  m.vocab_size = k.integer("vocab_size");
+  m.max_seq_len = k.has("max_position_embeddings") ? k.integer("max_position_embeddings")
+                  : mixtral                        ? 4096 * 32
+                                                   : 2048;
+  m.norm_eps = k.number("rms_norm_eps", mixtral ? 1e-5 : 1e-6);
+  m.tie_embeddings = k.flag("tie_word_embeddings", false);
+  // Newer transformers keep rope_theta in rope_parameters.
+  const bool nested = k.has("rope_parameters") && c["rope_parameters"].is_object();
+  const nlohmann::json& rope = nested ? c["rope_parameters"] : c;
+  m.rope_theta = rope.contains("rope_theta") && rope["rope_theta"].is_number()
+                     ? rope["rope_theta"].get<float>()
+                 : mixtral ? 1e6f
+                           : 10000.0f;
+  const bool scaled = k.has("rope_scaling") ||
+                      (nested && rope.contains("rope_type") && rope["rope_type"] != "default");
+  if (scaled) fail("{}: RoPE scaling is set; pentad implements plain RoPE only", path);
+  if (k.word("hidden_act", "silu") != "silu")
+    fail("{}: hidden_act \"{}\": pentad's LLaMA uses SiLU (SwiGLU)", path,
+         k.word("hidden_act", ""));
+  if (k.flag("attention_bias", false) || k.flag("mlp_bias", false))
+    fail("{}: attention_bias / mlp_bias are set; pentad's LLaMA has no biases", path);
+  if (k.has("head_dim") && m.n_head > 0 && k.integer("head_dim") * m.n_head != m.d_model)
+    fail(
+        "{}: head_dim {} x {} heads != hidden_size {}; pentad needs head_dim = hidden_size / "
+        "num_attention_heads",
+        path, k.integer("head_dim"), m.n_head, m.d_model);
+  if (!mixtral)
+    m.d_ff = k.integer("intermediate_size");
+  else
+    mixtral_from_hf(k, m);
+  return m;
+}
+
+}  // namespace
+
+ModelConfig model_from_hf(const nlohmann::json& c, const std::string& path) {
   if (!c.is_object()) fail("{}: not a JSON object", path);
-  const std::string type = word("model_type", "");
+  const HfKeys keys{c, path};
+  const std::string type = keys.word("model_type", "");
   ModelConfig m;
   if (type == "gpt2") {
-    m.family = ModelFamily::GPT2;
-    m.d_model = integer("n_embd");
-    m.n_layer = integer("n_layer");
-    m.n_head = integer("n_head");
-    m.vocab_size = integer("vocab_size");
-    m.max_seq_len = has("n_positions") ? integer("n_positions") : integer("n_ctx");
-    m.d_ff = has("n_inner") ? integer("n_inner") : 0;
-    m.norm_eps = number("layer_norm_epsilon", 1e-5);
-    m.tie_embeddings = flag("tie_word_embeddings", true);
-    const std::string act = word("activation_function", "gelu_new");
-    if (act != "gelu_new" && act != "gelu_pytorch_tanh")
-      fail("{}: activation_function \"{}\": pentad's GPT-2 uses the tanh GELU (\"gelu_new\")", path,
-           act);
+    m = gpt2_from_hf(keys);
   } else if (type == "llama" || type == "mixtral") {
     // The two differ in their MLPs and in the defaults transformers fills in for absent keys.
-    const bool mixtral = type == "mixtral";
-    m.family = ModelFamily::LLaMA;
-    m.d_model = integer("hidden_size");
-    m.n_layer = integer("num_hidden_layers");
-    m.n_head = integer("num_attention_heads");
-    m.n_kv_head = has("num_key_value_heads") ? integer("num_key_value_heads") : mixtral ? 8 : 0;
-    if (m.n_kv_head == m.n_head) m.n_kv_head = 0;  // the recipe's spelling of plain MHA
-    m.vocab_size = integer("vocab_size");
-    m.max_seq_len = has("max_position_embeddings") ? integer("max_position_embeddings")
-                    : mixtral                      ? 4096 * 32
-                                                   : 2048;
-    m.norm_eps = number("rms_norm_eps", mixtral ? 1e-5 : 1e-6);
-    m.tie_embeddings = flag("tie_word_embeddings", false);
-    // Newer transformers keep rope_theta in rope_parameters.
-    const bool nested = has("rope_parameters") && c["rope_parameters"].is_object();
-    const nlohmann::json& rope = nested ? c["rope_parameters"] : c;
-    m.rope_theta = rope.contains("rope_theta") && rope["rope_theta"].is_number()
-                       ? rope["rope_theta"].get<float>()
-                   : mixtral ? 1e6f
-                             : 10000.0f;
-    const bool scaled = has("rope_scaling") ||
-                        (nested && rope.contains("rope_type") && rope["rope_type"] != "default");
-    if (scaled) fail("{}: RoPE scaling is set; pentad implements plain RoPE only", path);
-    if (word("hidden_act", "silu") != "silu")
-      fail("{}: hidden_act \"{}\": pentad's LLaMA uses SiLU (SwiGLU)", path,
-           word("hidden_act", ""));
-    if (flag("attention_bias", false) || flag("mlp_bias", false))
-      fail("{}: attention_bias / mlp_bias are set; pentad's LLaMA has no biases", path);
-    if (has("head_dim") && m.n_head > 0 && integer("head_dim") * m.n_head != m.d_model)
-      fail(
-          "{}: head_dim {} x {} heads != hidden_size {}; pentad needs head_dim = hidden_size / "
-          "num_attention_heads",
-          path, integer("head_dim"), m.n_head, m.d_model);
-    if (!mixtral) {
-      m.d_ff = integer("intermediate_size");
-    } else {
-      // Every layer routes: softmax scores, the top num_experts_per_tok experts, weights
-      // renormalised to sum to 1; intermediate_size is each expert's width.
-      m.moe_layers = "all";
-      m.n_experts = integer("num_local_experts");
-      m.top_k = has("num_experts_per_tok") ? integer("num_experts_per_tok") : 2;
-      m.d_ff_expert = integer("intermediate_size");
-      m.moe.score = MoeScore::Softmax;
-      m.moe.renormalize = true;
-      // pentad's term is per layer with a 1/k (src/model/moe.h): k/L times transformers'.
-      m.moe.aux_loss_coef =
-          number("router_aux_loss_coef", 0.001) * float(m.top_k) / float(m.n_layer);
-      if (m.n_experts < 1 || m.top_k < 1 || m.top_k > m.n_experts)
-        fail("{}: num_experts_per_tok {} of num_local_experts {}: each token needs 1 to {} experts",
-             path, m.top_k, m.n_experts, m.n_experts);
-      if (has("sliding_window") && integer("sliding_window") < m.max_seq_len)
-        fail(
-            "{}: sliding_window {} < max_position_embeddings {}: pentad attends to the whole "
-            "sequence",
-            path, integer("sliding_window"), m.max_seq_len);
-      // router_jitter_noise (multiplicative noise on the router's input while training) is
-      // a training choice that pentad lacks; the weights are the same without it.
-    }
+    m = llama_from_hf(keys, type == "mixtral");
   } else {
     fail(
         "{}: model_type \"{}\" is not supported: pentad converts \"gpt2\", \"llama\" and "
         "\"mixtral\"",
         path, type);
   }
-  m.init_std = number("initializer_range", 0.02);
+  m.init_std = keys.number("initializer_range", 0.02);
   return m;
 }
 
