@@ -57,7 +57,7 @@ Trainer::Trainer(const Config& recipe, parallel::Mesh* mesh) : cfg_(recipe), mes
       data::prepare_default_corpus(cfg.data, cfg.model.vocab_size);
     mesh_->world().barrier();
   }
-  parse_injections();
+  faults_ = std::make_unique<FaultInjector>(cfg_, mesh_, world_rank_, checkpoint_root());
   kernels::set_attention_impl(t.attention == "cudnn"    ? kernels::AttentionImpl::Cudnn
                               : t.attention == "pentad" ? kernels::AttentionImpl::Pentad
                                                         : kernels::AttentionImpl::Auto);
@@ -134,17 +134,17 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
   s.step = step;
   s.start_ns = parallel::trace_now_ns();
   const double start_cpu = parallel::thread_cpu_seconds();
-  slow_factor_ = std::max(slow_factor_, inject_fault(step));
+  faults_->before_step(step);
   grad_sync_->begin_step();
   // Each token of the global batch weighs the same; the gradients of data- and
   // context-parallel ranks are summed.
   float dloss = 1.0f / static_cast<float>(t.micro_batch * t.seq_len * t.grad_accum * dp_size_);
-  if (nan_injected(step)) dloss = std::numeric_limits<float>::quiet_NaN();
+  if (faults_->nan_at(step)) dloss = std::numeric_limits<float>::quiet_NaN();
   begin_step_sums();
   optimizer_->forget_early_grads();  // host-offloaded AdamW: none of this step's yet
   double loss_sum = run_micro_batches(step, dloss);
   s.backward_end_ns = parallel::trace_now_ns();
-  if (stretch_compute(start_cpu)) s.backward_end_ns = parallel::trace_now_ns();
+  if (faults_->stretch_compute(start_cpu)) s.backward_end_ns = parallel::trace_now_ns();
   keep_step_start(step, s.start_ns);
   grad_sync_->finish();
   download_grads_during_backward(false);

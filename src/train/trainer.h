@@ -27,6 +27,7 @@
 #include "plan/layout.h"
 #include "recipe/config.h"
 #include "train/checkpoint_commit.h"
+#include "train/fault_injection.h"
 #include "train/grad_sync.h"
 #include "train/metrics_log.h"
 #include "train/parallelize.h"
@@ -252,23 +253,6 @@ class Trainer {
   void check_checkpoint_roots();
   int all_ranks(int value, parallel::ReduceOp op);  // over the world; value alone on one rank
   double all_reduce_dp(double value);               // sum over dp of the mean over cp
-  // Fault injection for tests, read once from the recipe: train.inject_nan_grad and
-  // train.inject_fault, each the 1-based step it strikes at on this rank (-1: none here).
-  void parse_injections();
-  bool nan_injected(int64_t step) const { return step + 1 == nan_step_; }
-  // train.inject_fault at the start of step (0-based); returns the compute slow-down factor
-  // to apply from then on (1: none).
-  double inject_fault(int64_t step);
-  void inject_slow_link() const;     // slowlink: on every communicator holding both ends
-  void corrupt_newest_checkpoint();  // corrupt: once one is committed; then SIGKILL
-  // train.inject_fault "slow", after the step's backward: spins until its compute took
-  // slow_factor_ times as long since start_cpu; whether it did.
-  bool stretch_compute(double start_cpu) const;
-  int64_t nan_step_ = -1, fault_step_ = -1;
-  std::string fault_kind_;
-  double fault_factor_ = 3.0;      // slow: compute this many times as long; slowlink: ms of delay
-  int link_a_ = -1, link_b_ = -1;  // slowlink: its two world ranks
-  double slow_factor_ = 1.0;
   int64_t skipped_steps_ = 0;
   double all_reduce_pp(double value);  // sum over the pipeline stages
   // Adaptive kFkB (parallel/pp/adaptive.h): re-chooses the group size k from this step's
@@ -287,7 +271,8 @@ class Trainer {
   // Context parallelism: the positions of this rank's tokens within each sequence.
   std::vector<int32_t> cp_positions_;
   int pp_size_ = 1, pp_rank_ = 0;
-  ModelWiring wiring_;  // before model_ and pipeline_, which use it
+  std::unique_ptr<FaultInjector> faults_;  // train.inject_fault, train.inject_nan_grad
+  ModelWiring wiring_;                     // before model_ and pipeline_, which use it
   std::unique_ptr<Model> model_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<data::DataLoader> data_;

@@ -1,5 +1,5 @@
-// Fault injection for the fault detector's tests and benchmarks (launch/): the recipe's
-// train.inject_nan_grad and train.inject_fault (recipe/config.h), read once.
+#include "train/fault_injection.h"
+
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
@@ -15,7 +15,6 @@
 
 #include "checkpoint/checkpoint.h"
 #include "parallel/activity.h"
-#include "train/trainer.h"
 
 namespace pentad {
 namespace {
@@ -45,7 +44,16 @@ int64_t whole(const std::string& text, const char* key, const std::string& spec,
 
 }  // namespace
 
-void Trainer::parse_injections() {
+FaultInjector::FaultInjector(const Config& cfg, parallel::Mesh* mesh, int world_rank,
+                             std::string checkpoint_root)
+    : cfg_(cfg),
+      mesh_(mesh),
+      world_rank_(world_rank),
+      checkpoint_root_(std::move(checkpoint_root)) {
+  parse();
+}
+
+void FaultInjector::parse() {
   if (const std::string& spec = cfg_.train.inject_nan_grad; !spec.empty()) {
     const std::vector<std::string> part = split(spec);
     if (part.size() != 2) fail("train.inject_nan_grad = \"{}\": want RANK:STEP", spec);
@@ -112,7 +120,11 @@ void Trainer::parse_injections() {
     fault_step_ = step;
 }
 
-double Trainer::inject_fault(int64_t step) {
+void FaultInjector::before_step(int64_t step) {
+  slow_factor_ = std::max(slow_factor_, strike(step));
+}
+
+double FaultInjector::strike(int64_t step) {
   if (fault_kind_ == "corrupt" && fault_step_ > 0 && step + 1 >= fault_step_) {
     corrupt_newest_checkpoint();  // returns while none is committed yet
     return 1.0;
@@ -139,7 +151,7 @@ double Trainer::inject_fault(int64_t step) {
   return fault_kind_ == "slow" ? fault_factor_ : 1.0;
 }
 
-void Trainer::inject_slow_link() const {
+void FaultInjector::inject_slow_link() const {
   if (!mesh_) return;
   using parallel::Axis;
   std::vector<parallel::Communicator*> groups = {&mesh_->dp_cp(), &mesh_->world()};
@@ -159,7 +171,7 @@ void Trainer::inject_slow_link() const {
   }
 }
 
-void Trainer::corrupt_newest_checkpoint() {
+void FaultInjector::corrupt_newest_checkpoint() {
   // The checkpoint at or before the step asked for, once committed (commits lag the save by
   // a step or more: the files are written in the background).
   const int64_t newest = parallel::activity_progress().ckpt_step;
@@ -167,7 +179,7 @@ void Trainer::corrupt_newest_checkpoint() {
   if (newest <= 0 || newest < fault_step_ / every * every) return;
   // This rank's file; or, when it wrote none (a data-parallel replica: the lowest rank of
   // equal state writes), the first rank file there.
-  const std::string dir = ckpt::checkpoint_dir(checkpoint_root(), newest);
+  const std::string dir = ckpt::checkpoint_dir(checkpoint_root_, newest);
   std::string path = dir + "/" + ckpt::rank_file_name(world_rank_);
   if (!std::filesystem::exists(path)) {
     std::vector<std::string> files;
@@ -192,10 +204,8 @@ void Trainer::corrupt_newest_checkpoint() {
   std::raise(SIGKILL);
 }
 
-bool Trainer::stretch_compute(double start_cpu) const {
+bool FaultInjector::stretch_compute(double start_cpu) const {
   if (slow_factor_ <= 1.0) return false;
-  // An injected slow rank: its compute takes that much longer, spinning (a slow device or
-  // core works longer; a sleep would look descheduled).
   const double now = parallel::thread_cpu_seconds();
   const double until = now + (slow_factor_ - 1.0) * (now - start_cpu);
   while (parallel::thread_cpu_seconds() < until) {
