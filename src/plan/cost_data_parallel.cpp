@@ -44,9 +44,8 @@ double dp_seconds(const Step& step, const MemoryEstimate& mem, const Stages& sta
   const parallel::MeshConfig& mesh = step.mesh;
   const Machine& machine = step.machine;
   const Links& links = step.links;
-  const double C = step.C, V = step.V, tp = step.tp, e = step.e;
+  const double e = step.e;
   const double ga = double(step.cfg.train.grad_accum);
-  const bool gpt2 = step.gpt2;
   const int p = mesh.pp;
   const std::vector<double>& stage_bwd = stages.stage_bwd;
   const std::vector<double>& stage_fwd = stages.stage_fwd;
@@ -64,8 +63,9 @@ double dp_seconds(const Step& step, const MemoryEstimate& mem, const Stages& sta
   if (dp_group.size() > 1) {
     // The last bucket to finish is the first stage's first: the embedding, whose gradient is
     // final only at the very end of backward, and a bucket never splits a parameter, so it
-    // holds the whole table (V C / tp, and GPT-2's positions) even beyond bucket_mb.
-    const double embedding = 4 * (V * C / tp + (gpt2 ? double(m.max_seq_len) * C : 0.0));
+    // holds the whole table (V C / tp, and GPT-2's positions) even beyond bucket_mb: the
+    // parameter table's embedding rows on this rank.
+    const double embedding = 4 * rank_values(step.table.embedding, step.degrees, 0).all;
     const double bucket =
         std::min(grad_bytes, std::max(double(par.bucket_mb) * 1024 * 1024, embedding));
     const CollectiveOp reduce =
@@ -106,7 +106,7 @@ double dp_seconds(const Step& step, const MemoryEstimate& mem, const Stages& sta
   if (p > 1 && m.tie_embeddings) {
     // Tied embeddings under pipelining: the first and last stages' tables (fp32 gradients,
     // each rank's ZeRO share) summed between the two after the reduction, waited for.
-    const double table = 4 * V * C / tp / Z;
+    const double table = 4 * rank_values(step.table.embedding.front(), step.degrees) / Z;
     dp_exposed += links.collective(CollectiveOp::AllReduce,
                                    {0, parallel::mesh_rank(mesh, 0, 0, 0, p - 1)}, table);
   }
