@@ -161,18 +161,16 @@ std::vector<int> Model::expert_bias_ids() const {
 }
 
 double layer_flops_per_token(const ModelConfig& cfg, bool moe, double keys) {
-  const double C = static_cast<double>(cfg.d_model), F = static_cast<double>(ffn_dim(cfg));
-  const double Ckv = static_cast<double>(cfg.kv_heads() * cfg.head_dim());
-  const double matrices = cfg.family == ModelFamily::GPT2 ? 2.0 : 3.0;  // up, down (+ gate)
-  // An MoE layer: the shared experts, top_k routed ones per token and the router.
-  const double mlp = moe ? matrices * C * static_cast<double>(expert_ffn_dim(cfg)) *
-                                   double(cfg.n_shared_experts + cfg.top_k) +
-                               C * double(cfg.n_experts)
-                         : matrices * C * F;
+  // A multiply-add per value of each GEMM's weight (model/param_table.h): every weight of
+  // the layer once, each routed expert's top_k times (the router and shared experts once).
+  double weights = 0;
+  for (const ParamDecl& d : layer_params(cfg, moe))
+    if (d.reads != Reads::None)
+      weights += double(d.shape[0]) * double(d.shape[1]) * (d.expert() ? double(cfg.top_k) : 1.0);
   // Causal attention: each query meets keys/2 keys on average; QK^T and PV cost 2*C flops per
   // pair each, so 2*C*(keys/2) per token forward, written here in the same units as a parameter.
-  const double attention = 2 * C * C + 2 * C * Ckv + C * keys;
-  return 3.0 * 2.0 * (attention + mlp);  // forward + 2x for backward
+  const double attention = double(cfg.d_model) * keys;
+  return 3.0 * 2.0 * (weights + attention);  // forward + 2x for backward
 }
 
 double head_flops_per_token(const ModelConfig& cfg) {

@@ -43,10 +43,11 @@ double Machine::rank_peak_flops() const {
 
 double model_flops_per_token(const ModelConfig& m, double keys) {
   const std::vector<int64_t> moe_ids = m.is_moe() ? moe_layer_indices(m) : std::vector<int64_t>{};
+  const double dense = layer_flops_per_token(m, false, keys);
+  const double moe = m.is_moe() ? layer_flops_per_token(m, true, keys) : 0;
   double flops = head_flops_per_token(m);
   for (int64_t l = 0; l < m.n_layer; ++l)
-    flops += layer_flops_per_token(m, std::find(moe_ids.begin(), moe_ids.end(), l) != moe_ids.end(),
-                                   keys);
+    flops += std::find(moe_ids.begin(), moe_ids.end(), l) != moe_ids.end() ? moe : dense;
   return flops;
 }
 
@@ -370,7 +371,7 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
   Stages stages = stage_costs(step, costs);
   const parallel::pp::SimResult run = replay(step, stages);
   // Data parallelism over dp x cp: the fullest stage's fp32 gradients (dp_seconds).
-  const MemoryEstimate mem = estimate_memory(cfg, mesh);
+  const MemoryEstimate mem = estimate_memory(cfg, mesh, step.table);
   double Z = 1;
   const double dp_exposed = cost::dp_seconds(step, mem, stages, run, Z);
   // AdamW over this rank's share (fp32 p, g, m, v read; p, m, v written; a bf16 copy).
