@@ -34,7 +34,7 @@ using nlohmann::json;
 // How long a local rank's process may be gone, its connection still open and no bye read,
 // before it counts as dead: time for its last messages and end of connection to arrive.
 constexpr double kGoneGrace = 0.5;
-// The ranks' beat interval (launch/main.cpp's Monitor).
+// The ranks' beat interval (launch/train_command.cpp's Monitor).
 constexpr double kBeatSeconds = 0.1;
 // While it waits for a checkpoint directory to clear, a line this often.
 constexpr double kNoteSeconds = 10.0;
@@ -207,7 +207,7 @@ class Supervisor {
 
 // Whether an attempt that ended with `status` was refused, and why (empty: the ranks' own
 // output says). A rank tells by its bye; before the monitor connects, the exit status 2 of
-// pentad's refusals (launch/main.cpp) is all there is.
+// pentad's refusals (cli/command.h) is all there is.
 std::optional<std::string> refusal(int status, const Detector& detector) {
   bool started = false;
   for (const auto& [rank, r] : detector.ranks()) {

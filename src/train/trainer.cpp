@@ -35,7 +35,7 @@ bool host_adamw_forced() {
 }  // namespace
 
 Trainer::Trainer(const Config& recipe, parallel::Mesh* mesh) : cfg_(recipe), mesh_(mesh) {
-  // Callers that built the mesh have applied it already (launch/main.cpp); tests may not.
+  // Callers that built the mesh have applied it already (launch/train_command.cpp); tests may not.
   apply_global_batch(cfg_, mesh_ ? mesh_->degree(parallel::Axis::DP) : 1);
   const Config& cfg = cfg_;
   const TrainConfig& t = cfg.train;

@@ -71,7 +71,7 @@ class Trainer {
   // The whole run: prints the memory plan, trains cfg.train.steps steps, logs, evaluates.
   void run();
   // Whether run() has reached its first step: an error before it is a refusal (the same
-  // on every attempt), one after it a failure (launch/main.cpp).
+  // on every attempt), one after it a failure (launch/train_command.cpp).
   bool started() const { return started_; }
 
   Model& model() { return *model_; }
