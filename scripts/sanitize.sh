@@ -136,8 +136,11 @@ for kind in "${which[@]}"; do
       export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
       log_dir=$dir/sanitize-logs && rm -rf "$log_dir" && mkdir -p "$log_dir"
       planted clang++ "-fsanitize=address,undefined" overflow "heap-buffer-overflow"
-      # Training to convergence belongs to the main build: under ASan it takes minutes.
+      # Training to convergence belongs to the main build: under ASan it takes minutes. So do
+      # the planner's wide searches (every --layout pair, the 530B/1T and 70B rows: single-
+      # threaded arithmetic the main build runs; 4 minutes at -O0 with ASan).
       slow='Training.*OverfitsOneBatch:Training.SameSeed*:*FiniteDifferences*AcrossBlocks'
+      slow+=':Plan.EveryLayoutField*:Plan.TheWideHeaded*:Plan.FixedPipelineWith*'
       for t in "${tests[@]}"; do
         run "asan-$t" env OMP_NUM_THREADS=2 $dir/tests/$t --gtest_filter="-$slow"
       done
