@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <set>
 #include <tuple>
 
 namespace pentad::launch {
@@ -336,11 +337,15 @@ std::optional<Detection> Detector::check_compute_slow(double now) const {
 // descheduled rank), is a slow link. Needs three pairs at least, or no median is "typical".
 // Without "p2p" (MPI's own collectives), links are not judged.
 std::optional<Detection> Detector::check_link_slow(double now) {
+  std::set<int> silent;  // stopped or gone quiet: their stalled pairs are the hang rules' case
+  for (const auto& [rank, r] : ranks_)
+    if (now - r.last_heard_at > kLinkSilentSeconds) silent.insert(rank);
   std::map<std::pair<int, int>, double> pairs;  // (low, high) -> worse direction, s per MB
   for (const auto& [from, r] : ranks_) {
-    if (r.closed || !r.bye.empty()) continue;
+    if (r.closed || !r.bye.empty() || silent.count(from)) continue;
     const int self = from;  // clang 14 does not capture structured bindings
-    auto add = [&pairs, self](int to, double s) {
+    auto add = [&pairs, &silent, self](int to, double s) {
+      if (silent.count(to)) return;
       auto key = std::minmax(self, to);
       pairs[key] = std::max(pairs[key], s);
     };
@@ -357,6 +362,10 @@ std::optional<Detection> Detector::check_link_slow(double now) {
       if (it == ranks_.end() || !it->second.send_s_per_mb.count(from)) add(source, got);
     }
   }
+  for (auto it = link_slow_since_.begin(); it != link_slow_since_.end();)
+    it = silent.count(it->first.first) || silent.count(it->first.second)
+             ? link_slow_since_.erase(it)
+             : std::next(it);
   if (pairs.size() < 3) return std::nullopt;
   std::vector<double> all;
   for (const auto& [key, s] : pairs) all.push_back(s);

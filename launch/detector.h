@@ -75,6 +75,9 @@ class Detector {
   static constexpr double kLinkFactor = 3.0;
   // ... for this long (x the median step time, and at least kLinkFloorSeconds) running.
   static constexpr double kLinkSteps = 10, kLinkFloorSeconds = 1.0;
+  // A rank not heard from for this long (5 beats) is not judged by its links: a stopped
+  // process's peers see their transfers with it stall, which is the hang rules' case.
+  static constexpr double kLinkSilentSeconds = 0.5;
 
   explicit Detector(DetectorOptions options) : options_(options) {}
 

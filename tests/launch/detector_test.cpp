@@ -341,6 +341,32 @@ TEST(Detector, ALinkSlowForLessThanTheHoldIsNotFlagged) {
   EXPECT_EQ(found->culprit, (std::vector<int>{0, 3}));
 }
 
+// A stopped rank (SIGSTOP) beats no more, and its neighbours' transfers with it stall: what
+// they measure of that pair grows, but it is the hang rules' case (a silent rank), never a
+// slow link. Seen in fault_detection's sigstop case as "comm slow [0, 1]" at 1 s, before the
+// 2 s hang threshold.
+TEST(Detector, AStoppedRanksStalledLinksAreItsHangNotASlowLink) {
+  Detector d = healthy_run();
+  ring_links(d, -1, 0.01, 1.0);  // every link typical, rank 1 heard last at t = 1
+  std::optional<Detection> found;
+  for (double t = 1.1; t <= 3.5 && !found; t += 0.1) {
+    for (int r : {0, 2, 3}) {  // 0 receives from the stopped 1 ever slower
+      json b = beat(r, 10, "compute");
+      b["p2p"] = json::array(
+          {json::array({(r + 1) % kWorld, 0.01, -1}),
+           json::array({(r + kWorld - 1) % kWorld, -1, r == 2 ? 0.01 * (t - 0.9) / 0.1 : 0.01})});
+      if (r == 0)
+        b["p2p"] =
+            json::array({json::array({1, 0.01 * (t - 0.9) / 0.1, -1}), json::array({3, -1, 0.01})});
+      feed(d, b, t);
+    }
+    found = d.check(t);
+  }
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->cls, "non-comm hang") << found->reason;
+  EXPECT_EQ(found->culprit, (std::vector<int>{1}));
+}
+
 TEST(Detector, MalformedMessagesAreRefusedNotFatal) {
   Detector d({});
   std::string error;

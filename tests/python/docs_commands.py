@@ -16,6 +16,7 @@ why (the test refuses a directive without a reason):
                                            (a documented refusal); the others must succeed
   <!-- docs-run: before: COMMAND: WHY -->   COMMAND runs first (what the page assumes exists,
                                            e.g. a checkpoint or a corpus file)
+  <!-- docs-run: expect: TEXT: WHY -->      the block's output must hold TEXT
 Several directives may stand above one block, one per comment.
 
 usage: docs_commands.py REPO_ROOT WORK_DIR [PAGE ...]"""
@@ -27,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-DIRECTIVE = re.compile(r"<!--\s*docs-run:\s*(skip|set|sub|fails|before)\b:?\s*(.*?)\s*-->")
+DIRECTIVE = re.compile(r"<!--\s*docs-run:\s*(skip|set|sub|fails|before|expect)\b:?\s*(.*?)\s*-->")
 FENCE = re.compile(r"^```sh\s*$")
 LINKED = ["build", "recipes", "bench", "scripts", ".venv", "tests"]
 
@@ -98,7 +99,7 @@ def with_overrides(command, overrides):
 
 
 def script_for(text, directives, where):
-    overrides, failing, before = [], [], []
+    overrides, failing, before, expected = [], [], [], []
     for kind, body, line in directives:
         arg = split_reason(kind, body, f"{where} (directive on line {line})")
         if kind == "set":
@@ -110,6 +111,8 @@ def script_for(text, directives, where):
             text = text.replace(old, new)
         elif kind == "before":
             before.append(arg)
+        elif kind == "expect":
+            expected.append(arg)
         elif kind == "fails":
             if arg not in text:
                 raise SystemExit(f"{where}: docs-run fails {arg!r}: no such text in the block")
@@ -122,7 +125,7 @@ def script_for(text, directives, where):
             lines.append(f"if {command.strip()}\nthen echo 'docs-run: expected this to fail' >&2; exit 1; fi")
         else:
             lines.append(command)
-    return "\n".join(lines)
+    return "\n".join(lines), expected
 
 
 def run_page(repo, page, work, env):
@@ -141,7 +144,7 @@ def run_page(repo, page, work, env):
             print(f"skip {where}")
             skipped += 1
             continue
-        script = script_for(text, directives, where)
+        script, expected = script_for(text, directives, where)
         start = time.time()
         proc = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], cwd=scratch, env=env,
                               capture_output=True, text=True, timeout=600)
@@ -149,6 +152,11 @@ def run_page(repo, page, work, env):
         if proc.returncode != 0:
             print(f"FAIL {where} (exit {proc.returncode}, {took:.1f} s)\n--- script\n{script}\n"
                   f"--- output (tail)\n{(proc.stdout + proc.stderr)[-4000:]}")
+            return ran, skipped, False
+        missing = [e for e in expected if e not in proc.stdout + proc.stderr]
+        if missing:
+            print(f"FAIL {where}: its output lacks {missing}\n--- output (tail)\n"
+                  f"{(proc.stdout + proc.stderr)[-4000:]}")
             return ran, skipped, False
         print(f"ok   {where} ({took:.1f} s)")
         ran += 1
@@ -161,7 +169,10 @@ def main():
         [repo / "README.md", *sorted((repo / "docs").glob("*.md"))]
     # The calibration `pentad plan --calibrate` writes goes to the test's directory, not the
     # user's ~/.cache/pentad.
+    # Commands written for a cluster (mpirun -np 8 without --oversubscribe) run here on the
+    # machine's few cores.
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1",
                PATH=f"{repo / 'build'}:{os.environ['PATH']}",
                PENTAD_CALIBRATION=str(work / "calibration.json"))
     total_ran = total_skipped = 0
