@@ -216,6 +216,10 @@ class HostStaging {
     void* event = nullptr;  // cudaEvent_t, recorded at release() after uploads
     bool pending = false;   // the event may not have passed yet
   };
+  // The bookkeeping both backends share (core/host_staging.cpp): the smallest free block of
+  // at least `bytes` (pinned where asked), a new block's size, the block an address lies in.
+  Block* smallest_free(size_t bytes, bool pinned);
+  static size_t new_block_bytes(size_t bytes);
   Block& block_of(const void* at, size_t bytes);
   std::vector<Block> blocks_;
   bool downloads_queued_ = false;

@@ -423,13 +423,10 @@ HostStaging::~HostStaging() {
 
 void* HostStaging::acquire(size_t bytes, bool pinned) {
   pinned = pinned && cuda_device_count() > 0;
-  Block* best = nullptr;
-  for (Block& b : blocks_)
-    if (!b.in_use && b.bytes >= bytes && (b.pinned || !pinned) && (!best || b.bytes < best->bytes))
-      best = &b;
+  Block* best = smallest_free(bytes, pinned);
   if (!best) {
     Block b;
-    b.bytes = std::max<size_t>((bytes + 4095) / 4096 * 4096, size_t{64} << 10);
+    b.bytes = new_block_bytes(bytes);
     b.pinned = pinned;
     if (b.pinned) {
       count_device_wait();  // cudaMallocHost synchronises
@@ -456,13 +453,6 @@ void* HostStaging::acquire(size_t bytes, bool pinned) {
   best->in_use = true;
   best->uploads = false;
   return best->host;
-}
-
-HostStaging::Block& HostStaging::block_of(const void* at, size_t bytes) {
-  const char* p = static_cast<const char*>(at);
-  for (Block& b : blocks_)
-    if (b.in_use && p >= b.host && p + bytes <= b.host + b.bytes) return b;
-  fail("HostStaging: {} bytes at {} are not inside an acquired block", bytes, at);
 }
 
 void HostStaging::release(void* block) {
@@ -512,12 +502,6 @@ void HostStaging::upload(void* dst, Device dst_device, const void* at, size_t by
                         cudaStreamLegacy),
         "cudaMemcpyAsync (communicator staging, to the device)");
   b.uploads = true;
-}
-
-size_t HostStaging::held_bytes() const {
-  size_t total = 0;
-  for (const Block& b : blocks_) total += b.bytes;
-  return total;
 }
 
 StepReadback::~StepReadback() {

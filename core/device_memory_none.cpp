@@ -132,25 +132,16 @@ HostStaging::~HostStaging() {
 }
 
 void* HostStaging::acquire(size_t bytes, bool) {
-  Block* best = nullptr;
-  for (Block& b : blocks_)
-    if (!b.in_use && b.bytes >= bytes && (!best || b.bytes < best->bytes)) best = &b;
+  Block* best = smallest_free(bytes, false);
   if (!best) {
     Block b;
-    b.bytes = std::max<size_t>((bytes + 4095) / 4096 * 4096, size_t{64} << 10);
+    b.bytes = new_block_bytes(bytes);
     b.host = static_cast<char*>(::operator new(b.bytes));
     blocks_.push_back(b);
     best = &blocks_.back();
   }
   best->in_use = true;
   return best->host;
-}
-
-HostStaging::Block& HostStaging::block_of(const void* at, size_t bytes) {
-  const char* p = static_cast<const char*>(at);
-  for (Block& b : blocks_)
-    if (b.in_use && p >= b.host && p + bytes <= b.host + b.bytes) return b;
-  fail("HostStaging: {} bytes at {} are not inside an acquired block", bytes, at);
 }
 
 void HostStaging::release(void* block) {
@@ -171,12 +162,6 @@ void HostStaging::upload(void* dst, Device dst_device, const void* at, size_t by
   block_of(at, bytes);
   if (dst_device != Device::CPU) no_cuda("communicator staging to the device");
   std::memcpy(dst, at, bytes);
-}
-
-size_t HostStaging::held_bytes() const {
-  size_t total = 0;
-  for (const Block& b : blocks_) total += b.bytes;
-  return total;
 }
 
 StepReadback::~StepReadback() = default;
