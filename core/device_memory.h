@@ -1,6 +1,7 @@
 #pragma once
 // Device memory: the one place that allocates, frees, fills and copies memory on a CUDA
-// device. Builds with CUDA link device_memory_cuda.cpp; builds without it link
+// device. Builds with CUDA link device_memory_cuda.cpp (allocation, counters, the device)
+// and device_copy_cuda.cpp (copies, staging); builds without it link
 // device_memory_none.cpp, which sees no device and refuses to allocate, so no caller needs
 // an #ifdef. Every call works on the current CUDA device and waits for completion
 // (cudaMemcpy and cudaMemset order with the legacy default stream the kernels run on).
