@@ -1,5 +1,5 @@
 // Causal grouped-query attention through cuDNN's fused flash attention (scaled dot-product
-// attention in the cuDNN frontend's graph API), the alternative to attention.cu for calls
+// attention in the cuDNN frontend's graph API), the alternative to pentad's kernel for calls
 // without positions. Host code only: the host compiler builds it (cuDNN's C++ headers are
 // not for nvcc's C++17 front end to chew on) and it runs no kernel of its own besides the
 // F32 <-> BF16 conversions of elementwise.cu.
@@ -27,7 +27,7 @@
 // except the first use of a shape (building and cudaMalloc).
 //
 // Determinism: the backward graph asks for cuDNN's deterministic algorithm (no atomics on
-// dQ), so training stays bitwise reproducible for a fixed shape, as with attention.cu.
+// dQ), so training stays bitwise reproducible for a fixed shape, as with pentad's kernel.
 #define CUDNN_FRONTEND_SKIP_JSON_LIB  // pentad's nlohmann::json is Debian's; keep one copy
 #include "kernels/cuda/attention_cudnn.h"
 

@@ -85,9 +85,10 @@ inline int64_t attention_shared_cells_floats(int64_t D) {
   return attention_cells_in_shared(D) ? int64_t{kAttentionTile} * attention_max_d(D) : 0;
 }
 
-// Dynamic shared memory, in floats, of each attention kernel (see attention.cu for the
-// layout). Rows read across lanes are padded to D + 1 floats to avoid bank conflicts; the
-// output cells, where shared, come last (the forward's o, dq's accumulator, dk's and dv's).
+// Dynamic shared memory, in floats, of each attention kernel (see attention_forward.cu and
+// attention_backward.cu for the layout). Rows read across lanes are padded to D + 1 floats
+// to avoid bank conflicts; the output cells, where shared, come last (the forward's o, dq's
+// accumulator, dk's and dv's).
 inline int64_t attention_forward_smem_floats(int64_t D) {
   const int64_t t = kAttentionTile;
   return t * D + t * (D + 1) + t * D  // Q, K (padded), V

@@ -1,80 +1,14 @@
-// Causal attention with grouped-query heads, flash style: scores exist only as 32 x 32 tiles
-// in shared memory, never as Tq x Tk. Forward keeps a running max and sum per query row
-// (online softmax) and stores each row's log-sum-exp; backward recomputes the
-// probabilities from it. All arithmetic is F32; q, k, v, out and their gradients are F32
-// or BF16. Correctness first: plain F32 FMAs on CUDA cores, no tensor cores.
-//
-// Layout: q, out, dout, dq (B, Tq, Hq, D); k, v, dk, dv (B, Tk, Hkv, D); lse (B, Hq, Tq).
-// Query head h reads kv head h / (Hq / Hkv). Scale 1/sqrt(D).
-//
-// Positions (context parallelism): query i sees key j iff k_pos[j] <= q_pos[i]; null
-// pointers mean 0..T-1 (then Tq == Tk and this is the plain causal mask). Both ascend, so a
-// query tile sees a prefix of the key tiles (up to the last row's upper bound in k_pos) and
-// a key tile is seen by a suffix of the query tiles (from its first key's lower bound in
-// q_pos): work follows the visible pairs. A row that sees no key gets out = 0, lse = -inf,
-// and no gradient.
-//
-// Work split (tiling.h): 128 threads per block, tiles of 32 rows.
-//  - forward: a block per (query tile, q head, batch) loops over the key tiles it sees.
-//  - backward: D_i = dO_i . O_i first; then dQ with a block per (query tile, q head, batch)
-//    looping over key tiles, and dK, dV with a block per (key tile, kv head, batch) looping
-//    over the group's q heads and the query tiles that see it. Each block owns the rows it
-//    writes (adding to them when accumulating), so there are no atomics and results are
-//    bitwise reproducible.
-// A thread owns 8 of the 32 x 32 score cells (a warp: one query row, 32 keys) and, of the
-// 32 x D output tile, the cells idx = thread + 128 c (a warp: one row, 32 columns), held in
-// registers for head_dim up to 128 and in shared memory above (Cells; tiling.h says why).
-#include "kernels/cuda/common.cuh"
+// Causal attention, backward: dq, dk and dv from the forward's output and log-sum-exp,
+// the probabilities recomputed tile by tile (the design and the tile helpers:
+// attention_tiles.cuh).
+#include "kernels/cuda/attention_tiles.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
 namespace pentad::kernels::cuda {
 
 namespace {
 
-constexpr int kTile = kAttentionTile;
-constexpr int kThreads = kAttentionThreads;
-constexpr int kWarps = kThreads / kWarp;
-constexpr int kScoreCells = kTile * kTile / kThreads;  // score cells per thread
-constexpr int kRowsPerWarp = kTile / kWarps;           // softmax rows per warp
-constexpr int kS = kTile + 1;                          // padded row stride of score tiles
-
-// Rows [row0, row0 + 32) of head `head` of x (B, T, H, D) into dst (32 rows of `stride`
-// floats); rows at or past T are zero.
-template <typename E>
-__device__ void load_tile(float* dst, int stride, const E* x, int64_t b, int64_t row0, int64_t head,
-                          int64_t H, int64_t T, int D) {
-  for (int idx = threadIdx.x; idx < kTile * D; idx += kThreads) {
-    const int i = idx / D, d = idx % D;
-    const int64_t t = row0 + i;
-    dst[i * stride + d] = t < T ? to_f32(x[((b * T + t) * H + head) * D + d]) : 0.0f;
-  }
-}
-
-// The position of row i: pos[i], or i without positions.
-__device__ __forceinline__ int64_t position(const int32_t* pos, int64_t i) {
-  return pos ? static_cast<int64_t>(pos[i]) : i;
-}
-
-// The number of key tiles query rows [r0, min(r0 + 32, Tq)) see: the keys up to the last
-// row's position (upper bound in k_pos) cover ceil(n / 32) tiles.
-__device__ int64_t visible_key_tiles(const int32_t* q_pos, const int32_t* k_pos, int64_t r0,
-                                     int64_t Tq, int64_t Tk) {
-  const int64_t last = (r0 + kTile < Tq ? r0 + kTile : Tq) - 1;
-  int64_t n = last + 1;
-  if (k_pos) {
-    const int32_t p = q_pos[last];
-    int64_t lo = 0, hi = Tk;  // first key with k_pos > p
-    while (lo < hi) {
-      const int64_t mid = (lo + hi) / 2;
-      if (k_pos[mid] <= p)
-        lo = mid + 1;
-      else
-        hi = mid;
-    }
-    n = lo;
-  }
-  return ((n < Tk ? n : Tk) + kTile - 1) / kTile;
-}
+using namespace attention_tiles;
 
 // The first query tile that sees key c0: the first query at or after k_pos[c0] (lower bound
 // in q_pos), c0 itself without positions.
@@ -94,115 +28,6 @@ __device__ int64_t first_seeing_query_tile(const int32_t* q_pos, const int32_t* 
     first = lo;
   }
   return first / kTile;
-}
-
-// The output cells a thread owns: cell c is (idx / kMaxD, idx % kMaxD) for idx = thread +
-// kThreads c. Registers for kMaxD up to 128; above, a (32, kMaxD) block of shared memory of
-// which a thread touches only its own cells, so they need no barrier.
-template <int kMaxD, bool kShared = (kMaxD > 128)>
-struct Cells {
-  float v[kTile * kMaxD / kThreads];
-  __device__ explicit Cells(float*) {}
-  __device__ __forceinline__ float& operator[](int c) { return v[c]; }
-};
-template <int kMaxD>
-struct Cells<kMaxD, true> {
-  float* v;
-  __device__ explicit Cells(float* block) : v(block + threadIdx.x) {}
-  __device__ __forceinline__ float& operator[](int c) { return v[c * kThreads]; }
-};
-
-// sum_d a[d] * b[d] over two shared-memory rows.
-__device__ __forceinline__ float dot(const float* a, const float* b, int D) {
-  float acc = 0.0f;
-#pragma unroll 4
-  for (int d = 0; d < D; ++d) acc += a[d] * b[d];
-  return acc;
-}
-
-template <typename E, int kMaxD>
-__global__ void __launch_bounds__(kThreads)
-    attention_forward_kernel(E* out, float* lse, const E* q, const E* k, const E* v,
-                             const int32_t* q_pos, const int32_t* k_pos, int64_t Tq, int64_t Tk,
-                             int64_t Hq, int64_t Hkv, int D, float scale) {
-  constexpr int kCells = kTile * kMaxD / kThreads;
-  extern __shared__ float smem[];
-  float* Qs = smem;                   // (32, D)
-  float* Ks = Qs + kTile * D;         // (32, D + 1)
-  float* Vs = Ks + kTile * (D + 1);   // (32, D)
-  float* S = Vs + kTile * D;          // (32, 33): scores, then probabilities
-  float* row_m = S + kTile * kS;      // running max per query row
-  float* row_l = row_m + kTile;       // running sum of exp(score - max)
-  float* row_alpha = row_l + kTile;   // rescale of the previous tiles' sums
-  Cells<kMaxD> o(row_alpha + kTile);  // (32, kMaxD) where shared: the unnormalised output
-  const int64_t qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z, hk = h / (Hq / Hkv);
-  const int64_t r0 = qt * kTile;
-  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
-
-  load_tile(Qs, D, q, b, r0, h, Hq, Tq, D);
-  if (tid < kTile) {
-    row_m[tid] = -INFINITY;
-    row_l[tid] = 0.0f;
-  }
-#pragma unroll
-  for (int c = 0; c < kCells; ++c) o[c] = 0.0f;
-
-  const int64_t key_tiles = visible_key_tiles(q_pos, k_pos, r0, Tq, Tk);
-  for (int64_t kt = 0; kt < key_tiles; ++kt) {
-    const int64_t c0 = kt * kTile;
-    __syncthreads();  // the previous tile is no longer read
-    load_tile(Ks, D + 1, k, b, c0, hk, Hkv, Tk, D);
-    load_tile(Vs, D, v, b, c0, hk, Hkv, Tk, D);
-    __syncthreads();
-#pragma unroll 1
-    for (int c = 0; c < kScoreCells; ++c) {
-      const int idx = tid + c * kThreads, i = idx / kTile, j = idx % kTile;
-      const int64_t qi = r0 + i, kj = c0 + j;
-      const bool seen = qi < Tq && kj < Tk && position(k_pos, kj) <= position(q_pos, qi);
-      S[i * kS + j] = seen ? dot(Qs + i * D, Ks + j * (D + 1), D) * scale : -INFINITY;
-    }
-    __syncthreads();
-    for (int r = 0; r < kRowsPerWarp; ++r) {  // lane j holds key j of row i
-      const int i = warp * kRowsPerWarp + r;
-      const float s = S[i * kS + lane];
-      const float m_old = row_m[i];
-      const float m_new = fmaxf(m_old, warp_max(s));
-      const bool empty = m_new == -INFINITY;  // no key seen yet (or a row past Tq)
-      const float p = empty ? 0.0f : expf(s - m_new);
-      const float alpha = empty ? 1.0f : expf(m_old - m_new);
-      S[i * kS + lane] = p;
-      const float tile_sum = warp_sum(p);
-      __syncwarp();
-      if (lane == 0) {
-        row_m[i] = m_new;
-        row_l[i] = row_l[i] * alpha + tile_sum;
-        row_alpha[i] = alpha;
-      }
-    }
-    __syncthreads();
-#pragma unroll
-    for (int c = 0; c < kCells; ++c) {
-      const int idx = tid + c * kThreads, i = idx / kMaxD, d = idx % kMaxD;
-      if (d < D) {
-        float acc = o[c] * row_alpha[i];
-#pragma unroll 8
-        for (int j = 0; j < kTile; ++j) acc += S[i * kS + j] * Vs[j * D + d];
-        o[c] = acc;
-      }
-    }
-  }
-  __syncthreads();
-  // A row that saw no key has row_l = 0: out 0, lse -inf.
-#pragma unroll
-  for (int c = 0; c < kCells; ++c) {
-    const int idx = tid + c * kThreads, i = idx / kMaxD, d = idx % kMaxD;
-    const int64_t qi = r0 + i;
-    if (d < D && qi < Tq)
-      out[((b * Tq + qi) * Hq + h) * D + d] = from_f32<E>(row_l[i] > 0.0f ? o[c] / row_l[i] : 0.0f);
-  }
-  if (lse && tid < kTile && r0 + tid < Tq)
-    lse[(b * Hq + h) * Tq + r0 + tid] =
-        row_l[tid] > 0.0f ? row_m[tid] + logf(row_l[tid]) : -INFINITY;
 }
 
 // Di (B, Hq, T) = sum_d dout * out, one warp per (b, t, h) row.
@@ -388,66 +213,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Output cells for head_dim up to 64, 128 (registers) or kMaxHeadDim = 256 (shared memory;
-// the door in kernels/attention.cpp refuses more).
-template <typename F>
-void by_max_d(int64_t D, F&& f) {
-  switch (attention_max_d(D)) {
-    case 64:
-      f(std::integral_constant<int, 64>{});
-      break;
-    case 128:
-      f(std::integral_constant<int, 128>{});
-      break;
-    default:
-      f(std::integral_constant<int, 256>{});
-  }
-}
-
-size_t smem_bytes(int64_t floats) {
-  return static_cast<size_t>(floats) * sizeof(float);
-}
-
-// Fails, naming the head_dim and the way out, where a kernel's shared memory is more than
-// this GPU gives a block (head_dim above 128 keeps the output in shared memory: up to 201 KiB
-// at 256, which sm_90's 227 KiB holds and sm_80's 163 KiB does not).
-void require_shared_memory(const char* op, size_t bytes, int64_t D) {
-  int device = 0, limit = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-        "cudaDeviceGetAttribute (shared memory per block)");
-  if (bytes > static_cast<size_t>(limit))
-    fail(
-        "{}: pentad's attention kernel at head_dim {} needs {} KiB of shared memory a block, "
-        "more than this GPU's {} KiB: use cuDNN's (train.attention = \"auto\" or \"cudnn\", "
-        "bf16) or smaller heads (raise model.n_head)",
-        op, D, bytes / 1024, limit / 1024);
-}
-
 }  // namespace
-
-void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                       const Tensor& v, const Tensor& q_pos, const Tensor& k_pos, int64_t B,
-                       int64_t Tq, int64_t Tk, int64_t Hq, int64_t Hkv, int64_t D) {
-  if (B == 0 || Tq == 0 || Hq == 0) return;
-  const dim3 grid(static_cast<unsigned>(ceil_div(Tq, kTile)), static_cast<unsigned>(Hq),
-                  static_cast<unsigned>(B));
-  const size_t bytes = smem_bytes(attention_forward_smem_floats(D));
-  const float scale = 1.0f / sqrtf(static_cast<float>(D));
-  require_shared_memory("attention_forward", bytes, D);
-  by_dtype(q.dtype, [&](auto tag) {
-    using E = typename decltype(tag)::type;
-    by_max_d(D, [&](auto max_d) {
-      constexpr int kMaxD = decltype(max_d)::value;
-      auto kernel = attention_forward_kernel<E, kMaxD>;
-      allow_shared_memory(reinterpret_cast<const void*>(kernel), bytes);
-      kernel<<<grid, kThreads, bytes, stream()>>>(
-          ptr<E>(out), ptr<float>(lse), ptr<E>(q), ptr<E>(k), ptr<E>(v), ptr<int32_t>(q_pos),
-          ptr<int32_t>(k_pos), Tq, Tk, Hq, Hkv, static_cast<int>(D), scale);
-    });
-  });
-  check_launch("attention_forward");
-}
 
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                         const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
