@@ -39,12 +39,10 @@ std::vector<int32_t> parse_prompt_ids(const std::string& text, int64_t vocab) {
   return ids;
 }
 
-}  // namespace
-
-void generate(const GenerateOptions& o) {
-  check_sampling(o.sampling);
-  if (o.max_tokens < 1) fail("--max-tokens {}: must be >= 1", o.max_tokens);
-  Placement placement;  // checked first: nothing is read for a run that cannot start
+// Where and in which precision to run. Checked before anything is read: nothing is read for
+// a run that cannot start.
+Placement placement_for(const GenerateOptions& o) {
+  Placement placement;
   if (o.device == "cuda") {
     if (cuda_device_count() == 0)
       fail(
@@ -56,17 +54,15 @@ void generate(const GenerateOptions& o) {
     fail("--precision bf16 runs on a GPU only: add --device cuda");
   }
   placement.compute = o.precision == "bf16" ? DType::BF16 : DType::F32;
-  if (!fs::exists(fs::path(o.checkpoint) / "manifest.json"))
-    fail("{}: not a committed checkpoint (no manifest.json); pass a step-N directory",
-         o.checkpoint);
-  if (o.prompt.empty() == o.prompt_ids.empty())
-    fail("generate needs exactly one of --prompt TEXT and --prompt-ids IDS");
-  CheckpointParams ckpt(o.checkpoint);
-  const ModelConfig& m = ckpt.model();
+  return placement;
+}
 
-  // The tokenizer: --tokenizer, else the one the checkpoint carries (checked against its
-  // sha256), else, for checkpoints from before they carried one, the recipe's file. With
-  // --prompt-ids it is optional: without one nothing marks the end of a text.
+// The tokenizer: --tokenizer, else the one the checkpoint carries (checked against its
+// sha256), else, for checkpoints from before they carried one, the recipe's file. With
+// --prompt-ids it is optional: without one nothing marks the end of a text.
+std::optional<data::Tokenizer> load_tokenizer(const GenerateOptions& o,
+                                              const CheckpointParams& ckpt) {
+  const ModelConfig& m = ckpt.model();
   const std::string carried = carried_tokenizer(o.checkpoint, ckpt.manifest());
   const std::string recipes = data::run_tokenizer(ckpt.config().data, m.vocab_size);
   const std::string path = !o.tokenizer.empty() ? o.tokenizer
@@ -87,14 +83,24 @@ void generate(const GenerateOptions& o) {
       fail("{}: {} tokens, more than the model's model.vocab_size = {}", path,
            tokenizer->vocab_size(), m.vocab_size);
   }
+  return tokenizer;
+}
+
+// The prompt as token ids, with room left in the model's context for at least one more.
+std::vector<int32_t> prompt_tokens(const GenerateOptions& o,
+                                   const std::optional<data::Tokenizer>& tokenizer,
+                                   const ModelConfig& m) {
   std::vector<int32_t> tokens =
       o.prompt.empty() ? parse_prompt_ids(o.prompt_ids, m.vocab_size) : tokenizer->encode(o.prompt);
   if (tokens.empty()) fail("--prompt: encodes to no tokens");
   if (static_cast<int64_t>(tokens.size()) >= m.max_seq_len)
     fail("the prompt is {} tokens; the model's context (model.max_seq_len) is {}: shorten it",
          tokens.size(), m.max_seq_len);
+  return tokens;
+}
 
-  Generator gen(m, !o.no_cache, placement);
+// Every parameter of the generator, read whole from the checkpoint, whatever its layout.
+void load_weights(Generator& gen, CheckpointParams& ckpt) {
   ParamStore& params = gen.params();
   for (const ParamSpec& spec : params.specs()) {
     const Dims dims(spec.global_shape.dims.begin(),
@@ -106,20 +112,33 @@ void generate(const GenerateOptions& o) {
     copy_bytes(to.data, to.device, values.data(), Device::CPU, to.bytes());
   }
   gen.reset();  // a bf16 model's compute copy follows the loaded weights
+}
+
+struct Continuation {
+  int64_t made = 0;      // tokens sampled, an end-of-text token included
+  bool stopped = false;  // at the end-of-text token
+  bool filled = false;   // stopped by the model's context before --max-tokens
+  double seconds = 0;    // sampling time alone, for tokens/s
+};
+
+// Samples up to --max-tokens tokens onto `tokens` (the prompt), streaming the decoded text to
+// stdout as it grows unless --print-ids.
+Continuation continue_prompt(Generator& gen, std::vector<int32_t>& tokens,
+                             const std::optional<data::Tokenizer>& tokenizer,
+                             const GenerateOptions& o) {
   // The end of a text ends the continuation, prompt ids or text alike (--ignore-eos: not).
   const int32_t eot = tokenizer && !o.ignore_eos ? tokenizer->eot_id() : -1;
   std::mt19937_64 rng(o.sampling.seed);
   const size_t prompt_len = tokens.size();
   const auto start = std::chrono::steady_clock::now();
-  int64_t made = 0;
-  bool stopped = false;  // at the end-of-text token
-  std::string shown;     // the decoded continuation so far: print only what is new
-  while (made < o.max_tokens && static_cast<int64_t>(tokens.size()) < gen.context()) {
+  Continuation c;
+  std::string shown;  // the decoded continuation so far: print only what is new
+  while (c.made < o.max_tokens && static_cast<int64_t>(tokens.size()) < gen.context()) {
     const std::vector<float> logits = gen.next_logits(tokens);
     const int32_t next = pick_token(logits, o.sampling, rng);
-    ++made;
+    ++c.made;
     if (next == eot) {
-      stopped = true;
+      c.stopped = true;
       break;
     }
     tokens.push_back(next);
@@ -132,32 +151,61 @@ void generate(const GenerateOptions& o) {
       shown = text;
     }
   }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // The context is a hard stop: GPT-2's learned positions end there, and a sliding window
   // would change the logits of every kept token (docs/generate.md).
-  const bool full = static_cast<int64_t>(tokens.size()) >= gen.context() && made < o.max_tokens;
+  c.filled = static_cast<int64_t>(tokens.size()) >= gen.context() && c.made < o.max_tokens;
+  return c;
+}
+
+// Ends stdout's continuation (the ids, with --print-ids) and writes the summary to stderr:
+// stdout holds the continuation alone, for pipes and files.
+void report(const GenerateOptions& o, const Generator& gen, std::span<const int32_t> generated,
+            const Continuation& c) {
   if (o.print_ids) {
     std::string line;
-    for (size_t i = prompt_len; i < tokens.size(); ++i)
-      line += (i > prompt_len ? "," : "") + std::to_string(tokens[i]);
+    for (size_t i = 0; i < generated.size(); ++i)
+      line += (i > 0 ? "," : "") + std::to_string(generated[i]);
     std::puts(line.c_str());
   } else {
     std::puts("");
   }
   std::fflush(stdout);
-  // The summary goes to stderr: stdout holds the continuation alone, for pipes and files.
   std::fprintf(stderr, "generate: %lld tokens in %.3f s: %.1f tokens/s (%s, %s %s)%s\n",
-               static_cast<long long>(made), seconds,
-               seconds > 0 ? static_cast<double>(made) / seconds : 0.0,
+               static_cast<long long>(c.made), c.seconds,
+               c.seconds > 0 ? static_cast<double>(c.made) / c.seconds : 0.0,
                gen.uses_cache() ? "key/value cache" : "no cache: a full forward per token",
                o.device.c_str(), o.precision.c_str(),
-               stopped ? "; stopped at the end-of-text token" : "");
-  if (full)
+               c.stopped ? "; stopped at the end-of-text token" : "");
+  if (c.filled)
     std::fprintf(stderr,
                  "generate: stopped after %lld tokens: the sequence filled the model's context "
                  "(model.max_seq_len = %lld)\n",
-                 static_cast<long long>(made), static_cast<long long>(gen.context()));
+                 static_cast<long long>(c.made), static_cast<long long>(gen.context()));
+}
+
+}  // namespace
+
+void generate(const GenerateOptions& o) {
+  check_sampling(o.sampling);
+  if (o.max_tokens < 1) fail("--max-tokens {}: must be >= 1", o.max_tokens);
+  const Placement placement = placement_for(o);
+  if (!fs::exists(fs::path(o.checkpoint) / "manifest.json"))
+    fail("{}: not a committed checkpoint (no manifest.json); pass a step-N directory",
+         o.checkpoint);
+  if (o.prompt.empty() == o.prompt_ids.empty())
+    fail("generate needs exactly one of --prompt TEXT and --prompt-ids IDS");
+  CheckpointParams ckpt(o.checkpoint);
+  const ModelConfig& m = ckpt.model();
+  const std::optional<data::Tokenizer> tokenizer = load_tokenizer(o, ckpt);
+  std::vector<int32_t> tokens = prompt_tokens(o, tokenizer, m);
+
+  Generator gen(m, !o.no_cache, placement);
+  load_weights(gen, ckpt);
+  const size_t prompt_len = tokens.size();
+  const Continuation c = continue_prompt(gen, tokens, tokenizer, o);
+  const std::span<const int32_t> generated(tokens.data() + prompt_len, tokens.size() - prompt_len);
+  report(o, gen, generated, c);
 }
 
 }  // namespace pentad::ckpt
