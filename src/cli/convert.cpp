@@ -189,6 +189,168 @@ std::string write_hf_tokenizer(const std::string& path, const std::string& out_d
                      tokenizer.vocab_size());
 }
 
+// The recipe of an imported model, as written beside its checkpoint.
+struct ImportedRecipe {
+  Config cfg;
+  std::string toml;                   // cfg as text: recipe.toml and the manifest's copy
+  std::string tokenizer;              // data.tokenizer: where the model's goes; "" for none
+  std::string tokenizer_description;  // what the model's tokenizer is, for the summary
+};
+
+// The recipe for the model hf_dir's config.json describes. Every key but the model's keeps
+// its default; the recipe is validated like a file's.
+ImportedRecipe import_recipe(const std::string& hf_dir, const std::string& checkpoint_root) {
+  const std::string config_path = (fs::path(hf_dir) / "config.json").string();
+  std::ifstream config_in(config_path);
+  if (!config_in) fail("{}: cannot open ({})", config_path, std::strerror(errno));
+  nlohmann::json hf_config;
+  try {
+    hf_config = nlohmann::json::parse(config_in);
+  } catch (const nlohmann::json::parse_error& e) {
+    fail("{}: not valid JSON ({})", config_path, e.what());
+  }
+  ImportedRecipe r;
+  Config cfg = parse_recipe("", config_path);
+  cfg.model = model_from_hf(hf_config, config_path);
+  cfg.train.seq_len = std::min(cfg.train.seq_len, cfg.model.max_seq_len);
+  // The recipe names the model's own tokenizer and no data: training from it refuses until
+  // data.source and data.path name the user's tokens, rather than train on the fortunes.
+  r.tokenizer =
+      imported_tokenizer(hf_dir, checkpoint_root, cfg.model.vocab_size, r.tokenizer_description);
+  cfg.data.tokenizer = r.tokenizer;
+  cfg.data.source = "none";
+  r.toml = recipe_to_toml(cfg);
+  r.cfg = parse_recipe(r.toml, config_path);
+  return r;
+}
+
+// Refuses a step that exists, and a recipe.toml beside it for another model: the recipe goes
+// beside the checkpoint, so that training starts from the two of them, and one already there
+// is not overwritten.
+void check_import_target(const std::string& target, const std::string& recipe_path,
+                         const std::string& recipe) {
+  if (fs::exists(target)) fail("{}: already exists; choose another root or step", target);
+  if (fs::exists(recipe_path)) {
+    std::ifstream in(recipe_path);
+    const std::string there{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    if (there != recipe)
+      fail("{}: holds a recipe for another model; choose another root", recipe_path);
+  }
+}
+
+struct ImportedParams {
+  std::vector<NamedTensor> params;  // pentad's names and shapes
+  std::set<std::string> used;       // the stored tensors they were read from
+  int64_t values = 0;               // values read
+};
+
+// Every parameter of m, cut from the stored tensor(s) the HF table maps it to; pentad's own
+// state that transformers lacks starts neutral. Refuses a model with tensors missing.
+ImportedParams read_hf_params(const HfTensors& hf, const ModelConfig& m,
+                              const std::string& hf_dir) {
+  ImportedParams r;
+  std::vector<std::string> missing;
+  const std::vector<HfEntry> table = hf_table(m);
+  Progress progress("ckpt convert", table_bytes(table));
+  for (size_t i = 0; i < table.size(); ++i) {
+    const HfEntry& e = table[i];
+    if (progress.due())
+      progress.show(r.values * 4, fmt::format("{}/{} tensors read", i, table.size()));
+    const std::string stored = hf.find(e.hf);
+    if (stored.empty()) {
+      missing.push_back(e.hf);
+      continue;
+    }
+    r.used.insert(stored);
+    const Dims shape = e.hf_shape();
+    std::vector<float> data = hf.read(stored, shape);
+    if (e.transposed) data = transpose(data, shape[0], shape[1]);
+    size_t at = 0;
+    for (const auto& [name, dims] : e.parts) {
+      const size_t n = static_cast<size_t>(numel(dims));
+      r.params.push_back({name, dims,
+                          std::vector<float>(data.begin() + static_cast<std::ptrdiff_t>(at),
+                                             data.begin() + static_cast<std::ptrdiff_t>(at + n))});
+      at += n;
+    }
+    r.values += static_cast<int64_t>(data.size());
+  }
+  if (!missing.empty())
+    fail("{}: missing tensors for the {} model config.json describes: {}", hf_dir, hf_model_type(m),
+         fmt::join(missing, ", "));
+  for (const auto& [name, dims] : pentad_only_params(m))
+    r.params.push_back({name, dims, std::vector<float>(static_cast<size_t>(numel(dims)), 0.0f)});
+  return r;
+}
+
+// How many stored tensors were skipped as not the model's: buffers that are not parameters
+// (GPT-2's causal masks, old LLaMA rotary tables) and a tied model's stored copy of the
+// embedding. Anything else left over means config.json and the weights disagree: refused.
+size_t ignored_buffers(const HfTensors& hf, const std::set<std::string>& used, const ModelConfig& m,
+                       const std::string& hf_dir) {
+  static const std::regex buffer(
+      R"((transformer\.)?h\.\d+\.attn\.(bias|masked_bias)|.*rotary_emb\.inv_freq)");
+  std::vector<std::string> unused;
+  size_t ignored = 0;
+  for (const std::string& name : hf.names()) {
+    if (used.count(name)) continue;
+    if (std::regex_match(name, buffer) || (m.tie_embeddings && name == "lm_head.weight"))
+      ++ignored;
+    else
+      unused.push_back(name);
+  }
+  if (!unused.empty())
+    fail("{}: tensors the model in config.json does not use (n_layer or sizes wrong?): {}", hf_dir,
+         fmt::join(unused, ", "));
+  return ignored;
+}
+
+// Commits the parameters as step `step` of a one-rank checkpoint under checkpoint_root, its
+// manifest carrying the recipe and the model's tokenizer.
+void commit_imported(const std::vector<NamedTensor>& params, const std::string& checkpoint_root,
+                     int64_t step, const ImportedRecipe& recipe, const std::string& hf_dir) {
+  std::vector<ShardData> shards;
+  for (const NamedTensor& p : params) {
+    ShardData s;
+    s.info.name = "param/" + p.name;
+    s.info.global_shape = to_shape(p.shape);
+    s.info.local_shape = s.info.global_shape;
+    s.data = p.data.data();
+    shards.push_back(s);
+  }
+  write_rank_file((fs::path(partial_dir(checkpoint_root, step)) / rank_file_name(0)).string(),
+                  shards);
+  Manifest base;
+  base.step = step;
+  base.recipe_toml = recipe.toml;
+  std::string tokenizer_bytes;  // the checkpoint carries the model's tokenizer too
+  if (!recipe.tokenizer.empty()) {
+    std::ifstream in(fs::path(hf_dir) / fs::path(recipe.tokenizer).filename(), std::ios::binary);
+    tokenizer_bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    base.tokenizer_file = fs::path(recipe.tokenizer).filename().string();
+    base.tokenizer_sha256 = sha256_hex(tokenizer_bytes);
+  }
+  remove_dirs(commit(checkpoint_root, base, 0, tokenizer_bytes));
+}
+
+// Writes recipe.toml and a copy of the model's tokenizer (to data.tokenizer) beside the
+// checkpoint, and says what became of the tokenizer.
+std::string write_beside_checkpoint(const ImportedRecipe& recipe, const std::string& recipe_path,
+                                    const std::string& hf_dir) {
+  std::ofstream recipe_out(recipe_path);
+  recipe_out << recipe.toml;
+  if (!recipe_out.flush()) fail("{}: write failed ({})", recipe_path, std::strerror(errno));
+  if (recipe.tokenizer.empty())
+    return fmt::format("{} has no tokenizer.json or tokenizer.model: data.tokenizer is empty",
+                       hf_dir);
+  std::error_code ec;
+  fs::copy_file(fs::path(hf_dir) / fs::path(recipe.tokenizer).filename(), recipe.tokenizer,
+                fs::copy_options::overwrite_existing, ec);
+  if (ec) fail("{}: cannot copy the tokenizer there ({})", recipe.tokenizer, ec.message());
+  return fmt::format("data.tokenizer = {}, copied from {}", recipe.tokenizer,
+                     recipe.tokenizer_description);
+}
+
 }  // namespace
 
 void refuse_to_replace(const std::string& out, bool overwrite) {
@@ -280,139 +442,25 @@ std::string export_hf(const std::string& checkpoint_dir, const std::string& out_
 }
 
 std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_root, int64_t step) {
-  const std::string config_path = (fs::path(hf_dir) / "config.json").string();
-  std::ifstream config_in(config_path);
-  if (!config_in) fail("{}: cannot open ({})", config_path, std::strerror(errno));
-  nlohmann::json hf_config;
-  try {
-    hf_config = nlohmann::json::parse(config_in);
-  } catch (const nlohmann::json::parse_error& e) {
-    fail("{}: not valid JSON ({})", config_path, e.what());
-  }
-  // Every key but the model's keeps its default; the recipe is validated like a file's.
-  Config cfg = parse_recipe("", config_path);
-  cfg.model = model_from_hf(hf_config, config_path);
-  cfg.train.seq_len = std::min(cfg.train.seq_len, cfg.model.max_seq_len);
-  // The recipe names the model's own tokenizer and no data: training from it refuses until
-  // data.source and data.path name the user's tokens, rather than train on the fortunes.
-  std::string tokenizer_description;
-  const std::string tokenizer =
-      imported_tokenizer(hf_dir, checkpoint_root, cfg.model.vocab_size, tokenizer_description);
-  cfg.data.tokenizer = tokenizer;
-  cfg.data.source = "none";
-  const std::string recipe = recipe_to_toml(cfg);
-  cfg = parse_recipe(recipe, config_path);
-  const ModelConfig& m = cfg.model;
-
+  const ImportedRecipe recipe = import_recipe(hf_dir, checkpoint_root);
+  const ModelConfig& m = recipe.cfg.model;
   const std::string target = checkpoint_dir(checkpoint_root, step);
-  if (fs::exists(target)) fail("{}: already exists; choose another root or step", target);
-  // The recipe goes beside the checkpoint, so that training starts from the two of them;
-  // one already there for another model is not overwritten.
   const std::string recipe_path = (fs::path(checkpoint_root) / "recipe.toml").string();
-  if (fs::exists(recipe_path)) {
-    std::ifstream in(recipe_path);
-    const std::string there{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-    if (there != recipe)
-      fail("{}: holds a recipe for another model; choose another root", recipe_path);
-  }
+  check_import_target(target, recipe_path, recipe.toml);
 
   HfTensors hf(hf_dir);
-  std::vector<std::string> missing;
-  std::set<std::string> used;
-  std::vector<NamedTensor> params;
-  int64_t values = 0;
-  const std::vector<HfEntry> table = hf_table(m);
-  Progress progress("ckpt convert", table_bytes(table));
-  for (size_t i = 0; i < table.size(); ++i) {
-    const HfEntry& e = table[i];
-    if (progress.due())
-      progress.show(values * 4, fmt::format("{}/{} tensors read", i, table.size()));
-    const std::string stored = hf.find(e.hf);
-    if (stored.empty()) {
-      missing.push_back(e.hf);
-      continue;
-    }
-    used.insert(stored);
-    const Dims shape = e.hf_shape();
-    std::vector<float> data = hf.read(stored, shape);
-    if (e.transposed) data = transpose(data, shape[0], shape[1]);
-    size_t at = 0;
-    for (const auto& [name, dims] : e.parts) {
-      const size_t n = static_cast<size_t>(numel(dims));
-      params.push_back({name, dims,
-                        std::vector<float>(data.begin() + static_cast<std::ptrdiff_t>(at),
-                                           data.begin() + static_cast<std::ptrdiff_t>(at + n))});
-      at += n;
-    }
-    values += static_cast<int64_t>(data.size());
-  }
-  if (!missing.empty())
-    fail("{}: missing tensors for the {} model config.json describes: {}", hf_dir, hf_model_type(m),
-         fmt::join(missing, ", "));
-  // pentad's own state that transformers lacks starts neutral.
-  for (const auto& [name, dims] : pentad_only_params(m))
-    params.push_back({name, dims, std::vector<float>(static_cast<size_t>(numel(dims)), 0.0f)});
-
-  // Buffers that are not parameters (GPT-2's causal masks, old LLaMA rotary tables) and a
-  // tied model's stored copy of the embedding are skipped; anything else left over means
-  // config.json and the weights disagree.
-  static const std::regex buffer(
-      R"((transformer\.)?h\.\d+\.attn\.(bias|masked_bias)|.*rotary_emb\.inv_freq)");
-  std::vector<std::string> unused;
-  size_t ignored = 0;
-  for (const std::string& name : hf.names()) {
-    if (used.count(name)) continue;
-    if (std::regex_match(name, buffer) || (m.tie_embeddings && name == "lm_head.weight"))
-      ++ignored;
-    else
-      unused.push_back(name);
-  }
-  if (!unused.empty())
-    fail("{}: tensors the model in config.json does not use (n_layer or sizes wrong?): {}", hf_dir,
-         fmt::join(unused, ", "));
-
-  std::vector<ShardData> shards;
-  for (const NamedTensor& p : params) {
-    ShardData s;
-    s.info.name = "param/" + p.name;
-    s.info.global_shape = to_shape(p.shape);
-    s.info.local_shape = s.info.global_shape;
-    s.data = p.data.data();
-    shards.push_back(s);
-  }
-  write_rank_file((fs::path(partial_dir(checkpoint_root, step)) / rank_file_name(0)).string(),
-                  shards);
-  Manifest base;
-  base.step = step;
-  base.recipe_toml = recipe;
-  std::string tokenizer_bytes;  // the checkpoint carries the model's tokenizer too
-  if (!tokenizer.empty()) {
-    std::ifstream in(fs::path(hf_dir) / fs::path(tokenizer).filename(), std::ios::binary);
-    tokenizer_bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    base.tokenizer_file = fs::path(tokenizer).filename().string();
-    base.tokenizer_sha256 = sha256_hex(tokenizer_bytes);
-  }
-  remove_dirs(commit(checkpoint_root, base, 0, tokenizer_bytes));
-  std::ofstream recipe_out(recipe_path);
-  recipe_out << recipe;
-  if (!recipe_out.flush()) fail("{}: write failed ({})", recipe_path, std::strerror(errno));
-  std::string tokenizer_note =
-      fmt::format("{} has no tokenizer.json or tokenizer.model: data.tokenizer is empty", hf_dir);
-  if (!tokenizer.empty()) {
-    std::error_code ec;
-    fs::copy_file(fs::path(hf_dir) / fs::path(tokenizer).filename(), tokenizer,
-                  fs::copy_options::overwrite_existing, ec);
-    if (ec) fail("{}: cannot copy the tokenizer there ({})", tokenizer, ec.message());
-    tokenizer_note =
-        fmt::format("data.tokenizer = {}, copied from {}", tokenizer, tokenizer_description);
-  }
+  const ImportedParams imported = read_hf_params(hf, m, hf_dir);
+  const size_t ignored = ignored_buffers(hf, imported.used, m, hf_dir);
+  commit_imported(imported.params, checkpoint_root, step, recipe, hf_dir);
+  const std::string tokenizer_note = write_beside_checkpoint(recipe, recipe_path, hf_dir);
+  const std::string& tokenizer = recipe.tokenizer;
   return fmt::format(
       "imported {} tensors ({} parameters) from {} safetensors file(s) in {} into {} "
       "(ignored {} buffers); its recipe is {} (train on: pentad train {} --resume {} "
       "data.source=megatron data.path=PREFIX, PREFIX from pentad data prepare FILES "
       "--tokenizer {} -o PREFIX); {}",
-      params.size(), values, hf.files(), hf_dir, target, ignored, recipe_path, recipe_path, target,
-      tokenizer.empty() ? "TOKENIZER" : tokenizer, tokenizer_note);
+      imported.params.size(), imported.values, hf.files(), hf_dir, target, ignored, recipe_path,
+      recipe_path, target, tokenizer.empty() ? "TOKENIZER" : tokenizer, tokenizer_note);
 }
 
 }  // namespace pentad::ckpt
