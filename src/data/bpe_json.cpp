@@ -4,6 +4,7 @@
 // added_tokens; a normalizer, dropout, subword affixes and added tokens that strip
 // whitespace are refused by name.
 #include <algorithm>
+#include <array>
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
@@ -52,9 +53,8 @@ void read_split(const json& step, const std::string& path, const std::string& wh
   patterns.push_back(step["pattern"]["Regex"].get<std::string>());
 }
 
-}  // namespace
-
-std::unique_ptr<BpeModel> BpeModel::from_json(const std::string& text, const std::string& path) {
+// The document, checked to hold a BPE model and no normalizer.
+json parse_bpe_document(const std::string& text, const std::string& path) {
   json doc;
   try {
     doc = json::parse(text);
@@ -63,8 +63,7 @@ std::unique_ptr<BpeModel> BpeModel::from_json(const std::string& text, const std
   }
   if (!doc.is_object() || !doc.contains("model") || !doc["model"].is_object())
     fail("{}: no \"model\" object; expected a Hugging Face tokenizer.json", path);
-  const json& model = doc["model"];
-  const std::string type = string_or_empty(model, "type");
+  const std::string type = string_or_empty(doc["model"], "type");
   if (type != "BPE")
     fail(
         "{}: model type is \"{}\", only \"BPE\" is supported in tokenizer.json (for "
@@ -73,15 +72,22 @@ std::unique_ptr<BpeModel> BpeModel::from_json(const std::string& text, const std
   if (doc.contains("normalizer") && !doc["normalizer"].is_null())
     fail("{}: normalizer {} is not supported: byte-level BPE takes the text as it is (null)", path,
          doc["normalizer"].dump());
+  return doc;
+}
 
-  auto tok = std::make_unique<BpeModel>();
-  tok->path_ = path;
-  // ---- pre_tokenizer ----
+struct PreTokenizer {
+  std::vector<std::string> split_patterns;  // Split(Regex) steps, in order
+  bool byte_level_regex = true;             // ByteLevel's use_regex
+  bool add_prefix_space = false;
+};
+
+// pre_tokenizer: ByteLevel alone, or a Sequence of Split(Regex) steps ending in ByteLevel.
+PreTokenizer read_pre_tokenizer(const json& doc, const std::string& path) {
+  PreTokenizer r;
   const json pre = doc.value("pre_tokenizer", json());
   const std::string pre_type = pre.is_object() ? string_or_empty(pre, "type") : "";
   if (pre_type == "ByteLevel") {
-    read_byte_level(pre, path, "pre_tokenizer", true, tok->byte_level_regex_,
-                    tok->add_prefix_space_);
+    read_byte_level(pre, path, "pre_tokenizer", true, r.byte_level_regex, r.add_prefix_space);
   } else if (pre_type == "Sequence" && pre.contains("pretokenizers") &&
              pre["pretokenizers"].is_array() && !pre["pretokenizers"].empty()) {
     const json& steps = pre["pretokenizers"];
@@ -90,10 +96,9 @@ std::unique_ptr<BpeModel> BpeModel::from_json(const std::string& text, const std
       const std::string step_type = steps[k].is_object() ? string_or_empty(steps[k], "type") : "";
       const bool last = k + 1 == steps.size();
       if (step_type == "Split" && !last) {
-        read_split(steps[k], path, where, tok->split_patterns_);
+        read_split(steps[k], path, where, r.split_patterns);
       } else if (step_type == "ByteLevel" && last) {
-        read_byte_level(steps[k], path, where, k == 0, tok->byte_level_regex_,
-                        tok->add_prefix_space_);
+        read_byte_level(steps[k], path, where, k == 0, r.byte_level_regex, r.add_prefix_space);
       } else {
         fail(
             "{}: {} is {}; supported: Split(Regex) steps, then ByteLevel as the last step "
@@ -109,7 +114,16 @@ std::unique_ptr<BpeModel> BpeModel::from_json(const std::string& text, const std
         "its tokenizer.model",
         path);
   }
-  // ---- model options ----
+  return r;
+}
+
+struct ModelOptions {
+  bool ignore_merges, byte_fallback, fuse_unk;
+};
+
+// The model's options that change ids; those byte-level BPE has no use for are refused, and
+// the vocab and merges are checked to be there.
+ModelOptions read_model_options(const json& model, const std::string& path) {
   if (model.contains("dropout") && !model["dropout"].is_null() &&
       !(model["dropout"].is_number() && model["dropout"].get<double>() == 0.0))
     fail("{}: model.dropout = {} is not supported (null or 0)", path, model["dropout"].dump());
@@ -117,53 +131,69 @@ std::unique_ptr<BpeModel> BpeModel::from_json(const std::string& text, const std
     if (!string_or_empty(model, affix).empty())
       fail("{}: model.{} = \"{}\" is not supported (byte-level BPE uses none)", path, affix,
            string_or_empty(model, affix));
-  tok->ignore_merges_ = flag(model, "ignore_merges", false, path, "model");
-  tok->byte_fallback_ = flag(model, "byte_fallback", false, path, "model");
-  tok->fuse_unk_ = flag(model, "fuse_unk", false, path, "model");
+  ModelOptions r;
+  r.ignore_merges = flag(model, "ignore_merges", false, path, "model");
+  r.byte_fallback = flag(model, "byte_fallback", false, path, "model");
+  r.fuse_unk = flag(model, "fuse_unk", false, path, "model");
   if (!model.contains("vocab") || !model["vocab"].is_object())
     fail("{}: model.vocab missing or not an object", path);
   if (!model.contains("merges") || !model["merges"].is_array())
     fail("{}: model.merges missing or not an array", path);
+  return r;
+}
 
-  // ---- added_tokens: their vocab entries are raw text, not byte-level strings ----
-  std::unordered_map<std::string, int64_t> added;
-  if (doc.contains("added_tokens") && doc["added_tokens"].is_array()) {
-    const json& list = doc["added_tokens"];
-    for (size_t k = 0; k < list.size(); ++k) {
-      const json& t = list[k];
-      if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() ||
-          !t.contains("content") || !t["content"].is_string()) {
-        fail("{}: added_tokens entry {} needs an integer \"id\" and a string \"content\"", path,
-             t.dump());
-      }
-      const std::string where = fmt::format("added_tokens[{}]", k);
-      for (const char* option : {"lstrip", "rstrip", "single_word"})
-        if (flag(t, option, false, path, where))
-          fail("{}: {}.{} = true ({}) is not supported", path, where, option,
-               t["content"].get<std::string>());
-      AddedToken token;
-      token.content = t["content"].get<std::string>();
-      token.id = static_cast<int32_t>(t["id"].get<int64_t>());
-      token.special = flag(t, "special", true, path, where);
-      token.normalized = flag(t, "normalized", !token.special, path, where);
-      added[token.content] = t["id"].get<int64_t>();
-      tok->added_list_.push_back(token);
+struct AddedEntries {
+  std::vector<AddedToken> list;                    // in the file's order
+  std::unordered_map<std::string, int64_t> id_of;  // content -> id
+};
+
+// added_tokens: their vocab entries are raw text, not byte-level strings.
+AddedEntries read_added_tokens(const json& doc, const std::string& path) {
+  AddedEntries r;
+  if (!doc.contains("added_tokens") || !doc["added_tokens"].is_array()) return r;
+  const json& list = doc["added_tokens"];
+  for (size_t k = 0; k < list.size(); ++k) {
+    const json& t = list[k];
+    if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() ||
+        !t.contains("content") || !t["content"].is_string()) {
+      fail("{}: added_tokens entry {} needs an integer \"id\" and a string \"content\"", path,
+           t.dump());
     }
+    const std::string where = fmt::format("added_tokens[{}]", k);
+    for (const char* option : {"lstrip", "rstrip", "single_word"})
+      if (flag(t, option, false, path, where))
+        fail("{}: {}.{} = true ({}) is not supported", path, where, option,
+             t["content"].get<std::string>());
+    AddedToken token;
+    token.content = t["content"].get<std::string>();
+    token.id = static_cast<int32_t>(t["id"].get<int64_t>());
+    token.special = flag(t, "special", true, path, where);
+    token.normalized = flag(t, "normalized", !token.special, path, where);
+    r.id_of[token.content] = t["id"].get<int64_t>();
+    r.list.push_back(token);
   }
+  return r;
+}
 
+struct Vocab {
+  std::vector<std::string> tokens;                 // id -> raw bytes (added: their content)
+  std::vector<bool> added;                         // id -> an added token
+  std::unordered_map<std::string, int32_t> id_of;  // byte-level string -> id
+};
+
+// model.vocab with the added tokens it lacks, checked to number its tokens 0..n-1.
+Vocab read_vocab(const json& model, const std::unordered_map<std::string, int64_t>& added,
+                 const std::string& path) {
   std::vector<std::pair<int64_t, std::string>> entries;  // (id, byte-level string)
   for (const auto& [key, value] : model["vocab"].items()) {
     if (!value.is_number_integer()) fail("{}: vocab entry \"{}\" has a non-integer id", path, key);
     entries.emplace_back(value.get<int64_t>(), key);
-    std::string bytes;
-    if (tok->ignore_merges_ && from_byte_level(key, bytes))
-      tok->whole_piece_id_.emplace(bytes, static_cast<int32_t>(value.get<int64_t>()));
   }
   for (const auto& [content, id] : added)
     if (!model["vocab"].contains(content)) entries.emplace_back(id, content);
   std::sort(entries.begin(), entries.end());
 
-  std::unordered_map<std::string, int32_t> id_of;  // byte-level string -> id
+  Vocab r;
   for (size_t k = 0; k < entries.size(); ++k) {
     const auto& [id, key] = entries[k];
     if (id != static_cast<int64_t>(k)) {
@@ -178,44 +208,97 @@ std::unique_ptr<BpeModel> BpeModel::from_json(const std::string& text, const std
       fail("{}: vocab token \"{}\" (id {}) has characters outside the byte-level alphabet", path,
            key, id);
     }
-    tok->tokens_.push_back(bytes);
-    tok->added_.push_back(is_added);
-    id_of[key] = static_cast<int32_t>(id);
+    r.tokens.push_back(bytes);
+    r.added.push_back(is_added);
+    r.id_of[key] = static_cast<int32_t>(id);
   }
-  if (model.contains("unk_token") && model["unk_token"].is_string()) {
-    const std::string unk = model["unk_token"].get<std::string>();
-    auto it = id_of.find(unk);
-    if (it == id_of.end()) fail("{}: model.unk_token \"{}\" is not in the vocab", path, unk);
-    tok->unk_id_ = it->second;
-  }
+  return r;
+}
 
-  const json& merges = model["merges"];
-  tok->merges_.reserve(merges.size());
-  for (size_t r = 0; r < merges.size(); ++r) {
-    const json& m = merges[r];
+// For ignore_merges: the bytes of every byte-level vocab entry -> its id (the first entry
+// wins), so that a piece that is itself in the vocabulary is that token.
+std::unordered_map<std::string, int32_t> whole_pieces(const json& vocab) {
+  std::unordered_map<std::string, int32_t> id_of;
+  for (const auto& [key, value] : vocab.items()) {
+    std::string bytes;
+    if (from_byte_level(key, bytes))
+      id_of.emplace(bytes, static_cast<int32_t>(value.get<int64_t>()));
+  }
+  return id_of;
+}
+
+// model.unk_token's id; -1 without one.
+int32_t unk_id(const json& model, const std::unordered_map<std::string, int32_t>& id_of,
+               const std::string& path) {
+  if (!model.contains("unk_token") || !model["unk_token"].is_string()) return -1;
+  const std::string unk = model["unk_token"].get<std::string>();
+  auto it = id_of.find(unk);
+  if (it == id_of.end()) fail("{}: model.unk_token \"{}\" is not in the vocab", path, unk);
+  return it->second;
+}
+
+// model.merges by rank, each as the ids (left, right, result); both of tokenizers' forms,
+// "left right" and ["left", "right"], are read.
+std::vector<std::array<int32_t, 3>> read_merges(
+    const json& merges, const std::unordered_map<std::string, int32_t>& id_of,
+    const std::string& path) {
+  std::vector<std::array<int32_t, 3>> r;
+  r.reserve(merges.size());
+  for (size_t k = 0; k < merges.size(); ++k) {
+    const json& m = merges[k];
     std::string left, right;
     if (m.is_string()) {
       const std::string s = m.get<std::string>();
       size_t space = s.find(' ');
       if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
-        fail("{}: merge {} \"{}\" is not of the form \"left right\"", path, r, s);
+        fail("{}: merge {} \"{}\" is not of the form \"left right\"", path, k, s);
       left = s.substr(0, space);
       right = s.substr(space + 1);
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
       left = m[0].get<std::string>();
       right = m[1].get<std::string>();
     } else {
-      fail("{}: merge {} is {}; expected \"left right\" or [\"left\", \"right\"]", path, r,
+      fail("{}: merge {} is {}; expected \"left right\" or [\"left\", \"right\"]", path, k,
            m.dump());
     }
     auto l = id_of.find(left), rt = id_of.find(right), result = id_of.find(left + right);
-    if (l == id_of.end()) fail("{}: merge {} references unknown token \"{}\"", path, r, left);
-    if (rt == id_of.end()) fail("{}: merge {} references unknown token \"{}\"", path, r, right);
+    if (l == id_of.end()) fail("{}: merge {} references unknown token \"{}\"", path, k, left);
+    if (rt == id_of.end()) fail("{}: merge {} references unknown token \"{}\"", path, k, right);
     if (result == id_of.end())
-      fail("{}: merge {} \"{} {}\" produces \"{}\", which is not in the vocab", path, r, left,
+      fail("{}: merge {} \"{} {}\" produces \"{}\", which is not in the vocab", path, k, left,
            right, left + right);
-    tok->merges_.push_back({l->second, rt->second, result->second});
+    r.push_back({l->second, rt->second, result->second});
   }
+  return r;
+}
+
+}  // namespace
+
+std::unique_ptr<BpeModel> BpeModel::from_json(const std::string& text, const std::string& path) {
+  const json doc = parse_bpe_document(text, path);
+  const json& model = doc["model"];
+  auto tok = std::make_unique<BpeModel>();
+  tok->path_ = path;
+  PreTokenizer pre = read_pre_tokenizer(doc, path);
+  tok->split_patterns_ = std::move(pre.split_patterns);
+  tok->byte_level_regex_ = pre.byte_level_regex;
+  tok->add_prefix_space_ = pre.add_prefix_space;
+  const ModelOptions options = read_model_options(model, path);
+  tok->ignore_merges_ = options.ignore_merges;
+  tok->byte_fallback_ = options.byte_fallback;
+  tok->fuse_unk_ = options.fuse_unk;
+
+  AddedEntries added = read_added_tokens(doc, path);
+  Vocab vocab = read_vocab(model, added.id_of, path);
+  if (tok->ignore_merges_) tok->whole_piece_id_ = whole_pieces(model["vocab"]);
+  tok->unk_id_ = unk_id(model, vocab.id_of, path);
+  const std::vector<std::array<int32_t, 3>> merges =
+      read_merges(model["merges"], vocab.id_of, path);
+  tok->merges_.reserve(merges.size());
+  for (const auto& [left, right, result] : merges) tok->merges_.push_back({left, right, result});
+  tok->tokens_ = std::move(vocab.tokens);
+  tok->added_ = std::move(vocab.added);
+  tok->added_list_ = std::move(added.list);
   tok->build_lookup();
   return tok;
 }
