@@ -37,31 +37,28 @@ struct Candidate {
   }
 };
 
-}  // namespace
-
-std::unique_ptr<BpeModel> BpeModel::train(std::span<const std::string_view> documents,
-                                          int64_t vocab_size, bool progress) {
-  if (vocab_size < 257)
-    fail("tokenizer vocab_size must be at least 257 (256 bytes + <|endoftext|>), got {}",
-         vocab_size);
-  if (vocab_size > (int64_t{1} << 31) - 1) fail("tokenizer vocab_size {} is too large", vocab_size);
-
+// How often each pre-tokenized piece occurs in the documents.
+std::unordered_map<std::string_view, int64_t> count_pieces(
+    std::span<const std::string_view> documents, bool progress) {
   std::unordered_map<std::string_view, int64_t> piece_counts;
-  {
-    int64_t total = 0, done = 0, docs = 0;
-    for (std::string_view doc : documents) total += static_cast<int64_t>(doc.size());
-    std::optional<Progress> counting;
-    if (progress) counting.emplace("tokenizer train: counting pieces", total);
-    for (std::string_view doc : documents) {
-      for (std::string_view piece : pretokenize(doc)) ++piece_counts[piece];
-      done += static_cast<int64_t>(doc.size());
-      ++docs;
-      if (counting && counting->due())
-        counting->show(done,
-                       fmt::format("{} documents, {} distinct pieces", docs, piece_counts.size()));
-    }
+  int64_t total = 0, done = 0, docs = 0;
+  for (std::string_view doc : documents) total += static_cast<int64_t>(doc.size());
+  std::optional<Progress> counting;
+  if (progress) counting.emplace("tokenizer train: counting pieces", total);
+  for (std::string_view doc : documents) {
+    for (std::string_view piece : pretokenize(doc)) ++piece_counts[piece];
+    done += static_cast<int64_t>(doc.size());
+    ++docs;
+    if (counting && counting->due())
+      counting->show(done,
+                     fmt::format("{} documents, {} distinct pieces", docs, piece_counts.size()));
   }
-  // Sorted so that word indices (and with them every later step) are deterministic.
+  return piece_counts;
+}
+
+// The pieces as words of byte symbols, sorted so that word indices (and with them every later
+// step) are deterministic.
+std::vector<Word> words_of(const std::unordered_map<std::string_view, int64_t>& piece_counts) {
   std::vector<std::pair<std::string_view, int64_t>> sorted(piece_counts.begin(),
                                                            piece_counts.end());
   std::sort(sorted.begin(), sorted.end());
@@ -70,6 +67,104 @@ std::unique_ptr<BpeModel> BpeModel::train(std::span<const std::string_view> docu
     for (char c : sorted[w].first) words[w].symbols.push_back(static_cast<uint8_t>(c));
     words[w].count = sorted[w].second;
   }
+  return words;
+}
+
+// Every adjacent pair's count over all words, the words that contain it, and the lazy heap
+// that picks the next merge.
+class PairTable {
+ public:
+  explicit PairTable(const std::vector<Word>& words) {
+    for (size_t w = 0; w < words.size(); ++w) {
+      const auto& s = words[w].symbols;
+      for (size_t k = 0; k + 1 < s.size(); ++k) {
+        uint64_t p = key_of(s[k], s[k + 1]);
+        count_[p] += words[w].count;
+        auto& list = words_with_[p];
+        if (list.empty() || list.back() != static_cast<int32_t>(w))
+          list.push_back(static_cast<int32_t>(w));
+      }
+    }
+    for (const auto& [p, c] : count_) heap_.push({c, p});
+  }
+
+  bool empty() const { return heap_.empty(); }
+  // The heap's top, removed; nullopt when its count is out of date (a stale entry).
+  std::optional<Candidate> pop() {
+    const Candidate top = heap_.top();
+    heap_.pop();
+    auto found = count_.find(top.pair);
+    if (found == count_.end() || found->second != top.count) return std::nullopt;
+    return top;
+  }
+
+  // Replaces the pair by `merged` in every word that holds it and brings the counts, word
+  // lists and heap up to date.
+  void merge(uint64_t pair, int32_t merged, std::vector<Word>& words) {
+    std::vector<int32_t> affected = std::move(words_with_[pair]);
+    words_with_.erase(pair);
+    std::sort(affected.begin(), affected.end());
+    affected.erase(std::unique(affected.begin(), affected.end()), affected.end());
+    delta_.clear();
+    const auto left = static_cast<int32_t>(pair >> 32);
+    const auto right = static_cast<int32_t>(pair & 0xFFFFFFFFu);
+    for (int32_t w : affected) rewrite(w, left, right, merged, words[static_cast<size_t>(w)]);
+    for (const auto& [p, d] : delta_) {
+      if (d == 0) continue;
+      int64_t& c = count_[p];
+      c += d;
+      PENTAD_CHECK(c >= 0, "negative pair count");
+      if (c == 0) {
+        count_.erase(p);
+        words_with_.erase(p);
+      } else {
+        heap_.push({c, p});
+      }
+    }
+  }
+
+ private:
+  // Word w with (left, right) replaced by `merged`, its pairs' change in count added to delta_.
+  void rewrite(int32_t w, int32_t left, int32_t right, int32_t merged, Word& word) {
+    auto& s = word.symbols;
+    bool present = false;  // false: a stale listing, an earlier merge took the pair from w
+    for (size_t k = 0; k + 1 < s.size() && !present; ++k)
+      present = s[k] == left && s[k + 1] == right;
+    if (!present) return;
+    for (size_t k = 0; k + 1 < s.size(); ++k) delta_[key_of(s[k], s[k + 1])] -= word.count;
+    size_t out = 0;
+    for (size_t k = 0; k < s.size(); ++k) {
+      if (k + 1 < s.size() && s[k] == left && s[k + 1] == right) {
+        s[out++] = merged;
+        ++k;
+      } else {
+        s[out++] = s[k];
+      }
+    }
+    s.resize(out);
+    for (size_t k = 0; k + 1 < s.size(); ++k) {
+      uint64_t p = key_of(s[k], s[k + 1]);
+      delta_[p] += word.count;
+      if (s[k] == merged || s[k + 1] == merged)
+        words_with_[p].push_back(w);  // other pairs already list w
+    }
+  }
+
+  std::unordered_map<uint64_t, int64_t> count_;
+  std::unordered_map<uint64_t, std::vector<int32_t>> words_with_;  // may hold stale/duplicates
+  std::priority_queue<Candidate> heap_;
+  std::unordered_map<uint64_t, int64_t> delta_;  // merge()'s change per pair, kept for reuse
+};
+
+}  // namespace
+
+std::unique_ptr<BpeModel> BpeModel::train(std::span<const std::string_view> documents,
+                                          int64_t vocab_size, bool progress) {
+  if (vocab_size < 257)
+    fail("tokenizer vocab_size must be at least 257 (256 bytes + <|endoftext|>), got {}",
+         vocab_size);
+  if (vocab_size > (int64_t{1} << 31) - 1) fail("tokenizer vocab_size {} is too large", vocab_size);
+  std::vector<Word> words = words_of(count_pieces(documents, progress));
 
   auto owned = std::make_unique<BpeModel>();
   BpeModel& tok = *owned;
@@ -79,39 +174,20 @@ std::unique_ptr<BpeModel> BpeModel::train(std::span<const std::string_view> docu
     id_of.emplace(tok.tokens_.back(), b);
   }
 
-  std::unordered_map<uint64_t, int64_t> pair_count;
-  std::unordered_map<uint64_t, std::vector<int32_t>>
-      words_with;  // may hold stale/duplicate entries
-  for (size_t w = 0; w < words.size(); ++w) {
-    const auto& s = words[w].symbols;
-    for (size_t k = 0; k + 1 < s.size(); ++k) {
-      uint64_t p = key_of(s[k], s[k + 1]);
-      pair_count[p] += words[w].count;
-      auto& list = words_with[p];
-      if (list.empty() || list.back() != static_cast<int32_t>(w))
-        list.push_back(static_cast<int32_t>(w));
-    }
-  }
-  std::priority_queue<Candidate> heap;
-  for (const auto& [p, c] : pair_count) heap.push({c, p});
-
-  std::unordered_map<uint64_t, int64_t> delta;
+  PairTable pairs(words);
   const auto first_merged = static_cast<int64_t>(tok.tokens_.size());  // 256: the bytes
   const int64_t merges_wanted = vocab_size - 1 - first_merged;
   std::optional<Progress> merging;
   if (progress) merging.emplace("tokenizer train: merging", merges_wanted, "merges");
-  while (static_cast<int64_t>(tok.tokens_.size()) < vocab_size - 1 && !heap.empty()) {
+  while (static_cast<int64_t>(tok.tokens_.size()) < vocab_size - 1 && !pairs.empty()) {
     if (merging && merging->due()) {
       const int64_t made = static_cast<int64_t>(tok.tokens_.size()) - first_merged;
       merging->show(made, fmt::format("{}/{} merges", made, merges_wanted));
     }
-    Candidate top = heap.top();
-    heap.pop();
-    auto found = pair_count.find(top.pair);
-    if (found == pair_count.end() || found->second != top.count) continue;  // stale entry
-
-    const auto left = static_cast<int32_t>(top.pair >> 32);
-    const auto right = static_cast<int32_t>(top.pair & 0xFFFFFFFFu);
+    const std::optional<Candidate> top = pairs.pop();
+    if (!top) continue;
+    const auto left = static_cast<int32_t>(top->pair >> 32);
+    const auto right = static_cast<int32_t>(top->pair & 0xFFFFFFFFu);
     // Two merges can spell the same bytes ("a"+"bc", "ab"+"c"): they share one token,
     // as in Hugging Face's trainer, so the vocab stays a map from strings to ids.
     std::string bytes =
@@ -120,50 +196,7 @@ std::unique_ptr<BpeModel> BpeModel::train(std::span<const std::string_view> docu
     const int32_t merged = existing->second;
     if (is_new) tok.tokens_.push_back(std::move(bytes));
     tok.merges_.push_back({left, right, merged});
-
-    std::vector<int32_t> affected = std::move(words_with[top.pair]);
-    words_with.erase(top.pair);
-    std::sort(affected.begin(), affected.end());
-    affected.erase(std::unique(affected.begin(), affected.end()), affected.end());
-
-    delta.clear();
-    for (int32_t w : affected) {
-      auto& s = words[static_cast<size_t>(w)].symbols;
-      const int64_t count = words[static_cast<size_t>(w)].count;
-      bool present = false;
-      for (size_t k = 0; k + 1 < s.size() && !present; ++k)
-        present = s[k] == left && s[k + 1] == right;
-      if (!present) continue;
-      for (size_t k = 0; k + 1 < s.size(); ++k) delta[key_of(s[k], s[k + 1])] -= count;
-      size_t out = 0;
-      for (size_t k = 0; k < s.size(); ++k) {
-        if (k + 1 < s.size() && s[k] == left && s[k + 1] == right) {
-          s[out++] = merged;
-          ++k;
-        } else {
-          s[out++] = s[k];
-        }
-      }
-      s.resize(out);
-      for (size_t k = 0; k + 1 < s.size(); ++k) {
-        uint64_t p = key_of(s[k], s[k + 1]);
-        delta[p] += count;
-        if (s[k] == merged || s[k + 1] == merged)
-          words_with[p].push_back(w);  // other pairs already list w
-      }
-    }
-    for (const auto& [p, d] : delta) {
-      if (d == 0) continue;
-      int64_t& c = pair_count[p];
-      c += d;
-      PENTAD_CHECK(c >= 0, "negative pair count");
-      if (c == 0) {
-        pair_count.erase(p);
-        words_with.erase(p);
-      } else {
-        heap.push({c, p});
-      }
-    }
+    pairs.merge(top->pair, merged, words);
   }
 
   AddedToken eot;
