@@ -158,12 +158,65 @@ bool Detector::silent(const RankState& r, double now) const {
   return now - r.last_heard_at > options_.beat_timeout_s;
 }
 
+bool Detector::several_hosts() const {
+  std::set<std::string> hosts;
+  for (const auto& [rank, r] : ranks_)
+    if (!r.host.empty()) hosts.insert(r.host);
+  return hosts.size() > 1;
+}
+
+std::vector<int> Detector::ranks_of(const std::string& host) const {
+  std::vector<int> ranks;
+  for (const auto& [rank, r] : ranks_)
+    if (r.host == host) ranks.push_back(rank);
+  return ranks;
+}
+
+Detection Detector::on_hosts(Detection d, double now) const {
+  if (!several_hosts() || d.culprit.empty()) return d;
+  std::set<std::string> hosts;
+  for (int rank : d.culprit)
+    if (auto it = ranks_.find(rank); it != ranks_.end() && !it->second.host.empty())
+      hosts.insert(it->second.host);
+  if (hosts.size() == 2 && (d.cls == "comm hang" || d.cls == "comm slow")) {
+    d.host = *hosts.begin();
+    d.peer_host = *hosts.rbegin();
+    d.reason += fmt::format(" (between hosts {} and {})", d.host, d.peer_host);
+    return d;
+  }
+  if (hosts.size() != 1) return d;
+  // Every rank of the culprit's host gone or silent, while a rank of another host is heard
+  // (or ended with a bye, as mpirun's SIGTERM makes the rest do): the host, not a rank.
+  const std::string host = *hosts.begin();
+  bool every_gone = true, every_lost = true, others_heard = false;
+  for (const auto& [rank, r] : ranks_) {
+    const bool gone = r.closed && r.bye.empty();
+    if (r.host == host) {
+      every_gone = every_gone && gone;
+      every_lost = every_lost && (gone || (r.bye.empty() && silent(r, now)));
+    } else {
+      others_heard = others_heard || (!gone && (!silent(r, now) || !r.bye.empty()));
+    }
+  }
+  if (!every_lost || !others_heard) return d;
+  const std::vector<int> ranks = ranks_of(host);
+  d.reason = fmt::format(
+      "{}'s {} ranks ({}) {} together while other hosts' ranks are heard: {}; {}", host,
+      ranks.size(), fmt::join(ranks, ","), every_gone ? "closed their connections" : "fell silent",
+      every_gone ? "the host or its processes died" : "its link is down, or the host is stuck",
+      d.reason);
+  d.cls = every_gone ? "host down" : "host unreachable";
+  d.culprit = ranks;
+  d.host = host;
+  return d;
+}
+
 std::optional<Detection> Detector::check(double now) {
   if (!fatal_reported_) {
     for (auto rule : {&Detector::check_dead, &Detector::check_hang, &Detector::check_silent}) {
       if (auto d = (this->*rule)(now)) {
         fatal_reported_ = true;
-        return d;
+        return on_hosts(*d, now);
       }
     }
   }
@@ -185,8 +238,17 @@ std::optional<Detection> Detector::check(double now) {
 std::optional<Detection> Detector::check_dead(double now) const {
   std::optional<Detection> found;
   double first = std::numeric_limits<double>::max();
+  // With several hosts, a rank gone while others of its host still run may be the first of
+  // a host going down: its host gets kHostWindowSeconds to follow before the rank is named.
+  auto host_may_follow = [&](const RankState& dead) {
+    if (!several_hosts() || now - dead.closed_at >= kHostWindowSeconds) return false;
+    return std::any_of(ranks_.begin(), ranks_.end(), [&](const auto& kv) {
+      return kv.second.host == dead.host && !kv.second.closed && kv.second.bye.empty();
+    });
+  };
   for (const auto& [rank, r] : ranks_) {
     const bool died = r.closed && r.bye.empty();
+    if (died && host_may_follow(r)) continue;
     const double at = r.bye == "error" ? r.last_heard_at : r.closed_at;
     if ((died || r.bye == "error") && at < first) {
       first = at;
@@ -334,8 +396,9 @@ std::optional<Detection> Detector::check_compute_slow(double now) const {
 // receives after it). A pair costs its worse direction. A pair whose cost is >= kLinkFactor
 // x the median pair's, running for kLinkSteps median steps (the ranks' values are already
 // medians of their last transfers; this is for the pair to stay slow, not one stall of a
-// descheduled rank), is a slow link. Needs three pairs at least, or no median is "typical".
-// Without "p2p" (MPI's own collectives), links are not judged.
+// descheduled rank), is a slow link. Needs three pairs at least, or no median is "typical"
+// (between hosts, the pair's own first samples serve too: below). Without "p2p" (MPI's own
+// collectives), links are not judged.
 std::optional<Detection> Detector::check_link_slow(double now) {
   std::set<int> silent;  // stopped or gone quiet: their stalled pairs are the hang rules' case
   for (const auto& [rank, r] : ranks_)
@@ -366,27 +429,61 @@ std::optional<Detection> Detector::check_link_slow(double now) {
     it = silent.count(it->first.first) || silent.count(it->first.second)
              ? link_slow_since_.erase(it)
              : std::next(it);
-  if (pairs.size() < 3) return std::nullopt;
-  std::vector<double> all;
-  for (const auto& [key, s] : pairs) all.push_back(s);
-  const double typical = median(all);
+  // Pairs are compared with their like: inside a host with the median pair inside hosts,
+  // between two hosts with the median pair between those two (three pairs at least for a
+  // median to be typical) and with the pair's own first samples (a throttled host link
+  // slows all its pairs at once). On one host that is today's rule: the median of all pairs.
+  auto host_of = [&](int rank) {
+    auto it = ranks_.find(rank);
+    return it == ranks_.end() ? std::string() : it->second.host;
+  };
+  using HostPair = std::pair<std::string, std::string>;  // ("", ""): inside one host
+  auto class_of = [&](const std::pair<int, int>& key) {
+    const std::string a = host_of(key.first), b = host_of(key.second);
+    if (a == b || a.empty() || b.empty()) return HostPair{};
+    return a < b ? HostPair{a, b} : HostPair{b, a};
+  };
+  std::map<HostPair, std::vector<double>> by_class;
+  for (const auto& [key, s] : pairs) by_class[class_of(key)].push_back(s);
+  std::map<HostPair, double> typical;
+  for (const auto& [cls, costs] : by_class)
+    if (costs.size() >= 3) typical[cls] = median(costs);
   const double hold_s = std::max(kLinkFloorSeconds, kLinkSteps * median_step_seconds());
   std::optional<Detection> found;
   for (const auto& [key, s] : pairs) {
-    if (typical <= 0 || s < kLinkFactor * typical) {
+    const auto cls = class_of(key);
+    const bool between_hosts = !cls.first.empty();
+    double measure = 0;  // what the pair is slow against (0: nothing yet)
+    std::string against;
+    if (auto t = typical.find(cls); t != typical.end() && t->second > 0) {
+      measure = t->second;
+      against = between_hosts ? "the median pair between its hosts'" : "the median pair's";
+    }
+    if (between_hosts) {
+      std::vector<double>& first = link_first_[key];
+      if (first.size() < kLinkBaselineSamples) first.push_back(s);
+      const double baseline = first.size() == kLinkBaselineSamples ? median(first) : 0;
+      if (baseline > 0 && (measure <= 0 || baseline < measure)) {
+        measure = baseline;
+        against = fmt::format("its own first {} samples'", kLinkBaselineSamples);
+      }
+    }
+    if (measure <= 0 || s < kLinkFactor * measure) {
       link_slow_since_.erase(key);
       continue;
     }
     const double since = link_slow_since_.try_emplace(key, now).first->second;
     if (!found && now - since >= hold_s)
-      found = Detection{"comm slow",
-                        {key.first, key.second},
-                        since,
-                        now,
-                        fmt::format("link {}-{} takes {:.3g} s/MB, {:.1f}x the median pair's "
-                                    "{:.3g} s/MB, for {:.1f} s",
-                                    key.first, key.second, s, s / typical, typical, now - since)};
+      found = Detection{
+          "comm slow",
+          {key.first, key.second},
+          since,
+          now,
+          fmt::format("link {}-{} takes {:.3g} s/MB, {:.1f}x {} {:.3g} s/MB, for "
+                      "{:.1f} s",
+                      key.first, key.second, s, s / measure, against, measure, now - since)};
   }
+  if (found) return on_hosts(*found, now);
   return found;
 }
 

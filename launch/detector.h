@@ -57,11 +57,17 @@ struct RankState {
 };
 
 struct Detection {
-  std::string cls;           // dead, non-comm hang, comm hang, non-comm slow, comm slow
+  // dead, non-comm hang, comm hang, non-comm slow, comm slow; with ranks on several hosts
+  // also host down (every rank of one host gone at once) and host unreachable (every rank of
+  // one host silent at once while the others' beats arrive: its link, or the host stuck)
+  std::string cls;
   std::vector<int> culprit;  // one rank; or the members of a wait that no member blocks
   double first_sign_at = 0, detected_at = 0;
   std::string reason;
+  std::string host;       // the host at fault (host down, host unreachable), or a link's end
+  std::string peer_host;  // the link's other end, between two hosts (comm slow, comm hang)
   bool slow() const { return cls == "non-comm slow" || cls == "comm slow"; }
+  bool host_fault() const { return cls == "host down" || cls == "host unreachable"; }
   double latency_s() const { return detected_at - first_sign_at; }
 };
 
@@ -78,6 +84,13 @@ class Detector {
   // A rank not heard from for this long (5 beats) is not judged by its links: a stopped
   // process's peers see their transfers with it stall, which is the hang rules' case.
   static constexpr double kLinkSilentSeconds = 0.5;
+  // A pair between two hosts is judged against its own first samples too: a link between
+  // hosts is slower than one inside a host by nature, and a throttled host link slows every
+  // pair across it at once, so neither the median pair nor its like can be the measure.
+  static constexpr size_t kLinkBaselineSamples = 20;
+  // A rank gone while others of its host are not yet: how long to wait for them before
+  // naming the rank alone (a killed host's ranks close within milliseconds of each other).
+  static constexpr double kHostWindowSeconds = 0.5;
 
   explicit Detector(DetectorOptions options) : options_(options) {}
 
@@ -106,12 +119,19 @@ class Detector {
   std::optional<Detection> check_compute_slow(double now) const;
   std::optional<Detection> check_link_slow(double now);
   bool silent(const RankState& r, double now) const;
+  // Ranks on more than one host (the hello's "host"): the host rules apply.
+  bool several_hosts() const;
+  std::vector<int> ranks_of(const std::string& host) const;
+  // `d` as a host fault when its culprit's host has every rank gone or silent while another
+  // host's ranks are heard; else `d` with the hosts of a link named.
+  Detection on_hosts(Detection d, double now) const;
 
   DetectorOptions options_;
   std::map<int, RankState> ranks_;
   int world_ = 0;
   bool fatal_reported_ = false, compute_slow_reported_ = false, link_slow_reported_ = false;
   std::map<std::pair<int, int>, double> link_slow_since_;  // pair -> first seen slow, until not
+  std::map<std::pair<int, int>, std::vector<double>> link_first_;  // pair -> its first samples
 };
 
 }  // namespace pentad::launch
