@@ -18,26 +18,21 @@
 // at 2 and 4 ranks on one GPU (label gpu_multi). The tests of NCCL's own behaviour (a wait
 // that leaves the host free, host routing to the companion, the memory check, the pipeline
 // rounds on one rank) are NCCL's only.
-#include <gtest/gtest.h>
-#include <mpi.h>
+//
+// This source: the collectives on every dtype and the routing of host tensors;
+// nccl_comm_streams_test.cpp: the stream rule and pipeline rounds (what both share:
+// nccl_comm_test.h).
+#include "tests/cuda/nccl_comm_test.h"
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
-#include <deque>
-#include <map>
 #include <ostream>
-#include <set>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "core/bf16.h"
 #include "core/device_memory.h"
-#include "kernels/ops.h"
 #include "parallel/comm.h"
-#include "parallel/pp/rounds.h"
 
 namespace pentad {
 
@@ -46,120 +41,10 @@ void PrintTo(DType dtype, std::ostream* os) {
   *os << dtype_name(dtype);
 }
 
-namespace parallel {
+}  // namespace pentad
+
+namespace pentad::parallel::nccl_comm_test {
 namespace {
-
-// Owns the device memory of one test; one arena per tensor.
-class Gpu {
- public:
-  Tensor alloc(int64_t n, DType dtype) {
-    const size_t bytes = size_t(n) * dtype_bytes(dtype);
-    arenas_.emplace_back("nccl test", std::max<size_t>(bytes, 1), Device::CUDA);
-    return arenas_.back().alloc(Shape{n}, dtype);
-  }
-  // 0xff bytes: NaN in F32, F64 and BF16, -1 in I32.
-  Tensor poisoned(int64_t n, DType dtype) {
-    Tensor t = alloc(n, dtype);
-    device_fill_ones(t.data, t.bytes());
-    return t;
-  }
-  Tensor upload(const std::vector<double>& values, DType dtype) {
-    Tensor t = alloc(int64_t(values.size()), dtype);
-    std::vector<char> bytes(t.bytes());
-    for (size_t i = 0; i < values.size(); ++i) {
-      const double v = values[i];
-      char* at = bytes.data() + i * dtype_bytes(dtype);
-      if (dtype == DType::F32) {
-        const float f = float(v);
-        std::memcpy(at, &f, sizeof f);
-      } else if (dtype == DType::F64) {
-        std::memcpy(at, &v, sizeof v);
-      } else if (dtype == DType::I32) {
-        const int32_t x = int32_t(v);
-        std::memcpy(at, &x, sizeof x);
-      } else {
-        const uint16_t b = float_to_bf16(float(v));
-        std::memcpy(at, &b, sizeof b);
-      }
-    }
-    copy_bytes(t.data, Device::CUDA, bytes.data(), Device::CPU, t.bytes());
-    return t;
-  }
-
- private:
-  std::deque<Arena> arenas_;
-};
-
-// Every element as a double (exact for the small integers these tests use).
-std::vector<double> download(const Tensor& t) {
-  std::vector<char> bytes(t.bytes());
-  copy_bytes(bytes.data(), Device::CPU, t.data, Device::CUDA, t.bytes());
-  std::vector<double> values(size_t(t.numel()));
-  for (size_t i = 0; i < values.size(); ++i) {
-    const char* at = bytes.data() + i * dtype_bytes(t.dtype);
-    if (t.dtype == DType::F32) {
-      float f;
-      std::memcpy(&f, at, sizeof f);
-      values[i] = f;
-    } else if (t.dtype == DType::F64) {
-      std::memcpy(&values[i], at, sizeof(double));
-    } else if (t.dtype == DType::I32) {
-      int32_t x;
-      std::memcpy(&x, at, sizeof x);
-      values[i] = x;
-    } else {
-      uint16_t b;
-      std::memcpy(&b, at, sizeof b);
-      values[i] = bf16_to_float(b);
-    }
-  }
-  return values;
-}
-
-std::vector<CommEvent> events_of(const std::string& name) {
-  std::vector<CommEvent> out;
-  for (const CommEvent& e : comm_events())
-    if (e.name() == name) out.push_back(e);
-  return out;
-}
-
-int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-int world_size() {
-  int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
-
-// NCCL, or the staged backend where PENTAD_COMM_TEST_BACKEND=staged.
-Backend tested_backend() {
-  const char* backend = std::getenv("PENTAD_COMM_TEST_BACKEND");
-  return backend && std::string(backend) == "staged" ? Backend::Staged : Backend::NCCL;
-}
-
-class NcclComm : public testing::Test {
- protected:
-  void SetUp() override {
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
-    if (tested_backend() == Backend::NCCL && cuda_device_count() < world_size())
-      GTEST_SKIP() << "NCCL needs one GPU per rank: " << world_size() << " ranks, "
-                   << cuda_device_count() << " GPUs";
-    ASSERT_TRUE(backend_available(Backend::NCCL)) << "a CUDA build without NCCL";
-    select_cuda_device(world_rank());  // modulo the GPUs: the staged backend shares them
-    comm = make_communicator(tested_backend(), MPI_COMM_WORLD, "nccl");
-    r = comm->rank();
-    n = comm->size();
-  }
-  void TearDown() override {
-    if (comm) comm->barrier();  // every queued operation done before the memory goes
-  }
-  Gpu gpu;  // declared first: freed after the communicator's last operation
-  std::unique_ptr<Communicator> comm;
-  int r = 0, n = 1;
-};
 
 class NcclCollective : public NcclComm, public testing::WithParamInterface<DType> {};
 
@@ -370,176 +255,5 @@ TEST_F(NcclRouting, RefusesMixedDevicesAndMislabelledMemory) {
   EXPECT_THROW(comm->all_reduce(lying_host), std::logic_error);
 }
 
-// ---- the stream rule ----
-
-class NcclStreams : public NcclComm {};
-
-// Each repetition: a kernel writes `in`; an all-gather copies it into `out` on the
-// communication stream; a kernel reads `out`. The next repetition's kernel overwrites
-// `in` while the host has long moved on. Each of the four orderings (write in -> gather,
-// gather -> read out, gather -> next write of in, read out -> next gather) is needed for
-// the sums; the host never waits until the end, so it runs far ahead of the device.
-TEST_F(NcclStreams, KernelsAndCollectivesStayOrderedWithoutTheHostWaiting) {
-  // 64 MiB per f32 buffer: each kernel takes a while. Staged: 4 MiB, which every operation
-  // moves through host memory (and the host waits for the kernels before each one anyway).
-  const int64_t m = int64_t(1) << (tested_backend() == Backend::Staged ? 20 : 24);
-  const int reps = 100;
-  // Every copy from the host is made before the loop: one from pageable memory would
-  // synchronize the compute stream and let the device catch up with the host.
-  Tensor in = gpu.upload(std::vector<double>(size_t(m), double(r + 1)), DType::F32);
-  Tensor out = gpu.alloc(m * n, DType::F32);
-  Tensor acc = gpu.alloc(m * n, DType::F32), acc_reduced = gpu.alloc(m * n, DType::F32);
-  device_zero(acc.data, acc.bytes());
-  device_zero(acc_reduced.data, acc_reduced.bytes());
-  comm->barrier();
-  double factor_sum = 0;  // sum over repetitions of in's factor after its kernel
-  double factor = 1;
-  for (int rep = 0; rep < reps; ++rep) {
-    const float s = rep % 2 == 0 ? 2.0f : 0.5f;  // in alternates 2(r+1), (r+1): exact
-    kernels::scale(in, s);
-    factor *= s;
-    factor_sum += factor;
-    if (rep % 3 == 0) {
-      comm->all_gather(out, in);  // synchronous: still only a stream wait
-    } else {
-      Work w = comm->all_gather(out, in, /*async=*/true);
-      w.wait();
-    }
-    kernels::add(acc, acc, out);
-    // In place, after the kernel that read out: out = n × the gathered blocks.
-    Work w = comm->all_reduce(out, ReduceOp::Sum, /*async=*/true);
-    w.wait();
-    kernels::add(acc_reduced, acc_reduced, out);
-  }
-  const std::vector<double> got = download(acc), got_reduced = download(acc_reduced);
-  size_t bad = 0, first_bad = 0;
-  for (int q = 0; q < n; ++q)
-    for (int64_t i = 0; i < m; ++i) {
-      const size_t at = size_t(q * m + i);
-      const double want = (q + 1) * factor_sum;  // block q came from rank q
-      if ((got[at] != want || got_reduced[at] != n * want) && bad++ == 0) first_bad = at;
-    }
-  EXPECT_EQ(bad, 0u) << "first wrong element " << first_bad << ": " << got[first_bad] << " and "
-                     << got_reduced[first_bad] << ", wanted "
-                     << (int64_t(first_bad) / m + 1) * factor_sum;
-}
-
-// wait() only queues a stream wait: right after it, with seconds of kernels still ahead
-// on the device, the trace shows the operation pending; barrier() waits for all of it.
-TEST_F(NcclStreams, WaitDoesNotBlockTheHostAndBarrierDoes) {
-  const int64_t m = int64_t(1) << 26;  // 256 MiB
-  Tensor x = gpu.alloc(m, DType::F32);
-  device_zero(x.data, x.bytes());
-  Tensor small = gpu.upload({double(r)}, DType::F32);  // before the kernels (see above)
-  comm->barrier();
-  for (int i = 0; i < 200; ++i) kernels::scale(x, 1.0f);  // ~0.2 ms each on an H100
-  clear_comm_events();
-  Work w = comm->all_reduce(small, ReduceOp::Sum, /*async=*/true);
-  w.wait();
-  std::vector<CommEvent> events = events_of("nccl");
-  ASSERT_EQ(events.size(), 1u);
-  EXPECT_EQ(events[0].leave_ns, 0) << "wait() blocked the host until the device finished";
-  comm->barrier();
-  events = events_of("nccl");
-  ASSERT_EQ(events.size(), 2u);
-  EXPECT_GT(events[0].leave_ns, 0);
-  EXPECT_EQ(download(small)[0], n * (n - 1) / 2.0);
-}
-
-// Pipeline transfers of device tensors in rounds (parallel/pp/rounds.h), on one GPU. Two
-// real stages need two GPUs (NCCL refuses two ranks on one device), so this rank plays both
-// stages of 1F1B over 4 micro-batches (and the two chunks per stage of interleaved 1F1B):
-// each round, the passes of that round as kernels (a forward adds its virtual stage + 1 to
-// its input; a backward doubles the gradient it gets, the last one starts from 1), then one
-// group with every transfer of the round, sent to and received from itself, no host wait
-// in between. What arrives is what the schedule implies: micro-batch k leaves the last
-// virtual stage as k + 1 + (1 + 2 + ... + V), and virtual stage 0 gets 2^V. Every buffer is
-// allocated before the rounds (allocating waits), so the host must not wait at all.
-// tests/pp/rounds_test.cpp checks the order of every schedule against NCCL's semantics;
-// tests/parallel/pipeline_stage_test.cpp runs the executor's rounds over MPI.
-TEST_F(NcclComm, PipelineRoundsMoveDeviceTensorsOnOneGpu) {
-  if (n != 1) GTEST_SKIP() << "plays every stage on one rank";
-  using pp::Action;
-  for (const pp::ScheduleSpec spec :
-       {pp::ScheduleSpec{pp::ScheduleKind::OneFOneB, 2, 4, 1, 1},
-        pp::ScheduleSpec{pp::ScheduleKind::Interleaved, 2, 4, 2, 1}}) {
-    const int p = spec.stages, v = spec.virtual_stages, V = p * v, m = spec.micro_batches;
-    std::vector<std::vector<Action>> lists;
-    std::vector<pp::RoundPlan> plans;
-    for (int s = 0; s < p; ++s) lists.push_back(pp::stage_actions(spec, s));
-    for (int s = 0; s < p; ++s) plans.push_back(pp::plan_rounds(lists, v, s));
-    const int64_t width = 1000;
-    // Every value the emulation touches: inputs, outputs and arrivals, keyed by transfer.
-    std::map<std::tuple<int, int, int>, Tensor> arrived;  // (type, micro, to vs)
-    std::map<std::tuple<int, int, int>, Tensor> produced;
-    std::vector<Tensor> adds;  // vs + 1, per virtual stage
-    for (int vs = 0; vs < V; ++vs)
-      adds.push_back(gpu.upload(std::vector<double>(width, vs + 1.0), DType::F32));
-    std::vector<Tensor> inputs, final_out(static_cast<size_t>(m)),
-        first_grads(static_cast<size_t>(m));
-    for (int k = 0; k < m; ++k)
-      inputs.push_back(gpu.upload(std::vector<double>(width, k + 1.0), DType::F32));
-    const Tensor one = gpu.upload(std::vector<double>(width, 1.0), DType::F32);
-    std::vector<std::vector<Tensor>> outs(static_cast<size_t>(p));
-    for (int s = 0; s < p; ++s)
-      for (size_t i = 0; i < lists[size_t(s)].size(); ++i)
-        outs[size_t(s)].push_back(gpu.alloc(width, DType::F32));
-    size_t rounds = 0;
-    for (const pp::RoundPlan& plan : plans) {
-      rounds = std::max(rounds, plan.groups.size());
-      for (const auto& group : plan.groups)
-        for (const pp::Transfer& t : group)
-          if (!arrived.count({int(t.type), t.micro, t.to_virtual_stage}))
-            arrived[{int(t.type), t.micro, t.to_virtual_stage}] = gpu.alloc(width, DType::F32);
-    }
-    const int64_t waits = device_waits();
-    for (size_t round = 0; round < rounds; ++round) {
-      for (int s = 0; s < p; ++s)
-        for (size_t i = 0; i < lists[size_t(s)].size(); ++i) {
-          if (plans[size_t(s)].round_of_action[i] != int(round)) continue;
-          const Action& a = lists[size_t(s)][i];
-          const int vs = a.chunk * p + s;
-          const Tensor out = outs[size_t(s)][i];
-          if (a.type == Action::Forward) {
-            const Tensor in = vs == 0 ? inputs[size_t(a.micro)] : arrived.at({0, a.micro, vs});
-            kernels::add(out, in, adds[size_t(vs)]);
-            if (vs == V - 1)
-              final_out[size_t(a.micro)] = out;
-            else
-              produced[{0, a.micro, vs + 1}] = out;
-          } else {
-            const Tensor g = vs == V - 1 ? one : arrived.at({1, a.micro, vs});
-            kernels::add(out, g, g);
-            if (vs == 0)
-              first_grads[size_t(a.micro)] = out;
-            else
-              produced[{1, a.micro, vs - 1}] = out;
-          }
-        }
-      // The round's group: every transfer once (both stages list it), sent to this rank.
-      std::vector<P2POp> ops;
-      std::set<std::tuple<int, int, int>> seen;
-      for (const pp::RoundPlan& plan : plans) {
-        if (round >= plan.groups.size()) continue;
-        for (const pp::Transfer& t : plan.groups[round]) {
-          const std::tuple<int, int, int> key{int(t.type), t.micro, t.to_virtual_stage};
-          if (!seen.insert(key).second) continue;
-          ops.push_back({true, produced.at(key), 0, 0});
-          ops.push_back({false, arrived.at(key), 0, 0});
-        }
-      }
-      if (!ops.empty()) comm->batch_p2p(ops);  // Works dropped: waits on the device only
-    }
-    EXPECT_EQ(device_waits(), waits) << "the host waited during the rounds";
-    for (int k = 0; k < m; ++k) {
-      EXPECT_EQ(download(final_out[size_t(k)])[width - 1], k + 1 + V * (V + 1) / 2.0)
-          << pp::schedule_name(spec.kind) << " micro-batch " << k;
-      EXPECT_EQ(download(first_grads[size_t(k)])[0], double(1 << V))
-          << pp::schedule_name(spec.kind) << " micro-batch " << k;
-    }
-  }
-}
-
 }  // namespace
-}  // namespace parallel
-}  // namespace pentad
+}  // namespace pentad::parallel::nccl_comm_test
