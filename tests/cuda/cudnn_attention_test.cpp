@@ -1,11 +1,12 @@
 // cuDNN's fused attention (kernels/cuda/attention_cudnn.cpp) against pentad's own CUDA
-// attention kernel, the reference (itself checked against the CPU in cuda_kernels_test.cpp):
-// forward out and lse, and dq, dk, dv, at odd sequence lengths (1, 7, 129, 1000), MHA,
-// GQA 4:1 and 8:1 and MQA, head sizes 64 and 128; F32 calls staged through BF16; the
-// accumulating backward; the graph cache; and which calls the door sends to cuDNN. Heads
-// wider than 128 (136, 160, 192, 256: cuDNN 9 takes up to 256 on Hopper) against the CPU
-// reference directly, so that a fault of pentad's wide-head kernel cannot hide one of
-// cuDNN's. Part of cuda_kernels_test; skipped without a CUDA device like the rest of it.
+// attention kernel, the reference (itself checked against the CPU in
+// cuda_kernels_attention_test.cpp): forward out and lse, and dq, dk, dv, at odd sequence
+// lengths (1, 7, 129, 1000), MHA, GQA 4:1 and 8:1 and MQA, head sizes 64 and 128; F32 calls
+// staged through BF16; the accumulating backward; the graph cache; and which calls the door
+// sends to cuDNN. Heads wider than 128 (136, 160, 192, 256: cuDNN 9 takes up to 256 on
+// Hopper) against the CPU reference directly, so that a fault of pentad's wide-head kernel
+// cannot hide one of cuDNN's. Part of cuda_kernels_test; skipped without a CUDA device like
+// the rest of it.
 //
 // Tolerances (largest error over the largest reference value, as cuda_kernels_test). Both
 // read the same BF16 inputs and keep scores, softmax statistics and accumulators in F32.
