@@ -4,7 +4,7 @@
 # PENTAD_CUDA_ARCHITECTURES: the GPUs to compile device code for. Default: the GPUs of this
 # machine where nvidia-smi sees one ("native"), else 90 (H100/H200) alone: no source branches
 # on the architecture (no __CUDA_ARCH__), so a second one adds compile time and no coverage
-# (attention.cu: 47 s with two, 21 s with one). One default for scripts/train.sh and
+# (the attention kernels, then one file: 47 s with two, 21 s with one). One default for scripts/train.sh and
 # scripts/test.sh, so either reuses the other's build. The GPU bundle compiles its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -25,7 +25,7 @@
 //    chaotically (AdamW's first steps move every weight by about lr whatever its gradient's
 //    size, which is why the learning rate stays modest). The fp32 bound, 1e-4, leaves room
 //    for the CUDA kernels' other summation orders and faster exp/tanh (the kernel tests bound
-//    each op at 1e-5, tests/cuda/cuda_kernels_test.cpp); a wrong kernel moves the loss by far
+//    each op at 1e-5, tests/cuda/cuda_kernels_test.h); a wrong kernel moves the loss by far
 //    more than 1e-4 within a step or two.
 //  - rounding every weight, activation, logit and activation gradient to bf16 (8 significant
 //    bits: each rounding errs by up to 2^-8 = 3.9e-3 relative) drifted by at most 1.3e-3 of
