@@ -1,0 +1,98 @@
+#pragma once
+// The Supervisor behind `pentad launch` (supervisor.h), shared by the files it is written in:
+// supervisor.cpp (the command line, signals), supervisor_restart.cpp (the restart loop, and
+// the wait before a restart), supervisor_watch.cpp (one attempt watched: the ranks' messages,
+// detections, ending the job). Nothing outside them includes it.
+#include <chrono>
+#include <csignal>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "launch/detector.h"
+#include "launch/event_log.h"
+#include "launch/job.h"
+#include "launch/monitor_server.h"
+#include "launch/restart_policy.h"
+#include "launch/store_check.h"
+#include "launch/supervisor.h"
+
+namespace pentad::launch {
+
+// The stop signal (SIGINT, SIGTERM) caught, 0 while none: the job is ended, not restarted.
+extern volatile std::sig_atomic_t g_stop_signal;
+
+class Supervisor {
+ public:
+  explicit Supervisor(LaunchOptions options);
+
+  int run();
+
+ private:
+  // From a fault to the restarted job's first progress.
+  struct Recovery {
+    double detected_at = 0;
+    int64_t last_step = 0, ckpt_step = -1;
+    std::optional<double> hello_at;
+    int64_t resume_step = 0;
+  };
+  enum class End { kDone, kFault, kStopped, kRefused };
+
+  // supervisor_restart.cpp
+  Recovery how_far(const Detection& fault, const Detector& detector,
+                   std::filesystem::file_time_type attempt_start, int64_t* unseen) const;
+  std::optional<int> wait_to_restart(const RestartPolicy::Decision& decision,
+                                     const std::string& cause, const Detector& detector,
+                                     int64_t ckpt_step);
+  int give_up_waiting(const StoreCheck& c, double start);
+  std::vector<std::string> without_a_replica(const std::vector<std::string>& command);
+
+  // supervisor_watch.cpp
+  End run_attempt(Job& job, Detector& detector, Detection* fault);
+  End finished(int status, Detector& detector, Detection* fault);
+  void handle_line(int conn, const std::string& line, Detector& detector);
+  void on_closed(int conn, Detector& detector);
+  void note_recovery(const nlohmann::json& msg, bool hello, const RankState& r);
+  void report(const Detection& d, const Detector& detector);
+  void end_job(Job& job, Detector& detector);
+
+  void sleep_a_tick() {
+    server_.poll(
+        0.1, [](int, const std::string&) {}, [](int) {});
+  }
+  double now() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+  void event(nlohmann::json e) {
+    e["t"] = now();
+    e["attempt"] = attempt_;
+    events_.write(e);
+  }
+  int exit_with(int status, int restarts) {
+    event({{"event", "exit"}, {"status", status}, {"restarts", restarts}});
+    return status;
+  }
+
+  LaunchOptions o_;
+  MonitorServer server_;
+  EventLog events_;
+  std::string monitor_;
+  std::chrono::steady_clock::time_point start_;
+  int attempt_ = 0;
+  std::map<int, int> conn_rank_;      // connection -> rank, once its hello arrived
+  std::set<int> local_ranks_;         // ranks on this machine: their pids can be signalled
+  std::map<int, double> gone_since_;  // local ranks whose process is gone, connection open
+  nlohmann::json layout_;             // the mesh degrees and batch the ranks reported (hello)
+  int world_ = 0;
+  bool warned_unreadable_ = false;
+  RestartPolicy policy_;
+  bool committed_before_ = false;  // some attempt reported a checkpoint committed (ckpt_step)
+  std::optional<Recovery> recovery_;
+};
+
+}  // namespace pentad::launch
