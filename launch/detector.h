@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pentad::launch {
@@ -57,6 +58,14 @@ struct RankState {
 };
 
 struct Detection {
+  Detection() = default;
+  Detection(std::string cls_, std::vector<int> culprit_, double first_sign, double detected,
+            std::string reason_)
+      : cls(std::move(cls_)),
+        culprit(std::move(culprit_)),
+        first_sign_at(first_sign),
+        detected_at(detected),
+        reason(std::move(reason_)) {}
   // dead, non-comm hang, comm hang, non-comm slow, comm slow; with ranks on several hosts
   // also host down (every rank of one host gone at once) and host unreachable (every rank of
   // one host silent at once while the others' beats arrive: its link, or the host stuck)
@@ -104,6 +113,10 @@ class Detector {
   // The first fault visible now that was not reported before: fatal ones (dead, hang) first,
   // then slow ones (each kind reported once).
   std::optional<Detection> check(double now);
+
+  // After a fatal detection that cleared by itself (a host heard again, launch/supervisor.h):
+  // fatal faults are looked for again.
+  void rearm() { fatal_reported_ = false; }
 
   double median_step_seconds() const;  // 0 before any step
   double hang_threshold_s() const;

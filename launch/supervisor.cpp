@@ -35,6 +35,11 @@ Options:
   --storage-wait-s S   before a restart, wait up to S seconds for a checkpoint directory
                        to clear: one gone (an unmounted share), or one whose saves failed
                        without room there for a save; then give up saying which (default 30)
+  --link-wait-s S      a host whose ranks all fell silent at once (its link down) is waited
+                       for up to S seconds: heard again and the job moving on, it goes on
+                       without a restart (default 10; 0: end the job at once)
+  --host-wait-s S      after a host fault, wait up to S seconds before the restart for that
+                       host to answer on the network; then give up naming it (default 60)
   --restart-on-slow    also restart on a slow rank or link (default: report only)
   --port P             monitor port, 0 = any free one (default 0)
   --hang-factor K      a wait longer than K x the median step time is a hang (default 5)
@@ -91,6 +96,10 @@ LaunchOptions parse_launch_options(int argc, char** argv) {
       o.backoff_max_s = number(arg, value(), 0, 86400);
     else if (arg == "--storage-wait-s")
       o.storage_wait_s = number(arg, value(), 0, 86400);
+    else if (arg == "--link-wait-s")
+      o.link_wait_s = number(arg, value(), 0, 86400);
+    else if (arg == "--host-wait-s")
+      o.host_wait_s = number(arg, value(), 0, 86400);
     else if (arg == "--port")
       o.port = int(number(arg, value(), 0, 65535));
     else if (arg == "--hang-factor")

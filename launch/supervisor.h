@@ -18,7 +18,12 @@
 //
 // Before a restart it waits: backing off when the same cause comes back (restart_policy.h),
 // and until the checkpoint directories allow a restart (store_check.h: one gone, or full
-// where the saves failed), up to --storage-wait-s, saying so every kNoteSeconds.
+// where the saves failed), up to --storage-wait-s, saying so every kNoteSeconds; after a
+// host fault, until that host answers again (host_check.h), up to --host-wait-s.
+//
+// A host whose ranks all fall silent (its link down) is first waited for, up to
+// --link-wait-s: if its ranks are heard again and the job moves on, nothing is ended (a link
+// that flaps costs its outage, not a restart).
 #include <string>
 #include <vector>
 
@@ -28,6 +33,8 @@ struct LaunchOptions {
   int max_restarts = 3;
   double backoff_s = 2.0, backoff_max_s = 60.0;  // restart_policy.h's first_s and cap_s
   double storage_wait_s = 30.0;                  // for a checkpoint directory to clear
+  double link_wait_s = 10.0;  // for an unreachable host to be heard again before ending the job
+  double host_wait_s = 60.0;  // for the host of a host fault to answer before a restart
   bool exclude_culprit = false;
   bool restart_on_slow = false;
   int port = 0;

@@ -16,6 +16,7 @@
 
 #include "launch/detector.h"
 #include "launch/event_log.h"
+#include "launch/host_check.h"
 #include "launch/job.h"
 #include "launch/monitor_server.h"
 #include "launch/restart_policy.h"
@@ -48,8 +49,9 @@ class Supervisor {
                    std::filesystem::file_time_type attempt_start, int64_t* unseen) const;
   std::optional<int> wait_to_restart(const RestartPolicy::Decision& decision,
                                      const std::string& cause, const Detector& detector,
-                                     int64_t ckpt_step);
+                                     int64_t ckpt_step, const Detection& fault);
   int give_up_waiting(const StoreCheck& c, double start);
+  int give_up_on_host(const std::string& host, double start);
   std::vector<std::string> without_a_replica(const std::vector<std::string>& command);
 
   // supervisor_watch.cpp
@@ -60,6 +62,9 @@ class Supervisor {
   void note_recovery(const nlohmann::json& msg, bool hello, const RankState& r);
   void report(const Detection& d, const Detector& detector);
   void end_job(Job& job, Detector& detector);
+  // A host unreachable: up to --link-wait-s for its ranks to be heard again and the job to
+  // move on. True: it did (the job goes on); false: it did not, or the job ended meanwhile.
+  bool link_came_back(const Detection& d, Job& job, Detector& detector);
 
   void sleep_a_tick() {
     server_.poll(

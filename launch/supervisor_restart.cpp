@@ -134,7 +134,7 @@ int Supervisor::run() {
       return exit_with(1, restarts);
     }
     if (const std::optional<int> status =
-            wait_to_restart(decision, cause, detector, recovery.ckpt_step))
+            wait_to_restart(decision, cause, detector, recovery.ckpt_step, fault))
       return exit_with(*status, restarts);
     recovery_ = recovery;
     command = with_resume_latest(command);
@@ -180,11 +180,12 @@ Supervisor::Recovery Supervisor::how_far(const Detection& fault, const Detector&
 }
 
 // The backoff, then until every checkpoint directory the restart needs allows it (checked
-// where this machine sees it: with ranks of its own). Returns the exit status when the
-// supervisor gives up instead (a directory that did not clear, a stop signal).
+// where this machine sees it: with ranks of its own) and, after a host fault, until that
+// host answers. Returns the exit status when the supervisor gives up instead (a directory
+// that did not clear, a host that did not answer, a stop signal).
 std::optional<int> Supervisor::wait_to_restart(const RestartPolicy::Decision& decision,
                                                const std::string& cause, const Detector& detector,
-                                               int64_t ckpt_step) {
+                                               int64_t ckpt_step, const Detection& fault) {
   RestartStores stores;
   for (const auto& [rank, r] : detector.ranks()) {
     if (!local_ranks_.count(rank)) continue;
@@ -206,6 +207,7 @@ std::optional<int> Supervisor::wait_to_restart(const RestartPolicy::Decision& de
                     decision.wait_s, decision.same_cause, cause, o_.backoff_s, o_.backoff_max_s));
   }
   std::string waiting_for;  // the storage wait under way, if any
+  bool waiting_for_host = false;
   double next_note = 0;
   for (;;) {
     if (g_stop_signal) {
@@ -213,7 +215,20 @@ std::optional<int> Supervisor::wait_to_restart(const RestartPolicy::Decision& de
       return 128 + g_stop_signal;
     }
     const StoreCheck c = stores.blocked(ckpt_step, committed_before_);
-    if (c.blocked.empty() && now() >= backoff_until) break;
+    const bool host_away = fault.host_fault() && !host_answers(fault.host, 0.5);
+    if (host_away && !waiting_for_host) {
+      waiting_for_host = true;
+      event({{"event", "wait"},
+             {"why", "host"},
+             {"host", fault.host},
+             {"timeout_s", o_.host_wait_s}});
+      say(
+          fmt::format("waiting before restarting (up to --host-wait-s {}): host {} does not "
+                      "answer",
+                      o_.host_wait_s, fault.host));
+    }
+    if (host_away && now() - start >= o_.host_wait_s) return give_up_on_host(fault.host, start);
+    if (c.blocked.empty() && !host_away && now() >= backoff_until) break;
     if (!c.blocked.empty()) {
       if (waiting_for.empty()) {
         waiting_for = c.blocked;
@@ -242,7 +257,35 @@ std::optional<int> Supervisor::wait_to_restart(const RestartPolicy::Decision& de
            {"cleared", true}});
   if (!waiting_for.empty())
     say(fmt::format("the checkpoint directory cleared after {:.1f} s", now() - start));
+  if (waiting_for_host) {
+    event({{"event", "waited"},
+           {"why", "host"},
+           {"host", fault.host},
+           {"seconds", now() - start},
+           {"cleared", true}});
+    say(fmt::format("host {} answers again after {:.1f} s", fault.host, now() - start));
+  }
   return std::nullopt;
+}
+
+// --host-wait-s ran out with `host` still silent: says so, and returns the exit status.
+int Supervisor::give_up_on_host(const std::string& host, double start) {
+  event({{"event", "waited"},
+         {"why", "host"},
+         {"host", host},
+         {"seconds", now() - start},
+         {"cleared", false}});
+  event({{"event", "action"},
+         {"action", "give_up"},
+         {"seconds", 0.0},
+         {"why", "host"},
+         {"host", host}});
+  say(
+      fmt::format("giving up after waiting {:.0f} s: host {} does not answer (its link or the "
+                  "host is down); bring it back, or run on the other hosts (a smaller layout), "
+                  "then run again with --resume latest ({})",
+                  now() - start, host, events_.where()));
+  return 1;
 }
 
 // --storage-wait-s ran out with `c` still in the way (waiting since `start`): says what to do

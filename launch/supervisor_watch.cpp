@@ -56,6 +56,10 @@ Supervisor::End Supervisor::run_attempt(Job& job, Detector& detector, Detection*
     if (const std::optional<int> status = job.poll()) return finished(*status, detector, fault);
     while (std::optional<Detection> d = detector.check(now())) {
       report(*d, detector);
+      if (d->cls == "host unreachable" && link_came_back(*d, job, detector)) {
+        detector.rearm();
+        continue;
+      }
       if (!d->slow() || o_.restart_on_slow) {
         *fault = *d;
         return End::kFault;
@@ -173,15 +177,61 @@ void Supervisor::on_closed(int conn, Detector& detector) {
   conn_rank_.erase(it);
 }
 
+// Waits (reading the ranks meanwhile) until every rank of the silent host has been heard
+// within the beat timeout and some rank has finished a step past the furthest step at the
+// detection: the link came back and the job moves on. Up to --link-wait-s.
+bool Supervisor::link_came_back(const Detection& d, Job& job, Detector& detector) {
+  if (o_.link_wait_s <= 0) return false;
+  int64_t reached = 0;
+  for (const auto& [rank, r] : detector.ranks()) reached = std::max(reached, r.step);
+  const double start = now();
+  event({{"event", "wait"},
+         {"why", "host_link"},
+         {"host", d.host},
+         {"step", reached},
+         {"timeout_s", o_.link_wait_s}});
+  say(fmt::format("waiting up to --link-wait-s {} for host {} to be heard again", o_.link_wait_s,
+                  d.host));
+  auto heard_and_moving = [&] {
+    bool moved = false;
+    for (const auto& [rank, r] : detector.ranks()) {
+      if (r.host == d.host && (r.closed || now() - r.last_heard_at > o_.beat_timeout_s))
+        return false;
+      moved = moved || r.step > reached;
+    }
+    return moved;
+  };
+  bool back = false;
+  while (!g_stop_signal && now() - start < o_.link_wait_s && !job.poll()) {
+    server_.poll(
+        0.05, [&](int conn, const std::string& line) { handle_line(conn, line, detector); },
+        [&](int conn) { on_closed(conn, detector); });
+    if ((back = heard_and_moving())) break;
+  }
+  event({{"event", "waited"},
+         {"why", "host_link"},
+         {"host", d.host},
+         {"seconds", now() - start},
+         {"cleared", back}});
+  say(back ? fmt::format("host {} is heard again after {:.1f} s and the job moves on: no "
+                         "restart",
+                         d.host, now() - start)
+           : fmt::format("host {} still unreachable after {:.1f} s", d.host, now() - start));
+  return back;
+}
+
 void Supervisor::report(const Detection& d, const Detector& detector) {
-  event({{"event", "detection"},
+  json e{{"event", "detection"},
          {"class", d.cls},
          {"culprit", culprit_json(d.culprit)},
          {"latency_s", d.latency_s()},
          {"first_sign_t", d.first_sign_at},
          {"reason", d.reason},
          {"hang_threshold_s", detector.hang_threshold_s()},
-         {"median_step_s", detector.median_step_seconds()}});
+         {"median_step_s", detector.median_step_seconds()}};
+  if (!d.host.empty()) e["host"] = d.host;
+  if (!d.peer_host.empty()) e["peer_host"] = d.peer_host;
+  event(e);
   say(fmt::format("detection: {}, {}, {:.1f} s after its first sign ({})", d.cls,
                   culprit_words(d.culprit), d.latency_s(), d.reason));
 }

@@ -66,8 +66,8 @@ cmd_up() {
     local h=h$i ns
     ns=$(ns_of $h)
     ip netns add "$ns"
-    ip link add "$prefix-$h" netns "$sw" type veth peer name eth0 netns "$ns"
-    ip netns exec "$sw" ip link set "$prefix-$h" master br0 up
+    ip link add "$h" netns "$sw" type veth peer name eth0 netns "$ns"
+    ip netns exec "$sw" ip link set "$h" master br0 up
     ip netns exec "$ns" ip link set lo up
     ip netns exec "$ns" ip addr add "$(ip_of $h)/24" dev eth0
     ip netns exec "$ns" ip link set eth0 up
@@ -133,12 +133,12 @@ cmd_mpirun() {
 cmd_shape() {
   known "$1"
   shape_dev "$(ns_of "$1")" eth0 "$2"
-  shape_dev "$sw" "$prefix-$1" "$2"
+  shape_dev "$sw" "$1" "$2"
 }
 
 cmd_link() {
   known "$2"
-  ip netns exec "$sw" ip link set "$prefix-$2" "$1"
+  ip netns exec "$sw" ip link set "$2" "$1"
 }
 
 cmd_kill() {
@@ -168,7 +168,7 @@ cmd_check() {
   "$0" heal h1
   for ((t = 0; t < 50; t++)); do reaches h1 && break || sleep 0.1; done
   reaches h1 || die "check: h0 does not reach h1 after heal"
-  ip netns exec "$sw" tc qdisc show dev "$prefix-h1" | grep -q "rate 100Mbit" ||
+  ip netns exec "$sw" tc qdisc show dev h1 | grep -q "rate 100Mbit" ||
     die "check: h1's link is not shaped"
   "$0" down
   trap - EXIT
