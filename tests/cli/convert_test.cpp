@@ -1,187 +1,26 @@
-// `pentad ckpt convert`: pentad <-> Hugging Face, pentad -> llm.c.
+// `pentad ckpt convert`, the export: pentad -> Hugging Face (the names, layouts and
+// config.json transformers expects, and what is refused), pentad -> llm.c. The round trips
+// and the import are in convert_import_test.cpp.
 #include "cli/convert.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <nlohmann/json.hpp>
-#include <random>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
+#include "convert_test_util.h"
 #include "model/model.h"
 #include "recipe/recipe.h"
 
 namespace fs = std::filesystem;
 using namespace pentad;
 using namespace pentad::ckpt;
+using namespace pentad::convert_test_util;
 
-namespace {
-
-std::string fresh_dir(const std::string& tag) {
-  const fs::path dir =
-      fs::temp_directory_path() / ("pentad_convert_" + tag + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir.string();
-}
-
-Config tiny(ModelFamily family, bool tied, int64_t n_kv_head = 0) {
-  Config c = parse_recipe("", "test");
-  c.model.family = family;
-  c.model.n_layer = 2;
-  c.model.d_model = 8;
-  c.model.n_head = 2;
-  c.model.n_kv_head = n_kv_head;
-  c.model.d_ff = family == ModelFamily::LLaMA ? 12 : 0;
-  c.model.vocab_size = 24;
-  c.model.max_seq_len = 16;
-  c.model.norm_eps = 1e-6f;
-  if (family == ModelFamily::LLaMA) c.model.rope_theta = 500000.0f;  // unused by gpt2
-  c.model.tie_embeddings = tied;
-  c.train.seq_len = 16;
-  return parse_recipe(recipe_to_toml(c), "test");  // validated
-}
-
-// An MoE llama of Mixtral's shape: experts in every layer, GQA, experts of their own width.
-Config tiny_mixtral(bool tied) {
-  Config c = tiny(ModelFamily::LLaMA, tied, 1);
-  c.model.d_ff = 0;  // no dense MLP: import leaves the dense width at its default
-  c.model.moe_layers = "all";
-  c.model.n_experts = 3;
-  c.model.top_k = 2;
-  c.model.d_ff_expert = 6;
-  c.model.moe.aux_loss_coef = 0.01f;
-  return parse_recipe(recipe_to_toml(c), "test");
-}
-
-// The parameters of `cfg` as build_params names them, filled with random values (norms and
-// biases too, so a mix-up between any two tensors shows).
-struct Params {
-  std::vector<std::string> names;
-  std::vector<Shape> shapes;
-  std::vector<std::vector<float>> values;
-};
-
-Params random_params(const Config& cfg, uint32_t seed) {
-  Model model(cfg.model, 1, 1);
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal;
-  Params p;
-  for (const ParamSpec& s : model.params().specs()) {
-    p.names.push_back(s.name);
-    p.shapes.push_back(s.global_shape);
-    std::vector<float> v(static_cast<size_t>(s.global_shape.numel()));
-    // The aux-loss-free selection bias stays zero, as Mixtral export requires (and as a
-    // model trained without moe.bias_update_rate keeps it).
-    if (!s.name.ends_with(".moe.expert_bias"))
-      for (float& x : v) x = normal(rng);
-    p.values.push_back(std::move(v));
-  }
-  return p;
-}
-
-std::string write_checkpoint(const std::string& root, const Config& cfg, const Params& p,
-                             int64_t step) {
-  std::vector<ShardData> shards;
-  for (size_t i = 0; i < p.names.size(); ++i) {
-    ShardData s;
-    s.info.name = "param/" + p.names[i];
-    s.info.global_shape = p.shapes[i];
-    s.info.local_shape = p.shapes[i];
-    s.data = p.values[i].data();
-    shards.push_back(s);
-  }
-  write_rank_file(partial_dir(root, step) + "/" + rank_file_name(0), shards);
-  Manifest m;
-  m.step = step;
-  m.recipe_toml = recipe_to_toml(cfg);
-  remove_dirs(commit(root, m, 0));
-  return checkpoint_dir(root, step);
-}
-
-// Every parameter in dir equals p bit for bit, and dir holds nothing else.
-void expect_same_params(const std::string& dir, const Params& p) {
-  Reader r(dir);
-  EXPECT_EQ(r.tensor_names().size(), p.names.size());
-  for (size_t i = 0; i < p.names.size(); ++i) {
-    std::vector<float> got(p.values[i].size());
-    r.read("param/" + p.names[i], p.shapes[i], -1, 0, p.shapes[i], got.data());
-    EXPECT_EQ(std::memcmp(got.data(), p.values[i].data(), got.size() * sizeof(float)), 0)
-        << p.names[i];
-  }
-}
-
-const std::vector<float>& value(const Params& p, const std::string& name) {
-  for (size_t i = 0; i < p.names.size(); ++i)
-    if (p.names[i] == name) return p.values[i];
-  ADD_FAILURE() << "no parameter " << name;
-  return p.values[0];
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path);
-  return nlohmann::json::parse(in);
-}
-
-void round_trip(const std::string& tag, const Config& cfg) {
-  const std::string work = fresh_dir(tag);
-  const Params p = random_params(cfg, 7);
-  const std::string src = write_checkpoint(work + "/a", cfg, p, 42);
-  export_hf(src, work + "/hf");
-  import_hf(work + "/hf", work + "/b");
-  const std::string dst = checkpoint_dir(work + "/b", 0);
-  expect_same_params(dst, p);
-  Reader r(dst);
-  EXPECT_EQ(r.manifest().step, 0);
-  const Config back = parse_recipe(r.manifest().recipe_toml, "back");
-  Config want, got;  // the model keys come back; the others are defaults by design
-  want.model = cfg.model;
-  got.model = back.model;
-  EXPECT_EQ(recipe_to_toml(got), recipe_to_toml(want));
-  // The same recipe beside the checkpoint, to train on from it.
-  std::ifstream in(work + "/b/recipe.toml");
-  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()),
-            r.manifest().recipe_toml);
-  fs::remove_all(work);
-}
-
-}  // namespace
-
-// ---- pentad <-> Hugging Face ----
-
-TEST(ConvertHf, Gpt2RoundTripIsBitwise) {
-  round_trip("gpt2", tiny(ModelFamily::GPT2, true));
-}
-TEST(ConvertHf, Gpt2UntiedRoundTripIsBitwise) {
-  round_trip("gpt2u", tiny(ModelFamily::GPT2, false));
-}
-TEST(ConvertHf, LlamaRoundTripIsBitwise) {
-  round_trip("llama", tiny(ModelFamily::LLaMA, false, 1));
-}
-TEST(ConvertHf, LlamaTiedRoundTripIsBitwise) {
-  round_trip("llamat", tiny(ModelFamily::LLaMA, true));
-}
-
-TEST(ConvertHf, MixtralRoundTripIsBitwise) {
-  round_trip("mixtral", tiny_mixtral(false));
-}
-TEST(ConvertHf, MixtralTiedRoundTripIsBitwise) {
-  round_trip("mixtralt", tiny_mixtral(true));
-}
+// ---- pentad -> Hugging Face ----
 
 // The HF side is what transformers expects, checked element by element.
 TEST(ConvertHf, Gpt2LayoutIsConv1D) {
@@ -338,50 +177,6 @@ TEST(ConvertHf, MixtralExportRefusesOtherRouting) {
   fs::remove_all(work);
 }
 
-// What a Mixtral config.json says, in pentad's keys; transformers' defaults for absent keys;
-// a sliding window shorter than the context is refused.
-TEST(ConvertHf, MixtralImportKeys) {
-  const std::string work = fresh_dir("mixtralimport");
-  const Config cfg = tiny_mixtral(false);
-  export_hf(write_checkpoint(work + "/a", cfg, random_params(cfg, 37), 1), work + "/hf");
-  nlohmann::json c = read_json(work + "/hf/config.json");
-  int variant = 0;
-  auto import_with = [&](const nlohmann::json& config) {
-    const std::string dir = work + "/v" + std::to_string(variant++);
-    fs::create_directories(dir);
-    fs::copy_file(work + "/hf/model.safetensors", dir + "/model.safetensors");
-    std::ofstream(dir + "/config.json") << config.dump();
-    const std::string root = work + "/out" + std::to_string(variant);
-    import_hf(dir, root);
-    return parse_recipe(Reader(checkpoint_dir(root, 0)).manifest().recipe_toml, "back").model;
-  };
-  c["router_aux_loss_coef"] = 0.125;
-  c.erase("rope_theta");
-  c.erase("rms_norm_eps");
-  const ModelConfig m = import_with(c);
-  EXPECT_EQ(m.family, ModelFamily::LLaMA);
-  EXPECT_EQ(m.moe_layers, "all");
-  EXPECT_EQ(m.n_experts, 3);
-  EXPECT_EQ(m.top_k, 2);
-  EXPECT_EQ(m.d_ff_expert, 6);
-  EXPECT_EQ(m.n_shared_experts, 0);
-  EXPECT_EQ(m.moe.score, MoeScore::Softmax);
-  EXPECT_TRUE(m.moe.renormalize);
-  EXPECT_EQ(m.moe.aux_loss_coef, 0.125f);
-  EXPECT_EQ(m.rope_theta, 1e6f);  // MixtralConfig's defaults, not LlamaConfig's
-  EXPECT_EQ(m.norm_eps, 1e-5f);
-  c["sliding_window"] = 16;  // as long as the context: no window in effect
-  EXPECT_NO_THROW(import_with(c));
-  c["sliding_window"] = 8;
-  std::string msg = error_of([&] { import_with(c); });
-  EXPECT_NE(msg.find("sliding_window 8 < max_position_embeddings 16"), std::string::npos) << msg;
-  c["sliding_window"] = nullptr;
-  c["num_experts_per_tok"] = 4;
-  msg = error_of([&] { import_with(c); });
-  EXPECT_NE(msg.find("num_experts_per_tok 4 of num_local_experts 3"), std::string::npos) << msg;
-  fs::remove_all(work);
-}
-
 // An untied GPT-2 is the case GPT2LMHeadModel.from_pretrained refused while the body was
 // stored without "transformer.": the head sits beside the prefixed body.
 TEST(ConvertHf, Gpt2UntiedHeadBesideThePrefixedBody) {
@@ -396,109 +191,6 @@ TEST(ConvertHf, Gpt2UntiedHeadBesideThePrefixedBody) {
   EXPECT_EQ(st.read("lm_head.weight"), value(p, "lm_head.weight"));
   EXPECT_EQ(st.read("transformer.wte.weight"), value(p, "wte.weight"));
   EXPECT_EQ(read_json(work + "/hf/config.json")["tie_word_embeddings"], false);
-  fs::remove_all(work);
-}
-
-// Files from elsewhere differ from pentad's export: names without the base model's prefix
-// (the bare GPT2Model / LlamaModel, older exports), attention-mask buffers, a stored copy
-// of a tied head, several shard files.
-TEST(ConvertHf, ImportAcceptsUnprefixedNamesAndBuffers) {
-  const std::string work = fresh_dir("prefix");
-  const Config cfg = tiny(ModelFamily::GPT2, true);
-  const Params p = random_params(cfg, 11);
-  export_hf(write_checkpoint(work + "/a", cfg, p, 1), work + "/hf");
-  SafetensorsFile st(work + "/hf/model.safetensors");
-  std::vector<NamedTensor> renamed;
-  for (const auto& [name, e] : st.tensors()) {
-    ASSERT_TRUE(name.starts_with("transformer.")) << name;
-    renamed.push_back({name.substr(std::strlen("transformer.")), e.shape, st.read(name)});
-  }
-  renamed.push_back({"h.0.attn.bias", {1, 1, 16, 16}, std::vector<float>(256, 1.0f)});
-  renamed.push_back({"transformer.h.1.attn.masked_bias", {}, {-1e4f}});
-  renamed.push_back({"lm_head.weight", {24, 8}, st.read("transformer.wte.weight")});
-  fs::create_directories(work + "/hf2");
-  fs::copy_file(work + "/hf/config.json", work + "/hf2/config.json");
-  // Split over two shard files, as large models are stored.
-  std::vector<NamedTensor> half(renamed.begin() + 10, renamed.end());
-  renamed.resize(10);
-  write_safetensors(work + "/hf2/model-00001-of-00002.safetensors", renamed);
-  write_safetensors(work + "/hf2/model-00002-of-00002.safetensors", half);
-  const std::string summary = import_hf(work + "/hf2", work + "/b", 5);
-  EXPECT_NE(summary.find("2 safetensors file(s)"), std::string::npos) << summary;
-  EXPECT_NE(summary.find("ignored 3"), std::string::npos) << summary;
-  expect_same_params(checkpoint_dir(work + "/b", 5), p);
-  fs::remove_all(work);
-}
-
-TEST(ConvertHf, ImportRefusesWhatItCannotRepresent) {
-  const std::string work = fresh_dir("refuse");
-  const Config cfg = tiny(ModelFamily::GPT2, true);
-  const Params p = random_params(cfg, 13);
-  export_hf(write_checkpoint(work + "/a", cfg, p, 1), work + "/hf");
-  const nlohmann::json config = read_json(work + "/hf/config.json");
-  SafetensorsFile st(work + "/hf/model.safetensors");
-  std::vector<NamedTensor> all;
-  for (const auto& [name, e] : st.tensors()) all.push_back({name, e.shape, st.read(name)});
-  // A variant of the exported directory: config edited, tensors filtered or added.
-  int variant = 0;
-  auto import_variant = [&](const nlohmann::json& c, const std::vector<NamedTensor>& tensors) {
-    const std::string dir = work + "/v" + std::to_string(variant++);
-    fs::create_directories(dir);
-    std::ofstream(dir + "/config.json") << c.dump();
-    write_safetensors(dir + "/model.safetensors", tensors);
-    return error_of([&] { import_hf(dir, work + "/out" + std::to_string(variant)); });
-  };
-  auto without = [&](const std::string& name) {
-    std::vector<NamedTensor> t;
-    for (const NamedTensor& x : all)
-      if (x.name != name) t.push_back(x);
-    return t;
-  };
-  nlohmann::json c = config;
-  c["model_type"] = "mistral";
-  EXPECT_NE(import_variant(c, all).find("model_type \"mistral\" is not supported"),
-            std::string::npos);
-  c = config;
-  c.erase("n_embd");
-  EXPECT_NE(import_variant(c, all).find("missing \"n_embd\""), std::string::npos);
-  c = config;
-  c["activation_function"] = "relu";
-  EXPECT_NE(import_variant(c, all).find("activation_function \"relu\""), std::string::npos);
-  std::string msg = import_variant(config, without("transformer.h.1.mlp.c_fc.bias"));
-  EXPECT_NE(msg.find("missing tensors"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("h.1.mlp.c_fc.bias"), std::string::npos) << msg;
-  c = config;
-  c["n_layer"] = 1;
-  msg = import_variant(c, all);
-  EXPECT_NE(msg.find("does not use"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("h.1.ln_1.weight"), std::string::npos) << msg;
-  c = config;
-  c["n_positions"] = 12;
-  c["n_ctx"] = 12;
-  msg = import_variant(c, all);
-  EXPECT_NE(msg.find("wpe.weight has shape [16, 8]; config.json implies [12, 8]"),
-            std::string::npos)
-      << msg;
-  const nlohmann::json llama = {{"model_type", "llama"},
-                                {"hidden_size", 8},
-                                {"intermediate_size", 12},
-                                {"num_hidden_layers", 1},
-                                {"num_attention_heads", 2},
-                                {"vocab_size", 24},
-                                {"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}}};
-  EXPECT_NE(import_variant(llama, all).find("RoPE scaling"), std::string::npos);
-  // An existing checkpoint is never overwritten, nor a recipe for another model.
-  const std::string summary = import_hf(work + "/hf", work + "/same");
-  EXPECT_NE(summary.find(work + "/same/recipe.toml"), std::string::npos) << summary;
-  EXPECT_NE(error_of([&] { import_hf(work + "/hf", work + "/same"); }).find("already exists"),
-            std::string::npos);
-  EXPECT_NO_THROW(import_hf(work + "/hf", work + "/same", 7));  // the same model: same recipe
-  const Config llama_cfg = tiny(ModelFamily::LLaMA, false);
-  export_hf(write_checkpoint(work + "/l", llama_cfg, random_params(llama_cfg, 2), 1),
-            work + "/hf-llama");
-  msg = error_of([&] { import_hf(work + "/hf-llama", work + "/same", 8); });
-  EXPECT_NE(msg.find("recipe.toml: holds a recipe for another model"), std::string::npos) << msg;
-  EXPECT_FALSE(fs::exists(checkpoint_dir(work + "/same", 8)));
   fs::remove_all(work);
 }
 
