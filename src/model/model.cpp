@@ -71,12 +71,17 @@ Model::Model(const ModelConfig& cfg, ParamTable table, int64_t micro_batch, int6
   vocab_ = cfg.vocab_size / p;
   vocab_start_ = p > 1 ? tp_->rank() * vocab_ : -1;
   rows_ = tp_->local_rows(b_ * t_);
+  sizes_ = activation_sizes(cfg, double(b_), double(t_), double(p), double(d2),
+                            tp_->sequence_parallel(), act_);
   build_params();
   params_.allocate(placement_);
   Arena measure = Arena::measuring("activations");
-  plan_shared(measure);
+  ArenaSink measuring(measure);
+  plan_shared(measuring);
   shared_ = Arena("activations (shared)", measure.used(), placement_.device);
-  plan_shared(shared_);
+  ArenaSink sink(shared_);
+  plan_shared(sink);
+  declared_.bytes += sink.bytes, declared_.buffers += sink.buffers;
   for (int c = 0; c < chunks(); ++c) add_slot(c);  // one slot each, up front
 }
 
@@ -91,7 +96,7 @@ void Model::layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a, MoeB
   const int64_t d = cfg_.head_dim();
   // Norm on this rank's rows; with SP, gathered into whole rows for the column-parallel q, k, v
   // (in 2D, their columns j).
-  Tensor norm1 = apart_ ? norm_local_ : a.norm1;
+  Tensor norm1 = apart_ ? scratch_.norm_local : a.norm1;
   if (gpt2())
     k::layernorm_forward(norm1, a.norm1_mean, a.norm1_rstd, x, P(p.norm1_w), P(p.norm1_b),
                          cfg_.norm_eps);
@@ -113,12 +118,12 @@ void Model::layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a, MoeB
   // Row-parallel projection: partial sums, reduced over tp (2D: over d1, columns j). The
   // replicated bias is added by heads rank 0 only so that the sum holds it once.
   const bool add_bias = tp_->heads_rank() == 0;
-  Tensor proj = apart_ ? proj_.prefix(Shape{b_ * t_, width_}) : out;
+  Tensor proj = apart_ ? scratch_.proj.prefix(Shape{b_ * t_, width_}) : out;
   k::linear_forward(proj, a.att, P(p.o_w), add_bias ? P(p.o_b) : Tensor{});
   tp_->reduce_hidden(out, proj);
   // res1 = x + attention, normalised in the same pass (one kernel on CUDA). An MoE layer in
   // 2D keeps its rows (the routed experts' input) apart.
-  Tensor norm2 = !apart_ ? a.norm2 : a.norm2_rows.data ? a.norm2_rows : norm_local_;
+  Tensor norm2 = !apart_ ? a.norm2 : a.norm2_rows.data ? a.norm2_rows : scratch_.norm_local;
   if (gpt2())
     k::residual_layernorm_forward(a.res1, norm2, a.norm2_mean, a.norm2_rstd, x, out, P(p.norm2_w),
                                   P(p.norm2_b), cfg_.norm_eps);
@@ -130,8 +135,8 @@ void Model::layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a, MoeB
   if (ffn > 0) mlp_forward(p, a, ffn, out);
   if (block) {  // the routed experts on this rank's rows, added to the shared experts' output
     PENTAD_CHECK(moe != nullptr, "layer {}: MoE activations missing", l);
-    block->forward(*moe, moe_input(a), ffn > 0 ? moe_out_ : out, moe_weight, !recomputing);
-    if (ffn > 0) k::add(out, out, moe_out_);
+    block->forward(*moe, moe_input(a), ffn > 0 ? scratch_.moe_out : out, moe_weight, !recomputing);
+    if (ffn > 0) k::add(out, out, scratch_.moe_out);
   }
   k::add(out, out, a.res1);
 }
@@ -140,7 +145,7 @@ void Model::layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a, MoeB
 // (and gate), row-parallel down, reduced over tp into out's rows.
 void Model::mlp_forward(const LayerParams& p, LayerActs& a, int64_t ffn, Tensor out) {
   const bool add_bias = tp_->heads_rank() == 0;
-  Tensor proj = apart_ ? proj_.prefix(Shape{b_ * t_, width_}) : out;
+  Tensor proj = apart_ ? scratch_.proj.prefix(Shape{b_ * t_, width_}) : out;
   const Tensor up = at_width(a.up, ffn), gate = at_width(a.gate, ffn), act = at_width(a.act, ffn);
   if (tp_->hidden_degree() > 1) {  // 2D: the d2 ranks' partial sums meet before the activation
     const Tensor up_bias = tp_->hidden_rank() == 0 ? P(p.up_b) : Tensor{};
@@ -237,7 +242,7 @@ float Model::forward_chunk(int c, int slot_index, const int32_t* tokens, const i
     copy_ids(s.tokens, tokens, "tokens");
     // Vocabulary-parallel embedding: each rank adds the rows it holds (positions on rank 0),
     // and the reduction over tp leaves whole embeddings in this rank's residual rows.
-    Tensor emb = sp ? proj_ : s.resid[0];
+    Tensor emb = sp ? scratch_.proj : s.resid[0];
     param_hooks_->need(embed_ids_, false);
     k::embedding_forward(emb.reshaped(Shape{b_, t_, cfg_.d_model}), s.tokens, P(wte_),
                          tp_->rank() == 0 ? P(wpe_) : Tensor{}, vocab_start_, cp_->positions());
@@ -248,7 +253,7 @@ float Model::forward_chunk(int c, int slot_index, const int32_t* tokens, const i
     const size_t i = static_cast<size_t>(l - range.layer_begin);
     param_hooks_->need(layer_ids_[size_t(l)], false);
     layer_forward(static_cast<int>(l), s.resid[i], s.resid[i + 1],
-                  cfg_.recompute ? shared_acts_ : s.acts[i], s.moe.empty() ? nullptr : &s.moe[i],
+                  cfg_.recompute ? scratch_.layer : s.acts[i], s.moe.empty() ? nullptr : &s.moe[i],
                   s.moe_weight);
     param_hooks_->done(layer_ids_[size_t(l)]);
     if (progress_) progress_();
@@ -269,12 +274,13 @@ float Model::forward_chunk(int c, int slot_index, const int32_t* tokens, const i
   if (tp_->degree() == 1) {
     k::crossentropy_forward_backward(s.losses, dlogits, s.logits, s.targets, dloss);
   } else {
-    k::vocab_parallel_ce_max(row_max_, s.logits);
-    tp_->max(row_max_);
-    k::vocab_parallel_ce_stats(ce_stats_, s.logits, row_max_, s.targets, vocab_start_);
-    tp_->sum(ce_stats_);
-    k::vocab_parallel_ce_finish(s.losses, dlogits, s.logits, row_max_, ce_stats_, s.targets,
-                                vocab_start_, dloss);
+    k::vocab_parallel_ce_max(scratch_.row_max, s.logits);
+    tp_->max(scratch_.row_max);
+    k::vocab_parallel_ce_stats(scratch_.ce_stats, s.logits, scratch_.row_max, s.targets,
+                               vocab_start_);
+    tp_->sum(scratch_.ce_stats);
+    k::vocab_parallel_ce_finish(s.losses, dlogits, s.logits, scratch_.row_max, scratch_.ce_stats,
+                                s.targets, vocab_start_, dloss);
   }
   param_hooks_->done(final_ids_);
   if (loss_total_.data) {
@@ -294,7 +300,7 @@ float Model::forward_chunk(int c, int slot_index, const int32_t* tokens, const i
 }
 
 void Model::mlp_backward(const LayerParams& p, LayerActs& a, int64_t ffn) {
-  Grads& g = grads_;
+  LayerGrads& g = scratch_.grads;
   const Tensor a_up = at_width(a.up, ffn), a_gate = at_width(a.gate, ffn),
                a_act = at_width(a.act, ffn);
   Tensor up = at_width(g.up, ffn), act = at_width(g.act, ffn);
@@ -335,7 +341,7 @@ void Model::layer_backward(int l, const Tensor& x, LayerActs& a, MoeBlock::Acts*
   };
   const LayerParams& p = layers_[static_cast<size_t>(l)];
   const int64_t d = cfg_.head_dim();
-  Grads& g = grads_;
+  LayerGrads& g = scratch_.grads;
   // MLP block: g.resid holds d(out) and, through the residual, d(res1) so far.
   const int64_t ffn = layer_ffn_[size_t(l)];
   if (ffn > 0)
@@ -388,7 +394,7 @@ void Model::backward_chunk(int c, int slot_index, const Tensor& d_output, bool l
                            const GradsReady& on_ready) {
   const LayerRange& range = chunk(c);
   Slot& s = slot(c, slot_index);
-  Grads& g = grads_;
+  LayerGrads& g = scratch_.grads;
   int64_t reported = -1;  // the offset last given to on_ready
   auto ready = [&](int first_param, const std::vector<int>& partial) {
     if (!last_micro_batch) return;
@@ -425,7 +431,7 @@ void Model::backward_chunk(int c, int slot_index, const Tensor& d_output, bool l
   for (int64_t l = range.layer_end - 1; l >= range.layer_begin; --l) {
     const size_t i = static_cast<size_t>(l - range.layer_begin);
     const Tensor& x = s.resid[i];
-    LayerActs& a = cfg_.recompute ? shared_acts_ : s.acts[i];
+    LayerActs& a = cfg_.recompute ? scratch_.layer : s.acts[i];
     MoeBlock::Acts* moe = s.moe.empty() ? nullptr : &s.moe[i];
     param_hooks_->need(layer_ids_[size_t(l)], true);
     if (cfg_.recompute)

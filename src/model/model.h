@@ -25,6 +25,7 @@
 
 #include "core/device_memory.h"
 #include "core/params.h"
+#include "model/activations.h"
 #include "model/config.h"
 #include "model/kv_cache.h"
 #include "model/moe.h"
@@ -112,7 +113,7 @@ class Model {
   // d_output (rows, C). Afterwards input_grad() holds d(chunk input) until the next backward.
   void backward_chunk(int c, int slot, const Tensor& d_output, bool last_micro_batch,
                       const GradsReady& on_ready = {});
-  Tensor input_grad() const { return grads_.resid; }
+  Tensor input_grad() const { return scratch_.grads.resid; }
   // Training on a device (train/trainer.cpp, the step's one readback): with a total set
   // (one F64 on the model's device), each loss-holding forward adds its mean loss into it
   // on the device and returns 0 instead of reading the losses back and waiting. Unset
@@ -156,6 +157,10 @@ class Model {
   const ModelConfig& config() const { return cfg_; }
   // Activation memory: shared scratch plus every slot made so far.
   size_t activation_bytes() const;
+  // Its buffers as the activation table declares them (model/activations.h): their bytes
+  // before each arena rounds them up to its alignment, and how many.
+  double declared_activation_bytes() const { return declared_.bytes; }
+  int64_t declared_activation_buffers() const { return declared_.buffers; }
   int64_t micro_batch() const { return b_; }
   int64_t seq_len() const { return t_; }
   // Training FLOPs of one micro-batch on this rank (forward + backward, matmuls and
@@ -169,26 +174,9 @@ class Model {
     int up_w = -1, up_b = -1, gate_w = -1, down_w = -1, down_b = -1;
     int* id(Role role);  // the field a declaration of this role fills (null: none)
   };
-  // One layer's saved activations, this rank's share. N = b*t rows, Nl = rows of the
-  // replicated regions, C width; Ca, Ckv, F, H: this rank's attention width, kv width,
-  // MLP width and heads (the whole model's divided by the tp degree).
-  // In 2D tp the gathered norm outputs are their columns j: (N, C/d2).
-  struct LayerActs {
-    Tensor norm1, norm1_mean, norm1_rstd;  // (N, C) whole rows, (Nl), (Nl)
-    Tensor q, k, v;                        // (N, Ca), (N, Ckv), (N, Ckv); after RoPE (llama)
-    Tensor att, lse;                       // (N, Ca), (b, H, t)
-    Tensor res1;                           // (Nl, C): input + attention block
-    Tensor norm2, norm2_mean, norm2_rstd;  // (N, C), (Nl), (Nl)
-    Tensor norm2_rows;     // (Nl, C): 2D tp's MoE layers, the routed experts' input kept apart
-    Tensor up, gate, act;  // (N, F) each; gpt2: up = fc pre-GELU, act = GELU(up)
-  };
-  // One micro-batch's activations in one chunk.
-  struct Slot {
+  // One micro-batch's activations in one chunk (model/activations.h), its MoE layers' too.
+  struct Slot : SlotActs {
     Arena arena;
-    Tensor tokens, targets;       // (b, t) I32
-    std::vector<Tensor> resid;    // layers + 1 residual streams (Nl, C); resid[0] = input
-    std::vector<LayerActs> acts;  // per layer (empty with recompute: shared_acts_)
-    Tensor normf_local, normf, normf_mean, normf_rstd, logits, losses;  // last chunk only
     bool have_dlogits = false;
     std::vector<MoeBlock::Acts> moe;  // per layer of the chunk (used by MoE layers)
     float moe_weight = 0.0f;          // the forward's micro-batch weight in the objective
@@ -197,22 +185,16 @@ class Model {
     LayerRange range;
     std::vector<std::unique_ptr<Slot>> slots;
   };
-  struct Grads {              // scratch for backward, shared by all layers
-    Tensor resid;             // (Nl, C): d(residual stream), this rank's rows
-    Tensor full;              // (N, C): resid made whole (sequence parallel only)
-    Tensor norm, norm_local;  // (N, C) partial d(norm output); (Nl, C) reduced (SP only)
-    Tensor att, q, k, v, up, gate, act;
-  };
-
   // The parameters (model/param_table.h) of this rank's chunks, in chunk order.
   void build_params();
   void build_embedding();
   void build_layer(int64_t l);
   void build_final();
   void sync_partial_grads(const std::vector<int>& ids);  // tp all-reduce (sequence parallel)
-  void plan_shared(Arena& arena);                        // scratch of every chunk and slot
-  void plan_layer(Arena& arena, LayerActs& a, int64_t ffn, bool moe);
-  void plan_slot(Arena& arena, const LayerRange& chunk, Slot& slot);
+  // The activations of the scratch and of one slot of a chunk (model/activations.h), into
+  // `sink`: a measuring arena's, then the real one's.
+  void plan_shared(ActSink& sink);
+  void plan_slot(ActSink& sink, const LayerRange& chunk, Slot& slot);
   Slot& slot(int c, int s) const;
   // recomputing: backward rebuilding the layer's activations (model.recompute).
   void layer_forward(int l, const Tensor& x, Tensor out, LayerActs& a, MoeBlock::Acts* moe,
@@ -253,16 +235,13 @@ class Model {
   std::vector<LayerParams> layers_;  // every layer; ids -1 where not held here
   std::vector<int64_t> layer_ffn_;   // per layer: this rank's MLP width (MoE: shared experts')
   std::vector<std::unique_ptr<MoeBlock>> moe_;  // per layer: the MoE block, or null
-  Tensor moe_out_;  // (Nl, C): the routed output before it joins the residual
   std::vector<std::vector<int>> partial_;  // per layer (and last: final norm) ids to sync under SP
   std::vector<ChunkState> chunks_;
 
-  Arena shared_;               // scratch used by one pass at a time
-  LayerActs shared_acts_;      // recompute: one layer's activations, rebuilt in backward
-  Tensor norm_local_;          // (Nl, C) norm output before the SP all-gather
-  Tensor proj_;                // (N, C) row-parallel partial sums before reduction
-  Tensor row_max_, ce_stats_;  // (N), (2, N): vocabulary-parallel cross-entropy
-  Grads grads_;
+  ActSizes sizes_;                  // the activations' sizes on this rank
+  Arena shared_;                    // the scratch, used by one pass at a time
+  ScratchActs scratch_;             // its buffers
+  ActSink declared_;                // counts the buffers of shared_ and every slot's arena
   std::vector<float> host_losses_;  // a device run's per-token losses, copied back
   Tensor loss_total_;               // set_loss_total
   UploadStaging uploads_;           // token and target ids on their way to the device

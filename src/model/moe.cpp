@@ -115,28 +115,38 @@ void fit(Arena& arena, const char* name, Device device, const Plan& plan) {
 
 }  // namespace
 
+void declare_moe_routing(double Nl, double E, double k, ActSink& sink, MoeBlock::Acts& a) {
+  a.logits = sink.add("logits", {Nl, E}, DType::F32);
+  a.scores = sink.add("scores", {Nl, E}, DType::F32);
+  a.pick = sink.add("pick", {Nl, k}, DType::I32);
+  a.w = sink.add("w", {Nl, k}, DType::F32);
+  a.pos = sink.add("pos", {Nl, k}, DType::I32);
+}
+
+void declare_moe_rows(double A, double R, double C, double F, DType act, bool gpt2, ActSink& sink,
+                      MoeBlock::Acts& a) {
+  a.src = sink.add("src", {A}, DType::I32);
+  a.xp = sink.add("xp", {A, C}, act);
+  a.xr = sink.add("xr", {R, C}, act);
+  if (!gpt2) a.gate = sink.add("gate", {R, F}, act);
+  a.up = sink.add("up", {R, F}, act);
+  a.act = sink.add("act", {R, F}, act);
+  a.yr = sink.add("yr", {R, C}, act);
+  a.yp = sink.add("yp", {A, C}, act);
+}
+
 void MoeBlock::size_routing(Acts& a) {
   if (a.routing.capacity() > 0) return;  // its sizes never change
-  const int64_t Nl = rows_;
   fit(a.routing, "moe routing", device_, [&](Arena& arena) {
-    a.logits = arena.alloc(Shape{Nl, E_});
-    a.scores = arena.alloc(Shape{Nl, E_});
-    a.pick = arena.alloc(Shape{Nl, k_}, DType::I32);
-    a.w = arena.alloc(Shape{Nl, k_});
-    a.pos = arena.alloc(Shape{Nl, k_}, DType::I32);
+    ArenaSink sink(arena);
+    declare_moe_routing(double(rows_), double(E_), double(k_), sink, a);
   });
 }
 
 void MoeBlock::size_rows(Acts& a, int64_t A, int64_t R) {
   fit(a.rows, "moe activations", device_, [&](Arena& arena) {
-    a.src = arena.alloc(Shape{A}, DType::I32);
-    a.xp = arena.alloc(Shape{A, C_}, act_);
-    a.xr = arena.alloc(Shape{R, C_}, act_);
-    if (!gpt2_) a.gate = arena.alloc(Shape{R, F_}, act_);
-    a.up = arena.alloc(Shape{R, F_}, act_);
-    a.act = arena.alloc(Shape{R, F_}, act_);
-    a.yr = arena.alloc(Shape{R, C_}, act_);
-    a.yp = arena.alloc(Shape{A, C_}, act_);
+    ArenaSink sink(arena);
+    declare_moe_rows(double(A), double(R), double(C_), double(F_), act_, gpt2_, sink, a);
   });
 }
 

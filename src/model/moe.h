@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "core/params.h"
+#include "model/activations.h"
 #include "model/config.h"
 #include "model/sharding.h"
 
@@ -159,6 +160,15 @@ class MoeBlock {
   std::vector<double> counts_;
   double dropped_ = 0, aux_ = 0, seq_aux_ = 0, z_ = 0;
 };
+
+// One micro-batch's routing (`rows` of this rank, E experts, top k picks; fp32 and I32) and
+// routed rows (A picks sent, R rows received, experts F wide on this etp rank; in the
+// activations' type), declared as the layers' are (model/activations.h): MoeBlock sizes them
+// at each forward, the memory plan for the worst case.
+void declare_moe_routing(double rows, double experts, double top_k, ActSink& sink,
+                         MoeBlock::Acts& a);
+void declare_moe_rows(double sent, double received, double C, double F, DType act, bool gpt2,
+                      ActSink& sink, MoeBlock::Acts& a);
 
 // Whether layer `layer` of `cfg` is an MoE layer (model.moe_layers). Throws pentad::Error
 // naming the key when the pattern does not parse.

@@ -1,6 +1,7 @@
 // The memory estimate from a recipe alone (plan/memory_budget.h): each pipeline stage's
-// parameters, gradients, AdamW state, activations and snapshot, in closed form over the
-// layer shapes. Whether it fits, and the words for it: plan/memory_fit.cpp.
+// parameters, gradients, AdamW state, activations and snapshot, summed from the model's
+// tables of parameters and activations (one layer of each kind, times the layers).
+// Whether it fits, and the words for it: plan/memory_fit.cpp.
 #include "plan/memory_budget.h"
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 
 #include "core/check.h"
 #include "core/tensor.h"
+#include "model/activations.h"
 #include "model/moe.h"
 #include "model/param_table.h"
 #include "optim/adamw.h"
@@ -84,23 +86,23 @@ double zero3_gathered(const std::vector<ZeroStretch>& s, bool tied, double dense
 // One stage's sizes on one rank, in the units its terms are written in. Parameters: the
 // model's table (model/param_table.h) summed over this rank's cuts; an MoE layer (model/moe.h)
 // holds, besides the shared experts' MLP, the router, the expert bias and n_experts / ep
-// routed experts split over etp. Activations: shapes as in Model::plan_layer, plan_slot and
-// plan_shared, and MoeBlock's.
+// routed experts split over etp. Activations: the model's table (model/activations.h) summed,
+// set by set.
 struct Sizes {
-  bool gpt2 = false, sp = false, apart = false;
-  double p = 1, C = 0, V = 0, F = 0, d1 = 1, d2 = 1, Ckv = 0;
-  double b = 0, t = 0, N = 0, Nl = 0;  // rows: whole (N) and this rank's (Nl)
-  double act = 4, f32 = 4, mlp_mats = 2;
-  // MoE layers: E experts, k picks, width Fe (each etp rank 1/etp of it), shared width Fs;
-  // A rows sent, R received (worst case).
+  ActSizes acts;  // the activations' sizes on this rank (rows N, Nl, width C, ...)
+  double p = 1, d1 = 1, d2 = 1, act = 4, f32 = 4;
+  // MoE layers: E experts, k picks, width Fe (each etp rank 1/etp of it); A rows sent, R
+  // received (worst case).
   std::vector<int64_t> moe;
-  double E = 0, k = 0, ep = 1, etp = 1, Fe = 0, Fs = 0, A = 0, senders = 1, R = 0;
+  double E = 0, k = 0, ep = 1, etp = 1, Fe = 0, A = 0, senders = 1, R = 0;
   // Values this rank holds: a dense layer, an MoE layer (of which routed experts), the
   // embedding, its table (the largest parameter) and the final norm and head.
   double layer_values = 0, moe_values = 0, expert_values = 0, embedding = 0, table = 0,
          final_values = 0;
-  // Bytes of one layer's (and the head's) saved activations and of the MoE buffers.
-  double attn_acts = 0, layer_acts = 0, moe_acts = 0, head_acts = 0, dispatch = 0,
+  // Bytes of the activation table's sets: a batch's ids, one residual stream, a dense layer's
+  // and an MoE layer's saved activations, the head's; an MoE layer's routed rows (dispatch)
+  // and its backward's scratch.
+  double batch = 0, resid = 0, layer_acts = 0, moe_acts = 0, head_acts = 0, dispatch = 0,
          dispatch_backward = 0;
 };
 
@@ -117,19 +119,16 @@ void add_parameter_values(Sizes& s, const ModelConfig& m, const parallel::MeshCo
   s.moe_values = moe_layer.all;
 }
 
-// Dispatch (MoeBlock::Acts: rows in the activations' type, routing in fp32), worst case:
-// each of the ep x etp ranks that send to this one routes all its Nl rows here, each to
-// min(k, E / ep) of its local experts; with a capacity, a local expert takes at most
-// min(Nl, capacity) rows from each of them. Sent: A = Nl k permuted rows and their outputs;
-// received: R rows in and out and their activations; the router's logits, scores, picks,
-// weights and positions.
+// Dispatch (MoeBlock::Acts, model/moe.h), worst case: each of the ep x etp ranks that send to
+// this one routes all its Nl rows here, each to min(k, E / ep) of its local experts; with a
+// capacity, a local expert takes at most min(Nl, capacity) rows from each of them. Sent:
+// A = Nl k permuted rows; received: R rows.
 void add_moe_sizes(Sizes& s, const ModelConfig& m, const parallel::MeshConfig& mesh) {
   s.moe = m.is_moe() ? moe_layer_indices(m) : std::vector<int64_t>{};
   s.E = double(m.n_experts), s.k = double(m.top_k), s.ep = mesh.ep, s.etp = mesh.etp;
   s.Fe = m.is_moe() ? double(expert_ffn_dim(m)) : 0;
-  s.Fs = double(m.n_shared_experts) * s.Fe;
-  const double E = s.E, k = s.k, ep = s.ep, etp = s.etp, Fe = s.Fe, Fs = s.Fs, Nl = s.Nl, N = s.N,
-               C = s.C, act = s.act, f32 = s.f32;
+  const double E = s.E, k = s.k, ep = s.ep, etp = s.etp, Fe = s.Fe, Nl = s.acts.Nl, N = s.acts.N,
+               C = s.acts.C, act = s.act, f32 = s.f32;
   s.A = Nl * k, s.senders = ep * etp;
   s.R = s.senders * Nl * std::min(k, E / ep);
   if (m.moe.capacity_factor > 0) {
@@ -137,40 +136,39 @@ void add_moe_sizes(Sizes& s, const ModelConfig& m, const parallel::MeshConfig& m
     s.R = std::min(s.R, E / ep * s.senders * std::min(Nl, capacity));
   }
   const double A = s.A, R = s.R;
-  s.dispatch = act * (2 * A * C + 2 * R * C + s.mlp_mats * R * (Fe / etp)) +
-               f32 * (2 * Nl * E + 3 * Nl * k + A);
+  MoeBlock::Acts rows;
+  s.dispatch = bytes_of([&](ActSink& sink) {
+    declare_moe_routing(Nl, E, k, sink, rows);
+    declare_moe_rows(A, R, C, Fe / etp, s.acts.act, s.acts.gpt2, sink, rows);
+  });
   // Backward's scratch: the gradients of those rows, and three of width Fe/etp for all of
   // them (the grouped expert GEMMs' d(act), d(gate), d(up)); in bf16 also the router's fp32
-  // input and gradient and that gradient cast back (Nl, C) each.
+  // input and gradient and that gradient cast back (Nl, C) each. (Not the table: MoeBlock's
+  // backward holds one of width Fe/etp for GPT-2's experts, and d(logits) (Nl, E) fp32.)
   s.dispatch_backward = act * (2 * A * C + 2 * R * C + 3 * R * (Fe / etp)) + f32 * Nl * k +
                         (act < f32 ? (2 * f32 + act) * Nl * C : 0);
-  s.moe_acts = s.attn_acts + (Fs > 0 ? act * s.mlp_mats * N * (Fs / s.d1) : 0) + s.dispatch +
-               (s.d2 > 1 ? act * Nl * C : 0);  // 2D: the routed experts' rows apart
 }
 
 Sizes sizes_of(const Config& cfg, const parallel::MeshConfig& mesh, const ParamTable& table) {
   const ModelConfig& m = cfg.model;
   Sizes s;
-  s.gpt2 = m.family == ModelFamily::GPT2, s.sp = cfg.parallel.sequence_parallel;
-  s.p = mesh.tp, s.C = double(m.d_model), s.V = double(m.vocab_size), s.F = double(ffn_dim(m));
-  // 2D tp (tp = d1 x d2): heads and MLP widths split over d1, a layer's C over d2; the
-  // gathered norm outputs are (N, C / d2) and, with SP or 2D, rows live apart from them.
-  s.d2 = mesh.tp_d2, s.d1 = s.p / s.d2;
-  s.apart = s.sp || mesh.tp_d2 > 1;
-  s.Ckv = double(m.kv_heads()) * double(m.head_dim());
-  // Under context parallelism a rank holds seq_len / cp tokens of each sequence.
-  s.b = double(cfg.train.micro_batch), s.t = double(cfg.train.seq_len) / mesh.cp;
-  s.N = s.b * s.t, s.Nl = s.sp ? s.N / s.p : s.N;
+  // 2D tp (tp = d1 x d2): heads and MLP widths split over d1, a layer's C over d2.
+  s.p = mesh.tp, s.d2 = mesh.tp_d2, s.d1 = s.p / s.d2;
   s.act = cfg.train.precision == "bf16" ? 2 : 4;
-  s.mlp_mats = s.gpt2 ? 2 : 3;  // up, down (+ gate)
+  // Under context parallelism a rank holds seq_len / cp tokens of each sequence.
+  s.acts =
+      activation_sizes(m, double(cfg.train.micro_batch), double(cfg.train.seq_len) / mesh.cp, s.p,
+                       s.d2, cfg.parallel.sequence_parallel, s.act == 2 ? DType::BF16 : DType::F32);
+  const ActSizes& a = s.acts;
   add_parameter_values(s, m, mesh, table);
-  const double N = s.N, Nl = s.Nl, C = s.C, d1 = s.d1, act = s.act, f32 = s.f32;
-  s.attn_acts = act * (2 * N * C / s.d2 + Nl * C + 2 * N * (C / d1) + 2 * N * (s.Ckv / d1)) +
-                f32 * ((s.gpt2 ? 4 : 2) * Nl + s.b * s.t * double(m.n_head) / d1);
-  s.layer_acts = s.attn_acts + act * s.mlp_mats * N * (s.F / d1);
+  SlotActs slot;
+  LayerActs layer;
+  s.batch = bytes_of([&](ActSink& sink) { declare_batch(a, sink, slot); });
+  s.resid = bytes_of([&](ActSink& sink) { declare_residual(a, sink); });
+  s.layer_acts = bytes_of([&](ActSink& sink) { declare_layer(a, a.F, false, sink, layer); });
+  s.moe_acts = bytes_of([&](ActSink& sink) { declare_layer(a, a.Fs, true, sink, layer); });
+  s.head_acts = bytes_of([&](ActSink& sink) { declare_head(a, sink, slot); });
   add_moe_sizes(s, m, mesh);
-  s.head_acts =
-      act * (N * C + (s.sp ? Nl * C : 0) + N * s.V / s.p) + f32 * ((s.gpt2 ? 2 : 1) * Nl + N);
   return s;
 }
 
@@ -179,8 +177,8 @@ struct Holds {
   bool last = false, moe = false, dense = false;
 };
 
-// Each chunk's parameter values and its activation slots, one per micro-batch the schedule
-// keeps in flight on it.
+// Each chunk's parameter values and its activation slots (Model::plan_slot), one per
+// micro-batch the schedule keeps in flight on it.
 Holds add_chunks(MemoryEstimate& e, const Sizes& s, const Config& cfg,
                  const parallel::MeshConfig& mesh, int stage) {
   const ModelConfig& m = cfg.model;
@@ -210,37 +208,32 @@ Holds add_chunks(MemoryEstimate& e, const Sizes& s, const Config& cfg,
         if (a.chunk == int(c)) mine.push_back(a);
       in_flight = std::max(1, parallel::pp::peak_in_flight(mine));
     }
-    // The dispatch buffers stay per micro-batch even under recompute (MoeBlock::Acts).
-    const double kept = (m.recompute ? 0
-                                     : (layers - moe_layers) * s.layer_acts +
-                                           moe_layers * (s.moe_acts - s.dispatch)) +
-                        moe_layers * s.dispatch;
-    const double slot =
-        8 * s.N + (layers + 1) * s.Nl * s.C * s.act + kept + (chunk.last ? s.head_acts : 0);
+    // Layers + 1 residual streams; each layer's activations unless recomputed; the dispatch
+    // buffers stay per micro-batch even under recompute (MoeBlock::Acts).
+    const double kept =
+        (m.recompute ? 0 : (layers - moe_layers) * s.layer_acts + moe_layers * s.moe_acts) +
+        moe_layers * s.dispatch;
+    const double slot = s.batch + (layers + 1) * s.resid + kept + (chunk.last ? s.head_acts : 0);
     e.activations += in_flight * slot;
     e.dispatch += in_flight * moe_layers * s.dispatch;
   }
   return holds;
 }
 
-// Scratch shared by every layer: backward's gradients, the projection output, and the
-// recomputed layer's activations, with the MLP widths of the layers held here; an MoE
-// model adds the routed output, and an MoE layer's backward the gradients of its
-// dispatched rows; 2D tp's and context parallelism's exchange buffers, the dispatcher's
-// staging.
+// The model's scratch (Model::plan_shared), with the MLP widths of the layers held here; an
+// MoE layer's backward adds the gradients of its dispatched rows; 2D tp's and context
+// parallelism's exchange buffers, the dispatcher's staging.
 void add_shared_scratch(MemoryEstimate& e, const Sizes& s, const Config& cfg,
                         const parallel::MeshConfig& mesh, const Holds& holds) {
   const ModelConfig& m = cfg.model;
-  const double N = s.N, Nl = s.Nl, C = s.C, d1 = s.d1, act = s.act, f32 = s.f32;
-  const double widest = std::max(holds.dense ? s.F : 0, holds.moe ? s.Fs : 0) / d1;
+  const double N = s.acts.N, C = s.acts.C, d1 = s.d1, act = s.act, f32 = s.f32;
+  const double widest = std::max(holds.dense ? s.acts.F : 0, holds.moe ? s.acts.Fs : 0);
+  ScratchActs scratch;
   e.activations +=
-      act * (N * C + Nl * C + (s.apart ? N * C : 0) + N * C + (s.apart ? 2 * Nl * C : 0) +
-             2 * N * (C / d1) + 2 * N * (s.Ckv / d1) + s.mlp_mats * N * widest) +
-      (m.recompute ? s.attn_acts + act * s.mlp_mats * N * widest : 0) +
-      (m.is_moe() ? act * Nl * C : 0) + (s.p > 1 && holds.last ? 3 * f32 * N : 0);
+      bytes_of([&](ActSink& sink) { declare_scratch(s.acts, widest, holds.last, sink, scratch); });
   // 2D tp's exchange buffers (parallel/tp/tensor_parallel.cpp): two of N C values without
   // SP, two of N C / tp with it.
-  if (s.d2 > 1) e.activations += act * 2 * N * C / (s.sp ? s.p : 1);
+  if (s.d2 > 1) e.activations += act * 2 * N * C / (s.acts.sp ? s.p : 1);
   // Context parallelism's scratch (parallel/cp/context_parallel.cpp), shared by the layers:
   // Ulysses' exchange buffers and head-sharded q, k, v, out and gradients; the ring's two
   // K/V blocks, three dK/dV partials and one block's output.

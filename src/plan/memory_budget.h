@@ -31,7 +31,8 @@ struct MemoryEstimate {
   double total() const { return parameters + gradients + optimizer + activations + snapshot; }
 };
 
-// Closed form over the layer shapes of model.cpp and the schedule's micro-batches in
+// The model's tables of parameters and activations (model/param_table.h,
+// model/activations.h) summed over this rank's cuts, and the schedule's micro-batches in
 // flight. Arena alignment is left out, so it is a little below the measured plan.
 MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& mesh);
 // The same for the parameters of `table` (model/param_table.h: param_table(cfg.model), or

@@ -1,5 +1,7 @@
 // The memory estimate made from a recipe alone (plan/memory_budget.h) against the arenas a
-// model of that recipe really allocates, and the refusal it gives when the plan does not fit.
+// model of that recipe really allocates (its activations: the model's activation table,
+// model/activations.h, summed to the byte), and the refusal it gives when the plan does not
+// fit.
 #include "plan/memory_budget.h"
 
 #include <gtest/gtest.h>
@@ -18,7 +20,10 @@
 #include <vector>
 
 #include "core/check.h"
+#include "model/activations.h"
 #include "model/model.h"
+#include "parallel/pp/layout.h"
+#include "parallel/pp/schedule.h"
 #include "plan/layout.h"
 #include "recipe/recipe.h"
 
@@ -32,6 +37,20 @@ parallel::MeshConfig one_rank() {
   parallel::MeshConfig mesh;
   mesh.tp = mesh.cp = mesh.dp = mesh.pp = 1;
   return mesh;
+}
+
+// The estimate's activations (less what lives outside the model's arenas) are the buffers the
+// model declared, to the byte; and those are what its arenas hold, each buffer rounded up to
+// their alignment and each large arena to a page.
+void expect_the_models_activations(const Model& model, double estimate) {
+  const double declared = model.declared_activation_bytes();
+  EXPECT_EQ(estimate, declared);
+  double arenas = 1;  // the scratch
+  for (int c = 0; c < model.chunks(); ++c) arenas += model.slots_made(c);
+  const double padding = double(model.activation_bytes()) - declared;
+  EXPECT_GE(padding, 0);
+  EXPECT_LT(padding, double(Arena::kAlignment) * double(model.declared_activation_buffers()) +
+                         double(Arena::kPageBytes) * arenas);
 }
 
 TEST(MemoryBudget, EstimateMatchesTheArenasOfOneRank) {
@@ -69,6 +88,7 @@ TEST(MemoryBudget, EstimateMatchesTheArenasOfOneRank) {
     // MoE dispatch buffers are sized at each forward (MoeBlock::Acts), not up front.
     EXPECT_NEAR((e.total() - e.dispatch) / measured, 1.0, 0.02)
         << "estimate " << e.total() - e.dispatch << ", measured " << measured;
+    expect_the_models_activations(model, e.activations - e.dispatch);
   }
 }
 
@@ -87,8 +107,8 @@ struct TpShape final : TensorParallelHooks {
   int hidden_rank() const override { return r % d2; }
 };
 
-// 1D and 2D tp: the values a rank holds exactly, its activations within 2% (the estimate
-// also counts 2D tp's exchange buffers, which are no part of the model's arenas).
+// 1D and 2D tp: the values a rank holds and its activations exactly (the estimate also
+// counts 2D tp's exchange buffers, which are no part of the model's arenas).
 TEST(MemoryBudget, EstimateMatchesTheArenasOfATpRank) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> rows = {
       {"gpt-tiny.toml", {"parallel.tp=4"}},
@@ -99,6 +119,13 @@ TEST(MemoryBudget, EstimateMatchesTheArenasOfATpRank) {
        {"parallel.tp=4", "parallel.tp_shape=2x2", "parallel.sequence_parallel=true"}},
       {"mixtral-tiny.toml",
        {"parallel.tp=4", "parallel.tp_shape=2x2", "parallel.sequence_parallel=true"}},
+      {"llama-tiny.toml",
+       {"parallel.tp=4", "parallel.tp_shape=2x2", "parallel.sequence_parallel=true",
+        "model.recompute=true"}},
+      {"gpt-tiny.toml", {"parallel.tp=4", "model.recompute=true"}},
+      {"gpt-tiny.toml",
+       {"model.moe_layers=every:2", "model.n_experts=4", "model.n_shared_experts=2",
+        "parallel.tp=4", "parallel.sequence_parallel=true"}},
   };
   for (const auto& [recipe, overrides] : rows) {
     SCOPED_TRACE(recipe + " " + overrides.back());
@@ -116,9 +143,86 @@ TEST(MemoryBudget, EstimateMatchesTheArenasOfATpRank) {
         mesh.tp_d2 > 1 ? 4.0 * 2 * double(cfg.train.micro_batch * cfg.train.seq_len) *
                              double(cfg.model.d_model) / (cfg.parallel.sequence_parallel ? 4 : 1)
                        : 0.0;
-    EXPECT_NEAR((e.activations - e.dispatch - scratch) / double(model.activation_bytes()), 1.0,
-                0.02);
+    expect_the_models_activations(model, e.activations - e.dispatch - scratch);
   }
+}
+
+// Each pipeline stage: its chunks' slots, as many as the schedule keeps in flight on each, and
+// the scratch, as the model of that stage declares them.
+TEST(MemoryBudget, EstimateMatchesTheArenasOfEachStage) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> rows = {
+      {"gpt-tiny.toml", {"parallel.pp=2", "train.grad_accum=4"}},
+      {"llama-tiny.toml", {"parallel.pp=2", "train.grad_accum=4", "model.recompute=true"}},
+      {"moe-fine-tiny.toml", {"model.n_layer=4", "parallel.pp=2", "train.grad_accum=4"}},
+      {"gpt-tiny.toml",
+       {"model.n_layer=4", "parallel.pp=2", "parallel.virtual_stages=2",
+        "parallel.pp_schedule=interleaved", "train.grad_accum=4"}},
+  };
+  for (const auto& [recipe, overrides] : rows) {
+    SCOPED_TRACE(recipe + " " + overrides.back());
+    const Config cfg = load_recipe(kRecipes + recipe, overrides);
+    const parallel::MeshConfig mesh = mesh_config(cfg, 2);
+    const int stages = 2, virtual_stages = int(cfg.parallel.virtual_stages);
+    const std::vector<int64_t> layers = parallel::pp::chunk_layers(
+        cfg.model.n_layer, stages, virtual_stages, cfg.parallel.pp_layout);
+    for (int stage = 0; stage < stages; ++stage) {
+      SCOPED_TRACE("stage " + std::to_string(stage));
+      std::vector<LayerRange> layout;
+      for (const parallel::pp::Chunk& c : parallel::pp::stage_chunks(layers, stages, stage))
+        layout.push_back({c.layer_begin, c.layer_end, c.first, c.last});
+      Model model(cfg.model, cfg.train.micro_batch, cfg.train.seq_len, Sharding{}, layout);
+      const std::vector<parallel::pp::Action> actions =
+          parallel::pp::stage_actions(schedule_spec(cfg), stage);
+      for (int c = 0; c < model.chunks(); ++c) {
+        std::vector<parallel::pp::Action> mine;
+        for (const parallel::pp::Action& a : actions)
+          if (a.chunk == c) mine.push_back(a);
+        while (model.slots_made(c) < parallel::pp::peak_in_flight(mine)) model.add_slot(c);
+      }
+      if (stage == 0) {
+        EXPECT_GT(model.slots_made(0), 1);  // the first stage keeps more than one in flight
+      }
+      const MemoryEstimate e = estimate_memory(cfg, mesh, stage);
+      expect_the_models_activations(model, e.activations - e.dispatch);
+    }
+  }
+}
+
+// The activation table of one layer by hand: llama-tiny (C 64, 4 heads and 2 KV heads of 16,
+// MLP width 256) at micro-batch 8 x 64 (N = 512 rows) on one of 2 tp ranks with sequence
+// parallelism (Nl = 256 rows; 2 heads, 1 KV head, MLP width 128 here); GPT-2 (gpt-tiny: C
+// 64, 4 heads, MLP width 256) adds LayerNorm's means and has no gate.
+TEST(MemoryBudget, ActivationTableByHand) {
+  using Rows = std::vector<std::pair<std::string, std::vector<double>>>;
+  auto listed = [](const Config& cfg, double tp, bool sp) {
+    const ActSizes s = activation_sizes(cfg.model, 8, 64, tp, 1, sp, DType::F32);
+    ActListing listing;
+    LayerActs acts;
+    declare_layer(s, s.F, false, listing, acts);
+    Rows rows;
+    double bytes = 0;
+    for (const ActRow& r : listing.rows) {
+      rows.push_back({r.name, r.shape});
+      double n = 1;
+      for (double d : r.shape) n *= d;
+      bytes += n * double(dtype_bytes(r.dtype));
+    }
+    EXPECT_EQ(listing.bytes, bytes);
+    EXPECT_EQ(listing.buffers, int64_t(rows.size()));
+    return rows;
+  };
+  const Rows llama = {{"norm1", {512, 64}},  {"norm1_rstd", {256}}, {"q", {512, 32}},
+                      {"k", {512, 16}},      {"v", {512, 16}},      {"att", {512, 32}},
+                      {"lse", {8, 2, 64}},   {"res1", {256, 64}},   {"norm2", {512, 64}},
+                      {"norm2_rstd", {256}}, {"up", {512, 128}},    {"gate", {512, 128}},
+                      {"act", {512, 128}}};
+  EXPECT_EQ(listed(load_recipe(kRecipes + "llama-tiny.toml"), 2, true), llama);
+  const Rows gpt2 = {{"norm1", {512, 64}}, {"norm1_mean", {512}}, {"norm1_rstd", {512}},
+                     {"q", {512, 64}},     {"k", {512, 64}},      {"v", {512, 64}},
+                     {"att", {512, 64}},   {"lse", {8, 4, 64}},   {"res1", {512, 64}},
+                     {"norm2", {512, 64}}, {"norm2_mean", {512}}, {"norm2_rstd", {512}},
+                     {"up", {512, 256}},   {"act", {512, 256}}};
+  EXPECT_EQ(listed(load_recipe(kRecipes + "gpt-tiny.toml"), 1, false), gpt2);
 }
 
 // moe-fine-tiny by hand (C 64, 2 KV heads of 16, dense width 256, vocabulary 512): layer 0

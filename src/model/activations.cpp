@@ -1,0 +1,127 @@
+// The activation table (model/activations.h): the sizes of one rank, the sinks, and each
+// set's buffers in the order the model lays them out.
+#include "model/activations.h"
+
+#include <cmath>
+
+#include "core/check.h"
+#include "model/param_table.h"
+
+namespace pentad {
+
+ActSizes activation_sizes(const ModelConfig& cfg, double micro_batch, double seq_len,
+                          double tp_degree, double tp_d2, bool sequence_parallel, DType act) {
+  const double d1 = tp_degree / tp_d2;
+  ActSizes s;
+  s.b = micro_batch, s.t = seq_len;
+  s.N = s.b * s.t, s.Nl = sequence_parallel ? s.N / tp_degree : s.N;
+  s.C = double(cfg.d_model), s.Cj = s.C / tp_d2;
+  s.H = double(cfg.n_head) / d1, s.Ca = s.H * double(cfg.head_dim());
+  s.Ckv = double(cfg.kv_heads()) * double(cfg.head_dim()) / d1;
+  s.F = double(ffn_dim(cfg)) / d1;
+  s.Fs = cfg.is_moe() ? double(mlp_width(cfg, true)) / d1 : 0;
+  s.V = double(cfg.vocab_size) / tp_degree;
+  s.act = act;
+  s.gpt2 = cfg.family == ModelFamily::GPT2;
+  s.recompute = cfg.recompute;
+  s.moe = cfg.is_moe();
+  s.vocab_parallel = tp_degree > 1;
+  s.sp = sequence_parallel;
+  s.hidden_split = tp_d2 > 1;
+  s.apart = sequence_parallel || tp_d2 > 1;
+  return s;
+}
+
+Tensor ActSink::add(const char* name, std::initializer_list<double> shape, DType dtype) {
+  double numel = 1;
+  for (double d : shape) numel *= d;
+  bytes += numel * double(dtype_bytes(dtype));
+  ++buffers;
+  return make(name, shape, dtype);
+}
+
+Tensor ActSink::make(const char*, std::initializer_list<double>, DType) {
+  return {};
+}
+
+Tensor ArenaSink::make(const char* name, std::initializer_list<double> shape, DType dtype) {
+  Shape dims;
+  for (double d : shape) {
+    PENTAD_CHECK(d >= 0 && d == std::floor(d), "activation {}: size {} is not whole", name, d);
+    dims.dims[size_t(dims.ndim++)] = int64_t(d);
+  }
+  return arena_.alloc(dims, dtype);
+}
+
+Tensor ActListing::make(const char* name, std::initializer_list<double> shape, DType dtype) {
+  rows.push_back({name, std::vector<double>(shape), dtype});
+  return {};
+}
+
+void declare_layer(const ActSizes& s, double F, bool moe, ActSink& sink, LayerActs& a) {
+  const DType act = s.act, f32 = DType::F32;
+  a.norm1 = sink.add("norm1", {s.N, s.Cj}, act);
+  if (s.gpt2) a.norm1_mean = sink.add("norm1_mean", {s.Nl}, f32);
+  a.norm1_rstd = sink.add("norm1_rstd", {s.Nl}, f32);
+  a.q = sink.add("q", {s.N, s.Ca}, act);
+  a.k = sink.add("k", {s.N, s.Ckv}, act);
+  a.v = sink.add("v", {s.N, s.Ckv}, act);
+  a.att = sink.add("att", {s.N, s.Ca}, act);
+  a.lse = sink.add("lse", {s.b, s.H, s.t}, f32);
+  a.res1 = sink.add("res1", {s.Nl, s.C}, act);
+  a.norm2 = sink.add("norm2", {s.N, s.Cj}, act);
+  if (moe && s.hidden_split) a.norm2_rows = sink.add("norm2_rows", {s.Nl, s.C}, act);
+  if (s.gpt2) a.norm2_mean = sink.add("norm2_mean", {s.Nl}, f32);
+  a.norm2_rstd = sink.add("norm2_rstd", {s.Nl}, f32);
+  if (F == 0) return;  // an MoE layer without shared experts
+  a.up = sink.add("up", {s.N, F}, act);
+  if (!s.gpt2) a.gate = sink.add("gate", {s.N, F}, act);
+  a.act = sink.add("act", {s.N, F}, act);
+}
+
+void declare_batch(const ActSizes& s, ActSink& sink, SlotActs& slot) {
+  slot.tokens = sink.add("tokens", {s.b, s.t}, DType::I32);
+  slot.targets = sink.add("targets", {s.b, s.t}, DType::I32);
+}
+
+Tensor declare_residual(const ActSizes& s, ActSink& sink) {
+  return sink.add("resid", {s.Nl, s.C}, s.act);
+}
+
+void declare_head(const ActSizes& s, ActSink& sink, SlotActs& slot) {
+  const DType act = s.act, f32 = DType::F32;
+  slot.normf = sink.add("normf", {s.N, s.C}, act);
+  slot.normf_local = s.sp ? sink.add("normf_local", {s.Nl, s.C}, act) : slot.normf;
+  if (s.gpt2) slot.normf_mean = sink.add("normf_mean", {s.Nl}, f32);
+  slot.normf_rstd = sink.add("normf_rstd", {s.Nl}, f32);
+  slot.logits = sink.add("logits", {s.N, s.V}, act);
+  slot.losses = sink.add("losses", {s.N}, f32);
+}
+
+void declare_scratch(const ActSizes& s, double F, bool holds_last, ActSink& sink,
+                     ScratchActs& scratch) {
+  const DType act = s.act, f32 = DType::F32;
+  if (s.recompute) declare_layer(s, F, false, sink, scratch.layer);  // (MoE does not recompute)
+  if (s.moe) scratch.moe_out = sink.add("moe_out", {s.Nl, s.C}, act);
+  if (s.apart) scratch.norm_local = sink.add("norm_local", {s.Nl, s.C}, act);
+  scratch.proj = sink.add("proj", {s.N, s.C}, act);
+  if (s.vocab_parallel && holds_last) {
+    scratch.row_max = sink.add("row_max", {s.N}, f32);
+    scratch.ce_stats = sink.add("ce_stats", {2, s.N}, f32);
+  }
+  LayerGrads& g = scratch.grads;
+  g.resid = sink.add("d_resid", {s.Nl, s.C}, act);
+  g.full = s.apart ? sink.add("d_full", {s.N, s.C}, act) : g.resid;
+  g.norm = sink.add("d_norm", {s.N, s.C}, act);
+  g.norm_local = s.apart ? sink.add("d_norm_local", {s.Nl, s.C}, act) : g.norm;
+  g.att = sink.add("d_att", {s.N, s.Ca}, act);
+  g.q = sink.add("d_q", {s.N, s.Ca}, act);
+  g.k = sink.add("d_k", {s.N, s.Ckv}, act);
+  g.v = sink.add("d_v", {s.N, s.Ckv}, act);
+  if (F == 0) return;
+  g.up = sink.add("d_up", {s.N, F}, act);
+  if (!s.gpt2) g.gate = sink.add("d_gate", {s.N, F}, act);
+  g.act = sink.add("d_act", {s.N, F}, act);
+}
+
+}  // namespace pentad

@@ -1,0 +1,152 @@
+#pragma once
+// Every activation buffer the model keeps, declared once (llm.c's fill_in_activation_sizes;
+// the parameters' half is model/param_table.h): each buffer's name, its shape on one rank
+// after the mesh has cut it, and its type, handed to a sink in the order the model lays them
+// out. The model allocates them through an arena's sink (model/model_memory.cpp), the memory
+// plan (plan/memory_budget.cpp) sums their bytes, and a test lists them. A new activation is
+// one more line here (and its use in the forward).
+//
+// Where each set lives, and for how long:
+//   a slot (one micro-batch in flight on a chunk): the batch's token ids, the chunk's
+//     layers + 1 residual streams, each layer's LayerActs (kept for its backward; none under
+//     model.recompute) and, on the last chunk, the head's;
+//   the scratch (one pass at a time, shared by every chunk, slot and layer): backward's
+//     gradients, the buffers apart from this rank's rows, the cross-entropy's statistics and,
+//     under model.recompute, the one LayerActs that each layer's backward rebuilds first.
+// An MoE layer's routing and routed rows (MoeBlock::Acts, one set per slot) are declared
+// with the block (model/moe.h).
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/config.h"
+
+namespace pentad {
+
+// The sizes the shapes are written in, on one rank: tensor parallelism (tp = d1 x d2) cuts
+// heads and MLP widths over d1, a layer's share of the width over d2, the vocabulary over
+// tp, and with sequence parallelism the replicated regions' rows over tp; context
+// parallelism cuts each sequence's tokens over cp. Doubles, as the parameters' (the memory
+// plan sizes recipes whose products would wrap); a model's are whole numbers.
+struct ActSizes {
+  double b = 0, t = 0;            // micro-batch; tokens of each sequence here (seq_len / cp)
+  double N = 0, Nl = 0;           // rows: b t, and those of the replicated regions held here
+  double C = 0, Cj = 0;           // model width; a layer's share of it (C / d2)
+  double H = 0, Ca = 0, Ckv = 0;  // heads, attention width (H x head_dim), kv width
+  double F = 0, Fs = 0;           // MLP width: a dense layer's, an MoE layer's shared experts'
+  double V = 0;                   // vocabulary rows
+  DType act = DType::F32;         // activations and their gradients (statistics, losses: F32)
+  bool gpt2 = false;              // LayerNorm's means; no gate
+  bool recompute = false;         // model.recompute
+  bool moe = false;               // an MoE model: the routed output apart
+  bool vocab_parallel = false;    // tp > 1: the cross-entropy's statistics over the vocabulary
+  bool sp = false;                // sequence parallel: the final norm's rows apart
+  bool hidden_split = false;      // 2D tp (d2 > 1): an MoE layer's routed rows apart
+  bool apart = false;  // SP or 2D: gathered inputs and partial outputs apart from the rows
+};
+// seq_len: the tokens of each sequence this rank holds (under context parallelism its share).
+ActSizes activation_sizes(const ModelConfig& cfg, double micro_batch, double seq_len,
+                          double tp_degree, double tp_d2, bool sequence_parallel, DType act);
+
+// Where declarations go: each buffer counted, then handed to make(), which gives the tensor
+// to read it through: an arena's (ArenaSink), none (this base: the memory plan counts only)
+// or a row of a listing (ActListing).
+class ActSink {
+ public:
+  virtual ~ActSink() = default;
+  // One buffer: its name, its shape on this rank and its type.
+  Tensor add(const char* name, std::initializer_list<double> shape, DType dtype);
+  double bytes = 0;  // of every buffer added, before any arena's alignment
+  int64_t buffers = 0;
+
+ protected:
+  virtual Tensor make(const char* name, std::initializer_list<double> shape, DType dtype);
+};
+
+// The bytes of the buffers `declare` (a callable taking an ActSink&) declares.
+template <typename Declare>
+double bytes_of(const Declare& declare) {
+  ActSink sink;
+  declare(sink);
+  return sink.bytes;
+}
+
+// Allocates each buffer in `arena` (a measuring arena first, to size the real one).
+class ArenaSink final : public ActSink {
+ public:
+  explicit ArenaSink(Arena& arena) : arena_(arena) {}
+
+ protected:
+  Tensor make(const char* name, std::initializer_list<double> shape, DType dtype) override;
+
+ private:
+  Arena& arena_;
+};
+
+// The declarations as rows, for reading (tests, a printed table).
+struct ActRow {
+  std::string name;
+  std::vector<double> shape;
+  DType dtype = DType::F32;
+};
+class ActListing final : public ActSink {
+ public:
+  std::vector<ActRow> rows;
+
+ protected:
+  Tensor make(const char* name, std::initializer_list<double> shape, DType dtype) override;
+};
+
+// One layer's saved activations. In 2D tp the gathered norm outputs are their columns j.
+struct LayerActs {
+  Tensor norm1, norm1_mean, norm1_rstd;  // (N, Cj) whole rows, (Nl), (Nl)
+  Tensor q, k, v;                        // (N, Ca), (N, Ckv), (N, Ckv); after RoPE (llama)
+  Tensor att, lse;                       // (N, Ca), (b, H, t)
+  Tensor res1;                           // (Nl, C): input + attention block
+  Tensor norm2, norm2_mean, norm2_rstd;  // (N, Cj), (Nl), (Nl)
+  Tensor norm2_rows;     // (Nl, C): 2D tp's MoE layers, the routed experts' input kept apart
+  Tensor up, gate, act;  // (N, F) each; gpt2: up = fc pre-GELU, act = GELU(up)
+};
+// Backward's gradients, shared by every layer.
+struct LayerGrads {
+  Tensor resid;             // (Nl, C): d(residual stream), this rank's rows
+  Tensor full;              // (N, C): resid made whole (apart only; else resid)
+  Tensor norm, norm_local;  // (N, C) partial d(norm output); (Nl, C) reduced (apart only)
+  Tensor att, q, k, v, up, gate, act;  // as LayerActs', at the widest MLP held here
+};
+// One micro-batch's activations in one chunk.
+struct SlotActs {
+  Tensor tokens, targets;       // (b, t) I32
+  std::vector<Tensor> resid;    // layers + 1 residual streams (Nl, C); resid[0] = input
+  std::vector<LayerActs> acts;  // per layer (empty under recompute: the scratch's)
+  // The last chunk's: the final norm's output whole (N, C) and this rank's rows (Nl, C; the
+  // same buffer without SP), its statistics (Nl), the logits (N, V) and losses (N).
+  Tensor normf_local, normf, normf_mean, normf_rstd, logits, losses;
+};
+// Used by one pass at a time.
+struct ScratchActs {
+  LayerActs layer;           // recompute: one layer's activations, rebuilt in backward
+  Tensor moe_out;            // (Nl, C): the routed output before it joins the residual
+  Tensor norm_local;         // (Nl, C): norm output before the SP all-gather (apart only)
+  Tensor proj;               // (N, C): row-parallel partial sums before reduction
+  Tensor row_max, ce_stats;  // (N), (2, N): vocabulary-parallel cross-entropy
+  LayerGrads grads;
+};
+
+// One layer's activations, its MLP ffn wide (an MoE layer: its shared experts', 0 without
+// any; the routed experts' are the block's).
+void declare_layer(const ActSizes& s, double ffn, bool moe, ActSink& sink, LayerActs& a);
+// A slot's token ids and targets.
+void declare_batch(const ActSizes& s, ActSink& sink, SlotActs& slot);
+// One residual stream (a slot holds its chunk's layers + 1).
+Tensor declare_residual(const ActSizes& s, ActSink& sink);
+// The last chunk's final norm, logits and losses.
+void declare_head(const ActSizes& s, ActSink& sink, SlotActs& slot);
+// The scratch, its MLP buffers widest_ffn wide (the widest MLP of the layers held here);
+// holds_last: this rank holds the head.
+void declare_scratch(const ActSizes& s, double widest_ffn, bool holds_last, ActSink& sink,
+                     ScratchActs& scratch);
+
+}  // namespace pentad
