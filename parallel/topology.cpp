@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
 #include "core/check.h"
 
@@ -208,6 +209,35 @@ Topology Topology::read(const std::string& path) {
         if (!seen[size_t(r)])
           fail("topology file {}: islands leave out rank {} (each rank is in one island)", path, r);
   }
+  if (auto it = doc.find("host_links"); it != doc.end()) {
+    if (!it->is_array()) fail("topology file {}: host_links must be an array", path);
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& l = (*it)[i];
+      const std::string where = fmt::format("host_links[{}]", i);
+      if (!l.is_object()) fail("topology file {}: {} must be an object", path, where);
+      HostLink link;
+      for (auto [key, host] : {std::pair{"host_a", &link.host_a}, {"host_b", &link.host_b}}) {
+        const json& v = field(l, key, where, path);
+        if (!v.is_string()) fail("topology file {}: {}.{} must be a string", path, where, key);
+        *host = v.get<std::string>();
+      }
+      for (auto [key, rank] : {std::pair{"rank_a", &link.rank_a}, {"rank_b", &link.rank_b}}) {
+        *rank = integer(field(l, key, where, path), where + "." + key, path);
+        if (*rank < 0 || *rank >= t.ranks)
+          fail("topology file {}: {}.{} = {} is not a rank of 0..{}", path, where, key, *rank,
+               t.ranks - 1);
+      }
+      for (auto [key, value, scale] : {std::tuple{"latency_us", &link.latency_s, 1e-6},
+                                       {"bandwidth_gbs", &link.bandwidth_Bps, 1e9}}) {
+        const json& v = field(l, key, where, path);
+        if (!v.is_number() || v.get<double>() <= 0)
+          fail("topology file {}: {}.{} must be a positive number, not {}", path, where, key,
+               v.dump());
+        *value = v.get<double>() * scale;
+      }
+      t.host_links.push_back(link);
+    }
+  }
   return t;
 }
 
@@ -224,11 +254,21 @@ void Topology::write(const std::string& path) const {
                                              {"seconds", rounded(s.seconds)},
                                              {"bus_gbs", rounded(s.bus_gbs)}});
   for (const auto& island : islands) island_items.push_back(json(island));
+  std::vector<nlohmann::ordered_json> links;
+  for (const HostLink& l : host_links)
+    links.push_back(nlohmann::ordered_json{{"host_a", l.host_a},
+                                           {"host_b", l.host_b},
+                                           {"rank_a", l.rank_a},
+                                           {"rank_b", l.rank_b},
+                                           {"latency_us", rounded(l.latency_s * 1e6)},
+                                           {"bandwidth_gbs", rounded(l.bandwidth_Bps * 1e-9)}});
   std::ostringstream text;
   text << "{\n  \"version\": " << kVersion << ",\n  \"ranks\": " << ranks
        << ",\n  \"hosts\": " << json(hosts).dump() << ",\n  \"latency_us\": " << rows(latency)
        << ",\n  \"bandwidth_gbs\": " << rows(bandwidth) << ",\n  \"collectives\": " << rows(samples)
-       << ",\n  \"islands\": " << rows(island_items) << "\n}\n";
+       << ",\n  \"islands\": " << rows(island_items);
+  if (!links.empty()) text << ",\n  \"host_links\": " << rows(links);
+  text << "\n}\n";
   std::ofstream out(path);
   if (!out) fail("cannot write topology file {}: {}", path, std::strerror(errno));
   out << text.str();

@@ -27,6 +27,14 @@ struct CollectiveSample {
   double bytes = 0, seconds = 0, bus_gbs = 0;
 };
 
+// The link between two hosts as one pair of ranks finds it with nothing else on it (the
+// pair matrix runs pairs at once, so its pairs between hosts share the wire).
+struct HostLink {
+  std::string host_a, host_b;               // in the order of their first ranks
+  int rank_a = 0, rank_b = 0;               // each host's first rank: the pair that measured it
+  double latency_s = 0, bandwidth_Bps = 0;  // the slower direction's
+};
+
 struct Topology {
   int ranks = 0;
   std::vector<std::string> hosts;                  // per rank
@@ -34,6 +42,7 @@ struct Topology {
   std::vector<std::vector<double>> bandwidth_Bps;  // [from][to], bytes per second
   std::vector<CollectiveSample> collectives;
   std::vector<std::vector<int>> islands;
+  std::vector<HostLink> host_links;  // every pair of hosts (none on one host)
 
   // Reads and validates a topology file; pentad::Error names the file and the field.
   static Topology read(const std::string& path);

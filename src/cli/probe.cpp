@@ -5,7 +5,9 @@
 //      no rank is in two pairs at once;
 //   2. collectives, every group shape a mesh can make: all groups of a shape at once, after a
 //      barrier of the world, each repetition's time the slowest rank's, the median reported;
-//   3. islands: connected components of the fast links.
+//   3. islands: connected components of the fast links;
+//   4. with ranks on several hosts, each pair of hosts' link measured alone.
+// The summary it prints is cli/probe_report.cpp's.
 #include "cli/probe.h"
 
 #include <spdlog/spdlog.h>
@@ -18,6 +20,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <numeric>
 #include <system_error>
 
@@ -244,6 +247,53 @@ void measure_collectives(MPI_Comm world_comm, Communicator& world, const Setting
   progress.line(true, "collectives: shape {}/{}", shapes.size(), shapes.size());
 }
 
+// Each pair of hosts: their first ranks measure the link between them alone (the pair
+// matrix's rounds run pairs at once, so its pairs between two hosts share the wire), both
+// directions, the slower kept; every other rank waits at a barrier.
+void measure_host_links(Communicator& world, const Settings& s, Progress& progress,
+                        parallel::Topology& topology) {
+  std::vector<int> firsts;  // each host's first rank, in rank order
+  for (int r = 0; r < topology.ranks; ++r)
+    if (std::find(topology.hosts.begin(), topology.hosts.begin() + r, topology.hosts[size_t(r)]) ==
+        topology.hosts.begin() + r)
+      firsts.push_back(r);
+  if (firsts.size() < 2) return;
+  std::vector<float> small(2, 1.0f), big(size_t(s.bandwidth_bytes / sizeof(float)), 1.0f);
+  const int me = world.rank();
+  progress.line(true, "host links: {} pairs of hosts, one at a time",
+                firsts.size() * (firsts.size() - 1) / 2);
+  for (size_t i = 0; i < firsts.size(); ++i)
+    for (size_t j = i + 1; j < firsts.size(); ++j) {
+      const int a = firsts[i], b = firsts[j];
+      world.barrier();
+      double measured[2] = {0, 0};  // latency, bandwidth of the slower direction (at a)
+      if (me == a || me == b) {
+        Link slower{0, std::numeric_limits<double>::max()};
+        for (int leader : {a, b}) {
+          const Link l = measure_link(world, me == a ? b : a, me == leader, s, small, big);
+          if (me != leader) continue;
+          double mine[2] = {l.latency_s, l.bandwidth_Bps};
+          if (me == b) world.send(view_of(mine, {2}, DType::F64), a);
+          if (me == a) {
+            slower = {std::max(slower.latency_s, l.latency_s),
+                      std::min(slower.bandwidth_Bps, l.bandwidth_Bps)};
+          }
+        }
+        if (me == a) {
+          double theirs[2];
+          world.recv(view_of(theirs, {2}, DType::F64), b);
+          measured[0] = std::max(slower.latency_s, theirs[0]);
+          measured[1] = std::min(slower.bandwidth_Bps, theirs[1]);
+        }
+      }
+      world.broadcast(view_of(measured, {2}, DType::F64), a);
+      topology.host_links.push_back(
+          {topology.hosts[size_t(a)], topology.hosts[size_t(b)], a, b, measured[0], measured[1]});
+      progress.line(false, "host links: {} - {}", topology.hosts[size_t(a)],
+                    topology.hosts[size_t(b)]);
+    }
+}
+
 std::vector<std::string> gather_hosts(Communicator& world) {
   std::vector<char> mine(kHostBytes, '\0');
   if (gethostname(mine.data(), kHostBytes - 1) != 0) std::strcpy(mine.data(), "unknown");
@@ -259,26 +309,6 @@ std::vector<std::string> gather_hosts(Communicator& world) {
     hosts.emplace_back(name, strnlen(name, kHostBytes));
   }
   return hosts;
-}
-
-// "0-3", "0,2,4,6", "0-1,4-5".
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string out;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (!out.empty()) out += ',';
-    out += j > i ? fmt::format("{}-{}", ranks[i], ranks[j]) : std::to_string(ranks[i]);
-    i = j + 1;
-  }
-  return out;
-}
-
-std::string spread(std::vector<double> v, double scale, const char* format) {
-  if (v.empty()) return "-";
-  std::sort(v.begin(), v.end());
-  const auto f = [&](double x) { return fmt::format(fmt::runtime(format), x * scale); };
-  return fmt::format("{} / {} / {}", f(v.front()), f(median(v)), f(v.back()));
 }
 
 }  // namespace
@@ -373,6 +403,7 @@ parallel::Topology run_probe(MPI_Comm world_comm, const ProbeOptions& options) {
   topology.ranks = world->size();
   topology.hosts = gather_hosts(*world);
   measure_pairs(*world, s, progress, topology);
+  measure_host_links(*world, s, progress, topology);
   measure_collectives(world_comm, *world, s, progress, topology);
   topology.islands = find_islands(topology.bandwidth_Bps);
   if (world->rank() == 0) {
@@ -380,61 +411,6 @@ parallel::Topology run_probe(MPI_Comm world_comm, const ProbeOptions& options) {
     progress.line(true, "wrote {}", options.out);
   }
   return topology;
-}
-
-std::string describe(const parallel::Topology& t) {
-  std::vector<int> island_of(size_t(t.ranks), 0);
-  std::vector<std::string> names;
-  for (size_t k = 0; k < t.islands.size(); ++k) {
-    for (int r : t.islands[k]) island_of[size_t(r)] = int(k);
-    names.push_back(fmt::format("[{}]", rank_list(t.islands[k])));
-  }
-  std::vector<std::string> hosts = t.hosts;
-  std::sort(hosts.begin(), hosts.end());
-  hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
-  std::string out = fmt::format("probe: {} ranks on {} host{}, {} island{}: {}\n", t.ranks,
-                                hosts.size(), hosts.size() == 1 ? "" : "s", t.islands.size(),
-                                t.islands.size() == 1 ? "" : "s", fmt::join(names, " "));
-  std::vector<double> latency[2], bandwidth[2];  // [inside, between]
-  for (int i = 0; i < t.ranks; ++i)
-    for (int j = 0; j < t.ranks; ++j) {
-      if (i == j) continue;
-      const int between = island_of[size_t(i)] != island_of[size_t(j)];
-      latency[between].push_back(t.latency_s[size_t(i)][size_t(j)]);
-      bandwidth[between].push_back(t.bandwidth_Bps[size_t(i)][size_t(j)]);
-    }
-  out += fmt::format("  {:<16} {:>28}  {:>28}\n", "links", "latency us (min / med / max)",
-                     "GB/s (min / med / max)");
-  const char* rows[2] = {"inside islands", "between islands"};
-  for (int k = 0; k < 2; ++k)
-    out += fmt::format("  {:<16} {:>28}  {:>28}\n", rows[k], spread(latency[k], 1e6, "{:.1f}"),
-                       spread(bandwidth[k], 1e-9, "{:.3g}"));
-  // Collectives at the largest size measured: bus GB/s and milliseconds per shape.
-  double largest = 0;
-  for (const auto& c : t.collectives) largest = std::max(largest, c.bytes);
-  if (largest > 0) {
-    out += fmt::format("  collectives at about {:.3g} MiB a rank: bus GB/s (ms)\n",
-                       largest / (1 << 20));
-    out += fmt::format("  {:<16}", "size x stride");
-    for (CollectiveOp op : kOps) out += fmt::format(" {:>18}", parallel::collective_name(op));
-    out += '\n';
-    for (const auto& [size, stride] : group_shapes(t.ranks)) {
-      std::string line = fmt::format("  {:<16}", fmt::format("{} x {}", size, stride));
-      for (CollectiveOp op : kOps) {
-        const parallel::CollectiveSample* best = nullptr;
-        for (const auto& c : t.collectives)
-          if (c.op == op && c.size == size && c.stride == stride &&
-              (!best || c.bytes > best->bytes))
-            best = &c;
-        line += best ? fmt::format(" {:>18}", fmt::format("{:.3g} ({:.3g})", best->bus_gbs,
-                                                          best->seconds * 1e3))
-                     : fmt::format(" {:>18}", "-");
-      }
-      out += line;
-      out += '\n';
-    }
-  }
-  return out;
 }
 
 }  // namespace pentad::probe

@@ -54,7 +54,10 @@ std::string two_ranks_with(const std::string& field, const std::string& value) {
       {"collectives",
        R"([{"op": "all_reduce", "size": 2, "stride": 1, "bytes": 1024, "seconds": 1e-5,
             "bus_gbs": 0.1}])"},
-      {"islands", "[[0, 1]]"}};
+      {"islands", "[[0, 1]]"},
+      {"host_links",
+       R"([{"host_a": "a", "host_b": "b", "rank_a": 0, "rank_b": 1, "latency_us": 12,
+            "bandwidth_gbs": 0.117}])"}};
   std::string text = "{";
   for (const auto& [key, json] : fields) {
     const std::string v = key == field ? value : json;
@@ -95,6 +98,18 @@ TEST(Topology, WritesAndReadsBack) {
   EXPECT_EQ(back.collectives[0].bytes, 65536);
   EXPECT_DOUBLE_EQ(back.collectives[0].seconds, 3.25e-5);
   EXPECT_EQ(back.islands, (std::vector<std::vector<int>>{{0, 1}, {2, 3}}));
+  EXPECT_TRUE(back.host_links.empty());
+  std::remove(path.c_str());
+  // The links between hosts, measured alone (pentad probe on several hosts).
+  t.host_links.push_back({"node0", "node1", 0, 2, 8e-6, 1.17e8});
+  t.write(path);
+  const Topology linked = Topology::read(path);
+  ASSERT_EQ(linked.host_links.size(), 1u);
+  EXPECT_EQ(linked.host_links[0].host_a, "node0");
+  EXPECT_EQ(linked.host_links[0].host_b, "node1");
+  EXPECT_EQ(linked.host_links[0].rank_b, 2);
+  EXPECT_NEAR(linked.host_links[0].latency_s, 8e-6, 1e-12);
+  EXPECT_NEAR(linked.host_links[0].bandwidth_Bps, 1.17e8, 1.0);
   std::remove(path.c_str());
   // The hand-written minimum: no samples, no islands.
   const std::string bare = write_text("bare.json", two_ranks_with("collectives", ""));
@@ -135,6 +150,16 @@ TEST(Topology, RefusesMalformedFilesNamingTheField) {
                  {"islands leave out rank 1"});
   expect_refused("island_rank", two_ranks_with("islands", "[[0, 1, 2]]"),
                  {"islands[0][2] = 2", "not a rank"});
+  expect_refused("host_link_rank",
+                 two_ranks_with("host_links", R"([{"host_a": "a", "host_b": "b", "rank_a": 0,
+                                "rank_b": 2, "latency_us": 12, "bandwidth_gbs": 0.1}])"),
+                 {"host_links[0].rank_b = 2", "not a rank"});
+  expect_refused("host_link_rate",
+                 two_ranks_with("host_links", R"([{"host_a": "a", "host_b": "b", "rank_a": 0,
+                                "rank_b": 1, "latency_us": 12, "bandwidth_gbs": 0}])"),
+                 {"host_links[0].bandwidth_gbs", "positive"});
+  expect_refused("host_link_host", two_ranks_with("host_links", R"([{"host_a": "a"}])"),
+                 {"host_links[0] has no field 'host_b'"});
   expect_refused("not_json", "{\"version\": 1,", {"not valid JSON"});
   const std::string missing = temp_path("missing.json");
   EXPECT_NE(error_of([&] { Topology::read(missing); }).find("cannot read topology file"),
