@@ -425,3 +425,19 @@ add_test(NAME docs_commands
           ${CMAKE_CURRENT_BINARY_DIR}/docs-commands)
 set_tests_properties(docs_commands PROPERTIES TIMEOUT 900 COST 200
   PASS_REGULAR_EXPRESSION "every documented command runs")
+
+# Hosts on this machine over real links (scripts/hosts.sh: network namespaces, veth links
+# through a bridge, tc caps; needs root with CAP_NET_ADMIN, skipped (77) without). The default
+# tier checks the script itself (up, reach, shape, cut, heal, down: about a second); the slow
+# tier runs pentad over two hosts of four ranks each (tests/launch/hosts_test.py): probe's
+# islands and link rate, and the wire's faults (a cut link, a flapping one, a throttled one, a
+# killed host) named with their host and recovered with every loss bitwise an uninterrupted
+# run's.
+add_test(NAME hosts_script COMMAND bash ${CMAKE_SOURCE_DIR}/scripts/hosts.sh check)
+set_tests_properties(hosts_script PROPERTIES TIMEOUT 60 RUN_SERIAL TRUE
+  PASS_REGULAR_EXPRESSION "check passed" SKIP_REGULAR_EXPRESSION "needs root")
+add_test(NAME hosts_wire_faults
+  COMMAND ${PENTAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/launch/hosts_test.py
+          $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml ${CMAKE_CURRENT_BINARY_DIR}/hosts-wire-faults)
+set_tests_properties(hosts_wire_faults PROPERTIES TIMEOUT 900 RUN_SERIAL TRUE LABELS slow
+  SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "the wire's faults are named and recovered")

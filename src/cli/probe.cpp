@@ -85,9 +85,11 @@ struct Link {
   double latency_s = 0, bandwidth_Bps = 0;
 };
 
-// One direction of a pair: `lead` measures the link to `peer`, the other side answers.
+// One direction of a pair: `lead` measures the link to `peer`, the other side answers. The
+// bandwidth from the median transfer, or with `fastest` from the fastest: what the wire can
+// do, where the ranks' CPUs are shared with others (a rank descheduled only slows a transfer).
 Link measure_link(Communicator& comm, int peer, bool lead, const Settings& s,
-                  std::vector<float>& small, std::vector<float>& big) {
+                  std::vector<float>& small, std::vector<float>& big, bool fastest = false) {
   const Tensor ping = view_of(small.data(), {int64_t(small.size())});
   const Tensor data = view_of(big.data(), {int64_t(big.size())});
   std::vector<double> round_trips, transfers;
@@ -118,7 +120,8 @@ Link measure_link(Communicator& comm, int peer, bool lead, const Settings& s,
   link.latency_s = 0.5 * median(round_trips);
   // The transfer and its acknowledgement each cost a latency; what remains moved the bytes
   // (at least a quarter of the time, should the latencies' noise exceed the transfer).
-  const double t = median(transfers);
+  const double t =
+      fastest ? *std::min_element(transfers.begin(), transfers.end()) : median(transfers);
   link.bandwidth_Bps = double(data.bytes()) / std::max(t - 2 * link.latency_s, 0.25 * t);
   return link;
 }
@@ -249,7 +252,8 @@ void measure_collectives(MPI_Comm world_comm, Communicator& world, const Setting
 
 // Each pair of hosts: their first ranks measure the link between them alone (the pair
 // matrix's rounds run pairs at once, so its pairs between two hosts share the wire), both
-// directions, the slower kept; every other rank waits at a barrier.
+// directions, the slower kept, each from its fastest transfer; every other rank waits at a
+// barrier.
 void measure_host_links(Communicator& world, const Settings& s, Progress& progress,
                         parallel::Topology& topology) {
   std::vector<int> firsts;  // each host's first rank, in rank order
@@ -258,7 +262,11 @@ void measure_host_links(Communicator& world, const Settings& s, Progress& progre
         topology.hosts.begin() + r)
       firsts.push_back(r);
   if (firsts.size() < 2) return;
-  std::vector<float> small(2, 1.0f), big(size_t(s.bandwidth_bytes / sizeof(float)), 1.0f);
+  // 4 MiB and twice the repetitions even when quick: one link a pair of hosts, not n^2.
+  Settings alone = s;
+  alone.bandwidth_bytes = std::max(s.bandwidth_bytes, double(4 << 20));
+  alone.bandwidth_reps = 2 * s.bandwidth_reps;
+  std::vector<float> small(2, 1.0f), big(size_t(alone.bandwidth_bytes / sizeof(float)), 1.0f);
   const int me = world.rank();
   progress.line(true, "host links: {} pairs of hosts, one at a time",
                 firsts.size() * (firsts.size() - 1) / 2);
@@ -270,7 +278,8 @@ void measure_host_links(Communicator& world, const Settings& s, Progress& progre
       if (me == a || me == b) {
         Link slower{0, std::numeric_limits<double>::max()};
         for (int leader : {a, b}) {
-          const Link l = measure_link(world, me == a ? b : a, me == leader, s, small, big);
+          const Link l =
+              measure_link(world, me == a ? b : a, me == leader, alone, small, big, true);
           if (me != leader) continue;
           double mine[2] = {l.latency_s, l.bandwidth_Bps};
           if (me == b) world.send(view_of(mine, {2}, DType::F64), a);

@@ -3,6 +3,8 @@
 joined by veth links through a bridge, capped with tc), under `pentad launch`: 8 ranks of
 gpt-tiny, tp 2 inside each host and dp 4 across them, Open MPI's TCP between the hosts.
 
+- probe: `pentad probe --quick` finds the two hosts' islands from TCP alone, and measures the
+         link between them within 20% of the rate set;
 - cut:   h1's link down at step 60 for longer than --link-wait-s: named "host unreachable"
          (h1, ranks 4-7), the job ended, restarted once the host answers again;
 - flap:  h1's link down for 2 s: no data lost, the policy recorded (wait: if it is detected,
@@ -28,7 +30,7 @@ import sys
 import time
 
 PENTAD, RECIPE, WORK = (os.path.abspath(a) for a in sys.argv[1:4])
-CASES = sys.argv[4:] or ["cut", "flap", "slow", "kill"]
+CASES = sys.argv[4:] or ["probe", "cut", "flap", "slow", "kill"]
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HOSTS_SH = os.path.join(ROOT, "scripts", "hosts.sh")
 PREFIX = f"pentadt{os.getpid() % 100000}"
@@ -174,6 +176,28 @@ def named(out, fault_at, cls, culprit, what):
     return d
 
 
+def case_probe(reference):
+    topology = os.path.join(WORK, "topology.json")
+    state = hosts("state").strip()
+    run = subprocess.run(["bash", HOSTS_SH, "mpirun", "-np", "8", "--npernode", "4", PENTAD,
+                          "probe", "--quick", "-o", topology], env=ENV, timeout=300,
+                         capture_output=True, text=True, cwd=WORK)
+    print("\n".join("     " + l for l in run.stdout.splitlines() if not l.startswith("probe: ")
+                    or "islands" in l), flush=True)
+    check(run.returncode == 0, f"probe: ran over the hosts ({state})")
+    if run.returncode != 0:
+        print(run.stderr[-2000:])
+        return
+    t = json.load(open(topology))
+    check(t["islands"] == [[0, 1, 2, 3], [4, 5, 6, 7]], f"probe: islands {t['islands']}")
+    rate_gbs = 1.0 / 8  # RATE, 1 Gbit/s, in GB/s
+    links = t.get("host_links", [])
+    measured = links[0]["bandwidth_gbs"] if links else 0
+    check(abs(measured - rate_gbs) <= 0.2 * rate_gbs,
+          f"probe: the link between the hosts measured at {measured:.4g} GB/s, within 20% of "
+          f"the {rate_gbs:.4g} GB/s set")
+
+
 def case_cut(reference):
     out = os.path.join(WORK, "cut")
     down_s = 8
@@ -205,11 +229,15 @@ def case_flap(reference):
     check(status == 0, f"flap: the job finished (status {status})")
     kinds = [e.get("event") for e in events(out)]
     d = detection(out)
+    waited = [e for e in events(out) if e.get("event") == "waited"]
     if d is None:
         print("     flap: not detected (TCP carried it through)", flush=True)
     else:
-        check(d.get("class") == "host unreachable" and "waited" in kinds,
-              f"flap: detected as host unreachable and waited for ({d.get('class')}, {kinds})")
+        check(d.get("class") == "host unreachable" and waited and waited[0].get("cleared"),
+              f"flap: detected as host unreachable, waited for, heard again ({kinds})")
+        if waited:
+            print(f"     flap: named {d['t'] - fault_at:.1f} s after the link went down, heard "
+                  f"again {waited[0]['seconds']:.1f} s later", flush=True)
     check(restarts(out) == 0, f"flap: no restart ({kinds})")
     same_losses(out, reference, "flap")
 
