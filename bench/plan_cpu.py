@@ -4,12 +4,17 @@ the planner's predicted step (`pentad plan --ranks 8 --layout <every field> --js
 median measured step of `pentad train` on those ranks (mpirun --oversubscribe), then the
 Spearman rank correlation and how far the predicted best is from the measured best.
 
-usage: plan_cpu.py PENTAD RECIPE WORKDIR [--set ci|full] [--steps N] [--sim-nodes R:LAT_US:GBS]
-                   [--topology FILE | --probe] [--repeat K] [--no-bind]
+usage: plan_cpu.py PENTAD RECIPE WORKDIR [--set ci|full|tp] [--steps N] [--sim-nodes R:LAT_US:GBS]
+                   [--topology FILE | --probe] [--repeat K] [--no-bind] [--hosts K:RATE]
 Prints a Markdown table; ends with "spearman X best-gap Y" (exit 1 when X < 0.9 or Y > 10%).
 Needs the calibration file (`pentad plan --calibrate`; made here when missing). --probe runs
 `pentad probe --quick` on the same 8 ranks (and simulated nodes) first and plans with its
 topology file.
+
+--hosts K:RATE runs every rank over K hosts on this machine joined by real links capped at RATE
+(scripts/hosts.sh, root only: Open MPI's TCP between the hosts, 8/K ranks a host, --probe
+implied), instead of simulated nodes. --set tp: tp 8's shapes (1D, 2x4, 4x2, 8x1 and the
+planner's auto) and the CI's ten.
 
 The ranks are bound to the cores in turn (mpirun --bind-to core: rank r on core r mod cores)
 unless --no-bind: 8 ranks on 2 cores left to the kernel land on cores differently from run to
@@ -45,6 +50,13 @@ CI = [  # the CI's ten: every kind of layout, spread from 0.45 to 1.3 s a step h
     dict(tp=1, cp=4, cp_impl="ring", dp=2, mb=2, ga=2),
     dict(tp=4, tp_shape="2x2", dp=2, mb=2, ga=2),
 ]
+TP = [  # tp over all 8 ranks in every shape, then the auto shape the planner picks
+    dict(tp=8, tp_shape="1x8", dp=1, mb=4, ga=2),
+    dict(tp=8, tp_shape="2x4", dp=1, mb=4, ga=2),
+    dict(tp=8, tp_shape="4x2", dp=1, mb=4, ga=2),
+    dict(tp=8, tp_shape="8x1", dp=1, mb=4, ga=2),
+    dict(tp=8, tp_shape="auto", dp=1, mb=4, ga=2),
+] + CI
 FULL = CI + [
     dict(tp=8, dp=1, mb=4, ga=2),
     dict(tp=1, dp=8, mb=1, ga=1, zero=1),
@@ -63,6 +75,8 @@ def layout_spec(fields):
     f = dict(DEFAULTS, **fields)
     if not f["tp_shape"]:
         f["tp_shape"] = f"{f['tp']}x1"  # 1D
+    if f["tp_shape"] == "auto":  # left to the search, which picks among the shapes
+        del f["tp_shape"]
     return ",".join(f"{k}={v}" for k, v in f.items())
 
 
@@ -95,7 +109,8 @@ def main():
     ap.add_argument("pentad")
     ap.add_argument("recipe")
     ap.add_argument("work")
-    ap.add_argument("--set", default="full", choices=["ci", "full"])
+    ap.add_argument("--set", default="full", choices=["ci", "full", "tp"])
+    ap.add_argument("--hosts", default="", help="K:RATE: K hosts over links capped at RATE")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--repeat", type=int, default=1, help="measure every layout K times, in turn")
     ap.add_argument("--sim-nodes", default="")
@@ -123,22 +138,43 @@ def main():
             subprocess.run([a.pentad, "plan", "--calibrate"], check=True, env=env)
     bind = [] if a.no_bind else ["--bind-to", "core:overload-allowed", "--map-by", "core"]
     mpirun = ["mpirun", "-q", "--oversubscribe", *bind, "-np", "8"]
+    hosts_sh = Path(__file__).resolve().parent.parent / "scripts" / "hosts.sh"
+    if a.hosts:
+        count, rate = a.hosts.split(":")
+        env["PENTAD_HOSTS"] = "pentadb"
+        env.update(OMP_WAIT_POLICY="passive", OMPI_MCA_mpi_yield_when_idle="1")
+        subprocess.run(["bash", hosts_sh, "down"], env=env, check=True)
+        subprocess.run(["bash", hosts_sh, "up", count, rate, "--ttl", "3600"], env=env, check=True)
+        mpirun = ["bash", str(hosts_sh), "mpirun", "-q", "-np", "8", "--npernode",
+                  str(8 // int(count))]
+        a.probe = True
+    try:
+        return measure(a, env, mpirun, work, cal)
+    finally:
+        if a.hosts:
+            subprocess.run(["bash", hosts_sh, "down"], env=env)
+
+
+def measure(a, env, mpirun, work, cal):
     if a.probe:
         a.topology = str(work / "topology.json")
         subprocess.run([*mpirun, a.pentad, "probe", "--quick", "-o", a.topology], check=True,
                        env=env, capture_output=True, text=True)
     topo = ["--topology", a.topology] if a.topology else []
-    layouts = CI if a.set == "ci" else FULL
+    layouts = {"ci": CI, "full": FULL, "tp": TP}[a.set]
     rows = []
     for fields in layouts:
+        auto = ["--top", "1"] if fields.get("tp_shape") == "auto" else []
         p = subprocess.run([a.pentad, "plan", a.recipe, "--ranks", "8", "--json", "--layout",
-                            layout_spec(fields), *cal, *topo],
+                            layout_spec(fields), *auto, *cal, *topo],
                            env=env, capture_output=True, text=True)
         if p.returncode != 0:
             print(f"plan refused {label(fields)}: {p.stdout}{p.stderr}")
             return 1
+        if fields.get("tp_shape") == "auto":  # as the planner chose it
+            print(f"  tp_shape auto: {json.loads(p.stdout)['rows'][0]['layout']}")
         plan = json.loads(p.stdout)
-        assert len(plan["rows"]) == 1, plan["rows"]
+        assert len(plan["rows"]) == 1 or auto, plan["rows"]
         row = plan["rows"][0]
         overrides = [f"{k}={json.dumps(v) if isinstance(v, str) and not v.isdigit() and v not in ('true', 'false') else v}"
                      for k, v in row["overrides"].items()]

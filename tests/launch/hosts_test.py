@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -252,6 +253,17 @@ def case_slow(reference):
         check(sorted([d.get("host"), d.get("peer_host")]) == ["h0", "h1"],
               f"slow: the link named is between h0 and h1 ({d.get('reason')})")
     check(restarts(out) == 0, "slow: not restarted")
+    seconds = {}
+    for line in open(os.path.join(out, "metrics.jsonl")):
+        r = json.loads(line)
+        if "seconds" in r and "loss" in r:
+            seconds[r["step"]] = r["seconds"]
+    before = [v for k, v in seconds.items() if k < FAULT_AT]
+    after = [v for k, v in seconds.items() if k > FAULT_AT + 20]
+    if before and after:
+        print(f"     slow: a step took {statistics.median(before) * 1e3:.1f} ms before the throttle, "
+              f"{statistics.median(after) * 1e3:.1f} ms after "
+              f"({statistics.median(after) / statistics.median(before):.1f}x)", flush=True)
     same_losses(out, reference, "slow")
 
 
