@@ -102,6 +102,10 @@ class ShardedParamSync final : public AccumulatingSync {
     if (reducers_.experts && !bug_injected("zero3-moe-stale-experts"))  // planted for the
       reducers_.experts->release_all();                                 // layout test
   }
+  void release_params() override {
+    reducers_.dense->release_all();
+    if (reducers_.experts) reducers_.experts->release_all();
+  }
 };
 
 }  // namespace

@@ -59,6 +59,9 @@ class GradSync {
   // parameters; stage 3 drops every unit gathered before the update (they are gathered
   // again, fresh, when next used).
   virtual void gather_updated_params() {}
+  // ZeRO-3: every unit back to this rank's shares only, as a load leaves them (a restored
+  // snapshot); nothing at the other stages, where every rank holds the parameters whole.
+  virtual void release_params() {}
 
  protected:
   GradSync(int stage, ParamStore& params, Reducers reducers)
