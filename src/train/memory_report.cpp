@@ -150,7 +150,7 @@ std::string Trainer::memory_plan() const {
   const NvmeState* nvme = optimizer_->nvme();
   const size_t optim = optimizer_->on_host() ? 0 : nvme ? nvme->host_buffer_bytes() : 2 * shard;
   // The second set of parameters and moments (swap), or the staging buffer (copy).
-  const size_t snapshot = p.has_spare() ? p.bytes() + 2 * shard : saver_.staging_bytes();
+  const size_t snapshot = p.has_spare() ? p.bytes() + 2 * shard : checkpoints_->staging_bytes();
   std::string in_flight, experts, dispatch_text;
   const size_t acts = planned_activation_bytes(in_flight);
   const size_t dispatch = planned_dispatch_bytes(experts, dispatch_text);

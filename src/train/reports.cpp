@@ -174,8 +174,8 @@ void Trainer::report_step(const StepStats& s, std::chrono::steady_clock::time_po
                            s.moe_aux + s.moe_seq_aux, s.moe_z, worst, 100.0 * dropped);
   }
   if (t.save_every > 0) {  // this step's time blocked by checkpoints (its save's start included)
-    j["blocked_seconds"] = checkpoint_blocked_seconds() - blocked_reported_;
-    blocked_reported_ = checkpoint_blocked_seconds();
+    j["blocked_seconds"] = checkpoints_->blocked_seconds() - blocked_reported_;
+    blocked_reported_ = checkpoints_->blocked_seconds();
   }
   // Megatron's and torchtitan's figures: tokens/s of the job and per device, model FLOP/s
   // per device (the global batch's, counted as `pentad plan` counts them, over every rank) and
@@ -201,27 +201,6 @@ void Trainer::report_step(const StepStats& s, std::chrono::steady_clock::time_po
 void Trainer::report_eval(int64_t step, float loss) {
   write_metrics(nlohmann::json{{"step", step + 1}, {"eval_loss", loss}});
   spdlog::info("step {:>5}/{} | eval loss {:.4f}", step + 1, cfg_.train.steps, loss);
-}
-
-void Trainer::report_checkpoints(double blocked_seconds, double final_flush_seconds) {
-  write_metrics(nlohmann::json{{"checkpoint_saves", saves_},
-                               {"checkpoint_blocked_seconds", blocked_seconds},
-                               {"checkpoint_final_flush_seconds", final_flush_seconds}});
-  spdlog::info(
-      "checkpoints: {} saves, training blocked {:.3f} s in all ({}), final flush {:.3f} s, {} "
-      "files written over recycled ones",
-      saves_, blocked_seconds, cfg_.train.async_save ? "asynchronous" : "synchronous",
-      final_flush_seconds, saver_.recycled_files());
-}
-
-void Trainer::report_saver_time(int64_t step, const ckpt::AsyncSaver::Timings& t) {
-  // The background thread's wall and CPU seconds for this rank's save: the CPU time is what
-  // it took from the compute threads where they share the cores (bench/checkpoint_bench.py).
-  write_metrics(nlohmann::json{{"saved_step", step},
-                               {"saver_copy_seconds", t.copy_seconds},
-                               {"saver_copy_cpu_seconds", t.copy_cpu_seconds},
-                               {"saver_write_seconds", t.write_seconds},
-                               {"saver_write_cpu_seconds", t.write_cpu_seconds}});
 }
 
 void Trainer::write_comm_log(const std::string& dir) const {
@@ -264,14 +243,15 @@ void Trainer::dump_weights(const std::string& dir) {
 }
 
 void Trainer::dump_shards(const std::string& dir, bool grads) const {
-  // The ranks that would write each shard to a checkpoint (writes()) dump it.
+  // The ranks that would write each shard to a checkpoint (CheckpointManager::writes()) dump it.
   std::filesystem::create_directories(dir);
   const ParamStore& p = model_->params();
   const int tp_rank = model_->tp().rank();
   nlohmann::json shards = nlohmann::json::array();
   for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
     const ParamSpec& spec = p.spec(id);
-    if (spec.pipeline_copy || !writes(spec)) continue;  // the first stage writes the original
+    // (A pipeline copy's original is written by the first stage.)
+    if (spec.pipeline_copy || !checkpoints_->writes(spec)) continue;
     const std::string file = fmt::format("{}.r{}.npy", spec.name, world_rank_);
     std::vector<float> host(static_cast<size_t>(spec.local_shape.numel()));
     if (grads)

@@ -112,17 +112,19 @@ Trainer::Trainer(const Config& recipe, parallel::Mesh* mesh) : cfg_(recipe), mes
     // From here on each rank holds its shares only (or none).
     for (parallel::GradReducer* r : zero_reducers()) r->release_all();
   }
-  // "auto" is the copy: swap (direct I/O from the page-aligned arenas) measured equal to it
-  // within noise and costs a second set of the state (bench/RESULTS.md, 2026-11-25).
-  swap_snapshots_ = cfg.checkpoint.snapshot == "swap";
-  saver_.set_recycling(cfg.checkpoint.recycle_files);
-  committer_ = std::make_unique<CheckpointCommitter>(
-      saver_, mesh_ ? &mesh_->world() : nullptr, world_rank_, cfg_.train, checkpoint_roots(),
-      [this](int64_t step) { return checkpoint_record(step); },
-      [this](int64_t step, const ckpt::AsyncSaver::Timings& timings) {
-        report_saver_time(step, timings);
-      });
-  prepare_snapshots();
+  checkpoints_ = std::make_unique<CheckpointManager>(CheckpointManager::Run{
+      .cfg = cfg_,
+      .mesh = mesh_,
+      .model = *model_,
+      .optimizer = *optimizer_,
+      .grad_sync = *grad_sync_,
+      .embedding_id = embedding_id(),
+      .tokenizer = tokenizer_,
+      .first_sample = [this](int64_t step) { return first_sample(step); },
+      .continue_data_order = [this](const ckpt::Manifest& manifest,
+                                    const std::string& dir) { continue_data_order(manifest, dir); },
+      .settle_offloaded_shares = [this] { settle_offloaded_shares(); },
+      .write_metrics = [this](const nlohmann::json& row) { write_metrics(row); }});
   inputs_.resize(static_cast<size_t>(t.micro_batch * t.seq_len));
   targets_.resize(inputs_.size());
 }

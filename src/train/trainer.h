@@ -5,7 +5,8 @@
 // itself (threads, device) is set up before, by launch/rank.h.
 // trainer.cpp: construction, train_step, evaluate; trainer_run.cpp: run; grad_sync.h: the
 // step's gradient reduction per ZeRO stage; reports.cpp, memory_report.cpp, timeline.cpp:
-// what it prints and writes; trainer_checkpoint.cpp: saving, resuming, restoring.
+// what it prints and writes; checkpoint_manager.h: saving, resuming, restoring (the Trainer
+// owns a CheckpointManager and hands that work to it).
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -17,7 +18,6 @@
 #include <optional>
 #include <vector>
 
-#include "checkpoint/saver.h"
 #include "data/dataset.h"
 #include "model/model.h"
 #include "optim/adamw.h"
@@ -26,7 +26,7 @@
 #include "parallel/pp/pipeline.h"
 #include "plan/layout.h"
 #include "recipe/config.h"
-#include "train/checkpoint_commit.h"
+#include "train/checkpoint_manager.h"
 #include "train/fault_injection.h"
 #include "train/grad_sync.h"
 #include "train/metrics_log.h"
@@ -115,48 +115,20 @@ class Trainer {
   // Collective.
   double write_timeline(const std::string& path);
 
-  // Checkpoints. save() starts a snapshot of the state after `steps_done` steps (lazy and
-  // asynchronous when train.async_save); commit_pending() makes the newest snapshot a
-  // committed checkpoint once every rank has written its file (block: wait for that and for
-  // the commit), in each level (ckpt_dir, ckpt_mirror) on its own. Rank 0 commits on a
-  // thread of its own (manifest, renames, fsyncs); without block, the next commit_pending()
-  // takes the outcome. A level that failed train.max_failed_saves saves in a row makes it
-  // throw SavesFailed, unless its newest committed checkpoint still stands and its first
-  // failure in the row was under train.failed_save_grace_s ago (the snapshot in memory is
-  // the newest state meanwhile). Collective: every rank calls them at the same points.
-  void save(int64_t steps_done);
-  // The end of a run: <ckpt_dir>/recycled (checkpoint.recycle_files) goes.
-  void drop_recycled_files();
-  void commit_pending(bool block);
-  // Loads a checkpoint (any layout) into this rank's shards; returns the step to resume
-  // at. "latest" tries the newest committed checkpoint and falls back past corrupt ones;
-  // it starts from step 0 only where there is none. Refuses (throws, loading and writing
-  // nothing) a checkpoint of another model, and checkpoints none of which loads.
-  int64_t resume(const std::string& which);
-  // train.init_from: the weights of a checkpoint (or of a root's newest loadable one),
-  // optimizer fresh, step 0. Refuses a checkpoint of another model.
-  void init_from(const std::string& path);
-  std::string checkpoint_root() const;
-  std::vector<std::string> checkpoint_roots() const;  // the local level, then the mirror
-  // The training thread's seconds spent on checkpoints: the saver's waits, and the commits
-  // (the collective that asks whether every file is done, manifest, renames, fsyncs).
-  double checkpoint_blocked_seconds() const {
-    return saver_.blocked_seconds() + committer_->seconds();
+  // Checkpoints: forwards to the CheckpointManager (train/checkpoint_manager.h), which says
+  // what each does. Collective. resume() and restore_snapshot() return the step to train next
+  // (restore_snapshot(): -1 when this job has saved nothing).
+  void save(int64_t steps_done) { checkpoints_->save(steps_done); }
+  void commit_pending(bool block) { checkpoints_->commit_pending(block); }
+  int64_t resume(const std::string& which) { return start_step_ = checkpoints_->resume(which); }
+  int64_t restore_snapshot() {
+    const int64_t step = checkpoints_->restore_snapshot();
+    if (step >= 0) start_step_ = step;
+    return step;
   }
-  // Restarts inside the job from the newest snapshot (the last save()), which stays in
-  // host memory: parameters, AdamW moments and step, bitwise what resume() would load from
-  // its checkpoint, without reading disk. Returns the step to train next, or -1 when this
-  // job has saved nothing. Collective. With copy snapshots, ranks that hold no staged copy
-  // (data-parallel replicas; tensor-parallel ranks for replicated parameters) receive it by
-  // broadcast; with swap snapshots every rank still holds its own set and swaps back to it.
-  int64_t restore_snapshot();
-  // For the optimizer: before each chunk it updates, waits only until a snapshot copy in
-  // flight holds that chunk's parameters and moments (empty when no copy is in flight).
-  AdamW::BeforeChunk snapshot_copied();
-  // The optimizer step of train_step(): out of place right after a swap snapshot.
-  void optimizer_step(float lr);
-  // checkpoint.snapshot resolved: true for "swap" (or "auto" on the CPU).
-  bool swap_snapshots() const { return swap_snapshots_; }
+  std::string checkpoint_root() const { return CheckpointManager::root(cfg_.train); }
+  // The local level, then the mirror.
+  std::vector<std::string> checkpoint_roots() const { return CheckpointManager::roots(cfg_.train); }
 
  private:
   bool logs() const { return world_rank_ == 0; }
@@ -183,8 +155,6 @@ class Trainer {
   void report_step(const StepStats& s, std::chrono::steady_clock::time_point run_start,
                    int64_t last);
   void report_eval(int64_t step, float loss);
-  void report_checkpoints(double blocked_seconds, double final_flush_seconds);
-  void report_saver_time(int64_t step, const ckpt::AsyncSaver::Timings& timings);
   // memory_plan()'s parts (train/memory_report.cpp): the parameters' and gradients' bytes
   // (shard: the bytes of this rank's ZeRO shares), the text on ZeRO and offloading, the
   // activations' bytes (note: context parallelism and the pipeline's slots) and the MoE
@@ -194,63 +164,11 @@ class Trainer {
   std::string sharding_note(size_t shard) const;
   size_t planned_activation_bytes(std::string& note) const;
   size_t planned_dispatch_bytes(std::string& experts, std::string& note) const;
-  // The state a checkpoint holds, each buffer laid out like the parameter arena.
-  struct StateBuffer {
-    const char* prefix;  // tensor name prefix in the checkpoint: "param/", "adam_m/", "adam_v/"
-    void* base;
-  };
-  std::vector<StateBuffer> state_buffers(bool with_optimizer) const;
-  // What this rank holds of parameter id's state: its value (whole), and its m and v, whole
-  // or (ZeRO) the rows of this rank's share; each with the checkpoint's name for it.
-  struct StatePart {
-    ckpt::ShardInfo info;  // name, global identity, rows (row_start, local_shape)
-    Tensor view;           // the live elements (offloaded moments: none, they are on disk)
-    bool moment = false;   // m or v
-    int tensor = 0;        // the optimizer's tensor: 0 for m, 1 for v, kParamTensor (ZeRO-3)
-    int64_t shard = 0;     // shares: where they start in the optimizer's shard
-    bool on_nvme = false;  // in the optimizer's file, not at `view` (parallel.offload = "nvme")
-  };
-  std::vector<StatePart> state_parts(int id, bool with_optimizer) const;
-  // A snapshot tensor that lives in the optimizer's NVMe file: its index in the snapshot,
-  // the optimizer's tensor, and where its elements are in the shard.
-  struct NvmeSlice {
-    size_t index = 0;
-    int tensor = 0;
-    int64_t shard = 0, count = 0;
-  };
-  // What this rank's snapshot holds (empty on data-parallel replicas), in the optimizer's
-  // order: each parameter's value, m, v. Offloaded ones (from_caller) listed in `on_nvme`.
-  std::vector<ckpt::LiveTensor> snapshot_tensors(std::vector<NvmeSlice>* on_nvme = nullptr) const;
-  // train/trainer_nvme_checkpoint.cpp: the offloaded part of a snapshot, from the file into
-  // staging at save() (one pass over the file) and back at restore_snapshot().
-  void stage_from_nvme(const std::vector<float*>& staged);
-  void unstage_to_nvme(const std::vector<float*>& staged);
-  bool snapshot_covers_nvme() const;         // whether this rank's snapshot holds its whole file
-  void prepare_nvme_restore();               // refuses unless it does on every rank (collective)
-  std::vector<NvmeSlice> snapshot_on_nvme_;  // of the newest snapshot
-  bool writes(const ParamSpec& spec) const;  // whether this rank's copy goes to the checkpoint
-  // At start-up, when the run saves: the spare state sets (swap) or the staging buffer (copy),
-  // allocated and touched now rather than inside the first save.
-  void prepare_snapshots();
-  int64_t restored_snapshot();  // restore_snapshot()'s common end: step, schedule, message
-  // False (and a warning) if the checkpoint is unusable (corrupt, truncated, missing).
-  // with_optimizer = false loads the parameters only and starts the optimizer afresh.
-  bool load(const std::string& dir, bool with_optimizer);
   // After a resume from the checkpoint at dir: the data order continues at the sample it
   // recorded (older ones: at its step times its run's global batch), and a global batch
   // other than the checkpoint's is said in one line.
   void continue_data_order(const ckpt::Manifest& manifest, const std::string& dir);
-  void write_sample_ids() const;  // dump_sample_ids()
-  // What rank 0's commit of the checkpoint of `step` records (train/trainer_commit.cpp).
-  CheckpointCommitter::Record checkpoint_record(int64_t step) const;
-  // Throws unless the checkpoint at dir holds this recipe's model (`action`: what was
-  // refused, for the message); logs the other keys that changed when `log_changes`.
-  void check_same_model(const std::string& dir, const std::string& action, bool log_changes) const;
-  // Before the first save: refuses checkpoint roots that hold checkpoints this run did not
-  // resume, or (after a resume) checkpoints newer than the step it resumed, which its saves
-  // would write over. Newer ones are moved aside instead, never deleted: to <root>/retired/
-  // with train.retire_newer, to <root>/unloadable/ when --resume latest fell back past them.
-  void check_checkpoint_roots();
+  void write_sample_ids() const;                    // dump_sample_ids()
   int all_ranks(int value, parallel::ReduceOp op);  // over the world; value alone on one rank
   double all_reduce_dp(double value);               // sum over dp of the mean over cp
   int64_t skipped_steps_ = 0;
@@ -320,6 +238,9 @@ class Trainer {
   double run_micro_batches(int64_t step, float dloss);
   void sum_tied_embedding();
   void clip_grads(double grad_norm);
+  // The optimizer step (train/trainer_zero.cpp): around a snapshot in flight (the checkpoint
+  // manager's side), then ZeRO's parameters gathered.
+  void optimizer_step(float lr);
   void keep_step_start(int64_t step, int64_t start_ns);
   // The step's sums on a device: zeroed before the micro-batches; after them, read back
   // (loss added to loss_sum; false on the CPU, which keeps no such sums).
@@ -336,28 +257,20 @@ class Trainer {
   MetricsLog metrics_;
   std::vector<int32_t> inputs_, targets_;
   std::vector<StepStats> history_;  // every step of run(), for write_comm_log
-  ckpt::AsyncSaver saver_;
-  std::unique_ptr<CheckpointCommitter> committer_;  // commits what saver_ wrote
-  int64_t pending_optimizer_steps_ = 0;
   // The run's tokenizer as it was when the run started (keep_tokenizer(), rank 0): every
-  // checkpoint carries these bytes, whatever later happens to the file. No file: none.
-  struct KeptTokenizer {
-    std::string file, sha256;  // Manifest::tokenizer_file, tokenizer_sha256
-    std::shared_ptr<const std::string> bytes;
-  } tokenizer_;
+  // checkpoint carries it (declared before checkpoints_, which reads it).
+  KeptTokenizer tokenizer_;
+  // Saves, commits, resumes, restores (train/checkpoint_manager.h); built last in the
+  // constructor, from the model, the optimizer and the gradient sync.
+  std::unique_ptr<CheckpointManager> checkpoints_;
   // The step line's throughput, counted as `pentad plan` counts it: model FLOPs a token,
   // the job's devices (ranks), and one device's peak FLOP/s (0: unknown; peak_note_ says
   // what MFU is against, or why there is none).
   double flops_per_token_ = 0, peak_flops_per_device_ = 0;
   int devices_ = 1;
   std::string peak_note_;
-  int64_t snapshot_step_ = -1, snapshot_optimizer_steps_ = 0;  // of the newest, in memory
-  // Swap snapshots: the newest snapshot is the live state set until the next optimizer step
-  // (swap_pending_: that step goes out of place), then the spare one (snapshot_in_spare_).
-  bool swap_snapshots_ = false, swap_pending_ = false, snapshot_in_spare_ = false;
-  double blocked_reported_ = 0;  // checkpoint_blocked_seconds() at the last report_step()
-  int64_t saves_ = 0;
-  int64_t start_step_ = 0;                    // first step run() trains (after a resume)
+  double blocked_reported_ = 0;  // checkpoints_->blocked_seconds() at the last report_step()
+  int64_t start_step_ = 0;       // first step run() trains (after a resume)
   int64_t data_step_ = 0, data_samples_ = 0;  // the data origin: first_sample(data_step_)
   std::string samples_dir_;                   // dump_sample_ids()
   // What fetch_batch() read, while samples_dir_ is set: (step, first sample, count).

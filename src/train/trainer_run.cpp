@@ -85,9 +85,9 @@ void Trainer::run() {
         "train.init_from = {} and --resume {} are both set: resume continues a run, "
         "init_from starts a new one from another's weights; keep one",
         t.init_from, t.resume);
-  if (!t.resume.empty()) start_step_ = resume(t.resume);
-  if (!t.init_from.empty()) init_from(t.init_from);
-  if (t.save_every > 0) check_checkpoint_roots();
+  if (!t.resume.empty()) start_step_ = checkpoints_->resume(t.resume);
+  if (!t.init_from.empty()) checkpoints_->init_from(t.init_from);
+  if (t.save_every > 0) checkpoints_->check_roots(start_step_);
   check_sample_layout(cfg_, mesh_);
   std::unique_ptr<TrainingSampler> sampler;
   if (t.sample_every > 0 && logs()) sampler = std::make_unique<TrainingSampler>(cfg_);
@@ -101,7 +101,7 @@ void Trainer::run() {
   const auto run_start = std::chrono::steady_clock::now();
   started_ = true;
   parallel::activity_run_started(start_step_);  // the fault monitor starts reporting
-  blocked_reported_ = checkpoint_blocked_seconds();
+  blocked_reported_ = checkpoints_->blocked_seconds();
   StepProgress progress(logs() ? 10.0 : 0.0, last);
   for (int64_t step = start_step_; step < last; ++step) {
     std::function<void()> dump;
@@ -126,18 +126,15 @@ void Trainer::run() {
             "dropped ({} of train.max_skipped_steps = {})",
             step + 1, s.loss, s.grad_norm, skipped_steps_, t.max_skipped_steps);
     }
-    commit_pending(false);
-    if (t.save_every > 0 && ((step + 1) % t.save_every == 0 || step + 1 == last)) save(step + 1);
+    checkpoints_->commit_pending(false);
+    if (t.save_every > 0 && ((step + 1) % t.save_every == 0 || step + 1 == last))
+      checkpoints_->save(step + 1);
     report_step(s, run_start, last);
     if (eval && ((step + 1) % t.eval_every == 0 || step + 1 == last)) report_eval(step, evaluate());
     if (sampler && (step + 1) % t.sample_every == 0) sampler->print(*model_, step + 1);
   }
   if (!samples_dir_.empty()) write_sample_ids();
-  // Blocked time while training; the last snapshot's flush at exit is reported apart.
-  const double blocked = checkpoint_blocked_seconds();
-  commit_pending(true);
-  if (saves_ > 0) report_checkpoints(blocked, checkpoint_blocked_seconds() - blocked);
-  drop_recycled_files();
+  checkpoints_->finish_run();
   // The process's own high-water mark, against the memory plan printed at the start.
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);

@@ -1,11 +1,13 @@
 // The trainer's gradient reduction and ZeRO: the dense parameters' reducer over dp x cp,
 // the MoE experts' over edp, the one optimizer shard over both, and the gradient norm
-// summed over whichever ranks hold each share.
+// summed over whichever ranks hold each share; the optimizer step, around a snapshot in
+// flight, and ZeRO's parameters gathered after it.
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "core/device_memory.h"
+#include "kernels/ops.h"
 #include "train/trainer.h"
 
 namespace pentad {
@@ -150,6 +152,23 @@ double Trainer::grad_norm(const GradSquares* local) {
   if (mesh_ && cfg_.model.is_moe() && mesh_->expert_model().size() > 1)  // each expert once
     mesh_->expert_model().all_reduce(view_of(&squares.expert, Shape{1}, DType::F64));
   return std::sqrt(all_reduce_pp(squares.sharded + squares.replicated + squares.expert));
+}
+
+void Trainer::optimizer_step(float lr) {
+  ParamStore& p = model_->params();
+  // Parameters on NVMe: a share read ahead for a unit the step did not reach must land
+  // before the update rewrites the file.
+  settle_offloaded_shares();
+  optimizer_->step(p, lr, checkpoints_->before_update(), checkpoints_->update_out_of_place(),
+                   reduced_shares());
+  checkpoints_->updated();
+  if (zero_stage()) {
+    checkpoints_->before_params_written();  // the all-gather writes every parameter
+    // Stage 1, 2: on every rank now; stage 3: when next used. MoE at stage 3: after the
+    // bias update (finish_moe_step), which writes every rank's whole copy of the expert bias.
+    if (zero_stage() < 3 || !cfg_.model.is_moe()) grad_sync_->gather_updated_params();
+  }
+  kernels::refresh_weights(p);  // the compute copy follows the new master values
 }
 
 void Trainer::offload_parameter_shares() {

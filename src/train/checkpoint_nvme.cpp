@@ -20,7 +20,7 @@
 #include <cstring>
 
 #include "core/check.h"
-#include "train/trainer.h"
+#include "train/checkpoint_manager.h"
 
 namespace pentad {
 
@@ -38,12 +38,12 @@ void for_slices_in(const Slices& slices, int64_t begin, int64_t end, const Copy&
 
 }  // namespace
 
-void Trainer::stage_from_nvme(const std::vector<float*>& staged) {
+void CheckpointManager::stage_from_nvme(const std::vector<float*>& staged) {
   // A ZeRO-3 share read ahead (evaluation) must land before the file is streamed.
-  settle_offloaded_shares();
+  settle_offloaded_shares_();
   const auto start = std::chrono::steady_clock::now();
   int64_t elements = 0;
-  optimizer_->scan_state([&](int64_t begin, int64_t end, float* const* state) {
+  optimizer_.scan_state([&](int64_t begin, int64_t end, float* const* state) {
     for_slices_in(snapshot_on_nvme_, begin, end, [&](const NvmeSlice& s, int64_t lo, int64_t hi) {
       if (bug_injected("nvme-snapshot-skip-v") && s.tensor == 1) return;  // planted for the test
       std::memcpy(staged[s.index] + (lo - s.shard), state[s.tensor] + (lo - begin),
@@ -60,10 +60,10 @@ void Trainer::stage_from_nvme(const std::vector<float*>& staged) {
         format_bytes(static_cast<size_t>(elements) * sizeof(float)), seconds);
 }
 
-void Trainer::unstage_to_nvme(const std::vector<float*>& staged) {
+void CheckpointManager::unstage_to_nvme(const std::vector<float*>& staged) {
   // One read-modify-write pass over the file: snapshot_covers_nvme() said every element
   // is in the snapshot, so nothing of the state after the snapshot survives.
-  optimizer_->rewrite_state([&](int64_t begin, int64_t end, float* const* state) {
+  optimizer_.rewrite_state([&](int64_t begin, int64_t end, float* const* state) {
     for_slices_in(snapshot_on_nvme_, begin, end, [&](const NvmeSlice& s, int64_t lo, int64_t hi) {
       std::memcpy(state[s.tensor] + (lo - begin), staged[s.index] + (lo - s.shard),
                   static_cast<size_t>(hi - lo) * sizeof(float));
@@ -71,7 +71,7 @@ void Trainer::unstage_to_nvme(const std::vector<float*>& staged) {
   });
 }
 
-void Trainer::prepare_nvme_restore() {
+void CheckpointManager::prepare_nvme_restore() {
   // Collective: every rank must hold its whole file's state in its own snapshot.
   if (all_ranks(snapshot_covers_nvme() ? 0 : 1, parallel::ReduceOp::Max) != 0)
     fail(
@@ -80,16 +80,16 @@ void Trainer::prepare_nvme_restore() {
         "replica, a tied embedding's copy), and offloaded state cannot be broadcast from a "
         "view; resume from the checkpoint on disk (--resume latest), or use parallel.zero >= 1 "
         "with tp = pp = 1");
-  settle_offloaded_shares();  // no read of the file in flight
+  settle_offloaded_shares_();  // no read of the file in flight
 }
 
-bool Trainer::snapshot_covers_nvme() const {
+bool CheckpointManager::snapshot_covers_nvme() const {
   // Slices never overlap (each is one share of one parameter), so counting suffices.
-  const NvmeState* nvme = optimizer_->nvme();
+  const NvmeState* nvme = optimizer_.nvme();
   std::vector<int64_t> held(static_cast<size_t>(nvme->tensors()), 0);
   for (const NvmeSlice& s : snapshot_on_nvme_) held[static_cast<size_t>(s.tensor)] += s.count;
   return std::all_of(held.begin(), held.end(),
-                     [&](int64_t n) { return n == optimizer_->shard().numel; });
+                     [&](int64_t n) { return n == optimizer_.shard().numel; });
 }
 
 }  // namespace pentad

@@ -1,0 +1,233 @@
+// The checkpoint manager's loads: resume (a checkpoint of any layout into this rank's
+// shards, falling back past corrupt ones), init_from (the weights only), and the checks that
+// refuse a checkpoint of another model or roots whose checkpoints this run's saves would
+// write over.
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <utility>
+
+#include "core/device_memory.h"
+#include "kernels/ops.h"
+#include "recipe/checkpoint_recipe.h"
+#include "recipe/recipe.h"
+#include "train/checkpoint_manager.h"
+
+namespace pentad {
+
+void CheckpointManager::check_same_model(const std::string& dir, const std::string& action,
+                                         bool log_changes) const {
+  std::string recipe;
+  try {
+    recipe = ckpt::Reader(dir).manifest().recipe_toml;
+  } catch (const Error&) {
+    return;  // an unreadable manifest makes a corrupt checkpoint: load() says so
+  }
+  if (recipe.empty()) {
+    spdlog::warn("{} records no recipe: its model cannot be checked against this one", dir);
+    return;
+  }
+  const RecipeComparison changes = compare_recipes(cfg_, recipe);
+  if (!changes.model.empty())
+    fail(
+        "cannot {} {}: it holds another model than this recipe's (nothing was loaded or "
+        "written):{}\nset these keys to the checkpoint's values, or use another checkpoint "
+        "directory (train.ckpt_dir) for this model",
+        action, dir, describe_changes(changes.model));
+  if (log_changes && !changes.other.empty())
+    spdlog::info("{}: recipe keys changed since it was saved:{}", dir,
+                 describe_changes(changes.other));
+}
+
+void CheckpointManager::check_roots(int64_t resumed_step) {
+  const std::string& resumed = cfg_.train.resume;
+  for (const std::string& root : roots(cfg_.train)) {
+    // Whether the resume chose among this root's checkpoints, newest first (--resume latest,
+    // or --resume <this root>): then those newer than the step it took did not load.
+    std::error_code same_ec;
+    const bool searched =
+        resumed == "latest" || std::filesystem::equivalent(resumed, root, same_ec);
+    const char* key =
+        root == CheckpointManager::root(cfg_.train) ? "train.ckpt_dir" : "train.ckpt_mirror";
+    // Found now rather than at the first save, steps later.
+    std::error_code ec;
+    std::filesystem::create_directories(root, ec);
+    if (ec || !std::filesystem::is_directory(root))
+      fail("{} = {}: cannot create the checkpoint directory ({}); set it to a writable place", key,
+           root, ec ? ec.message() : "not a directory");
+    std::vector<std::string> dirs = ckpt::committed_checkpoints(root);
+    const std::vector<std::string> lost = ckpt::checkpoints_without_manifest(root);
+    if (dirs.empty() && lost.empty()) continue;
+    // Same step numbers, and retention by step: a new run's saves would replace these or be
+    // retired behind them.
+    if (cfg_.train.resume.empty())
+      fail(
+          "{} holds checkpoints (newest {}) that this run did not resume: its saves would "
+          "write over them. Pass --resume latest to continue them, or set {} to another "
+          "directory (or move them away)",
+          root, (dirs.empty() ? lost : dirs).front(), key);
+    // Checkpoints past the resumed step would be replaced by this run's saves of the same
+    // steps (and retention would count them as the newest): never touched in place.
+    std::vector<std::string> newer;
+    for (const std::vector<std::string>* list : {&std::as_const(dirs), &lost})
+      for (const std::string& dir : *list)
+        if (ckpt::checkpoint_step(dir).value_or(-1) > resumed_step) newer.push_back(dir);
+    if (!newer.empty() && !searched && !cfg_.train.retire_newer)
+      fail(
+          "--resume {} (step {}): {} holds newer checkpoints ({}) that this run's saves would "
+          "replace; nothing was written. Set {} to another directory, or pass "
+          "train.retire_newer=true to move them to {}/retired/ and train on from step {}",
+          cfg_.train.resume, resumed_step, root, fmt::join(newer, ", "), key, root, resumed_step);
+    const char* folder = searched ? "unloadable" : "retired";
+    if (world_rank_ == 0)
+      for (const std::string& dir : newer)
+        spdlog::warn("{} is newer than step {}, which this run resumed: moved to {}", dir,
+                     resumed_step, ckpt::set_aside(dir, folder));
+    all_ranks(0, parallel::ReduceOp::Max);  // every rank sees the moves before any save
+    for (const std::string& dir : ckpt::committed_checkpoints(root))
+      check_same_model(dir, "save beside", false);
+  }
+}
+
+std::optional<int64_t> CheckpointManager::load(const std::string& dir, bool with_optimizer) {
+  std::string error;
+  int64_t step = 0, optimizer_steps = 0;
+  ckpt::Manifest manifest;
+  try {
+    ckpt::Reader reader(dir);
+    manifest = reader.manifest();
+    step = reader.manifest().step;
+    optimizer_steps = reader.manifest().optimizer_steps;
+    ParamStore& p = model_.params();
+    // A checkpoint imported from elsewhere may carry parameters only: the optimizer then
+    // starts fresh.
+    const bool with_state = with_optimizer && reader.has("adam_m/" + p.spec(0).name);
+    if (!with_state) {
+      optimizer_.reset();
+      optimizer_steps = 0;
+    }
+    std::vector<float> host;  // device state is read into host memory, then copied over
+    for (int id = 0; id < static_cast<int>(p.specs().size()); ++id)
+      for (const StatePart& part : state_parts(id, with_state)) {
+        const ckpt::ShardInfo& i = part.info;
+        if (part.on_nvme) {  // through host memory to the file (moments, ZeRO-3's shares)
+          host.resize(static_cast<size_t>(i.local_shape.numel()));
+          reader.read(i.name, i.global_shape, i.shard_dim, i.shard_start, i.local_shape,
+                      host.data(), i.row_start, i.shard_dim2, i.shard_start2);
+          optimizer_.write_state(part.tensor, part.shard, i.local_shape.numel(), host.data());
+          continue;
+        }
+        const Tensor& dst = part.view;
+        if (dst.device != Device::CPU) host.resize(static_cast<size_t>(dst.numel()));
+        float* out = dst.device == Device::CPU ? dst.f32() : host.data();
+        reader.read(i.name, i.global_shape, i.shard_dim, i.shard_start, i.local_shape, out,
+                    i.row_start, i.shard_dim2, i.shard_start2);
+        if (dst.device != Device::CPU)
+          copy_bytes(dst.data, dst.device, out, Device::CPU, dst.bytes());
+      }
+    settle_offloaded_shares_();  // units gathered before hold the old values
+    kernels::refresh_weights(p);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  // Every rank must take the same checkpoint: one rank's failure sends all to the previous.
+  if (all_ranks(error.empty() ? 0 : 1, parallel::ReduceOp::Max) != 0) {
+    spdlog::warn("cannot {} {}: {}", with_optimizer ? "resume from" : "initialize from", dir,
+                 error.empty() ? "another rank failed to read it" : error);
+    return std::nullopt;
+  }
+  optimizer_.set_steps_taken(optimizer_steps);
+  if (with_optimizer) continue_data_order_(manifest, dir);
+  return step;
+}
+
+int64_t CheckpointManager::resume(const std::string& which) {
+  // A root that holds checkpoints (no manifest.json of its own), as train.init_from takes:
+  // its newest that loads, falling back past corrupt ones.
+  if (which != "latest" && !std::filesystem::exists(which + "/manifest.json"))
+    if (const std::vector<std::string> dirs = ckpt::committed_checkpoints(which); !dirs.empty()) {
+      for (const std::string& dir : dirs) {
+        check_same_model(dir, "resume from", true);
+        if (const std::optional<int64_t> step = load(dir, true)) {
+          spdlog::info("resumed from {} at step {}", dir, *step);
+          return *step;
+        }
+        spdlog::warn("falling back to the checkpoint before {}", dir);
+      }
+      fail("--resume {}: no checkpoint there loads (see the warnings above)", which);
+    }
+  if (which != "latest") {
+    check_same_model(which, "resume from", true);
+    const std::optional<int64_t> step = load(which, true);
+    if (!step) fail("cannot resume from {} (see the warning above)", which);
+    spdlog::info("resumed from {} at step {}", which, *step);
+    return *step;
+  }
+  // Newest first over both levels (the local disk may be gone, or hold only older ones); at
+  // one step the local level first.
+  bool found = false;
+  std::vector<std::pair<int64_t, std::string>> candidates;
+  for (const std::string& root : roots(cfg_.train)) {
+    for (const std::string& dir : ckpt::checkpoints_without_manifest(root)) {
+      spdlog::warn("{} has no manifest.json (deleted or lost): it cannot be resumed", dir);
+      found = true;
+    }
+    for (const std::string& dir : ckpt::committed_checkpoints(root))
+      candidates.push_back({ckpt::checkpoint_step(dir).value_or(-1), dir});
+  }
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (const auto& [step, dir] : candidates) {
+    found = true;
+    check_same_model(dir, "resume from", true);
+    if (const std::optional<int64_t> step = load(dir, true)) {
+      spdlog::info("resumed from {} at step {}", dir, *step);
+      return *step;
+    }
+    spdlog::warn("falling back to the checkpoint before {}", dir);
+  }
+  // Training from step 0 would write over checkpoints that are damaged, not absent.
+  if (found)
+    fail(
+        "no checkpoint in {} loads (see the warnings above); refusing to start from step 0 "
+        "and write over them: move them away, or set train.ckpt_dir to another directory",
+        fmt::join(roots(cfg_.train), " or "));
+  // Said as a warning: a mistyped train.ckpt_dir would otherwise retrain from scratch
+  // unnoticed. Under `pentad launch` a restart before the first save lands here too.
+  spdlog::warn("--resume latest: no checkpoint found in {}: training starts from step 0",
+               fmt::join(roots(cfg_.train), " or "));
+  return 0;
+}
+
+void CheckpointManager::init_from(const std::string& path) {
+  if (path == "latest")  // --resume's word for this run's own ckpt_dir, which a new run
+                         // (init_from starts one) would refuse to save beside
+    fail(
+        "train.init_from = latest: init_from takes a checkpoint directory or a root of them; "
+        "to continue this run's checkpoints use --resume latest");
+  // A checkpoint directory holds a manifest; a root holds checkpoint directories.
+  const bool one = std::filesystem::exists(path + "/manifest.json");
+  std::vector<std::string> dirs =
+      one ? std::vector<std::string>{path} : ckpt::committed_checkpoints(path);
+  if (!one)
+    for (const std::string& dir : ckpt::checkpoints_without_manifest(path))
+      spdlog::warn("{} has no manifest.json (deleted or lost): it cannot be loaded", dir);
+  if (dirs.empty())
+    fail(
+        "train.init_from = {}: neither a checkpoint (no manifest.json) nor a directory holding "
+        "committed checkpoints (step-<N>/manifest.json)",
+        path);
+  for (const std::string& dir : dirs) {
+    check_same_model(dir, "initialize the weights from", true);
+    if (load(dir, false)) {
+      optimizer_.set_steps_taken(0);
+      spdlog::info("initialized the weights from {} (optimizer fresh, step 0)", dir);
+      return;
+    }
+    if (!one) spdlog::warn("falling back to the checkpoint before {}", dir);
+  }
+  fail("train.init_from = {}: no checkpoint there loads (see the warnings above)", path);
+}
+
+}  // namespace pentad
