@@ -81,7 +81,8 @@ int Detector::message(const nlohmann::json& msg, double now, std::string* error)
       wait.kind = w.value("kind", "");
       wait.seq = w.value("seq", int64_t{0});
       wait.members = w.value("members", std::vector<int>{});
-      wait.entered_at = now - w.value("since_s", 0.0);
+      // A wait under way when the detector was re-armed counts from then (rearm()).
+      wait.entered_at = std::max(now - w.value("since_s", 0.0), waits_from_);
       r.wait = wait;
     }
     // The rank's row of the link matrix: [[peer, send s/MB, receive s/MB], ...] (-1, or a

@@ -115,8 +115,12 @@ class Detector {
   std::optional<Detection> check(double now);
 
   // After a fatal detection that cleared by itself (a host heard again, launch/supervisor.h):
-  // fatal faults are looked for again.
-  void rearm() { fatal_reported_ = false; }
+  // fatal faults are looked for again, and waits already under way count from `now` (a
+  // collective held up by the outage may need the transport's next retransmission to finish).
+  void rearm(double now) {
+    fatal_reported_ = false;
+    waits_from_ = now;
+  }
 
   double median_step_seconds() const;  // 0 before any step
   double hang_threshold_s() const;
@@ -142,6 +146,7 @@ class Detector {
   DetectorOptions options_;
   std::map<int, RankState> ranks_;
   int world_ = 0;
+  double waits_from_ = 0;  // no wait counts from before this (rearm())
   bool fatal_reported_ = false, compute_slow_reported_ = false, link_slow_reported_ = false;
   std::map<std::pair<int, int>, double> link_slow_since_;  // pair -> first seen slow, until not
   std::map<std::pair<int, int>, std::vector<double>> link_first_;  // pair -> its first samples

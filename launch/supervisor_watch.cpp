@@ -57,7 +57,7 @@ Supervisor::End Supervisor::run_attempt(Job& job, Detector& detector, Detection*
     while (std::optional<Detection> d = detector.check(now())) {
       report(*d, detector);
       if (d->cls == "host unreachable" && link_came_back(*d, job, detector)) {
-        detector.rearm();
+        detector.rearm(now());
         continue;
       }
       if (!d->slow() || o_.restart_on_slow) {
@@ -178,8 +178,10 @@ void Supervisor::on_closed(int conn, Detector& detector) {
 }
 
 // Waits (reading the ranks meanwhile) until every rank of the silent host has been heard
-// within the beat timeout and some rank has finished a step past the furthest step at the
-// detection: the link came back and the job moves on. Up to --link-wait-s.
+// within the beat timeout and every rank has finished a step past the furthest step at the
+// detection: the link came back and the job moves on (each of its connections recovers at
+// its transport's next retransmission after the link is back, so some take longer than the
+// beats' own). Up to --link-wait-s.
 bool Supervisor::link_came_back(const Detection& d, Job& job, Detector& detector) {
   if (o_.link_wait_s <= 0) return false;
   int64_t reached = 0;
@@ -193,13 +195,11 @@ bool Supervisor::link_came_back(const Detection& d, Job& job, Detector& detector
   say(fmt::format("waiting up to --link-wait-s {} for host {} to be heard again", o_.link_wait_s,
                   d.host));
   auto heard_and_moving = [&] {
-    bool moved = false;
-    for (const auto& [rank, r] : detector.ranks()) {
-      if (r.host == d.host && (r.closed || now() - r.last_heard_at > o_.beat_timeout_s))
+    for (const auto& [rank, r] : detector.ranks())
+      if (r.closed || r.step <= reached ||
+          (r.host == d.host && now() - r.last_heard_at > o_.beat_timeout_s))
         return false;
-      moved = moved || r.step > reached;
-    }
-    return moved;
+    return !detector.ranks().empty();
   };
   bool back = false;
   while (!g_stop_signal && now() - start < o_.link_wait_s && !job.poll()) {
