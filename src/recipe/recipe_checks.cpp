@@ -159,7 +159,7 @@ void check_zero(const Config& c, const Where& where) {
         "or remove offload_path",
         where({"parallel.offload_path", "parallel.offload"}), p.offload);
   // Saves of NVMe-offloaded state read the file into the copy snapshot's staging buffer
-  // (train/trainer_nvme_checkpoint.cpp); a swap snapshot would need a second file.
+  // (train/checkpoint_nvme.cpp); a swap snapshot would need a second file.
   if (p.offload == "nvme" && c.train.save_every > 0 && c.checkpoint.snapshot == "swap")
     fail(
         "{}: checkpoint.snapshot = \"swap\" keeps a second set of the state in memory, and "
