@@ -64,8 +64,10 @@ struct Case {
   std::vector<std::string> expected;  // substrings of the message
 };
 
-TEST(Malformed, EveryBadInputGetsASpecificMessage) {
-  const std::vector<Case> cases = {
+// The bad inputs, by kind: Megatron .idx / .bin pairs, llm.c shards, token ids beyond the
+// model's vocabulary, recipe-level data errors, tokenizer.json files.
+std::vector<Case> bad_inputs() {
+  return {
       // ---- Megatron .idx / .bin ----
       {"megatron missing index",
        [](const ScratchDir& d) { open_megatron(d); },
@@ -305,8 +307,10 @@ TEST(Malformed, EveryBadInputGetsASpecificMessage) {
        },
        {"tok.json", "\"a b\" (id 1)", "outside the byte-level alphabet"}},
   };
+}
 
-  for (const Case& c : cases) {
+TEST(Malformed, EveryBadInputGetsASpecificMessage) {
+  for (const Case& c : bad_inputs()) {
     SCOPED_TRACE(c.name);
     ScratchDir dir;
     try {
