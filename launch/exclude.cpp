@@ -4,49 +4,9 @@
 
 #include <algorithm>
 
+#include "launch/job_command.h"
+
 namespace pentad::launch {
-namespace {
-
-// The index of "train" right after the pentad binary: the launcher's arguments come before.
-size_t pentad_train_at(const std::vector<std::string>& command) {
-  for (size_t i = 1; i < command.size(); ++i)
-    if (command[i] == "train" && command[i - 1].find("pentad") != std::string::npos) return i;
-  return command.size();
-}
-
-// Drops "--set KEY=..." pairs for `key`: the rewrite sets it anew.
-void drop_set(std::vector<std::string>& command, const std::string& key) {
-  for (size_t i = 0; i + 1 < command.size();)
-    if (command[i] == "--set" && command[i + 1].rfind(key + "=", 0) == 0)
-      command.erase(command.begin() + long(i), command.begin() + long(i) + 2);
-    else
-      ++i;
-}
-
-// Where the launcher's rank count sits before `train_at`: the index of the argument holding it
-// and what precedes the number there ("--ntasks=" for srun's joined form, else ""). Each
-// launcher's own flags: srun's -c is CPUs per task, not a rank count as mpirun's is.
-struct RankCount {
-  size_t at = 0;  // 0: none found
-  std::string prefix;
-};
-RankCount find_rank_count(const std::vector<std::string>& command, size_t train_at) {
-  const std::string launcher = command.empty() ? "" : command[0].substr(command[0].rfind('/') + 1);
-  const std::vector<std::string> flags =
-      launcher == "srun" ? std::vector<std::string>{"-n", "--ntasks"}
-                         : std::vector<std::string>{"-np", "-n", "--np", "--n", "-c"};
-  RankCount found;
-  for (size_t i = 0; i < train_at && i < command.size(); ++i) {
-    if (i + 1 < train_at && std::find(flags.begin(), flags.end(), command[i]) != flags.end())
-      found = {i + 1, ""};
-    else if (launcher == "srun" && command[i].rfind("--ntasks=", 0) == 0)
-      found = {i, "--ntasks="};
-  }
-  return found;
-}
-
-}  // namespace
-
 Exclusion exclude_one_replica(const std::vector<std::string>& command, const nlohmann::json& layout,
                               int world, std::string* why) {
   Exclusion x;
@@ -91,11 +51,11 @@ Exclusion exclude_one_replica(const std::vector<std::string>& command, const nlo
   x.ranks_before = world;
   x.ranks_after = world - world / dp;
   x.command[count.at] = count.prefix + std::to_string(x.ranks_after);
-  drop_set(x.command, "parallel.dp");
+  drop_override(x.command, "parallel.dp", train_at);
   x.command.insert(x.command.end(), {"--set", fmt::format("parallel.dp={}", dp - 1)});
   x.global_batch_before = micro * accum * dp;
   if (accum * dp % (dp - 1) == 0) {
-    drop_set(x.command, "train.grad_accum");
+    drop_override(x.command, "train.grad_accum", train_at);
     x.command.insert(x.command.end(),
                      {"--set", fmt::format("train.grad_accum={}", accum * dp / (dp - 1))});
     x.global_batch_after = x.global_batch_before;

@@ -48,6 +48,11 @@ Options:
   --events PATH        event log (default: <out_dir>/events.jsonl, out_dir from the ranks)
   --exclude-culprit    restart with one data-parallel replica fewer after a fault with a
                        culprit (launch/exclude.h; on one machine: fewer ranks)
+  --replan             restart on the best layout for the ranks that remain after a fault
+                       with a culprit: the planner's search over every layout of n ranks, n
+                       from what remains down to 1, at the job's global batch (launch/replan.h)
+  --cluster NAME       the machine --replan plans for (a `pentad plan --cluster` preset);
+                       default: this machine, by its calibration (made first if missing)
 
 Every wait is in the event log ("wait" when it starts, "waited" when it ends).
 )";
@@ -114,6 +119,10 @@ LaunchOptions parse_launch_options(int argc, char** argv) {
       o.restart_on_slow = true;
     else if (arg == "--exclude-culprit")
       o.exclude_culprit = true;
+    else if (arg == "--replan")
+      o.replan = true;
+    else if (arg == "--cluster")
+      o.replan_cluster = value();
     else
       fail(
           "pentad launch: unknown option '{}' (pentad launch --help lists them; the job's "
@@ -121,6 +130,12 @@ LaunchOptions parse_launch_options(int argc, char** argv) {
           argv[i]);
   }
   for (++i; i < argc; ++i) o.command.push_back(argv[i]);
+  if (o.replan && o.exclude_culprit)
+    fail(
+        "pentad launch: --replan and --exclude-culprit both choose the restart's layout; give one");
+  if (!o.replan_cluster.empty() && !o.replan)
+    fail("pentad launch: --cluster {} is the machine --replan plans for; add --replan",
+         o.replan_cluster);
   if (o.command.empty())
     fail(
         "pentad launch: no job to run: put its command after --, e.g. pentad launch -- mpirun "

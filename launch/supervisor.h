@@ -36,6 +36,8 @@ struct LaunchOptions {
   double link_wait_s = 10.0;  // for an unreachable host to be heard again before ending the job
   double host_wait_s = 60.0;  // for the host of a host fault to answer before a restart
   bool exclude_culprit = false;
+  bool replan = false;         // restart on the best layout for the ranks that remain (replan.h)
+  std::string replan_cluster;  // the planner's machine for --replan (empty: this one's calibration)
   bool restart_on_slow = false;
   int port = 0;
   double hang_factor = 5.0, hang_floor_s = 2.0, beat_timeout_s = 1.0;

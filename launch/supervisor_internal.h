@@ -53,6 +53,11 @@ class Supervisor {
   int give_up_waiting(const StoreCheck& c, double start);
   int give_up_on_host(const std::string& host, double start);
   std::vector<std::string> without_a_replica(const std::vector<std::string>& command);
+  // supervisor_replan.cpp
+  void ensure_calibration();
+  std::optional<std::vector<std::string>> replanned(const std::vector<std::string>& command,
+                                                    const Detection& fault);
+  void note_measured(const RankState& r, const Detector& detector);
 
   // supervisor_watch.cpp
   End run_attempt(Job& job, Detector& detector, Detection* fault);
@@ -98,6 +103,14 @@ class Supervisor {
   RestartPolicy policy_;
   bool committed_before_ = false;  // some attempt reported a checkpoint committed (ckpt_step)
   std::optional<Recovery> recovery_;
+  // After a re-plan: the new layout's predicted step, measured once its ranks have run
+  // kMeasureSteps steps past the step they resumed at ("measured" event).
+  struct PendingMeasure {
+    std::string layout;
+    double predicted_s = 0;
+    int64_t from_step = -1;  // -1: not yet resumed
+  };
+  std::optional<PendingMeasure> measure_;
 };
 
 }  // namespace pentad::launch

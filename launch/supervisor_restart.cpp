@@ -86,6 +86,7 @@ Supervisor::Supervisor(LaunchOptions options)
 
 int Supervisor::run() {
   say(fmt::format("monitor at {}; job: {}", monitor_, fmt::join(o_.command, " ")));
+  if (o_.replan) ensure_calibration();
   std::vector<std::string> command = o_.command;
   double prior_step_seconds = 0;
   for (int restarts = 0;; ++restarts) {
@@ -139,6 +140,11 @@ int Supervisor::run() {
     recovery_ = recovery;
     command = with_resume_latest(command);
     if (o_.exclude_culprit && !fault.culprit.empty()) command = without_a_replica(command);
+    if (o_.replan && !fault.culprit.empty()) {
+      const std::optional<std::vector<std::string>> replan = replanned(command, fault);
+      if (!replan) return exit_with(1, restarts);
+      command = *replan;
+    }
     ++attempt_;
     const double seconds = now() - fault.detected_at;
     event({{"event", "action"},

@@ -133,6 +133,7 @@ void Supervisor::handle_line(int conn, const std::string& line, Detector& detect
       events_.open((std::filesystem::path(r.out_dir) / "events.jsonl").string());
   }
   if (recovery_) note_recovery(msg, hello, r);
+  if (measure_ && msg.value("type", "") == "beat") note_measured(r, detector);
   if (msg.value("type", "") == "beat" && policy_.progressed(r.step)) {
     event({{"event", "cleared"}, {"step", r.step}});
     say(fmt::format("step {} reached: the failures in a row are cleared", r.step));
@@ -162,6 +163,7 @@ void Supervisor::note_recovery(const json& msg, bool hello, const RankState& r) 
          {"steps_lost", redone},
          {"seconds_to_hello", *recovery_->hello_at - recovery_->detected_at},
          {"seconds_to_resume", seconds}});
+  if (measure_) measure_->from_step = recovery_->resume_step;
   say(
       fmt::format("resumed at step {} ({} steps redone: step {} was reached before the fault), "
                   "{:.2f} s after the detection",

@@ -331,6 +331,15 @@ add_test(NAME launch_supervisor
 set_tests_properties(launch_supervisor PROPERTIES TIMEOUT 300 RUN_SERIAL TRUE
   PASS_REGULAR_EXPRESSION "supervisor detects and recovers every scenario")
 
+# `pentad launch --replan` (issue 48): 8 ranks as tp2 x pp2 x dp2, one killed; re-planned for
+# the 7 that remain (for the dgx-h100 preset: no calibration needed), a layout beyond dp, the
+# global batch kept, every loss within 1e-5 of an uninterrupted run's. About 7 s.
+add_test(NAME launch_replan
+  COMMAND ${PENTAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/launch/replan_test.py
+          $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml ${CMAKE_CURRENT_BINARY_DIR}/launch-replan)
+set_tests_properties(launch_replan PROPERTIES TIMEOUT 300
+  PASS_REGULAR_EXPRESSION "re-planned for the ranks that remain and trained on")
+
 # A checkpoint file system (a 16 MiB tmpfs) full for 3 s under `pentad launch` with the default
 # --max-restarts (issue 50): no restart with the default train.failed_save_grace_s, one after
 # waiting for the space without it, a give-up line naming the file system when it stays full,

@@ -1,0 +1,44 @@
+#pragma once
+// `pentad launch --replan`: after a fault that took ranks away, the best layout for the ranks
+// that remain. The planner (plan/plan_search.h: the same search and cost model as `pentad
+// plan`) searches every layout of n ranks, for n from what remains down to 1, keeping the
+// job's global batch (micro_batch x grad_accum x dp, as the ranks reported it); the fastest
+// predicted step wins, and the job command is rewritten for it: the launcher's rank count,
+// and `--set` for every layout key, train.global_batch, and parallel.topology emptied (a
+// topology file holds the links of the old rank count). Checkpoints reshard on load, and the
+// data order continues sample for sample at the same global batch.
+//
+// On one machine the ranks that "remain" share its cores with nothing freed: the planner's
+// choice is what would be best on the machine the recipe plans for (--cluster), or on this
+// one by its calibration.
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace pentad::launch {
+
+struct Replan {
+  std::vector<std::string> command;  // the rewritten job command (empty: refused, see why)
+  int ranks_before = 0, ranks_after = 0;
+  std::string layout_before, layout_after;  // plan/plan_search.h's labels
+  double predicted_before_s = 0;            // the old layout's step on the old ranks (0: none)
+  double predicted_after_s = 0;
+  int64_t global_batch = 0;  // sequences per step, before and after
+  std::string note;          // one line for the log
+};
+
+// Where the planner's machine comes from: a cluster preset (--cluster, as `pentad plan`), or
+// this machine's calibration file (plan/calibration.h).
+struct ReplanMachine {
+  std::string cluster;
+  std::string calibration_path;
+};
+
+// The command re-planned for `world - lost` ranks from the job's reported `layout` (the
+// hello's). `why` says what stands in the way when it returns an empty command: no rank count
+// to rewrite, a recipe that does not load, no layout of any count that the recipe's checks
+// accept and memory holds (with the planner's reason).
+Replan replan_after_loss(const std::vector<std::string>& command, const nlohmann::json& layout,
+                         int world, int lost, const ReplanMachine& machine, std::string* why);
+
+}  // namespace pentad::launch

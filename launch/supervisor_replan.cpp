@@ -1,0 +1,84 @@
+// The Supervisor's --replan: the planner's calibration made before the job if missing, the
+// restart's command re-planned for the ranks a fault left (replan.h), and the new layout's
+// step measured against its prediction.
+#include <fmt/format.h>
+
+#include <filesystem>
+
+#include "launch/replan.h"
+#include "launch/supervisor_internal.h"
+#include "plan/calibration.h"
+
+namespace pentad::launch {
+
+namespace {
+
+// Steps on a re-planned layout before its step time is taken (the detector's median is over
+// the last 20 steps of each rank; the first steps after a resume warm up).
+constexpr int64_t kMeasureSteps = 10;
+
+}  // namespace
+
+// Before the first attempt, so that the measurement has the machine to itself: a re-plan
+// without --cluster needs this machine's calibration (plan/calibration.h).
+void Supervisor::ensure_calibration() {
+  if (!o_.replan_cluster.empty()) return;
+  const std::string path = default_calibration_path();
+  if (std::filesystem::exists(path)) return;
+  say(fmt::format("--replan: no calibration of this machine ({}); measuring it first, about 5 s",
+                  path));
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  calibrate(false).write(path);
+}
+
+// The command for the ranks `fault` leaves: its culprit's ranks (a host's, for a host fault)
+// are gone. A fault between ranks that all still run (a link's comm hang) leaves every rank:
+// the job restarts as it was. Nothing when no layout suits the ranks that remain: the job
+// ends, the line saying why (the planner's refusal says what would fit).
+std::optional<std::vector<std::string>> Supervisor::replanned(
+    const std::vector<std::string>& command, const Detection& fault) {
+  if (fault.slow() || (fault.cls == "comm hang" && fault.culprit.size() > 1)) {
+    const std::string why =
+        fmt::format("a {} between ranks that all still run leaves no rank out", fault.cls);
+    event({{"event", "action"}, {"action", "replan"}, {"refused", why}, {"seconds", 0.0}});
+    say("--replan: " + why + "; restarting with the same layout");
+    return command;
+  }
+  std::string why;
+  const Replan r = replan_after_loss(command, layout_, world_, int(fault.culprit.size()),
+                                     {o_.replan_cluster, default_calibration_path()}, &why);
+  if (r.command.empty()) {
+    event({{"event", "action"}, {"action", "replan"}, {"refused", why}, {"seconds", 0.0}});
+    event({{"event", "action"}, {"action", "give_up"}, {"why", "replan"}, {"seconds", 0.0}});
+    say(fmt::format("--replan: {}; ending the job ({})", why, events_.where()));
+    return std::nullopt;
+  }
+  event({{"event", "action"},
+         {"action", "replan"},
+         {"seconds", 0.0},
+         {"layout_before", r.layout_before},
+         {"layout_after", r.layout_after},
+         {"ranks_before", r.ranks_before},
+         {"ranks_after", r.ranks_after},
+         {"predicted_step_s_before", r.predicted_before_s},
+         {"predicted_step_s_after", r.predicted_after_s},
+         {"global_batch", r.global_batch}});
+  say("action: " + r.note);
+  measure_ = PendingMeasure{r.layout_after, r.predicted_after_s, -1};
+  return r.command;
+}
+
+// Once the re-planned job has run kMeasureSteps steps past its resume: its median step.
+void Supervisor::note_measured(const RankState& r, const Detector& detector) {
+  if (measure_->from_step < 0 || r.step < measure_->from_step + kMeasureSteps) return;
+  const double measured = detector.median_step_seconds();
+  event({{"event", "measured"},
+         {"layout", measure_->layout},
+         {"step_s", measured},
+         {"predicted_step_s", measure_->predicted_s}});
+  say(fmt::format("the re-planned layout {} runs {:.3g} s a step (predicted {:.3g} s)",
+                  measure_->layout, measured, measure_->predicted_s));
+  measure_.reset();
+}
+
+}  // namespace pentad::launch

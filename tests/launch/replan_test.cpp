@@ -1,0 +1,92 @@
+// `pentad launch --replan`'s rewrite of the job command (launch/replan.h), planned for the
+// dgx-h100 preset so that the choice does not depend on this machine's calibration.
+#include "launch/replan.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+using pentad::launch::Replan;
+using pentad::launch::replan_after_loss;
+
+namespace {
+
+const std::string kRecipe = std::string(PENTAD_SOURCE_DIR) + "/recipes/gpt-tiny.toml";
+
+std::vector<std::string> job(std::vector<std::string> extra = {}) {
+  std::vector<std::string> c = {"mpirun",       "--oversubscribe",
+                                "-np",          "8",
+                                "build/pentad", "train",
+                                kRecipe,        "parallel.tp=2",
+                                "--set",        "parallel.pp=2",
+                                "--set",        "parallel.dp=2",
+                                "--set",        "train.micro_batch=2",
+                                "--set",        "train.grad_accum=2"};
+  c.insert(c.end(), extra.begin(), extra.end());
+  return c;
+}
+
+const nlohmann::json kLayout = {{"dp", 2}, {"tp", 2},  {"cp", 1},          {"pp", 2},
+                                {"ep", 1}, {"etp", 1}, {"micro_batch", 2}, {"grad_accum", 2}};
+
+// The value the command sets for `key` last (what pentad train ends up with).
+std::string value_of(const std::vector<std::string>& c, const std::string& key) {
+  std::string v;
+  for (const std::string& a : c)
+    if (a.rfind(key + "=", 0) == 0) v = a.substr(key.size() + 1);
+  return v;
+}
+
+}  // namespace
+
+TEST(Replan, RewritesTheRankCountAndEveryLayoutKeyKeepingTheGlobalBatch) {
+  std::string why;
+  const Replan r =
+      replan_after_loss(job({"--resume", "latest"}), kLayout, 8, 1, {"dgx-h100", ""}, &why);
+  ASSERT_FALSE(r.command.empty()) << why;
+  EXPECT_EQ(r.ranks_before, 8);
+  EXPECT_GE(r.ranks_after, 1);
+  EXPECT_LE(r.ranks_after, 7);
+  EXPECT_EQ(r.command[3], std::to_string(r.ranks_after));
+  EXPECT_EQ(r.global_batch, 8);
+  EXPECT_EQ(value_of(r.command, "train.global_batch"), "8");
+  const int tp = std::stoi(value_of(r.command, "parallel.tp"));
+  const int pp = std::stoi(value_of(r.command, "parallel.pp"));
+  const int dp = std::stoi(value_of(r.command, "parallel.dp"));
+  const int mb = std::stoi(value_of(r.command, "train.micro_batch"));
+  const int ga = std::stoi(value_of(r.command, "train.grad_accum"));
+  EXPECT_EQ(tp * pp * dp, r.ranks_after);  // (cp 1: gpt-tiny's planner keeps it)
+  EXPECT_EQ(mb * ga * dp, 8);
+  // The old overrides of the keys it sets are gone, bare or --set, and the rest stays.
+  EXPECT_EQ(std::count(r.command.begin(), r.command.end(), "parallel.tp=2"), tp == 2 ? 1 : 0);
+  EXPECT_EQ(std::count(r.command.begin(), r.command.end(), "--resume"), 1);
+  EXPECT_EQ(value_of(r.command, "parallel.topology"), "\"\"");
+  EXPECT_GT(r.predicted_before_s, 0);
+  EXPECT_GT(r.predicted_after_s, 0);
+  EXPECT_LE(r.predicted_after_s, r.predicted_before_s * 8);
+  EXPECT_NE(r.note.find("global batch 8 sequences kept"), std::string::npos) << r.note;
+}
+
+TEST(Replan, RefusesSayingWhy) {
+  std::string why;
+  EXPECT_TRUE(replan_after_loss(job(), kLayout, 8, 8, {"dgx-h100", ""}, &why).command.empty());
+  EXPECT_NE(why.find("took all 8 ranks"), std::string::npos) << why;
+  why.clear();
+  EXPECT_TRUE(replan_after_loss({"pentad", "train", kRecipe}, kLayout, 8, 1, {"dgx-h100", ""}, &why)
+                  .command.empty());
+  EXPECT_NE(why.find("no launcher rank count"), std::string::npos) << why;
+  why.clear();
+  EXPECT_TRUE(replan_after_loss(job(), nlohmann::json::object(), 8, 1, {"dgx-h100", ""}, &why)
+                  .command.empty());
+  EXPECT_NE(why.find("did not report their layout"), std::string::npos) << why;
+  // Memory for no layout of any count: the planner's refusal, naming what it would need.
+  why.clear();
+  EXPECT_TRUE(
+      replan_after_loss(job({"--set", "train.memory_limit_mb=1", "--set", "model.d_model=512"}),
+                        kLayout, 8, 1, {"dgx-h100", ""}, &why)
+          .command.empty());
+  EXPECT_NE(why.find("no layout of 1 to 7 ranks"), std::string::npos) << why;
+  EXPECT_NE(why.find("memory"), std::string::npos) << why;
+}

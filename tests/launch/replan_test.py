@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""`pentad launch --replan` end to end (issue 48): 8 ranks of gpt-tiny as tp 2 x pp 2 x dp 2
+(global batch 8 sequences), rank 5 killed at step 20; the supervisor names it, re-plans for
+the 7 ranks that remain (planned for the dgx-h100 preset, so that the choice does not depend
+on this machine's calibration), and restarts on that layout from the newest checkpoint,
+resharded on load. Checks: the events record the old and new layouts, the new one differs
+from the old beyond dp, the global batch is kept, the predicted and then the measured step
+are logged; every step's loss is there once, those before the resume bitwise the
+uninterrupted run's and every one within 1e-5 relative of it (the same samples in the same
+order, summed in another layout's order).
+
+usage: replan_test.py PENTAD RECIPE WORK_DIR
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+PENTAD, RECIPE, WORK = (os.path.abspath(a) for a in sys.argv[1:4])
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMP_NUM_THREADS="1")
+ENV.pop("PENTAD_MONITOR", None)
+ENV.pop("PENTAD_INJECT_EVERY_ATTEMPT", None)
+STEPS = 40
+COMMON = ["train.eval_every=0", "train.threads=1", "data.source=random", "train.micro_batch=2",
+          "train.grad_accum=2", "train.seq_len=32", "train.log_every=100", "train.save_every=5",
+          "parallel.tp=2", "parallel.pp=2", "parallel.dp=2", f"train.steps={STEPS}"]
+failures = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what, flush=True)
+    if not ok:
+        failures.append(what)
+
+
+def train_cmd(out, extra=()):
+    cmd = ["mpirun", "--oversubscribe", "-np", "8", PENTAD, "train", RECIPE]
+    for o in COMMON + list(extra) + [f"train.out_dir={out}"]:
+        cmd += ["--set", o]
+    return cmd
+
+
+def losses(out):
+    rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
+    return [(r["step"], r["loss"]) for r in rows if "loss" in r and "eval_loss" not in r]
+
+
+def main():
+    shutil.rmtree(WORK, ignore_errors=True)
+    os.makedirs(WORK)
+    ref = os.path.join(WORK, "reference")
+    p = subprocess.run(train_cmd(ref), env=ENV, capture_output=True, text=True, timeout=300)
+    check(p.returncode == 0, "the uninterrupted 8-rank run finished")
+    if p.returncode:
+        print(p.stdout[-2000:], p.stderr[-2000:])
+        return 1
+    reference = dict(losses(ref))
+
+    out = os.path.join(WORK, "replan")
+    p = subprocess.run([PENTAD, "launch", "--replan", "--cluster", "dgx-h100", "--",
+                        *train_cmd(out, ["train.inject_fault=kill:5:20"])],
+                       env=ENV, capture_output=True, text=True, timeout=300)
+    print("\n".join(l for l in p.stdout.splitlines() if l.startswith("pentad launch")))
+    check(p.returncode == 0, f"the job finished under pentad launch --replan (status {p.returncode})")
+    events = [json.loads(l) for l in open(os.path.join(out, "events.jsonl"))]
+    detection = next((e for e in events if e["event"] == "detection"), {})
+    check(detection.get("class") == "dead" and detection.get("culprit") == 5,
+          f"rank 5 named dead ({detection.get('class')} {detection.get('culprit')})")
+    replan = next((e for e in events if e.get("action") == "replan"), {})
+    restart = next((e for e in events if e.get("action") == "restart"), {})
+    command = restart.get("command", [])
+
+    def last_set(key):
+        values = [a.split("=", 1)[1] for a in command if a.startswith(key + "=")]
+        return values[-1] if values else None
+
+    tp, pp, dp = (int(last_set(f"parallel.{k}") or 0) for k in ("tp", "pp", "dp"))
+    check(replan.get("ranks_before") == 8 and 1 <= replan.get("ranks_after", 0) <= 7 and
+          command[command.index("-np") + 1] == str(replan.get("ranks_after")),
+          f"re-planned from 8 ranks to {replan.get('ranks_after')} (-np in the restart)")
+    check((tp, pp) != (2, 2) and tp * pp * dp == replan.get("ranks_after"),
+          f"the layout changed beyond dp: {replan.get('layout_before')} -> "
+          f"{replan.get('layout_after')} (tp {tp} pp {pp} dp {dp})")
+    check(replan.get("global_batch") == 8 and last_set("train.global_batch") == "8",
+          "the global batch of 8 sequences kept")
+    check(replan.get("predicted_step_s_after", 0) > 0 and
+          any(e["event"] == "measured" for e in events),
+          "the new layout's predicted step logged, then its measured one")
+    resumed = next((e for e in events if e["event"] == "resumed"), {})
+    resume = resumed.get("resume_step", -1)
+    check(0 < resume <= 20, f"resumed from the checkpoint at step {resume}")
+
+    got = losses(out)
+    last = {}
+    for step, loss in got:  # the resumed run's steps replace the first attempt's
+        last[step] = loss
+    check(sorted(last) == list(range(1, STEPS + 1)), f"every step 1..{STEPS} has a loss")
+    before = [s for s in range(1, resume + 1) if last.get(s) != reference[s]]
+    check(not before, f"the steps up to the resume bitwise the uninterrupted run's ({before[:3]})")
+    worst = max(abs(last[s] - reference[s]) / abs(reference[s]) for s in last if s in reference)
+    check(worst <= 1e-5, f"every loss within 1e-5 relative of the uninterrupted run's "
+                         f"(worst {worst:.2e})")
+    if failures:
+        print(f"{len(failures)} checks failed")
+        return 1
+    print("the job re-planned for the ranks that remain and trained on")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
