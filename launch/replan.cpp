@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <limits>
 #include <map>
 
 #include "core/check.h"
@@ -10,6 +9,7 @@
 #include "plan/calibration.h"
 #include "plan/memory_budget.h"
 #include "plan/plan_search.h"
+#include "plan/shrink.h"
 #include "recipe/recipe.h"
 
 namespace pentad::launch {
@@ -18,23 +18,18 @@ namespace {
 
 using nlohmann::json;
 
-// The planner's machine and memory limit per rank for `ranks` ranks.
-struct Target {
+// The planner's machine and memory limit per rank for `ranks` ranks, as `pentad plan` has them.
+PlanTarget target_for(const ReplanMachine& m, const Config& cfg, int ranks) {
   Cluster cluster;
-  double memory_limit = 0;
-};
-
-Target target_for(const ReplanMachine& m, const Config& cfg, int ranks) {
-  Target t;
   if (!m.cluster.empty()) {
-    t.cluster = cluster_preset(m.cluster, ranks);
+    cluster = cluster_preset(m.cluster, ranks);
   } else {
-    t.cluster = this_machine(Calibration::read(m.calibration_path), ranks);
-    t.cluster.machine.memory_bytes = node_share().memory_bytes / ranks;
+    cluster = this_machine(Calibration::read(m.calibration_path), ranks);
+    cluster.machine.memory_bytes = node_share().memory_bytes / ranks;
   }
-  t.memory_limit = cfg.train.memory_limit_mb > 0 ? double(cfg.train.memory_limit_mb) * 1048576.0
-                                                 : t.cluster.machine.memory_bytes;
-  return t;
+  const double limit = cfg.train.memory_limit_mb > 0 ? double(cfg.train.memory_limit_mb) * 1048576.0
+                                                     : cluster.machine.memory_bytes;
+  return {cluster.machine, cluster.topology, limit};
 }
 
 // The job's own layout as --layout fields, for the old layout's prediction on the old ranks:
@@ -87,57 +82,33 @@ Replan replan_after_loss(const std::vector<std::string>& command, const json& la
   }
   r.global_batch = layout.value("micro_batch", int64_t{1}) *
                    layout.value("grad_accum", int64_t{1}) * layout.value("dp", int64_t{1});
+  Config cfg;
   try {
-    Config cfg = load_recipe(command[train_at + 1], recipe_overrides(command, train_at));
-    cfg.train.global_batch = r.global_batch;
-    cfg.parallel.topology.clear();
-    {
-      const Target old = target_for(machine, cfg, world);
-      const PlanSearch before = search_layouts(cfg, world, fields_of(layout, cfg), old.memory_limit,
-                                               old.cluster.machine, old.cluster.topology);
-      r.predicted_before_s = before.rows.front().prediction.step_seconds;
-      r.layout_before = before.rows.front().layout.label();
-    }
-  } catch (const Error&) {
-    // The old layout as the planner sees it is for the log only.
-  }
-  // The refusal to quote: where layouts passed the checks but memory held none (it says what
-  // would fit), else the one for the most ranks.
-  std::string first_refusal, memory_refusal;
-  const PlanRow* best = nullptr;
-  std::vector<PlanSearch> searches;
-  for (int n = remaining; n >= 1; --n) {
-    try {
-      Config cfg = load_recipe(command[train_at + 1], recipe_overrides(command, train_at));
-      cfg.train.global_batch = r.global_batch;
-      cfg.parallel.topology.clear();
-      const Target t = target_for(machine, cfg, n);
-      searches.push_back(
-          search_layouts(cfg, n, {}, t.memory_limit, t.cluster.machine, t.cluster.topology));
-    } catch (const Error& e) {
-      const std::string refusal = fmt::format("on {} ranks: {}", n, e.what());
-      if (first_refusal.empty()) first_refusal = refusal;
-      if (memory_refusal.empty() && refusal.find("memory") != std::string::npos)
-        memory_refusal = refusal;
-    }
-  }
-  double fastest = std::numeric_limits<double>::max();
-  int best_ranks = 0;
-  for (const PlanSearch& s : searches) {
-    const PlanRow& row = s.rows.front();
-    const int n = int(row.layout.tp * row.layout.cp * row.layout.pp * row.layout.dp);
-    if (row.prediction.step_seconds < fastest) {
-      fastest = row.prediction.step_seconds;
-      best = &row;
-      best_ranks = n;
-    }
-  }
-  if (!best) {
-    *why = fmt::format("no layout of 1 to {} ranks keeps the global batch of {} sequences ({})",
-                       remaining, r.global_batch,
-                       memory_refusal.empty() ? first_refusal : memory_refusal);
+    cfg = load_recipe(command[train_at + 1], recipe_overrides(command, train_at));
+  } catch (const Error& e) {
+    *why = e.what();
     return r;
   }
+  cfg.train.global_batch = r.global_batch;
+  cfg.parallel.topology.clear();
+  auto target = [&](int n) { return target_for(machine, cfg, n); };
+  try {  // the old layout as the planner sees it, for the log only
+    const PlanTarget old = target(world);
+    const PlanRow before = search_layouts(cfg, world, fields_of(layout, cfg),
+                                          old.memory_limit_bytes, old.machine, old.topology)
+                               .rows.front();
+    r.predicted_before_s = before.prediction.step_seconds;
+    r.layout_before = before.layout.label();
+  } catch (const Error&) {
+  }
+  const ShrinkPlan shrink = best_after_loss(cfg, remaining, target);
+  if (!shrink.best) {
+    *why = fmt::format("no layout of 1 to {} ranks keeps the global batch of {} sequences ({})",
+                       remaining, r.global_batch, shrink.refusal);
+    return r;
+  }
+  const PlanRow* best = &*shrink.best;
+  const int best_ranks = shrink.ranks;
   r.ranks_after = best_ranks;
   r.layout_after = best->layout.label();
   r.predicted_after_s = best->prediction.step_seconds;

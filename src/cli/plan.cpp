@@ -39,6 +39,10 @@ void add_plan_command(Commands& commands) {
                    "Fix these fields and search the rest, e.g. \"tp=8,pp=4,dp=32,vp=2,mb=1\" "
                    "(fields: " +
                        layout_fields() + ")");
+  plan->add_option("--after-loss", args.after_loss,
+                   "With --ranks N: the best layout, then after losing this many ranks one "
+                   "data-parallel replica fewer against the best layout for the ranks that "
+                   "remain (what pentad launch --replan restarts on)");
   plan->add_flag("--calibrate", args.calibrate,
                  "Time this machine's kernels and write the table the CPU cost model reads");
   plan->add_option("--calibration", args.calibration,

@@ -10,6 +10,7 @@
 #include "plan/layout.h"
 #include "plan/memory_budget.h"
 #include "plan/plan_search.h"
+#include "plan/shrink.h"
 #include "recipe/recipe.h"
 
 namespace pentad {
@@ -71,6 +72,22 @@ void plan_command(const PlanArgs& a, bool print) {
                            ? double(cfg.train.memory_limit_mb) * 1048576.0
                            : cluster.machine.memory_bytes;
   if (a.top < 1) fail("--top {}: must be at least 1", a.top);
+  if (a.after_loss != 0) {
+    auto target = [&](int n) {
+      Cluster c = a.cluster.empty() ? this_machine(Calibration::read(calibration_path), n)
+                                    : cluster_preset(a.cluster, n);
+      if (a.cluster.empty()) c.machine.memory_bytes = node_share().memory_bytes / n;
+      c.machine.engine = engine_named(a.engine);
+      const double per_rank = a.memory_gb > 0 ? a.memory_gb * 1e9
+                              : cfg.train.memory_limit_mb > 0
+                                  ? double(cfg.train.memory_limit_mb) * 1048576.0
+                                  : c.machine.memory_bytes;
+      return PlanTarget{c.machine, n == ranks ? cluster.topology : c.topology, per_rank};
+    };
+    out(describe_after_loss(cfg, ranks, a.after_loss, parse_layout(a.layout, ranks), target,
+                            a.json));
+    return;
+  }
   const PlanSearch plan = search_layouts(cfg, ranks, parse_layout(a.layout, ranks), limit,
                                          cluster.machine, cluster.topology);
   Config best = cfg;

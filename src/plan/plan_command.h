@@ -18,6 +18,7 @@ struct PlanArgs {
   bool json = false;
   std::string write;   // recipe with the best layout
   std::string layout;  // fixed fields
+  int after_loss = 0;  // with --ranks: the best layout, then after losing this many ranks
   bool calibrate = false;
   std::string calibration;  // file; empty: default_calibration_path()
 };
