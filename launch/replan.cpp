@@ -59,8 +59,11 @@ std::map<std::string, std::string> fields_of(const json& layout, const Config& c
 
 }  // namespace
 
-Replan replan_after_loss(const std::vector<std::string>& command, const json& layout, int world,
-                         int lost, const ReplanMachine& machine, std::string* why) {
+namespace {
+
+// Both: `grow_to` 0 re-plans for at most world - lost ranks, else for exactly grow_to.
+Replan replan(const std::vector<std::string>& command, const json& layout, int world, int lost,
+              int grow_to, const ReplanMachine& machine, std::string* why) {
   Replan r;
   const size_t train_at = pentad_train_at(command);
   const RankCount count = find_rank_count(command, train_at);
@@ -101,10 +104,12 @@ Replan replan_after_loss(const std::vector<std::string>& command, const json& la
     r.layout_before = before.layout.label();
   } catch (const Error&) {
   }
-  const ShrinkPlan shrink = best_after_loss(cfg, remaining, target);
+  const ShrinkPlan shrink =
+      grow_to > 0 ? best_on(cfg, grow_to, target) : best_after_loss(cfg, remaining, target);
   if (!shrink.best) {
-    *why = fmt::format("no layout of 1 to {} ranks keeps the global batch of {} sequences ({})",
-                       remaining, r.global_batch, shrink.refusal);
+    *why = fmt::format("no layout of {} ranks keeps the global batch of {} sequences ({})",
+                       grow_to > 0 ? std::to_string(grow_to) : fmt::format("1 to {}", remaining),
+                       r.global_batch, shrink.refusal);
     return r;
   }
   const PlanRow* best = &*shrink.best;
@@ -122,11 +127,25 @@ Replan replan_after_loss(const std::vector<std::string>& command, const json& la
     r.command.insert(r.command.end(), {"--set", s});
   }
   r.note = fmt::format(
-      "re-planned for the {} ranks that remain: {} on {} ranks -> {} on {} ranks, global batch "
-      "{} sequences kept; predicted step {:.3g} s -> {:.3g} s",
-      remaining, r.layout_before.empty() ? std::string("the old layout") : r.layout_before, world,
+      "re-planned for {}: {} on {} ranks -> {} on {} ranks, global batch {} sequences kept; "
+      "predicted step {:.3g} s -> {:.3g} s",
+      grow_to > 0 ? fmt::format("all {} ranks, back", grow_to)
+                  : fmt::format("the {} ranks that remain", remaining),
+      r.layout_before.empty() ? std::string("the old layout") : r.layout_before, world,
       r.layout_after, best_ranks, r.global_batch, r.predicted_before_s, r.predicted_after_s);
   return r;
+}
+
+}  // namespace
+
+Replan replan_after_loss(const std::vector<std::string>& command, const json& layout, int world,
+                         int lost, const ReplanMachine& machine, std::string* why) {
+  return replan(command, layout, world, lost, 0, machine, why);
+}
+
+Replan replan_to(const std::vector<std::string>& command, const json& layout, int world, int ranks,
+                 const ReplanMachine& machine, std::string* why) {
+  return replan(command, layout, world, 0, ranks, machine, why);
 }
 
 }  // namespace pentad::launch

@@ -41,4 +41,9 @@ struct ReplanMachine {
 Replan replan_after_loss(const std::vector<std::string>& command, const nlohmann::json& layout,
                          int world, int lost, const ReplanMachine& machine, std::string* why);
 
+// Growing back: the command re-planned for exactly `ranks` ranks (the job's full count, its
+// lost ranks back), at the global batch the `layout` reported.
+Replan replan_to(const std::vector<std::string>& command, const nlohmann::json& layout, int world,
+                 int ranks, const ReplanMachine& machine, std::string* why);
+
 }  // namespace pentad::launch

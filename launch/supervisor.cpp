@@ -15,6 +15,7 @@
 namespace pentad::launch {
 
 volatile std::sig_atomic_t g_stop_signal = 0;
+volatile std::sig_atomic_t g_grow_signal = 0;
 
 namespace {
 
@@ -51,6 +52,8 @@ Options:
   --replan             restart on the best layout for the ranks that remain after a fault
                        with a culprit: the planner's search over every layout of n ranks, n
                        from what remains down to 1, at the job's global batch (launch/replan.h)
+                       SIGUSR2 to the supervisor: the ranks left out are back; at the next
+                       checkpoint the job restarts on the best layout of its full count
   --cluster NAME       the machine --replan plans for (a `pentad plan --cluster` preset);
                        default: this machine, by its calibration (made first if missing)
 
@@ -59,6 +62,10 @@ Every wait is in the event log ("wait" when it starts, "waited" when it ends).
 
 void on_stop_signal(int sig) {
   g_stop_signal = sig;
+}
+
+void on_grow_signal(int) {
+  g_grow_signal = 1;
 }
 
 double number(const std::string& option, const std::string& text, double low, double high) {
@@ -157,6 +164,9 @@ int supervise_main(int argc, char** argv) {
     stop.sa_handler = on_stop_signal;  // no SA_RESTART: poll() wakes up to see it
     ::sigaction(SIGINT, &stop, nullptr);
     ::sigaction(SIGTERM, &stop, nullptr);
+    struct sigaction grow {};
+    grow.sa_handler = on_grow_signal;
+    ::sigaction(SIGUSR2, &grow, nullptr);
     ::signal(SIGPIPE, SIG_IGN);
     Supervisor supervisor(std::move(options));
     return supervisor.run();

@@ -19,6 +19,7 @@
 #include "launch/host_check.h"
 #include "launch/job.h"
 #include "launch/monitor_server.h"
+#include "launch/replan.h"
 #include "launch/restart_policy.h"
 #include "launch/store_check.h"
 #include "launch/supervisor.h"
@@ -27,6 +28,8 @@ namespace pentad::launch {
 
 // The stop signal (SIGINT, SIGTERM) caught, 0 while none: the job is ended, not restarted.
 extern volatile std::sig_atomic_t g_stop_signal;
+// SIGUSR2 caught: the ranks a --replan restart left out are back (grow at the next checkpoint).
+extern volatile std::sig_atomic_t g_grow_signal;
 
 class Supervisor {
  public:
@@ -42,7 +45,7 @@ class Supervisor {
     std::optional<double> hello_at;
     int64_t resume_step = 0;
   };
-  enum class End { kDone, kFault, kStopped, kRefused };
+  enum class End { kDone, kFault, kStopped, kRefused, kGrow };
 
   // supervisor_restart.cpp
   Recovery how_far(const Detection& fault, const Detector& detector,
@@ -58,6 +61,9 @@ class Supervisor {
   std::optional<std::vector<std::string>> replanned(const std::vector<std::string>& command,
                                                     const Detection& fault);
   void note_measured(const RankState& r, const Detector& detector);
+  bool grow_due(const Detector& detector);
+  std::vector<std::string> grown(const std::vector<std::string>& command);
+  void adopt(const Replan& r);
 
   // supervisor_watch.cpp
   End run_attempt(Job& job, Detector& detector, Detection* fault);
@@ -66,7 +72,8 @@ class Supervisor {
   void on_closed(int conn, Detector& detector);
   void note_recovery(const nlohmann::json& msg, bool hello, const RankState& r);
   void report(const Detection& d, const Detector& detector);
-  void end_job(Job& job, Detector& detector);
+  void end_job(Job& job, Detector& detector, bool dump = true);
+  void dump_traces(Detector& detector);
   // A host unreachable: up to --link-wait-s for its ranks to be heard again and the job to
   // move on. True: it did (the job goes on); false: it did not, or the job ended meanwhile.
   bool link_came_back(const Detection& d, Job& job, Detector& detector);
@@ -111,6 +118,8 @@ class Supervisor {
     int64_t from_step = -1;  // -1: not yet resumed
   };
   std::optional<PendingMeasure> measure_;
+  int full_world_ = 0;            // the first attempt's world: what growing back returns to
+  int64_t grow_after_ckpt_ = -2;  // growing: the checkpoint step to pass (-2: not growing)
 };
 
 }  // namespace pentad::launch

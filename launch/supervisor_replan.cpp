@@ -3,7 +3,9 @@
 // step measured against its prediction.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <limits>
 
 #include "launch/replan.h"
 #include "launch/supervisor_internal.h"
@@ -31,6 +33,22 @@ void Supervisor::ensure_calibration() {
   calibrate(false).write(path);
 }
 
+// A re-plan taken: logged, and its layout's step to be measured.
+void Supervisor::adopt(const Replan& r) {
+  event({{"event", "action"},
+         {"action", "replan"},
+         {"seconds", 0.0},
+         {"layout_before", r.layout_before},
+         {"layout_after", r.layout_after},
+         {"ranks_before", r.ranks_before},
+         {"ranks_after", r.ranks_after},
+         {"predicted_step_s_before", r.predicted_before_s},
+         {"predicted_step_s_after", r.predicted_after_s},
+         {"global_batch", r.global_batch}});
+  say("action: " + r.note);
+  measure_ = PendingMeasure{r.layout_after, r.predicted_after_s, -1};
+}
+
 // The command for the ranks `fault` leaves: its culprit's ranks (a host's, for a host fault)
 // are gone. A fault between ranks that all still run (a link's comm hang) leaves every rank:
 // the job restarts as it was. Nothing when no layout suits the ranks that remain: the job
@@ -53,18 +71,7 @@ std::optional<std::vector<std::string>> Supervisor::replanned(
     say(fmt::format("--replan: {}; ending the job ({})", why, events_.where()));
     return std::nullopt;
   }
-  event({{"event", "action"},
-         {"action", "replan"},
-         {"seconds", 0.0},
-         {"layout_before", r.layout_before},
-         {"layout_after", r.layout_after},
-         {"ranks_before", r.ranks_before},
-         {"ranks_after", r.ranks_after},
-         {"predicted_step_s_before", r.predicted_before_s},
-         {"predicted_step_s_after", r.predicted_after_s},
-         {"global_batch", r.global_batch}});
-  say("action: " + r.note);
-  measure_ = PendingMeasure{r.layout_after, r.predicted_after_s, -1};
+  adopt(r);
   return r.command;
 }
 
@@ -79,6 +86,53 @@ void Supervisor::note_measured(const RankState& r, const Detector& detector) {
   say(fmt::format("the re-planned layout {} runs {:.3g} s a step (predicted {:.3g} s)",
                   measure_->layout, measured, measure_->predicted_s));
   measure_.reset();
+}
+
+// SIGUSR2 under --replan, with the job on fewer ranks than its first attempt: true once every
+// rank has committed a checkpoint newer than the one they had when it came (the restart then
+// loses no step); the signal is answered with a line at once.
+bool Supervisor::grow_due(const Detector& detector) {
+  if (!g_grow_signal) return false;
+  auto oldest_ckpt = [&] {
+    int64_t oldest = std::numeric_limits<int64_t>::max();
+    for (const auto& [rank, r] : detector.ranks()) oldest = std::min(oldest, r.ckpt_step);
+    return detector.ranks().empty() ? int64_t{-1} : oldest;
+  };
+  if (grow_after_ckpt_ == -2) {
+    g_grow_signal = 0;
+    if (!o_.replan || world_ >= full_world_ || int(detector.ranks().size()) < world_) {
+      say(fmt::format("SIGUSR2: nothing to grow back to ({} of {} ranks run{})", world_,
+                      full_world_, o_.replan ? "" : "; needs --replan"));
+      return false;
+    }
+    grow_after_ckpt_ = oldest_ckpt();
+    event({{"event", "grow"},
+           {"ranks", world_},
+           {"full_ranks", full_world_},
+           {"after_ckpt_step", grow_after_ckpt_}});
+    say(fmt::format("SIGUSR2: growing back to {} ranks after the next checkpoint (past step {})",
+                    full_world_, grow_after_ckpt_));
+    g_grow_signal = 1;
+  }
+  if (oldest_ckpt() <= grow_after_ckpt_) return false;
+  g_grow_signal = 0;
+  grow_after_ckpt_ = -2;
+  return true;
+}
+
+// The command for the full count again, re-planned for it; the command as it is if the
+// planner refuses (the job goes on where it was).
+std::vector<std::string> Supervisor::grown(const std::vector<std::string>& command) {
+  std::string why;
+  const Replan r = replan_to(command, layout_, world_, full_world_,
+                             {o_.replan_cluster, default_calibration_path()}, &why);
+  if (r.command.empty()) {
+    event({{"event", "action"}, {"action", "replan"}, {"refused", why}, {"seconds", 0.0}});
+    say("--replan: growing back refused: " + why + "; restarting as it was");
+    return command;
+  }
+  adopt(r);
+  return r.command;
 }
 
 }  // namespace pentad::launch

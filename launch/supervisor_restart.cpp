@@ -110,6 +110,24 @@ int Supervisor::run() {
           "; not restarting");
       return exit_with(2, restarts);
     }
+    if (end == End::kGrow) {  // not a failure: no backoff, nothing counted, no dump
+      end_job(job, detector, false);
+      if (detector.median_step_seconds() > 0) prior_step_seconds = detector.median_step_seconds();
+      int64_t unseen = 0;
+      recovery_ =
+          how_far(Detection("grow", {}, now(), now(), ""), detector, attempt_start, &unseen);
+      command = with_resume_latest(grown(command));
+      ++attempt_;
+      event({{"event", "action"},
+             {"action", "restart"},
+             {"seconds", 0.0},
+             {"command", command},
+             {"cause", "grow"},
+             {"in_a_row", 0}});
+      say(fmt::format("action: restart as attempt {} on the full count: {}", attempt_,
+                      fmt::join(command, " ")));
+      continue;
+    }
     if (end == End::kStopped) {
       say(fmt::format("signal {}: ending the job", int(g_stop_signal)));
       end_job(job, detector);

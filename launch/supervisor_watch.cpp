@@ -54,6 +54,7 @@ Supervisor::End Supervisor::run_attempt(Job& job, Detector& detector, Detection*
       if (now() - since >= kGoneGrace) detector.vanished(rank, since);
     }
     if (const std::optional<int> status = job.poll()) return finished(*status, detector, fault);
+    if (grow_due(detector)) return End::kGrow;
     while (std::optional<Detection> d = detector.check(now())) {
       report(*d, detector);
       if (d->cls == "host unreachable" && link_came_back(*d, job, detector)) {
@@ -126,6 +127,7 @@ void Supervisor::handle_line(int conn, const std::string& line, Detector& detect
   const RankState& r = detector.ranks().at(rank);
   if (hello) {
     conn_rank_[conn] = rank;
+    if (attempt_ == 0) full_world_ = std::max(full_world_, msg.value("world", 0));
     if (msg.contains("layout") && msg["layout"].is_object()) layout_ = msg["layout"];
     world_ = msg.value("world", world_);
     if (is_this_host(r.host)) local_ranks_.insert(rank);
@@ -239,13 +241,9 @@ void Supervisor::report(const Detection& d, const Detector& detector) {
 }
 
 // Dump, then kill: the ranks on this machine write their communication traces on SIGUSR1
-// (the evidence of what hung), then the whole job ends.
-void Supervisor::end_job(Job& job, Detector& detector) {
-  std::vector<pid_t> pids;
-  for (int rank : local_ranks_) {
-    const RankState& r = detector.ranks().at(rank);
-    if (process_alive(pid_t(r.pid))) pids.push_back(pid_t(r.pid));
-  }
+// (the evidence of what hung), then the whole job ends. No dump where nothing went wrong
+// (growing back): the sooner the kill, the fewer steps past the checkpoint are redone.
+void Supervisor::dump_traces(Detector& detector) {
   const double dump_at = now();
   std::vector<int> dumped;
   for (int rank : local_ranks_) {
@@ -264,7 +262,15 @@ void Supervisor::end_job(Job& job, Detector& detector) {
   event({{"event", "action"}, {"action", "dump"}, {"seconds", now() - dump_at}, {"ranks", dumped}});
   say(fmt::format("action: dump (SIGUSR1 to {} local ranks), {:.2f} s", dumped.size(),
                   now() - dump_at));
+}
 
+void Supervisor::end_job(Job& job, Detector& detector, bool dump) {
+  std::vector<pid_t> pids;
+  for (int rank : local_ranks_) {
+    const RankState& r = detector.ranks().at(rank);
+    if (process_alive(pid_t(r.pid))) pids.push_back(pid_t(r.pid));
+  }
+  if (dump) dump_traces(detector);
   const double kill_at = now();
   const bool forced = job.terminate(pids, 3.0);
   server_.drop_all();

@@ -23,11 +23,14 @@ std::vector<int> shrink_counts(int remaining) {
   return {counts.begin(), counts.end()};
 }
 
-ShrinkPlan best_after_loss(const Config& recipe, int remaining, const TargetFor& target) {
+namespace {
+
+ShrinkPlan fastest_of(const Config& recipe, const std::vector<int>& counts,
+                      const TargetFor& target) {
   ShrinkPlan plan;
   std::string first_refusal, memory_refusal;
   double fastest = std::numeric_limits<double>::max();
-  for (int n : shrink_counts(remaining)) {
+  for (int n : counts) {
     try {
       const PlanTarget t = target(n);
       const PlanSearch s =
@@ -48,6 +51,16 @@ ShrinkPlan best_after_loss(const Config& recipe, int remaining, const TargetFor&
   // Where layouts passed the checks but memory held none, that refusal says what would fit.
   if (!plan.best) plan.refusal = memory_refusal.empty() ? first_refusal : memory_refusal;
   return plan;
+}
+
+}  // namespace
+
+ShrinkPlan best_after_loss(const Config& recipe, int remaining, const TargetFor& target) {
+  return fastest_of(recipe, shrink_counts(remaining), target);
+}
+
+ShrinkPlan best_on(const Config& recipe, int ranks, const TargetFor& target) {
+  return fastest_of(recipe, {ranks}, target);
 }
 
 std::optional<PlanRow> one_replica_fewer(const Config& recipe, int ranks,

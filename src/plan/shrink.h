@@ -33,6 +33,8 @@ struct ShrinkPlan {
 // `recipe` with train.global_batch set to the job's: the fastest layout on at most
 // `remaining` ranks.
 ShrinkPlan best_after_loss(const Config& recipe, int remaining, const TargetFor& target);
+// The same on exactly `ranks` ranks (growing back to the full count).
+ShrinkPlan best_on(const Config& recipe, int ranks, const TargetFor& target);
 
 // One data-parallel replica fewer: the job's layout (`fixed`, parse_layout's fields, dp
 // among them) at dp - 1 on ranks - ranks / dp, the global batch kept where grad_accum can
