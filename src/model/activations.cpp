@@ -79,6 +79,19 @@ void declare_layer(const ActSizes& s, double F, bool moe, ActSink& sink, LayerAc
   a.act = sink.add("act", {s.N, F}, act);
 }
 
+void declare_deferred_layer(const ActSizes& s, double F, ActSink& sink, DeferredGrads& d) {
+  const DType act = s.act;
+  d.d_norm1 = sink.add("w_d_norm1", {s.Nl, s.C}, act);
+  d.d_q = sink.add("w_d_q", {s.N, s.Ca}, act);
+  d.d_k = sink.add("w_d_k", {s.N, s.Ckv}, act);
+  d.d_v = sink.add("w_d_v", {s.N, s.Ckv}, act);
+  d.d_att_out = sink.add("w_d_att_out", {s.N, s.Cj}, act);
+  d.d_norm2 = sink.add("w_d_norm2", {s.Nl, s.C}, act);
+  d.d_up = sink.add("w_d_up", {s.N, F}, act);
+  if (!s.gpt2) d.d_gate = sink.add("w_d_gate", {s.N, F}, act);
+  d.d_out = sink.add("w_d_out", {s.N, s.Cj}, act);
+}
+
 void declare_batch(const ActSizes& s, ActSink& sink, SlotActs& slot) {
   slot.tokens = sink.add("tokens", {s.b, s.t}, DType::I32);
   slot.targets = sink.add("targets", {s.b, s.t}, DType::I32);

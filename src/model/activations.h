@@ -116,6 +116,18 @@ struct LayerGrads {
   Tensor norm, norm_local;  // (N, C) partial d(norm output); (Nl, C) reduced (apart only)
   Tensor att, q, k, v, up, gate, act;  // as LayerActs', at the widest MLP held here
 };
+// What a backward split in two passes (model/split_backward.cpp) keeps of one layer from
+// B (the input gradients) to W (the weight gradients): each GEMM's and norm's output
+// gradient. W's other operands, the GEMMs' inputs and the norms' statistics, are the slot's
+// LayerActs and residual streams, kept anyway until W.
+struct DeferredGrads {
+  Tensor d_norm1;        // (Nl, C): d(norm1 output), q/k/v's input gradient summed
+  Tensor d_q, d_k, d_v;  // (N, Ca), (N, Ckv), (N, Ckv): attention's, after RoPE's backward
+  Tensor d_att_out;      // (N, Cj): the output projection's output gradient, d(res1)
+  Tensor d_norm2;        // (Nl, C): d(norm2 output)
+  Tensor d_up, d_gate;   // (N, F) each: d(pre-activation); gpt2: up only (pre-GELU)
+  Tensor d_out;          // (N, Cj): the down projection's output gradient, d(layer output)
+};
 // One micro-batch's activations in one chunk.
 struct SlotActs {
   Tensor tokens, targets;       // (b, t) I32
@@ -144,6 +156,8 @@ void declare_batch(const ActSizes& s, ActSink& sink, SlotActs& slot);
 Tensor declare_residual(const ActSizes& s, ActSink& sink);
 // The last chunk's final norm, logits and losses.
 void declare_head(const ActSizes& s, ActSink& sink, SlotActs& slot);
+// One layer's DeferredGrads, its MLP ffn wide (> 0: a dense layer).
+void declare_deferred_layer(const ActSizes& s, double ffn, ActSink& sink, DeferredGrads& d);
 // The scratch, its MLP buffers widest_ffn wide (the widest MLP of the layers held here);
 // holds_last: this rank holds the head.
 void declare_scratch(const ActSizes& s, double widest_ffn, bool holds_last, ActSink& sink,

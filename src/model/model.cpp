@@ -225,6 +225,9 @@ float Model::forward_chunk(int c, int slot_index, const int32_t* tokens, const i
                            float dloss) {
   const LayerRange& range = chunk(c);
   Slot& s = slot(c, slot_index);
+  PENTAD_CHECK(!s.weights_pending,
+               "forward_chunk: chunk {} slot {} still waits for its W (backward_chunk_weights)", c,
+               slot_index);
   const int64_t N = b_ * t_, V = cfg_.vocab_size;
   const bool sp = tp_->sequence_parallel();
   // The micro-batch's weight in the objective (its tokens on every cp rank).

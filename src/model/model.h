@@ -114,6 +114,21 @@ class Model {
   void backward_chunk(int c, int slot, const Tensor& d_output, bool last_micro_batch,
                       const GradsReady& on_ready = {});
   Tensor input_grad() const { return scratch_.grads.resid; }
+  // ---- backward in two passes (zero-bubble pipelines; model/split_backward.cpp) ----
+  // backward_chunk split into B, the input gradients (what the chunk below waits for), and
+  // W, the parameter gradients (which can wait). B: as backward_chunk, d_output in and
+  // input_grad() out, computing no parameter gradient; it keeps every output gradient W
+  // reads in the slot (DeferredGrads; allocated on the slot's first B, deferred_bytes()).
+  // The slot's activations and those gradients stay until W: the slot's next forward and
+  // B are refused before it. W: the parameter gradients (+=) of the slot's last B, bitwise
+  // what backward_chunk accumulates; last_micro_batch and on_ready as backward_chunk's. B and
+  // W of different chunks and slots interleave freely; each slot's W follows its own B.
+  // Dense layers on one device only: MoE layers, tp, cp, recompute and ZeRO-3 parameter hooks
+  // are refused.
+  void backward_chunk_input(int c, int slot, const Tensor& d_output);
+  void backward_chunk_weights(int c, int slot, bool last_micro_batch,
+                              const GradsReady& on_ready = {});
+  size_t deferred_bytes() const;  // every slot's kept output gradients (B to W)
   // Training on a device (train/trainer.cpp, the step's one readback): with a total set
   // (one F64 on the model's device), each loss-holding forward adds its mean loss into it
   // on the device and returns 0 instead of reading the losses back and waiting. Unset
@@ -180,6 +195,12 @@ class Model {
     bool have_dlogits = false;
     std::vector<MoeBlock::Acts> moe;  // per layer of the chunk (used by MoE layers)
     float moe_weight = 0.0f;          // the forward's micro-batch weight in the objective
+    // A split backward's, from B to W (model/split_backward.cpp): per layer of the chunk, and
+    // the last chunk's d(final norm output), the first's d(chunk input) for the embedding.
+    Arena deferred_arena;
+    std::vector<DeferredGrads> deferred;
+    Tensor d_normf, d_input;
+    bool weights_pending = false;  // B ran, W not yet
   };
   struct ChunkState {
     LayerRange range;
@@ -202,6 +223,13 @@ class Model {
   // poll: between its GEMMs (may be empty).
   void layer_backward(int l, const Tensor& x, LayerActs& a, MoeBlock::Acts* moe, float moe_weight,
                       const std::function<void()>& poll = {});
+  // The split backward's (model/split_backward.cpp): its refusals, its buffers, one layer's
+  // B and W.
+  void check_split(int c) const;
+  void plan_deferred(ActSink& sink, const LayerRange& chunk, Slot& slot);
+  void layer_backward_input(int l, const Tensor& x, const LayerActs& a, const DeferredGrads& d);
+  void layer_backward_weights(int l, const Tensor& x, const LayerActs& a, const DeferredGrads& d,
+                              const std::function<void()>& poll);
   void mlp_forward(const LayerParams& p, LayerActs& a, int64_t ffn, Tensor out);
   void mlp_backward(const LayerParams& p, LayerActs& a, int64_t ffn);
   Tensor moe_input(const LayerActs& a) const;

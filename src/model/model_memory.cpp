@@ -63,7 +63,7 @@ size_t Model::slot_bytes(int c) const {
 size_t Model::activation_bytes() const {
   size_t bytes = shared_.capacity();
   for (const ChunkState& c : chunks_)
-    for (const auto& s : c.slots) bytes += s->arena.capacity();
+    for (const auto& s : c.slots) bytes += s->arena.capacity() + s->deferred_arena.capacity();
   return bytes;
 }
 

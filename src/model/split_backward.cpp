@@ -1,0 +1,227 @@
+// The backward in two passes (model/model.h), for zero-bubble pipelines (Qi et al., arXiv
+// 2401.10241): B, the input gradients down the chunk, and W, the parameter gradients, later.
+// Each GEMM's backward is linear_backward once with dinp (in B) and once with dweight and
+// dbias (in W), each norm's likewise; the kernels compute those parts apart from each other,
+// so every gradient is bitwise backward_chunk's, which stays the fused default.
+//
+// What W reads and how long it is kept:
+//   the GEMMs' inputs and the norms' statistics: the slot's LayerActs, residual streams and
+//     (last chunk) normf and dlogits, kept for backward anyway and reused until W;
+//   the output gradients, which backward_chunk leaves in the shared scratch and overwrites
+//     layer by layer: copied or written by B into the slot's DeferredGrads (per layer about
+//     4 C + Ca + 2 Ckv + F (gpt2) or 2 F (llama) values a row, and (N, C) more for the final
+//     norm and the embedding), an arena allocated on the slot's first B and held from then on.
+#include <utility>
+
+#include "kernels/ops.h"
+#include "model/model.h"
+
+namespace pentad {
+
+namespace k = kernels;
+
+// Views of (N, width) buffers as (b, t, heads, head_dim) for attention and RoPE (model.cpp's
+// heads_of(), named apart for the unity build).
+static Tensor heads_of(const Tensor& x, int64_t b, int64_t t, int64_t d) {
+  return x.reshaped(Shape{b, t, x.dim(1) / d, d});
+}
+
+void Model::check_split(int c) const {
+  const LayerRange& range = chunk(c);
+  for (int64_t l = range.layer_begin; l < range.layer_end; ++l)
+    PENTAD_CHECK(!moe_[size_t(l)],
+                 "split backward: layer {} is an MoE layer (its router and experts have no B/W "
+                 "split yet); use backward_chunk",
+                 l);
+  PENTAD_CHECK(tp_->degree() == 1,
+               "split backward: tp degree {} (the tp hooks' f/g around B and W are not split "
+               "yet); use backward_chunk",
+               tp_->degree());
+  PENTAD_CHECK(cp_->degree() == 1,
+               "split backward: cp degree {} (context-parallel attention is not split yet); use "
+               "backward_chunk",
+               cp_->degree());
+  PENTAD_CHECK(!cfg_.recompute,
+               "split backward: model.recompute rebuilds each layer's activations in the shared "
+               "scratch, which B's next layer overwrites before W; use backward_chunk");
+  PENTAD_CHECK(param_hooks_ == &no_hooks_,
+               "split backward: ZeRO-3 parameter hooks (W's gathers and gradient reductions are "
+               "not split yet); use backward_chunk");
+}
+
+void Model::plan_deferred(ActSink& sink, const LayerRange& chunk, Slot& s) {
+  s.deferred.assign(size_t(chunk.layer_end - chunk.layer_begin), {});
+  for (size_t i = 0; i < s.deferred.size(); ++i)
+    declare_deferred_layer(sizes_, double(layer_ffn_[size_t(chunk.layer_begin) + i]), sink,
+                           s.deferred[i]);
+  if (chunk.last) s.d_normf = sink.add("w_d_normf", {sizes_.Nl, sizes_.C}, act_);
+  if (chunk.first) s.d_input = sink.add("w_d_input", {sizes_.Nl, sizes_.C}, act_);
+}
+
+size_t Model::deferred_bytes() const {
+  size_t bytes = 0;
+  for (const ChunkState& c : chunks_)
+    for (const auto& s : c.slots) bytes += s->deferred_arena.capacity();
+  return bytes;
+}
+
+// Layer l's B: layer_backward's input gradients (one device, dense), the output gradients
+// W reads into d. g.resid: d(layer output) in, d(layer input) out.
+void Model::layer_backward_input(int l, const Tensor& x, const LayerActs& a,
+                                 const DeferredGrads& d) {
+  const LayerParams& p = layers_[static_cast<size_t>(l)];
+  const int64_t dh = cfg_.head_dim(), ffn = layer_ffn_[size_t(l)];
+  LayerGrads& g = scratch_.grads;
+  const Tensor a_up = at_width(a.up, ffn), a_gate = at_width(a.gate, ffn),
+               a_act = at_width(a.act, ffn);
+  const Tensor act = at_width(g.act, ffn);
+  copy(d.d_out, g.resid);  // the down projection's output gradient; g.resid moves on
+  if (gpt2()) {
+    k::linear_backward_gelu(d.d_up, Tensor{}, Tensor{}, g.resid, a_act, P(p.down_w), a_up);
+    k::linear_backward(d.d_norm2, Tensor{}, Tensor{}, d.d_up, Tensor{}, P(p.up_w), false);
+    k::layernorm_backward(g.resid, Tensor{}, Tensor{}, d.d_norm2, a.res1, P(p.norm2_w),
+                          a.norm2_mean, a.norm2_rstd);
+  } else {
+    k::linear_backward(act, Tensor{}, Tensor{}, g.resid, Tensor{}, P(p.down_w), false);
+    k::swiglu_backward(d.d_gate, d.d_up, act, a_gate, a_up);
+    k::linear_backward(d.d_norm2, Tensor{}, Tensor{}, d.d_gate, Tensor{}, P(p.gate_w), false);
+    k::linear_backward(d.d_norm2, Tensor{}, Tensor{}, d.d_up, Tensor{}, P(p.up_w), true);
+    k::rmsnorm_backward(g.resid, Tensor{}, d.d_norm2, a.res1, P(p.norm2_w), a.norm2_rstd);
+  }
+  // Attention block: g.resid now holds d(res1), the output projection's output gradient.
+  copy(d.d_att_out, g.resid);
+  k::linear_backward(g.att, Tensor{}, Tensor{}, d.d_att_out, Tensor{}, P(p.o_w), false);
+  cp_->attention_backward(heads_of(d.d_q, b_, t_, dh), heads_of(d.d_k, b_, t_, dh),
+                          heads_of(d.d_v, b_, t_, dh), heads_of(g.att, b_, t_, dh),
+                          heads_of(a.q, b_, t_, dh), heads_of(a.k, b_, t_, dh),
+                          heads_of(a.v, b_, t_, dh), heads_of(a.att, b_, t_, dh), a.lse);
+  if (!gpt2()) {
+    k::rope_backward(heads_of(d.d_q, b_, t_, dh), 0, cfg_.rope_theta, cp_->positions());
+    k::rope_backward(heads_of(d.d_k, b_, t_, dh), 0, cfg_.rope_theta, cp_->positions());
+  }
+  k::linear_backward(d.d_norm1, Tensor{}, Tensor{}, d.d_q, Tensor{}, P(p.q_w), false);
+  k::linear_backward(d.d_norm1, Tensor{}, Tensor{}, d.d_k, Tensor{}, P(p.k_w), true);
+  k::linear_backward(d.d_norm1, Tensor{}, Tensor{}, d.d_v, Tensor{}, P(p.v_w), true);
+  if (gpt2())
+    k::layernorm_backward(g.resid, Tensor{}, Tensor{}, d.d_norm1, x, P(p.norm1_w), a.norm1_mean,
+                          a.norm1_rstd);
+  else
+    k::rmsnorm_backward(g.resid, Tensor{}, d.d_norm1, x, P(p.norm1_w), a.norm1_rstd);
+}
+
+// Layer l's W: layer_backward's parameter gradients (+=), from the GEMMs' inputs in a and x
+// and the output gradients in d. Reads no scratch.
+void Model::layer_backward_weights(int l, const Tensor& x, const LayerActs& a,
+                                   const DeferredGrads& d, const std::function<void()>& poll) {
+  const LayerParams& p = layers_[static_cast<size_t>(l)];
+  const int64_t ffn = layer_ffn_[size_t(l)];
+  const Tensor a_act = at_width(a.act, ffn);
+  k::linear_backward(Tensor{}, G(p.down_w), G(p.down_b), d.d_out, a_act, P(p.down_w), false);
+  if (!gpt2())
+    k::linear_backward(Tensor{}, G(p.gate_w), Tensor{}, d.d_gate, a.norm2, P(p.gate_w), false);
+  k::linear_backward(Tensor{}, G(p.up_w), G(p.up_b), d.d_up, a.norm2, P(p.up_w), false);
+  if (gpt2())
+    k::layernorm_backward(Tensor{}, G(p.norm2_w), G(p.norm2_b), d.d_norm2, a.res1, P(p.norm2_w),
+                          a.norm2_mean, a.norm2_rstd);
+  else
+    k::rmsnorm_backward(Tensor{}, G(p.norm2_w), d.d_norm2, a.res1, P(p.norm2_w), a.norm2_rstd);
+  if (poll) poll();
+  k::linear_backward(Tensor{}, G(p.o_w), G(p.o_b), d.d_att_out, a.att, P(p.o_w), false);
+  k::linear_backward(Tensor{}, G(p.q_w), G(p.q_b), d.d_q, a.norm1, P(p.q_w), false);
+  k::linear_backward(Tensor{}, G(p.k_w), G(p.k_b), d.d_k, a.norm1, P(p.k_w), false);
+  k::linear_backward(Tensor{}, G(p.v_w), G(p.v_b), d.d_v, a.norm1, P(p.v_w), false);
+  if (gpt2())
+    k::layernorm_backward(Tensor{}, G(p.norm1_w), G(p.norm1_b), d.d_norm1, x, P(p.norm1_w),
+                          a.norm1_mean, a.norm1_rstd);
+  else
+    k::rmsnorm_backward(Tensor{}, G(p.norm1_w), d.d_norm1, x, P(p.norm1_w), a.norm1_rstd);
+  if (poll) poll();
+}
+
+void Model::backward_chunk_input(int c, int slot_index, const Tensor& d_output) {
+  check_split(c);
+  const LayerRange& range = chunk(c);
+  Slot& s = slot(c, slot_index);
+  PENTAD_CHECK(!s.weights_pending, "backward_chunk_input: chunk {} slot {} waits for its W", c,
+               slot_index);
+  if (!s.deferred_arena.capacity()) {  // the slot's first B: its buffers, measured then made
+    Arena measure = Arena::measuring("deferred gradients");
+    ArenaSink measuring(measure);
+    plan_deferred(measuring, range, s);
+    s.deferred_arena = Arena(fmt::format("deferred gradients (chunk {} slot {})", c, slot_index),
+                             measure.used(), placement_.device);
+    ArenaSink sink(s.deferred_arena);
+    plan_deferred(sink, range, s);
+    declared_.bytes += sink.bytes, declared_.buffers += sink.buffers;
+  }
+  LayerGrads& g = scratch_.grads;
+  if (range.last) {
+    PENTAD_CHECK(s.have_dlogits, "backward needs a forward with dloss != 0 (chunk {} slot {})", c,
+                 slot_index);
+    k::zero(g.resid);  // the norm backward below accumulates into it
+    k::linear_backward(s.d_normf, Tensor{}, Tensor{}, s.logits, Tensor{}, P(head_), false);
+    const Tensor& last = s.resid.back();
+    if (gpt2())
+      k::layernorm_backward(g.resid, Tensor{}, Tensor{}, s.d_normf, last, P(normf_w_), s.normf_mean,
+                            s.normf_rstd);
+    else
+      k::rmsnorm_backward(g.resid, Tensor{}, s.d_normf, last, P(normf_w_), s.normf_rstd);
+    s.have_dlogits = false;
+  } else {
+    PENTAD_CHECK(d_output.numel() == g.resid.numel(), "chunk {}: d_output has {} values, want {}",
+                 c, d_output.numel(), g.resid.numel());
+    copy(g.resid, d_output);
+  }
+  for (int64_t l = range.layer_end - 1; l >= range.layer_begin; --l) {
+    const size_t i = static_cast<size_t>(l - range.layer_begin);
+    layer_backward_input(static_cast<int>(l), s.resid[i], s.acts[i], s.deferred[i]);
+    if (progress_) progress_();
+  }
+  if (range.first) copy(s.d_input, g.resid);  // the embedding's output gradient, for W
+  s.weights_pending = true;
+}
+
+void Model::backward_chunk_weights(int c, int slot_index, bool last_micro_batch,
+                                   const GradsReady& on_ready) {
+  check_split(c);
+  const LayerRange& range = chunk(c);
+  Slot& s = slot(c, slot_index);
+  PENTAD_CHECK(s.weights_pending,
+               "backward_chunk_weights: chunk {} slot {} has no B to follow "
+               "(backward_chunk_input first)",
+               c, slot_index);
+  // Reported as backward_chunk reports them: the same offsets, in the same order.
+  int64_t reported = -1;
+  auto ready = [&](int first_param, const std::vector<int>& partial) {
+    if (!last_micro_batch) return;
+    sync_partial_grads(partial);
+    reported = static_cast<int64_t>(params_.spec(first_param).offset);
+    if (on_ready) on_ready(reported);
+  };
+  const std::function<void()> poll = [&] {
+    if (reported >= 0 && on_ready) on_ready(reported);
+  };
+  if (range.last) {  // the head first: with tied embeddings wte's gradient adds in this order
+    k::linear_backward(Tensor{}, G(head_), Tensor{}, s.logits, s.normf, P(head_), false);
+    const Tensor& last = s.resid.back();
+    if (gpt2())
+      k::layernorm_backward(Tensor{}, G(normf_w_), G(normf_b_), s.d_normf, last, P(normf_w_),
+                            s.normf_mean, s.normf_rstd);
+    else
+      k::rmsnorm_backward(Tensor{}, G(normf_w_), s.d_normf, last, P(normf_w_), s.normf_rstd);
+    ready(normf_w_, partial_.back());
+  }
+  for (int64_t l = range.layer_end - 1; l >= range.layer_begin; --l) {
+    const size_t i = static_cast<size_t>(l - range.layer_begin);
+    layer_backward_weights(static_cast<int>(l), s.resid[i], s.acts[i], s.deferred[i], poll);
+    ready(layers_[static_cast<size_t>(l)].norm1_w, partial_[static_cast<size_t>(l)]);
+    if (progress_) progress_();
+  }
+  s.weights_pending = false;
+  if (!range.first) return;
+  k::embedding_backward(G(wte_), G(wpe_), s.d_input.reshaped(Shape{b_, t_, cfg_.d_model}), s.tokens,
+                        vocab_start_, cp_->positions());
+  ready(wte_, {});
+}
+
+}  // namespace pentad

@@ -1,0 +1,207 @@
+// The backward in two passes (Model::backward_chunk_input, B, then backward_chunk_weights,
+// W; model/split_backward.cpp) against the fused backward_chunk: every parameter gradient,
+// the input gradient and the gradient reports bitwise equal, in any order of B and W that
+// keeps each slot's W after its B.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/device_memory.h"
+#include "core/rng.h"
+#include "model/model.h"
+
+using namespace pentad;
+
+// Named apart: the unity build compiles this file with the other model tests.
+namespace split_backward_test {
+
+ModelConfig tiny(ModelFamily family) {
+  ModelConfig cfg;
+  cfg.family = family;
+  cfg.n_layer = 3;
+  cfg.d_model = 32;
+  cfg.n_head = 4;
+  cfg.n_kv_head = family == ModelFamily::LLaMA ? 2 : 0;
+  cfg.vocab_size = 97;
+  cfg.max_seq_len = 16;
+  cfg.tie_embeddings = family == ModelFamily::GPT2;
+  return cfg;
+}
+
+constexpr int64_t kB = 2, kT = 16;
+
+// One chunk of all layers, or one chunk per layer (as a rank holding several pipeline chunks).
+std::vector<LayerRange> layout(const ModelConfig& cfg, bool per_layer) {
+  if (!per_layer) return {};
+  std::vector<LayerRange> chunks;
+  for (int64_t l = 0; l < cfg.n_layer; ++l)
+    chunks.push_back({l, l + 1, l == 0, l + 1 == cfg.n_layer});
+  return chunks;
+}
+
+// What a backward leaves: every parameter gradient, d(model input), and the offsets reported
+// final (adjacent repeats, the polls, dropped: the two passes poll at different places).
+struct Result {
+  std::vector<float> grads, input_grad;
+  std::vector<int64_t> ready;
+};
+
+// How the chunks' backward runs, from the top chunk down: the model, the d_output buffer to
+// pass between chunks, last_micro_batch and the listener.
+using Backward = std::function<void(Model&, Tensor, bool, const GradsReady&)>;
+
+// Two micro-batches (the second's gradients added to the first's), each forward then
+// `backward` over every chunk.
+Result run(const ModelConfig& cfg, bool per_layer, const Backward& backward) {
+  Model model(cfg, kB, kT, {}, layout(cfg, per_layer));
+  model.params().initialize(3);
+  model.params().zero_grads();
+  Arena arena("d_output", size_t(kB * kT * cfg.d_model) * sizeof(float) + 256);
+  const Tensor d_output = arena.alloc(Shape{kB * kT, cfg.d_model});
+  Result r;
+  const GradsReady listen = [&](int64_t offset) {
+    if (r.ready.empty() || r.ready.back() != offset) r.ready.push_back(offset);
+  };
+  for (uint64_t micro = 0; micro < 2; ++micro) {
+    std::vector<int32_t> in(size_t(kB * kT)), tg(in.size());
+    for (size_t i = 0; i < in.size(); ++i) {
+      in[i] = static_cast<int32_t>(splitmix64(i + 100 * micro) % 97);
+      tg[i] = static_cast<int32_t>(splitmix64(i + 1000 + 100 * micro) % 97);
+    }
+    for (int c = 0; c < model.chunks(); ++c) {
+      if (c > 0) copy(model.chunk_input(c, 0), model.chunk_output(c - 1, 0));
+      model.forward_chunk(c, 0, c == 0 ? in.data() : nullptr,
+                          c + 1 == model.chunks() ? tg.data() : nullptr, 1.0f / float(kB * kT));
+    }
+    backward(model, d_output, micro == 1, listen);
+  }
+  const Tensor g = model.params().all_grads();
+  r.grads.assign(g.f32(), g.f32() + g.numel());
+  const Tensor d = model.input_grad();
+  r.input_grad.assign(d.f32(), d.f32() + d.numel());
+  return r;
+}
+
+// d(chunk c's input) into d_output, for the chunk below.
+void pass_down(Model& model, Tensor d_output) {
+  copy(d_output, model.input_grad());
+}
+
+void fused(Model& model, Tensor d, bool last, const GradsReady& on_ready) {
+  for (int c = model.chunks() - 1; c >= 0; --c) {
+    model.backward_chunk(c, 0, d, last, on_ready);
+    pass_down(model, d);
+  }
+}
+
+// B of every chunk from the top, then W of every chunk from the top.
+void every_b_then_every_w(Model& model, Tensor d, bool last, const GradsReady& on_ready) {
+  for (int c = model.chunks() - 1; c >= 0; --c) {
+    model.backward_chunk_input(c, 0, d);
+    pass_down(model, d);
+  }
+  for (int c = model.chunks() - 1; c >= 0; --c) model.backward_chunk_weights(c, 0, last, on_ready);
+}
+
+// B(top), then B(c) W(c + 1) down the chunks, then W(0).
+void interleaved(Model& model, Tensor d, bool last, const GradsReady& on_ready) {
+  const int top = model.chunks() - 1;
+  model.backward_chunk_input(top, 0, d);
+  pass_down(model, d);
+  for (int c = top - 1; c >= 0; --c) {
+    model.backward_chunk_input(c, 0, d);
+    pass_down(model, d);
+    model.backward_chunk_weights(c + 1, 0, last, on_ready);
+  }
+  model.backward_chunk_weights(0, 0, last, on_ready);
+}
+
+void expect_bitwise(const Result& want, const Result& got, const std::string& what) {
+  SCOPED_TRACE(what);
+  ASSERT_EQ(want.grads.size(), got.grads.size());
+  EXPECT_EQ(0, std::memcmp(want.grads.data(), got.grads.data(), want.grads.size() * sizeof(float)));
+  ASSERT_EQ(want.input_grad.size(), got.input_grad.size());
+  EXPECT_EQ(0, std::memcmp(want.input_grad.data(), got.input_grad.data(),
+                           want.input_grad.size() * sizeof(float)));
+  EXPECT_EQ(want.ready, got.ready);
+}
+
+class SplitBackward : public ::testing::TestWithParam<ModelFamily> {};
+
+TEST_P(SplitBackward, EqualsTheFusedBackwardBitwise) {
+  omp_set_num_threads(2);
+  const ModelConfig cfg = tiny(GetParam());
+  for (bool per_layer : {false, true}) {
+    const Result want = run(cfg, per_layer, fused);
+    // The gradients are not trivially zero, and every parameter's is reached.
+    double norm = 0;
+    for (float x : want.grads) norm += double(x) * x;
+    EXPECT_GT(norm, 0.0);
+    EXPECT_EQ(want.ready.back(), 0);  // the embedding's, the arena's start, last
+    const std::string layout_name = per_layer ? "a chunk per layer" : "one chunk";
+    expect_bitwise(want, run(cfg, per_layer, every_b_then_every_w),
+                   layout_name + ": every B, then every W");
+    expect_bitwise(want, run(cfg, per_layer, interleaved), layout_name + ": B(c) W(c+1)");
+  }
+}
+
+// B keeps its output gradients in an arena of the slot, made on the slot's first B only: the
+// fused backward's memory is unchanged. A slot waiting for its W refuses a forward and
+// another B; W without B is refused.
+TEST_P(SplitBackward, KeepsItsGradientsUntilW) {
+  omp_set_num_threads(2);
+  const ModelConfig cfg = tiny(GetParam());
+  Model model(cfg, kB, kT);
+  model.params().initialize(3);
+  const size_t fused_bytes = model.activation_bytes();
+  std::vector<int32_t> ids(size_t(kB * kT), 5);
+  model.forward(ids.data(), ids.data(), 1.0f);
+  model.backward();
+  EXPECT_EQ(model.deferred_bytes(), 0u);
+  EXPECT_EQ(model.activation_bytes(), fused_bytes);
+  EXPECT_THROW(model.backward_chunk_weights(0, 0, true), std::exception);
+  model.forward(ids.data(), ids.data(), 1.0f);
+  model.backward_chunk_input(0, 0, Tensor{});
+  EXPECT_GT(model.deferred_bytes(), 0u);
+  EXPECT_EQ(model.activation_bytes(), fused_bytes + model.deferred_bytes());
+  EXPECT_THROW(model.forward(ids.data(), ids.data(), 1.0f), std::exception);
+  EXPECT_THROW(model.backward_chunk_input(0, 0, Tensor{}), std::exception);
+  model.backward_chunk_weights(0, 0, true);
+  model.forward(ids.data(), ids.data(), 1.0f);  // the slot is free again
+  model.backward_chunk_input(0, 0, Tensor{});
+  model.backward_chunk_weights(0, 0, true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, SplitBackward,
+                         ::testing::Values(ModelFamily::GPT2, ModelFamily::LLaMA));
+
+// What this step does not split is refused by name: recompute (each layer's activations
+// rebuilt in the shared scratch) and MoE layers.
+TEST(SplitBackwardRefuses, RecomputeAndMoe) {
+  std::vector<int32_t> ids(size_t(kB * kT), 5);
+  ModelConfig cfg = tiny(ModelFamily::LLaMA);
+  cfg.recompute = true;
+  Model recomputing(cfg, kB, kT);
+  recomputing.params().initialize(3);
+  recomputing.forward(ids.data(), ids.data(), 1.0f);
+  EXPECT_THROW(recomputing.backward_chunk_input(0, 0, Tensor{}), std::exception);
+  cfg = tiny(ModelFamily::LLaMA);
+  cfg.n_experts = 4;
+  cfg.top_k = 2;
+  cfg.moe_layers = "all";
+  Model moe(cfg, kB, kT);
+  moe.params().initialize(3);
+  moe.forward(ids.data(), ids.data(), 1.0f);
+  try {
+    moe.backward_chunk_input(0, 0, Tensor{});
+    ADD_FAILURE() << "an MoE layer was split";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("MoE"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace split_backward_test
