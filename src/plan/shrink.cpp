@@ -18,7 +18,10 @@ std::vector<int> shrink_counts(int remaining) {
   } else {  // a layout on fewer than a quarter of the ranks would not be the fastest
     for (int n = remaining; n >= remaining - 4; --n) counts.insert(n);
     for (int p = 2; p <= remaining / 4; p *= 2) counts.insert(remaining / p * p);
-    for (int n = remaining / 2; n >= remaining / 4; n /= 2) counts.insert(n);
+    // 2^a 3^b: the counts a global batch of 2^a 3^b sequences (most are) divides best
+    for (int64_t two = 1; two <= remaining; two *= 2)
+      for (int64_t n = two; n <= remaining; n *= 3)
+        if (n >= remaining / 4) counts.insert(int(n));
   }
   return {counts.begin(), counts.end()};
 }

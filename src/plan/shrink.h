@@ -21,8 +21,8 @@ struct PlanTarget {
 using TargetFor = std::function<PlanTarget(int ranks)>;
 
 // The counts a shrink searches: every count up to 64 remaining; above, the 5 counts from
-// `remaining` down, the largest multiple of each power of two up to a quarter of it, and its
-// half and quarter (about 20 searches at a thousand ranks).
+// `remaining` down, the largest multiple of each power of two up to a quarter of it, and the
+// counts 2^a 3^b from a quarter of it up (about 25 searches at a thousand ranks).
 std::vector<int> shrink_counts(int remaining);
 
 struct ShrinkPlan {
