@@ -57,10 +57,6 @@ std::map<std::string, std::string> fields_of(const json& layout, const Config& c
   return fixed;
 }
 
-}  // namespace
-
-namespace {
-
 // Both: `grow_to` 0 re-plans for at most world - lost ranks, else for exactly grow_to.
 Replan replan(const std::vector<std::string>& command, const json& layout, int world, int lost,
               int grow_to, const ReplanMachine& machine, std::string* why) {

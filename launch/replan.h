@@ -1,12 +1,12 @@
 #pragma once
 // `pentad launch --replan`: after a fault that took ranks away, the best layout for the ranks
-// that remain. The planner (plan/plan_search.h: the same search and cost model as `pentad
-// plan`) searches every layout of n ranks, for n from what remains down to 1, keeping the
-// job's global batch (micro_batch x grad_accum x dp, as the ranks reported it); the fastest
-// predicted step wins, and the job command is rewritten for it: the launcher's rank count,
-// and `--set` for every layout key, train.global_batch, and parallel.topology emptied (a
-// topology file holds the links of the old rank count). Checkpoints reshard on load, and the
-// data order continues sample for sample at the same global batch.
+// that remain. The planner (plan/shrink.h over plan/plan_search.h: the same search and cost
+// model as `pentad plan`) searches every layout of n ranks, for the counts from what remains
+// down that shrink_counts lists, keeping the job's global batch (micro_batch x grad_accum x dp, as
+// the ranks reported it); the fastest predicted step wins, and the job command is rewritten for it:
+// the launcher's rank count, and `--set` for every layout key, train.global_batch, and
+// parallel.topology emptied (a topology file holds the links of the old rank count). Checkpoints
+// reshard on load, and the data order continues sample for sample at the same global batch.
 //
 // On one machine the ranks that "remain" share its cores with nothing freed: the planner's
 // choice is what would be best on the machine the recipe plans for (--cluster), or on this

@@ -41,8 +41,9 @@ ip_of() { echo "$subnet.$((${1#h} + 1))"; }
 hosts() { [[ -f $state/hosts ]] && awk '{print $2}' "$state/hosts" || true; }
 known() { hosts | grep -qx "$1" || die "no host $1 (hosts: $(hosts | tr '\n' ' '))"; }
 
-# tbf on one interface's egress: RATE, a burst of 4 ms at that rate (at least 64 KiB, so a
-# GSO segment passes whole) and a queue that holds 20 ms.
+# tbf on one interface's egress: RATE, a burst of 64 KiB (a GSO segment passes whole) and a
+# queue that holds 20 ms at that rate (delay between hosts comes from the rate and this queue:
+# the kernel here has no netem).
 shape_dev() {
   local ns=$1 dev=$2 rate=$3
   ip netns exec "$ns" tc qdisc del dev "$dev" root 2>/dev/null || true
