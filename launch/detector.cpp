@@ -426,6 +426,17 @@ std::optional<Detection> Detector::check_link_slow(double now) {
       if (it == ranks_.end() || !it->second.send_s_per_mb.count(from)) add(source, got);
     }
   }
+  // A collective held up for longer than any step takes (twice the median step, at least
+  // kLinkStallSeconds) is a hang in the making: the transfers it stalls, even between ranks
+  // that wait for a third, read as slow pairs, and the hang rules are the ones to judge it
+  // (fault_detection's commhang case was once named "comm slow" under a loaded machine).
+  const double stalled = std::max(kLinkStallSeconds, 2 * median_step_seconds());
+  for (const auto& [rank, r] : ranks_)
+    if (!r.closed && r.bye.empty() && r.wait && !silent.count(rank) &&
+        now - r.wait->entered_at > stalled) {
+      link_slow_since_.clear();
+      return std::nullopt;
+    }
   for (auto it = link_slow_since_.begin(); it != link_slow_since_.end();)
     it = silent.count(it->first.first) || silent.count(it->first.second)
              ? link_slow_since_.erase(it)

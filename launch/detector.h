@@ -93,6 +93,9 @@ class Detector {
   // A rank not heard from for this long (5 beats) is not judged by its links: a stopped
   // process's peers see their transfers with it stall, which is the hang rules' case.
   static constexpr double kLinkSilentSeconds = 0.5;
+  // Links are not judged while a collective has waited this long (and twice the median
+  // step): a hang in the making stalls transfers.
+  static constexpr double kLinkStallSeconds = 0.5;
   // A pair between two hosts is judged against its own first samples too: a link between
   // hosts is slower than one inside a host by nature, and a throttled host link slows every
   // pair across it at once, so neither the median pair nor its like can be the measure.

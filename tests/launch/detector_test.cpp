@@ -377,3 +377,25 @@ TEST(Detector, MalformedMessagesAreRefusedNotFatal) {
 }
 
 }  // namespace
+
+// A collective stalled by a rank blocked elsewhere (fault_detection's commhang): transfers
+// between the waiting ranks stall with it and read as a slow pair, but the stall is the
+// hang rules' case: the slow pair is not reported while the wait is older than any step.
+TEST(Detector, PairsStalledByAHangInTheMakingAreNotASlowLink) {
+  Detector d = healthy_run();
+  std::optional<Detection> found;
+  for (double t = 1.05; t <= 3.5 && !found; t += 0.1) {
+    for (int r : {0, 2, 3}) {
+      json b = waiting(r, 10, "dp", 10, t - 1.0, kEveryone);
+      b["p2p"] = json::array({json::array({(r + 1) % kWorld, r == 2 ? 0.05 : 0.01})});
+      feed(d, b, t);
+    }
+    json other = waiting(1, 10, "tp", 5, t - 1.0, {1, 3});
+    other["p2p"] = json::array({json::array({2, 0.01})});
+    feed(d, other, t);
+    found = d.check(t);
+  }
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->cls, "comm hang") << found->reason;
+  EXPECT_EQ(found->culprit, std::vector<int>{1});
+}
