@@ -6,8 +6,6 @@
 
 #include "core/check.h"
 #include "launch/job_command.h"
-#include "plan/calibration.h"
-#include "plan/memory_budget.h"
 #include "plan/plan_search.h"
 #include "plan/shrink.h"
 #include "recipe/recipe.h"
@@ -17,20 +15,6 @@ namespace pentad::launch {
 namespace {
 
 using nlohmann::json;
-
-// The planner's machine and memory limit per rank for `ranks` ranks, as `pentad plan` has them.
-PlanTarget target_for(const ReplanMachine& m, const Config& cfg, int ranks) {
-  Cluster cluster;
-  if (!m.cluster.empty()) {
-    cluster = cluster_preset(m.cluster, ranks);
-  } else {
-    cluster = this_machine(Calibration::read(m.calibration_path), ranks);
-    cluster.machine.memory_bytes = node_share().memory_bytes / ranks;
-  }
-  const double limit = cfg.train.memory_limit_mb > 0 ? double(cfg.train.memory_limit_mb) * 1048576.0
-                                                     : cluster.machine.memory_bytes;
-  return {cluster.machine, cluster.topology, limit};
-}
 
 // The job's own layout as --layout fields, for the old layout's prediction on the old ranks:
 // the degrees and batch the ranks reported, the rest from the recipe they ran.
@@ -90,7 +74,9 @@ Replan replan(const std::vector<std::string>& command, const json& layout, int w
   }
   cfg.train.global_batch = r.global_batch;
   cfg.parallel.topology.clear();
-  auto target = [&](int n) { return target_for(machine, cfg, n); };
+  auto target = [&](int n) {
+    return plan_target(machine.cluster, machine.calibration_path, cfg, n);
+  };
   try {  // the old layout as the planner sees it, for the log only
     const PlanTarget old = target(world);
     const PlanRow before = search_layouts(cfg, world, fields_of(layout, cfg),

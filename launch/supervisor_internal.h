@@ -68,6 +68,7 @@ class Supervisor {
   // supervisor_watch.cpp
   End run_attempt(Job& job, Detector& detector, Detection* fault);
   End finished(int status, Detector& detector, Detection* fault);
+  void read_ranks(Detector& detector);
   void handle_line(int conn, const std::string& line, Detector& detector);
   void on_closed(int conn, Detector& detector);
   void note_recovery(const nlohmann::json& msg, bool hello, const RankState& r);

@@ -35,11 +35,9 @@ std::optional<std::string> refusal(int status, const Detector& detector) {
 }  // namespace
 
 Supervisor::End Supervisor::run_attempt(Job& job, Detector& detector, Detection* fault) {
-  auto on_line = [&](int conn, const std::string& line) { handle_line(conn, line, detector); };
-  auto closed = [&](int conn) { on_closed(conn, detector); };
   for (;;) {
     if (g_stop_signal) return End::kStopped;
-    server_.poll(0.05, on_line, closed);
+    read_ranks(detector);
     // A process gone whose connection lingers (another process holds its socket). A rank
     // that said bye and exited is gone before the bye and the connection's end are read:
     // the kernel closes a dead process's socket, so they follow unless the socket lingers,
@@ -74,10 +72,7 @@ Supervisor::End Supervisor::finished(int status, Detector& detector, Detection* 
   if (status == 0) {
     // The ranks said bye before exiting: read what is still in flight, then judge.
     const double until = now() + 2.0;
-    while (!conn_rank_.empty() && now() < until)
-      server_.poll(
-          0.05, [&](int conn, const std::string& line) { handle_line(conn, line, detector); },
-          [&](int conn) { on_closed(conn, detector); });
+    while (!conn_rank_.empty() && now() < until) read_ranks(detector);
     // Slowness seen only in the last beats (steps shorter than a beat: a whole slow
     // stretch can arrive with the bye) is still reported; the job is over, so no action.
     while (std::optional<Detection> d = detector.check(now()))
@@ -104,6 +99,13 @@ Supervisor::End Supervisor::finished(int status, Detector& detector, Detection* 
   report(*d, detector);
   *fault = *d;
   return End::kFault;
+}
+
+// The ranks' messages and ended connections of up to 50 ms.
+void Supervisor::read_ranks(Detector& detector) {
+  server_.poll(
+      0.05, [&](int conn, const std::string& line) { handle_line(conn, line, detector); },
+      [&](int conn) { on_closed(conn, detector); });
 }
 
 void Supervisor::handle_line(int conn, const std::string& line, Detector& detector) {
@@ -207,9 +209,7 @@ bool Supervisor::link_came_back(const Detection& d, Job& job, Detector& detector
   };
   bool back = false;
   while (!g_stop_signal && now() - start < o_.link_wait_s && !job.poll()) {
-    server_.poll(
-        0.05, [&](int conn, const std::string& line) { handle_line(conn, line, detector); },
-        [&](int conn) { on_closed(conn, detector); });
+    read_ranks(detector);
     if ((back = heard_and_moving())) break;
   }
   event({{"event", "waited"},
@@ -255,10 +255,7 @@ void Supervisor::dump_traces(Detector& detector) {
   // that the steps the ranks finished (their beats, a few a step when steps are short) are
   // known to the end: the steps a restart redoes.
   if (!dumped.empty())
-    while (now() < dump_at + 0.5)
-      server_.poll(
-          0.05, [&](int conn, const std::string& line) { handle_line(conn, line, detector); },
-          [&](int conn) { on_closed(conn, detector); });
+    while (now() < dump_at + 0.5) read_ranks(detector);
   event({{"event", "action"}, {"action", "dump"}, {"seconds", now() - dump_at}, {"ranks", dumped}});
   say(fmt::format("action: dump (SIGUSR1 to {} local ranks), {:.2f} s", dumped.size(),
                   now() - dump_at));

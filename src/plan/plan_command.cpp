@@ -51,51 +51,36 @@ void plan_command(const PlanArgs& a, bool print) {
   }
   if (a.ranks > (1 << 20)) fail("--ranks {}: at most {} ranks", a.ranks, 1 << 20);
   const int ranks = int(a.ranks);
-  Cluster cluster;
-  if (!a.cluster.empty()) {
-    cluster = cluster_preset(a.cluster, ranks);
-  } else {
-    cluster = this_machine(Calibration::read(calibration_path), ranks);
-    const NodeShare node = node_share();
-    cluster.machine.memory_bytes = node.memory_bytes / ranks;
-  }
-  cluster.machine.engine = engine_named(a.engine);
-  if (a.engine != "pentad" && !cluster.machine.gpu)
+  if (a.memory_gb < 0) fail("--memory-gb {}: must be positive", a.memory_gb);
+  PlanTarget target = plan_target(a.cluster, calibration_path, cfg, ranks, a.memory_gb);
+  target.machine.engine = engine_named(a.engine);
+  if (a.engine != "pentad" && !target.machine.gpu)
     fail("--engine {}: predicts another trainer on a GPU cluster; add --cluster", a.engine);
   if (!a.topology.empty()) {
-    cluster.topology = parallel::Topology::read(a.topology);
-    cluster.topology.check_ranks(ranks, a.topology);
+    target.topology = parallel::Topology::read(a.topology);
+    target.topology.check_ranks(ranks, a.topology);
   }
-  if (a.memory_gb < 0) fail("--memory-gb {}: must be positive", a.memory_gb);
-  const double limit = a.memory_gb > 0 ? a.memory_gb * 1e9
-                       : cfg.train.memory_limit_mb > 0
-                           ? double(cfg.train.memory_limit_mb) * 1048576.0
-                           : cluster.machine.memory_bytes;
   if (a.top < 1) fail("--top {}: must be at least 1", a.top);
   if (a.after_loss != 0) {
-    auto target = [&](int n) {
-      Cluster c = a.cluster.empty() ? this_machine(Calibration::read(calibration_path), n)
-                                    : cluster_preset(a.cluster, n);
-      if (a.cluster.empty()) c.machine.memory_bytes = node_share().memory_bytes / n;
-      c.machine.engine = engine_named(a.engine);
-      const double per_rank = a.memory_gb > 0 ? a.memory_gb * 1e9
-                              : cfg.train.memory_limit_mb > 0
-                                  ? double(cfg.train.memory_limit_mb) * 1048576.0
-                                  : c.machine.memory_bytes;
-      return PlanTarget{c.machine, n == ranks ? cluster.topology : c.topology, per_rank};
+    auto target_for = [&](int n) {
+      if (n == ranks) return target;
+      PlanTarget t = plan_target(a.cluster, calibration_path, cfg, n, a.memory_gb);
+      t.machine.engine = target.machine.engine;
+      return t;
     };
-    out(describe_after_loss(cfg, ranks, a.after_loss, parse_layout(a.layout, ranks), target,
+    out(describe_after_loss(cfg, ranks, a.after_loss, parse_layout(a.layout, ranks), target_for,
                             a.json));
     return;
   }
-  const PlanSearch plan = search_layouts(cfg, ranks, parse_layout(a.layout, ranks), limit,
-                                         cluster.machine, cluster.topology);
+  const PlanSearch plan =
+      search_layouts(cfg, ranks, parse_layout(a.layout, ranks), target.memory_limit_bytes,
+                     target.machine, target.topology);
   Config best = cfg;
   plan.rows.front().layout.apply(best);
   if (a.json) {
-    out(plan_json(plan, cluster.machine) + "\n");
+    out(plan_json(plan, target.machine) + "\n");
   } else {
-    out(describe_plan(plan, cluster.machine, a.top));
+    out(describe_plan(plan, target.machine, a.top));
     out(describe_memory(best, mesh_config(best, ranks)) + "\n");
   }
   if (!a.write.empty()) {

@@ -8,8 +8,26 @@
 #include <set>
 
 #include "core/check.h"
+#include "plan/calibration.h"
+#include "plan/memory_budget.h"
 
 namespace pentad {
+
+PlanTarget plan_target(const std::string& cluster, const std::string& calibration_path,
+                       const Config& cfg, int ranks, double memory_gb) {
+  Cluster c;
+  if (!cluster.empty()) {
+    c = cluster_preset(cluster, ranks);
+  } else {
+    c = this_machine(Calibration::read(calibration_path), ranks);
+    c.machine.memory_bytes = node_share().memory_bytes / ranks;
+  }
+  const double limit = memory_gb > 0 ? memory_gb * 1e9
+                       : cfg.train.memory_limit_mb > 0
+                           ? double(cfg.train.memory_limit_mb) * 1048576.0
+                           : c.machine.memory_bytes;
+  return {c.machine, c.topology, limit};
+}
 
 std::vector<int> shrink_counts(int remaining) {
   std::set<int, std::greater<>> counts;

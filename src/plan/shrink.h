@@ -20,6 +20,12 @@ struct PlanTarget {
 };
 using TargetFor = std::function<PlanTarget(int ranks)>;
 
+// The target `pentad plan` plans `ranks` ranks for: the `cluster` preset, or this machine by
+// the calibration at `calibration_path` (its memory shared by the ranks); the memory limit
+// `memory_gb` where positive, else train.memory_limit_mb where set, else the machine's.
+PlanTarget plan_target(const std::string& cluster, const std::string& calibration_path,
+                       const Config& cfg, int ranks, double memory_gb = 0);
+
 // The counts a shrink searches: every count up to 64 remaining; above, the 5 counts from
 // `remaining` down, the largest multiple of each power of two up to a quarter of it, and the
 // counts 2^a 3^b from a quarter of it up (about 25 searches at a thousand ranks).
@@ -36,10 +42,11 @@ ShrinkPlan best_after_loss(const Config& recipe, int remaining, const TargetFor&
 // The same on exactly `ranks` ranks (growing back to the full count).
 ShrinkPlan best_on(const Config& recipe, int ranks, const TargetFor& target);
 
-// One data-parallel replica fewer: the job's layout (`fixed`, parse_layout's fields, dp
-// among them) at dp - 1 on ranks - ranks / dp, the global batch kept where grad_accum can
-// make it up, else shrunk to micro_batch x grad_accum x (dp - 1), as --exclude-culprit
-// does. Nothing where dp is 1 or the planner refuses it (`refusal` says why).
+// One data-parallel replica fewer (`recipe` with train.global_batch set to the job's): the job's
+// layout (`fixed`, parse_layout's fields, dp among them) at dp - 1 on ranks - ranks / dp, the
+// global batch kept where grad_accum can make it up, else shrunk to micro_batch x grad_accum x (dp
+// - 1), as --exclude-culprit does. Nothing where dp is 1 or the planner refuses it (`refusal` says
+// why).
 std::optional<PlanRow> one_replica_fewer(const Config& recipe, int ranks,
                                          std::map<std::string, std::string> fixed,
                                          const TargetFor& target, std::string* refusal);
