@@ -26,7 +26,8 @@ packages=(
   python3-matplotlib                  # pentad plot (scripts/plot_curves.py)
   python3-venv python3-pip            # the transformers environment below
   fortunes                            # default English corpus
-  procps util-linux                   # scripts/test.sh: pgrep, chrt
+  procps util-linux                   # scripts/test.sh: pgrep, chrt; unshare (scripts/hosts.sh)
+  iproute2                            # scripts/hosts.sh: ip netns, veth, bridge, tc
 )
 
 missing=()
