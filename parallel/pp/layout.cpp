@@ -58,10 +58,13 @@ std::vector<int64_t> chunk_layers(int64_t n_layer, int stages, int virtual_stage
   return layers;
 }
 
-std::vector<Chunk> stage_chunks(const std::vector<int64_t>& layers, int stages, int stage) {
+std::vector<Chunk> stage_chunks(const std::vector<int64_t>& layers, int stages, int stage,
+                                bool vee) {
   const int total = int(layers.size());
+  const ChunkPlacement placement{stages, total / stages, vee};
   std::vector<Chunk> out;
-  for (int j = stage; j < total; j += stages) {
+  for (int c = 0; c < placement.chunks; ++c) {
+    const int j = placement.virtual_stage(stage, c);
     const int64_t begin = std::accumulate(layers.begin(), layers.begin() + j, int64_t{0});
     out.push_back({begin, begin + layers[size_t(j)], j == 0, j == total - 1});
   }

@@ -1,8 +1,10 @@
 #pragma once
 // How a model's layers are cut into pipeline chunks: p stages, each running v chunks
 // (virtual stages) of contiguous layers. Chunk j of the p * v, in model order, is virtual
-// stage j and runs on stage j % p (the interleaved layout of Narayanan et al. 2021); with
-// v = 1, stage s runs chunk s only.
+// stage j. In the loop placement (the interleaved layout of Narayanan et al. 2021) it runs on
+// stage j % p; in the V placement (ZB-V, Qi et al. 2024) every odd pass over the stages runs
+// backwards, so virtual stages p-1 and p share stage p-1, and with v = 2 stage 0 holds both
+// the first and the last chunk. With v = 1 both place chunk s on stage s.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -16,12 +18,30 @@ struct Chunk {
   bool first = true, last = true;
 };
 
+// Which virtual stage chunk c of stage s runs, and back.
+struct ChunkPlacement {
+  int stages = 1;   // p
+  int chunks = 1;   // v per stage
+  bool vee = false;  // the V placement; the loop otherwise
+  int virtual_stages() const { return stages * chunks; }
+  int virtual_stage(int stage, int chunk) const {
+    return chunk * stages + (vee && chunk % 2 == 1 ? stages - 1 - stage : stage);
+  }
+  int stage_of(int virtual_stage) const {
+    const int within = virtual_stage % stages;
+    return vee && (virtual_stage / stages) % 2 == 1 ? stages - 1 - within : within;
+  }
+  int chunk_of(int virtual_stage) const { return virtual_stage / stages; }
+};
+
 // Layers of each model chunk (p * v of them, in model order): `layout` ("3,5": layers per
 // chunk) or an even split. Throws pentad::Error naming the key to change when the layers do
 // not split that way.
 std::vector<int64_t> chunk_layers(int64_t n_layer, int stages, int virtual_stages,
                                   const std::string& layout);
-// Stage s's chunks in parameter order: chunk c is model chunk c * p + s.
-std::vector<Chunk> stage_chunks(const std::vector<int64_t>& layers, int stages, int stage);
+// Stage s's chunks in parameter order: chunk c is model chunk ChunkPlacement{stages, v,
+// vee}.virtual_stage(s, c), v being layers.size() / stages.
+std::vector<Chunk> stage_chunks(const std::vector<int64_t>& layers, int stages, int stage,
+                                bool vee = false);
 
 }  // namespace pentad::parallel::pp

@@ -11,13 +11,6 @@ namespace pentad::parallel::pp {
 
 namespace {
 
-// Every stage's list of passes for one step of `spec`.
-std::vector<std::vector<Action>> all_stage_actions(const ScheduleSpec& spec) {
-  std::vector<std::vector<Action>> lists;
-  for (int s = 0; s < spec.stages; ++s) lists.push_back(stage_actions(spec, s));
-  return lists;
-}
-
 // Evaluation's passes: every micro-batch through every chunk, on every stage alike.
 std::vector<Action> evaluation_actions(int count, int chunks) {
   std::vector<Action> actions;
@@ -38,6 +31,10 @@ const char* span_name(Span::Kind kind) {
       return "wait activation";
     case Span::WaitGrad:
       return "wait gradient";
+    case Span::BackwardInput:
+      return "backward input";
+    case Span::BackwardWeight:
+      return "backward weight";
   }
   return "?";
 }
@@ -57,8 +54,7 @@ Pipeline::Pipeline(Stage& stage, Communicator& group, const ScheduleSpec& spec, 
   dtype_ = sample.dtype;
   device_ = sample.device;
   rounds_mode_ = device_ != Device::CPU || posting == Posting::Rounds;
-  if (rounds_mode_)
-    train_rounds_ = {plan_rounds(all_stage_actions(spec), spec.virtual_stages, stage_), 0};
+  set_schedule(spec);
   in_flight_.assign(size_t(spec.virtual_stages), 0);
   peak_.assign(size_t(spec.virtual_stages), 0);
   for (int c = 0; c < spec.virtual_stages; ++c)
@@ -91,12 +87,14 @@ void Pipeline::release_slot(int chunk, int slot) {
 }
 
 void Pipeline::set_schedule(const ScheduleSpec& spec) {
-  PENTAD_CHECK(spec.stages == spec_.stages && spec.virtual_stages == spec_.virtual_stages,
-               "set_schedule: stages or virtual stages changed");
+  PENTAD_CHECK(spec.stages == spec_.stages && spec.virtual_stages == spec_.virtual_stages &&
+                   spec.placement().vee == spec_.placement().vee,
+               "set_schedule: stages, virtual stages or their placement changed");
   check_schedule(spec);
   spec_ = spec;
-  if (rounds_mode_)
-    train_rounds_ = {plan_rounds(all_stage_actions(spec), spec.virtual_stages, stage_), 0};
+  const std::vector<std::vector<Action>> lists = schedule_actions(spec);
+  actions_ = lists[size_t(stage_)];
+  if (rounds_mode_) train_rounds_ = {plan_rounds(lists, spec.placement(), stage_), 0};
 }
 
 int Pipeline::tag(Action::Type type, int micro, int to_virtual_stage) const {
@@ -108,6 +106,7 @@ int Pipeline::tag(Action::Type type, int micro, int to_virtual_stage) const {
 }
 
 bool Pipeline::needs_input(const Action& a) const {
+  if (a.type == Action::Weight) return false;
   const int vs = virtual_stage(a), last = spec_.stages * spec_.virtual_stages - 1;
   return a.type == Action::Forward ? vs > 0 : vs < last;
 }
@@ -166,11 +165,12 @@ void Pipeline::post_rounds(Rounds& rounds, int until) {
 
 void Pipeline::post_receive(const Action& a) {
   if (rounds_mode_ || !needs_input(a)) return;  // device transfers: posted in rounds
-  const auto key = std::make_tuple(int(a.type), a.micro, a.chunk);
+  const auto key = std::make_tuple(int(carried(a.type)), a.micro, a.chunk);
   if (receives_.count(key)) return;
   const int vs = virtual_stage(a), from = a.type == Action::Forward ? vs - 1 : vs + 1;
   Message m{take_buffer(), Work{}};
-  m.work = group_.recv(m.buf.tensor, from % spec_.stages, tag(a.type, a.micro, vs), true);
+  m.work = group_.recv(m.buf.tensor, spec_.placement().stage_of(from),
+                       tag(carried(a.type), a.micro, vs), true);
   receives_.emplace(key, std::move(m));
 }
 
@@ -183,7 +183,7 @@ static int64_t cpu_now_ns() {
 
 Tensor Pipeline::wait_input(const Action& a, Span::Kind kind, int64_t step) {
   post_receive(a);
-  auto it = receives_.find(std::make_tuple(int(a.type), a.micro, a.chunk));
+  auto it = receives_.find(std::make_tuple(int(carried(a.type)), a.micro, a.chunk));
   PENTAD_CHECK(it != receives_.end(), "the input of micro-batch {} chunk {} was never posted",
                a.micro, a.chunk);
   const int64_t start = trace_now_ns(), start_cpu = cpu_now_ns();
@@ -205,7 +205,7 @@ void Pipeline::send(const Tensor& data, Action::Type type, int micro, int to_vir
     return;
   }
   Message m{std::move(buf), Work{}};
-  m.work = group_.send(m.buf.tensor, to_virtual_stage % spec_.stages,
+  m.work = group_.send(m.buf.tensor, spec_.placement().stage_of(to_virtual_stage),
                        tag(type, micro, to_virtual_stage), true);
   sends_.push_back(std::move(m));
 }
@@ -260,17 +260,18 @@ double Pipeline::train(int64_t step, const Fetch& fetch, float dloss, const Grad
     spans_.erase(spans_.begin(), std::find_if(spans_.begin(), spans_.end(),
                                               [&](const Span& s) { return s.step >= first_kept; }));
   }
-  const std::vector<Action> actions = stage_actions(spec_, stage_);
+  const std::vector<Action>& actions = actions_;
+  // Each chunk's last pass that finishes gradients: its last backward, or W.
   std::vector<size_t> last_backward(size_t(spec_.virtual_stages), 0);
   for (size_t i = 0; i < actions.size(); ++i)
-    if (actions[i].type == Action::Backward) last_backward[size_t(actions[i].chunk)] = i;
+    if (actions[i].type == Action::Backward || actions[i].type == Action::Weight)
+      last_backward[size_t(actions[i].chunk)] = i;
   std::map<std::pair<int, int>, int> slot_of;  // (micro, chunk) -> activation slot
   double loss = 0.0, forward_ns = 0.0, backward_ns = 0.0;
-  int forwards = 0, backwards = 0;
+  int forwards = 0;
   train_rounds_.posted = 0;
   for (size_t i = 0; i < actions.size(); ++i) {
     const Action& a = actions[i];
-    const int vs = virtual_stage(a);
     const int round = rounds_mode_ ? train_rounds_.plan.round_of_action[i] : 0;
     if (rounds_mode_) post_rounds(train_rounds_, round - 1);   // the rounds this stage idled
     if (i + 1 < actions.size()) post_receive(actions[i + 1]);  // arrives while this one runs
@@ -284,16 +285,11 @@ double Pipeline::train(int64_t step, const Fetch& fetch, float dloss, const Grad
       ++forwards;
     } else {
       const int slot = slot_of.at({a.micro, a.chunk});
-      Tensor d_output;
-      if (needs_input(a)) d_output = wait_input(a, Span::WaitGrad, step);
-      const int64_t start = trace_now_ns(), start_cpu = cpu_now_ns();
-      chunks_.backward(a.chunk, slot, d_output, i == last_backward[size_t(a.chunk)], on_ready);
-      record(Span::Backward, a, step, start, start_cpu);
-      backward_ns += double(spans_.back().end_ns - start);
-      ++backwards;
-      if (vs > 0) send(chunks_.input_grad(), Action::Backward, a.micro, vs - 1);
-      release_slot(a.chunk, slot);
-      --in_flight_[size_t(a.chunk)];
+      backward_ns += backward(a, slot, step, i == last_backward[size_t(a.chunk)], on_ready);
+      if (a.type != Action::Input) {  // the slot is free once its gradients are taken
+        release_slot(a.chunk, slot);
+        --in_flight_[size_t(a.chunk)];
+      }
     }
     if (rounds_mode_) post_rounds(train_rounds_, round);
     poll();
@@ -301,8 +297,30 @@ double Pipeline::train(int64_t step, const Fetch& fetch, float dloss, const Grad
   if (rounds_mode_) post_rounds(train_rounds_, int(train_rounds_.plan.groups.size()));
   finish_sends();
   forward_seconds_ = forwards ? forward_ns / forwards * 1e-9 : 0.0;
-  backward_seconds_ = backwards ? backward_ns / backwards * 1e-9 : 0.0;
+  backward_seconds_ = forwards ? backward_ns / forwards * 1e-9 : 0.0;  // one per forward
   return loss;
+}
+
+double Pipeline::backward(const Action& a, int slot, int64_t step, bool last_of_chunk,
+                          const GradsReady& on_ready) {
+  const int vs = virtual_stage(a);
+  Tensor d_output;
+  if (needs_input(a)) d_output = wait_input(a, Span::WaitGrad, step);
+  const int64_t start = trace_now_ns(), start_cpu = cpu_now_ns();
+  Span::Kind kind = Span::Backward;
+  if (a.type == Action::Backward) {
+    chunks_.backward(a.chunk, slot, d_output, last_of_chunk, on_ready);
+  } else if (a.type == Action::Input) {
+    chunks_.backward_input(a.chunk, slot, d_output);
+    kind = Span::BackwardInput;
+  } else {
+    chunks_.backward_weights(a.chunk, slot, last_of_chunk, on_ready);
+    kind = Span::BackwardWeight;
+  }
+  record(kind, a, step, start, start_cpu);
+  if (a.type != Action::Weight && vs > 0)
+    send(chunks_.input_grad(), Action::Backward, a.micro, vs - 1);
+  return double(spans_.back().end_ns - start);
 }
 
 double Pipeline::evaluate(int count, const Fetch& fetch) {
@@ -314,7 +332,7 @@ double Pipeline::evaluate(int count, const Fetch& fetch) {
     auto it = eval_rounds_.find(count);
     if (it == eval_rounds_.end()) {
       const std::vector<std::vector<Action>> lists(size_t(spec_.stages), actions);
-      it = eval_rounds_.emplace(count, Rounds{plan_rounds(lists, spec_.virtual_stages, stage_), 0})
+      it = eval_rounds_.emplace(count, Rounds{plan_rounds(lists, spec_.placement(), stage_), 0})
                .first;
     }
     rounds = &it->second;

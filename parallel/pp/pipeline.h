@@ -5,8 +5,9 @@
 // one when all are taken.
 //
 // Transfers: a forward of virtual stage j receives its input from j-1 and sends its output
-// to j+1; a backward receives d(output) from j+1 and sends d(input) to j-1. Virtual stage j
-// runs on stage j % p. Each receive is posted one pass ahead, so it arrives while the
+// to j+1; a backward (or a B) receives d(output) from j+1 and sends d(input) to j-1; a W
+// moves nothing. Virtual stage j runs on the stage the schedule's placement says (j % p,
+// or the V of zb-v). Each receive is posted one pass ahead, so it arrives while the
 // current pass computes; each send goes from its own buffer and is not waited for before the
 // step ends, so a stage never blocks on a send. Pending transfers are polled after every
 // layer. A message's tag is (micro-batch, destination virtual stage, direction), so sends
@@ -37,7 +38,8 @@
 namespace pentad::parallel::pp {
 
 struct Span {
-  enum Kind : uint8_t { Forward, Backward, WaitInput, WaitGrad };
+  // BackwardInput, BackwardWeight: a split backward's B and W.
+  enum Kind : uint8_t { Forward, Backward, WaitInput, WaitGrad, BackwardInput, BackwardWeight };
   Kind kind = Forward;
   int micro = 0, chunk = 0;
   int64_t step = 0;
@@ -78,8 +80,8 @@ class Pipeline {
 
   const std::vector<Span>& spans() const { return spans_; }  // of the last keep_steps() steps
   int keep_steps() const { return keep_steps_; }
-  // Mean seconds of one forward and one backward of a chunk on this stage, over the last
-  // train() (the inputs of the adaptive schedule's cost model).
+  // Mean seconds of one forward and one backward (B and W together where split) of a chunk
+  // on this stage, over the last train() (the inputs of the adaptive schedule's cost model).
   double forward_seconds() const { return forward_seconds_; }
   double backward_seconds() const { return backward_seconds_; }
   // Micro-batches in flight on each chunk at the peak (activation slots in use at once),
@@ -102,7 +104,9 @@ class Pipeline {
     RoundPlan plan;
     int posted = 0;  // rounds [0, posted) are posted
   };
-  int virtual_stage(const Action& a) const { return a.chunk * spec_.stages + stage_; }
+  int virtual_stage(const Action& a) const {
+    return spec_.placement().virtual_stage(stage_, a.chunk);
+  }
   int tag(Action::Type type, int micro, int to_virtual_stage) const;
   bool needs_input(const Action& a) const;
   void post_receive(const Action& a);
@@ -117,12 +121,16 @@ class Pipeline {
               int64_t start_cpu_ns);
   // One forward pass: its input received (or tokens fetched), computed, its output sent on.
   float forward(const Action& a, int slot, int64_t step, const Fetch& fetch, float dloss);
+  // One backward, B or W; returns its span's nanoseconds.
+  double backward(const Action& a, int slot, int64_t step, bool last_of_chunk,
+                  const GradsReady& on_ready);
   int acquire_slot(int chunk);
   void release_slot(int chunk, int slot);
 
   Stage& chunks_;  // this stage's chunks
   Communicator& group_;
   ScheduleSpec spec_;
+  std::vector<Action> actions_;  // this stage's list for spec_
   int stage_ = 0;
   int keep_steps_;
   int64_t rows_, width_;

@@ -27,7 +27,7 @@
 namespace pentad::parallel::pp {
 
 // A transfer between virtual stages: the forward activation of `micro` into virtual stage
-// to_virtual_stage, or the gradient of its output (Backward) into it.
+// to_virtual_stage, or the gradient of its output (Backward, sent by a backward or a B) into it.
 struct Transfer {
   Action::Type type = Action::Forward;
   int micro = 0;
@@ -41,9 +41,11 @@ struct RoundPlan {
   std::vector<std::vector<Transfer>> groups;  // per round, this stage's transfers in it
 };
 
-// The plan of `stage` when stage s runs lists[s] (lists.size() == p stages, v chunks each;
-// every stage's list comes from the same schedule, or evaluation's forward-only lists).
-// PENTAD_CHECK fails if the lists cannot all run (a pass waits on one that never runs).
-RoundPlan plan_rounds(const std::vector<std::vector<Action>>& lists, int virtual_stages, int stage);
+// The plan of `stage` when stage s runs lists[s] (lists.size() == placement.stages; every
+// stage's list comes from the same schedule, or evaluation's forward-only lists). A W takes
+// a round as any pass does and moves nothing. PENTAD_CHECK fails if the lists cannot all run (a
+// pass waits on one that never runs).
+RoundPlan plan_rounds(const std::vector<std::vector<Action>>& lists,
+                      const ChunkPlacement& placement, int stage);
 
 }  // namespace pentad::parallel::pp

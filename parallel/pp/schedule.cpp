@@ -18,15 +18,22 @@ const char* schedule_name(ScheduleKind kind) {
       return "kfkb";
     case ScheduleKind::Interleaved:
       return "interleaved";
+    case ScheduleKind::ZBH1:
+      return "zb-h1";
+    case ScheduleKind::ZBV:
+      return "zb-v";
   }
   return "?";
 }
 
 ScheduleKind parse_schedule(const std::string& name) {
-  for (ScheduleKind kind :
-       {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::KFKB, ScheduleKind::Interleaved})
+  for (ScheduleKind kind : {ScheduleKind::GPipe, ScheduleKind::OneFOneB, ScheduleKind::KFKB,
+                            ScheduleKind::Interleaved, ScheduleKind::ZBH1, ScheduleKind::ZBV})
     if (name == schedule_name(kind)) return kind;
-  fail("pipeline schedule \"{}\" is not known: use gpipe, 1f1b, kfkb or interleaved", name);
+  fail(
+      "pipeline schedule \"{}\" is not known: use gpipe, 1f1b, kfkb, interleaved, zb-h1 or "
+      "zb-v",
+      name);
 }
 
 void check_schedule(const ScheduleSpec& s) {
@@ -37,9 +44,14 @@ void check_schedule(const ScheduleSpec& s) {
         "parallel.pp = {} x parallel.virtual_stages = {} = {} virtual stages; at most 63 are "
         "supported: lower parallel.virtual_stages",
         p, v, p * v);
-  if (v > 1 && s.kind != ScheduleKind::Interleaved)
-    fail("parallel.virtual_stages = {} needs parallel.pp_schedule = \"interleaved\" (it is \"{}\")",
-         v, schedule_name(s.kind));
+  if (s.kind == ScheduleKind::ZBV && v != 2)
+    fail("the zb-v schedule runs two chunks per stage: set parallel.virtual_stages = 2 (it is {})",
+         v);
+  if (v > 1 && s.kind != ScheduleKind::Interleaved && s.kind != ScheduleKind::ZBV)
+    fail(
+        "parallel.virtual_stages = {} needs parallel.pp_schedule = \"interleaved\" or \"zb-v\" "
+        "(it is \"{}\")",
+        v, schedule_name(s.kind));
   if (s.kind == ScheduleKind::Interleaved) {
     if (p < 2) fail("the interleaved schedule needs parallel.pp >= 2");
     if (m % p != 0)
@@ -98,6 +110,9 @@ std::vector<Action> stage_actions(const ScheduleSpec& s, int stage) {
   check_schedule(s);
   PENTAD_CHECK(stage >= 0 && stage < s.stages, "stage {} of {}", stage, s.stages);
   switch (s.kind) {
+    case ScheduleKind::ZBH1:
+    case ScheduleKind::ZBV:
+      return zero_bubble_lists(s)[size_t(stage)];
     case ScheduleKind::GPipe:
       return grouped(s.stages, s.micro_batches, s.micro_batches, stage);
     case ScheduleKind::OneFOneB:
@@ -110,10 +125,21 @@ std::vector<Action> stage_actions(const ScheduleSpec& s, int stage) {
   return {};
 }
 
+std::vector<std::vector<Action>> schedule_actions(const ScheduleSpec& s) {
+  if (s.splits_backward()) {
+    check_schedule(s);
+    return zero_bubble_lists(s);
+  }
+  std::vector<std::vector<Action>> lists;
+  for (int stage = 0; stage < s.stages; ++stage) lists.push_back(stage_actions(s, stage));
+  return lists;
+}
+
 int peak_in_flight(const std::vector<Action>& actions) {
   int alive = 0, peak = 0;
   for (const Action& a : actions) {
-    alive += a.type == Action::Forward ? 1 : -1;
+    if (a.type == Action::Forward) ++alive;
+    if (a.type == Action::Backward || a.type == Action::Weight) --alive;
     peak = std::max(peak, alive);
   }
   return peak;
@@ -132,34 +158,39 @@ namespace {
 // one directed link going one at a time.
 class Transfers {
  public:
-  Transfers(int stages, int vstages, int micro_batches, const SimCosts& costs)
-      : p_(stages),
-        vstages_(vstages),
+  Transfers(const ChunkPlacement& placement, int micro_batches, const SimCosts& costs)
+      : p_(placement.stages),
+        vstages_(placement.virtual_stages()),
+        place_(placement),
         seconds_(!costs.link_seconds.empty() ? costs.link_seconds
-                                             : std::vector<double>(size_t(stages) * size_t(stages),
+                                             : std::vector<double>(size_t(p_) * size_t(p_),
                                                                    costs.transfer_seconds)),
-        arrival_(size_t(2) * size_t(micro_batches) * size_t(vstages), -1.0),
-        link_free_(size_t(stages) * size_t(stages), 0.0) {}
+        arrival_(size_t(2) * size_t(micro_batches) * size_t(vstages_), -1.0),
+        link_free_(size_t(p_) * size_t(p_), 0.0) {}
   // When the input of stage s's pass a is there: 0 if it needs none (the first forward,
   // the last backward; a backward's own forward ran earlier on the same stage), -1 if it
   // has not been sent yet.
+  // (W needs none: it follows its own B on the same stage.)
   double ready_at(int s, const Action& a) const {
-    const int vs = a.chunk * p_ + s;
+    if (a.type == Action::Weight) return 0.0;
+    const int vs = place_.virtual_stage(s, a.chunk);
     const bool needs_input = a.type == Action::Forward ? vs > 0 : vs < vstages_ - 1;
     if (!needs_input) return 0.0;
-    return arrival_[index(a.type, a.micro, vs)];
+    return arrival_[index(carried(a.type), a.micro, vs)];
   }
   // Stage s finished pass a at `end`: its output leaves for the next virtual stage.
   // Returns the stage it goes to (-1: none).
   int send(int s, const Action& a, double end) {
-    const int vs = a.chunk * p_ + s;
+    if (a.type == Action::Weight) return -1;
+    const int vs = place_.virtual_stage(s, a.chunk);
     const int to_vs = a.type == Action::Forward ? vs + 1 : vs - 1;
     if (to_vs < 0 || to_vs >= vstages_) return -1;
-    const size_t link = size_t(s) * size_t(p_) + size_t(to_vs % p_);
+    const int to = place_.stage_of(to_vs);
+    const size_t link = size_t(s) * size_t(p_) + size_t(to);
     double& free = link_free_[link];
     free = std::max(end, free) + seconds_[link];
-    arrival_[index(a.type, a.micro, to_vs)] = free;
-    return to_vs % p_;
+    arrival_[index(carried(a.type), a.micro, to_vs)] = free;
+    return to;
   }
 
  private:
@@ -167,6 +198,7 @@ class Transfers {
     return (size_t(micro) * 2 + size_t(type)) * size_t(vstages_) + size_t(vs);
   }
   const int p_, vstages_;
+  const ChunkPlacement place_;
   const std::vector<double> seconds_;  // per directed link
   // Flat tables (the planner simulates every layout it ranks): each (micro, type, virtual
   // stage)'s arrival, -1 until sent, and each directed link's (from, to stage) free time.
@@ -174,13 +206,31 @@ class Transfers {
   std::vector<double> link_free_;
 };
 
+// One pass of stage s at full speed.
+double pass_seconds(const SimCosts& costs, int s, Action::Type type) {
+  const double backward = costs.backward_seconds[size_t(s)];
+  const double weight =
+      costs.weight_seconds.empty() ? backward / 2 : costs.weight_seconds[size_t(s)];
+  switch (type) {
+    case Action::Forward:
+      return costs.forward_seconds[size_t(s)];
+    case Action::Backward:
+      return backward;
+    case Action::Input:
+      return backward - weight;
+    case Action::Weight:
+      return weight;
+  }
+  return 0.0;
+}
+
 // simulate() on shared cores: time advances from event to event (a pass ends, an input
 // arrives); between them every running stage progresses at its node's shared rate.
 SimResult simulate_shared(const ScheduleSpec& spec, const SimCosts& costs,
                           const std::vector<std::vector<Action>>& lists, SimResult r) {
   const int p = spec.stages;
   const int per_node = std::clamp(costs.stages_per_node, 1, p);
-  Transfers transfers(p, p * spec.virtual_stages, spec.micro_batches, costs);
+  Transfers transfers(spec.placement(), spec.micro_batches, costs);
   std::vector<size_t> next(size_t(p), 0);
   std::vector<double> left(size_t(p), -1.0), started(size_t(p), 0.0);  // left < 0: not running
   double now = 0.0;
@@ -193,8 +243,7 @@ SimResult simulate_shared(const ScheduleSpec& spec, const SimCosts& costs,
       const Action& a = lists[size_t(s)][next[size_t(s)]];
       const double ready = transfers.ready_at(s, a);
       if (ready >= 0 && ready <= now) {
-        left[size_t(s)] = a.type == Action::Forward ? costs.forward_seconds[size_t(s)]
-                                                    : costs.backward_seconds[size_t(s)];
+        left[size_t(s)] = pass_seconds(costs, s, a.type);
         started[size_t(s)] = now;
       } else if (ready > now) {
         soonest_input = std::min(soonest_input, ready);
@@ -240,15 +289,14 @@ SimResult simulate(const ScheduleSpec& spec, const SimCosts& costs) {
   PENTAD_CHECK(costs.link_seconds.empty() || costs.link_seconds.size() == size_t(p) * size_t(p),
                "simulate: {} stages but {} link times (stages x stages)", p,
                costs.link_seconds.size());
-  std::vector<std::vector<Action>> lists;
+  PENTAD_CHECK(costs.weight_seconds.empty() || int(costs.weight_seconds.size()) == p,
+               "simulate: {} stages but W costs for {}", p, costs.weight_seconds.size());
+  const std::vector<std::vector<Action>> lists = schedule_actions(spec);
   SimResult r;
-  for (int s = 0; s < p; ++s) {
-    lists.push_back(stage_actions(spec, s));
-    r.peak_in_flight.push_back(peak_in_flight(lists.back()));
-  }
+  for (const std::vector<Action>& list : lists) r.peak_in_flight.push_back(peak_in_flight(list));
   r.busy_seconds.assign(static_cast<size_t>(p), 0.0);
   if (costs.core_share > 0) return simulate_shared(spec, costs, lists, std::move(r));
-  Transfers transfers(p, p * spec.virtual_stages, spec.micro_batches, costs);
+  Transfers transfers(spec.placement(), spec.micro_batches, costs);
   std::vector<size_t> next(static_cast<size_t>(p), 0);
   std::vector<double> clock(static_cast<size_t>(p), 0.0);
   // Each stage's next pass: when it can start (infinity: its input has not been sent, or
@@ -275,8 +323,7 @@ SimResult simulate(const ScheduleSpec& spec, const SimCosts& costs) {
     }
     const Action a = lists[size_t(best)][next[size_t(best)]++];
     --remaining;
-    const double cost = a.type == Action::Forward ? costs.forward_seconds[size_t(best)]
-                                                  : costs.backward_seconds[size_t(best)];
+    const double cost = pass_seconds(costs, best, a.type);
     const double end = start + cost;
     clock[size_t(best)] = end;
     r.busy_seconds[size_t(best)] += cost;
@@ -310,7 +357,7 @@ GroupChoice choose_group(ScheduleSpec spec, const SimCosts& costs,
 
 double ideal_bubble_fraction(const ScheduleSpec& spec) {
   const double p = spec.stages, m = spec.micro_batches, v = spec.virtual_stages;
-  if (spec.kind != ScheduleKind::KFKB) return (p - 1) / (v * m + p - 1);
+  if (spec.kind != ScheduleKind::KFKB && !spec.splits_backward()) return (p - 1) / (v * m + p - 1);
   SimCosts unit;
   unit.forward_seconds.assign(size_t(spec.stages), 1.0);
   unit.backward_seconds.assign(size_t(spec.stages), 2.0);

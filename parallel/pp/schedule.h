@@ -7,21 +7,32 @@
 // Names follow the papers: p stages, m micro-batches, v virtual stages (model chunks) per
 // stage, k micro-batches per group (Ada-Grouper's kFkB). Virtual stage j of stage s holds
 // model chunk j * p + s (Megatron's interleaving), so activations visit stages 0..p-1, then
-// 0..p-1 again, v times.
+// 0..p-1 again, v times; ZB-V places its two chunks in a V instead (parallel/pp/layout.h).
 //   GPipe:       every forward, then every backward; m micro-batches in flight.
 //   1F1B:        p - s - 1 warm-up forwards, then one forward / one backward; at most p - s.
 //   kFkB:        1F1B over groups of k micro-batches (k forwards, then k backwards); k = 1
 //                is 1F1B and k = m is GPipe. Grouping pays a link's latency once per k.
 //   interleaved: 1F1B over v chunks per stage (Megatron-Core); the bubble shrinks by v.
+//   zb-h1, zb-v: the zero-bubble schedules (Qi et al., arXiv 2401.10241 and 2405.15362).
+//                Each backward is split into B, the input gradient the stage below waits
+//                for, and W, the weight gradient, which waits to fill what would be bubble.
+//                ZB-H1 keeps 1F1B's order of forwards and Bs and holds at most p micro-
+//                batches on any stage (1F1B's stage 0): bubble about (p-1) / (3m + p-1) with
+//                F = B = W. ZB-V runs two chunks per stage placed in a V, so the first stage
+//                also holds the loss, and holds at most 2p chunk passes (1F1B's peak): its
+//                bubble nears zero. A micro-batch's activations stay until its W.
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "parallel/pp/layout.h"
+
 namespace pentad::parallel::pp {
 
-enum class ScheduleKind { GPipe, OneFOneB, KFKB, Interleaved };
+enum class ScheduleKind { GPipe, OneFOneB, KFKB, Interleaved, ZBH1, ZBV };
 const char* schedule_name(ScheduleKind kind);
-// "gpipe", "1f1b", "kfkb", "interleaved"; anything else throws pentad::Error listing them.
+// "gpipe", "1f1b", "kfkb", "interleaved", "zb-h1", "zb-v"; anything else throws
+// pentad::Error listing them.
 ScheduleKind parse_schedule(const std::string& name);
 
 struct ScheduleSpec {
@@ -30,27 +41,44 @@ struct ScheduleSpec {
   int micro_batches = 1;   // m
   int virtual_stages = 1;  // v (interleaved only; 1 otherwise)
   int group = 1;           // k (kFkB only)
+  // Whether backward runs as B and W (the zero-bubble schedules); where chunks sit.
+  bool splits_backward() const { return kind == ScheduleKind::ZBH1 || kind == ScheduleKind::ZBV; }
+  ChunkPlacement placement() const {
+    return {stages, virtual_stages, kind == ScheduleKind::ZBV};
+  }
 };
 
 // Throws pentad::Error naming the key to change when the schedule cannot run: more than 63
-// virtual stages (p * v), v > 1 for a schedule other than interleaved, interleaved with m
-// not a multiple of p, k outside [1, m].
+// virtual stages (p * v), v > 1 for a schedule other than interleaved and zb-v, zb-v with v
+// other than 2, interleaved with m not a multiple of p, k outside [1, m].
 void check_schedule(const ScheduleSpec& spec);
 
 struct Action {
-  enum Type : uint8_t { Forward, Backward };
+  // Backward: the whole backward pass; Input and Weight: its two halves, B and W.
+  enum Type : uint8_t { Forward, Backward, Input, Weight };
   Type type = Forward;
   int micro = 0;  // micro-batch
   int chunk = 0;  // virtual stage on this stage (0..v-1); model chunk = chunk * p + stage
   bool operator==(const Action&) const = default;
 };
 
-// Stage s's passes in order: 2 * m * v actions, each (micro, chunk) forward once and
-// backward once, the backward after the forward.
+// What crosses stages after a pass: a forward's activation, a backward's (or B's) gradient;
+// W sends nothing. As Backward for B.
+inline Action::Type carried(Action::Type type) {
+  return type == Action::Input ? Action::Backward : type;
+}
+
+// Stage s's passes in order: each (micro, chunk) forward once and backward once (B then W
+// where the schedule splits it), the backward after the forward: 2 * m * v actions, 3 * m * v
+// split.
 std::vector<Action> stage_actions(const ScheduleSpec& spec, int stage);
+// Every stage's, at once (the zero-bubble lists are built for all stages together).
+std::vector<std::vector<Action>> schedule_actions(const ScheduleSpec& spec);
+// The zero-bubble schedules' lists, every stage's (parallel/pp/zero_bubble.cpp).
+std::vector<std::vector<Action>> zero_bubble_lists(const ScheduleSpec& spec);
 
 // Micro-batch activations alive at once on a stage running `actions` (a forward acquires
-// one set, its backward frees it): the peak over the step.
+// one set, its backward, or its W, frees it): the peak over the step.
 int peak_in_flight(const std::vector<Action>& actions);
 
 // Discrete-event replay of a whole schedule: every stage runs its list in order; a pass
@@ -65,7 +93,10 @@ int peak_in_flight(const std::vector<Action>& actions);
 // speed. Each pass then advances by processor sharing instead of at a fixed rate.
 struct SimCosts {
   std::vector<double> forward_seconds;   // per stage: one micro-batch through one chunk
-  std::vector<double> backward_seconds;  // per stage
+  std::vector<double> backward_seconds;  // per stage: B and W together
+  // Per stage, W's share of backward_seconds (split schedules); empty: half of it (B and W
+  // each run one GEMM per weight).
+  std::vector<double> weight_seconds;
   double transfer_seconds = 0.0;         // one activation (or gradient) over one link
   // Per directed link (from stage * stages + to stage); empty: transfer_seconds on every link.
   std::vector<double> link_seconds;
@@ -92,9 +123,9 @@ struct GroupChoice {
 GroupChoice choose_group(ScheduleSpec spec, const SimCosts& costs,
                          const std::vector<double>& slot_bytes, double limit_bytes);
 
-// The bubble of an ideal pipeline (equal stages, free transfers, backward = 2 x forward):
-// (p-1) / (v*m + p-1) for GPipe, 1F1B and interleaved; kFkB has no closed form here and is
-// simulated under the same costs.
+// The bubble of an ideal pipeline (equal stages, free transfers, backward = 2 x forward,
+// B = W): (p-1) / (v*m + p-1) for GPipe, 1F1B and interleaved; kFkB and the zero-bubble
+// schedules are simulated under the same costs (ZB-H1's is (p-1) / (3m + p-1) there).
 double ideal_bubble_fraction(const ScheduleSpec& spec);
 
 }  // namespace pentad::parallel::pp

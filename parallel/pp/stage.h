@@ -41,7 +41,13 @@ class Stage {
   // the step, after which on_ready hears of finished gradient ranges.
   virtual void backward(int chunk, int slot, const Tensor& d_output, bool last_micro_batch,
                         const GradsReady& on_ready) = 0;
-  // d(input) of the last backward, (rows, width), valid until the next backward.
+  // The same backward in two passes (the zero-bubble schedules): B, d(input) from
+  // d_output, and later W, the parameter gradients; the slot's activations stay until W.
+  // last_micro_batch and on_ready as backward's, for W.
+  virtual void backward_input(int chunk, int slot, const Tensor& d_output) = 0;
+  virtual void backward_weights(int chunk, int slot, bool last_micro_batch,
+                                const GradsReady& on_ready) = 0;
+  // d(input) of the last backward or B, (rows, width), valid until the next one.
   virtual Tensor input_grad() = 0;
   // Called often during forward and backward (after every layer): the pipeline polls its
   // transfers there. An empty function stops the calls.

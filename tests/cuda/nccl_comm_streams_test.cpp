@@ -114,7 +114,7 @@ TEST_F(NcclComm, PipelineRoundsMoveDeviceTensorsOnOneGpu) {
     std::vector<std::vector<Action>> lists;
     std::vector<pp::RoundPlan> plans;
     for (int s = 0; s < p; ++s) lists.push_back(pp::stage_actions(spec, s));
-    for (int s = 0; s < p; ++s) plans.push_back(pp::plan_rounds(lists, v, s));
+    for (int s = 0; s < p; ++s) plans.push_back(pp::plan_rounds(lists, spec.placement(), s));
     const int64_t width = 1000;
     // Every value the emulation touches: inputs, outputs and arrivals, keyed by transfer.
     std::map<std::tuple<int, int, int>, Tensor> arrived;  // (type, micro, to vs)

@@ -32,9 +32,9 @@ struct Event {
 //    and finishes once, for each of its ops, the peer's group holding the matching op has
 //    started (ops of a group progress together);
 //  - the n-th send from a to b matches the n-th receive at b from a, whatever they carry.
-std::string replay(const std::vector<std::vector<Action>>& lists, int v,
+std::string replay(const std::vector<std::vector<Action>>& lists, const ChunkPlacement& place,
                    const std::vector<std::vector<Event>>& events) {
-  const int p = int(lists.size()), last_vs = p * v - 1;
+  const int p = int(lists.size()), last_vs = place.virtual_stages() - 1;
   struct Side {
     size_t pass = 0, group = 0;          // next compute / group position (in events)
     std::vector<size_t> passes, groups;  // event indices
@@ -85,10 +85,11 @@ std::string replay(const std::vector<std::vector<Action>>& lists, int v,
       // Compute: the next pass, once its input's group is done.
       while (me.pass < me.passes.size()) {
         const Action& a = lists[size_t(s)][*events[size_t(s)][me.passes[me.pass]].pass];
-        const int vs = a.chunk * p + s;
-        const bool needs = a.type == Action::Forward ? vs > 0 : vs < last_vs;
+        const int vs = place.virtual_stage(s, a.chunk);
+        const bool needs =
+            a.type != Action::Weight && (a.type == Action::Forward ? vs > 0 : vs < last_vs);
         if (needs) {
-          auto it = recv_event.find({s, int(a.type), a.micro, vs});
+          auto it = recv_event.find({s, int(carried(a.type)), a.micro, vs});
           if (it == recv_event.end()) return fmt::format("stage {}: an input never posted", s);
           if (!me.done_groups.count(it->second)) break;
         }
@@ -131,27 +132,31 @@ std::string replay(const std::vector<std::vector<Action>>& lists, int v,
   return "";
 }
 
-Transfer input_of(const Action& a, int s, int p) {  // the transfer a pass consumes
-  const int vs = a.chunk * p + s, from = a.type == Action::Forward ? vs - 1 : vs + 1;
-  return {a.type, a.micro, vs, ((from % p) + p) % p, s};
+// The transfer a pass consumes.
+Transfer input_of(const Action& a, int s, const ChunkPlacement& place) {
+  const int vs = place.virtual_stage(s, a.chunk), from = a.type == Action::Forward ? vs - 1 : vs + 1;
+  return {carried(a.type), a.micro, vs, place.stage_of(from), s};
 }
-std::optional<Transfer> output_of(const Action& a, int s, int p, int v) {
-  const int vs = a.chunk * p + s, last = p * v - 1;
-  if (a.type == Action::Forward ? vs == last : vs == 0) return std::nullopt;
+std::optional<Transfer> output_of(const Action& a, int s, const ChunkPlacement& place) {
+  const int vs = place.virtual_stage(s, a.chunk), last = place.virtual_stages() - 1;
+  if (a.type == Action::Weight || (a.type == Action::Forward ? vs == last : vs == 0))
+    return std::nullopt;
   const int to = a.type == Action::Forward ? vs + 1 : vs - 1;
-  return Transfer{a.type, a.micro, to, s, to % p};
+  return Transfer{carried(a.type), a.micro, to, s, place.stage_of(to)};
 }
-bool needs_input(const Action& a, int s, int p, int v) {
-  const int vs = a.chunk * p + s;
-  return a.type == Action::Forward ? vs > 0 : vs < p * v - 1;
+bool needs_input(const Action& a, int s, const ChunkPlacement& place) {
+  const int vs = place.virtual_stage(s, a.chunk);
+  return a.type != Action::Weight &&
+         (a.type == Action::Forward ? vs > 0 : vs < place.virtual_stages() - 1);
 }
 
 // The pipeline's device order (pipeline.cpp): idle rounds' groups, the pass, its round's group.
-std::vector<std::vector<Event>> rounds_order(const std::vector<std::vector<Action>>& lists, int v) {
+std::vector<std::vector<Event>> rounds_order(const std::vector<std::vector<Action>>& lists,
+                                             const ChunkPlacement& place) {
   const int p = int(lists.size());
   std::vector<std::vector<Event>> events(static_cast<size_t>(p));
   for (int s = 0; s < p; ++s) {
-    const RoundPlan plan = plan_rounds(lists, v, s);
+    const RoundPlan plan = plan_rounds(lists, place, s);
     int posted = 0;
     auto post_until = [&](int until) {
       for (; posted <= until && posted < int(plan.groups.size()); ++posted) {
@@ -176,21 +181,21 @@ std::vector<std::vector<Event>> rounds_order(const std::vector<std::vector<Actio
 // The pipeline's host order: each receive one pass ahead (or just before its pass), each send
 // right after its pass, every op on its own.
 std::vector<std::vector<Event>> one_ahead_order(const std::vector<std::vector<Action>>& lists,
-                                                int v) {
+                                                const ChunkPlacement& place) {
   const int p = int(lists.size());
   std::vector<std::vector<Event>> events(static_cast<size_t>(p));
   for (int s = 0; s < p; ++s) {
     const auto& list = lists[size_t(s)];
     std::set<size_t> posted;
     auto post = [&](size_t i) {
-      if (i < list.size() && needs_input(list[i], s, p, v) && posted.insert(i).second)
-        events[size_t(s)].push_back({std::nullopt, {{false, input_of(list[i], s, p)}}});
+      if (i < list.size() && needs_input(list[i], s, place) && posted.insert(i).second)
+        events[size_t(s)].push_back({std::nullopt, {{false, input_of(list[i], s, place)}}});
     };
     for (size_t i = 0; i < list.size(); ++i) {
       post(i + 1);
       post(i);
       events[size_t(s)].push_back({i, {}});
-      if (auto out = output_of(list[i], s, p, v))
+      if (auto out = output_of(list[i], s, place))
         events[size_t(s)].push_back({std::nullopt, {{true, *out}}});
     }
   }
@@ -198,9 +203,7 @@ std::vector<std::vector<Event>> one_ahead_order(const std::vector<std::vector<Ac
 }
 
 std::vector<std::vector<Action>> lists_of(const ScheduleSpec& spec) {
-  std::vector<std::vector<Action>> lists;
-  for (int s = 0; s < spec.stages; ++s) lists.push_back(stage_actions(spec, s));
-  return lists;
+  return schedule_actions(spec);
 }
 
 TEST(Rounds, EveryScheduleFinishesUnderNcclOrdering) {
@@ -212,20 +215,24 @@ TEST(Rounds, EveryScheduleFinishesUnderNcclOrdering) {
       for (int k = 1; k <= m; ++k) specs.push_back({ScheduleKind::KFKB, p, m, 1, k});
       if (m % p == 0)
         for (int v : {2, 3}) specs.push_back({ScheduleKind::Interleaved, p, m, v, 1});
+      specs.push_back({ScheduleKind::ZBH1, p, m, 1, 1});
+      specs.push_back({ScheduleKind::ZBV, p, m, 2, 1});
       for (const ScheduleSpec& spec : specs) {
         const auto lists = lists_of(spec);
-        EXPECT_EQ(replay(lists, spec.virtual_stages, rounds_order(lists, spec.virtual_stages)), "")
+        EXPECT_EQ(replay(lists, spec.placement(), rounds_order(lists, spec.placement())), "")
             << schedule_name(spec.kind) << " p" << p << " m" << m << " v" << spec.virtual_stages
             << " k" << spec.group;
         ++checked;
       }
       // Evaluation: every micro-batch through every chunk, forward only.
-      for (int v : {1, 2}) {
+      for (const ChunkPlacement place : {ChunkPlacement{p, 1, false}, ChunkPlacement{p, 2, false},
+                                         ChunkPlacement{p, 2, true}}) {
         std::vector<Action> eval;
         for (int micro = 0; micro < m; ++micro)
-          for (int c = 0; c < v; ++c) eval.push_back({Action::Forward, micro, c});
+          for (int c = 0; c < place.chunks; ++c) eval.push_back({Action::Forward, micro, c});
         const std::vector<std::vector<Action>> lists(static_cast<size_t>(p), eval);
-        EXPECT_EQ(replay(lists, v, rounds_order(lists, v)), "") << "evaluate p" << p << " m" << m;
+        EXPECT_EQ(replay(lists, place, rounds_order(lists, place)), "")
+            << "evaluate p" << p << " m" << m << " v" << place.chunks << " vee " << place.vee;
       }
     }
   EXPECT_GT(checked, 100);
@@ -235,7 +242,7 @@ TEST(Rounds, BothEndsPostATransferInTheSameRound) {
   const ScheduleSpec spec{ScheduleKind::Interleaved, 4, 8, 2, 1};
   const auto lists = lists_of(spec);
   std::vector<RoundPlan> plans;
-  for (int s = 0; s < spec.stages; ++s) plans.push_back(plan_rounds(lists, 2, s));
+  for (int s = 0; s < spec.stages; ++s) plans.push_back(plan_rounds(lists, spec.placement(), s));
   for (int s = 0; s < spec.stages; ++s)
     for (size_t r = 0; r < plans[size_t(s)].groups.size(); ++r)
       for (const Transfer& t : plans[size_t(s)].groups[r]) {
@@ -255,7 +262,8 @@ TEST(Rounds, BothEndsPostATransferInTheSameRound) {
 TEST(Rounds, OnePassAheadDeadlocksUnderNcclOrdering) {
   const ScheduleSpec spec{ScheduleKind::OneFOneB, 2, 2, 1, 1};
   const auto lists = lists_of(spec);
-  EXPECT_NE(replay(lists, 1, one_ahead_order(lists, 1)).find("deadlock"), std::string::npos);
+  EXPECT_NE(replay(lists, spec.placement(), one_ahead_order(lists, spec.placement())).find("deadlock"),
+            std::string::npos);
 }
 
 TEST(Rounds, ListsThatCannotRunAreRefused) {
@@ -269,7 +277,7 @@ TEST(Rounds, ListsThatCannotRunAreRefused) {
                                                    {Action::Backward, 1, 0},
                                                    {Action::Forward, 0, 0},
                                                    {Action::Backward, 0, 0}}};
-  EXPECT_ANY_THROW(plan_rounds(lists, 1, 0));
+  EXPECT_ANY_THROW(plan_rounds(lists, ChunkPlacement{2, 1, false}, 0));
 }
 
 }  // namespace
