@@ -1,0 +1,144 @@
+// The zero-bubble schedules (parallel/pp/zero_bubble.cpp): every pass once as F, B and W in
+// a feasible order, the memory each promises (ZB-H1: 1F1B's peak of p micro-batches; ZB-V:
+// 2p half-size chunk passes), and their bubbles under the papers' unit costs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <set>
+
+#include "core/check.h"
+#include "parallel/pp/schedule.h"
+
+namespace pentad::parallel::pp {
+namespace {
+
+std::vector<ScheduleSpec> zb_specs() {
+  std::vector<ScheduleSpec> specs;
+  for (int p : {1, 2, 3, 4, 8})
+    for (int m : {1, 2, 3, 4, 8, 16}) {
+      specs.push_back({ScheduleKind::ZBH1, p, m, 1, 1});
+      specs.push_back({ScheduleKind::ZBV, p, m, 2, 1});
+    }
+  return specs;
+}
+
+std::string zb_label(const ScheduleSpec& s) {
+  return fmt::format("{} p{} m{}", schedule_name(s.kind), s.stages, s.micro_batches);
+}
+
+TEST(ZeroBubble, EveryPassOnceAsForwardInputWeight) {
+  for (const ScheduleSpec& spec : zb_specs()) {
+    const auto lists = schedule_actions(spec);
+    ASSERT_EQ(lists.size(), size_t(spec.stages));
+    for (int s = 0; s < spec.stages; ++s) {
+      const std::vector<Action>& actions = lists[size_t(s)];
+      EXPECT_EQ(actions, stage_actions(spec, s)) << zb_label(spec);
+      ASSERT_EQ(actions.size(), size_t(3 * spec.micro_batches * spec.virtual_stages))
+          << zb_label(spec);
+      std::set<std::pair<int, int>> forwarded, input, weight;
+      for (const Action& a : actions) {
+        const std::pair<int, int> key{a.micro, a.chunk};
+        ASSERT_NE(a.type, Action::Backward) << zb_label(spec);
+        if (a.type == Action::Forward) {
+          EXPECT_TRUE(forwarded.insert(key).second);
+        }
+        if (a.type == Action::Input) {
+          EXPECT_TRUE(forwarded.count(key)) << zb_label(spec) << ": B before its forward";
+          EXPECT_TRUE(input.insert(key).second);
+        }
+        if (a.type == Action::Weight) {
+          EXPECT_TRUE(input.count(key)) << zb_label(spec) << ": W before its B";
+          EXPECT_TRUE(weight.insert(key).second);
+        }
+      }
+    }
+  }
+}
+
+// Lists built at unit cost run without deadlock at any cost.
+TEST(ZeroBubble, NoDeadlockUnderAnyCosts) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> cost(0.1, 3.0);
+  for (const ScheduleSpec& spec : zb_specs())
+    for (int trial = 0; trial < 3; ++trial) {
+      SimCosts costs;
+      for (int s = 0; s < spec.stages; ++s) {
+        costs.forward_seconds.push_back(cost(rng));
+        costs.weight_seconds.push_back(cost(rng));
+        costs.backward_seconds.push_back(costs.weight_seconds.back() + cost(rng));
+      }
+      costs.transfer_seconds = cost(rng) / 4;
+      EXPECT_FALSE(simulate(spec, costs).deadlock) << zb_label(spec);
+      costs.core_share = 1.0;
+      costs.stages_per_node = 2;
+      EXPECT_FALSE(simulate(spec, costs).deadlock) << zb_label(spec) << " on shared cores";
+    }
+}
+
+TEST(ZeroBubble, MemoryNoHigherThanOneFOneB) {
+  for (const ScheduleSpec& spec : zb_specs()) {
+    int one_f_one_b = 0;  // stage 0's peak, in micro-batches of a whole stage
+    for (int s = 0; s < spec.stages; ++s)
+      one_f_one_b = std::max(one_f_one_b, peak_in_flight(stage_actions(
+                                              {ScheduleKind::OneFOneB, spec.stages,
+                                               spec.micro_batches, 1, 1},
+                                              s)));
+    for (int s = 0; s < spec.stages; ++s) {
+      // ZB-V's chunks are half a stage: 2p of them weigh what p whole micro-batches do.
+      const int held = peak_in_flight(stage_actions(spec, s));
+      EXPECT_LE(held, one_f_one_b * spec.virtual_stages) << zb_label(spec) << " stage " << s;
+    }
+  }
+}
+
+// F = B = W (a backward twice a forward): ZB-H1's bubble is (p-1) / (3m + p-1), a third of
+// 1F1B's; ZB-V's only idle is the fill, (p-1) half-size forwards on the last stage (no
+// schedule can start it sooner), so its step is m * 3 + (p-1) / 2 forward times.
+TEST(ZeroBubble, BubblesUnderUnitCosts) {
+  for (int p : {2, 4, 8})
+    for (int m : {8, 16, 32}) {
+      SimCosts costs;
+      costs.forward_seconds.assign(size_t(p), 1.0);
+      costs.backward_seconds.assign(size_t(p), 2.0);
+      const SimResult h1 = simulate({ScheduleKind::ZBH1, p, m, 1, 1}, costs);
+      EXPECT_NEAR(h1.bubble_fraction(), double(p - 1) / (3.0 * m + p - 1), 1e-12)
+          << "p" << p << " m" << m;
+      EXPECT_NEAR(ideal_bubble_fraction({ScheduleKind::ZBH1, p, m, 1, 1}), h1.bubble_fraction(),
+                  1e-12);
+      costs.forward_seconds.assign(size_t(p), 0.5);  // per chunk
+      costs.backward_seconds.assign(size_t(p), 1.0);
+      const SimResult v = simulate({ScheduleKind::ZBV, p, m, 2, 1}, costs);
+      EXPECT_NEAR(v.step_seconds, 3.0 * m + 0.5 * (p - 1), 1e-9) << "p" << p << " m" << m;
+      EXPECT_LT(v.step_seconds, h1.step_seconds);
+    }
+}
+
+TEST(ZeroBubble, VPlacement) {
+  const ChunkPlacement v{4, 2, true};
+  EXPECT_EQ(v.virtual_stage(0, 0), 0);
+  EXPECT_EQ(v.virtual_stage(0, 1), 7);  // the first stage holds the loss too
+  EXPECT_EQ(v.virtual_stage(3, 0), 3);
+  EXPECT_EQ(v.virtual_stage(3, 1), 4);
+  for (int vs = 0; vs < 8; ++vs)
+    EXPECT_EQ(v.virtual_stage(v.stage_of(vs), v.chunk_of(vs)), vs);
+  const std::vector<Chunk> first = stage_chunks({1, 1, 1, 1, 1, 1, 1, 1}, 4, 0, true);
+  ASSERT_EQ(first.size(), 2u);
+  EXPECT_TRUE(first[0].first && !first[0].last && first[1].last && !first[1].first);
+  EXPECT_EQ(first[1].layer_begin, 7);
+}
+
+TEST(ZeroBubble, RefusalsNameTheKey) {
+  try {
+    check_schedule({ScheduleKind::ZBV, 2, 4, 1, 1});
+    FAIL() << "zb-v with one chunk per stage ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.virtual_stages = 2"), std::string::npos);
+  }
+  EXPECT_THROW(check_schedule({ScheduleKind::ZBH1, 2, 4, 2, 1}), Error);
+  EXPECT_EQ(parse_schedule("zb-h1"), ScheduleKind::ZBH1);
+  EXPECT_EQ(parse_schedule("zb-v"), ScheduleKind::ZBV);
+}
+
+}  // namespace
+}  // namespace pentad::parallel::pp
