@@ -92,6 +92,12 @@ void declare_deferred_layer(const ActSizes& s, double F, ActSink& sink, Deferred
   d.d_out = sink.add("w_d_out", {s.N, s.Cj}, act);
 }
 
+void declare_deferred_ends(const ActSizes& s, bool first, bool last, ActSink& sink, Tensor& d_normf,
+                           Tensor& d_input) {
+  if (last) d_normf = sink.add("w_d_normf", {s.Nl, s.C}, s.act);
+  if (first) d_input = sink.add("w_d_input", {s.N, s.C}, s.act);
+}
+
 void declare_batch(const ActSizes& s, ActSink& sink, SlotActs& slot) {
   slot.tokens = sink.add("tokens", {s.b, s.t}, DType::I32);
   slot.targets = sink.add("targets", {s.b, s.t}, DType::I32);

@@ -120,13 +120,17 @@ struct LayerGrads {
 // B (the input gradients) to W (the weight gradients): each GEMM's and norm's output
 // gradient. W's other operands, the GEMMs' inputs and the norms' statistics, are the slot's
 // LayerActs and residual streams, kept anyway until W.
+// Under tensor parallelism the row-parallel GEMMs' output gradients are kept as B gathered
+// them (whole rows, columns j), and the norms' as B reduced them (this rank's rows), so W
+// makes no collective; gathering again in W would save the two (N, Cj) buffers but add a
+// collective to every layer's W.
 struct DeferredGrads {
-  Tensor d_norm1;        // (Nl, C): d(norm1 output), q/k/v's input gradient summed
+  Tensor d_norm1;        // (Nl, C): d(norm1 output), q/k/v's input gradient summed over tp
   Tensor d_q, d_k, d_v;  // (N, Ca), (N, Ckv), (N, Ckv): attention's, after RoPE's backward
-  Tensor d_att_out;      // (N, Cj): the output projection's output gradient, d(res1)
-  Tensor d_norm2;        // (Nl, C): d(norm2 output)
+  Tensor d_att_out;      // (N, Cj): the output projection's output gradient, d(res1) gathered
+  Tensor d_norm2;        // (Nl, C): d(norm2 output), summed over tp
   Tensor d_up, d_gate;   // (N, F) each: d(pre-activation); gpt2: up only (pre-GELU)
-  Tensor d_out;          // (N, Cj): the down projection's output gradient, d(layer output)
+  Tensor d_out;          // (N, Cj): the down projection's output gradient, gathered
 };
 // One micro-batch's activations in one chunk.
 struct SlotActs {
@@ -158,6 +162,11 @@ Tensor declare_residual(const ActSizes& s, ActSink& sink);
 void declare_head(const ActSizes& s, ActSink& sink, SlotActs& slot);
 // One layer's DeferredGrads, its MLP ffn wide (> 0: a dense layer).
 void declare_deferred_layer(const ActSizes& s, double ffn, ActSink& sink, DeferredGrads& d);
+// A split backward's chunk ends: the last chunk's d(final norm output), this rank's rows
+// (Nl, C), and the first chunk's d(chunk input) whole (N, C: under sequence parallelism B
+// gathers it, so that the embedding's W needs no collective).
+void declare_deferred_ends(const ActSizes& s, bool first, bool last, ActSink& sink, Tensor& d_normf,
+                           Tensor& d_input);
 // The scratch, its MLP buffers widest_ffn wide (the widest MLP of the layers held here);
 // holds_last: this rank holds the head.
 void declare_scratch(const ActSizes& s, double widest_ffn, bool holds_last, ActSink& sink,

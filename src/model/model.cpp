@@ -188,14 +188,16 @@ void Model::column_gemm(Tensor out, const Tensor& inp, const Tensor& w, const Te
 }
 
 // A row-parallel GEMM's backward, its input gradient summed over the d2 ranks the same way.
+// Either half may be absent (a split backward's B and W): the weight's gradient still adds
+// up piece by piece, as the fused backward's does.
 void Model::row_gemm_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
                               const Tensor& inp, const Tensor& w, bool sum) {
   const int64_t chunks = tp_->hidden_degree() > 1 ? tp_->chunks() : 1;
-  for (const auto& [first, rows] : pieces(dinp.dim(0), chunks)) {
-    const Tensor part = chunks > 1 ? dinp.rows(first, rows) : dinp;
+  for (const auto& [first, rows] : pieces(dout.dim(0), chunks)) {
+    const Tensor part = chunks > 1 && dinp.data ? dinp.rows(first, rows) : dinp;
     k::linear_backward(part, dweight, dbias, chunks > 1 ? dout.rows(first, rows) : dout,
-                       chunks > 1 ? inp.rows(first, rows) : inp, w, false);
-    if (sum) tp_->begin_hidden_sum(part);
+                       chunks > 1 && inp.data ? inp.rows(first, rows) : inp, w, false);
+    if (sum && dinp.data) tp_->begin_hidden_sum(part);
   }
 }
 

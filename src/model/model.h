@@ -123,8 +123,10 @@ class Model {
   // B are refused before it. W: the parameter gradients (+=) of the slot's last B, bitwise
   // what backward_chunk accumulates; last_micro_batch and on_ready as backward_chunk's. B and
   // W of different chunks and slots interleave freely; each slot's W follows its own B.
-  // Dense layers on one device only: MoE layers, tp, cp, recompute and ZeRO-3 parameter hooks
-  // are refused.
+  // Dense layers, under tensor parallelism (1D and 2D, with or without sequence
+  // parallelism) and context parallelism too: B makes every collective the input gradients
+  // need, W none but the last micro-batch's sum of partial replicated gradients (as
+  // backward_chunk's). MoE layers, recompute and ZeRO-3 parameter hooks are refused.
   void backward_chunk_input(int c, int slot, const Tensor& d_output);
   void backward_chunk_weights(int c, int slot, bool last_micro_batch,
                               const GradsReady& on_ready = {});
@@ -230,6 +232,20 @@ class Model {
   void layer_backward_input(int l, const Tensor& x, const LayerActs& a, const DeferredGrads& d);
   void layer_backward_weights(int l, const Tensor& x, const LayerActs& a, const DeferredGrads& d,
                               const std::function<void()>& poll);
+  // Their blocks' halves under tensor and context parallelism (model/split_backward_tp.cpp):
+  // a dense MLP's and the attention's B (g.resid in, the reduced d(norm output) into d) and
+  // W, the head's and the embedding's B.
+  void split_mlp_input(const LayerParams& p, const LayerActs& a, int64_t ffn,
+                       const DeferredGrads& d);
+  void split_mlp_weights(const LayerParams& p, const LayerActs& a, int64_t ffn,
+                         const DeferredGrads& d);
+  void split_attention_input(const LayerParams& p, const LayerActs& a, const DeferredGrads& d);
+  void split_attention_weights(const LayerParams& p, const LayerActs& a, const DeferredGrads& d);
+  void split_head_input(Slot& s);
+  void split_embedding_input(Slot& s);
+  // g's backward into full_j; where f's backward finds its partial input gradient.
+  void gather_output_grad(Tensor full_j, const Tensor& local);
+  Tensor column_input_partial(const Tensor& reduced) const;
   void mlp_forward(const LayerParams& p, LayerActs& a, int64_t ffn, Tensor out);
   void mlp_backward(const LayerParams& p, LayerActs& a, int64_t ffn);
   Tensor moe_input(const LayerActs& a) const;

@@ -9,8 +9,9 @@
 //     (last chunk) normf and dlogits, kept for backward anyway and reused until W;
 //   the output gradients, which backward_chunk leaves in the shared scratch and overwrites
 //     layer by layer: copied or written by B into the slot's DeferredGrads (per layer about
-//     4 C + Ca + 2 Ckv + F (gpt2) or 2 F (llama) values a row, and (N, C) more for the final
-//     norm and the embedding), an arena allocated on the slot's first B and held from then on.
+//     4 C + Ca + 2 Ckv + F (gpt2) or 2 F (llama) values a row on one device; under tp the
+//     widths are this rank's, see activations.h), and (N, C) more for the final norm and the
+//     embedding, an arena allocated on the slot's first B and held from then on.
 #include <utility>
 
 #include "kernels/ops.h"
@@ -20,12 +21,6 @@ namespace pentad {
 
 namespace k = kernels;
 
-// Views of (N, width) buffers as (b, t, heads, head_dim) for attention and RoPE (model.cpp's
-// heads_of(), named apart for the unity build).
-static Tensor heads_of(const Tensor& x, int64_t b, int64_t t, int64_t d) {
-  return x.reshaped(Shape{b, t, x.dim(1) / d, d});
-}
-
 void Model::check_split(int c) const {
   const LayerRange& range = chunk(c);
   for (int64_t l = range.layer_begin; l < range.layer_end; ++l)
@@ -33,14 +28,6 @@ void Model::check_split(int c) const {
                  "split backward: layer {} is an MoE layer (its router and experts have no B/W "
                  "split yet); use backward_chunk",
                  l);
-  PENTAD_CHECK(tp_->degree() == 1,
-               "split backward: tp degree {} (the tp hooks' f/g around B and W are not split "
-               "yet); use backward_chunk",
-               tp_->degree());
-  PENTAD_CHECK(cp_->degree() == 1,
-               "split backward: cp degree {} (context-parallel attention is not split yet); use "
-               "backward_chunk",
-               cp_->degree());
   PENTAD_CHECK(!cfg_.recompute,
                "split backward: model.recompute rebuilds each layer's activations in the shared "
                "scratch, which B's next layer overwrites before W; use backward_chunk");
@@ -54,8 +41,7 @@ void Model::plan_deferred(ActSink& sink, const LayerRange& chunk, Slot& s) {
   for (size_t i = 0; i < s.deferred.size(); ++i)
     declare_deferred_layer(sizes_, double(layer_ffn_[size_t(chunk.layer_begin) + i]), sink,
                            s.deferred[i]);
-  if (chunk.last) s.d_normf = sink.add("w_d_normf", {sizes_.Nl, sizes_.C}, act_);
-  if (chunk.first) s.d_input = sink.add("w_d_input", {sizes_.Nl, sizes_.C}, act_);
+  declare_deferred_ends(sizes_, chunk.first, chunk.last, sink, s.d_normf, s.d_input);
 }
 
 size_t Model::deferred_bytes() const {
@@ -65,43 +51,20 @@ size_t Model::deferred_bytes() const {
   return bytes;
 }
 
-// Layer l's B: layer_backward's input gradients (one device, dense), the output gradients
-// W reads into d. g.resid: d(layer output) in, d(layer input) out.
+// Layer l's B: layer_backward's input gradients (dense), the output gradients W reads into
+// d. g.resid: d(layer output) in, d(layer input) out. The blocks' tensor- and
+// context-parallel halves are model/split_backward_tp.cpp's.
 void Model::layer_backward_input(int l, const Tensor& x, const LayerActs& a,
                                  const DeferredGrads& d) {
   const LayerParams& p = layers_[static_cast<size_t>(l)];
-  const int64_t dh = cfg_.head_dim(), ffn = layer_ffn_[size_t(l)];
   LayerGrads& g = scratch_.grads;
-  const Tensor a_up = at_width(a.up, ffn), a_gate = at_width(a.gate, ffn),
-               a_act = at_width(a.act, ffn);
-  const Tensor act = at_width(g.act, ffn);
-  copy(d.d_out, g.resid);  // the down projection's output gradient; g.resid moves on
-  if (gpt2()) {
-    k::linear_backward_gelu(d.d_up, Tensor{}, Tensor{}, g.resid, a_act, P(p.down_w), a_up);
-    k::linear_backward(d.d_norm2, Tensor{}, Tensor{}, d.d_up, Tensor{}, P(p.up_w), false);
+  split_mlp_input(p, a, layer_ffn_[size_t(l)], d);  // d(norm2 output) into d.d_norm2
+  if (gpt2())
     k::layernorm_backward(g.resid, Tensor{}, Tensor{}, d.d_norm2, a.res1, P(p.norm2_w),
                           a.norm2_mean, a.norm2_rstd);
-  } else {
-    k::linear_backward(act, Tensor{}, Tensor{}, g.resid, Tensor{}, P(p.down_w), false);
-    k::swiglu_backward(d.d_gate, d.d_up, act, a_gate, a_up);
-    k::linear_backward(d.d_norm2, Tensor{}, Tensor{}, d.d_gate, Tensor{}, P(p.gate_w), false);
-    k::linear_backward(d.d_norm2, Tensor{}, Tensor{}, d.d_up, Tensor{}, P(p.up_w), true);
+  else
     k::rmsnorm_backward(g.resid, Tensor{}, d.d_norm2, a.res1, P(p.norm2_w), a.norm2_rstd);
-  }
-  // Attention block: g.resid now holds d(res1), the output projection's output gradient.
-  copy(d.d_att_out, g.resid);
-  k::linear_backward(g.att, Tensor{}, Tensor{}, d.d_att_out, Tensor{}, P(p.o_w), false);
-  cp_->attention_backward(heads_of(d.d_q, b_, t_, dh), heads_of(d.d_k, b_, t_, dh),
-                          heads_of(d.d_v, b_, t_, dh), heads_of(g.att, b_, t_, dh),
-                          heads_of(a.q, b_, t_, dh), heads_of(a.k, b_, t_, dh),
-                          heads_of(a.v, b_, t_, dh), heads_of(a.att, b_, t_, dh), a.lse);
-  if (!gpt2()) {
-    k::rope_backward(heads_of(d.d_q, b_, t_, dh), 0, cfg_.rope_theta, cp_->positions());
-    k::rope_backward(heads_of(d.d_k, b_, t_, dh), 0, cfg_.rope_theta, cp_->positions());
-  }
-  k::linear_backward(d.d_norm1, Tensor{}, Tensor{}, d.d_q, Tensor{}, P(p.q_w), false);
-  k::linear_backward(d.d_norm1, Tensor{}, Tensor{}, d.d_k, Tensor{}, P(p.k_w), true);
-  k::linear_backward(d.d_norm1, Tensor{}, Tensor{}, d.d_v, Tensor{}, P(p.v_w), true);
+  split_attention_input(p, a, d);  // from d(res1) in g.resid: d(norm1 output) into d.d_norm1
   if (gpt2())
     k::layernorm_backward(g.resid, Tensor{}, Tensor{}, d.d_norm1, x, P(p.norm1_w), a.norm1_mean,
                           a.norm1_rstd);
@@ -114,22 +77,14 @@ void Model::layer_backward_input(int l, const Tensor& x, const LayerActs& a,
 void Model::layer_backward_weights(int l, const Tensor& x, const LayerActs& a,
                                    const DeferredGrads& d, const std::function<void()>& poll) {
   const LayerParams& p = layers_[static_cast<size_t>(l)];
-  const int64_t ffn = layer_ffn_[size_t(l)];
-  const Tensor a_act = at_width(a.act, ffn);
-  k::linear_backward(Tensor{}, G(p.down_w), G(p.down_b), d.d_out, a_act, P(p.down_w), false);
-  if (!gpt2())
-    k::linear_backward(Tensor{}, G(p.gate_w), Tensor{}, d.d_gate, a.norm2, P(p.gate_w), false);
-  k::linear_backward(Tensor{}, G(p.up_w), G(p.up_b), d.d_up, a.norm2, P(p.up_w), false);
+  split_mlp_weights(p, a, layer_ffn_[size_t(l)], d);
   if (gpt2())
     k::layernorm_backward(Tensor{}, G(p.norm2_w), G(p.norm2_b), d.d_norm2, a.res1, P(p.norm2_w),
                           a.norm2_mean, a.norm2_rstd);
   else
     k::rmsnorm_backward(Tensor{}, G(p.norm2_w), d.d_norm2, a.res1, P(p.norm2_w), a.norm2_rstd);
   if (poll) poll();
-  k::linear_backward(Tensor{}, G(p.o_w), G(p.o_b), d.d_att_out, a.att, P(p.o_w), false);
-  k::linear_backward(Tensor{}, G(p.q_w), G(p.q_b), d.d_q, a.norm1, P(p.q_w), false);
-  k::linear_backward(Tensor{}, G(p.k_w), G(p.k_b), d.d_k, a.norm1, P(p.k_w), false);
-  k::linear_backward(Tensor{}, G(p.v_w), G(p.v_b), d.d_v, a.norm1, P(p.v_w), false);
+  split_attention_weights(p, a, d);
   if (gpt2())
     k::layernorm_backward(Tensor{}, G(p.norm1_w), G(p.norm1_b), d.d_norm1, x, P(p.norm1_w),
                           a.norm1_mean, a.norm1_rstd);
@@ -158,14 +113,7 @@ void Model::backward_chunk_input(int c, int slot_index, const Tensor& d_output) 
   if (range.last) {
     PENTAD_CHECK(s.have_dlogits, "backward needs a forward with dloss != 0 (chunk {} slot {})", c,
                  slot_index);
-    k::zero(g.resid);  // the norm backward below accumulates into it
-    k::linear_backward(s.d_normf, Tensor{}, Tensor{}, s.logits, Tensor{}, P(head_), false);
-    const Tensor& last = s.resid.back();
-    if (gpt2())
-      k::layernorm_backward(g.resid, Tensor{}, Tensor{}, s.d_normf, last, P(normf_w_), s.normf_mean,
-                            s.normf_rstd);
-    else
-      k::rmsnorm_backward(g.resid, Tensor{}, s.d_normf, last, P(normf_w_), s.normf_rstd);
+    split_head_input(s);
     s.have_dlogits = false;
   } else {
     PENTAD_CHECK(d_output.numel() == g.resid.numel(), "chunk {}: d_output has {} values, want {}",
@@ -177,7 +125,7 @@ void Model::backward_chunk_input(int c, int slot_index, const Tensor& d_output) 
     layer_backward_input(static_cast<int>(l), s.resid[i], s.acts[i], s.deferred[i]);
     if (progress_) progress_();
   }
-  if (range.first) copy(s.d_input, g.resid);  // the embedding's output gradient, for W
+  if (range.first) split_embedding_input(s);  // the embedding's output gradient, for W
   s.weights_pending = true;
 }
 

@@ -1,0 +1,159 @@
+// The split backward's blocks (model/split_backward.cpp) under tensor and context
+// parallelism: each is Model::layer_backward's (model/model.cpp) cut in two, B making every
+// collective the input gradient needs, in the same order and on the same values, W only
+// GEMMs and norms. So every gradient stays bitwise the fused backward's at the same layout.
+//
+// Tensor parallelism (Megatron's f and g; 2D's gather_hidden, reduce_hidden and the d2
+// sums). B, per block:
+//   g backward: d(block output)'s rows made whole (N, Cj), straight into the slot's
+//     DeferredGrads (d_out, d_att_out), where W reads them as the row-parallel GEMM's output
+//     gradient: kept rather than gathered again in W (two (N, Cj) buffers a layer), so that
+//     W waits on no peer;
+//   the row-parallel GEMM's input gradient, in 2D summed over the d2 ranks piece by piece
+//     (parallel.tp_chunks), as the fused backward's;
+//   f backward: the column-parallel GEMMs' partial input gradients summed over tp into this
+//     rank's rows (d_norm2, d_norm1), which the norms' W reads.
+// W: the same GEMMs' weight gradients, in 2D added up over the same row pieces. Replicated
+// parameters whose gradients are partial per tp rank (norms under sequence parallelism) are
+// summed at the last micro-batch's W, as backward_chunk sums them at its last backward.
+// The head and the embedding are 1D over every tp rank: the head's f backward in B, the
+// embedding's g backward (the rows made whole under sequence parallelism) too.
+//
+// Context parallelism: attention's backward (Ulysses all-to-alls, ring K/V and dK/dV
+// transfers) is wholly B's; RoPE and the embedding read this rank's positions. W does the
+// GEMMs, which need nothing from other cp ranks.
+#include "kernels/ops.h"
+#include "model/model.h"
+
+namespace pentad {
+
+namespace k = kernels;
+
+// Views of (N, width) buffers as (b, t, heads, head_dim) for attention and RoPE (model.cpp's
+// heads(), named apart for the unity build).
+static Tensor heads_of(const Tensor& x, int64_t b, int64_t t, int64_t d) {
+  return x.reshaped(Shape{b, t, x.dim(1) / d, d});
+}
+
+// Without sequence parallelism or 2D, g's backward is the identity on one buffer; the
+// fused backward reads the rows in place, B keeps a copy for W.
+void Model::gather_output_grad(Tensor full_j, const Tensor& local) {
+  if (apart_)
+    tp_->gather_hidden(full_j, local);
+  else
+    copy(full_j, local);
+}
+
+// The column-parallel GEMMs' partial input gradient (N, Cj), before f's backward reduces it
+// into `reduced` (Nl, C): the scratch when the two differ, else `reduced` itself (1D tp
+// without sequence parallelism: an all-reduce in place, as the fused backward's).
+Tensor Model::column_input_partial(const Tensor& reduced) const {
+  return apart_ ? scratch_.grads.norm.prefix(Shape{b_ * t_, width_}) : reduced;
+}
+
+// A dense MLP's B (model.cpp's mlp_backward without its weight gradients): g.resid holds
+// d(layer output); d(pre-activation) and d(norm2 output) land in d.
+void Model::split_mlp_input(const LayerParams& p, const LayerActs& a, int64_t ffn,
+                            const DeferredGrads& d) {
+  PENTAD_CHECK(ffn > 0, "split backward: an MLP of width 0");
+  const LayerGrads& g = scratch_.grads;
+  const Tensor a_up = at_width(a.up, ffn), a_gate = at_width(a.gate, ffn),
+               a_act = at_width(a.act, ffn);
+  const Tensor act = at_width(g.act, ffn);
+  const Tensor partial = column_input_partial(d.d_norm2);
+  // The down projection's output gradient, whole rows; in 2D the activation's gradient is
+  // summed over the d2 ranks before the activation's backward.
+  gather_output_grad(d.d_out, g.resid);
+  if (tp_->hidden_degree() > 1) {
+    row_gemm_backward(act, Tensor{}, Tensor{}, d.d_out, a_act, P(p.down_w));
+    tp_->end_hidden_sums();
+    if (gpt2())
+      k::gelu_backward(d.d_up, act, a_up);
+    else
+      k::swiglu_backward(d.d_gate, d.d_up, act, a_gate, a_up);
+  } else if (gpt2()) {  // d(pre-GELU) straight from the projection's backward
+    k::linear_backward_gelu(d.d_up, Tensor{}, Tensor{}, d.d_out, a_act, P(p.down_w), a_up);
+  } else {
+    k::linear_backward(act, Tensor{}, Tensor{}, d.d_out, Tensor{}, P(p.down_w), false);
+    k::swiglu_backward(d.d_gate, d.d_up, act, a_gate, a_up);
+  }
+  if (!gpt2())
+    k::linear_backward(partial, Tensor{}, Tensor{}, d.d_gate, Tensor{}, P(p.gate_w), false);
+  k::linear_backward(partial, Tensor{}, Tensor{}, d.d_up, Tensor{}, P(p.up_w), !gpt2());
+  tp_->reduce_hidden(d.d_norm2, partial);
+}
+
+// A dense MLP's W: down (in 2D over the same row pieces as the fused backward), gate, up.
+void Model::split_mlp_weights(const LayerParams& p, const LayerActs& a, int64_t ffn,
+                              const DeferredGrads& d) {
+  row_gemm_backward(Tensor{}, G(p.down_w), G(p.down_b), d.d_out, at_width(a.act, ffn), P(p.down_w),
+                    false);
+  if (!gpt2())
+    k::linear_backward(Tensor{}, G(p.gate_w), Tensor{}, d.d_gate, a.norm2, P(p.gate_w), false);
+  k::linear_backward(Tensor{}, G(p.up_w), G(p.up_b), d.d_up, a.norm2, P(p.up_w), false);
+}
+
+// The attention block's B: g.resid holds d(res1); the output projection's output gradient,
+// attention's (every cp rank's part included) and d(norm1 output) land in d.
+void Model::split_attention_input(const LayerParams& p, const LayerActs& a,
+                                  const DeferredGrads& d) {
+  const int64_t dh = cfg_.head_dim();
+  const LayerGrads& g = scratch_.grads;
+  gather_output_grad(d.d_att_out, g.resid);
+  // As layer_backward's, the layout test's planted bug included.
+  row_gemm_backward(g.att, Tensor{}, Tensor{}, d.d_att_out, a.att, P(p.o_w),
+                    !bug_injected("tp2d-skip-hidden-grad-sum"));
+  tp_->end_hidden_sums();
+  cp_->attention_backward(heads_of(d.d_q, b_, t_, dh), heads_of(d.d_k, b_, t_, dh),
+                          heads_of(d.d_v, b_, t_, dh), heads_of(g.att, b_, t_, dh),
+                          heads_of(a.q, b_, t_, dh), heads_of(a.k, b_, t_, dh),
+                          heads_of(a.v, b_, t_, dh), heads_of(a.att, b_, t_, dh), a.lse);
+  if (!gpt2()) {
+    k::rope_backward(heads_of(d.d_q, b_, t_, dh), 0, cfg_.rope_theta, cp_->positions());
+    k::rope_backward(heads_of(d.d_k, b_, t_, dh), 0, cfg_.rope_theta, cp_->positions());
+  }
+  const Tensor partial = column_input_partial(d.d_norm1);
+  k::linear_backward(partial, Tensor{}, Tensor{}, d.d_q, Tensor{}, P(p.q_w), false);
+  k::linear_backward(partial, Tensor{}, Tensor{}, d.d_k, Tensor{}, P(p.k_w), true);
+  k::linear_backward(partial, Tensor{}, Tensor{}, d.d_v, Tensor{}, P(p.v_w), true);
+  tp_->reduce_hidden(d.d_norm1, partial);
+}
+
+// The attention block's W: the output projection (in 2D over the fused backward's row
+// pieces), then q, k, v.
+void Model::split_attention_weights(const LayerParams& p, const LayerActs& a,
+                                    const DeferredGrads& d) {
+  row_gemm_backward(Tensor{}, G(p.o_w), G(p.o_b), d.d_att_out, a.att, P(p.o_w), false);
+  k::linear_backward(Tensor{}, G(p.q_w), G(p.q_b), d.d_q, a.norm1, P(p.q_w), false);
+  k::linear_backward(Tensor{}, G(p.k_w), G(p.k_b), d.d_k, a.norm1, P(p.k_w), false);
+  k::linear_backward(Tensor{}, G(p.v_w), G(p.v_b), d.d_v, a.norm1, P(p.v_w), false);
+}
+
+// The head's and final norm's B, from the slot's dlogits: d(final norm output) summed over
+// tp into s.d_normf (this rank's rows), d(last residual) into g.resid.
+void Model::split_head_input(Slot& s) {
+  LayerGrads& g = scratch_.grads;
+  k::zero(g.resid);  // the norm backward below accumulates into it
+  // The head is 1D over every tp rank (2D too): its partial input gradient apart only with SP.
+  const Tensor partial = tp_->sequence_parallel() ? g.norm : s.d_normf;
+  k::linear_backward(partial, Tensor{}, Tensor{}, s.logits, Tensor{}, P(head_), false);
+  tp_->f_backward(s.d_normf, partial);
+  const Tensor& last = s.resid.back();
+  if (gpt2())
+    k::layernorm_backward(g.resid, Tensor{}, Tensor{}, s.d_normf, last, P(normf_w_), s.normf_mean,
+                          s.normf_rstd);
+  else
+    k::rmsnorm_backward(g.resid, Tensor{}, s.d_normf, last, P(normf_w_), s.normf_rstd);
+}
+
+// The embedding's output gradient for its W, whole: gathered under sequence parallelism (so
+// wpe's is whole too), this rank's rows otherwise (1D over every tp rank, as the head).
+void Model::split_embedding_input(Slot& s) {
+  const LayerGrads& g = scratch_.grads;
+  if (tp_->sequence_parallel())
+    tp_->g_backward(s.d_input, g.resid);
+  else
+    copy(s.d_input, g.resid);
+}
+
+}  // namespace pentad
