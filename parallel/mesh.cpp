@@ -263,8 +263,9 @@ Mesh Mesh::create(const MeshConfig& config, MPI_Comm world, Backend backend) {
         split(world, expert_color(axis), mesh.world_rank_, backend, axis_name(axis));
   mesh.dp_cp_ =
       split(world, mesh_rank(config, at(Axis::TP), 0, 0, pp), mesh.world_rank_, backend, "dp_cp");
-  // Tied embeddings under pipelining: the first and last stages hold the same table.
-  const bool ends = config.pp > 1 && (pp == 0 || pp == config.pp - 1);
+  // Tied embeddings under pipelining: the first and last stages hold the same table (one
+  // stage holds both ends in a V).
+  const bool ends = config.pp > 1 && !config.pp_vee && (pp == 0 || pp == config.pp - 1);
   mesh.embedding_ = split(
       world, ends ? mesh_rank(config, at(Axis::TP), at(Axis::CP), at(Axis::DP), 0) : MPI_UNDEFINED,
       mesh.world_rank_, backend, "embedding");

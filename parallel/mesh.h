@@ -35,6 +35,9 @@ struct MeshConfig {
   // column-first: (t % d1, t / d1), a mesh column of d1 adjacent ranks.
   int tp_d2 = 1;
   bool tp_column_first = false;
+  // The pipeline's chunks placed in a V (zb-v): the first stage holds the last chunk too,
+  // so no other stage holds a copy of a tied embedding.
+  bool pp_vee = false;
 };
 
 // A tp rank's place on the 2D tp mesh: heads index i (of d1), hidden index j (of d2).

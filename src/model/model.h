@@ -131,6 +131,10 @@ class Model {
   void backward_chunk_weights(int c, int slot, bool last_micro_batch,
                               const GradsReady& on_ready = {});
   size_t deferred_bytes() const;  // every slot's kept output gradients (B to W)
+  // Throws pentad::Error saying why, where some chunk's backward cannot be split.
+  void check_split_backward() const {
+    for (int c = 0; c < chunks(); ++c) check_split(c);
+  }
   // Training on a device (train/trainer.cpp, the step's one readback): with a total set
   // (one F64 on the model's device), each loss-holding forward adds its mean loss into it
   // on the device and returns 0 instead of reading the losses back and waiting. Unset

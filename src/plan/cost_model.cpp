@@ -130,7 +130,7 @@ void layer_compute(const Step& step, LayerCosts& costs) {
   };
   const std::vector<LayerGemm>& dense_gemms = step.dense_gemms;
   Pass dense;
-  dense.add_fwd_bwd(gemm_seconds(dense_gemms, false, n));
+  dense.add_gemm(gemm_seconds(dense_gemms, false, n));
   // Each call sees the whole sequence, or under ring attention one block of it.
   const double ring = mesh.cp > 1 ? double(mesh.cp) / mesh.cp_ulysses : 1.0;
   dense.add_fwd_bwd(rates.attention(6 * n * C * s / d1, s / ring));
@@ -140,7 +140,7 @@ void layer_compute(const Step& step, LayerCosts& costs) {
   dense.forward += rates.elementwise(layer_elem_bytes);
   dense.backward += rates.elementwise(2 * layer_elem_bytes);
   Pass attention_part = dense;
-  dense.add_fwd_bwd(gemm_seconds(dense_gemms, true, n));
+  dense.add_gemm(gemm_seconds(dense_gemms, true, n));
 
   // An MoE layer: the attention half as above, then each rank's routed rows through its
   // experts (balanced: its own rows x top_k, each expert's width over etp, gathered over etp)
@@ -152,11 +152,11 @@ void layer_compute(const Step& step, LayerCosts& costs) {
     const double rows = (sp ? n / tp : n) * k * mesh.etp;
     const double experts_here = double(m.n_experts) / mesh.ep;
     const double per_expert = rows / experts_here;
-    moe.add_fwd_bwd(experts_here *
+    moe.add_gemm(experts_here *
                     gemm_seconds(layer_gemms(table.moe_layer, degrees, true), true, per_expert));
     if (m.n_shared_experts > 0)  // the shared experts: a dense MLP
-      moe.add_fwd_bwd(gemm_seconds(layer_gemms(table.moe_layer, degrees, false), true, n));
-    moe.add_fwd_bwd(rates.gemm(sp ? n / tp : n, C, double(m.n_experts)));  // router
+      moe.add_gemm(gemm_seconds(layer_gemms(table.moe_layer, degrees, false), true, n));
+    moe.add_gemm(rates.gemm(sp ? n / tp : n, C, double(m.n_experts)));  // router
     const double sent = (sp ? n / tp : n) * k * C * e;
     if (mesh.ep > 1) {
       std::vector<int> ep_group;  // the ep ranks of world rank 0: stage indices etp apart
@@ -243,7 +243,7 @@ void head_costs(const Step& step, LayerCosts& costs) {
   const double n = step.n, C = step.C, V = step.V, tp = step.tp, e = step.e;
   // The head (vocabulary-parallel GEMM and cross-entropy, fp32) and the embedding.
   Pass& head = costs.head;
-  head.add_fwd_bwd(rates.gemm(n, C, V / tp));
+  head.add_gemm(rates.gemm(n, C, V / tp));
   head.forward += rates.elementwise(n * (V / tp) * 4 + n * C * e);
   head.backward += rates.elementwise(2 * n * (V / tp) * 4 + n * C * e);
   const std::vector<int> all_tp = group_of(mesh, parallel::Axis::TP);
@@ -271,13 +271,14 @@ Stages stage_costs(const Step& step, const LayerCosts& costs) {
   };
   const std::vector<int64_t> layers = parallel::pp::chunk_layers(m.n_layer, p, v, par.pp_layout);
   parallel::pp::SimCosts sim;
+  const bool vee = par.pp_schedule == "zb-v";
   std::vector<double> stage_bwd(size_t(p), 0.0), stage_fwd(size_t(p), 0.0);
   std::vector<double> stage_work(size_t(p), 0.0);  // a micro-batch's, every chunk
   std::vector<int> stage_layers(size_t(p), 0);
   double compute_max = 0, tp_max = 0, cp_max = 0, ep_max = 0;
   for (int st = 0; st < p; ++st) {
-    double fwd = 0, bwd = 0, tpc = 0, cpc = 0, epc = 0, chunks = 0;
-    for (const parallel::pp::Chunk& c : parallel::pp::stage_chunks(layers, p, st)) {
+    double fwd = 0, bwd = 0, weight = 0, tpc = 0, cpc = 0, epc = 0, chunks = 0;
+    for (const parallel::pp::Chunk& c : parallel::pp::stage_chunks(layers, p, st, vee)) {
       ++chunks;
       stage_layers[size_t(st)] += int(c.layer_end - c.layer_begin);
       for (int64_t l = c.layer_begin; l < c.layer_end; ++l) {
@@ -285,6 +286,7 @@ Stages stage_costs(const Step& step, const LayerCosts& costs) {
         const Pass& pass = mo ? moe : dense;
         fwd += pass.forward;
         bwd += pass.backward + (m.recompute ? pass.forward : 0);
+        weight += pass.weight;
         tpc += tp_fwd + tp_bwd + (m.recompute ? tp_fwd : 0);
         cpc += cp_fwd + cp_bwd + (m.recompute ? cp_fwd : 0);
         epc += mo ? moe_comm_fwd * (2 + (m.recompute ? 1 : 0)) : 0;
@@ -293,6 +295,7 @@ Stages stage_costs(const Step& step, const LayerCosts& costs) {
       if (c.last) {
         fwd += head.forward;
         bwd += head.backward;
+        weight += head.weight;
         tpc += head_comm;
       }
     }
@@ -302,6 +305,7 @@ Stages stage_costs(const Step& step, const LayerCosts& costs) {
     const double share = fwd / std::max(1e-30, fwd + bwd);
     sim.forward_seconds.push_back((fwd + comm * share) / chunks);
     sim.backward_seconds.push_back((bwd + comm * (1 - share)) / chunks);
+    sim.weight_seconds.push_back(weight / chunks);  // collectives all in B
     stage_bwd[size_t(st)] = bwd + comm * (1 - share);
     stage_fwd[size_t(st)] = fwd + comm * share;
     stage_work[size_t(st)] = fwd + bwd + comm;
@@ -352,6 +356,7 @@ parallel::pp::SimResult replay(const Step& step, Stages& stages) {
     sim.core_share = double(machine.cores) / (threads * std::min(world / p, node_ranks));
     for (double& f : sim.forward_seconds) f /= slow;
     for (double& b : sim.backward_seconds) b /= slow;
+    for (double& w : sim.weight_seconds) w /= slow;
   }
   const parallel::pp::SimResult run = parallel::pp::simulate(spec, sim);
   PENTAD_CHECK(!run.deadlock, "schedule simulation deadlocked");

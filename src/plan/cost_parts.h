@@ -62,9 +62,15 @@ struct Rates {  // what one rank computes at
 // fwd + bwd, and twice the forward's element-wise bytes).
 struct Pass {
   double forward = 0, backward = 0;
+  double weight = 0;  // of backward: the weight gradients (W of a split backward)
   void add_fwd_bwd(double seconds) {
     forward += seconds / 3;
     backward += 2 * seconds / 3;
+  }
+  // GEMMs: backward's second third is their weight gradient.
+  void add_gemm(double seconds) {
+    add_fwd_bwd(seconds);
+    weight += seconds / 3;
   }
 };
 

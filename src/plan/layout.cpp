@@ -113,6 +113,23 @@ std::string product_fixes(const ParallelConfig& p, int world_size) {
 
 }  // namespace
 
+// The zero-bubble schedules split every backward into B and W (model/split_backward.cpp);
+// what that split does not cover is refused here, before any rank starts.
+static void check_split_backward(const Config& cfg) {
+  const std::string& schedule = cfg.parallel.pp_schedule;
+  if (cfg.model.recompute)
+    fail(
+        "parallel.pp_schedule = \"{}\" keeps each layer's activations until its weight "
+        "gradients, which model.recompute = true drops: set model.recompute = false or choose "
+        "parallel.pp_schedule = \"1f1b\"",
+        schedule);
+  if (cfg.parallel.zero == 3)
+    fail(
+        "parallel.pp_schedule = \"{}\" with parallel.zero = 3: the weight-gradient pass does "
+        "not gather parameters yet; use parallel.zero <= 2 or another parallel.pp_schedule",
+        schedule);
+}
+
 parallel::MeshConfig mesh_config(const Config& cfg, int world_size, std::string* note) {
   const ParallelConfig& p = cfg.parallel;
   parallel::MeshConfig mesh;
@@ -128,6 +145,7 @@ parallel::MeshConfig mesh_config(const Config& cfg, int world_size, std::string*
   const int d2 = tp_shape_d2(cfg);
   mesh.tp_d2 = std::max(d2, 1);
   mesh.tp_column_first = p.tp_order == "column";
+  mesh.pp_vee = p.pp_schedule == "zb-v";
   const int64_t others = p.tp * p.cp * p.pp;
   if (p.dp > 0)
     mesh.dp = static_cast<int>(p.dp);
@@ -176,8 +194,10 @@ parallel::MeshConfig mesh_config(const Config& cfg, int world_size, std::string*
   if (p.pp > 1 || p.virtual_stages > 1 || !p.pp_layout.empty()) {
     Config resolved = cfg;  // the schedule runs the micro-batches train.global_batch implies
     apply_global_batch(resolved, mesh.dp);
-    parallel::pp::check_schedule(schedule_spec(resolved));
+    const parallel::pp::ScheduleSpec spec = schedule_spec(resolved);
+    parallel::pp::check_schedule(spec);
     parallel::pp::chunk_layers(cfg.model.n_layer, int(p.pp), int(p.virtual_stages), p.pp_layout);
+    if (spec.splits_backward()) check_split_backward(cfg);
   }
   parallel::check_layout(mesh, cfg.model.d_model, cfg.model.n_head, cfg.model.n_kv_head,
                          cfg.model.vocab_size, ffn_dim(cfg.model), cfg.model.n_layer,

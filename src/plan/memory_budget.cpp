@@ -29,7 +29,7 @@ std::vector<parallel::pp::Chunk> chunks_of_stage(const Config& cfg, int stages, 
     return {parallel::pp::Chunk{0, cfg.model.n_layer, true, true}};
   return parallel::pp::stage_chunks(
       parallel::pp::chunk_layers(cfg.model.n_layer, stages, int(p.virtual_stages), p.pp_layout),
-      stages, stage);
+      stages, stage, p.pp_schedule == "zb-v");
 }
 
 // The MoE layers among [begin, end).

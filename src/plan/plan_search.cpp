@@ -255,8 +255,11 @@ class LayoutSearch {
   void search_schedules(Layout& l) {
     const int64_t pp = l.pp, dp = l.dp, cp = l.cp;
     for (const std::string& schedule :
-         pick("schedule", pp > 1 ? Strings{"1f1b", "interleaved", "kfkb"} : Strings{"1f1b"}))
-      for (int64_t vp : picks("vp", schedule == "interleaved" ? Integers{2, 4} : Integers{1}))
+         pick("schedule", pp > 1 ? Strings{"1f1b", "interleaved", "kfkb", "zb-h1", "zb-v"}
+                                 : Strings{"1f1b"}))
+      for (int64_t vp : picks("vp", schedule == "interleaved" ? Integers{2, 4}
+                                    : schedule == "zb-v"      ? Integers{2}
+                                                              : Integers{1}))
         for (int64_t group : picks("pp_group", schedule == "kfkb" ? Integers{2, 4} : Integers{2})) {
           l.schedule = schedule, l.vp = vp, l.pp_group = group;
           l.zero = 0;

@@ -259,11 +259,13 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(parallel, etp, at_least(1),
                  "Expert tensor parallel degree: each expert's width split over etp ranks"),
       PENTAD_KEY(
-          parallel, pp_schedule, one_of({"gpipe", "1f1b", "kfkb", "interleaved", "adaptive"}),
+          parallel, pp_schedule,
+          one_of({"gpipe", "1f1b", "kfkb", "interleaved", "adaptive", "zb-h1", "zb-v"}),
           "Pipeline schedule over train.grad_accum micro-batches; adaptive: kfkb re-choosing "
-          "its group"),
+          "its group; zb-h1, zb-v: zero-bubble (backward split into input and weight "
+          "gradients)"),
       PENTAD_KEY(parallel, virtual_stages, at_least(1),
-                 "Model chunks per pipeline stage (the interleaved schedule)"),
+                 "Model chunks per pipeline stage (the interleaved schedule; 2 for zb-v)"),
       PENTAD_KEY(parallel, pp_group, at_least(1),
                  "kfkb: micro-batches per group (adaptive: the first group); at most "
                  "train.grad_accum"),

@@ -126,6 +126,13 @@ class ModelStage final : public parallel::pp::Stage {
                 const parallel::pp::GradsReady& on_ready) override {
     model_.backward_chunk(chunk, slot, d_output, last_micro_batch, on_ready);
   }
+  void backward_input(int chunk, int slot, const Tensor& d_output) override {
+    model_.backward_chunk_input(chunk, slot, d_output);
+  }
+  void backward_weights(int chunk, int slot, bool last_micro_batch,
+                        const parallel::pp::GradsReady& on_ready) override {
+    model_.backward_chunk_weights(chunk, slot, last_micro_batch, on_ready);
+  }
   Tensor input_grad() override { return model_.input_grad(); }
   void set_progress(std::function<void()> progress) override {
     model_.set_progress(std::move(progress));
@@ -171,8 +178,8 @@ std::unique_ptr<Model> parallelize(const Config& cfg, parallel::Mesh* mesh, Plac
     if (stages > 1) {
       const std::vector<int64_t> layers = parallel::pp::chunk_layers(
           cfg.model.n_layer, stages, int(cfg.parallel.virtual_stages), cfg.parallel.pp_layout);
-      for (const parallel::pp::Chunk& c :
-           parallel::pp::stage_chunks(layers, stages, mesh->coord(parallel::Axis::PP)))
+      for (const parallel::pp::Chunk& c : parallel::pp::stage_chunks(
+               layers, stages, mesh->coord(parallel::Axis::PP), cfg.parallel.pp_schedule == "zb-v"))
         layout.push_back({c.layer_begin, c.layer_end, c.first, c.last});
     }
   }

@@ -61,13 +61,13 @@ struct StepWindow {
 };
 
 // What the rows say: the trace's events, the step windows, and each stage's CPU time in
-// forward ([0]) and backward ([1]) passes (one micro-batch through one chunk) over the steps
-// after the first, with their counts.
+// forward ([0]), backward or B ([1]) and W ([2]) passes (one micro-batch through one chunk)
+// over the steps after the first, with their counts.
 struct Scan {
   nlohmann::json events = nlohmann::json::array();
   std::map<int64_t, StepWindow> windows;
-  std::vector<double> pass_cpu[2];
-  std::vector<int64_t> passes[2];
+  std::vector<double> pass_cpu[3];
+  std::vector<int64_t> passes[3];
 };
 
 nlohmann::json thread_name(int r, const parallel::MeshCoords& x) {
@@ -80,12 +80,27 @@ nlohmann::json thread_name(int r, const parallel::MeshCoords& x) {
                                  x[size_t(parallel::Axis::DP)], x[size_t(parallel::Axis::TP)])}}}};
 }
 
+// 0: a forward, 1: a backward or its B, 2: a W; -1: a wait.
+int pass_kind(pp::Span::Kind kind) {
+  switch (kind) {
+    case pp::Span::Forward:
+      return 0;
+    case pp::Span::Backward:
+    case pp::Span::BackwardInput:
+      return 1;
+    case pp::Span::BackwardWeight:
+      return 2;
+    default:
+      return -1;
+  }
+}
+
 nlohmann::json span_event(const int64_t* row, int r, int64_t origin) {
   const auto kind = pp::Span::Kind(row[0]);
-  const bool pass = kind == pp::Span::Forward || kind == pp::Span::Backward;
-  const std::string name = pass ? fmt::format("{}{}{}", kind == pp::Span::Forward ? "F" : "B",
-                                              row[1], row[2] ? fmt::format(".{}", row[2]) : "")
-                                : pp::span_name(kind);
+  const int pass = pass_kind(kind);
+  const std::string name =
+      pass >= 0 ? fmt::format("{}{}{}", "FBW"[pass], row[1], row[2] ? fmt::format(".{}", row[2]) : "")
+                : pp::span_name(kind);
   return {{"name", name},
           {"cat", pp::span_name(kind)},
           {"ph", "X"},
@@ -105,7 +120,7 @@ Scan scan_rows(const GatheredRows& g, const parallel::MeshConfig& mesh, int n) {
   const std::vector<int64_t>& v = g.values;
   int64_t origin = std::numeric_limits<int64_t>::max();
   for (int64_t i = 0; i < g.total; i += kRow) origin = std::min(origin, v[size_t(i + 4)]);
-  for (int b = 0; b < 2; ++b) {
+  for (int b = 0; b < 3; ++b) {
     scan.pass_cpu[b].resize(size_t(mesh.pp));
     scan.passes[b].resize(size_t(mesh.pp));
   }
@@ -123,16 +138,15 @@ Scan scan_rows(const GatheredRows& g, const parallel::MeshConfig& mesh, int n) {
         w.start = std::min(w.start, row[4]);
         continue;
       }
-      const auto kind = pp::Span::Kind(row[0]);
-      if (kind == pp::Span::Forward || kind == pp::Span::Backward) {
+      const int pass = pass_kind(pp::Span::Kind(row[0]));
+      if (pass >= 0) {
         w.end = std::max(w.end, row[5]);
         w.busy[r] += double(row[5] - row[4]);
         w.cpu += double(row[6]);
         if (row[3] != warm_up) {
-          const int backward = kind == pp::Span::Backward;
           const size_t stage = size_t(x[size_t(parallel::Axis::PP)]);
-          scan.pass_cpu[backward][stage] += double(row[6]) * 1e-9;
-          ++scan.passes[backward][stage];
+          scan.pass_cpu[pass][stage] += double(row[6]) * 1e-9;
+          ++scan.passes[pass][stage];
         }
       }
       scan.events.push_back(span_event(row, r, origin));
@@ -174,12 +188,16 @@ Bubbles measure_bubbles(const Scan& scan, const NodeShare& node, int n,
   // A pass's CPU time over the threads a rank computes with: its time on cores of its own.
   const double rank_threads = std::max(1.0, double(node.threads) / std::max(1, node.ranks));
   pp::SimCosts costs;
-  for (int k = 0; k < 2; ++k)
-    for (int st = 0; st < stages; ++st) {
+  for (int st = 0; st < stages; ++st) {
+    double mean[3];
+    for (int k = 0; k < 3; ++k) {
       const double passes = double(scan.passes[k][size_t(st)]);
-      const double mean = passes ? scan.pass_cpu[k][size_t(st)] / passes / rank_threads : 0.0;
-      (k ? costs.backward_seconds : costs.forward_seconds).push_back(mean);
+      mean[k] = passes ? scan.pass_cpu[k][size_t(st)] / passes / rank_threads : 0.0;
     }
+    costs.forward_seconds.push_back(mean[0]);
+    costs.backward_seconds.push_back(mean[1] + mean[2]);  // a split backward's B and W
+    if (spec.splits_backward()) costs.weight_seconds.push_back(mean[2]);
+  }
   const pp::SimResult replay = pp::simulate(spec, costs);
   b.compute = replay.deadlock ? -1.0 : replay.bubble_fraction();
   return b;
@@ -220,6 +238,10 @@ double Trainer::write_timeline(const std::string& path) {
   // Spans are wall time: when the ranks' threads outnumber the cores, a rank that waits for
   // a core looks idle, and the measured bubble counts that wait too.
   const NodeShare node = node_share();
+  // The activation memory the ranks hold now (their slots made and a split backward's kept
+  // gradients): the peak of the steps traced, most on any rank.
+  double activations = double(model_->activation_bytes());
+  world.all_reduce(view_of(&activations, Shape{1}, DType::F64), parallel::ReduceOp::Max);
   if (world_rank_ != 0) return 0.0;
   const int n = world.size();
   const Scan scan = scan_rows(gathered, mesh_->config(), n);
@@ -237,6 +259,7 @@ double Trainer::write_timeline(const std::string& path) {
                           {"ideal_bubble_fraction", pp::ideal_bubble_fraction(spec)},
                           {"cpu_time_bubble_fraction", bubbles.cpu},
                           {"compute_time_bubble_fraction", bubbles.compute},
+                          {"max_activation_bytes", activations},
                           {"threads_on_node", node.threads},
                           {"cores_on_node", node.cores}}}};
   std::ofstream out(path);

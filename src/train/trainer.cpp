@@ -112,6 +112,15 @@ Trainer::Trainer(const Config& recipe, parallel::Mesh* mesh) : cfg_(recipe), mes
     // From here on each rank holds its shares only (or none).
     for (parallel::GradReducer* r : zero_reducers()) r->release_all();
   }
+  if (pipeline_ && pipeline_->schedule().splits_backward()) {
+    try {
+      model_->check_split_backward();
+    } catch (const Error& e) {
+      fail("parallel.pp_schedule = \"{}\" splits every backward in two, which this layout cannot: "
+           "{}. Choose another parallel.pp_schedule (1f1b, interleaved)",
+           cfg.parallel.pp_schedule, e.what());
+    }
+  }
   checkpoints_ = std::make_unique<CheckpointManager>(CheckpointManager::Run{
       .cfg = cfg_,
       .mesh = mesh_,

@@ -45,8 +45,10 @@ void Trainer::build_reducers(size_t bucket_bytes) {
   if (mesh_ && mesh_->dp_cp().size() > 1) {
     // ZeRO under pipelining: the tied embedding's two copies (first and last stage) must be
     // cut into the same shares, so each is a bucket of its own.
-    const std::string tied =
-        pp_size_ > 1 && cfg_.model.tie_embeddings ? params.spec(embedding_id()).name : "";
+    // (Only the end stages hold it, and under zb-v's V one stage holds both uses.)
+    const std::string tied = mesh_->embedding_group() && cfg_.model.tie_embeddings
+                                 ? params.spec(embedding_id()).name
+                                 : "";
     reducer_ = std::make_unique<parallel::GradReducer>(
         mesh_->dp_cp(), params, bucket_bytes, int(par.zero),
         [](const ParamSpec& p) { return !p.expert; },

@@ -30,7 +30,8 @@ one gradient bucket never all-reduced; dp2 x tp2 + sp without the tp sum of the 
 gradients) and fails unless the checks above catch each of them.
 
 With --pipeline, the layouts are pipeline-parallel ones (every schedule, interleaved
-stages, and pipeline x data x tensor parallel) on an 8-layer model with 4 micro-batches.
+stages, the zero-bubble schedules, and pipeline x data x tensor parallel) on an 8-layer
+model with 4 micro-batches.
 
 With --moe (an MoE recipe), the layouts are expert-parallel ones: ep over data-parallel
 ranks, ep folded over tensor-parallel ranks (MoE Parallel Folding), etp, ep x pp, and
@@ -122,6 +123,16 @@ PIPELINE_LAYOUTS = [
                                "parallel.virtual_stages=2"]),
     ("pp4-interleaved-v2", 4, ["parallel.pp=4", "parallel.pp_schedule=interleaved",
                                "parallel.virtual_stages=2"]),
+    # Zero-bubble: every backward split into B and W, W deferred (ZB-V: chunks in a V, the
+    # tied embedding's two uses on the first stage); with dp and ZeRO-1.
+    ("pp2-zb-h1", 2, ["parallel.pp=2", "parallel.pp_schedule=zb-h1"]),
+    ("pp4-zb-h1", 4, ["parallel.pp=4", "parallel.pp_schedule=zb-h1"]),
+    ("pp2-zb-v", 2, ["parallel.pp=2", "parallel.pp_schedule=zb-v", "parallel.virtual_stages=2"]),
+    ("pp4-zb-v", 4, ["parallel.pp=4", "parallel.pp_schedule=zb-v", "parallel.virtual_stages=2"]),
+    ("pp2xdp2-zb-v-zero1", 4, ["parallel.pp=2", "parallel.tp=1", "parallel.pp_schedule=zb-v",
+                               "parallel.virtual_stages=2", "parallel.zero=1"]),
+    ("pp2xtp2-zb-v+sp", 4, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_schedule=zb-v",
+                            "parallel.virtual_stages=2", "parallel.sequence_parallel=true"]),
     ("pp2xdp2xtp2-1f1b", 8, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_schedule=1f1b"]),
     ("pp2xdp2xtp2-2f2b+sp", 8, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_schedule=kfkb",
                                 "parallel.pp_group=2", "parallel.sequence_parallel=true"]),
@@ -157,6 +168,8 @@ CONTEXT_LAYOUTS = [
     ("cp2xtp2-ulysses", 4, ["parallel.cp=2", ULYSSES, "parallel.tp=2"]),
     ("cp2xdp2-ring", 4, ["parallel.cp=2", RING]),
     ("cp2xpp2-1f1b", 4, ["parallel.cp=2", RING, "parallel.pp=2", "parallel.pp_schedule=1f1b"]),
+    ("cp2xpp2-zb-h1", 4, ["parallel.cp=2", ULYSSES, "parallel.pp=2",
+                          "parallel.pp_schedule=zb-h1"]),
 ]
 ZERO = "parallel.zero="
 ZERO_LAYOUTS = [
@@ -439,6 +452,8 @@ def main():
                TP2D_SHAPE_LAYOUTS if tp2d_shapes else TP2D_LAYOUTS if tp2d else LAYOUTS)
     if context and any(o.startswith("model.n_kv_head=") for o in common):
         layouts = layouts + [CONTEXT_GQA]
+    if os.environ.get("LAYOUTS_ONLY"):  # a developer's subset: names matching this regex
+        layouts = [l for l in layouts if re.search(os.environ["LAYOUTS_ONLY"], l[0])]
     # MoE with ZeRO: each layout also stops after its first step, whose weights are compared
     # before any routing near-tie can flip (after one, the final weights are not compared). A
     # replica of the experts whose other shares were not all-gathered over edp differs there

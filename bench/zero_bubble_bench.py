@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Zero-bubble pipelines (zb-h1, zb-v) against 1F1B and interleaved on this machine's cores.
+
+For each schedule pentad trains the same model with --trace; per schedule it reports the
+median step time (steps after warm-up, runs alternated A/B/C/D, ../shared/MEASURE.md) as a
+ratio to 1F1B, the measured bubble (1 - mean busy / step window, from the trace), the
+schedule's ideal bubble (F = B = W), the simulator's bubble replayed from the passes' measured
+compute times, and the most activation memory any rank held (its slots made, and a split
+backward's kept gradients).
+
+  p = 2: one rank per core, one thread a rank, ranks bound to cores (--bind-to core): the
+         case the issue's speed goals are about.
+  p = 4: four ranks on two cores (oversubscribed): a waiting stage lends its core.
+
+usage: zero_bubble_bench.py [--quick] [PENTAD]
+"""
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PENTAD = str(ROOT / "build" / "pentad")
+ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+           OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive", OMPI_MCA_mpi_yield_when_idle="1")
+MODEL = ["model.family=gpt2", "model.n_layer=8", "model.d_model=256", "model.n_head=4",
+         "model.vocab_size=1024", "model.max_seq_len=128", "train.seq_len=128",
+         "train.micro_batch=2", "train.threads=1", "data.source=random", "train.eval_every=0",
+         "train.log_every=1000", "optim.warmup_steps=2"]
+SCHEDULES = [("1f1b", 1), ("zb-h1", 1), ("zb-v", 2), ("interleaved", 2)]
+
+
+def run(ranks, overrides, steps, bind):
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = ["mpirun", "--oversubscribe", "-np", str(ranks)]
+        cmd += ["--bind-to", "core"] if bind else ["--bind-to", "none"]
+        cmd += [PENTAD, "train", str(ROOT / "recipes" / "gpt-tiny.toml"),
+                "--trace", f"{tmp}/trace.json"]
+        for o in MODEL + overrides + [f"train.steps={steps}", f"train.out_dir={tmp}"]:
+            cmd += ["--set", o]
+        proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(proc.stdout[-2000:], proc.stderr[-2000:])
+            raise SystemExit(f"pentad failed: {' '.join(overrides)}")
+        rows = [json.loads(l) for l in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
+        seconds = [r["seconds"] for r in rows if "seconds" in r]
+        other = json.loads(Path(f"{tmp}/trace.json").read_text())["otherData"]
+        return seconds, other
+
+
+def table(p, m, reps, steps, bind):
+    print(f"p = {p}, m = {m}, {'ranks bound to cores' if bind else 'ranks sharing 2 cores'}")
+    print()
+    print("| schedule | v | step s (x 1F1B) | bubble measured | bubble ideal | bubble simulated "
+          "| activations MiB (most on a rank) |")
+    print("|---|---|---|---|---|---|---|")
+    times = {s: [] for s, _ in SCHEDULES}
+    other = {s: [] for s, _ in SCHEDULES}
+    for _ in range(reps):  # alternated
+        for schedule, v in SCHEDULES:
+            seconds, o = run(p, [f"parallel.pp={p}", f"parallel.pp_schedule={schedule}",
+                                 f"parallel.virtual_stages={v}", f"train.grad_accum={m}"],
+                             steps, bind)
+            times[schedule] += seconds[2:]
+            other[schedule].append(o)
+    base = statistics.median(times["1f1b"])
+    for schedule, v in SCHEDULES:
+        t = statistics.median(times[schedule])
+        o = other[schedule]
+        med = lambda k: statistics.median(x[k] for x in o)
+        print(f"| {schedule} | {v} | {t:.4f} ({t / base:.3f}) | "
+              f"{med('measured_bubble_fraction'):.3f} | {o[0]['ideal_bubble_fraction']:.3f} | "
+              f"{med('compute_time_bubble_fraction'):.3f} | "
+              f"{med('max_activation_bytes') / 2**20:.2f} |")
+    print()
+
+
+def main():
+    global PENTAD
+    args = sys.argv[1:]
+    quick = "--quick" in args
+    args = [a for a in args if a != "--quick"]
+    if args:
+        PENTAD = args[0]
+    reps, steps = (1, 6) if quick else (3, 10)
+    table(2, 8, reps, steps, True)
+    if not quick:
+        table(4, 8, reps, steps, False)
+
+
+if __name__ == "__main__":
+    main()
