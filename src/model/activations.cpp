@@ -87,6 +87,7 @@ void declare_deferred_layer(const ActSizes& s, double F, ActSink& sink, Deferred
   d.d_v = sink.add("w_d_v", {s.N, s.Ckv}, act);
   d.d_att_out = sink.add("w_d_att_out", {s.N, s.Cj}, act);
   d.d_norm2 = sink.add("w_d_norm2", {s.Nl, s.C}, act);
+  if (F == 0) return;  // an MoE layer without shared experts (the block keeps its own)
   d.d_up = sink.add("w_d_up", {s.N, F}, act);
   if (!s.gpt2) d.d_gate = sink.add("w_d_gate", {s.N, F}, act);
   d.d_out = sink.add("w_d_out", {s.N, s.Cj}, act);

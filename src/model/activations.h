@@ -160,7 +160,8 @@ void declare_batch(const ActSizes& s, ActSink& sink, SlotActs& slot);
 Tensor declare_residual(const ActSizes& s, ActSink& sink);
 // The last chunk's final norm, logits and losses.
 void declare_head(const ActSizes& s, ActSink& sink, SlotActs& slot);
-// One layer's DeferredGrads, its MLP ffn wide (> 0: a dense layer).
+// One layer's DeferredGrads, its MLP ffn wide (an MoE layer: its shared experts', 0
+// without any: no MLP buffers; the routed experts' are declare_moe_deferred's, model/moe.h).
 void declare_deferred_layer(const ActSizes& s, double ffn, ActSink& sink, DeferredGrads& d);
 // A split backward's chunk ends: the last chunk's d(final norm output), this rank's rows
 // (Nl, C), and the first chunk's d(chunk input) whole (N, C: under sequence parallelism B

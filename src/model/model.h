@@ -126,7 +126,9 @@ class Model {
   // Dense layers, under tensor parallelism (1D and 2D, with or without sequence
   // parallelism) and context parallelism too: B makes every collective the input gradients
   // need, W none but the last micro-batch's sum of partial replicated gradients (as
-  // backward_chunk's). MoE layers, recompute and ZeRO-3 parameter hooks are refused.
+  // backward_chunk's). MoE layers too, over any ep: B makes the dispatch's all-to-alls, W
+  // none (what it reads kept in the slot's MoeBlock::Acts). Recompute and ZeRO-3 parameter
+  // hooks are refused.
   void backward_chunk_input(int c, int slot, const Tensor& d_output);
   void backward_chunk_weights(int c, int slot, bool last_micro_batch,
                               const GradsReady& on_ready = {});
@@ -233,9 +235,15 @@ class Model {
   // B and W.
   void check_split(int c) const;
   void plan_deferred(ActSink& sink, const LayerRange& chunk, Slot& slot);
-  void layer_backward_input(int l, const Tensor& x, const LayerActs& a, const DeferredGrads& d);
+  void layer_backward_input(int l, const Tensor& x, const LayerActs& a, const DeferredGrads& d,
+                            MoeBlock::Acts* moe, float moe_weight);
   void layer_backward_weights(int l, const Tensor& x, const LayerActs& a, const DeferredGrads& d,
-                              const std::function<void()>& poll);
+                              MoeBlock::Acts* moe, const std::function<void()>& poll);
+  // An MoE layer's routed experts and router (model/split_backward_moe.cpp): B (d(norm2
+  // output) added into d.d_norm2; zeroed first without shared experts) and W.
+  void split_moe_input(int l, const LayerActs& a, MoeBlock::Acts* moe, float moe_weight,
+                       const DeferredGrads& d);
+  void split_moe_weights(int l, const LayerActs& a, MoeBlock::Acts* moe);
   // Their blocks' halves under tensor and context parallelism (model/split_backward_tp.cpp):
   // a dense MLP's and the attention's B (g.resid in, the reduced d(norm output) into d) and
   // W, the head's and the embedding's B.

@@ -398,10 +398,16 @@ void MoeBlock::experts_backward(Acts& a, const Tensor& dyr, Tensor dxr, Tensor d
   }
 }
 
-// d(logits) from the weights' gradients, the balancing losses and the z-loss; then the
-// router's weight gradient and its share of d(x).
-void MoeBlock::router_backward(Acts& a, const Tensor& x, const Tensor& dw_t,
-                               const Tensor& dlogits_t, Tensor dx, float weight) {
+// d(logits), then the router's weight gradient and its share of d(x).
+void MoeBlock::router_backward(Acts& a, const Tensor& x, const Tensor& dw, const Tensor& dlogits,
+                               Tensor dx, float weight) {
+  logits_backward(a, dw, dlogits, weight);
+  router_gemm_backward(x, dlogits, dx, G(router_));
+}
+
+// d(logits) from the weights' gradients, the balancing losses and the z-loss (host logic).
+void MoeBlock::logits_backward(const Acts& a, const Tensor& dw_t, const Tensor& dlogits_t,
+                               float weight) {
   const int64_t Nl = rows_, E = E_, K = k_;
   const bool sigmoid = moe_.score == MoeScore::Sigmoid;
   const float* s = on_host(a.scores, a.host_scores);
@@ -456,13 +462,19 @@ void MoeBlock::router_backward(Acts& a, const Tensor& x, const Tensor& dw_t,
     }
   }
   to_device(dlogits_t, dlogits);
+}
+
+void MoeBlock::router_gemm_backward(const Tensor& x, const Tensor& dlogits, Tensor dx,
+                                    Tensor drouter) {
   if (act_ == DType::F32) {
-    k::linear_backward(dx, G(router_), Tensor{}, dlogits_t, x, params_.param(router_), true);
+    k::linear_backward(dx, drouter, Tensor{}, dlogits, x, params_.param(router_), true);
     return;
   }
   // In fp32 against the fp32 copy of x, then cast and added into d(x).
   const Tensor x32 = router_input(x);
-  k::linear_backward(dx32_, G(router_), Tensor{}, dlogits_t, x32, params_.param(router_), false);
+  k::linear_backward(dx.data ? dx32_ : Tensor{}, drouter, Tensor{}, dlogits, x32,
+                     params_.param(router_), false);
+  if (!dx.data) return;
   k::convert(dx_act_, dx32_);
   k::add(dx, dx, dx_act_);
 }

@@ -86,6 +86,10 @@ class MoeBlock {
     std::vector<float> lse;        // (Nl): logsumexp of the logits (z-loss)
     std::vector<double> aux_coef;  // (E): d aux / d p[t, e], this micro-batch
     std::vector<double> seq_coef;  // (b, E): d seq_aux / d p[t, e] per sequence
+    // A backward in two passes (model/split_backward_moe.cpp): what W reads besides the rows
+    // above, kept from B, sized at each B: the experts' output gradients and the router's.
+    Arena deferred;
+    Tensor d_yr, d_gate, d_up, d_logits;  // (R, C), (R, F) x2 (GPT-2: up alone), (Nl, E) F32
   };
 
   // x (Nl, C): this rank's rows of the normalised input; out (Nl, C) = the routed output.
@@ -98,6 +102,12 @@ class MoeBlock {
   void decode(const Tensor& x, Tensor out);
   // dx (Nl, C) += d(x) from dout (Nl, C); parameter gradients +=.
   void backward(Acts& a, const Tensor& x, const Tensor& dout, Tensor dx, float weight);
+  // backward() in two passes (model/split_backward_moe.cpp), together bitwise backward()'s.
+  // B: dx += d(x), the dispatch's all-to-alls included; keeps in a.deferred what W reads.
+  // W: the router's and the local experts' parameter gradients (+=) of a's last B, from
+  // what B kept and a's rows: no communication.
+  void backward_input(Acts& a, const Tensor& x, const Tensor& dout, Tensor dx, float weight);
+  void backward_weights(Acts& a, const Tensor& x);
   // bias_e += rate * sign(mean - counts[e]) from the job's counts of one step (E values).
   void update_bias(const double* counts);
 
@@ -128,6 +138,15 @@ class MoeBlock {
                         Tensor dup);
   void router_backward(Acts& a, const Tensor& x, const Tensor& dw, const Tensor& dlogits, Tensor dx,
                        float weight);
+  // Its two halves: d(logits) (F32, (Nl, E)) from dw (Nl, k) and the losses, on the host;
+  // then the router GEMM's backward, dx (+=) and drouter (+=) each optional.
+  void logits_backward(const Acts& a, const Tensor& dw, const Tensor& dlogits, float weight);
+  void router_gemm_backward(const Tensor& x, const Tensor& dlogits, Tensor dx, Tensor drouter);
+  // The split's expert halves (model/split_backward_moe.cpp); dxr (R, C) and dact (R, F) scratch.
+  void experts_backward_input(Acts& a, Tensor dxr, Tensor dact);
+  void experts_backward_weights(const Acts& a);
+  // Each local expert's parameter `id`, or its gradient.
+  std::vector<Tensor> expert_tensors(int Expert::*id, bool grad) const;
   // x as the router's fp32 input: x itself in fp32, else its cast into router_scratch_.
   Tensor router_input(const Tensor& x);
   Tensor W(int id) const { return id < 0 ? Tensor{} : params_.weight(id); }
@@ -169,6 +188,11 @@ void declare_moe_routing(double rows, double experts, double top_k, ActSink& sin
                          MoeBlock::Acts& a);
 void declare_moe_rows(double sent, double received, double C, double F, DType act, bool gpt2,
                       ActSink& sink, MoeBlock::Acts& a);
+// What a split backward's B keeps for W (MoeBlock::Acts::deferred), for the same rows and
+// received rows: sized by MoeBlock at each B; a memory plan sums it at the worst case
+// (plan/memory_budget.cpp's R), per MoE layer and slot waiting for its W.
+void declare_moe_deferred(double rows, double experts, double received, double C, double F,
+                          DType act, bool gpt2, ActSink& sink, MoeBlock::Acts& a);
 
 // Whether layer `layer` of `cfg` is an MoE layer (model.moe_layers). Throws pentad::Error
 // naming the key when the pattern does not parse.

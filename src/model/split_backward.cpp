@@ -12,6 +12,8 @@
 //     4 C + Ca + 2 Ckv + F (gpt2) or 2 F (llama) values a row on one device; under tp the
 //     widths are this rank's, see activations.h), and (N, C) more for the final norm and the
 //     embedding, an arena allocated on the slot's first B and held from then on.
+// An MoE layer's router and routed experts keep theirs in the slot's MoeBlock::Acts, sized
+// at each B (model/split_backward_moe.cpp).
 #include <utility>
 
 #include "kernels/ops.h"
@@ -22,12 +24,6 @@ namespace pentad {
 namespace k = kernels;
 
 void Model::check_split(int c) const {
-  const LayerRange& range = chunk(c);
-  for (int64_t l = range.layer_begin; l < range.layer_end; ++l)
-    PENTAD_CHECK(!moe_[size_t(l)],
-                 "split backward: layer {} is an MoE layer (its router and experts have no B/W "
-                 "split yet); use backward_chunk",
-                 l);
   PENTAD_CHECK(!cfg_.recompute,
                "split backward: model.recompute rebuilds each layer's activations in the shared "
                "scratch, which B's next layer overwrites before W; use backward_chunk");
@@ -47,18 +43,23 @@ void Model::plan_deferred(ActSink& sink, const LayerRange& chunk, Slot& s) {
 size_t Model::deferred_bytes() const {
   size_t bytes = 0;
   for (const ChunkState& c : chunks_)
-    for (const auto& s : c.slots) bytes += s->deferred_arena.capacity();
+    for (const auto& s : c.slots) {
+      bytes += s->deferred_arena.capacity();
+      for (const MoeBlock::Acts& m : s->moe) bytes += m.deferred.capacity();
+    }
   return bytes;
 }
 
 // Layer l's B: layer_backward's input gradients (dense), the output gradients W reads into
 // d. g.resid: d(layer output) in, d(layer input) out. The blocks' tensor- and
 // context-parallel halves are model/split_backward_tp.cpp's.
-void Model::layer_backward_input(int l, const Tensor& x, const LayerActs& a,
-                                 const DeferredGrads& d) {
+void Model::layer_backward_input(int l, const Tensor& x, const LayerActs& a, const DeferredGrads& d,
+                                 MoeBlock::Acts* moe, float moe_weight) {
   const LayerParams& p = layers_[static_cast<size_t>(l)];
   LayerGrads& g = scratch_.grads;
-  split_mlp_input(p, a, layer_ffn_[size_t(l)], d);  // d(norm2 output) into d.d_norm2
+  // d(norm2 output) into d.d_norm2: the MLP's (an MoE layer's shared experts'), the routed's.
+  if (layer_ffn_[size_t(l)] > 0) split_mlp_input(p, a, layer_ffn_[size_t(l)], d);
+  if (moe_[size_t(l)]) split_moe_input(l, a, moe, moe_weight, d);
   if (gpt2())
     k::layernorm_backward(g.resid, Tensor{}, Tensor{}, d.d_norm2, a.res1, P(p.norm2_w),
                           a.norm2_mean, a.norm2_rstd);
@@ -75,9 +76,11 @@ void Model::layer_backward_input(int l, const Tensor& x, const LayerActs& a,
 // Layer l's W: layer_backward's parameter gradients (+=), from the GEMMs' inputs in a and x
 // and the output gradients in d. Reads no scratch.
 void Model::layer_backward_weights(int l, const Tensor& x, const LayerActs& a,
-                                   const DeferredGrads& d, const std::function<void()>& poll) {
+                                   const DeferredGrads& d, MoeBlock::Acts* moe,
+                                   const std::function<void()>& poll) {
   const LayerParams& p = layers_[static_cast<size_t>(l)];
-  split_mlp_weights(p, a, layer_ffn_[size_t(l)], d);
+  if (layer_ffn_[size_t(l)] > 0) split_mlp_weights(p, a, layer_ffn_[size_t(l)], d);
+  if (moe_[size_t(l)]) split_moe_weights(l, a, moe);
   if (gpt2())
     k::layernorm_backward(Tensor{}, G(p.norm2_w), G(p.norm2_b), d.d_norm2, a.res1, P(p.norm2_w),
                           a.norm2_mean, a.norm2_rstd);
@@ -122,7 +125,8 @@ void Model::backward_chunk_input(int c, int slot_index, const Tensor& d_output) 
   }
   for (int64_t l = range.layer_end - 1; l >= range.layer_begin; --l) {
     const size_t i = static_cast<size_t>(l - range.layer_begin);
-    layer_backward_input(static_cast<int>(l), s.resid[i], s.acts[i], s.deferred[i]);
+    layer_backward_input(static_cast<int>(l), s.resid[i], s.acts[i], s.deferred[i],
+                         s.moe.empty() ? nullptr : &s.moe[i], s.moe_weight);
     if (progress_) progress_();
   }
   if (range.first) split_embedding_input(s);  // the embedding's output gradient, for W
@@ -161,7 +165,8 @@ void Model::backward_chunk_weights(int c, int slot_index, bool last_micro_batch,
   }
   for (int64_t l = range.layer_end - 1; l >= range.layer_begin; --l) {
     const size_t i = static_cast<size_t>(l - range.layer_begin);
-    layer_backward_weights(static_cast<int>(l), s.resid[i], s.acts[i], s.deferred[i], poll);
+    layer_backward_weights(static_cast<int>(l), s.resid[i], s.acts[i], s.deferred[i],
+                           s.moe.empty() ? nullptr : &s.moe[i], poll);
     ready(layers_[static_cast<size_t>(l)].norm1_w, partial_[static_cast<size_t>(l)]);
     if (progress_) progress_();
   }
