@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PENTAD = str(ROOT / "build" / "pentad")
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive", OMPI_MCA_mpi_yield_when_idle="1")
-MODEL = ["model.family=gpt2", "model.n_layer=8", "model.d_model=256", "model.n_head=4",
+MODEL = ["model.family=gpt2", "model.n_layer=8", "model.d_model=512", "model.n_head=8",
          "model.vocab_size=1024", "model.max_seq_len=128", "train.seq_len=128",
          "train.micro_batch=2", "train.threads=1", "data.source=random", "train.eval_every=0",
          "train.log_every=1000", "optim.warmup_steps=2"]

@@ -267,7 +267,7 @@ double Pipeline::train(int64_t step, const Fetch& fetch, float dloss, const Grad
     if (actions[i].type == Action::Backward || actions[i].type == Action::Weight)
       last_backward[size_t(actions[i].chunk)] = i;
   std::map<std::pair<int, int>, int> slot_of;  // (micro, chunk) -> activation slot
-  double loss = 0.0, forward_ns = 0.0, backward_ns = 0.0;
+  double loss = 0.0, forward_ns = 0.0, backward_ns = 0.0, weight_ns = 0.0;
   int forwards = 0;
   train_rounds_.posted = 0;
   for (size_t i = 0; i < actions.size(); ++i) {
@@ -285,7 +285,9 @@ double Pipeline::train(int64_t step, const Fetch& fetch, float dloss, const Grad
       ++forwards;
     } else {
       const int slot = slot_of.at({a.micro, a.chunk});
-      backward_ns += backward(a, slot, step, i == last_backward[size_t(a.chunk)], on_ready);
+      const double ns = backward(a, slot, step, i == last_backward[size_t(a.chunk)], on_ready);
+      backward_ns += ns;
+      if (a.type == Action::Weight) weight_ns += ns;
       if (a.type != Action::Input) {  // the slot is free once its gradients are taken
         release_slot(a.chunk, slot);
         --in_flight_[size_t(a.chunk)];
@@ -298,6 +300,7 @@ double Pipeline::train(int64_t step, const Fetch& fetch, float dloss, const Grad
   finish_sends();
   forward_seconds_ = forwards ? forward_ns / forwards * 1e-9 : 0.0;
   backward_seconds_ = forwards ? backward_ns / forwards * 1e-9 : 0.0;  // one per forward
+  weight_seconds_ = forwards ? weight_ns / forwards * 1e-9 : 0.0;
   return loss;
 }
 

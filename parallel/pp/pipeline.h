@@ -84,6 +84,7 @@ class Pipeline {
   // on this stage, over the last train() (the inputs of the adaptive schedule's cost model).
   double forward_seconds() const { return forward_seconds_; }
   double backward_seconds() const { return backward_seconds_; }
+  double weight_seconds() const { return weight_seconds_; }  // of backward: W (split only)
   // Micro-batches in flight on each chunk at the peak (activation slots in use at once),
   // measured since construction.
   std::vector<int> peak_in_flight() const { return peak_; }
@@ -149,7 +150,7 @@ class Pipeline {
   std::vector<int32_t> tokens_, targets_;     // the micro-batch being fetched
   std::vector<std::vector<bool>> slot_busy_;  // per chunk, per slot the stage made
   std::vector<int> in_flight_, peak_;
-  double forward_seconds_ = 0.0, backward_seconds_ = 0.0;
+  double forward_seconds_ = 0.0, backward_seconds_ = 0.0, weight_seconds_ = 0.0;
 };
 
 }  // namespace pentad::parallel::pp

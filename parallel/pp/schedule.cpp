@@ -282,6 +282,11 @@ SimResult simulate_shared(const ScheduleSpec& spec, const SimCosts& costs,
 }  // namespace
 
 SimResult simulate(const ScheduleSpec& spec, const SimCosts& costs) {
+  return simulate_lists(spec, schedule_actions(spec), costs);
+}
+
+SimResult simulate_lists(const ScheduleSpec& spec, const std::vector<std::vector<Action>>& lists,
+                         const SimCosts& costs) {
   const int p = spec.stages;
   PENTAD_CHECK(static_cast<int>(costs.forward_seconds.size()) == p &&
                    static_cast<int>(costs.backward_seconds.size()) == p,
@@ -291,7 +296,7 @@ SimResult simulate(const ScheduleSpec& spec, const SimCosts& costs) {
                costs.link_seconds.size());
   PENTAD_CHECK(costs.weight_seconds.empty() || int(costs.weight_seconds.size()) == p,
                "simulate: {} stages but W costs for {}", p, costs.weight_seconds.size());
-  const std::vector<std::vector<Action>> lists = schedule_actions(spec);
+  PENTAD_CHECK(int(lists.size()) == p, "simulate: {} stages but {} lists", p, lists.size());
   SimResult r;
   for (const std::vector<Action>& list : lists) r.peak_in_flight.push_back(peak_in_flight(list));
   r.busy_seconds.assign(static_cast<size_t>(p), 0.0);

@@ -41,6 +41,10 @@ struct ScheduleSpec {
   int micro_batches = 1;   // m
   int virtual_stages = 1;  // v (interleaved only; 1 otherwise)
   int group = 1;           // k (kFkB only)
+  // Zero-bubble only: the costs its lists are built for, per stage one chunk's forward, B
+  // and W (3 * stages values, any unit), then one transfer; empty: F = B = W and free
+  // transfers (the papers' unit costs). The trainer sets them from measured passes.
+  std::vector<double> zb_costs = {};
   // Whether backward runs as B and W (the zero-bubble schedules); where chunks sit.
   bool splits_backward() const { return kind == ScheduleKind::ZBH1 || kind == ScheduleKind::ZBV; }
   ChunkPlacement placement() const {
@@ -111,6 +115,12 @@ struct SimResult {
   double bubble_fraction() const;    // 1 - mean busy / step
 };
 SimResult simulate(const ScheduleSpec& spec, const SimCosts& costs);
+// The costs a zero-bubble spec's lists are built for (its zb_costs, or unit costs), as the
+// simulator takes them.
+SimCosts zero_bubble_sim_costs(const ScheduleSpec& spec);
+// The same replay of given lists (lists[s]: stage s's), e.g. candidates for a schedule.
+SimResult simulate_lists(const ScheduleSpec& spec, const std::vector<std::vector<Action>>& lists,
+                         const SimCosts& costs);
 
 // Adaptive kFkB's choice: the group size k in [1, m] whose simulated step is the shortest
 // among those whose peak activations (peak micro-batches in flight x slot_bytes[stage])

@@ -1,16 +1,26 @@
 // The zero-bubble schedules' lists (parallel/pp/schedule.h): built by replaying every stage
-// at unit cost (F = B = W = one tick, transfers free), each stage choosing its next pass
-// when the last one ends, as the papers' hand-made schedules do:
+// at the costs given (ScheduleSpec::zb_costs; by default F = B = W and free transfers, the
+// papers' unit costs), each stage choosing its next pass when the last one ends:
 //   ZB-H1: 1F1B's order of forwards and Bs. A W runs when the next of those has no input
 //          yet (what 1F1B would spend waiting) or when the next forward would hold more
 //          than p micro-batches (1F1B's peak, on stage 0); the Ws left run at the end.
-//   ZB-V:  a ready B first (the oldest micro-batch; on a tie the chunk deeper in the
-//          model, whose gradient has further to go), then a ready forward (the deeper chunk
-//          first, finishing micro-batches early) while fewer than 2p chunk passes are held
-//          (1F1B's peak in half-stage chunks), then a W.
+//   ZB-V:  among what is ready, by one of two priorities: a B before a forward (the B-first
+//          list) or a forward before a B (forward-first), then a W. A B takes the oldest
+//          micro-batch (on a tie the chunk deeper in the model, whose gradient has further
+//          to go), a forward the deeper chunk first (finishing micro-batches early), and at
+//          most 2p chunk passes are held between forward and W (1F1B's peak in half-stage
+//          chunks); over that only the deepest chunk's forward, when nothing else can run.
+// Of the lists built at these costs and at unit costs (each priority for ZB-V), the one
+// whose replay at these costs ends first.
+// With F = B = W, ZB-H1 meets its formula and ZB-V the least a V can idle (the last stage's
+// fill); with uneven costs (a B slower than a forward, a W faster) lists built for the
+// measured costs idle far less than the unit ones (bench/zero_bubble_bench.py).
 // The lists keep the order of one feasible run, so they run without deadlock whatever the
-// real costs: a pass only ever waits for passes that come before it in that run.
+// real costs: a pass only ever waits for passes that come before it in that run. Each
+// chunk's Ws run in micro-batch order (oldest first) in every list, so a parameter's
+// gradient sums its micro-batches in one order whatever the costs the lists were built for.
 #include <deque>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <tuple>
@@ -22,24 +32,37 @@ namespace pentad::parallel::pp {
 
 namespace {
 
-constexpr int kNotYet = std::numeric_limits<int>::max();
+constexpr double kNotYet = std::numeric_limits<double>::infinity();
 
 // One stage's state during the replay.
 struct ZbStage {
-  std::vector<Action> order;       // ZB-H1: 1F1B's forwards and Bs, in order
-  size_t next = 0;                 // ZB-H1: into order
-  std::vector<int> next_forward;   // ZB-V: per chunk, the next micro-batch to forward
-  std::vector<int> next_input;     // ZB-V: per chunk, the next micro-batch's B
-  std::deque<Action> weights;      // Bs whose W has not run, oldest first
-  int held = 0;                    // micro-batches (chunk passes) between forward and W
+  std::vector<Action> order;      // ZB-H1: 1F1B's forwards and Bs, in order
+  size_t next = 0;                // ZB-H1: into order
+  std::vector<int> next_forward;  // ZB-V: per chunk, the next micro-batch to forward
+  std::vector<int> next_input;    // ZB-V: per chunk, the next micro-batch's B
+  std::deque<Action> weights;     // Bs whose W has not run, oldest first
+  int held = 0;                   // micro-batches (chunk passes) between forward and W
+  double free_at = 0;             // when its last pass ends
   std::vector<Action> out;
 };
 
 class ZbReplay {
  public:
-  explicit ZbReplay(const ScheduleSpec& spec)
-      : spec_(spec), place_(spec.placement()), last_vs_(place_.virtual_stages() - 1) {
-    stages_.resize(size_t(spec.stages));
+  ZbReplay(const ScheduleSpec& spec, bool forward_first)
+      : spec_(spec),
+        place_(spec.placement()),
+        last_vs_(place_.virtual_stages() - 1),
+        forward_first_(forward_first) {
+    const size_t p = size_t(spec.stages);
+    PENTAD_CHECK(spec.zb_costs.empty() || spec.zb_costs.size() == 3 * p + 1,
+                 "zero-bubble costs: {} values for {} stages (3 per stage and a transfer)",
+                 spec.zb_costs.size(), p);
+    costs_ = spec.zb_costs;
+    if (costs_.empty()) {
+      costs_.assign(3 * p + 1, 1.0);
+      costs_.back() = 0.0;
+    }
+    stages_.resize(p);
     for (int s = 0; s < spec.stages; ++s) {
       ZbStage& st = stages_[size_t(s)];
       if (spec.kind == ScheduleKind::ZBH1) {
@@ -55,21 +78,25 @@ class ZbReplay {
     }
   }
 
+  // Event by event: at the soonest time a stage is free, the first such stage (in stage
+  // order) that can run a pass takes it; when none can, they wait until the next output
+  // arrives or another stage is free.
   std::vector<std::vector<Action>> run() {
-    const size_t total = size_t(3) * size_t(spec_.micro_batches) * size_t(place_.virtual_stages());
-    size_t placed = 0;
-    for (int tick = 0; placed < total; ++tick) {
-      std::vector<std::pair<int, Action>> chosen;  // passes starting at this tick
-      for (int s = 0; s < spec_.stages; ++s) {
+    size_t left = size_t(3) * size_t(spec_.micro_batches) * size_t(place_.virtual_stages());
+    while (left > 0) {
+      double now = kNotYet;
+      for (int s = 0; s < spec_.stages; ++s)
+        if (!finished(s)) now = std::min(now, stages_[size_t(s)].free_at);
+      bool ran = false;
+      for (int s = 0; s < spec_.stages && !ran; ++s) {
         Action a;
-        if (choose(s, tick, a)) chosen.push_back({s, a});
+        if (!finished(s) && stages_[size_t(s)].free_at == now && choose(s, now, a)) {
+          start(s, a);
+          --left;
+          ran = true;
+        }
       }
-      PENTAD_CHECK(!chosen.empty(), "{} p {} m {}: no pass can start at tick {}",
-                   schedule_name(spec_.kind), spec_.stages, spec_.micro_batches, tick);
-      for (const auto& [s, a] : chosen) {
-        start(s, a, tick);
-        ++placed;
-      }
+      if (!ran) wait_after(now);
     }
     std::vector<std::vector<Action>> lists;
     for (ZbStage& st : stages_) lists.push_back(std::move(st.out));
@@ -77,71 +104,112 @@ class ZbReplay {
   }
 
  private:
-  // Tick at whose start pass (type, micro, virtual stage) has ended (kNotYet: it has not).
-  int done(Action::Type type, int micro, int vs) const {
-    auto it = done_.find({int(type), micro, vs});
-    return it == done_.end() ? kNotYet : it->second;
+  void wait_after(double now) {
+    double next = kNotYet;
+    for (const auto& [key, at] : arrive_)
+      if (at > now) next = std::min(next, at);
+    for (int s = 0; s < spec_.stages; ++s)
+      if (!finished(s) && stages_[size_t(s)].free_at > now)
+        next = std::min(next, stages_[size_t(s)].free_at);
+    PENTAD_CHECK(next < kNotYet, "{} p {} m {}: no stage can run anything at {}",
+                 schedule_name(spec_.kind), spec_.stages, spec_.micro_batches, now);
+    for (ZbStage& st : stages_)
+      if (st.free_at == now) st.free_at = next;
   }
-  bool ready(int s, const Action& a, int tick) const {
+  bool finished(int s) const {
+    return stages_[size_t(s)].out.size() ==
+           size_t(3) * size_t(spec_.micro_batches) * size_t(spec_.virtual_stages);
+  }
+  double cost(int s, Action::Type type) const {
+    return costs_[size_t(3 * s) + (type == Action::Forward ? 0 : type == Action::Input ? 1 : 2)];
+  }
+  // When the output of pass (type, micro) of virtual stage vs reaches the stage that takes
+  // it (kNotYet: not run yet).
+  double arrival(Action::Type type, int micro, int vs) const {
+    auto it = arrive_.find({int(type), micro, vs});
+    return it == arrive_.end() ? kNotYet : it->second;
+  }
+  bool ready(int s, const Action& a, double now) const {
     const int vs = place_.virtual_stage(s, a.chunk);
-    if (a.type == Action::Forward) return vs == 0 || done(Action::Forward, a.micro, vs - 1) <= tick;
+    if (a.type == Action::Forward)
+      return vs == 0 || arrival(Action::Forward, a.micro, vs - 1) <= now;
     // A B: the gradient from the virtual stage above, or the loss after its own forward.
-    return vs == last_vs_ ? done(Action::Forward, a.micro, vs) <= tick
-                          : done(Action::Input, a.micro, vs + 1) <= tick;
+    return vs == last_vs_ ? arrival(Action::Forward, a.micro, vs) <= now
+                          : arrival(Action::Input, a.micro, vs + 1) <= now;
   }
-  bool choose(int s, int tick, Action& a) const {
+  bool choose(int s, double now, Action& a) const {
     const ZbStage& st = stages_[size_t(s)];
-    return spec_.kind == ScheduleKind::ZBH1 ? choose_h1(s, st, tick, a) : choose_v(s, st, tick, a);
+    if (spec_.kind == ScheduleKind::ZBH1) return choose_h1(s, st, now, a);
+    if (forward_first_ && ready_forward(s, st, now, a)) return true;
+    if (ready_input(s, st, now, a)) return true;
+    if (!forward_first_ && ready_forward(s, st, now, a)) return true;
+    if (take_weight(st, a)) return true;
+    // Held full with forwards waiting for their next chunk here, and no W to free one: the
+    // deepest chunk's forward goes over the limit, as its B is what frees memory (with
+    // uneven costs the first chunk's forwards can fill the stage before any returns).
+    const int deepest = spec_.virtual_stages - 1;
+    const Action f{Action::Forward, st.next_forward[size_t(deepest)], deepest};
+    if (f.micro < spec_.micro_batches && f.micro < st.next_forward[0] && ready(s, f, now)) {
+      a = f;
+      return true;
+    }
+    return false;
   }
-  bool choose_h1(int s, const ZbStage& st, int tick, Action& a) const {
+  bool choose_h1(int s, const ZbStage& st, double now, Action& a) const {
     const bool weight_due = st.next < st.order.size() &&
                             st.order[st.next].type == Action::Forward && st.held >= spec_.stages;
-    if (st.next < st.order.size() && !weight_due && ready(s, st.order[st.next], tick)) {
+    if (st.next < st.order.size() && !weight_due && ready(s, st.order[st.next], now)) {
       a = st.order[st.next];
       return true;
     }
     return take_weight(st, a);
   }
-  bool choose_v(int s, const ZbStage& st, int tick, Action& a) const {
-    const int m = spec_.micro_batches;
+  bool ready_input(int s, const ZbStage& st, double now, Action& a) const {
     bool found = false;
     for (int c = spec_.virtual_stages - 1; c >= 0; --c) {  // deeper chunk first on ties
       const int micro = st.next_input[size_t(c)];
       const Action b{Action::Input, micro, c};
-      if (micro < st.next_forward[size_t(c)] && micro < m && ready(s, b, tick) &&
-          (!found || micro < a.micro)) {
+      if (micro < st.next_forward[size_t(c)] && ready(s, b, now) && (!found || micro < a.micro)) {
         a = b;
         found = true;
       }
     }
-    if (found) return true;
-    if (st.held < 2 * spec_.stages)
-      for (int c = spec_.virtual_stages - 1; c >= 0; --c) {
-        const Action f{Action::Forward, st.next_forward[size_t(c)], c};
-        if (f.micro < m && ready(s, f, tick)) {
-          a = f;
-          return true;
-        }
+    return found;
+  }
+  bool ready_forward(int s, const ZbStage& st, double now, Action& a) const {
+    if (st.held >= 2 * spec_.stages) return false;
+    for (int c = spec_.virtual_stages - 1; c >= 0; --c) {
+      const Action f{Action::Forward, st.next_forward[size_t(c)], c};
+      if (f.micro < spec_.micro_batches && ready(s, f, now)) {
+        a = f;
+        return true;
       }
-    return take_weight(st, a);
+    }
+    return false;
   }
   static bool take_weight(const ZbStage& st, Action& a) {
     if (st.weights.empty()) return false;
     a = st.weights.front();
     return true;
   }
-  void start(int s, const Action& a, int tick) {
+  void start(int s, const Action& a) {
     ZbStage& st = stages_[size_t(s)];
     st.out.push_back(a);
-    done_[{int(a.type), a.micro, place_.virtual_stage(s, a.chunk)}] = tick + 1;
+    st.free_at += cost(s, a.type);
+    if (a.type != Action::Weight) {  // its output goes on to the next virtual stage
+      const int vs = place_.virtual_stage(s, a.chunk);
+      const int to_vs = a.type == Action::Forward ? vs + 1 : vs - 1;
+      const bool crosses = to_vs >= 0 && to_vs <= last_vs_ && place_.stage_of(to_vs) != s;
+      arrive_[{int(a.type), a.micro, vs}] = st.free_at + (crosses ? costs_.back() : 0.0);
+    }
     switch (a.type) {
       case Action::Forward:
         ++st.held;
-        if (st.order.empty()) ++st.next_forward[size_t(a.chunk)];
+        ++st.next_forward[size_t(a.chunk)];
         break;
       case Action::Input:
         st.weights.push_back({Action::Weight, a.micro, a.chunk});
-        if (st.order.empty()) ++st.next_input[size_t(a.chunk)];
+        ++st.next_input[size_t(a.chunk)];
         break;
       case Action::Weight:
         st.weights.pop_front();
@@ -156,16 +224,53 @@ class ZbReplay {
   const ScheduleSpec spec_;
   const ChunkPlacement place_;
   const int last_vs_;
+  const bool forward_first_;
+  std::vector<double> costs_;  // as ScheduleSpec::zb_costs
   std::vector<ZbStage> stages_;
-  std::map<std::tuple<int, int, int>, int> done_;  // (type, micro, virtual stage) -> end tick
+  // (type, micro, virtual stage) of each pass run: when its output reaches the next stage.
+  std::map<std::tuple<int, int, int>, double> arrive_;
 };
 
+// The replay's end: when the last pass of `lists` ends at the spec's costs.
+double replay_seconds(const ScheduleSpec& spec, const std::vector<std::vector<Action>>& lists) {
+  return simulate_lists(spec, lists, zero_bubble_sim_costs(spec)).step_seconds;
+}
+
 }  // namespace
+
+SimCosts zero_bubble_sim_costs(const ScheduleSpec& spec) {
+  SimCosts costs;
+  const bool unit = spec.zb_costs.empty();
+  for (size_t s = 0; s < size_t(spec.stages); ++s) {
+    costs.forward_seconds.push_back(unit ? 1.0 : spec.zb_costs[3 * s]);
+    costs.weight_seconds.push_back(unit ? 1.0 : spec.zb_costs[3 * s + 2]);
+    costs.backward_seconds.push_back(costs.weight_seconds.back() +
+                                     (unit ? 1.0 : spec.zb_costs[3 * s + 1]));
+  }
+  costs.transfer_seconds = unit ? 0.0 : spec.zb_costs.back();
+  return costs;
+}
 
 std::vector<std::vector<Action>> zero_bubble_lists(const ScheduleSpec& spec) {
   PENTAD_CHECK(spec.splits_backward(), "zero_bubble_lists: {} does not split backward",
                schedule_name(spec.kind));
-  return ZbReplay(spec).run();
+  // Candidates: built at the given costs and at unit costs (a W filling a wait at the real
+  // costs can start just before the input it delays arrives), B-first and, for ZB-V,
+  // forward-first; the one whose replay at the given costs ends first.
+  ScheduleSpec unit = spec;
+  unit.zb_costs.clear();
+  std::vector<std::vector<Action>> best;
+  double best_seconds = kNotYet;
+  for (const ScheduleSpec* built : std::initializer_list<const ScheduleSpec*>{&spec, &unit}) {
+    for (bool forward_first : {false, true}) {
+      if (forward_first && spec.kind != ScheduleKind::ZBV) continue;
+      std::vector<std::vector<Action>> lists = ZbReplay(*built, forward_first).run();
+      const double seconds = replay_seconds(spec, lists);
+      if (seconds < best_seconds * (1 - 1e-9)) best = std::move(lists), best_seconds = seconds;
+    }
+    if (spec.zb_costs.empty()) break;  // the unit costs were the given ones
+  }
+  return best;
 }
 
 }  // namespace pentad::parallel::pp

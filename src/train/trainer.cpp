@@ -316,6 +316,7 @@ float Trainer::evaluate() {
 }
 
 void Trainer::adapt_pipeline_group(int64_t step) {
+  if (pipeline_ && pipeline_->schedule().splits_backward()) return adapt_zero_bubble(step);
   if (!pipeline_ || cfg_.parallel.pp_schedule != "adaptive" ||
       (step + 1) % cfg_.parallel.pp_adapt_every != 0)
     return;
@@ -342,6 +343,35 @@ void Trainer::adapt_pipeline_group(int64_t step) {
         "micro-batch: k = {} (predicted step {:.1f} ms; 1F1B {:.1f} ms)",
         link * 1e3, measures[0].forward_seconds * 1e3, measures[0].backward_seconds * 1e3,
         choice.group, choice.step_seconds * 1e3, choice.one_f_one_b_seconds * 1e3);
+}
+
+void Trainer::adapt_zero_bubble(int64_t step) {
+  // After the first measured step (the first warms up), then every pp_adapt_every steps.
+  if (step != 1 && (step + 1) % cfg_.parallel.pp_adapt_every != 0) return;
+  parallel::Communicator& stages = mesh_->group(parallel::Axis::PP);
+  const double link =
+      parallel::pp::measure_link_seconds(stages, model_->rows() * cfg_.model.d_model);
+  const std::vector<parallel::pp::StageMeasure> measures = parallel::pp::gather_measures(
+      stages, {pipeline_->forward_seconds(), pipeline_->backward_seconds(),
+               double(model_->slot_bytes(0)), pipeline_->weight_seconds()});
+  // One list for every pipeline of the job (world rank 0's measures), as for adaptive kFkB:
+  // the gradient buckets must reach the data-parallel reductions in one order everywhere.
+  std::vector<double> costs = parallel::pp::zero_bubble_costs(measures, link);
+  mesh_->world().broadcast(view_of(costs.data(), Shape{int64_t(costs.size())}, DType::F64), 0);
+  const parallel::pp::ScheduleSpec before = pipeline_->schedule();
+  parallel::pp::ScheduleSpec spec = before;
+  spec.zb_costs = costs;
+  const parallel::pp::SimCosts sim = parallel::pp::zero_bubble_sim_costs(spec);
+  const double old_seconds =
+      parallel::pp::simulate_lists(before, parallel::pp::schedule_actions(before), sim)
+          .step_seconds;
+  pipeline_->set_schedule(spec);
+  if (logs())
+    spdlog::info(
+        "{} lists rebuilt for the measured passes (stage 0: forward {:.2f} ms, B {:.2f} ms, W "
+        "{:.2f} ms; link {:.2f} ms): predicted step {:.1f} ms (the previous lists: {:.1f} ms)",
+        parallel::pp::schedule_name(spec.kind), costs[0] * 1e3, costs[1] * 1e3, costs[2] * 1e3,
+        link * 1e3, parallel::pp::simulate(spec, sim).step_seconds * 1e3, old_seconds * 1e3);
 }
 
 void Trainer::finish_moe_step(StepStats& s) {

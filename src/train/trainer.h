@@ -177,6 +177,8 @@ class Trainer {
   // measured pass times and a measured stage-to-stage transfer.
   // After the step's backward, every pp_adapt_every steps.
   void adapt_pipeline_group(int64_t step);
+  // zb-h1, zb-v: the lists rebuilt for each stage's measured forward, B and W.
+  void adapt_zero_bubble(int64_t step);
   // MoE after the optimizer step: the step's statistics over the job into s, and the
   // aux-loss-free bias update from them.
   void finish_moe_step(StepStats& s);
