@@ -275,7 +275,7 @@ const std::vector<Key>& key_table() {
                  "adaptive: activation memory per stage its group must fit, MiB; 0: no limit"),
       PENTAD_KEY(parallel, pp_adapt_every, at_least(1),
                  "adaptive: steps between re-choices of the group from measured compute and link "
-                 "times"),
+                 "times; zb-h1, zb-v: between rebuilds of the lists (the first after step 2)"),
       PENTAD_KEY(parallel, pp_link_delay_ms, at_least(0),
                  "Simulated slow links (tests, benchmarks): each pipeline send arrives this many "
                  "ms late; 0: off"),
