@@ -358,6 +358,16 @@ parallel::pp::SimResult replay(const Step& step, Stages& stages) {
     for (double& b : sim.backward_seconds) b /= slow;
     for (double& w : sim.weight_seconds) w /= slow;
   }
+  if (spec.splits_backward()) {  // the lists the trainer builds for these passes
+    double link = 0;
+    for (double t : sim.link_seconds) link = std::max(link, t);
+    for (int st = 0; st < p; ++st)
+      spec.zb_costs.insert(spec.zb_costs.end(),
+                           {sim.forward_seconds[size_t(st)],
+                            sim.backward_seconds[size_t(st)] - sim.weight_seconds[size_t(st)],
+                            sim.weight_seconds[size_t(st)]});
+    spec.zb_costs.push_back(link);
+  }
   const parallel::pp::SimResult run = parallel::pp::simulate(spec, sim);
   PENTAD_CHECK(!run.deadlock, "schedule simulation deadlocked");
   return run;
