@@ -80,22 +80,12 @@ void declare_layer(const ActSizes& s, double F, bool moe, ActSink& sink, LayerAc
 }
 
 void declare_deferred_layer(const ActSizes& s, double F, ActSink& sink, DeferredGrads& d) {
-  const DType act = s.act;
-  d.d_norm1 = sink.add("w_d_norm1", {s.Nl, s.C}, act);
-  d.d_q = sink.add("w_d_q", {s.N, s.Ca}, act);
-  d.d_k = sink.add("w_d_k", {s.N, s.Ckv}, act);
-  d.d_v = sink.add("w_d_v", {s.N, s.Ckv}, act);
-  d.d_att_out = sink.add("w_d_att_out", {s.N, s.Cj}, act);
-  d.d_norm2 = sink.add("w_d_norm2", {s.Nl, s.C}, act);
+  d.d_att_out = sink.add("w_d_att_out", {s.N, s.Cj}, s.act);
   if (F == 0) return;  // an MoE layer without shared experts (the block keeps its own)
-  d.d_up = sink.add("w_d_up", {s.N, F}, act);
-  if (!s.gpt2) d.d_gate = sink.add("w_d_gate", {s.N, F}, act);
-  d.d_out = sink.add("w_d_out", {s.N, s.Cj}, act);
+  d.d_out = sink.add("w_d_out", {s.N, s.Cj}, s.act);
 }
 
-void declare_deferred_ends(const ActSizes& s, bool first, bool last, ActSink& sink, Tensor& d_normf,
-                           Tensor& d_input) {
-  if (last) d_normf = sink.add("w_d_normf", {s.Nl, s.C}, s.act);
+void declare_deferred_ends(const ActSizes& s, bool first, ActSink& sink, Tensor& d_input) {
   if (first) d_input = sink.add("w_d_input", {s.N, s.C}, s.act);
 }
 

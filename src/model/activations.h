@@ -100,6 +100,8 @@ class ActListing final : public ActSink {
 };
 
 // One layer's saved activations. In 2D tp the gathered norm outputs are their columns j.
+// A split backward's B overwrites q, k, v, up and gate with their gradients, for its W
+// (model/split_backward.cpp).
 struct LayerActs {
   Tensor norm1, norm1_mean, norm1_rstd;  // (N, Cj) whole rows, (Nl), (Nl)
   Tensor q, k, v;                        // (N, Ca), (N, Ckv), (N, Ckv); after RoPE (llama)
@@ -117,20 +119,17 @@ struct LayerGrads {
   Tensor att, q, k, v, up, gate, act;  // as LayerActs', at the widest MLP held here
 };
 // What a backward split in two passes (model/split_backward.cpp) keeps of one layer from
-// B (the input gradients) to W (the weight gradients): each GEMM's and norm's output
-// gradient. W's other operands, the GEMMs' inputs and the norms' statistics, are the slot's
-// LayerActs and residual streams, kept anyway until W.
-// Under tensor parallelism the row-parallel GEMMs' output gradients are kept as B gathered
-// them (whole rows, columns j), and the norms' as B reduced them (this rank's rows), so W
-// makes no collective; gathering again in W would save the two (N, Cj) buffers but add a
+// B (the input gradients) to W (the weight gradients) apart from the slot's activations:
+// the two row-parallel GEMMs' output gradients. B computes the norms' weight gradients
+// itself (with their input gradients, as the fused backward), and writes the column-parallel
+// GEMMs' output gradients over activations only B reads (LayerActs' q, k, v, up, gate: see
+// split_backward.cpp), so W's other operands are the slot's LayerActs, kept anyway until W.
+// Under tensor parallelism these two are kept as B gathered them (whole rows, columns j), so
+// W makes no collective; gathering again in W would save the two (N, Cj) buffers but add a
 // collective to every layer's W.
 struct DeferredGrads {
-  Tensor d_norm1;        // (Nl, C): d(norm1 output), q/k/v's input gradient summed over tp
-  Tensor d_q, d_k, d_v;  // (N, Ca), (N, Ckv), (N, Ckv): attention's, after RoPE's backward
-  Tensor d_att_out;      // (N, Cj): the output projection's output gradient, d(res1) gathered
-  Tensor d_norm2;        // (Nl, C): d(norm2 output), summed over tp
-  Tensor d_up, d_gate;   // (N, F) each: d(pre-activation); gpt2: up only (pre-GELU)
-  Tensor d_out;          // (N, Cj): the down projection's output gradient, gathered
+  Tensor d_att_out;  // (N, Cj): the output projection's output gradient, d(res1) gathered
+  Tensor d_out;      // (N, Cj): the down projection's output gradient, gathered (no MLP: none)
 };
 // One micro-batch's activations in one chunk.
 struct SlotActs {
@@ -163,11 +162,11 @@ void declare_head(const ActSizes& s, ActSink& sink, SlotActs& slot);
 // One layer's DeferredGrads, its MLP ffn wide (an MoE layer: its shared experts', 0
 // without any: no MLP buffers; the routed experts' are declare_moe_deferred's, model/moe.h).
 void declare_deferred_layer(const ActSizes& s, double ffn, ActSink& sink, DeferredGrads& d);
-// A split backward's chunk ends: the last chunk's d(final norm output), this rank's rows
-// (Nl, C), and the first chunk's d(chunk input) whole (N, C: under sequence parallelism B
-// gathers it, so that the embedding's W needs no collective).
-void declare_deferred_ends(const ActSizes& s, bool first, bool last, ActSink& sink, Tensor& d_normf,
-                           Tensor& d_input);
+// A split backward's chunk ends: the first chunk's d(chunk input) whole (N, C: under sequence
+// parallelism B gathers it, so that the embedding's W needs no collective). The last chunk
+// keeps nothing more: the head's W reads the slot's dlogits and final norm output, and B
+// computes the final norm's gradients.
+void declare_deferred_ends(const ActSizes& s, bool first, ActSink& sink, Tensor& d_input);
 // The scratch, its MLP buffers widest_ffn wide (the widest MLP of the layers held here);
 // holds_last: this rank holds the head.
 void declare_scratch(const ActSizes& s, double widest_ffn, bool holds_last, ActSink& sink,

@@ -117,18 +117,21 @@ class Model {
   // ---- backward in two passes (zero-bubble pipelines; model/split_backward.cpp) ----
   // backward_chunk split into B, the input gradients (what the chunk below waits for), and
   // W, the parameter gradients (which can wait). B: as backward_chunk, d_output in and
-  // input_grad() out, computing no parameter gradient; it keeps every output gradient W
-  // reads in the slot (DeferredGrads; allocated on the slot's first B, deferred_bytes()).
-  // The slot's activations and those gradients stay until W: the slot's next forward and
-  // B are refused before it. W: the parameter gradients (+=) of the slot's last B, bitwise
-  // what backward_chunk accumulates; last_micro_batch and on_ready as backward_chunk's. B and
+  // input_grad() out, and the norms' parameter gradients (computed with their input
+  // gradients, as backward_chunk computes them); it keeps every output gradient W reads in
+  // the slot: the column-parallel GEMMs' over activations only B reads (q, k, v, up, gate),
+  // the rest in an arena (DeferredGrads and the embedding's; allocated on the slot's first
+  // B, deferred_bytes()). The slot's activations and those gradients stay until W: the
+  // slot's next forward and B are refused before it. W: the GEMMs' parameter gradients (+=)
+  // of the slot's last B, bitwise what backward_chunk accumulates; last_micro_batch and
+  // on_ready as backward_chunk's (on_ready hears of the same offsets in the same order). B and
   // W of different chunks and slots interleave freely; each slot's W follows its own B.
   // Dense layers, under tensor parallelism (1D and 2D, with or without sequence
   // parallelism) and context parallelism too: B makes every collective the input gradients
-  // need, W none but the last micro-batch's sum of partial replicated gradients (as
-  // backward_chunk's). MoE layers too, over any ep: B makes the dispatch's all-to-alls, W
-  // none (what it reads kept in the slot's MoeBlock::Acts). Recompute and ZeRO-3 parameter
-  // hooks are refused.
+  // need, W none but the last micro-batch's sum of partial replicated gradients (the norms'
+  // under sequence parallelism, which the B passes before it added up; as backward_chunk's).
+  // MoE layers too, over any ep: B makes the dispatch's all-to-alls, W none (what it reads
+  // kept in the slot's MoeBlock::Acts). Recompute and ZeRO-3 parameter hooks are refused.
   void backward_chunk_input(int c, int slot, const Tensor& d_output);
   void backward_chunk_weights(int c, int slot, bool last_micro_batch,
                               const GradsReady& on_ready = {});
@@ -204,10 +207,10 @@ class Model {
     std::vector<MoeBlock::Acts> moe;  // per layer of the chunk (used by MoE layers)
     float moe_weight = 0.0f;          // the forward's micro-batch weight in the objective
     // A split backward's, from B to W (model/split_backward.cpp): per layer of the chunk, and
-    // the last chunk's d(final norm output), the first's d(chunk input) for the embedding.
+    // the first chunk's d(chunk input) for the embedding.
     Arena deferred_arena;
     std::vector<DeferredGrads> deferred;
-    Tensor d_normf, d_input;
+    Tensor d_input;
     bool weights_pending = false;  // B ran, W not yet
   };
   struct ChunkState {
@@ -235,23 +238,23 @@ class Model {
   // B and W.
   void check_split(int c) const;
   void plan_deferred(ActSink& sink, const LayerRange& chunk, Slot& slot);
-  void layer_backward_input(int l, const Tensor& x, const LayerActs& a, const DeferredGrads& d,
+  // B overwrites a's q, k, v, up and gate with their gradients, which W reads.
+  void layer_backward_input(int l, const Tensor& x, LayerActs& a, const DeferredGrads& d,
                             MoeBlock::Acts* moe, float moe_weight);
-  void layer_backward_weights(int l, const Tensor& x, const LayerActs& a, const DeferredGrads& d,
+  void layer_backward_weights(int l, const LayerActs& a, const DeferredGrads& d,
                               MoeBlock::Acts* moe, const std::function<void()>& poll);
   // An MoE layer's routed experts and router (model/split_backward_moe.cpp): B (d(norm2
-  // output) added into d.d_norm2; zeroed first without shared experts) and W.
-  void split_moe_input(int l, const LayerActs& a, MoeBlock::Acts* moe, float moe_weight,
-                       const DeferredGrads& d);
+  // output) added into g.norm_local; zeroed first without shared experts) and W.
+  void split_moe_input(int l, const LayerActs& a, MoeBlock::Acts* moe, float moe_weight);
   void split_moe_weights(int l, const LayerActs& a, MoeBlock::Acts* moe);
   // Their blocks' halves under tensor and context parallelism (model/split_backward_tp.cpp):
-  // a dense MLP's and the attention's B (g.resid in, the reduced d(norm output) into d) and
-  // W, the head's and the embedding's B.
-  void split_mlp_input(const LayerParams& p, const LayerActs& a, int64_t ffn,
-                       const DeferredGrads& d);
+  // a dense MLP's and the attention's B (g.resid in, the reduced d(norm output) into
+  // g.norm_local, the output gradients W reads into d and a) and W, the head's and the
+  // embedding's B.
+  void split_mlp_input(const LayerParams& p, LayerActs& a, int64_t ffn, const DeferredGrads& d);
   void split_mlp_weights(const LayerParams& p, const LayerActs& a, int64_t ffn,
                          const DeferredGrads& d);
-  void split_attention_input(const LayerParams& p, const LayerActs& a, const DeferredGrads& d);
+  void split_attention_input(const LayerParams& p, LayerActs& a, const DeferredGrads& d);
   void split_attention_weights(const LayerParams& p, const LayerActs& a, const DeferredGrads& d);
   void split_head_input(Slot& s);
   void split_embedding_input(Slot& s);

@@ -1,17 +1,25 @@
 // The backward in two passes (model/model.h), for zero-bubble pipelines (Qi et al., arXiv
 // 2401.10241): B, the input gradients down the chunk, and W, the parameter gradients, later.
 // Each GEMM's backward is linear_backward once with dinp (in B) and once with dweight and
-// dbias (in W), each norm's likewise; the kernels compute those parts apart from each other,
-// so every gradient is bitwise backward_chunk's, which stays the fused default.
+// dbias (in W); the kernels compute those parts apart from each other, so every gradient is
+// bitwise backward_chunk's, which stays the fused default. The norms' backward stays whole
+// in B: the same call as backward_chunk's, d(input) and d(weight, bias) together, so W needs
+// none of their output gradients. (Under sequence parallelism their partial gradients are
+// summed over tp at the last micro-batch's W, after every B has added to them.)
 //
-// What W reads and how long it is kept:
-//   the GEMMs' inputs and the norms' statistics: the slot's LayerActs, residual streams and
-//     (last chunk) normf and dlogits, kept for backward anyway and reused until W;
-//   the output gradients, which backward_chunk leaves in the shared scratch and overwrites
-//     layer by layer: copied or written by B into the slot's DeferredGrads (per layer about
-//     4 C + Ca + 2 Ckv + F (gpt2) or 2 F (llama) values a row on one device; under tp the
-//     widths are this rank's, see activations.h), and (N, C) more for the final norm and the
-//     embedding, an arena allocated on the slot's first B and held from then on.
+// What W reads and where it is kept:
+//   the GEMMs' inputs: the slot's LayerActs (norm1, att, norm2, act) and (last chunk) normf,
+//     kept for backward anyway and reused until W;
+//   the column-parallel GEMMs' output gradients d(q), d(k), d(v) (after RoPE's backward),
+//     d(up) (GPT-2: pre-GELU) and d(gate): computed in the shared scratch as backward_chunk
+//     computes them, then copied over the slot's LayerActs q, k, v, up, gate, which only B
+//     reads (attention's backward, GELU's or SwiGLU's) and the slot's next forward rewrites;
+//   the row-parallel GEMMs' output gradients d(att_out) and d(out), and the first chunk's
+//     d(chunk input) for the embedding: the scratch's d(residual) whole, which B overwrites
+//     layer by layer, so kept in the slot's DeferredGrads (per layer 2 Cj values a row on one
+//     rank, C without tensor parallelism; see activations.h) and (N, C) more, an arena
+//     allocated on the slot's first B and held from then on;
+//   the head's: the slot's dlogits (in its logits), kept until W.
 // An MoE layer's router and routed experts keep theirs in the slot's MoeBlock::Acts, sized
 // at each B (model/split_backward_moe.cpp).
 #include <utility>
@@ -37,7 +45,7 @@ void Model::plan_deferred(ActSink& sink, const LayerRange& chunk, Slot& s) {
   for (size_t i = 0; i < s.deferred.size(); ++i)
     declare_deferred_layer(sizes_, double(layer_ffn_[size_t(chunk.layer_begin) + i]), sink,
                            s.deferred[i]);
-  declare_deferred_ends(sizes_, chunk.first, chunk.last, sink, s.d_normf, s.d_input);
+  declare_deferred_ends(sizes_, chunk.first, sink, s.d_input);
 }
 
 size_t Model::deferred_bytes() const {
@@ -50,49 +58,39 @@ size_t Model::deferred_bytes() const {
   return bytes;
 }
 
-// Layer l's B: layer_backward's input gradients (dense), the output gradients W reads into
-// d. g.resid: d(layer output) in, d(layer input) out. The blocks' tensor- and
-// context-parallel halves are model/split_backward_tp.cpp's.
-void Model::layer_backward_input(int l, const Tensor& x, const LayerActs& a, const DeferredGrads& d,
+// Layer l's B: layer_backward's input gradients and norm gradients (dense), the output
+// gradients W reads into d and over a's q, k, v, up, gate. g.resid: d(layer output) in,
+// d(layer input) out. The blocks' tensor- and context-parallel halves are
+// model/split_backward_tp.cpp's.
+void Model::layer_backward_input(int l, const Tensor& x, LayerActs& a, const DeferredGrads& d,
                                  MoeBlock::Acts* moe, float moe_weight) {
   const LayerParams& p = layers_[static_cast<size_t>(l)];
   LayerGrads& g = scratch_.grads;
-  // d(norm2 output) into d.d_norm2: the MLP's (an MoE layer's shared experts'), the routed's.
+  // d(norm2 output) into g.norm_local: the MLP's (an MoE layer's shared experts'), the routed's.
   if (layer_ffn_[size_t(l)] > 0) split_mlp_input(p, a, layer_ffn_[size_t(l)], d);
-  if (moe_[size_t(l)]) split_moe_input(l, a, moe, moe_weight, d);
+  if (moe_[size_t(l)]) split_moe_input(l, a, moe, moe_weight);
   if (gpt2())
-    k::layernorm_backward(g.resid, Tensor{}, Tensor{}, d.d_norm2, a.res1, P(p.norm2_w),
+    k::layernorm_backward(g.resid, G(p.norm2_w), G(p.norm2_b), g.norm_local, a.res1, P(p.norm2_w),
                           a.norm2_mean, a.norm2_rstd);
   else
-    k::rmsnorm_backward(g.resid, Tensor{}, d.d_norm2, a.res1, P(p.norm2_w), a.norm2_rstd);
-  split_attention_input(p, a, d);  // from d(res1) in g.resid: d(norm1 output) into d.d_norm1
+    k::rmsnorm_backward(g.resid, G(p.norm2_w), g.norm_local, a.res1, P(p.norm2_w), a.norm2_rstd);
+  split_attention_input(p, a, d);  // from d(res1) in g.resid: d(norm1 output) into g.norm_local
   if (gpt2())
-    k::layernorm_backward(g.resid, Tensor{}, Tensor{}, d.d_norm1, x, P(p.norm1_w), a.norm1_mean,
-                          a.norm1_rstd);
+    k::layernorm_backward(g.resid, G(p.norm1_w), G(p.norm1_b), g.norm_local, x, P(p.norm1_w),
+                          a.norm1_mean, a.norm1_rstd);
   else
-    k::rmsnorm_backward(g.resid, Tensor{}, d.d_norm1, x, P(p.norm1_w), a.norm1_rstd);
+    k::rmsnorm_backward(g.resid, G(p.norm1_w), g.norm_local, x, P(p.norm1_w), a.norm1_rstd);
 }
 
-// Layer l's W: layer_backward's parameter gradients (+=), from the GEMMs' inputs in a and x
-// and the output gradients in d. Reads no scratch.
-void Model::layer_backward_weights(int l, const Tensor& x, const LayerActs& a,
-                                   const DeferredGrads& d, MoeBlock::Acts* moe,
-                                   const std::function<void()>& poll) {
+// Layer l's W: layer_backward's GEMMs' parameter gradients (+=), from their inputs in a and
+// their output gradients in d and a (B's). Reads no scratch.
+void Model::layer_backward_weights(int l, const LayerActs& a, const DeferredGrads& d,
+                                   MoeBlock::Acts* moe, const std::function<void()>& poll) {
   const LayerParams& p = layers_[static_cast<size_t>(l)];
   if (layer_ffn_[size_t(l)] > 0) split_mlp_weights(p, a, layer_ffn_[size_t(l)], d);
   if (moe_[size_t(l)]) split_moe_weights(l, a, moe);
-  if (gpt2())
-    k::layernorm_backward(Tensor{}, G(p.norm2_w), G(p.norm2_b), d.d_norm2, a.res1, P(p.norm2_w),
-                          a.norm2_mean, a.norm2_rstd);
-  else
-    k::rmsnorm_backward(Tensor{}, G(p.norm2_w), d.d_norm2, a.res1, P(p.norm2_w), a.norm2_rstd);
   if (poll) poll();
   split_attention_weights(p, a, d);
-  if (gpt2())
-    k::layernorm_backward(Tensor{}, G(p.norm1_w), G(p.norm1_b), d.d_norm1, x, P(p.norm1_w),
-                          a.norm1_mean, a.norm1_rstd);
-  else
-    k::rmsnorm_backward(Tensor{}, G(p.norm1_w), d.d_norm1, x, P(p.norm1_w), a.norm1_rstd);
   if (poll) poll();
 }
 
@@ -155,17 +153,11 @@ void Model::backward_chunk_weights(int c, int slot_index, bool last_micro_batch,
   };
   if (range.last) {  // the head first: with tied embeddings wte's gradient adds in this order
     k::linear_backward(Tensor{}, G(head_), Tensor{}, s.logits, s.normf, P(head_), false);
-    const Tensor& last = s.resid.back();
-    if (gpt2())
-      k::layernorm_backward(Tensor{}, G(normf_w_), G(normf_b_), s.d_normf, last, P(normf_w_),
-                            s.normf_mean, s.normf_rstd);
-    else
-      k::rmsnorm_backward(Tensor{}, G(normf_w_), s.d_normf, last, P(normf_w_), s.normf_rstd);
-    ready(normf_w_, partial_.back());
+    ready(normf_w_, partial_.back());  // the final norm's gradients: B's
   }
   for (int64_t l = range.layer_end - 1; l >= range.layer_begin; --l) {
     const size_t i = static_cast<size_t>(l - range.layer_begin);
-    layer_backward_weights(static_cast<int>(l), s.resid[i], s.acts[i], s.deferred[i],
+    layer_backward_weights(static_cast<int>(l), s.acts[i], s.deferred[i],
                            s.moe.empty() ? nullptr : &s.moe[i], poll);
     ready(layers_[static_cast<size_t>(l)].norm1_w, partial_[static_cast<size_t>(l)]);
     if (progress_) progress_();

@@ -127,13 +127,13 @@ void MoeBlock::experts_backward_weights(const Acts& a) {
 
 // ---- the model's side: an MoE layer's B and W around the block's ----
 
-// layer_backward()'s routed half: d.d_norm2 holds the shared experts' d(norm2 output) (none:
-// zeroed here), the block adds its own; g.resid still holds d(layer output).
-void Model::split_moe_input(int l, const LayerActs& a, MoeBlock::Acts* moe, float moe_weight,
-                            const DeferredGrads& d) {
+// layer_backward()'s routed half: g.norm_local holds the shared experts' d(norm2 output)
+// (none: zeroed here), the block adds its own; g.resid still holds d(layer output).
+void Model::split_moe_input(int l, const LayerActs& a, MoeBlock::Acts* moe, float moe_weight) {
   PENTAD_CHECK(moe != nullptr, "layer {}: MoE activations missing", l);
-  if (layer_ffn_[size_t(l)] == 0) k::zero(d.d_norm2);
-  moe_[size_t(l)]->backward_input(*moe, moe_input(a), scratch_.grads.resid, d.d_norm2, moe_weight);
+  const LayerGrads& g = scratch_.grads;
+  if (layer_ffn_[size_t(l)] == 0) k::zero(g.norm_local);
+  moe_[size_t(l)]->backward_input(*moe, moe_input(a), g.resid, g.norm_local, moe_weight);
 }
 
 void Model::split_moe_weights(int l, const LayerActs& a, MoeBlock::Acts* moe) {

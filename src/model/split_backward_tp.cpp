@@ -12,10 +12,13 @@
 //   the row-parallel GEMM's input gradient, in 2D summed over the d2 ranks piece by piece
 //     (parallel.tp_chunks), as the fused backward's;
 //   f backward: the column-parallel GEMMs' partial input gradients summed over tp into this
-//     rank's rows (d_norm2, d_norm1), which the norms' W reads.
+//     rank's rows (the scratch's d_norm_local), which the norms' backward, wholly B's, reads.
 // W: the same GEMMs' weight gradients, in 2D added up over the same row pieces. Replicated
-// parameters whose gradients are partial per tp rank (norms under sequence parallelism) are
-// summed at the last micro-batch's W, as backward_chunk sums them at its last backward.
+// parameters whose gradients are partial per tp rank (norms under sequence parallelism, their
+// gradients added by B) are summed at the last micro-batch's W, as backward_chunk sums them
+// at its last backward. The column-parallel GEMMs' output gradients (this rank's heads and
+// MLP columns, whole rows: no collective between them and W) are kept over the activations
+// they replace (split_backward.cpp).
 // The head and the embedding are 1D over every tp rank: the head's f backward in B, the
 // embedding's g backward (the rows made whole under sequence parallelism) too.
 //
@@ -52,15 +55,17 @@ Tensor Model::column_input_partial(const Tensor& reduced) const {
 }
 
 // A dense MLP's B (model.cpp's mlp_backward without its weight gradients): g.resid holds
-// d(layer output); d(pre-activation) and d(norm2 output) land in d.
-void Model::split_mlp_input(const LayerParams& p, const LayerActs& a, int64_t ffn,
+// d(layer output); d(norm2 output) lands in g.norm_local, the down projection's output
+// gradient in d, d(pre-activation) (and d(gate)) over a.up (a.gate): computed in the scratch
+// first, as the activation's backward reads the pre-activations.
+void Model::split_mlp_input(const LayerParams& p, LayerActs& a, int64_t ffn,
                             const DeferredGrads& d) {
   PENTAD_CHECK(ffn > 0, "split backward: an MLP of width 0");
   const LayerGrads& g = scratch_.grads;
   const Tensor a_up = at_width(a.up, ffn), a_gate = at_width(a.gate, ffn),
                a_act = at_width(a.act, ffn);
-  const Tensor act = at_width(g.act, ffn);
-  const Tensor partial = column_input_partial(d.d_norm2);
+  const Tensor up = at_width(g.up, ffn), gate = at_width(g.gate, ffn), act = at_width(g.act, ffn);
+  const Tensor partial = column_input_partial(g.norm_local);
   // The down projection's output gradient, whole rows; in 2D the activation's gradient is
   // summed over the d2 ranks before the activation's backward.
   gather_output_grad(d.d_out, g.resid);
@@ -68,35 +73,41 @@ void Model::split_mlp_input(const LayerParams& p, const LayerActs& a, int64_t ff
     row_gemm_backward(act, Tensor{}, Tensor{}, d.d_out, a_act, P(p.down_w));
     tp_->end_hidden_sums();
     if (gpt2())
-      k::gelu_backward(d.d_up, act, a_up);
+      k::gelu_backward(up, act, a_up);
     else
-      k::swiglu_backward(d.d_gate, d.d_up, act, a_gate, a_up);
+      k::swiglu_backward(gate, up, act, a_gate, a_up);
   } else if (gpt2()) {  // d(pre-GELU) straight from the projection's backward
-    k::linear_backward_gelu(d.d_up, Tensor{}, Tensor{}, d.d_out, a_act, P(p.down_w), a_up);
+    k::linear_backward_gelu(up, Tensor{}, Tensor{}, d.d_out, a_act, P(p.down_w), a_up);
   } else {
     k::linear_backward(act, Tensor{}, Tensor{}, d.d_out, Tensor{}, P(p.down_w), false);
-    k::swiglu_backward(d.d_gate, d.d_up, act, a_gate, a_up);
+    k::swiglu_backward(gate, up, act, a_gate, a_up);
   }
-  if (!gpt2())
-    k::linear_backward(partial, Tensor{}, Tensor{}, d.d_gate, Tensor{}, P(p.gate_w), false);
-  k::linear_backward(partial, Tensor{}, Tensor{}, d.d_up, Tensor{}, P(p.up_w), !gpt2());
-  tp_->reduce_hidden(d.d_norm2, partial);
+  copy(a_up, up);  // for W: the pre-activations are read no more
+  if (!gpt2()) {
+    copy(a_gate, gate);
+    k::linear_backward(partial, Tensor{}, Tensor{}, gate, Tensor{}, P(p.gate_w), false);
+  }
+  k::linear_backward(partial, Tensor{}, Tensor{}, up, Tensor{}, P(p.up_w), !gpt2());
+  tp_->reduce_hidden(g.norm_local, partial);
 }
 
-// A dense MLP's W: down (in 2D over the same row pieces as the fused backward), gate, up.
+// A dense MLP's W: down (in 2D over the same row pieces as the fused backward), gate, up;
+// a.up and a.gate hold B's d(up), d(gate).
 void Model::split_mlp_weights(const LayerParams& p, const LayerActs& a, int64_t ffn,
                               const DeferredGrads& d) {
   row_gemm_backward(Tensor{}, G(p.down_w), G(p.down_b), d.d_out, at_width(a.act, ffn), P(p.down_w),
                     false);
   if (!gpt2())
-    k::linear_backward(Tensor{}, G(p.gate_w), Tensor{}, d.d_gate, a.norm2, P(p.gate_w), false);
-  k::linear_backward(Tensor{}, G(p.up_w), G(p.up_b), d.d_up, a.norm2, P(p.up_w), false);
+    k::linear_backward(Tensor{}, G(p.gate_w), Tensor{}, at_width(a.gate, ffn), a.norm2, P(p.gate_w),
+                       false);
+  k::linear_backward(Tensor{}, G(p.up_w), G(p.up_b), at_width(a.up, ffn), a.norm2, P(p.up_w),
+                     false);
 }
 
-// The attention block's B: g.resid holds d(res1); the output projection's output gradient,
-// attention's (every cp rank's part included) and d(norm1 output) land in d.
-void Model::split_attention_input(const LayerParams& p, const LayerActs& a,
-                                  const DeferredGrads& d) {
+// The attention block's B: g.resid holds d(res1); the output projection's output gradient
+// lands in d, attention's (every cp rank's part included) over a.q, a.k, a.v (computed in the
+// scratch first, as attention's backward reads them), d(norm1 output) in g.norm_local.
+void Model::split_attention_input(const LayerParams& p, LayerActs& a, const DeferredGrads& d) {
   const int64_t dh = cfg_.head_dim();
   const LayerGrads& g = scratch_.grads;
   gather_output_grad(d.d_att_out, g.resid);
@@ -104,46 +115,51 @@ void Model::split_attention_input(const LayerParams& p, const LayerActs& a,
   row_gemm_backward(g.att, Tensor{}, Tensor{}, d.d_att_out, a.att, P(p.o_w),
                     !bug_injected("tp2d-skip-hidden-grad-sum"));
   tp_->end_hidden_sums();
-  cp_->attention_backward(heads_of(d.d_q, b_, t_, dh), heads_of(d.d_k, b_, t_, dh),
-                          heads_of(d.d_v, b_, t_, dh), heads_of(g.att, b_, t_, dh),
+  cp_->attention_backward(heads_of(g.q, b_, t_, dh), heads_of(g.k, b_, t_, dh),
+                          heads_of(g.v, b_, t_, dh), heads_of(g.att, b_, t_, dh),
                           heads_of(a.q, b_, t_, dh), heads_of(a.k, b_, t_, dh),
                           heads_of(a.v, b_, t_, dh), heads_of(a.att, b_, t_, dh), a.lse);
   if (!gpt2()) {
-    k::rope_backward(heads_of(d.d_q, b_, t_, dh), 0, cfg_.rope_theta, cp_->positions());
-    k::rope_backward(heads_of(d.d_k, b_, t_, dh), 0, cfg_.rope_theta, cp_->positions());
+    k::rope_backward(heads_of(g.q, b_, t_, dh), 0, cfg_.rope_theta, cp_->positions());
+    k::rope_backward(heads_of(g.k, b_, t_, dh), 0, cfg_.rope_theta, cp_->positions());
   }
-  const Tensor partial = column_input_partial(d.d_norm1);
-  k::linear_backward(partial, Tensor{}, Tensor{}, d.d_q, Tensor{}, P(p.q_w), false);
-  k::linear_backward(partial, Tensor{}, Tensor{}, d.d_k, Tensor{}, P(p.k_w), true);
-  k::linear_backward(partial, Tensor{}, Tensor{}, d.d_v, Tensor{}, P(p.v_w), true);
-  tp_->reduce_hidden(d.d_norm1, partial);
+  // For W: q, k, v are read no more.
+  copy(a.q, g.q);
+  copy(a.k, g.k);
+  copy(a.v, g.v);
+  const Tensor partial = column_input_partial(g.norm_local);
+  k::linear_backward(partial, Tensor{}, Tensor{}, g.q, Tensor{}, P(p.q_w), false);
+  k::linear_backward(partial, Tensor{}, Tensor{}, g.k, Tensor{}, P(p.k_w), true);
+  k::linear_backward(partial, Tensor{}, Tensor{}, g.v, Tensor{}, P(p.v_w), true);
+  tp_->reduce_hidden(g.norm_local, partial);
 }
 
 // The attention block's W: the output projection (in 2D over the fused backward's row
-// pieces), then q, k, v.
+// pieces), then q, k, v from B's d(q), d(k), d(v) in a.q, a.k, a.v.
 void Model::split_attention_weights(const LayerParams& p, const LayerActs& a,
                                     const DeferredGrads& d) {
   row_gemm_backward(Tensor{}, G(p.o_w), G(p.o_b), d.d_att_out, a.att, P(p.o_w), false);
-  k::linear_backward(Tensor{}, G(p.q_w), G(p.q_b), d.d_q, a.norm1, P(p.q_w), false);
-  k::linear_backward(Tensor{}, G(p.k_w), G(p.k_b), d.d_k, a.norm1, P(p.k_w), false);
-  k::linear_backward(Tensor{}, G(p.v_w), G(p.v_b), d.d_v, a.norm1, P(p.v_w), false);
+  k::linear_backward(Tensor{}, G(p.q_w), G(p.q_b), a.q, a.norm1, P(p.q_w), false);
+  k::linear_backward(Tensor{}, G(p.k_w), G(p.k_b), a.k, a.norm1, P(p.k_w), false);
+  k::linear_backward(Tensor{}, G(p.v_w), G(p.v_b), a.v, a.norm1, P(p.v_w), false);
 }
 
-// The head's and final norm's B, from the slot's dlogits: d(final norm output) summed over
-// tp into s.d_normf (this rank's rows), d(last residual) into g.resid.
+// The head's and final norm's B, from the slot's dlogits, as backward_chunk's less the
+// head's weight gradient: d(final norm output) summed over tp into this rank's rows, the
+// final norm's gradients, d(last residual) into g.resid.
 void Model::split_head_input(Slot& s) {
   LayerGrads& g = scratch_.grads;
   k::zero(g.resid);  // the norm backward below accumulates into it
-  // The head is 1D over every tp rank (2D too): its partial input gradient apart only with SP.
-  const Tensor partial = tp_->sequence_parallel() ? g.norm : s.d_normf;
-  k::linear_backward(partial, Tensor{}, Tensor{}, s.logits, Tensor{}, P(head_), false);
-  tp_->f_backward(s.d_normf, partial);
+  k::linear_backward(g.norm, Tensor{}, Tensor{}, s.logits, Tensor{}, P(head_), false);
+  // The head is 1D over every tp rank (2D too): its rows apart only with SP.
+  const Tensor norm_local = tp_->sequence_parallel() ? g.norm_local : g.norm;
+  tp_->f_backward(norm_local, g.norm);
   const Tensor& last = s.resid.back();
   if (gpt2())
-    k::layernorm_backward(g.resid, Tensor{}, Tensor{}, s.d_normf, last, P(normf_w_), s.normf_mean,
-                          s.normf_rstd);
+    k::layernorm_backward(g.resid, G(normf_w_), G(normf_b_), norm_local, last, P(normf_w_),
+                          s.normf_mean, s.normf_rstd);
   else
-    k::rmsnorm_backward(g.resid, Tensor{}, s.d_normf, last, P(normf_w_), s.normf_rstd);
+    k::rmsnorm_backward(g.resid, G(normf_w_), norm_local, last, P(normf_w_), s.normf_rstd);
 }
 
 // The embedding's output gradient for its W, whole: gathered under sequence parallelism (so

@@ -264,14 +264,14 @@ TEST(SplitBackwardMoeSlots, KeepTheirGradientsUntilW) {
   const double N = double(kB * kT), E = double(cfg.n_experts), k = double(cfg.top_k);
   MoeBlock::Acts acts;
   DeferredGrads layer;
-  Tensor d_normf, d_input;
+  Tensor d_input;
   const double routed = bytes_of([&](ActSink& sink) {
     declare_moe_deferred(N, E, N * k, double(cfg.d_model), double(cfg.d_ff_expert), DType::F32,
                          false, sink, acts);
   });
   const double rest = bytes_of([&](ActSink& sink) {
     for (int64_t l = 0; l < cfg.n_layer; ++l) declare_deferred_layer(sizes, 0, sink, layer);
-    declare_deferred_ends(sizes, true, true, sink, d_normf, d_input);
+    declare_deferred_ends(sizes, true, sink, d_input);
   });
   EXPECT_EQ(routed, 4 * (N * E + N * k * (cfg.d_model + 2 * cfg.d_ff_expert)));
   // The arenas round each buffer up and the MoE ones grow half again at once.
