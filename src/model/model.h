@@ -136,6 +136,13 @@ class Model {
   void backward_chunk_weights(int c, int slot, bool last_micro_batch,
                               const GradsReady& on_ready = {});
   size_t deferred_bytes() const;  // every slot's kept output gradients (B to W)
+  // A split backward whose schedule orders the Ws of this rank's chunks differently from
+  // run to run (zb-v's lists follow measured costs, and its first stage holds both uses of a
+  // tied embedding): the head's share of the tied gradient adds up apart and joins wte's at
+  // the embedding's last W of the step, so wte's gradient sums in one order whatever the
+  // order of the two chunks' Ws (then no longer bitwise the fused backward's order, which
+  // alternates the two per micro-batch). Off by default.
+  void set_tied_head_apart(bool apart) { tied_head_apart_ = apart; }
   // Throws pentad::Error saying why, where some chunk's backward cannot be split.
   void check_split_backward() const {
     for (int c = 0; c < chunks(); ++c) check_split(c);
@@ -291,6 +298,12 @@ class Model {
   int64_t vocab_start_;  // first vocabulary row held here; -1 when the table is whole
   ParamStore params_;
   int wte_ = -1, wpe_ = -1, normf_w_ = -1, normf_b_ = -1, head_ = -1, embedding_copy_ = -1;
+  // set_tied_head_apart's buffer of the head's share of the tied gradient, and the Ws of
+  // each use since the last join (model/split_backward.cpp).
+  bool tied_head_apart_ = false;
+  Arena tied_head_arena_;
+  Tensor tied_head_grad_;
+  int tied_heads_ = 0, tied_embeddings_ = 0;  // Ws of each since the last join
   std::vector<LayerParams> layers_;  // every layer; ids -1 where not held here
   std::vector<int64_t> layer_ffn_;   // per layer: this rank's MLP width (MoE: shared experts')
   std::vector<std::unique_ptr<MoeBlock>> moe_;  // per layer: the MoE block, or null

@@ -151,8 +151,21 @@ void Model::backward_chunk_weights(int c, int slot_index, bool last_micro_batch,
   const std::function<void()> poll = [&] {
     if (reported >= 0 && on_ready) on_ready(reported);
   };
+  // The tied embedding's two uses in two chunks of this rank: the head's gradient apart
+  // (set_tied_head_apart).
+  const bool tied_apart =
+      tied_head_apart_ && wte_ >= 0 && head_ == wte_ && !(chunk(0).first && chunk(0).last);
+  if (tied_apart && tied_head_grad_.data == nullptr) {
+    const Tensor wte = G(wte_);
+    tied_head_arena_ = Arena("tied head gradient",
+                             size_t(wte.numel()) * dtype_bytes(wte.dtype) + 256, placement_.device);
+    tied_head_grad_ = tied_head_arena_.alloc(wte.shape, wte.dtype);
+    k::zero(tied_head_grad_);
+  }
   if (range.last) {  // the head first: with tied embeddings wte's gradient adds in this order
-    k::linear_backward(Tensor{}, G(head_), Tensor{}, s.logits, s.normf, P(head_), false);
+    const Tensor dhead = tied_apart ? tied_head_grad_ : G(head_);
+    k::linear_backward(Tensor{}, dhead, Tensor{}, s.logits, s.normf, P(head_), false);
+    tied_heads_ += tied_apart ? 1 : 0;
     ready(normf_w_, partial_.back());  // the final norm's gradients: B's
   }
   for (int64_t l = range.layer_end - 1; l >= range.layer_begin; --l) {
@@ -166,6 +179,15 @@ void Model::backward_chunk_weights(int c, int slot_index, bool last_micro_batch,
   if (!range.first) return;
   k::embedding_backward(G(wte_), G(wpe_), s.d_input.reshaped(Shape{b_, t_, cfg_.d_model}), s.tokens,
                         vocab_start_, cp_->positions());
+  tied_embeddings_ += tied_apart ? 1 : 0;
+  if (tied_apart && last_micro_batch) {
+    PENTAD_CHECK(tied_heads_ == tied_embeddings_,
+                 "tied embedding: {} head Ws but {} embedding Ws when the step's last ran", tied_heads_,
+                 tied_embeddings_);
+    k::add(G(wte_), G(wte_), tied_head_grad_);
+    k::zero(tied_head_grad_);
+    tied_heads_ = tied_embeddings_ = 0;
+  }
   ready(wte_, {});
 }
 

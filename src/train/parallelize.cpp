@@ -186,6 +186,9 @@ std::unique_ptr<Model> parallelize(const Config& cfg, parallel::Mesh* mesh, Plac
   const int64_t seq_len = cfg.train.seq_len / (sharding.cp ? sharding.cp->degree() : 1);
   auto model = std::make_unique<Model>(cfg.model, cfg.train.micro_batch, seq_len, sharding, layout,
                                        placement);
+  // zb-v's lists follow measured costs and its first stage holds the tied embedding's two
+  // uses: their gradient sums in one order whatever the lists (bitwise resume).
+  model->set_tied_head_apart(cfg.parallel.pp_schedule == "zb-v");
   if (!layout.empty()) wiring.stage = pipeline_stage(*model);
   return model;
 }
