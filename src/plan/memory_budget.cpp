@@ -104,6 +104,10 @@ struct Sizes {
   // and its backward's scratch.
   double batch = 0, resid = 0, layer_acts = 0, moe_acts = 0, head_acts = 0, dispatch = 0,
          dispatch_backward = 0;
+  // A split backward's (zb-h1, zb-v), kept per slot from B to W: a dense layer's and an MoE
+  // layer's output gradients (its routed experts' at the worst case), the first chunk's
+  // d(input).
+  double deferred_layer = 0, deferred_moe = 0, deferred_first = 0;
 };
 
 void add_parameter_values(Sizes& s, const ModelConfig& m, const parallel::MeshConfig& mesh,
@@ -141,6 +145,11 @@ void add_moe_sizes(Sizes& s, const ModelConfig& m, const parallel::MeshConfig& m
     declare_moe_routing(Nl, E, k, sink, rows);
     declare_moe_rows(A, R, C, Fe / etp, s.acts.act, s.acts.gpt2, sink, rows);
   });
+  DeferredGrads kept;
+  s.deferred_moe = bytes_of([&](ActSink& sink) {
+    declare_deferred_layer(s.acts, s.acts.Fs, sink, kept);
+    declare_moe_deferred(Nl, E, R, C, Fe / etp, s.acts.act, s.acts.gpt2, sink, rows);
+  });
   // Backward's scratch: the gradients of those rows, and three of width Fe/etp for all of
   // them (the grouped expert GEMMs' d(act), d(gate), d(up)); in bf16 also the router's fp32
   // input and gradient and that gradient cast back (Nl, C) each. (Not the table: MoeBlock's
@@ -168,6 +177,10 @@ Sizes sizes_of(const Config& cfg, const parallel::MeshConfig& mesh, const ParamT
   s.layer_acts = bytes_of([&](ActSink& sink) { declare_layer(a, a.F, false, sink, layer); });
   s.moe_acts = bytes_of([&](ActSink& sink) { declare_layer(a, a.Fs, true, sink, layer); });
   s.head_acts = bytes_of([&](ActSink& sink) { declare_head(a, sink, slot); });
+  DeferredGrads kept;
+  Tensor d_input;
+  s.deferred_layer = bytes_of([&](ActSink& sink) { declare_deferred_layer(a, a.F, sink, kept); });
+  s.deferred_first = bytes_of([&](ActSink& sink) { declare_deferred_ends(a, true, sink, d_input); });
   add_moe_sizes(s, m, mesh);
   return s;
 }
@@ -184,6 +197,8 @@ Holds add_chunks(MemoryEstimate& e, const Sizes& s, const Config& cfg,
   const ModelConfig& m = cfg.model;
   const std::vector<parallel::pp::Chunk> chunks = chunks_of_stage(cfg, mesh.pp, stage);
   std::vector<parallel::pp::Action> actions;
+  const bool split = mesh.pp > 1 && schedule_spec(cfg).splits_backward();
+  const bool vee = mesh.pp > 1 && schedule_spec(cfg).placement().vee;
   if (mesh.pp > 1) actions = parallel::pp::stage_actions(schedule_spec(cfg), stage);
   Holds holds;
   for (size_t c = 0; c < chunks.size(); ++c) {
@@ -198,8 +213,11 @@ Holds add_chunks(MemoryEstimate& e, const Sizes& s, const Config& cfg,
     if (chunk.last) {
       holds.last = true;
       e.values += s.final_values;
-      // A tied head is the embedding itself on one stage, a copy of it on the last stage.
-      if (m.tie_embeddings && mesh.pp > 1) e.values += s.table;
+      // A tied head is the embedding itself on one stage, a copy of it on the last stage;
+      // under zb-v's V the first stage holds both, its head's gradient kept apart
+      // (Model::set_tied_head_apart).
+      if (m.tie_embeddings && mesh.pp > 1 && !vee) e.values += s.table;
+      if (m.tie_embeddings && vee) e.activations += s.f32 * s.table;
     }
     double in_flight = 1;
     if (!actions.empty()) {
@@ -213,7 +231,13 @@ Holds add_chunks(MemoryEstimate& e, const Sizes& s, const Config& cfg,
     const double kept =
         (m.recompute ? 0 : (layers - moe_layers) * s.layer_acts + moe_layers * s.moe_acts) +
         moe_layers * s.dispatch;
-    const double slot = s.batch + (layers + 1) * s.resid + kept + (chunk.last ? s.head_acts : 0);
+    // A split backward keeps its output gradients in the slot too, until W.
+    const double deferred =
+        !split ? 0
+               : (layers - moe_layers) * s.deferred_layer + moe_layers * s.deferred_moe +
+                     (chunk.first ? s.deferred_first : 0);
+    const double slot = s.batch + (layers + 1) * s.resid + kept + (chunk.last ? s.head_acts : 0) +
+                        deferred;
     e.activations += in_flight * slot;
     e.dispatch += in_flight * moe_layers * s.dispatch;
   }
