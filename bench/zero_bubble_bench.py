@@ -6,7 +6,9 @@ median step time (steps after warm-up, runs alternated A/B/C/D, ../shared/MEASUR
 ratio to 1F1B, the measured bubble (1 - mean busy / step window, from the trace), the
 schedule's ideal bubble (F = B = W), the simulator's bubble replayed from the passes' measured
 compute times, and the most activation memory any rank held (its slots made, and a split
-backward's kept gradients).
+backward's kept gradients), and the drain skew: the spread of the stages' last pass ends
+over the step (what the optimizer step's synchronisation costs, which the papers'
+post-validation would hide).
 
   p = 2: one rank per core, one thread a rank, ranks bound to cores (--bind-to core): the
          case the issue's speed goals are about.
@@ -47,16 +49,35 @@ def run(ranks, overrides, steps, bind):
             raise SystemExit(f"pentad failed: {' '.join(overrides)}")
         rows = [json.loads(l) for l in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
         seconds = [r["seconds"] for r in rows if "seconds" in r]
-        other = json.loads(Path(f"{tmp}/trace.json").read_text())["otherData"]
+        trace = json.loads(Path(f"{tmp}/trace.json").read_text())
+        other = trace["otherData"]
+        other["drain_skew"] = drain_skew(trace["traceEvents"])
         return seconds, other
+
+
+def drain_skew(events):
+    """Mean over steps (after the first two) of the spread of the ranks' last pass ends, as a
+    fraction of the step window: how long the first stage to finish waits for the last before
+    the optimizer step's gradient norm (what moving it after the step would save)."""
+    last, first = {}, {}
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") == "wait activation" or "wait" in e.get("cat", ""):
+            continue
+        step, end = e["args"]["step"], e["ts"] + e["dur"]
+        last.setdefault(step, {})
+        last[step][e["tid"]] = max(last[step].get(e["tid"], 0), end)
+        first[step] = min(first.get(step, e["ts"]), e["ts"])
+    skews = [(max(r.values()) - min(r.values())) / (max(r.values()) - first[s])
+             for s, r in last.items() if s > 2 and len(r) > 1]
+    return statistics.mean(skews) if skews else 0.0
 
 
 def table(p, m, reps, steps, bind):
     print(f"p = {p}, m = {m}, {'ranks bound to cores' if bind else 'ranks sharing 2 cores'}")
     print()
     print("| schedule | v | step s (x 1F1B) | bubble measured | bubble ideal | bubble simulated "
-          "| activations MiB (most on a rank) |")
-    print("|---|---|---|---|---|---|---|")
+          "| activations MiB (most on a rank) | drain skew |")
+    print("|---|---|---|---|---|---|---|---|")
     times = {s: [] for s, _ in SCHEDULES}
     other = {s: [] for s, _ in SCHEDULES}
     for _ in range(reps):  # alternated
@@ -74,7 +95,7 @@ def table(p, m, reps, steps, bind):
         print(f"| {schedule} | {v} | {t:.4f} ({t / base:.3f}) | "
               f"{med('measured_bubble_fraction'):.3f} | {o[0]['ideal_bubble_fraction']:.3f} | "
               f"{med('compute_time_bubble_fraction'):.3f} | "
-              f"{med('max_activation_bytes') / 2**20:.2f} |")
+              f"{med('max_activation_bytes') / 2**20:.2f} | {med('drain_skew'):.3f} |")
     print()
 
 

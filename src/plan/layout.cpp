@@ -123,11 +123,6 @@ static void check_split_backward(const Config& cfg) {
         "gradients, which model.recompute = true drops: set model.recompute = false or choose "
         "parallel.pp_schedule = \"1f1b\"",
         schedule);
-  if (cfg.parallel.zero == 3)
-    fail(
-        "parallel.pp_schedule = \"{}\" with parallel.zero = 3: the weight-gradient pass does "
-        "not gather parameters yet; use parallel.zero <= 2 or another parallel.pp_schedule",
-        schedule);
 }
 
 parallel::MeshConfig mesh_config(const Config& cfg, int world_size, std::string* note) {
