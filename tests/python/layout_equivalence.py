@@ -148,6 +148,8 @@ MOE_LAYOUTS = [
     ("ep2xpp2-1f1b", 4, ["parallel.pp=2", "parallel.ep=2", "parallel.pp_schedule=1f1b"]),
     # Zero-bubble: the MoE layers' backward split into B (the dispatch's all-to-alls) and W.
     ("ep2xpp2-zb-h1", 4, ["parallel.pp=2", "parallel.ep=2", "parallel.pp_schedule=zb-h1"]),
+    ("ep2xpp2-zb-v", 4, ["parallel.pp=2", "parallel.ep=2", "parallel.pp_schedule=zb-v",
+                         "parallel.virtual_stages=2", "model.n_layer=4"]),
     ("ep2-capacity1.0", 2, ["parallel.ep=2", "moe.capacity_factor=1.0"]),
     ("ep4-tp2+sp-capacity1.25", 4, ["parallel.tp=2", SP, "parallel.ep=4",
                                     "moe.capacity_factor=1.25"]),
