@@ -20,10 +20,10 @@
 // chunk's Ws run in micro-batch order (oldest first) in every list, so a parameter's
 // gradient sums its micro-batches in one order whatever the costs the lists were built for.
 #include <deque>
+#include <functional>
 #include <initializer_list>
 #include <limits>
-#include <map>
-#include <tuple>
+#include <queue>
 
 #include "core/check.h"
 #include "parallel/pp/schedule.h"
@@ -52,7 +52,9 @@ class ZbReplay {
       : spec_(spec),
         place_(spec.placement()),
         last_vs_(place_.virtual_stages() - 1),
-        forward_first_(forward_first) {
+        forward_first_(forward_first),
+        arrive_(size_t(2) * size_t(spec.micro_batches) * size_t(place_.virtual_stages()),
+                kNotYet) {
     const size_t p = size_t(spec.stages);
     PENTAD_CHECK(spec.zb_costs.empty() || spec.zb_costs.size() == 3 * p + 1,
                  "zero-bubble costs: {} values for {} stages (3 per stage and a transfer)",
@@ -105,9 +107,8 @@ class ZbReplay {
 
  private:
   void wait_after(double now) {
-    double next = kNotYet;
-    for (const auto& [key, at] : arrive_)
-      if (at > now) next = std::min(next, at);
+    while (!arrivals_.empty() && arrivals_.top() <= now) arrivals_.pop();
+    double next = arrivals_.empty() ? kNotYet : arrivals_.top();
     for (int s = 0; s < spec_.stages; ++s)
       if (!finished(s) && stages_[size_t(s)].free_at > now)
         next = std::min(next, stages_[size_t(s)].free_at);
@@ -125,9 +126,13 @@ class ZbReplay {
   }
   // When the output of pass (type, micro) of virtual stage vs reaches the stage that takes
   // it (kNotYet: not run yet).
+  double& arrival(Action::Type type, int micro, int vs) {
+    return arrive_[(size_t(micro) * 2 + (type == Action::Forward ? 0 : 1)) *
+                       size_t(place_.virtual_stages()) +
+                   size_t(vs)];
+  }
   double arrival(Action::Type type, int micro, int vs) const {
-    auto it = arrive_.find({int(type), micro, vs});
-    return it == arrive_.end() ? kNotYet : it->second;
+    return const_cast<ZbReplay*>(this)->arrival(type, micro, vs);
   }
   bool ready(int s, const Action& a, double now) const {
     const int vs = place_.virtual_stage(s, a.chunk);
@@ -200,7 +205,9 @@ class ZbReplay {
       const int vs = place_.virtual_stage(s, a.chunk);
       const int to_vs = a.type == Action::Forward ? vs + 1 : vs - 1;
       const bool crosses = to_vs >= 0 && to_vs <= last_vs_ && place_.stage_of(to_vs) != s;
-      arrive_[{int(a.type), a.micro, vs}] = st.free_at + (crosses ? costs_.back() : 0.0);
+      const double at = st.free_at + (crosses ? costs_.back() : 0.0);
+      arrival(a.type, a.micro, vs) = at;
+      arrivals_.push(at);
     }
     switch (a.type) {
       case Action::Forward:
@@ -227,8 +234,9 @@ class ZbReplay {
   const bool forward_first_;
   std::vector<double> costs_;  // as ScheduleSpec::zb_costs
   std::vector<ZbStage> stages_;
-  // (type, micro, virtual stage) of each pass run: when its output reaches the next stage.
-  std::map<std::tuple<int, int, int>, double> arrive_;
+  // Per (micro, forward or B, virtual stage): when the pass's output reaches the next stage.
+  std::vector<double> arrive_;
+  std::priority_queue<double, std::vector<double>, std::greater<>> arrivals_;  // soonest first
 };
 
 // The replay's end: when the last pass of `lists` ends at the spec's costs.
