@@ -10,8 +10,8 @@
 //
 // The layouts, named for the rank count they need (ctest runs each count's with
 // --gtest_filter=*npN*: tests/cuda/CMakeLists.txt, label gpu_multi):
-//   2 ranks: dp; tp + sp; pp 1F1B and interleaved; cp ring and Ulysses; ZeRO 1, 2, 3;
-//            AdamW offloaded to the host over ZeRO-2; recompute; MoE ep and etp;
+//   2 ranks: dp; tp + sp; pp 1F1B, interleaved, zb-h1 and zb-v; cp ring and Ulysses;
+//            ZeRO 1, 2, 3; AdamW offloaded to the host over ZeRO-2; recompute; MoE ep and etp;
 //   4 ranks: dp x tp + sp; 2D tp (2x2); pp x dp; cp x dp; hybrid cp (Ulysses 2 x ring 2);
 //            MoE folding (ep 2 x etp 2 over tp 2 + sp x dp 2); ZeRO-3 over dp 4;
 //   8 ranks: pp x dp x tp + sp; ZeRO-1 over dp 4 x tp 2; cp x tp x dp; ep 4;
@@ -153,6 +153,11 @@ const std::vector<Layout> kLayouts = {
     {"pp2_interleaved_np2",
      kGpt2Four,
      {"parallel.pp=2", "parallel.pp_schedule=interleaved", "parallel.virtual_stages=2"},
+     1},
+    {"pp2_zb_h1_np2", kGpt2Four, {"parallel.pp=2", "parallel.pp_schedule=zb-h1"}, 1},
+    {"pp2_zb_v_np2",
+     kGpt2Four,
+     {"parallel.pp=2", "parallel.pp_schedule=zb-v", "parallel.virtual_stages=2"},
      1},
     {"cp2_ring_np2", kLlama, {"parallel.cp=2", "parallel.cp_impl=ring"}, 1},
     {"cp2_ulysses_np2", kLlama, {"parallel.cp=2", "parallel.cp_impl=ulysses"}, 1},
