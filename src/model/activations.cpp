@@ -79,10 +79,27 @@ void declare_layer(const ActSizes& s, double F, bool moe, ActSink& sink, LayerAc
   a.act = sink.add("act", {s.N, F}, act);
 }
 
-void declare_deferred_layer(const ActSizes& s, double F, ActSink& sink, DeferredGrads& d) {
+// W's operands under recompute: declare_layer's buffers that W reads, in its order.
+static void declare_w_inputs(const ActSizes& s, double F, bool moe, ActSink& sink, LayerActs& a) {
+  const DType act = s.act;
+  a.norm1 = sink.add("w_norm1", {s.N, s.Cj}, act);
+  a.q = sink.add("w_q", {s.N, s.Ca}, act);
+  a.k = sink.add("w_k", {s.N, s.Ckv}, act);
+  a.v = sink.add("w_v", {s.N, s.Ckv}, act);
+  a.att = sink.add("w_att", {s.N, s.Ca}, act);
+  a.norm2 = sink.add("w_norm2", {s.N, s.Cj}, act);
+  if (moe && s.hidden_split) a.norm2_rows = sink.add("w_norm2_rows", {s.Nl, s.C}, act);
+  if (F == 0) return;  // an MoE layer without shared experts
+  a.up = sink.add("w_up", {s.N, F}, act);
+  if (!s.gpt2) a.gate = sink.add("w_gate", {s.N, F}, act);
+  a.act = sink.add("w_act", {s.N, F}, act);
+}
+
+void declare_deferred_layer(const ActSizes& s, double F, bool moe, ActSink& sink,
+                            DeferredGrads& d) {
   d.d_att_out = sink.add("w_d_att_out", {s.N, s.Cj}, s.act);
-  if (F == 0) return;  // an MoE layer without shared experts (the block keeps its own)
-  d.d_out = sink.add("w_d_out", {s.N, s.Cj}, s.act);
+  if (F > 0) d.d_out = sink.add("w_d_out", {s.N, s.Cj}, s.act);  // MoE: the block keeps its own
+  if (s.recompute) declare_w_inputs(s, F, moe, sink, d.inputs);
 }
 
 void declare_deferred_ends(const ActSizes& s, bool first, ActSink& sink, Tensor& d_input) {
@@ -111,7 +128,8 @@ void declare_head(const ActSizes& s, ActSink& sink, SlotActs& slot) {
 void declare_scratch(const ActSizes& s, double F, bool holds_last, ActSink& sink,
                      ScratchActs& scratch) {
   const DType act = s.act, f32 = DType::F32;
-  if (s.recompute) declare_layer(s, F, false, sink, scratch.layer);  // (MoE does not recompute)
+  // Under recompute, one layer's activations (2D's MoE layers: their routed rows too).
+  if (s.recompute) declare_layer(s, F, s.moe, sink, scratch.layer);
   if (s.moe) scratch.moe_out = sink.add("moe_out", {s.Nl, s.C}, act);
   if (s.apart) scratch.norm_local = sink.add("norm_local", {s.Nl, s.C}, act);
   scratch.proj = sink.add("proj", {s.N, s.C}, act);

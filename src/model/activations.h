@@ -13,6 +13,8 @@
 //   the scratch (one pass at a time, shared by every chunk, slot and layer): backward's
 //     gradients, the buffers apart from this rank's rows, the cross-entropy's statistics and,
 //     under model.recompute, the one LayerActs that each layer's backward rebuilds first.
+//   a split backward's (zero-bubble pipelines), per slot from B to W: the output gradients
+//     W reads and, under model.recompute, its inputs (DeferredGrads).
 // An MoE layer's routing and routed rows (MoeBlock::Acts, one set per slot) are declared
 // with the block (model/moe.h).
 #include <cstdint>
@@ -127,9 +129,15 @@ struct LayerGrads {
 // Under tensor parallelism these two are kept as B gathered them (whole rows, columns j), so
 // W makes no collective; gathering again in W would save the two (N, Cj) buffers but add a
 // collective to every layer's W.
+// Under model.recompute the slot keeps no LayerActs: B rebuilds each layer's in the shared
+// scratch, which the next layer's B overwrites before W. So B rebuilds straight into
+// `inputs` what W reads (the GEMMs' inputs norm1, att, norm2 (2D's MoE layers: norm2_rows),
+// act; and q, k, v, up, gate, which B overwrites with their gradients), the rest (the norms'
+// statistics, lse, res1) in the scratch: no copy, and the same values as the fused backward.
 struct DeferredGrads {
   Tensor d_att_out;  // (N, Cj): the output projection's output gradient, d(res1) gathered
   Tensor d_out;      // (N, Cj): the down projection's output gradient, gathered (no MLP: none)
+  LayerActs inputs;  // recompute only: W's operands, as LayerActs' (the others absent)
 };
 // One micro-batch's activations in one chunk.
 struct SlotActs {
@@ -159,9 +167,11 @@ void declare_batch(const ActSizes& s, ActSink& sink, SlotActs& slot);
 Tensor declare_residual(const ActSizes& s, ActSink& sink);
 // The last chunk's final norm, logits and losses.
 void declare_head(const ActSizes& s, ActSink& sink, SlotActs& slot);
-// One layer's DeferredGrads, its MLP ffn wide (an MoE layer: its shared experts', 0
+// One layer's DeferredGrads, its MLP ffn wide (an MoE layer, moe: its shared experts', 0
 // without any: no MLP buffers; the routed experts' are declare_moe_deferred's, model/moe.h).
-void declare_deferred_layer(const ActSizes& s, double ffn, ActSink& sink, DeferredGrads& d);
+// Under recompute (s.recompute) W's operands too.
+void declare_deferred_layer(const ActSizes& s, double ffn, bool moe, ActSink& sink,
+                            DeferredGrads& d);
 // A split backward's chunk ends: the first chunk's d(chunk input) whole (N, C: under sequence
 // parallelism B gathers it, so that the embedding's W needs no collective). The last chunk
 // keeps nothing more: the head's W reads the slot's dlogits and final norm output, and B

@@ -131,7 +131,9 @@ class Model {
   // need, W none but the last micro-batch's sum of partial replicated gradients (the norms'
   // under sequence parallelism, which the B passes before it added up; as backward_chunk's).
   // MoE layers too, over any ep: B makes the dispatch's all-to-alls, W none (what it reads
-  // kept in the slot's MoeBlock::Acts). Recompute and ZeRO-3 parameter hooks are refused.
+  // kept in the slot's MoeBlock::Acts). Under recompute B rebuilds each layer's activations
+  // first, as backward_chunk does, and keeps in the slot's arena those W reads (the GEMMs'
+  // inputs). ZeRO-3 parameter hooks are refused.
   void backward_chunk_input(int c, int slot, const Tensor& d_output);
   void backward_chunk_weights(int c, int slot, bool last_micro_batch,
                               const GradsReady& on_ready = {});
@@ -245,6 +247,7 @@ class Model {
   // B and W.
   void check_split(int c) const;
   void plan_deferred(ActSink& sink, const LayerRange& chunk, Slot& slot);
+  LayerActs rebuilt_acts(const DeferredGrads& d) const;  // recompute: where B rebuilds a layer
   // B overwrites a's q, k, v, up and gate with their gradients, which W reads.
   void layer_backward_input(int l, const Tensor& x, LayerActs& a, const DeferredGrads& d,
                             MoeBlock::Acts* moe, float moe_weight);

@@ -9,7 +9,10 @@
 //
 // What W reads and where it is kept:
 //   the GEMMs' inputs: the slot's LayerActs (norm1, att, norm2, act) and (last chunk) normf,
-//     kept for backward anyway and reused until W;
+//     kept for backward anyway and reused until W; under model.recompute (no LayerActs in
+//     the slot) B rebuilds the layer's activations as backward_chunk does, those of them W
+//     reads (q, k, v, up, gate too, below) into the slot's DeferredGrads::inputs, the rest
+//     in the scratch;
 //   the column-parallel GEMMs' output gradients d(q), d(k), d(v) (after RoPE's backward),
 //     d(up) (GPT-2: pre-GELU) and d(gate): computed in the shared scratch as backward_chunk
 //     computes them, then copied over the slot's LayerActs q, k, v, up, gate, which only B
@@ -32,9 +35,6 @@ namespace pentad {
 namespace k = kernels;
 
 void Model::check_split(int c) const {
-  PENTAD_CHECK(!cfg_.recompute,
-               "split backward: model.recompute rebuilds each layer's activations in the shared "
-               "scratch, which B's next layer overwrites before W; use backward_chunk");
   PENTAD_CHECK(param_hooks_ == &no_hooks_,
                "split backward: ZeRO-3 parameter hooks (W's gathers and gradient reductions are "
                "not split yet); use backward_chunk");
@@ -43,8 +43,8 @@ void Model::check_split(int c) const {
 void Model::plan_deferred(ActSink& sink, const LayerRange& chunk, Slot& s) {
   s.deferred.assign(size_t(chunk.layer_end - chunk.layer_begin), {});
   for (size_t i = 0; i < s.deferred.size(); ++i)
-    declare_deferred_layer(sizes_, double(layer_ffn_[size_t(chunk.layer_begin) + i]), sink,
-                           s.deferred[i]);
+    declare_deferred_layer(sizes_, double(layer_ffn_[size_t(chunk.layer_begin) + i]),
+                           moe_[size_t(chunk.layer_begin) + i] != nullptr, sink, s.deferred[i]);
   declare_deferred_ends(sizes_, chunk.first, sink, s.d_input);
 }
 
@@ -56,6 +56,16 @@ size_t Model::deferred_bytes() const {
       for (const MoeBlock::Acts& m : s->moe) bytes += m.deferred.capacity();
     }
   return bytes;
+}
+
+// Under recompute, the activations layer l's B rebuilds: the scratch's, but for W's operands,
+// the slot's DeferredGrads::inputs (activations.h).
+LayerActs Model::rebuilt_acts(const DeferredGrads& d) const {
+  LayerActs a = scratch_.layer;
+  const LayerActs& w = d.inputs;
+  a.norm1 = w.norm1, a.q = w.q, a.k = w.k, a.v = w.v, a.att = w.att, a.norm2 = w.norm2;
+  a.norm2_rows = w.norm2_rows, a.up = w.up, a.gate = w.gate, a.act = w.act;
+  return a;
 }
 
 // Layer l's B: layer_backward's input gradients and norm gradients (dense), the output
@@ -123,8 +133,15 @@ void Model::backward_chunk_input(int c, int slot_index, const Tensor& d_output) 
   }
   for (int64_t l = range.layer_end - 1; l >= range.layer_begin; --l) {
     const size_t i = static_cast<size_t>(l - range.layer_begin);
-    layer_backward_input(static_cast<int>(l), s.resid[i], s.acts[i], s.deferred[i],
-                         s.moe.empty() ? nullptr : &s.moe[i], s.moe_weight);
+    MoeBlock::Acts* moe = s.moe.empty() ? nullptr : &s.moe[i];
+    if (!cfg_.recompute) {
+      layer_backward_input(static_cast<int>(l), s.resid[i], s.acts[i], s.deferred[i], moe,
+                           s.moe_weight);
+    } else {  // as backward_chunk's recompute, W's operands into the slot
+      LayerActs a = rebuilt_acts(s.deferred[i]);
+      layer_forward(static_cast<int>(l), s.resid[i], s.resid[i + 1], a, moe, s.moe_weight, true);
+      layer_backward_input(static_cast<int>(l), s.resid[i], a, s.deferred[i], moe, s.moe_weight);
+    }
     if (progress_) progress_();
   }
   if (range.first) split_embedding_input(s);  // the embedding's output gradient, for W
@@ -170,8 +187,8 @@ void Model::backward_chunk_weights(int c, int slot_index, bool last_micro_batch,
   }
   for (int64_t l = range.layer_end - 1; l >= range.layer_begin; --l) {
     const size_t i = static_cast<size_t>(l - range.layer_begin);
-    layer_backward_weights(static_cast<int>(l), s.acts[i], s.deferred[i],
-                           s.moe.empty() ? nullptr : &s.moe[i], poll);
+    layer_backward_weights(static_cast<int>(l), cfg_.recompute ? s.deferred[i].inputs : s.acts[i],
+                           s.deferred[i], s.moe.empty() ? nullptr : &s.moe[i], poll);
     ready(layers_[static_cast<size_t>(l)].norm1_w, partial_[static_cast<size_t>(l)]);
     if (progress_) progress_();
   }

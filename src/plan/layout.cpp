@@ -113,18 +113,6 @@ std::string product_fixes(const ParallelConfig& p, int world_size) {
 
 }  // namespace
 
-// The zero-bubble schedules split every backward into B and W (model/split_backward.cpp);
-// what that split does not cover is refused here, before any rank starts.
-static void check_split_backward(const Config& cfg) {
-  const std::string& schedule = cfg.parallel.pp_schedule;
-  if (cfg.model.recompute)
-    fail(
-        "parallel.pp_schedule = \"{}\" keeps each layer's activations until its weight "
-        "gradients, which model.recompute = true drops: set model.recompute = false or choose "
-        "parallel.pp_schedule = \"1f1b\"",
-        schedule);
-}
-
 parallel::MeshConfig mesh_config(const Config& cfg, int world_size, std::string* note) {
   const ParallelConfig& p = cfg.parallel;
   parallel::MeshConfig mesh;
@@ -192,7 +180,6 @@ parallel::MeshConfig mesh_config(const Config& cfg, int world_size, std::string*
     const parallel::pp::ScheduleSpec spec = schedule_spec(resolved);
     parallel::pp::check_schedule(spec);
     parallel::pp::chunk_layers(cfg.model.n_layer, int(p.pp), int(p.virtual_stages), p.pp_layout);
-    if (spec.splits_backward()) check_split_backward(cfg);
   }
   parallel::check_layout(mesh, cfg.model.d_model, cfg.model.n_head, cfg.model.n_kv_head,
                          cfg.model.vocab_size, ffn_dim(cfg.model), cfg.model.n_layer,

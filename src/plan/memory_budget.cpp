@@ -105,8 +105,8 @@ struct Sizes {
   double batch = 0, resid = 0, layer_acts = 0, moe_acts = 0, head_acts = 0, dispatch = 0,
          dispatch_backward = 0;
   // A split backward's (zb-h1, zb-v), kept per slot from B to W: a dense layer's and an MoE
-  // layer's output gradients (its routed experts' at the worst case), the first chunk's
-  // d(input).
+  // layer's output gradients (its routed experts' at the worst case) and, under recompute,
+  // the inputs of its GEMMs (DeferredGrads), the first chunk's d(input).
   double deferred_layer = 0, deferred_moe = 0, deferred_first = 0;
 };
 
@@ -147,7 +147,7 @@ void add_moe_sizes(Sizes& s, const ModelConfig& m, const parallel::MeshConfig& m
   });
   DeferredGrads kept;
   s.deferred_moe = bytes_of([&](ActSink& sink) {
-    declare_deferred_layer(s.acts, s.acts.Fs, sink, kept);
+    declare_deferred_layer(s.acts, s.acts.Fs, true, sink, kept);
     declare_moe_deferred(Nl, E, R, C, Fe / etp, s.acts.act, s.acts.gpt2, sink, rows);
   });
   // Backward's scratch: the gradients of those rows, and three of width Fe/etp for all of
@@ -179,7 +179,8 @@ Sizes sizes_of(const Config& cfg, const parallel::MeshConfig& mesh, const ParamT
   s.head_acts = bytes_of([&](ActSink& sink) { declare_head(a, sink, slot); });
   DeferredGrads kept;
   Tensor d_input;
-  s.deferred_layer = bytes_of([&](ActSink& sink) { declare_deferred_layer(a, a.F, sink, kept); });
+  s.deferred_layer =
+      bytes_of([&](ActSink& sink) { declare_deferred_layer(a, a.F, false, sink, kept); });
   s.deferred_first = bytes_of([&](ActSink& sink) { declare_deferred_ends(a, true, sink, d_input); });
   add_moe_sizes(s, m, mesh);
   return s;
@@ -231,7 +232,8 @@ Holds add_chunks(MemoryEstimate& e, const Sizes& s, const Config& cfg,
     const double kept =
         (m.recompute ? 0 : (layers - moe_layers) * s.layer_acts + moe_layers * s.moe_acts) +
         moe_layers * s.dispatch;
-    // A split backward keeps its output gradients in the slot too, until W.
+    // A split backward keeps its output gradients in the slot too, until W (under recompute
+    // W's inputs too).
     const double deferred =
         !split ? 0
                : (layers - moe_layers) * s.deferred_layer + moe_layers * s.deferred_moe +

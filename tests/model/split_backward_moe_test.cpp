@@ -3,9 +3,9 @@
 // parameter gradient (router, routed experts, shared experts and the dense layers around
 // them), the input gradient and the gradient reports bitwise equal. GPT-2-style and
 // SwiGLU experts, with and without shared experts, top 2, with the balancing losses, the
-// z-loss, a moved expert bias, sigmoid scores and capacity drops among the configurations;
-// one chunk and a chunk per layer; two micro-batches, in one slot each after the other and
-// in two slots in flight at once, B and W interleaved.
+// z-loss, a moved expert bias, sigmoid scores, capacity drops and recompute among the
+// configurations; one chunk and a chunk per layer; two micro-batches, in one slot each after
+// the other and in two slots in flight at once, B and W interleaved.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -71,6 +71,12 @@ std::vector<Case> cases() {
   deepseek.moe.bias_update_rate = 0.01f;
   deepseek.moe.aux_loss_coef = 0.01f;
   out.push_back({"swiglu shared experts, sigmoid, bias", deepseek});
+  // Recompute: B rebuilds each layer (the routing and routed rows into the slot's
+  // MoeBlock::Acts, as the fused backward), W's dense operands kept in the slot.
+  shared.recompute = true;
+  out.push_back({"gpt2 shared experts, capacity, recompute", shared});
+  mixtral.recompute = true;
+  out.push_back({"swiglu experts, recompute", mixtral});
   return out;
 }
 
@@ -234,12 +240,13 @@ TEST_P(SplitBackwardMoe, EqualsTheFusedBackwardBitwise) {
 }
 
 std::string case_name(const ::testing::TestParamInfo<size_t>& info) {
-  static const char* const names[] = {"Gpt2Experts", "Gpt2SharedCapacity", "SwigluExperts",
-                                      "SwigluSharedSigmoidBias"};
+  static const char* const names[] = {"Gpt2Experts",         "Gpt2SharedCapacity",
+                                      "SwigluExperts",       "SwigluSharedSigmoidBias",
+                                      "Gpt2SharedRecompute", "SwigluRecompute"};
   return names[info.param];
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, SplitBackwardMoe, ::testing::Values(0, 1, 2, 3), case_name);
+INSTANTIATE_TEST_SUITE_P(Configs, SplitBackwardMoe, ::testing::Values(0, 1, 2, 3, 4, 5), case_name);
 
 // B keeps the routed experts' output gradients and d(logits) per slot and MoE layer (in
 // the slot's MoeBlock::Acts, as declare_moe_deferred declares them, counted by
@@ -270,7 +277,7 @@ TEST(SplitBackwardMoeSlots, KeepTheirGradientsUntilW) {
                          false, sink, acts);
   });
   const double rest = bytes_of([&](ActSink& sink) {
-    for (int64_t l = 0; l < cfg.n_layer; ++l) declare_deferred_layer(sizes, 0, sink, layer);
+    for (int64_t l = 0; l < cfg.n_layer; ++l) declare_deferred_layer(sizes, 0, true, sink, layer);
     declare_deferred_ends(sizes, true, sink, d_input);
   });
   EXPECT_EQ(routed, 4 * (N * E + N * k * (cfg.d_model + 2 * cfg.d_ff_expert)));

@@ -133,17 +133,22 @@ void expect_bitwise(const Result& want, const Result& got, const std::string& wh
 
 class SplitBackward : public ::testing::TestWithParam<ModelFamily> {};
 
+// With and without model.recompute (B rebuilds each layer's activations, keeping W's
+// operands in the slot; the fused backward rebuilds them in the scratch).
 TEST_P(SplitBackward, EqualsTheFusedBackwardBitwise) {
   omp_set_num_threads(2);
-  const ModelConfig cfg = tiny(GetParam());
-  for (bool per_layer : {false, true}) {
+  ModelConfig cfg = tiny(GetParam());
+  for (const auto& [recompute, per_layer] :
+       {std::pair{false, false}, {false, true}, {true, false}, {true, true}}) {
+    cfg.recompute = recompute;
     const Result want = run(cfg, per_layer, fused);
     // The gradients are not trivially zero, and every parameter's is reached.
     double norm = 0;
     for (float x : want.grads) norm += double(x) * x;
     EXPECT_GT(norm, 0.0);
     EXPECT_EQ(want.ready.back(), 0);  // the embedding's, the arena's start, last
-    const std::string layout_name = per_layer ? "a chunk per layer" : "one chunk";
+    const std::string layout_name = std::string(per_layer ? "a chunk per layer" : "one chunk") +
+                                    (recompute ? ", recompute" : "");
     expect_bitwise(want, run(cfg, per_layer, every_b_then_every_w),
                    layout_name + ": every B, then every W");
     expect_bitwise(want, run(cfg, per_layer, interleaved), layout_name + ": B(c) W(c+1)");
@@ -180,16 +185,37 @@ TEST_P(SplitBackward, KeepsItsGradientsUntilW) {
 INSTANTIATE_TEST_SUITE_P(Families, SplitBackward,
                          ::testing::Values(ModelFamily::GPT2, ModelFamily::LLaMA));
 
-// What this step does not split is refused: recompute (each layer's activations rebuilt in
-// the shared scratch). MoE layers are split_backward_moe_test.cpp's.
-TEST(SplitBackwardRefuses, Recompute) {
+// Under recompute the slot keeps no LayerActs; B's arena holds, per layer, the output
+// gradients and W's operands (declare_deferred_layer), as declared: the fused backward's
+// memory unchanged, the split's that much more.
+TEST(SplitBackwardRecompute, KeepsWsOperandsPerSlot) {
+  omp_set_num_threads(2);
   std::vector<int32_t> ids(size_t(kB * kT), 5);
   ModelConfig cfg = tiny(ModelFamily::LLaMA);
   cfg.recompute = true;
-  Model recomputing(cfg, kB, kT);
-  recomputing.params().initialize(3);
-  recomputing.forward(ids.data(), ids.data(), 1.0f);
-  EXPECT_THROW(recomputing.backward_chunk_input(0, 0, Tensor{}), std::exception);
+  Model model(cfg, kB, kT);
+  model.params().initialize(3);
+  const size_t fused_bytes = model.activation_bytes();
+  const double declared = model.declared_activation_bytes();
+  model.forward(ids.data(), ids.data(), 1.0f);
+  model.backward_chunk_input(0, 0, Tensor{});
+  const ActSizes sizes = activation_sizes(cfg, kB, kT, 1, 1, false, DType::F32);
+  DeferredGrads layer;
+  Tensor d_input;
+  const double kept = bytes_of([&](ActSink& sink) {
+    for (int64_t l = 0; l < cfg.n_layer; ++l)
+      declare_deferred_layer(sizes, double(ffn_dim(cfg)), false, sink, layer);
+    declare_deferred_ends(sizes, true, sink, d_input);
+  });
+  // d(att_out), d(out) (C each), norm1, norm2 (C each), q, att (C each), k, v (C / 2 each:
+  // 2 of 4 heads), up, gate, act (the MLP width each) a row a layer; d(input) (C) a row.
+  const double N = double(kB * kT), C = double(cfg.d_model), F = double(ffn_dim(cfg));
+  EXPECT_EQ(kept, 4 * N * (double(cfg.n_layer) * (7 * C + 3 * F) + C));
+  EXPECT_EQ(model.declared_activation_bytes(), declared + kept);
+  EXPECT_GE(double(model.deferred_bytes()), kept);
+  EXPECT_LE(double(model.deferred_bytes()), kept + 64.0 * 64);  // each buffer aligned
+  EXPECT_EQ(model.activation_bytes(), fused_bytes + model.deferred_bytes());
+  model.backward_chunk_weights(0, 0, true);
 }
 
 // zb-v's first stage holds a tied embedding's two uses in two chunks, and its lists may run

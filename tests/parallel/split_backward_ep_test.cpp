@@ -6,10 +6,10 @@
 // shared experts, dense layers), the input gradient and the gradient reports bitwise equal,
 // for B and W in several orders over two micro-batches, one chunk and a chunk per layer.
 // Also with MoE layers under tp with sequence parallelism (1D and 2D), cp (ring, and Ulysses
-// with ep) and tp with ep. B runs the dispatch's all-to-alls, W nothing on the ep and etp
-// groups (the communication trace, parallel/trace.h, counts what each pass issued; under
-// sequence parallelism W's last micro-batch sums the norms' partial gradients over tp, as
-// the dense layers' W does).
+// with ep), tp with ep, and two of them with recompute. B runs the dispatch's all-to-alls, W
+// nothing on the ep and etp groups (the communication trace, parallel/trace.h, counts what
+// each pass issued; under sequence parallelism W's last micro-batch sums the norms' partial
+// gradients over tp, as the dense layers' W does).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -54,6 +54,12 @@ const std::vector<Layout>& layouts() {
       {"tp 2 + sp x ep 2",
        {"parallel.tp=2", "parallel.sequence_parallel=true", "parallel.ep=2"},
        2},
+      // Recompute: B rebuilds each layer, its dispatch included, as the fused backward.
+      {"ep 2 x etp 2, recompute", {"parallel.ep=2", "parallel.etp=2", "model.recompute=true"}, 4},
+      {"tp 2x2 + sp, recompute",
+       {"parallel.tp=4", "parallel.tp_shape=\"2x2\"", "parallel.sequence_parallel=true",
+        "model.recompute=true"},
+       4},
   };
   return all;
 }

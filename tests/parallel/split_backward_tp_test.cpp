@@ -1,10 +1,11 @@
 // The backward in two passes (Model::backward_chunk_input, B, then backward_chunk_weights,
 // W; model/split_backward.cpp, split_backward_tp.cpp) under tensor and context parallelism,
 // on 4 ranks: 1D tp with and without sequence parallelism, 2D tp (2 x 2, two row pieces)
-// with and without it, cp 2 as ring and as Ulysses, and cp with tp. Against the fused
-// backward_chunk at the same layout, on every rank: every parameter gradient, the input
-// gradient and the gradient reports bitwise equal, for B and W in several orders over two
-// micro-batches, with one chunk of every layer and with a chunk per layer.
+// with and without it, cp 2 as ring and as Ulysses, and cp with tp, two of them with
+// recompute. Against the fused backward_chunk at the same layout, on every rank: every
+// parameter gradient, the input gradient and the gradient reports bitwise equal, for B and W
+// in several orders over two micro-batches, with one chunk of every layer and with a chunk
+// per layer.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -55,6 +56,15 @@ const std::vector<Layout>& layouts() {
        4},
       {"cp 2 ulysses x tp 2",
        {"parallel.cp=2", "parallel.cp_impl=\"ulysses\"", "parallel.tp=2"},
+       4},
+      // Recompute: B rebuilds each layer (its collectives again, as the fused backward's).
+      {"tp 2x2 + sp, recompute",
+       {"parallel.tp=4", "parallel.tp_shape=\"2x2\"", "parallel.tp_chunks=2",
+        "parallel.sequence_parallel=true", "model.recompute=true"},
+       4},
+      {"cp 2 ring x tp 2 + sp, recompute",
+       {"parallel.cp=2", "parallel.cp_impl=\"ring\"", "parallel.tp=2",
+        "parallel.sequence_parallel=true", "model.recompute=true"},
        4},
   };
   return all;

@@ -186,6 +186,11 @@ TEST(MemoryBudget, EstimateMatchesTheArenasOfEachZeroBubbleStage) {
        {"model.n_layer=4", "parallel.virtual_stages=2", "parallel.pp_schedule=zb-v"}},
       {"llama-tiny.toml",
        {"model.n_layer=4", "parallel.virtual_stages=2", "parallel.pp_schedule=zb-v"}},
+      // Under recompute each slot keeps, per layer, W's operands with the output gradients.
+      {"llama-tiny.toml",
+       {"model.n_layer=4", "parallel.virtual_stages=2", "parallel.pp_schedule=zb-v",
+        "model.recompute=true"}},
+      {"gpt-tiny.toml", {"model.n_layer=4", "parallel.pp_schedule=zb-h1", "model.recompute=true"}},
   };
   for (const auto& [recipe, keys] : rows) {
     SCOPED_TRACE(recipe + " " + keys.back());

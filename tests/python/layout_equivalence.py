@@ -124,7 +124,7 @@ PIPELINE_LAYOUTS = [
     ("pp4-interleaved-v2", 4, ["parallel.pp=4", "parallel.pp_schedule=interleaved",
                                "parallel.virtual_stages=2"]),
     # Zero-bubble: every backward split into B and W, W deferred (ZB-V: chunks in a V, the
-    # tied embedding's two uses on the first stage); with dp and ZeRO-1.
+    # tied embedding's two uses on the first stage); with dp and ZeRO-1, and recompute.
     ("pp2-zb-h1", 2, ["parallel.pp=2", "parallel.pp_schedule=zb-h1"]),
     ("pp4-zb-h1", 4, ["parallel.pp=4", "parallel.pp_schedule=zb-h1"]),
     ("pp2-zb-v", 2, ["parallel.pp=2", "parallel.pp_schedule=zb-v", "parallel.virtual_stages=2"]),
@@ -133,6 +133,9 @@ PIPELINE_LAYOUTS = [
                                "parallel.virtual_stages=2", "parallel.zero=1"]),
     ("pp2xtp2-zb-v+sp", 4, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_schedule=zb-v",
                             "parallel.virtual_stages=2", "parallel.sequence_parallel=true"]),
+    # Recompute: B rebuilds each layer, keeping what W reads in the slot.
+    ("pp2-zb-v-recompute", 2, ["parallel.pp=2", "parallel.pp_schedule=zb-v",
+                               "parallel.virtual_stages=2", "model.recompute=true"]),
     ("pp2xdp2xtp2-1f1b", 8, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_schedule=1f1b"]),
     ("pp2xdp2xtp2-2f2b+sp", 8, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_schedule=kfkb",
                                 "parallel.pp_group=2", "parallel.sequence_parallel=true"]),
