@@ -126,13 +126,13 @@ class ZbReplay {
   }
   // When the output of pass (type, micro) of virtual stage vs reaches the stage that takes
   // it (kNotYet: not run yet).
-  double& arrival(Action::Type type, int micro, int vs) {
-    return arrive_[(size_t(micro) * 2 + (type == Action::Forward ? 0 : 1)) *
-                       size_t(place_.virtual_stages()) +
-                   size_t(vs)];
+  size_t arrival_index(Action::Type type, int micro, int vs) const {
+    return (size_t(micro) * 2 + (type == Action::Forward ? 0 : 1)) *
+               size_t(place_.virtual_stages()) +
+           size_t(vs);
   }
   double arrival(Action::Type type, int micro, int vs) const {
-    return const_cast<ZbReplay*>(this)->arrival(type, micro, vs);
+    return arrive_[arrival_index(type, micro, vs)];
   }
   bool ready(int s, const Action& a, double now) const {
     const int vs = place_.virtual_stage(s, a.chunk);
@@ -206,7 +206,7 @@ class ZbReplay {
       const int to_vs = a.type == Action::Forward ? vs + 1 : vs - 1;
       const bool crosses = to_vs >= 0 && to_vs <= last_vs_ && place_.stage_of(to_vs) != s;
       const double at = st.free_at + (crosses ? costs_.back() : 0.0);
-      arrival(a.type, a.micro, vs) = at;
+      arrive_[arrival_index(a.type, a.micro, vs)] = at;
       arrivals_.push(at);
     }
     switch (a.type) {
