@@ -120,6 +120,13 @@ Trainer::Trainer(const Config& recipe, parallel::Mesh* mesh) : cfg_(recipe), mes
            "{}. Choose another parallel.pp_schedule (1f1b, interleaved)",
            cfg.parallel.pp_schedule, e.what());
     }
+    if (cfg.model.recompute && world_rank_ == 0)
+      spdlog::warn(
+          "model.recompute under parallel.pp_schedule = \"{}\" saves no memory: each "
+          "micro-batch keeps what its weight gradients read (nearly all a layer's activations) "
+          "until its W, and pays the forward again; 1f1b or interleaved are where recompute "
+          "saves memory",
+          cfg.parallel.pp_schedule);
   }
   checkpoints_ = std::make_unique<CheckpointManager>(CheckpointManager::Run{
       .cfg = cfg_,
