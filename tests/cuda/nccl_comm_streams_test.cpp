@@ -107,7 +107,7 @@ TEST_F(NcclStreams, WaitDoesNotBlockTheHostAndBarrierDoes) {
 TEST_F(NcclComm, PipelineRoundsMoveDeviceTensorsOnOneGpu) {
   if (n != 1) GTEST_SKIP() << "plays every stage on one rank";
   using pp::Action;
-  for (const pp::ScheduleSpec spec :
+  for (const pp::ScheduleSpec& spec :
        {pp::ScheduleSpec{pp::ScheduleKind::OneFOneB, 2, 4, 1, 1},
         pp::ScheduleSpec{pp::ScheduleKind::Interleaved, 2, 4, 2, 1}}) {
     const int p = spec.stages, v = spec.virtual_stages, V = p * v, m = spec.micro_batches;

@@ -95,7 +95,7 @@ TEST(PipelineStage, DrivesAnyStageInClosedForm) {
   const int p = group->size(), stage = group->rank(), m = 4 * p;
   // Posted one pass ahead (host tensors), and in rounds (device tensors' order, rounds.h).
   for (const pp::Posting posting : {pp::Posting::ByDevice, pp::Posting::Rounds})
-    for (const pp::ScheduleSpec spec : {pp::ScheduleSpec{pp::ScheduleKind::OneFOneB, p, m, 1, 1},
+    for (const pp::ScheduleSpec& spec : {pp::ScheduleSpec{pp::ScheduleKind::OneFOneB, p, m, 1, 1},
                                         pp::ScheduleSpec{pp::ScheduleKind::Interleaved, p, m, 2, 1},
                                         pp::ScheduleSpec{pp::ScheduleKind::GPipe, p, m, 1, 1},
                                         pp::ScheduleSpec{pp::ScheduleKind::KFKB, p, m, 1, 2},
