@@ -23,7 +23,10 @@
 #include <functional>
 #include <initializer_list>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <queue>
+#include <tuple>
 
 #include "core/check.h"
 #include "parallel/pp/schedule.h"
@@ -259,9 +262,8 @@ SimCosts zero_bubble_sim_costs(const ScheduleSpec& spec) {
   return costs;
 }
 
-std::vector<std::vector<Action>> zero_bubble_lists(const ScheduleSpec& spec) {
-  PENTAD_CHECK(spec.splits_backward(), "zero_bubble_lists: {} does not split backward",
-               schedule_name(spec.kind));
+// The lists of one spec, built from scratch.
+static std::vector<std::vector<Action>> build_lists(const ScheduleSpec& spec) {
   // Candidates: built at the given costs and at unit costs (a W filling a wait at the real
   // costs can start just before the input it delays arrives), B-first and, for ZB-V,
   // forward-first; the one whose replay at the given costs ends first.
@@ -279,6 +281,27 @@ std::vector<std::vector<Action>> zero_bubble_lists(const ScheduleSpec& spec) {
     if (spec.zb_costs.empty()) break;  // the unit costs were the given ones
   }
   return best;
+}
+
+std::vector<std::vector<Action>> zero_bubble_lists(const ScheduleSpec& spec) {
+  PENTAD_CHECK(spec.splits_backward(), "zero_bubble_lists: {} does not split backward",
+               schedule_name(spec.kind));
+  // The last specs' lists, kept: every stage of a layout asks for the same ones (the memory
+  // plan per stage, the executor, the planner's replay of each layout it ranks).
+  using Key = std::tuple<int, int, int, int, std::vector<double>>;
+  static std::mutex mutex;
+  static std::map<Key, std::vector<std::vector<Action>>> kept;
+  const Key key{int(spec.kind), spec.stages, spec.micro_batches, spec.virtual_stages,
+                spec.zb_costs};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = kept.find(key); it != kept.end()) return it->second;
+  }
+  std::vector<std::vector<Action>> lists = build_lists(spec);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (kept.size() >= 64) kept.clear();
+  kept.emplace(key, lists);
+  return lists;
 }
 
 }  // namespace pentad::parallel::pp
