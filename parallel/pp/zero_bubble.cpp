@@ -286,8 +286,8 @@ static std::vector<std::vector<Action>> build_lists(const ScheduleSpec& spec) {
 std::vector<std::vector<Action>> zero_bubble_lists(const ScheduleSpec& spec) {
   PENTAD_CHECK(spec.splits_backward(), "zero_bubble_lists: {} does not split backward",
                schedule_name(spec.kind));
-  // The last specs' lists, kept: every stage of a layout asks for the same ones (the memory
-  // plan per stage, the executor, the planner's replay of each layout it ranks).
+  // The lists of recent specs, kept: every stage of a layout asks for the same ones (the
+  // memory plan per stage, the executor), and the planner for those of many layouts.
   using Key = std::tuple<int, int, int, int, std::vector<double>>;
   static std::mutex mutex;
   static std::map<Key, std::vector<std::vector<Action>>> kept;
@@ -298,9 +298,12 @@ std::vector<std::vector<Action>> zero_bubble_lists(const ScheduleSpec& spec) {
     if (auto it = kept.find(key); it != kept.end()) return it->second;
   }
   std::vector<std::vector<Action>> lists = build_lists(spec);
+  const size_t actions = size_t(3) * size_t(spec.micro_batches) * size_t(spec.stages) *
+                         size_t(spec.virtual_stages);
   std::lock_guard<std::mutex> lock(mutex);
-  if (kept.size() >= 64) kept.clear();
-  kept.emplace(key, lists);
+  static size_t kept_actions = 0;  // at most 4M actions kept (about 50 MB)
+  if (kept_actions + actions > (size_t(4) << 20)) kept.clear(), kept_actions = 0;
+  if (kept.emplace(key, lists).second) kept_actions += actions;
   return lists;
 }
 
