@@ -263,18 +263,58 @@ SimCosts zero_bubble_sim_costs(const ScheduleSpec& spec) {
 }
 
 // The lists of one spec, built from scratch.
-static std::vector<std::vector<Action>> build_lists(const ScheduleSpec& spec) {
-  // Candidates: built at the given costs and at unit costs (a W filling a wait at the real
-  // costs can start just before the input it delays arrives), B-first and, for ZB-V,
-  // forward-first; the one whose replay at the given costs ends first.
+namespace {
+
+using Lists = std::vector<std::vector<Action>>;
+
+// Results kept for recent specs, at most 4M actions (about 50 MB) in all: every stage of a
+// layout asks for the same lists (the memory plan per stage, the executor), and the planner,
+// ranking many layouts, for the unit-cost candidates of each (p, m) again and again.
+class KeptLists {
+ public:
+  using Key = std::tuple<int, int, int, int, std::vector<double>, int>;
+  template <typename Make>
+  Lists get(const ScheduleSpec& spec, int variant, const Make& make) {
+    const Key key{int(spec.kind), spec.stages,    spec.micro_batches, spec.virtual_stages,
+                  spec.zb_costs,  variant};
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (auto it = kept_.find(key); it != kept_.end()) return it->second;
+    }
+    Lists lists = make();
+    const size_t actions = size_t(3) * size_t(spec.micro_batches) * size_t(spec.stages) *
+                           size_t(spec.virtual_stages);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (actions_ + actions > (size_t(4) << 20)) kept_.clear(), actions_ = 0;
+    if (kept_.emplace(key, lists).second) actions_ += actions;
+    return lists;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<Key, Lists> kept_;
+  size_t actions_ = 0;
+};
+KeptLists kept_lists;
+
+// One replay's lists (variant: B-first 0, forward-first 1), kept.
+Lists replayed(const ScheduleSpec& spec, bool forward_first) {
+  return kept_lists.get(spec, forward_first ? 1 : 0,
+                        [&] { return ZbReplay(spec, forward_first).run(); });
+}
+
+// Candidates: built at the given costs and at unit costs (a W filling a wait at the real
+// costs can start just before the input it delays arrives), B-first and, for ZB-V,
+// forward-first; the one whose replay at the given costs ends first.
+Lists best_lists(const ScheduleSpec& spec) {
   ScheduleSpec unit = spec;
   unit.zb_costs.clear();
-  std::vector<std::vector<Action>> best;
+  Lists best;
   double best_seconds = kNotYet;
   for (const ScheduleSpec* built : std::initializer_list<const ScheduleSpec*>{&spec, &unit}) {
     for (bool forward_first : {false, true}) {
       if (forward_first && spec.kind != ScheduleKind::ZBV) continue;
-      std::vector<std::vector<Action>> lists = ZbReplay(*built, forward_first).run();
+      Lists lists = replayed(*built, forward_first);
       const double seconds = replay_seconds(spec, lists);
       if (seconds < best_seconds * (1 - 1e-9)) best = std::move(lists), best_seconds = seconds;
     }
@@ -283,28 +323,12 @@ static std::vector<std::vector<Action>> build_lists(const ScheduleSpec& spec) {
   return best;
 }
 
+}  // namespace
+
 std::vector<std::vector<Action>> zero_bubble_lists(const ScheduleSpec& spec) {
   PENTAD_CHECK(spec.splits_backward(), "zero_bubble_lists: {} does not split backward",
                schedule_name(spec.kind));
-  // The lists of recent specs, kept: every stage of a layout asks for the same ones (the
-  // memory plan per stage, the executor), and the planner for those of many layouts.
-  using Key = std::tuple<int, int, int, int, std::vector<double>>;
-  static std::mutex mutex;
-  static std::map<Key, std::vector<std::vector<Action>>> kept;
-  const Key key{int(spec.kind), spec.stages, spec.micro_batches, spec.virtual_stages,
-                spec.zb_costs};
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (auto it = kept.find(key); it != kept.end()) return it->second;
-  }
-  std::vector<std::vector<Action>> lists = build_lists(spec);
-  const size_t actions = size_t(3) * size_t(spec.micro_batches) * size_t(spec.stages) *
-                         size_t(spec.virtual_stages);
-  std::lock_guard<std::mutex> lock(mutex);
-  static size_t kept_actions = 0;  // at most 4M actions kept (about 50 MB)
-  if (kept_actions + actions > (size_t(4) << 20)) kept.clear(), kept_actions = 0;
-  if (kept.emplace(key, lists).second) kept_actions += actions;
-  return lists;
+  return kept_lists.get(spec, 2, [&] { return best_lists(spec); });
 }
 
 }  // namespace pentad::parallel::pp
