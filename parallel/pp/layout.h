@@ -20,8 +20,8 @@ struct Chunk {
 
 // Which virtual stage chunk c of stage s runs, and back.
 struct ChunkPlacement {
-  int stages = 1;   // p
-  int chunks = 1;   // v per stage
+  int stages = 1;    // p
+  int chunks = 1;    // v per stage
   bool vee = false;  // the V placement; the loop otherwise
   int virtual_stages() const { return stages * chunks; }
   int virtual_stage(int stage, int chunk) const {

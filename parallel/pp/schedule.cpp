@@ -162,9 +162,9 @@ class Transfers {
       : p_(placement.stages),
         vstages_(placement.virtual_stages()),
         place_(placement),
-        seconds_(!costs.link_seconds.empty() ? costs.link_seconds
-                                             : std::vector<double>(size_t(p_) * size_t(p_),
-                                                                   costs.transfer_seconds)),
+        seconds_(!costs.link_seconds.empty()
+                     ? costs.link_seconds
+                     : std::vector<double>(size_t(p_) * size_t(p_), costs.transfer_seconds)),
         arrival_(size_t(2) * size_t(micro_batches) * size_t(vstages_), -1.0),
         link_free_(size_t(p_) * size_t(p_), 0.0) {}
   // When the input of stage s's pass a is there: 0 if it needs none (the first forward,

@@ -47,9 +47,7 @@ struct ScheduleSpec {
   std::vector<double> zb_costs = {};
   // Whether backward runs as B and W (the zero-bubble schedules); where chunks sit.
   bool splits_backward() const { return kind == ScheduleKind::ZBH1 || kind == ScheduleKind::ZBV; }
-  ChunkPlacement placement() const {
-    return {stages, virtual_stages, kind == ScheduleKind::ZBV};
-  }
+  ChunkPlacement placement() const { return {stages, virtual_stages, kind == ScheduleKind::ZBV}; }
 };
 
 // Throws pentad::Error naming the key to change when the schedule cannot run: more than 63
@@ -101,7 +99,7 @@ struct SimCosts {
   // Per stage, W's share of backward_seconds (split schedules); empty: half of it (B and W
   // each run one GEMM per weight).
   std::vector<double> weight_seconds;
-  double transfer_seconds = 0.0;         // one activation (or gradient) over one link
+  double transfer_seconds = 0.0;  // one activation (or gradient) over one link
   // Per directed link (from stage * stages + to stage); empty: transfer_seconds on every link.
   std::vector<double> link_seconds;
   double core_share = 0.0;  // 0: every rank has its own device or core

@@ -56,8 +56,7 @@ class ZbReplay {
         place_(spec.placement()),
         last_vs_(place_.virtual_stages() - 1),
         forward_first_(forward_first),
-        arrive_(size_t(2) * size_t(spec.micro_batches) * size_t(place_.virtual_stages()),
-                kNotYet) {
+        arrive_(size_t(2) * size_t(spec.micro_batches) * size_t(place_.virtual_stages()), kNotYet) {
     const size_t p = size_t(spec.stages);
     PENTAD_CHECK(spec.zb_costs.empty() || spec.zb_costs.size() == 3 * p + 1,
                  "zero-bubble costs: {} values for {} stages (3 per stage and a transfer)",
@@ -275,15 +274,15 @@ class KeptLists {
   using Key = std::tuple<int, int, int, int, std::vector<double>, int>;
   template <typename Make>
   Lists get(const ScheduleSpec& spec, int variant, const Make& make) {
-    const Key key{int(spec.kind), spec.stages,    spec.micro_batches, spec.virtual_stages,
-                  spec.zb_costs,  variant};
+    const Key key{int(spec.kind),      spec.stages,   spec.micro_batches,
+                  spec.virtual_stages, spec.zb_costs, variant};
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (auto it = kept_.find(key); it != kept_.end()) return it->second;
     }
     Lists lists = make();
-    const size_t actions = size_t(3) * size_t(spec.micro_batches) * size_t(spec.stages) *
-                           size_t(spec.virtual_stages);
+    const size_t actions =
+        size_t(3) * size_t(spec.micro_batches) * size_t(spec.stages) * size_t(spec.virtual_stages);
     std::lock_guard<std::mutex> lock(mutex_);
     if (actions_ + actions > (size_t(4) << 20)) kept_.clear(), actions_ = 0;
     if (kept_.emplace(key, lists).second) actions_ += actions;

@@ -199,8 +199,8 @@ void Model::backward_chunk_weights(int c, int slot_index, bool last_micro_batch,
   tied_embeddings_ += tied_apart ? 1 : 0;
   if (tied_apart && last_micro_batch) {
     PENTAD_CHECK(tied_heads_ == tied_embeddings_,
-                 "tied embedding: {} head Ws but {} embedding Ws when the step's last ran", tied_heads_,
-                 tied_embeddings_);
+                 "tied embedding: {} head Ws but {} embedding Ws when the step's last ran",
+                 tied_heads_, tied_embeddings_);
     k::add(G(wte_), G(wte_), tied_head_grad_);
     k::zero(tied_head_grad_);
     tied_heads_ = tied_embeddings_ = 0;

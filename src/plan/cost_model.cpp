@@ -153,7 +153,7 @@ void layer_compute(const Step& step, LayerCosts& costs) {
     const double experts_here = double(m.n_experts) / mesh.ep;
     const double per_expert = rows / experts_here;
     moe.add_gemm(experts_here *
-                    gemm_seconds(layer_gemms(table.moe_layer, degrees, true), true, per_expert));
+                 gemm_seconds(layer_gemms(table.moe_layer, degrees, true), true, per_expert));
     if (m.n_shared_experts > 0)  // the shared experts: a dense MLP
       moe.add_gemm(gemm_seconds(layer_gemms(table.moe_layer, degrees, false), true, n));
     moe.add_gemm(rates.gemm(sp ? n / tp : n, C, double(m.n_experts)));  // router

@@ -181,7 +181,8 @@ Sizes sizes_of(const Config& cfg, const parallel::MeshConfig& mesh, const ParamT
   Tensor d_input;
   s.deferred_layer =
       bytes_of([&](ActSink& sink) { declare_deferred_layer(a, a.F, false, sink, kept); });
-  s.deferred_first = bytes_of([&](ActSink& sink) { declare_deferred_ends(a, true, sink, d_input); });
+  s.deferred_first =
+      bytes_of([&](ActSink& sink) { declare_deferred_ends(a, true, sink, d_input); });
   add_moe_sizes(s, m, mesh);
   return s;
 }
@@ -234,12 +235,12 @@ Holds add_chunks(MemoryEstimate& e, const Sizes& s, const Config& cfg,
         moe_layers * s.dispatch;
     // A split backward keeps its output gradients in the slot too, until W (under recompute
     // W's inputs too).
-    const double deferred =
-        !split ? 0
-               : (layers - moe_layers) * s.deferred_layer + moe_layers * s.deferred_moe +
-                     (chunk.first ? s.deferred_first : 0);
-    const double slot = s.batch + (layers + 1) * s.resid + kept + (chunk.last ? s.head_acts : 0) +
-                        deferred;
+    const double deferred = !split ? 0
+                                   : (layers - moe_layers) * s.deferred_layer +
+                                         moe_layers * s.deferred_moe +
+                                         (chunk.first ? s.deferred_first : 0);
+    const double slot =
+        s.batch + (layers + 1) * s.resid + kept + (chunk.last ? s.head_acts : 0) + deferred;
     e.activations += in_flight * slot;
     e.dispatch += in_flight * moe_layers * s.dispatch;
   }

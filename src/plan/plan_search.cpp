@@ -255,8 +255,8 @@ class LayoutSearch {
   void search_schedules(Layout& l) {
     const int64_t pp = l.pp, dp = l.dp, cp = l.cp;
     for (const std::string& schedule :
-         pick("schedule", pp > 1 ? Strings{"1f1b", "interleaved", "kfkb", "zb-h1", "zb-v"}
-                                 : Strings{"1f1b"}))
+         pick("schedule",
+              pp > 1 ? Strings{"1f1b", "interleaved", "kfkb", "zb-h1", "zb-v"} : Strings{"1f1b"}))
       for (int64_t vp : picks("vp", schedule == "interleaved" ? Integers{2, 4}
                                     : schedule == "zb-v"      ? Integers{2}
                                                               : Integers{1}))

@@ -98,9 +98,9 @@ int pass_kind(pp::Span::Kind kind) {
 nlohmann::json span_event(const int64_t* row, int r, int64_t origin) {
   const auto kind = pp::Span::Kind(row[0]);
   const int pass = pass_kind(kind);
-  const std::string name =
-      pass >= 0 ? fmt::format("{}{}{}", "FBW"[pass], row[1], row[2] ? fmt::format(".{}", row[2]) : "")
-                : pp::span_name(kind);
+  const std::string name = pass >= 0 ? fmt::format("{}{}{}", "FBW"[pass], row[1],
+                                                   row[2] ? fmt::format(".{}", row[2]) : "")
+                                     : pp::span_name(kind);
   return {{"name", name},
           {"cat", pp::span_name(kind)},
           {"ph", "X"},

@@ -116,9 +116,10 @@ Trainer::Trainer(const Config& recipe, parallel::Mesh* mesh) : cfg_(recipe), mes
     try {
       model_->check_split_backward();
     } catch (const Error& e) {
-      fail("parallel.pp_schedule = \"{}\" splits every backward in two, which this layout cannot: "
-           "{}. Choose another parallel.pp_schedule (1f1b, interleaved)",
-           cfg.parallel.pp_schedule, e.what());
+      fail(
+          "parallel.pp_schedule = \"{}\" splits every backward in two, which this layout cannot: "
+          "{}. Choose another parallel.pp_schedule (1f1b, interleaved)",
+          cfg.parallel.pp_schedule, e.what());
     }
     if (cfg.model.recompute && world_rank_ == 0)
       spdlog::warn(

@@ -95,12 +95,13 @@ TEST(PipelineStage, DrivesAnyStageInClosedForm) {
   const int p = group->size(), stage = group->rank(), m = 4 * p;
   // Posted one pass ahead (host tensors), and in rounds (device tensors' order, rounds.h).
   for (const pp::Posting posting : {pp::Posting::ByDevice, pp::Posting::Rounds})
-    for (const pp::ScheduleSpec& spec : {pp::ScheduleSpec{pp::ScheduleKind::OneFOneB, p, m, 1, 1},
-                                        pp::ScheduleSpec{pp::ScheduleKind::Interleaved, p, m, 2, 1},
-                                        pp::ScheduleSpec{pp::ScheduleKind::GPipe, p, m, 1, 1},
-                                        pp::ScheduleSpec{pp::ScheduleKind::KFKB, p, m, 1, 2},
-                                        pp::ScheduleSpec{pp::ScheduleKind::ZBH1, p, m, 1, 1},
-                                        pp::ScheduleSpec{pp::ScheduleKind::ZBV, p, m, 2, 1}}) {
+    for (const pp::ScheduleSpec& spec :
+         {pp::ScheduleSpec{pp::ScheduleKind::OneFOneB, p, m, 1, 1},
+          pp::ScheduleSpec{pp::ScheduleKind::Interleaved, p, m, 2, 1},
+          pp::ScheduleSpec{pp::ScheduleKind::GPipe, p, m, 1, 1},
+          pp::ScheduleSpec{pp::ScheduleKind::KFKB, p, m, 1, 2},
+          pp::ScheduleSpec{pp::ScheduleKind::ZBH1, p, m, 1, 1},
+          pp::ScheduleSpec{pp::ScheduleKind::ZBV, p, m, 2, 1}}) {
       if (spec.kind == pp::ScheduleKind::Interleaved && p < 2) continue;
       SCOPED_TRACE(fmt::format("{} {}", pp::schedule_name(spec.kind),
                                posting == pp::Posting::Rounds ? "in rounds" : "one pass ahead"));

@@ -1,10 +1,10 @@
 // The backward in two passes (Model::backward_chunk_input, B, then backward_chunk_weights,
 // W; model/split_backward_moe.cpp) of MoE layers under expert parallelism, on 4 ranks: ep 2
 // (over dp), ep 4, and ep 2 x etp 2. Each data-parallel rank routes its own tokens (its dp
-// rank seeds them), so the dispatch's all-to-alls move uneven counts. Against the fused backward_chunk
-// at the same layout, on every rank: every parameter gradient (router, this rank's experts,
-// shared experts, dense layers), the input gradient and the gradient reports bitwise equal,
-// for B and W in several orders over two micro-batches, one chunk and a chunk per layer.
+// rank seeds them), so the dispatch's all-to-alls move uneven counts. Against the fused
+// backward_chunk at the same layout, on every rank: every parameter gradient (router, this rank's
+// experts, shared experts, dense layers), the input gradient and the gradient reports bitwise
+// equal, for B and W in several orders over two micro-batches, one chunk and a chunk per layer.
 // Also with MoE layers under tp with sequence parallelism (1D and 2D), cp (ring, and Ulysses
 // with ep), tp with ep, and two of them with recompute. B runs the dispatch's all-to-alls, W
 // nothing on the ep and etp groups (the communication trace, parallel/trace.h, counts what

@@ -159,8 +159,8 @@ TEST(Plan, TheSearchChoosesZeroBubbleWhereItWins) {
   const PlanSearch plan = search_layouts(cfg, 768, parse_layout(fixed, 768), 1e13, m, topo);
   ASSERT_FALSE(plan.rows.empty());
   EXPECT_EQ(plan.rows.front().layout.schedule, "zb-v");
-  const PlanSearch one = search_layouts(
-      cfg, 768, parse_layout(fixed + ",schedule=1f1b,vp=1", 768), 1e13, m, topo);
+  const PlanSearch one =
+      search_layouts(cfg, 768, parse_layout(fixed + ",schedule=1f1b,vp=1", 768), 1e13, m, topo);
   ASSERT_FALSE(one.rows.empty());
   EXPECT_LT(plan.rows.front().prediction.step_seconds,
             0.95 * one.rows.front().prediction.step_seconds);

@@ -134,7 +134,8 @@ std::string replay(const std::vector<std::vector<Action>>& lists, const ChunkPla
 
 // The transfer a pass consumes.
 Transfer input_of(const Action& a, int s, const ChunkPlacement& place) {
-  const int vs = place.virtual_stage(s, a.chunk), from = a.type == Action::Forward ? vs - 1 : vs + 1;
+  const int vs = place.virtual_stage(s, a.chunk),
+            from = a.type == Action::Forward ? vs - 1 : vs + 1;
   return {carried(a.type), a.micro, vs, place.stage_of(from), s};
 }
 std::optional<Transfer> output_of(const Action& a, int s, const ChunkPlacement& place) {
@@ -225,8 +226,8 @@ TEST(Rounds, EveryScheduleFinishesUnderNcclOrdering) {
         ++checked;
       }
       // Evaluation: every micro-batch through every chunk, forward only.
-      for (const ChunkPlacement place : {ChunkPlacement{p, 1, false}, ChunkPlacement{p, 2, false},
-                                         ChunkPlacement{p, 2, true}}) {
+      for (const ChunkPlacement place :
+           {ChunkPlacement{p, 1, false}, ChunkPlacement{p, 2, false}, ChunkPlacement{p, 2, true}}) {
         std::vector<Action> eval;
         for (int micro = 0; micro < m; ++micro)
           for (int c = 0; c < place.chunks; ++c) eval.push_back({Action::Forward, micro, c});
@@ -262,8 +263,9 @@ TEST(Rounds, BothEndsPostATransferInTheSameRound) {
 TEST(Rounds, OnePassAheadDeadlocksUnderNcclOrdering) {
   const ScheduleSpec spec{ScheduleKind::OneFOneB, 2, 2, 1, 1};
   const auto lists = lists_of(spec);
-  EXPECT_NE(replay(lists, spec.placement(), one_ahead_order(lists, spec.placement())).find("deadlock"),
-            std::string::npos);
+  EXPECT_NE(
+      replay(lists, spec.placement(), one_ahead_order(lists, spec.placement())).find("deadlock"),
+      std::string::npos);
 }
 
 TEST(Rounds, ListsThatCannotRunAreRefused) {

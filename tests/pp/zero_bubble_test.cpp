@@ -83,10 +83,9 @@ TEST(ZeroBubble, MemoryNoHigherThanOneFOneB) {
   for (const ScheduleSpec& spec : zb_specs()) {
     int one_f_one_b = 0;  // stage 0's peak, in micro-batches of a whole stage
     for (int s = 0; s < spec.stages; ++s)
-      one_f_one_b = std::max(one_f_one_b, peak_in_flight(stage_actions(
-                                              {ScheduleKind::OneFOneB, spec.stages,
-                                               spec.micro_batches, 1, 1},
-                                              s)));
+      one_f_one_b = std::max(
+          one_f_one_b, peak_in_flight(stage_actions(
+                           {ScheduleKind::OneFOneB, spec.stages, spec.micro_batches, 1, 1}, s)));
     for (int s = 0; s < spec.stages; ++s) {
       // ZB-V's chunks are half a stage: 2p of them weigh what p whole micro-batches do.
       const int held = peak_in_flight(stage_actions(spec, s));
@@ -151,8 +150,7 @@ TEST(ZeroBubble, VPlacement) {
   EXPECT_EQ(v.virtual_stage(0, 1), 7);  // the first stage holds the loss too
   EXPECT_EQ(v.virtual_stage(3, 0), 3);
   EXPECT_EQ(v.virtual_stage(3, 1), 4);
-  for (int vs = 0; vs < 8; ++vs)
-    EXPECT_EQ(v.virtual_stage(v.stage_of(vs), v.chunk_of(vs)), vs);
+  for (int vs = 0; vs < 8; ++vs) EXPECT_EQ(v.virtual_stage(v.stage_of(vs), v.chunk_of(vs)), vs);
   const std::vector<Chunk> first = stage_chunks({1, 1, 1, 1, 1, 1, 1, 1}, 4, 0, true);
   ASSERT_EQ(first.size(), 2u);
   EXPECT_TRUE(first[0].first && !first[0].last && first[1].last && !first[1].first);
