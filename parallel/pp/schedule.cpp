@@ -112,7 +112,7 @@ std::vector<Action> stage_actions(const ScheduleSpec& s, int stage) {
   switch (s.kind) {
     case ScheduleKind::ZBH1:
     case ScheduleKind::ZBV:
-      return zero_bubble_lists(s)[size_t(stage)];
+      return zero_bubble_stage_list(s, stage);
     case ScheduleKind::GPipe:
       return grouped(s.stages, s.micro_batches, s.micro_batches, stage);
     case ScheduleKind::OneFOneB:

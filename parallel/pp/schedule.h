@@ -78,6 +78,7 @@ std::vector<Action> stage_actions(const ScheduleSpec& spec, int stage);
 std::vector<std::vector<Action>> schedule_actions(const ScheduleSpec& spec);
 // The zero-bubble schedules' lists, every stage's (parallel/pp/zero_bubble.cpp).
 std::vector<std::vector<Action>> zero_bubble_lists(const ScheduleSpec& spec);
+std::vector<Action> zero_bubble_stage_list(const ScheduleSpec& spec, int stage);  // one stage's
 
 // Micro-batch activations alive at once on a stage running `actions` (a forward acquires
 // one set, its backward, or its W, frees it): the peak over the step.

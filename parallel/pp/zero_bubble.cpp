@@ -24,6 +24,7 @@
 #include <initializer_list>
 #include <limits>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <queue>
 #include <tuple>
@@ -265,6 +266,7 @@ SimCosts zero_bubble_sim_costs(const ScheduleSpec& spec) {
 namespace {
 
 using Lists = std::vector<std::vector<Action>>;
+using SharedLists = std::shared_ptr<const Lists>;
 
 // Results kept for recent specs, at most 4M actions (about 50 MB) in all: every stage of a
 // layout asks for the same lists (the memory plan per stage, the executor), and the planner,
@@ -273,16 +275,16 @@ class KeptLists {
  public:
   using Key = std::tuple<int, int, int, int, std::vector<double>, int>;
   template <typename Make>
-  Lists get(const ScheduleSpec& spec, int variant, const Make& make) {
-    const Key key{int(spec.kind),      spec.stages,   spec.micro_batches,
-                  spec.virtual_stages, spec.zb_costs, variant};
+  SharedLists get(const ScheduleSpec& spec, int variant, const Make& make) {
+    const Key key{int(spec.kind), spec.stages,    spec.micro_batches, spec.virtual_stages,
+                  spec.zb_costs,  variant};
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (auto it = kept_.find(key); it != kept_.end()) return it->second;
     }
-    Lists lists = make();
-    const size_t actions =
-        size_t(3) * size_t(spec.micro_batches) * size_t(spec.stages) * size_t(spec.virtual_stages);
+    SharedLists lists = std::make_shared<const Lists>(make());
+    const size_t actions = size_t(3) * size_t(spec.micro_batches) * size_t(spec.stages) *
+                           size_t(spec.virtual_stages);
     std::lock_guard<std::mutex> lock(mutex_);
     if (actions_ + actions > (size_t(4) << 20)) kept_.clear(), actions_ = 0;
     if (kept_.emplace(key, lists).second) actions_ += actions;
@@ -291,13 +293,13 @@ class KeptLists {
 
  private:
   std::mutex mutex_;
-  std::map<Key, Lists> kept_;
+  std::map<Key, SharedLists> kept_;
   size_t actions_ = 0;
 };
 KeptLists kept_lists;
 
 // One replay's lists (variant: B-first 0, forward-first 1), kept.
-Lists replayed(const ScheduleSpec& spec, bool forward_first) {
+SharedLists replayed(const ScheduleSpec& spec, bool forward_first) {
   return kept_lists.get(spec, forward_first ? 1 : 0,
                         [&] { return ZbReplay(spec, forward_first).run(); });
 }
@@ -308,26 +310,34 @@ Lists replayed(const ScheduleSpec& spec, bool forward_first) {
 Lists best_lists(const ScheduleSpec& spec) {
   ScheduleSpec unit = spec;
   unit.zb_costs.clear();
-  Lists best;
+  SharedLists best;
   double best_seconds = kNotYet;
   for (const ScheduleSpec* built : std::initializer_list<const ScheduleSpec*>{&spec, &unit}) {
     for (bool forward_first : {false, true}) {
       if (forward_first && spec.kind != ScheduleKind::ZBV) continue;
-      Lists lists = replayed(*built, forward_first);
-      const double seconds = replay_seconds(spec, lists);
+      SharedLists lists = replayed(*built, forward_first);
+      const double seconds = replay_seconds(spec, *lists);
       if (seconds < best_seconds * (1 - 1e-9)) best = std::move(lists), best_seconds = seconds;
     }
     if (spec.zb_costs.empty()) break;  // the unit costs were the given ones
   }
-  return best;
+  return *best;
+}
+
+SharedLists shared_lists(const ScheduleSpec& spec) {
+  PENTAD_CHECK(spec.splits_backward(), "zero_bubble_lists: {} does not split backward",
+               schedule_name(spec.kind));
+  return kept_lists.get(spec, 2, [&] { return best_lists(spec); });
 }
 
 }  // namespace
 
 std::vector<std::vector<Action>> zero_bubble_lists(const ScheduleSpec& spec) {
-  PENTAD_CHECK(spec.splits_backward(), "zero_bubble_lists: {} does not split backward",
-               schedule_name(spec.kind));
-  return kept_lists.get(spec, 2, [&] { return best_lists(spec); });
+  return *shared_lists(spec);
+}
+
+std::vector<Action> zero_bubble_stage_list(const ScheduleSpec& spec, int stage) {
+  return shared_lists(spec)->at(size_t(stage));
 }
 
 }  // namespace pentad::parallel::pp
