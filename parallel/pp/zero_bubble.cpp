@@ -276,15 +276,15 @@ class KeptLists {
   using Key = std::tuple<int, int, int, int, std::vector<double>, int>;
   template <typename Make>
   SharedLists get(const ScheduleSpec& spec, int variant, const Make& make) {
-    const Key key{int(spec.kind), spec.stages,    spec.micro_batches, spec.virtual_stages,
-                  spec.zb_costs,  variant};
+    const Key key{int(spec.kind),      spec.stages,   spec.micro_batches,
+                  spec.virtual_stages, spec.zb_costs, variant};
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (auto it = kept_.find(key); it != kept_.end()) return it->second;
     }
     SharedLists lists = std::make_shared<const Lists>(make());
-    const size_t actions = size_t(3) * size_t(spec.micro_batches) * size_t(spec.stages) *
-                           size_t(spec.virtual_stages);
+    const size_t actions =
+        size_t(3) * size_t(spec.micro_batches) * size_t(spec.stages) * size_t(spec.virtual_stages);
     std::lock_guard<std::mutex> lock(mutex_);
     if (actions_ + actions > (size_t(4) << 20)) kept_.clear(), actions_ = 0;
     if (kept_.emplace(key, lists).second) actions_ += actions;

@@ -220,7 +220,7 @@ TEST(MemoryBudget, EstimateMatchesTheArenasOfEachZeroBubbleStage) {
           if (a.chunk == c) mine.push_back(a);
         while (model.slots_made(c) < parallel::pp::peak_in_flight(mine)) model.add_slot(c);
         for (int slot = 0; slot < model.slots_made(c); ++slot) {  // each slot's first B
-          const Tensor in = model.chunk_input(c, slot);  // (a later chunk's: zeros)
+          const Tensor in = model.chunk_input(c, slot);           // (a later chunk's: zeros)
           if (!layout[size_t(c)].first) std::fill(in.f32(), in.f32() + in.numel(), 0.0f);
           model.forward_chunk(c, slot, ids.data(), ids.data(), 1.0f);
           model.backward_chunk_input(c, slot, d_output);
