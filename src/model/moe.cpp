@@ -98,23 +98,6 @@ MoeBlock::MoeBlock(const ModelConfig& cfg, int64_t layer, ParamStore& params,
   counts_.assign(static_cast<size_t>(E_), 0.0);
 }
 
-namespace {
-
-// Lays out plan(arena)'s tensors in `arena`, reallocating it (half again as large, so that
-// the size settles) when they do not fit.
-template <typename Plan>
-void fit(Arena& arena, const char* name, Device device, const Plan& plan) {
-  Arena measure = Arena::measuring(name);
-  plan(measure);
-  if (arena.capacity() < measure.used())
-    arena = Arena(name, measure.used() + measure.used() / 2, device);
-  else
-    arena.reset();
-  plan(arena);
-}
-
-}  // namespace
-
 void declare_moe_routing(double Nl, double E, double k, ActSink& sink, MoeBlock::Acts& a) {
   a.logits = sink.add("logits", {Nl, E}, DType::F32);
   a.scores = sink.add("scores", {Nl, E}, DType::F32);

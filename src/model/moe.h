@@ -121,6 +121,18 @@ class MoeBlock {
   struct Expert {
     int gate = -1, up = -1, up_b = -1, down = -1, down_b = -1;
   };
+  // Lays out plan(arena)'s tensors in `arena`, reallocating it (half again as large, so that
+  // the size settles) when they do not fit.
+  template <typename Plan>
+  static void fit(Arena& arena, const char* name, Device device, const Plan& plan) {
+    Arena measure = Arena::measuring(name);
+    plan(measure);
+    if (arena.capacity() < measure.used())
+      arena = Arena(name, measure.used() + measure.used() / 2, device);
+    else
+      arena.reset();
+    plan(arena);
+  }
   // The router (model/router.h): route() runs its steps, each a method below.
   void route(Acts& a, const Tensor& x, float weight, bool count);
   // Logits (fp32), scores, the top k, weights and each row's logsumexp, into `a`.

@@ -26,23 +26,6 @@ namespace pentad {
 
 namespace k = kernels;
 
-namespace {
-
-// Lays out plan(arena)'s tensors in `arena`, grown (half again, so that the size settles)
-// when they do not fit (moe.cpp's fit(), named apart for the unity build).
-template <typename Plan>
-void fit_split_arena(Arena& arena, const char* name, Device device, const Plan& plan) {
-  Arena measure = Arena::measuring(name);
-  plan(measure);
-  if (arena.capacity() < measure.used())
-    arena = Arena(name, measure.used() + measure.used() / 2, device);
-  else
-    arena.reset();
-  plan(arena);
-}
-
-}  // namespace
-
 void declare_moe_deferred(double Nl, double E, double R, double C, double F, DType act, bool gpt2,
                           ActSink& sink, MoeBlock::Acts& a) {
   a.d_yr = sink.add("w_moe_d_yr", {R, C}, act);
@@ -60,14 +43,14 @@ std::vector<Tensor> MoeBlock::expert_tensors(int Expert::*id, bool grad) const {
 void MoeBlock::backward_input(Acts& a, const Tensor& x, const Tensor& dout, Tensor dx,
                               float weight) {
   const int64_t A = a.picks, R = a.route.recv_rows, Nl = rows_;
-  fit_split_arena(a.deferred, "moe deferred gradients", device_, [&](Arena& arena) {
+  fit(a.deferred, "moe deferred gradients", device_, [&](Arena& arena) {
     ArenaSink sink(arena);
     declare_moe_deferred(double(Nl), double(E_), double(R), double(C_), double(F_), act_, gpt2_,
                          sink, a);
   });
   // backward()'s scratch less what W reads (kept above): rows in the activations' type.
   Tensor dyp, dw, dxr, dxp, dact;
-  fit_split_arena(scratch_, "moe backward", device_, [&](Arena& arena) {
+  fit(scratch_, "moe backward", device_, [&](Arena& arena) {
     dyp = arena.alloc(Shape{A, C_}, act_);
     dw = arena.alloc(Shape{Nl, k_});
     dxr = arena.alloc(Shape{R, C_}, act_);
