@@ -460,7 +460,7 @@ std::optional<Detection> Detector::check_link_slow(double now) {
   std::map<HostPair, double> typical;
   for (const auto& [cls, costs] : by_class)
     if (costs.size() >= 3) typical[cls] = median(costs);
-  const double hold_s = std::max(kLinkFloorSeconds, kLinkSteps * median_step_seconds());
+  const double hold_s = std::max(options_.link_slow_s, kLinkSteps * median_step_seconds());
   std::optional<Detection> found;
   for (const auto& [key, s] : pairs) {
     const auto cls = class_of(key);
@@ -485,7 +485,7 @@ std::optional<Detection> Detector::check_link_slow(double now) {
       continue;
     }
     const double since = link_slow_since_.try_emplace(key, now).first->second;
-    if (!found && now - since >= hold_s)
+    if (!found && now - since >= hold_s) {
       found = Detection{
           "comm slow",
           {key.first, key.second},
@@ -494,6 +494,8 @@ std::optional<Detection> Detector::check_link_slow(double now) {
           fmt::format("link {}-{} takes {:.3g} s/MB, {:.1f}x {} {:.3g} s/MB, for "
                       "{:.1f} s",
                       key.first, key.second, s, s / measure, against, measure, now - since)};
+      found->factor = s / measure;
+    }
   }
   if (found) return on_hosts(*found, now);
   return found;

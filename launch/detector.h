@@ -20,6 +20,7 @@ struct DetectorOptions {
   double hang_floor_s = 2.0;      // ... and never shorter than this (x 5 before any step ends)
   double beat_timeout_s = 1.0;    // a rank silent this long is unresponsive
   double prior_step_seconds = 0;  // median step time of an earlier attempt (0: none)
+  double link_slow_s = 1.0;       // a link slow this long (and kLinkSteps steps) is reported
 };
 
 // A collective a rank is blocked in. `members` are world ranks of its communicator.
@@ -75,6 +76,7 @@ struct Detection {
   std::string reason;
   std::string host;       // the host at fault (host down, host unreachable), or a link's end
   std::string peer_host;  // the link's other end, between two hosts (comm slow, comm hang)
+  double factor = 0;      // comm slow: how many times its like's seconds per MB the link took
   bool slow() const { return cls == "non-comm slow" || cls == "comm slow"; }
   bool host_fault() const { return cls == "host down" || cls == "host unreachable"; }
   double latency_s() const { return detected_at - first_sign_at; }
@@ -88,8 +90,9 @@ class Detector {
   static constexpr size_t kSlowSteps = 10;
   // A slow link: a pair at this many times the median pair's seconds per MB ...
   static constexpr double kLinkFactor = 3.0;
-  // ... for this long (x the median step time, and at least kLinkFloorSeconds) running.
-  static constexpr double kLinkSteps = 10, kLinkFloorSeconds = 1.0;
+  // ... for this long (x the median step time, and at least DetectorOptions::link_slow_s)
+  // running.
+  static constexpr double kLinkSteps = 10;
   // A rank not heard from for this long (5 beats) is not judged by its links: a stopped
   // process's peers see their transfers with it stall, which is the hang rules' case.
   static constexpr double kLinkSilentSeconds = 0.5;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 
 #include "core/check.h"
@@ -41,9 +42,11 @@ std::map<std::string, std::string> fields_of(const json& layout, const Config& c
   return fixed;
 }
 
-// Both: `grow_to` 0 re-plans for at most world - lost ranks, else for exactly grow_to.
+// All three: `grow_to` 0 re-plans for at most world - lost ranks, else for exactly grow_to;
+// `slow` (not null) slows that link of the planner's topology.
 Replan replan(const std::vector<std::string>& command, const json& layout, int world, int lost,
-              int grow_to, const ReplanMachine& machine, std::string* why) {
+              int grow_to, const parallel::SlowLink* slow, const ReplanMachine& machine,
+              std::string* why) {
   Replan r;
   const size_t train_at = pentad_train_at(command);
   const RankCount count = find_rank_count(command, train_at);
@@ -72,19 +75,27 @@ Replan replan(const std::vector<std::string>& command, const json& layout, int w
     *why = e.what();
     return r;
   }
+  r.steps = cfg.train.steps;
   cfg.train.global_batch = r.global_batch;
   cfg.parallel.topology.clear();
   auto target = [&](int n) {
-    return plan_target(machine.cluster, machine.calibration_path, cfg, n);
+    PlanTarget t = plan_target(machine.cluster, machine.calibration_path, cfg, n);
+    if (slow && std::max(slow->a, slow->b) < t.topology.ranks)
+      t.topology.slow_link(slow->a, slow->b, slow->factor);
+    return t;
   };
-  try {  // the old layout as the planner sees it, for the log only
+  try {  // the old layout as the planner sees it (around a slow link: what the gain is against)
     const PlanTarget old = target(world);
     const PlanRow before = search_layouts(cfg, world, fields_of(layout, cfg),
                                           old.memory_limit_bytes, old.machine, old.topology)
                                .rows.front();
     r.predicted_before_s = before.prediction.step_seconds;
     r.layout_before = before.layout.label();
-  } catch (const Error&) {
+  } catch (const Error& e) {
+    if (slow) {
+      *why = fmt::format("the job's own layout could not be predicted ({})", e.what());
+      return r;
+    }
   }
   const ShrinkPlan shrink =
       grow_to > 0 ? best_on(cfg, grow_to, target) : best_after_loss(cfg, remaining, target);
@@ -111,8 +122,9 @@ Replan replan(const std::vector<std::string>& command, const json& layout, int w
   r.note = fmt::format(
       "re-planned for {}: {} on {} ranks -> {} on {} ranks, global batch {} sequences kept; "
       "predicted step {:.3g} s -> {:.3g} s",
-      grow_to > 0 ? fmt::format("all {} ranks, back", grow_to)
-                  : fmt::format("the {} ranks that remain", remaining),
+      slow ? fmt::format("link {}-{} {:.3g}x slower", slow->a, slow->b, slow->factor)
+      : grow_to > 0 ? fmt::format("all {} ranks, back", grow_to)
+                    : fmt::format("the {} ranks that remain", remaining),
       r.layout_before.empty() ? std::string("the old layout") : r.layout_before, world,
       r.layout_after, best_ranks, r.global_batch, r.predicted_before_s, r.predicted_after_s);
   return r;
@@ -122,12 +134,18 @@ Replan replan(const std::vector<std::string>& command, const json& layout, int w
 
 Replan replan_after_loss(const std::vector<std::string>& command, const json& layout, int world,
                          int lost, const ReplanMachine& machine, std::string* why) {
-  return replan(command, layout, world, lost, 0, machine, why);
+  return replan(command, layout, world, lost, 0, nullptr, machine, why);
 }
 
 Replan replan_to(const std::vector<std::string>& command, const json& layout, int world, int ranks,
                  const ReplanMachine& machine, std::string* why) {
-  return replan(command, layout, world, 0, ranks, machine, why);
+  return replan(command, layout, world, 0, ranks, nullptr, machine, why);
+}
+
+Replan replan_around(const std::vector<std::string>& command, const json& layout, int world,
+                     const parallel::SlowLink& link, const ReplanMachine& machine,
+                     std::string* why) {
+  return replan(command, layout, world, 0, world, &link, machine, why);
 }
 
 }  // namespace pentad::launch

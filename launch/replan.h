@@ -11,9 +11,12 @@
 // On one machine the ranks that "remain" share its cores with nothing freed: the planner's
 // choice is what would be best on the machine the recipe plans for (--cluster), or on this
 // one by its calibration.
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "parallel/topology.h"
 
 namespace pentad::launch {
 
@@ -24,6 +27,7 @@ struct Replan {
   double predicted_before_s = 0;            // the old layout's step on the old ranks (0: none)
   double predicted_after_s = 0;
   int64_t global_batch = 0;  // sequences per step, before and after
+  int64_t steps = 0;         // the recipe's train.steps
   std::string note;          // one line for the log
 };
 
@@ -45,5 +49,13 @@ Replan replan_after_loss(const std::vector<std::string>& command, const nlohmann
 // lost ranks back), at the global batch the `layout` reported.
 Replan replan_to(const std::vector<std::string>& command, const nlohmann::json& layout, int world,
                  int ranks, const ReplanMachine& machine, std::string* why);
+
+// Around a slow link: every layout of the same `world` ranks planned with `link` slowed as it
+// was measured (the planner's topology with that link `factor` times slower); the job's own
+// layout is predicted on that topology too (predicted_before_s). layout_after equal to
+// layout_before: the job already runs the best.
+Replan replan_around(const std::vector<std::string>& command, const nlohmann::json& layout,
+                     int world, const parallel::SlowLink& link, const ReplanMachine& machine,
+                     std::string* why);
 
 }  // namespace pentad::launch

@@ -42,6 +42,8 @@ Options:
   --host-wait-s S      after a host fault, wait up to S seconds before the restart for that
                        host to answer on the network; then give up naming it (default 60)
   --restart-on-slow    also restart on a slow rank or link (default: report only)
+  --link-slow-s S      a link slower than its like for S seconds (and 10 steps) is reported
+                       (default 1)
   --port P             monitor port, 0 = any free one (default 0)
   --hang-factor K      a wait longer than K x the median step time is a hang (default 5)
   --hang-floor-s S     ... and never shorter than S seconds (default 2.0)
@@ -54,6 +56,12 @@ Options:
                        from what remains down to 1, at the job's global batch (launch/replan.h)
                        SIGUSR2 to the supervisor: the ranks left out are back; at the next
                        checkpoint the job restarts on the best layout of its full count
+                       A slow link: the layouts of the same ranks re-planned with that link
+                       slowed as it was measured; the job restarts on the best if the time it
+                       saves over the steps left beats --replan-gain x the restart's cost
+                       (start-up and the steps since the checkpoint), else it goes on and the
+                       event log says why
+  --replan-gain X      the margin above (default 2)
   --cluster NAME       the machine --replan plans for (a `pentad plan --cluster` preset);
                        default: this machine, by its calibration (made first if missing)
 
@@ -122,6 +130,10 @@ LaunchOptions parse_launch_options(int argc, char** argv) {
       o.beat_timeout_s = number(arg, value(), 0.2, 1e6);
     else if (arg == "--events")
       o.events_path = value();
+    else if (arg == "--link-slow-s")
+      o.link_slow_s = number(arg, value(), 0.1, 1e6);
+    else if (arg == "--replan-gain")
+      o.replan_gain = number(arg, value(), 0, 1e6);
     else if (arg == "--restart-on-slow")
       o.restart_on_slow = true;
     else if (arg == "--exclude-culprit")

@@ -39,6 +39,10 @@ struct LaunchOptions {
   bool replan = false;         // restart on the best layout for the ranks that remain (replan.h)
   std::string replan_cluster;  // the planner's machine for --replan (empty: this one's calibration)
   bool restart_on_slow = false;
+  double link_slow_s = 1.0;  // a link slow this long is reported (detector.h)
+  // --replan around a slow link: only if the time saved over the steps left is this many
+  // times the restart's cost
+  double replan_gain = 2.0;
   int port = 0;
   double hang_factor = 5.0, hang_floor_s = 2.0, beat_timeout_s = 1.0;
   std::string events_path;           // empty: <out_dir>/events.jsonl from the ranks' hello

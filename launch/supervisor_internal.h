@@ -45,7 +45,7 @@ class Supervisor {
     std::optional<double> hello_at;
     int64_t resume_step = 0;
   };
-  enum class End { kDone, kFault, kStopped, kRefused, kGrow };
+  enum class End { kDone, kFault, kStopped, kRefused, kGrow, kReplan };
 
   // supervisor_restart.cpp
   Recovery how_far(const Detection& fault, const Detector& detector,
@@ -63,6 +63,9 @@ class Supervisor {
   void note_measured(const RankState& r, const Detector& detector);
   bool grow_due(const Detector& detector);
   std::vector<std::string> grown(const std::vector<std::string>& command);
+  // A slow link under --replan: true when the job is to restart on the layout re-planned
+  // around it (slow_command_), false when it goes on as it is (the event log says why).
+  bool around_slow_link(const Detection& d, const Detector& detector);
   void adopt(const Replan& r);
 
   // supervisor_watch.cpp
@@ -119,6 +122,11 @@ class Supervisor {
     int64_t from_step = -1;  // -1: not yet resumed
   };
   std::optional<PendingMeasure> measure_;
+  std::vector<std::string> command_;  // the attempt's job command
+  double attempt_at_ = 0;             // when the attempt started
+  std::optional<double> first_step_at_;  // when a rank first reported a step past its resume
+  std::vector<std::string> slow_command_;  // around_slow_link's command for the restart
+  Detection slow_fault_;                   // ... and the detection it answers
   int full_world_ = 0;            // the first attempt's world: what growing back returns to
   int64_t grow_after_ckpt_ = -2;  // growing: the checkpoint step to pass (-2: not growing)
 };

@@ -75,6 +75,72 @@ std::optional<std::vector<std::string>> Supervisor::replanned(
   return r.command;
 }
 
+// The planner asked for the same ranks with the link slowed as the detector measured it; a
+// restart on its layout pays the start-up this attempt took (its start to its first step)
+// and the steps since the oldest checkpoint, trained again at the new layout's pace. It
+// saves the step's predicted ratio (slowed layout to the re-planned one) of the measured step
+// over the steps left. Restart when the saving is --replan-gain times the cost.
+bool Supervisor::around_slow_link(const Detection& d, const Detector& detector) {
+  std::string why;
+  const Replan r = replan_around(command_, layout_, world_, {d.culprit[0], d.culprit[1], d.factor},
+                                 {o_.replan_cluster, default_calibration_path()}, &why);
+  nlohmann::json e = {{"event", "action"},
+                      {"action", "replan"},
+                      {"cause", "slow link"},
+                      {"link", d.culprit},
+                      {"factor", d.factor},
+                      {"seconds", now() - d.detected_at}};
+  if (r.command.empty()) {
+    e["refused"] = why;
+    event(e);
+    say("--replan around the slow link: " + why + "; going on as it is");
+    return false;
+  }
+  int64_t step = 0, ckpt = std::numeric_limits<int64_t>::max(), resumed = 0;
+  for (const auto& [rank, rs] : detector.ranks()) {
+    step = std::max(step, rs.step);
+    ckpt = std::min(ckpt, rs.ckpt_step);
+    resumed = std::max(resumed, rs.resume_step);
+  }
+  const double measured = detector.median_step_seconds();
+  const double ratio = r.predicted_before_s > 0 ? r.predicted_after_s / r.predicted_before_s : 1.0;
+  const int64_t lost = step - std::max(ckpt, resumed);
+  const double startup = first_step_at_ ? *first_step_at_ - attempt_at_ : 0.0;
+  const double cost = startup + double(lost) * measured * ratio;
+  const double saved = double(std::max<int64_t>(0, r.steps - step)) * measured * (1 - ratio);
+  e.update({{"layout_before", r.layout_before},
+            {"layout_after", r.layout_after},
+            {"ranks_before", r.ranks_before},
+            {"ranks_after", r.ranks_after},
+            {"predicted_step_s_before", r.predicted_before_s},
+            {"predicted_step_s_after", r.predicted_after_s},
+            {"measured_step_s", measured},
+            {"global_batch", r.global_batch},
+            {"restart_cost_s", cost},
+            {"saved_s", saved}});
+  std::string stay;
+  if (r.layout_after == r.layout_before)
+    stay = "the job's layout " + r.layout_before + " is already the best with the link slowed";
+  else if (!(saved >= o_.replan_gain * cost))
+    stay = fmt::format(
+        "{} would save {:.3g} s over the {} steps left, under --replan-gain {} x the restart's "
+        "{:.3g} s (start-up {:.3g} s, {} steps since the checkpoint)",
+        r.layout_after, saved, r.steps - step, o_.replan_gain, cost, startup, lost);
+  if (!stay.empty()) {
+    e["stayed"] = stay;
+    event(e);
+    say("--replan around the slow link: " + stay + "; going on as it is");
+    return false;
+  }
+  event(e);
+  say(fmt::format("action: {}; saves {:.3g} s against the restart's {:.3g} s", r.note, saved,
+                  cost));
+  measure_ = PendingMeasure{r.layout_after, r.predicted_after_s, -1};
+  slow_command_ = r.command;
+  slow_fault_ = d;
+  return true;
+}
+
 // Once the re-planned job has run kMeasureSteps steps past its resume: its median step.
 void Supervisor::note_measured(const RankState& r, const Detector& detector) {
   if (measure_->from_step < 0 || r.step < measure_->from_step + kMeasureSteps) return;

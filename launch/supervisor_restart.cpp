@@ -90,11 +90,15 @@ int Supervisor::run() {
   std::vector<std::string> command = o_.command;
   double prior_step_seconds = 0;
   for (int restarts = 0;; ++restarts) {
-    Detector detector({o_.hang_factor, o_.hang_floor_s, o_.beat_timeout_s, prior_step_seconds});
+    Detector detector(
+        {o_.hang_factor, o_.hang_floor_s, o_.beat_timeout_s, prior_step_seconds, o_.link_slow_s});
     conn_rank_.clear();
     local_ranks_.clear();
     gone_since_.clear();
     const auto attempt_start = std::filesystem::file_time_type::clock::now();
+    command_ = command;
+    attempt_at_ = now();
+    first_step_at_.reset();
     Job job(command,
             {{"PENTAD_MONITOR", monitor_}, {"PENTAD_LAUNCH_ATTEMPT", std::to_string(attempt_)}});
     Detection fault;
@@ -110,21 +114,26 @@ int Supervisor::run() {
           "; not restarting");
       return exit_with(2, restarts);
     }
-    if (end == End::kGrow) {  // not a failure: no backoff, nothing counted, no dump
+    // Growing back, or a layout re-planned around a slow link: not failures (no backoff,
+    // nothing counted, no dump).
+    if (end == End::kGrow || end == End::kReplan) {
+      const bool grow = end == End::kGrow;
       end_job(job, detector, false);
-      if (detector.median_step_seconds() > 0) prior_step_seconds = detector.median_step_seconds();
+      if (detector.median_step_seconds() > 0 && grow)
+        prior_step_seconds = detector.median_step_seconds();
       int64_t unseen = 0;
-      recovery_ =
-          how_far(Detection("grow", {}, now(), now(), ""), detector, attempt_start, &unseen);
-      command = with_resume_latest(grown(command));
+      recovery_ = how_far(grow ? Detection("grow", {}, now(), now(), "") : slow_fault_, detector,
+                          attempt_start, &unseen);
+      command = with_resume_latest(grow ? grown(command) : slow_command_);
       ++attempt_;
       event({{"event", "action"},
              {"action", "restart"},
-             {"seconds", 0.0},
+             {"seconds", now() - recovery_->detected_at},
              {"command", command},
-             {"cause", "grow"},
+             {"cause", grow ? "grow" : "slow link"},
              {"in_a_row", 0}});
-      say(fmt::format("action: restart as attempt {} on the full count: {}", attempt_,
+      say(fmt::format("action: restart as attempt {} {}: {}", attempt_,
+                      grow ? "on the full count" : "around the slow link",
                       fmt::join(command, " ")));
       continue;
     }

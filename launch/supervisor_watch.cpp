@@ -59,6 +59,10 @@ Supervisor::End Supervisor::run_attempt(Job& job, Detector& detector, Detection*
         detector.rearm(now());
         continue;
       }
+      if (o_.replan && d->cls == "comm slow" && d->culprit.size() == 2) {
+        if (around_slow_link(*d, detector)) return End::kReplan;
+        continue;
+      }
       if (!d->slow() || o_.restart_on_slow) {
         *fault = *d;
         return End::kFault;
@@ -138,6 +142,8 @@ void Supervisor::handle_line(int conn, const std::string& line, Detector& detect
   }
   if (recovery_) note_recovery(msg, hello, r);
   if (measure_ && msg.value("type", "") == "beat") note_measured(r, detector);
+  if (!first_step_at_ && msg.value("type", "") == "beat" && r.step > r.resume_step)
+    first_step_at_ = now();
   if (msg.value("type", "") == "beat" && policy_.progressed(r.step)) {
     event({{"event", "cleared"}, {"step", r.step}});
     say(fmt::format("step {} reached: the failures in a row are cleared", r.step));

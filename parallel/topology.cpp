@@ -300,12 +300,32 @@ double Topology::ring_latency(CollectiveOp op, const std::vector<int>& group) co
   return ring_steps(op, int(group.size()), 0.0).first * ring_step_seconds(group, 0.0);
 }
 
+void Topology::slow_link(int a, int b, double factor) {
+  PENTAD_CHECK(a >= 0 && a < ranks && b >= 0 && b < ranks && a != b && factor >= 1,
+               "slow_link({}, {}, {}) on a topology of {} ranks", a, b, factor, ranks);
+  for (auto [x, y] : {std::pair{a, b}, std::pair{b, a}}) {
+    bandwidth_Bps[size_t(x)][size_t(y)] /= factor;
+    latency_s[size_t(x)][size_t(y)] *= factor;
+  }
+  slowed.push_back({a, b, factor});
+}
+
 double Topology::collective_seconds(CollectiveOp op, const std::vector<int>& group,
                                     double bytes) const {
   const int p = int(group.size());
   if (p <= 1 || bytes <= 0) return 0.0;
   for (int r : group)
     PENTAD_CHECK(r >= 0 && r < ranks, "collective_seconds: rank {} of a topology of {}", r, ranks);
+  // A slowed link between neighbours of the group's ring: its samples, measured before, do
+  // not hold; the ring over the links does.
+  for (const SlowLink& l : slowed)
+    for (int i = 0; i < p; ++i) {
+      const int x = group[size_t(i)], y = group[size_t((i + 1) % p)];
+      if ((x == l.a && y == l.b) || (x == l.b && y == l.a)) {
+        const auto [steps, chunk] = ring_steps(op, p, bytes);
+        return steps * ring_step_seconds(group, chunk);
+      }
+    }
   // The group's stride, if its ranks are evenly spaced (the mesh's groups are).
   int stride = group[1] - group[0];
   for (int i = 1; i < p; ++i)

@@ -35,6 +35,13 @@ struct HostLink {
   double latency_s = 0, bandwidth_Bps = 0;  // the slower direction's
 };
 
+// A link found slow (`pentad launch --replan`: the detector's pair and how many times slower
+// than its like it ran): its rate divided by `factor`, its latency multiplied.
+struct SlowLink {
+  int a = 0, b = 0;
+  double factor = 1;
+};
+
 struct Topology {
   int ranks = 0;
   std::vector<std::string> hosts;                  // per rank
@@ -43,6 +50,12 @@ struct Topology {
   std::vector<CollectiveSample> collectives;
   std::vector<std::vector<int>> islands;
   std::vector<HostLink> host_links;  // every pair of hosts (none on one host)
+  // Links slowed by slow_link (not in the file): a group whose ring holds one is priced over
+  // its links even where samples of its op, size and stride were measured.
+  std::vector<SlowLink> slowed;
+
+  // The link between world ranks a and b, both directions, `factor` times slower.
+  void slow_link(int a, int b, double factor);
 
   // Reads and validates a topology file; pentad::Error names the file and the field.
   static Topology read(const std::string& path);

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <tuple>
 
 #include "core/check.h"
 #include "model/model.h"
@@ -379,8 +380,41 @@ parallel::pp::SimResult replay(const Step& step, Stages& stages) {
 
 }  // namespace
 
+namespace cost {
+
+parallel::Topology fold_slow_links(const parallel::Topology& topo,
+                                   const parallel::MeshConfig& mesh) {
+  using parallel::Axis;
+  parallel::Topology out = topo;
+  out.slowed.clear();
+  const int world = mesh.tp * mesh.cp * mesh.dp * mesh.pp;
+  for (const parallel::SlowLink& l : topo.slowed) {
+    if (l.a >= world || l.b >= world) continue;
+    parallel::MeshCoords x = parallel::mesh_coords(mesh, l.a), y = parallel::mesh_coords(mesh, l.b);
+    for (Axis axis : {Axis::TP, Axis::CP, Axis::DP, Axis::PP})
+      if (x[size_t(axis)] == y[size_t(axis)]) x[size_t(axis)] = y[size_t(axis)] = 0;
+    auto rank_of = [&](const parallel::MeshCoords& c) {
+      return parallel::mesh_rank(mesh, c[size_t(Axis::TP)], c[size_t(Axis::CP)],
+                                 c[size_t(Axis::DP)], c[size_t(Axis::PP)]);
+    };
+    const size_t a = size_t(l.a), b = size_t(l.b), fa = size_t(rank_of(x)), fb = size_t(rank_of(y));
+    for (auto [from, to, at, until] : {std::tuple{a, b, fa, fb}, std::tuple{b, a, fb, fa}}) {
+      out.latency_s[at][until] = std::max(out.latency_s[at][until], topo.latency_s[from][to]);
+      out.bandwidth_Bps[at][until] =
+          std::min(out.bandwidth_Bps[at][until], topo.bandwidth_Bps[from][to]);
+    }
+    out.slowed.push_back({int(fa), int(fb), l.factor});
+  }
+  return out;
+}
+
+}  // namespace cost
+
 Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, const Machine& machine,
-                        const parallel::Topology& topo) {
+                        const parallel::Topology& measured) {
+  const parallel::Topology folded =
+      measured.slowed.empty() ? parallel::Topology{} : cost::fold_slow_links(measured, mesh);
+  const parallel::Topology& topo = measured.slowed.empty() ? measured : folded;
   const Step step = step_of(cfg, mesh, machine, topo);
   LayerCosts costs;
   layer_compute(step, costs);

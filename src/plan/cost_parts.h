@@ -138,6 +138,13 @@ inline std::vector<int> tp2d_group(const parallel::MeshConfig& mesh, bool d1_gro
   return g;
 }
 
+// The topology as the model sees the job: it prices the groups of world rank 0 (each axis)
+// and the stages of its pipeline, so a slowed link (Topology::slowed) is moved to the pair
+// holding the same places there: its ends' shared coordinates set to 0. A link between ranks
+// that share no group stays where it is (no group the model prices holds it).
+parallel::Topology fold_slow_links(const parallel::Topology& topo,
+                                   const parallel::MeshConfig& mesh);
+
 inline double element_bytes(const Config& cfg) {
   return placement(cfg).compute == DType::BF16 ? 2 : 4;
 }

@@ -89,8 +89,12 @@ std::string TpShapeChoice::describe(int tp) const {
 }
 
 TpShapeChoice choose_tp_shape(const Config& cfg, parallel::MeshConfig mesh,
-                              const parallel::Topology& topology) {
+                              const parallel::Topology& measured) {
   const ModelConfig& m = cfg.model;
+  // (The shape moves no rank between dense coordinates: one fold serves every shape.)
+  const parallel::Topology folded =
+      measured.slowed.empty() ? parallel::Topology{} : cost::fold_slow_links(measured, mesh);
+  const parallel::Topology& topology = measured.slowed.empty() ? measured : folded;
   auto seconds = [&](const parallel::MeshConfig& shape) {
     double total = 0;
     for (bool backward : {false, true})

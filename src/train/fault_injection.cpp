@@ -129,14 +129,17 @@ double FaultInjector::strike(int64_t step) {
     corrupt_newest_checkpoint();  // returns while none is committed yet
     return 1.0;
   }
-  if (step + 1 != fault_step_) return 1.0;
-  if (fault_kind_ == "slowlink") {
+  // A link slow from step STEP on: a run resumed past it (PENTAD_INJECT_EVERY_ATTEMPT) finds
+  // it slow from its first step.
+  if (fault_kind_ == "slowlink" && !link_slowed_ && fault_step_ > 0 && step + 1 >= fault_step_) {
+    link_slowed_ = true;
     if (world_rank_ == link_a_ || world_rank_ == link_b_)
       spdlog::warn("injected fault: link {}-{} {} ms slow from step {}", link_a_, link_b_,
                    fault_factor_, step + 1);
     inject_slow_link();
     return 1.0;
   }
+  if (step + 1 != fault_step_ || fault_kind_ == "slowlink") return 1.0;
   spdlog::warn("injected fault: {} of rank {} at step {}", fault_kind_, world_rank_, step + 1);
   if (fault_kind_ == "kill") std::raise(SIGKILL);
   if (fault_kind_ == "stop") std::raise(SIGSTOP);

@@ -44,6 +44,7 @@ class FaultInjector {
   std::string fault_kind_;
   double fault_factor_ = 3.0;      // slow: compute this many times as long; slowlink: ms of delay
   int link_a_ = -1, link_b_ = -1;  // slowlink: its two world ranks
+  bool link_slowed_ = false;       // slowlink: injected
   double slow_factor_ = 1.0;
 };
 

@@ -90,3 +90,36 @@ TEST(Replan, RefusesSayingWhy) {
   EXPECT_NE(why.find("no layout of 1 to 7 ranks"), std::string::npos) << why;
   EXPECT_NE(why.find("memory"), std::string::npos) << why;
 }
+
+// Around a slow link: the same 4 ranks of dp 4 (a ring through the link 1-2) re-planned with
+// that link 100 times slower; the new layout puts ranks 1 and 2 in no group together.
+TEST(Replan, AroundASlowLinkKeepsTheRanksAndLeavesTheLinkOutOfEveryGroup) {
+  std::vector<std::string> c = job();
+  c[3] = "4";
+  c.erase(std::find(c.begin(), c.end(), "parallel.tp=2"));
+  c.insert(c.end(), {"--set", "parallel.tp=1", "--set", "parallel.pp=1", "--set",
+                     "parallel.dp=4", "--set", "train.steps=200"});
+  const nlohmann::json layout = {{"dp", 4}, {"tp", 1},  {"cp", 1},          {"pp", 1},
+                                 {"ep", 1}, {"etp", 1}, {"micro_batch", 2}, {"grad_accum", 2}};
+  std::string why;
+  const Replan r = pentad::launch::replan_around(c, layout, 4, {1, 2, 100.0}, {"dgx-h100", ""}, &why);
+  ASSERT_FALSE(r.command.empty()) << why;
+  EXPECT_EQ(r.ranks_before, 4);
+  EXPECT_EQ(r.ranks_after, 4);
+  EXPECT_EQ(r.command[3], "4");
+  EXPECT_EQ(r.steps, 200);
+  EXPECT_EQ(r.layout_before.rfind("tp1 dp4", 0), 0u) << r.layout_before;
+  EXPECT_NE(r.layout_after, r.layout_before);
+  EXPECT_LT(r.predicted_after_s, r.predicted_before_s);
+  EXPECT_NE(r.note.find("link 1-2 100x slower"), std::string::npos) << r.note;
+  // The new degrees (tp, cp, dp, pp order): ranks 1 and 2 differ in two coordinates at least.
+  const int tp = std::stoi(value_of(r.command, "parallel.tp"));
+  const int cp = std::stoi(value_of(r.command, "parallel.cp"));
+  const int dp = std::stoi(value_of(r.command, "parallel.dp"));
+  auto coords = [&](int rank) {
+    return std::vector<int>{rank % tp, rank / tp % cp, rank / (tp * cp) % dp, rank / (tp * cp * dp)};
+  };
+  int differ = 0;
+  for (size_t i = 0; i < 4; ++i) differ += coords(1)[i] != coords(2)[i];
+  EXPECT_GE(differ, 2) << r.layout_after;
+}

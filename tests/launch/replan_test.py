@@ -9,6 +9,11 @@ are logged; every step's loss is there once, those before the resume bitwise the
 uninterrupted run's and every one within 1e-5 relative of it (the same samples in the same
 order, summed in another layout's order).
 
+Then a slow link: 4 ranks of dp 4 (a ring through the link 1-2), that link 20 ms a send slower
+from step 5 (and again after the restart: it stays slow). The supervisor names it, re-plans the
+same 4 ranks with the link slowed and restarts on a layout in which ranks 1 and 2 share no group;
+the losses as above. With --replan-gain too high to pay off, it stays and says why.
+
 usage: replan_test.py PENTAD RECIPE WORK_DIR
 """
 import json
@@ -35,9 +40,9 @@ def check(ok, what):
         failures.append(what)
 
 
-def train_cmd(out, extra=()):
-    cmd = ["mpirun", "--oversubscribe", "-np", "8", PENTAD, "train", RECIPE]
-    for o in COMMON + list(extra) + [f"train.out_dir={out}"]:
+def train_cmd(out, extra=(), ranks=8, common=COMMON):
+    cmd = ["mpirun", "--oversubscribe", "-np", str(ranks), PENTAD, "train", RECIPE]
+    for o in common + list(extra) + [f"train.out_dir={out}"]:
         cmd += ["--set", o]
     return cmd
 
@@ -45,6 +50,74 @@ def train_cmd(out, extra=()):
 def losses(out):
     rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
     return [(r["step"], r["loss"]) for r in rows if "loss" in r and "eval_loss" not in r]
+
+
+def continues(out, reference, resume):
+    last = {}
+    for step, loss in losses(out):  # the resumed run's steps replace the first attempt's
+        last[step] = loss
+    check(sorted(last) == sorted(reference), f"every step 1..{max(reference)} has a loss")
+    before = [s for s in range(1, resume + 1) if last.get(s) != reference[s]]
+    check(not before, f"the steps up to the resume bitwise the uninterrupted run's ({before[:3]})")
+    worst = max(abs(last[s] - reference[s]) / abs(reference[s]) for s in last if s in reference)
+    check(worst <= 1e-5, f"every loss within 1e-5 relative of the uninterrupted run's "
+                         f"(worst {worst:.2e})")
+
+
+def slow_link():
+    common = [o for o in COMMON if not o.startswith(("parallel.", "train.steps"))]
+    common += ["parallel.dp=4", "train.steps=60"]
+    ref = os.path.join(WORK, "slow-reference")
+    p = subprocess.run(train_cmd(ref, ranks=4, common=common), env=ENV, capture_output=True,
+                       text=True, timeout=300)
+    check(p.returncode == 0, "the uninterrupted 4-rank run finished")
+    if p.returncode:
+        print(p.stdout[-2000:], p.stderr[-2000:])
+        return
+    reference = dict(losses(ref))
+    env = dict(ENV, PENTAD_INJECT_EVERY_ATTEMPT="1")
+    for gain in ("2", "1e5"):
+        out = os.path.join(WORK, f"slow-gain-{gain}")
+        p = subprocess.run([PENTAD, "launch", "--replan", "--cluster", "dgx-h100", "--replan-gain",
+                            gain, "--",
+                            *train_cmd(out, ["train.inject_fault=slowlink:1:2:5:20"], 4, common)],
+                           env=env, capture_output=True, text=True, timeout=300)
+        print("\n".join(l for l in p.stdout.splitlines() if l.startswith("pentad launch")))
+        check(p.returncode == 0, f"--replan-gain {gain}: the job finished (status {p.returncode})")
+        events = [json.loads(l) for l in open(os.path.join(out, "events.jsonl"))]
+        slow = [e for e in events if e["event"] == "detection" and e.get("class") == "comm slow"]
+        check(len(slow) == 1 and slow[0].get("culprit") == [1, 2],
+              f"the link 1-2 named slow once ({[(e['class'], e['culprit']) for e in slow]})")
+        replan = next((e for e in events if e.get("action") == "replan"), {})
+        restarts = [e for e in events if e.get("action") == "restart"]
+        if gain != "2":
+            check("stayed" in replan and "--replan-gain" in replan["stayed"] and not restarts,
+                  f"too little to gain: no restart, and why ({replan.get('stayed')})")
+            check(dict(losses(out)) == reference, "every loss bitwise the uninterrupted run's")
+            continue
+        check(replan.get("cause") == "slow link" and replan.get("ranks_after") == 4 and
+              replan.get("layout_after") != replan.get("layout_before") and
+              replan.get("saved_s", 0) >= 2 * replan.get("restart_cost_s", 1e9),
+              f"re-planned around it: {replan.get('layout_before')} -> "
+              f"{replan.get('layout_after')}, saving {replan.get('saved_s')} s against "
+              f"{replan.get('restart_cost_s')} s")
+        command = restarts[0]["command"] if len(restarts) == 1 else []
+
+        def last_set(key):
+            values = [a.split("=", 1)[1] for a in command if a.startswith(key + "=")]
+            return int(values[-1]) if values else 1
+
+        tp, cp, dp = (last_set(f"parallel.{k}") for k in ("tp", "cp", "dp"))
+
+        def coords(rank):
+            return (rank % tp, rank // tp % cp, rank // (tp * cp) % dp, rank // (tp * cp * dp))
+
+        check(len(restarts) == 1 and command[command.index("-np") + 1] == "4" and
+              sum(a != b for a, b in zip(coords(1), coords(2))) >= 2,
+              f"one restart, on 4 ranks, ranks 1 and 2 in no group together "
+              f"({coords(1)} and {coords(2)})")
+        resumed = next((e for e in events if e["event"] == "resumed"), {})
+        continues(out, reference, resumed.get("resume_step", -1))
 
 
 def main():
@@ -92,20 +165,12 @@ def main():
     resume = resumed.get("resume_step", -1)
     check(0 < resume <= 20, f"resumed from the checkpoint at step {resume}")
 
-    got = losses(out)
-    last = {}
-    for step, loss in got:  # the resumed run's steps replace the first attempt's
-        last[step] = loss
-    check(sorted(last) == list(range(1, STEPS + 1)), f"every step 1..{STEPS} has a loss")
-    before = [s for s in range(1, resume + 1) if last.get(s) != reference[s]]
-    check(not before, f"the steps up to the resume bitwise the uninterrupted run's ({before[:3]})")
-    worst = max(abs(last[s] - reference[s]) / abs(reference[s]) for s in last if s in reference)
-    check(worst <= 1e-5, f"every loss within 1e-5 relative of the uninterrupted run's "
-                         f"(worst {worst:.2e})")
+    continues(out, reference, resume)
+    slow_link()
     if failures:
         print(f"{len(failures)} checks failed")
         return 1
-    print("the job re-planned for the ranks that remain and trained on")
+    print("the job re-planned for the ranks that remain and trained on, and around a slow link")
     return 0
 
 

@@ -62,4 +62,31 @@ TEST(Shrink, OneReplicaFewerShrinksTheGlobalBatchWhereGradAccumCannotMakeItUp) {
   EXPECT_EQ(fewer->layout.micro_batch * fewer->layout.grad_accum * fewer->layout.dp, 7);
 }
 
+// A slowed link (Topology::slow_link) costs a layout only where one of the groups it prices
+// holds the link between ring neighbours or adjacent stages, whichever replica's it is.
+TEST(Shrink, ASlowLinkCostsOnlyTheLayoutsWhoseGroupsHoldIt) {
+  auto step = [](std::vector<std::string> degrees, int a, int b) {
+    degrees.push_back("train.grad_accum=8");
+    const Config cfg = gpt(degrees);
+    parallel::Topology topo = parallel::uniform_cluster(1, 4, 450, 3e-6, 450, 3e-6);
+    if (a >= 0) topo.slow_link(a, b, 100);
+    return predict_step(cfg, mesh_config(cfg, 4), cluster_preset("dgx-h100", 4).machine, topo)
+        .step_seconds;
+  };
+  // dp 4: a ring 0-1-2-3; 1-2 on it, 0-2 not.
+  const std::vector<std::string> dp4 = {"parallel.dp=4"};
+  EXPECT_GT(step(dp4, 1, 2), step(dp4, -1, -1));
+  EXPECT_EQ(step(dp4, 0, 2), step(dp4, -1, -1));
+  // tp 2 x dp 2: tp {0,1} {2,3}, dp {0,2} {1,3}; 1-3 is the second replica's dp link, 2-3 the
+  // second tp group's.
+  const std::vector<std::string> tp_dp = {"parallel.tp=2", "parallel.dp=2"};
+  EXPECT_EQ(step(tp_dp, 1, 2), step(tp_dp, -1, -1));
+  EXPECT_GT(step(tp_dp, 1, 3), step(tp_dp, -1, -1));
+  EXPECT_GT(step(tp_dp, 2, 3), step(tp_dp, -1, -1));
+  // pp 2 x dp 2: pipelines 0-2 and 1-3, dp {0,1} {2,3}; 1-3 is the second pipeline's link.
+  const std::vector<std::string> pp_dp = {"parallel.pp=2", "parallel.dp=2"};
+  EXPECT_EQ(step(pp_dp, 1, 2), step(pp_dp, -1, -1));
+  EXPECT_GT(step(pp_dp, 1, 3), step(pp_dp, -1, -1));
+}
+
 }  // namespace shrink_test
