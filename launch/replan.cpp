@@ -122,7 +122,7 @@ Replan replan(const std::vector<std::string>& command, const json& layout, int w
   r.note = fmt::format(
       "re-planned for {}: {} on {} ranks -> {} on {} ranks, global batch {} sequences kept; "
       "predicted step {:.3g} s -> {:.3g} s",
-      slow ? fmt::format("link {}-{} {:.3g}x slower", slow->a, slow->b, slow->factor)
+      slow          ? fmt::format("link {}-{} {:.3g}x slower", slow->a, slow->b, slow->factor)
       : grow_to > 0 ? fmt::format("all {} ranks, back", grow_to)
                     : fmt::format("the {} ranks that remain", remaining),
       r.layout_before.empty() ? std::string("the old layout") : r.layout_before, world,

@@ -122,9 +122,9 @@ class Supervisor {
     int64_t from_step = -1;  // -1: not yet resumed
   };
   std::optional<PendingMeasure> measure_;
-  std::vector<std::string> command_;  // the attempt's job command
-  double attempt_at_ = 0;             // when the attempt started
-  std::optional<double> first_step_at_;  // when a rank first reported a step past its resume
+  std::vector<std::string> command_;       // the attempt's job command
+  double attempt_at_ = 0;                  // when the attempt started
+  std::optional<double> first_step_at_;    // when a rank first reported a step past its resume
   std::vector<std::string> slow_command_;  // around_slow_link's command for the restart
   Detection slow_fault_;                   // ... and the detection it answers
   int full_world_ = 0;            // the first attempt's world: what growing back returns to

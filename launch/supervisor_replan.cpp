@@ -84,12 +84,9 @@ bool Supervisor::around_slow_link(const Detection& d, const Detector& detector) 
   std::string why;
   const Replan r = replan_around(command_, layout_, world_, {d.culprit[0], d.culprit[1], d.factor},
                                  {o_.replan_cluster, default_calibration_path()}, &why);
-  nlohmann::json e = {{"event", "action"},
-                      {"action", "replan"},
-                      {"cause", "slow link"},
-                      {"link", d.culprit},
-                      {"factor", d.factor},
-                      {"seconds", now() - d.detected_at}};
+  nlohmann::json e = {{"event", "action"},    {"action", "replan"},
+                      {"cause", "slow link"}, {"link", d.culprit},
+                      {"factor", d.factor},   {"seconds", now() - d.detected_at}};
   if (r.command.empty()) {
     e["refused"] = why;
     event(e);

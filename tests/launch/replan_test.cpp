@@ -97,12 +97,13 @@ TEST(Replan, AroundASlowLinkKeepsTheRanksAndLeavesTheLinkOutOfEveryGroup) {
   std::vector<std::string> c = job();
   c[3] = "4";
   c.erase(std::find(c.begin(), c.end(), "parallel.tp=2"));
-  c.insert(c.end(), {"--set", "parallel.tp=1", "--set", "parallel.pp=1", "--set",
-                     "parallel.dp=4", "--set", "train.steps=200"});
+  c.insert(c.end(), {"--set", "parallel.tp=1", "--set", "parallel.pp=1", "--set", "parallel.dp=4",
+                     "--set", "train.steps=200"});
   const nlohmann::json layout = {{"dp", 4}, {"tp", 1},  {"cp", 1},          {"pp", 1},
                                  {"ep", 1}, {"etp", 1}, {"micro_batch", 2}, {"grad_accum", 2}};
   std::string why;
-  const Replan r = pentad::launch::replan_around(c, layout, 4, {1, 2, 100.0}, {"dgx-h100", ""}, &why);
+  const Replan r =
+      pentad::launch::replan_around(c, layout, 4, {1, 2, 100.0}, {"dgx-h100", ""}, &why);
   ASSERT_FALSE(r.command.empty()) << why;
   EXPECT_EQ(r.ranks_before, 4);
   EXPECT_EQ(r.ranks_after, 4);
@@ -117,7 +118,8 @@ TEST(Replan, AroundASlowLinkKeepsTheRanksAndLeavesTheLinkOutOfEveryGroup) {
   const int cp = std::stoi(value_of(r.command, "parallel.cp"));
   const int dp = std::stoi(value_of(r.command, "parallel.dp"));
   auto coords = [&](int rank) {
-    return std::vector<int>{rank % tp, rank / tp % cp, rank / (tp * cp) % dp, rank / (tp * cp * dp)};
+    return std::vector<int>{rank % tp, rank / tp % cp, rank / (tp * cp) % dp,
+                            rank / (tp * cp * dp)};
   };
   int differ = 0;
   for (size_t i = 0; i < 4; ++i) differ += coords(1)[i] != coords(2)[i];
