@@ -95,15 +95,27 @@ static void declare_w_inputs(const ActSizes& s, double F, bool moe, ActSink& sin
   a.act = sink.add("w_act", {s.N, F}, act);
 }
 
-void declare_deferred_layer(const ActSizes& s, double F, bool moe, ActSink& sink,
-                            DeferredGrads& d) {
-  d.d_att_out = sink.add("w_d_att_out", {s.N, s.Cj}, s.act);
-  if (F > 0) d.d_out = sink.add("w_d_out", {s.N, s.Cj}, s.act);  // MoE: the block keeps its own
+// A kept gradient (rows, cols): a view of `over`, an activation (Nl, C) of the slot that only
+// B reads, when `in_place` (absent where `over` is: the memory plan's); else declared.
+static Tensor kept_gradient(const ActSizes& s, const char* name, double rows, double cols,
+                            bool in_place, const Tensor& over, ActSink& sink) {
+  if (!in_place) return sink.add(name, {rows, cols}, s.act);
+  PENTAD_CHECK(rows * cols <= s.Nl * s.C, "{}: ({}, {}) over ({}, {})", name, rows, cols, s.Nl,
+               s.C);
+  return over.data ? over.prefix(Shape{int64_t(rows), int64_t(cols)}) : Tensor{};
+}
+
+void declare_deferred_layer(const ActSizes& s, double F, bool moe, const Tensor& res1,
+                            const Tensor& out, ActSink& sink, DeferredGrads& d) {
+  d.d_att_out = kept_gradient(s, "w_d_att_out", s.N, s.Cj, !s.sp && !s.recompute, res1, sink);
+  if (F > 0)  // MoE: the block keeps its own
+    d.d_out = kept_gradient(s, "w_d_out", s.N, s.Cj, !s.sp, out, sink);
   if (s.recompute) declare_w_inputs(s, F, moe, sink, d.inputs);
 }
 
-void declare_deferred_ends(const ActSizes& s, bool first, ActSink& sink, Tensor& d_input) {
-  if (first) d_input = sink.add("w_d_input", {s.N, s.C}, s.act);
+void declare_deferred_ends(const ActSizes& s, bool first, const Tensor& input, ActSink& sink,
+                           Tensor& d_input) {
+  if (first) d_input = kept_gradient(s, "w_d_input", s.N, s.C, !s.sp, input, sink);
 }
 
 void declare_batch(const ActSizes& s, ActSink& sink, SlotActs& slot) {

@@ -121,11 +121,16 @@ struct LayerGrads {
   Tensor att, q, k, v, up, gate, act;  // as LayerActs', at the widest MLP held here
 };
 // What a backward split in two passes (model/split_backward.cpp) keeps of one layer from
-// B (the input gradients) to W (the weight gradients) apart from the slot's activations:
-// the two row-parallel GEMMs' output gradients. B computes the norms' weight gradients
-// itself (with their input gradients, as the fused backward), and writes the column-parallel
-// GEMMs' output gradients over activations only B reads (LayerActs' q, k, v, up, gate: see
+// B (the input gradients) to W (the weight gradients) beyond the slot's activations: the two
+// row-parallel GEMMs' output gradients. B computes the norms' weight gradients itself (with
+// their input gradients, as the fused backward), and writes the column-parallel GEMMs' output
+// gradients over activations only B reads (LayerActs' q, k, v, up, gate: see
 // split_backward.cpp), so W's other operands are the slot's LayerActs, kept anyway until W.
+// The row-parallel two go over B-only activations too, where they fit: without sequence
+// parallelism (whose residual stream holds Nl = N / tp rows) d(att_out) over the layer's res1
+// (not under recompute: res1 is then the scratch's) and d(out) over the layer's output
+// residual stream, the next layer's input (the chunk's output for the last layer); else in
+// the slot's deferred arena.
 // Under tensor parallelism these two are kept as B gathered them (whole rows, columns j), so
 // W makes no collective; gathering again in W would save the two (N, Cj) buffers but add a
 // collective to every layer's W.
@@ -137,6 +142,7 @@ struct LayerGrads {
 struct DeferredGrads {
   Tensor d_att_out;  // (N, Cj): the output projection's output gradient, d(res1) gathered
   Tensor d_out;      // (N, Cj): the down projection's output gradient, gathered (no MLP: none)
+  // (Either may be a view of the slot's res1 or residual stream: declare_deferred_layer.)
   LayerActs inputs;  // recompute only: W's operands, as LayerActs' (the others absent)
 };
 // One micro-batch's activations in one chunk.
@@ -169,14 +175,20 @@ Tensor declare_residual(const ActSizes& s, ActSink& sink);
 void declare_head(const ActSizes& s, ActSink& sink, SlotActs& slot);
 // One layer's DeferredGrads, its MLP ffn wide (an MoE layer, moe: its shared experts', 0
 // without any: no MLP buffers; the routed experts' are declare_moe_deferred's, model/moe.h).
-// Under recompute (s.recompute) W's operands too.
-void declare_deferred_layer(const ActSizes& s, double ffn, bool moe, ActSink& sink,
-                            DeferredGrads& d);
+// Under recompute (s.recompute) W's operands too. Without sequence parallelism d(att_out) is
+// a view of res1 (not under recompute) and d(out) one of out (the layer's output residual
+// stream), nothing declared for them: B writes each after its last read of what it replaces.
+// res1 and out are the slot's (absent for the memory plan, which counts what is declared).
+void declare_deferred_layer(const ActSizes& s, double ffn, bool moe, const Tensor& res1,
+                            const Tensor& out, ActSink& sink, DeferredGrads& d);
 // A split backward's chunk ends: the first chunk's d(chunk input) whole (N, C: under sequence
-// parallelism B gathers it, so that the embedding's W needs no collective). The last chunk
-// keeps nothing more: the head's W reads the slot's dlogits and final norm output, and B
-// computes the final norm's gradients.
-void declare_deferred_ends(const ActSizes& s, bool first, ActSink& sink, Tensor& d_input);
+// parallelism B gathers it, so that the embedding's W needs no collective); without sequence
+// parallelism a view of `input` (the slot's resid[0], which B reads last in layer 0's norm1
+// backward, before d(chunk input) is written; nothing declared). The last chunk keeps
+// nothing more: the head's W reads the slot's dlogits and final norm output, and B computes
+// the final norm's gradients.
+void declare_deferred_ends(const ActSizes& s, bool first, const Tensor& input, ActSink& sink,
+                           Tensor& d_input);
 // The scratch, its MLP buffers widest_ffn wide (the widest MLP of the layers held here);
 // holds_last: this rank holds the head.
 void declare_scratch(const ActSizes& s, double widest_ffn, bool holds_last, ActSink& sink,

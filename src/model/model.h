@@ -120,9 +120,10 @@ class Model {
   // input_grad() out, and the norms' parameter gradients (computed with their input
   // gradients, as backward_chunk computes them); it keeps every output gradient W reads in
   // the slot: the column-parallel GEMMs' over activations only B reads (q, k, v, up, gate),
-  // the rest in an arena (DeferredGrads and the embedding's; allocated on the slot's first
-  // B, deferred_bytes()). The slot's activations and those gradients stay until W: the
-  // slot's next forward and B are refused before it. W: the GEMMs' parameter gradients (+=)
+  // the rest (DeferredGrads and the embedding's) over res1 and the residual streams without
+  // sequence parallelism, else (and d(att_out) under recompute) in an arena allocated on the
+  // slot's first B (deferred_bytes()). The slot's activations and those gradients stay until
+  // W: the slot's next forward and B are refused before it. W: the GEMMs' parameter gradients (+=)
   // of the slot's last B, bitwise what backward_chunk accumulates; last_micro_batch and
   // on_ready as backward_chunk's (on_ready hears of the same offsets in the same order). B and
   // W of different chunks and slots interleave freely; each slot's W follows its own B.

@@ -19,9 +19,19 @@
 //     reads (attention's backward, GELU's or SwiGLU's) and the slot's next forward rewrites;
 //   the row-parallel GEMMs' output gradients d(att_out) and d(out), and the first chunk's
 //     d(chunk input) for the embedding: the scratch's d(residual) whole, which B overwrites
-//     layer by layer, so kept in the slot's DeferredGrads (per layer 2 Cj values a row on one
-//     rank, C without tensor parallelism; see activations.h) and (N, C) more, an arena
-//     allocated on the slot's first B and held from then on;
+//     layer by layer, so kept in the slot (per layer 2 Cj values a row on one rank, C
+//     without tensor parallelism; see activations.h) and (N, C) more. Without sequence
+//     parallelism they go over slot activations that B reads for the last time before it
+//     writes them, and W never reads: d(out) of layer l over the layer's output (the next
+//     layer's input, read last by that layer's B, which runs first; on the last chunk by
+//     the final norm's B), d(att_out) over its res1 (read last by its norm2 backward, just
+//     before), d(chunk input) over the embedding's output (layer 0's input, read last by its
+//     norm1 backward). Nothing else writes them before the slot's W: a pipeline sends and
+//     receives through buffers of its own, and the slot's next forward waits for W. So for dense
+//     layers the split then holds no more than the fused backward. Under recompute res1 is the
+//     scratch's, so d(att_out) is kept apart (the layer's output is rebuilt by its own B,
+//     before d(out) goes over it). With sequence parallelism (residual rows N / tp) they
+//     are kept apart: an arena allocated on the slot's first B and held from then on;
 //   the head's: the slot's dlogits (in its logits), kept until W.
 // An MoE layer's router and routed experts keep theirs in the slot's MoeBlock::Acts, sized
 // at each B (model/split_backward_moe.cpp).
@@ -44,8 +54,10 @@ void Model::plan_deferred(ActSink& sink, const LayerRange& chunk, Slot& s) {
   s.deferred.assign(size_t(chunk.layer_end - chunk.layer_begin), {});
   for (size_t i = 0; i < s.deferred.size(); ++i)
     declare_deferred_layer(sizes_, double(layer_ffn_[size_t(chunk.layer_begin) + i]),
-                           moe_[size_t(chunk.layer_begin) + i] != nullptr, sink, s.deferred[i]);
-  declare_deferred_ends(sizes_, chunk.first, sink, s.d_input);
+                           moe_[size_t(chunk.layer_begin) + i] != nullptr,
+                           s.acts.empty() ? Tensor{} : s.acts[i].res1, s.resid[i + 1], sink,
+                           s.deferred[i]);
+  declare_deferred_ends(sizes_, chunk.first, s.resid[0], sink, s.d_input);
 }
 
 size_t Model::deferred_bytes() const {
@@ -110,7 +122,7 @@ void Model::backward_chunk_input(int c, int slot_index, const Tensor& d_output) 
   Slot& s = slot(c, slot_index);
   PENTAD_CHECK(!s.weights_pending, "backward_chunk_input: chunk {} slot {} waits for its W", c,
                slot_index);
-  if (!s.deferred_arena.capacity()) {  // the slot's first B: its buffers, measured then made
+  if (s.deferred.empty()) {  // the slot's first B: its buffers, measured then made (maybe none)
     Arena measure = Arena::measuring("deferred gradients");
     ArenaSink measuring(measure);
     plan_deferred(measuring, range, s);

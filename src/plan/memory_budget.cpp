@@ -106,7 +106,8 @@ struct Sizes {
          dispatch_backward = 0;
   // A split backward's (zb-h1, zb-v), kept per slot from B to W: a dense layer's and an MoE
   // layer's output gradients (its routed experts' at the worst case) and, under recompute,
-  // the inputs of its GEMMs (DeferredGrads), the first chunk's d(input).
+  // the inputs of its GEMMs (DeferredGrads), the first chunk's d(input); only what is not
+  // written over the slot's activations (without sequence parallelism, little or none).
   double deferred_layer = 0, deferred_moe = 0, deferred_first = 0;
 };
 
@@ -147,7 +148,7 @@ void add_moe_sizes(Sizes& s, const ModelConfig& m, const parallel::MeshConfig& m
   });
   DeferredGrads kept;
   s.deferred_moe = bytes_of([&](ActSink& sink) {
-    declare_deferred_layer(s.acts, s.acts.Fs, true, sink, kept);
+    declare_deferred_layer(s.acts, s.acts.Fs, true, Tensor{}, Tensor{}, sink, kept);
     declare_moe_deferred(Nl, E, R, C, Fe / etp, s.acts.act, s.acts.gpt2, sink, rows);
   });
   // Backward's scratch: the gradients of those rows, and three of width Fe/etp for all of
@@ -179,10 +180,11 @@ Sizes sizes_of(const Config& cfg, const parallel::MeshConfig& mesh, const ParamT
   s.head_acts = bytes_of([&](ActSink& sink) { declare_head(a, sink, slot); });
   DeferredGrads kept;
   Tensor d_input;
-  s.deferred_layer =
-      bytes_of([&](ActSink& sink) { declare_deferred_layer(a, a.F, false, sink, kept); });
+  s.deferred_layer = bytes_of([&](ActSink& sink) {
+    declare_deferred_layer(a, a.F, false, Tensor{}, Tensor{}, sink, kept);
+  });
   s.deferred_first =
-      bytes_of([&](ActSink& sink) { declare_deferred_ends(a, true, sink, d_input); });
+      bytes_of([&](ActSink& sink) { declare_deferred_ends(a, true, Tensor{}, sink, d_input); });
   add_moe_sizes(s, m, mesh);
   return s;
 }

@@ -250,9 +250,10 @@ INSTANTIATE_TEST_SUITE_P(Configs, SplitBackwardMoe, ::testing::Values(0, 1, 2, 3
 
 // B keeps the routed experts' output gradients and d(logits) per slot and MoE layer (in
 // the slot's MoeBlock::Acts, as declare_moe_deferred declares them, counted by
-// deferred_bytes()), the rest in the slot's arena (declare_deferred_layer: no MLP buffers
-// without shared experts); the fused backward keeps none. A slot waiting for its W refuses
-// a forward and another B.
+// deferred_bytes()); d(att_out) over res1 and d(chunk input) over the embedding's output
+// (declare_deferred_layer and _ends: nothing declared without sequence parallelism, and no
+// MLP buffers without shared experts); the fused backward keeps none. A slot waiting for its
+// W refuses a forward and another B.
 TEST(SplitBackwardMoeSlots, KeepTheirGradientsUntilW) {
   omp_set_num_threads(2);
   std::vector<int32_t> ids(size_t(kB * kT));
@@ -277,9 +278,11 @@ TEST(SplitBackwardMoeSlots, KeepTheirGradientsUntilW) {
                          false, sink, acts);
   });
   const double rest = bytes_of([&](ActSink& sink) {
-    for (int64_t l = 0; l < cfg.n_layer; ++l) declare_deferred_layer(sizes, 0, true, sink, layer);
-    declare_deferred_ends(sizes, true, sink, d_input);
+    for (int64_t l = 0; l < cfg.n_layer; ++l)
+      declare_deferred_layer(sizes, 0, true, Tensor{}, Tensor{}, sink, layer);
+    declare_deferred_ends(sizes, true, Tensor{}, sink, d_input);
   });
+  EXPECT_EQ(rest, 0.0);
   EXPECT_EQ(routed, 4 * (N * E + N * k * (cfg.d_model + 2 * cfg.d_ff_expert)));
   // The arenas round each buffer up and the MoE ones grow half again at once.
   const double kept = double(moe.deferred_bytes()), layers = double(cfg.n_layer);
