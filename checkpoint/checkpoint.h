@@ -64,6 +64,9 @@ struct Manifest {
     ShardInfo shard;
   };
   std::vector<Entry> shards;  // every shard of every file
+  // A survivors' rank file's manifest only (write_survivor): how many tensors the whole state
+  // has, what its ranks' files together must hold. -1: not recorded (every committed one).
+  int64_t tensors = -1;
 };
 
 std::string checkpoint_dir(const std::string& root, int64_t step);  // <root>/step-<N>
@@ -111,6 +114,24 @@ void remove_dirs(const std::vector<std::string>& dirs);
 // Moves the rank files of retired directories to recycle_dir(<their root>), one per rank
 // name, for write_rank_file(..., recycle) to write over (before remove_dirs).
 void pool_rank_files(const std::vector<std::string>& dirs);
+
+// The survivors' state. When a job is ended (SIGTERM: mpirun after one of its ranks died, or
+// pentad launch ending it), each rank that can writes all it holds of its live state, its
+// replicas' copies too, into survivors_dir(root, base.step, tag) (`tag`: one per job, so
+// that two attempts never mix): its rank file and sidecar, then `base` with the file's shards
+// (base.tensors: the whole state's count) as rank-<5 digits>.base.json. A rank file without
+// its base is incomplete.
+std::string survivors_dir(const std::string& root, int64_t step, const std::string& tag);
+void write_survivor(const std::string& root, int rank, const std::string& tag, const Manifest& base,
+                    const std::vector<ShardData>& shards, std::string_view tokenizer = {});
+// Before --resume latest picks (one rank): the newest survivors' directory newer than root's
+// newest committed checkpoint whose complete files together hold every tensor (as many as
+// the bases count, each whole, and those of the newest committed checkpoint with the same
+// shapes) becomes the committed checkpoint of its step, each shard listed once. The
+// tokenizer comes from rank 0's base (its bytes beside it) or else the newest committed
+// checkpoint. Survivors' directories no newer than the newest committed checkpoint then go;
+// incomplete newer ones stay. Returns a line for each directory looked at, for the log.
+std::vector<std::string> adopt_survivors(const std::string& root);
 
 // Committed checkpoints under root, newest first (directories with a manifest.json).
 std::vector<std::string> committed_checkpoints(const std::string& root);

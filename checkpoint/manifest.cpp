@@ -212,6 +212,7 @@ std::string manifest_json(const Manifest& m) {
          {"files", std::move(files)},
          {"shards", std::move(shards)}};
   if (m.samples >= 0) j["samples"] = m.samples;
+  if (m.tensors >= 0) j["tensors"] = m.tensors;
   if (!m.tokenizer_file.empty())
     j["tokenizer"] = {{"file", m.tokenizer_file}, {"sha256", m.tokenizer_sha256}};
   return j.dump(1) + "\n";
@@ -228,6 +229,7 @@ Manifest parse_manifest(const std::string& path) {
     if (m.step < 0 || m.optimizer_steps < 0) fail("negative step");
     m.samples = j.contains("samples") ? integer(j, "samples") : -1;
     if (j.contains("samples") && m.samples < 0) fail("negative samples");
+    m.tensors = j.contains("tensors") ? integer(j, "tensors") : -1;
     const json& l = j.at("layout");
     m.layout.world = static_cast<int>(integer(l, "world"));
     m.layout.tp = static_cast<int>(integer(l, "tp"));

@@ -7,12 +7,15 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <regex>
 #include <set>
+#include <tuple>
 
 #include "checkpoint/box.h"
 #include "checkpoint/checkpoint.h"
@@ -200,6 +203,10 @@ std::string recycle_dir(const std::string& root) {
 
 bool write_rank_file(const std::string& path, const std::vector<ShardData>& shards, bool direct_io,
                      bool recycle) {
+  // HDF5 (Debian's serial build) is not thread-safe: the saver's thread and a survivor's
+  // write (write_survivor) take turns.
+  static std::mutex one_at_a_time;
+  std::lock_guard<std::mutex> lock(one_at_a_time);
   const std::string dir = parent_of(path);
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -380,6 +387,153 @@ std::vector<std::string> checkpoints_without_manifest(const std::string& root) {
   std::vector<std::string> dirs;
   for (auto& [step, dir] : step_dirs(root, false)) dirs.push_back(std::move(dir));
   return dirs;
+}
+
+namespace {
+
+constexpr const char* kSurvivorsSuffix = ".survivors.";
+
+std::string base_file(const std::string& dir, int rank) {
+  return fmt::format("{}/rank-{:05d}.base.json", dir, rank);
+}
+
+// A shard's place in its tensor: two ranks holding the same place hold the same values.
+auto place_of(const ShardInfo& s) {
+  return std::tuple(s.name, s.shard_dim, s.shard_start, s.shard_dim2, s.shard_start2,
+                    s.row_start, s.local_shape.dims);
+}
+
+// The survivors' directory `dir` of `step` made the committed checkpoint of its step, if its
+// complete files hold every tensor; otherwise why not. `newest`: root's newest committed
+// checkpoint ("" if none).
+std::string adopt(const std::string& root, const std::string& dir, int64_t step,
+                  const std::string& newest) {
+  std::optional<Manifest> base;
+  std::vector<Manifest::Entry> entries;
+  std::set<decltype(place_of(ShardInfo{}))> seen;
+  int ranks = 0;
+  for (const fs::directory_entry& f : fs::directory_iterator(dir)) {
+    const std::string name = f.path().filename().string();
+    int rank = -1;
+    if (std::sscanf(name.c_str(), "rank-%d.base.json", &rank) != 1 || !name.ends_with(".base.json"))
+      continue;
+    const std::string h5 = dir + "/" + rank_file_name(rank);
+    if (!fs::is_regular_file(h5)) continue;
+    Manifest mine = parse_manifest(f.path().string());
+    ++ranks;
+    for (Manifest::Entry& e : mine.shards)
+      if (seen.insert(place_of(e.shard)).second) entries.push_back(std::move(e));
+    mine.shards.clear();
+    if (!base || (base->tokenizer_file.empty() && !mine.tokenizer_file.empty())) base = mine;
+  }
+  if (!base) return "no rank finished its file";
+  std::map<std::string, Shape> have;
+  for (const Manifest::Entry& e : entries) have.emplace(e.shard.name, e.shard.global_shape);
+  if (int64_t(have.size()) != base->tensors)
+    return fmt::format("the {} ranks' files hold {} tensors of {} (their only holders are gone)",
+                       ranks, have.size(), base->tensors);
+  std::optional<Manifest> committed;
+  if (!newest.empty()) committed = parse_manifest(newest + "/manifest.json");
+  if (committed)
+    for (const Manifest::Entry& e : committed->shards) {
+      auto it = have.find(e.shard.name);
+      if (it == have.end() || !(it->second == e.shard.global_shape))
+        return fmt::format("{} differs from {}'s", e.shard.name, newest);
+    }
+  try {
+    check_coverage(dir, entries);
+  } catch (const Error& e) {
+    return fmt::format("the {} ranks' files do not hold everything: {}", ranks, e.what());
+  }
+  Manifest manifest = *base;
+  manifest.step = step;
+  manifest.tensors = -1;
+  manifest.checksum = checksum_name(kWrittenChecksum);
+  manifest.shards = std::move(entries);
+  const bool carried = !manifest.tokenizer_file.empty() &&
+                       fs::is_regular_file(dir + "/" + manifest.tokenizer_file);
+  if (!carried && committed && !committed->tokenizer_file.empty()) {
+    manifest.tokenizer_file = committed->tokenizer_file;
+    manifest.tokenizer_sha256 = committed->tokenizer_sha256;
+    fs::copy_file(carried_tokenizer(newest, *committed), dir + "/" + manifest.tokenizer_file,
+                  fs::copy_options::overwrite_existing);
+  } else if (!carried) {
+    manifest.tokenizer_file.clear();  // rank 0, which held its bytes, wrote none
+    manifest.tokenizer_sha256.clear();
+  }
+  if (!manifest.tokenizer_file.empty()) {
+    const std::string path = dir + "/" + manifest.tokenizer_file;
+    if (sha256_hex(read_text(path)) != manifest.tokenizer_sha256)
+      return path + " differs from the sha256 its base names";
+    sync_path(path, false);
+  }
+  write_atomically(dir + "/manifest.json", manifest_json(manifest));
+  sync_path(dir, true);
+  const std::string final_dir = checkpoint_dir(root, step);
+  if (fs::exists(final_dir)) return final_dir + " exists";
+  rename_or_fail(dir, final_dir);
+  sync_path(root, true);
+  return "";
+}
+
+}  // namespace
+
+std::string survivors_dir(const std::string& root, int64_t step, const std::string& tag) {
+  return checkpoint_dir(root, step) + kSurvivorsSuffix + tag;
+}
+
+void write_survivor(const std::string& root, int rank, const std::string& tag, const Manifest& base,
+                    const std::vector<ShardData>& shards, std::string_view tokenizer) {
+  const std::string dir = survivors_dir(root, base.step, tag);
+  const std::string file = dir + "/" + rank_file_name(rank);
+  write_rank_file(file, shards, /*direct_io=*/false, false);
+  if (!base.tokenizer_file.empty() && !tokenizer.empty())
+    write_atomically(dir + "/" + base.tokenizer_file, std::string(tokenizer));
+  Manifest mine = base;
+  mine.checksum = checksum_name(kWrittenChecksum);
+  mine.shards = parse_sidecar(file + ".json");
+  write_atomically(base_file(dir, rank), manifest_json(mine));
+  sync_path(dir, true);
+}
+
+std::vector<std::string> adopt_survivors(const std::string& root) {
+  static const std::regex pattern(R"(step-(\d{1,18})\.survivors\..+)");
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (const fs::directory_entry& d : fs::directory_iterator(root, ec)) {
+    std::smatch m;
+    const std::string name = d.path().filename().string();
+    if (d.is_directory(ec) && std::regex_match(name, m, pattern))
+      found.emplace_back(std::stoll(m[1].str()), d.path().string());
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a > b; });
+  std::vector<std::string> said;
+  const std::vector<std::pair<int64_t, std::string>> committed = step_dirs(root, true);
+  for (const auto& [step, dir] : found) {
+    const int64_t newest = committed.empty() ? -1 : committed.front().first;
+    if (step <= newest) {
+      fs::remove_all(dir, ec);  // what it holds, a committed checkpoint holds as new
+      continue;
+    }
+    std::string why;
+    try {
+      why = adopt(root, dir, step, newest < 0 ? std::string() : committed.front().second);
+    } catch (const Error& e) {
+      why = e.what();
+    }
+    if (why.empty()) {
+      said.push_back(fmt::format("the survivors' state of step {} adopted as {} (the newest "
+                                 "before it: {})",
+                                 step, checkpoint_dir(root, step),
+                                 newest < 0 ? std::string("none") : committed.front().second));
+      // Older survivors' directories: no newer than what was adopted.
+      for (const auto& [older, other] : found)
+        if (older <= step && other != dir) fs::remove_all(other, ec);
+      return said;
+    }
+    said.push_back(fmt::format("{}: not adopted: {}", dir, why));
+  }
+  return said;
 }
 
 }  // namespace pentad::ckpt

@@ -12,6 +12,7 @@
 #include "launch/errors.h"
 #include "launch/monitor.h"
 #include "launch/rank.h"
+#include "parallel/trace.h"
 #include "plan/memory_budget.h"
 #include "recipe/recipe.h"
 #include "train/trainer.h"
@@ -127,6 +128,9 @@ int run_train(const TrainOptions& o, const cli::Job& job) {
   auto mesh = parallel::Mesh::create(layout, MPI_COMM_WORLD, backend);
   spdlog::info("mesh: {}", mesh.describe());
   if (job.rank != 0) spdlog::set_level(spdlog::level::warn);  // rank 0 reports for all
+  // SIGUSR1 (pentad launch's dump before it ends a job, or a person's): the communication
+  // trace to stderr. (Its default would end the rank.)
+  parallel::install_comm_dump_on_signal();
   Monitor monitor(job.rank, job.size, cfg.train.out_dir, 100,
                   {layout.dp, layout.tp, layout.cp, layout.pp, layout.ep, layout.etp,
                    cfg.train.micro_batch, cfg.train.grad_accum},

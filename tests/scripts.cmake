@@ -450,3 +450,12 @@ add_test(NAME hosts_wire_faults
           $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml ${CMAKE_CURRENT_BINARY_DIR}/hosts-wire-faults)
 set_tests_properties(hosts_wire_faults PROPERTIES TIMEOUT 900 RUN_SERIAL TRUE LABELS slow
   SKIP_RETURN_CODE 77 PASS_REGULAR_EXPRESSION "the wire's faults are named and recovered")
+
+# Recovery from the survivors' memory (issue 48): 4 ranks, one killed; with dp replicas the
+# survivors' state of the last step is adopted (no step redone, losses bitwise), with ZeRO-1
+# it is not (the dead rank's shares are gone) and the newest file is used. About 8 s.
+add_test(NAME launch_survivors
+  COMMAND ${PENTAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/launch/survivors_test.py
+          $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml ${CMAKE_CURRENT_BINARY_DIR}/launch-survivors)
+set_tests_properties(launch_survivors PROPERTIES TIMEOUT 300
+  PASS_REGULAR_EXPRESSION "the restart took the survivors' state where every shard had a replica")

@@ -164,6 +164,12 @@ int64_t CheckpointManager::resume(const std::string& which) {
     spdlog::info("resumed from {} at step {}", which, *step);
     return *step;
   }
+  // The survivors' state a job ended by SIGTERM left (survivor_save.h), where it holds
+  // everything and is newer than the newest checkpoint: a committed checkpoint first.
+  if (world_rank_ == 0)
+    for (const std::string& line : ckpt::adopt_survivors(roots(cfg_.train).front()))
+      spdlog::info("--resume latest: {}", line);
+  all_ranks(0, parallel::ReduceOp::Max);  // every rank sees what was adopted
   // Newest first over both levels (the local disk may be gone, or hold only older ones); at
   // one step the local level first.
   bool found = false;

@@ -4,7 +4,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <filesystem>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "core/device_memory.h"
@@ -234,11 +236,74 @@ CheckpointCommitter::Record CheckpointManager::checkpoint_record(int64_t step) c
   return record;
 }
 
+void CheckpointManager::live_step(int64_t step) {
+  live_step_ = step;
+  live_optimizer_steps_ = optimizer_.steps_taken();
+}
+
+bool CheckpointManager::survivors_possible() const {
+  return cfg_.train.save_every > 0 && model_.params().device() == Device::CPU &&
+         optimizer_.state_device() == Device::CPU && !optimizer_.offloaded() &&
+         !optimizer_.params_offloaded();
+}
+
+void CheckpointManager::count_survivor_tensors() {
+  // Each tensor once: by the rank that writes its first shard (value, m and v).
+  const ParamStore& p = model_.params();
+  int first = 0;
+  for (int id = 0; id < static_cast<int>(p.specs().size()); ++id) {
+    const ParamSpec& spec = p.spec(id);
+    if (!spec.pipeline_copy && writes(spec) && spec.shard_start == 0 && spec.shard_start2 == 0)
+      first += 3;
+  }
+  survivor_tensors_ = all_ranks(first, parallel::ReduceOp::Sum);
+}
+
+void CheckpointManager::write_survivor_state(const std::string& tag) {
+  const auto start = std::chrono::steady_clock::now();
+  auto seconds = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  std::unique_lock<std::mutex> lock(state_mutex_, std::defer_lock);
+  while (!lock.try_lock()) {
+    if (seconds() > 0.5) {
+      spdlog::warn("SIGTERM: no survivors' state written: the optimizer step was under way");
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (live_step_ <= 0 || !survivors_possible()) return;
+  std::vector<ckpt::ShardData> shards;
+  const ParamStore& p = model_.params();
+  for (int id = 0; id < static_cast<int>(p.specs().size()); ++id)
+    if (!p.spec(id).pipeline_copy)
+      for (const StatePart& part : state_parts(id, true))
+        shards.push_back({part.info, part.view.f32()});
+  CheckpointCommitter::Record record = checkpoint_record(live_step_);
+  record.base.optimizer_steps = live_optimizer_steps_;
+  record.base.tensors = survivor_tensors_;
+  const std::string root = roots(cfg_.train).front();
+  try {
+    ckpt::write_survivor(root, world_rank_, tag, record.base, shards,
+                         record.tokenizer ? std::string_view(*record.tokenizer) : std::string_view());
+  } catch (const Error& e) {
+    spdlog::warn("SIGTERM: the survivors' state of step {} not written: {}", live_step_, e.what());
+    return;
+  }
+  spdlog::info("SIGTERM: the survivors' state of step {} written to {} in {:.3f} s", live_step_,
+               ckpt::survivors_dir(root, live_step_, tag), seconds());
+}
+
 void CheckpointManager::finish_run() {
   // Blocked time while training; the last snapshot's flush at exit is reported apart.
   const double blocked = blocked_seconds();
   commit_pending(true);
   if (saves_ > 0) report(blocked, blocked_seconds() - blocked);
+  // Survivors' states an earlier attempt left that were not adopted: older than the last
+  // checkpoint now, they go (adopt_survivors).
+  if (saves_ > 0 && world_rank_ == 0)
+    for (const std::string& line : ckpt::adopt_survivors(roots(cfg_.train).front()))
+      spdlog::info("{}", line);
   // <ckpt_dir>/recycled goes.
   if (!cfg_.checkpoint.recycle_files || saves_ == 0) return;
   saver_.wait_for_removal();            // the last retired files may still be moving into the pool

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
@@ -115,6 +116,22 @@ class CheckpointManager {
   void updated();
   void before_params_written();
 
+  // The survivors' state (ckpt::write_survivor, train/survivor_save.h). The optimizer step
+  // holds writing_state() while it writes parameters and moments, and before letting go says
+  // which step they now are at (live_step). write_survivor_state(), on SurvivorSave's thread:
+  // this rank's whole state (its replicas' copies too) into the first checkpoint level's
+  // survivors' directory for this job (`tag`, the same on every rank); nothing when the
+  // optimizer does not let go within half a second (a rank that died in the middle of its
+  // collectives leaves them half written), when the state is on a device or on NVMe (not
+  // read from this thread), or before the first step. Says what it did in one line.
+  std::unique_lock<std::mutex> writing_state() { return std::unique_lock<std::mutex>(state_mutex_); }
+  void live_step(int64_t step);
+  void write_survivor_state(const std::string& tag);
+  // Whether write_survivor_state() can write at all (host state, no NVMe, saves on).
+  bool survivors_possible() const;
+  // Before write_survivor_state(): the whole state's count of tensors (collective).
+  void count_survivor_tensors();
+
   // Whether this rank's copy of a parameter goes to the checkpoint (the first replica of
   // each shard writes it; the weight dumps follow the same rule).
   bool writes(const ParamSpec& spec) const;
@@ -202,6 +219,9 @@ class CheckpointManager {
   // spare one (snapshot_in_spare_).
   bool swap_snapshots_ = false, swap_pending_ = false, snapshot_in_spare_ = false;
   int64_t saves_ = 0;
+  std::mutex state_mutex_;  // writing_state()
+  int64_t live_step_ = -1, live_optimizer_steps_ = 0;
+  int64_t survivor_tensors_ = -1;
 };
 
 }  // namespace pentad

@@ -185,13 +185,19 @@ StepStats Trainer::train_step(int64_t step, const std::function<void()>& after_b
   s.skipped = !std::isfinite(s.loss) || !std::isfinite(s.grad_norm);
   if (s.skipped) {
     if (cfg_.model.is_moe()) model_->take_moe_stats();  // this batch's routing counts nothing
+    const auto writing = checkpoints_->writing_state();
+    checkpoints_->live_step(step + 1);
     s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return s;
   }
   clip_grads(s.grad_norm);
   adapt_pipeline_group(step);
-  optimizer_step(s.lr);
-  if (cfg_.model.is_moe()) finish_moe_step(s);
+  {  // the survivors' state (survivor_save.h) is never taken half written
+    const auto writing = checkpoints_->writing_state();
+    optimizer_step(s.lr);
+    if (cfg_.model.is_moe()) finish_moe_step(s);
+    checkpoints_->live_step(step + 1);
+  }
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double tokens = static_cast<double>(t.micro_batch * t.seq_len * t.grad_accum * dp_size_);
   s.tokens_per_second = tokens / s.seconds;

@@ -5,13 +5,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "parallel/activity.h"
 #include "train/sampler.h"
+#include "train/survivor_save.h"
 #include "train/trainer.h"
 
 namespace pentad {
@@ -74,6 +77,17 @@ class StepProgress {
 
 }  // namespace
 
+std::string Trainer::job_tag() {
+  // World rank 0's clock at this call, in microseconds, on every rank.
+  double us = 0;
+  if (world_rank_ == 0)
+    us = std::round(std::chrono::duration<double, std::micro>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count());
+  if (mesh_) mesh_->world().all_reduce(view_of(&us, Shape{1}, DType::F64));
+  return fmt::format("{:x}", int64_t(us));
+}
+
 void Trainer::run() {
   const TrainConfig& t = cfg_.train;
   log_plan();
@@ -103,6 +117,14 @@ void Trainer::run() {
   parallel::activity_run_started(start_step_);  // the fault monitor starts reporting
   blocked_reported_ = checkpoints_->blocked_seconds();
   StepProgress progress(logs() ? 10.0 : 0.0, last);
+  // SIGTERM meanwhile (mpirun after a rank died; pentad launch ending the job): this rank's
+  // state written for a restart to take (survivor_save.h), tagged with this job's start.
+  std::optional<SurvivorSave> survivors;
+  if (checkpoints_->survivors_possible()) {
+    checkpoints_->count_survivor_tensors();
+    checkpoints_->live_step(start_step_);
+    survivors.emplace([this, tag = job_tag()] { checkpoints_->write_survivor_state(tag); });
+  }
   for (int64_t step = start_step_; step < last; ++step) {
     std::function<void()> dump;
     if (step == start_step_ && !dump_grads_dir_.empty())
@@ -133,6 +155,7 @@ void Trainer::run() {
     if (eval && ((step + 1) % t.eval_every == 0 || step + 1 == last)) report_eval(step, evaluate());
     if (sampler && (step + 1) % t.sample_every == 0) sampler->print(*model_, step + 1);
   }
+  survivors.reset();
   if (!samples_dir_.empty()) write_sample_ids();
   checkpoints_->finish_run();
   // The process's own high-water mark, against the memory plan printed at the start.
