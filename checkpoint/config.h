@@ -19,6 +19,11 @@ struct CheckpointConfig {  // [checkpoint]
   // blocks freed and new ones allocated (ext4: half the write time, and no deletion).
   // The folder goes at the end of the run.
   bool recycle_files = true;
+  // On SIGTERM (mpirun ending the ranks after one died, pentad launch ending a job) each rank
+  // writes its live state, its replicas' copies too, into <ckpt_dir>/step-<N>.survivors.<job>;
+  // --resume latest adopts it as a checkpoint where the ranks' files hold all of it (every
+  // shard had a replica that lived), so the restart redoes no step (train/survivor_save.h).
+  bool survivors = true;
 };
 
 }  // namespace pentad

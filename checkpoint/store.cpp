@@ -399,8 +399,8 @@ std::string base_file(const std::string& dir, int rank) {
 
 // A shard's place in its tensor: two ranks holding the same place hold the same values.
 auto place_of(const ShardInfo& s) {
-  return std::tuple(s.name, s.shard_dim, s.shard_start, s.shard_dim2, s.shard_start2,
-                    s.row_start, s.local_shape.dims);
+  return std::tuple(s.name, s.shard_dim, s.shard_start, s.shard_dim2, s.shard_start2, s.row_start,
+                    s.local_shape.dims);
 }
 
 // The survivors' directory `dir` of `step` made the committed checkpoint of its step, if its
@@ -450,8 +450,8 @@ std::string adopt(const std::string& root, const std::string& dir, int64_t step,
   manifest.tensors = -1;
   manifest.checksum = checksum_name(kWrittenChecksum);
   manifest.shards = std::move(entries);
-  const bool carried = !manifest.tokenizer_file.empty() &&
-                       fs::is_regular_file(dir + "/" + manifest.tokenizer_file);
+  const bool carried =
+      !manifest.tokenizer_file.empty() && fs::is_regular_file(dir + "/" + manifest.tokenizer_file);
   if (!carried && committed && !committed->tokenizer_file.empty()) {
     manifest.tokenizer_file = committed->tokenizer_file;
     manifest.tokenizer_sha256 = committed->tokenizer_sha256;
@@ -522,10 +522,11 @@ std::vector<std::string> adopt_survivors(const std::string& root) {
       why = e.what();
     }
     if (why.empty()) {
-      said.push_back(fmt::format("the survivors' state of step {} adopted as {} (the newest "
-                                 "before it: {})",
-                                 step, checkpoint_dir(root, step),
-                                 newest < 0 ? std::string("none") : committed.front().second));
+      said.push_back(
+          fmt::format("the survivors' state of step {} adopted as {} (the newest "
+                      "before it: {})",
+                      step, checkpoint_dir(root, step),
+                      newest < 0 ? std::string("none") : committed.front().second));
       // Older survivors' directories: no newer than what was adopted.
       for (const auto& [older, other] : found)
         if (older <= step && other != dir) fs::remove_all(other, ec);

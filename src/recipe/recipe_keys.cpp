@@ -317,6 +317,9 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(checkpoint, recycle_files, any(),
                  "Reuse retired checkpoints' rank files (in <ckpt_dir>/recycled) for the next "
                  "saves"),
+      PENTAD_KEY(checkpoint, survivors, any(),
+                 "On SIGTERM, write this rank's state for --resume latest to take where the ranks "
+                 "left hold all of it (host state only)"),
   };
   return table;
 }

@@ -6,8 +6,8 @@
 
 #include <chrono>
 #include <filesystem>
-#include <thread>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "core/device_memory.h"
 #include "recipe/recipe.h"
@@ -242,9 +242,9 @@ void CheckpointManager::live_step(int64_t step) {
 }
 
 bool CheckpointManager::survivors_possible() const {
-  return cfg_.train.save_every > 0 && model_.params().device() == Device::CPU &&
-         optimizer_.state_device() == Device::CPU && !optimizer_.offloaded() &&
-         !optimizer_.params_offloaded();
+  return cfg_.checkpoint.survivors && cfg_.train.save_every > 0 &&
+         model_.params().device() == Device::CPU && optimizer_.state_device() == Device::CPU &&
+         !optimizer_.offloaded() && !optimizer_.params_offloaded();
 }
 
 void CheckpointManager::count_survivor_tensors() {
@@ -284,8 +284,9 @@ void CheckpointManager::write_survivor_state(const std::string& tag) {
   record.base.tensors = survivor_tensors_;
   const std::string root = roots(cfg_.train).front();
   try {
-    ckpt::write_survivor(root, world_rank_, tag, record.base, shards,
-                         record.tokenizer ? std::string_view(*record.tokenizer) : std::string_view());
+    ckpt::write_survivor(
+        root, world_rank_, tag, record.base, shards,
+        record.tokenizer ? std::string_view(*record.tokenizer) : std::string_view());
   } catch (const Error& e) {
     spdlog::warn("SIGTERM: the survivors' state of step {} not written: {}", live_step_, e.what());
     return;

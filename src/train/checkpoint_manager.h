@@ -124,7 +124,9 @@ class CheckpointManager {
   // optimizer does not let go within half a second (a rank that died in the middle of its
   // collectives leaves them half written), when the state is on a device or on NVMe (not
   // read from this thread), or before the first step. Says what it did in one line.
-  std::unique_lock<std::mutex> writing_state() { return std::unique_lock<std::mutex>(state_mutex_); }
+  std::unique_lock<std::mutex> writing_state() {
+    return std::unique_lock<std::mutex>(state_mutex_);
+  }
   void live_step(int64_t step);
   void write_survivor_state(const std::string& tag);
   // Whether write_survivor_state() can write at all (host state, no NVMe, saves on).

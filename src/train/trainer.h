@@ -171,7 +171,7 @@ class Trainer {
   void write_sample_ids() const;                    // dump_sample_ids()
   int all_ranks(int value, parallel::ReduceOp op);  // over the world; value alone on one rank
   std::string job_tag();  // the same on every rank of this job, another for the next (collective)
-  double all_reduce_dp(double value);               // sum over dp of the mean over cp
+  double all_reduce_dp(double value);  // sum over dp of the mean over cp
   int64_t skipped_steps_ = 0;
   double all_reduce_pp(double value);  // sum over the pipeline stages
   // Adaptive kFkB (parallel/pp/adaptive.h): re-chooses the group size k from this step's
