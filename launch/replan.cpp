@@ -75,7 +75,7 @@ Replan replan(const std::vector<std::string>& command, const json& layout, int w
     *why = e.what();
     return r;
   }
-  r.steps = cfg.train.steps;
+  r.steps = cfg.train.stop_at > 0 ? std::min(cfg.train.stop_at, cfg.train.steps) : cfg.train.steps;
   cfg.train.global_batch = r.global_batch;
   cfg.parallel.topology.clear();
   auto target = [&](int n) {

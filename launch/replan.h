@@ -27,7 +27,7 @@ struct Replan {
   double predicted_before_s = 0;            // the old layout's step on the old ranks (0: none)
   double predicted_after_s = 0;
   int64_t global_batch = 0;  // sequences per step, before and after
-  int64_t steps = 0;         // the recipe's train.steps
+  int64_t steps = 0;         // where the job stops: train.steps (train.stop_at if sooner)
   std::string note;          // one line for the log
 };
 
