@@ -17,7 +17,8 @@
 //                Each backward is split into B, the input gradient the stage below waits
 //                for, and W, the weight gradient, which waits to fill what would be bubble.
 //                ZB-H1 keeps 1F1B's order of forwards and Bs and holds at most p micro-
-//                batches on any stage (1F1B's stage 0): bubble about (p-1) / (3m + p-1) with
+//                batches on any stage (1F1B's stage 0), fewer where a stage's are larger
+//                (ScheduleSpec::zb_held_limits): bubble about (p-1) / (3m + p-1) with
 //                F = B = W. ZB-V runs two chunks per stage placed in a V, so the first stage
 //                also holds the loss, and holds at most 2p chunk passes (1F1B's peak): its
 //                bubble nears zero. A micro-batch's activations stay until its W.
@@ -45,6 +46,11 @@ struct ScheduleSpec {
   // and W (3 * stages values, any unit), then one transfer; empty: F = B = W and free
   // transfers (the papers' unit costs). The trainer sets them from measured passes.
   std::vector<double> zb_costs = {};
+  // ZB-H1 only: per stage, the most micro-batches held from forward to W, at least 1F1B's
+  // p - s (its order of forwards and Bs needs them); empty: p on every stage. Set where the
+  // stages' slots differ in size (zero_bubble_held_limits), so no stage holds more bytes than
+  // 1F1B's fullest one.
+  std::vector<int> zb_held_limits = {};
   // Whether backward runs as B and W (the zero-bubble schedules); where chunks sit.
   bool splits_backward() const { return kind == ScheduleKind::ZBH1 || kind == ScheduleKind::ZBV; }
   ChunkPlacement placement() const { return {stages, virtual_stages, kind == ScheduleKind::ZBV}; }
@@ -79,6 +85,12 @@ std::vector<std::vector<Action>> schedule_actions(const ScheduleSpec& spec);
 // The zero-bubble schedules' lists, every stage's (parallel/pp/zero_bubble.cpp).
 std::vector<std::vector<Action>> zero_bubble_lists(const ScheduleSpec& spec);
 std::vector<Action> zero_bubble_stage_list(const ScheduleSpec& spec, int stage);  // one stage's
+// ZB-H1's limits (ScheduleSpec::zb_held_limits) for stages whose slots, one micro-batch's
+// activations, take slot_bytes[s]: stage s holds at most what 1F1B's fullest stage does,
+// max over s of (p - s) x slot_bytes[s], and at most p micro-batches. With equal slots (or
+// smaller ones further down) that is p everywhere, and the answer is empty. The last stage,
+// whose slots also keep the head's activations, usually holds fewer.
+std::vector<int> zero_bubble_held_limits(const std::vector<double>& slot_bytes);
 
 // Micro-batch activations alive at once on a stage running `actions` (a forward acquires
 // one set, its backward, or its W, frees it): the peak over the step.

@@ -3,7 +3,8 @@
 // papers' unit costs), each stage choosing its next pass when the last one ends:
 //   ZB-H1: 1F1B's order of forwards and Bs. A W runs when the next of those has no input
 //          yet (what 1F1B would spend waiting) or when the next forward would hold more
-//          than p micro-batches (1F1B's peak, on stage 0); the Ws left run at the end.
+//          micro-batches than the stage's limit (p, 1F1B's peak on stage 0; fewer where a
+//          stage's slots are larger, ScheduleSpec::zb_held_limits); the Ws left run at the end.
 //   ZB-V:  among what is ready, by one of two priorities: a B before a forward (the B-first
 //          list) or a forward before a B (forward-first), then a W. A B takes the oldest
 //          micro-batch (on a tie the chunk deeper in the model, whose gradient has further
@@ -19,6 +20,8 @@
 // real costs: a pass only ever waits for passes that come before it in that run. Each
 // chunk's Ws run in micro-batch order (oldest first) in every list, so a parameter's
 // gradient sums its micro-batches in one order whatever the costs the lists were built for.
+#include <algorithm>
+#include <cmath>
 #include <deque>
 #include <functional>
 #include <initializer_list>
@@ -62,6 +65,13 @@ class ZbReplay {
     PENTAD_CHECK(spec.zb_costs.empty() || spec.zb_costs.size() == 3 * p + 1,
                  "zero-bubble costs: {} values for {} stages (3 per stage and a transfer)",
                  spec.zb_costs.size(), p);
+    const std::vector<int>& limits = spec.zb_held_limits;
+    PENTAD_CHECK(limits.empty() || (spec.kind == ScheduleKind::ZBH1 && limits.size() == p),
+                 "{}: {} held limits for {} stages", schedule_name(spec.kind), limits.size(), p);
+    for (int s = 0; s < int(limits.size()); ++s)  // below p - s 1F1B's order cannot run
+      PENTAD_CHECK(limits[size_t(s)] >= spec.stages - s,
+                   "zb-h1: stage {} may hold {} micro-batches, 1F1B's order needs {}", s,
+                   limits[size_t(s)], spec.stages - s);
     costs_ = spec.zb_costs;
     if (costs_.empty()) {
       costs_.assign(3 * p + 1, 1.0);
@@ -164,8 +174,9 @@ class ZbReplay {
     return false;
   }
   bool choose_h1(int s, const ZbStage& st, double now, Action& a) const {
-    const bool weight_due = st.next < st.order.size() &&
-                            st.order[st.next].type == Action::Forward && st.held >= spec_.stages;
+    const int limit = spec_.zb_held_limits.empty() ? spec_.stages : spec_.zb_held_limits[size_t(s)];
+    const bool weight_due =
+        st.next < st.order.size() && st.order[st.next].type == Action::Forward && st.held >= limit;
     if (st.next < st.order.size() && !weight_due && ready(s, st.order[st.next], now)) {
       a = st.order[st.next];
       return true;
@@ -273,11 +284,12 @@ using SharedLists = std::shared_ptr<const Lists>;
 // ranking many layouts, for the unit-cost candidates of each (p, m) again and again.
 class KeptLists {
  public:
-  using Key = std::tuple<int, int, int, int, std::vector<double>, int>;
+  using Key = std::tuple<int, int, int, int, std::vector<double>, std::vector<int>, int>;
   template <typename Make>
   SharedLists get(const ScheduleSpec& spec, int variant, const Make& make) {
-    const Key key{int(spec.kind),      spec.stages,   spec.micro_batches,
-                  spec.virtual_stages, spec.zb_costs, variant};
+    const Key key{
+        int(spec.kind),      spec.stages, spec.micro_batches, spec.virtual_stages, spec.zb_costs,
+        spec.zb_held_limits, variant};
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (auto it = kept_.find(key); it != kept_.end()) return it->second;
@@ -338,6 +350,21 @@ std::vector<std::vector<Action>> zero_bubble_lists(const ScheduleSpec& spec) {
 
 std::vector<Action> zero_bubble_stage_list(const ScheduleSpec& spec, int stage) {
   return shared_lists(spec)->at(size_t(stage));
+}
+
+std::vector<int> zero_bubble_held_limits(const std::vector<double>& slot_bytes) {
+  const int p = int(slot_bytes.size());
+  double fullest = 0;  // 1F1B's: stage s holds p - s micro-batches
+  for (int s = 0; s < p; ++s) fullest = std::max(fullest, double(p - s) * slot_bytes[size_t(s)]);
+  std::vector<int> limits;
+  bool all_p = true;
+  for (int s = 0; s < p; ++s) {
+    const double fit = slot_bytes[size_t(s)] > 0 ? fullest / slot_bytes[size_t(s)] : double(p);
+    // (1e-9: p - s slots that are 1F1B's fullest fit exactly, whatever the rounding)
+    limits.push_back(std::clamp(int(std::floor(fit + 1e-9)), p - s, p));
+    all_p = all_p && limits.back() == p;
+  }
+  return all_p ? std::vector<int>{} : limits;
 }
 
 }  // namespace pentad::parallel::pp

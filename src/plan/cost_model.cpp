@@ -347,7 +347,7 @@ parallel::pp::SimResult replay(const Step& step, Stages& stages) {
             links.p2p(parallel::mesh_rank(mesh, 0, 0, 0, st),
                       parallel::mesh_rank(mesh, 0, 0, 0, to), boundary);
   }
-  parallel::pp::ScheduleSpec spec = schedule_spec(cfg);
+  parallel::pp::ScheduleSpec spec = schedule_spec(cfg, mesh);
   if (p == 1) spec = {parallel::pp::ScheduleKind::OneFOneB, 1, spec.micro_batches, 1, 1};
   if (slow > 1) {
     // Oversubscribed cores: the stages of a node share them and a stage waiting for input

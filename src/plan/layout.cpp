@@ -12,6 +12,7 @@
 #include "parallel/pp/pipeline.h"
 #include "parallel/topology.h"
 #include "plan/cost_model.h"
+#include "plan/memory_budget.h"
 
 namespace pentad {
 
@@ -32,6 +33,13 @@ parallel::pp::ScheduleSpec schedule_spec(const Config& cfg) {
   spec.micro_batches = int(cfg.train.grad_accum);
   spec.virtual_stages = int(p.virtual_stages);
   spec.group = int(std::min(p.pp_group, cfg.train.grad_accum));
+  return spec;
+}
+
+parallel::pp::ScheduleSpec schedule_spec(const Config& cfg, const parallel::MeshConfig& mesh) {
+  parallel::pp::ScheduleSpec spec = schedule_spec(cfg);
+  if (spec.kind == parallel::pp::ScheduleKind::ZBH1 && mesh.pp > 1)
+    spec.zb_held_limits = parallel::pp::zero_bubble_held_limits(stage_slot_bytes(cfg, mesh));
   return spec;
 }
 

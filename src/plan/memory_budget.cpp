@@ -17,6 +17,7 @@
 #include "optim/adamw.h"
 #include "parallel/pp/layout.h"
 #include "parallel/pp/pipeline.h"
+#include "plan/layout.h"
 
 namespace pentad {
 namespace {
@@ -194,16 +195,35 @@ struct Holds {
   bool last = false, moe = false, dense = false;
 };
 
-// Each chunk's parameter values and its activation slots (Model::plan_slot), one per
-// micro-batch the schedule keeps in flight on it.
+// One micro-batch's slot of a chunk (Model::plan_slot): layers + 1 residual streams, each
+// layer's activations unless recomputed (an MoE layer's dispatch buffers stay even then,
+// MoeBlock::Acts), the head's on the last chunk; a split backward keeps its output gradients
+// in the slot too, until W (under recompute W's inputs too).
+double chunk_slot_bytes(const Sizes& s, const Config& cfg, const parallel::pp::Chunk& chunk,
+                        bool split) {
+  const double layers = double(chunk.layer_end - chunk.layer_begin);
+  const double moe_layers = moe_layers_in(s.moe, chunk.layer_begin, chunk.layer_end);
+  const double kept =
+      (cfg.model.recompute ? 0 : (layers - moe_layers) * s.layer_acts + moe_layers * s.moe_acts) +
+      moe_layers * s.dispatch;
+  const double deferred = !split ? 0
+                                 : (layers - moe_layers) * s.deferred_layer +
+                                       moe_layers * s.deferred_moe +
+                                       (chunk.first ? s.deferred_first : 0);
+  return s.batch + (layers + 1) * s.resid + kept + (chunk.last ? s.head_acts : 0) + deferred;
+}
+
+// Each chunk's parameter values and its activation slots, one per micro-batch the schedule
+// keeps in flight on it.
 Holds add_chunks(MemoryEstimate& e, const Sizes& s, const Config& cfg,
                  const parallel::MeshConfig& mesh, int stage) {
   const ModelConfig& m = cfg.model;
   const std::vector<parallel::pp::Chunk> chunks = chunks_of_stage(cfg, mesh.pp, stage);
+  const parallel::pp::ScheduleSpec spec = schedule_spec(cfg, mesh);
+  const bool split = mesh.pp > 1 && spec.splits_backward();
+  const bool vee = mesh.pp > 1 && spec.placement().vee;
   std::vector<parallel::pp::Action> actions;
-  const bool split = mesh.pp > 1 && schedule_spec(cfg).splits_backward();
-  const bool vee = mesh.pp > 1 && schedule_spec(cfg).placement().vee;
-  if (mesh.pp > 1) actions = parallel::pp::stage_actions(schedule_spec(cfg), stage);
+  if (mesh.pp > 1) actions = parallel::pp::stage_actions(spec, stage);
   Holds holds;
   for (size_t c = 0; c < chunks.size(); ++c) {
     const parallel::pp::Chunk& chunk = chunks[c];
@@ -230,20 +250,7 @@ Holds add_chunks(MemoryEstimate& e, const Sizes& s, const Config& cfg,
         if (a.chunk == int(c)) mine.push_back(a);
       in_flight = std::max(1, parallel::pp::peak_in_flight(mine));
     }
-    // Layers + 1 residual streams; each layer's activations unless recomputed; the dispatch
-    // buffers stay per micro-batch even under recompute (MoeBlock::Acts).
-    const double kept =
-        (m.recompute ? 0 : (layers - moe_layers) * s.layer_acts + moe_layers * s.moe_acts) +
-        moe_layers * s.dispatch;
-    // A split backward keeps its output gradients in the slot too, until W (under recompute
-    // W's inputs too).
-    const double deferred = !split ? 0
-                                   : (layers - moe_layers) * s.deferred_layer +
-                                         moe_layers * s.deferred_moe +
-                                         (chunk.first ? s.deferred_first : 0);
-    const double slot =
-        s.batch + (layers + 1) * s.resid + kept + (chunk.last ? s.head_acts : 0) + deferred;
-    e.activations += in_flight * slot;
+    e.activations += in_flight * chunk_slot_bytes(s, cfg, chunk, split);
     e.dispatch += in_flight * moe_layers * s.dispatch;
   }
   return holds;
@@ -432,6 +439,18 @@ MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& me
 
 MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& mesh, int stage) {
   return estimate_stage(cfg, mesh, stage, param_table(cfg.model));
+}
+
+std::vector<double> stage_slot_bytes(const Config& cfg, const parallel::MeshConfig& mesh) {
+  const Sizes s = sizes_of(cfg, mesh, param_table(cfg.model));
+  const bool split = mesh.pp > 1 && schedule_spec(cfg).splits_backward();
+  std::vector<double> bytes;
+  for (int stage = 0; stage < mesh.pp; ++stage) {
+    bytes.push_back(0);
+    for (const parallel::pp::Chunk& chunk : chunks_of_stage(cfg, mesh.pp, stage))
+      bytes.back() += chunk_slot_bytes(s, cfg, chunk, split);
+  }
+  return bytes;
 }
 
 }  // namespace pentad

@@ -4,6 +4,7 @@
 // memory plan (Trainer::memory_plan) measures the real arenas afterwards; this estimate
 // lets a recipe that asks for terabytes fail in milliseconds, naming the keys to change.
 #include <string>
+#include <vector>
 
 #include "model/param_table.h"
 #include "parallel/mesh.h"
@@ -44,6 +45,10 @@ MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& me
 int64_t model_parameters(const Config& cfg);
 // The same for the ranks of one pipeline stage.
 MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& mesh, int stage);
+// Per pipeline stage, the activation bytes each micro-batch in flight takes there: its slot
+// of every chunk the stage holds (with a split backward's kept gradients). From the recipe
+// and the mesh alone, so every rank gets the same (zb-h1's held limits, plan/layout.h).
+std::vector<double> stage_slot_bytes(const Config& cfg, const parallel::MeshConfig& mesh);
 
 // The ranks on this machine and what they share. Collective over MPI_COMM_WORLD (one rank
 // alone when MPI is not initialised).

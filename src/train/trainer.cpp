@@ -73,8 +73,10 @@ Trainer::Trainer(const Config& recipe, parallel::Mesh* mesh) : cfg_(recipe), mes
     parallel::Communicator& stages = mesh_->group(parallel::Axis::PP);
     if (cfg.parallel.pp_link_delay_ms > 0)
       stages.set_injection({cfg.parallel.pp_link_delay_ms * 1e-3, -1, 0, /*links_only=*/true});
-    pipeline_ =
-        std::make_unique<parallel::pp::Pipeline>(*wiring_.stage, stages, schedule_spec(cfg));
+    // zb-h1's held limits come from the recipe and the mesh (the memory plan's slot sizes),
+    // so every rank runs the same lists; adapt_zero_bubble keeps them.
+    pipeline_ = std::make_unique<parallel::pp::Pipeline>(*wiring_.stage, stages,
+                                                         schedule_spec(cfg, mesh_->config()));
   }
   const auto bucket_bytes =
       static_cast<size_t>(static_cast<double>(cfg.parallel.bucket_mb) * 1024 * 1024);

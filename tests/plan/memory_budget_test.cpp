@@ -160,7 +160,7 @@ TEST(MemoryBudget, EstimateMatchesTheArenasOfEachStage) {
         layout.push_back({c.layer_begin, c.layer_end, c.first, c.last});
       Model model(cfg.model, cfg.train.micro_batch, cfg.train.seq_len, Sharding{}, layout);
       const std::vector<parallel::pp::Action> actions =
-          parallel::pp::stage_actions(schedule_spec(cfg), stage);
+          parallel::pp::stage_actions(schedule_spec(cfg, mesh), stage);
       for (int c = 0; c < model.chunks(); ++c) {
         std::vector<parallel::pp::Action> mine;
         for (const parallel::pp::Action& a : actions)
@@ -211,9 +211,13 @@ TEST(MemoryBudget, EstimateMatchesTheArenasOfEachZeroBubbleStage) {
     const int tp_degree = int(cfg.parallel.tp);
     const bool sp = cfg.parallel.sequence_parallel;
     const parallel::MeshConfig mesh = mesh_config(cfg, 2 * tp_degree);
-    const parallel::pp::ScheduleSpec spec = schedule_spec(cfg);
+    const parallel::pp::ScheduleSpec spec = schedule_spec(cfg, mesh);
     const std::vector<int64_t> layers =
         parallel::pp::chunk_layers(cfg.model.n_layer, 2, spec.virtual_stages, "");
+    // zb-h1: the last stage's slots, which keep the head's activations too, are larger than
+    // the first stage's, so it holds one micro-batch (1F1B's), not p; zb-v has no limits.
+    const bool h1 = spec.kind == parallel::pp::ScheduleKind::ZBH1;
+    EXPECT_EQ(spec.zb_held_limits, h1 ? std::vector<int>({2, 1}) : std::vector<int>());
     for (int stage = 0; stage < 2; ++stage) {
       SCOPED_TRACE("stage " + std::to_string(stage));
       std::vector<LayerRange> layout;

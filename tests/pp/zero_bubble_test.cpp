@@ -144,6 +144,68 @@ TEST(ZeroBubble, ListsForTheMeasuredCosts) {
   }
 }
 
+// zb-h1's held limits from the stages' slot sizes: what 1F1B's fullest stage holds, at most p.
+TEST(ZeroBubble, HeldLimitsFromSlotBytes) {
+  EXPECT_TRUE(zero_bubble_held_limits({10, 10}).empty());
+  EXPECT_TRUE(zero_bubble_held_limits({10, 10, 9, 8}).empty());
+  EXPECT_TRUE(zero_bubble_held_limits({0, 0}).empty());
+  // The last stage's slots keep the head's activations too (the CPU benchmark: 1.5 MiB more).
+  EXPECT_EQ(zero_bubble_held_limits({34, 35.5}), (std::vector<int>{2, 1}));
+  EXPECT_EQ(zero_bubble_held_limits({17, 17, 17, 18.5}), (std::vector<int>{4, 4, 4, 3}));
+  EXPECT_EQ(zero_bubble_held_limits({10, 10, 10, 20}), (std::vector<int>{4, 4, 4, 2}));
+  EXPECT_EQ(zero_bubble_held_limits({10, 10, 10, 50}), (std::vector<int>{4, 4, 4, 1}));
+  // A larger middle stage is 1F1B's fullest (3 x 30): it keeps 1F1B's 3, the rest p.
+  EXPECT_EQ(zero_bubble_held_limits({10, 30, 10, 10}), (std::vector<int>{4, 3, 4, 4}));
+}
+
+// Lists built under any limits from 1F1B's p - s to p, for any costs, hold no more than
+// their limits and run without deadlock at any other costs.
+TEST(ZeroBubble, NoDeadlockUnderHeldLimits) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> cost(0.1, 3.0);
+  for (int p : {2, 3, 4, 8})
+    for (int m : {1, 2, 4, 8, 16})
+      for (int trial = 0; trial < 4; ++trial) {
+        ScheduleSpec spec{ScheduleKind::ZBH1, p, m, 1, 1};
+        for (int s = 0; s < p; ++s)
+          spec.zb_held_limits.push_back(std::uniform_int_distribution<int>(p - s, p)(rng));
+        if (trial > 0)
+          for (int i = 0; i < 3 * p + 1; ++i) spec.zb_costs.push_back(cost(rng));
+        SimCosts costs;
+        for (int s = 0; s < p; ++s) {
+          costs.forward_seconds.push_back(cost(rng));
+          costs.weight_seconds.push_back(cost(rng));
+          costs.backward_seconds.push_back(costs.weight_seconds.back() + cost(rng));
+        }
+        costs.transfer_seconds = cost(rng) / 4;
+        const std::string label =
+            fmt::format("{} limits {}", zb_label(spec), fmt::join(spec.zb_held_limits, ","));
+        const SimResult r = simulate(spec, costs);
+        EXPECT_FALSE(r.deadlock) << label;
+        for (int s = 0; s < p; ++s) {
+          EXPECT_LE(r.peak_in_flight[size_t(s)], spec.zb_held_limits[size_t(s)]) << label;
+          EXPECT_EQ(stage_actions(spec, s).size(), size_t(3 * m)) << label;
+        }
+        costs.core_share = 1.0;
+        costs.stages_per_node = 2;
+        EXPECT_FALSE(simulate(spec, costs).deadlock) << label << " on shared cores";
+      }
+}
+
+// The last stage held to p - 1 (the CPU benchmark's slots: p 2 and 4) costs one pass at unit
+// costs, the W it can no longer put off: a step of 3m + p instead of 3m + p - 1.
+TEST(ZeroBubble, HeldLimitOnTheLastStageCostsOnePass) {
+  for (int p : {2, 4, 8})
+    for (int m : {8, 16}) {
+      ScheduleSpec spec{ScheduleKind::ZBH1, p, m, 1, 1};
+      spec.zb_held_limits.assign(size_t(p), p);
+      spec.zb_held_limits.back() = p - 1;
+      const SimResult r = simulate(spec, zero_bubble_sim_costs(spec));
+      EXPECT_NEAR(r.step_seconds, 3.0 * m + p, 1e-9) << zb_label(spec);
+      EXPECT_EQ(r.peak_in_flight.back(), p - 1) << zb_label(spec);
+    }
+}
+
 TEST(ZeroBubble, VPlacement) {
   const ChunkPlacement v{4, 2, true};
   EXPECT_EQ(v.virtual_stage(0, 0), 0);
