@@ -43,10 +43,10 @@ std::map<std::string, std::string> fields_of(const json& layout, const Config& c
 }
 
 // All three: `grow_to` 0 re-plans for at most world - lost ranks, else for exactly grow_to;
-// `slow` (not null) slows that link of the planner's topology.
+// `slow`: links of the planner's topology to slow.
 Replan replan(const std::vector<std::string>& command, const json& layout, int world, int lost,
-              int grow_to, const parallel::SlowLink* slow, const ReplanMachine& machine,
-              std::string* why) {
+              int grow_to, const std::vector<parallel::SlowLink>& slow,
+              const ReplanMachine& machine, std::string* why) {
   Replan r;
   const size_t train_at = pentad_train_at(command);
   const RankCount count = find_rank_count(command, train_at);
@@ -80,8 +80,8 @@ Replan replan(const std::vector<std::string>& command, const json& layout, int w
   cfg.parallel.topology.clear();
   auto target = [&](int n) {
     PlanTarget t = plan_target(machine.cluster, machine.calibration_path, cfg, n);
-    if (slow && std::max(slow->a, slow->b) < t.topology.ranks)
-      t.topology.slow_link(slow->a, slow->b, slow->factor);
+    for (const parallel::SlowLink& l : slow)
+      if (std::max(l.a, l.b) < t.topology.ranks) t.topology.slow_link(l.a, l.b, l.factor);
     return t;
   };
   try {  // the old layout as the planner sees it (around a slow link: what the gain is against)
@@ -92,7 +92,7 @@ Replan replan(const std::vector<std::string>& command, const json& layout, int w
     r.predicted_before_s = before.prediction.step_seconds;
     r.layout_before = before.layout.label();
   } catch (const Error& e) {
-    if (slow) {
+    if (!slow.empty()) {
       *why = fmt::format("the job's own layout could not be predicted ({})", e.what());
       return r;
     }
@@ -119,13 +119,16 @@ Replan replan(const std::vector<std::string>& command, const json& layout, int w
     drop_override(r.command, s.substr(0, s.find('=')), train_at);
     r.command.insert(r.command.end(), {"--set", s});
   }
+  std::string what = grow_to > 0 ? fmt::format("all {} ranks, back", grow_to)
+                                 : fmt::format("the {} ranks that remain", remaining);
+  if (slow.size() == 1)
+    what = fmt::format("link {}-{} {:.3g}x slower", slow[0].a, slow[0].b, slow[0].factor);
+  else if (!slow.empty())
+    what = fmt::format("{} links {:.3g}x slower", slow.size(), slow[0].factor);
   r.note = fmt::format(
       "re-planned for {}: {} on {} ranks -> {} on {} ranks, global batch {} sequences kept; "
       "predicted step {:.3g} s -> {:.3g} s",
-      slow          ? fmt::format("link {}-{} {:.3g}x slower", slow->a, slow->b, slow->factor)
-      : grow_to > 0 ? fmt::format("all {} ranks, back", grow_to)
-                    : fmt::format("the {} ranks that remain", remaining),
-      r.layout_before.empty() ? std::string("the old layout") : r.layout_before, world,
+      what, r.layout_before.empty() ? std::string("the old layout") : r.layout_before, world,
       r.layout_after, best_ranks, r.global_batch, r.predicted_before_s, r.predicted_after_s);
   return r;
 }
@@ -134,18 +137,18 @@ Replan replan(const std::vector<std::string>& command, const json& layout, int w
 
 Replan replan_after_loss(const std::vector<std::string>& command, const json& layout, int world,
                          int lost, const ReplanMachine& machine, std::string* why) {
-  return replan(command, layout, world, lost, 0, nullptr, machine, why);
+  return replan(command, layout, world, lost, 0, {}, machine, why);
 }
 
 Replan replan_to(const std::vector<std::string>& command, const json& layout, int world, int ranks,
                  const ReplanMachine& machine, std::string* why) {
-  return replan(command, layout, world, 0, ranks, nullptr, machine, why);
+  return replan(command, layout, world, 0, ranks, {}, machine, why);
 }
 
 Replan replan_around(const std::vector<std::string>& command, const json& layout, int world,
-                     const parallel::SlowLink& link, const ReplanMachine& machine,
+                     const std::vector<parallel::SlowLink>& links, const ReplanMachine& machine,
                      std::string* why) {
-  return replan(command, layout, world, 0, world, &link, machine, why);
+  return replan(command, layout, world, 0, world, links, machine, why);
 }
 
 }  // namespace pentad::launch

@@ -50,12 +50,12 @@ Replan replan_after_loss(const std::vector<std::string>& command, const nlohmann
 Replan replan_to(const std::vector<std::string>& command, const nlohmann::json& layout, int world,
                  int ranks, const ReplanMachine& machine, std::string* why);
 
-// Around a slow link: every layout of the same `world` ranks planned with `link` slowed as it
-// was measured (the planner's topology with that link `factor` times slower); the job's own
-// layout is predicted on that topology too (predicted_before_s). layout_after equal to
-// layout_before: the job already runs the best.
+// Around a slow link: every layout of the same `world` ranks planned with `links` slowed as
+// measured (the planner's topology with each `factor` times slower: one pair, or every pair
+// between two hosts); the job's own layout is predicted on that topology too
+// (predicted_before_s). layout_after equal to layout_before: the job already runs the best.
 Replan replan_around(const std::vector<std::string>& command, const nlohmann::json& layout,
-                     int world, const parallel::SlowLink& link, const ReplanMachine& machine,
-                     std::string* why);
+                     int world, const std::vector<parallel::SlowLink>& links,
+                     const ReplanMachine& machine, std::string* why);
 
 }  // namespace pentad::launch

@@ -81,8 +81,19 @@ std::optional<std::vector<std::string>> Supervisor::replanned(
 // saves the step's predicted ratio (slowed layout to the re-planned one) of the measured step
 // over the steps left. Restart when the saving is --replan-gain times the cost.
 bool Supervisor::around_slow_link(const Detection& d, const Detector& detector) {
+  // Between two hosts, a throttled host link slows every pair across it (the detector names
+  // the first it finds): all of them are slowed.
+  std::vector<parallel::SlowLink> links = {{d.culprit[0], d.culprit[1], d.factor}};
+  if (!d.peer_host.empty()) {
+    links.clear();
+    for (const auto& [a, ra] : detector.ranks())
+      for (const auto& [b, rb] : detector.ranks())
+        if (a < b && ((ra.host == d.host && rb.host == d.peer_host) ||
+                      (ra.host == d.peer_host && rb.host == d.host)))
+          links.push_back({a, b, d.factor});
+  }
   std::string why;
-  const Replan r = replan_around(command_, layout_, world_, {d.culprit[0], d.culprit[1], d.factor},
+  const Replan r = replan_around(command_, layout_, world_, links,
                                  {o_.replan_cluster, default_calibration_path()}, &why);
   nlohmann::json e = {{"event", "action"},    {"action", "replan"},
                       {"cause", "slow link"}, {"link", d.culprit},

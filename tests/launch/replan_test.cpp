@@ -103,7 +103,7 @@ TEST(Replan, AroundASlowLinkKeepsTheRanksAndLeavesTheLinkOutOfEveryGroup) {
                                  {"ep", 1}, {"etp", 1}, {"micro_batch", 2}, {"grad_accum", 2}};
   std::string why;
   const Replan r =
-      pentad::launch::replan_around(c, layout, 4, {1, 2, 100.0}, {"dgx-h100", ""}, &why);
+      pentad::launch::replan_around(c, layout, 4, {{1, 2, 100.0}}, {"dgx-h100", ""}, &why);
   ASSERT_FALSE(r.command.empty()) << why;
   EXPECT_EQ(r.ranks_before, 4);
   EXPECT_EQ(r.ranks_after, 4);
