@@ -1,6 +1,7 @@
 // The zero-bubble schedules (parallel/pp/zero_bubble.cpp): every pass once as F, B and W in
-// a feasible order, the memory each promises (ZB-H1: 1F1B's peak of p micro-batches; ZB-V:
-// 2p half-size chunk passes), and their bubbles under the papers' unit costs.
+// a feasible order, the memory each promises (ZB-H1: 1F1B's peak of p micro-batches, fewer
+// on a stage whose slots are larger; ZB-V: 2p half-size chunk passes), and their bubbles
+// under the papers' unit costs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
