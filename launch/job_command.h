@@ -24,6 +24,15 @@ struct RankCount {
 };
 RankCount find_rank_count(const std::vector<std::string>& command, size_t train_at);
 
+// The command with `host` left out of the launcher's hosts, for a restart after that host
+// failed: mpirun's --hostfile/--machinefile FILE (a copy without the host's lines, written as
+// FILE.without-HOST) and --host/-H LIST (its entries for the host dropped), by the name the
+// host's ranks reported; srun's --exclude= (the host added). `note` says what changed (""
+// where nothing named the host: a launcher that places ranks by itself, or a list that names
+// it otherwise, by address).
+std::vector<std::string> without_host(const std::vector<std::string>& command,
+                                      const std::string& host, std::string* note);
+
 // The recipe's overrides on the pentad command, in order ("--set K=V" and bare "K=V").
 std::vector<std::string> recipe_overrides(const std::vector<std::string>& command, size_t train_at);
 

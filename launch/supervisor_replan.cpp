@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <limits>
 
+#include "launch/job_command.h"
 #include "launch/replan.h"
 #include "launch/supervisor_internal.h"
 #include "plan/calibration.h"
@@ -72,7 +73,20 @@ std::optional<std::vector<std::string>> Supervisor::replanned(
     return std::nullopt;
   }
   adopt(r);
-  return r.command;
+  if (!fault.host_fault()) return r.command;
+  // The ranks that remain run on the other hosts: the launcher's host list without this one.
+  std::string note;
+  std::vector<std::string> elsewhere = without_host(r.command, fault.host, &note);
+  event({{"event", "action"},
+         {"action", "exclude_host"},
+         {"host", fault.host},
+         {"seconds", 0.0},
+         {"rewrite", note}});
+  say(note.empty() ? fmt::format("--replan: the job command names no host list with {} in it; "
+                                 "the launcher places the {} ranks",
+                                 fault.host, r.ranks_after)
+                   : fmt::format("--replan: {} left out: {}", fault.host, note));
+  return elsewhere;
 }
 
 // The planner asked for the same ranks with the link slowed as the detector measured it; a

@@ -99,8 +99,15 @@ int Supervisor::run() {
     command_ = command;
     attempt_at_ = now();
     first_step_at_.reset();
-    Job job(command,
-            {{"PENTAD_MONITOR", monitor_}, {"PENTAD_LAUNCH_ATTEMPT", std::to_string(attempt_)}});
+    std::vector<std::pair<std::string, std::string>> env = {
+        {"PENTAD_MONITOR", monitor_}, {"PENTAD_LAUNCH_ATTEMPT", std::to_string(attempt_)}};
+    // mpirun ends the ranks with SIGTERM after one died, then SIGKILL 1 s later by default:
+    // too soon for the survivors to write their state (fsyncs of several ranks at once took
+    // longer on the hosts testbed). Unless the user set it, the ranks get 10 s (the
+    // supervisor's own ending, Job::terminate, waits up to 3 s for its local ranks).
+    if (!std::getenv("OMPI_MCA_odls_base_sigkill_timeout"))
+      env.emplace_back("OMPI_MCA_odls_base_sigkill_timeout", "10");
+    Job job(command, env);
     Detection fault;
     const End end = run_attempt(job, detector, &fault);
     if (end == End::kDone) return exit_with(0, restarts);
@@ -248,7 +255,8 @@ std::optional<int> Supervisor::wait_to_restart(const RestartPolicy::Decision& de
       return 128 + g_stop_signal;
     }
     const StoreCheck c = stores.blocked(ckpt_step, committed_before_);
-    const bool host_away = fault.host_fault() && !host_answers(fault.host, 0.5);
+    // Under --replan the restart leaves a failed host out: nothing to wait for.
+    const bool host_away = fault.host_fault() && !o_.replan && !host_answers(fault.host, 0.5);
     if (host_away && !waiting_for_host) {
       waiting_for_host = true;
       event({{"event", "wait"},

@@ -5,8 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
+
+#include "launch/job_command.h"
 
 using pentad::launch::Replan;
 using pentad::launch::replan_after_loss;
@@ -124,4 +128,30 @@ TEST(Replan, AroundASlowLinkKeepsTheRanksAndLeavesTheLinkOutOfEveryGroup) {
   int differ = 0;
   for (size_t i = 0; i < 4; ++i) differ += coords(1)[i] != coords(2)[i];
   EXPECT_GE(differ, 2) << r.layout_after;
+}
+
+// After a host fault the restart's launcher leaves the host out: mpirun's hostfile (a copy
+// without its lines) and --host list, srun's --exclude.
+TEST(Replan, ALostHostLeavesTheLaunchersHostList) {
+  const std::string hostfile = ::testing::TempDir() + "replan_hostfile";
+  { std::ofstream(hostfile) << "h0 slots=4\n  h1 slots=4\nh10 slots=4\n"; }
+  std::string note;
+  const std::vector<std::string> mpirun =
+      pentad::launch::without_host({"mpirun", "--hostfile", hostfile, "-H", "h1:4,h0:4", "-np", "8",
+                                    "pentad", "train", "r.toml"},
+                                   "h1", &note);
+  EXPECT_EQ(mpirun[2], hostfile + ".without-h1");
+  std::ifstream copy(mpirun[2]);
+  const std::string kept((std::istreambuf_iterator<char>(copy)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(kept, "h0 slots=4\nh10 slots=4\n");
+  EXPECT_EQ(mpirun[4], "h0:4");
+  EXPECT_NE(note.find("without h1"), std::string::npos) << note;
+  const std::vector<std::string> srun = pentad::launch::without_host(
+      {"srun", "--exclude=n3", "-n", "8", "pentad", "train", "r.toml"}, "n7", &note);
+  EXPECT_EQ(srun[1], "--exclude=n3,n7");
+  // A list that does not name the host (an address): left as it is, and said.
+  const std::vector<std::string> other = {
+      "mpirun", "-H", "10.0.0.1,10.0.0.2", "-np", "2", "pentad", "train", "r.toml"};
+  EXPECT_EQ(pentad::launch::without_host(other, "h1", &note), other);
+  EXPECT_TRUE(note.empty());
 }
