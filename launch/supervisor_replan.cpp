@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <limits>
+#include <vector>
 
 #include "launch/job_command.h"
 #include "launch/replan.h"
@@ -19,6 +20,8 @@ namespace {
 // Steps on a re-planned layout before its step time is taken (the detector's median is over
 // the last 20 steps of each rank; the first steps after a resume warm up).
 constexpr int64_t kMeasureSteps = 10;
+// Around a slow link only when the steps run this many times slower than before it.
+constexpr double kSlowerSteps = 1.2;
 
 }  // namespace
 
@@ -125,6 +128,20 @@ bool Supervisor::around_slow_link(const Detection& d, const Detector& detector) 
     resumed = std::max(resumed, rs.resume_step);
   }
   const double measured = detector.median_step_seconds();
+  // What the steps took before the link's first sign (the ranks' recent steps seen before
+  // it): a link that reads slow while the steps do not run slower costs too little to
+  // re-plan for. A pipeline's small transfers read slower per MB than a ring's large
+  // chunks by nature (the soak's grown pp 2 x dp 4 once read link 0-4 "slow" so).
+  std::vector<double> before;
+  for (const auto& [rank, rs] : detector.ranks())
+    for (const StepRecord& h : rs.history)
+      if (h.seen_at < d.first_sign_at && h.step > rs.resume_step + 1)
+        before.push_back(h.step_seconds);
+  double usual = 0;
+  if (!before.empty()) {
+    std::nth_element(before.begin(), before.begin() + long(before.size() / 2), before.end());
+    usual = before[before.size() / 2];
+  }
   const double ratio = r.predicted_before_s > 0 ? r.predicted_after_s / r.predicted_before_s : 1.0;
   const int64_t lost = step - std::max(ckpt, resumed);
   const double startup = first_step_at_ ? *first_step_at_ - attempt_at_ : 0.0;
@@ -140,8 +157,18 @@ bool Supervisor::around_slow_link(const Detection& d, const Detector& detector) 
             {"global_batch", r.global_batch},
             {"restart_cost_s", cost},
             {"saved_s", saved}});
+  e["step_s_before_the_link"] = usual;
   std::string stay;
-  if (r.layout_after == r.layout_before)
+  if (usual <= 0)
+    stay =
+        "no step of this attempt ran before the link read slow: nothing says it slows the "
+        "steps (this layout's own traffic may read so)";
+  else if (measured < kSlowerSteps * usual)
+    stay = fmt::format(
+        "the steps take {:.3g} s, {:.2f}x what they took before the link read slow "
+        "({:.3g} s): under {}x, not worth a restart",
+        measured, measured / usual, usual, kSlowerSteps);
+  else if (r.layout_after == r.layout_before)
     stay = "the job's layout " + r.layout_before + " is already the best with the link slowed";
   else if (!(saved >= o_.replan_gain * cost))
     stay = fmt::format(
