@@ -90,8 +90,11 @@ bool Job::terminate(const std::vector<pid_t>& pids, double grace_s) {
   signal_all(pid_, pids, SIGTERM);
   signal_all(pid_, pids, SIGCONT);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_s);
+  // With the ranks known, they are what is waited for: mpirun, told to end them, waits its
+  // own odls_base_sigkill_timeout before it reaps them (10 s under pentad launch), and is
+  // killed at once when they have ended.
   auto any_alive = [&] {
-    bool alive = !poll().has_value();
+    bool alive = pids.empty() && !poll().has_value();
     for (pid_t p : pids) alive = alive || process_alive(p);
     return alive;
   };
@@ -128,7 +131,13 @@ std::vector<std::string> with_resume_latest(std::vector<std::string> command) {
 }
 
 bool process_alive(pid_t pid) {
-  return pid > 0 && (::kill(pid, 0) == 0 || errno != ESRCH);
+  if (pid <= 0 || (::kill(pid, 0) != 0 && errno == ESRCH)) return false;
+  // A zombie has ended: only its parent (the launcher, which may take its time) reaps it.
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  const size_t close = line.rfind(')');  // the command name may hold spaces and parentheses
+  return close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'Z';
 }
 
 }  // namespace pentad::launch
