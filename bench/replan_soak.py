@@ -119,7 +119,10 @@ def main():
     log.close()
 
     ev = events(out)
-    replans = [e for e in ev if e.get("action") == "replan" and "layout_after" in e]
+    # Re-plans taken (a slow link's that stayed, or a refused one, restarted nothing).
+    replans = [e for e in ev if e.get("action") == "replan" and "layout_after" in e
+               and "stayed" not in e and "refused" not in e]
+    stayed = [e for e in ev if e.get("action") == "replan" and "stayed" in e]
     grows = [e for e in replans if e.get("ranks_after") == 8]
     shrinks = [e for e in replans if e.get("ranks_after", 8) < 8]
     resumed = [e for e in ev if e.get("event") == "resumed"]
@@ -131,6 +134,8 @@ def main():
     print(f"\ncycles: {len(cycles)} of {CYCLES}; shrinks {len(shrinks)}, grows {len(grows)}; "
           f"full-count layouts: {sorted(set(e['layout_after'] for e in grows))}")
     print(f"shrunk to: {sorted(set(e['layout_after'] for e in shrinks))}")
+    if stayed:
+        print(f"slow links re-planned for but stayed: {len(stayed)} ({stayed[0]['stayed']})")
     to_first = [e["seconds_to_resume"] for e in resumed]
     redone = [e["steps_lost"] for e in resumed]
     if to_first:

@@ -101,7 +101,12 @@ StoreCheck check_store(const std::string& root, const StoreExpectation& expect) 
     c.words = fmt::format("the checkpoint directory {} is gone{}", root, where(c));
     return c;
   }
-  if ((!newest.empty() && !fs::exists(newest + "/manifest.json", ec)) ||
+  // The ranks' reports lag (a beat every 100 ms; the oldest rank's is taken): retention may
+  // have retired the checkpoint they name in favour of newer ones, which serve as well.
+  bool newer_kept = false;
+  for (const std::string& dir : ckpt::committed_checkpoints(root))
+    newer_kept = newer_kept || ckpt::checkpoint_step(dir).value_or(-1) >= expect.committed_step;
+  if ((!newest.empty() && !newer_kept) ||
       (newest.empty() && holds && ckpt::committed_checkpoints(root).empty())) {
     c.blocked = "checkpoint_dir";
     c.words = fmt::format("{} no longer holds {}{}", root,

@@ -1,8 +1,9 @@
 #pragma once
 // What `pentad launch` checks of a checkpoint directory before it restarts a job, so that it
 // waits for a cause to clear instead of restarting into it:
-// - the directory, and the newest checkpoint the ranks committed there, still exist (an
-//   unmounted share takes both away, and a --resume latest would start from step 0);
+// - the directory, and the newest checkpoint the ranks committed there (or a newer one:
+//   retention retires the one a lagging report names), still exist (an unmounted share takes
+//   both away, and a --resume latest would start from step 0);
 // - where saves failed, its file system has room for a save: as many bytes free (plus
 //   those of the rank files pooled for reuse in <root>/recycled) as the newest committed
 //   checkpoint there holds, which a save of the same job writes again.
