@@ -103,8 +103,8 @@ int Supervisor::run() {
         {"PENTAD_MONITOR", monitor_}, {"PENTAD_LAUNCH_ATTEMPT", std::to_string(attempt_)}};
     // mpirun ends the ranks with SIGTERM after one died, then SIGKILL 1 s later by default:
     // too soon for the survivors to write their state (fsyncs of several ranks at once took
-    // longer on the hosts testbed). Unless the user set it, the ranks get 10 s (the
-    // supervisor's own ending, Job::terminate, waits up to 3 s for its local ranks).
+    // longer on the hosts testbed). Unless the user set it, the ranks get 10 s, as from the
+    // supervisor's own ending (kEndGraceSeconds).
     if (!std::getenv("OMPI_MCA_odls_base_sigkill_timeout"))
       env.emplace_back("OMPI_MCA_odls_base_sigkill_timeout", "10");
     Job job(command, env);

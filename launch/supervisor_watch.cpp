@@ -18,6 +18,10 @@ using nlohmann::json;
 // How long a local rank's process may be gone, its connection still open and no bye read,
 // before it counts as dead: time for its last messages and end of connection to arrive.
 constexpr double kGoneGrace = 0.5;
+// After SIGTERM, how long the local ranks get to end before SIGKILL: each writes the survivors'
+// state first (train/survivor_save.h), which under CI's load once took more than 3 s; mpirun's
+// own grace is as long (supervisor_restart.cpp). Ranks that end sooner are not waited for.
+constexpr double kEndGraceSeconds = 10.0;
 
 // Whether an attempt that ended with `status` was refused, and why (empty: the ranks' own
 // output says). A rank tells by its bye; before the monitor connects, the exit status 2 of
@@ -275,7 +279,7 @@ void Supervisor::end_job(Job& job, Detector& detector, bool dump) {
   }
   if (dump) dump_traces(detector);
   const double kill_at = now();
-  const bool forced = job.terminate(pids, 3.0);
+  const bool forced = job.terminate(pids, kEndGraceSeconds);
   server_.drop_all();
   conn_rank_.clear();
   event({{"event", "action"},
@@ -283,7 +287,8 @@ void Supervisor::end_job(Job& job, Detector& detector, bool dump) {
          {"seconds", now() - kill_at},
          {"forced", forced},
          {"launcher_status", job.poll().value_or(-1)}});
-  say(fmt::format("action: kill ({}), {:.2f} s", forced ? "SIGKILL after 3 s" : "SIGTERM",
+  say(fmt::format("action: kill ({}), {:.2f} s",
+                  forced ? fmt::format("SIGKILL after {:.0f} s", kEndGraceSeconds) : "SIGTERM",
                   now() - kill_at));
 }
 
