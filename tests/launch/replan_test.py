@@ -92,9 +92,15 @@ def slow_link():
         print("\n".join(l for l in p.stdout.splitlines() if l.startswith("pentad launch")))
         check(p.returncode == 0, f"--replan-gain {gain}: the job finished (status {p.returncode})")
         events = [json.loads(l) for l in open(os.path.join(out, "events.jsonl"))]
-        slow = [e for e in events if e["event"] == "detection" and e.get("class") == "comm slow"]
+        # The first attempt's: on the re-planned pp 2 x dp 2 the pipeline link 0-2 may read
+        # "slow" by the nature of its small transfers, and is then stayed with (docs/faults.md).
+        slow = [e for e in events if e["event"] == "detection" and e.get("class") == "comm slow"
+                and e.get("attempt", 0) == 0]
         check(len(slow) == 1 and slow[0].get("culprit") == [1, 2],
               f"the link 1-2 named slow once ({[(e['class'], e['culprit']) for e in slow]})")
+        later = [e for e in events if e.get("action") == "replan" and e.get("attempt", 0) > 0]
+        check(all("stayed" in e or "refused" in e for e in later),
+              f"no re-plan after the restart ({[e.get('stayed') for e in later]})")
         replan = next((e for e in events if e.get("action") == "replan"), {})
         restarts = [e for e in events if e.get("action") == "restart"]
         if gain != "2":
