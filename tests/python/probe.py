@@ -99,11 +99,11 @@ def main():
           f"ranks 1 apart: {across_s * 1e3:.3g} ms against {inside_s * 1e3:.3g}")
     check(len(topo["collectives"]) == 6 * 4, "every shape and op measured")
 
-    # parallel.tp_shape = "auto" on this topology puts the slow links along d1: tp 8 as a
-    # row-first mesh whose hidden groups (d2 of 2 or 4 consecutive ranks) stay inside a node,
-    # the one predicted fastest, and trains a step with it. 2x4 and 4x2 row-first are
-    # predicted within a few per cent of each other, so which of the two wins follows the
-    # measured medians; a column-first mesh, 1x8 or 1D across the nodes would be a wrong choice.
+    # parallel.tp_shape = "auto" on this topology picks a 2D mesh over 1D and over the
+    # column-first 2x4 (whose d2 groups of 4 ranks 2 apart all cross the nodes), the one
+    # predicted fastest, and trains a step with it. 2x4 row, 4x2 row and 4x2 column are
+    # predicted within about 15% of each other (each keeps one axis inside a node), so which
+    # of them wins follows the measured medians, which move under load.
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "gpt-tiny.toml"
     code, text, _ = run(mpirun(8, pentad, "train", str(recipe), "model.d_model=128",
                                "model.n_head=8", "parallel.tp=8", "parallel.tp_shape=auto",
@@ -115,9 +115,9 @@ def main():
     predicted = {m[0]: float(m[1]) for m in
                  re.findall(r"(\d+x\d+(?: row| column)?) ([\d.]+) ms", said[0])} if said else {}
     check(code == 0 and len(said) == 1 and chosen is not None and "step     1/1" in text and
-          chosen[1] in ("2x4 row", "4x2 row") and
+          chosen[1] in ("2x4 row", "4x2 row", "4x2 column") and
           predicted.get(chosen[1], 1e9) <= min(predicted.values()) * 1.01,
-          f"tp_shape = auto picks a row-first mesh with d2 inside a node, the least predicted, "
+          f"tp_shape = auto picks a 2D mesh with one axis inside a node, the least predicted, "
           f"said once ({code}): {said}")
     code, text, _ = run(mpirun(4, pentad, "train", str(recipe), "parallel.tp=4",
                                "parallel.tp_shape=auto", f"parallel.topology={out}",
