@@ -53,6 +53,9 @@ struct RankState {
   int64_t step = 0, ckpt_step = -1;
   std::optional<Wait> wait;
   std::deque<StepRecord> history;  // newest last, at most kHistorySteps
+  // The attempt's first kEarlySteps steps after its first (warm-up): what the steps took
+  // before a fault that came later than history reaches back.
+  std::vector<StepRecord> early;
   // Its row of the link matrix (beats' "p2p", parallel/activity.h): peer -> seconds per MB
   // of its recent sends to it, and of its receives from it.
   std::map<int, double> send_s_per_mb, recv_s_per_mb;
@@ -85,6 +88,7 @@ struct Detection {
 class Detector {
  public:
   static constexpr size_t kHistorySteps = 20;  // median step time over this many steps
+  static constexpr size_t kEarlySteps = 5;     // RankState::early
   // A slow rank must be slow this many steps running: on a shared, oversubscribed machine a
   // rank descheduled for 5 steps of 15 ms happened in a clean run; 10 did not in 200 steps.
   static constexpr size_t kSlowSteps = 10;

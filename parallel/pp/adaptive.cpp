@@ -28,26 +28,23 @@ double measure_link_seconds(Communicator& stages, int64_t elements) {
 }
 
 std::vector<StageMeasure> gather_measures(Communicator& stages, const StageMeasure& mine) {
-  std::vector<double> own = {mine.forward_seconds, mine.backward_seconds, mine.slot_bytes,
-                             mine.weight_seconds};
-  std::vector<double> all(size_t(4 * stages.size()));
+  std::vector<double> own = {mine.forward_seconds, mine.backward_seconds, mine.slot_bytes};
+  std::vector<double> all(size_t(3 * stages.size()));
   stages.all_gather(view_of(all.data(), Shape{int64_t(all.size())}, DType::F64),
-                    view_of(own.data(), Shape{4}, DType::F64));
+                    view_of(own.data(), Shape{3}, DType::F64));
   std::vector<StageMeasure> measures(size_t(stages.size()));
   for (size_t s = 0; s < measures.size(); ++s)
-    measures[s] = {all[4 * s], all[4 * s + 1], all[4 * s + 2], all[4 * s + 3]};
+    measures[s] = {all[3 * s], all[3 * s + 1], all[3 * s + 2]};
   return measures;
 }
 
-std::vector<double> zero_bubble_costs(const std::vector<StageMeasure>& measures,
-                                      double link_seconds) {
-  std::vector<double> costs;
-  for (const StageMeasure& m : measures) {
-    costs.push_back(m.forward_seconds);
-    costs.push_back(m.backward_seconds - m.weight_seconds);
-    costs.push_back(m.weight_seconds);
-  }
-  costs.push_back(link_seconds);
+std::vector<double> gather_zero_bubble_costs(Communicator& stages, const std::vector<double>& mine,
+                                             double link_seconds) {
+  std::vector<double> own = mine;  // (the gather's send buffer is not const)
+  std::vector<double> costs(own.size() * size_t(stages.size()) + 1);
+  stages.all_gather(view_of(costs.data(), Shape{int64_t(costs.size() - 1)}, DType::F64),
+                    view_of(own.data(), Shape{int64_t(own.size())}, DType::F64));
+  costs.back() = link_seconds;
   return costs;
 }
 

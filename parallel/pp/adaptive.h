@@ -16,8 +16,7 @@ namespace pentad::parallel::pp {
 struct StageMeasure {
   double forward_seconds = 0.0;
   double backward_seconds = 0.0;
-  double slot_bytes = 0.0;      // activations one micro-batch in flight keeps
-  double weight_seconds = 0.0;  // of backward_seconds: W, where the schedule splits it
+  double slot_bytes = 0.0;  // activations one micro-batch in flight keeps
 };
 
 // Ping-pongs `elements` floats (one activation) over every stage-to-stage link in turn; half
@@ -35,9 +34,10 @@ GroupChoice choose_adaptive_group(const ScheduleSpec& spec,
                                   const std::vector<StageMeasure>& measures, double link_seconds,
                                   double limit_bytes);
 
-// The zero-bubble schedules' costs (ScheduleSpec::zb_costs) from these measures: each
-// stage's forward, B (its backward less W) and W, and the link.
-std::vector<double> zero_bubble_costs(const std::vector<StageMeasure>& measures,
-                                      double link_seconds);
+// The zero-bubble schedules' costs (ScheduleSpec::zb_costs, per stage and chunk): every
+// stage's `mine` (Pipeline::pass_seconds: per chunk its forward, B and W) in stage order,
+// then link_seconds. Collective over `stages`.
+std::vector<double> gather_zero_bubble_costs(Communicator& stages, const std::vector<double>& mine,
+                                             double link_seconds);
 
 }  // namespace pentad::parallel::pp

@@ -267,8 +267,10 @@ double Pipeline::train(int64_t step, const Fetch& fetch, float dloss, const Grad
     if (actions[i].type == Action::Backward || actions[i].type == Action::Weight)
       last_backward[size_t(actions[i].chunk)] = i;
   std::map<std::pair<int, int>, int> slot_of;  // (micro, chunk) -> activation slot
-  double loss = 0.0, forward_ns = 0.0, backward_ns = 0.0, weight_ns = 0.0;
-  int forwards = 0;
+  double loss = 0.0;
+  // Per chunk: nanoseconds in forwards, in backwards or Bs, in Ws; forwards run.
+  std::vector<double> ns(3 * size_t(spec_.virtual_stages), 0.0);
+  std::vector<int> forwards(size_t(spec_.virtual_stages), 0);
   train_rounds_.posted = 0;
   for (size_t i = 0; i < actions.size(); ++i) {
     const Action& a = actions[i];
@@ -281,13 +283,12 @@ double Pipeline::train(int64_t step, const Fetch& fetch, float dloss, const Grad
       int& alive = in_flight_[size_t(a.chunk)];
       peak_[size_t(a.chunk)] = std::max(peak_[size_t(a.chunk)], ++alive);
       loss += forward(a, slot, step, fetch, dloss);
-      forward_ns += double(spans_.back().end_ns - spans_.back().start_ns);
-      ++forwards;
+      ns[3 * size_t(a.chunk)] += double(spans_.back().end_ns - spans_.back().start_ns);
+      ++forwards[size_t(a.chunk)];
     } else {
       const int slot = slot_of.at({a.micro, a.chunk});
-      const double ns = backward(a, slot, step, i == last_backward[size_t(a.chunk)], on_ready);
-      backward_ns += ns;
-      if (a.type == Action::Weight) weight_ns += ns;
+      ns[3 * size_t(a.chunk) + (a.type == Action::Weight ? 2 : 1)] +=
+          backward(a, slot, step, i == last_backward[size_t(a.chunk)], on_ready);
       if (a.type != Action::Input) {  // the slot is free once its gradients are taken
         release_slot(a.chunk, slot);
         --in_flight_[size_t(a.chunk)];
@@ -298,9 +299,9 @@ double Pipeline::train(int64_t step, const Fetch& fetch, float dloss, const Grad
   }
   if (rounds_mode_) post_rounds(train_rounds_, int(train_rounds_.plan.groups.size()));
   finish_sends();
-  forward_seconds_ = forwards ? forward_ns / forwards * 1e-9 : 0.0;
-  backward_seconds_ = forwards ? backward_ns / forwards * 1e-9 : 0.0;  // one per forward
-  weight_seconds_ = forwards ? weight_ns / forwards * 1e-9 : 0.0;
+  pass_seconds_.assign(ns.size(), 0.0);  // a backward (or B and W) per forward
+  for (size_t i = 0; i < ns.size(); ++i)
+    if (const int n = forwards[i / 3]; n > 0) pass_seconds_[i] = ns[i] / n * 1e-9;
   return loss;
 }
 

@@ -80,11 +80,10 @@ class Pipeline {
 
   const std::vector<Span>& spans() const { return spans_; }  // of the last keep_steps() steps
   int keep_steps() const { return keep_steps_; }
-  // Mean seconds of one forward and one backward (B and W together where split) of a chunk
-  // on this stage, over the last train() (the inputs of the adaptive schedule's cost model).
-  double forward_seconds() const { return forward_seconds_; }
-  double backward_seconds() const { return backward_seconds_; }
-  double weight_seconds() const { return weight_seconds_; }  // of backward: W (split only)
+  // Per chunk of this stage, the mean seconds of one micro-batch's forward, its backward's B
+  // (the whole backward where it is not split) and its W (0 where not split), over the last
+  // train(): 3 * v values, chunk c's at 3 * c (the adaptive schedules' cost model's inputs).
+  const std::vector<double>& pass_seconds() const { return pass_seconds_; }
   // Micro-batches in flight on each chunk at the peak (activation slots in use at once),
   // measured since construction.
   std::vector<int> peak_in_flight() const { return peak_; }
@@ -150,7 +149,7 @@ class Pipeline {
   std::vector<int32_t> tokens_, targets_;     // the micro-batch being fetched
   std::vector<std::vector<bool>> slot_busy_;  // per chunk, per slot the stage made
   std::vector<int> in_flight_, peak_;
-  double forward_seconds_ = 0.0, backward_seconds_ = 0.0, weight_seconds_ = 0.0;
+  std::vector<double> pass_seconds_;
 };
 
 }  // namespace pentad::parallel::pp

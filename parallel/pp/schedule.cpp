@@ -206,14 +206,19 @@ class Transfers {
   std::vector<double> link_free_;
 };
 
-// One pass of stage s at full speed.
-double pass_seconds(const SimCosts& costs, int s, Action::Type type) {
-  const double backward = costs.backward_seconds[size_t(s)];
-  const double weight =
-      costs.weight_seconds.empty() ? backward / 2 : costs.weight_seconds[size_t(s)];
-  switch (type) {
+// How many costs a stage has: 1, or its chunks' (SimCosts per stage and chunk).
+int cost_chunks(const ScheduleSpec& spec, const SimCosts& costs) {
+  return costs.forward_seconds.size() == size_t(spec.stages) ? 1 : spec.virtual_stages;
+}
+
+// One pass of stage s at full speed (chunks: cost_chunks).
+double pass_seconds(const SimCosts& costs, int s, int chunks, const Action& a) {
+  const size_t at = size_t(s) * size_t(chunks) + size_t(chunks > 1 ? a.chunk : 0);
+  const double backward = costs.backward_seconds[at];
+  const double weight = costs.weight_seconds.empty() ? backward / 2 : costs.weight_seconds[at];
+  switch (a.type) {
     case Action::Forward:
-      return costs.forward_seconds[size_t(s)];
+      return costs.forward_seconds[at];
     case Action::Backward:
       return backward;
     case Action::Input:
@@ -230,6 +235,7 @@ SimResult simulate_shared(const ScheduleSpec& spec, const SimCosts& costs,
                           const std::vector<std::vector<Action>>& lists, SimResult r) {
   const int p = spec.stages;
   const int per_node = std::clamp(costs.stages_per_node, 1, p);
+  const int chunks = cost_chunks(spec, costs);
   Transfers transfers(spec.placement(), spec.micro_batches, costs);
   std::vector<size_t> next(size_t(p), 0);
   std::vector<double> left(size_t(p), -1.0), started(size_t(p), 0.0);  // left < 0: not running
@@ -243,7 +249,7 @@ SimResult simulate_shared(const ScheduleSpec& spec, const SimCosts& costs,
       const Action& a = lists[size_t(s)][next[size_t(s)]];
       const double ready = transfers.ready_at(s, a);
       if (ready >= 0 && ready <= now) {
-        left[size_t(s)] = pass_seconds(costs, s, a.type);
+        left[size_t(s)] = pass_seconds(costs, s, chunks, a);
         started[size_t(s)] = now;
       } else if (ready > now) {
         soonest_input = std::min(soonest_input, ready);
@@ -288,14 +294,16 @@ SimResult simulate(const ScheduleSpec& spec, const SimCosts& costs) {
 SimResult simulate_lists(const ScheduleSpec& spec, const std::vector<std::vector<Action>>& lists,
                          const SimCosts& costs) {
   const int p = spec.stages;
-  PENTAD_CHECK(static_cast<int>(costs.forward_seconds.size()) == p &&
-                   static_cast<int>(costs.backward_seconds.size()) == p,
-               "simulate: {} stages but costs for {}", p, costs.forward_seconds.size());
+  const size_t per_chunk = size_t(p) * size_t(spec.virtual_stages);
+  const size_t n = costs.forward_seconds.size();
+  PENTAD_CHECK((n == size_t(p) || n == per_chunk) && costs.backward_seconds.size() == n,
+               "simulate: {} stages of {} chunks but {} forward and {} backward costs", p,
+               spec.virtual_stages, n, costs.backward_seconds.size());
   PENTAD_CHECK(costs.link_seconds.empty() || costs.link_seconds.size() == size_t(p) * size_t(p),
                "simulate: {} stages but {} link times (stages x stages)", p,
                costs.link_seconds.size());
-  PENTAD_CHECK(costs.weight_seconds.empty() || int(costs.weight_seconds.size()) == p,
-               "simulate: {} stages but W costs for {}", p, costs.weight_seconds.size());
+  PENTAD_CHECK(costs.weight_seconds.empty() || costs.weight_seconds.size() == n,
+               "simulate: {} forward costs but {} W costs", n, costs.weight_seconds.size());
   PENTAD_CHECK(int(lists.size()) == p, "simulate: {} stages but {} lists", p, lists.size());
   SimResult r;
   for (const std::vector<Action>& list : lists) r.peak_in_flight.push_back(peak_in_flight(list));
@@ -304,6 +312,7 @@ SimResult simulate_lists(const ScheduleSpec& spec, const std::vector<std::vector
   Transfers transfers(spec.placement(), spec.micro_batches, costs);
   std::vector<size_t> next(static_cast<size_t>(p), 0);
   std::vector<double> clock(static_cast<size_t>(p), 0.0);
+  const int chunks = cost_chunks(spec, costs);
   // Each stage's next pass: when it can start (infinity: its input has not been sent, or
   // nothing is left). The pass run next is the earliest (ties: the lowest stage), so links
   // serve messages in time order. Running a pass changes only its own stage's next start
@@ -328,7 +337,7 @@ SimResult simulate_lists(const ScheduleSpec& spec, const std::vector<std::vector
     }
     const Action a = lists[size_t(best)][next[size_t(best)]++];
     --remaining;
-    const double cost = pass_seconds(costs, best, a.type);
+    const double cost = pass_seconds(costs, best, chunks, a);
     const double end = start + cost;
     clock[size_t(best)] = end;
     r.busy_seconds[size_t(best)] += cost;

@@ -43,8 +43,10 @@ struct ScheduleSpec {
   int virtual_stages = 1;  // v (interleaved only; 1 otherwise)
   int group = 1;           // k (kFkB only)
   // Zero-bubble only: the costs its lists are built for, per stage one chunk's forward, B
-  // and W (3 * stages values, any unit), then one transfer; empty: F = B = W and free
-  // transfers (the papers' unit costs). The trainer sets them from measured passes.
+  // and W (3 * stages values, any unit), or per stage and chunk (3 * stages * v, stage s's
+  // chunk c at 3 * (s * v + c)), then one transfer; empty: F = B = W and free transfers (the
+  // papers' unit costs). The trainer sets them from measured passes, per chunk: zb-v's first
+  // stage runs both the embedding's chunk and the head's.
   std::vector<double> zb_costs = {};
   // ZB-H1 only: per stage, the most micro-batches held from forward to W, at least 1F1B's
   // p - s (its order of forwards and Bs needs them); empty: p on every stage. Set where the
@@ -106,11 +108,13 @@ int peak_in_flight(const std::vector<Action>& actions);
 // yields them. A running stage computes at min(1, core_share / running stages of its node),
 // core_share being the node's cores over one stage's ranks on it; the costs are at full
 // speed. Each pass then advances by processor sharing instead of at a fixed rate.
+// The pass costs are per stage (p values), or per stage and chunk (p * v values, stage s's
+// chunk c at s * v + c) where a stage's chunks differ.
 struct SimCosts {
-  std::vector<double> forward_seconds;   // per stage: one micro-batch through one chunk
-  std::vector<double> backward_seconds;  // per stage: B and W together
-  // Per stage, W's share of backward_seconds (split schedules); empty: half of it (B and W
-  // each run one GEMM per weight).
+  std::vector<double> forward_seconds;   // one micro-batch through one chunk
+  std::vector<double> backward_seconds;  // B and W together
+  // W's share of backward_seconds (split schedules); empty: half of it (B and W each run one
+  // GEMM per weight).
   std::vector<double> weight_seconds;
   double transfer_seconds = 0.0;  // one activation (or gradient) over one link
   // Per directed link (from stage * stages + to stage); empty: transfer_seconds on every link.

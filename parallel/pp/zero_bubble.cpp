@@ -11,8 +11,8 @@
 //          to go), a forward the deeper chunk first (finishing micro-batches early), and at
 //          most 2p chunk passes are held between forward and W (1F1B's peak in half-stage
 //          chunks); over that only the deepest chunk's forward, when nothing else can run.
-// Of the lists built at these costs and at unit costs (each priority for ZB-V), the one
-// whose replay at these costs ends first.
+// Of the lists built at these costs, at their stage means (costs per chunk) and at unit
+// costs (each priority for ZB-V), the one whose replay at these costs ends first.
 // With F = B = W, ZB-H1 meets its formula and ZB-V the least a V can idle (the last stage's
 // fill); with uneven costs (a B slower than a forward, a W faster) lists built for the
 // measured costs idle far less than the unit ones (bench/zero_bubble_bench.py).
@@ -24,7 +24,6 @@
 #include <cmath>
 #include <deque>
 #include <functional>
-#include <initializer_list>
 #include <limits>
 #include <map>
 #include <memory>
@@ -62,9 +61,13 @@ class ZbReplay {
         forward_first_(forward_first),
         arrive_(size_t(2) * size_t(spec.micro_batches) * size_t(place_.virtual_stages()), kNotYet) {
     const size_t p = size_t(spec.stages);
-    PENTAD_CHECK(spec.zb_costs.empty() || spec.zb_costs.size() == 3 * p + 1,
-                 "zero-bubble costs: {} values for {} stages (3 per stage and a transfer)",
-                 spec.zb_costs.size(), p);
+    const size_t v = size_t(spec.virtual_stages);
+    PENTAD_CHECK(spec.zb_costs.empty() || spec.zb_costs.size() == 3 * p + 1 ||
+                     spec.zb_costs.size() == 3 * p * v + 1,
+                 "zero-bubble costs: {} values for {} stages of {} chunks (3 per stage, or per "
+                 "stage and chunk, and a transfer)",
+                 spec.zb_costs.size(), p, v);
+    chunks_ = spec.zb_costs.size() == 3 * p * v + 1 ? int(v) : 1;
     const std::vector<int>& limits = spec.zb_held_limits;
     PENTAD_CHECK(limits.empty() || (spec.kind == ScheduleKind::ZBH1 && limits.size() == p),
                  "{}: {} held limits for {} stages", schedule_name(spec.kind), limits.size(), p);
@@ -134,8 +137,9 @@ class ZbReplay {
     return stages_[size_t(s)].out.size() ==
            size_t(3) * size_t(spec_.micro_batches) * size_t(spec_.virtual_stages);
   }
-  double cost(int s, Action::Type type) const {
-    return costs_[size_t(3 * s) + (type == Action::Forward ? 0 : type == Action::Input ? 1 : 2)];
+  double cost(int s, const Action& a) const {
+    const size_t at = size_t(s) * size_t(chunks_) + size_t(chunks_ > 1 ? a.chunk : 0);
+    return costs_[3 * at + (a.type == Action::Forward ? 0 : a.type == Action::Input ? 1 : 2)];
   }
   // When the output of pass (type, micro) of virtual stage vs reaches the stage that takes
   // it (kNotYet: not run yet).
@@ -214,7 +218,7 @@ class ZbReplay {
   void start(int s, const Action& a) {
     ZbStage& st = stages_[size_t(s)];
     st.out.push_back(a);
-    st.free_at += cost(s, a.type);
+    st.free_at += cost(s, a);
     if (a.type != Action::Weight) {  // its output goes on to the next virtual stage
       const int vs = place_.virtual_stage(s, a.chunk);
       const int to_vs = a.type == Action::Forward ? vs + 1 : vs - 1;
@@ -247,6 +251,7 @@ class ZbReplay {
   const int last_vs_;
   const bool forward_first_;
   std::vector<double> costs_;  // as ScheduleSpec::zb_costs
+  int chunks_ = 1;             // costs per stage: 1, or one per chunk
   std::vector<ZbStage> stages_;
   // Per (micro, forward or B, virtual stage): when the pass's output reaches the next stage.
   std::vector<double> arrive_;
@@ -263,11 +268,12 @@ double replay_seconds(const ScheduleSpec& spec, const std::vector<std::vector<Ac
 SimCosts zero_bubble_sim_costs(const ScheduleSpec& spec) {
   SimCosts costs;
   const bool unit = spec.zb_costs.empty();
-  for (size_t s = 0; s < size_t(spec.stages); ++s) {
-    costs.forward_seconds.push_back(unit ? 1.0 : spec.zb_costs[3 * s]);
-    costs.weight_seconds.push_back(unit ? 1.0 : spec.zb_costs[3 * s + 2]);
+  const size_t n = unit ? size_t(spec.stages) : (spec.zb_costs.size() - 1) / 3;
+  for (size_t i = 0; i < n; ++i) {  // per stage, or per stage and chunk
+    costs.forward_seconds.push_back(unit ? 1.0 : spec.zb_costs[3 * i]);
+    costs.weight_seconds.push_back(unit ? 1.0 : spec.zb_costs[3 * i + 2]);
     costs.backward_seconds.push_back(costs.weight_seconds.back() +
-                                     (unit ? 1.0 : spec.zb_costs[3 * s + 1]));
+                                     (unit ? 1.0 : spec.zb_costs[3 * i + 1]));
   }
   costs.transfer_seconds = unit ? 0.0 : spec.zb_costs.back();
   return costs;
@@ -316,23 +322,34 @@ SharedLists replayed(const ScheduleSpec& spec, bool forward_first) {
                         [&] { return ZbReplay(spec, forward_first).run(); });
 }
 
-// Candidates: built at the given costs and at unit costs (a W filling a wait at the real
-// costs can start just before the input it delays arrives), B-first and, for ZB-V,
-// forward-first; the one whose replay at the given costs ends first.
+// Candidates: built at the given costs, at each stage's mean chunk where they are per
+// chunk, and at unit costs (the replay is greedy: a W filling a wait at the real costs can
+// start just before the input it delays arrives), B-first and, for ZB-V, forward-first; the
+// one whose replay at the given costs ends first.
 Lists best_lists(const ScheduleSpec& spec) {
-  ScheduleSpec unit = spec;
-  unit.zb_costs.clear();
+  std::vector<ScheduleSpec> built = {spec};
+  const size_t p = size_t(spec.stages), v = size_t(spec.virtual_stages);
+  if (v > 1 && spec.zb_costs.size() == 3 * p * v + 1) {
+    ScheduleSpec mean = spec;
+    mean.zb_costs.assign(3 * p + 1, 0.0);
+    for (size_t i = 0; i + 1 < spec.zb_costs.size(); ++i)
+      mean.zb_costs[3 * (i / (3 * v)) + i % 3] += spec.zb_costs[i] / double(v);
+    mean.zb_costs.back() = spec.zb_costs.back();
+    built.push_back(mean);
+  }
+  if (!spec.zb_costs.empty()) {
+    built.push_back(spec);
+    built.back().zb_costs.clear();
+  }
   SharedLists best;
   double best_seconds = kNotYet;
-  for (const ScheduleSpec* built : std::initializer_list<const ScheduleSpec*>{&spec, &unit}) {
+  for (const ScheduleSpec& costs : built)
     for (bool forward_first : {false, true}) {
       if (forward_first && spec.kind != ScheduleKind::ZBV) continue;
-      SharedLists lists = replayed(*built, forward_first);
+      SharedLists lists = replayed(costs, forward_first);
       const double seconds = replay_seconds(spec, *lists);
       if (seconds < best_seconds * (1 - 1e-9)) best = std::move(lists), best_seconds = seconds;
     }
-    if (spec.zb_costs.empty()) break;  // the unit costs were the given ones
-  }
   return *best;
 }
 

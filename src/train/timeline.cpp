@@ -60,9 +60,9 @@ struct StepWindow {
   double cpu = 0;  // CPU time in passes, all ranks
 };
 
-// What the rows say: the trace's events, the step windows, and each stage's CPU time in
-// forward ([0]), backward or B ([1]) and W ([2]) passes (one micro-batch through one chunk)
-// over the steps after the first, with their counts.
+// What the rows say: the trace's events, the step windows, and each stage's chunks' CPU time
+// in forward ([0]), backward or B ([1]) and W ([2]) passes (one micro-batch through one
+// chunk; stage s's chunk c at s * v + c) over the steps after the first, with their counts.
 struct Scan {
   nlohmann::json events = nlohmann::json::array();
   std::map<int64_t, StepWindow> windows;
@@ -115,24 +115,31 @@ nlohmann::json span_event(const int64_t* row, int r, int64_t origin) {
             {"cpu_ms", double(row[6]) * 1e-6}}}};
 }
 
-Scan scan_rows(const GatheredRows& g, const parallel::MeshConfig& mesh, int n) {
+// Counted (the bubble and the passes' means): the recorded steps after the first (its
+// warm-up), and of those the ones run with the lists set at `lists_since` where any were.
+Scan scan_rows(const GatheredRows& g, const parallel::MeshConfig& mesh, int chunks,
+               int64_t lists_since, int n) {
   Scan scan;
   const std::vector<int64_t>& v = g.values;
   int64_t origin = std::numeric_limits<int64_t>::max();
   for (int64_t i = 0; i < g.total; i += kRow) origin = std::min(origin, v[size_t(i + 4)]);
   for (int b = 0; b < 3; ++b) {
-    scan.pass_cpu[b].resize(size_t(mesh.pp));
-    scan.passes[b].resize(size_t(mesh.pp));
+    scan.pass_cpu[b].resize(size_t(mesh.pp) * size_t(chunks));
+    scan.passes[b].resize(size_t(mesh.pp) * size_t(chunks));
   }
   std::set<int64_t> recorded;
   for (int64_t i = 0; i < g.total; i += kRow) recorded.insert(v[size_t(i + 3)]);
-  const int64_t warm_up = recorded.size() > 1 ? *recorded.begin() : -1;  // left out
+  int64_t counted_from = recorded.empty() ? 0 : *recorded.begin() + (recorded.size() > 1);
+  if (recorded.lower_bound(lists_since) != recorded.end())
+    counted_from = std::max(counted_from, lists_since);
   int64_t offset = 0;
   for (int r = 0; r < n; ++r) {
     const parallel::MeshCoords x = parallel::mesh_coords(mesh, r);
     scan.events.push_back(thread_name(r, x));
     for (int64_t i = offset; i < offset + g.counts[size_t(r)]; i += kRow) {
       const int64_t* row = &v[size_t(i)];
+      if (row[0] >= 0) scan.events.push_back(span_event(row, r, origin));
+      if (row[3] < counted_from) continue;
       StepWindow& w = scan.windows[row[3]];
       if (row[0] < 0) {
         w.start = std::min(w.start, row[4]);
@@ -143,13 +150,10 @@ Scan scan_rows(const GatheredRows& g, const parallel::MeshConfig& mesh, int n) {
         w.end = std::max(w.end, row[5]);
         w.busy[r] += double(row[5] - row[4]);
         w.cpu += double(row[6]);
-        if (row[3] != warm_up) {
-          const size_t stage = size_t(x[size_t(parallel::Axis::PP)]);
-          scan.pass_cpu[pass][stage] += double(row[6]) * 1e-9;
-          ++scan.passes[pass][stage];
-        }
+        const size_t at = size_t(x[size_t(parallel::Axis::PP)]) * size_t(chunks) + size_t(row[2]);
+        scan.pass_cpu[pass][at] += double(row[6]) * 1e-9;
+        ++scan.passes[pass][at];
       }
-      scan.events.push_back(span_event(row, r, origin));
     }
     offset += g.counts[size_t(r)];
   }
@@ -161,21 +165,18 @@ struct Bubbles {
   int steps = 0;
 };
 
-// Bubble: 1 - mean busy / window, averaged over the recorded steps after the first
-// (warm-up). Assumes the ranks' steady clocks agree, as they do on one machine.
-// The CPU-time bubble counts the cores' time instead: 1 - CPU time in passes / (cores the
-// ranks can use x window). It is the larger one when ranks wait for a core (each other's or
-// another program's) in the middle of a pass. The compute-time bubble replays the schedule
-// with each stage's mean CPU time a pass.
+// Bubble: 1 - mean busy / window, averaged over the counted steps (scan_rows). Assumes the ranks'
+// steady clocks agree, as they do on one machine. The CPU-time bubble counts the cores' time
+// instead: 1 - CPU time in passes / (cores the ranks can use x window). It is the larger one when
+// ranks wait for a core (each other's or another program's) in the middle of a pass. The
+// compute-time bubble replays the schedule with each stage's mean CPU time a pass.
 Bubbles measure_bubbles(const Scan& scan, const NodeShare& node, int n,
                         const pp::ScheduleSpec& spec, int stages) {
   const double core_slots =
       double(std::min(node.threads, node.cores)) * std::max(1, n / node.ranks);
   double bubble_sum = 0.0, cpu_bubble_sum = 0.0;
   Bubbles b;
-  for (auto it = scan.windows.begin(); it != scan.windows.end(); ++it) {
-    if (it == scan.windows.begin() && scan.windows.size() > 1) continue;
-    const StepWindow& w = it->second;
+  for (const auto& [step, w] : scan.windows) {
     if (w.end <= w.start) continue;
     double busy = 0.0;
     for (const auto& [rank, time] : w.busy) busy += time;
@@ -188,11 +189,11 @@ Bubbles measure_bubbles(const Scan& scan, const NodeShare& node, int n,
   // A pass's CPU time over the threads a rank computes with: its time on cores of its own.
   const double rank_threads = std::max(1.0, double(node.threads) / std::max(1, node.ranks));
   pp::SimCosts costs;
-  for (int st = 0; st < stages; ++st) {
+  for (size_t at = 0; at < size_t(stages) * size_t(spec.virtual_stages); ++at) {
     double mean[3];
     for (int k = 0; k < 3; ++k) {
-      const double passes = double(scan.passes[k][size_t(st)]);
-      mean[k] = passes ? scan.pass_cpu[k][size_t(st)] / passes / rank_threads : 0.0;
+      const double passes = double(scan.passes[k][at]);
+      mean[k] = passes ? scan.pass_cpu[k][at] / passes / rank_threads : 0.0;
     }
     costs.forward_seconds.push_back(mean[0]);
     costs.backward_seconds.push_back(mean[1] + mean[2]);  // a split backward's B and W
@@ -244,8 +245,8 @@ double Trainer::write_timeline(const std::string& path) {
   world.all_reduce(view_of(&activations, Shape{1}, DType::F64), parallel::ReduceOp::Max);
   if (world_rank_ != 0) return 0.0;
   const int n = world.size();
-  const Scan scan = scan_rows(gathered, mesh_->config(), n);
   const pp::ScheduleSpec& spec = pipeline_->schedule();
+  const Scan scan = scan_rows(gathered, mesh_->config(), spec.virtual_stages, lists_since_, n);
   const Bubbles bubbles = measure_bubbles(scan, node, n, spec, mesh_->config().pp);
   nlohmann::json doc = {{"traceEvents", scan.events},
                         {"displayTimeUnit", "ms"},

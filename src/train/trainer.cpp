@@ -339,9 +339,9 @@ void Trainer::adapt_pipeline_group(int64_t step) {
   parallel::Communicator& stages = mesh_->group(parallel::Axis::PP);
   const double link =
       parallel::pp::measure_link_seconds(stages, model_->rows() * cfg_.model.d_model);
+  const std::vector<double>& passes = pipeline_->pass_seconds();  // one chunk: F, B, W = 0
   const std::vector<parallel::pp::StageMeasure> measures = parallel::pp::gather_measures(
-      stages,
-      {pipeline_->forward_seconds(), pipeline_->backward_seconds(), double(model_->slot_bytes(0))});
+      stages, {passes[0], passes[1] + passes[2], double(model_->slot_bytes(0))});
   const double limit = cfg_.parallel.pp_memory_mb > 0
                            ? double(cfg_.parallel.pp_memory_mb) * 1024 * 1024
                            : std::numeric_limits<double>::infinity();
@@ -352,6 +352,7 @@ void Trainer::adapt_pipeline_group(int64_t step) {
   // own times and could choose differently, and then their gradient buckets would reach the
   // all-reduce in different orders. World rank 0's choice holds for all.
   spec.group = all_ranks(world_rank_ == 0 ? choice.group : 0, parallel::ReduceOp::Max);
+  if (spec.group != pipeline_->schedule().group) lists_since_ = step + 1;
   pipeline_->set_schedule(spec);
   if (logs())
     spdlog::info(
@@ -367,12 +368,11 @@ void Trainer::adapt_zero_bubble(int64_t step) {
   parallel::Communicator& stages = mesh_->group(parallel::Axis::PP);
   const double link =
       parallel::pp::measure_link_seconds(stages, model_->rows() * cfg_.model.d_model);
-  const std::vector<parallel::pp::StageMeasure> measures = parallel::pp::gather_measures(
-      stages, {pipeline_->forward_seconds(), pipeline_->backward_seconds(),
-               double(model_->slot_bytes(0)), pipeline_->weight_seconds()});
+  // Per stage and chunk: zb-v's first stage runs the embedding's chunk and the head's.
   // One list for every pipeline of the job (world rank 0's measures), as for adaptive kFkB:
   // the gradient buckets must reach the data-parallel reductions in one order everywhere.
-  std::vector<double> costs = parallel::pp::zero_bubble_costs(measures, link);
+  std::vector<double> costs =
+      parallel::pp::gather_zero_bubble_costs(stages, pipeline_->pass_seconds(), link);
   mesh_->world().broadcast(view_of(costs.data(), Shape{int64_t(costs.size())}, DType::F64), 0);
   const parallel::pp::ScheduleSpec before = pipeline_->schedule();
   parallel::pp::ScheduleSpec spec = before;
@@ -381,11 +381,14 @@ void Trainer::adapt_zero_bubble(int64_t step) {
   const double old_seconds =
       parallel::pp::simulate_lists(before, parallel::pp::schedule_actions(before), sim)
           .step_seconds;
+  if (parallel::pp::schedule_actions(spec) != parallel::pp::schedule_actions(before))
+    lists_since_ = step + 1;
   pipeline_->set_schedule(spec);
   if (logs())
     spdlog::info(
-        "{} lists rebuilt for the measured passes (stage 0: forward {:.2f} ms, B {:.2f} ms, W "
-        "{:.2f} ms; link {:.2f} ms): predicted step {:.1f} ms (the previous lists: {:.1f} ms)",
+        "{} lists rebuilt for the measured passes (stage 0's first chunk: forward {:.2f} ms, B "
+        "{:.2f} ms, W {:.2f} ms; link {:.2f} ms): predicted step {:.1f} ms (the previous "
+        "lists: {:.1f} ms)",
         parallel::pp::schedule_name(spec.kind), costs[0] * 1e3, costs[1] * 1e3, costs[2] * 1e3,
         link * 1e3, parallel::pp::simulate(spec, sim).step_seconds * 1e3, old_seconds * 1e3);
 }

@@ -257,6 +257,7 @@ class Trainer {
   StepReadback step_readback_;
   std::unique_ptr<parallel::pp::Pipeline> pipeline_;      // with pp > 1
   std::vector<std::pair<int64_t, int64_t>> step_starts_;  // pipelined steps: (step, start ns)
+  int64_t lists_since_ = 0;  // the first step run with the pipeline's lists as they are now
   MetricsLog metrics_;
   std::vector<int32_t> inputs_, targets_;
   std::vector<StepStats> history_;  // every step of run(), for write_comm_log

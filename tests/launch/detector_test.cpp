@@ -65,6 +65,21 @@ void block_all_but_rank2(Detector& d, double until, Rank2 rank2) {
   }
 }
 
+// The attempt's first steps after its warm-up are kept apart from the bounded history: the
+// step time before a fault whose first sign came late.
+TEST(Detector, KeepsTheAttemptsFirstSteps) {
+  Detector d = healthy_run();
+  for (int step = 11; step <= 40; ++step)
+    for (int r = 0; r < kWorld; ++r) feed(d, beat(r, step, "compute", 1.0), 0.1 * step);
+  for (const auto& [rank, rs] : d.ranks()) {
+    ASSERT_EQ(rs.early.size(), Detector::kEarlySteps) << rank;
+    EXPECT_EQ(rs.early.front().step, 2) << rank;  // step 1 warms up
+    EXPECT_EQ(rs.early.back().step, 6) << rank;
+    EXPECT_EQ(rs.early.back().step_seconds, 0.1) << rank;
+    EXPECT_EQ(rs.history.front().step, 21) << rank;
+  }
+}
+
 TEST(Detector, ThresholdsComeFromTheMedianStepTime) {
   Detector fresh({});
   EXPECT_DOUBLE_EQ(fresh.hang_threshold_s(), 10.0);  // 5 x the 2 s floor before any step

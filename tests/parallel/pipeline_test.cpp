@@ -130,7 +130,7 @@ TEST(Pipeline, RefusalsNameWhatToChange) {
   EXPECT_NE(refusal(pipeline_recipe({"parallel.pp=3"}), 4).find("parallel.pp"), std::string::npos);
 }
 
-// Adaptive kFkB's collective half: every stage gets every stage's measure in stage order,
+// The adaptive schedules' collective half: every stage gets every stage's measure in stage order,
 // and the link time is the slowest link's, on every stage.
 TEST(Pipeline, AdaptiveMeasuresEveryStageAndTheSlowestLink) {
   const int n = world_size();
@@ -145,6 +145,15 @@ TEST(Pipeline, AdaptiveMeasuresEveryStageAndTheSlowestLink) {
     EXPECT_EQ(all[size_t(s)].backward_seconds, 2.0 + s);
     EXPECT_EQ(all[size_t(s)].slot_bytes, 100.0 * s);
   }
+  // The zero-bubble costs: two chunks' forward, B and W per stage, in stage order, then the
+  // link.
+  std::vector<double> mine;
+  for (int i = 0; i < 6; ++i) mine.push_back(10.0 * rank + i);
+  const std::vector<double> costs = parallel::pp::gather_zero_bubble_costs(*stages, mine, 0.5);
+  ASSERT_EQ(costs.size(), size_t(6 * n + 1));
+  for (int s = 0; s < n; ++s)
+    for (int i = 0; i < 6; ++i) EXPECT_EQ(costs[size_t(6 * s + i)], 10.0 * s + i);
+  EXPECT_EQ(costs.back(), 0.5);
   const double delay = 0.2;
   EXPECT_LT(parallel::pp::measure_link_seconds(*stages, 1024), delay / 2);
   stages->set_injection({delay, n - 2, 0, /*links_only=*/true});  // one slow link, the last
