@@ -3,10 +3,11 @@
 
 For each schedule pentad trains the same model with --trace; per schedule it reports the
 median step time (steps after warm-up, runs alternated A/B/C/D, ../shared/MEASURE.md) as a
-ratio to 1F1B, the measured bubble (1 - mean busy / step window, from the trace), the
-schedule's ideal bubble (F = B = W), the simulator's bubble replayed from the passes' measured
-compute times, and the most activation memory any rank held (its slots made, and a split
-backward's kept gradients), and the drain skew: the spread of the stages' last pass ends
+ratio to 1F1B, the measured bubble (1 - mean busy / step window, from the trace, over the steps
+run with the lists rebuilt for the measured passes), the simulator's bubble replaying the lists
+with each pass as long as it took (step by step) and with each chunk's mean pass (wall time),
+the schedule's ideal bubble (F = B = W), the most activation memory any rank held (its slots
+made, and a split backward's kept gradients), and the drain skew: the spread of the stages' last pass ends
 over the step (what the optimizer step's synchronisation costs, which the papers'
 post-validation would hide).
 
@@ -75,9 +76,9 @@ def drain_skew(events):
 def table(p, m, reps, steps, bind):
     print(f"p = {p}, m = {m}, {'ranks bound to cores' if bind else 'ranks sharing 2 cores'}")
     print()
-    print("| schedule | v | step s (x 1F1B) | bubble measured | bubble ideal | bubble simulated "
-          "| activations MiB (most on a rank) | drain skew |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| schedule | v | step s (x 1F1B) | bubble measured | replayed as timed | replayed at "
+          "the means | ideal | activations MiB (most on a rank) | drain skew |")
+    print("|---|---|---|---|---|---|---|---|---|")
     times = {s: [] for s, _ in SCHEDULES}
     other = {s: [] for s, _ in SCHEDULES}
     for _ in range(reps):  # alternated
@@ -93,8 +94,8 @@ def table(p, m, reps, steps, bind):
         o = other[schedule]
         med = lambda k: statistics.median(x[k] for x in o)
         print(f"| {schedule} | {v} | {t:.4f} ({t / base:.3f}) | "
-              f"{med('measured_bubble_fraction'):.3f} | {o[0]['ideal_bubble_fraction']:.3f} | "
-              f"{med('compute_time_bubble_fraction'):.3f} | "
+              f"{med('measured_bubble_fraction'):.3f} | {med('timed_replay_bubble_fraction'):.3f} | "
+              f"{med('replayed_bubble_fraction'):.3f} | {o[0]['ideal_bubble_fraction']:.3f} | "
               f"{med('max_activation_bytes') / 2**20:.2f} | {med('drain_skew'):.3f} |")
     print()
 

@@ -211,8 +211,9 @@ int cost_chunks(const ScheduleSpec& spec, const SimCosts& costs) {
   return costs.forward_seconds.size() == size_t(spec.stages) ? 1 : spec.virtual_stages;
 }
 
-// One pass of stage s at full speed (chunks: cost_chunks).
-double pass_seconds(const SimCosts& costs, int s, int chunks, const Action& a) {
+// Pass `index` of stage s's list, a, at full speed (chunks: cost_chunks).
+double pass_seconds(const SimCosts& costs, int s, int chunks, const Action& a, size_t index) {
+  if (!costs.timed_seconds.empty()) return costs.timed_seconds[size_t(s)][index];
   const size_t at = size_t(s) * size_t(chunks) + size_t(chunks > 1 ? a.chunk : 0);
   const double backward = costs.backward_seconds[at];
   const double weight = costs.weight_seconds.empty() ? backward / 2 : costs.weight_seconds[at];
@@ -249,7 +250,7 @@ SimResult simulate_shared(const ScheduleSpec& spec, const SimCosts& costs,
       const Action& a = lists[size_t(s)][next[size_t(s)]];
       const double ready = transfers.ready_at(s, a);
       if (ready >= 0 && ready <= now) {
-        left[size_t(s)] = pass_seconds(costs, s, chunks, a);
+        left[size_t(s)] = pass_seconds(costs, s, chunks, a, next[size_t(s)]);
         started[size_t(s)] = now;
       } else if (ready > now) {
         soonest_input = std::min(soonest_input, ready);
@@ -305,6 +306,12 @@ SimResult simulate_lists(const ScheduleSpec& spec, const std::vector<std::vector
   PENTAD_CHECK(costs.weight_seconds.empty() || costs.weight_seconds.size() == n,
                "simulate: {} forward costs but {} W costs", n, costs.weight_seconds.size());
   PENTAD_CHECK(int(lists.size()) == p, "simulate: {} stages but {} lists", p, lists.size());
+  PENTAD_CHECK(costs.timed_seconds.empty() || costs.timed_seconds.size() == size_t(p),
+               "simulate: {} stages but {} stages' timed passes", p, costs.timed_seconds.size());
+  for (size_t s = 0; s < costs.timed_seconds.size(); ++s)
+    PENTAD_CHECK(costs.timed_seconds[s].size() == lists[s].size(),
+                 "simulate: stage {} has {} passes but {} timed", s, lists[s].size(),
+                 costs.timed_seconds[s].size());
   SimResult r;
   for (const std::vector<Action>& list : lists) r.peak_in_flight.push_back(peak_in_flight(list));
   r.busy_seconds.assign(static_cast<size_t>(p), 0.0);
@@ -335,9 +342,10 @@ SimResult simulate_lists(const ScheduleSpec& spec, const std::vector<std::vector
       r.deadlock = true;
       return r;
     }
-    const Action a = lists[size_t(best)][next[size_t(best)]++];
+    const size_t index = next[size_t(best)]++;
+    const Action a = lists[size_t(best)][index];
     --remaining;
-    const double cost = pass_seconds(costs, best, chunks, a);
+    const double cost = pass_seconds(costs, best, chunks, a, index);
     const double end = start + cost;
     clock[size_t(best)] = end;
     r.busy_seconds[size_t(best)] += cost;
@@ -375,7 +383,9 @@ double ideal_bubble_fraction(const ScheduleSpec& spec) {
   SimCosts unit;
   unit.forward_seconds.assign(size_t(spec.stages), 1.0);
   unit.backward_seconds.assign(size_t(spec.stages), 2.0);
-  return simulate(spec, unit).bubble_fraction();
+  ScheduleSpec at_unit = spec;  // the zero-bubble lists built for these costs
+  at_unit.zb_costs.clear();
+  return simulate(at_unit, unit).bubble_fraction();
 }
 
 }  // namespace pentad::parallel::pp

@@ -119,6 +119,9 @@ struct SimCosts {
   double transfer_seconds = 0.0;  // one activation (or gradient) over one link
   // Per directed link (from stage * stages + to stage); empty: transfer_seconds on every link.
   std::vector<double> link_seconds;
+  // Per stage, each pass of its list in order, timed (a traced step's); where given, these
+  // and not the costs above.
+  std::vector<std::vector<double>> timed_seconds;
   double core_share = 0.0;  // 0: every rank has its own device or core
   int stages_per_node = 1;
 };
@@ -150,7 +153,8 @@ GroupChoice choose_group(ScheduleSpec spec, const SimCosts& costs,
 
 // The bubble of an ideal pipeline (equal stages, free transfers, backward = 2 x forward,
 // B = W): (p-1) / (v*m + p-1) for GPipe, 1F1B and interleaved; kFkB and the zero-bubble
-// schedules are simulated under the same costs (ZB-H1's is (p-1) / (3m + p-1) there).
+// schedules are simulated under the same costs, the latter with their lists built for them
+// whatever spec.zb_costs says (ZB-H1's is (p-1) / (3m + p-1) there).
 double ideal_bubble_fraction(const ScheduleSpec& spec);
 
 }  // namespace pentad::parallel::pp

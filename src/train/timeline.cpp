@@ -66,7 +66,9 @@ struct StepWindow {
 struct Scan {
   nlohmann::json events = nlohmann::json::array();
   std::map<int64_t, StepWindow> windows;
-  std::vector<double> pass_cpu[3];
+  std::vector<double> pass_cpu[3], pass_wall[3];
+  // Per counted step, per stage: its first rank's passes' wall seconds, in the order run.
+  std::map<int64_t, std::vector<std::vector<double>>> timed;
   std::vector<int64_t> passes[3];
 };
 
@@ -125,6 +127,7 @@ Scan scan_rows(const GatheredRows& g, const parallel::MeshConfig& mesh, int chun
   for (int64_t i = 0; i < g.total; i += kRow) origin = std::min(origin, v[size_t(i + 4)]);
   for (int b = 0; b < 3; ++b) {
     scan.pass_cpu[b].resize(size_t(mesh.pp) * size_t(chunks));
+    scan.pass_wall[b].resize(size_t(mesh.pp) * size_t(chunks));
     scan.passes[b].resize(size_t(mesh.pp) * size_t(chunks));
   }
   std::set<int64_t> recorded;
@@ -133,8 +136,11 @@ Scan scan_rows(const GatheredRows& g, const parallel::MeshConfig& mesh, int chun
   if (recorded.lower_bound(lists_since) != recorded.end())
     counted_from = std::max(counted_from, lists_since);
   int64_t offset = 0;
+  std::vector<int> first_rank(size_t(mesh.pp), -1);  // of each stage
   for (int r = 0; r < n; ++r) {
     const parallel::MeshCoords x = parallel::mesh_coords(mesh, r);
+    const size_t stage = size_t(x[size_t(parallel::Axis::PP)]);
+    if (first_rank[stage] < 0) first_rank[stage] = r;
     scan.events.push_back(thread_name(r, x));
     for (int64_t i = offset; i < offset + g.counts[size_t(r)]; i += kRow) {
       const int64_t* row = &v[size_t(i)];
@@ -150,8 +156,14 @@ Scan scan_rows(const GatheredRows& g, const parallel::MeshConfig& mesh, int chun
         w.end = std::max(w.end, row[5]);
         w.busy[r] += double(row[5] - row[4]);
         w.cpu += double(row[6]);
-        const size_t at = size_t(x[size_t(parallel::Axis::PP)]) * size_t(chunks) + size_t(row[2]);
+        const size_t at = stage * size_t(chunks) + size_t(row[2]);
         scan.pass_cpu[pass][at] += double(row[6]) * 1e-9;
+        scan.pass_wall[pass][at] += double(row[5] - row[4]) * 1e-9;
+        if (first_rank[stage] == r) {
+          auto& timed = scan.timed[row[3]];
+          timed.resize(size_t(mesh.pp));
+          timed[stage].push_back(double(row[5] - row[4]) * 1e-9);
+        }
         ++scan.passes[pass][at];
       }
     }
@@ -162,6 +174,8 @@ Scan scan_rows(const GatheredRows& g, const parallel::MeshConfig& mesh, int chun
 
 struct Bubbles {
   double wall = 0, cpu = 0, compute = 0;
+  double replayed = 0;  // the schedule replayed with each pass's mean wall time
+  double timed = 0;     // ... with each pass as timed, step by step (-1: not replayable)
   int steps = 0;
 };
 
@@ -169,7 +183,12 @@ struct Bubbles {
 // steady clocks agree, as they do on one machine. The CPU-time bubble counts the cores' time
 // instead: 1 - CPU time in passes / (cores the ranks can use x window). It is the larger one when
 // ranks wait for a core (each other's or another program's) in the middle of a pass. The
-// compute-time bubble replays the schedule with each stage's mean CPU time a pass.
+// compute-time bubble replays the schedule with each chunk's mean CPU time a pass; the replayed
+// one with its mean wall time, as the clock measured it (what the measured bubble is to match:
+// a pass whose rank lost its core is as long to the stage waiting for it); the timed one with
+// every pass as long as it took, step by step: what the lists cost without the executor's own
+// gaps and transfers, so the measured bubble above it is theirs, and the replayed one below it
+// is the passes' spread about their means.
 Bubbles measure_bubbles(const Scan& scan, const NodeShare& node, int n,
                         const pp::ScheduleSpec& spec, int stages) {
   const double core_slots =
@@ -188,19 +207,41 @@ Bubbles measure_bubbles(const Scan& scan, const NodeShare& node, int n,
   b.cpu = b.steps ? cpu_bubble_sum / b.steps : 0.0;
   // A pass's CPU time over the threads a rank computes with: its time on cores of its own.
   const double rank_threads = std::max(1.0, double(node.threads) / std::max(1, node.ranks));
-  pp::SimCosts costs;
-  for (size_t at = 0; at < size_t(stages) * size_t(spec.virtual_stages); ++at) {
-    double mean[3];
-    for (int k = 0; k < 3; ++k) {
-      const double passes = double(scan.passes[k][at]);
-      mean[k] = passes ? scan.pass_cpu[k][at] / passes / rank_threads : 0.0;
+  auto replay = [&](const std::vector<double>(&seconds)[3], double over) {
+    pp::SimCosts costs;
+    for (size_t at = 0; at < size_t(stages) * size_t(spec.virtual_stages); ++at) {
+      double mean[3];
+      for (int k = 0; k < 3; ++k) {
+        const double passes = double(scan.passes[k][at]);
+        mean[k] = passes ? seconds[k][at] / passes / over : 0.0;
+      }
+      costs.forward_seconds.push_back(mean[0]);
+      costs.backward_seconds.push_back(mean[1] + mean[2]);  // a split backward's B and W
+      if (spec.splits_backward()) costs.weight_seconds.push_back(mean[2]);
     }
-    costs.forward_seconds.push_back(mean[0]);
-    costs.backward_seconds.push_back(mean[1] + mean[2]);  // a split backward's B and W
-    if (spec.splits_backward()) costs.weight_seconds.push_back(mean[2]);
+    const pp::SimResult r = pp::simulate(spec, costs);
+    return r.deadlock ? -1.0 : r.bubble_fraction();
+  };
+  b.compute = replay(scan.pass_cpu, rank_threads);
+  b.replayed = replay(scan.pass_wall, 1.0);
+  const std::vector<std::vector<pp::Action>> lists = pp::schedule_actions(spec);
+  double timed_sum = 0;
+  int timed_steps = 0;
+  for (const auto& [step, seconds] : scan.timed) {
+    pp::SimCosts costs;
+    costs.forward_seconds.assign(size_t(stages), 0.0);
+    costs.backward_seconds.assign(size_t(stages), 0.0);
+    costs.timed_seconds = seconds;
+    bool whole = true;  // every pass of the lists traced in this step
+    for (size_t st = 0; st < lists.size(); ++st)
+      whole = whole && seconds[st].size() == lists[st].size();
+    if (!whole) continue;
+    const pp::SimResult r = pp::simulate_lists(spec, lists, costs);
+    if (r.deadlock) continue;
+    timed_sum += r.bubble_fraction();
+    ++timed_steps;
   }
-  const pp::SimResult replay = pp::simulate(spec, costs);
-  b.compute = replay.deadlock ? -1.0 : replay.bubble_fraction();
+  b.timed = timed_steps ? timed_sum / timed_steps : -1.0;
   return b;
 }
 
@@ -212,8 +253,10 @@ void log_timeline(const std::string& path, const Bubbles& b, const pp::ScheduleS
   if (node.threads <= node.cores)
     spdlog::info(
         "pipeline trace: {} ({} steps) | bubble measured {:.3f} (wall time; {:.3f} by CPU "
-        "time, {:.3f} from the stages' own compute time), ideal {:.3f} ({})",
-        path, b.steps, b.wall, b.cpu, b.compute, pp::ideal_bubble_fraction(spec), schedule);
+        "time), replayed {:.3f} with each pass as timed, {:.3f} at the passes' mean wall time "
+        "({:.3f} at their mean CPU time), ideal {:.3f} ({})",
+        path, b.steps, b.wall, b.cpu, b.timed, b.replayed, b.compute,
+        pp::ideal_bubble_fraction(spec), schedule);
   else  // the clock measures the waits for a core as much as the schedule
     spdlog::info(
         "pipeline trace: {} ({} steps) | bubble {:.3f} from the stages' own compute time (the "
@@ -260,6 +303,8 @@ double Trainer::write_timeline(const std::string& path) {
                           {"ideal_bubble_fraction", pp::ideal_bubble_fraction(spec)},
                           {"cpu_time_bubble_fraction", bubbles.cpu},
                           {"compute_time_bubble_fraction", bubbles.compute},
+                          {"replayed_bubble_fraction", bubbles.replayed},
+                          {"timed_replay_bubble_fraction", bubbles.timed},
                           {"max_activation_bytes", activations},
                           {"threads_on_node", node.threads},
                           {"cores_on_node", node.cores}}}};

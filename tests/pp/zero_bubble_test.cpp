@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <random>
 #include <set>
+#include <stdexcept>
 
 #include "core/check.h"
 #include "parallel/pp/schedule.h"
@@ -179,6 +180,45 @@ TEST(ZeroBubble, CostsPerChunk) {
     EXPECT_EQ(zero_bubble_sim_costs(chunked).forward_seconds, costs.forward_seconds);
     const double from_mean = simulate_lists(chunked, schedule_actions(mean), costs).step_seconds;
     EXPECT_LE(r.step_seconds, from_mean + 1e-9) << "p" << p;
+  }
+}
+
+// The ideal bubble is the unit-cost lists' at unit costs, whatever costs the lists were
+// rebuilt for.
+TEST(ZeroBubble, IdealBubbleIgnoresTheMeasuredCosts) {
+  ScheduleSpec v{ScheduleKind::ZBV, 2, 8, 2, 1};
+  const double unit = ideal_bubble_fraction(v);
+  for (int i = 0; i < 12; ++i) v.zb_costs.push_back(i % 3 == 1 ? 1.6 : 1.0 + 0.1 * i);
+  v.zb_costs.push_back(0.0);
+  EXPECT_DOUBLE_EQ(ideal_bubble_fraction(v), unit);
+  EXPECT_NEAR(unit, 0.5 / (3 * 8 + 0.5), 1e-12);  // the fill: one half-size forward
+}
+
+// A replay of timed passes (a traced step's, SimCosts::timed_seconds): at the means it is the
+// means' replay; one pass on the critical path taking longer delays the step by as much.
+TEST(ZeroBubble, ReplaysTimedPasses) {
+  for (ScheduleSpec spec : {ScheduleSpec{ScheduleKind::ZBV, 2, 8, 2, 1},
+                            ScheduleSpec{ScheduleKind::OneFOneB, 4, 8, 1, 1}}) {
+    SimCosts means;
+    means.forward_seconds.assign(size_t(spec.stages), 1.0);
+    means.weight_seconds.assign(size_t(spec.stages), 0.8);
+    means.backward_seconds.assign(size_t(spec.stages), 2.0);
+    const auto lists = schedule_actions(spec);
+    SimCosts timed = means;
+    for (const auto& list : lists) {
+      timed.timed_seconds.emplace_back();
+      for (const Action& a : list)
+        timed.timed_seconds.back().push_back(a.type == Action::Forward  ? 1.0
+                                             : a.type == Action::Weight ? 0.8
+                                             : a.type == Action::Input  ? 1.2
+                                                                        : 2.0);
+    }
+    const double step = simulate_lists(spec, lists, means).step_seconds;
+    EXPECT_DOUBLE_EQ(simulate_lists(spec, lists, timed).step_seconds, step);
+    timed.timed_seconds[0][0] += 0.5;  // the first forward: everything waits for it
+    EXPECT_NEAR(simulate_lists(spec, lists, timed).step_seconds, step + 0.5, 1e-9);
+    timed.timed_seconds[0].pop_back();
+    EXPECT_THROW(simulate_lists(spec, lists, timed), std::logic_error);  // a pass untimed
   }
 }
 
