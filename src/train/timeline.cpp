@@ -260,7 +260,7 @@ void log_timeline(const std::string& path, const Bubbles& b, const pp::ScheduleS
   else  // the clock measures the waits for a core as much as the schedule
     spdlog::info(
         "pipeline trace: {} ({} steps) | bubble {:.3f} from the stages' own compute time (the "
-        "schedule replayed with each stage's CPU time a pass), ideal {:.3f} ({}) | not "
+        "schedule replayed with each chunk's mean CPU time a pass), ideal {:.3f} ({}) | not "
         "measured by the clock: {} ranks ({} compute threads) share {} core{} on this machine, "
         "so wall and CPU time count waits for a core, not only for other stages",
         path, b.steps, b.compute, pp::ideal_bubble_fraction(spec), schedule, node.ranks,
