@@ -294,6 +294,17 @@ std::optional<Detection> Detector::check_hang(double now) const {
     }
   if (!waiter) return std::nullopt;
   const Wait& w = *waiter->wait;
+  // A member blocked on its checkpoint's disk work (phase "checkpoint", outside collectives)
+  // holds the others up for as long as the disk takes: a loaded disk once took 2 s, the hang
+  // floor. It is named only past kCheckpointHangFactor x the threshold (a full or hung disk).
+  const double disk_threshold = std::max(kCheckpointHangSeconds, kCheckpointHangFactor * threshold);
+  for (int m : w.members) {
+    auto it = ranks_.find(m);
+    if (it != ranks_.end() && !it->second.closed && !it->second.wait &&
+        it->second.phase == "checkpoint" && !silent(it->second, now) &&
+        now - w.entered_at <= disk_threshold)
+      return std::nullopt;
+  }
   const std::string waited = fmt::format("rank {} waited {:.1f} s in {} (threshold {:.1f} s)",
                                          waiter_rank, now - w.entered_at, describe(w), threshold);
   for (int m : w.members) {  // lowest first when several qualify

@@ -89,6 +89,10 @@ class Detector {
  public:
   static constexpr size_t kHistorySteps = 20;  // median step time over this many steps
   static constexpr size_t kEarlySteps = 5;     // RankState::early
+  // A rank blocked on its checkpoint's disk work is named as a hang only after this many
+  // times the hang threshold, and at least this many seconds.
+  static constexpr double kCheckpointHangFactor = 10;
+  static constexpr double kCheckpointHangSeconds = 30;
   // A slow rank must be slow this many steps running: on a shared, oversubscribed machine a
   // rank descheduled for 5 steps of 15 ms happened in a clean run; 10 did not in 200 steps.
   static constexpr size_t kSlowSteps = 10;

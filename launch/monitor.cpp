@@ -183,9 +183,10 @@ void Monitor::run() {
         {"rank", rank_},
         {"t", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()},
         {"step", p.step},
-        {"phase", w.waiting ? "wait"
-                  : started ? "compute"
-                            : "other"},
+        {"phase", w.waiting               ? "wait"
+                  : w.checkpoint_s >= 0.0 ? "checkpoint"
+                  : started               ? "compute"
+                                          : "other"},
         {"step_seconds", p.step_seconds},
         {"wait_seconds", p.wait_seconds},
         {"ckpt_step", p.ckpt_step}};

@@ -8,7 +8,9 @@
 //   {"type":"beat","rank","t","step","phase","step_seconds","wait_seconds","ckpt_step",
 //     "recent":[[step, seconds, wait seconds, compute CPU seconds], ...],
 //     "wait":{"comm","kind","seq","since_s","members"}}  every beat_ms (wait: only while
-//     blocked in a collective; recent: the last 16 steps);
+//     blocked in a collective; recent: the last 16 steps; phase: "wait" in a collective,
+//     "checkpoint" blocked on the checkpoint's disk work, "compute" otherwise once
+//     training has started, "other" before);
 //   {"type":"bye","rank","status":"done"|"error"|"refused"|"terminated","message",
 //    "cause":{"kind","path"}}  at the end (refused: an error before the first step, which a
 //     restart would meet again; terminated: SIGTERM, from mpirun ending the job after

@@ -24,6 +24,8 @@ struct Activity {
   double wait_cpu_start = 0, step_wait_cpu = 0, step_cpu_start = -1;
   std::atomic<bool> started{false};
   std::atomic<int64_t> start_step{0}, step{0}, ckpt_step{-1};
+  std::atomic<int64_t> ckpt_wait_ns{0};  // when the checkpoint wait began (0: none)
+  int ckpt_wait_depth = 0;               // the training thread's own
   std::atomic<double> step_seconds{0}, wait_seconds{0};
   std::mutex recent_mutex;  // once a step on the training thread, once a beat on the monitor's
   std::deque<ProgressSnapshot::Step> recent;
@@ -108,9 +110,22 @@ void activity_checkpoint_committed(int64_t step) {
   activity().ckpt_step.store(step);
 }
 
+void activity_checkpoint_wait_begin() {
+  Activity& a = activity();
+  if (a.ckpt_wait_depth++ == 0) a.ckpt_wait_ns.store(trace_now_ns(), std::memory_order_release);
+}
+
+void activity_checkpoint_wait_end() {
+  Activity& a = activity();
+  if (a.ckpt_wait_depth > 0 && --a.ckpt_wait_depth == 0)
+    a.ckpt_wait_ns.store(0, std::memory_order_release);
+}
+
 WaitSnapshot activity_wait() {
   Activity& a = activity();
   WaitSnapshot w;
+  if (const int64_t since = a.ckpt_wait_ns.load(std::memory_order_acquire); since > 0)
+    w.checkpoint_s = 1e-9 * double(trace_now_ns() - since);
   const CommTraceChannel* channel = a.channel.load(std::memory_order_acquire);
   if (!channel) return w;
   w.waiting = true;

@@ -16,6 +16,9 @@
 namespace pentad::parallel {
 
 struct WaitSnapshot {
+  // Outside any collective, blocked on the checkpoint's own work (its file written and
+  // synced, the commit) this long; -1: not.
+  double checkpoint_s = -1;
   bool waiting = false;
   std::string comm;          // the communicator's name
   const char* kind = "";     // comm_kind_name
@@ -67,6 +70,10 @@ void activity_run_started(int64_t start_step);
 void activity_step_done(int64_t steps_done, double step_seconds);
 double thread_cpu_seconds();  // the calling thread's CPU time
 void activity_checkpoint_committed(int64_t step);
+// Between these the training thread blocks on the checkpoint's own work; nested pairs count
+// once. A disk that is slow for a while is not a hang (launch/detector.h).
+void activity_checkpoint_wait_begin();
+void activity_checkpoint_wait_end();
 // Any thread.
 WaitSnapshot activity_wait();
 ProgressSnapshot activity_progress();

@@ -9,13 +9,20 @@
 namespace pentad {
 namespace {
 
-// Adds the seconds of its scope to `total`, less the saver's own waits (counted apart).
+// Adds the seconds of its scope to `total`, less the saver's own waits (counted apart); the
+// fault monitor hears of the scope as the checkpoint's (parallel/activity.h).
 struct BlockedClock {
   double& total;
   const ckpt::AsyncSaver& saver;
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   double saver_blocked = saver.blocked_seconds();
+  BlockedClock(double& total_, const ckpt::AsyncSaver& saver_) : total(total_), saver(saver_) {
+    parallel::activity_checkpoint_wait_begin();
+  }
+  BlockedClock(const BlockedClock&) = delete;
+  BlockedClock& operator=(const BlockedClock&) = delete;
   ~BlockedClock() {
+    parallel::activity_checkpoint_wait_end();
     total += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() -
              (saver.blocked_seconds() - saver_blocked);
   }

@@ -108,6 +108,27 @@ TEST(Detector, RankComputingWhileTheOthersWaitIsANonCommHang) {
   EXPECT_FALSE(d.check(3.3).has_value());        // reported once
 }
 
+// A rank blocked on its checkpoint's disk work (phase "checkpoint") is given 10 x the
+// threshold, at least 30 s: a loaded disk is not a hang, a hung one is still named.
+TEST(Detector, RankBlockedOnItsCheckpointIsGivenLongerThanAHang) {
+  Detector d = healthy_run();
+  block_all_but_rank2(d, 30.9, [&](double t) { feed(d, beat(2, 10, "checkpoint"), t); });
+  EXPECT_FALSE(d.check(30.9).has_value());  // 29.9 s of the 30
+  block_all_but_rank2(d, 31.1, [&](double t) { feed(d, beat(2, 10, "checkpoint"), t); });
+  std::optional<Detection> found = d.check(31.1);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->cls, "non-comm hang");
+  EXPECT_EQ(found->culprit, std::vector<int>{2});
+  EXPECT_NE(found->reason.find("checkpoint"), std::string::npos) << found->reason;
+  // Silent while it writes (a stopped process): the silence rule, not the disk's grace.
+  Detector quiet = healthy_run();
+  feed(quiet, beat(2, 10, "checkpoint"), 1.0);
+  block_all_but_rank2(quiet, 3.2, [](double) {});
+  found = quiet.check(3.2);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->culprit, std::vector<int>{2});
+}
+
 TEST(Detector, RankInAnotherCollectiveIsACommHang) {
   Detector d = healthy_run();
   block_all_but_rank2(d, 3.2, [&](double t) {

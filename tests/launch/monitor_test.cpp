@@ -76,6 +76,11 @@ TEST(Monitor, BeatsSayWhereTheRankIsBlockedAndHowFarItCame) {
     parallel::activity_wait_begin(ticket);
     std::this_thread::sleep_for(std::chrono::milliseconds(60));
     parallel::activity_wait_end();
+    parallel::activity_checkpoint_wait_begin();  // ... then on its checkpoint's disk work
+    parallel::activity_checkpoint_wait_begin();  // (nested: counted once)
+    parallel::activity_checkpoint_wait_end();
+    std::this_thread::sleep_for(std::chrono::milliseconds(40));
+    parallel::activity_checkpoint_wait_end();
     parallel::activity_checkpoint_committed(20);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     monitor.finish(true);
@@ -95,12 +100,13 @@ TEST(Monitor, BeatsSayWhereTheRankIsBlockedAndHowFarItCame) {
   EXPECT_TRUE(saw_started);
   EXPECT_EQ(lines.back()["type"], "bye");
   EXPECT_EQ(lines.back()["status"], "done");
-  bool saw_wait = false, saw_ckpt = false;
+  bool saw_wait = false, saw_ckpt = false, saw_disk = false;
   int64_t last_step = 0;
   for (const json& l : lines) {
     if (l["type"] != "beat") continue;
     last_step = l["step"];
     saw_ckpt = saw_ckpt || l["ckpt_step"] == 20;
+    saw_disk = saw_disk || l["phase"] == "checkpoint";
     if (l["phase"] != "wait") continue;
     saw_wait = true;
     EXPECT_EQ(l["wait"]["comm"], "dp_test");
@@ -114,6 +120,7 @@ TEST(Monitor, BeatsSayWhereTheRankIsBlockedAndHowFarItCame) {
   }
   EXPECT_TRUE(saw_wait) << "no beat while blocked in the collective";
   EXPECT_TRUE(saw_ckpt);
+  EXPECT_TRUE(saw_disk) << "no beat while blocked on the checkpoint";
   EXPECT_EQ(last_step, 20);
 }
 
