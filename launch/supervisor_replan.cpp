@@ -20,8 +20,10 @@ namespace {
 // Steps on a re-planned layout before its step time is taken (the detector's median is over
 // the last 20 steps of each rank; the first steps after a resume warm up).
 constexpr int64_t kMeasureSteps = 10;
-// Around a slow link only when the steps run this many times slower than before it.
-constexpr double kSlowerSteps = 1.2;
+// Around a slow link only when the steps run this many times slower than before it. The
+// soak's falsely slow pipeline link, on 5 ms steps, read 1.0-1.15x and once 1.2x, and was
+// re-planned for then (onto a layout twice as slow); the injected slow link reads 10-25x.
+constexpr double kSlowerSteps = 1.5;
 
 }  // namespace
 
