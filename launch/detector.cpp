@@ -71,9 +71,9 @@ int Detector::message(const nlohmann::json& msg, double now, std::string* error)
     } else if (step > r.step && step_seconds > 0) {
       r.history.push_back({step, step_seconds, msg.value("wait_seconds", 0.0), now});
     }
-    for (const StepRecord& h : r.history)
-      if (r.early.size() < kEarlySteps && h.step > r.resume_step + 1 &&
-          (r.early.empty() || h.step > r.early.back().step))
+    for (size_t i = 0; i < r.history.size() && r.early.size() < kEarlySteps; ++i)
+      if (const StepRecord& h = r.history[i];
+          h.step > r.resume_step + 1 && (r.early.empty() || h.step > r.early.back().step))
         r.early.push_back(h);
     while (r.history.size() > kHistorySteps) r.history.pop_front();
     r.step = std::max(r.step, step);

@@ -103,11 +103,11 @@ StoreCheck check_store(const std::string& root, const StoreExpectation& expect) 
   }
   // The ranks' reports lag (a beat every 100 ms; the oldest rank's is taken): retention may
   // have retired the checkpoint they name in favour of newer ones, which serve as well.
+  const std::vector<std::string> committed = ckpt::committed_checkpoints(root);
   bool newer_kept = false;
-  for (const std::string& dir : ckpt::committed_checkpoints(root))
+  for (const std::string& dir : committed)
     newer_kept = newer_kept || ckpt::checkpoint_step(dir).value_or(-1) >= expect.committed_step;
-  if ((!newest.empty() && !newer_kept) ||
-      (newest.empty() && holds && ckpt::committed_checkpoints(root).empty())) {
+  if ((!newest.empty() && !newer_kept) || (newest.empty() && holds && committed.empty())) {
     c.blocked = "checkpoint_dir";
     c.words = fmt::format("{} no longer holds {}{}", root,
                           newest.empty() ? std::string("the checkpoints the job committed")
@@ -120,7 +120,6 @@ StoreCheck check_store(const std::string& root, const StoreExpectation& expect) 
   struct statvfs st {};
   if (::statvfs(root.c_str(), &st) != 0) return c;  // nothing to judge: restart
   c.free_bytes = int64_t(st.f_bavail) * int64_t(st.f_frsize);
-  const std::vector<std::string> committed = ckpt::committed_checkpoints(root);
   if (committed.empty()) return c;  // no save to measure one by
   c.needed_bytes = bytes_on_disk(committed.front());
   const int64_t reusable = bytes_on_disk(ckpt::recycle_dir(root));
