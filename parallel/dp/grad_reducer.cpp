@@ -37,12 +37,14 @@ GradReducer::GradReducer(Communicator& group, ParamStore& params, size_t bucket_
       end = begin = offset;
       continue;
     }
-    if (unit) {  // stage 3: whole units, whatever their size
+    if (unit) {  // never two keys in a bucket; at stage 3 whole units, whatever their size
       const std::string key = unit(specs[i]);
       if (key != open_unit) close();
       open_unit = key;
-      begin = offset;
-      continue;
+      if (stage_ == 3) {
+        begin = offset;
+        continue;
+      }
     }
     const bool alone = isolate && isolate(specs[i]);
     if (alone) close();
@@ -50,6 +52,7 @@ GradReducer::GradReducer(Communicator& group, ParamStore& params, size_t bucket_
     if (alone || end - begin >= bucket_elems) close();
   }
   close();
+  last_ = buckets_.size();
   if (stage_ == 0) return;
   // The compact buffer holds this rank's shares in arena order.
   for (auto b = buckets_.rbegin(); b != buckets_.rend(); ++b) {
@@ -197,7 +200,7 @@ void GradReducer::drop_grads(Bucket& b) {
 bool GradReducer::grads_source(int id) {
   const int bucket = bucket_of(int64_t(params_.spec(id).offset));
   if (bucket < 0) return false;
-  PENTAD_CHECK(size_t(bucket) >= next_,
+  PENTAD_CHECK(size_t(bucket) < first_ || size_t(bucket) >= next_,
                "the gradient of {} was written after its bucket's reduction began (backward "
                "reported it final too early)",
                params_.spec(id).name);
@@ -220,7 +223,7 @@ void GradReducer::start(Bucket& b) {
   }
   const int64_t mine = b.counts[size_t(group_.rank())];
   const Tensor share = view_of(shares_ + b.shard, Shape{mine}, DType::F32, device_);
-  if (accumulate_ && mine > 0) {
+  if (stage_ >= 2 && b.summed && mine > 0) {
     // Stage 2's later micro-batches: the sum so far joins this rank's part of the bucket
     // before the reduce-scatter, which then leaves sum so far + this micro-batch's in the
     // shares. No second buffer of shares to receive into; on CUDA the add is queued on the
@@ -230,6 +233,7 @@ void GradReducer::start(Bucket& b) {
     kernels::add(part, part, share);
   }
   b.work = group_.reduce_scatter_v(share, region, b.counts, ReduceOp::Sum, /*async=*/true);
+  b.summed = true;
 }
 
 void GradReducer::report(Bucket& b) {
@@ -247,8 +251,34 @@ void GradReducer::complete(Bucket& b) {
   if (stage_ >= 2) drop_grads(b);
 }
 
+void GradReducer::begin_step() {
+  for (Bucket& b : buckets_) b.summed = false;
+  takes_ = 0;
+}
+
+void GradReducer::set_window(int64_t begin, int64_t end) {
+  PENTAD_CHECK(next_ == first_, "set_window: the last window's buckets are not finished");
+  size_t first = 0;
+  while (first < buckets_.size() && buckets_[first].begin >= end) ++first;
+  size_t last = first;
+  while (last < buckets_.size() && buckets_[last].begin >= begin) ++last;
+  const bool cut = (first < last && buckets_[first].end > end) ||
+                   (last < buckets_.size() && buckets_[last].end > begin);
+  PENTAD_CHECK(!cut, "set_window: [{}, {}) cuts a bucket", begin, end);
+  first_ = next_ = first;
+  last_ = last;
+  windowed_ = true;
+}
+
+void GradReducer::clear_window() {
+  PENTAD_CHECK(next_ == first_, "clear_window: the window's buckets are not finished");
+  first_ = next_ = 0;
+  last_ = buckets_.size();
+  windowed_ = false;
+}
+
 void GradReducer::ready_from(int64_t offset) {
-  while (next_ < buckets_.size() && buckets_[next_].begin >= offset) {
+  while (next_ < last_ && buckets_[next_].begin >= offset) {
     Bucket& b = buckets_[next_++];
     b.done = b.reported = false;
     if (&b == &buckets_.front() && bug_injected("dp-skip-last-bucket")) continue;
@@ -258,15 +288,15 @@ void GradReducer::ready_from(int64_t offset) {
   // to the pool only below, at points every step reaches alike (not when a test happens to
   // find its reduction done), so that the pool's takes and gives run in the same order in
   // every step and the pool, settled in the first, makes no buffer after it.
-  for (size_t i = 0; i < next_; ++i)
+  for (size_t i = first_; i < next_; ++i)
     if (buckets_[i].work.test()) stage_ >= 2 ? report(buckets_[i]) : complete(buckets_[i]);
   if (stage_ < 2) return;
   // Stage 2 holds at most kInFlight buckets of full-size gradients: MPI without a progress
   // thread moves a reduction only inside MPI calls, so without this bound buckets finish
   // (and free their pages) many layers late (bench/RESULTS.md, ZeRO memory).
   size_t pending = 0;
-  for (size_t i = 0; i < next_; ++i) pending += buckets_[i].done ? 0 : 1;
-  for (size_t i = 0; i < next_ && pending > kInFlight; ++i)
+  for (size_t i = first_; i < next_; ++i) pending += buckets_[i].done ? 0 : 1;
+  for (size_t i = first_; i < next_ && pending > kInFlight; ++i)
     if (!buckets_[i].done) {
       buckets_[i].work.wait();
       complete(buckets_[i]);
@@ -276,12 +306,12 @@ void GradReducer::ready_from(int64_t offset) {
 
 void GradReducer::finish() {
   ready_from(0);
-  for (Bucket& b : buckets_) {
-    b.work.wait();
-    complete(b);
+  for (size_t i = first_; i < last_; ++i) {
+    buckets_[i].work.wait();
+    complete(buckets_[i]);
   }
-  next_ = 0;
-  takes_ = 0;  // the pool's takes of the next step count from here
+  next_ = first_;
+  if (!windowed_) takes_ = 0;  // the pool's takes of the next step count from here
 }
 
 void GradReducer::gather(const std::function<float*(Bucket&)>& at) {

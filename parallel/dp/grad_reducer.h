@@ -71,7 +71,9 @@ class GradReducer {
   // that is left out (MoE experts reduce over their own group, edp).
   // isolate: parameters that get a bucket of their own, so that every rank holding one
   // (the tied embedding on the first and last pipeline stages) cuts its shares alike.
-  // unit (stage 3): parameters with the same key, adjacent in the arena, form one bucket.
+  // unit: buckets never hold parameters of two keys (a pipeline stage's chunks at stage 2,
+  // each reduced apart); at stage 3 parameters with the same key, adjacent in the arena,
+  // form one bucket whatever its size.
   // fetch (stage 3; ZeRO-Infinity): this rank's shares live outside the parameter arena,
   // which then backs none of them. fetch(shard, count, into) starts reading elements
   // [shard, shard + count) of the compact layout (where the bucket's share sits in shard())
@@ -96,9 +98,16 @@ class GradReducer {
   void ready_from(int64_t offset);
   // Starts every bucket not yet started and waits for all of them.
   void finish();
-  // Stage 2, micro-batches after the first of a step: reductions add into the compact
-  // buffer instead of overwriting it.
-  void set_accumulate(bool accumulate) { accumulate_ = accumulate; }
+  // Before a step's first reduction. At stages 2 and 3 each bucket's first reduction of the
+  // step then overwrites its shares and the later ones (later micro-batches) add into them.
+  void begin_step();
+  // Pipelines at stages 2 and 3: a stage's chunks finish their gradients in turn, one
+  // micro-batch's at a time, and each chunk's are reduced after each of its backward passes
+  // (train/grad_sync.h). While a window is set, ready_from() and finish() see only the
+  // buckets inside arena elements [begin, end) (one chunk's: `unit` cut the buckets there),
+  // and finish() leaves the pool's count of takes for the step's end (clear_window()).
+  void set_window(int64_t begin, int64_t end);
+  void clear_window();
 
   // Stage >= 1: which part of the arena this rank's optimizer owns, its reduced gradients
   // (compact, shard().numel elements), and the all-gather of the updated parameters.
@@ -160,6 +169,7 @@ class GradReducer {
     int64_t shard = 0;            // ZeRO: where this rank's share sits in the compact buffer
     Work work;
     bool done = false;      // finished and, at stage 2, discarded
+    bool summed = false;    // stages 2 and 3: reduced into the shares since begin_step()
     bool reported = false;  // finished and reported to on_reduced()'s callback
     // Stage 3: the parameters' all-gather, whether they are whole here, and the acquirers.
     Work gather;
@@ -195,10 +205,11 @@ class GradReducer {
   Device device_ = Device::CPU;  // where the gradients live
   std::vector<Bucket> buckets_;  // from the end of the arena towards its start
   size_t next_ = 0;              // first bucket not started
+  size_t first_ = 0, last_ = 0;  // the window's buckets: [first_, last_) (all without one)
+  bool windowed_ = false;
   StateShard shard_;
   Arena shard_grads_;        // ZeRO: the reduced shares
   float* shares_ = nullptr;  // the reduced shares: shard_grads_, or place_shares()'
-  bool accumulate_ = false;
   FetchShare fetch_;  // stage 3: where this rank's shares come from (empty: they stay)
   Reduced reduced_;
   std::vector<Arena> pool_;  // stages 2, 3: buffers not in use

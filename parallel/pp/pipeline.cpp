@@ -312,6 +312,8 @@ double Pipeline::backward(const Action& a, int slot, int64_t step, bool last_of_
   if (needs_input(a)) d_output = wait_input(a, Span::WaitGrad, step);
   const int64_t start = trace_now_ns(), start_cpu = cpu_now_ns();
   Span::Kind kind = Span::Backward;
+  const bool grads = a.type != Action::Input;  // the pass finishes parameter gradients
+  if (grads && before_grads_) before_grads_(a.chunk);
   if (a.type == Action::Backward) {
     chunks_.backward(a.chunk, slot, d_output, last_of_chunk, on_ready);
   } else if (a.type == Action::Input) {
@@ -322,9 +324,11 @@ double Pipeline::backward(const Action& a, int slot, int64_t step, bool last_of_
     kind = Span::BackwardWeight;
   }
   record(kind, a, step, start, start_cpu);
+  const double ns = double(spans_.back().end_ns - start);
   if (a.type != Action::Weight && vs > 0)
     send(chunks_.input_grad(), Action::Backward, a.micro, vs - 1);
-  return double(spans_.back().end_ns - start);
+  if (grads && after_grads_) after_grads_(a.chunk);  // after the send: the stage below goes on
+  return ns;
 }
 
 double Pipeline::evaluate(int count, const Fetch& fetch) {

@@ -28,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "parallel/comm.h"
@@ -70,6 +71,14 @@ class Pipeline {
   // Another schedule of the same stages and virtual stages (adaptive kFkB changes k).
   void set_schedule(const ScheduleSpec& spec);
   const ScheduleSpec& schedule() const { return spec_; }
+  // Called before and after every pass that finishes parameter gradients of a chunk (a
+  // backward or a W), with the chunk: ZeRO-2 and -3 reduce them after each
+  // (train/grad_sync.h). Unset: nothing is called.
+  using GradPass = std::function<void(int chunk)>;
+  void set_grad_passes(GradPass before, GradPass after) {
+    before_grads_ = std::move(before);
+    after_grads_ = std::move(after);
+  }
 
   // One step: every micro-batch forward and backward, in the schedule's order. Returns the
   // sum of the micro-batches' mean losses on the stage holding the loss, 0 elsewhere.
@@ -150,6 +159,7 @@ class Pipeline {
   std::vector<std::vector<bool>> slot_busy_;  // per chunk, per slot the stage made
   std::vector<int> in_flight_, peak_;
   std::vector<double> pass_seconds_;
+  GradPass before_grads_, after_grads_;
 };
 
 }  // namespace pentad::parallel::pp

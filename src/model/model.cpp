@@ -402,7 +402,7 @@ void Model::backward_chunk(int c, int slot_index, const Tensor& d_output, bool l
   LayerGrads& g = scratch_.grads;
   int64_t reported = -1;  // the offset last given to on_ready
   auto ready = [&](int first_param, const std::vector<int>& partial) {
-    if (!last_micro_batch) return;
+    if (!last_micro_batch && !reduce_each_pass_) return;
     sync_partial_grads(partial);
     reported = static_cast<int64_t>(params_.spec(first_param).offset);
     if (on_ready) on_ready(reported);

@@ -19,6 +19,7 @@
 // and one slot.
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <vector>
@@ -146,6 +147,18 @@ class Model {
   // order of the two chunks' Ws (then no longer bitwise the fused backward's order, which
   // alternates the two per micro-batch). Off by default.
   void set_tied_head_apart(bool apart) { tied_head_apart_ = apart; }
+  // ZeRO-2 and -3 under pipelining: every backward_chunk and backward_chunk_weights finishes
+  // its parameter gradients as the step's last does (replicated partial ones summed over tp,
+  // on_ready told of each range), since each pass's are reduced after it; last_micro_batch
+  // then only marks the step's last (where the tied head's gradient joins wte's). Off by
+  // default.
+  // A split backward's B then adds the norms' parameter gradients into buffers of the model's
+  // own, which join the parameters' at the next W of their layer: between passes no
+  // gradient of the arena is held (ZeRO-2's buckets stay unbacked from B to W).
+  void set_reduce_each_pass(bool each);
+  // Pipelining: where each chunk's parameters begin in the arena (chunks() + 1 values, the
+  // last the arena's size): a chunk's are contiguous, in chunk order.
+  std::vector<int64_t> chunk_param_offsets() const;
   // Throws pentad::Error saying why, where some chunk's backward cannot be split.
   void check_split_backward() const {
     for (int c = 0; c < chunks(); ++c) check_split(c);
@@ -281,6 +294,12 @@ class Model {
   Tensor at_width(const Tensor& t, int64_t ffn) const;  // this rank's rows of the MoE block's input
   Tensor P(int id) const { return id < 0 ? Tensor{} : params_.weight(id); }
   Tensor G(int id) const { return id < 0 ? Tensor{} : params_.grad(id); }
+  // Where a split backward's B writes parameter id's gradient (a norm's): G(id), or its
+  // buffer apart under set_reduce_each_pass; join_norm_grads adds those into G and zeros them.
+  Tensor GB(int id) const {
+    return id < 0 || norm_grads_apart_.empty() ? G(id) : norm_grads_apart_[size_t(id)];
+  }
+  void join_norm_grads(std::initializer_list<int> ids);
   bool gpt2() const { return cfg_.family == ModelFamily::GPT2; }
   bool holds_last() const;
 
@@ -305,6 +324,9 @@ class Model {
   // set_tied_head_apart's buffer of the head's share of the tied gradient, and the Ws of
   // each use since the last join (model/split_backward.cpp).
   bool tied_head_apart_ = false;
+  bool reduce_each_pass_ = false;
+  Arena norm_grads_arena_;                // set_reduce_each_pass: B's norm gradients
+  std::vector<Tensor> norm_grads_apart_;  // by parameter id (empty: none, or not a norm)
   Arena tied_head_arena_;
   Tensor tied_head_grad_;
   int tied_heads_ = 0, tied_embeddings_ = 0;  // Ws of each since the last join

@@ -153,6 +153,24 @@ std::vector<std::vector<int>> Model::stretches() const {
   return all;
 }
 
+std::vector<int64_t> Model::chunk_param_offsets() const {
+  std::vector<int64_t> offsets;
+  for (const ChunkState& chunk : chunks_) {
+    const LayerRange& r = chunk.range;
+    int id = -1;
+    if (r.first) id = embed_ids_.front();
+    for (int64_t l = r.layer_begin; id < 0 && l < r.layer_end; ++l)
+      if (!layer_ids_[size_t(l)].empty()) id = layer_ids_[size_t(l)].front();
+    if (id < 0) id = final_ids_.front();
+    offsets.push_back(int64_t(params_.spec(id).offset));
+  }
+  offsets.push_back(params_.numel());
+  for (size_t c = 1; c < offsets.size(); ++c)
+    PENTAD_CHECK(offsets[c - 1] <= offsets[c], "chunk {}'s parameters begin before chunk {}'s",
+                 c, c - 1);
+  return offsets;
+}
+
 std::vector<int> Model::expert_bias_ids() const {
   std::vector<int> ids;
   for (const auto& block : moe_)

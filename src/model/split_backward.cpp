@@ -92,16 +92,16 @@ void Model::layer_backward_input(int l, const Tensor& x, LayerActs& a, const Def
   if (layer_ffn_[size_t(l)] > 0) split_mlp_input(p, a, layer_ffn_[size_t(l)], d);
   if (moe_[size_t(l)]) split_moe_input(l, a, moe, moe_weight);
   if (gpt2())
-    k::layernorm_backward(g.resid, G(p.norm2_w), G(p.norm2_b), g.norm_local, a.res1, P(p.norm2_w),
+    k::layernorm_backward(g.resid, GB(p.norm2_w), GB(p.norm2_b), g.norm_local, a.res1, P(p.norm2_w),
                           a.norm2_mean, a.norm2_rstd);
   else
-    k::rmsnorm_backward(g.resid, G(p.norm2_w), g.norm_local, a.res1, P(p.norm2_w), a.norm2_rstd);
+    k::rmsnorm_backward(g.resid, GB(p.norm2_w), g.norm_local, a.res1, P(p.norm2_w), a.norm2_rstd);
   split_attention_input(p, a, d);  // from d(res1) in g.resid: d(norm1 output) into g.norm_local
   if (gpt2())
-    k::layernorm_backward(g.resid, G(p.norm1_w), G(p.norm1_b), g.norm_local, x, P(p.norm1_w),
+    k::layernorm_backward(g.resid, GB(p.norm1_w), GB(p.norm1_b), g.norm_local, x, P(p.norm1_w),
                           a.norm1_mean, a.norm1_rstd);
   else
-    k::rmsnorm_backward(g.resid, G(p.norm1_w), g.norm_local, x, P(p.norm1_w), a.norm1_rstd);
+    k::rmsnorm_backward(g.resid, GB(p.norm1_w), g.norm_local, x, P(p.norm1_w), a.norm1_rstd);
 }
 
 // Layer l's W: layer_backward's GEMMs' parameter gradients (+=), from their inputs in a and
@@ -160,6 +160,36 @@ void Model::backward_chunk_input(int c, int slot_index, const Tensor& d_output) 
   s.weights_pending = true;
 }
 
+void Model::set_reduce_each_pass(bool each) {
+  reduce_each_pass_ = each;
+  norm_grads_apart_.clear();
+  norm_grads_arena_ = Arena();
+  if (!each) return;
+  std::vector<int> ids = {normf_w_, normf_b_};
+  for (const LayerParams& p : layers_)
+    ids.insert(ids.end(), {p.norm1_w, p.norm1_b, p.norm2_w, p.norm2_b});
+  std::erase(ids, -1);
+  size_t bytes = 0;
+  for (int id : ids) bytes += size_t(params_.spec(id).local_shape.numel()) * sizeof(float) + 256;
+  norm_grads_arena_ = Arena("norm gradients from B to W", bytes, placement_.device);
+  norm_grads_apart_.assign(params_.specs().size(), Tensor{});
+  for (int id : ids) {
+    norm_grads_apart_[size_t(id)] =
+        norm_grads_arena_.alloc(params_.spec(id).local_shape, DType::F32);
+    k::zero(norm_grads_apart_[size_t(id)]);
+  }
+}
+
+void Model::join_norm_grads(std::initializer_list<int> ids) {
+  if (norm_grads_apart_.empty()) return;
+  for (int id : ids)
+    if (id >= 0) {
+      const Tensor apart = norm_grads_apart_[size_t(id)];
+      k::add(G(id), G(id), apart);
+      k::zero(apart);
+    }
+}
+
 void Model::backward_chunk_weights(int c, int slot_index, bool last_micro_batch,
                                    const GradsReady& on_ready) {
   check_split(c);
@@ -172,7 +202,7 @@ void Model::backward_chunk_weights(int c, int slot_index, bool last_micro_batch,
   // Reported as backward_chunk reports them: the same offsets, in the same order.
   int64_t reported = -1;
   auto ready = [&](int first_param, const std::vector<int>& partial) {
-    if (!last_micro_batch) return;
+    if (!last_micro_batch && !reduce_each_pass_) return;
     sync_partial_grads(partial);
     reported = static_cast<int64_t>(params_.spec(first_param).offset);
     if (on_ready) on_ready(reported);
@@ -195,13 +225,16 @@ void Model::backward_chunk_weights(int c, int slot_index, bool last_micro_batch,
     const Tensor dhead = tied_apart ? tied_head_grad_ : G(head_);
     k::linear_backward(Tensor{}, dhead, Tensor{}, s.logits, s.normf, P(head_), false);
     tied_heads_ += tied_apart ? 1 : 0;
+    join_norm_grads({normf_w_, normf_b_});
     ready(normf_w_, partial_.back());  // the final norm's gradients: B's
   }
   for (int64_t l = range.layer_end - 1; l >= range.layer_begin; --l) {
     const size_t i = static_cast<size_t>(l - range.layer_begin);
     layer_backward_weights(static_cast<int>(l), cfg_.recompute ? s.deferred[i].inputs : s.acts[i],
                            s.deferred[i], s.moe.empty() ? nullptr : &s.moe[i], poll);
-    ready(layers_[static_cast<size_t>(l)].norm1_w, partial_[static_cast<size_t>(l)]);
+    const LayerParams& p = layers_[static_cast<size_t>(l)];
+    join_norm_grads({p.norm1_w, p.norm1_b, p.norm2_w, p.norm2_b});
+    ready(p.norm1_w, partial_[static_cast<size_t>(l)]);
     if (progress_) progress_();
   }
   s.weights_pending = false;

@@ -156,10 +156,10 @@ void Model::split_head_input(Slot& s) {
   tp_->f_backward(norm_local, g.norm);
   const Tensor& last = s.resid.back();
   if (gpt2())
-    k::layernorm_backward(g.resid, G(normf_w_), G(normf_b_), norm_local, last, P(normf_w_),
+    k::layernorm_backward(g.resid, GB(normf_w_), GB(normf_b_), norm_local, last, P(normf_w_),
                           s.normf_mean, s.normf_rstd);
   else
-    k::rmsnorm_backward(g.resid, G(normf_w_), norm_local, last, P(normf_w_), s.normf_rstd);
+    k::rmsnorm_backward(g.resid, GB(normf_w_), norm_local, last, P(normf_w_), s.normf_rstd);
 }
 
 // The embedding's output gradient for its W, whole: gathered under sequence parallelism (so

@@ -394,10 +394,11 @@ void add_training_state(MemoryEstimate& e, const Sizes& s, const Config& cfg,
     e.host += e.optimizer + 2 * (nvme_params ? 1 : 2) * chunk * f32;
     e.optimizer = 0;
     // With a gradient reducer, the shard's gradients brought down during backward (4S;
-    // not under pipelining with a tied embedding, Trainer::download_grads_during_backward).
+    // not under pipelining with a tied embedding or at ZeRO-2 and -3,
+    // Trainer::grads_come_down_early).
     const bool reduces =
         mesh.dp * mesh.cp > 1 || parallel::mesh_degree(mesh, parallel::Axis::EDP) > 1;
-    if (reduces && !(mesh.pp > 1 && m.tie_embeddings)) e.host += shares * f32;
+    if (reduces && !(mesh.pp > 1 && (m.tie_embeddings || z.stage >= 2))) e.host += shares * f32;
   }
 }
 

@@ -189,12 +189,12 @@ void check_zero(const Config& c, const Where& where) {
         "parallel.zero = {} gathers none: set parallel.zero = 3 or remove zero_live_units",
         where({"parallel.zero_live_units", "parallel.zero"}), p.zero_live_units, p.zero);
   if (p.zero == 0) return;
-  if (p.zero >= 2 && p.pp > 1)
+  if (p.zero == 3 && p.pp > 1)
     fail(
-        "{}: parallel.zero = {} with parallel.pp = {}: stages 2 and 3 reduce every micro-batch's "
-        "gradients as backward finishes them, which the pipeline schedules do not do yet: set "
-        "parallel.zero = 1 (state sharded, gradients reduce-scattered once per step)",
-        where({"parallel.zero", "parallel.pp"}), p.zero, p.pp);
+        "{}: parallel.zero = 3 with parallel.pp = {}: the pipeline executor does not gather "
+        "parameters yet: set parallel.zero = 2 (gradients and optimizer state sharded, each "
+        "chunk's gradients reduce-scattered after each of its backward passes) or 1",
+        where({"parallel.zero", "parallel.pp"}), p.pp);
 }
 
 }  // namespace

@@ -68,12 +68,12 @@ class ShardedStateSync final : public ShardedSync {
 class AccumulatingSync : public ShardedSync {
  public:
   using ShardedSync::ShardedSync;
-  void begin_step() override {}
-  bool begin_micro_batch(int64_t micro, int64_t) override {
+  void begin_step() override {
+    passes_run_ = false;
     for (parallel::GradReducer* r : {reducers_.dense, reducers_.experts})
-      if (r) r->set_accumulate(micro > 0);
-    return true;
+      if (r) r->begin_step();
   }
+  bool begin_micro_batch(int64_t, int64_t) override { return true; }
   void after_backward(int64_t micro, int64_t count) override {
     if (micro + 1 == count) return;  // the last one's reductions: finish()
     for (parallel::GradReducer* r : {reducers_.dense, reducers_.experts})
@@ -121,8 +121,28 @@ std::unique_ptr<GradSync> GradSync::make(int zero_stage, ParamStore& params, Red
 }
 
 void GradSync::finish() {
+  PENTAD_CHECK(!in_pass_, "GradSync::finish inside a pass");
+  if (passes_run_) return;  // every chunk's buckets reduced after its passes
   for (parallel::GradReducer* r : {reducers_.dense, reducers_.experts})
     if (r) r->finish();
+}
+
+void GradSync::before_pass(int64_t begin, int64_t end) {
+  PENTAD_CHECK(reduces_each_pass() && !in_pass_, "GradSync::before_pass at ZeRO-{}{}", stage_,
+               in_pass_ ? ", inside a pass" : "");
+  in_pass_ = passes_run_ = true;
+  for (parallel::GradReducer* r : {reducers_.dense, reducers_.experts})
+    if (r) r->set_window(begin, end);
+}
+
+void GradSync::after_pass() {
+  PENTAD_CHECK(in_pass_, "GradSync::after_pass without before_pass");
+  in_pass_ = false;
+  for (parallel::GradReducer* r : {reducers_.dense, reducers_.experts})
+    if (r) {
+      r->finish();
+      r->clear_window();
+    }
 }
 
 GradsReady GradSync::ready() const {

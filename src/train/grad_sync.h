@@ -8,6 +8,10 @@
 // reduce-scattered as backward finishes its buckets, added into the shares (no full
 // gradient buffer lives across micro-batches). Stage 3: as 2, and the parameters live as
 // shares, gathered unit by unit when used (train/parallelize.h's zero_parameters).
+// Under pipelining the executor runs the micro-batches' passes chunk by chunk, so stages 2 and
+// 3 reduce one chunk's gradients after each of its backward passes (or Ws): before_pass()
+// narrows the reducers to the chunk's buckets and after_pass() finishes them; below stage 2
+// the chunks report their gradients final in their last backward of the step.
 // The reducers themselves (parallel/dp/grad_reducer.h) are the trainer's; this only drives
 // them.
 #include <cstdint>
@@ -31,6 +35,13 @@ class GradSync {
   };
   static std::unique_ptr<GradSync> make(int zero_stage, ParamStore& params, Reducers reducers,
                                         const StateShard* shard, Tensor shares);
+  // Whether every backward pass of a pipeline chunk reduces the chunk's gradients (stages 2
+  // and 3), rather than only its last of the step.
+  bool reduces_each_pass() const { return stage_ >= 2; }
+  // Around a pipeline chunk's backward pass (or W) whose gradients are reduced now: the
+  // chunk's parameters are arena elements [begin, end).
+  void before_pass(int64_t begin, int64_t end);
+  void after_pass();
   virtual ~GradSync() = default;
   GradSync(const GradSync&) = delete;
   GradSync& operator=(const GradSync&) = delete;
@@ -43,7 +54,8 @@ class GradSync {
   virtual bool begin_micro_batch(int64_t micro, int64_t count) = 0;
   // After micro-batch `micro`'s backward.
   virtual void after_backward(int64_t micro, int64_t count) = 0;
-  // After the last micro-batch: every reduction of the step started and waited for.
+  // After the last micro-batch: every reduction of the step started and waited for (under
+  // pipelining at stages 2 and 3 after_pass() did that).
   void finish();
   // For Model::backward and the pipeline: the gradients from arena offset on are final
   // (empty without a reducer).
@@ -69,6 +81,8 @@ class GradSync {
   const int stage_;
   ParamStore& params_;
   const Reducers reducers_;
+  bool in_pass_ = false;      // between before_pass() and after_pass()
+  bool passes_run_ = false;   // this step's reductions ran in passes
 };
 
 }  // namespace pentad

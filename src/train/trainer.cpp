@@ -104,6 +104,15 @@ Trainer::Trainer(const Config& recipe, parallel::Mesh* mesh) : cfg_(recipe), mes
   grad_sync_ =
       GradSync::make(zero_stage(), model_->params(), {reducer_.get(), expert_reducer_.get()},
                      zero_stage() ? &optimizer_->shard() : nullptr, reduced_shares());
+  if (pipeline_ && grad_sync_->reduces_each_pass()) {
+    // ZeRO-2 and -3 under pipelining: each chunk's gradients reduced after each of its passes.
+    model_->set_reduce_each_pass(true);
+    pipeline_->set_grad_passes(
+        [this, chunks = model_->chunk_param_offsets()](int c) {
+          grad_sync_->before_pass(chunks[size_t(c)], chunks[size_t(c) + 1]);
+        },
+        [this](int) { grad_sync_->after_pass(); });
+  }
   if (zero_stage() == 3) {
     std::vector<parallel::GradReducer*> gathering = zero_reducers();
     if (bug_injected("zero3-moe-skip-expert-gather"))  // planted for the layout test

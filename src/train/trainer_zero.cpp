@@ -21,11 +21,20 @@ void Trainer::build_reducers(size_t bucket_bytes) {
   // for the embedding, one for the final norm and head. Each reducer cuts its own part of a
   // layer: the dense reducer the attention, norms, shared experts and router; the experts'
   // reducer the routed experts of an MoE layer (adjacent in the arena, after the router).
-  const parallel::GradReducer::Unit unit =
-      par.zero != 3 ? parallel::GradReducer::Unit() : [](const ParamSpec& p) {
-        if (p.name.rfind("layers.", 0) != 0) return std::string();
-        return p.name.substr(0, p.name.find('.', 7));
-      };
+  // ZeRO-2 under pipelining reduces one chunk's gradients at a time (train/grad_sync.h): no
+  // bucket holds two chunks' parameters.
+  const std::vector<int64_t> chunks = model_->chunk_param_offsets();
+  parallel::GradReducer::Unit unit;
+  if (par.zero == 3)
+    unit = [](const ParamSpec& p) {
+      if (p.name.rfind("layers.", 0) != 0) return std::string();
+      return p.name.substr(0, p.name.find('.', 7));
+    };
+  else if (par.zero == 2 && pipeline_)
+    unit = [chunks](const ParamSpec& p) {
+      const auto after = std::upper_bound(chunks.begin(), chunks.end(), int64_t(p.offset));
+      return std::to_string(after - chunks.begin());
+    };
   // ZeRO-3 with the parameters on NVMe: the arena backs none of them; each reducer's compact
   // shares sit in the optimizer's shard where optimizer_shard() puts them (the dense
   // reducer's from 0, the experts' after all of the dense ones), and each unit's share is
@@ -89,10 +98,12 @@ bool Trainer::parameter_shares_in_file() const {
 
 bool Trainer::grads_come_down_early() const {
   // Host-offloaded AdamW (a device's parameters, parallel.offload "cpu" or "nvme"), with a
-  // reducer to say when a bucket is final. Not under pipelining with a tied embedding: the
-  // two end stages sum its gradients after the reducers finish.
+  // reducer to say when a bucket is final. Not under pipelining with a tied embedding (the
+  // two end stages sum its gradients after the reducers finish) nor at ZeRO-2 and -3 under
+  // pipelining (each pass reduces, and which is a bucket's last is the schedule's).
   return optimizer_->on_host() && (reducer_ || expert_reducer_) &&
-         !(mesh_ && mesh_->embedding_group() && cfg_.model.tie_embeddings);
+         !(mesh_ && mesh_->embedding_group() && cfg_.model.tie_embeddings) &&
+         !(pipeline_ && zero_stage() >= 2);
 }
 
 void Trainer::download_grads_during_backward(bool on) {

@@ -57,9 +57,11 @@ using Backward = std::function<void(Model&, Tensor, bool, const GradsReady&)>;
 
 // Two micro-batches (the second's gradients added to the first's), each forward then
 // `backward` over every chunk.
-Result run(const ModelConfig& cfg, bool per_layer, const Backward& backward) {
+Result run(const ModelConfig& cfg, bool per_layer, const Backward& backward,
+           bool each_pass = false) {
   Model model(cfg, kB, kT, {}, layout(cfg, per_layer));
   model.params().initialize(3);
+  model.set_reduce_each_pass(each_pass);
   model.params().zero_grads();
   Arena arena("d_output", size_t(kB * kT * cfg.d_model) * sizeof(float) + 256);
   const Tensor d_output = arena.alloc(Shape{kB * kT, cfg.d_model});
@@ -182,6 +184,38 @@ TEST_P(SplitBackward, KeepsItsGradientsUntilW) {
   model.forward(ids.data(), ids.data(), 1.0f);  // the slot is free again
   model.backward_chunk_input(0, 0, Tensor{});
   model.backward_chunk_weights(0, 0, true);
+}
+
+// ZeRO-2 under pipelining (Model::set_reduce_each_pass): B adds the norms' gradients into
+// buffers of the model's own, so every B leaves the arena's gradients as they were (ZeRO-2's
+// buckets stay unbacked until W); W joins them, and the step's gradients are the fused
+// backward's (the norms' summed in another order: not bitwise).
+TEST_P(SplitBackward, ReducingEachPassLeavesTheArenaAloneUntilW) {
+  omp_set_num_threads(2);
+  const ModelConfig cfg = tiny(GetParam());
+  const Result want = run(cfg, true, fused);
+  int bs = 0;
+  const Backward checked = [&](Model& model, Tensor d, bool last, const GradsReady& on_ready) {
+    const Tensor g = model.params().all_grads();
+    const std::vector<float> before(g.f32(), g.f32() + g.numel());
+    for (int c = model.chunks() - 1; c >= 0; --c) {
+      model.backward_chunk_input(c, 0, d);
+      pass_down(model, d);
+      ++bs;
+      ASSERT_EQ(0, std::memcmp(before.data(), g.f32(), before.size() * sizeof(float)))
+          << "B of chunk " << c << " wrote a parameter gradient";
+    }
+    for (int c = model.chunks() - 1; c >= 0; --c) model.backward_chunk_weights(c, 0, last, on_ready);
+  };
+  const Result got = run(cfg, true, checked, /*each_pass=*/true);
+  EXPECT_GT(bs, 2);
+  ASSERT_EQ(want.grads.size(), got.grads.size());
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < want.grads.size(); ++i) {
+    worst = std::max(worst, std::abs(double(want.grads[i]) - got.grads[i]));
+    scale = std::max(scale, std::abs(double(want.grads[i])));
+  }
+  EXPECT_LE(worst, 1e-6 * scale);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, SplitBackward,

@@ -145,7 +145,7 @@ TEST(Zero, ReduceScatterSumsEachShareAndGatherRestoresParameters) {
     float* w = p.all_params().f32();
     auto value = [](int rank, int64_t e) { return float(rank + 1) * float(e % 1000) * 0.5f; };
     for (int micro = 0; micro < 2; ++micro) {  // stage 2 reduces each micro-batch, adding up
-      if (stage == 2) reducer.set_accumulate(micro > 0);
+      if (micro == 0) reducer.begin_step();
       for (int id = 0; id < int(p.specs().size()); ++id) {  // stage 2: homes from the reducer
         float* const g = p.grad(id).f32();
         for (int64_t e = 0; e < p.spec(id).local_shape.numel(); ++e)
@@ -174,6 +174,56 @@ TEST(Zero, ReduceScatterSumsEachShareAndGatherRestoresParameters) {
            ++e)
         ASSERT_EQ(w[e], float(e)) << spec.name;
   }
+}
+
+// Stage 2 under pipelining: a stage's two chunks (the embedding and layers 0-1, layers 2-3
+// and the final norm) finish their gradients in turn, one micro-batch's at a time and in no
+// fixed chunk order; each pass reduces its chunk's buckets inside a window. Every share ends
+// up the sum over ranks and micro-batches, each bucket's first reduction of the step
+// overwriting what the step before left; a window that cuts a bucket is refused.
+TEST(Zero, StageTwoReducesOneChunkAtATimeInWindows) {
+  const int D = world_size();
+  if (D < 2) GTEST_SKIP() << "needs mpirun with at least 2 ranks";
+  auto group = parallel::make_communicator(parallel::Backend::MPI, MPI_COMM_WORLD, "dp");
+  const int r = group->rank();
+  ParamStore p = gpt_like(2);
+  const int64_t cut = int64_t(p.spec(p.find("layers.2.norm1.weight")).offset);
+  parallel::GradReducer reducer(*group, p, size_t{1} << 18, 2, {}, {}, [cut](const ParamSpec& s) {
+    return std::string(int64_t(s.offset) < cut ? "0" : "1");
+  });
+  const std::vector<std::pair<int64_t, int64_t>> chunks = {{0, cut}, {cut, p.numel()}};
+  auto value = [](int rank, int64_t e) { return float(rank + 1) * float(e % 1000) * 0.25f; };
+  // Chunk 1 runs micro-batches 0 and 1, then chunk 0 micro-batch 0, chunk 1 micro-batch 2,
+  // chunk 0 micro-batches 1 and 2 (as a pipeline stage's lists interleave them).
+  const std::vector<int> passes = {1, 1, 0, 1, 0, 0};
+  for (int step = 0; step < 2; ++step) {
+    reducer.begin_step();
+    for (int c : passes) {
+      reducer.set_window(chunks[size_t(c)].first, chunks[size_t(c)].second);
+      for (int id = int(p.specs().size()); id-- > 0;) {  // backward order
+        const ParamSpec& spec = p.spec(id);
+        if (int64_t(spec.offset) < chunks[size_t(c)].first ||
+            int64_t(spec.offset) >= chunks[size_t(c)].second)
+          continue;
+        float* const g = p.grad(id).f32();
+        for (int64_t e = 0; e < spec.local_shape.numel(); ++e)
+          g[e] += value(r, int64_t(spec.offset) + e);
+        reducer.ready_from(int64_t(spec.offset));
+      }
+      reducer.finish();
+      reducer.clear_window();
+    }
+  }
+  const float ranks_sum = float(D * (D + 1) / 2);
+  const float* reduced = reducer.shard_grads().f32();
+  for (const ParamSpec& spec : p.specs())
+    for (const StateShard::Piece& piece : reducer.shard().pieces(spec))
+      for (int64_t k = 0; k < piece.count; ++k)
+        ASSERT_EQ(reduced[piece.shard + k], 3 * ranks_sum * float((piece.arena + k) % 1000) * 0.25f)
+            << spec.name << " element " << piece.arena + k;
+  // The layers' buckets hold one chunk's parameters each; a window through a layer cuts one.
+  EXPECT_THROW(reducer.set_window(0, int64_t(p.spec(p.find("layers.1.mlp.up.weight")).offset) + 1),
+               std::logic_error);
 }
 
 // Stage 2's memory: backward writes the gradients from the end of the arena; each bucket's
@@ -250,7 +300,7 @@ TEST(Zero, StageTwoAccumulatesIntoTheSharesWithoutASecondSet) {
   const size_t base = resident_bytes();
   const auto& specs = p.specs();
   for (int micro = 0; micro < 2; ++micro) {
-    reducer.set_accumulate(micro > 0);
+    if (micro == 0) reducer.begin_step();
     std::fill_n(p.grad(0).f32(), specs[0].local_shape.numel(), 1.0f);  // the tied head
     for (size_t i = specs.size(); i-- > 0;) {                          // backward order
       float* const g = p.grad(int(i)).f32();

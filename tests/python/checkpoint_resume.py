@@ -6,7 +6,7 @@
 2. Reshard: the dp2 x tp2 checkpoint of step 10 resumed under tp4, one rank, dp4 and
    pp2 x tp2 (same global batch) continues like one rank resumed from it, within 1e-5
    relative; likewise a pp2 x dp2 checkpoint (itself resumed bitwise) under tp2 and zb-h1,
-   and a zb-v checkpoint (itself resumed bitwise) under one rank and 1F1B.
+   and a pp2 x dp2 zb-v ZeRO-2 checkpoint (itself resumed bitwise) under one rank and 1F1B.
 3. A flipped byte in the newest checkpoint: resume names the file and the tensor and falls
    back to the previous checkpoint. With the local level lost, resume uses the mirror.
 4. SIGKILL of a rank at random moments of a run saving every step, 4 trials (10 with
@@ -456,13 +456,16 @@ def main():
         "tp2": (2, ["parallel.tp=2", "train.grad_accum=4"]),
         "pp2-zb-h1": (2, ["parallel.pp=2", "parallel.pp_schedule=zb-h1", "train.grad_accum=4"])})
     # Zero-bubble: zb-v (chunks in a V, the tied embedding's two uses on one stage, its lists
-    # rebuilt from measured passes every 3 steps) resumes bitwise and reshards to one rank and
-    # to 1F1B.
+    # rebuilt from measured passes every 3 steps) over dp 2 at ZeRO-2 (each chunk's gradients
+    # reduce-scattered after each W, the state saved as shares) resumes bitwise and reshards
+    # to one rank and to 1F1B.
     layers = ["model.n_layer=4", "train.grad_accum=4"]
-    ckpt = bitwise_resume(pentad, recipe, work, "pp2-zb-v", 2,
-                          layers + ["parallel.pp=2", "parallel.pp_schedule=zb-v",
-                                    "parallel.virtual_stages=2", "parallel.pp_adapt_every=3"])
-    reshard(pentad, recipe, work, ckpt, "pp2-zb-v", {
+    ckpt = bitwise_resume(pentad, recipe, work, "pp2xdp2-zb-v-zero2", 4,
+                          ["model.n_layer=4", "train.grad_accum=2", "parallel.tp=1",
+                           "parallel.pp=2", "parallel.pp_schedule=zb-v",
+                           "parallel.virtual_stages=2", "parallel.pp_adapt_every=3",
+                           "parallel.zero=2"])
+    reshard(pentad, recipe, work, ckpt, "pp2xdp2-zb-v-zero2", {
         "one rank": (1, layers),
         "pp2-1f1b": (2, layers + ["parallel.pp=2"])})
     zero_checkpoints(pentad, recipe, work)

@@ -199,11 +199,22 @@ ZERO_LAYOUTS = [
     # The tied embedding's shares on the first and last stages are cut alike.
     ("dp2xpp2-1f1b-zero1", 4, ["parallel.tp=1", "parallel.pp=2", "parallel.pp_schedule=1f1b",
                                ZERO + "1"]),
+    # Stage 2 under pipelining: each chunk's buckets reduced after each of its backward
+    # passes (interleaved: two chunks a stage, small buckets) or Ws (zb-v: the V, the tied
+    # embedding's two uses on the first stage).
+    ("dp2xpp2-interleaved-zero2-buckets64k", 4,
+     ["parallel.tp=1", "parallel.pp=2", "parallel.pp_schedule=interleaved",
+      "parallel.virtual_stages=2", ZERO + "2", "parallel.bucket_mb=0.0625", "model.n_layer=4"]),
+    ("dp2xpp2-zb-v-zero2", 4, ["parallel.tp=1", "parallel.pp=2", "parallel.pp_schedule=zb-v",
+                               "parallel.virtual_stages=2", ZERO + "2", "model.n_layer=4"]),
 ]
 MOE_ZERO_LAYOUTS = [
     ("dp4xep2-zero1", 4, ["parallel.ep=2", ZERO + "1"]),  # experts' state over edp 2
     ("dp4xep2-zero2", 4, ["parallel.ep=2", ZERO + "2"]),
     ("dp2xep2-zero2", 2, ["parallel.ep=2", ZERO + "2"]),  # edp 1: the experts' shares whole
+    # Stage 2 under zb-h1: the experts' reducer narrowed to each chunk's buckets too.
+    ("ep2xpp2-zb-h1-zero2", 4, ["parallel.pp=2", "parallel.ep=2", "parallel.pp_schedule=zb-h1",
+                                ZERO + "2"]),
     # Folded: attention on dp2 x tp2, the experts on edp2 x ep2 with ep over the tp ranks.
     ("ep2-on-dp2xtp2+sp-zero1", 4, ["parallel.tp=2", SP, "parallel.ep=2", ZERO + "1"]),
     # Stage 3: each layer's dense parameters gathered over dp, its routed experts over edp
