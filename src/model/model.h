@@ -152,10 +152,11 @@ class Model {
   // on_ready told of each range), since each pass's are reduced after it; last_micro_batch
   // then only marks the step's last (where the tied head's gradient joins wte's). Off by
   // default.
-  // A split backward's B then adds the norms' parameter gradients into buffers of the model's
-  // own, which join the parameters' at the next W of their layer: between passes no
-  // gradient of the arena is held (ZeRO-2's buckets stay unbacked from B to W).
-  void set_reduce_each_pass(bool each);
+  // A split backward's B then writes the norms' parameter gradients into buffers of the
+  // slot's own, which its W adds to the parameters': between passes no gradient of the arena
+  // is held (ZeRO-2's buckets stay unbacked from B to W), and each W adds its own micro-batch's
+  // whatever the lists interleave (bitwise resume).
+  void set_reduce_each_pass(bool each) { reduce_each_pass_ = each; }
   // Pipelining: where each chunk's parameters begin in the arena (chunks() + 1 values, the
   // last the arena's size): a chunk's are contiguous, in chunk order.
   std::vector<int64_t> chunk_param_offsets() const;
@@ -235,6 +236,10 @@ class Model {
     std::vector<DeferredGrads> deferred;
     Tensor d_input;
     bool weights_pending = false;  // B ran, W not yet
+    // Under set_reduce_each_pass, B's norm gradients until W: by parameter id (empty
+    // elsewhere), in an arena of their own.
+    Arena norm_arena;
+    std::vector<Tensor> norm_grads;
   };
   struct ChunkState {
     LayerRange range;
@@ -294,12 +299,14 @@ class Model {
   Tensor at_width(const Tensor& t, int64_t ffn) const;  // this rank's rows of the MoE block's input
   Tensor P(int id) const { return id < 0 ? Tensor{} : params_.weight(id); }
   Tensor G(int id) const { return id < 0 ? Tensor{} : params_.grad(id); }
-  // Where a split backward's B writes parameter id's gradient (a norm's): G(id), or its
-  // buffer apart under set_reduce_each_pass; join_norm_grads adds those into G and zeros them.
+  // Where a split backward's B writes parameter id's gradient (a norm's): G(id), or under
+  // set_reduce_each_pass the slot's buffer (norm_grads_ while its B runs); join_norm_grads
+  // adds a slot's into G and zeros them.
   Tensor GB(int id) const {
-    return id < 0 || norm_grads_apart_.empty() ? G(id) : norm_grads_apart_[size_t(id)];
+    return id < 0 || !norm_grads_ ? G(id) : norm_grads_->at(size_t(id));
   }
-  void join_norm_grads(std::initializer_list<int> ids);
+  void norm_grads_of(int c, Slot& s);  // the slot's buffers made (zeros), norm_grads_ on them
+  void join_norm_grads(Slot& s, std::initializer_list<int> ids);
   bool gpt2() const { return cfg_.family == ModelFamily::GPT2; }
   bool holds_last() const;
 
@@ -325,8 +332,7 @@ class Model {
   // each use since the last join (model/split_backward.cpp).
   bool tied_head_apart_ = false;
   bool reduce_each_pass_ = false;
-  Arena norm_grads_arena_;                // set_reduce_each_pass: B's norm gradients
-  std::vector<Tensor> norm_grads_apart_;  // by parameter id (empty: none, or not a norm)
+  const std::vector<Tensor>* norm_grads_ = nullptr;  // the slot's whose B runs (or none)
   Arena tied_head_arena_;
   Tensor tied_head_grad_;
   int tied_heads_ = 0, tied_embeddings_ = 0;  // Ws of each since the last join

@@ -64,7 +64,7 @@ size_t Model::deferred_bytes() const {
   size_t bytes = 0;
   for (const ChunkState& c : chunks_)
     for (const auto& s : c.slots) {
-      bytes += s->deferred_arena.capacity();
+      bytes += s->deferred_arena.capacity() + s->norm_arena.capacity();
       for (const MoeBlock::Acts& m : s->moe) bytes += m.deferred.capacity();
     }
   return bytes;
@@ -133,6 +133,12 @@ void Model::backward_chunk_input(int c, int slot_index, const Tensor& d_output) 
     declared_.bytes += sink.bytes, declared_.buffers += sink.buffers;
   }
   LayerGrads& g = scratch_.grads;
+  // Under set_reduce_each_pass the norms' gradients go to the slot's buffers until its W.
+  if (reduce_each_pass_) norm_grads_of(c, s);
+  struct Unset {
+    const std::vector<Tensor>*& at;
+    ~Unset() { at = nullptr; }
+  } unset{norm_grads_};
   if (range.last) {
     PENTAD_CHECK(s.have_dlogits, "backward needs a forward with dloss != 0 (chunk {} slot {})", c,
                  slot_index);
@@ -160,33 +166,35 @@ void Model::backward_chunk_input(int c, int slot_index, const Tensor& d_output) 
   s.weights_pending = true;
 }
 
-void Model::set_reduce_each_pass(bool each) {
-  reduce_each_pass_ = each;
-  norm_grads_apart_.clear();
-  norm_grads_arena_ = Arena();
-  if (!each) return;
-  std::vector<int> ids = {normf_w_, normf_b_};
-  for (const LayerParams& p : layers_)
-    ids.insert(ids.end(), {p.norm1_w, p.norm1_b, p.norm2_w, p.norm2_b});
-  std::erase(ids, -1);
-  size_t bytes = 0;
-  for (int id : ids) bytes += size_t(params_.spec(id).local_shape.numel()) * sizeof(float) + 256;
-  norm_grads_arena_ = Arena("norm gradients from B to W", bytes, placement_.device);
-  norm_grads_apart_.assign(params_.specs().size(), Tensor{});
-  for (int id : ids) {
-    norm_grads_apart_[size_t(id)] =
-        norm_grads_arena_.alloc(params_.spec(id).local_shape, DType::F32);
-    k::zero(norm_grads_apart_[size_t(id)]);
+void Model::norm_grads_of(int c, Slot& s) {
+  if (s.norm_grads.empty()) {
+    const LayerRange& range = chunk(c);
+    std::vector<int> ids;
+    if (range.last) ids = {normf_w_, normf_b_};
+    for (int64_t l = range.layer_begin; l < range.layer_end; ++l) {
+      const LayerParams& p = layers_[size_t(l)];
+      ids.insert(ids.end(), {p.norm1_w, p.norm1_b, p.norm2_w, p.norm2_b});
+    }
+    std::erase(ids, -1);
+    size_t bytes = 0;
+    for (int id : ids) bytes += size_t(params_.spec(id).local_shape.numel()) * sizeof(float) + 256;
+    s.norm_arena = Arena("norm gradients from B to W", bytes, placement_.device);
+    s.norm_grads.assign(params_.specs().size(), Tensor{});
+    for (int id : ids) {
+      s.norm_grads[size_t(id)] = s.norm_arena.alloc(params_.spec(id).local_shape, DType::F32);
+      k::zero(s.norm_grads[size_t(id)]);
+    }
   }
+  norm_grads_ = &s.norm_grads;
 }
 
-void Model::join_norm_grads(std::initializer_list<int> ids) {
-  if (norm_grads_apart_.empty()) return;
+void Model::join_norm_grads(Slot& s, std::initializer_list<int> ids) {
+  if (s.norm_grads.empty()) return;
   for (int id : ids)
     if (id >= 0) {
-      const Tensor apart = norm_grads_apart_[size_t(id)];
-      k::add(G(id), G(id), apart);
-      k::zero(apart);
+      const Tensor mine = s.norm_grads[size_t(id)];
+      k::add(G(id), G(id), mine);
+      k::zero(mine);
     }
 }
 
@@ -225,7 +233,7 @@ void Model::backward_chunk_weights(int c, int slot_index, bool last_micro_batch,
     const Tensor dhead = tied_apart ? tied_head_grad_ : G(head_);
     k::linear_backward(Tensor{}, dhead, Tensor{}, s.logits, s.normf, P(head_), false);
     tied_heads_ += tied_apart ? 1 : 0;
-    join_norm_grads({normf_w_, normf_b_});
+    join_norm_grads(s, {normf_w_, normf_b_});
     ready(normf_w_, partial_.back());  // the final norm's gradients: B's
   }
   for (int64_t l = range.layer_end - 1; l >= range.layer_begin; --l) {
@@ -233,7 +241,7 @@ void Model::backward_chunk_weights(int c, int slot_index, bool last_micro_batch,
     layer_backward_weights(static_cast<int>(l), cfg_.recompute ? s.deferred[i].inputs : s.acts[i],
                            s.deferred[i], s.moe.empty() ? nullptr : &s.moe[i], poll);
     const LayerParams& p = layers_[static_cast<size_t>(l)];
-    join_norm_grads({p.norm1_w, p.norm1_b, p.norm2_w, p.norm2_b});
+    join_norm_grads(s, {p.norm1_w, p.norm1_b, p.norm2_w, p.norm2_b});
     ready(p.norm1_w, partial_[static_cast<size_t>(l)]);
     if (progress_) progress_();
   }
