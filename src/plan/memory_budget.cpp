@@ -315,7 +315,7 @@ ZeroShares zero_shares(const MemoryEstimate& e, const Config& cfg,
 // reduced S (later micro-batches add it into the bucket before the reduce-scatter writes
 // it back: no second S). A bucket never splits a parameter, so the embedding (or an untied
 // head) may make one larger than bucket_mb; at stage 3 a bucket is a unit: a layer or the
-// embedding (zero >= 2 runs without pp, so this stage holds both). The experts' reducer
+// embedding (zero 3 runs without pp, so this stage holds both). The experts' reducer
 // keeps its own buckets in flight.
 double gradient_bytes(const MemoryEstimate& e, const Sizes& s, const ZeroShares& z,
                       const Config& cfg) {
