@@ -135,7 +135,7 @@ class Model {
   // MoE layers too, over any ep: B makes the dispatch's all-to-alls, W none (what it reads
   // kept in the slot's MoeBlock::Acts). Under recompute B rebuilds each layer's activations
   // first, as backward_chunk does, and keeps in the slot's arena those W reads (the GEMMs'
-  // inputs). ZeRO-3 parameter hooks are refused.
+  // inputs). Under ZeRO-3 B and W each gather the parameters they read (the parameter hooks).
   void backward_chunk_input(int c, int slot, const Tensor& d_output);
   void backward_chunk_weights(int c, int slot, bool last_micro_batch,
                               const GradsReady& on_ready = {});
@@ -160,10 +160,6 @@ class Model {
   // Pipelining: where each chunk's parameters begin in the arena (chunks() + 1 values, the
   // last the arena's size): a chunk's are contiguous, in chunk order.
   std::vector<int64_t> chunk_param_offsets() const;
-  // Throws pentad::Error saying why, where some chunk's backward cannot be split.
-  void check_split_backward() const {
-    for (int c = 0; c < chunks(); ++c) check_split(c);
-  }
   // Training on a device (train/trainer.cpp, the step's one readback): with a total set
   // (one F64 on the model's device), each loss-holding forward adds its mean loss into it
   // on the device and returns 0 instead of reading the losses back and waiting. Unset
@@ -264,7 +260,6 @@ class Model {
                       const std::function<void()>& poll = {});
   // The split backward's (model/split_backward.cpp): its refusals, its buffers, one layer's
   // B and W.
-  void check_split(int c) const;
   void plan_deferred(ActSink& sink, const LayerRange& chunk, Slot& slot);
   LayerActs rebuilt_acts(const DeferredGrads& d) const;  // recompute: where B rebuilds a layer
   // B overwrites a's q, k, v, up and gate with their gradients, which W reads.

@@ -44,12 +44,6 @@ namespace pentad {
 
 namespace k = kernels;
 
-void Model::check_split(int c) const {
-  PENTAD_CHECK(param_hooks_ == &no_hooks_,
-               "split backward: ZeRO-3 parameter hooks (W's gathers and gradient reductions are "
-               "not split yet); use backward_chunk");
-}
-
 void Model::plan_deferred(ActSink& sink, const LayerRange& chunk, Slot& s) {
   s.deferred.assign(size_t(chunk.layer_end - chunk.layer_begin), {});
   for (size_t i = 0; i < s.deferred.size(); ++i)
@@ -117,7 +111,6 @@ void Model::layer_backward_weights(int l, const LayerActs& a, const DeferredGrad
 }
 
 void Model::backward_chunk_input(int c, int slot_index, const Tensor& d_output) {
-  check_split(c);
   const LayerRange& range = chunk(c);
   Slot& s = slot(c, slot_index);
   PENTAD_CHECK(!s.weights_pending, "backward_chunk_input: chunk {} slot {} waits for its W", c,
@@ -142,7 +135,9 @@ void Model::backward_chunk_input(int c, int slot_index, const Tensor& d_output) 
   if (range.last) {
     PENTAD_CHECK(s.have_dlogits, "backward needs a forward with dloss != 0 (chunk {} slot {})", c,
                  slot_index);
+    param_hooks_->need(final_ids_, true);  // ZeRO-3: B and W each gather what they read
     split_head_input(s);
+    param_hooks_->done(final_ids_);
     s.have_dlogits = false;
   } else {
     PENTAD_CHECK(d_output.numel() == g.resid.numel(), "chunk {}: d_output has {} values, want {}",
@@ -152,6 +147,7 @@ void Model::backward_chunk_input(int c, int slot_index, const Tensor& d_output) 
   for (int64_t l = range.layer_end - 1; l >= range.layer_begin; --l) {
     const size_t i = static_cast<size_t>(l - range.layer_begin);
     MoeBlock::Acts* moe = s.moe.empty() ? nullptr : &s.moe[i];
+    param_hooks_->need(layer_ids_[size_t(l)], true);
     if (!cfg_.recompute) {
       layer_backward_input(static_cast<int>(l), s.resid[i], s.acts[i], s.deferred[i], moe,
                            s.moe_weight);
@@ -160,6 +156,7 @@ void Model::backward_chunk_input(int c, int slot_index, const Tensor& d_output) 
       layer_forward(static_cast<int>(l), s.resid[i], s.resid[i + 1], a, moe, s.moe_weight, true);
       layer_backward_input(static_cast<int>(l), s.resid[i], a, s.deferred[i], moe, s.moe_weight);
     }
+    param_hooks_->done(layer_ids_[size_t(l)]);
     if (progress_) progress_();
   }
   if (range.first) split_embedding_input(s);  // the embedding's output gradient, for W
@@ -200,7 +197,6 @@ void Model::join_norm_grads(Slot& s, std::initializer_list<int> ids) {
 
 void Model::backward_chunk_weights(int c, int slot_index, bool last_micro_batch,
                                    const GradsReady& on_ready) {
-  check_split(c);
   const LayerRange& range = chunk(c);
   Slot& s = slot(c, slot_index);
   PENTAD_CHECK(s.weights_pending,
@@ -231,15 +227,19 @@ void Model::backward_chunk_weights(int c, int slot_index, bool last_micro_batch,
   }
   if (range.last) {  // the head first: with tied embeddings wte's gradient adds in this order
     const Tensor dhead = tied_apart ? tied_head_grad_ : G(head_);
+    param_hooks_->need(final_ids_, true);
     k::linear_backward(Tensor{}, dhead, Tensor{}, s.logits, s.normf, P(head_), false);
+    param_hooks_->done(final_ids_);
     tied_heads_ += tied_apart ? 1 : 0;
     join_norm_grads(s, {normf_w_, normf_b_});
     ready(normf_w_, partial_.back());  // the final norm's gradients: B's
   }
   for (int64_t l = range.layer_end - 1; l >= range.layer_begin; --l) {
     const size_t i = static_cast<size_t>(l - range.layer_begin);
+    param_hooks_->need(layer_ids_[size_t(l)], true);
     layer_backward_weights(static_cast<int>(l), cfg_.recompute ? s.deferred[i].inputs : s.acts[i],
                            s.deferred[i], s.moe.empty() ? nullptr : &s.moe[i], poll);
+    param_hooks_->done(layer_ids_[size_t(l)]);
     const LayerParams& p = layers_[static_cast<size_t>(l)];
     join_norm_grads(s, {p.norm1_w, p.norm1_b, p.norm2_w, p.norm2_b});
     ready(p.norm1_w, partial_[static_cast<size_t>(l)]);

@@ -188,13 +188,6 @@ void check_zero(const Config& c, const Where& where) {
         "{}: parallel.zero_live_units = {} bounds the units ZeRO-3 holds gathered, and "
         "parallel.zero = {} gathers none: set parallel.zero = 3 or remove zero_live_units",
         where({"parallel.zero_live_units", "parallel.zero"}), p.zero_live_units, p.zero);
-  if (p.zero == 0) return;
-  if (p.zero == 3 && p.pp > 1)
-    fail(
-        "{}: parallel.zero = 3 with parallel.pp = {}: the pipeline executor does not gather "
-        "parameters yet: set parallel.zero = 2 (gradients and optimizer state sharded, each "
-        "chunk's gradients reduce-scattered after each of its backward passes) or 1",
-        where({"parallel.zero", "parallel.pp"}), p.pp);
 }
 
 }  // namespace

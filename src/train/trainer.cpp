@@ -124,14 +124,6 @@ Trainer::Trainer(const Config& recipe, parallel::Mesh* mesh) : cfg_(recipe), mes
     for (parallel::GradReducer* r : zero_reducers()) r->release_all();
   }
   if (pipeline_ && pipeline_->schedule().splits_backward()) {
-    try {
-      model_->check_split_backward();
-    } catch (const Error& e) {
-      fail(
-          "parallel.pp_schedule = \"{}\" splits every backward in two, which this layout cannot: "
-          "{}. Choose another parallel.pp_schedule (1f1b, interleaved)",
-          cfg.parallel.pp_schedule, e.what());
-    }
     if (cfg.model.recompute && world_rank_ == 0)
       spdlog::warn(
           "model.recompute under parallel.pp_schedule = \"{}\" saves no memory: each "

@@ -25,8 +25,13 @@ void Trainer::build_reducers(size_t bucket_bytes) {
   // bucket holds two chunks' parameters.
   const std::vector<int64_t> chunks = model_->chunk_param_offsets();
   parallel::GradReducer::Unit unit;
+  // Under pipelining the tied embedding's two copies are units of their own, cut alike.
+  const std::string tied = mesh_ && mesh_->embedding_group() && cfg_.model.tie_embeddings
+                               ? params.spec(embedding_id()).name
+                               : "";
   if (par.zero == 3)
-    unit = [](const ParamSpec& p) {
+    unit = [tied](const ParamSpec& p) {
+      if (!tied.empty() && p.name == tied) return p.name;
       if (p.name.rfind("layers.", 0) != 0) return std::string();
       return p.name.substr(0, p.name.find('.', 7));
     };
@@ -53,11 +58,8 @@ void Trainer::build_reducers(size_t bucket_bytes) {
   };
   if (mesh_ && mesh_->dp_cp().size() > 1) {
     // ZeRO under pipelining: the tied embedding's two copies (first and last stage) must be
-    // cut into the same shares, so each is a bucket of its own.
+    // cut into the same shares, so each is a bucket of its own (`tied` above).
     // (Only the end stages hold it, and under zb-v's V one stage holds both uses.)
-    const std::string tied = mesh_->embedding_group() && cfg_.model.tie_embeddings
-                                 ? params.spec(embedding_id()).name
-                                 : "";
     reducer_ = std::make_unique<parallel::GradReducer>(
         mesh_->dp_cp(), params, bucket_bytes, int(par.zero),
         [](const ParamSpec& p) { return !p.expert; },

@@ -176,8 +176,6 @@ CASES = [
      TINY + ["parallel.cp=4", "parallel.cp_impl=hybrid", "parallel.cp_ulysses=2"], 4, 0,
      ["cp 0/4", "tokens of each sequence here (cp 4 hybrid)", "step     2/2"]),
     # ZeRO and offload: what is not built says so, with the key to change.
-    ("zero3_with_pipeline", "gpt-tiny.toml", ["parallel.zero=3", "parallel.pp=2"], 0, 2,
-     ["parallel.zero = 3 with parallel.pp = 2", "set parallel.zero = 2"]),
     ("zero3_moe_nvme_parameters_trains", "mixtral-tiny.toml",
      TINY + ["parallel.ep=2", "parallel.zero=3", "parallel.offload=nvme",
              "parallel.offload_path=."], 4, 0,

@@ -207,6 +207,11 @@ ZERO_LAYOUTS = [
       "parallel.virtual_stages=2", ZERO + "2", "parallel.bucket_mb=0.0625", "model.n_layer=4"]),
     ("dp2xpp2-zb-v-zero2", 4, ["parallel.tp=1", "parallel.pp=2", "parallel.pp_schedule=zb-v",
                                "parallel.virtual_stages=2", ZERO + "2", "model.n_layer=4"]),
+    # Stage 3 under pipelining: each pass gathers the units it reads (B and W each).
+    ("dp2xpp2-1f1b-zero3", 4, ["parallel.tp=1", "parallel.pp=2", "parallel.pp_schedule=1f1b",
+                               ZERO + "3"]),
+    ("dp2xpp2-zb-v-zero3", 4, ["parallel.tp=1", "parallel.pp=2", "parallel.pp_schedule=zb-v",
+                               "parallel.virtual_stages=2", ZERO + "3", "model.n_layer=4"]),
 ]
 MOE_ZERO_LAYOUTS = [
     ("dp4xep2-zero1", 4, ["parallel.ep=2", ZERO + "1"]),  # experts' state over edp 2
@@ -215,6 +220,8 @@ MOE_ZERO_LAYOUTS = [
     # Stage 2 under zb-h1: the experts' reducer narrowed to each chunk's buckets too.
     ("ep2xpp2-zb-h1-zero2", 4, ["parallel.pp=2", "parallel.ep=2", "parallel.pp_schedule=zb-h1",
                                 ZERO + "2"]),
+    ("ep2xpp2-zb-h1-zero3", 4, ["parallel.pp=2", "parallel.ep=2", "parallel.pp_schedule=zb-h1",
+                                ZERO + "3"]),
     # Folded: attention on dp2 x tp2, the experts on edp2 x ep2 with ep over the tp ranks.
     ("ep2-on-dp2xtp2+sp-zero1", 4, ["parallel.tp=2", SP, "parallel.ep=2", ZERO + "1"]),
     # Stage 3: each layer's dense parameters gathered over dp, its routed experts over edp
