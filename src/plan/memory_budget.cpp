@@ -315,7 +315,7 @@ ZeroShares zero_shares(const MemoryEstimate& e, const Config& cfg,
 // reduced S (later micro-batches add it into the bucket before the reduce-scatter writes
 // it back: no second S). A bucket never splits a parameter, so the embedding (or an untied
 // head) may make one larger than bucket_mb; at stage 3 a bucket is a unit: a layer or the
-// embedding (zero 3 runs without pp, so this stage holds both). The experts' reducer
+// embedding. The experts' reducer
 // keeps its own buckets in flight.
 double gradient_bytes(const MemoryEstimate& e, const Sizes& s, const ZeroShares& z,
                       const Config& cfg) {
@@ -335,17 +335,24 @@ double gradient_bytes(const MemoryEstimate& e, const Sizes& s, const ZeroShares&
 // (with a bf16 compute copy, that too); with the shares on NVMe (ZeRO-Infinity) none
 // resident, and each reducer's next share on its way. Units: the embedding, each layer's
 // dense parameters (an MoE layer's attention, router, bias and shared experts) and its
-// routed experts, the final norm and head (zero 3 runs without pp: every stretch is on this
-// rank).
+// routed experts, the final norm and head (and a tied head's copy on the last stage): the
+// stretches of this stage's chunks.
 void add_zero3_parameters(MemoryEstimate& e, const Sizes& s, const ZeroShares& z, const Config& cfg,
-                          bool nvme_params) {
+                          const parallel::MeshConfig& mesh, bool nvme_params) {
   const ModelConfig& m = cfg.model;
-  std::vector<ZeroStretch> stretches = {{s.embedding, 0}};
-  for (int64_t l = 0; l < m.n_layer; ++l)
-    stretches.push_back(std::find(s.moe.begin(), s.moe.end(), l) != s.moe.end()
-                            ? ZeroStretch{s.moe_values - s.expert_values, s.expert_values}
-                            : ZeroStretch{s.layer_values, 0});
-  stretches.push_back({s.final_values, 0});
+  std::vector<ZeroStretch> stretches;
+  const std::vector<parallel::pp::Chunk> chunks = chunks_of_stage(cfg, mesh.pp, int(e.stage));
+  // The tied head reads the embedding's unit where this stage holds both.
+  const bool tied = m.tie_embeddings && chunks.front().first && chunks.back().last;
+  for (const parallel::pp::Chunk& chunk : chunks) {
+    if (chunk.first) stretches.push_back({s.embedding, 0});
+    for (int64_t l = chunk.layer_begin; l < chunk.layer_end; ++l)
+      stretches.push_back(std::find(s.moe.begin(), s.moe.end(), l) != s.moe.end()
+                              ? ZeroStretch{s.moe_values - s.expert_values, s.expert_values}
+                              : ZeroStretch{s.layer_values, 0});
+    const bool copy = m.tie_embeddings && chunk.last && !tied;  // the last stage's copy
+    if (chunk.last) stretches.push_back({s.final_values + (copy ? s.table : 0), 0});
+  }
   double ahead = 0, experts_ahead = 0;  // the largest share of each reducer's units
   // (elements; on CUDA also the size of the slots that upload shares read from NVMe)
   for (const ZeroStretch& st : stretches) {
@@ -353,7 +360,7 @@ void add_zero3_parameters(MemoryEstimate& e, const Sizes& s, const ZeroShares& z
     experts_ahead = std::max(experts_ahead, st.experts / z.edp);
   }
   const double gathered =
-      zero3_gathered(stretches, m.tie_embeddings, 1, 1, cfg.parallel.zero_live_units);
+      zero3_gathered(stretches, tied, 1, 1, cfg.parallel.zero_live_units);
   const double per_value = e.parameters / e.values;  // bytes (with a bf16 compute copy)
   e.parameters = (nvme_params ? ahead + experts_ahead : z.shares) * s.f32 +
                  std::min(e.parameters, gathered * per_value);
@@ -377,7 +384,7 @@ void add_training_state(MemoryEstimate& e, const Sizes& s, const Config& cfg,
   e.optimizer = moments;
   const bool nvme = cfg.parallel.offload == "nvme";
   const bool nvme_params = nvme && z.stage == 3 && cfg.parallel.offload_params;
-  if (z.stage == 3) add_zero3_parameters(e, s, z, cfg, nvme_params);
+  if (z.stage == 3) add_zero3_parameters(e, s, z, cfg, mesh, nvme_params);
   if (nvme) {  // on disk; in memory three sub-groups of m and v (and the parameter shares)
     const double tensors = nvme_params ? 3 : 2;
     e.optimizer = 3 * std::min(tensors * shares * f32,
