@@ -210,7 +210,7 @@ class GradReducer {
   StateShard shard_;
   Arena shard_grads_;        // ZeRO: the reduced shares
   float* shares_ = nullptr;  // the reduced shares: shard_grads_, or place_shares()'
-  FetchShare fetch_;  // stage 3: where this rank's shares come from (empty: they stay)
+  FetchShare fetch_;         // stage 3: where this rank's shares come from (empty: they stay)
   Reduced reduced_;
   std::vector<Arena> pool_;  // stages 2, 3: buffers not in use
   // The pool's takes since finish(), and the buffer (its base) each n-th take last had.

@@ -297,9 +297,7 @@ class Model {
   // Where a split backward's B writes parameter id's gradient (a norm's): G(id), or under
   // set_reduce_each_pass the slot's buffer (norm_grads_ while its B runs); join_norm_grads
   // adds a slot's into G and zeros them.
-  Tensor GB(int id) const {
-    return id < 0 || !norm_grads_ ? G(id) : norm_grads_->at(size_t(id));
-  }
+  Tensor GB(int id) const { return id < 0 || !norm_grads_ ? G(id) : norm_grads_->at(size_t(id)); }
   void norm_grads_of(int c, Slot& s);  // the slot's buffers made (zeros), norm_grads_ on them
   void join_norm_grads(Slot& s, std::initializer_list<int> ids);
   bool gpt2() const { return cfg_.family == ModelFamily::GPT2; }

@@ -166,8 +166,8 @@ std::vector<int64_t> Model::chunk_param_offsets() const {
   }
   offsets.push_back(params_.numel());
   for (size_t c = 1; c < offsets.size(); ++c)
-    PENTAD_CHECK(offsets[c - 1] <= offsets[c], "chunk {}'s parameters begin before chunk {}'s",
-                 c, c - 1);
+    PENTAD_CHECK(offsets[c - 1] <= offsets[c], "chunk {}'s parameters begin before chunk {}'s", c,
+                 c - 1);
   return offsets;
 }
 

@@ -101,8 +101,8 @@ double dp_seconds(const Step& step, const MemoryEstimate& mem, const Stages& sta
       // Each pass gathers the units it reads: forward and backward, under the zero-bubble
       // schedules forward, B and W.
       const bool split = p > 1 && (par.pp_schedule == "zb-h1" || par.pp_schedule == "zb-v");
-      const double gathers = (split ? 3 : 2) * ga *
-                             links.collective(CollectiveOp::AllGather, dp_group, grad_bytes);
+      const double gathers =
+          (split ? 3 : 2) * ga * links.collective(CollectiveOp::AllGather, dp_group, grad_bytes);
       dp_exposed += std::max(0.0, gathers - (links.overlaps(dp_group) ? run.step_seconds : 0.0));
     }
   }

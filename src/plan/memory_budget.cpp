@@ -359,8 +359,7 @@ void add_zero3_parameters(MemoryEstimate& e, const Sizes& s, const ZeroShares& z
     ahead = std::max(ahead, st.dense / z.Z);
     experts_ahead = std::max(experts_ahead, st.experts / z.edp);
   }
-  const double gathered =
-      zero3_gathered(stretches, tied, 1, 1, cfg.parallel.zero_live_units);
+  const double gathered = zero3_gathered(stretches, tied, 1, 1, cfg.parallel.zero_live_units);
   const double per_value = e.parameters / e.values;  // bytes (with a bf16 compute copy)
   e.parameters = (nvme_params ? ahead + experts_ahead : z.shares) * s.f32 +
                  std::min(e.parameters, gathered * per_value);

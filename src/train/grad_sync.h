@@ -81,8 +81,8 @@ class GradSync {
   const int stage_;
   ParamStore& params_;
   const Reducers reducers_;
-  bool in_pass_ = false;      // between before_pass() and after_pass()
-  bool passes_run_ = false;   // this step's reductions ran in passes
+  bool in_pass_ = false;     // between before_pass() and after_pass()
+  bool passes_run_ = false;  // this step's reductions ran in passes
 };
 
 }  // namespace pentad

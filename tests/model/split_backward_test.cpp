@@ -205,7 +205,8 @@ TEST_P(SplitBackward, ReducingEachPassLeavesTheArenaAloneUntilW) {
       ASSERT_EQ(0, std::memcmp(before.data(), g.f32(), before.size() * sizeof(float)))
           << "B of chunk " << c << " wrote a parameter gradient";
     }
-    for (int c = model.chunks() - 1; c >= 0; --c) model.backward_chunk_weights(c, 0, last, on_ready);
+    for (int c = model.chunks() - 1; c >= 0; --c)
+      model.backward_chunk_weights(c, 0, last, on_ready);
   };
   const Result got = run(cfg, true, checked, /*each_pass=*/true);
   EXPECT_GT(bs, 2);
