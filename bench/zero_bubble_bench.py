@@ -77,8 +77,9 @@ def table(p, m, reps, steps, bind):
     print(f"p = {p}, m = {m}, {'ranks bound to cores' if bind else 'ranks sharing 2 cores'}")
     print()
     print("| schedule | v | step s (x 1F1B) | bubble measured | replayed as timed | replayed at "
-          "the means | ideal | activations MiB (most on a rank) | drain skew |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "the means | + executor gaps (ms a pass) and transfers (ms) | + the passes' spread | "
+          "ideal | activations MiB (most on a rank) | drain skew |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     times = {s: [] for s, _ in SCHEDULES}
     other = {s: [] for s, _ in SCHEDULES}
     for _ in range(reps):  # alternated
@@ -95,7 +96,10 @@ def table(p, m, reps, steps, bind):
         med = lambda k: statistics.median(x[k] for x in o)
         print(f"| {schedule} | {v} | {t:.4f} ({t / base:.3f}) | "
               f"{med('measured_bubble_fraction'):.3f} | {med('timed_replay_bubble_fraction'):.3f} | "
-              f"{med('replayed_bubble_fraction'):.3f} | {o[0]['ideal_bubble_fraction']:.3f} | "
+              f"{med('replayed_bubble_fraction'):.3f} | "
+              f"{med('gap_replay_bubble_fraction'):.3f} ({med('executor_gap_ms'):.3f}, "
+              f"{med('transfer_ms'):.3f}) | {med('sampled_replay_bubble_fraction'):.3f} | "
+              f"{o[0]['ideal_bubble_fraction']:.3f} | "
               f"{med('max_activation_bytes') / 2**20:.2f} | {med('drain_skew'):.3f} |")
     print()
 

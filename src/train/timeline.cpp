@@ -9,7 +9,11 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <set>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "plan/memory_budget.h"
 #include "train/trainer.h"
@@ -53,10 +57,20 @@ GatheredRows gather_rows(parallel::Communicator& world, std::vector<int64_t> row
   return g;
 }
 
+// One rank's spans in one step: from its first span's start to its last one's end, the time
+// in spans (passes and waits) and its passes. What is left of the stretch is the executor's
+// own time between spans (posting transfers, sends, ZeRO's reductions after a pass).
+struct RankStretch {
+  int64_t first = std::numeric_limits<int64_t>::max(), last = 0;
+  double spans = 0;
+  int64_t passes = 0;
+};
+
 // Per step: the earliest start over ranks, the latest pass end, and each rank's busy time.
 struct StepWindow {
   int64_t start = std::numeric_limits<int64_t>::max(), end = 0;
   std::map<int, double> busy;
+  std::map<int, RankStretch> stretch;
   double cpu = 0;  // CPU time in passes, all ranks
 };
 
@@ -70,6 +84,13 @@ struct Scan {
   // Per counted step, per stage: its first rank's passes' wall seconds, in the order run.
   std::map<int64_t, std::vector<std::vector<double>>> timed;
   std::vector<int64_t> passes[3];
+  // Per stage: the executor's seconds between spans, over its ranks and counted steps, and
+  // the passes they came with.
+  std::vector<double> gap_seconds;
+  std::vector<int64_t> gap_passes;
+  // A transfer's time from its sender's pass end to the end of the receiver's wait for it,
+  // over the waits that blocked (the first pipeline's ranks): the median, in seconds.
+  double transfer_seconds = 0;
 };
 
 nlohmann::json thread_name(int r, const parallel::MeshCoords& x) {
@@ -119,9 +140,15 @@ nlohmann::json span_event(const int64_t* row, int r, int64_t origin) {
 
 // Counted (the bubble and the passes' means): the recorded steps after the first (its
 // warm-up), and of those the ones run with the lists set at `lists_since` where any were.
-Scan scan_rows(const GatheredRows& g, const parallel::MeshConfig& mesh, int chunks,
-               int64_t lists_since, int n) {
+Scan scan_rows(const GatheredRows& g, const parallel::MeshConfig& mesh,
+               const pp::ChunkPlacement& placement, int64_t lists_since, int n) {
+  const int chunks = placement.chunks;
   Scan scan;
+  // The first pipeline's sends (pass ends: forward 0, backward or B 1) and waits, keyed by
+  // (step, direction, micro-batch, the sender's virtual stage).
+  using Key = std::tuple<int64_t, int, int64_t, int>;
+  std::map<Key, int64_t> sent;
+  std::vector<std::pair<Key, std::pair<int64_t, int64_t>>> waited;
   const std::vector<int64_t>& v = g.values;
   int64_t origin = std::numeric_limits<int64_t>::max();
   for (int64_t i = 0; i < g.total; i += kRow) origin = std::min(origin, v[size_t(i + 4)]);
@@ -152,6 +179,21 @@ Scan scan_rows(const GatheredRows& g, const parallel::MeshConfig& mesh, int chun
         continue;
       }
       const int pass = pass_kind(pp::Span::Kind(row[0]));
+      if (first_rank[stage] == r) {
+        const int vs = placement.virtual_stage(int(stage), int(row[2]));
+        const auto kind = pp::Span::Kind(row[0]);
+        if (pass == 0 || pass == 1)
+          sent[{row[3], pass, row[1], vs}] = row[5];
+        else if (kind == pp::Span::WaitInput)
+          waited.push_back({{row[3], 0, row[1], vs - 1}, {row[4], row[5]}});
+        else if (kind == pp::Span::WaitGrad)
+          waited.push_back({{row[3], 1, row[1], vs + 1}, {row[4], row[5]}});
+      }
+      RankStretch& mine = w.stretch[r];
+      mine.first = std::min(mine.first, row[4]);
+      mine.last = std::max(mine.last, row[5]);
+      mine.spans += double(row[5] - row[4]);
+      mine.passes += pass >= 0 ? 1 : 0;
       if (pass >= 0) {
         w.end = std::max(w.end, row[5]);
         w.busy[r] += double(row[5] - row[4]);
@@ -169,12 +211,83 @@ Scan scan_rows(const GatheredRows& g, const parallel::MeshConfig& mesh, int chun
     }
     offset += g.counts[size_t(r)];
   }
+  scan.gap_seconds.assign(size_t(mesh.pp), 0.0);
+  scan.gap_passes.assign(size_t(mesh.pp), 0);
+  for (const auto& [step, w] : scan.windows)
+    for (const auto& [r, x] : w.stretch) {
+      if (x.passes == 0) continue;
+      const size_t stage = size_t(parallel::mesh_coords(mesh, r)[size_t(parallel::Axis::PP)]);
+      scan.gap_seconds[stage] += std::max(0.0, double(x.last - x.first) - x.spans) * 1e-9;
+      scan.gap_passes[stage] += x.passes;
+    }
+  std::vector<double> latencies;
+  for (const auto& [key, span] : waited) {
+    const auto it = sent.find(key);
+    if (it == sent.end() || span.second - span.first < 1000) continue;  // blocked 1 us or more
+    latencies.push_back(double(std::max<int64_t>(0, span.second - it->second)) * 1e-9);
+  }
+  if (!latencies.empty()) {
+    std::nth_element(latencies.begin(), latencies.begin() + ptrdiff_t(latencies.size() / 2),
+                     latencies.end());
+    scan.transfer_seconds = latencies[latencies.size() / 2];
+  }
   return scan;
+}
+
+// The replay with the passes' spread: each pass of the lists drawn (seeded) from the first
+// pipeline's measured passes of its stage, chunk and kind, plus its stage's executor gap, and
+// each transfer the measured median; the mean bubble over 32 draws (-1: no step traced whole).
+// The passes' spread delays the critical path where a late pass holds up a stage that waits
+// for it, which replays at the means leave out.
+double sampled_replay(const Scan& scan, const pp::ScheduleSpec& spec,
+                      const std::vector<std::vector<pp::Action>>& lists,
+                      const std::vector<double>& gap) {
+  std::map<std::tuple<size_t, int, int>, std::vector<double>> measured;  // (stage, chunk, kind)
+  auto kind = [](const pp::Action& a) {
+    return a.type == pp::Action::Forward ? 0 : a.type == pp::Action::Weight ? 2 : 1;
+  };
+  for (const auto& [step, seconds] : scan.timed) {
+    bool whole = seconds.size() == lists.size();
+    for (size_t st = 0; whole && st < lists.size(); ++st)
+      whole = seconds[st].size() == lists[st].size();
+    if (!whole) continue;
+    for (size_t st = 0; st < lists.size(); ++st)
+      for (size_t i = 0; i < lists[st].size(); ++i)
+        measured[{st, lists[st][i].chunk, kind(lists[st][i])}].push_back(seconds[st][i]);
+  }
+  if (measured.empty()) return -1.0;
+  std::mt19937_64 draw(1);
+  constexpr int kDraws = 32;
+  double sum = 0;
+  for (int d = 0; d < kDraws; ++d) {
+    pp::SimCosts costs;
+    costs.forward_seconds.assign(size_t(spec.stages), 0.0);
+    costs.backward_seconds.assign(size_t(spec.stages), 0.0);
+    costs.transfer_seconds = scan.transfer_seconds;
+    costs.timed_seconds.resize(lists.size());
+    for (size_t st = 0; st < lists.size(); ++st)
+      for (const pp::Action& a : lists[st]) {
+        const std::vector<double>& pool = measured.at({st, a.chunk, kind(a)});
+        costs.timed_seconds[st].push_back(pool[draw() % pool.size()] + gap[st]);
+      }
+    const pp::SimResult r = pp::simulate_lists(spec, lists, costs);
+    if (r.deadlock || r.step_seconds <= 0) return -1.0;
+    double compute = 0;
+    for (size_t st = 0; st < r.busy_seconds.size(); ++st)
+      compute += r.busy_seconds[st] - double(lists[st].size()) * gap[st];
+    sum += 1.0 - compute / double(r.busy_seconds.size()) / r.step_seconds;
+  }
+  return sum / kDraws;
 }
 
 struct Bubbles {
   double wall = 0, cpu = 0, compute = 0;
   double replayed = 0;  // the schedule replayed with each pass's mean wall time
+  double gaps = 0;      // ... with each stage's mean executor time between spans after a
+                        // pass, and the transfers' median time
+  double gap_ms = 0;    // that time, the stages' mean
+  double transfer_ms = 0;
+  double sampled = 0;   // ... with each pass drawn from its kind's measured passes (-1: none)
   double timed = 0;     // ... with each pass as timed, step by step (-1: not replayable)
   int steps = 0;
 };
@@ -188,7 +301,10 @@ struct Bubbles {
 // a pass whose rank lost its core is as long to the stage waiting for it); the timed one with
 // every pass as long as it took, step by step: what the lists cost without the executor's own
 // gaps and transfers, so the measured bubble above it is theirs, and the replayed one below it
-// is the passes' spread about their means.
+// is the passes' spread about their means. The gap replay adds to each pass its stage's mean
+// executor time between spans (busy for the stage, not counted as compute) and to each
+// transfer the measured median from its sender's pass end to its receiver's wait end: the
+// prediction from means with the executor's own time and the transfers in it.
 Bubbles measure_bubbles(const Scan& scan, const NodeShare& node, int n,
                         const pp::ScheduleSpec& spec, int stages) {
   const double core_slots =
@@ -207,24 +323,38 @@ Bubbles measure_bubbles(const Scan& scan, const NodeShare& node, int n,
   b.cpu = b.steps ? cpu_bubble_sum / b.steps : 0.0;
   // A pass's CPU time over the threads a rank computes with: its time on cores of its own.
   const double rank_threads = std::max(1.0, double(node.threads) / std::max(1, node.ranks));
-  auto replay = [&](const std::vector<double>(&seconds)[3], double over) {
+  const std::vector<std::vector<pp::Action>> lists = pp::schedule_actions(spec);
+  std::vector<double> gap(size_t(stages), 0.0);  // per stage, a pass's
+  if (size_t(stages) == scan.gap_seconds.size())
+    for (size_t st = 0; st < gap.size(); ++st)
+      if (scan.gap_passes[st] > 0) gap[st] = scan.gap_seconds[st] / double(scan.gap_passes[st]);
+  auto replay = [&](const std::vector<double>(&seconds)[3], double over, bool gaps) {
     pp::SimCosts costs;
     for (size_t at = 0; at < size_t(stages) * size_t(spec.virtual_stages); ++at) {
+      const double g = gaps ? gap[at / size_t(spec.virtual_stages)] : 0.0;
       double mean[3];
       for (int k = 0; k < 3; ++k) {
         const double passes = double(scan.passes[k][at]);
         mean[k] = passes ? seconds[k][at] / passes / over : 0.0;
       }
-      costs.forward_seconds.push_back(mean[0]);
-      costs.backward_seconds.push_back(mean[1] + mean[2]);  // a split backward's B and W
-      if (spec.splits_backward()) costs.weight_seconds.push_back(mean[2]);
+      costs.transfer_seconds = gaps ? scan.transfer_seconds : 0.0;
+      costs.forward_seconds.push_back(mean[0] + g);
+      // a split backward's B and W, each with its gap
+      costs.backward_seconds.push_back(mean[1] + mean[2] + (spec.splits_backward() ? 2 : 1) * g);
+      if (spec.splits_backward()) costs.weight_seconds.push_back(mean[2] + g);
     }
     const pp::SimResult r = pp::simulate(spec, costs);
-    return r.deadlock ? -1.0 : r.bubble_fraction();
+    if (r.deadlock || r.step_seconds <= 0) return -1.0;
+    double compute = 0;  // the stages' busy time less the gaps
+    for (size_t st = 0; st < r.busy_seconds.size(); ++st)
+      compute += r.busy_seconds[st] - (gaps ? double(lists[st].size()) * gap[st] : 0.0);
+    return 1.0 - compute / double(r.busy_seconds.size()) / r.step_seconds;
   };
-  b.compute = replay(scan.pass_cpu, rank_threads);
-  b.replayed = replay(scan.pass_wall, 1.0);
-  const std::vector<std::vector<pp::Action>> lists = pp::schedule_actions(spec);
+  b.compute = replay(scan.pass_cpu, rank_threads, false);
+  b.replayed = replay(scan.pass_wall, 1.0, false);
+  b.gaps = replay(scan.pass_wall, 1.0, true);
+  for (double g : gap) b.gap_ms += g * 1e3 / double(gap.size());
+  b.transfer_ms = scan.transfer_seconds * 1e3;
   double timed_sum = 0;
   int timed_steps = 0;
   for (const auto& [step, seconds] : scan.timed) {
@@ -242,6 +372,7 @@ Bubbles measure_bubbles(const Scan& scan, const NodeShare& node, int n,
     ++timed_steps;
   }
   b.timed = timed_steps ? timed_sum / timed_steps : -1.0;
+  b.sampled = sampled_replay(scan, spec, lists, gap);
   return b;
 }
 
@@ -254,8 +385,11 @@ void log_timeline(const std::string& path, const Bubbles& b, const pp::ScheduleS
     spdlog::info(
         "pipeline trace: {} ({} steps) | bubble measured {:.3f} (wall time; {:.3f} by CPU "
         "time), replayed {:.3f} with each pass as timed, {:.3f} at the passes' mean wall time "
-        "({:.3f} at their mean CPU time), ideal {:.3f} ({})",
-        path, b.steps, b.wall, b.cpu, b.timed, b.replayed, b.compute,
+        "({:.3f} with the executor's {:.3f} ms between spans a pass and {:.3f} ms a transfer, "
+        "{:.3f} with each pass drawn from its measured spread too; {:.3f} at their mean CPU "
+        "time), ideal {:.3f} ({})",
+        path, b.steps, b.wall, b.cpu, b.timed, b.replayed, b.gaps, b.gap_ms, b.transfer_ms,
+        b.sampled, b.compute,
         pp::ideal_bubble_fraction(spec), schedule);
   else  // the clock measures the waits for a core as much as the schedule
     spdlog::info(
@@ -289,7 +423,7 @@ double Trainer::write_timeline(const std::string& path) {
   if (world_rank_ != 0) return 0.0;
   const int n = world.size();
   const pp::ScheduleSpec& spec = pipeline_->schedule();
-  const Scan scan = scan_rows(gathered, mesh_->config(), spec.virtual_stages, lists_since_, n);
+  const Scan scan = scan_rows(gathered, mesh_->config(), spec.placement(), lists_since_, n);
   const Bubbles bubbles = measure_bubbles(scan, node, n, spec, mesh_->config().pp);
   nlohmann::json doc = {{"traceEvents", scan.events},
                         {"displayTimeUnit", "ms"},
@@ -304,6 +438,10 @@ double Trainer::write_timeline(const std::string& path) {
                           {"cpu_time_bubble_fraction", bubbles.cpu},
                           {"compute_time_bubble_fraction", bubbles.compute},
                           {"replayed_bubble_fraction", bubbles.replayed},
+                          {"gap_replay_bubble_fraction", bubbles.gaps},
+                          {"executor_gap_ms", bubbles.gap_ms},
+                          {"transfer_ms", bubbles.transfer_ms},
+                          {"sampled_replay_bubble_fraction", bubbles.sampled},
                           {"timed_replay_bubble_fraction", bubbles.timed},
                           {"max_activation_bytes", activations},
                           {"threads_on_node", node.threads},
