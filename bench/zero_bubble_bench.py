@@ -5,8 +5,9 @@ For each schedule pentad trains the same model with --trace; per schedule it rep
 median step time (steps after warm-up, runs alternated A/B/C/D, ../shared/MEASURE.md) as a
 ratio to 1F1B, the measured bubble (1 - mean busy / step window, from the trace, over the steps
 run with the lists rebuilt for the measured passes), the simulator's bubble replaying the lists
-with each pass as long as it took (step by step) and with each chunk's mean pass (wall time),
-the schedule's ideal bubble (F = B = W), the most activation memory any rank held (its slots
+with each pass as long as it took (step by step), with each chunk's mean pass (wall time),
+with the means plus the executor's own time between passes and the transfers' measured time,
+and with each pass drawn from its measured spread besides (the mean of 32 draws), the schedule's ideal bubble (F = B = W), the most activation memory any rank held (its slots
 made, and a split backward's kept gradients), and the drain skew: the spread of the stages' last pass ends
 over the step (what the optimizer step's synchronisation costs, which the papers'
 post-validation would hide).

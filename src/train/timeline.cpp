@@ -287,8 +287,8 @@ struct Bubbles {
                         // pass, and the transfers' median time
   double gap_ms = 0;    // that time, the stages' mean
   double transfer_ms = 0;
-  double sampled = 0;   // ... with each pass drawn from its kind's measured passes (-1: none)
-  double timed = 0;     // ... with each pass as timed, step by step (-1: not replayable)
+  double sampled = 0;  // ... with each pass drawn from its kind's measured passes (-1: none)
+  double timed = 0;    // ... with each pass as timed, step by step (-1: not replayable)
   int steps = 0;
 };
 
@@ -389,8 +389,7 @@ void log_timeline(const std::string& path, const Bubbles& b, const pp::ScheduleS
         "{:.3f} with each pass drawn from its measured spread too; {:.3f} at their mean CPU "
         "time), ideal {:.3f} ({})",
         path, b.steps, b.wall, b.cpu, b.timed, b.replayed, b.gaps, b.gap_ms, b.transfer_ms,
-        b.sampled, b.compute,
-        pp::ideal_bubble_fraction(spec), schedule);
+        b.sampled, b.compute, pp::ideal_bubble_fraction(spec), schedule);
   else  // the clock measures the waits for a core as much as the schedule
     spdlog::info(
         "pipeline trace: {} ({} steps) | bubble {:.3f} from the stages' own compute time (the "
