@@ -89,7 +89,8 @@ struct Scan {
   std::vector<double> gap_seconds;
   std::vector<int64_t> gap_passes;
   // A transfer's time from its sender's pass end to the end of the receiver's wait for it,
-  // over the waits that blocked (the first pipeline's ranks): the median, in seconds.
+  // over the waits that blocked, 10 us or more (the first pipeline's ranks): the median, in
+  // seconds.
   double transfer_seconds = 0;
 };
 
@@ -223,7 +224,8 @@ Scan scan_rows(const GatheredRows& g, const parallel::MeshConfig& mesh,
   std::vector<double> latencies;
   for (const auto& [key, span] : waited) {
     const auto it = sent.find(key);
-    if (it == sent.end() || span.second - span.first < 1000) continue;  // blocked 1 us or more
+    // Blocked: more than 10 us (a wait whose data had come returns in a few).
+    if (it == sent.end() || span.second - span.first < 10000) continue;
     latencies.push_back(double(std::max<int64_t>(0, span.second - it->second)) * 1e-9);
   }
   if (!latencies.empty()) {
