@@ -13,7 +13,8 @@
 //   2 ranks: dp; tp + sp; pp 1F1B, interleaved, zb-h1 and zb-v; cp ring and Ulysses;
 //            ZeRO 1, 2, 3; AdamW offloaded to the host over ZeRO-2; recompute; MoE ep and etp;
 //   4 ranks: dp x tp + sp; 2D tp (2x2); pp x dp; cp x dp; hybrid cp (Ulysses 2 x ring 2);
-//            MoE folding (ep 2 x etp 2 over tp 2 + sp x dp 2); ZeRO-3 over dp 4;
+//            MoE folding (ep 2 x etp 2 over tp 2 + sp x dp 2); ZeRO-3 over dp 4; pp x dp
+//            at ZeRO-2 (zb-v) and ZeRO-3 (1F1B);
 //   8 ranks: pp x dp x tp + sp; ZeRO-1 over dp 4 x tp 2; cp x tp x dp; ep 4;
 //            ZeRO-2 over dp 8 with AdamW on the host.
 // Not here yet: resume bitwise and resharding from a device checkpoint over N ranks.
@@ -180,6 +181,11 @@ const std::vector<Layout> kLayouts = {
     {"ep2_etp2_tp2_sp_dp2_np4", kLlamaMoe,
      with({"parallel.tp=2", "parallel.ep=2", "parallel.etp=2"}, kSp), 2},
     {"zero3_dp4_np4", kGpt2, {"parallel.zero=3"}, 4},
+    {"pp2_dp2_zb_v_zero2_np4",
+     kGpt2Four,
+     {"parallel.pp=2", "parallel.pp_schedule=zb-v", "parallel.virtual_stages=2", "parallel.zero=2"},
+     2},
+    {"pp2_dp2_zero3_np4", kGpt2Four, {"parallel.pp=2", "parallel.zero=3"}, 2},
     // 8 ranks
     {"pp2_dp2_tp2_sp_np8", kGpt2Four, with({"parallel.pp=2", "parallel.tp=2"}, kSp), 2},
     {"zero1_dp4_tp2_np8", kLlama, {"parallel.tp=2", "parallel.zero=1"}, 4},
