@@ -217,9 +217,9 @@ MOE_ZERO_LAYOUTS = [
     ("dp4xep2-zero1", 4, ["parallel.ep=2", ZERO + "1"]),  # experts' state over edp 2
     ("dp4xep2-zero2", 4, ["parallel.ep=2", ZERO + "2"]),
     ("dp2xep2-zero2", 2, ["parallel.ep=2", ZERO + "2"]),  # edp 1: the experts' shares whole
-    # Stage 2 under zb-h1: the experts' reducer narrowed to each chunk's buckets too.
-    ("ep2xpp2-zb-h1-zero2", 4, ["parallel.pp=2", "parallel.ep=2", "parallel.pp_schedule=zb-h1",
-                                ZERO + "2"]),
+    # Stage 3 under zb-h1: the experts' reducer narrowed to each chunk's buckets too, and
+    # their units gathered by B and W (stage 2's windows are the same; its dense layouts
+    # run in --zero).
     ("ep2xpp2-zb-h1-zero3", 4, ["parallel.pp=2", "parallel.ep=2", "parallel.pp_schedule=zb-h1",
                                 ZERO + "3"]),
     # Folded: attention on dp2 x tp2, the experts on edp2 x ep2 with ep over the tp ranks.
