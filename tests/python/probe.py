@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """`pentad probe --quick` on 8 ranks as two simulated nodes of 4 (PENTAD_SIM_NODES=4:200:0.2:
 200 us more and 0.2 GB/s between nodes) must see the nodes: islands exactly {0..3} and {4..7},
-links between them far slower and later than inside, and a collective whose groups span the
-nodes slower than one whose groups stay inside. Plus a run on one rank, and the refusals: an
+links between them far slower and later than inside, a collective whose groups span the
+nodes lasting at least the simulated time, and (full tier, timed) slower than one whose groups
+stay inside. Plus a run on one rank, and the refusals: an
 output directory that does not exist, a malformed PENTAD_SIM_NODES.
 
 usage: probe.py PENTAD WORKDIR
@@ -87,16 +88,23 @@ def main():
                   f"{floor * 1e3:.3g} ms: {c['seconds'] * 1e3:.3g} ms")
     # Against groups inside a node: each op over 4 ranks (a simulated 4.5 to 9 ms more), and
     # the four ops together over 2 ranks (2.8 to 5.6 ms more each, where one noisy median of
-    # a ms on 2 shared cores could reach it).
+    # a ms on 2 shared cores could reach it). Timed comparisons, so in the full tier only
+    # (PENTAD_FULL_TESTS=1, scripts/test.sh --full): on 8 ranks sharing 2 loaded cores an
+    # inside median once reached 5.69 ms against 5.59 across (CI, 2026-11-29). The default
+    # tier keeps the floors above, which no load can undercut.
+    if not os.environ.get("PENTAD_FULL_TESTS"):
+        print("skipped: across against inside nodes, timed (PENTAD_FULL_TESTS=1 runs it)")
+        ops = ()
     for op in ops:
         a, b = samples[(op, 4, 2)], samples[(op, 4, 1)]
         check(a["seconds"] > b["seconds"] and a["bus_gbs"] < b["bus_gbs"],
               f"{op} over 4 ranks 2 apart (across nodes) slower than 4 ranks 1 apart: "
               f"{a['seconds'] * 1e3:.3g} ms against {b['seconds'] * 1e3:.3g}")
-    across_s = sum(samples[(op, 2, 4)]["seconds"] for op in ops)
-    inside_s = sum(samples[(op, 2, 1)]["seconds"] for op in ops)
-    check(across_s > inside_s, f"the four ops over 2 ranks 4 apart (across nodes) slower than 2 "
-          f"ranks 1 apart: {across_s * 1e3:.3g} ms against {inside_s * 1e3:.3g}")
+    if ops:
+        across_s = sum(samples[(op, 2, 4)]["seconds"] for op in ops)
+        inside_s = sum(samples[(op, 2, 1)]["seconds"] for op in ops)
+        check(across_s > inside_s, f"the four ops over 2 ranks 4 apart (across nodes) slower "
+              f"than 2 ranks 1 apart: {across_s * 1e3:.3g} ms against {inside_s * 1e3:.3g}")
     check(len(topo["collectives"]) == 6 * 4, "every shape and op measured")
 
     # parallel.tp_shape = "auto" on this topology picks a 2D mesh over 1D and over the
