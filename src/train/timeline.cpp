@@ -236,6 +236,26 @@ Scan scan_rows(const GatheredRows& g, const parallel::MeshConfig& mesh,
   return scan;
 }
 
+// Whether a traced step has every pass of the lists (seconds[s]: stage s's, in order).
+bool whole_step(const std::vector<std::vector<double>>& seconds,
+                const std::vector<std::vector<pp::Action>>& lists) {
+  bool whole = seconds.size() == lists.size();
+  for (size_t st = 0; whole && st < lists.size(); ++st)
+    whole = seconds[st].size() == lists[st].size();
+  return whole;
+}
+
+// A replay's bubble, each stage's busy time less the executor gaps its passes carried (gap[s]
+// a pass of stage s; empty: none); -1 where it deadlocked.
+double bubble_less_gaps(const pp::SimResult& r, const std::vector<std::vector<pp::Action>>& lists,
+                        const std::vector<double>& gap) {
+  if (r.deadlock || r.step_seconds <= 0) return -1.0;
+  double compute = 0;
+  for (size_t st = 0; st < r.busy_seconds.size(); ++st)
+    compute += r.busy_seconds[st] - (gap.empty() ? 0.0 : double(lists[st].size()) * gap[st]);
+  return 1.0 - compute / double(r.busy_seconds.size()) / r.step_seconds;
+}
+
 // The replay with the passes' spread: each pass of the lists drawn (seeded) from the first
 // pipeline's measured passes of its stage, chunk and kind, plus its stage's executor gap, and
 // each transfer the measured median; the mean bubble over 32 draws (-1: no step traced whole).
@@ -249,10 +269,7 @@ double sampled_replay(const Scan& scan, const pp::ScheduleSpec& spec,
     return a.type == pp::Action::Forward ? 0 : a.type == pp::Action::Weight ? 2 : 1;
   };
   for (const auto& [step, seconds] : scan.timed) {
-    bool whole = seconds.size() == lists.size();
-    for (size_t st = 0; whole && st < lists.size(); ++st)
-      whole = seconds[st].size() == lists[st].size();
-    if (!whole) continue;
+    if (!whole_step(seconds, lists)) continue;
     for (size_t st = 0; st < lists.size(); ++st)
       for (size_t i = 0; i < lists[st].size(); ++i)
         measured[{st, lists[st][i].chunk, kind(lists[st][i])}].push_back(seconds[st][i]);
@@ -272,12 +289,9 @@ double sampled_replay(const Scan& scan, const pp::ScheduleSpec& spec,
         const std::vector<double>& pool = measured.at({st, a.chunk, kind(a)});
         costs.timed_seconds[st].push_back(pool[draw() % pool.size()] + gap[st]);
       }
-    const pp::SimResult r = pp::simulate_lists(spec, lists, costs);
-    if (r.deadlock || r.step_seconds <= 0) return -1.0;
-    double compute = 0;
-    for (size_t st = 0; st < r.busy_seconds.size(); ++st)
-      compute += r.busy_seconds[st] - double(lists[st].size()) * gap[st];
-    sum += 1.0 - compute / double(r.busy_seconds.size()) / r.step_seconds;
+    const double bubble = bubble_less_gaps(pp::simulate_lists(spec, lists, costs), lists, gap);
+    if (bubble < 0) return -1.0;
+    sum += bubble;
   }
   return sum / kDraws;
 }
@@ -330,6 +344,7 @@ Bubbles measure_bubbles(const Scan& scan, const NodeShare& node, int n,
   if (size_t(stages) == scan.gap_seconds.size())
     for (size_t st = 0; st < gap.size(); ++st)
       if (scan.gap_passes[st] > 0) gap[st] = scan.gap_seconds[st] / double(scan.gap_passes[st]);
+  const std::vector<double> no_gaps;
   auto replay = [&](const std::vector<double>(&seconds)[3], double over, bool gaps) {
     pp::SimCosts costs;
     for (size_t at = 0; at < size_t(stages) * size_t(spec.virtual_stages); ++at) {
@@ -345,12 +360,7 @@ Bubbles measure_bubbles(const Scan& scan, const NodeShare& node, int n,
       costs.backward_seconds.push_back(mean[1] + mean[2] + (spec.splits_backward() ? 2 : 1) * g);
       if (spec.splits_backward()) costs.weight_seconds.push_back(mean[2] + g);
     }
-    const pp::SimResult r = pp::simulate(spec, costs);
-    if (r.deadlock || r.step_seconds <= 0) return -1.0;
-    double compute = 0;  // the stages' busy time less the gaps
-    for (size_t st = 0; st < r.busy_seconds.size(); ++st)
-      compute += r.busy_seconds[st] - (gaps ? double(lists[st].size()) * gap[st] : 0.0);
-    return 1.0 - compute / double(r.busy_seconds.size()) / r.step_seconds;
+    return bubble_less_gaps(pp::simulate(spec, costs), lists, gaps ? gap : no_gaps);
   };
   b.compute = replay(scan.pass_cpu, rank_threads, false);
   b.replayed = replay(scan.pass_wall, 1.0, false);
@@ -364,10 +374,7 @@ Bubbles measure_bubbles(const Scan& scan, const NodeShare& node, int n,
     costs.forward_seconds.assign(size_t(stages), 0.0);
     costs.backward_seconds.assign(size_t(stages), 0.0);
     costs.timed_seconds = seconds;
-    bool whole = true;  // every pass of the lists traced in this step
-    for (size_t st = 0; st < lists.size(); ++st)
-      whole = whole && seconds[st].size() == lists[st].size();
-    if (!whole) continue;
+    if (!whole_step(seconds, lists)) continue;
     const pp::SimResult r = pp::simulate_lists(spec, lists, costs);
     if (r.deadlock) continue;
     timed_sum += r.bubble_fraction();

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -102,6 +103,17 @@ std::vector<int64_t> all_ranges(const StateShard& shard) {
   return all;
 }
 
+// Every element of the reducer's shares is want(its arena offset).
+void expect_shares(const parallel::GradReducer& reducer, const ParamStore& p,
+                   const std::function<float(int64_t)>& want, const std::string& what) {
+  const float* reduced = reducer.shard_grads().f32();
+  for (const ParamSpec& spec : p.specs())
+    for (const StateShard::Piece& piece : reducer.shard().pieces(spec))
+      for (int64_t k = 0; k < piece.count; ++k)
+        ASSERT_EQ(reduced[piece.shard + k], want(piece.arena + k))
+            << what << spec.name << " element " << piece.arena + k;
+}
+
 }  // namespace
 
 TEST(Zero, SharesTileTheArenaAtRowsAndAreFair) {
@@ -157,13 +169,9 @@ TEST(Zero, ReduceScatterSumsEachShareAndGatherRestoresParameters) {
       }
     }
     const float ranks_sum = float(D * (D + 1) / 2);
-    const float* reduced = reducer.shard_grads().f32();
-    for (const ParamSpec& spec : p.specs())
-      for (const StateShard::Piece& piece : reducer.shard().pieces(spec))
-        for (int64_t k = 0; k < piece.count; ++k)
-          ASSERT_EQ(reduced[piece.shard + k],
-                    2 * ranks_sum * float((piece.arena + k) % 1000) * 0.5f)
-              << "stage " << stage << " " << spec.name << " element " << piece.arena + k;
+    expect_shares(
+        reducer, p, [&](int64_t e) { return 2 * ranks_sum * float(e % 1000) * 0.5f; },
+        "stage " + std::to_string(stage) + " ");
     // Each rank writes its shares of the parameters; the all-gather completes them.
     for (int64_t e = 0; e < p.numel(); ++e) w[e] = -1.0f;
     for (const StateShard::Range& range : reducer.shard().ranges)
@@ -215,12 +223,8 @@ TEST(Zero, StageTwoReducesOneChunkAtATimeInWindows) {
     }
   }
   const float ranks_sum = float(D * (D + 1) / 2);
-  const float* reduced = reducer.shard_grads().f32();
-  for (const ParamSpec& spec : p.specs())
-    for (const StateShard::Piece& piece : reducer.shard().pieces(spec))
-      for (int64_t k = 0; k < piece.count; ++k)
-        ASSERT_EQ(reduced[piece.shard + k], 3 * ranks_sum * float((piece.arena + k) % 1000) * 0.25f)
-            << spec.name << " element " << piece.arena + k;
+  expect_shares(
+      reducer, p, [&](int64_t e) { return 3 * ranks_sum * float(e % 1000) * 0.25f; }, "");
   // The layers' buckets hold one chunk's parameters each; a window through a layer cuts one.
   EXPECT_THROW(reducer.set_window(0, int64_t(p.spec(p.find("layers.1.mlp.up.weight")).offset) + 1),
                std::logic_error);
