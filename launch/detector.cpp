@@ -89,6 +89,11 @@ int Detector::message(const nlohmann::json& msg, double now, std::string* error)
       wait.entered_at = std::max(now - w.value("since_s", 0.0), waits_from_);
       r.wait = wait;
     }
+    if (msg.contains("done") && msg["done"].is_object())
+      for (const auto& item : msg["done"].items())
+        if (item.value().is_number_integer())
+          if (const int64_t seq = item.value().get<int64_t>(); seq > r.done[item.key()].seq)
+            r.done[item.key()] = {seq, now};
     // The rank's row of the link matrix: [[peer, send s/MB, receive s/MB], ...] (-1, or a
     // missing third field: not measured).
     if (msg.contains("p2p") && msg["p2p"].is_array())
@@ -265,6 +270,18 @@ std::optional<Detection> Detector::check_dead(double now) const {
   return found;
 }
 
+// Whether a wait shown by a beat has since completed on some member (kStaleWaitSeconds).
+bool Detector::stale(const Wait& w, double now) const {
+  if (w.kind == "send" || w.kind == "recv") return false;  // numbered apart on each rank
+  for (int m : w.members)
+    if (auto it = ranks_.find(m); it != ranks_.end())
+      if (auto d = it->second.done.find(w.comm); d != it->second.done.end() &&
+                                                 d->second.seq >= w.seq &&
+                                                 now - d->second.since < kStaleWaitSeconds)
+        return true;
+  return false;
+}
+
 // Once some rank has waited past the threshold: the collective most ranks wait in (ties: the
 // longest wait), and the member of its communicator that is not in it: that member holds the
 // others up. (The culprit may itself be blocked elsewhere, and longer, so neither its wait
@@ -275,6 +292,11 @@ std::optional<Detection> Detector::check_hang(double now) const {
   bool overdue = false;
   for (const auto& [rank, r] : ranks_) {
     if (r.closed || !r.bye.empty() || !r.wait || silent(r, now)) continue;
+    // A wait in a collective that a member has since completed: the beat that shows it is
+    // older than that completion, and where the rank is now, and so who holds whom up, is
+    // not known yet (a 5.6 s checkpoint write ended, rank 0 computed again, and the others'
+    // beats from before the collective completed named it). The next beats tell.
+    if (stale(*r.wait, now)) return std::nullopt;
     overdue = overdue || now - r.wait->entered_at > threshold;
     waiting[{r.wait->comm, r.wait->seq, r.wait->members}].push_back(rank);
   }

@@ -59,6 +59,13 @@ struct RankState {
   // Its row of the link matrix (beats' "p2p", parallel/activity.h): peer -> seconds per MB
   // of its recent sends to it, and of its receives from it.
   std::map<int, double> send_s_per_mb, recv_s_per_mb;
+  // Per communicator: the highest collective seen complete (beats' "done") and when that
+  // number last grew.
+  struct Done {
+    int64_t seq = -1;
+    double since = 0;
+  };
+  std::map<std::string, Done> done;
 };
 
 struct Detection {
@@ -114,6 +121,11 @@ class Detector {
   // A rank gone while others of its host are not yet: how long to wait for them before
   // naming the rank alone (a killed host's ranks close within milliseconds of each other).
   static constexpr double kHostWindowSeconds = 0.5;
+  // A wait in a collective that a member reports completed (its "done" at or past it) is
+  // stale for this long after that report: no hang is judged meanwhile (beats are 100 ms
+  // apart). Bounded, in case a communicator's numbers do not line up across ranks (its sends
+  // and receives are numbered too).
+  static constexpr double kStaleWaitSeconds = 1.0;
 
   explicit Detector(DetectorOptions options) : options_(options) {}
 
@@ -146,6 +158,7 @@ class Detector {
  private:
   std::optional<Detection> check_dead(double now) const;
   std::optional<Detection> check_hang(double now) const;
+  bool stale(const Wait& w, double now) const;  // kStaleWaitSeconds
   std::optional<Detection> check_silent(double now) const;
   std::optional<Detection> check_compute_slow(double now) const;
   std::optional<Detection> check_link_slow(double now);

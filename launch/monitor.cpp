@@ -199,6 +199,8 @@ void Monitor::run() {
     for (const parallel::LinkCost& l : parallel::activity_links())
       links.push_back({l.peer, l.send_s_per_mb, l.recv_s_per_mb});
     if (!links.empty()) beat["p2p"] = std::move(links);
+    // The highest collective completed on each communicator (the detector's staleness check).
+    beat["done"] = parallel::trace_collectives_done();
     if (w.waiting)
       beat["wait"] = {{"comm", w.comm},
                       {"kind", w.kind},

@@ -9,10 +9,11 @@
 // newline-delimited JSON, rank -> supervisor only:
 //   {"type":"hello","rank","world","pid","host","out_dir","attempt","resume_step",
 //    "ckpt_dirs"}  once
-//   {"type":"beat","rank","t","step","phase":"compute"|"wait"|"other","step_seconds",
+//   {"type":"beat","rank","t","step","phase":"compute"|"wait"|"checkpoint"|"other","step_seconds",
 //    "wait_seconds","ckpt_step","wait":{"comm","kind","seq","since_s","members"}}  every 100 ms
 //     ("wait" only in phase wait; "p2p":[[peer, send_s_per_mb, recv_s_per_mb],...] optional,
-//     the rank's row of the link matrix, parallel/activity.h)
+//     the rank's row of the link matrix, parallel/activity.h; "done":{comm: seq} optional, the
+//     highest collective completed per communicator, parallel/trace.h)
 //   {"type":"bye","rank","status":"done"|"error","message","cause"}  at the end
 // Events go to stdout, one line each, and as JSON objects to events.jsonl.
 //

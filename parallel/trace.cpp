@@ -14,8 +14,9 @@ namespace pentad::parallel {
 struct CommTraceChannel {
   uint32_t id = 0;
   char name[32]{};
-  CommTotals totals;         // guarded by the trace mutex
-  std::vector<int> members;  // world ranks; set before the channel's first operation
+  CommTotals totals;             // guarded by the trace mutex
+  std::vector<int> members;      // world ranks; set before the channel's first operation
+  int64_t collective_done = -1;  // the highest seq of a collective completed; trace mutex
 };
 
 namespace {
@@ -162,10 +163,22 @@ void trace_leave(const TraceTicket& ticket) {
   std::lock_guard lock(s.mutex);
   CommEvent& e = s.ring[ticket.event_id % kCommTraceCapacity];
   if (e.id == ticket.event_id && e.leave_ns == 0) e.leave_ns = now;
+  if (ticket.kind != CommKind::Send && ticket.kind != CommKind::Recv)
+    ticket.channel->collective_done =
+        std::max(ticket.channel->collective_done, int64_t(ticket.seq));
   CommTotals& t = ticket.channel->totals;
   t.bytes += ticket.bytes;
   t.count += 1;
   t.seconds += 1e-9 * double(now - ticket.enter_ns);
+}
+
+std::map<std::string, int64_t> trace_collectives_done() {
+  TraceState& s = state();
+  std::lock_guard lock(s.mutex);
+  std::map<std::string, int64_t> done;
+  for (const auto& channel : s.channels)  // a later channel of a name replaces an earlier one
+    if (!channel->members.empty()) done[channel->name] = channel->collective_done;
+  return done;
 }
 
 std::vector<CommEvent> comm_events() {

@@ -96,5 +96,10 @@ TraceTicket trace_enter(CommTraceChannel* channel, uint64_t seq, CommKind kind, 
                         int peer);
 // Stamps leave_ns (unless the ring has overwritten the event) and adds to the totals.
 void trace_leave(const TraceTicket& ticket);
+// Per communicator name (the newest communicator of a name, members set): the highest
+// sequence number of a collective (not a send or receive) this rank has seen complete, -1
+// if none. The fault monitor reports it: a rank that has completed a collective is not the
+// one holding it up, whatever an older beat of another member says.
+std::map<std::string, int64_t> trace_collectives_done();
 
 }  // namespace pentad::parallel

@@ -129,6 +129,54 @@ TEST(Detector, RankBlockedOnItsCheckpointIsGivenLongerThanAHang) {
   EXPECT_EQ(found->culprit, std::vector<int>{2});
 }
 
+// Rank 2's checkpoint write held the others 5 s in dp's all-reduce #10; it ends, the
+// collective completes, and rank 2's next beat (compute, #10 done) arrives before the
+// others' next ones, which still show the wait they have just left. No verdict from them
+// (before: a non-comm hang of rank 2); a member that says it is done with an older
+// collective is still named, and a "done" report that is not fresh no longer holds the
+// verdict off.
+TEST(Detector, WaitersBeatOlderThanTheCulpritsCompletionIsNoVerdict) {
+  auto finished = [](int64_t seq) {
+    json b = beat(2, 10, "compute");
+    b["done"] = {{"dp", seq}, {"world", 3}};
+    return b;
+  };
+  Detector d = healthy_run();
+  block_all_but_rank2(d, 6.0, [&](double t) { feed(d, beat(2, 10, "checkpoint"), t); });
+  feed(d, finished(10), 6.05);
+  EXPECT_FALSE(d.check(6.06).has_value());
+  EXPECT_EQ(d.ranks().at(2).done.at("dp").seq, 10);
+
+  Detector older = healthy_run();
+  block_all_but_rank2(older, 6.0, [&](double t) { feed(older, beat(2, 10, "checkpoint"), t); });
+  feed(older, finished(9), 6.05);
+  std::optional<Detection> found = older.check(6.06);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->cls, "non-comm hang");
+  EXPECT_EQ(found->culprit, std::vector<int>{2});
+
+  // The others still wait 1 s after rank 2 said it completed #10 (numbers that do not line
+  // up): judged as before.
+  block_all_but_rank2(d, 7.1, [&](double t) { feed(d, finished(10), t); });
+  found = d.check(7.1);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->culprit, std::vector<int>{2});
+
+  // The stale beat is the one that would be named: ranks 0, 2 and 3 have completed #10 and
+  // wait in the next collective, rank 1's last beat still shows #10 (before: a comm hang of
+  // rank 1). Its next beat, in the same collective as the others, clears it.
+  Detector moved = healthy_run();
+  block_all_but_rank2(moved, 6.0, [&](double t) { feed(moved, beat(2, 10, "checkpoint"), t); });
+  for (int r : {0, 2, 3}) {
+    json b = waiting(r, 10, "dp", 11, 0.0, kEveryone);
+    b["done"] = {{"dp", 10}};
+    feed(moved, b, 6.05);
+  }
+  EXPECT_FALSE(moved.check(6.06).has_value());
+  feed(moved, waiting(1, 10, "dp", 11, 0.0, kEveryone), 6.1);
+  EXPECT_FALSE(moved.check(6.1).has_value());
+}
+
 TEST(Detector, RankInAnotherCollectiveIsACommHang) {
   Detector d = healthy_run();
   block_all_but_rank2(d, 3.2, [&](double t) {

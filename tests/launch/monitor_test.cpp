@@ -69,13 +69,13 @@ TEST(Monitor, BeatsSayWhereTheRankIsBlockedAndHowFarItCame) {
       parallel::activity_step_done(step, 0.002);
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
-    parallel::TraceTicket ticket;  // ... then blocks in dp's all-gather #42
-    ticket.channel = dp;
-    ticket.seq = 42;
-    ticket.kind = parallel::CommKind::AllGather;
+    // ... then blocks in dp's all-gather #42
+    const parallel::TraceTicket ticket =
+        parallel::trace_enter(dp, 42, parallel::CommKind::AllGather, 64, -1);
     parallel::activity_wait_begin(ticket);
     std::this_thread::sleep_for(std::chrono::milliseconds(60));
     parallel::activity_wait_end();
+    parallel::trace_leave(ticket);
     parallel::activity_checkpoint_wait_begin();  // ... then on its checkpoint's disk work
     parallel::activity_checkpoint_wait_begin();  // (nested: counted once)
     parallel::activity_checkpoint_wait_end();
@@ -101,10 +101,14 @@ TEST(Monitor, BeatsSayWhereTheRankIsBlockedAndHowFarItCame) {
   EXPECT_EQ(lines.back()["type"], "bye");
   EXPECT_EQ(lines.back()["status"], "done");
   bool saw_wait = false, saw_ckpt = false, saw_disk = false;
-  int64_t last_step = 0;
+  int64_t last_step = 0, done = -2;
   for (const json& l : lines) {
     if (l["type"] != "beat") continue;
     last_step = l["step"];
+    done = l["done"]["dp_test"];  // the highest collective completed: -1 until #42 ends
+    if (l["phase"] == "wait") {
+      EXPECT_EQ(done, -1);
+    }
     saw_ckpt = saw_ckpt || l["ckpt_step"] == 20;
     saw_disk = saw_disk || l["phase"] == "checkpoint";
     if (l["phase"] != "wait") continue;
@@ -122,6 +126,7 @@ TEST(Monitor, BeatsSayWhereTheRankIsBlockedAndHowFarItCame) {
   EXPECT_TRUE(saw_ckpt);
   EXPECT_TRUE(saw_disk) << "no beat while blocked on the checkpoint";
   EXPECT_EQ(last_step, 20);
+  EXPECT_EQ(done, 42);
 }
 
 // A run shorter than one beat (a restart that resumes near the end): "started" and the
