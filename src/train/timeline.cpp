@@ -2,6 +2,8 @@
 // transfer-wait spans of the last steps, gathered to world rank 0 into one Chrome-trace JSON
 // (opens in Perfetto), with the bubble measured three ways: by the clock, by CPU time, and by
 // the schedule replayed with the stages' own compute time.
+#include "train/timeline.h"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -21,20 +23,14 @@
 namespace pentad {
 
 namespace pp = parallel::pp;
+using timeline::Bubbles;
+using timeline::kRow;
+using GatheredRows = timeline::Rows;
 
 namespace {
 
-// A span as a row of 7 int64: kind, micro, chunk, step, start, end, CPU time; a step's start
-// is a row of kind -1.
-constexpr int64_t kRow = 7;
-
 // Every rank's rows on world rank 0, rank after rank (counts: each rank's values); on other
 // ranks `values` is empty. Collective.
-struct GatheredRows {
-  std::vector<int64_t> values, counts;
-  int64_t total = 0;
-};
-
 GatheredRows gather_rows(parallel::Communicator& world, std::vector<int64_t> rows, bool root) {
   // int64 values travel as pairs of int32 (the same bytes).
   auto words = [](int64_t* data, int64_t count) {
@@ -256,11 +252,23 @@ double bubble_less_gaps(const pp::SimResult& r, const std::vector<std::vector<pp
   return 1.0 - compute / double(r.busy_seconds.size()) / r.step_seconds;
 }
 
+// Each directed link's transfer (from stage a to b at a * stages + b) for replays that add
+// each stage's executor gap to its passes: the measured transfer runs from the sender's pass
+// end, so the part of it the sender's gap after the pass already covers (posting the send)
+// is not counted twice.
+std::vector<double> links_after_gaps(double transfer, const std::vector<double>& gap) {
+  const size_t p = gap.size();
+  std::vector<double> links(p * p);
+  for (size_t a = 0; a < p; ++a)
+    for (size_t b = 0; b < p; ++b) links[a * p + b] = std::max(0.0, transfer - gap[a]);
+  return links;
+}
+
 // The replay with the passes' spread: each pass of the lists drawn (seeded) from the first
 // pipeline's measured passes of its stage, chunk and kind, plus its stage's executor gap, and
-// each transfer the measured median; the mean bubble over 32 draws (-1: no step traced whole).
-// The passes' spread delays the critical path where a late pass holds up a stage that waits
-// for it, which replays at the means leave out.
+// each transfer the measured median less the sender's gap; the mean bubble over 32 draws (-1: no
+// step traced whole). The passes' spread delays the critical path where a late pass holds up a
+// stage that waits for it, which replays at the means leave out.
 double sampled_replay(const Scan& scan, const pp::ScheduleSpec& spec,
                       const std::vector<std::vector<pp::Action>>& lists,
                       const std::vector<double>& gap) {
@@ -282,7 +290,7 @@ double sampled_replay(const Scan& scan, const pp::ScheduleSpec& spec,
     pp::SimCosts costs;
     costs.forward_seconds.assign(size_t(spec.stages), 0.0);
     costs.backward_seconds.assign(size_t(spec.stages), 0.0);
-    costs.transfer_seconds = scan.transfer_seconds;
+    costs.link_seconds = links_after_gaps(scan.transfer_seconds, gap);
     costs.timed_seconds.resize(lists.size());
     for (size_t st = 0; st < lists.size(); ++st)
       for (const pp::Action& a : lists[st]) {
@@ -295,18 +303,6 @@ double sampled_replay(const Scan& scan, const pp::ScheduleSpec& spec,
   }
   return sum / kDraws;
 }
-
-struct Bubbles {
-  double wall = 0, cpu = 0, compute = 0;
-  double replayed = 0;  // the schedule replayed with each pass's mean wall time
-  double gaps = 0;      // ... with each stage's mean executor time between spans after a
-                        // pass, and the transfers' median time
-  double gap_ms = 0;    // that time, the stages' mean
-  double transfer_ms = 0;
-  double sampled = 0;  // ... with each pass drawn from its kind's measured passes (-1: none)
-  double timed = 0;    // ... with each pass as timed, step by step (-1: not replayable)
-  int steps = 0;
-};
 
 // Bubble: 1 - mean busy / window, averaged over the counted steps (scan_rows). Assumes the ranks'
 // steady clocks agree, as they do on one machine. The CPU-time bubble counts the cores' time
@@ -354,7 +350,7 @@ Bubbles measure_bubbles(const Scan& scan, const NodeShare& node, int n,
         const double passes = double(scan.passes[k][at]);
         mean[k] = passes ? seconds[k][at] / passes / over : 0.0;
       }
-      costs.transfer_seconds = gaps ? scan.transfer_seconds : 0.0;
+      if (gaps) costs.link_seconds = links_after_gaps(scan.transfer_seconds, gap);
       costs.forward_seconds.push_back(mean[0] + g);
       // a split backward's B and W, each with its gap
       costs.backward_seconds.push_back(mean[1] + mean[2] + (spec.splits_backward() ? 2 : 1) * g);
@@ -411,6 +407,17 @@ void log_timeline(const std::string& path, const Bubbles& b, const pp::ScheduleS
 
 }  // namespace
 
+timeline::Measurement timeline::measure(const Rows& rows, const parallel::MeshConfig& mesh,
+                                        const pp::ScheduleSpec& spec, int64_t lists_since,
+                                        const NodeShare& node) {
+  const int n = int(rows.counts.size());
+  Scan scan = scan_rows(rows, mesh, spec.placement(), lists_since, n);
+  Measurement m;
+  m.bubbles = measure_bubbles(scan, node, n, spec, mesh.pp);
+  m.events = std::move(scan.events);
+  return m;
+}
+
 double Trainer::write_timeline(const std::string& path) {
   if (!pipeline_) return -1.0;
   std::vector<int64_t> rows;
@@ -429,11 +436,11 @@ double Trainer::write_timeline(const std::string& path) {
   double activations = double(model_->activation_bytes());
   world.all_reduce(view_of(&activations, Shape{1}, DType::F64), parallel::ReduceOp::Max);
   if (world_rank_ != 0) return 0.0;
-  const int n = world.size();
   const pp::ScheduleSpec& spec = pipeline_->schedule();
-  const Scan scan = scan_rows(gathered, mesh_->config(), spec.placement(), lists_since_, n);
-  const Bubbles bubbles = measure_bubbles(scan, node, n, spec, mesh_->config().pp);
-  nlohmann::json doc = {{"traceEvents", scan.events},
+  timeline::Measurement measured =
+      timeline::measure(gathered, mesh_->config(), spec, lists_since_, node);
+  const Bubbles& bubbles = measured.bubbles;
+  nlohmann::json doc = {{"traceEvents", std::move(measured.events)},
                         {"displayTimeUnit", "ms"},
                         {"otherData",
                          {{"schedule", cfg_.parallel.pp_schedule},
