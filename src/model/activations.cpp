@@ -107,15 +107,17 @@ static Tensor kept_gradient(const ActSizes& s, const char* name, double rows, do
 
 void declare_deferred_layer(const ActSizes& s, double F, bool moe, const Tensor& res1,
                             const Tensor& out, ActSink& sink, DeferredGrads& d) {
-  d.d_att_out = kept_gradient(s, "w_d_att_out", s.N, s.Cj, !s.sp && !s.recompute, res1, sink);
+  // Under sequence parallelism this rank's rows (W gathers them), else whole rows.
+  const double rows = s.sp ? s.Nl : s.N, cols = s.sp ? s.C : s.Cj;
+  d.d_att_out = kept_gradient(s, "w_d_att_out", rows, cols, !s.recompute, res1, sink);
   if (F > 0)  // MoE: the block keeps its own
-    d.d_out = kept_gradient(s, "w_d_out", s.N, s.Cj, !s.sp, out, sink);
+    d.d_out = kept_gradient(s, "w_d_out", rows, cols, true, out, sink);
   if (s.recompute) declare_w_inputs(s, F, moe, sink, d.inputs);
 }
 
 void declare_deferred_ends(const ActSizes& s, bool first, const Tensor& input, ActSink& sink,
                            Tensor& d_input) {
-  if (first) d_input = kept_gradient(s, "w_d_input", s.N, s.C, !s.sp, input, sink);
+  if (first) d_input = kept_gradient(s, "w_d_input", s.Nl, s.C, true, input, sink);
 }
 
 void declare_batch(const ActSizes& s, ActSink& sink, SlotActs& slot) {

@@ -126,22 +126,23 @@ struct LayerGrads {
 // their input gradients, as the fused backward), and writes the column-parallel GEMMs' output
 // gradients over activations only B reads (LayerActs' q, k, v, up, gate: see
 // split_backward.cpp), so W's other operands are the slot's LayerActs, kept anyway until W.
-// The row-parallel two go over B-only activations too, where they fit: without sequence
-// parallelism (whose residual stream holds Nl = N / tp rows) d(att_out) over the layer's res1
-// (not under recompute: res1 is then the scratch's) and d(out) over the layer's output
-// residual stream, the next layer's input (the chunk's output for the last layer); else in
-// the slot's deferred arena.
-// Under tensor parallelism these two are kept as B gathered them (whole rows, columns j), so
-// W makes no collective; gathering again in W would save the two (N, Cj) buffers but add a
-// collective to every layer's W.
+// The row-parallel two go over B-only activations too: d(att_out) over the layer's res1 (not
+// under recompute: res1 is then the scratch's, and d(att_out) is in the slot's deferred
+// arena) and d(out) over the layer's output residual stream, the next layer's input (the
+// chunk's output for the last layer). Under tensor parallelism they are kept as B gathered
+// them (whole rows, columns j), so W makes no collective for them; under sequence
+// parallelism (whose residual stream holds Nl = N / tp rows) as this rank's rows (Nl, C),
+// which W gathers again: one all-gather a row-parallel GEMM in W for no arena.
 // Under model.recompute the slot keeps no LayerActs: B rebuilds each layer's in the shared
 // scratch, which the next layer's B overwrites before W. So B rebuilds straight into
 // `inputs` what W reads (the GEMMs' inputs norm1, att, norm2 (2D's MoE layers: norm2_rows),
 // act; and q, k, v, up, gate, which B overwrites with their gradients), the rest (the norms'
 // statistics, lse, res1) in the scratch: no copy, and the same values as the fused backward.
 struct DeferredGrads {
-  Tensor d_att_out;  // (N, Cj): the output projection's output gradient, d(res1) gathered
-  Tensor d_out;      // (N, Cj): the down projection's output gradient, gathered (no MLP: none)
+  // The output projection's output gradient, d(res1) gathered: (N, Cj), or under sequence
+  // parallelism this rank's rows of d(res1), (Nl, C).
+  Tensor d_att_out;
+  Tensor d_out;  // the down projection's, as d_att_out (no MLP: none)
   // (Either may be a view of the slot's res1 or residual stream: declare_deferred_layer.)
   LayerActs inputs;  // recompute only: W's operands, as LayerActs' (the others absent)
 };

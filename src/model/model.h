@@ -282,8 +282,12 @@ class Model {
   void split_attention_weights(const LayerParams& p, const LayerActs& a, const DeferredGrads& d);
   void split_head_input(Slot& s);
   void split_embedding_input(Slot& s);
-  // g's backward into full_j; where f's backward finds its partial input gradient.
-  void gather_output_grad(Tensor full_j, const Tensor& local);
+  Tensor embedding_weights_input(const Slot& s);
+  // B: a row-parallel GEMM's output gradient, d(block output) with its rows made whole (g's
+  // backward), kept for W in `kept` (split_backward_tp.cpp says how); returns the whole rows.
+  // W: those whole rows from what B kept. Where f's backward finds its partial input gradient.
+  Tensor keep_output_grad(const Tensor& kept, const Tensor& local);
+  Tensor kept_output_grad(const Tensor& kept);
   Tensor column_input_partial(const Tensor& reduced) const;
   void mlp_forward(const LayerParams& p, LayerActs& a, int64_t ffn, Tensor out);
   void mlp_backward(const LayerParams& p, LayerActs& a, int64_t ffn);

@@ -18,20 +18,19 @@
 //     computes them, then copied over the slot's LayerActs q, k, v, up, gate, which only B
 //     reads (attention's backward, GELU's or SwiGLU's) and the slot's next forward rewrites;
 //   the row-parallel GEMMs' output gradients d(att_out) and d(out), and the first chunk's
-//     d(chunk input) for the embedding: the scratch's d(residual) whole, which B overwrites
-//     layer by layer, so kept in the slot (per layer 2 Cj values a row on one rank, C
-//     without tensor parallelism; see activations.h) and (N, C) more. Without sequence
-//     parallelism they go over slot activations that B reads for the last time before it
-//     writes them, and W never reads: d(out) of layer l over the layer's output (the next
-//     layer's input, read last by that layer's B, which runs first; on the last chunk by
-//     the final norm's B), d(att_out) over its res1 (read last by its norm2 backward, just
-//     before), d(chunk input) over the embedding's output (layer 0's input, read last by its
-//     norm1 backward). Nothing else writes them before the slot's W: a pipeline sends and
-//     receives through buffers of its own, and the slot's next forward waits for W. So for dense
-//     layers the split then holds no more than the fused backward. Under recompute res1 is the
-//     scratch's, so d(att_out) is kept apart (the layer's output is rebuilt by its own B,
-//     before d(out) goes over it). With sequence parallelism (residual rows N / tp) they
-//     are kept apart: an arena allocated on the slot's first B and held from then on;
+//     d(chunk input) for the embedding: the scratch's d(residual), which B overwrites layer
+//     by layer, so kept in the slot: whole rows (per layer 2 Cj values a row, C without
+//     tensor parallelism), or under sequence parallelism this rank's rows, which W gathers
+//     again (split_backward_tp.cpp). They go over slot activations that B reads for the last
+//     time before it writes them, and W never reads: d(out) of layer l over the layer's output (the
+//     next layer's input, read last by that layer's B, which runs first; on the last chunk by the
+//     final norm's B), d(att_out) over its res1 (read last by its norm2 backward, just before),
+//     d(chunk input) over the embedding's output (layer 0's input, read last by its norm1
+//     backward). Nothing else writes them before the slot's W: a pipeline sends and receives
+//     through buffers of its own, and the slot's next forward waits for W. So for dense layers the
+//     split then holds no more than the fused backward. Under recompute res1 is the scratch's, so
+//     d(att_out) is kept apart, in an arena allocated on the slot's first B and held from then on
+//     (the layer's output is rebuilt by its own B, before d(out) goes over it);
 //   the head's: the slot's dlogits (in its logits), kept until W.
 // An MoE layer's router and routed experts keep theirs in the slot's MoeBlock::Acts, sized
 // at each B (model/split_backward_moe.cpp).
@@ -247,7 +246,8 @@ void Model::backward_chunk_weights(int c, int slot_index, bool last_micro_batch,
   }
   s.weights_pending = false;
   if (!range.first) return;
-  k::embedding_backward(G(wte_), G(wpe_), s.d_input.reshaped(Shape{b_, t_, cfg_.d_model}), s.tokens,
+  k::embedding_backward(G(wte_), G(wpe_),
+                        embedding_weights_input(s).reshaped(Shape{b_, t_, cfg_.d_model}), s.tokens,
                         vocab_start_, cp_->positions());
   tied_embeddings_ += tied_apart ? 1 : 0;
   if (tied_apart && last_micro_batch) {

@@ -5,22 +5,26 @@
 //
 // Tensor parallelism (Megatron's f and g; 2D's gather_hidden, reduce_hidden and the d2
 // sums). B, per block:
-//   g backward: d(block output)'s rows made whole (N, Cj), straight into the slot's
-//     DeferredGrads (d_out, d_att_out), where W reads them as the row-parallel GEMM's output
-//     gradient: kept rather than gathered again in W (two (N, Cj) buffers a layer), so that
-//     W waits on no peer;
+//   g backward: d(block output)'s rows made whole (N, Cj): without sequence parallelism
+//     straight into the slot's DeferredGrads (d_out, d_att_out), where W reads them as the
+//     row-parallel GEMM's output gradient; under sequence parallelism into the scratch, and
+//     this rank's rows (Nl, C) into DeferredGrads, which W gathers again (an all-gather a
+//     row-parallel GEMM in W, as Megatron's sequence parallelism gathers a column-parallel
+//     GEMM's input again in backward): so the kept rows fit over the slot's activations and
+//     a slot waiting for W holds no more than 1F1B's;
 //   the row-parallel GEMM's input gradient, in 2D summed over the d2 ranks piece by piece
 //     (parallel.tp_chunks), as the fused backward's;
 //   f backward: the column-parallel GEMMs' partial input gradients summed over tp into this
 //     rank's rows (the scratch's d_norm_local), which the norms' backward, wholly B's, reads.
-// W: the same GEMMs' weight gradients, in 2D added up over the same row pieces. Replicated
+// W: the same GEMMs' weight gradients (under sequence parallelism from the output gradients
+// gathered again), in 2D added up over the same row pieces. Replicated
 // parameters whose gradients are partial per tp rank (norms under sequence parallelism, their
 // gradients added by B) are summed at the last micro-batch's W, as backward_chunk sums them
 // at its last backward. The column-parallel GEMMs' output gradients (this rank's heads and
 // MLP columns, whole rows: no collective between them and W) are kept over the activations
 // they replace (split_backward.cpp).
 // The head and the embedding are 1D over every tp rank: the head's f backward in B, the
-// embedding's g backward (the rows made whole under sequence parallelism) too.
+// embedding's g backward (the rows made whole under sequence parallelism) in W.
 //
 // Context parallelism: attention's backward (Ulysses all-to-alls, ring K/V and dK/dV
 // transfers) is wholly B's; RoPE and the embedding read this rank's positions. W does the
@@ -38,13 +42,28 @@ static Tensor heads_of(const Tensor& x, int64_t b, int64_t t, int64_t d) {
   return x.reshaped(Shape{b, t, x.dim(1) / d, d});
 }
 
-// Without sequence parallelism or 2D, g's backward is the identity on one buffer; the
-// fused backward reads the rows in place, B keeps a copy for W.
-void Model::gather_output_grad(Tensor full_j, const Tensor& local) {
-  if (apart_)
-    tp_->gather_hidden(full_j, local);
-  else
-    copy(full_j, local);
+// Without sequence parallelism the whole rows are what W keeps (2D: columns j, gathered over
+// the d2 ranks; else a copy of the rows, since the fused backward's g is the identity). Under
+// sequence parallelism W keeps this rank's rows (Nl, C), which fit over the activation they
+// are written on, and gathers them again: the scratch's d_full holds the whole rows in B and
+// in W (a pass uses it alone).
+Tensor Model::keep_output_grad(const Tensor& kept, const Tensor& local) {
+  if (!tp_->sequence_parallel()) {
+    if (apart_)
+      tp_->gather_hidden(kept, local);
+    else
+      copy(kept, local);
+    return kept;
+  }
+  copy(kept, local);
+  return kept_output_grad(kept);
+}
+
+Tensor Model::kept_output_grad(const Tensor& kept) {
+  if (!tp_->sequence_parallel()) return kept;
+  const Tensor full = scratch_.grads.full.prefix(Shape{b_ * t_, width_});
+  tp_->gather_hidden(full, kept);
+  return full;
 }
 
 // The column-parallel GEMMs' partial input gradient (N, Cj), before f's backward reduces it
@@ -68,18 +87,18 @@ void Model::split_mlp_input(const LayerParams& p, LayerActs& a, int64_t ffn,
   const Tensor partial = column_input_partial(g.norm_local);
   // The down projection's output gradient, whole rows; in 2D the activation's gradient is
   // summed over the d2 ranks before the activation's backward.
-  gather_output_grad(d.d_out, g.resid);
+  const Tensor d_out = keep_output_grad(d.d_out, g.resid);
   if (tp_->hidden_degree() > 1) {
-    row_gemm_backward(act, Tensor{}, Tensor{}, d.d_out, a_act, P(p.down_w));
+    row_gemm_backward(act, Tensor{}, Tensor{}, d_out, a_act, P(p.down_w));
     tp_->end_hidden_sums();
     if (gpt2())
       k::gelu_backward(up, act, a_up);
     else
       k::swiglu_backward(gate, up, act, a_gate, a_up);
   } else if (gpt2()) {  // d(pre-GELU) straight from the projection's backward
-    k::linear_backward_gelu(up, Tensor{}, Tensor{}, d.d_out, a_act, P(p.down_w), a_up);
+    k::linear_backward_gelu(up, Tensor{}, Tensor{}, d_out, a_act, P(p.down_w), a_up);
   } else {
-    k::linear_backward(act, Tensor{}, Tensor{}, d.d_out, Tensor{}, P(p.down_w), false);
+    k::linear_backward(act, Tensor{}, Tensor{}, d_out, Tensor{}, P(p.down_w), false);
     k::swiglu_backward(gate, up, act, a_gate, a_up);
   }
   copy(a_up, up);  // for W: the pre-activations are read no more
@@ -95,8 +114,8 @@ void Model::split_mlp_input(const LayerParams& p, LayerActs& a, int64_t ffn,
 // a.up and a.gate hold B's d(up), d(gate).
 void Model::split_mlp_weights(const LayerParams& p, const LayerActs& a, int64_t ffn,
                               const DeferredGrads& d) {
-  row_gemm_backward(Tensor{}, G(p.down_w), G(p.down_b), d.d_out, at_width(a.act, ffn), P(p.down_w),
-                    false);
+  row_gemm_backward(Tensor{}, G(p.down_w), G(p.down_b), kept_output_grad(d.d_out),
+                    at_width(a.act, ffn), P(p.down_w), false);
   if (!gpt2())
     k::linear_backward(Tensor{}, G(p.gate_w), Tensor{}, at_width(a.gate, ffn), a.norm2, P(p.gate_w),
                        false);
@@ -110,9 +129,9 @@ void Model::split_mlp_weights(const LayerParams& p, const LayerActs& a, int64_t 
 void Model::split_attention_input(const LayerParams& p, LayerActs& a, const DeferredGrads& d) {
   const int64_t dh = cfg_.head_dim();
   const LayerGrads& g = scratch_.grads;
-  gather_output_grad(d.d_att_out, g.resid);
+  const Tensor d_att_out = keep_output_grad(d.d_att_out, g.resid);
   // As layer_backward's, the layout test's planted bug included.
-  row_gemm_backward(g.att, Tensor{}, Tensor{}, d.d_att_out, a.att, P(p.o_w),
+  row_gemm_backward(g.att, Tensor{}, Tensor{}, d_att_out, a.att, P(p.o_w),
                     !bug_injected("tp2d-skip-hidden-grad-sum"));
   tp_->end_hidden_sums();
   cp_->attention_backward(heads_of(g.q, b_, t_, dh), heads_of(g.k, b_, t_, dh),
@@ -138,7 +157,8 @@ void Model::split_attention_input(const LayerParams& p, LayerActs& a, const Defe
 // pieces), then q, k, v from B's d(q), d(k), d(v) in a.q, a.k, a.v.
 void Model::split_attention_weights(const LayerParams& p, const LayerActs& a,
                                     const DeferredGrads& d) {
-  row_gemm_backward(Tensor{}, G(p.o_w), G(p.o_b), d.d_att_out, a.att, P(p.o_w), false);
+  row_gemm_backward(Tensor{}, G(p.o_w), G(p.o_b), kept_output_grad(d.d_att_out), a.att, P(p.o_w),
+                    false);
   k::linear_backward(Tensor{}, G(p.q_w), G(p.q_b), a.q, a.norm1, P(p.q_w), false);
   k::linear_backward(Tensor{}, G(p.k_w), G(p.k_b), a.k, a.norm1, P(p.k_w), false);
   k::linear_backward(Tensor{}, G(p.v_w), G(p.v_b), a.v, a.norm1, P(p.v_w), false);
@@ -162,14 +182,19 @@ void Model::split_head_input(Slot& s) {
     k::rmsnorm_backward(g.resid, GB(normf_w_), norm_local, last, P(normf_w_), s.normf_rstd);
 }
 
-// The embedding's output gradient for its W, whole: gathered under sequence parallelism (so
-// wpe's is whole too), this rank's rows otherwise (1D over every tp rank, as the head).
+// The embedding's output gradient for its W: this rank's rows (1D over every tp rank, as the
+// head), which W gathers under sequence parallelism (embedding_weights_input).
 void Model::split_embedding_input(Slot& s) {
-  const LayerGrads& g = scratch_.grads;
-  if (tp_->sequence_parallel())
-    tp_->g_backward(s.d_input, g.resid);
-  else
-    copy(s.d_input, g.resid);
+  copy(s.d_input, scratch_.grads.resid);
+}
+
+// The embedding's W reads every row: gathered under sequence parallelism (so wpe's is whole
+// too) into the scratch's d_full.
+Tensor Model::embedding_weights_input(const Slot& s) {
+  if (!tp_->sequence_parallel()) return s.d_input;
+  const Tensor full = scratch_.grads.full;
+  tp_->g_backward(full, s.d_input);
+  return full;
 }
 
 }  // namespace pentad

@@ -133,9 +133,11 @@ PIPELINE_LAYOUTS = [
                                "parallel.virtual_stages=2", "parallel.zero=1"]),
     ("pp2xtp2-zb-v+sp", 4, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_schedule=zb-v",
                             "parallel.virtual_stages=2", "parallel.sequence_parallel=true"]),
-    # Recompute: B rebuilds each layer, keeping what W reads in the slot.
-    ("pp2-zb-v-recompute", 2, ["parallel.pp=2", "parallel.pp_schedule=zb-v",
-                               "parallel.virtual_stages=2", "model.recompute=true"]),
+    # Recompute: B rebuilds each layer, keeping what W reads in the slot (under sp this
+    # rank's rows of d(attention output) apart, which W gathers again).
+    ("pp2xtp2-zb-v-recompute+sp", 4, ["parallel.pp=2", "parallel.tp=2",
+                                      "parallel.pp_schedule=zb-v", "parallel.virtual_stages=2",
+                                      "model.recompute=true", "parallel.sequence_parallel=true"]),
     ("pp2xdp2xtp2-1f1b", 8, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_schedule=1f1b"]),
     ("pp2xdp2xtp2-2f2b+sp", 8, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_schedule=kfkb",
                                 "parallel.pp_group=2", "parallel.sequence_parallel=true"]),
@@ -244,8 +246,10 @@ TP2D_LAYOUTS = [
     ("tp4-1x4+sp", 4, ["parallel.tp=4", "parallel.tp_shape=1x4", SP]),
     ("tp4-2x2-chunks3", 4, TP2D + ["parallel.tp_chunks=3"]),
     ("dp2xtp4-2x2-column+sp", 8, TP2D + ["parallel.tp_order=column", SP]),
-    ("pp2xtp4-2x2-1f1b", 8, TP2D + ["parallel.pp=2", "parallel.pp_schedule=1f1b",
-                                    "model.n_layer=4"]),
+    # W gathers the kept rows of the row-parallel GEMMs' output gradients over 2D's hidden
+    # groups (the pipeline's transfers are the 1D layouts' whatever the schedule).
+    ("pp2xtp4-2x2-column+sp-zb-h1", 8, TP2D + ["parallel.tp_order=column", SP, "parallel.pp=2",
+                                               "parallel.pp_schedule=zb-h1", "model.n_layer=4"]),
     ("dp2xtp2-1x2-zero3", 4, ["parallel.tp=2", "parallel.tp_shape=1x2", ZERO + "3"]),
     ("cp2xtp2-1x2+sp-ring", 4, ["parallel.tp=2", "parallel.tp_shape=1x2", SP, "parallel.cp=2",
                                 RING]),
