@@ -187,9 +187,9 @@ TEST(MemoryBudget, EstimateMatchesTheArenasOfEachStage) {
 
 // The zero-bubble schedules: each slot also keeps, from B to W, what W reads, over
 // activations only B reads (under sequence parallelism this rank's rows of the row-parallel
-// GEMMs' output gradients; no arena but recompute's, made at the slot's first B); and zb-v places chunks in a V with both uses of a
-// tied embedding on the first stage. A tp rank runs its passes on the hooks' shape alone
-// (TpShape: no communication, values beside the point).
+// GEMMs' output gradients; no arena but recompute's, made at the slot's first B); and zb-v places
+// chunks in a V with both uses of a tied embedding on the first stage. A tp rank runs its passes on
+// the hooks' shape alone (TpShape: no communication, values beside the point).
 TEST(MemoryBudget, EstimateMatchesTheArenasOfEachZeroBubbleStage) {
   const std::vector<std::pair<std::string, std::vector<std::string>>> rows = {
       {"gpt-tiny.toml", {"model.n_layer=4", "parallel.pp_schedule=zb-h1"}},
