@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "parallel/activity.h"
@@ -177,6 +178,9 @@ void Monitor::run() {
       nlohmann::json note{{"type", "started"}, {"rank", rank_}, {"resume_step", p.start_step}};
       if (!send_line(note.dump())) break;
     }
+    // Read before the wait: a wait this beat shows has not completed in `done`, so no beat
+    // contradicts itself (the wait may end between the two reads, never the other way).
+    const std::map<std::string, int64_t> done = parallel::trace_collectives_done();
     const parallel::WaitSnapshot w = parallel::activity_wait();
     nlohmann::json beat{
         {"type", "beat"},
@@ -200,7 +204,7 @@ void Monitor::run() {
       links.push_back({l.peer, l.send_s_per_mb, l.recv_s_per_mb});
     if (!links.empty()) beat["p2p"] = std::move(links);
     // The highest collective completed on each communicator (the detector's staleness check).
-    beat["done"] = parallel::trace_collectives_done();
+    beat["done"] = done;
     if (w.waiting)
       beat["wait"] = {{"comm", w.comm},
                       {"kind", w.kind},

@@ -382,6 +382,21 @@ void Trainer::adapt_zero_bubble(int64_t step) {
   const double old_seconds =
       parallel::pp::simulate_lists(before, parallel::pp::schedule_actions(before), sim)
           .step_seconds;
+  // Lists for the measured passes may hold more micro-batches than the unit-cost ones the
+  // memory plan counts (zb-v's); parallel.pp_memory_mb caps a stage's activations.
+  double held[2] = {stage_activation_bytes(before), stage_activation_bytes(spec)};
+  mesh_->world().all_reduce(view_of(held, Shape{2}, DType::F64), parallel::ReduceOp::Max);
+  const double limit = double(cfg_.parallel.pp_memory_mb) * 1024 * 1024;
+  const std::string name = parallel::pp::schedule_name(spec.kind);
+  if (limit > 0 && held[1] > limit) {
+    if (logs())
+      spdlog::info(
+          "{} lists for the measured passes not taken: their activations, {} on the fullest "
+          "stage, exceed parallel.pp_memory_mb = {} (the lists kept: {})",
+          name, format_bytes(size_t(held[1])), cfg_.parallel.pp_memory_mb,
+          format_bytes(size_t(held[0])));
+    return;
+  }
   if (parallel::pp::schedule_actions(spec) != parallel::pp::schedule_actions(before))
     lists_since_ = step + 1;
   pipeline_->set_schedule(spec);
@@ -389,9 +404,22 @@ void Trainer::adapt_zero_bubble(int64_t step) {
     spdlog::info(
         "{} lists rebuilt for the measured passes (stage 0's first chunk: forward {:.2f} ms, B "
         "{:.2f} ms, W {:.2f} ms; link {:.2f} ms): predicted step {:.1f} ms (the previous "
-        "lists: {:.1f} ms)",
-        parallel::pp::schedule_name(spec.kind), costs[0] * 1e3, costs[1] * 1e3, costs[2] * 1e3,
-        link * 1e3, parallel::pp::simulate(spec, sim).step_seconds * 1e3, old_seconds * 1e3);
+        "lists: {:.1f} ms); activations {} on the fullest stage (the previous lists: {})",
+        name, costs[0] * 1e3, costs[1] * 1e3, costs[2] * 1e3, link * 1e3,
+        parallel::pp::simulate(spec, sim).step_seconds * 1e3, old_seconds * 1e3,
+        format_bytes(size_t(held[1])), format_bytes(size_t(held[0])));
+}
+
+double Trainer::stage_activation_bytes(const parallel::pp::ScheduleSpec& spec) const {
+  const std::vector<parallel::pp::Action> actions = parallel::pp::stage_actions(spec, pp_rank_);
+  double bytes = 0;
+  for (int c = 0; c < model_->chunks(); ++c) {
+    std::vector<parallel::pp::Action> mine;
+    for (const parallel::pp::Action& a : actions)
+      if (a.chunk == c) mine.push_back(a);
+    bytes += double(parallel::pp::peak_in_flight(mine)) * double(model_->slot_bytes(c));
+  }
+  return bytes;
 }
 
 void Trainer::finish_moe_step(StepStats& s) {

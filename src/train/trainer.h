@@ -180,6 +180,9 @@ class Trainer {
   void adapt_pipeline_group(int64_t step);
   // zb-h1, zb-v: the lists rebuilt for each stage's measured forward, B and W.
   void adapt_zero_bubble(int64_t step);
+  // This stage's activations under a schedule: each chunk's slots (the most micro-batches
+  // its lists hold) x the slot's bytes.
+  double stage_activation_bytes(const parallel::pp::ScheduleSpec& spec) const;
   // MoE after the optimizer step: the step's statistics over the job into s, and the
   // aux-loss-free bias update from them.
   void finish_moe_step(StepStats& s);

@@ -79,6 +79,35 @@ TEST(Pipeline, MeasuredActivationPeaks) {
   }
 }
 
+// zb-v's lists are rebuilt for the measured passes after step 1, and not taken where their
+// activations on the fullest stage pass parallel.pp_memory_mb: then the unit-cost lists the
+// memory plan counts stay, and so do their slots.
+TEST(Pipeline, RebuiltZeroBubbleListsKeepToTheMemoryLimit) {
+  const int p = world_size();
+  if (p < 2) GTEST_SKIP() << "needs mpirun with at least 2 ranks";
+  for (const char* limit : {"0", "0.001"}) {
+    Config cfg = pipeline_recipe({fmt::format("parallel.pp={}", p), "parallel.pp_schedule=zb-v",
+                                  "parallel.virtual_stages=2",
+                                  fmt::format("parallel.pp_memory_mb={}", limit)});
+    launch::start_rank(cfg);
+    parallel::Mesh mesh = parallel::Mesh::create(mesh_config(cfg, p), MPI_COMM_WORLD);
+    Trainer trainer(cfg, &mesh);
+    for (int step = 0; step < 3; ++step) trainer.train_step(step);
+    const parallel::pp::ScheduleSpec& spec = trainer.pipeline()->schedule();
+    const bool capped = std::string(limit) != "0";
+    EXPECT_EQ(spec.zb_costs.empty(), capped) << "limit " << limit;
+    if (!capped) continue;
+    const std::vector<parallel::pp::Action> actions =
+        parallel::pp::stage_actions(spec, mesh.coord(parallel::Axis::PP));
+    for (int c = 0; c < trainer.model().chunks(); ++c) {
+      std::vector<parallel::pp::Action> mine;
+      for (const parallel::pp::Action& a : actions)
+        if (a.chunk == c) mine.push_back(a);
+      EXPECT_EQ(trainer.model().slots_made(c), parallel::pp::peak_in_flight(mine)) << c;
+    }
+  }
+}
+
 TEST(Pipeline, TimelineHasEveryPassAndABubble) {
   const int p = world_size();
   if (p < 2) GTEST_SKIP() << "needs mpirun with at least 2 ranks";
