@@ -30,7 +30,8 @@ struct Bubbles {
   double compute = 0;        // the schedule replayed with each pass's mean CPU time
   double replayed = 0;       // ... with each pass's mean wall time
   double gaps = 0;           // ... with each stage's mean executor time between spans after
-                             // a pass, and each transfer's measured median
+                             // a pass, and each transfer's measured median less the
+                             // sender's gap (measured from the pass's end, it holds it)
   double gap_ms = 0;         // that time, the stages' mean
   double transfer_ms = 0;
   double sampled = 0;  // ... with each pass drawn from its kind's measured passes (-1: none)
