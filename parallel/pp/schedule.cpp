@@ -135,9 +135,10 @@ std::vector<std::vector<Action>> schedule_actions(const ScheduleSpec& s) {
   return lists;
 }
 
-int peak_in_flight(const std::vector<Action>& actions) {
+int peak_in_flight(const std::vector<Action>& actions, int chunk) {
   int alive = 0, peak = 0;
   for (const Action& a : actions) {
+    if (chunk >= 0 && a.chunk != chunk) continue;
     if (a.type == Action::Forward) ++alive;
     if (a.type == Action::Backward || a.type == Action::Weight) --alive;
     peak = std::max(peak, alive);

@@ -95,8 +95,9 @@ std::vector<Action> zero_bubble_stage_list(const ScheduleSpec& spec, int stage);
 std::vector<int> zero_bubble_held_limits(const std::vector<double>& slot_bytes);
 
 // Micro-batch activations alive at once on a stage running `actions` (a forward acquires
-// one set, its backward, or its W, frees it): the peak over the step.
-int peak_in_flight(const std::vector<Action>& actions);
+// one set, its backward, or its W, frees it): the peak over the step; of one chunk's
+// actions only where `chunk` >= 0 (the slots that chunk makes).
+int peak_in_flight(const std::vector<Action>& actions, int chunk = -1);
 
 // Discrete-event replay of a whole schedule: every stage runs its list in order; a pass
 // starts when its input has arrived (forward: the previous virtual stage's output; backward:

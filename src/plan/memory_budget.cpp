@@ -243,13 +243,8 @@ Holds add_chunks(MemoryEstimate& e, const Sizes& s, const Config& cfg,
       if (m.tie_embeddings && mesh.pp > 1 && !vee) e.values += s.table;
       if (m.tie_embeddings && vee) e.activations += s.f32 * s.table;
     }
-    double in_flight = 1;
-    if (!actions.empty()) {
-      std::vector<parallel::pp::Action> mine;
-      for (const parallel::pp::Action& a : actions)
-        if (a.chunk == int(c)) mine.push_back(a);
-      in_flight = std::max(1, parallel::pp::peak_in_flight(mine));
-    }
+    const double in_flight =
+        actions.empty() ? 1 : std::max(1, parallel::pp::peak_in_flight(actions, int(c)));
     e.activations += in_flight * chunk_slot_bytes(s, cfg, chunk, split);
     e.dispatch += in_flight * moe_layers * s.dispatch;
   }

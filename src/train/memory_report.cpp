@@ -108,10 +108,7 @@ size_t Trainer::planned_activation_bytes(std::string& note) const {
   const parallel::pp::ScheduleSpec& spec = pipeline_->schedule();
   const std::vector<parallel::pp::Action> actions = parallel::pp::stage_actions(spec, pp_rank_);
   for (int c = 0; c < model_->chunks(); ++c) {
-    std::vector<parallel::pp::Action> mine;
-    for (const parallel::pp::Action& a : actions)
-      if (a.chunk == c) mine.push_back(a);
-    const int peak = parallel::pp::peak_in_flight(mine);
+    const int peak = parallel::pp::peak_in_flight(actions, c);
     acts += size_t(peak - model_->slots_made(c)) * model_->slot_bytes(c);
     note += fmt::format("{}chunk {} (layers {}-{}): {} micro-batches in flight x {}",
                         c ? ", " : "; ", c, model_->chunk(c).layer_begin,

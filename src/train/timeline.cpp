@@ -25,19 +25,19 @@ namespace pentad {
 namespace pp = parallel::pp;
 using timeline::Bubbles;
 using timeline::kRow;
-using GatheredRows = timeline::Rows;
+using timeline::Rows;
 
 namespace {
 
 // Every rank's rows on world rank 0, rank after rank (counts: each rank's values); on other
 // ranks `values` is empty. Collective.
-GatheredRows gather_rows(parallel::Communicator& world, std::vector<int64_t> rows, bool root) {
+Rows gather_rows(parallel::Communicator& world, std::vector<int64_t> rows, bool root) {
   // int64 values travel as pairs of int32 (the same bytes).
   auto words = [](int64_t* data, int64_t count) {
     return view_of(data, Shape{2 * count}, DType::I32);
   };
   const int n = world.size();
-  GatheredRows g;
+  Rows g;
   int64_t count = int64_t(rows.size());
   g.counts.resize(static_cast<size_t>(n));
   world.all_gather(words(g.counts.data(), n), words(&count, 1));
@@ -137,8 +137,8 @@ nlohmann::json span_event(const int64_t* row, int r, int64_t origin) {
 
 // Counted (the bubble and the passes' means): the recorded steps after the first (its
 // warm-up), and of those the ones run with the lists set at `lists_since` where any were.
-Scan scan_rows(const GatheredRows& g, const parallel::MeshConfig& mesh,
-               const pp::ChunkPlacement& placement, int64_t lists_since, int n) {
+Scan scan_rows(const Rows& g, const parallel::MeshConfig& mesh, const pp::ChunkPlacement& placement,
+               int64_t lists_since, int n) {
   const int chunks = placement.chunks;
   Scan scan;
   // The first pipeline's sends (pass ends: forward 0, backward or B 1) and waits, keyed by
@@ -427,7 +427,7 @@ double Trainer::write_timeline(const std::string& path) {
     rows.insert(rows.end(),
                 {int64_t(s.kind), s.micro, s.chunk, s.step, s.start_ns, s.end_ns, s.cpu_ns});
   parallel::Communicator& world = mesh_->world();
-  const GatheredRows gathered = gather_rows(world, std::move(rows), world_rank_ == 0);
+  const Rows gathered = gather_rows(world, std::move(rows), world_rank_ == 0);
   // Spans are wall time: when the ranks' threads outnumber the cores, a rank that waits for
   // a core looks idle, and the measured bubble counts that wait too.
   const NodeShare node = node_share();

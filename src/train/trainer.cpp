@@ -413,12 +413,8 @@ void Trainer::adapt_zero_bubble(int64_t step) {
 double Trainer::stage_activation_bytes(const parallel::pp::ScheduleSpec& spec) const {
   const std::vector<parallel::pp::Action> actions = parallel::pp::stage_actions(spec, pp_rank_);
   double bytes = 0;
-  for (int c = 0; c < model_->chunks(); ++c) {
-    std::vector<parallel::pp::Action> mine;
-    for (const parallel::pp::Action& a : actions)
-      if (a.chunk == c) mine.push_back(a);
-    bytes += double(parallel::pp::peak_in_flight(mine)) * double(model_->slot_bytes(c));
-  }
+  for (int c = 0; c < model_->chunks(); ++c)
+    bytes += double(parallel::pp::peak_in_flight(actions, c)) * double(model_->slot_bytes(c));
   return bytes;
 }
 

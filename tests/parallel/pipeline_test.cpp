@@ -100,10 +100,7 @@ TEST(Pipeline, RebuiltZeroBubbleListsKeepToTheMemoryLimit) {
     const std::vector<parallel::pp::Action> actions =
         parallel::pp::stage_actions(spec, mesh.coord(parallel::Axis::PP));
     for (int c = 0; c < trainer.model().chunks(); ++c) {
-      std::vector<parallel::pp::Action> mine;
-      for (const parallel::pp::Action& a : actions)
-        if (a.chunk == c) mine.push_back(a);
-      EXPECT_EQ(trainer.model().slots_made(c), parallel::pp::peak_in_flight(mine)) << c;
+      EXPECT_EQ(trainer.model().slots_made(c), parallel::pp::peak_in_flight(actions, c)) << c;
     }
   }
 }

@@ -171,10 +171,7 @@ TEST(MemoryBudget, EstimateMatchesTheArenasOfEachStage) {
       const std::vector<parallel::pp::Action> actions =
           parallel::pp::stage_actions(schedule_spec(cfg, mesh), stage);
       for (int c = 0; c < model.chunks(); ++c) {
-        std::vector<parallel::pp::Action> mine;
-        for (const parallel::pp::Action& a : actions)
-          if (a.chunk == c) mine.push_back(a);
-        while (model.slots_made(c) < parallel::pp::peak_in_flight(mine)) model.add_slot(c);
+        while (model.slots_made(c) < parallel::pp::peak_in_flight(actions, c)) model.add_slot(c);
       }
       if (stage == 0) {
         EXPECT_GT(model.slots_made(0), 1);  // the first stage keeps more than one in flight
@@ -250,10 +247,7 @@ TEST(MemoryBudget, EstimateMatchesTheArenasOfEachZeroBubbleStage) {
       const Tensor d_output = arena.alloc(rows_c);
       std::fill(d_output.f32(), d_output.f32() + d_output.numel(), 0.0f);
       for (int c = 0; c < model.chunks(); ++c) {
-        std::vector<parallel::pp::Action> mine;
-        for (const parallel::pp::Action& a : actions)
-          if (a.chunk == c) mine.push_back(a);
-        while (model.slots_made(c) < parallel::pp::peak_in_flight(mine)) model.add_slot(c);
+        while (model.slots_made(c) < parallel::pp::peak_in_flight(actions, c)) model.add_slot(c);
         for (int slot = 0; slot < model.slots_made(c); ++slot) {  // each slot's first B
           const Tensor in = model.chunk_input(c, slot);           // (a later chunk's: zeros)
           if (!layout[size_t(c)].first) std::fill(in.f32(), in.f32() + in.numel(), 0.0f);
