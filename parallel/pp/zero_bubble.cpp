@@ -11,8 +11,11 @@
 //          to go), a forward the deeper chunk first (finishing micro-batches early), and at
 //          most 2p chunk passes are held between forward and W (1F1B's peak in half-stage
 //          chunks); over that only the deepest chunk's forward, when nothing else can run.
+//          With the reserve, the last of the 2p places is the deepest chunk's alone.
 // Of the lists built at these costs, at their stage means (costs per chunk) and at unit
-// costs (each priority for ZB-V), the one whose replay at these costs ends first.
+// costs (each priority for ZB-V, and each with the reserve where these costs are measured
+// ones), those that hold no more slots on any stage and chunk than the unit-cost lists (the
+// memory plan's), and of those the one whose replay at these costs ends first.
 // With F = B = W, ZB-H1 meets its formula and ZB-V the least a V can idle (the last stage's
 // fill); with uneven costs (a B slower than a forward, a W faster) lists built for the
 // measured costs idle far less than the unit ones (bench/zero_bubble_bench.py).
@@ -54,11 +57,12 @@ struct ZbStage {
 
 class ZbReplay {
  public:
-  ZbReplay(const ScheduleSpec& spec, bool forward_first)
+  ZbReplay(const ScheduleSpec& spec, bool forward_first, bool reserve)
       : spec_(spec),
         place_(spec.placement()),
         last_vs_(place_.virtual_stages() - 1),
         forward_first_(forward_first),
+        reserve_(reserve),
         arrive_(size_t(2) * size_t(spec.micro_batches) * size_t(place_.virtual_stages()), kNotYet) {
     const size_t p = size_t(spec.stages);
     const size_t v = size_t(spec.virtual_stages);
@@ -203,6 +207,8 @@ class ZbReplay {
     if (st.held >= 2 * spec_.stages) return false;
     for (int c = spec_.virtual_stages - 1; c >= 0; --c) {
       const Action f{Action::Forward, st.next_forward[size_t(c)], c};
+      // The reserve: the last place is the deepest chunk's, whose B is what frees memory.
+      if (reserve_ && c < spec_.virtual_stages - 1 && st.held + 1 >= 2 * spec_.stages) continue;
       if (f.micro < spec_.micro_batches && ready(s, f, now)) {
         a = f;
         return true;
@@ -250,6 +256,7 @@ class ZbReplay {
   const ChunkPlacement place_;
   const int last_vs_;
   const bool forward_first_;
+  const bool reserve_;
   std::vector<double> costs_;  // as ScheduleSpec::zb_costs
   int chunks_ = 1;             // costs per stage: 1, or one per chunk
   std::vector<ZbStage> stages_;
@@ -316,16 +323,28 @@ class KeptLists {
 };
 KeptLists kept_lists;
 
-// One replay's lists (variant: B-first 0, forward-first 1), kept.
-SharedLists replayed(const ScheduleSpec& spec, bool forward_first) {
-  return kept_lists.get(spec, forward_first ? 1 : 0,
-                        [&] { return ZbReplay(spec, forward_first).run(); });
+// One replay's lists (variant: B-first 0, forward-first 1, + 2 with the reserve), kept.
+SharedLists replayed(const ScheduleSpec& spec, bool forward_first, bool reserve) {
+  return kept_lists.get(spec, (forward_first ? 1 : 0) + (reserve ? 2 : 0),
+                        [&] { return ZbReplay(spec, forward_first, reserve).run(); });
+}
+
+SharedLists shared_lists(const ScheduleSpec& spec);
+
+// Whether `lists` hold, on every stage and each of its v chunks, at most the slots `plan` holds.
+bool within_slots(const Lists& lists, const Lists& plan, int v) {
+  for (size_t s = 0; s < lists.size(); ++s)
+    for (int c = 0; c < v; ++c)
+      if (peak_in_flight(lists[s], c) > peak_in_flight(plan[s], c)) return false;
+  return true;
 }
 
 // Candidates: built at the given costs, at each stage's mean chunk where they are per
 // chunk, and at unit costs (the replay is greedy: a W filling a wait at the real costs can
-// start just before the input it delays arrives), B-first and, for ZB-V, forward-first; the
-// one whose replay at the given costs ends first.
+// start just before the input it delays arrives), B-first and, for ZB-V, forward-first, and
+// for given costs with the reserve too; of those that hold no more slots on any stage and
+// chunk than the unit-cost lists (what the memory plan counts: they are among the
+// candidates), the one whose replay at the given costs ends first.
 Lists best_lists(const ScheduleSpec& spec) {
   std::vector<ScheduleSpec> built = {spec};
   const size_t p = size_t(spec.stages), v = size_t(spec.virtual_stages);
@@ -337,26 +356,31 @@ Lists best_lists(const ScheduleSpec& spec) {
     mean.zb_costs.back() = spec.zb_costs.back();
     built.push_back(mean);
   }
+  SharedLists plan;
   if (!spec.zb_costs.empty()) {
     built.push_back(spec);
     built.back().zb_costs.clear();
+    plan = shared_lists(built.back());
   }
   SharedLists best;
   double best_seconds = kNotYet;
   for (const ScheduleSpec& costs : built)
-    for (bool forward_first : {false, true}) {
-      if (forward_first && spec.kind != ScheduleKind::ZBV) continue;
-      SharedLists lists = replayed(costs, forward_first);
-      const double seconds = replay_seconds(spec, *lists);
-      if (seconds < best_seconds * (1 - 1e-9)) best = std::move(lists), best_seconds = seconds;
-    }
+    for (bool forward_first : {false, true})
+      for (bool reserve : {false, true}) {
+        if (forward_first && spec.kind != ScheduleKind::ZBV) continue;
+        if (reserve && (spec.kind != ScheduleKind::ZBV || !plan)) continue;
+        SharedLists lists = replayed(costs, forward_first, reserve);
+        if (plan && !within_slots(*lists, *plan, spec.virtual_stages)) continue;
+        const double seconds = replay_seconds(spec, *lists);
+        if (seconds < best_seconds * (1 - 1e-9)) best = std::move(lists), best_seconds = seconds;
+      }
   return *best;
 }
 
 SharedLists shared_lists(const ScheduleSpec& spec) {
   PENTAD_CHECK(spec.splits_backward(), "zero_bubble_lists: {} does not split backward",
                schedule_name(spec.kind));
-  return kept_lists.get(spec, 2, [&] { return best_lists(spec); });
+  return kept_lists.get(spec, 4, [&] { return best_lists(spec); });
 }
 
 }  // namespace

@@ -271,11 +271,8 @@ const std::vector<Key>& key_table() {
                  "train.grad_accum"),
       PENTAD_KEY(parallel, pp_layout, any(),
                  "Layers per model chunk, e.g. \"3,5\"; empty: an even split"),
-      PENTAD_KEY(
-          parallel, pp_memory_mb, at_least(0),
-          "adaptive: activation memory per stage its group must fit, MiB; zb-h1, zb-v: lists "
-          "rebuilt for the measured passes that would hold more are not taken; 0: no "
-          "limit"),
+      PENTAD_KEY(parallel, pp_memory_mb, at_least(0),
+                 "adaptive: activation memory per stage its group must fit, MiB; 0: no limit"),
       PENTAD_KEY(parallel, pp_adapt_every, at_least(1),
                  "adaptive: steps between re-choices of the group from measured compute and link "
                  "times; zb-h1, zb-v: between rebuilds of the lists (the first after step 2)"),

@@ -3,7 +3,7 @@
 // injected slowness; comm_trace_test.cpp: point-to-point, non-blocking work and the trace;
 // comm_routing_test.cpp: the refusals and the host/device routing): host tensors over
 // vectors, the fixture with the world's MPI communicator, and the trace's events by name.
-// Each source is its own MPI program (tests/CMakeLists.txt).
+// Each source is its own ctest entry of parallel_tests (tests/CMakeLists.txt).
 #include <gtest/gtest.h>
 #include <mpi.h>
 

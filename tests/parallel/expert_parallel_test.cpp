@@ -21,17 +21,14 @@
 
 #include "core/bf16.h"
 #include "parallel/mesh.h"
+#include "tests/parallel/mpi_test_util.h"
 
 namespace pentad::parallel {
 namespace {
 
 constexpr int64_t kExperts = 4, kWidth = 3;
 
-int world_size() {
-  int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
+using mpi_test::world_size;
 
 // A row's value tags its sender, expert and index: (sender * 100 + expert * 10 + j) * 8 + c,
 // exact in f32 and the same in every column but for c.

@@ -10,14 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "tests/parallel/mpi_test_util.h"
+
 namespace pentad::parallel {
 namespace {
 
-int world_size() {
-  int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
+using mpi_test::world_size;
 
 MeshConfig layout(int tp, int cp, int dp, int pp, int ep = 1, int etp = 1,
                   std::string order = "tp,cp,dp,pp") {

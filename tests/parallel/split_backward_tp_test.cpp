@@ -19,17 +19,14 @@
 #include "parallel/mesh.h"
 #include "plan/layout.h"
 #include "recipe/recipe.h"
+#include "tests/parallel/mpi_test_util.h"
 #include "train/parallelize.h"
 
 using namespace pentad;
 
 namespace {
 
-int world_size() {
-  int world = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  return world;
-}
+using mpi_test::world_size;
 
 // One layout of the ranks: its name, recipe keys and the ranks it needs (tp x cp; the rest
 // of the world is data parallel, which this test leaves alone).

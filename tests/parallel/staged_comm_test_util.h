@@ -9,20 +9,12 @@
 #include <memory>
 
 #include "parallel/comm.h"
+#include "tests/parallel/mpi_test_util.h"
 
 namespace pentad::parallel::staged_comm_test_util {
 
-inline int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
-inline int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using mpi_test::world_rank;
+using mpi_test::world_size;
 
 class StagedComm : public testing::Test {
  protected:

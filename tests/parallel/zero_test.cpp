@@ -22,16 +22,13 @@
 #include "optim/adamw.h"
 #include "parallel/comm.h"
 #include "parallel/dp/grad_reducer.h"
+#include "tests/parallel/mpi_test_util.h"
 
 using namespace pentad;
 
 namespace {
 
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using mpi_test::world_size;
 
 // A GPT-like table at width 256: a 2048-row embedding, four layers of matrices and biases
 // (row lengths 256 and 1024, and 1-D tensors), a final norm. About 3.7M values, 15 MiB.

@@ -123,7 +123,7 @@ TEST(ZeroBubble, BubblesUnderUnitCosts) {
 
 // Measured costs are uneven (a CPU run: B 1.15 and W 0.86 of a forward): the lists chosen
 // for them are never slower there than the unit ones, and for ZB-V at p = 2 (the CPU
-// benchmark's case) 4% faster.
+// benchmark's case) and 4 5% faster.
 TEST(ZeroBubble, ListsForTheMeasuredCosts) {
   for (int p : {2, 4, 8}) {
     const int m = p == 8 ? 16 : 8;
@@ -138,11 +138,21 @@ TEST(ZeroBubble, ListsForTheMeasuredCosts) {
     const double built = simulate(v, at_v).step_seconds;
     const double unit = simulate_lists(v, schedule_actions(unit_v), at_v).step_seconds;
     EXPECT_LE(built, unit + 1e-9) << "p" << p;
-    if (p == 2) {
-      EXPECT_LT(built, 0.96 * unit);
+    if (p <= 4) {
+      EXPECT_LT(built, 0.95 * unit) << "p" << p;
     }
     EXPECT_LE(simulate(h1, at_h1).step_seconds,
               simulate_lists(h1, schedule_actions(unit_h1), at_h1).step_seconds + 1e-9);
+    // ... holding no more slots on any stage and chunk than the unit lists the memory plan
+    // counts (without the reserve, zb-v's lists for these costs held 5 chunk passes on stage
+    // 0, its plan 4).
+    for (const auto& [spec, plan] : {std::pair{v, unit_v}, std::pair{h1, unit_h1}}) {
+      const auto lists = schedule_actions(spec), planned = schedule_actions(plan);
+      for (int s = 0; s < p; ++s)
+        for (int c = 0; c < spec.virtual_stages; ++c)
+          EXPECT_LE(peak_in_flight(lists[size_t(s)], c), peak_in_flight(planned[size_t(s)], c))
+              << schedule_name(spec.kind) << " p" << p << " stage " << s << " chunk " << c;
+    }
     // ... and either beats 1F1B there (its backward is B and W run together).
     ScheduleSpec one{ScheduleKind::OneFOneB, p, m, 1, 1};
     EXPECT_LT(built, 0.95 * simulate(one, at_h1).step_seconds) << "p" << p;
