@@ -130,8 +130,11 @@ void write_survivor(const std::string& root, int rank, const std::string& tag, c
 // shapes) becomes the committed checkpoint of its step, each shard listed once. The
 // tokenizer comes from rank 0's base (its bytes beside it) or else the newest committed
 // checkpoint. Survivors' directories no newer than the newest committed checkpoint then go;
-// incomplete newer ones stay. Returns a line for each directory looked at, for the log.
-std::vector<std::string> adopt_survivors(const std::string& root);
+// incomplete newer ones stay. Where `logged_step` >= 0 (the last step the run's log holds),
+// none past it is adopted: the survivors may be a step past the last loss logged (a rank's
+// state is at step N once its optimizer step ends, the log's row comes after), and a resume
+// from them would leave step N without a loss. Returns a line for each directory looked at.
+std::vector<std::string> adopt_survivors(const std::string& root, int64_t logged_step = -1);
 
 // Committed checkpoints under root, newest first (directories with a manifest.json).
 std::vector<std::string> committed_checkpoints(const std::string& root);

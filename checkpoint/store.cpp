@@ -496,7 +496,7 @@ void write_survivor(const std::string& root, int rank, const std::string& tag, c
   sync_path(dir, true);
 }
 
-std::vector<std::string> adopt_survivors(const std::string& root) {
+std::vector<std::string> adopt_survivors(const std::string& root, int64_t logged_step) {
   static const std::regex pattern(R"(step-(\d{1,18})\.survivors\..+)");
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
@@ -516,10 +516,15 @@ std::vector<std::string> adopt_survivors(const std::string& root) {
       continue;
     }
     std::string why;
-    try {
-      why = adopt(root, dir, step, newest < 0 ? std::string() : committed.front().second);
-    } catch (const Error& e) {
-      why = e.what();
+    if (logged_step >= 0 && step > logged_step) {
+      why = fmt::format("the run's log ends at step {}: step {}'s loss was not logged", logged_step,
+                        step);
+    } else {
+      try {
+        why = adopt(root, dir, step, newest < 0 ? std::string() : committed.front().second);
+      } catch (const Error& e) {
+        why = e.what();
+      }
     }
     if (why.empty()) {
       said.push_back(

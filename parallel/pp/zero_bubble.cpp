@@ -342,8 +342,8 @@ bool within_slots(const Lists& lists, const Lists& plan, int v) {
 // Candidates: built at the given costs, at each stage's mean chunk where they are per
 // chunk, and at unit costs (the replay is greedy: a W filling a wait at the real costs can
 // start just before the input it delays arrives), B-first and, for ZB-V, forward-first, and
-// for given costs with the reserve too; of those that hold no more slots on any stage and
-// chunk than the unit-cost lists (what the memory plan counts: they are among the
+// where costs are given each with the reserve too; of those that hold no more slots on any
+// stage and chunk than the unit-cost lists (what the memory plan counts: they are among the
 // candidates), the one whose replay at the given costs ends first.
 Lists best_lists(const ScheduleSpec& spec) {
   std::vector<ScheduleSpec> built = {spec};

@@ -13,6 +13,7 @@
 #include "recipe/checkpoint_recipe.h"
 #include "recipe/recipe.h"
 #include "train/checkpoint_manager.h"
+#include "train/metrics_log.h"
 
 namespace pentad {
 
@@ -165,9 +166,11 @@ int64_t CheckpointManager::resume(const std::string& which) {
     return *step;
   }
   // The survivors' state a job ended by SIGTERM left (survivor_save.h), where it holds
-  // everything and is newer than the newest checkpoint: a committed checkpoint first.
+  // everything and is newer than the newest checkpoint and than the last step logged: a
+  // committed checkpoint first.
   if (world_rank_ == 0)
-    for (const std::string& line : ckpt::adopt_survivors(roots(cfg_.train).front()))
+    for (const std::string& line :
+         ckpt::adopt_survivors(roots(cfg_.train).front(), last_logged_step(cfg_.train.out_dir)))
       spdlog::info("--resume latest: {}", line);
   all_ranks(0, parallel::ReduceOp::Max);  // every rank sees what was adopted
   // Newest first over both levels (the local disk may be gone, or hold only older ones); at

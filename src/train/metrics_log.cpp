@@ -1,6 +1,7 @@
 // The run's metrics log (train/metrics_log.h): metrics.jsonl and TensorBoard event files.
 #include "train/metrics_log.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -42,6 +43,21 @@ Scalars metric_scalars(const nlohmann::json& row, int64_t last_step, int64_t* st
   for (const auto& [key, value] : row.items())
     if (!step_key || key != step_key) add_metric_scalars(key, value, scalars);
   return scalars;
+}
+
+int64_t last_logged_step(const std::string& out_dir) {
+  std::ifstream in(std::filesystem::path(out_dir) / "metrics.jsonl");
+  if (!in) return -1;
+  int64_t last = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"loss\"") == std::string::npos) continue;  // eval, saves, totals
+    // A line cut short (the process killed while writing it) is not a row.
+    const nlohmann::json row = nlohmann::json::parse(line, nullptr, false);
+    if (row.is_object() && row.contains("loss") && row.contains("step") &&
+        row["step"].is_number_integer())
+      last = std::max(last, row["step"].get<int64_t>());
+  }
+  return last;
 }
 
 void MetricsLog::open(const std::string& out_dir, bool resumed, int64_t start_step,

@@ -20,6 +20,9 @@ namespace pentad {
 // that layer's number: moe_layers/3/tokens_max. Strings are left out.
 Scalars metric_scalars(const nlohmann::json& row, int64_t last_step, int64_t* step);
 
+// The last step <out_dir>/metrics.jsonl holds a loss row for (0: none); -1 without the file.
+int64_t last_logged_step(const std::string& out_dir);
+
 class MetricsLog {
  public:
   // A fresh run (not resumed) starts metrics.jsonl anew and deletes the

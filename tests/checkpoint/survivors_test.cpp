@@ -1,7 +1,7 @@
 // The survivors' state (checkpoint.h, write_survivor / adopt_survivors): three fake ranks of
 // a two-replica layout write what they hold, one replica's files are lost, and the rest
-// becomes the committed checkpoint of its step, read back bitwise; incomplete sets are left,
-// saying why; older ones go.
+// becomes the committed checkpoint of its step, read back bitwise; incomplete sets, and sets
+// past the last step the run's log holds, are left, saying why; older ones go.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -82,6 +82,16 @@ TEST_F(SurvivorsTest, AShardWithoutAReplicaLeftIsNotAdoptedAndOlderStatesGo) {
   // for nothing.
   fs::remove(survivors_dir(root_, 13, "job") + "/rank-00000.base.json");
   EXPECT_TRUE(said(adopt_survivors(root_), "hold 1 tensors of 2"));
+}
+
+// The run's log ends at step 12 (the rank writing it was between its optimizer step and the
+// row when the job ended): the survivors of step 13 are not adopted, saying so, and stay;
+// once the log holds step 13 they are.
+TEST_F(SurvivorsTest, NoneAdoptedPastTheLastStepLogged) {
+  write_survivors(13, {0, 1}, "job");
+  EXPECT_TRUE(said(adopt_survivors(root_, 12), "the run's log ends at step 12"));
+  EXPECT_TRUE(committed_checkpoints(root_).empty());
+  EXPECT_TRUE(said(adopt_survivors(root_, 13), "step 13 adopted"));
 }
 
 }  // namespace
