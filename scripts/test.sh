@@ -3,7 +3,7 @@
 # runs the tests (ctest) while the sanitizer builds compile at idle priority, then the
 # sanitizer builds' tests (scripts/sanitize.sh), and prints each stage's time.
 #   bash scripts/test.sh          the fast tier: every test but those labelled slow
-#   bash scripts/test.sh --full   also the slow tier (ctest -L slow: the nine other layout
+#   bash scripts/test.sh --full   also the slow tier (ctest -L slow: the ten other layout
 #                                 tests' Haswell variants; PENTAD_FULL_TESTS=1 gives the
 #                                 script tests their longer forms, e.g. 10 SIGKILL trials)
 set -euo pipefail
