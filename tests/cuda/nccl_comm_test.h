@@ -17,6 +17,7 @@
 #include "core/bf16.h"
 #include "core/device_memory.h"
 #include "parallel/comm.h"
+#include "tests/parallel/mpi_test_util.h"
 
 // A named namespace, not an anonymous one: the fixture must be one type in every source.
 namespace pentad::parallel::nccl_comm_test {
@@ -95,16 +96,8 @@ inline std::vector<CommEvent> events_of(const std::string& name) {
   return out;
 }
 
-inline int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-inline int world_size() {
-  int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  return size;
-}
+using mpi_test::world_rank;
+using mpi_test::world_size;
 
 // NCCL, or the staged backend where PENTAD_COMM_TEST_BACKEND=staged.
 inline Backend tested_backend() {

@@ -1,6 +1,7 @@
 #pragma once
-// What every MPI test program's sources share (they are compiled as one source, so each name
-// here is defined once): the world's rank and size.
+// What the MPI test programs' sources share (parallel_tests compiles several files as one
+// source, so each name here is defined once; the CUDA ones use it too): the world's rank and
+// size.
 #include <mpi.h>
 
 namespace pentad::mpi_test {
