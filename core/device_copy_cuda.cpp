@@ -234,7 +234,7 @@ void* HostStaging::acquire(size_t bytes, bool pinned) {
 }
 
 void HostStaging::release(void* block) {
-  Block& b = block_of(block, 0);
+  Block& b = acquired(block);
   b.in_use = false;
   if (!b.uploads) return;
   if (!b.event) {

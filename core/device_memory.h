@@ -206,6 +206,10 @@ class HostStaging {
   void wait_downloads();
   void upload(void* dst, Device dst_device, const void* at, size_t bytes);
   size_t held_bytes() const;  // every block, free or not
+  // Whether bytes [at, at + bytes) lie in a block of block_bytes at `block`: `at` itself must
+  // lie inside, so the end of one block is never taken for the next, which page-locked
+  // allocations can place right after it.
+  static bool holds(const void* block, size_t block_bytes, const void* at, size_t bytes);
 
  private:
   struct Block {
@@ -218,10 +222,12 @@ class HostStaging {
     bool pending = false;   // the event may not have passed yet
   };
   // The bookkeeping both backends share (core/host_staging.cpp): the smallest free block of
-  // at least `bytes` (pinned where asked), a new block's size, the block an address lies in.
+  // at least `bytes` (pinned where asked), a new block's size, the acquired block a span lies
+  // in, and the acquired block that starts at `block` (release()).
   Block* smallest_free(size_t bytes, bool pinned);
   static size_t new_block_bytes(size_t bytes);
   Block& block_of(const void* at, size_t bytes);
+  Block& acquired(const void* block);
   std::vector<Block> blocks_;
   bool downloads_queued_ = false;
 };

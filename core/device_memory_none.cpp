@@ -145,7 +145,7 @@ void* HostStaging::acquire(size_t bytes, bool) {
 }
 
 void HostStaging::release(void* block) {
-  block_of(block, 0).in_use = false;
+  acquired(block).in_use = false;
 }
 
 void HostStaging::download(void* at, const void* src, Device src_device, size_t bytes) {

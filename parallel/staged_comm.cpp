@@ -25,6 +25,8 @@
 // Trace: one event per operation, on this communicator's channel; its leave time is when
 // the host saw MPI finish and queued the uploads.
 #include <algorithm>
+#include <cstdio>
+#include <exception>
 #include <utility>
 #include <vector>
 
@@ -70,13 +72,12 @@ class StagedWork final : public WorkImpl {
   ~StagedWork() override {
     // MPI may still read or write the block (Work waits before dropping its WorkImpl, so only
     // an error unwinding can leave it pending): it must finish before the block is reused.
-    if (posted_) {
-      try {
-        posted_->wait();
-      } catch (...) {  // already reported: the trace is on stderr
-      }
+    // Nothing here may throw: this runs while an error unwinds.
+    try {
+      if (posted_) posted_->wait();
+    } catch (...) {  // already reported: the trace is on stderr
     }
-    if (block_) staging_.release(block_);
+    give_back();
   }
   bool test() override {
     if (posted_ && !posted_->test()) return false;
@@ -92,9 +93,21 @@ class StagedWork final : public WorkImpl {
   void finish() {
     posted_.reset();
     if (!block_) return;
-    for (const Upload& u : uploads_) staging_.upload(u.to.data, u.to.device, u.from, u.to.bytes);
-    staging_.release(block_);
-    block_ = nullptr;
+    try {
+      for (const Upload& u : uploads_) staging_.upload(u.to.data, u.to.device, u.from, u.to.bytes);
+    } catch (...) {
+      give_back();  // the error is the caller's; the block is not released twice
+      throw;
+    }
+    staging_.release(std::exchange(block_, nullptr));
+  }
+  void give_back() noexcept {
+    if (!block_) return;
+    try {
+      staging_.release(std::exchange(block_, nullptr));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "pentad: staged communicator: %s\n", e.what());
+    }
   }
 
   HostStaging& staging_;  // the communicator outlives its operations
@@ -263,7 +276,12 @@ class StagedCommunicator final : public Communicator {
           block_(static_cast<char*>(staging_.acquire(bytes + 256 * 3, device != Device::CPU))),
           capacity_(bytes + 256 * 3) {}
     ~Staging() {
-      if (block_) staging_.release(block_);
+      if (!block_) return;
+      try {  // runs while an error unwinds: must not throw
+        staging_.release(block_);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "pentad: staged communicator: %s\n", e.what());
+      }
     }
     Staging(Staging&& other) noexcept
         : comm_(other.comm_),

@@ -47,7 +47,7 @@ ompi_sys=/usr/lib/x86_64-linux-gnu/openmpi/lib
 # (pkglibdir) become these, below the new prefix.
 ompi_plugins=$root/ompi/lib/x86_64-linux-gnu/openmpi/lib/openmpi3
 mkdir -p "$root/bin" "$root/lib" "$root/build" "$ompi_plugins" "$root/ompi/share/openmpi" \
-  "$root/ompi/etc" "$root/hwloc-plugins"
+  "$root/ompi/etc" "$root/hwloc-plugins" "$root/pmix-plugins"
 
 # ---- binaries ----
 for t in pentad pentad_gpu_kernels_bench; do cp "$build/$t" "$root/bin/"; done
@@ -83,6 +83,9 @@ add_deps "$root"/bin/*
 # PMIx (its libraries through the plugin that wires mpirun's ranks to it), so that the
 # plugin passes the filter below.
 add_deps "$ompi_sys"/openmpi3/mca_pmix_ext3x.so
+# PMIx's own plugins (compression, resource managers), read from pmix-plugins/ (env.sh).
+cp -L /usr/lib/x86_64-linux-gnu/pmix2/lib/pmix/pmix_mca_*.so "$root/pmix-plugins/"
+add_deps "$root"/pmix-plugins/*.so
 
 # Open MPI's plugins: those whose libraries are all bundled or system ones (the ones for
 # InfiniBand, UCX, libfabric, PSM, external PMIx and OpenSHMEM are left out; a one-rank
@@ -130,6 +133,10 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # mpirun starts every rank on this machine itself (no ssh, no orted), as many as asked for.
 export OMPI_MCA_plm=isolated OMPI_MCA_rmaps_base_oversubscribe=1
 export HWLOC_PLUGINS_PATH=$PENTAD_GPU_ROOT/hwloc-plugins
+# PMIx: plugins only from the bundle (a machine's own PMIx, another version, fails to load
+# into the bundled library), and no warning that compression is missing.
+export PMIX_MCA_mca_base_component_path=$PENTAD_GPU_ROOT/pmix-plugins
+export PMIX_MCA_pcompress_base_silence_warning=1
 unset cuda_libs fallback
 EOF
 for t in pentad pentad_gpu_kernels_bench orterun "${gpu_tests[@]}"; do

@@ -11,7 +11,8 @@
 #       OUT_DIR/logs/). When .llmc/ holds llm.c's sources (bench/RESULTS.md) and is carried
 #       too, builds llm.c's train_gpt2cu first and benchmarks it beside pentad.
 #     all: test, then bench in the time left (one call of the device tool: 10 minutes).
-#     multi: the multi-rank suite (ctest's label gpu_multi) with the bundle's mpirun, every
+#     multi: the multi-rank suite (GPU_RUN_MULTI: the names of the runs to make, space-separated;
+#       all by default) (ctest's label gpu_multi) with the bundle's mpirun, every
 #       rank on this machine, one run at a time: the staged communicator's collectives and
 #       stream ordering on device tensors (nccl_comm_test, 2 and 4 ranks), the parallel
 #       layouts against one rank (cuda_layout_test, 2, 4 and 8 ranks), ZeRO and MoE against
@@ -148,18 +149,25 @@ run_tests() {
 # skipped none. The same runs as tests/cuda/CMakeLists.txt's gpu_multi ctests, in the order
 # that puts the cheapest first.
 run_multi_one() {
-  local name=$1 ranks=$2 bin=$3 dir=$out/gpu_multi rc passed skipped failed limit
+  local name=$1 ranks=$2 bin=$3 dir=$out/gpu_multi rc passed skipped failed limit oks
   shift 3
   limit=$((deadline - SECONDS - 10))
   ((limit > 30)) || { echo "gpu_run: $name: no time left" | tee -a "$dir/summary.txt"; return 1; }
+  # GPU_RUN_ONE_LIMIT_S: at most this long a run (a rank left waiting for a failed one hangs).
+  [[ -n ${GPU_RUN_ONE_LIMIT_S:-} ]] && ((limit > GPU_RUN_ONE_LIMIT_S)) && limit=$GPU_RUN_ONE_LIMIT_S
+  if [[ -n ${GPU_RUN_MULTI:-} && " $GPU_RUN_MULTI " != *" $name "* ]]; then
+    echo "gpu_run: $name: not in GPU_RUN_MULTI" | tee -a "$dir/summary.txt"
+    return 0
+  fi
   local start=$SECONDS
   OMP_NUM_THREADS=${GPU_RUN_THREADS:-2} timeout -k 10 "$limit" "$root/build/orterun" \
-    -np "$ranks" "$root/build/$bin" "$@" >"$dir/$name.log" 2>&1
+    -np "$ranks" "$root/build/$bin" --gtest_color=no "$@" >"$dir/$name.log" 2>&1
   rc=$?
   passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) tests\?\..*/\1/p' "$dir/$name.log" | tail -1)
   skipped=$(grep '^\[  SKIPPED \] [A-Za-z]' "$dir/$name.log" | awk '{print $4}' | sort -u | grep -c .)
   failed=$(grep '^\[  FAILED  \] [A-Za-z]' "$dir/$name.log" | awk '{print $4}' | sort -u | grep -c .)
-  echo "gpu_run: $name: exit $rc, ${passed:-0} passed, $skipped skipped, $failed failed," \
+  oks=$(grep -c '^\[       OK \]' "$dir/$name.log")
+  echo "gpu_run: $name: exit $rc, $oks ok, ${passed:-0} passed, $skipped skipped, $failed failed," \
     "$((SECONDS - start)) s (log: $dir/$name.log)" | tee -a "$dir/summary.txt"
   if ((rc != 0 || failed > 0 || skipped > 0 || ${passed:-0} == 0)); then
     grep -E '^\[  FAILED  \]|^\[  SKIPPED \]|Failure|error' "$dir/$name.log" | head -20
