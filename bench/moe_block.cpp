@@ -76,7 +76,9 @@ int block(int64_t C, int64_t E, int64_t K, int64_t F, int64_t N, int iters, bool
   ExpertParallelHooks ep;
   TensorParallelHooks tp;
   ContextParallelHooks cp;
-  MoeBlock moe(cfg, 0, params, ep, tp, cp, /*micro_batch=*/1, /*seq_len=*/N, Device::CPU);
+  MoeScratch scratch;
+  MoeBlock moe(cfg, 0, params, ep, tp, cp, /*micro_batch=*/1, /*seq_len=*/N, Device::CPU,
+               DType::F32, scratch);
   params.allocate();
   params.initialize(1234);
   if (skew) params.param(moe.bias()).f32()[0] = 1.0f;  // above any softmax gap: always picked

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string_view>
 #include <utility>
 
@@ -74,6 +75,39 @@ std::string Shape::str() const {
   return s + ")";
 }
 
+namespace {
+struct HostArenas {
+  std::mutex mutex;
+  HostArenaUse use;
+};
+HostArenas& host_arenas() {
+  static HostArenas h;
+  return h;
+}
+void count_host_arena(size_t bytes, bool added) {
+  HostArenas& h = host_arenas();
+  std::lock_guard lock(h.mutex);
+  if (added) {
+    h.use.bytes += bytes;
+    h.use.peak_bytes = std::max(h.use.peak_bytes, h.use.bytes);
+  } else {
+    h.use.bytes -= std::min(bytes, h.use.bytes);
+  }
+}
+}  // namespace
+
+HostArenaUse host_arena_use() {
+  HostArenas& h = host_arenas();
+  std::lock_guard lock(h.mutex);
+  return h.use;
+}
+
+void reset_host_arena_peak() {
+  HostArenas& h = host_arenas();
+  std::lock_guard lock(h.mutex);
+  h.use.peak_bytes = h.use.bytes;
+}
+
 Arena::Arena() = default;
 
 Arena::Arena(std::string name, size_t bytes, Device device)
@@ -89,6 +123,7 @@ Arena::Arena(std::string name, size_t bytes, Device device)
   capacity_ = (capacity_ + align - 1) / align * align;
   base_ = std::aligned_alloc(align, capacity_);
   if (!base_) fail("cannot allocate {} for the {} arena", format_bytes(capacity_), name_);
+  count_host_arena(capacity_, true);
   poison_host(base_, capacity_);
 }
 
@@ -155,6 +190,8 @@ void Arena::commit(size_t begin, size_t end) {
       device_zero(static_cast<char*>(base_) + b, e - b);
     } else if (mprotect(static_cast<char*>(base_) + b, e - b, PROT_READ | PROT_WRITE) != 0) {
       fail("cannot back {} of the {} arena", format_bytes(e - b), name_);
+    } else {
+      count_host_arena(e - b, true);
     }
     committed_.emplace_back(b, e);
   }
@@ -185,10 +222,14 @@ void Arena::release() noexcept {
   if (reservation_) {
     reservation_.reset();
   } else if (is_reserved()) {
-    if (base_) munmap(base_, capacity_);
+    if (base_) {
+      count_host_arena(committed_bytes(), false);
+      munmap(base_, capacity_);
+    }
   } else if (device_ == Device::CUDA) {
     device_free(base_);
-  } else {
+  } else if (base_) {
+    count_host_arena(capacity_, false);
     std::free(base_);
   }
   base_ = nullptr;

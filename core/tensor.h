@@ -97,6 +97,15 @@ inline Tensor view_of(void* data, Shape shape, DType dtype = DType::F32,
 // tensors, which only the kernels and the NCCL communicator may dereference.
 class DeviceReservation;
 
+// What the arenas in host memory hold (a reserved arena: its committed pages), and the most
+// they held since the last reset: the CPU's counterpart of device_memory_use()'s arena
+// figures (core/device_memory.h), against which tests check the memory plan.
+struct HostArenaUse {
+  size_t bytes = 0, peak_bytes = 0;
+};
+HostArenaUse host_arena_use();
+void reset_host_arena_peak();  // the peak restarts from what is held now
+
 class Arena {
  public:
   Arena();

@@ -1,6 +1,7 @@
 #include "parallel/ep/expert_parallel.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -94,17 +95,28 @@ static void check_rows(const Tensor& in, const Tensor& out, const char* op) {
                device_name(out.device));
 }
 
+size_t ExpertParallel::staging_bytes(int64_t share_rows, int64_t C, int64_t Q, DType dtype) {
+  const int64_t gathered_rows = Q > 1 ? Q * share_rows : 0;
+  const size_t element = dtype_bytes(dtype);
+  // At least one alignment: an arena of no bytes has no memory, and its views none either.
+  return std::max(Arena::kAlignment, Arena::aligned(size_t(share_rows * C) * element) +
+                                         Arena::aligned(size_t(gathered_rows * C) * element));
+}
+
+void ExpertParallel::reserve(double received, int64_t C, Device device, DType dtype) {
+  const int64_t Q = etp_.size();
+  const size_t bytes = staging_bytes(int64_t(std::ceil(received / double(Q))), C, Q, dtype);
+  if (staging_.capacity() < bytes || staging_.device() != device)
+    staging_ = Arena("expert-parallel staging", bytes, device);
+}
+
 void ExpertParallel::stage(int64_t share_rows, int64_t C, Device device, DType dtype, Tensor& share,
                            Tensor& gathered) {
   const int64_t Q = etp_.size();
   const int64_t gathered_rows = Q > 1 ? Q * share_rows : 0;
-  const size_t element = dtype_bytes(dtype);
-  // At least one alignment: an arena of no bytes has no memory, and its views none either.
-  const size_t bytes =
-      std::max(Arena::kAlignment, Arena::aligned(size_t(share_rows * C) * element) +
-                                      Arena::aligned(size_t(gathered_rows * C) * element));
+  const size_t bytes = staging_bytes(share_rows, C, Q, dtype);
   if (staging_.capacity() < bytes || staging_.device() != device)
-    staging_ = Arena("expert-parallel staging", bytes + bytes / 2, device);
+    staging_ = Arena("expert-parallel staging", bytes, device);
   else
     staging_.reset();
   share = staging_.alloc(Shape{share_rows, C}, dtype);

@@ -48,6 +48,8 @@ class ExpertParallel {
   std::vector<int64_t> expert_rows(std::span<const int64_t> counts) const;
 
   // in: (sum of send, C) rows sorted by expert; out: (sum of counts, C), expert-major.
+  // Staging for a dispatch of at most `received` rows (etp x the largest share) of C values.
+  void reserve(double received, int64_t C, Device device, DType dtype);
   void dispatch(std::span<const int64_t> send, std::span<const int64_t> counts, const Tensor& in,
                 Tensor out);
   // in: (sum of counts, C) partial outputs, expert-major; out: (sum of send, C), whole.
@@ -71,7 +73,8 @@ class ExpertParallel {
   // rank's (etp x share_rows, C), the gathered one empty when etp is 1.
   void stage(int64_t share_rows, int64_t C, Device device, DType dtype, Tensor& share,
              Tensor& gathered);
-  Arena staging_;  // on the device of the rows; grown as needed, never shrunk
+  static size_t staging_bytes(int64_t share_rows, int64_t C, int64_t Q, DType dtype);
+  Arena staging_;  // on the device of the rows; made by reserve(), grown if need be, never shrunk
 };
 
 }  // namespace pentad::parallel

@@ -335,6 +335,7 @@ class Model {
   int tied_heads_ = 0, tied_embeddings_ = 0;  // Ws of each since the last join
   std::vector<LayerParams> layers_;           // every layer; ids -1 where not held here
   std::vector<int64_t> layer_ffn_;  // per layer: this rank's MLP width (MoE: shared experts')
+  MoeScratch moe_scratch_;          // the MoE blocks' shared buffers
   std::vector<std::unique_ptr<MoeBlock>> moe_;  // per layer: the MoE block, or null
   std::vector<std::vector<int>> partial_;  // per layer (and last: final norm) ids to sync under SP
   std::vector<ChunkState> chunks_;

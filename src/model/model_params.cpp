@@ -91,7 +91,7 @@ void Model::build_layer(int64_t l) {
   if (moe) {
     auto& block = moe_[size_t(l)];
     block = std::make_unique<MoeBlock>(cfg_, l, params_, *ep_, *tp_, *cp_, b_, t_,
-                                       placement_.device, act_);
+                                       placement_.device, act_, moe_scratch_);
     partial.push_back(block->router());  // each tp rank routes its own rows (SP)
   }
   for (int id = first_id; id < static_cast<int>(params_.specs().size()); ++id)

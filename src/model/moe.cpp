@@ -44,7 +44,8 @@ void to_device(const Tensor& t, const V* host) {
 
 MoeBlock::MoeBlock(const ModelConfig& cfg, int64_t layer, ParamStore& params,
                    ExpertParallelHooks& ep, TensorParallelHooks& tp, ContextParallelHooks& cp,
-                   int64_t micro_batch, int64_t seq_len, Device device, DType act)
+                   int64_t micro_batch, int64_t seq_len, Device device, DType act,
+                   MoeScratch& scratch)
     : cfg_(cfg),
       moe_(cfg.moe),
       params_(params),
@@ -58,7 +59,8 @@ MoeBlock::MoeBlock(const ModelConfig& cfg, int64_t layer, ParamStore& params,
       C_(cfg.d_model),
       device_(device),
       act_(act),
-      gpt2_(cfg.family == ModelFamily::GPT2) {
+      gpt2_(cfg.family == ModelFamily::GPT2),
+      shared_(scratch) {
   PENTAD_CHECK(act == DType::F32 || act == DType::BF16, "MoE activations in {}", dtype_name(act));
   const int64_t N = b_ * t_;
   rows_ = tp_.local_rows(N);
@@ -73,6 +75,9 @@ MoeBlock::MoeBlock(const ModelConfig& cfg, int64_t layer, ParamStore& params,
                "MoE layer {}: {} experts, top {}, width {} over ep {} x etp {}", layer, E_, k_, Fe,
                ep_.ep_degree(), p);
   F_ = Fe / p;
+  bound_ = moe_row_bound(double(rows_), double(b_ * T_), double(E_), double(k_),
+                         double(ep_.ep_degree()), double(p), double(moe_.capacity_factor));
+  ep_.reserve(bound_.received, C_, device_, act_);
   // The router, the expert bias and each local expert's parameters (model/param_table.h).
   const std::vector<ParamDecl> decls = layer_params(cfg, true);
   for (const ParamDecl& d : decls) {
@@ -96,6 +101,17 @@ MoeBlock::MoeBlock(const ModelConfig& cfg, int64_t layer, ParamStore& params,
     experts_.push_back(x);
   }
   counts_.assign(static_cast<size_t>(E_), 0.0);
+}
+
+MoeRowBound moe_row_bound(double rows, double tokens, double experts, double top_k, double ep,
+                          double etp, double capacity_factor) {
+  const double senders = ep * etp, local = experts / ep;
+  MoeRowBound b{rows * top_k, senders * rows * std::min(top_k, local)};
+  if (capacity_factor > 0) {
+    const double capacity = std::ceil(capacity_factor * tokens * top_k / experts);
+    b.received = std::min(b.received, local * senders * std::min(rows, capacity));
+  }
+  return b;
 }
 
 void declare_moe_routing(double Nl, double E, double k, ActSink& sink, MoeBlock::Acts& a) {
@@ -127,20 +143,19 @@ void MoeBlock::size_routing(Acts& a) {
 }
 
 void MoeBlock::size_rows(Acts& a, int64_t A, int64_t R) {
-  fit(a.rows, "moe activations", device_, [&](Arena& arena) {
+  fit_rows(a.rows, "moe activations", A, R, [&](Arena& arena, double sent, double received) {
     ArenaSink sink(arena);
-    declare_moe_rows(double(A), double(R), double(C_), double(F_), act_, gpt2_, sink, a);
+    declare_moe_rows(sent, received, double(C_), double(F_), act_, gpt2_, sink, a);
   });
 }
 
 Tensor MoeBlock::router_input(const Tensor& x) {
   if (act_ == DType::F32) return x;
-  if (router_scratch_.capacity() == 0)  // its sizes never change
-    fit(router_scratch_, "moe router (fp32)", device_, [&](Arena& arena) {
-      x32_ = arena.alloc(Shape{rows_, C_});
-      dx32_ = arena.alloc(Shape{rows_, C_});
-      dx_act_ = arena.alloc(Shape{rows_, C_}, act_);
-    });
+  fit(shared_.router, "moe router (fp32)", device_, [&](Arena& arena) {
+    x32_ = arena.alloc(Shape{rows_, C_});
+    dx32_ = arena.alloc(Shape{rows_, C_});
+    dx_act_ = arena.alloc(Shape{rows_, C_}, act_);
+  });
   k::convert(x32_, x);
   return x32_;
 }
@@ -333,9 +348,11 @@ void MoeBlock::experts_forward(Acts& a) {
 }
 
 void MoeBlock::backward(Acts& a, const Tensor& x, const Tensor& dout, Tensor dx, float weight) {
-  const int64_t A = a.picks, R = a.route.recv_rows, Nl = rows_;
+  const int64_t Nl = rows_;
   Tensor dyp, dw, dlogits, dyr, dxr, dxp, dact, dgate, dup;
-  auto plan = [&](Arena& arena) {  // rows in the activations' type; dw and dlogits F32
+  // Rows in the activations' type; dw and dlogits F32.
+  auto plan = [&](Arena& arena, double sent, double received) {
+    const auto A = int64_t(sent), R = int64_t(received);
     dyp = arena.alloc(Shape{A, C_}, act_);
     dw = arena.alloc(Shape{Nl, k_});
     dlogits = arena.alloc(Shape{Nl, E_});
@@ -345,7 +362,7 @@ void MoeBlock::backward(Acts& a, const Tensor& x, const Tensor& dout, Tensor dx,
     if (!gpt2_) dact = arena.alloc(Shape{R, F_}, act_), dgate = arena.alloc(Shape{R, F_}, act_);
     dup = arena.alloc(Shape{R, F_}, act_);
   };
-  fit(scratch_, "moe backward", device_, plan);
+  fit_rows(shared_.backward, "moe backward", a.picks, a.route.recv_rows, plan);
   k::moe_unpermute_backward(dyp, dw, dout, a.yp, a.pos, a.w);
   ep_.dispatch(a.route, dyp, dyr);
   experts_backward(a, dyr, dxr, dact, dgate, dup);

@@ -58,6 +58,24 @@ struct MoeStats {
   double aux = 0, seq_aux = 0, z = 0;
 };
 
+// The most rows an MoE layer's dispatch can move for one micro-batch, which its buffers are
+// sized for once and the memory plan counts: A = rows k picks sent; R rows received, each of
+// the ep x etp ranks that send here routing all its `rows` here, each to min(k, E / ep) of
+// this rank's experts; with a capacity (factor > 0), a local expert takes at most
+// min(rows, ceil(factor tokens k / E)) rows from each of them. tokens: the micro-batch's.
+struct MoeRowBound {
+  double sent = 0, received = 0;
+};
+MoeRowBound moe_row_bound(double rows, double tokens, double experts, double top_k, double ep,
+                          double etp, double capacity_factor);
+
+// Buffers an MoE layer uses within one call (its backward, the router's fp32 copies in a bf16
+// model), one set for all of a rank's MoE layers: the model owns them, the memory plan counts
+// them once.
+struct MoeScratch {
+  Arena backward, router;
+};
+
 // One MoE layer's router and the experts this rank holds. Its parameters are registered in
 // the constructor (in the model's parameter order); forward and backward read them from
 // the store once it is allocated.
@@ -65,10 +83,11 @@ class MoeBlock {
  public:
   // seq_len: the tokens of each sequence this rank holds (all of them, or its share under
   // context parallelism, whose ranks the micro-batch statistics are summed over too).
-  // act: the activations' type (the model's compute type): F32, or BF16 on CUDA.
+  // act: the activations' type (the model's compute type): F32, or BF16 on CUDA. scratch: the
+  // buffers shared with the rank's other MoE layers (outlives the block).
   MoeBlock(const ModelConfig& cfg, int64_t layer, ParamStore& params, ExpertParallelHooks& ep,
            TensorParallelHooks& tp, ContextParallelHooks& cp, int64_t micro_batch, int64_t seq_len,
-           Device device, DType act = DType::F32);
+           Device device, DType act, MoeScratch& scratch);
 
   // One micro-batch's saved routing and expert activations: the routing's tensors keep
   // their size, the rows' are sized at each forward.
@@ -121,13 +140,29 @@ class MoeBlock {
   struct Expert {
     int gate = -1, up = -1, up_b = -1, down = -1, down_b = -1;
   };
-  // Lays out plan(arena)'s tensors in `arena`, reallocating it (half again as large, so that
-  // the size settles) when they do not fit.
+  // Lays out plan(arena, A, R)'s tensors for this micro-batch's A picks sent and R rows
+  // received in `arena`, which is made for the most rows (bound_) of that plan: its size is
+  // the memory plan's and stays put while the routing varies.
+  template <typename Plan>
+  void fit_rows(Arena& arena, const char* name, int64_t A, int64_t R, const Plan& plan) const {
+    PENTAD_CHECK(double(A) <= bound_.sent && double(R) <= bound_.received,
+                 "{}: {} picks sent and {} rows received, over the bound of {} and {}", name, A, R,
+                 bound_.sent, bound_.received);
+    Arena measure = Arena::measuring(name);
+    plan(measure, bound_.sent, bound_.received);
+    if (arena.capacity() < measure.used()) arena = Arena(name, measure.used(), device_);
+    arena.reset();
+    plan(arena, double(A), double(R));
+  }
+  // Lays out plan(arena)'s tensors in `arena`: made as large as they need the first time,
+  // reallocated half again as large when they do not fit (decoding's rows vary).
   template <typename Plan>
   static void fit(Arena& arena, const char* name, Device device, const Plan& plan) {
     Arena measure = Arena::measuring(name);
     plan(measure);
-    if (arena.capacity() < measure.used())
+    if (arena.capacity() == 0 && measure.used() > 0)
+      arena = Arena(name, measure.used(), device);
+    else if (arena.capacity() < measure.used())
       arena = Arena(name, measure.used() + measure.used() / 2, device);
     else
       arena.reset();
@@ -171,6 +206,7 @@ class MoeBlock {
   TensorParallelHooks& tp_;
   ContextParallelHooks& cp_;
   int64_t b_, t_, rows_, row_start_;  // micro-batch, sequence, rows held, first row held
+  MoeRowBound bound_;                 // the most rows the dispatch moves (moe_row_bound)
   int64_t T_;                         // whole sequence (t_ x cp)
   std::vector<int64_t> token_;        // b_ x t_ rows: the index of each in the micro-batch
   // Sums over the ranks that hold parts of this micro-batch: tp (sequence parallel), cp.
@@ -181,10 +217,10 @@ class MoeBlock {
   bool gpt2_;
   int router_ = -1, bias_ = -1;
   std::vector<Expert> experts_;  // the local experts
-  Arena scratch_;                // backward's buffers (the experts' scratch too), grown as needed
-  // Computing in bf16: the router's fp32 input x (Nl, C) F32, its gradient (Nl, C) F32 and
-  // that cast back (Nl, C) in the activations' type; used within one call at a time.
-  Arena router_scratch_;
+  // Backward's buffers (the experts' scratch too); in bf16 the router's fp32 input x (Nl, C)
+  // F32, its gradient (Nl, C) F32 and that cast back (Nl, C) in the activations' type, laid
+  // out in shared_.router at each call (the same for every layer).
+  MoeScratch& shared_;
   Tensor x32_, dx32_, dx_act_;
   Arena decode_;  // decode()'s buffers, grown as needed
   // Statistics (training forwards since take_stats).
@@ -194,15 +230,15 @@ class MoeBlock {
 
 // One micro-batch's routing (`rows` of this rank, E experts, top k picks; fp32 and I32) and
 // routed rows (A picks sent, R rows received, experts F wide on this etp rank; in the
-// activations' type), declared as the layers' are (model/activations.h): MoeBlock sizes them
-// at each forward, the memory plan for the worst case.
+// activations' type), declared as the layers' are (model/activations.h): MoeBlock lays them
+// out at each forward in buffers made once for moe_row_bound's rows, the memory plan's count.
 void declare_moe_routing(double rows, double experts, double top_k, ActSink& sink,
                          MoeBlock::Acts& a);
 void declare_moe_rows(double sent, double received, double C, double F, DType act, bool gpt2,
                       ActSink& sink, MoeBlock::Acts& a);
 // What a split backward's B keeps for W (MoeBlock::Acts::deferred), for the same rows and
-// received rows: sized by MoeBlock at each B; a memory plan sums it at the worst case
-// (plan/memory_budget.cpp's R), per MoE layer and slot waiting for its W.
+// received rows: laid out by MoeBlock at each B, sized for moe_row_bound's; a memory plan sums
+// it per MoE layer and slot waiting for its W.
 void declare_moe_deferred(double rows, double experts, double received, double C, double F,
                           DType act, bool gpt2, ActSink& sink, MoeBlock::Acts& a);
 

@@ -100,6 +100,9 @@ class ExpertParallelHooks {
   int64_t local_experts(int64_t n) const { return n / ep_degree(); }
   int64_t first_expert(int64_t n) const { return ep_rank() * local_experts(n); }
 
+  // A dispatch will deliver at most `received` rows of C values in `dtype` on `device` here
+  // (moe_row_bound): buffers made for them now, so none grows during training.
+  virtual void reserve(double received, int64_t C, Device device, DType dtype) {}
   // Fills route.rows, recv_rows and recv from route.send (exchanging counts).
   virtual void plan(ExpertRoute& route);
   // in: (sum of send, C) rows in expert order; out: (recv_rows, C).

@@ -42,21 +42,24 @@ std::vector<Tensor> MoeBlock::expert_tensors(int Expert::*id, bool grad) const {
 
 void MoeBlock::backward_input(Acts& a, const Tensor& x, const Tensor& dout, Tensor dx,
                               float weight) {
-  const int64_t A = a.picks, R = a.route.recv_rows, Nl = rows_;
-  fit(a.deferred, "moe deferred gradients", device_, [&](Arena& arena) {
-    ArenaSink sink(arena);
-    declare_moe_deferred(double(Nl), double(E_), double(R), double(C_), double(F_), act_, gpt2_,
-                         sink, a);
-  });
+  const int64_t Nl = rows_, picks = a.picks, received_rows = a.route.recv_rows;
+  fit_rows(a.deferred, "moe deferred gradients", picks, received_rows,
+           [&](Arena& arena, double, double received) {
+             ArenaSink sink(arena);
+             declare_moe_deferred(double(Nl), double(E_), received, double(C_), double(F_), act_,
+                                  gpt2_, sink, a);
+           });
   // backward()'s scratch less what W reads (kept above): rows in the activations' type.
   Tensor dyp, dw, dxr, dxp, dact;
-  fit(scratch_, "moe backward", device_, [&](Arena& arena) {
-    dyp = arena.alloc(Shape{A, C_}, act_);
-    dw = arena.alloc(Shape{Nl, k_});
-    dxr = arena.alloc(Shape{R, C_}, act_);
-    dxp = arena.alloc(Shape{A, C_}, act_);
-    if (!gpt2_) dact = arena.alloc(Shape{R, F_}, act_);
-  });
+  fit_rows(shared_.backward, "moe backward", picks, received_rows,
+           [&](Arena& arena, double sent, double received) {
+             const auto A = int64_t(sent), R = int64_t(received);
+             dyp = arena.alloc(Shape{A, C_}, act_);
+             dw = arena.alloc(Shape{Nl, k_});
+             dxr = arena.alloc(Shape{R, C_}, act_);
+             dxp = arena.alloc(Shape{A, C_}, act_);
+             if (!gpt2_) dact = arena.alloc(Shape{R, F_}, act_);
+           });
   k::moe_unpermute_backward(dyp, dw, dout, a.yp, a.pos, a.w);
   ep_.dispatch(a.route, dyp, a.d_yr);
   experts_backward_input(a, dxr, dact);

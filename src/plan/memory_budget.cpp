@@ -125,22 +125,18 @@ void add_parameter_values(Sizes& s, const ModelConfig& m, const parallel::MeshCo
   s.moe_values = moe_layer.all;
 }
 
-// Dispatch (MoeBlock::Acts, model/moe.h), worst case: each of the ep x etp ranks that send to
-// this one routes all its Nl rows here, each to min(k, E / ep) of its local experts; with a
-// capacity, a local expert takes at most min(Nl, capacity) rows from each of them. Sent:
-// A = Nl k permuted rows; received: R rows.
+// Dispatch (MoeBlock::Acts, model/moe.h) for the most rows it can move (moe_row_bound, which
+// MoeBlock sizes its buffers for): A = Nl k permuted rows sent, R rows received.
 void add_moe_sizes(Sizes& s, const ModelConfig& m, const parallel::MeshConfig& mesh) {
   s.moe = m.is_moe() ? moe_layer_indices(m) : std::vector<int64_t>{};
   s.E = double(m.n_experts), s.k = double(m.top_k), s.ep = mesh.ep, s.etp = mesh.etp;
   s.Fe = m.is_moe() ? double(expert_ffn_dim(m)) : 0;
   const double E = s.E, k = s.k, ep = s.ep, etp = s.etp, Fe = s.Fe, Nl = s.acts.Nl, N = s.acts.N,
                C = s.acts.C, act = s.act, f32 = s.f32;
-  s.A = Nl * k, s.senders = ep * etp;
-  s.R = s.senders * Nl * std::min(k, E / ep);
-  if (m.moe.capacity_factor > 0) {
-    const double capacity = std::ceil(double(m.moe.capacity_factor) * N * k / E);
-    s.R = std::min(s.R, E / ep * s.senders * std::min(Nl, capacity));
-  }
+  s.senders = ep * etp;
+  // The router's capacity counts the whole micro-batch's tokens, over the cp ranks too.
+  const MoeRowBound bound = moe_row_bound(Nl, N * mesh.cp, E, k, ep, etp, m.moe.capacity_factor);
+  s.A = bound.sent, s.R = bound.received;
   const double A = s.A, R = s.R;
   MoeBlock::Acts rows;
   s.dispatch = bytes_of([&](ActSink& sink) {

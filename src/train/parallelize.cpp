@@ -62,6 +62,9 @@ class MeshExpertParallel final : public ExpertParallelHooks {
   int etp_rank() const override { return etp_group_.rank(); }
   // The host waits here for every peer's counts (an MPI exchange, on CUDA too): it sizes the
   // received rows' buffers from them. The rows themselves then move without a host wait.
+  void reserve(double received, int64_t C, Device device, DType dtype) override {
+    ep_.reserve(received, C, device, dtype);
+  }
   void plan(ExpertRoute& route) override {
     route.recv = ep_.exchange_counts(route.send);
     route.rows = ep_.expert_rows(route.recv);

@@ -149,7 +149,8 @@ struct Trajectory {
   std::vector<std::vector<float>> weights;             // final master parameters, on the host
   parallel::Backend backend = parallel::Backend::MPI;  // of the mesh's communicators
   std::optional<parallel::MeshConfig> mesh;            // the layout, if it ran on a mesh
-  DeviceMemoryUse memory;    // this rank's device memory, peaks over the trainer's life
+  DeviceMemoryUse
+      memory;  // this rank's memory (on the CPU: arenas only), peaks over the trainer's life
   double planned_bytes = 0;  // the memory plan's total for the layout (its largest rank)
 };
 
@@ -176,6 +177,7 @@ inline Trajectory train(const ModelCase& m, const std::string& device, const std
   if (world > 1 && on_mesh)
     mesh.emplace(parallel::Mesh::create(mesh_config(cfg, world), MPI_COMM_WORLD, backend));
   reset_device_memory_peak();  // what earlier runs left (workspaces) stays counted
+  reset_host_arena_peak();
   Trainer trainer(cfg, mesh ? &*mesh : nullptr);
   // Guards against a silent fallback: a "cuda" run that computed on the CPU would match the
   // CPU reference bitwise and pass every comparison below.
@@ -191,6 +193,11 @@ inline Trajectory train(const ModelCase& m, const std::string& device, const std
     run.grad_norms.push_back(s.grad_norm);
   }
   run.memory = device_memory_use();
+  if (device != "cuda") {  // the host's arenas, counted alike
+    const HostArenaUse host = host_arena_use();
+    run.memory.arena_bytes = host.bytes;
+    run.memory.arena_peak_bytes = host.peak_bytes;
+  }
   run.planned_bytes = estimate_memory(cfg, mesh ? mesh->config() : mesh_config(cfg, 1)).total();
   // Under ZeRO-3 the arena holds this rank's shares only: names, no weights.
   for (int id = 0; id < static_cast<int>(params.specs().size()); ++id) {
