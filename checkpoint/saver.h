@@ -129,8 +129,8 @@ class AsyncSaver {
   bool staged() const;  // this snapshot goes through staging_ (not frozen host memory)
   std::vector<float*> staged_places() const;  // each tensor's place in staging_
   void copy();
-  void copy_from_device(size_t i, Xxh3Stream& hash);  // tensor i, in pieces
-  void publish(size_t staged_floats);                 // the copy holds staging_[0, staged_floats)
+  void copy_from_device(size_t i);     // tensor i, in pieces
+  void publish(size_t staged_floats);  // the copy holds staging_[0, staged_floats)
 
   struct Free {
     void operator()(float* p) const { std::free(p); }

@@ -65,6 +65,7 @@ AsyncCopier::~AsyncCopier() {
     cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
   }
   if (event_) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+  for (void* e : marks_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
 }
 
 void AsyncCopier::begin_after_compute() {
@@ -77,6 +78,7 @@ void AsyncCopier::begin_after_compute() {
     check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
     event_ = event;
   }
+  marks_used_ = 0;
   // The kernels run on the legacy default stream (kernels/cuda/cuda_ops.h).
   check(cudaEventRecord(static_cast<cudaEvent_t>(event_), cudaStreamLegacy), "cudaEventRecord");
   check(
@@ -100,6 +102,26 @@ void AsyncCopier::synchronize() {
   if (!stream_) return;
   count_device_wait();
   check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), "cudaStreamSynchronize");
+}
+
+size_t AsyncCopier::mark() {
+  if (!stream_) return 0;
+  if (marks_used_ == marks_.size()) {
+    cudaEvent_t event = nullptr;
+    check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+    marks_.push_back(event);
+  }
+  check(cudaEventRecord(static_cast<cudaEvent_t>(marks_[marks_used_]),
+                        static_cast<cudaStream_t>(stream_)),
+        "cudaEventRecord");
+  return marks_used_++;
+}
+
+void AsyncCopier::wait(size_t mark) {
+  if (!stream_) return;
+  PENTAD_CHECK(mark < marks_used_, "AsyncCopier: mark {} was not made since the last begin", mark);
+  count_device_wait();
+  check(cudaEventSynchronize(static_cast<cudaEvent_t>(marks_[mark])), "cudaEventSynchronize");
 }
 
 UploadStaging::~UploadStaging() {

@@ -96,8 +96,10 @@ void host_unpin(void* ptr) noexcept;
 // does not wait for, so a background thread can drain device state while kernels run.
 // begin_after_compute(), called on the thread that issues the kernels, orders the copies
 // queued after it behind everything already issued (an event on the compute stream);
-// copy() queues, synchronize() waits. Host-to-host copies are plain memcpy. Without CUDA
-// only host-to-host copies exist.
+// copy() queues, synchronize() waits for all; mark() records how far the queue has got and
+// wait(mark) waits for the copies queued before it (marks last until the next
+// begin_after_compute()). Host-to-host copies are plain memcpy. Without CUDA only host-to-host
+// copies exist, and marks are passed at once.
 class AsyncCopier {
  public:
   AsyncCopier();
@@ -107,10 +109,14 @@ class AsyncCopier {
   void begin_after_compute();
   void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
   void synchronize();
+  size_t mark();
+  void wait(size_t mark);
 
  private:
-  void* stream_ = nullptr;  // cudaStream_t
-  void* event_ = nullptr;   // cudaEvent_t
+  void* stream_ = nullptr;    // cudaStream_t
+  void* event_ = nullptr;     // cudaEvent_t
+  std::vector<void*> marks_;  // cudaEvent_t, reused from one begin_after_compute() to the next
+  size_t marks_used_ = 0;
 };
 
 // Host waits, counted process-wide: every call of this file that makes the host wait for
