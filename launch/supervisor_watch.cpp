@@ -16,8 +16,11 @@ namespace {
 using nlohmann::json;
 
 // How long a local rank's process may be gone, its connection still open and no bye read,
-// before it counts as dead: time for its last messages and end of connection to arrive.
-constexpr double kGoneGrace = 0.5;
+// before it counts as dead: time for its last messages and end of connection to arrive from
+// whatever still holds its socket (a rank's own process closes it as it dies, which is seen
+// at once). 0.5 s was too little under CI's load once (2026-11-29: a child's bye sent 0.2 s
+// after its parent's exit was not read within it).
+constexpr double kGoneGrace = 2.0;
 // After SIGTERM, how long the local ranks get to end before SIGKILL: each writes the survivors'
 // state first (train/survivor_save.h), which under CI's load once took more than 3 s; mpirun's
 // own grace is as long (supervisor_restart.cpp). Ranks that end sooner are not waited for.

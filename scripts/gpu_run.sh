@@ -11,13 +11,15 @@
 #       OUT_DIR/logs/). When .llmc/ holds llm.c's sources (bench/RESULTS.md) and is carried
 #       too, builds llm.c's train_gpt2cu first and benchmarks it beside pentad.
 #     all: test, then bench in the time left (one call of the device tool: 10 minutes).
-#     multi: the multi-rank suite (GPU_RUN_MULTI: the names of the runs to make, space-separated;
-#       all by default) (ctest's label gpu_multi) with the bundle's mpirun, every
+#     multi: the multi-rank suite (ctest's label gpu_multi) with the bundle's mpirun, every
 #       rank on this machine, one run at a time: the staged communicator's collectives and
 #       stream ordering on device tensors (nccl_comm_test, 2 and 4 ranks), the parallel
 #       layouts against one rank (cuda_layout_test, 2, 4 and 8 ranks), ZeRO and MoE against
 #       the CPU (2 ranks). With fewer GPUs than ranks (one GPU: all of them) the ranks share
 #       them through the staged communicator. OUT_DIR/gpu_multi/NAME.log for each run.
+#       GPU_RUN_MULTI: the names of the runs to make, space-separated (all by default);
+#       GPU_RUN_ONE_LIMIT_S: seconds one run may take (a rank left waiting for a failed one
+#       hangs until then).
 # Also writes OUT_DIR/gpu_run_env.txt: the machine, the bundle, the CUDA libraries found.
 # Environment: PENTAD_GPU_UNPACK (where to unpack; default /tmp/pentad-gpu-run),
 # PENTAD_GPU_CUDA_LIBS (folders holding libcublasLt.so.13, libnccl.so.2, libcudnn.so.9 and

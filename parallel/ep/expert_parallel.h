@@ -47,9 +47,9 @@ class ExpertParallel {
   // Rows per local expert after dispatch (sums of counts over q and j).
   std::vector<int64_t> expert_rows(std::span<const int64_t> counts) const;
 
-  // in: (sum of send, C) rows sorted by expert; out: (sum of counts, C), expert-major.
   // Staging for a dispatch of at most `received` rows (etp x the largest share) of C values.
   void reserve(double received, int64_t C, Device device, DType dtype);
+  // in: (sum of send, C) rows sorted by expert; out: (sum of counts, C), expert-major.
   void dispatch(std::span<const int64_t> send, std::span<const int64_t> counts, const Tensor& in,
                 Tensor out);
   // in: (sum of counts, C) partial outputs, expert-major; out: (sum of send, C), whole.
