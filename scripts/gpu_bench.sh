@@ -10,7 +10,8 @@
 #   3. llm.c's train_gpt2cu, same model and batch (-e d12, random init), when GPU_BENCH_LLMC
 #      names a binary built outside pentad (see RESULTS.md). Then it and pentad's GPT-2 runs
 #      read the same tokens: one llm.c shard written by bench/make_llmc_shard.py;
-#   4. pentad, recipes/llama-1b.toml in bf16 (random tokens), a few steps;
+#   4. pentad, recipes/llama-1b.toml in bf16 (random tokens), a few steps, with the recipe's
+#      recompute and without it (pentad_llama1b_bf16_norecompute);
 #   5. pentad GPT-2 124M bf16 again, saving a checkpoint every 10 steps and every step
 #      (throughput against no saves, from mean step times);
 #   6. build/pentad_gpu_kernels_bench: every CUDA kernel at GPT-2 124M shapes (attention
@@ -26,11 +27,11 @@
 # counts them (Model::flops_per_micro_batch, which bench/torch_gpt2.py shares), over the
 # device's dense bf16 peak (bench/torch_gpt2.py's table; GPU_BENCH_PEAK_TFLOPS overrides).
 # Prints a table last; writes every figure, nvidia-smi's report and the commit to
-# SUMMARY_JSON, and each part's log to LOG_DIR (default bench/out/gpu-bench): 11 files, 10
+# SUMMARY_JSON, and each part's log to LOG_DIR (default bench/out/gpu-bench): 12 files, 11
 # with GPU_BENCH_SKIP_BUILD. The device tool returns at most 8 files from $OUT: pack them
 # into one archive there (bench/RESULTS.md shows the command).
 #
-# Time: the parts' limits add up to 9 minutes (a run on a fast GPU should take about half
+# Time: the parts' limits add up to about 12 minutes (a run on a fast GPU should take about half
 # that); no part starts once GPU_BENCH_DEADLINE_S (default 560) seconds from the start,
 # build included, are near, and a part that would run past it gets less time, so one call of
 # the device tool (10 minutes at most) holds the script even after a fresh build.
@@ -187,6 +188,11 @@ fi
 
 part pentad_llama1b_bf16 75 "$pentad" train "${llama[@]}" --set train.device=$device \
   --set train.precision=$bf16 --set train.steps=$llama_steps --set train.out_dir="$runs/llama_bf16"
+# The same without recompute (the recipe's is on; a 1B model at 2048 tokens fits a GPU
+# without it): what recompute costs the step.
+part pentad_llama1b_bf16_norecompute 75 "$pentad" train "${llama[@]}" --set train.device=$device \
+  --set train.precision=$bf16 --set train.steps=$llama_steps --set model.recompute=false \
+  --set train.out_dir="$runs/llama_bf16_norecompute"
 
 # Lazy checkpoints of device state: the bf16 GPT-2 run again, saving every 10 steps and every
 # step (the newest 2 kept); throughput is the mean step time after the warm-up, against the
@@ -332,6 +338,9 @@ summary = {
     "llmc_gpt2_124m_bf16": llmc_run(warmups["gpt2_bf16"], gpt2_flops),
     "pentad_gpt2_124m_fp32": pentad_run("pentad_gpt2_fp32", "gpt2_fp32", warmups["gpt2_fp32"]),
     "pentad_llama_1b_bf16": pentad_run("pentad_llama1b_bf16", "llama_bf16", warmups["llama_bf16"]),
+    "pentad_llama_1b_bf16_no_recompute": pentad_run("pentad_llama1b_bf16_norecompute",
+                                                    "llama_bf16_norecompute",
+                                                    warmups["llama_bf16"]),
     "pentad_gpt2_124m_bf16_save10": pentad_run("pentad_gpt2_bf16_save10", "gpt2_save10",
                                                warmups["gpt2_bf16"]),
     "pentad_gpt2_124m_bf16_save1": pentad_run("pentad_gpt2_bf16_save1", "gpt2_save1",
@@ -363,15 +372,16 @@ fmt = lambda v, f: "-" if v is None else format(v, f)
 build = summary["build"]
 print(f"\ncommit {summary['commit']} | {gpu_name or 'no GPU'} | dense bf16 peak "
       f"{fmt(peak, '.1f')} TFLOP/s | build {build['status']} ({build['seconds']} s)")
-print(f"{'run (tokens/s over median step)':32} {'status':11} {'steps':>5} {'ms/step':>9} "
+print(f"{'run (tokens/s over median step)':34} {'status':11} {'steps':>5} {'ms/step':>9} "
       f"{'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'loss first->last':>17}")
 for key in ["pentad_gpt2_124m_bf16", "torch_gpt2_124m_bf16", "llmc_gpt2_124m_bf16",
-            "pentad_gpt2_124m_fp32", "pentad_llama_1b_bf16", "pentad_gpt2_124m_bf16_save10",
+            "pentad_gpt2_124m_fp32", "pentad_llama_1b_bf16", "pentad_llama_1b_bf16_no_recompute",
+            "pentad_gpt2_124m_bf16_save10",
             "pentad_gpt2_124m_bf16_save1"]:
     r = summary[key]
     losses = (f"{r['loss_first']:.3f}->{r['loss_last']:.3f}" if r.get("loss_first") is not None
               else "-")
-    print(f"{key:32} {r.get('status', '-'):11} {fmt(r.get('timed_steps'), 'd'):>5} "
+    print(f"{key:34} {r.get('status', '-'):11} {fmt(r.get('timed_steps'), 'd'):>5} "
           f"{fmt(r.get('ms_per_step'), '.1f'):>9} {fmt(r.get('tokens_per_second'), ',.0f'):>10} "
           f"{fmt(r.get('tflops'), '.1f'):>8} {fmt(r.get('mfu'), '.3f'):>6} {losses:>17}")
 gemm = torch_run.get("gemm")
