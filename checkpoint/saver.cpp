@@ -22,8 +22,9 @@ constexpr size_t kAlignFloats = kPageBytes / sizeof(float);
 // Copy granularity: a piece is checksummed right after its copy, while it sits in L2,
 // and the optimizer may follow the copy piece by piece.
 constexpr size_t kPieceFloats = (size_t{256} << 10) / sizeof(float);
-// From a device, pieces are larger: each costs a stream round trip (launch, synchronize),
-// and the optimizer's chunks (AdamW::kChunkElements) are this size anyway.
+// From a device, pieces are larger: each costs a copy launch and an event to wait on, and
+// the optimizer's chunks (AdamW::kChunkElements) are this size anyway. They are checksummed
+// after the whole tensor is staged (copy_from_device).
 constexpr size_t kDevicePieceFloats = (size_t{4} << 20) / sizeof(float);
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
