@@ -343,7 +343,6 @@ Work Communicator::recv(Tensor buf, int peer, int tag, bool async) {
 }
 
 std::vector<Work> Communicator::batch_p2p(std::vector<P2POp> ops) {
-  int64_t total_bytes = 0;
   std::vector<TraceTicket> tickets;
   tickets.reserve(ops.size());
   for (const P2POp& op : ops) {
@@ -351,9 +350,8 @@ std::vector<Work> Communicator::batch_p2p(std::vector<P2POp> ops) {
     check_tensor(op.buf, kind, "buf");
     check_peer(op.peer, op.tag, kind);
     route(op.buf).check_dtype(op.buf.dtype, false);
-    const int64_t bytes = int64_t(op.buf.bytes());
-    total_bytes += bytes;
-    tickets.push_back(enter(op.is_send ? CommKind::Send : CommKind::Recv, bytes, op.peer));
+    tickets.push_back(
+        enter(op.is_send ? CommKind::Send : CommKind::Recv, int64_t(op.buf.bytes()), op.peer));
   }
   std::vector<std::unique_ptr<WorkImpl>> impls = post_p2p_delayed(ops);
   PENTAD_CHECK(impls.size() == ops.size(), "backend returned {} handles for {} p2p ops",

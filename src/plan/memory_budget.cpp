@@ -39,12 +39,6 @@ double moe_layers_in(const std::vector<int64_t>& moe, int64_t begin, int64_t end
       std::count_if(moe.begin(), moe.end(), [&](int64_t l) { return begin <= l && l < end; }));
 }
 
-// ZeRO-3 (the hooks of train/parallelize.cpp): one stretch's values in the dense reducer's
-// units and in the experts'.
-struct ZeroStretch {
-  double dense = 0, experts = 0;
-};
-
 // The most values whole at once, the dense units' weighted by `dense` and the experts' by
 // `experts` (the part of a unit that is not this rank's share; 1 with the shares on NVMe),
 // walking forward and backward as the hooks do: the stretch computing and, while a reducer
@@ -322,14 +316,19 @@ double gradient_bytes(const MemoryEstimate& e, const Sizes& s, const ZeroShares&
                               std::min(e.expert_values * f32, 2 * expert_bucket) + z.shares * f32;
 }
 
+// The allocation unit of a reserved arena on the device (core/device_memory_cuda.cpp asks
+// the driver for the recommended granularity: 2 MiB on NVIDIA's GPUs) and on the host.
+constexpr double kDeviceGranule = 2 * kMiB, kHostGranule = double(Arena::kPageBytes);
+
 // ZeRO-3: this rank's shares (fp32), and the units whole at once in buffers of their own
 // (with a bf16 compute copy, that too); with the shares on NVMe (ZeRO-Infinity) none
 // resident, and each reducer's next share on its way. Units: the embedding, each layer's
 // dense parameters (an MoE layer's attention, router, bias and shared experts) and its
 // routed experts, the final norm and head (and a tied head's copy on the last stage): the
 // stretches of this stage's chunks.
-void add_zero3_parameters(MemoryEstimate& e, const Sizes& s, const ZeroShares& z, const Config& cfg,
-                          const parallel::MeshConfig& mesh, bool nvme_params) {
+// Returns the bytes of the shares the snapshot's spare set holds again.
+double add_zero3_parameters(MemoryEstimate& e, const Sizes& s, const ZeroShares& z,
+                            const Config& cfg, const parallel::MeshConfig& mesh, bool nvme_params) {
   const ModelConfig& m = cfg.model;
   std::vector<ZeroStretch> stretches;
   const std::vector<parallel::pp::Chunk> chunks = chunks_of_stage(cfg, mesh.pp, int(e.stage));
@@ -352,12 +351,15 @@ void add_zero3_parameters(MemoryEstimate& e, const Sizes& s, const ZeroShares& z
   }
   const double gathered = zero3_gathered(stretches, tied, 1, 1, cfg.parallel.zero_live_units);
   const double per_value = e.parameters / e.values;  // bytes (with a bf16 compute copy)
-  e.parameters = (nvme_params ? ahead + experts_ahead : z.shares) * s.f32 +
+  const double granule = cfg.train.device == "cuda" ? kDeviceGranule : kHostGranule;
+  const double backed = zero3_backed_shares(stretches, z.Z, z.edp, s.f32, granule);
+  e.parameters = (nvme_params ? (ahead + experts_ahead) * s.f32 : backed) +
                  std::min(e.parameters, gathered * per_value);
   // On CUDA each share read comes up through 3 page-locked slots of the largest share
   // (optim/adamw.h, reserve_param_uploads); on the CPU it lands in the unit's buffer.
   if (nvme_params && cfg.train.device == "cuda")
     e.host = 3 * std::max(ahead, experts_ahead) * s.f32;
+  return nvme_params ? z.shares * s.f32 : backed;
 }
 
 // Parameters (fp32, and a bf16 compute copy), gradients, AdamW's m and v of this rank's
@@ -374,14 +376,15 @@ void add_training_state(MemoryEstimate& e, const Sizes& s, const Config& cfg,
   e.optimizer = moments;
   const bool nvme = cfg.parallel.offload == "nvme";
   const bool nvme_params = nvme && z.stage == 3 && cfg.parallel.offload_params;
-  if (z.stage == 3) add_zero3_parameters(e, s, z, cfg, mesh, nvme_params);
+  const double backed_shares =
+      z.stage == 3 ? add_zero3_parameters(e, s, z, cfg, mesh, nvme_params) : 0;
   if (nvme) {  // on disk; in memory three sub-groups of m and v (and the parameter shares)
     const double tensors = nvme_params ? 3 : 2;
     e.optimizer = 3 * std::min(tensors * shares * f32,
                                tensors * double(cfg.parallel.nvme_subgroup_kb) * 1024);
   }
   if (cfg.train.save_every > 0)  // values, m and v again (offloaded too: read into staging)
-    e.snapshot = (z.stage == 3 ? shares : e.values) * f32 + moments;
+    e.snapshot = (z.stage == 3 ? backed_shares : e.values * f32) + moments;
   // CUDA: AdamW on the host holds none of its state on the device. Both offloads update on
   // the host (the "nvme" sub-groups and staging are host memory).
   if (cfg.train.device == "cuda" && cfg.parallel.offload != "none") {
@@ -413,6 +416,32 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
 }
 
 }  // namespace
+
+double zero3_backed_shares(const std::vector<ZeroStretch>& stretches, double Z, double edp,
+                           double value_bytes, double granule) {
+  const int64_t ranks = int64_t(Z);
+  const int64_t step = std::max<int64_t>(1, ranks / 1024);
+  double most = 0;
+  for (int64_t r = 0; r < ranks; r += step) {
+    double at = 0, backed = 0, backed_to = 0;  // bytes; backed_to: the last granule's end
+    auto share = [&](double values, double parts, int64_t k) {
+      const double begin = at + std::floor(double(k) * values / parts) * value_bytes;
+      const double end = at + std::floor(double(k + 1) * values / parts) * value_bytes;
+      at += values * value_bytes;
+      if (end <= begin) return;
+      const double from = std::max(backed_to, std::floor(begin / granule) * granule);
+      const double to = std::ceil(end / granule) * granule;
+      if (to > from) backed += to - from;
+      backed_to = std::max(backed_to, to);
+    };
+    for (const ZeroStretch& st : stretches) {
+      share(st.dense, Z, r);
+      share(st.experts, edp, r % int64_t(edp));
+    }
+    most = std::max(most, backed);
+  }
+  return most;
+}
 
 int64_t model_parameters(const Config& cfg) {
   Config whole = cfg;

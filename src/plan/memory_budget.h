@@ -40,6 +40,19 @@ MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& me
 // one a test extends).
 MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& mesh,
                                const ParamTable& table);
+// ZeRO-3 (the hooks of train/parallelize.cpp): one stretch's values in the dense reducer's
+// units and in the experts'.
+struct ZeroStretch {
+  double dense = 0, experts = 0;
+};
+// The bytes of ZeRO-3's shares a rank's parameter arena backs. The arena reserves the whole
+// model's addresses and backs each share in whole granules of `granule` bytes
+// (Arena::reserved: the host's pages, CUDA's 2 MiB), so a share smaller than a granule
+// costs a whole one, and shares of neighbouring small units share one. The stretches lie in
+// the arena in order (the dense values, then the experts'), each cut into Z shares (its
+// experts into edp) of `value_bytes` a value; the figure is the rank that backs the most.
+double zero3_backed_shares(const std::vector<ZeroStretch>& stretches, double Z, double edp,
+                           double value_bytes, double granule);
 // The whole model's parameter count, whatever cfg.parallel says (under pp and ep a rank
 // holds a part): the closed form on one rank.
 int64_t model_parameters(const Config& cfg);
