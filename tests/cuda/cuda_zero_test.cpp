@@ -20,6 +20,7 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <map>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -40,9 +41,18 @@ class CudaZero : public ::testing::TestWithParam<ModelCase> {
   }
 };
 
+// The CPU reference of a model, trained once for all the tests of this process (it took
+// 5-30 s a test on the H200's host cores, every test the same run).
+const Trajectory& cpu_reference(const ModelCase& m) {
+  static std::map<std::string, Trajectory> done;
+  auto it = done.find(m.name);
+  if (it == done.end()) it = done.emplace(m.name, train(m, "cpu", "fp32")).first;
+  return it->second;
+}
+
 void expect_tracks_cpu(const ModelCase& m, const std::string& precision,
                        const std::vector<std::string>& keys, const std::string& what) {
-  const Trajectory cpu = train(m, "cpu", "fp32");
+  const Trajectory& cpu = cpu_reference(m);
   const Trajectory gpu = train(m, "cuda", precision, keys);
   const bool fp32 = precision == "fp32";
   expect_losses_close(gpu, cpu, fp32 ? kFp32LossTol : kBf16LossTol, what);
