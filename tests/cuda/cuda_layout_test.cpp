@@ -17,7 +17,10 @@
 //            at ZeRO-2 (zb-v) and ZeRO-3 (1F1B);
 //   8 ranks: pp x dp x tp + sp; ZeRO-1 over dp 4 x tp 2; cp x tp x dp; ep 4;
 //            ZeRO-2 over dp 8 with AdamW on the host.
-// Not here yet: resume bitwise and resharding from a device checkpoint over N ranks.
+// Checkpoints of device state over N ranks (CudaReshard, below): a layout's run saves after
+// step 4 and trains on; the same layout resumed from that checkpoint trains on bitwise alike,
+// and another layout of the same ranks, resharding the checkpoint as it loads, within the fp32
+// bound.
 // PENTAD_LAYOUT_TEST_DEVICE=cpu runs the same table on the CPU over MPI, and =cpu-staged over
 // staged communicators on host tensors: the table's layouts and bounds checked on a machine
 // without a GPU.
@@ -25,13 +28,16 @@
 #include <mpi.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <ostream>
 #include <string>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
 #include "core/device_memory.h"
 #include "parallel/comm.h"
+#include "plan/layout.h"
 #include "tests/cuda/train_test_util.h"
 
 namespace pentad {
@@ -201,6 +207,120 @@ std::string case_name(const ::testing::TestParamInfo<Layout>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, CudaLayout, ::testing::ValuesIn(kLayouts), case_name);
+
+// A checkpoint written on one layout and resumed on the same and on another. Both run the
+// same global batch (train.global_batch = 16: grad_accum follows each layout's dp).
+struct Reshard {
+  const char* name;  // ends in _npN: the ranks it needs
+  ModelCase model;
+  std::vector<std::string> saved, resumed;  // the two layouts' keys
+};
+
+void PrintTo(const Reshard& r, std::ostream* os) {
+  *os << r.name;
+}
+
+class CudaReshard : public ::testing::TestWithParam<Reshard> {
+ protected:
+  void SetUp() override {
+    if (test_device() == "cuda" && !have_device()) GTEST_SKIP() << "no CUDA device";
+    const std::string name = GetParam().name;
+    if (!name.ends_with("_np" + std::to_string(world_size())))
+      GTEST_SKIP() << name << " needs another rank count than " << world_size();
+  }
+};
+
+int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+// A directory every rank of the job names alike (rank 0's process id), empty.
+std::string job_directory(const std::string& what) {
+  int id = ::getpid();
+  MPI_Bcast(&id, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / fmt::format("pentad-reshard-{}-{}", what, id);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) std::filesystem::remove_all(dir);
+  MPI_Barrier(MPI_COMM_WORLD);
+  return dir.string();
+}
+
+// One layout's trainer on a mesh of every rank: it trains steps [from, to) after resuming
+// from `resume` (when not empty), saving after step `save_at` (when >= 0), and returns
+// their losses.
+std::vector<float> run_layout(const ModelCase& m, const std::vector<std::string>& layout,
+                              const std::string& out, const std::string& resume, int64_t from,
+                              int64_t to, int64_t save_at = -1) {
+  std::vector<std::string> keys = with(layout, {"train.global_batch=16", "train.out_dir=" + out});
+  if (test_device() == "cpu-staged") keys.push_back("parallel.comm_backend=staged");
+  Config cfg = make_config(m, device_key(), "fp32", keys);
+  const parallel::MeshConfig layout_mesh = mesh_config(cfg, world_size());
+  apply_global_batch(cfg, int(layout_mesh.dp));
+  const parallel::Backend backend = launch::start_rank(cfg);
+  parallel::Mesh mesh = parallel::Mesh::create(layout_mesh, MPI_COMM_WORLD, backend);
+  Trainer trainer(cfg, &mesh);
+  if (!resume.empty()) {
+    EXPECT_EQ(trainer.resume(resume), from);
+  }
+  std::vector<float> losses;
+  for (int64_t step = from; step < to; ++step) {
+    const float loss = trainer.train_step(step).loss;
+    if (step >= save_at) losses.push_back(loss);
+    if (step + 1 == save_at) trainer.save(save_at);  // its copy overlaps the next steps
+  }
+  trainer.commit_pending(true);
+  return losses;
+}
+
+TEST_P(CudaReshard, ResumeIsBitwiseAndReshardsWithinTheBound) {
+  const Reshard& r = GetParam();
+  constexpr int64_t kSaved = 4;
+  const std::string out = job_directory(r.name);
+  const std::vector<float> first = run_layout(r.model, r.saved, out, "", 0, kLayoutSteps, kSaved);
+  const std::string checkpoint = ckpt::checkpoint_dir(out + "/checkpoints", kSaved);
+  ASSERT_TRUE(std::filesystem::exists(checkpoint)) << checkpoint;
+  const std::vector<float> again =
+      run_layout(r.model, r.saved, out + "/again", checkpoint, kSaved, kLayoutSteps);
+  const std::vector<float> other =
+      run_layout(r.model, r.resumed, out + "/other", checkpoint, kSaved, kLayoutSteps);
+  ASSERT_EQ(first.size(), size_t(kLayoutSteps - kSaved));
+  ASSERT_EQ(again.size(), first.size());
+  ASSERT_EQ(other.size(), first.size());
+  for (size_t i = 0; i < first.size(); ++i) {
+    EXPECT_EQ(again[i], first[i]) << r.name << ": step " << kSaved + int64_t(i)
+                                  << " resumed on the same layout";
+    EXPECT_LT(relative(other[i], first[i]), kFp32LossTol)
+        << r.name << ": step " << kSaved + int64_t(i) << " resumed on the other layout, "
+        << other[i] << " against " << first[i];
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0 && !::testing::Test::HasFailure()) std::filesystem::remove_all(out);
+}
+
+const std::vector<Reshard> kReshards = {
+    // 2 ranks: tp + sp to ZeRO-3; ZeRO-3 to a zero-bubble pipeline; ep to etp; cp to dp
+    {"tp2_sp_to_zero3_np2", kLlama, with({"parallel.tp=2"}, kSp), {"parallel.zero=3"}},
+    {"zero3_to_pp2_zb_v_np2",
+     kGpt2Four,
+     {"parallel.zero=3"},
+     {"parallel.pp=2", "parallel.pp_schedule=zb-v", "parallel.virtual_stages=2"}},
+    {"ep2_to_etp2_np2", kLlamaMoe, {"parallel.ep=2"}, {"parallel.etp=2"}},
+    {"cp2_ring_to_dp2_np2", kLlama, {"parallel.cp=2", "parallel.cp_impl=ring"}, {}},
+    // 4 ranks: pp x dp at ZeRO-3 to dp x tp + sp
+    {"pp2_dp2_zero3_to_dp2_tp2_sp_np4",
+     kGpt2Four,
+     {"parallel.pp=2", "parallel.zero=3"},
+     with({"parallel.tp=2"}, kSp)},
+};
+
+std::string reshard_name(const ::testing::TestParamInfo<Reshard>& info) {
+  return info.param.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpoints, CudaReshard, ::testing::ValuesIn(kReshards), reshard_name);
 
 }  // namespace
 }  // namespace pentad
