@@ -84,6 +84,8 @@ std::string cuda_device_description();
 // whatever CUDA_VISIBLE_DEVICES numbers it: how ranks tell that they share a GPU. "" without
 // CUDA or a device.
 std::string cuda_device_pci_bus_id();
+// The current CUDA device's memory in bytes (every process on it shares it); 0 without one.
+size_t cuda_device_memory_bytes();
 // Blocks until every kernel and copy issued so far on the current device has finished.
 void device_synchronize();
 

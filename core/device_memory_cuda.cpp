@@ -230,6 +230,15 @@ std::string cuda_device_pci_bus_id() {
   return id;
 }
 
+size_t cuda_device_memory_bytes() {
+  if (cuda_device_count() == 0) return 0;
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  return prop.totalGlobalMem;
+}
+
 void device_synchronize() {
   count_device_wait();
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");

@@ -83,6 +83,10 @@ std::string cuda_device_pci_bus_id() {
   return "";
 }
 
+size_t cuda_device_memory_bytes() {
+  return 0;
+}
+
 void device_synchronize() {}
 
 void host_pin(void*, size_t) {}

@@ -35,7 +35,8 @@ std::map<std::string, std::string> fields_of(const json& layout, const Config& c
   fixed["sp"] = p.sequence_parallel ? "true" : "false";
   fixed["zero"] = std::to_string(p.zero);
   fixed["offload"] = p.offload;
-  fixed["recompute"] = cfg.model.recompute ? "true" : "false";
+  // "auto": the search chooses, as a run decides from the memory plan.
+  if (!cfg.model.recompute.automatic) fixed["recompute"] = cfg.model.recompute ? "true" : "false";
   fixed["schedule"] = p.pp_schedule;
   fixed["vp"] = std::to_string(p.virtual_stages);
   fixed["cp_impl"] = p.cp_impl;

@@ -120,10 +120,13 @@ int run_train(const TrainOptions& o, const cli::Job& job) {
     return status;
   if (const int status = job.on_every_rank([&] { backend = start_rank(cfg); })) return status;
   const NodeShare share = node_share();
+  std::string recompute_note;
   if (const int status = job.on_every_rank([&] {  // before any large allocation
+        recompute_note = resolve_recompute(cfg, layout, share);
         check_memory(cfg, layout, share);
       }))
     return status;
+  if (job.rank == 0 && !recompute_note.empty()) spdlog::info("{}", recompute_note);
   if (job.rank == 0 && !layout_note.empty()) spdlog::info("{}", layout_note);
   auto mesh = parallel::Mesh::create(layout, MPI_COMM_WORLD, backend);
   spdlog::info("mesh: {}", mesh.describe());

@@ -11,7 +11,7 @@
 #      names a binary built outside pentad (see RESULTS.md). Then it and pentad's GPT-2 runs
 #      read the same tokens: one llm.c shard written by bench/make_llmc_shard.py;
 #   4. pentad, recipes/llama-1b.toml in bf16 (random tokens), a few steps, with the recipe's
-#      recompute and without it (pentad_llama1b_bf16_norecompute);
+#      recompute ("auto": off where the plan fits) and with it on (pentad_llama1b_bf16_recompute);
 #   5. pentad GPT-2 124M bf16 again, saving a checkpoint every 10 steps and every step
 #      (throughput against no saves, from mean step times);
 #   6. build/pentad_gpu_kernels_bench: every CUDA kernel at GPT-2 124M shapes (attention
@@ -188,11 +188,11 @@ fi
 
 part pentad_llama1b_bf16 75 "$pentad" train "${llama[@]}" --set train.device=$device \
   --set train.precision=$bf16 --set train.steps=$llama_steps --set train.out_dir="$runs/llama_bf16"
-# The same without recompute (the recipe's is on; a 1B model at 2048 tokens fits a GPU
-# without it): what recompute costs the step.
-part pentad_llama1b_bf16_norecompute 75 "$pentad" train "${llama[@]}" --set train.device=$device \
-  --set train.precision=$bf16 --set train.steps=$llama_steps --set model.recompute=false \
-  --set train.out_dir="$runs/llama_bf16_norecompute"
+# The recipe says model.recompute = "auto", off where the plan fits (a 1B model at 2048
+# tokens needs about 20 GiB a rank without it); the same with recompute on: what it costs.
+part pentad_llama1b_bf16_recompute 75 "$pentad" train "${llama[@]}" --set train.device=$device \
+  --set train.precision=$bf16 --set train.steps=$llama_steps --set model.recompute=true \
+  --set train.out_dir="$runs/llama_bf16_recompute"
 
 # Lazy checkpoints of device state: the bf16 GPT-2 run again, saving every 10 steps and every
 # step (the newest 2 kept); throughput is the mean step time after the warm-up, against the
@@ -338,9 +338,8 @@ summary = {
     "llmc_gpt2_124m_bf16": llmc_run(warmups["gpt2_bf16"], gpt2_flops),
     "pentad_gpt2_124m_fp32": pentad_run("pentad_gpt2_fp32", "gpt2_fp32", warmups["gpt2_fp32"]),
     "pentad_llama_1b_bf16": pentad_run("pentad_llama1b_bf16", "llama_bf16", warmups["llama_bf16"]),
-    "pentad_llama_1b_bf16_no_recompute": pentad_run("pentad_llama1b_bf16_norecompute",
-                                                    "llama_bf16_norecompute",
-                                                    warmups["llama_bf16"]),
+    "pentad_llama_1b_bf16_recompute": pentad_run("pentad_llama1b_bf16_recompute",
+                                                 "llama_bf16_recompute", warmups["llama_bf16"]),
     "pentad_gpt2_124m_bf16_save10": pentad_run("pentad_gpt2_bf16_save10", "gpt2_save10",
                                                warmups["gpt2_bf16"]),
     "pentad_gpt2_124m_bf16_save1": pentad_run("pentad_gpt2_bf16_save1", "gpt2_save1",
@@ -375,7 +374,7 @@ print(f"\ncommit {summary['commit']} | {gpu_name or 'no GPU'} | dense bf16 peak 
 print(f"{'run (tokens/s over median step)':34} {'status':11} {'steps':>5} {'ms/step':>9} "
       f"{'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'loss first->last':>17}")
 for key in ["pentad_gpt2_124m_bf16", "torch_gpt2_124m_bf16", "llmc_gpt2_124m_bf16",
-            "pentad_gpt2_124m_fp32", "pentad_llama_1b_bf16", "pentad_llama_1b_bf16_no_recompute",
+            "pentad_gpt2_124m_fp32", "pentad_llama_1b_bf16", "pentad_llama_1b_bf16_recompute",
             "pentad_gpt2_124m_bf16_save10",
             "pentad_gpt2_124m_bf16_save1"]:
     r = summary[key]

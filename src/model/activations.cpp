@@ -23,7 +23,7 @@ ActSizes activation_sizes(const ModelConfig& cfg, double micro_batch, double seq
   s.V = double(cfg.vocab_size) / tp_degree;
   s.act = act;
   s.gpt2 = cfg.family == ModelFamily::GPT2;
-  s.recompute = cfg.recompute;
+  s.recompute = cfg.recompute.on;
   s.moe = cfg.is_moe();
   s.vocab_parallel = tp_degree > 1;
   s.sp = sequence_parallel;

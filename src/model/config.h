@@ -31,6 +31,22 @@ struct MoeConfig {
   float capacity_factor = 0.0f;
 };
 
+// model.recompute: whether backward rebuilds each layer's activations instead of keeping
+// them (less memory, a forward's more compute). true and false are what runs; "auto" is
+// decided before the model is built (resolve_recompute, src/plan/memory_budget.h): on only
+// where the memory plan does not fit without it. `on` then holds the choice.
+struct Recompute {
+  bool on = false;
+  bool automatic = false;  // the recipe said "auto"
+  explicit operator bool() const { return on; }
+  Recompute& operator=(bool value) {
+    on = value;
+    automatic = false;
+    return *this;
+  }
+  bool operator==(const Recompute&) const = default;
+};
+
 struct ModelConfig {                       // [model]
   ModelFamily family = ModelFamily::GPT2;  // family = "gpt2" | "llama"
   int64_t n_layer = 2;
@@ -44,7 +60,7 @@ struct ModelConfig {                       // [model]
   float rope_theta = 10000.0f;
   float init_std = 0.02f;
   bool tie_embeddings = true;  // gpt2 ties; llama default false (recipes say so)
-  bool recompute = false;      // recompute each layer's activations in backward
+  Recompute recompute;         // recompute each layer's activations in backward
 
   // Mixture of Experts (src/model/moe.h): layers named by moe_layers replace their MLP
   // with n_experts routed experts (top_k per token, each an MLP of the family's kind and

@@ -77,6 +77,11 @@ struct NodeShare {
   // The cgroup's soft bound (memory.high), above which the kernel throttles; 0: none.
   double memory_high = 0;
   std::string memory_high_source;
+  // This rank's CUDA device (after launch::start_rank chose it): its memory, and the ranks
+  // of this machine on it (local rank modulo the devices, as start_rank assigns them).
+  // 0 and 1 without a device.
+  double device_bytes = 0;
+  int device_ranks = 1;
 };
 NodeShare node_share();
 
@@ -91,6 +96,15 @@ std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh)
 // parallel degrees that would fit. When the plan fits, the first rank of each machine logs
 // that memory (CPU only), and warns when the plan is above its share of memory.high.
 void check_memory(const Config& cfg, const parallel::MeshConfig& mesh, const NodeShare& node);
+
+// model.recompute = "auto": decides cfg.model.recompute.on from the estimate without it
+// against the limit check_memory applies (train.memory_limit_mb, else this rank's share of
+// its machine's memory; on CUDA of its device's): on only where that does not fit. Returns
+// a line saying what it chose and why (empty when the recipe did not say "auto").
+// Collective over MPI_COMM_WORLD when MPI is initialised: on for every rank where any
+// rank's plan does not fit.
+std::string resolve_recompute(Config& cfg, const parallel::MeshConfig& mesh,
+                              const NodeShare& node);
 
 // "10.0 GiB from cgroup /slurm/job_42 (memory.max), 2 ranks share it".
 std::string describe_node_memory(const NodeShare& node);

@@ -15,6 +15,7 @@
 
 #include "core/cgroup.h"
 #include "core/check.h"
+#include "core/device_memory.h"
 #include "core/tensor.h"
 #include "model/moe.h"
 #include "plan/memory_budget.h"
@@ -37,9 +38,9 @@ std::string values_text(const MemoryEstimate& e) {
 
 std::string activations_text(const Config& cfg, const MemoryEstimate& e) {
   return fmt::format(
-      "micro-batch {} x {}{}, recompute {}{}", cfg.train.micro_batch, cfg.train.seq_len,
+      "micro-batch {} x {}{}, recompute {}{}{}", cfg.train.micro_batch, cfg.train.seq_len,
       cfg.parallel.cp > 1 ? fmt::format(" split over cp {}", cfg.parallel.cp) : "",
-      cfg.model.recompute ? "on" : "off",
+      cfg.model.recompute ? "on" : "off", cfg.model.recompute.automatic ? " (auto)" : "",
       e.dispatch > 0
           ? fmt::format(", MoE dispatch buffers {} (worst case{})", bytes_text(e.dispatch),
                         cfg.model.moe.capacity_factor > 0 ? " within capacity" : ", dropless")
@@ -51,6 +52,12 @@ std::pair<double, std::string> memory_limit(const Config& cfg, const NodeShare& 
   if (cfg.train.memory_limit_mb > 0)
     return {double(cfg.train.memory_limit_mb) * kMiB,
             fmt::format("train.memory_limit_mb = {}", cfg.train.memory_limit_mb)};
+  if (cfg.train.device == "cuda") {
+    const double share = node.device_bytes / std::max(1, node.device_ranks);
+    return {share, fmt::format("this rank's share of its GPU's memory ({}, {} rank{} on it)",
+                               bytes_text(node.device_bytes), node.device_ranks,
+                               node.device_ranks == 1 ? "" : "s")};
+  }
   const double share = node.memory_bytes / std::max(1, node.ranks);
   return {share, fmt::format("this rank's share of the memory it may use ({}: {} each; "
                              "train.memory_limit_mb = 0 means automatic)",
@@ -208,7 +215,38 @@ NodeShare node_share() {
   for (uint64_t word : mask) node.cores += std::popcount(word);
   node.cores = std::max(1, node.cores);
   node.threads = threads;
+  if (const int devices = cuda_device_count(); devices > 0) {
+    node.device_bytes = double(cuda_device_memory_bytes());
+    node.device_ranks = 0;
+    for (int r = 0; r < node.ranks; ++r) node.device_ranks += r % devices == node.local_rank % devices;
+  }
   return node;
+}
+
+std::string resolve_recompute(Config& cfg, const parallel::MeshConfig& mesh,
+                              const NodeShare& node) {
+  if (!cfg.model.recompute.automatic) return "";
+  cfg.model.recompute.on = false;
+  const double without = estimate_memory(cfg, mesh).total();
+  const auto [limit, limit_text] = memory_limit(cfg, node);
+  // No limit known (CUDA without a device: start_rank refuses that run anyway): off. Every
+  // rank decides alike, on where any needs it (machines may differ in memory), since
+  // recompute repeats a layer's forward collectives in backward.
+  int on = limit > 0 && without > limit;
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) MPI_Allreduce(MPI_IN_PLACE, &on, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD);
+  cfg.model.recompute.on = on != 0;
+  if (!cfg.model.recompute.on)
+    return fmt::format("model.recompute = \"auto\": off, the plan fits without it ({} a rank{})",
+                       bytes_text(without),
+                       limit > 0 ? fmt::format(" within {}, {}", bytes_text(limit), limit_text)
+                                 : "");
+  return fmt::format(
+      "model.recompute = \"auto\": on, the plan needs {} a rank without it, above {} ({}); "
+      "with it {}",
+      bytes_text(without), bytes_text(limit), limit_text,
+      bytes_text(estimate_memory(cfg, mesh).total()));
 }
 
 namespace {

@@ -29,7 +29,7 @@ void plan_command(const PlanArgs& a, bool print) {
     if (a.recipe.empty()) return;
   }
   if (a.recipe.empty()) fail("pentad plan needs a recipe (or --calibrate alone)");
-  const Config cfg = load_recipe(a.recipe, a.overrides);
+  Config cfg = load_recipe(a.recipe, a.overrides);
   const bool search = a.ranks > 0;
   if (!search) {
     for (const auto& [set, name] : {std::pair{!a.topology.empty(), "--topology"},
@@ -43,6 +43,12 @@ void plan_command(const PlanArgs& a, bool print) {
     // dp 0: the fewest data-parallel ranks over which the experts split (ep x etp).
     const int64_t dp = p.dp > 0 ? p.dp : p.ep * p.etp / std::gcd(p.ep * p.etp, p.cp * p.tp);
     const parallel::MeshConfig layout = mesh_config(cfg, int(dp * p.tp * p.cp * p.pp));
+    // model.recompute = "auto" decides against train.memory_limit_mb when set; without it
+    // the plan shows recompute off (a run decides against its own machine's memory).
+    if (cfg.train.memory_limit_mb > 0) {
+      const std::string note = resolve_recompute(cfg, layout, NodeShare{});
+      if (!note.empty()) out(note + "\n");
+    }
     out(describe_memory(cfg, layout) + "\n");
     // Against train.memory_limit_mb when set (this machine's memory says nothing of the
     // machines planned for).

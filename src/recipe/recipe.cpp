@@ -171,6 +171,14 @@ void set_value(Config& config, const Key& key, const toml::node& node, const std
         } else if constexpr (std::is_same_v<T, bool>) {
           if (!node.is_boolean()) must_be("a boolean (true or false)");
           *dst = node.as_boolean()->get();
+        } else if constexpr (std::is_same_v<T, Recompute>) {
+          if (node.is_boolean()) {
+            *dst = node.as_boolean()->get();
+          } else if (node.is_string() && node.as_string()->get() == "auto") {
+            *dst = Recompute{false, true};
+          } else {
+            must_be("true, false or \"auto\"");
+          }
         } else {
           if (!node.is_string()) must_be(key.rule.choices.empty() ? "a string" : key.rule.text());
           const std::string& word = node.as_string()->get();
@@ -194,6 +202,8 @@ std::string format_value(Field field) {
           return format_float(*v);
         else if constexpr (std::is_same_v<T, bool>)
           return *v ? "true" : "false";
+        else if constexpr (std::is_same_v<T, Recompute>)
+          return v->automatic ? "\"auto\"" : v->on ? "true" : "false";
         else if constexpr (std::is_same_v<T, std::string>)
           return quote(*v);
         else if constexpr (std::is_same_v<T, ModelFamily>)
@@ -219,6 +229,8 @@ std::string_view field_type(Field field) {
           return "number";
         else if constexpr (std::is_same_v<T, bool>)
           return "true / false";
+        else if constexpr (std::is_same_v<T, Recompute>)
+          return "true / false / \"auto\"";
         else
           return "string";  // std::string, ModelFamily, MoeScore
       },

@@ -82,7 +82,9 @@ const std::vector<Key>& key_table() {
                  "llama"),
       PENTAD_KEY(model, recompute, any(),
                  "Recompute each layer's activations in backward instead of keeping them (less "
-                 "memory)"),
+                 "memory, a forward's more compute); \"auto\": on only where the memory plan "
+                 "does not fit without it (train.memory_limit_mb, else a rank's share of its "
+                 "machine's or, on CUDA, its GPU's memory)"),
       PENTAD_KEY(model, moe_layers, any(),
                  "Layers whose MLP is MoE: \"\" (dense), \"all\", \"every:N\", \"from:K\" or "
                  "indices \"1,3,5\""),

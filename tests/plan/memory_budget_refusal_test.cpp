@@ -55,6 +55,46 @@ TEST(MemoryBudget, TheLimitIsTheRanksShareOfTheMachine) {
   EXPECT_NO_THROW(check_memory(cfg, one_rank(), node));
 }
 
+// model.recompute = "auto": on only where the plan does not fit without it, against the
+// limit check_memory applies (the key, else the rank's share of its machine or GPU).
+TEST(MemoryBudget, AutoRecomputeOnlyWhereThePlanNeedsIt) {
+  auto llama = [](const std::string& limit_mb) {
+    return load_recipe(kRecipes + "llama-1b.toml",
+                       {"train.device=cuda", "train.precision=bf16", "model.recompute=auto",
+                        "train.memory_limit_mb=" + limit_mb});
+  };
+  Config off = llama("0"), on = off;
+  off.model.recompute = false;
+  on.model.recompute = true;
+  const double without = estimate_memory(off, one_rank()).total();
+  const double with = estimate_memory(on, one_rank()).total();
+  ASSERT_LT(with, without);
+  const double mib = 1024.0 * 1024.0;
+  // Between the two: only recompute fits. Above both: it is left off.
+  Config tight = llama(std::to_string(int64_t((with + without) / 2 / mib)));
+  const std::string why = resolve_recompute(tight, one_rank(), NodeShare{});
+  EXPECT_TRUE(tight.model.recompute);
+  EXPECT_TRUE(tight.model.recompute.automatic) << "the recipe still says auto";
+  EXPECT_NE(why.find("model.recompute = \"auto\": on"), std::string::npos) << why;
+  Config roomy = llama(std::to_string(int64_t(without / mib) + 64));
+  EXPECT_NE(resolve_recompute(roomy, one_rank(), NodeShare{}).find("off"), std::string::npos);
+  EXPECT_FALSE(roomy.model.recompute);
+  // Without the key, on CUDA: the GPU's memory over the ranks that share it.
+  Config shared = llama("0");
+  NodeShare node;
+  node.device_bytes = 1.5 * without;
+  resolve_recompute(shared, one_rank(), node);
+  EXPECT_FALSE(shared.model.recompute) << "one rank on the GPU";
+  node.device_ranks = 2;
+  resolve_recompute(shared, one_rank(), node);
+  EXPECT_TRUE(shared.model.recompute) << "two ranks on the GPU";
+  // A recipe that says true or false is left as it is.
+  Config fixed = llama("1");
+  fixed.model.recompute = false;
+  EXPECT_EQ(resolve_recompute(fixed, one_rank(), NodeShare{}), "");
+  EXPECT_FALSE(fixed.model.recompute);
+}
+
 // The refusal names the memory, where its size came from and how many ranks share it, and
 // keeps its ways to fit.
 TEST(MemoryBudget, TheRefusalNamesTheCgroup) {

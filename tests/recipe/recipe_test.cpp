@@ -77,6 +77,7 @@ TEST(Recipe, ShippedShapes) {
   EXPECT_EQ(big.model.d_ff, 8192);
   EXPECT_EQ(big.model.rope_theta, 500000.0f);
   EXPECT_TRUE(big.model.tie_embeddings);
+  EXPECT_TRUE(big.model.recompute.automatic);
 
   Config mixtral = load_shipped("mixtral-tiny");
   EXPECT_EQ(mixtral.model.family, ModelFamily::LLaMA);
@@ -230,6 +231,26 @@ TEST(Recipe, Overrides) {
   // An override can repair what the file gets wrong: checks run after overrides.
   std::string path = write_recipe("repair.toml", "[train]\nseq_len = 128\n");
   EXPECT_EQ(load_recipe(path, {"model.max_seq_len=128"}).train.seq_len, 128);
+}
+
+// model.recompute: a boolean, or "auto" (decided from the memory plan before the model is
+// built, resolve_recompute); written back as it was said.
+TEST(Recipe, RecomputeIsTrueFalseOrAuto) {
+  const Config automatic = load_shipped("gpt-tiny", {"model.recompute=auto"});
+  EXPECT_TRUE(automatic.model.recompute.automatic);
+  EXPECT_FALSE(automatic.model.recompute);  // off until decided
+  EXPECT_NE(recipe_to_toml(automatic).find("recompute = \"auto\""), std::string::npos);
+  const Config on = load_shipped("gpt-tiny", {"model.recompute=\"auto\"", "model.recompute=true"});
+  EXPECT_TRUE(on.model.recompute);
+  EXPECT_FALSE(on.model.recompute.automatic);
+  try {
+    load_shipped("gpt-tiny", {"model.recompute=sometimes"});
+    ADD_FAILURE() << "model.recompute = \"sometimes\" loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.recompute must be true, false or \"auto\""),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Recipe, FamilyDefaults) {
