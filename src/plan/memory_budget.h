@@ -103,8 +103,7 @@ void check_memory(const Config& cfg, const parallel::MeshConfig& mesh, const Nod
 // a line saying what it chose and why (empty when the recipe did not say "auto").
 // Collective over MPI_COMM_WORLD when MPI is initialised: on for every rank where any
 // rank's plan does not fit.
-std::string resolve_recompute(Config& cfg, const parallel::MeshConfig& mesh,
-                              const NodeShare& node);
+std::string resolve_recompute(Config& cfg, const parallel::MeshConfig& mesh, const NodeShare& node);
 
 // "10.0 GiB from cgroup /slurm/job_42 (memory.max), 2 ranks share it".
 std::string describe_node_memory(const NodeShare& node);

@@ -218,7 +218,8 @@ NodeShare node_share() {
   if (const int devices = cuda_device_count(); devices > 0) {
     node.device_bytes = double(cuda_device_memory_bytes());
     node.device_ranks = 0;
-    for (int r = 0; r < node.ranks; ++r) node.device_ranks += r % devices == node.local_rank % devices;
+    for (int r = 0; r < node.ranks; ++r)
+      node.device_ranks += r % devices == node.local_rank % devices;
   }
   return node;
 }
@@ -238,10 +239,10 @@ std::string resolve_recompute(Config& cfg, const parallel::MeshConfig& mesh,
   if (initialized) MPI_Allreduce(MPI_IN_PLACE, &on, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD);
   cfg.model.recompute.on = on != 0;
   if (!cfg.model.recompute.on)
-    return fmt::format("model.recompute = \"auto\": off, the plan fits without it ({} a rank{})",
-                       bytes_text(without),
-                       limit > 0 ? fmt::format(" within {}, {}", bytes_text(limit), limit_text)
-                                 : "");
+    return fmt::format(
+        "model.recompute = \"auto\": off, the plan fits without it ({} a rank{})",
+        bytes_text(without),
+        limit > 0 ? fmt::format(" within {}, {}", bytes_text(limit), limit_text) : "");
   return fmt::format(
       "model.recompute = \"auto\": on, the plan needs {} a rank without it, above {} ({}); "
       "with it {}",

@@ -18,9 +18,8 @@ namespace pentad::recipe {
 
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
 
-using Field =
-    std::variant<int64_t*, uint64_t*, float*, bool*, std::string*, ModelFamily*, MoeScore*,
-                 Recompute*>;
+using Field = std::variant<int64_t*, uint64_t*, float*, bool*, std::string*, ModelFamily*,
+                           MoeScore*, Recompute*>;
 
 // Allowed values: a numeric interval (ends open or closed) or a list of words.
 struct Rule {
