@@ -11,10 +11,11 @@
 // The layouts, named for the rank count they need (ctest runs each count's with
 // --gtest_filter=*npN*: tests/cuda/CMakeLists.txt, label gpu_multi):
 //   2 ranks: dp; tp + sp; pp 1F1B, interleaved, zb-h1 and zb-v; cp ring and Ulysses;
-//            ZeRO 1, 2, 3; AdamW offloaded to the host over ZeRO-2; recompute; MoE ep and etp;
-//   4 ranks: dp x tp + sp; 2D tp (2x2); pp x dp; cp x dp; hybrid cp (Ulysses 2 x ring 2);
-//            MoE folding (ep 2 x etp 2 over tp 2 + sp x dp 2); ZeRO-3 over dp 4; pp x dp
-//            at ZeRO-2 (zb-v) and ZeRO-3 (1F1B);
+//            ZeRO 1, 2, 3 (3 with 2 live units and with 1); AdamW offloaded to the host over
+//            ZeRO-2; recompute; MoE ep and etp;
+//   4 ranks: dp x tp + sp; 2D tp (2x2); pp x dp; pp 4 stages, 1F1B and interleaved; cp x dp;
+//            hybrid cp (Ulysses 2 x ring 2); MoE folding (ep 2 x etp 2 over tp 2 + sp x dp 2);
+//            ZeRO-3 over dp 4; pp x dp at ZeRO-2 (zb-v) and ZeRO-3 (1F1B);
 //   8 ranks: pp x dp x tp + sp; ZeRO-1 over dp 4 x tp 2; cp x tp x dp; ep 4;
 //            ZeRO-2 over dp 8 with AdamW on the host.
 // Checkpoints of device state over N ranks (CudaReshard, below): a layout's run saves after
@@ -52,12 +53,18 @@ const ModelCase kGpt2Four{"gpt2_4l",
                           {"model.family=gpt2", "model.n_layer=4", "model.d_model=128",
                            "model.n_head=4", "model.n_kv_head=0", "model.max_seq_len=128"},
                           128};
+// And with 8, for 4 stages of 2 virtual stages.
+const ModelCase kGpt2Eight{"gpt2_8l",
+                           {"model.family=gpt2", "model.n_layer=8", "model.d_model=128",
+                            "model.n_head=4", "model.n_kv_head=0", "model.max_seq_len=128"},
+                           128};
 
 struct Layout {
   const char* name;  // ends in _npN: the ranks it needs
   ModelCase model;
   std::vector<std::string> keys;
-  int dp = 1;  // data-parallel degree: the reference takes grad_accum = 2 dp
+  int dp = 1;  // data-parallel degree: the reference takes grad_accum = accum x dp
+  int accum = 2;  // the layout's train.grad_accum (the 4-stage interleaved schedule needs 4)
 };
 
 void PrintTo(const Layout& l, std::ostream* os) {
@@ -94,15 +101,16 @@ class CudaLayout : public ::testing::TestWithParam<Layout> {
   }
 };
 
-// One reference per model and global batch in this process (several layouts share one).
-const Trajectory& one_rank(const ModelCase& m, int dp) {
+// One reference per model and global batch in this process (several layouts share one):
+// `micro_batches` a step.
+const Trajectory& one_rank(const ModelCase& m, int micro_batches) {
   static std::map<std::string, Trajectory> done;
-  const std::string key = std::string(m.name) + "/" + std::to_string(dp);
+  const std::string key = std::string(m.name) + "/" + std::to_string(micro_batches);
   auto it = done.find(key);
   if (it == done.end())
-    it = done.emplace(key,
-                      train(m, device_key(), "fp32", {"train.grad_accum=" + std::to_string(2 * dp)},
-                            /*on_mesh=*/false, kLayoutSteps))
+    it = done.emplace(key, train(m, device_key(), "fp32",
+                                 {"train.grad_accum=" + std::to_string(micro_batches)},
+                                 /*on_mesh=*/false, kLayoutSteps))
              .first;
   return it->second;
 }
@@ -125,10 +133,17 @@ void expect_memory_as_planned(const Trajectory& run, const std::string& name) {
       << name << ": the arenas held " << arenas << " bytes at most, the plan says " << planned;
 }
 
+const std::vector<std::string> kSp = {"parallel.sequence_parallel=true"};
+
+std::vector<std::string> with(std::vector<std::string> keys, const std::vector<std::string>& more) {
+  keys.insert(keys.end(), more.begin(), more.end());
+  return keys;
+}
+
 TEST_P(CudaLayout, Fp32MatchesOneRank) {
   const Layout& l = GetParam();
-  const Trajectory& alone = one_rank(l.model, l.dp);
-  std::vector<std::string> keys = l.keys;
+  const Trajectory& alone = one_rank(l.model, l.accum * l.dp);
+  std::vector<std::string> keys = with(l.keys, {"train.grad_accum=" + std::to_string(l.accum)});
   if (test_device() == "cpu-staged") keys.push_back("parallel.comm_backend=staged");
   const Trajectory run = train(l.model, device_key(), "fp32", keys, /*on_mesh=*/true, kLayoutSteps);
   // The layout really ran: a mesh of every rank, with the data-parallel degree the reference's
@@ -145,13 +160,6 @@ TEST_P(CudaLayout, Fp32MatchesOneRank) {
       << alone.grad_norms[0];
   EXPECT_LT(alone.losses.back(), alone.losses.front() - 0.05f) << "the reference did not learn";
   expect_memory_as_planned(run, l.name);
-}
-
-const std::vector<std::string> kSp = {"parallel.sequence_parallel=true"};
-
-std::vector<std::string> with(std::vector<std::string> keys, const std::vector<std::string>& more) {
-  keys.insert(keys.end(), more.begin(), more.end());
-  return keys;
 }
 
 const std::vector<Layout> kLayouts = {
@@ -173,6 +181,7 @@ const std::vector<Layout> kLayouts = {
     {"zero1_np2", kGpt2, {"parallel.zero=1"}, 2},
     {"zero2_np2", kLlama, {"parallel.zero=2"}, 2},
     {"zero3_np2", kGpt2, {"parallel.zero=3"}, 2},
+    {"zero3_live1_np2", kGpt2, {"parallel.zero=3", "parallel.zero_live_units=1"}, 2},
     {"zero2_offload_np2", kGpt2, {"parallel.zero=2", "parallel.offload=cpu"}, 2},
     {"recompute_dp2_np2", kLlama, {"model.recompute=true"}, 2},
     {"ep2_np2", kLlamaMoe, {"parallel.ep=2"}, 2},
@@ -189,6 +198,12 @@ const std::vector<Layout> kLayouts = {
     {"ep2_etp2_tp2_sp_dp2_np4", kLlamaMoe,
      with({"parallel.tp=2", "parallel.ep=2", "parallel.etp=2"}, kSp), 2},
     {"zero3_dp4_np4", kGpt2, {"parallel.zero=3"}, 4},
+    {"pp4_1f1b_np4", kGpt2Four, {"parallel.pp=4"}, 1},
+    {"pp4_interleaved_np4",
+     kGpt2Eight,
+     {"parallel.pp=4", "parallel.pp_schedule=interleaved", "parallel.virtual_stages=2"},
+     1,
+     4},
     {"pp2_dp2_zb_v_zero2_np4",
      kGpt2Four,
      {"parallel.pp=2", "parallel.pp_schedule=zb-v", "parallel.virtual_stages=2", "parallel.zero=2"},
