@@ -63,7 +63,7 @@ struct Layout {
   const char* name;  // ends in _npN: the ranks it needs
   ModelCase model;
   std::vector<std::string> keys;
-  int dp = 1;  // data-parallel degree: the reference takes grad_accum = accum x dp
+  int dp = 1;     // data-parallel degree: the reference takes grad_accum = accum x dp
   int accum = 2;  // the layout's train.grad_accum (the 4-stage interleaved schedule needs 4)
 };
 
