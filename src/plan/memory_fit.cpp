@@ -144,7 +144,9 @@ std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh)
                         nvme_params ? "the 4S of this rank's shares on NVMe; in memory two "
                                       "adjacent units (layers, the embedding) whole and the "
                                       "next share being read"
-                                    : "4S + two adjacent units (layers, the embedding) whole",
+                        : cuda ? "4S in whole 2 MiB granules + two adjacent units (layers, the "
+                                 "embedding) whole"
+                               : "4S + two adjacent units (layers, the embedding) whole",
                         Z);
   }
   text += fmt::format("  gradients    {} [{}{}]\n", bytes_text(e.gradients), grads_formula,
