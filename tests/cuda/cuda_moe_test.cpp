@@ -25,6 +25,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -89,10 +90,20 @@ void expect_experts_split(const Trajectory& run, const MoeCase& c) {
       << c.layout.name << ": layer 0 holds the wrong number of routed experts";
 }
 
+// The CPU's fp32 run of a model on a layout, once per process (the fp32 and bf16 tests of
+// a layout compare against the same).
+const Trajectory& cpu_reference(const MoeCase& c) {
+  static std::map<std::string, Trajectory> done;
+  const std::string key = std::string(c.model.name) + "/" + c.layout.name;
+  auto it = done.find(key);
+  if (it == done.end()) it = done.emplace(key, train(c.model, "cpu", "fp32", c.layout.keys)).first;
+  return it->second;
+}
+
 TEST_P(CudaMoe, Fp32MatchesCpu) {
   const MoeCase& c = GetParam();
   const std::string what = std::string("cuda fp32 ") + c.layout.name;
-  const Trajectory cpu = train(c.model, "cpu", "fp32", c.layout.keys);
+  const Trajectory& cpu = cpu_reference(c);
   const Trajectory gpu = train(c.model, "cuda", "fp32", c.layout.keys);
   expect_experts_split(gpu, c);
   expect_losses_close(gpu, cpu, kFp32LossTol, what);
@@ -115,7 +126,7 @@ class CudaMoeBf16 : public CudaMoe {};
 TEST_P(CudaMoeBf16, Bf16TracksCpuFp32) {
   const MoeCase& c = GetParam();
   const std::string what = std::string("cuda bf16 ") + c.layout.name;
-  const Trajectory cpu = train(c.model, "cpu", "fp32", c.layout.keys);
+  const Trajectory& cpu = cpu_reference(c);
   const Trajectory gpu = train(c.model, "cuda", "bf16", c.layout.keys);
   expect_experts_split(gpu, c);
   expect_losses_close(gpu, cpu, kBf16LossTol, what);
