@@ -122,6 +122,8 @@ int run_train(const TrainOptions& o, const cli::Job& job) {
   const NodeShare share = node_share();
   std::string recompute_note;
   if (const int status = job.on_every_rank([&] {  // before any large allocation
+        // Collective (every rank decides alike); the estimate before it fails on every rank
+        // or on none, since every rank holds the same recipe and layout.
         recompute_note = resolve_recompute(cfg, layout, share);
         check_memory(cfg, layout, share);
       }))
