@@ -381,8 +381,11 @@ set_tests_properties(probe_sim_nodes PROPERTIES TIMEOUT 120 RUN_SERIAL TRUE
 # `pentad plan` against measured steps on this machine (bench/plan_cpu.py --set ci): ten
 # layouts of a small GPT on 8 ranks bound to the cores in turn (tp 1D and 2D, sp, dp with
 # ZeRO-1, pp 1F1B and interleaved, cp ring and Ulysses, recompute), each predicted as is from
-# a fresh kernel table and trained 4 steps; the predicted ranking must agree (Spearman >= 0.9)
-# and the predicted best be within 10% of the measured best. A timed test: in the slow tier
+# a fresh kernel table and trained 4 steps, three times in turn (the median of the three: a
+# single 4-step run of tp2 sp swung from 0.46 to 0.54 s on a noisy VM); the predicted ranking
+# must agree (Spearman >= 0.9) and the predicted best be within 10% of the measured best.
+# Known to fail on 8 ranks over 2 Xeon cores (2026-11-29, docs/plan.md "Known gaps"): tp2 sp
+# measured 10-11% slower than pp4, which the model predicts within 1% of it. A timed test: in the slow tier
 # (scripts/test.sh --full) only, alone on the machine, since MEASURE.md keeps timed tests out
 # of the default run (on a machine shared with other jobs its steps swing by 2x). The second
 # runs the same ten over two simulated nodes of 4 ranks (PENTAD_SIM_NODES 4:200:0.2: +200 us
@@ -391,14 +394,15 @@ set_tests_properties(probe_sim_nodes PROPERTIES TIMEOUT 120 RUN_SERIAL TRUE
 add_test(NAME plan_vs_measured
   COMMAND ${PENTAD_PYTHON} ${CMAKE_SOURCE_DIR}/bench/plan_cpu.py $<TARGET_FILE:pentad>
           ${CMAKE_SOURCE_DIR}/bench/plan/gpt-cpu.toml ${CMAKE_CURRENT_BINARY_DIR}/plan-vs-measured
-          --set ci --steps 4 --calibration ${CMAKE_CURRENT_BINARY_DIR}/plan-calibration.json)
+          --set ci --steps 4 --repeat 3
+          --calibration ${CMAKE_CURRENT_BINARY_DIR}/plan-calibration.json)
 add_test(NAME plan_vs_measured_uneven
   COMMAND ${PENTAD_PYTHON} ${CMAKE_SOURCE_DIR}/bench/plan_cpu.py $<TARGET_FILE:pentad>
           ${CMAKE_SOURCE_DIR}/bench/plan/gpt-cpu.toml
-          ${CMAKE_CURRENT_BINARY_DIR}/plan-vs-measured-uneven --set ci --steps 4
+          ${CMAKE_CURRENT_BINARY_DIR}/plan-vs-measured-uneven --set ci --steps 4 --repeat 3
           --sim-nodes 4:200:0.2 --probe
           --calibration ${CMAKE_CURRENT_BINARY_DIR}/plan-calibration.json)
-set_tests_properties(plan_vs_measured plan_vs_measured_uneven PROPERTIES TIMEOUT 300
+set_tests_properties(plan_vs_measured plan_vs_measured_uneven PROPERTIES TIMEOUT 600
   RUN_SERIAL TRUE LABELS slow PASS_REGULAR_EXPRESSION "plan ranks the layouts as measured")
 
 # TensorBoard event files read back by the tensorboard package's own reader (in the
