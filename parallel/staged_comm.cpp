@@ -53,6 +53,17 @@ static StagedSpan whole(const Tensor& t) {
   return span_of(t, 0, t.numel());
 }
 
+// Gives a staging block back from a destructor, which may run while an error unwinds: a
+// failure (a bookkeeping error, named by HostStaging) goes to stderr instead of throwing.
+static void release_quietly(HostStaging& staging, void* block) noexcept {
+  if (!block) return;
+  try {
+    staging.release(block);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pentad: staged communicator: %s\n", e.what());
+  }
+}
+
 class StagedCommunicator;
 
 // One staged operation: the MPI operation on the staging, the block it uses, and the copies
@@ -101,14 +112,7 @@ class StagedWork final : public WorkImpl {
     }
     staging_.release(std::exchange(block_, nullptr));
   }
-  void give_back() noexcept {
-    if (!block_) return;
-    try {
-      staging_.release(std::exchange(block_, nullptr));
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "pentad: staged communicator: %s\n", e.what());
-    }
-  }
+  void give_back() noexcept { release_quietly(staging_, std::exchange(block_, nullptr)); }
 
   HostStaging& staging_;  // the communicator outlives its operations
   void* block_;
@@ -275,14 +279,7 @@ class StagedCommunicator final : public Communicator {
           staging_(comm.staging_),
           block_(static_cast<char*>(staging_.acquire(bytes + 256 * 3, device != Device::CPU))),
           capacity_(bytes + 256 * 3) {}
-    ~Staging() {
-      if (!block_) return;
-      try {  // runs while an error unwinds: must not throw
-        staging_.release(block_);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "pentad: staged communicator: %s\n", e.what());
-      }
-    }
+    ~Staging() { release_quietly(staging_, block_); }
     Staging(Staging&& other) noexcept
         : comm_(other.comm_),
           staging_(other.staging_),

@@ -103,22 +103,23 @@ size_t ExpertParallel::staging_bytes(int64_t share_rows, int64_t C, int64_t Q, D
                                          Arena::aligned(size_t(gathered_rows * C) * element));
 }
 
-void ExpertParallel::reserve(double received, int64_t C, Device device, DType dtype) {
-  const int64_t Q = etp_.size();
-  const size_t bytes = staging_bytes(int64_t(std::ceil(received / double(Q))), C, Q, dtype);
+void ExpertParallel::fit_staging(int64_t share_rows, int64_t C, Device device, DType dtype) {
+  const size_t bytes = staging_bytes(share_rows, C, etp_.size(), dtype);
   if (staging_.capacity() < bytes || staging_.device() != device)
     staging_ = Arena("expert-parallel staging", bytes, device);
+  else
+    staging_.reset();
+}
+
+void ExpertParallel::reserve(double received, int64_t C, Device device, DType dtype) {
+  fit_staging(int64_t(std::ceil(received / double(etp_.size()))), C, device, dtype);
 }
 
 void ExpertParallel::stage(int64_t share_rows, int64_t C, Device device, DType dtype, Tensor& share,
                            Tensor& gathered) {
   const int64_t Q = etp_.size();
   const int64_t gathered_rows = Q > 1 ? Q * share_rows : 0;
-  const size_t bytes = staging_bytes(share_rows, C, Q, dtype);
-  if (staging_.capacity() < bytes || staging_.device() != device)
-    staging_ = Arena("expert-parallel staging", bytes, device);
-  else
-    staging_.reset();
+  fit_staging(share_rows, C, device, dtype);
   share = staging_.alloc(Shape{share_rows, C}, dtype);
   gathered = staging_.alloc(Shape{gathered_rows, C}, dtype);
 }

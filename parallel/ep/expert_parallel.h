@@ -74,6 +74,8 @@ class ExpertParallel {
   void stage(int64_t share_rows, int64_t C, Device device, DType dtype, Tensor& share,
              Tensor& gathered);
   static size_t staging_bytes(int64_t share_rows, int64_t C, int64_t Q, DType dtype);
+  // staging_ made (or kept, emptied) for a share of share_rows rows of C values.
+  void fit_staging(int64_t share_rows, int64_t C, Device device, DType dtype);
   Arena staging_;  // on the device of the rows; made by reserve(), grown if need be, never shrunk
 };
 
