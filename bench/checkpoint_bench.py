@@ -11,6 +11,8 @@ each with these ways of taking a snapshot (train.keep_last = 1):
   fresh  the copy with checkpoint.recycle_files = false: each file newly allocated and the
          retired one deleted (the others write over the retired checkpoint's files);
   sync   train.async_save = false: copy and write before the next step (the peer).
+  memory the copy, and in between the files the in-memory level every step
+         (checkpoint.memory_every = 1: a lazy copy into /dev/shm; every 10 steps only).
 The configurations alternate, --reps times. pentad logs the seconds each step was blocked
 by checkpoints (`blocked_seconds`, the save's own start included); a save's blocking is that
 of the steps from it to the next save (whose start waits for its file). The first save is
@@ -22,7 +24,7 @@ the disk's direct-I/O write bandwidth (dd), and the bound it sets on saving ever
 (state bytes / bandwidth against the step time).
 
 usage: bench/checkpoint_bench.py [--steps 45] [--steps-every1 12] [--reps 1] [--every 10,1]
-                                 [--modes swap,copy,fresh,sync] [--dir /tmp/pentad-ckpt-bench]
+                                 [--modes swap,copy,fresh,memory,sync] [--dir /tmp/pentad-ckpt-bench]
                                  [--pentad build/pentad]
 (--every 10: only the save intervals listed, here every 10 steps; --modes: only these ways of
 taking the snapshot, sync always among them as the peer)
@@ -51,7 +53,8 @@ def run(args, save_every, mode):
             f"train.async_save={'false' if mode == 'sync' else 'true'}",
             f"checkpoint.snapshot={'swap' if mode == 'swap' else 'copy'}",
             # "fresh": the copy, with every file newly allocated and the retired one deleted
-            f"checkpoint.recycle_files={'false' if mode == 'fresh' else 'true'}"]
+            f"checkpoint.recycle_files={'false' if mode == 'fresh' else 'true'}",
+            f"checkpoint.memory_every={1 if mode == 'memory' else 0}"]
     subprocess.run([args.pentad, "train", str(ROOT / "recipes/gpt2-124m.toml"), *sets],
                    check=True, stdout=subprocess.DEVNULL)
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
@@ -99,7 +102,7 @@ def main():
     ap.add_argument("--steps-every1", type=int, default=12)
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--every", default="10,1", help="save intervals to run, of 10 and 1")
-    ap.add_argument("--modes", default="swap,copy,fresh,sync", help="snapshot ways to run")
+    ap.add_argument("--modes", default="swap,copy,fresh,memory,sync", help="snapshot ways to run")
     ap.add_argument("--dir", default="/tmp/pentad-ckpt-bench")
     ap.add_argument("--pentad", default=str(ROOT / "build/pentad"))
     args = ap.parse_args()
@@ -107,10 +110,11 @@ def main():
     line, bandwidth = disk_bandwidth(args.dir)
     print(f"disk (dd, 1 GiB, oflag=direct): {line}")
     print(f"cores: {os.cpu_count()} (2 compute threads; the saver's thread shares them)")
-    modes = [m for m in ("swap", "copy", "fresh") if m in args.modes.split(",")] + ["sync"]
+    modes = [m for m in ("swap", "copy", "fresh", "memory") if m in args.modes.split(",")] + ["sync"]
     intervals = [int(e) for e in args.every.split(",")]
     assert all(e in (10, 1) for e in intervals), "--every takes 10 and/or 1"
-    configs = [(0, "none")] + [(e, m) for e in intervals for m in modes]
+    configs = [(0, "none")] + [(e, m) for e in intervals for m in modes
+                               if not (m == "memory" and e == 1)]  # files every step: no room
     results = {}
     for rep in range(args.reps):  # alternate the configurations, rep after rep
         for every, mode in configs:
@@ -139,7 +143,7 @@ def main():
     for every in intervals:
         steps = args.steps_every1 if every == 1 else args.steps
         base_rows = results[(0, "none")][0][0]
-        for mode in modes:
+        for mode in (m for m in modes if (every, m) in results):
             # Throughput over the steps after the first save, against the same steps without.
             none_wall = statistics.median(window_wall([r for r in rows if r["step"] <= steps], every)
                                           for rows, _ in results[(0, "none")])

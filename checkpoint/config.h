@@ -24,6 +24,12 @@ struct CheckpointConfig {  // [checkpoint]
   // --resume latest adopts it as a checkpoint where the ranks' files hold all of it (every
   // shard had a replica that lived), so the restart redoes no step (train/survivor_save.h).
   bool survivors = true;
+  // The in-memory level (checkpoint/memory_level.h): every memory_every steps between the
+  // checkpoint files (0: none), each rank snapshots its state into host memory that outlives
+  // the process, two files in memory_dir (a tmpfs); --resume latest takes the newest such
+  // snapshot where it is newer than the newest checkpoint file and the layout is the same.
+  int64_t memory_every = 0;
+  std::string memory_dir = "/dev/shm";
 };
 
 }  // namespace pentad

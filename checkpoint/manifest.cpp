@@ -218,7 +218,7 @@ std::string manifest_json(const Manifest& m) {
   return j.dump(1) + "\n";
 }
 
-Manifest parse_manifest(const std::string& path) {
+Manifest parse_manifest(const std::string& path, bool shards_required) {
   const json j = parse_json(path);
   try {
     if (!j.is_object()) fail("not a JSON object");
@@ -250,7 +250,7 @@ Manifest parse_manifest(const std::string& path) {
         fail("tokenizer sha256 \"{}\" is not 64 hex digits", m.tokenizer_sha256);
     }
     m.shards = entries_from(j.at("shards"), version);
-    if (m.shards.empty()) fail("no shards");
+    if (m.shards.empty() && shards_required) fail("no shards");
     return m;
   } catch (const json::exception& e) {
     fail("{}: malformed manifest: {}", path, e.what());

@@ -17,7 +17,9 @@ std::string sidecar_json(const std::vector<Manifest::Entry>& shards);
 std::vector<Manifest::Entry> parse_sidecar(const std::string& path);
 
 std::string manifest_json(const Manifest& manifest);
-Manifest parse_manifest(const std::string& path);
+// shards_required = false takes a manifest that lists none (an in-memory level's index of
+// a rank that holds no shard).
+Manifest parse_manifest(const std::string& path, bool shards_required = true);
 
 // Throws pentad::Error naming `path` if the file cannot be read.
 std::string read_text(const std::string& path);

@@ -1,10 +1,13 @@
 #include "checkpoint/saver.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <limits>
@@ -18,7 +21,8 @@ namespace {
 
 // Each tensor's copy starts on a page, so that the writer can hand it to direct I/O.
 constexpr size_t kPageBytes = 4096;
-constexpr size_t kAlignFloats = kPageBytes / sizeof(float);
+constexpr size_t kAlignFloats = kStagingAlignFloats;
+static_assert(kAlignFloats * sizeof(float) == kPageBytes);
 // Copy granularity: a piece is checksummed right after its copy, while it sits in L2,
 // and the optimizer may follow the copy piece by piece.
 constexpr size_t kPieceFloats = (size_t{256} << 10) / sizeof(float);
@@ -44,7 +48,45 @@ size_t numel_of(const LiveTensor& t) {
   return static_cast<size_t>(t.info.local_shape.numel());
 }
 
+// A file of `bytes` at path, every block allocated (a full tmpfs fails here, naming the
+// file, rather than with SIGBUS at the first touch of a page it could not back), mapped
+// shared: what is written there outlives the process.
+float* map_shared(const std::string& path, size_t bytes) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) fail("cannot create {} for host staging memory: {}", path, std::strerror(errno));
+  int err = ::ftruncate(fd, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
+  if (!err) err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  void* p = err ? MAP_FAILED : ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (!err && p == MAP_FAILED) err = errno;
+  ::close(fd);
+  if (err)
+    fail("cannot allocate {} of host staging memory in {}: {}", format_bytes(bytes), path,
+         std::strerror(err));
+  return static_cast<float*>(p);
+}
+
 }  // namespace
+
+void StagingFree::operator()(float* p) const {
+  if (mapped)
+    munmap(p, mapped);
+  else
+    std::free(p);
+}
+
+void AsyncSaver::set_shared_staging(std::string path) {
+  PENTAD_CHECK(!busy_ && !staging_, "set_shared_staging() before any snapshot");
+  shared_path_ = std::move(path);
+}
+
+std::vector<ShardInfo> AsyncSaver::staged_shards() const {
+  std::vector<ShardInfo> shards;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    shards.push_back(tensors_[i].info);
+    shards.back().checksum = i < checksums_.size() ? checksums_[i] : 0;
+  }
+  return shards;
+}
 
 AsyncSaver::~AsyncSaver() {
   if (thread_.joinable()) thread_.join();
@@ -101,13 +143,14 @@ size_t AsyncSaver::staging_floats(const std::vector<LiveTensor>& tensors) {
   return floats;
 }
 
-void AsyncSaver::reserve(const std::vector<LiveTensor>& tensors) {
+void AsyncSaver::reserve(const std::vector<LiveTensor>& tensors, bool touch) {
   PENTAD_CHECK(!busy_, "reserve() while a snapshot is in flight");
   const bool from_device = std::any_of(tensors.begin(), tensors.end(),
                                        [](const LiveTensor& t) { return t.device != Device::CPU; });
   ensure_staging(staging_floats(tensors), from_device);
   // Written once now, so that no snapshot pays for the first touch of its pages.
-  if (staging_capacity_ > 0) std::memset(staging_.get(), 0, staging_capacity_ * sizeof(float));
+  if (touch && staging_capacity_ > 0)
+    std::memset(staging_.get(), 0, staging_capacity_ * sizeof(float));
 }
 
 void AsyncSaver::ensure_staging(size_t floats, bool pinned) {
@@ -117,10 +160,16 @@ void AsyncSaver::ensure_staging(size_t floats, bool pinned) {
     staging_pinned_ = false;
     staging_.reset();
     staging_capacity_ = 0;
-    staging_.reset(static_cast<float*>(std::aligned_alloc(kPageBytes, floats * sizeof(float))));
-    if (!staging_)
-      fail("cannot allocate {} of host staging memory", format_bytes(floats * sizeof(float)));
-    poison_host(staging_.get(), floats * sizeof(float));
+    const size_t bytes = floats * sizeof(float);
+    if (shared_path_.empty()) {
+      staging_ = std::unique_ptr<float[], StagingFree>(
+          static_cast<float*>(std::aligned_alloc(kPageBytes, bytes)), StagingFree{});
+      if (!staging_) fail("cannot allocate {} of host staging memory", format_bytes(bytes));
+    } else {
+      staging_ = std::unique_ptr<float[], StagingFree>(map_shared(shared_path_, bytes),
+                                                       StagingFree{bytes});
+    }
+    if (shared_path_.empty()) poison_host(staging_.get(), bytes);  // a file's bytes are its own
     staging_capacity_ = floats;
   }
   if (pinned && !staging_pinned_ && staging_capacity_ > 0) {  // kept across snapshots
@@ -218,6 +267,7 @@ void AsyncSaver::run() {
   double cpu = thread_cpu_seconds();
   try {
     copy();
+    if (on_copied_) on_copied_();
     copy_ok_ = true;
   } catch (const std::exception& e) {
     error_ = e.what();

@@ -26,6 +26,11 @@
 // not copied at all: the background thread checksums and writes them where they lie. The
 // caller keeps the snapshot in memory itself (its second set), so restore() is refused.
 //
+// Shared staging (set_shared_staging(path)): the buffer is a file mapped into memory (on a
+// tmpfs such as /dev/shm), so that it outlives the process: the in-memory checkpoint level
+// (checkpoint/memory_level.h) keeps its snapshots there, with an index written by
+// set_on_copied()'s callback once a copy is whole.
+//
 // State that is not in memory (AdamW's on NVMe: LiveTensor::from_caller) has no live
 // pointer to copy from: begin()'s `fill` writes it into its staging, on the calling
 // thread, before begin() returns (that time counts as blocked); the background thread
@@ -46,11 +51,21 @@ namespace pentad::ckpt {
 
 class Xxh3Stream;
 
+// Each tensor's place in staging starts on a page (direct I/O writes it from there): the
+// staged tensors follow each other in their order, each rounded up to this many floats.
+inline constexpr size_t kStagingAlignFloats = 4096 / sizeof(float);
+
 struct LiveTensor {
   ShardInfo info;               // global identity of the shard this rank holds
   float* live = nullptr;        // the training state: read by the copy, written only by restore()
   Device device = Device::CPU;  // where `live` is
   bool from_caller = false;     // live is null: begin()'s fill stages it, restore()'s put reads it
+};
+
+// Frees a staging buffer: a shared mapping of `mapped` bytes (munmap), or std::free's.
+struct StagingFree {
+  size_t mapped = 0;
+  void operator()(float* p) const;
 };
 
 class AsyncSaver {
@@ -72,8 +87,11 @@ class AsyncSaver {
              bool frozen = false, const Staged& fill = {});
   // Allocates and writes the staging buffer for snapshots of `tensors` now (at start-up),
   // so that no save pays for it. Not needed for frozen snapshots of host memory.
-  void reserve(const std::vector<LiveTensor>& tensors);
+  // touch = false leaves what a shared staging file holds (allocated already).
+  void reserve(const std::vector<LiveTensor>& tensors, bool touch = true);
   size_t staging_bytes() const { return staging_capacity_ * sizeof(float); }
+  // The staging a snapshot of `tensors` takes, in floats (each tensor from a page on).
+  static size_t staging_floats(const std::vector<LiveTensor>& tensors);
   // Blocks until the snapshot holds its copy of every live element in [begin, end) (at
   // once for memory it does not hold): call before overwriting that range.
   void wait_for_copy(const float* begin, const float* end);
@@ -90,6 +108,16 @@ class AsyncSaver {
   // full level does not cost the others their checkpoint. A failed copy fails them all.
   const std::vector<std::string>& file_errors() const { return file_errors_; }
   bool pending() const { return busy_; }
+
+  // The staging buffer as the file `path`, mapped shared, instead of private memory: it
+  // outlives the process. Allocated (all of it, so that a full tmpfs fails here and not
+  // with SIGBUS mid-copy) by reserve() or the first copy. Before any snapshot.
+  void set_shared_staging(std::string path);
+  // Called on the background thread once a snapshot's copy is whole, before its files are
+  // written; an exception it throws fails the snapshot. staged_shards() is valid there.
+  void set_on_copied(std::function<void()> on_copied) { on_copied_ = std::move(on_copied); }
+  // The snapshot's shards as staged: each tensor's identity with its checksum.
+  std::vector<ShardInfo> staged_shards() const;
 
   // Copies the newest snapshot back into the live memory it was taken from (after its
   // copy completes; its file may still be in flight), device memory included (ordered
@@ -124,7 +152,6 @@ class AsyncSaver {
 
  private:
   void run();  // the background thread: copy, then write
-  static size_t staging_floats(const std::vector<LiveTensor>& tensors);
   void ensure_staging(size_t floats, bool pinned);
   bool staged() const;  // this snapshot goes through staging_ (not frozen host memory)
   std::vector<float*> staged_places() const;  // each tensor's place in staging_
@@ -132,18 +159,16 @@ class AsyncSaver {
   void copy_from_device(size_t i);     // tensor i, in pieces
   void publish(size_t staged_floats);  // the copy holds staging_[0, staged_floats)
 
-  struct Free {
-    void operator()(float* p) const { std::free(p); }
-  };
-
   std::vector<std::string> files_;
   std::vector<LiveTensor> tensors_;
-  std::vector<size_t> staged_at_;           // each tensor's offset in staging_, floats
-  std::vector<uint64_t> checksums_;         // each tensor's, computed during the copy
-  std::unique_ptr<float[], Free> staging_;  // page-aligned (direct I/O), uninitialised
-  size_t staging_capacity_ = 0;             // floats
-  bool staging_pinned_ = false;             // page-locked for device copies (host_pin)
-  AsyncCopier copier_;                      // device -> staging
+  std::vector<size_t> staged_at_;                  // each tensor's offset in staging_, floats
+  std::vector<uint64_t> checksums_;                // each tensor's, computed during the copy
+  std::unique_ptr<float[], StagingFree> staging_;  // page-aligned (direct I/O), uninitialised
+  size_t staging_capacity_ = 0;                    // floats
+  bool staging_pinned_ = false;                    // page-locked for device copies (host_pin)
+  AsyncCopier copier_;                             // device -> staging
+  std::string shared_path_;                        // set_shared_staging()
+  std::function<void()> on_copied_;                // set_on_copied()
   std::thread thread_;
   std::thread remover_;  // remove_later()'s
   bool busy_ = false;

@@ -165,6 +165,15 @@ add_test(NAME checkpoint_resume
 set_tests_properties(checkpoint_resume PROPERTIES TIMEOUT 600 COST 100
   PASS_REGULAR_EXPRESSION "checkpoints resume exactly")
 
+# The in-memory checkpoint level: one rank killed mid-step resumes from memory (a damaged
+# slot falling back to the other), bitwise; newer snapshots never written over (a fresh run
+# and an older --resume refused, another layout's set aside). About 6 s.
+add_test(NAME memory_level
+  COMMAND ${PENTAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/memory_level.py
+          $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml ${CMAKE_CURRENT_BINARY_DIR}/memory-level)
+set_tests_properties(memory_level PROPERTIES TIMEOUT 300
+  PASS_REGULAR_EXPRESSION "the in-memory level resumes what it holds and loses nothing")
+
 # train.global_batch across a dp 4 -> 2 -> 3 reshard: every step reads one rank's samples,
 # each sample once (--dump-samples); the batch that changes without it said in one line;
 # --resume latest with nothing to resume, --resume of a root. About 15 s.
@@ -456,7 +465,8 @@ set_tests_properties(hosts_wire_faults PROPERTIES TIMEOUT 900 RUN_SERIAL TRUE LA
 
 # Recovery from the survivors' memory (issue 48): 4 ranks, one killed; with dp replicas the
 # survivors' state of the last step is adopted (no step redone, losses bitwise), with ZeRO-1
-# it is not (the dead rank's shares are gone) and the newest file is used. About 8 s.
+# it is not (the dead rank's shares are gone) and the newest file is used, or with the
+# in-memory level the snapshot of step 15 or 16 (bitwise). About 12 s.
 add_test(NAME launch_survivors
   COMMAND ${PENTAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/launch/survivors_test.py
           $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml ${CMAKE_CURRENT_BINARY_DIR}/launch-survivors)

@@ -165,6 +165,22 @@ void check_zero(const Config& c, const Where& where) {
         "{}: checkpoint.snapshot = \"swap\" keeps a second set of the state in memory, and "
         "NVMe-offloaded AdamW state has none: set checkpoint.snapshot = \"copy\" (or \"auto\")",
         where({"checkpoint.snapshot", "parallel.offload", "train.save_every"}));
+  if (c.checkpoint.memory_every > 0 && c.train.save_every <= 0)
+    fail(
+        "{}: checkpoint.memory_every = {} keeps snapshots in memory between checkpoint files, "
+        "and train.save_every = {} writes none: set train.save_every (the files every N "
+        "steps), or remove memory_every",
+        where({"checkpoint.memory_every", "train.save_every"}), c.checkpoint.memory_every,
+        c.train.save_every);
+  if (c.checkpoint.memory_every > 0 && p.offload == "nvme")
+    fail(
+        "{}: checkpoint.memory_every snapshots the state in memory, and NVMe-offloaded AdamW "
+        "state is in a file: remove memory_every (the checkpoint files hold it), or offload "
+        "to \"cpu\"",
+        where({"checkpoint.memory_every", "parallel.offload"}));
+  if (c.checkpoint.memory_every > 0 && c.checkpoint.memory_dir.empty())
+    fail("{}: checkpoint.memory_dir is empty: name a directory on a tmpfs (/dev/shm)",
+         where({"checkpoint.memory_dir"}));
   if (!p.offload_params && (p.offload != "nvme" || p.zero != 3))
     fail(
         "{}: parallel.offload_params = false keeps ZeRO-3's parameter shares in memory beside "

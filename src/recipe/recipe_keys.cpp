@@ -322,6 +322,13 @@ const std::vector<Key>& key_table() {
       PENTAD_KEY(checkpoint, survivors, any(),
                  "On SIGTERM, write this rank's state for --resume latest to take where the ranks "
                  "left hold all of it (host state only)"),
+      PENTAD_KEY(checkpoint, memory_every, at_least(0),
+                 "Between checkpoint files, snapshot the state every N steps into host memory "
+                 "that outlives the process (memory_dir); --resume latest takes it where newer; "
+                 "0: never"),
+      PENTAD_KEY(checkpoint, memory_dir, any(),
+                 "memory_every: the directory (a tmpfs) that holds each rank's two snapshot "
+                 "files"),
   };
   return table;
 }

@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <utility>
 
@@ -89,6 +90,7 @@ void CheckpointManager::check_roots(int64_t resumed_step) {
     for (const std::string& dir : ckpt::committed_checkpoints(root))
       check_same_model(dir, "save beside", false);
   }
+  check_memory_level(resumed_step, resumed == "latest");
 }
 
 std::optional<int64_t> CheckpointManager::load(const std::string& dir, bool with_optimizer) {
@@ -187,6 +189,10 @@ int64_t CheckpointManager::resume(const std::string& which) {
   }
   std::stable_sort(candidates.begin(), candidates.end(),
                    [](const auto& a, const auto& b) { return a.first > b.first; });
+  // The in-memory level, where it holds a newer step of this layout than any file.
+  if (const std::optional<int64_t> step =
+          resume_from_memory(candidates.empty() ? -1 : candidates.front().first))
+    return *step;
   for (const auto& [step, dir] : candidates) {
     found = true;
     check_same_model(dir, "resume from", true);
@@ -207,6 +213,125 @@ int64_t CheckpointManager::resume(const std::string& which) {
   spdlog::warn("--resume latest: no checkpoint found in {}: training starts from step 0",
                fmt::join(roots(cfg_.train), " or "));
   return 0;
+}
+
+int64_t CheckpointManager::all_ranks64(int64_t value, parallel::ReduceOp op) {
+  double v = static_cast<double>(value);  // exact: steps are far below 2^53
+  if (mesh_) mesh_->world().all_reduce(view_of(&v, Shape{1}, DType::F64), op);
+  return static_cast<int64_t>(v);
+}
+
+int64_t CheckpointManager::common_memory_step(const std::vector<ckpt::MemoryLevel::Held>& held,
+                                              int64_t bound) {
+  // Each rank's slots alternate in step, but a process that died mid-copy may hold one step
+  // fewer than the others: the newest step at or below bound (< 0: none) of every rank's.
+  if (bound < 0) bound = int64_t{1} << 52;
+  for (;;) {
+    int64_t mine = -1;
+    for (const auto& h : held)
+      if (h.manifest.step <= bound) mine = std::max(mine, h.manifest.step);
+    const int64_t common = all_ranks64(mine, parallel::ReduceOp::Min);
+    if (common < 0) return -1;
+    const bool have = std::any_of(held.begin(), held.end(),
+                                  [&](const auto& h) { return h.manifest.step == common; });
+    if (all_ranks(have ? 0 : 1, parallel::ReduceOp::Max) == 0) return common;
+    bound = common - 1;
+  }
+}
+
+std::optional<int64_t> CheckpointManager::resume_from_memory(int64_t newer_than) {
+  // This rank's complete snapshots that this run can take: its tensors, its model.
+  const std::vector<ckpt::LiveTensor> tensors = snapshot_tensors();
+  auto same_tensors = [&](const ckpt::Manifest& m) {
+    if (!ckpt::MemoryLevel::holds(m, tensors)) return false;
+    try {
+      return compare_recipes(cfg_, m.recipe_toml).model.empty();
+    } catch (const Error&) {
+      return false;
+    }
+  };
+  std::vector<ckpt::MemoryLevel::Held> usable;
+  for (ckpt::MemoryLevel::Held& h : memory_.held())
+    if (same_tensors(h.manifest)) usable.push_back(std::move(h));
+  // Not past the run's log: a snapshot of step N starts before rank 0 writes N's loss, and a
+  // resume from it would leave step N without one (as the survivors' state, adopt_survivors).
+  const int64_t logged = world_rank_ == 0 ? last_logged_step(cfg_.train.out_dir) : -1;
+  int64_t bound = all_ranks64(logged, parallel::ReduceOp::Max), step = -1;
+  std::vector<ckpt::MemoryLevel::Held>::const_iterator held;
+  for (;;) {  // newest first; a damaged one falls back to the other slot, then to the files
+    step = common_memory_step(usable, bound);
+    if (step < 0 || step <= newer_than) return std::nullopt;  // the same on every rank
+    held = std::find_if(usable.begin(), usable.end(),
+                        [&](const auto& h) { return h.manifest.step == step; });
+    std::string error;
+    try {
+      memory_.load(held->slot, tensors);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    if (all_ranks(error.empty() ? 0 : 1, parallel::ReduceOp::Max) == 0) break;
+    spdlog::warn("cannot resume from the in-memory snapshot of step {}: {}", step,
+                 error.empty() ? "another rank failed to read its own" : error);
+    bound = step - 1;
+  }
+  memory_.resumed_from(held->slot);
+  share_restored_state();
+  grad_sync_.release_params();
+  kernels::refresh_weights(model_.params());
+  optimizer_.set_steps_taken(held->manifest.optimizer_steps);
+  continue_data_order_(held->manifest, memory_.data_file(held->slot));
+  resumed_from_memory_ = true;
+  spdlog::info("resumed from the in-memory snapshot of step {} ({}), newer than {}", step,
+               memory_.data_file(held->slot),
+               newer_than < 0 ? std::string("any checkpoint file")
+                              : fmt::format("the newest checkpoint file (step {})", newer_than));
+  return step;
+}
+
+void CheckpointManager::check_memory_level(int64_t resumed_step, bool searched) {
+  // Snapshots earlier processes left that are newer than what this run resumed (damaged,
+  // past the log, or any where this run resumed nothing), or of another layout: this run's
+  // own would write over them, so they are refused or set aside as newer files are. Of this
+  // layout, a step counts where every rank holds it (one only some hold, the others having
+  // died before its copy was whole, is no snapshot of the job); of another, whatever a rank
+  // holds (its job's other ranks are not this one's to ask).
+  if (!resumed_from_memory_) {
+    const bool fresh = cfg_.train.resume.empty();
+    const int64_t after = fresh ? -1 : resumed_step;
+    const std::vector<ckpt::LiveTensor> tensors = snapshot_tensors();
+    std::vector<ckpt::MemoryLevel::Held> same;
+    int64_t other = -1;
+    for (ckpt::MemoryLevel::Held& h : memory_.held())
+      if (ckpt::MemoryLevel::holds(h.manifest, tensors))
+        same.push_back(std::move(h));
+      else if (h.manifest.step > after)
+        other = std::max(other, h.manifest.step);
+    const int64_t complete = common_memory_step(same, -1);  // the same on every rank
+    const int64_t mine = std::max(other, complete > after ? complete : -1);
+    const int64_t newest = all_ranks64(mine, parallel::ReduceOp::Max);
+    if (newest >= 0) {
+      const std::string files = memory_.prefix().substr(0, memory_.prefix().rfind("-rank-") + 1);
+      if (fresh)
+        fail(
+            "in-memory snapshots of an earlier run of train.ckpt_dir = {} (newest step {}) are "
+            "in {}: this run's would write over them. Pass --resume latest to continue from "
+            "them, or delete {}* (on every machine of the job)",
+            root(cfg_.train), newest, cfg_.checkpoint.memory_dir, files);
+      if (!searched && !cfg_.train.retire_newer)
+        fail(
+            "--resume {} (step {}): the in-memory level holds a newer snapshot (step {}, {}*) "
+            "that this run's snapshots would replace; nothing was written. Pass --resume "
+            "latest, or train.retire_newer=true to set it aside and train on from step {}",
+            cfg_.train.resume, resumed_step, newest, files, resumed_step);
+      if (mine >= 0)
+        for (const std::string& moved : memory_.set_aside(searched ? "unloadable" : "retired"))
+          spdlog::warn(
+              "the in-memory snapshot {} (step {}) is newer than step {}, which this run "
+              "resumed, or of another layout: moved to {} (delete it to free its memory)",
+              moved.substr(0, moved.rfind('.')), mine, resumed_step, moved);
+    }
+  }
+  if (cfg_.checkpoint.memory_every > 0) memory_.reserve(snapshot_tensors());
 }
 
 void CheckpointManager::init_from(const std::string& path) {

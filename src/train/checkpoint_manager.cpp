@@ -25,7 +25,9 @@ CheckpointManager::CheckpointManager(Run run)
       first_sample_(std::move(run.first_sample)),
       continue_data_order_(std::move(run.continue_data_order)),
       settle_offloaded_shares_(std::move(run.settle_offloaded_shares)),
-      write_metrics_(std::move(run.write_metrics)) {
+      write_metrics_(std::move(run.write_metrics)),
+      memory_(ckpt::MemoryLevel::prefix_for(run.cfg.checkpoint.memory_dir, root(run.cfg.train),
+                                            run.mesh ? run.mesh->world_rank() : 0)) {
   if (mesh_) {
     world_rank_ = mesh_->world_rank();
     dp_size_ = mesh_->degree(parallel::Axis::DP);
@@ -176,26 +178,54 @@ void CheckpointManager::save(int64_t steps_done) {
   snapshot_optimizer_steps_ = optimizer_.steps_taken();
 }
 
+size_t CheckpointManager::memory_level_bytes() const {
+  if (cfg_.checkpoint.memory_every <= 0) return 0;  // allocated after the resume: computed
+  return 2 * ckpt::AsyncSaver::staging_floats(snapshot_tensors()) * sizeof(float);
+}
+
+bool CheckpointManager::memory_due(int64_t steps_done) const {
+  const int64_t every = cfg_.checkpoint.memory_every;
+  return every > 0 && steps_done % every == 0;
+}
+
+void CheckpointManager::save_to_memory(int64_t steps_done) {
+  ckpt::Manifest base = checkpoint_record(steps_done).base;
+  base.optimizer_steps = optimizer_.steps_taken();
+  try {
+    memory_.take(base, snapshot_tensors(), cfg_.train.async_save);
+    ++memory_snapshots_;
+  } catch (const Error& e) {
+    // The files go on; the level's next snapshot tries again.
+    spdlog::warn("the in-memory snapshot of step {} was not taken: {}", steps_done, e.what());
+  }
+}
+
 AdamW::BeforeChunk CheckpointManager::before_update() {
   // A copy in flight is followed chunk by chunk; a swap snapshot is left where it is.
   // Offloaded, the update follows no copy: the snapshot's parameters in memory (below
   // ZeRO-3) are copied whole first; the file's part was read inside save().
   if (optimizer_.offloaded()) {
     saver_.wait_for_copy();
+    memory_.wait_for_copy();
     return {};
   }
   return snapshot_copied();
 }
 
 AdamW::BeforeChunk CheckpointManager::snapshot_copied() {
-  if (!saver_.copying()) return {};
+  // A step saves a file or takes an in-memory snapshot, not both: one copy to follow.
+  if (!saver_.copying() && !memory_.copying()) return {};
   std::vector<const float*> bases;  // what the optimizer overwrites
   for (const StateBuffer& b : state_buffers(true))
     bases.push_back(static_cast<const float*>(b.base));
   return [this, bases](size_t begin, size_t end, size_t state_begin) {
-    saver_.wait_for_copy(bases[0] + begin, bases[0] + end);  // the parameters
-    for (size_t i = 1; i < bases.size(); ++i)                // m and v
-      saver_.wait_for_copy(bases[i] + state_begin, bases[i] + state_begin + (end - begin));
+    auto wait = [this](const float* from, const float* to) {
+      saver_.wait_for_copy(from, to);
+      memory_.wait_for_copy(from, to);
+    };
+    wait(bases[0] + begin, bases[0] + end);    // the parameters
+    for (size_t i = 1; i < bases.size(); ++i)  // m and v
+      wait(bases[i] + state_begin, bases[i] + state_begin + (end - begin));
   };
 }
 
@@ -207,9 +237,9 @@ void CheckpointManager::updated() {
 }
 
 void CheckpointManager::before_params_written() {
-  if (!saver_.copying()) return;
   const float* base = model_.params().all_params().f32();
   saver_.wait_for_copy(base, base + model_.params().numel());
+  memory_.wait_for_copy(base, base + model_.params().numel());
 }
 
 void CheckpointManager::commit_pending(bool block) {
@@ -300,6 +330,8 @@ void CheckpointManager::finish_run() {
   const double blocked = blocked_seconds();
   commit_pending(true);
   if (saves_ > 0) report(blocked, blocked_seconds() - blocked);
+  // The last checkpoint is on disk: the in-memory level's snapshots, all older, go.
+  if (saves_ > 0 && cfg_.checkpoint.memory_every > 0) memory_.remove();
   // Survivors' states an earlier attempt left that were not adopted: older than the last
   // checkpoint now, they go (adopt_survivors).
   if (saves_ > 0 && world_rank_ == 0)
@@ -317,13 +349,16 @@ void CheckpointManager::finish_run() {
 
 void CheckpointManager::report(double blocked_seconds, double final_flush_seconds) {
   write_metrics_(nlohmann::json{{"checkpoint_saves", saves_},
+                                {"checkpoint_memory_snapshots", memory_snapshots_},
                                 {"checkpoint_blocked_seconds", blocked_seconds},
                                 {"checkpoint_final_flush_seconds", final_flush_seconds}});
   spdlog::info(
-      "checkpoints: {} saves, training blocked {:.3f} s in all ({}), final flush {:.3f} s, {} "
+      "checkpoints: {} saves{}, training blocked {:.3f} s in all ({}), final flush {:.3f} s, {} "
       "files written over recycled ones",
-      saves_, blocked_seconds, cfg_.train.async_save ? "asynchronous" : "synchronous",
-      final_flush_seconds, saver_.recycled_files());
+      saves_,
+      memory_snapshots_ ? fmt::format(" and {} in-memory snapshots", memory_snapshots_) : "",
+      blocked_seconds, cfg_.train.async_save ? "asynchronous" : "synchronous", final_flush_seconds,
+      saver_.recycled_files());
 }
 
 void CheckpointManager::report_saver_time(int64_t step, const ckpt::AsyncSaver::Timings& t) {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/memory_level.h"
 #include "checkpoint/saver.h"
 #include "model/model.h"
 #include "optim/adamw.h"
@@ -77,6 +78,12 @@ class CheckpointManager {
   // Collective: every rank calls them at the same points.
   void save(int64_t steps_done);
   void commit_pending(bool block);
+  // The in-memory level (checkpoint.memory_every): whether a snapshot is due after
+  // `steps_done` steps (a step that saves a file takes none), and taking it: a lazy copy
+  // into host memory that outlives the process, which the optimizer follows as it follows a
+  // save's. A failed snapshot is a warning; the level goes on. Collective only in timing.
+  bool memory_due(int64_t steps_done) const;
+  void save_to_memory(int64_t steps_done);
   // The end of a run: the last snapshot committed, the checkpoint summary (the blocked time
   // while training and the final flush apart), <ckpt_dir>/recycled
   // (checkpoint.recycle_files) removed. Collective.
@@ -96,6 +103,9 @@ class CheckpointManager {
   // <root>/retired/ with train.retire_newer, to <root>/unloadable/ when --resume latest fell
   // back past them. Collective.
   void check_roots(int64_t resumed_step);
+
+  // The in-memory level's snapshot files of this rank (its prefix, checkpoint/memory_level.h).
+  const std::string& memory_prefix() const { return memory_.prefix(); }
 
   // Restarts inside the job from the newest snapshot (the last save()), which stays in
   // host memory: parameters, AdamW moments and step, bitwise what resume() would load from
@@ -139,9 +149,12 @@ class CheckpointManager {
   bool writes(const ParamSpec& spec) const;
   // The training thread's seconds spent on checkpoints: the saver's waits, and the commits
   // (the collective that asks whether every file is done, manifest, renames, fsyncs).
-  double blocked_seconds() const { return saver_.blocked_seconds() + committer_->seconds(); }
-  // The copy snapshot's staging buffer (the memory plan).
+  double blocked_seconds() const {
+    return saver_.blocked_seconds() + memory_.blocked_seconds() + committer_->seconds();
+  }
+  // The copy snapshot's staging buffer, and the in-memory level's two (the memory plan).
   size_t staging_bytes() const { return saver_.staging_bytes(); }
+  size_t memory_level_bytes() const;
 
  private:
   bool logs() const { return world_rank_ == 0; }
@@ -183,6 +196,19 @@ class CheckpointManager {
   bool snapshot_covers_nvme() const;  // whether this rank's snapshot holds its whole file
   void prepare_nvme_restore();        // refuses unless it does on every rank (collective)
   int64_t restored_snapshot();        // restore_snapshot()'s common end: step, schedule, message
+  // After the ranks that staged a snapshot copied it back: the replicas that did not stage
+  // it (data- and context-parallel ones, tp ranks' replicated parameters, the tied
+  // embedding's last-stage copy) receive it from those that did. Collective.
+  void share_restored_state();
+  // --resume latest: the newest in-memory snapshot every rank holds, of this layout and
+  // model, where it is newer than step `newer_than` (the newest checkpoint file), loaded.
+  std::optional<int64_t> resume_from_memory(int64_t newer_than);
+  // The newest step at or below `bound` (< 0: any) that every rank's `held` has; -1: none.
+  // Collective.
+  int64_t common_memory_step(const std::vector<ckpt::MemoryLevel::Held>& held, int64_t bound);
+  // check_roots()'s part for the in-memory level: newer snapshots this run did not take are
+  // refused or set aside as the files' are; then the level's slots are allocated.
+  void check_memory_level(int64_t resumed_step, bool searched);
   // The step loaded, or none (and a warning) if the checkpoint is unusable (corrupt,
   // truncated, missing). with_optimizer = false loads the parameters only and starts the
   // optimizer afresh.
@@ -196,6 +222,7 @@ class CheckpointManager {
   void report(double blocked_seconds, double final_flush_seconds);
   void report_saver_time(int64_t step, const ckpt::AsyncSaver::Timings& timings);
   int all_ranks(int value, parallel::ReduceOp op);  // over the world; value alone on one rank
+  int64_t all_ranks64(int64_t value, parallel::ReduceOp op);  // the same, for steps
 
   const Config& cfg_;
   parallel::Mesh* const mesh_;
@@ -221,6 +248,9 @@ class CheckpointManager {
   // spare one (snapshot_in_spare_).
   bool swap_snapshots_ = false, swap_pending_ = false, snapshot_in_spare_ = false;
   int64_t saves_ = 0;
+  ckpt::MemoryLevel memory_;  // checkpoint.memory_every; its snapshots of any earlier process
+  int64_t memory_snapshots_ = 0;
+  bool resumed_from_memory_ = false;
   std::mutex state_mutex_;  // writing_state()
   int64_t live_step_ = -1, live_optimizer_steps_ = 0;
   int64_t survivor_tensors_ = -1;

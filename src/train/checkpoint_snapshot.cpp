@@ -29,6 +29,11 @@ int64_t CheckpointManager::restore_snapshot() {
     spdlog::warn("the snapshot of step {} is not in memory (its copy failed)", snapshot_step_);
     return -1;
   }
+  share_restored_state();
+  return restored_snapshot();
+}
+
+void CheckpointManager::share_restored_state() {
   ParamStore& p = model_.params();
   // The moments' device differs from the parameters' when they are offloaded to the host.
   auto device_of = [&](const StateBuffer& b) {
@@ -75,7 +80,6 @@ int64_t CheckpointManager::restore_snapshot() {
   if (parallel::Communicator* ends = mesh_ ? mesh_->embedding_group() : nullptr)
     if (cfg_.model.tie_embeddings)
       for (const StatePart& part : state_parts(embedding_id_, true)) ends->broadcast(part.view, 0);
-  return restored_snapshot();
 }
 
 int64_t CheckpointManager::restored_snapshot() {

@@ -148,12 +148,14 @@ std::string Trainer::memory_plan() const {
   const size_t optim = optimizer_->on_host() ? 0 : nvme ? nvme->host_buffer_bytes() : 2 * shard;
   // The second set of parameters and moments (swap), or the staging buffer (copy).
   const size_t snapshot = p.has_spare() ? p.bytes() + 2 * shard : checkpoints_->staging_bytes();
+  // The in-memory level's two slots: host memory (a tmpfs), allocated once the run resumed.
+  const size_t memory_level = checkpoints_->memory_level_bytes();
   std::string in_flight, experts, dispatch_text;
   const size_t acts = planned_activation_bytes(in_flight);
   const size_t dispatch = planned_dispatch_bytes(experts, dispatch_text);
   return fmt::format(
       "memory plan (this rank, {} {}): parameters {} ({} values{}{}) | gradients {} | AdamW state "
-      "{} | activations {} (micro-batch {} x {}, recompute {}{}){}{}{} | total {}",
+      "{} | activations {} (micro-batch {} x {}, recompute {}{}){}{}{}{} | total {}",
       cfg_.train.device, cfg_.train.precision, format_bytes(params), p.numel(),
       p.compute_copy_bytes() ? ", f32 master + bf16 copy" : "", experts, format_bytes(grads),
       format_bytes(optim), format_bytes(acts), cfg_.train.micro_batch, cfg_.train.seq_len,
@@ -161,7 +163,10 @@ std::string Trainer::memory_plan() const {
       snapshot ? fmt::format(" | checkpoint snapshot {} ({})", format_bytes(snapshot),
                              p.has_spare() ? "swap: a second set of the state" : "copy: staging")
                : "",
-      format_bytes(params + grads + optim + acts + dispatch + snapshot));
+      memory_level ? fmt::format(" | in-memory checkpoints {} (two snapshots in {})",
+                                 format_bytes(memory_level), cfg_.checkpoint.memory_dir)
+                   : "",
+      format_bytes(params + grads + optim + acts + dispatch + snapshot + memory_level));
 }
 
 }  // namespace pentad

@@ -151,6 +151,8 @@ void Trainer::run() {
     checkpoints_->commit_pending(false);
     if (t.save_every > 0 && ((step + 1) % t.save_every == 0 || step + 1 == last))
       checkpoints_->save(step + 1);
+    else if (checkpoints_->memory_due(step + 1))
+      checkpoints_->save_to_memory(step + 1);
     report_step(s, run_start, last);
     if (eval && ((step + 1) % t.eval_every == 0 || step + 1 == last)) report_eval(step, evaluate());
     if (sampler && (step + 1) % t.sample_every == 0) sampler->print(*model_, step + 1);

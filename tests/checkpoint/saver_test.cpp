@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "checkpoint/memory_level.h"
 #include "core/check.h"
 #include "tests/fast_random.h"
 
@@ -247,6 +248,102 @@ TEST_F(SaverTest, RemovesRetiredDirectoriesInTheBackground) {
   for (const std::string& dir : dirs) EXPECT_FALSE(fs::exists(dir)) << dir;
   saver.remove_later({root_ + "/no-such-directory"});  // errors cost space only
   saver.wait_for_removal();
+}
+
+// The in-memory level (memory_level.h): snapshots in two slots that another process (here a
+// second MemoryLevel on the same files) finds and loads bitwise; the slot a snapshot is
+// copied into loses its index first, so a process that dies mid-copy leaves the other slot;
+// a damaged or other-layout slot is refused, naming the file and tensor, writing nothing.
+TEST_F(SaverTest, MemoryLevelOutlivesItsProcess) {
+  fs::create_directories(root_);
+  const std::string prefix = MemoryLevel::prefix_for(root_, root_ + "/checkpoints", 3);
+  EXPECT_NE(prefix.find("-rank-00003"), std::string::npos) << prefix;
+  EXPECT_EQ(prefix, MemoryLevel::prefix_for(root_, root_ + "/./checkpoints", 3));
+  auto small = [](uint32_t seed) {
+    State s;
+    uint64_t stream = uint64_t{seed} << 8;
+    for (size_t n : {size_t{3}, size_t{300'001}, size_t{1023}, size_t{4096}})
+      s.tensors.push_back(fast_random(n, stream++));
+    return s;
+  };
+  auto manifest = [](int64_t step) {
+    Manifest m;
+    m.step = step;
+    m.optimizer_steps = step;
+    m.samples = 8 * step;
+    return m;
+  };
+  State live = small(1);
+  const State first = live, second = small(2), third = small(3);
+  {
+    MemoryLevel level(prefix);
+    level.reserve(live.live());
+    EXPECT_EQ(level.staging_bytes(), 2 * sizeof(float) * (1024 + 300032 + 1024 + 4096));
+    level.take(manifest(1), live.live(), true);
+    for (size_t i = 0; i < live.tensors.size(); ++i) {  // the optimizer, behind the copy
+      std::vector<float>& t = live.tensors[i];
+      level.wait_for_copy(t.data(), t.data() + t.size());
+      t = second.tensors[i];
+    }
+    level.settle();
+    level.take(manifest(2), live.live(), true);
+    level.settle();
+    // A third snapshot goes into step 1's slot: its index is gone before the copy starts.
+    overwrite(live, third);
+    level.take(manifest(3), live.live(), true);
+    const auto during = MemoryLevel(prefix).held();
+    ASSERT_FALSE(during.empty());
+    for (const auto& h : during) EXPECT_NE(h.manifest.step, 1);
+    level.settle();
+  }
+  MemoryLevel later(prefix);  // the next process
+  const auto held = later.held();
+  ASSERT_EQ(held.size(), 2u);
+  EXPECT_EQ(held[0].manifest.step, 3);
+  EXPECT_EQ(held[1].manifest.step, 2);
+  EXPECT_EQ(held[1].manifest.samples, 16);
+  State got = small(9);
+  later.load(held[1].slot, got.live());
+  for (size_t i = 0; i < got.tensors.size(); ++i)
+    EXPECT_TRUE(same_bits(got.tensors[i], second.tensors[i])) << "tensor " << i;
+  later.load(held[0].slot, got.live());
+  for (size_t i = 0; i < got.tensors.size(); ++i)
+    EXPECT_TRUE(same_bits(got.tensors[i], third.tensors[i])) << "tensor " << i;
+
+  // A damaged slot: refused, naming the tensor; nothing written.
+  {
+    std::fstream f(later.data_file(held[1].slot), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(4096 + 4 * 1000);  // tensor 1, past tensor 0's page
+    f.put('\x7f');
+  }
+  State untouched = small(9);
+  try {
+    later.load(held[1].slot, untouched.live());
+    ADD_FAILURE() << "a damaged slot loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("param/t1 fails its checksum"), std::string::npos)
+        << e.what();
+  }
+  const State fresh = small(9);
+  for (size_t i = 0; i < untouched.tensors.size(); ++i)
+    EXPECT_TRUE(same_bits(untouched.tensors[i], fresh.tensors[i])) << "tensor " << i;
+  // Another layout's tensors: refused.
+  State other = small(9);
+  other.tensors.pop_back();
+  EXPECT_THROW(later.load(held[0].slot, other.live()), Error);
+
+  // The next process's first snapshot keeps the newest one (step 3) and writes the other.
+  later.reserve(live.live());
+  later.take(manifest(4), live.live(), true);
+  later.settle();
+  const auto now = later.held();
+  ASSERT_EQ(now.size(), 2u);
+  EXPECT_EQ(now[0].manifest.step, 4);
+  EXPECT_EQ(now[1].manifest.step, 3);
+  later.remove();
+  EXPECT_TRUE(later.held().empty());
+  EXPECT_FALSE(fs::exists(later.data_file(0)));
+  EXPECT_FALSE(fs::exists(later.data_file(1)));
 }
 
 }  // namespace
