@@ -12,7 +12,8 @@
 #      read the same tokens: one llm.c shard written by bench/make_llmc_shard.py;
 #   4. pentad, recipes/llama-1b.toml in bf16 (random tokens), a few steps, with the recipe's
 #      recompute ("auto": off where the plan fits) and with it on (pentad_llama1b_bf16_recompute);
-#   5. pentad GPT-2 124M bf16 again, saving a checkpoint every 10 steps and every step
+#   5. pentad GPT-2 124M bf16 again, saving a checkpoint every 10 steps and every step, and
+#      every 10 steps with the in-memory level every step between
 #      (throughput against no saves, from mean step times);
 #   6. build/pentad_gpu_kernels_bench: every CUDA kernel at GPT-2 124M shapes (attention
 #      by pentad's kernel and by cuDNN, also at two grouped-query shapes);
@@ -204,6 +205,11 @@ part pentad_gpt2_bf16_save10 45 "$pentad" train "${gpt2[@]}" --set train.device=
 part pentad_gpt2_bf16_save1 45 "$pentad" train "${gpt2[@]}" --set train.device=$device \
   --set train.precision=$bf16 --set train.steps=$save1_steps --set train.save_every=1 \
   --set train.keep_last=2 --set train.out_dir="$runs/gpt2_save1"
+# The in-memory level: a file every 10 steps, a snapshot in host memory (/dev/shm) every step
+# between them (checkpoint.memory_every = 1), the copy off the device on its own stream.
+part pentad_gpt2_bf16_memory1 45 "$pentad" train "${gpt2[@]}" --set train.device=$device \
+  --set train.precision=$bf16 --set train.steps=$gpt2_steps --set train.save_every=10 \
+  --set checkpoint.memory_every=1 --set train.keep_last=2 --set train.out_dir="$runs/gpt2_memory1"
 
 if [[ -x $build_dir/pentad_gpu_kernels_bench ]] && ((!smoke)); then
   part kernels 75 "$build_dir/pentad_gpu_kernels_bench"  # 41 s on an H200 (2026-11-27)
@@ -344,6 +350,8 @@ summary = {
                                                warmups["gpt2_bf16"]),
     "pentad_gpt2_124m_bf16_save1": pentad_run("pentad_gpt2_bf16_save1", "gpt2_save1",
                                               warmups["gpt2_bf16"]),
+    "pentad_gpt2_124m_bf16_memory1": pentad_run("pentad_gpt2_bf16_memory1", "gpt2_memory1",
+                                                warmups["gpt2_bf16"]),
     "kernels_bench": dict(parts.get("kernels", {}), output=log_text("kernels")),
     "attention_torch": dict(parts.get("attention_torch", {}), output=log_text("attention_torch")),
     "generate_decode": dict(parts.get("generate_decode", {})),
@@ -365,6 +373,8 @@ summary["ratios"]["save_every_10_over_none"] = ratio(mean_ms("pentad_gpt2_124m_b
                                                      mean_ms("pentad_gpt2_124m_bf16_save10"))
 summary["ratios"]["save_every_1_over_none"] = ratio(mean_ms("pentad_gpt2_124m_bf16"),
                                                     mean_ms("pentad_gpt2_124m_bf16_save1"))
+summary["ratios"]["memory_every_1_over_none"] = ratio(mean_ms("pentad_gpt2_124m_bf16"),
+                                                      mean_ms("pentad_gpt2_124m_bf16_memory1"))
 Path(env["GB_SUMMARY"]).write_text(json.dumps(summary, indent=1) + "\n")
 
 fmt = lambda v, f: "-" if v is None else format(v, f)
@@ -376,7 +386,7 @@ print(f"{'run (tokens/s over median step)':34} {'status':11} {'steps':>5} {'ms/s
 for key in ["pentad_gpt2_124m_bf16", "torch_gpt2_124m_bf16", "llmc_gpt2_124m_bf16",
             "pentad_gpt2_124m_fp32", "pentad_llama_1b_bf16", "pentad_llama_1b_bf16_recompute",
             "pentad_gpt2_124m_bf16_save10",
-            "pentad_gpt2_124m_bf16_save1"]:
+            "pentad_gpt2_124m_bf16_save1", "pentad_gpt2_124m_bf16_memory1"]:
     r = summary[key]
     losses = (f"{r['loss_first']:.3f}->{r['loss_last']:.3f}" if r.get("loss_first") is not None
               else "-")

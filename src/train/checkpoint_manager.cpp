@@ -330,8 +330,9 @@ void CheckpointManager::finish_run() {
   const double blocked = blocked_seconds();
   commit_pending(true);
   if (saves_ > 0) report(blocked, blocked_seconds() - blocked);
-  // The last checkpoint is on disk: the in-memory level's snapshots, all older, go.
-  if (saves_ > 0 && cfg_.checkpoint.memory_every > 0) memory_.remove();
+  // The last checkpoint is on disk: the in-memory level's snapshots, all older (this run's,
+  // or the one it resumed from), go.
+  if (saves_ > 0) memory_.remove();
   // Survivors' states an earlier attempt left that were not adopted: older than the last
   // checkpoint now, they go (adopt_survivors).
   if (saves_ > 0 && world_rank_ == 0)
