@@ -331,7 +331,16 @@ void CheckpointManager::check_memory_level(int64_t resumed_step, bool searched) 
               moved.substr(0, moved.rfind('.')), mine, resumed_step, moved);
     }
   }
-  if (cfg_.checkpoint.memory_every > 0) memory_.reserve(snapshot_tensors());
+  if (cfg_.checkpoint.memory_every <= 0) return;
+  try {
+    memory_.reserve(snapshot_tensors());
+  } catch (const Error& e) {
+    // A full tmpfs (snapshots set aside by earlier restarts, another job's) costs the level,
+    // not the run: the files protect it as without one.
+    memory_off_ = true;
+    spdlog::warn("checkpoint.memory_every = {}: the in-memory level is off for this run: {}",
+                 cfg_.checkpoint.memory_every, e.what());
+  }
 }
 
 void CheckpointManager::init_from(const std::string& path) {

@@ -185,7 +185,7 @@ size_t CheckpointManager::memory_level_bytes() const {
 
 bool CheckpointManager::memory_due(int64_t steps_done) const {
   const int64_t every = cfg_.checkpoint.memory_every;
-  return every > 0 && steps_done % every == 0;
+  return every > 0 && !memory_off_ && steps_done % every == 0;
 }
 
 void CheckpointManager::save_to_memory(int64_t steps_done) {

@@ -207,7 +207,8 @@ class CheckpointManager {
   // Collective.
   int64_t common_memory_step(const std::vector<ckpt::MemoryLevel::Held>& held, int64_t bound);
   // check_roots()'s part for the in-memory level: newer snapshots this run did not take are
-  // refused or set aside as the files' are; then the level's slots are allocated.
+  // refused or set aside as the files' are; then the level's slots are allocated (where
+  // that fails, the level is off for the run, with a warning).
   void check_memory_level(int64_t resumed_step, bool searched);
   // The step loaded, or none (and a warning) if the checkpoint is unusable (corrupt,
   // truncated, missing). with_optimizer = false loads the parameters only and starts the
@@ -251,7 +252,8 @@ class CheckpointManager {
   ckpt::MemoryLevel memory_;  // checkpoint.memory_every; its snapshots of any earlier process
   int64_t memory_snapshots_ = 0;
   bool resumed_from_memory_ = false;
-  std::mutex state_mutex_;  // writing_state()
+  bool memory_off_ = false;  // its slots could not be allocated (a warning said why)
+  std::mutex state_mutex_;   // writing_state()
   int64_t live_step_ = -1, live_optimizer_steps_ = 0;
   int64_t survivor_tensors_ = -1;
 };

@@ -12,6 +12,7 @@ rank of gpt-tiny: files every 4 steps, a snapshot in memory every step, the run 
    final weights equal an uninterrupted run's bitwise; the level's files are gone at the end.
 3. The same kill with the ranks' layout changed at the restart (tp 2 on 2 ranks): memory is
    not resharded; the restart takes the file and sets the snapshots aside, saying where.
+4. Slots that cannot be allocated: a warning, the level off, the run goes on.
 
 usage: memory_level.py PENTAD RECIPE WORK_DIR
 """
@@ -141,6 +142,12 @@ def main():
     aside = [f for f in snapshots() if f.endswith(".unloadable")]
     check(len(aside) == 4 and "moved to" in log,
           f"tp 2: the one-rank snapshots set aside as .unloadable, said in a warning ({aside})")
+    # Slots that cannot be allocated (here: memory_dir under a file) cost the level, not the run.
+    blocked = os.path.join(WORK, "a-file")
+    open(blocked, "w").close()
+    rc, log = train(os.path.join(WORK, "no-room"), [f"checkpoint.memory_dir={blocked}/shm"])
+    check(rc == 0 and "the in-memory level is off for this run" in log,
+          "slots that cannot be allocated: a warning, and the run trains on with its files")
     if failures:
         print(f"{len(failures)} checks failed")
         return 1
