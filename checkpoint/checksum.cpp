@@ -12,6 +12,9 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <atomic>
+#include <numeric>
+#include <thread>
 #include <vector>
 
 #include "core/check.h"
@@ -57,6 +60,26 @@ std::optional<ChecksumKind> checksum_kind(const std::string& name) {
 uint64_t checksum_of(ChecksumKind kind, const void* data, size_t bytes, bool parallel) {
   if (kind == ChecksumKind::Crc32) return crc32_of(data, bytes, parallel);
   return XXH3_64bits(data, bytes);
+}
+
+std::vector<uint64_t> xxh3_each(const std::vector<std::pair<const void*, size_t>>& spans,
+                                int threads) {
+  std::vector<uint64_t> out(spans.size(), 0);
+  std::vector<size_t> order(spans.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return spans[a].second > spans[b].second; });
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t k; (k = next.fetch_add(1)) < order.size();)
+      out[order[k]] = XXH3_64bits(spans[order[k]].first, spans[order[k]].second);
+  };
+  const int n = std::clamp<int>(threads, 1, static_cast<int>(std::max<size_t>(spans.size(), 1)));
+  std::vector<std::thread> workers;
+  for (int t = 1; t < n; ++t) workers.emplace_back(work);
+  work();
+  for (std::thread& w : workers) w.join();
+  return out;
 }
 
 struct Xxh3Stream::State {

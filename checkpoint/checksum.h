@@ -11,6 +11,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace pentad::ckpt {
 
@@ -24,6 +26,11 @@ std::optional<ChecksumKind> checksum_kind(const std::string& name);  // nullopt 
 // The checksum of `bytes` bytes at data. parallel: split crc32 across the OpenMP threads
 // and combine (loading runs alone); xxh3-64 is serial (it runs near memory bandwidth).
 uint64_t checksum_of(ChecksumKind kind, const void* data, size_t bytes, bool parallel = false);
+
+// xxh3-64 of each of `spans` (data, bytes), on up to `threads` threads of its own, the
+// largest first: a whole snapshot's tensors at the cores' rate rather than one core's.
+std::vector<uint64_t> xxh3_each(const std::vector<std::pair<const void*, size_t>>& spans,
+                                int threads);
 
 // xxh3-64 of a byte stream fed in pieces: equal to checksum_of() of the concatenation.
 class Xxh3Stream {

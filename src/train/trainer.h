@@ -119,6 +119,7 @@ class Trainer {
   // what each does. Collective. resume() and restore_snapshot() return the step to train next
   // (restore_snapshot(): -1 when this job has saved nothing).
   void save(int64_t steps_done) { checkpoints_->save(steps_done); }
+  void save_to_memory(int64_t steps_done) { checkpoints_->save_to_memory(steps_done); }
   void commit_pending(bool block) { checkpoints_->commit_pending(block); }
   int64_t resume(const std::string& which) { return start_step_ = checkpoints_->resume(which); }
   int64_t restore_snapshot() {

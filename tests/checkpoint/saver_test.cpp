@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "checkpoint/checksum.h"
 #include "checkpoint/memory_level.h"
 #include "core/check.h"
 #include "tests/fast_random.h"
@@ -344,6 +345,22 @@ TEST_F(SaverTest, MemoryLevelOutlivesItsProcess) {
   EXPECT_TRUE(later.held().empty());
   EXPECT_FALSE(fs::exists(later.data_file(0)));
   EXPECT_FALSE(fs::exists(later.data_file(1)));
+}
+
+// The device copy's checksums, tensor by tensor on threads of their own: each equal to
+// the serial xxh3 of its bytes, whatever the threads and the order of sizes.
+TEST(Checksums, EachSpanOnThreadsEqualsItsSerialHash) {
+  const State s = make_state(7);
+  std::vector<std::pair<const void*, size_t>> spans;
+  for (const std::vector<float>& t : s.tensors) spans.emplace_back(t.data(), t.size() * 4);
+  spans.emplace_back(s.tensors[1].data() + 17, 0);  // an empty tensor
+  for (int threads : {1, 3, 16}) {
+    const std::vector<uint64_t> got = xxh3_each(spans, threads);
+    ASSERT_EQ(got.size(), spans.size());
+    for (size_t i = 0; i < spans.size(); ++i)
+      EXPECT_EQ(got[i], XXH3_64bits(spans[i].first, spans[i].second)) << i << " " << threads;
+  }
+  EXPECT_TRUE(xxh3_each({}, 4).empty());
 }
 
 }  // namespace

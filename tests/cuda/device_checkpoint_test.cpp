@@ -210,6 +210,39 @@ TEST_P(DeviceSnapshot, RestoreFromMemoryEqualsResumeFromDisk) {
   if (!::testing::Test::HasFailure()) fs::remove_all(out);
 }
 
+// The in-memory level on a GPU: the copy off the device into a shared, page-locked slot on
+// the saver's stream, then (the trainer gone, as a crashed process is) a new trainer's
+// --resume latest takes the slot, bitwise the state and the steps that followed.
+TEST(DeviceMemoryLevel, ANewProcessResumesFromTheSlotBitwise) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  const fs::path out = temp_dir("device-memory-level");
+  fs::remove_all(out);
+  const Config cfg = parse_recipe(
+      "", "device_checkpoint_test",
+      {"model.family=llama", "model.n_layer=2", "model.d_model=64", "model.n_head=4",
+       "model.n_kv_head=2", "model.vocab_size=512", "model.max_seq_len=64",
+       "model.tie_embeddings=false", "data.source=random", "train.steps=14", "train.micro_batch=2",
+       "train.seq_len=32", "train.eval_every=0", "train.device=cuda", "train.precision=bf16",
+       "train.save_every=100", "checkpoint.memory_every=1",
+       "checkpoint.memory_dir=" + (out / "shm").string(), "train.out_dir=" + out.string()});
+  constexpr int64_t kTaken = 6, kEnd = 10;
+  std::vector<float> first, resumed, taken_params;
+  launch::start_rank(cfg);
+  {
+    Trainer trainer(cfg);
+    for (int64_t s = 0; s < kTaken; ++s) trainer.train_step(s);
+    taken_params = params_of(trainer);
+    trainer.save_to_memory(kTaken);  // its copy overlaps the next step's kernels
+    for (int64_t s = kTaken; s < kEnd; ++s) first.push_back(trainer.train_step(s).loss);
+  }  // gone without finishing its run: the slot stays
+  Trainer again(cfg);
+  ASSERT_EQ(again.resume("latest"), kTaken);
+  EXPECT_TRUE(same_bits(params_of(again), taken_params));
+  for (int64_t s = kTaken; s < kEnd; ++s) resumed.push_back(again.train_step(s).loss);
+  EXPECT_TRUE(same_bits(resumed, first));
+  if (!::testing::Test::HasFailure()) fs::remove_all(out);
+}
+
 INSTANTIATE_TEST_SUITE_P(Precisions, DeviceSnapshot,
                          ::testing::Values(SnapshotCase{"fp32", "fp32", false},
                                            SnapshotCase{"bf16", "bf16", false},
