@@ -385,6 +385,12 @@ void add_training_state(MemoryEstimate& e, const Sizes& s, const Config& cfg,
   }
   if (cfg.train.save_every > 0)  // values, m and v again (offloaded too: read into staging)
     e.snapshot = (z.stage == 3 ? backed_shares : e.values * f32) + moments;
+  // The in-memory level (checkpoint.memory_every, which needs save_every): two more copies,
+  // in host memory (/dev/shm), beside the device's total on CUDA.
+  if (cfg.checkpoint.memory_every > 0) {
+    e.memory_level = 2 * e.snapshot;
+    (cfg.train.device == "cuda" ? e.host : e.snapshot) += e.memory_level;
+  }
   // CUDA: AdamW on the host holds none of its state on the device. Both offloads update on
   // the host (the "nvme" sub-groups and staging are host memory).
   if (cfg.train.device == "cuda" && cfg.parallel.offload != "none") {

@@ -18,6 +18,9 @@ struct MemoryEstimate {
   // Checkpoint snapshots (when train.save_every > 0): the second set of parameters and
   // AdamW moments (checkpoint.snapshot swap) or the host staging buffer (copy), alike in size.
   double snapshot = 0;
+  // Of those (on the CPU; on CUDA in `host`), the in-memory checkpoint level's two slots
+  // (checkpoint.memory_every).
+  double memory_level = 0;
   double values = 0;  // parameter values held by that rank
   // Of those, the routed experts' (n_experts / ep experts per MoE layer, each 1/etp of its
   // width); and of activations, the MoE layers' dispatch buffers: the routed token rows sent
@@ -25,9 +28,10 @@ struct MemoryEstimate {
   double expert_values = 0;
   double dispatch = 0;  // bytes
   int stage = 0;        // its pipeline stage
-  // CUDA with AdamW offloaded (parallel.offload "cpu" or "nvme"): the host memory it takes
-  // beside the device's total(): m and v (or the NVMe sub-groups), the page-locked staging
-  // and, with ZeRO-3's parameter shares on NVMe, their upload slots. 0 otherwise.
+  // CUDA: the host memory taken beside the device's total(): with AdamW offloaded
+  // (parallel.offload "cpu" or "nvme") m and v (or the NVMe sub-groups), the page-locked
+  // staging and, with ZeRO-3's parameter shares on NVMe, their upload slots; the in-memory
+  // checkpoint level's slots. 0 otherwise.
   double host = 0;  // bytes
   double total() const { return parameters + gradients + optimizer + activations + snapshot; }
 };

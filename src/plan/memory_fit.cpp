@@ -165,13 +165,22 @@ std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh)
                          : std::string("8N"));
   text +=
       fmt::format("  activations  {} ({})\n", bytes_text(e.activations), activations_text(cfg, e));
-  if (e.snapshot > 0) text += fmt::format("  snapshot     {}\n", bytes_text(e.snapshot));
+  if (e.snapshot > 0)
+    text += fmt::format("  snapshot     {}{}\n", bytes_text(e.snapshot),
+                        e.memory_level > 0 && cfg.train.device != "cuda"
+                            ? fmt::format(" (the in-memory level's two copies {} of it)",
+                                          bytes_text(e.memory_level))
+                            : "");
   if (e.host > 0)
     text += fmt::format(
-        "  host memory  {} (not in the device's total: AdamW's offloaded state and page-locked "
-        "staging{})\n",
-        bytes_text(e.host),
-        nvme_params ? ", with 3 slots of the largest parameter share for its uploads" : "");
+        "  host memory  {} (not in the device's total: {})\n", bytes_text(e.host),
+        e.host > e.memory_level
+            ? fmt::format(
+                  "AdamW's offloaded state and page-locked staging{}{}",
+                  nvme_params ? ", with 3 slots of the largest parameter share for its uploads"
+                              : "",
+                  e.memory_level > 0 ? ", and the in-memory checkpoint level's two copies" : "")
+            : std::string("the in-memory checkpoint level's two copies of the state"));
   text += fmt::format("  total        {}", bytes_text(e.total()));
   return text;
 }
@@ -448,10 +457,14 @@ std::string largest_items(const Config& cfg, const MemoryEstimate& e) {
        e.activations}};
   // Only where there is one (saves on), and the note about host memory only on CUDA.
   if (e.snapshot > 0)
-    items.push_back({fmt::format("checkpoint snapshot {} ({}train.save_every = 0 drops it)",
+    items.push_back({fmt::format("checkpoint snapshot {} ({}{}train.save_every = 0 drops it)",
                                  bytes_text(e.snapshot),
                                  cfg.train.device == "cuda"
                                      ? "checkpoint.snapshot = \"copy\" keeps it in host memory; "
+                                     : "",
+                                 e.memory_level > 0 && cfg.train.device != "cuda"
+                                     ? "two thirds of it the in-memory level's, which "
+                                       "checkpoint.memory_every = 0 drops; "
                                      : ""),
                      e.snapshot});
   std::stable_sort(items.begin(), items.end(),

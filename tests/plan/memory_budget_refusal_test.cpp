@@ -217,4 +217,27 @@ TEST(MemoryBudget, RefusalNamesZeroAndRecomputeAndSnapshotsOnlyWhereThereAreAny)
   }
 }
 
+// The in-memory checkpoint level's two copies of the state: in the CPU's total (within the
+// snapshot, which the refusal names), in host memory beside a GPU's.
+TEST(MemoryBudget, TheInMemoryLevelCountsTwoCopiesOfTheState) {
+  for (const char* device : {"cpu", "cuda"}) {
+    auto estimate = [&](const char* every) {
+      return estimate_memory(
+          load_recipe(kRecipes + "gpt-tiny.toml",
+                      {"train.save_every=10", std::string("train.device=") + device,
+                       std::string("checkpoint.memory_every=") + every}),
+          one_rank());
+    };
+    const MemoryEstimate off = estimate("0"), on = estimate("1");
+    ASSERT_GT(off.snapshot, 0) << device;
+    EXPECT_DOUBLE_EQ(on.memory_level, 2 * off.snapshot) << device;
+    if (std::string(device) == "cpu") {
+      EXPECT_DOUBLE_EQ(on.total(), off.total() + 2 * off.snapshot);
+    } else {
+      EXPECT_DOUBLE_EQ(on.total(), off.total());
+      EXPECT_DOUBLE_EQ(on.host, off.host + 2 * off.snapshot);
+    }
+  }
+}
+
 }  // namespace
