@@ -465,8 +465,8 @@ set_tests_properties(hosts_wire_faults PROPERTIES TIMEOUT 900 RUN_SERIAL TRUE LA
 
 # Recovery from the survivors' memory (issue 48): 4 ranks, one killed; with dp replicas the
 # survivors' state of the last step is adopted (no step redone, losses bitwise), with ZeRO-1
-# it is not (the dead rank's shares are gone) and the newest file is used, or with the
-# in-memory level the snapshot of step 15 or 16 (bitwise). About 12 s.
+# it is not (the dead rank's shares are gone) and the newest file is used, or (pp 2 x dp 2)
+# with the in-memory level the snapshot of step 15 or 16 (bitwise). About 12 s.
 add_test(NAME launch_survivors
   COMMAND ${PENTAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/launch/survivors_test.py
           $<TARGET_FILE:pentad> ${RECIPES}/gpt-tiny.toml ${CMAKE_CURRENT_BINARY_DIR}/launch-survivors)

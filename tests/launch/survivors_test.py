@@ -8,10 +8,11 @@ gpt-tiny, a save every 10 steps, rank 2 killed at the start of step 17.
   every loss bitwise the uninterrupted run's, no survivors' directory left at the end.
 - dp 4 with ZeRO-1 (each rank alone holds its share of the AdamW moments): the survivors' files
   miss the dead rank's share; not adopted, saying so, and the restart takes the newest file.
-- The same with the in-memory level (checkpoint.memory_every = 1): every rank's snapshot of
-  step 16 (or 15, where the killed rank died before its copy of 16 was whole) outlived the
-  processes; the restart resumes from it, not from the file of step 10, every loss bitwise an
-  uninterrupted ZeRO-1 run's, and the level's files are gone at the end.
+- pp 2 x dp 2 with ZeRO-1 and the in-memory level (checkpoint.memory_every = 1): every rank's
+  snapshot of step 16 (or 15, where the killed rank died before its copy of 16 was whole)
+  outlived the processes; the restart resumes from it, not from the file of step 10, every
+  loss bitwise an uninterrupted run's of that layout, and the level's files are gone at the
+  end.
 
 usage: survivors_test.py PENTAD RECIPE WORK_DIR
 """
@@ -100,18 +101,21 @@ def main():
           f"ZeRO-1: resumed from the newest file instead (step {resumed.get('resume_step')})")
     check(sorted(losses(out)) == list(range(1, STEPS + 1)), f"ZeRO-1: every step 1..{STEPS} has a loss")
     shm = os.path.join(WORK, "shm")
-    memory = ["parallel.zero=1", "checkpoint.memory_every=1", f"checkpoint.memory_dir={shm}"]
+    memory = ["parallel.zero=1", "parallel.dp=2", "parallel.pp=2", "checkpoint.memory_every=1",
+              f"checkpoint.memory_dir={shm}"]
     ref1 = os.path.join(WORK, "reference-zero1")
     p = subprocess.run(train_cmd(ref1, memory), env=ENV, capture_output=True, text=True,
                        timeout=300)
-    check(p.returncode == 0, "the uninterrupted ZeRO-1 run with in-memory snapshots finished")
+    check(p.returncode == 0, "the uninterrupted pp 2 x dp 2 ZeRO-1 run with in-memory snapshots "
+          "finished")
     out, log, resumed = launched("zero1_memory", memory)
     check("resumed from the in-memory snapshot of step" in log,
-          "ZeRO-1: the restart resumed from the in-memory level")
+          "pp 2 x dp 2 ZeRO-1: the restart resumed from the in-memory level")
     check(resumed.get("resume_step", -1) in (15, 16),
-          f"ZeRO-1: resumed at step 15 or 16, past the file of step 10 "
+          f"pp 2 x dp 2 ZeRO-1: resumed at step 15 or 16, past the file of step 10 "
           f"(resume_step {resumed.get('resume_step')})")
-    check(losses(out) == losses(ref1), "ZeRO-1: every loss bitwise the uninterrupted run's")
+    check(losses(out) == losses(ref1),
+          "pp 2 x dp 2 ZeRO-1: every loss bitwise the uninterrupted run's")
     left = os.listdir(shm) if os.path.isdir(shm) else []
     check(not left, f"the in-memory level's files are gone at the end ({left})")
     if failures:
