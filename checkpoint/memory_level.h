@@ -84,10 +84,12 @@ class MemoryLevel {
 
  private:
   std::string prefix_;
-  AsyncSaver slots_[2];
   int newest_ = 0;        // the slot of the last take() (or the newest an earlier process left)
   bool started_ = false;  // newest_ is known
-  Manifest pending_[2];
+  Manifest pending_[2];   // what each slot's index will record (read by its copy's thread)
+  // Last: destroyed first, so that a copy still running (its destructor joins it) finds
+  // everything else in place.
+  AsyncSaver slots_[2];
 };
 
 }  // namespace pentad::ckpt
