@@ -43,6 +43,27 @@ std::string MemoryLevel::prefix_for(const std::string& dir, const std::string& r
   return fmt::format("{}/pentad-{:016x}-rank-{:05d}", dir, hash, rank);
 }
 
+std::vector<std::string> MemoryLevel::prefixes_from_rank(const std::string& prefix,
+                                                         int first_rank) {
+  const std::filesystem::path path(prefix);
+  const std::string base = path.filename().string();
+  const std::string stem = base.substr(0, base.rfind("-rank-") + 6);  // up to the digits
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(path.parent_path(), ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.compare(0, stem.size(), stem) != 0 || name.size() < stem.size() + 7) continue;
+    const std::string digits = name.substr(stem.size(), 5), rest = name.substr(stem.size() + 5);
+    if (digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (rest != ".0" && rest != ".1" && rest != ".0.json" && rest != ".1.json") continue;
+    if (std::stoi(digits) < first_rank) continue;
+    const std::string other = (path.parent_path() / (stem + digits)).string();
+    if (std::find(found.begin(), found.end(), other) == found.end()) found.push_back(other);
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
 MemoryLevel::MemoryLevel(std::string prefix) : prefix_(std::move(prefix)) {
   for (int s = 0; s < 2; ++s) {
     slots_[s].set_shared_staging(data_file(s));

@@ -30,6 +30,10 @@ class MemoryLevel {
   // <dir>/pentad-<16 hex digits of root's absolute path's hash>-rank-<5 digits>.
   static std::string prefix_for(const std::string& dir, const std::string& root, int rank);
 
+  // The prefixes (prefix_for's) of the ranks from `first_rank` on whose slot files are in
+  // prefix's directory for the same checkpoints: what a job of more ranks left.
+  static std::vector<std::string> prefixes_from_rank(const std::string& prefix, int first_rank);
+
   explicit MemoryLevel(std::string prefix);
   MemoryLevel(const MemoryLevel&) = delete;
   MemoryLevel& operator=(const MemoryLevel&) = delete;

@@ -307,8 +307,19 @@ void CheckpointManager::check_memory_level(int64_t resumed_step, bool searched) 
       else if (h.manifest.step > after)
         other = std::max(other, h.manifest.step);
     const int64_t complete = common_memory_step(same, -1);  // the same on every rank
-    const int64_t mine = std::max(other, complete > after ? complete : -1);
-    const int64_t newest = all_ranks64(mine, parallel::ReduceOp::Max);
+    const int64_t own = std::max(other, complete > after ? complete : -1);
+    // Rank 0: the slots of ranks past this job's (a job of more ranks ran before), each with
+    // its newest step.
+    std::vector<std::pair<std::string, int64_t>> beyond;
+    int64_t past = -1;
+    if (world_rank_ == 0)
+      for (const std::string& prefix : ckpt::MemoryLevel::prefixes_from_rank(
+               memory_.prefix(), mesh_ ? mesh_->world_size() : 1)) {
+        const std::vector<ckpt::MemoryLevel::Held> held = ckpt::MemoryLevel(prefix).held();
+        beyond.push_back({prefix, held.empty() ? -1 : held.front().manifest.step});
+        if (beyond.back().second > after) past = std::max(past, beyond.back().second);
+      }
+    const int64_t newest = all_ranks64(std::max(own, past), parallel::ReduceOp::Max);
     if (newest >= 0) {
       const std::string files = memory_.prefix().substr(0, memory_.prefix().rfind("-rank-") + 1);
       if (fresh)
@@ -323,12 +334,24 @@ void CheckpointManager::check_memory_level(int64_t resumed_step, bool searched) 
             "that this run's snapshots would replace; nothing was written. Pass --resume "
             "latest, or train.retire_newer=true to set it aside and train on from step {}",
             cfg_.train.resume, resumed_step, newest, files, resumed_step);
-      if (mine >= 0)
-        for (const std::string& moved : memory_.set_aside(searched ? "unloadable" : "retired"))
-          spdlog::warn(
-              "the in-memory snapshot {} (step {}) is newer than step {}, which this run "
-              "resumed, or of another layout: moved to {} (delete it to free its memory)",
-              moved.substr(0, moved.rfind('.')), mine, resumed_step, moved);
+    }
+    const char* suffix = searched ? "unloadable" : "retired";
+    auto set_aside = [&](ckpt::MemoryLevel& level, int64_t step) {
+      for (const std::string& moved : level.set_aside(suffix))
+        spdlog::warn(
+            "the in-memory snapshot {} (step {}) is newer than step {}, which this run "
+            "resumed, or of another layout: moved to {} (delete it to free its memory)",
+            moved.substr(0, moved.rfind('.')), step, resumed_step, moved);
+    };
+    if (own >= 0) set_aside(memory_, own);
+    // Those of ranks past this job's: newer ones set aside as their job's other ranks' are,
+    // older ones (no state this run lacks) deleted.
+    for (const auto& [prefix, step] : beyond) {
+      ckpt::MemoryLevel level(prefix);
+      if (step > after)
+        set_aside(level, step);
+      else
+        level.remove();
     }
   }
   if (cfg_.checkpoint.memory_every <= 0) return;

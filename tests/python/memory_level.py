@@ -12,7 +12,9 @@ rank of gpt-tiny: files every 4 steps, a snapshot in memory every step, the run 
    final weights equal an uninterrupted run's bitwise; the level's files are gone at the end.
 3. The same kill with the ranks' layout changed at the restart (tp 2 on 2 ranks): memory is
    not resharded; the restart takes the file and sets the snapshots aside, saying where.
-4. Slots that cannot be allocated: a warning, the level off, the run goes on.
+4. One rank resuming a killed two-rank job: the slots of rank 1 (past the new job's ranks) are
+   set aside or deleted, never left live.
+5. Slots that cannot be allocated: a warning, the level off, the run goes on.
 
 usage: memory_level.py PENTAD RECIPE WORK_DIR
 """
@@ -142,6 +144,20 @@ def main():
     aside = [f for f in snapshots() if f.endswith(".unloadable")]
     check(len(aside) == 4 and "moved to" in log,
           f"tp 2: the one-rank snapshots set aside as .unloadable, said in a warning ({aside})")
+    # Fewer ranks after more: the slots of the ranks past the new job's are set aside (or, with
+    # nothing newer than the resumed file, deleted), never left live.
+    out, shrink = os.path.join(WORK, "shrink"), os.path.join(WORK, "shm-shrink")
+    extra = [f"checkpoint.memory_dir={shrink}"]
+    train(out, extra + ["parallel.tp=2", "train.inject_fault=kill:1:11"], ranks=2)
+    before = sorted(os.listdir(shrink))
+    rc, log = train(out, extra, resume="latest")
+    after = sorted(os.listdir(shrink))
+    check(rc == 0 and any("-rank-00001." in f for f in before),
+          f"one rank resumed a killed two-rank job that left rank 1's slots ({before})")
+    check(all(f.endswith(".unloadable") for f in after) and
+          ("-rank-00001" in log) == any("-rank-00001." in f for f in after),
+          f"rank 1's slots are set aside (said in a warning) or deleted, none left live ({after})")
+
     # Slots that cannot be allocated (here: memory_dir under a file) cost the level, not the run.
     blocked = os.path.join(WORK, "a-file")
     open(blocked, "w").close()
