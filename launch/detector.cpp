@@ -374,8 +374,11 @@ std::optional<Detection> Detector::check_silent(double now) const {
 // One rank computes >= 1.5x longer than the median of the others on each of the last
 // kSlowSteps steps they all reported, and the others spend that difference waiting: at least
 // half of it, summed over those steps (a wait can fall on either side of a step boundary: a
-// checkpoint save moves it, so one step's wait can be short and the next one's long).
-std::optional<Detection> Detector::check_compute_slow(double now) const {
+// checkpoint save moves it, so one step's wait can be short and the next one's long). And
+// so for kSlowSeconds: on every check since the first slow step of its first such window.
+std::optional<Detection> Detector::check_compute_slow(double now) {
+  const int was_slow = slow_rank_;
+  slow_rank_ = -1;  // unless this check finds the same rank slow again
   if (ranks_.size() < 2) return std::nullopt;
   std::map<int64_t, std::map<int, const StepRecord*>> by_step;  // step -> rank -> record
   for (const auto& [rank, r] : ranks_)
@@ -387,7 +390,7 @@ std::optional<Detection> Detector::check_compute_slow(double now) const {
 
   for (const auto& [culprit, state] : ranks_) {
     bool slow_every_step = true;
-    double ratio_sum = 0, excess_sum = 0, wait_sum = 0;
+    double ratio_sum = 0, excess_sum = 0, wait_sum = 0, seconds = 0;
     for (int64_t step : steps) {
       const auto& records = by_step[step];
       const StepRecord& mine = *records.at(culprit);
@@ -411,14 +414,20 @@ std::optional<Detection> Detector::check_compute_slow(double now) const {
         break;
       }
       ratio_sum += others > 0 ? my_compute / others : 0;
+      seconds += mine.step_seconds;
       excess_sum += excess;
       wait_sum += median(waits);
     }
     if (!slow_every_step || wait_sum < 0.5 * excess_sum) continue;
     const StepRecord& first = *by_step[steps.back()].at(culprit);
+    // Slow for kSlowSeconds: over this window's steps, or since an earlier check's window
+    // where every check since found it slow too.
+    slow_since_ = was_slow == culprit ? std::min(slow_since_, first.seen_at) : first.seen_at;
+    slow_rank_ = culprit;
+    if (std::max(seconds, now - slow_since_) < kSlowSeconds) return std::nullopt;
     return Detection{"non-comm slow",
                      {culprit},
-                     first.seen_at,
+                     slow_since_,
                      now,
                      fmt::format("computes {:.1f}x the others' time over steps {}..{} while "
                                  "they wait for it",

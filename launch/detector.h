@@ -103,6 +103,11 @@ class Detector {
   // A slow rank must be slow this many steps running: on a shared, oversubscribed machine a
   // rank descheduled for 5 steps of 15 ms happened in a clean run; 10 did not in 200 steps.
   static constexpr size_t kSlowSteps = 10;
+  // ... and for at least this long: its steps' seconds over those steps, or the time since
+  // the first slow step of a window that every check since found slow too. With steps of a
+  // few milliseconds, 10 steps of a rank on a VM's stolen core (0.15 s) came in clean runs
+  // (2026-11-30, twice); a rank slow at its work stays so.
+  static constexpr double kSlowSeconds = 0.5;
   // A slow link: a pair at this many times the median pair's seconds per MB ...
   static constexpr double kLinkFactor = 3.0;
   // ... for this long (x the median step time, and at least DetectorOptions::link_slow_s)
@@ -160,7 +165,7 @@ class Detector {
   std::optional<Detection> check_hang(double now) const;
   bool stale(const Wait& w, double now) const;  // kStaleWaitSeconds
   std::optional<Detection> check_silent(double now) const;
-  std::optional<Detection> check_compute_slow(double now) const;
+  std::optional<Detection> check_compute_slow(double now);
   std::optional<Detection> check_link_slow(double now);
   bool silent(const RankState& r, double now) const;
   // Ranks on more than one host (the hello's "host"): the host rules apply.
@@ -172,6 +177,10 @@ class Detector {
 
   DetectorOptions options_;
   std::map<int, RankState> ranks_;
+  // check_compute_slow(): the rank slow over every check running, and since when (the
+  // first slow step of its first slow window); -1: none.
+  int slow_rank_ = -1;
+  double slow_since_ = 0;
   int world_ = 0;
   double waits_from_ = 0;  // no wait counts from before this (rearm())
   bool fatal_reported_ = false, compute_slow_reported_ = false, link_slow_reported_ = false;
