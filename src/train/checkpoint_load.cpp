@@ -295,10 +295,10 @@ void CheckpointManager::check_memory_level(int64_t resumed_step, bool searched) 
   // layout, a step counts where every rank holds it (one only some hold, the others having
   // died before its copy was whole, is no snapshot of the job); of another, whatever a rank
   // holds (its job's other ranks are not this one's to ask).
+  const std::vector<ckpt::LiveTensor> tensors = snapshot_tensors();
   if (!resumed_from_memory_) {
     const bool fresh = cfg_.train.resume.empty();
     const int64_t after = fresh ? -1 : resumed_step;
-    const std::vector<ckpt::LiveTensor> tensors = snapshot_tensors();
     std::vector<ckpt::MemoryLevel::Held> same;
     int64_t other = -1;
     for (ckpt::MemoryLevel::Held& h : memory_.held())
@@ -356,7 +356,7 @@ void CheckpointManager::check_memory_level(int64_t resumed_step, bool searched) 
   }
   if (cfg_.checkpoint.memory_every <= 0) return;
   try {
-    memory_.reserve(snapshot_tensors());
+    memory_.reserve(tensors);
   } catch (const Error& e) {
     // A full tmpfs (snapshots set aside by earlier restarts, another job's) costs the level,
     // not the run: the files protect it as without one.

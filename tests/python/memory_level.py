@@ -43,21 +43,24 @@ def check(ok, what):
         failures.append(what)
 
 
-def train(out, extra=(), ranks=1, resume=None):
+def command(out, extra=(), ranks=1, resume=None):
     cmd = ([] if ranks == 1 else ["mpirun", "--oversubscribe", "-np", str(ranks)])
     cmd += [PENTAD, "train", RECIPE] + (["--resume", resume] if resume else [])
     for o in COMMON + list(extra) + [f"train.out_dir={out}"]:
         cmd += ["--set", o]
-    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    return cmd
+
+
+def train(out, extra=(), ranks=1, resume=None):
+    p = subprocess.run(command(out, extra, ranks, resume), env=ENV, capture_output=True,
+                       text=True, timeout=300)
     return p.returncode, p.stdout + p.stderr
 
 
 def killed_in_step_11(out, extra=()):
     """Trains until step 10 is logged, then SIGKILL in the middle of step 11."""
-    cmd = [PENTAD, "train", RECIPE]
-    for o in COMMON + list(extra) + ["train.inject_fault=slow:0:9:200", f"train.out_dir={out}"]:
-        cmd += ["--set", o]
-    p = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(command(out, list(extra) + ["train.inject_fault=slow:0:9:200"]),
+                         env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics = os.path.join(out, "metrics.jsonl")
     deadline = time.time() + 120
     while time.time() < deadline and p.poll() is None:
