@@ -42,6 +42,14 @@ AttentionDims attention_dims(const char* op, const Call& call, const Tensor& q, 
   return d;
 }
 
+// The forward's FLOPs for the op profile, as pentad plan counts them: two products (q k^T,
+// then p v) over the causal half. A block with positions (context parallelism) may be
+// whole, half or empty under its mask: not counted.
+double causal_flops(const AttentionDims& d, bool positions) {
+  if (positions) return 0;
+  return 2.0 * double(d.B) * double(d.Hq) * double(d.Tq) * double(d.Tk) * double(d.D);
+}
+
 std::atomic<AttentionImpl> impl{AttentionImpl::Auto};
 
 // Whether a CUDA call goes to cuDNN (ops.h, AttentionImpl). Only called from run()'s CUDA
@@ -74,11 +82,12 @@ AttentionImpl attention_impl() {
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        const Tensor& q_pos, const Tensor& k_pos) {
   const char* op = "attention_forward";
-  const Call call =
+  Call call =
       check_args(op, {{"out", out}, {"q", q}, {"k", k}, {"v", v}}, {f32_on_cuda("lse", lse)});
   const AttentionDims d = attention_dims(op, call, q, k, v, q_pos, k_pos);
   check_shape(op, {"out", out}, q.shape);
   check_shape(op, {"lse", lse}, {d.B, d.Hq, d.Tq});
+  call.flops = causal_flops(d, present(q_pos));
   run(
       call,
       [&] {
@@ -99,15 +108,15 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& q_pos, const Tensor& k_pos, bool accumulate) {
   const char* op = "attention_backward";
-  const Call call = check_args(op, {{"dq", dq},
-                                    {"dk", dk},
-                                    {"dv", dv},
-                                    {"dout", dout},
-                                    {"q", q},
-                                    {"k", k},
-                                    {"v", v},
-                                    {"out", out},
-                                    f32_on_cuda("lse", lse)});
+  Call call = check_args(op, {{"dq", dq},
+                              {"dk", dk},
+                              {"dv", dv},
+                              {"dout", dout},
+                              {"q", q},
+                              {"k", k},
+                              {"v", v},
+                              {"out", out},
+                              f32_on_cuda("lse", lse)});
   const AttentionDims d = attention_dims(op, call, q, k, v, q_pos, k_pos);
   check_shape(op, {"dq", dq}, q.shape);
   check_shape(op, {"dk", dk}, k.shape);
@@ -115,6 +124,7 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
   check_shape(op, {"dout", dout}, q.shape);
   check_shape(op, {"out", out}, q.shape);
   check_shape(op, {"lse", lse}, {d.B, d.Hq, d.Tq});
+  call.flops = 2 * causal_flops(d, present(q_pos));  // two products for each of forward's
   run(
       call,
       [&] {

@@ -75,7 +75,7 @@ Call check_args(const char* op, std::initializer_list<Arg> required,
   for (const Arg& arg : indices)
     PENTAD_CHECK(arg.tensor.dtype == DType::I32, "{}: '{}' is {}, want i32", op, arg.name,
                  dtype_name(arg.tensor.dtype));
-  return {device, first ? first->dtype : DType::F32};
+  return {device, first ? first->dtype : DType::F32, op};
 }
 
 int64_t cols(const Tensor& t) {

@@ -16,6 +16,7 @@
 #include <initializer_list>
 
 #include "core/tensor.h"
+#include "kernels/op_profile.h"
 
 namespace pentad::kernels {
 
@@ -46,10 +47,13 @@ inline bool present(const Tensor& t) {
   return t.data != nullptr;
 }
 
-// Where a call runs and the element type of its float data.
+// Where a call runs and the element type of its float data; the op's name and, for the ops
+// that count them, the call's FLOPs, for the op profile (kernels/op_profile.h).
 struct Call {
   Device device;
   DType dtype;
+  const char* op = "";
+  double flops = 0;
   bool cuda() const { return device == Device::CUDA; }
 };
 
@@ -87,10 +91,17 @@ T* ptr(const Tensor& t) {
   return static_cast<T*>(t.data);
 }
 
+// The FLOPs of an (n, c) by (c, oc) product, as the op profile counts a GEMM.
+inline double gemm_flops(int64_t n, int64_t c, int64_t oc) {
+  return 2.0 * double(n) * double(c) * double(oc);
+}
+
 // Runs a checked call on its backend: on_cuda() for a CUDA call, otherwise on_cpu(T{}) with
 // T = float or double, the element type check_args found. Returns what the branch returns.
+// Timed when an op profile is on (kernels/op_profile.h).
 template <typename OnCuda, typename OnCpu>
 decltype(auto) run(const Call& call, OnCuda&& on_cuda, OnCpu&& on_cpu) {
+  const op_profile::Scope timed(call.op, call.cuda(), call.flops);
   if constexpr (kCudaBuilt) {
     if (call.cuda()) return on_cuda();
   }

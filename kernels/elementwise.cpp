@@ -84,7 +84,7 @@ void convert(Tensor out, const Tensor& inp) {
   check_numel(op, {"out", out}, inp.numel());
   // The CPU converter switches on both element types itself, so the call's dtype is moot.
   run(
-      Call{device, DType::F32}, [&] { cuda::convert(out, inp, inp.numel()); },
+      Call{device, DType::F32, op}, [&] { cuda::convert(out, inp, inp.numel()); },
       [&](auto) { cpu::convert(out.data, out.dtype, inp.data, inp.dtype, inp.numel()); });
 }
 

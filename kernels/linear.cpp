@@ -21,13 +21,13 @@ void check_weight(const char* op, const Tensor& weight) {
 
 void linear_forward(Tensor out, const Tensor& inp, const Tensor& weight, const Tensor& bias) {
   const char* op = "linear_forward";
-  const Call call =
-      check_args(op, {{"out", out}, {"inp", inp}, {"weight", weight}}, {{"bias", bias}});
+  Call call = check_args(op, {{"out", out}, {"inp", inp}, {"weight", weight}}, {{"bias", bias}});
   check_weight(op, weight);
   const int64_t OC = weight.dim(0), C = weight.dim(1), N = rows(inp);
   check_matrix(op, {"inp", inp}, N, C);
   check_matrix(op, {"out", out}, N, OC);
   check_shape(op, {"bias", bias}, {OC});
+  call.flops = gemm_flops(N, C, OC);
   run(
       call, [&] { cuda::linear_forward(out, inp, weight, bias, N, C, OC); },
       [&]<typename T>(T) {
@@ -38,7 +38,7 @@ void linear_forward(Tensor out, const Tensor& inp, const Tensor& weight, const T
 void linear_gelu_forward(Tensor out, Tensor pre_gelu, const Tensor& inp, const Tensor& weight,
                          const Tensor& bias) {
   const char* op = "linear_gelu_forward";
-  const Call call =
+  Call call =
       check_args(op, {{"out", out}, {"pre_gelu", pre_gelu}, {"inp", inp}, {"weight", weight}},
                  {{"bias", bias}});
   check_weight(op, weight);
@@ -47,6 +47,7 @@ void linear_gelu_forward(Tensor out, Tensor pre_gelu, const Tensor& inp, const T
   check_matrix(op, {"out", out}, N, OC);
   check_matrix(op, {"pre_gelu", pre_gelu}, N, OC);
   check_shape(op, {"bias", bias}, {OC});
+  call.flops = gemm_flops(N, C, OC);
   run(
       call, [&] { cuda::linear_gelu_forward(out, pre_gelu, inp, weight, bias, N, C, OC); },
       [&]<typename T>(T) {
@@ -59,7 +60,7 @@ void linear_gelu_forward(Tensor out, Tensor pre_gelu, const Tensor& inp, const T
 void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& dout,
                      const Tensor& inp, const Tensor& weight, bool accumulate_dinp) {
   const char* op = "linear_backward";
-  const Call call = check_args(
+  Call call = check_args(
       op, {{"dout", dout}, {"weight", weight}},
       {{"dinp", dinp}, f32_on_cuda("dweight", dweight), f32_on_cuda("dbias", dbias), {"inp", inp}});
   check_weight(op, weight);
@@ -70,6 +71,7 @@ void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& do
   check_shape(op, {"dweight", dweight}, weight.shape);
   check_matrix(op, {"inp", inp}, N, C);
   check_shape(op, {"dbias", dbias}, {OC});
+  call.flops = gemm_flops(N, C, OC) * (int(present(dinp)) + int(present(dweight)));
   run(
       call,
       [&] {
@@ -84,13 +86,13 @@ void linear_backward(Tensor dinp, Tensor dweight, Tensor dbias, const Tensor& do
 void linear_backward_gelu(Tensor dpre_gelu, Tensor dweight, Tensor dbias, const Tensor& dout,
                           const Tensor& inp, const Tensor& weight, const Tensor& pre_gelu) {
   const char* op = "linear_backward_gelu";
-  const Call call = check_args(op,
-                               {{"dpre_gelu", dpre_gelu},
-                                {"dout", dout},
-                                {"inp", inp},
-                                {"weight", weight},
-                                {"pre_gelu", pre_gelu}},
-                               {f32_on_cuda("dweight", dweight), f32_on_cuda("dbias", dbias)});
+  Call call = check_args(op,
+                         {{"dpre_gelu", dpre_gelu},
+                          {"dout", dout},
+                          {"inp", inp},
+                          {"weight", weight},
+                          {"pre_gelu", pre_gelu}},
+                         {f32_on_cuda("dweight", dweight), f32_on_cuda("dbias", dbias)});
   check_weight(op, weight);
   const int64_t OC = weight.dim(0), C = weight.dim(1), N = rows(dout);
   check_matrix(op, {"dout", dout}, N, OC);
@@ -99,6 +101,7 @@ void linear_backward_gelu(Tensor dpre_gelu, Tensor dweight, Tensor dbias, const 
   check_matrix(op, {"pre_gelu", pre_gelu}, N, C);
   check_shape(op, {"dweight", dweight}, weight.shape);
   check_shape(op, {"dbias", dbias}, {OC});
+  call.flops = gemm_flops(N, C, OC) * (1 + int(present(dweight)));
   run(
       call,
       [&] {

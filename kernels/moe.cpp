@@ -3,6 +3,7 @@
 // whatever the data type, like a norm's rstd.
 #include "kernels/cpu/moe.h"
 
+#include <numeric>
 #include <vector>
 
 #include "kernels/cuda/cuda_ops.h"
@@ -118,11 +119,12 @@ void moe_unpermute_backward(Tensor dinp, Tensor dw, const Tensor& dout, const Te
 void grouped_linear_forward(Tensor out, const Tensor& inp, std::span<const int64_t> group_rows,
                             std::span<const Tensor> weight, std::span<const Tensor> bias) {
   const char* op = "grouped_linear_forward";
-  const Call call = check_args(op, {{"out", out}, {"inp", inp}});
+  Call call = check_args(op, {{"out", out}, {"inp", inp}});
   PENTAD_CHECK(!weight.empty(), "{}: no groups", op);
   const int64_t R = rows(inp), C = cols(inp), OC = weight[0].shape.ndim == 2 ? weight[0].dim(0) : 0;
   check_matrix(op, {"out", out}, R, OC);
   check_groups(op, call, group_rows, R, weight, {}, bias, false, OC, C);
+  call.flops = gemm_flops(std::accumulate(group_rows.begin(), group_rows.end(), int64_t{0}), C, OC);
   run(
       call,
       [&] {  // one cuBLAS GEMM per group and layer, on the stream in order
@@ -146,7 +148,7 @@ void grouped_linear_backward(Tensor dinp, std::span<const Tensor> dweight,
                              std::span<const int64_t> group_rows, std::span<const Tensor> weight,
                              bool accumulate_dinp) {
   const char* op = "grouped_linear_backward";
-  const Call call = check_args(op, {{"dout", dout}}, {{"dinp", dinp}, {"inp", inp}});
+  Call call = check_args(op, {{"dout", dout}}, {{"dinp", dinp}, {"inp", inp}});
   PENTAD_CHECK(!weight.empty(), "{}: no groups", op);
   const int64_t R = rows(dout), OC = cols(dout),
                 C = weight[0].shape.ndim == 2 ? weight[0].dim(1) : 0;
@@ -154,6 +156,9 @@ void grouped_linear_backward(Tensor dinp, std::span<const Tensor> dweight,
   check_matrix(op, {"inp", inp}, R, C);
   PENTAD_CHECK(dweight.empty() || present(inp), "{}: 'inp' is required to compute dweight", op);
   check_groups(op, call, group_rows, R, weight, dweight, dbias, true, OC, C);
+  call.flops =
+      gemm_flops(std::accumulate(group_rows.begin(), group_rows.end(), int64_t{0}), C, OC) *
+      (int(present(dinp)) + int(!dweight.empty()));
   run(
       call,
       [&] {

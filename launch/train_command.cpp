@@ -23,7 +23,7 @@ namespace {
 struct TrainOptions {
   std::string recipe;
   std::vector<std::string> sets, extra;  // --set key=value, and trailing key=value words
-  std::string resume, comm_log, trace, dump_dir, grads_dir, samples_dir;
+  std::string resume, comm_log, trace, op_profile, dump_dir, grads_dir, samples_dir;
 };
 
 void add_train_options(CLI::App* train, TrainOptions& o) {
@@ -40,6 +40,10 @@ void add_train_options(CLI::App* train, TrainOptions& o) {
   train->add_option("--trace", o.trace,
                     "Pipeline runs: write every rank's forward/backward/transfer spans of the last "
                     "steps as one Chrome-trace JSON (open in Perfetto) and print the bubble");
+  train->add_option("--op-profile", o.op_profile,
+                    "Time every op of each step but the first (on a GPU, on the device) and write "
+                    "each rank's table as JSON here (with .rank<r> when there are several); rank "
+                    "0 prints its own: share of the step, calls, TFLOP/s of GEMMs and attention");
   train->add_option("--dump-weights", o.dump_dir,
                     "Developer: write the final parameter shards (.npy) to this directory");
   train->add_option("--dump-grads", o.grads_dir,
@@ -69,6 +73,7 @@ int run_trainer(const TrainOptions& o, const Config& cfg, parallel::Mesh& mesh, 
     trainer.emplace(cfg, &mesh);
     if (!o.grads_dir.empty()) trainer->dump_first_gradients(o.grads_dir);
     if (!o.samples_dir.empty()) trainer->dump_sample_ids(o.samples_dir);
+    if (!o.op_profile.empty()) trainer->profile_ops(o.op_profile);
     trainer->run();
     monitor.finish(true);
     if (!o.dump_dir.empty()) trainer->dump_weights(o.dump_dir);

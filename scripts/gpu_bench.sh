@@ -12,6 +12,8 @@
 #      read the same tokens: one llm.c shard written by bench/make_llmc_shard.py;
 #   4. pentad, recipes/llama-1b.toml in bf16 (random tokens), a few steps, with the recipe's
 #      recompute ("auto": off where the plan fits) and with it on (pentad_llama1b_bf16_recompute);
+#      then LLaMA-1B and GPT-2 again for a few steps with --op-profile: each op's share of the
+#      step on the device and the GEMMs' and attention's TFLOP/s (LOG_DIR/*_profile.json);
 #   5. pentad GPT-2 124M bf16 again, saving a checkpoint every 10 steps and every step, and
 #      every 10 steps with the in-memory level every step between
 #      (throughput against no saves, from mean step times);
@@ -28,7 +30,7 @@
 # counts them (Model::flops_per_micro_batch, which bench/torch_gpt2.py shares), over the
 # device's dense bf16 peak (bench/torch_gpt2.py's table; GPU_BENCH_PEAK_TFLOPS overrides).
 # Prints a table last; writes every figure, nvidia-smi's report and the commit to
-# SUMMARY_JSON, and each part's log to LOG_DIR (default bench/out/gpu-bench): 12 files, 11
+# SUMMARY_JSON, and each part's log to LOG_DIR (default bench/out/gpu-bench): 16 files, 15
 # with GPU_BENCH_SKIP_BUILD. The device tool returns at most 8 files from $OUT: pack them
 # into one archive there (bench/RESULTS.md shows the command).
 #
@@ -194,6 +196,17 @@ part pentad_llama1b_bf16 75 "$pentad" train "${llama[@]}" --set train.device=$de
 part pentad_llama1b_bf16_recompute 75 "$pentad" train "${llama[@]}" --set train.device=$device \
   --set train.precision=$bf16 --set train.steps=$llama_steps --set model.recompute=true \
   --set train.out_dir="$runs/llama_bf16_recompute"
+
+# Where a step goes, op by op on the device (--op-profile: events around every op, the step's
+# time between its first and last; logs/*_profile.json and the table in the part's log). A few
+# steps, apart from the throughput runs: the events and the wait at each step's end cost a
+# little.
+part pentad_llama1b_bf16_profile 45 "$pentad" train "${llama[@]}" --set train.device=$device \
+  --set train.precision=$bf16 --set train.steps=4 --set train.out_dir="$runs/llama_profile" \
+  --op-profile "$logs/llama1b_bf16_profile.json"
+part pentad_gpt2_bf16_profile 30 "$pentad" train "${gpt2[@]}" --set train.device=$device \
+  --set train.precision=$bf16 --set train.steps=6 --set train.out_dir="$runs/gpt2_profile" \
+  --op-profile "$logs/gpt2_bf16_profile.json"
 
 # Lazy checkpoints of device state: the bf16 GPT-2 run again, saving every 10 steps and every
 # step (the newest 2 kept); throughput is the mean step time after the warm-up, against the
@@ -375,6 +388,10 @@ summary["ratios"]["save_every_1_over_none"] = ratio(mean_ms("pentad_gpt2_124m_bf
                                                     mean_ms("pentad_gpt2_124m_bf16_save1"))
 summary["ratios"]["memory_every_1_over_none"] = ratio(mean_ms("pentad_gpt2_124m_bf16"),
                                                       mean_ms("pentad_gpt2_124m_bf16_memory1"))
+# The op profiles (--op-profile): each op's share of the device's step, in the summary whole.
+for name in ["llama1b_bf16", "gpt2_bf16"]:
+    path = logs / f"{name}_profile.json"
+    summary[f"op_profile_{name}"] = json.loads(path.read_text()) if path.exists() else None
 Path(env["GB_SUMMARY"]).write_text(json.dumps(summary, indent=1) + "\n")
 
 fmt = lambda v, f: "-" if v is None else format(v, f)
@@ -403,5 +420,15 @@ print(f"decode ({g.get('status', '-')}): pentad generate {fmt(g.get('pentad_deco
       f"{fmt(g.get('reference_decode_tokens_per_s'), '.1f')} tokens/s, ratio "
       f"{fmt(g.get('decode_ratio'), '.2f')} ({g.get('precision', '-')}, {g.get('new_tokens', '-')}"
       f" tokens after {g.get('prompt_tokens', '-')})")
+for name in ["llama1b_bf16", "gpt2_bf16"]:
+    prof = summary[f"op_profile_{name}"]
+    if not prof or not prof.get("steps"):
+        continue
+    top = ", ".join(f"{o['op']} {o['share']:.1%}" + (f" ({o['flops_per_second'] / 1e12:.3g} TFLOP/s)"
+                                                     if o.get("flops_per_second") else "")
+                    for o in prof["ops"][:6])
+    outside = prof["outside_seconds"] / prof["step_seconds"] if prof["step_seconds"] else 0
+    print(f"op profile {name} ({prof['step_seconds'] / prof['steps'] * 1e3:.1f} ms a step): {top};"
+          f" outside the ops {outside:.1%}")
 print(f"summary: {env['GB_SUMMARY']}; logs: {logs}")
 EOF

@@ -31,6 +31,13 @@ constexpr int64_t kMaxHeadDim = 256;
 // Fails with a message unless t's memory is CUDA device (or managed) memory.
 void require_device_memory(const char* op, const char* name, const Tensor& t);
 
+// Op timing (kernels/op_profile.h): record_timing_event() records an event of a pool on the
+// compute stream and returns its index; timing_event_seconds() waits for the later of two and
+// returns the time between them; recycle_timing_events() gives every event back to the pool.
+int record_timing_event();
+double timing_event_seconds(int from, int to);
+void recycle_timing_events();
+
 // The version of the cuBLASLt library linear_*() use, opening it as their first call does
 // (no device needed); fails naming the library when it does not load.
 size_t cublaslt_version();

@@ -21,6 +21,7 @@
 #include "core/npy.h"
 #include "data/corpus.h"
 #include "data/tokenizer.h"
+#include "kernels/op_profile.h"
 #include "plan/calibration.h"
 #include "plan/cost_model.h"
 #include "plan/memory_budget.h"
@@ -272,6 +273,22 @@ void Trainer::dump_shards(const std::string& dir, bool grads) const {
   if (!shards.empty())
     std::ofstream(fmt::format("{}/shards.pp{}.tp{}.r{}.json", dir, pp_rank_, tp_rank, world_rank_))
         << shards.dump(1);
+}
+
+void Trainer::write_op_profile() const {
+  const kernels::op_profile::Profile profile = kernels::op_profile::collect();
+  std::filesystem::path path = op_profile_path_;
+  if (devices_ > 1)
+    path.replace_filename(
+        fmt::format("{}.rank{}{}", path.stem().string(), world_rank_, path.extension().string()));
+  std::ofstream out(path);
+  out << kernels::op_profile::to_json(profile, peak_flops_per_device_) << "\n";
+  out.close();
+  if (!out) fail("--op-profile: cannot write {}: {}", path.string(), std::strerror(errno));
+  if (logs())
+    spdlog::info("{}(rank 0; every rank's: {})",
+                 kernels::op_profile::report(profile, peak_flops_per_device_),
+                 devices_ > 1 ? op_profile_path_ + " with .rank<r>" : path.string());
 }
 
 }  // namespace pentad

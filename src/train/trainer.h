@@ -107,6 +107,10 @@ class Trainer {
   // run() then writes the first step's reduced gradients (before clipping) the same way,
   // for the layout tests, which compare them with one rank's.
   void dump_first_gradients(std::string dir) { dump_grads_dir_ = std::move(dir); }
+  // run() then times every op of each step but the first (kernels/op_profile.h) and, at the
+  // end, writes this rank's profile as JSON to `path` (one rank) or to `path` with
+  // ".rank<r>" before its extension, and world rank 0 prints its table.
+  void profile_ops(std::string path) { op_profile_path_ = std::move(path); }
   // Writes this rank's communication trace and step spans (rank<r>.json) for bench/.
   void write_comm_log(const std::string& dir) const;
   // Pipeline timeline (train/timeline.cpp): every rank's forward, backward and transfer-wait spans
@@ -285,7 +289,9 @@ class Trainer {
   mutable std::mutex samples_read_mu_;
   mutable std::vector<std::array<int64_t, 3>> samples_read_;
   bool started_ = false;
-  std::string dump_grads_dir_;  // dump_first_gradients()
+  std::string dump_grads_dir_;   // dump_first_gradients()
+  std::string op_profile_path_;  // profile_ops()
+  void write_op_profile() const;
   void dump_shards(const std::string& dir, bool grads) const;
 };
 

@@ -12,6 +12,7 @@
 #include <optional>
 #include <thread>
 
+#include "kernels/op_profile.h"
 #include "parallel/activity.h"
 #include "train/sampler.h"
 #include "train/survivor_save.h"
@@ -130,7 +131,12 @@ void Trainer::run() {
     if (step == start_step_ && !dump_grads_dir_.empty())
       dump = [&] { dump_shards(dump_grads_dir_, true); };
     progress.begin(step);
+    // The first step is left out of an op profile (plans, caches and allocations are made
+    // in it) unless it is the only one.
+    const bool profiled = !op_profile_path_.empty() && (step > start_step_ || last == step + 1);
+    if (profiled) kernels::op_profile::begin_step(t.device == "cuda");
     StepStats s = train_step(step, dump);
+    if (profiled) kernels::op_profile::end_step();
     progress.done(s.seconds);
     parallel::activity_step_done(step + 1, s.seconds);
     history_.push_back(s);
@@ -159,6 +165,7 @@ void Trainer::run() {
   }
   survivors.reset();
   if (!samples_dir_.empty()) write_sample_ids();
+  if (!op_profile_path_.empty()) write_op_profile();
   checkpoints_->finish_run();
   // The process's own high-water mark, against the memory plan printed at the start.
   rusage usage{};

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/op_profile.h"
 #include "tests/cuda/cuda_kernels_test.h"
 
 namespace pentad::cuda_kernels {
@@ -98,6 +99,35 @@ TEST_P(CudaKernel, LinearBackwardThroughGelu) {
     expect_close("dweight " + str(s), gdw, dw, dt());
     expect_close("dbias " + str(s), gdb, db, dt());
   }
+}
+
+// The op profile on the device (kernels/op_profile.h): events on the compute stream time
+// each call; a step's time spans its ops; the event pool is reused from step to step.
+TEST_P(CudaKernel, OpProfileTimesDeviceCalls) {
+  namespace prof = kernels::op_profile;
+  const int64_t N = 2048, C = 1024, OC = 4096;
+  const Tensor x = gpu.upload(rand(N * C), {N, C}, dt());
+  const Tensor w = gpu.upload(rand(OC * C, 0.1), {OC, C}, dt());
+  const Tensor out = gpu.poisoned({N, OC}, dt());
+  k::linear_forward(out, x, w, Tensor{});  // the shape's cuBLASLt plan, made on the host
+  prof::reset();
+  for (int step = 0; step < 3; ++step) {
+    prof::begin_step(true);
+    for (int call = 0; call < 4; ++call) k::linear_forward(out, x, w, Tensor{});
+    prof::end_step();
+  }
+  const prof::Profile p = prof::collect();
+  ASSERT_EQ(p.ops.size(), 1u);
+  const prof::OpTime& row = p.ops[0];
+  EXPECT_EQ(row.op, "linear_forward");
+  EXPECT_EQ(row.calls, 12);
+  EXPECT_DOUBLE_EQ(row.flops, 12 * 2.0 * N * C * OC);
+  EXPECT_GT(row.seconds, 0);
+  EXPECT_LE(row.seconds, p.step_seconds * (1 + 1e-3));
+  // A 2048 x 1024 x 4096 GEMM runs above 10 TFLOP/s on any GPU pentad targets: the events
+  // time the device, not the host's enqueueing alone.
+  EXPECT_GT(row.flops / row.seconds, 10e12) << prof::report(p, 0);
+  prof::reset();
 }
 
 }  // namespace
