@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -119,6 +120,12 @@ int run_train(const TrainOptions& o, const cli::Job& job) {
         overrides.insert(overrides.end(), o.extra.begin(), o.extra.end());
         if (!o.resume.empty()) overrides.push_back("train.resume=" + o.resume);
         cfg = load_recipe(o.recipe, overrides);
+        // Written at the end of the run: refused now rather than after the training.
+        if (!o.op_profile.empty()) {
+          const std::filesystem::path dir = std::filesystem::absolute(o.op_profile).parent_path();
+          if (!std::filesystem::is_directory(dir))
+            fail("--op-profile {}: the directory {} does not exist", o.op_profile, dir.string());
+        }
         layout = mesh_config(cfg, job.size, &layout_note);
         apply_global_batch(cfg, layout.dp);
       }))
