@@ -120,11 +120,15 @@ int run_train(const TrainOptions& o, const cli::Job& job) {
         overrides.insert(overrides.end(), o.extra.begin(), o.extra.end());
         if (!o.resume.empty()) overrides.push_back("train.resume=" + o.resume);
         cfg = load_recipe(o.recipe, overrides);
-        // Written at the end of the run: refused now rather than after the training.
+        // Written at the end of the run: its directory is made now, and one that cannot be is
+        // refused before the training rather than after it.
         if (!o.op_profile.empty()) {
           const std::filesystem::path dir = std::filesystem::absolute(o.op_profile).parent_path();
+          std::error_code ec;
+          std::filesystem::create_directories(dir, ec);
           if (!std::filesystem::is_directory(dir))
-            fail("--op-profile {}: the directory {} does not exist", o.op_profile, dir.string());
+            fail("--op-profile {}: cannot create the directory {}{}", o.op_profile, dir.string(),
+                 ec ? ": " + ec.message() : "");
         }
         layout = mesh_config(cfg, job.size, &layout_note);
         apply_global_batch(cfg, layout.dp);

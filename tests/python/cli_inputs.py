@@ -210,10 +210,11 @@ CASES = [
     ("slowlink_without_named_sends", "gpt-tiny.toml",
      TINY + ["train.inject_fault=slowlink:0:1:1", "parallel.ring_all_reduce=false"], 2, 2,
      ["delays sends between ranks 0 and 1", "keep parallel.ring_all_reduce = true"]),
-    # Written after the training: its directory is checked before the first step.
-    ("op_profile_without_its_directory", "gpt-tiny.toml",
-     TINY + ["--op-profile", "no-such-dir/ops.json"], 0, 2,
-     ["--op-profile no-such-dir/ops.json: the directory", "does not exist"]),
+    # Written after the training: its directory is made (or refused) before the first step.
+    ("op_profile_directory_not_creatable", "gpt-tiny.toml",
+     TINY + ["--op-profile", "/proc/pentad-op-profile/ops.json"], 0, 2,
+     ["--op-profile /proc/pentad-op-profile/ops.json: cannot create the directory "
+      "/proc/pentad-op-profile"]),
     # Two pipeline ranks on one core: the bubble comes from the stages' compute time.
     ("bubble_on_one_core", "gpt-tiny.toml",
      TINY + ["parallel.pp=2", "train.grad_accum=4", "train.eval_every=0", "--trace",
