@@ -34,11 +34,25 @@ struct ChunkPlacement {
   int chunk_of(int virtual_stage) const { return virtual_stage / stages; }
 };
 
+// What each layer costs, and what the first chunk (the embedding) and the last (the final
+// norm, the head and the loss) add, in one unit (src/ counts FLOPs: plan/layout.h).
+struct LayerCosts {
+  std::vector<double> layers;  // one a layer, in model order
+  double first = 0, last = 0;
+};
+
 // Layers of each model chunk (p * v of them, in model order): `layout` ("3,5": layers per
-// chunk) or an even split. Throws pentad::Error naming the key to change when the layers do
-// not split that way.
+// chunk), "balanced" (balanced_chunk_layers over `costs`, which it then needs) or an even
+// split (""). Throws pentad::Error naming the key to change when the layers do not split
+// that way.
 std::vector<int64_t> chunk_layers(int64_t n_layer, int stages, int virtual_stages,
-                                  const std::string& layout);
+                                  const std::string& layout, const LayerCosts* costs = nullptr);
+// The cut of costs.layers into `chunks` contiguous chunks of at least one layer whose
+// costliest chunk costs least and, of those, whose chunks' costs are the most even (the
+// least sum of squares). Equal chunks cost the same on every stage under any placement, so
+// a pipeline whose head outweighs a layer gives the last chunk fewer layers. Exact (dynamic
+// programming, O(chunks x layers^2)).
+std::vector<int64_t> balanced_chunk_layers(const LayerCosts& costs, int64_t chunks);
 // Stage s's chunks in parameter order: chunk c is model chunk ChunkPlacement{stages, v,
 // vee}.virtual_stage(s, c), v being layers.size() / stages.
 std::vector<Chunk> stage_chunks(const std::vector<int64_t>& layers, int stages, int stage,

@@ -265,12 +265,12 @@ Stages stage_costs(const Step& step, const LayerCosts& costs) {
                head_comm = costs.head_comm;
   Stages out;
   // Per stage: its chunks' layers. Recompute runs each layer's forward again in backward.
-  const int p = mesh.pp, v = int(par.virtual_stages);
+  const int p = mesh.pp;
   const std::vector<int64_t> moe_ids = m.is_moe() ? moe_layer_indices(m) : std::vector<int64_t>{};
   auto is_moe = [&](int64_t l) {
     return std::find(moe_ids.begin(), moe_ids.end(), l) != moe_ids.end();
   };
-  const std::vector<int64_t> layers = parallel::pp::chunk_layers(m.n_layer, p, v, par.pp_layout);
+  const std::vector<int64_t> layers = pipeline_chunk_layers(step.cfg, p);
   parallel::pp::SimCosts sim;
   const bool vee = par.pp_schedule == "zb-v";
   std::vector<double> stage_bwd(size_t(p), 0.0), stage_fwd(size_t(p), 0.0);

@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/check.h"
 #include "model/model.h"
+#include "model/moe.h"
 #include "parallel/pp/layout.h"
 #include "parallel/pp/pipeline.h"
 #include "parallel/topology.h"
@@ -187,12 +190,39 @@ parallel::MeshConfig mesh_config(const Config& cfg, int world_size, std::string*
     apply_global_batch(resolved, mesh.dp);
     const parallel::pp::ScheduleSpec spec = schedule_spec(resolved);
     parallel::pp::check_schedule(spec);
-    parallel::pp::chunk_layers(cfg.model.n_layer, int(p.pp), int(p.virtual_stages), p.pp_layout);
+    pipeline_chunk_layers(cfg, int(p.pp));
   }
   parallel::check_layout(mesh, cfg.model.d_model, cfg.model.n_head, cfg.model.n_kv_head,
                          cfg.model.vocab_size, ffn_dim(cfg.model), cfg.model.n_layer,
                          cfg.train.seq_len, cfg.train.micro_batch, p.sequence_parallel);
   return mesh;
+}
+
+std::vector<int64_t> pipeline_chunk_layers(const Config& cfg, int stages) {
+  const ParallelConfig& p = cfg.parallel;
+  const ModelConfig& m = cfg.model;
+  if (p.pp_layout != "balanced")
+    return parallel::pp::chunk_layers(m.n_layer, stages, int(p.virtual_stages), p.pp_layout);
+  parallel::pp::LayerCosts costs;
+  const std::vector<int64_t> moe = m.is_moe() ? moe_layer_indices(m) : std::vector<int64_t>{};
+  for (int64_t l = 0; l < m.n_layer; ++l)
+    costs.layers.push_back(layer_flops_per_token(
+        m, std::find(moe.begin(), moe.end(), l) != moe.end(), double(cfg.train.seq_len)));
+  costs.last = head_flops_per_token(m);
+  // The planner asks for many layouts of one model: each chunk count is cut once.
+  static std::mutex mutex;
+  static std::map<std::pair<std::vector<double>, int64_t>, std::vector<int64_t>> cut;
+  std::vector<double> key = costs.layers;
+  key.insert(key.end(), {costs.first, costs.last});
+  const int64_t chunks = int64_t(stages) * p.virtual_stages;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = cut.find({key, chunks});
+  if (it == cut.end())
+    it = cut.emplace(std::make_pair(std::move(key), chunks),
+                     parallel::pp::chunk_layers(m.n_layer, stages, int(p.virtual_stages),
+                                                p.pp_layout, &costs))
+             .first;
+  return it->second;
 }
 
 }  // namespace pentad

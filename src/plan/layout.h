@@ -2,7 +2,9 @@
 // What a recipe asks of the hardware and the ranks, read from its Config: the placement
 // (device, compute type), the device mesh and the pipeline schedule. The trainer, the
 // memory budget and the launcher (launch/) read them here.
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/params.h"
 #include "parallel/mesh.h"
@@ -26,6 +28,13 @@ parallel::MeshConfig mesh_config(const Config& cfg, int world_size, std::string*
 // global_batch / (micro_batch x dp), so that every layout takes the same sequences a step.
 // Refuses (pentad::Error naming the keys) a layout that does not divide it. Idempotent.
 void apply_global_batch(Config& cfg, int dp);
+
+// The layers of each pipeline chunk (p * v, in model order) of cfg on `stages` stages:
+// parallel.pp_layout's counts, an even split, or "balanced" by each layer's and the head's
+// training FLOPs (model/model.h; the embedding's lookup counts none), so that the last chunk,
+// which also runs the head and the loss, takes fewer layers where the head outweighs one.
+// Every place that cuts the model (the trainer, the memory plan, the planner) cuts it here.
+std::vector<int64_t> pipeline_chunk_layers(const Config& cfg, int stages);
 
 // The pipeline schedule a recipe asks for (parallel.pp_schedule over train.grad_accum).
 parallel::pp::ScheduleSpec schedule_spec(const Config& cfg);

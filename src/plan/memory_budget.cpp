@@ -28,9 +28,8 @@ std::vector<parallel::pp::Chunk> chunks_of_stage(const Config& cfg, int stages, 
   const ParallelConfig& p = cfg.parallel;
   if (stages == 1 && p.virtual_stages == 1 && p.pp_layout.empty())
     return {parallel::pp::Chunk{0, cfg.model.n_layer, true, true}};
-  return parallel::pp::stage_chunks(
-      parallel::pp::chunk_layers(cfg.model.n_layer, stages, int(p.virtual_stages), p.pp_layout),
-      stages, stage, p.pp_schedule == "zb-v");
+  return parallel::pp::stage_chunks(pipeline_chunk_layers(cfg, stages), stages, stage,
+                                    p.pp_schedule == "zb-v");
 }
 
 // The MoE layers among [begin, end).

@@ -1,6 +1,7 @@
 // Whether a run's memory plan fits (plan/memory_budget.h): this rank's share of what its
 // machine and its job's cgroup allow, the plan in words for `pentad plan`, and the refusal
 // naming what would fit. The estimate itself is plan/memory_budget.cpp.
+#include <fmt/ranges.h>
 #include <mpi.h>
 #include <omp.h>
 #include <sched.h>
@@ -18,6 +19,7 @@
 #include "core/device_memory.h"
 #include "core/tensor.h"
 #include "model/moe.h"
+#include "plan/layout.h"
 #include "plan/memory_budget.h"
 
 namespace pentad {
@@ -119,6 +121,10 @@ std::string describe_memory(const Config& cfg, const parallel::MeshConfig& mesh)
       "etp {}, {} {}):\n",
       mesh.pp > 1 ? fmt::format(": pipeline stage {}", e.stage) : "", mesh.tp, mesh.cp, mesh.dp,
       mesh.pp, mesh.ep, mesh.etp, cfg.train.device, cfg.train.precision);
+  if (mesh.pp > 1)
+    text += fmt::format("  layers       {} a chunk, in model order{}\n",
+                        fmt::join(pipeline_chunk_layers(cfg, mesh.pp), ", "),
+                        cfg.parallel.pp_layout == "balanced" ? " (balanced by FLOPs)" : "");
   text += fmt::format("  parameters   {} ({})\n", bytes_text(e.parameters), values_text(e));
   if (e.expert_values > 0)
     text += fmt::format(

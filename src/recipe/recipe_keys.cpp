@@ -272,7 +272,9 @@ const std::vector<Key>& key_table() {
                  "kfkb: micro-batches per group (adaptive: the first group); at most "
                  "train.grad_accum"),
       PENTAD_KEY(parallel, pp_layout, any(),
-                 "Layers per model chunk, e.g. \"3,5\"; empty: an even split"),
+                 "Layers per model chunk, e.g. \"3,5\"; \"balanced\": cut by each layer's "
+                 "and the head's FLOPs, the head's chunk taking fewer layers; empty: an even "
+                 "split"),
       PENTAD_KEY(parallel, pp_memory_mb, at_least(0),
                  "adaptive: activation memory per stage its group must fit, MiB; 0: no limit"),
       PENTAD_KEY(parallel, pp_adapt_every, at_least(1),

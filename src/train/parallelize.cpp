@@ -9,6 +9,7 @@
 #include "parallel/ep/expert_parallel.h"
 #include "parallel/pp/layout.h"
 #include "parallel/tp/tensor_parallel.h"
+#include "plan/layout.h"
 
 namespace pentad {
 
@@ -179,8 +180,7 @@ std::unique_ptr<Model> parallelize(const Config& cfg, parallel::Mesh* mesh, Plac
     }
     const int stages = mesh->degree(parallel::Axis::PP);
     if (stages > 1) {
-      const std::vector<int64_t> layers = parallel::pp::chunk_layers(
-          cfg.model.n_layer, stages, int(cfg.parallel.virtual_stages), cfg.parallel.pp_layout);
+      const std::vector<int64_t> layers = pipeline_chunk_layers(cfg, stages);
       for (const parallel::pp::Chunk& c : parallel::pp::stage_chunks(
                layers, stages, mesh->coord(parallel::Axis::PP), cfg.parallel.pp_schedule == "zb-v"))
         layout.push_back({c.layer_begin, c.layer_end, c.first, c.last});

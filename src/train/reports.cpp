@@ -3,6 +3,7 @@
 // events), and the files asked for on the command line (the communication log, weight and
 // gradient dumps; the pipeline timeline is train/timeline.cpp). None of them changes what is
 // trained.
+#include <fmt/ranges.h>
 #include <omp.h>
 #include <spdlog/spdlog.h>
 
@@ -24,6 +25,7 @@
 #include "kernels/op_profile.h"
 #include "plan/calibration.h"
 #include "plan/cost_model.h"
+#include "plan/layout.h"
 #include "plan/memory_budget.h"
 #include "recipe/recipe.h"
 #include "train/trainer.h"
@@ -52,6 +54,11 @@ void Trainer::log_plan() const {
                cfg_.model.family == ModelFamily::GPT2 ? "gpt2" : "llama", cfg_.model.n_layer,
                cfg_.model.d_model, cfg_.model.n_head, cfg_.model.kv_heads(), cfg_.model.vocab_size,
                parameters);
+  if (pipeline_ && cfg_.parallel.pp_layout == "balanced")
+    spdlog::info(
+        "pipeline chunks of {} layers (parallel.pp_layout = \"balanced\": by each layer's and "
+        "the head's FLOPs, the last chunk also running the head and the loss)",
+        fmt::join(pipeline_chunk_layers(cfg_, mesh_->degree(parallel::Axis::PP)), ", "));
   spdlog::info("{}", memory_plan());
   if (model_->params().device() == Device::CUDA)
     spdlog::info("device: {}", cuda_device_description());

@@ -100,6 +100,24 @@ TEST(Plan, FlopsCountedAsTheModelCountsThem) {
   EXPECT_LT(p.mfu, 0.74);
 }
 
+// A head that outweighs layers (vocabulary 65536 at width 1024: about 4.9 layers' FLOPs) makes
+// the last stage the pipeline's slowest under an even split (4 layers and the head: 8.9
+// layers' worth); "balanced" gives it one layer (5.9) and the others five, and the prediction
+// follows, through the same cut the trainer makes (pipeline_chunk_layers).
+TEST(Plan, BalancedPipelineChunksEvenTheHeadsStage) {
+  const std::vector<std::string> keys = {"model.n_layer=16", "model.vocab_size=65536",
+                                         "parallel.pp=4", "parallel.dp=2"};
+  const Config even = gpt(keys);
+  std::vector<std::string> with = keys;
+  with.push_back("parallel.pp_layout=\"balanced\"");
+  const Config balanced = gpt(with);
+  EXPECT_EQ(pipeline_chunk_layers(even, 4), (std::vector<int64_t>{4, 4, 4, 4}));
+  EXPECT_EQ(pipeline_chunk_layers(balanced, 4), (std::vector<int64_t>{5, 5, 5, 1}));
+  const Prediction a = predict(even, nvswitch()), b = predict(balanced, nvswitch());
+  EXPECT_LT(b.compute, 0.75 * a.compute);
+  EXPECT_LT(b.step_seconds, 0.85 * a.step_seconds);
+}
+
 // The gradient bucket left after backward is the embedding's, whole (a bucket never splits a
 // parameter, and the embedding's gradient is final last): 32768 x 1024 + GPT-2's 1024 x 1024
 // positions, 136 MB of fp32, far beyond bucket_mb's 4 MiB. On NVSwitch the rest hides behind
