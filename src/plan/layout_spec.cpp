@@ -113,6 +113,8 @@ std::vector<std::string> Layout::overrides() const {
       fmt::format("train.micro_batch={}", micro_batch),
       fmt::format("train.grad_accum={}", grad_accum),
   };
+  if (!pp_layout.empty())  // after pp_group
+    o.insert(o.begin() + 12, fmt::format("parallel.pp_layout=\"{}\"", pp_layout));
   return o;
 }
 
@@ -129,6 +131,7 @@ void Layout::apply(Config& c) const {
   p.pp = pp;
   p.pp_schedule = schedule;
   p.virtual_stages = vp;
+  if (!pp_layout.empty()) p.pp_layout = pp_layout;
   p.pp_group = pp_group;
   p.dp = dp;
   p.ep = ep;
@@ -152,6 +155,7 @@ std::string Layout::label() const {
     s += fmt::format(" pp{} {}", pp, schedule);
     if (schedule == "interleaved") s += fmt::format(" v{}", vp);
     if (schedule == "kfkb") s += fmt::format(" k{}", pp_group);
+    if (pp_layout == "balanced") s += " bal";
   }
   s += fmt::format(" dp{} mb{} ga{}", dp, micro_batch, grad_accum);
   if (ep > 1 || etp > 1) s += fmt::format(" ep{} etp{}", ep, etp);

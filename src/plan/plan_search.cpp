@@ -262,6 +262,12 @@ class LayoutSearch {
                                                               : Integers{1}))
         for (int64_t group : picks("pp_group", schedule == "kfkb" ? Integers{2, 4} : Integers{2})) {
           l.schedule = schedule, l.vp = vp, l.pp_group = group;
+          // Layers that do not split evenly into the chunks are cut by their FLOPs
+          // (parallel.pp_layout = "balanced") rather than refused, unless the recipe cuts them.
+          l.pp_layout = pp * vp > 1 && recipe_.parallel.pp_layout.empty() &&
+                                recipe_.model.n_layer % (pp * vp) != 0
+                            ? "balanced"
+                            : "";
           l.zero = 0;
           if (subtree_refused(l, kBelowSchedule)) continue;
           for (int64_t zero : picks("zero", dp * cp > 1 ? Integers{0, 1, 2, 3} : Integers{0})) {

@@ -14,6 +14,9 @@ struct Layout {
   int64_t tp = 1, d2 = 1, cp = 1, cp_ulysses = 1, pp = 1, dp = 1, vp = 1, pp_group = 2;
   int64_t micro_batch = 1, grad_accum = 1, ep = 1, etp = 1, zero = 0, tp_chunks = 1;
   std::string tp_order = "row", cp_impl = "ring", schedule = "1f1b", offload = "none";
+  // parallel.pp_layout: "" keeps the recipe's; "balanced" where its layers do not split
+  // evenly into the chunks and the recipe names no cut.
+  std::string pp_layout;
   bool sp = false, recompute = false;
 
   // The overrides that make a recipe use it ("parallel.tp=2", ...), in recipe key order.
