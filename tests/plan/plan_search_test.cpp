@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <functional>
+#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,6 +47,38 @@ TEST(Plan, AFixedLayoutIsPredictedAsIs) {
                                          parallel::uniform_cluster(1, 8, 450, 3e-6, 450, 3e-6));
   EXPECT_DOUBLE_EQ(plan.rows.front().prediction.step_seconds, direct.step_seconds);
   EXPECT_DOUBLE_EQ(plan.global_batch, 64);  // the recipe's: 1 x 8 x dp 8
+}
+
+// 6 layers do not split into pp 4's chunks: the search cuts them "balanced" (its overrides
+// say so, and the recipe they make passes the checks and cuts as the label says) instead of
+// refusing pp 4, while pp 2 (3 and 3) keeps the even split.
+TEST(Plan, LayersThatDoNotSplitEvenlyAreCutBalanced) {
+  const Config cfg = gpt({"model.n_layer=6"});
+  const auto topo = parallel::uniform_cluster(1, 8, 450, 3e-6, 450, 3e-6);
+  for (int pp : {2, 4}) {
+    const PlanSearch plan = search_layouts(
+        cfg, 8, parse_layout(fmt::format("pp={},schedule=1f1b,tp=1,cp=1,mb=1", pp), 8), 80e9,
+        h100(), topo);
+    ASSERT_FALSE(plan.rows.empty()) << "pp " << pp;
+    for (const auto& row : plan.rows) {
+      const Layout& l = row.layout;
+      EXPECT_EQ(l.pp_layout, pp == 4 ? "balanced" : "") << l.label();
+      EXPECT_EQ(l.label().find(" bal") != std::string::npos, pp == 4) << l.label();
+      const std::vector<std::string> keys = l.overrides();
+      const bool says =
+          std::find(keys.begin(), keys.end(), "parallel.pp_layout=\"balanced\"") != keys.end();
+      EXPECT_EQ(says, pp == 4) << l.label();
+      std::vector<std::string> recipe = {"model.n_layer=6"};
+      recipe.insert(recipe.end(), keys.begin(), keys.end());
+      const Config made = gpt(recipe);
+      EXPECT_NO_THROW(mesh_config(made, 8)) << l.label();
+      const std::vector<int64_t> cut = pipeline_chunk_layers(made, pp);
+      EXPECT_EQ(std::accumulate(cut.begin(), cut.end(), int64_t{0}), 6);
+      if (pp == 2) {
+        EXPECT_EQ(cut, (std::vector<int64_t>{3, 3}));
+      }
+    }
+  }
 }
 
 TEST(Plan, TheGlobalBatchKeyIsTheSearchsBatch) {
