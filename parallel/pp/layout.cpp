@@ -58,6 +58,22 @@ std::vector<int64_t> balanced_chunk_layers(const LayerCosts& costs, int64_t chun
   return solve(least_max * (1 + 1e-9), true).second;
 }
 
+std::vector<double> chunk_costs(const LayerCosts& costs, const std::vector<int64_t>& layers) {
+  std::vector<double> out;
+  int64_t begin = 0;
+  for (size_t j = 0; j < layers.size(); ++j) {
+    const int64_t end = begin + layers[j];
+    PENTAD_CHECK(end <= int64_t(costs.layers.size()), "a cut of {} layers past {}", end,
+                 costs.layers.size());
+    double c = std::accumulate(costs.layers.begin() + begin, costs.layers.begin() + end, 0.0);
+    if (j == 0) c += costs.first;
+    if (j + 1 == layers.size()) c += costs.last;
+    out.push_back(c);
+    begin = end;
+  }
+  return out;
+}
+
 std::vector<int64_t> chunk_layers(int64_t n_layer, int stages, int virtual_stages,
                                   const std::string& layout, const LayerCosts* costs) {
   const int64_t chunks = int64_t(stages) * virtual_stages;

@@ -53,6 +53,8 @@ std::vector<int64_t> chunk_layers(int64_t n_layer, int stages, int virtual_stage
 // a pipeline whose head outweighs a layer gives the last chunk fewer layers. Exact (dynamic
 // programming, O(chunks x layers^2)).
 std::vector<int64_t> balanced_chunk_layers(const LayerCosts& costs, int64_t chunks);
+// Each chunk's cost under a cut (layers per chunk, in model order).
+std::vector<double> chunk_costs(const LayerCosts& costs, const std::vector<int64_t>& layers);
 // Stage s's chunks in parameter order: chunk c is model chunk ChunkPlacement{stages, v,
 // vee}.virtual_stage(s, c), v being layers.size() / stages.
 std::vector<Chunk> stage_chunks(const std::vector<int64_t>& layers, int stages, int stage,

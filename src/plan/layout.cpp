@@ -198,17 +198,23 @@ parallel::MeshConfig mesh_config(const Config& cfg, int world_size, std::string*
   return mesh;
 }
 
-std::vector<int64_t> pipeline_chunk_layers(const Config& cfg, int stages) {
-  const ParallelConfig& p = cfg.parallel;
+parallel::pp::LayerCosts pipeline_layer_costs(const Config& cfg) {
   const ModelConfig& m = cfg.model;
-  if (p.pp_layout != "balanced")
-    return parallel::pp::chunk_layers(m.n_layer, stages, int(p.virtual_stages), p.pp_layout);
   parallel::pp::LayerCosts costs;
   const std::vector<int64_t> moe = m.is_moe() ? moe_layer_indices(m) : std::vector<int64_t>{};
   for (int64_t l = 0; l < m.n_layer; ++l)
     costs.layers.push_back(layer_flops_per_token(
         m, std::find(moe.begin(), moe.end(), l) != moe.end(), double(cfg.train.seq_len)));
   costs.last = head_flops_per_token(m);
+  return costs;
+}
+
+std::vector<int64_t> pipeline_chunk_layers(const Config& cfg, int stages) {
+  const ParallelConfig& p = cfg.parallel;
+  const ModelConfig& m = cfg.model;
+  if (p.pp_layout != "balanced")
+    return parallel::pp::chunk_layers(m.n_layer, stages, int(p.virtual_stages), p.pp_layout);
+  const parallel::pp::LayerCosts costs = pipeline_layer_costs(cfg);
   // The planner asks for many layouts of one model: each chunk count is cut once.
   static std::mutex mutex;
   static std::map<std::pair<std::vector<double>, int64_t>, std::vector<int64_t>> cut;

@@ -35,6 +35,9 @@ void apply_global_batch(Config& cfg, int dp);
 // which also runs the head and the loss, takes fewer layers where the head outweighs one.
 // Every place that cuts the model (the trainer, the memory plan, the planner) cuts it here.
 std::vector<int64_t> pipeline_chunk_layers(const Config& cfg, int stages);
+// What "balanced" weighs: each layer's training FLOPs a token, and the head's on the last
+// chunk.
+parallel::pp::LayerCosts pipeline_layer_costs(const Config& cfg);
 
 // The pipeline schedule a recipe asks for (parallel.pp_schedule over train.grad_accum).
 parallel::pp::ScheduleSpec schedule_spec(const Config& cfg);

@@ -54,14 +54,38 @@ void Trainer::log_plan() const {
                cfg_.model.family == ModelFamily::GPT2 ? "gpt2" : "llama", cfg_.model.n_layer,
                cfg_.model.d_model, cfg_.model.n_head, cfg_.model.kv_heads(), cfg_.model.vocab_size,
                parameters);
-  if (pipeline_ && cfg_.parallel.pp_layout == "balanced")
-    spdlog::info(
-        "pipeline chunks of {} layers (parallel.pp_layout = \"balanced\": by each layer's and "
-        "the head's FLOPs, the last chunk also running the head and the loss)",
-        fmt::join(pipeline_chunk_layers(cfg_, mesh_->degree(parallel::Axis::PP)), ", "));
+  if (pipeline_) log_pipeline_cut();
   spdlog::info("{}", memory_plan());
   if (model_->params().device() == Device::CUDA)
     spdlog::info("device: {}", cuda_device_description());
+}
+
+void Trainer::log_pipeline_cut() const {
+  const int stages = mesh_->degree(parallel::Axis::PP);
+  const std::vector<int64_t> cut = pipeline_chunk_layers(cfg_, stages);
+  if (cfg_.parallel.pp_layout == "balanced") {
+    spdlog::info(
+        "pipeline chunks of {} layers (parallel.pp_layout = \"balanced\": by each layer's and "
+        "the head's FLOPs, the last chunk also running the head and the loss)",
+        fmt::join(cut, ", "));
+    return;
+  }
+  if (!cfg_.parallel.pp_layout.empty()) return;
+  // An even split whose head chunk outweighs the rest: say what "balanced" would do.
+  Config balanced = cfg_;
+  balanced.parallel.pp_layout = "balanced";
+  const std::vector<int64_t> better = pipeline_chunk_layers(balanced, stages);
+  const parallel::pp::LayerCosts costs = pipeline_layer_costs(cfg_);
+  auto costliest = [&](const std::vector<int64_t>& layers) {
+    const std::vector<double> c = parallel::pp::chunk_costs(costs, layers);
+    return *std::max_element(c.begin(), c.end());
+  };
+  const double excess = costliest(cut) / costliest(better) - 1;
+  if (excess > 0.05)
+    spdlog::info(
+        "pipeline chunks of {} layers: the costliest has {:.0f}% more FLOPs than it would with "
+        "parallel.pp_layout = \"balanced\" ({} layers; the last chunk also runs the head)",
+        fmt::join(cut, ", "), 100 * excess, fmt::join(better, ", "));
 }
 
 void Trainer::open_run_files() {

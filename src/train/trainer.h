@@ -289,8 +289,9 @@ class Trainer {
   mutable std::mutex samples_read_mu_;
   mutable std::vector<std::array<int64_t, 3>> samples_read_;
   bool started_ = false;
-  std::string dump_grads_dir_;   // dump_first_gradients()
-  std::string op_profile_path_;  // profile_ops()
+  std::string dump_grads_dir_;    // dump_first_gradients()
+  std::string op_profile_path_;   // profile_ops()
+  void log_pipeline_cut() const;  // rank 0: the chunks' layers where they are not even
   void write_op_profile() const;
   void dump_shards(const std::string& dir, bool grads) const;
 };

@@ -14,21 +14,6 @@
 namespace pentad::parallel::pp {
 namespace {
 
-// The chunks' costs of a cut.
-std::vector<double> chunk_costs(const LayerCosts& costs, const std::vector<int64_t>& layers) {
-  std::vector<double> out;
-  int64_t begin = 0;
-  for (size_t j = 0; j < layers.size(); ++j) {
-    double c = std::accumulate(costs.layers.begin() + begin,
-                               costs.layers.begin() + begin + layers[j], 0.0);
-    if (j == 0) c += costs.first;
-    if (j + 1 == layers.size()) c += costs.last;
-    out.push_back(c);
-    begin += layers[j];
-  }
-  return out;
-}
-
 double most(const std::vector<double>& v) {
   return *std::max_element(v.begin(), v.end());
 }
@@ -50,6 +35,12 @@ void every_cut(int64_t n, int64_t chunks, std::vector<int64_t>& cut,
     every_cut(n - first, chunks - 1, cut, visit);
     cut.pop_back();
   }
+}
+
+TEST(ChunkLayers, ChunkCostsAddTheEndsExtras) {
+  const LayerCosts costs{{1, 2, 3, 4, 5}, 0.5, 10};
+  EXPECT_EQ(chunk_costs(costs, {2, 2, 1}), (std::vector<double>{3.5, 7, 15}));
+  EXPECT_EQ(chunk_costs(costs, {5}), (std::vector<double>{25.5}));
 }
 
 TEST(ChunkLayers, BalancedIsTheLeastCostliestChunkThenTheMostEven) {
