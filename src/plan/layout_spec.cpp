@@ -26,6 +26,7 @@ const LayoutField kFields[] = {
     {"schedule", "parallel.pp_schedule", false},
     {"vp", "parallel.virtual_stages", false},
     {"pp_group", "parallel.pp_group", false},
+    {"cut", "parallel.pp_layout", false},
     {"dp", "parallel.dp", true},
     {"mb", "train.micro_batch", false},
     {"ga", "train.grad_accum", false},
@@ -68,7 +69,12 @@ std::map<std::string, std::string> parse_layout(const std::string& spec, int ran
       fail("--layout \"{}\": unknown field \"{}\" (fields: {})", spec, name, layout_fields());
     const bool text = name == "tp_shape" || name == "tp_order" || name == "cp_impl" ||
                       name == "schedule" || name == "offload" || name == "sp" ||
-                      name == "recompute";
+                      name == "recompute" || name == "cut";
+    if (name == "cut" && value != "even" && value != "balanced")
+      fail(
+          "--layout \"{}\": cut={} is neither even (the recipe's parallel.pp_layout, an even "
+          "split where it names none) nor balanced",
+          spec, value);
     if (!text) {
       char* rest = nullptr;
       const long long v = std::strtoll(value.c_str(), &rest, 10);

@@ -262,21 +262,36 @@ class LayoutSearch {
                                                               : Integers{1}))
         for (int64_t group : picks("pp_group", schedule == "kfkb" ? Integers{2, 4} : Integers{2})) {
           l.schedule = schedule, l.vp = vp, l.pp_group = group;
-          // Layers that do not split evenly into the chunks are cut by their FLOPs
-          // (parallel.pp_layout = "balanced") rather than refused, unless the recipe cuts them.
-          l.pp_layout = pp * vp > 1 && recipe_.parallel.pp_layout.empty() &&
-                                recipe_.model.n_layer % (pp * vp) != 0
-                            ? "balanced"
-                            : "";
-          l.zero = 0;
-          if (subtree_refused(l, kBelowSchedule)) continue;
-          for (int64_t zero : picks("zero", dp * cp > 1 ? Integers{0, 1, 2, 3} : Integers{0})) {
-            l.zero = zero;
-            l.micro_batch = 1, l.grad_accum = global_ / dp;
-            if (subtree_refused(l, kBelowZero)) continue;
-            search_micro_batches(l);
+          for (const std::string& cut : pipeline_cuts(pp * vp)) {
+            l.pp_layout = cut;
+            l.zero = 0;
+            if (subtree_refused(l, kBelowSchedule)) continue;
+            for (int64_t zero : picks("zero", dp * cp > 1 ? Integers{0, 1, 2, 3} : Integers{0})) {
+              l.zero = zero;
+              l.micro_batch = 1, l.grad_accum = global_ / dp;
+              if (subtree_refused(l, kBelowZero)) continue;
+              search_micro_batches(l);
+            }
           }
         }
+  }
+
+  // The cuts of the layers into `chunks` pipeline chunks to try (Layout::pp_layout): --layout
+  // cut's; the recipe's own where it names one; else the even split, and "balanced" (by FLOPs)
+  // where the even split does not divide the layers (alone) or the head makes the balanced
+  // cut differ.
+  Strings pipeline_cuts(int64_t chunks) const {
+    if (chunks == 1) return {""};
+    if (fixed("cut")) return {fixed_.at("cut") == "balanced" ? "balanced" : ""};
+    if (!recipe_.parallel.pp_layout.empty()) return {""};
+    if (recipe_.model.n_layer % chunks != 0) return {"balanced"};
+    Config balanced = recipe_;
+    balanced.parallel.pp_layout = "balanced";
+    balanced.parallel.virtual_stages = 1;
+    const std::vector<int64_t> cut = pipeline_chunk_layers(balanced, int(chunks));
+    const bool even = std::all_of(cut.begin(), cut.end(),
+                                  [&](int64_t n) { return n == recipe_.model.n_layer / chunks; });
+    return even ? Strings{""} : Strings{"", "balanced"};
   }
 
   // The micro-batch, every divisor of a dp rank's share of the global batch (grad_accum the

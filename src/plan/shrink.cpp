@@ -123,6 +123,7 @@ std::map<std::string, std::string> layout_as_fields(const Layout& l) {
           {"schedule", l.schedule},
           {"vp", std::to_string(l.vp)},
           {"pp_group", std::to_string(l.pp_group)},
+          {"cut", l.pp_layout == "balanced" ? "balanced" : "even"},
           {"dp", std::to_string(l.dp)},
           {"mb", std::to_string(l.micro_batch)},
           {"ga", std::to_string(l.grad_accum)},
