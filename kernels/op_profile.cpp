@@ -140,7 +140,12 @@ Scope::~Scope() {
   if (!timed_) return;
   if constexpr (kCudaBuilt) {
     if (tl_cuda) {
-      state().pending.push_back({tl_op, tl_flops, tl_start_event, cuda::record_timing_event()});
+      // A destructor must not throw: an event that cannot be recorded (the device failed,
+      // which the op's own next call reports) drops this call's time.
+      try {
+        state().pending.push_back({tl_op, tl_flops, tl_start_event, cuda::record_timing_event()});
+      } catch (const std::exception&) {
+      }
       return;
     }
   }

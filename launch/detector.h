@@ -106,8 +106,10 @@ class Detector {
   // ... and for at least this long: its steps' seconds over those steps, or the time since
   // the first slow step of a window that every check since found slow too. With steps of a
   // few milliseconds, 10 steps of a rank on a VM's stolen core (0.15 s) came in clean runs
-  // (2026-11-30, twice); a rank slow at its work stays so.
-  static constexpr double kSlowSeconds = 0.5;
+  // (2026-11-30, twice), and so did half a second of a rank computing 2x the others' CPU time
+  // (the local CI of 2026-11-30: the VM's vCPUs ran identical passes up to 2x apart that day);
+  // a rank slow at its work stays so.
+  static constexpr double kSlowSeconds = 2.0;
   // A slow link: a pair at this many times the median pair's seconds per MB ...
   static constexpr double kLinkFactor = 3.0;
   // ... for this long (x the median step time, and at least DetectorOptions::link_slow_s)

@@ -197,8 +197,9 @@ def main():
     fault(pentad, recipe, work, reference, "hang", "hang:3:12", "non-comm hang", 3)
     fault(pentad, recipe, work, reference, "commhang", "commhang:1:12", "comm hang", 1)
     error(pentad, recipe, work, reference)
+    # Slow from step 5 on, for longer than Detector::kSlowSeconds (2 s): 160 steps.
     fault(pentad, recipe, work, reference, "slow", "slow:2:5:6", "non-comm slow", 2,
-          restarts=False)
+          restarts=False, overrides=["train.steps=160"])
     # A ring sends from each rank to the next: link 1-2 carries every leg from 1. Reported
     # only: ZeRO-1's gradient reduce-scatter, a ring on host memory without any option.
     fault(pentad, recipe, work, ring_reference, "slowlink", "slowlink:1:2:5", "comm slow",
