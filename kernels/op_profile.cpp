@@ -43,12 +43,6 @@ State& state() {
 
 thread_local bool tl_timing = false;
 thread_local int tl_depth = 0;  // door calls open on this thread
-// The outer call being timed.
-thread_local const char* tl_op = nullptr;
-thread_local double tl_flops = 0;
-thread_local bool tl_cuda = false;
-thread_local Clock::time_point tl_start;
-thread_local int tl_start_event = -1;
 
 void add(const char* op, double seconds, double flops) {
   OpTime& row = state().ops[op];
@@ -117,21 +111,18 @@ void reset() {
   state() = State{};
 }
 
-Scope::Scope(const char* op, bool cuda, double flops) {
+Scope::Scope(const char* op, bool cuda, double flops) : op_(op), cuda_(cuda), flops_(flops) {
   if (!tl_timing) return;
   entered_ = true;
   if (tl_depth++ > 0) return;  // inside a timed call: counted there
   timed_ = true;
-  tl_op = op;
-  tl_flops = flops;
-  tl_cuda = cuda;
   if constexpr (kCudaBuilt) {
     if (cuda) {
-      tl_start_event = cuda::record_timing_event();
+      start_event_ = cuda::record_timing_event();
       return;
     }
   }
-  tl_start = Clock::now();
+  start_ = Clock::now();
 }
 
 Scope::~Scope() {
@@ -139,17 +130,17 @@ Scope::~Scope() {
   --tl_depth;
   if (!timed_) return;
   if constexpr (kCudaBuilt) {
-    if (tl_cuda) {
+    if (cuda_) {
       // A destructor must not throw: an event that cannot be recorded (the device failed,
       // which the op's own next call reports) drops this call's time.
       try {
-        state().pending.push_back({tl_op, tl_flops, tl_start_event, cuda::record_timing_event()});
+        state().pending.push_back({op_, flops_, start_event_, cuda::record_timing_event()});
       } catch (const std::exception&) {
       }
       return;
     }
   }
-  add(tl_op, std::chrono::duration<double>(Clock::now() - tl_start).count(), tl_flops);
+  add(op_, std::chrono::duration<double>(Clock::now() - start_).count(), flops_);
 }
 
 std::string report(const Profile& profile, double peak_flops) {

@@ -15,6 +15,7 @@
 // a device, kernels/cuda/cuda_ops.h), and a call made inside a timed call (one op built on
 // another) counts once, in the outer one. What the ops leave (communication waits, host
 // work, copies) is the step's time outside the ops: report() prints it.
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -66,7 +67,12 @@ class Scope {
 
  private:
   bool entered_ = false;  // counted in this thread's depth
-  bool timed_ = false;    // the outer call: timed
+  bool timed_ = false;    // the outer call: timed, from these
+  const char* op_;
+  bool cuda_;
+  double flops_;
+  std::chrono::steady_clock::time_point start_;  // CPU
+  int start_event_ = -1;                         // CUDA
 };
 
 }  // namespace pentad::kernels::op_profile
