@@ -29,6 +29,7 @@ struct MoeConfig {
   // 0: dropless. Above 0: each expert takes at most ceil(capacity_factor * tokens * top_k /
   // n_experts) of one micro-batch's tokens, keeping those of highest router probability.
   float capacity_factor = 0.0f;
+  bool operator==(const MoeConfig&) const = default;
 };
 
 // model.recompute: whether backward rebuilds each layer's activations instead of keeping
@@ -78,6 +79,7 @@ struct ModelConfig {                       // [model]
   int64_t head_dim() const { return d_model / n_head; }
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   bool is_moe() const { return n_experts > 0 && !moe_layers.empty(); }
+  bool operator==(const ModelConfig&) const = default;
 };
 
 }  // namespace pentad

@@ -1,6 +1,7 @@
 // The model's parameters (model/model.h): registered from the parameter table
 // (model/param_table.h) for this rank's chunks, the ids each forward stretch reads, the MoE
 // layers' statistics and expert bias, and what the layers held here cost in FLOPs.
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -182,7 +183,8 @@ double layer_flops_per_token(const ModelConfig& cfg, bool moe, double keys) {
   // A multiply-add per value of each GEMM's weight (model/param_table.h): every weight of
   // the layer once, each routed expert's top_k times (the router and shared experts once).
   double weights = 0;
-  for (const ParamDecl& d : layer_params(cfg, moe))
+  const std::shared_ptr<const ParamTable> table = shared_param_table(cfg);
+  for (const ParamDecl& d : table->layer(moe))
     if (d.reads != Reads::None)
       weights += double(d.shape[0]) * double(d.shape[1]) * (d.expert() ? double(cfg.top_k) : 1.0);
   // Causal attention: each query meets keys/2 keys on average; QK^T and PV cost 2*C flops per

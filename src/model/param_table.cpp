@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 
 #include "core/check.h"
 #include "model/moe.h"
@@ -142,6 +143,18 @@ ParamTable param_table(const ModelConfig& cfg) {
   if (cfg.is_moe()) t.moe_layer = layer_params(cfg, true);
   t.final = final_params(cfg);
   return t;
+}
+
+std::shared_ptr<const ParamTable> shared_param_table(const ModelConfig& cfg) {
+  thread_local ModelConfig last;
+  thread_local std::shared_ptr<const ParamTable> table;
+  ModelConfig key = cfg;
+  key.recompute = last.recompute;
+  if (!table || !(key == last)) {
+    table = std::make_shared<const ParamTable>(param_table(cfg));
+    last = cfg;
+  }
+  return table;
 }
 
 int add_param(ParamStore& params, const ParamDecl& d, const std::string& name,

@@ -6,6 +6,7 @@
 // (cli/hf_layout.cpp, cli/convert_llmc.cpp) map its names, refusing a name they do not know.
 // A new parameter is one more row here (and its use in the forward).
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -103,6 +104,9 @@ struct ParamTable {
   const std::vector<ParamDecl>& layer(bool moe) const { return moe ? moe_layer : dense_layer; }
 };
 ParamTable param_table(const ModelConfig& cfg);
+// The same, shared: each thread keeps the last model's table (the planner estimates many
+// layouts of one model). model.recompute does not change the table.
+std::shared_ptr<const ParamTable> shared_param_table(const ModelConfig& cfg);
 std::string layer_prefix(int64_t layer);                   // "layers.3."
 std::string expert_prefix(int64_t layer, int64_t expert);  // "layers.3.moe.experts.5."
 

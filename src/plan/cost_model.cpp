@@ -85,14 +85,22 @@ Step step_of(const Config& cfg, const parallel::MeshConfig& mesh, const Machine&
   const bool gpt2 = m.family == ModelFamily::GPT2, sp = cfg.parallel.sequence_parallel;
   const double tp = mesh.tp, d2 = mesh.tp_d2, d1 = tp / d2;
 
-  const ParamTable table = param_table(m);
+  std::shared_ptr<const ParamTable> table = shared_param_table(m);
   const CutDegrees degrees{tp, d2, double(mesh.ep), double(mesh.etp)};
-  std::vector<LayerGemm> dense_gemms = layer_gemms(table.dense_layer, degrees, false);
-  return Step{cfg,     mesh, machine, world,   node_ranks,
-              threads, slow, rates,   links,   b,
-              s,       n,    C,       Ckv,     F,
-              V,       e,    tp,      d2,      d1,
-              gpt2,    sp,   table,   degrees, std::move(dense_gemms)};
+  std::vector<LayerGemm> dense_gemms = layer_gemms(table->dense_layer, degrees, false);
+  return Step{cfg,        mesh,
+              machine,    world,
+              node_ranks, threads,
+              slow,       rates,
+              links,      b,
+              s,          n,
+              C,          Ckv,
+              F,          V,
+              e,          tp,
+              d2,         d1,
+              gpt2,       sp,
+              table,      *table,
+              degrees,    std::move(dense_gemms)};
 }
 
 // The seconds of a block's GEMMs (attention: reading norm1's output and the attention's;

@@ -5,6 +5,7 @@
 // groups of rank 0.
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "model/param_table.h"
@@ -161,7 +162,8 @@ struct Step {
   Links links;
   double b, s, n, C, Ckv, F, V, e, tp, d2, d1;
   bool gpt2, sp;
-  ParamTable table;
+  std::shared_ptr<const ParamTable> tables;  // owns `table`
+  const ParamTable& table;
   CutDegrees degrees;
   std::vector<LayerGemm> dense_gemms;
 };

@@ -202,9 +202,12 @@ parallel::pp::LayerCosts pipeline_layer_costs(const Config& cfg) {
   const ModelConfig& m = cfg.model;
   parallel::pp::LayerCosts costs;
   const std::vector<int64_t> moe = m.is_moe() ? moe_layer_indices(m) : std::vector<int64_t>{};
+  // A layer's cost depends only on its kind (the planner asks this of every layout it ranks).
+  const double keys = double(cfg.train.seq_len);
+  const double dense = layer_flops_per_token(m, false, keys);
+  const double routed = moe.empty() ? dense : layer_flops_per_token(m, true, keys);
   for (int64_t l = 0; l < m.n_layer; ++l)
-    costs.layers.push_back(layer_flops_per_token(
-        m, std::find(moe.begin(), moe.end(), l) != moe.end(), double(cfg.train.seq_len)));
+    costs.layers.push_back(std::find(moe.begin(), moe.end(), l) != moe.end() ? routed : dense);
   costs.last = head_flops_per_token(m);
   return costs;
 }

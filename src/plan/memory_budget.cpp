@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #include "core/check.h"
@@ -424,6 +427,16 @@ MemoryEstimate estimate_stage(const Config& cfg, const parallel::MeshConfig& mes
 
 double zero3_backed_shares(const std::vector<ZeroStretch>& stretches, double Z, double edp,
                            double value_bytes, double granule) {
+  // The planner asks this of every ZeRO-3 layout it ranks, and many share a stage's units
+  // and Z: each is walked once.
+  std::vector<double> key{Z, edp, value_bytes, granule};
+  for (const ZeroStretch& st : stretches) key.insert(key.end(), {st.dense, st.experts});
+  static std::mutex mutex;
+  static std::map<std::vector<double>, double> walked;
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (auto it = walked.find(key); it != walked.end()) return it->second;
+  }
   const int64_t ranks = int64_t(Z);
   const int64_t step = std::max<int64_t>(1, ranks / 1024);
   double most = 0;
@@ -445,6 +458,8 @@ double zero3_backed_shares(const std::vector<ZeroStretch>& stretches, double Z, 
     }
     most = std::max(most, backed);
   }
+  const std::lock_guard<std::mutex> lock(mutex);
+  walked.emplace(std::move(key), most);
   return most;
 }
 
@@ -456,7 +471,7 @@ int64_t model_parameters(const Config& cfg) {
 }
 
 MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& mesh) {
-  return estimate_memory(cfg, mesh, param_table(cfg.model));
+  return estimate_memory(cfg, mesh, *shared_param_table(cfg.model));
 }
 
 MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& mesh,
@@ -470,11 +485,11 @@ MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& me
 }
 
 MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& mesh, int stage) {
-  return estimate_stage(cfg, mesh, stage, param_table(cfg.model));
+  return estimate_stage(cfg, mesh, stage, *shared_param_table(cfg.model));
 }
 
 std::vector<double> stage_slot_bytes(const Config& cfg, const parallel::MeshConfig& mesh) {
-  const Sizes s = sizes_of(cfg, mesh, param_table(cfg.model));
+  const Sizes s = sizes_of(cfg, mesh, *shared_param_table(cfg.model));
   const bool split = mesh.pp > 1 && schedule_spec(cfg).splits_backward();
   std::vector<double> bytes;
   for (int stage = 0; stage < mesh.pp; ++stage) {
