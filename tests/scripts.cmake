@@ -68,8 +68,8 @@ set_tests_properties(torch_reference_gpt2 torch_reference_llama torch_reference_
 # layouts (MoE's experts are the same GEMMs; layouts_zero_moe_haswell alone took 34 s of
 # ctest's time), and AVX2-only machines run those layouts natively in the fast tier anyway.
 set(LAYOUT ${CMAKE_CURRENT_SOURCE_DIR}/python/layout_equivalence.py)
-# pentad_layout_test(NAME MODE RECIPE overrides...): MODE is PLAIN, --pipeline, --moe,
-# --context, --zero or --moe-zero.
+# pentad_layout_test(NAME MODE RECIPE overrides...): MODE is PLAIN, --pipeline,
+# --pipeline-blocks, --moe, --context, --zero or --moe-zero.
 set(PENTAD_FAST_HASWELL_LAYOUTS layouts_gpt2 layouts_llama)
 function(pentad_layout_test name mode recipe)
   if(mode STREQUAL "PLAIN")
@@ -104,7 +104,7 @@ pentad_layout_test(layouts_pipeline_gpt2 --pipeline gpt-tiny.toml train.micro_ba
 # lr 1e-3: at llama-tiny's 3e-3, 8 layers on random tokens are chaotic after warm-up: plain
 # dp2 (no pipeline) drifts from one rank by 2e-4 in 20 steps, grown from a 1e-9 difference
 # in the summation order of the gradient norm. Pipeline-only layouts are bitwise equal.
-pentad_layout_test(layouts_pipeline_llama --pipeline llama-tiny.toml train.micro_batch=2
+pentad_layout_test(layouts_pipeline_llama --pipeline-blocks llama-tiny.toml train.micro_batch=2
                    train.seq_len=32 model.n_head=8 model.n_kv_head=4 optim.lr=1e-3)
 
 # 2D tensor parallelism: tp 4 as 2x2 and 1x4, row- and column-first, + sp, chunks, and with

@@ -31,7 +31,8 @@ gradients) and fails unless the checks above catch each of them.
 
 With --pipeline, the layouts are pipeline-parallel ones (every schedule, interleaved
 stages, the zero-bubble schedules, and pipeline x data x tensor parallel) on an 8-layer
-model with 4 micro-batches.
+model with 4 micro-batches; --pipeline-blocks, the rows of them whose work depends on the
+model's blocks (PIPELINE_BLOCK_LAYOUTS), for a second family.
 
 With --moe (an MoE recipe), the layouts are expert-parallel ones: ep over data-parallel
 ranks, ep folded over tensor-parallel ranks (MoE Parallel Folding), etp, ep x pp, and
@@ -67,7 +68,7 @@ edp (stage 1), never gather the experts' units (stage 3: pentad refuses, naming 
 used outside its unit),
 and keep the experts' units once gathered (stage 3: stale after the first update).
 
-usage: layout_equivalence.py [--pipeline | --moe | --context | --zero | --moe-zero] PENTAD
+usage: layout_equivalence.py [--pipeline | --pipeline-blocks | --moe | --context | --zero | --moe-zero] PENTAD
                              RECIPE WORKDIR
                              [section.key=value ...]
 """
@@ -142,6 +143,14 @@ PIPELINE_LAYOUTS = [
     ("pp2xdp2xtp2-2f2b+sp", 8, ["parallel.pp=2", "parallel.tp=2", "parallel.pp_schedule=kfkb",
                                 "parallel.pp_group=2", "parallel.sequence_parallel=true"]),
 ]
+# --pipeline-blocks: the rows whose work depends on the model's blocks (each block kind's
+# backward split into B and W at p 2 and 4, under recompute and tp + sp; 1F1B and the
+# interleaved schedule over them), for a second family; the order of the passes alone
+# (GPipe, kFkB, adaptive, uneven cuts, dp) is the same whatever the blocks and --pipeline
+# proves it on GPT-2.
+PIPELINE_BLOCK_LAYOUTS = ["pp2-1f1b", "pp4-interleaved-v2", "pp2-zb-h1", "pp4-zb-h1", "pp2-zb-v",
+                          "pp4-zb-v", "pp2xtp2-zb-v+sp", "pp2xtp2-zb-v-recompute+sp",
+                          "pp2xdp2xtp2-2f2b+sp"]
 SP = "parallel.sequence_parallel=true"
 MOE_LAYOUTS = [
     ("ep2", 2, ["parallel.ep=2"]),
@@ -438,7 +447,8 @@ def openblas_core(pentad):
 
 def main():
     args = sys.argv[1:]
-    pipeline = args[0] == "--pipeline"
+    blocks_only = args[0] == "--pipeline-blocks"
+    pipeline = args[0] == "--pipeline" or blocks_only
     moe = args[0] == "--moe"
     context = args[0] == "--context"
     zero = args[0] == "--zero"
@@ -482,6 +492,9 @@ def main():
                TP2D_SHAPE_LAYOUTS if tp2d_shapes else TP2D_LAYOUTS if tp2d else LAYOUTS)
     if context and any(o.startswith("model.n_kv_head=") for o in common):
         layouts = layouts + [CONTEXT_GQA]
+    if blocks_only:
+        layouts = [l for l in layouts if l[0] in PIPELINE_BLOCK_LAYOUTS]
+        assert len(layouts) == len(PIPELINE_BLOCK_LAYOUTS), "a --pipeline-blocks row is gone"
     if os.environ.get("LAYOUTS_ONLY"):  # a developer's subset: names matching this regex
         layouts = [l for l in layouts if re.search(os.environ["LAYOUTS_ONLY"], l[0])]
     # MoE with ZeRO: each layout also stops after its first step, whose weights are compared
