@@ -12,8 +12,8 @@
 #                context-parallel attention and ZeRO tests on 4;
 #   build-tsan/  ThreadSanitizer (clang, libomp + libarcher), one program (threads_tests):
 #                the kernels' tests, the checkpoint saver's background-thread tests and the
-#                NVMe engine's (its I/O thread), data prepare's worker and the fault
-#                monitor's beat thread, on 2 OpenMP threads.
+#                NVMe engine's (its I/O thread), data prepare's worker, the fault
+#                monitor's beat thread and the layout search's threads, on 2 OpenMP threads.
 # Findings are fatal. Suppressions (tests/sanitizers/) cover only leaks inside Open MPI's
 # own libraries, never pentad code.
 #   sanitize.sh [asan|tsan]...              configure, build and run (both when none named)
@@ -206,8 +206,10 @@ for kind in "${which[@]}"; do
       dir=build-tsan
       # threads_tests (tests/CMakeLists.txt): the kernels' tests, and the suites that run
       # threads (the saver's and the snapshot's background thread, AdamW's and the NVMe
-      # engine's I/O, data prepare's worker, the monitor's beats), in two runs side by side.
+      # engine's I/O, data prepare's worker, the monitor's beats, the layout search's
+      # threads), in two runs side by side.
       threaded='SaverTest.*:CheckpointSnapshot.*:AdamW.*:NvmeStateTest.*:Commands.*:Monitor.*'
+      threaded+=':PlanThreads.*'
       # libarcher (an OMPT tool) gives TSan OpenMP's synchronisation; OpenBLAS runs one
       # thread (its OpenMP build links GCC's runtime, which TSan cannot see into).
       export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1"

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -217,20 +216,26 @@ std::vector<int64_t> pipeline_chunk_layers(const Config& cfg, int stages) {
   const ModelConfig& m = cfg.model;
   if (p.pp_layout != "balanced")
     return parallel::pp::chunk_layers(m.n_layer, stages, int(p.virtual_stages), p.pp_layout);
-  const parallel::pp::LayerCosts costs = pipeline_layer_costs(cfg);
-  // The planner asks for many layouts of one model: each chunk count is cut once.
-  static std::mutex mutex;
-  static std::map<std::pair<std::vector<double>, int64_t>, std::vector<int64_t>> cut;
-  std::vector<double> key = costs.layers;
-  key.insert(key.end(), {costs.first, costs.last});
-  const int64_t chunks = int64_t(stages) * p.virtual_stages;
-  const std::lock_guard<std::mutex> lock(mutex);
-  auto it = cut.find({key, chunks});
-  if (it == cut.end())
-    it = cut.emplace(std::make_pair(std::move(key), chunks),
-                     parallel::pp::chunk_layers(m.n_layer, stages, int(p.virtual_stages),
-                                                p.pp_layout, &costs))
+  // The planner asks for many layouts of one model: each thread keeps the last model's cuts
+  // (the layers' costs depend on the model and the sequence length, not on recompute).
+  thread_local ModelConfig model;
+  thread_local int64_t seq_len = -1;
+  thread_local std::map<std::pair<int, int64_t>, std::vector<int64_t>> cuts;
+  ModelConfig same = m;
+  same.recompute = model.recompute;
+  if (!(same == model) || seq_len != cfg.train.seq_len) {
+    cuts.clear();
+    model = m;
+    seq_len = cfg.train.seq_len;
+  }
+  auto it = cuts.find({stages, p.virtual_stages});
+  if (it == cuts.end()) {
+    const parallel::pp::LayerCosts costs = pipeline_layer_costs(cfg);
+    it = cuts.emplace(std::make_pair(stages, p.virtual_stages),
+                      parallel::pp::chunk_layers(m.n_layer, stages, int(p.virtual_stages),
+                                                 p.pp_layout, &costs))
              .first;
+  }
   return it->second;
 }
 

@@ -4,11 +4,14 @@
 #include "plan/plan_search.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
+#include <exception>
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 #include "core/check.h"
 #include "model/model.h"
@@ -86,8 +89,9 @@ class LayoutSearch {
     plan_.global_batch = double(global_);
   }
 
-  PlanSearch run() {
+  PlanSearch run(int threads) {
     search_degrees();
+    search_seeds(threads);
     return finish();
   }
 
@@ -185,10 +189,60 @@ class LayoutSearch {
             l.dp = dp;
             l.tp_chunks = fixed("tp_chunks") ? fixed_integer("tp_chunks") : 1;
             l.grad_accum = global_ / dp;  // probes (below) run micro-batch 1
-            search_inside_degrees(l);
+            if (!first_refusal_.empty() && refused_before_ < 0)
+              refused_before_ = int64_t(seeds_.size());
+            seeds_.push_back(l);
           }
         }
       }
+  }
+
+  // The choices inside each set of degrees, a set a task over this machine's cores (a search
+  // of Megatron's 177B row on 2304 GPUs ranks millions of layouts), each into a search of its
+  // own, then merged in the order one thread would have met them: the same rows, counts and
+  // first refusal whatever the threads.
+  void search_seeds(int threads) {
+    std::vector<LayoutSearch> parts(seeds_.size(), fresh());
+    std::vector<std::exception_ptr> errors(seeds_.size());
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      for (size_t i = next++; i < seeds_.size(); i = next++) {
+        try {
+          parts[i].search_inside_degrees(seeds_[i]);
+        } catch (...) {
+          errors[i] = std::current_exception();
+        }
+      }
+    };
+    std::vector<std::thread> pool;
+    for (size_t t = 1; t < std::min(seeds_.size(), size_t(threads)); ++t) pool.emplace_back(work);
+    work();
+    for (std::thread& t : pool) t.join();
+    // The degrees' own refusal came before the seeds from refused_before_ on.
+    const std::string degrees_refusal = first_refusal_;
+    first_refusal_.clear();
+    for (size_t i = 0; i < seeds_.size(); ++i) {
+      if (errors[i]) std::rethrow_exception(errors[i]);
+      if (int64_t(i) == refused_before_) refuse(degrees_refusal);
+      const LayoutSearch& part = parts[i];
+      refuse(part.first_refusal_);
+      plan_.considered += part.plan_.considered;
+      plan_.refused += part.plan_.refused;
+      plan_.pruned += part.plan_.pruned;
+      plan_.over_memory += part.plan_.over_memory;
+      plan_.rows.insert(plan_.rows.end(), part.plan_.rows.begin(), part.plan_.rows.end());
+      if (part.least_memory_ < least_memory_) {
+        least_memory_ = part.least_memory_;
+        least_label_ = part.least_label_;
+      }
+    }
+    refuse(degrees_refusal);
+  }
+
+  // A search with this one's inputs and no results yet.
+  LayoutSearch fresh() const {
+    LayoutSearch part(recipe_, ranks_, fixed_, memory_limit_bytes_, machine_, topology_);
+    return part;
   }
 
   // tp's second dimension d2 (1: 1D): every divisor of tp, or the fixed tp_shape's.
@@ -364,6 +418,8 @@ class LayoutSearch {
   std::string first_refusal_;
   double least_memory_ = std::numeric_limits<double>::infinity();
   std::string least_label_;
+  std::vector<Layout> seeds_;    // the degrees' layouts, each searched inside (search_seeds)
+  int64_t refused_before_ = -1;  // the seed the degrees' first refusal came before
 };
 
 }  // namespace
@@ -371,9 +427,11 @@ class LayoutSearch {
 PlanSearch search_layouts(const Config& recipe, int ranks,
                           const std::map<std::string, std::string>& fixed,
                           double memory_limit_bytes, const Machine& machine,
-                          const parallel::Topology& topology) {
+                          const parallel::Topology& topology, int threads) {
   PENTAD_CHECK(ranks >= 1, "ranks {}", ranks);
-  return LayoutSearch(recipe, ranks, fixed, memory_limit_bytes, machine, topology).run();
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  return LayoutSearch(recipe, ranks, fixed, memory_limit_bytes, machine, topology)
+      .run(threads > 0 ? threads : cores);
 }
 
 std::string describe_plan(const PlanSearch& plan, const Machine& machine, int top) {

@@ -50,10 +50,12 @@ struct PlanSearch {
 // recipe's global batch (micro_batch x grad_accum x dp of its own layout on `ranks`). Throws
 // pentad::Error when none is accepted (with the reason of one refusal) or none fits
 // (naming the least memory any needs and its layout).
+// The layouts inside each set of degrees are searched on `threads` threads (0: one a core of
+// this machine); the result does not depend on how many.
 PlanSearch search_layouts(const Config& recipe, int ranks,
                           const std::map<std::string, std::string>& fixed,
                           double memory_limit_bytes, const Machine& machine,
-                          const parallel::Topology& topology);
+                          const parallel::Topology& topology, int threads = 0);
 
 // The ranked table (top `top` rows) and the winner's recipe overrides.
 std::string describe_plan(const PlanSearch& plan, const Machine& machine, int top);
