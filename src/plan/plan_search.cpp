@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -224,13 +225,15 @@ class LayoutSearch {
     for (size_t i = 0; i < seeds_.size(); ++i) {
       if (errors[i]) std::rethrow_exception(errors[i]);
       if (int64_t(i) == refused_before_) refuse(degrees_refusal);
-      const LayoutSearch& part = parts[i];
+      LayoutSearch& part = parts[i];
       refuse(part.first_refusal_);
       plan_.considered += part.plan_.considered;
       plan_.refused += part.plan_.refused;
       plan_.pruned += part.plan_.pruned;
       plan_.over_memory += part.plan_.over_memory;
-      plan_.rows.insert(plan_.rows.end(), part.plan_.rows.begin(), part.plan_.rows.end());
+      plan_.rows.insert(plan_.rows.end(), std::make_move_iterator(part.plan_.rows.begin()),
+                        std::make_move_iterator(part.plan_.rows.end()));
+      part.plan_.rows = {};
       if (part.least_memory_ < least_memory_) {
         least_memory_ = part.least_memory_;
         least_label_ = part.least_label_;
