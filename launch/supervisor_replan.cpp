@@ -134,21 +134,24 @@ bool Supervisor::around_slow_link(const Detection& d, const Detector& detector) 
   // steps do not run slower costs too little to re-plan for. A pipeline's small transfers
   // read slower per MB than a ring's large chunks by nature (the soak's grown pp 2 x dp 4
   // once read link 0-4 "slow" so). The lesser of two medians: the ranks' recent steps seen
-  // before the sign, and the attempt's first steps (under load the sign once came so late
-  // that every recent step before it was already slow).
-  auto median_before = [&](auto records) {
+  // before the sign, and the attempt's first steps whenever they were seen. Under load the
+  // sign once came so late that every recent step before it was already slow; and steps much
+  // shorter than a beat arrive with the sign in one beat, so none is seen before it (the
+  // first steps then still tell a link slowed mid-run from one slow from the start).
+  auto median_of = [&](auto records, bool before_sign) {
     std::vector<double> before;
     for (const auto& [rank, rs] : detector.ranks())
       for (const StepRecord& h : records(rs))
-        if (h.seen_at < d.first_sign_at && h.step > rs.resume_step + 1)
+        if ((!before_sign || h.seen_at < d.first_sign_at) && h.step > rs.resume_step + 1)
           before.push_back(h.step_seconds);
     if (before.empty()) return 0.0;
     std::nth_element(before.begin(), before.begin() + long(before.size() / 2), before.end());
     return before[before.size() / 2];
   };
-  const double recent =
-      median_before([](const RankState& rs) -> const auto& { return rs.history; });
-  const double early = median_before([](const RankState& rs) -> const auto& { return rs.early; });
+  const double recent = median_of(
+      [](const RankState& rs) -> const auto& { return rs.history; }, true);
+  const double early = median_of(
+      [](const RankState& rs) -> const auto& { return rs.early; }, false);
   const double usual = recent > 0 && early > 0 ? std::min(recent, early) : std::max(recent, early);
   const double ratio = r.predicted_before_s > 0 ? r.predicted_after_s / r.predicted_before_s : 1.0;
   const int64_t lost = step - std::max(ckpt, resumed);
