@@ -65,7 +65,7 @@ double dp_seconds(const Step& step, const MemoryEstimate& mem, const Stages& sta
     // final only at the very end of backward, and a bucket never splits a parameter, so it
     // holds the whole table (V C / tp, and GPT-2's positions) even beyond bucket_mb: the
     // parameter table's embedding rows on this rank.
-    const double embedding = 4 * rank_values(step.table.embedding, step.degrees, 0).all;
+    const double embedding = 4 * rank_values(step.table->embedding, step.degrees, 0).all;
     const double bucket =
         std::min(grad_bytes, std::max(double(par.bucket_mb) * 1024 * 1024, embedding));
     const CollectiveOp reduce =
@@ -109,7 +109,7 @@ double dp_seconds(const Step& step, const MemoryEstimate& mem, const Stages& sta
   if (p > 1 && m.tie_embeddings) {
     // Tied embeddings under pipelining: the first and last stages' tables (fp32 gradients,
     // each rank's ZeRO share) summed between the two after the reduction, waited for.
-    const double table = 4 * rank_values(step.table.embedding.front(), step.degrees) / Z;
+    const double table = 4 * rank_values(step.table->embedding.front(), step.degrees) / Z;
     dp_exposed += links.collective(CollectiveOp::AllReduce,
                                    {0, parallel::mesh_rank(mesh, 0, 0, 0, p - 1)}, table);
   }

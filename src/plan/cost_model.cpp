@@ -88,19 +88,11 @@ Step step_of(const Config& cfg, const parallel::MeshConfig& mesh, const Machine&
   std::shared_ptr<const ParamTable> table = shared_param_table(m);
   const CutDegrees degrees{tp, d2, double(mesh.ep), double(mesh.etp)};
   std::vector<LayerGemm> dense_gemms = layer_gemms(table->dense_layer, degrees, false);
-  return Step{cfg,        mesh,
-              machine,    world,
-              node_ranks, threads,
-              slow,       rates,
-              links,      b,
-              s,          n,
-              C,          Ckv,
-              F,          V,
-              e,          tp,
-              d2,         d1,
-              gpt2,       sp,
-              table,      *table,
-              degrees,    std::move(dense_gemms)};
+  return Step{cfg,     mesh, machine, world,   node_ranks,
+              threads, slow, rates,   links,   b,
+              s,       n,    C,       Ckv,     F,
+              V,       e,    tp,      d2,      d1,
+              gpt2,    sp,   table,   degrees, std::move(dense_gemms)};
 }
 
 // The seconds of a block's GEMMs (attention: reading norm1's output and the attention's;
@@ -128,7 +120,7 @@ void layer_compute(const Step& step, LayerCosts& costs) {
   const parallel::MeshConfig& mesh = step.mesh;
   const Rates& rates = step.rates;
   const Links& links = step.links;
-  const ParamTable& table = step.table;
+  const ParamTable& table = *step.table;
   const CutDegrees& degrees = step.degrees;
   const int world = step.world;
   const double n = step.n, s = step.s, C = step.C, Ckv = step.Ckv, F = step.F, e = step.e,
@@ -432,7 +424,7 @@ Prediction predict_step(const Config& cfg, const parallel::MeshConfig& mesh, con
   Stages stages = stage_costs(step, costs);
   const parallel::pp::SimResult run = replay(step, stages);
   // Data parallelism over dp x cp: the fullest stage's fp32 gradients (dp_seconds).
-  const MemoryEstimate mem = estimate_memory(cfg, mesh, step.table);
+  const MemoryEstimate mem = estimate_memory(cfg, mesh, *step.table);
   double Z = 1;
   const double dp_exposed = cost::dp_seconds(step, mem, stages, run, Z);
   // AdamW over this rank's share (fp32 p, g, m, v read; p, m, v written; a bf16 copy).

@@ -162,8 +162,7 @@ struct Step {
   Links links;
   double b, s, n, C, Ckv, F, V, e, tp, d2, d1;
   bool gpt2, sp;
-  std::shared_ptr<const ParamTable> tables;  // owns `table`
-  const ParamTable& table;
+  std::shared_ptr<const ParamTable> table;
   CutDegrees degrees;
   std::vector<LayerGemm> dense_gemms;
 };

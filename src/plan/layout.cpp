@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "core/check.h"
 #include "model/model.h"
 #include "model/moe.h"
+#include "model/param_table.h"
 #include "parallel/pp/layout.h"
 #include "parallel/pp/pipeline.h"
 #include "parallel/topology.h"
@@ -216,16 +218,15 @@ std::vector<int64_t> pipeline_chunk_layers(const Config& cfg, int stages) {
   const ModelConfig& m = cfg.model;
   if (p.pp_layout != "balanced")
     return parallel::pp::chunk_layers(m.n_layer, stages, int(p.virtual_stages), p.pp_layout);
-  // The planner asks for many layouts of one model: each thread keeps the last model's cuts
-  // (the layers' costs depend on the model and the sequence length, not on recompute).
-  thread_local ModelConfig model;
+  // The planner asks for many layouts of one model: each thread keeps the cuts of the last
+  // model (its shared parameter table) and sequence length.
+  thread_local std::shared_ptr<const ParamTable> model;
   thread_local int64_t seq_len = -1;
   thread_local std::map<std::pair<int, int64_t>, std::vector<int64_t>> cuts;
-  ModelConfig same = m;
-  same.recompute = model.recompute;
-  if (!(same == model) || seq_len != cfg.train.seq_len) {
+  std::shared_ptr<const ParamTable> table = shared_param_table(m);
+  if (table != model || seq_len != cfg.train.seq_len) {
     cuts.clear();
-    model = m;
+    model = std::move(table);
     seq_len = cfg.train.seq_len;
   }
   auto it = cuts.find({stages, p.virtual_stages});

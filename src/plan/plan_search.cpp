@@ -203,7 +203,9 @@ class LayoutSearch {
   // own, then merged in the order one thread would have met them: the same rows, counts and
   // first refusal whatever the threads.
   void search_seeds(int threads) {
-    std::vector<LayoutSearch> parts(seeds_.size(), fresh());
+    std::vector<LayoutSearch> parts(
+        seeds_.size(),
+        LayoutSearch(recipe_, ranks_, fixed_, memory_limit_bytes_, machine_, topology_));
     std::vector<std::exception_ptr> errors(seeds_.size());
     std::atomic<size_t> next{0};
     auto work = [&] {
@@ -240,12 +242,6 @@ class LayoutSearch {
       }
     }
     refuse(degrees_refusal);
-  }
-
-  // A search with this one's inputs and no results yet.
-  LayoutSearch fresh() const {
-    LayoutSearch part(recipe_, ranks_, fixed_, memory_limit_bytes_, machine_, topology_);
-    return part;
   }
 
   // tp's second dimension d2 (1: 1D): every divisor of tp, or the fixed tp_shape's.
