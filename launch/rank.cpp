@@ -9,6 +9,7 @@
 
 #include "core/cgroup.h"
 #include "core/device_memory.h"
+#include "launch/blas_core.h"
 #include "parallel/backend_choice.h"
 #include "plan/layout.h"
 
@@ -84,7 +85,10 @@ parallel::Backend select_device(const Config& cfg) {
 parallel::Backend start_rank(const Config& cfg) {
   const NodePlace place = node_place();
   const std::string threads = set_compute_threads(cfg.train.threads, place.size);
-  if (place.rank == 0) spdlog::info("{}", threads);
+  if (place.rank == 0) {
+    spdlog::info("{}", threads);
+    if (const std::string blas = blas_core_note(); !blas.empty()) spdlog::info("{}", blas);
+  }
   return select_device(cfg);
 }
 

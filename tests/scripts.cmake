@@ -286,6 +286,14 @@ add_test(NAME cli_inputs
 set_tests_properties(cli_inputs PROPERTIES TIMEOUT 300 RUN_SERIAL TRUE
   PASS_REGULAR_EXPRESSION "every input case behaves")
 
+# OpenBLAS's kernels: those the CPU allows where OpenBLAS does not know its model
+# (launch/blas_core.h), a user's OPENBLAS_CORETYPE kept, the replacement logged.
+add_test(NAME blas_core
+  COMMAND ${PENTAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/blas_core.py $<TARGET_FILE:pentad>
+          ${RECIPES}/gpt-tiny.toml ${CMAKE_CURRENT_BINARY_DIR}/blas-core)
+set_tests_properties(blas_core PROPERTIES TIMEOUT 120
+  PASS_REGULAR_EXPRESSION "OpenBLAS runs the kernels this CPU allows")
+
 # `pentad plan` on the shipped MoE shapes too large to train here: they parse, their layout
 # splits, and the plan shows each rank's expert parameters and dispatch buffers.
 foreach(shape mixtral-8x7b qwen2-57b-a14b)

@@ -437,12 +437,14 @@ HASWELL_KERNELS = ("Haswell", "Zen")
 
 
 def openblas_core(pentad):
-    """The core type OpenBLAS picks on this CPU by itself (it says so when loaded)."""
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+    """The core type pentad runs OpenBLAS with on this CPU by itself (OpenBLAS says so when
+    loaded; the last one, where pentad replaced OpenBLAS's choice, launch/blas_core.h)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_CORETYPE", "PENTAD_BLAS_REPICKED")}
     proc = subprocess.run([pentad, "--help"], env=dict(env, OPENBLAS_VERBOSE="2"),
                           capture_output=True, text=True)
-    found = re.search(r"Core: (\w+)", proc.stdout + proc.stderr)
-    return found.group(1) if found else "unknown"
+    found = re.findall(r"Core: (\w+)", proc.stdout + proc.stderr)
+    return found[-1] if found else "unknown"
 
 
 def main():
