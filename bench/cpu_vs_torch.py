@@ -16,6 +16,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from blas_env import same_blas_kernels
+
+same_blas_kernels()  # before torch loads OpenBLAS
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

@@ -44,6 +44,9 @@ import sys
 import time
 from pathlib import Path
 
+from blas_env import same_blas_kernels
+
+same_blas_kernels()  # before torch loads OpenBLAS
 import torch
 import torch.nn.functional as F
 

@@ -18,6 +18,9 @@ import argparse
 import statistics
 import time
 
+from blas_env import same_blas_kernels
+
+same_blas_kernels()  # before torch loads OpenBLAS
 import torch
 
 VARIANTS = {

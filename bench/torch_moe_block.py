@@ -15,6 +15,9 @@ import math
 import statistics
 import time
 
+from blas_env import same_blas_kernels
+
+same_blas_kernels()  # before torch loads OpenBLAS
 import torch
 import torch.nn.functional as Fn
 

@@ -13,8 +13,8 @@
 #include <string>
 
 #include "cli/command.h"
+#include "kernels/cpu/blas_core.h"
 #include "kernels/door.h"
-#include "launch/blas_core.h"
 #include "launch/commands.h"
 #include "launch/errors.h"
 #include "launch/rank.h"
@@ -46,7 +46,7 @@ void add_commands(pentad::cli::Commands& commands) {
 
 int main(int argc, char** argv) {
   // First: it may start this program again, which must happen before MPI or any thread.
-  pentad::launch::restart_with_better_blas_core(argv);
+  pentad::kernels::cpu::restart_with_better_blas_core(argv);
   using pentad::cli::kInternal, pentad::cli::kRefused;
   CLI::App app{"pentad: 5D-parallel trainer for GPT and MoE language models"};
   app.require_subcommand(1);

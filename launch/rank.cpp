@@ -9,7 +9,7 @@
 
 #include "core/cgroup.h"
 #include "core/device_memory.h"
-#include "launch/blas_core.h"
+#include "kernels/cpu/blas_core.h"
 #include "parallel/backend_choice.h"
 #include "plan/layout.h"
 
@@ -87,7 +87,8 @@ parallel::Backend start_rank(const Config& cfg) {
   const std::string threads = set_compute_threads(cfg.train.threads, place.size);
   if (place.rank == 0) {
     spdlog::info("{}", threads);
-    if (const std::string blas = blas_core_note(); !blas.empty()) spdlog::info("{}", blas);
+    if (const std::string blas = kernels::cpu::blas_core_note(); !blas.empty())
+      spdlog::info("{}", blas);
   }
   return select_device(cfg);
 }

@@ -16,7 +16,6 @@
 #include "core/cgroup.h"
 #include "core/check.h"
 #include "core/device_memory.h"
-#include "launch/blas_core.h"
 
 using namespace pentad;
 
@@ -131,23 +130,6 @@ TEST(StartRank, CudaWithoutADeviceIsAClearError) {
                 message.find("no CUDA backend") != std::string::npos)
         << message;
   }
-}
-
-// OpenBLAS's older kernel sets are replaced by the newest the CPU can run; a set it chose
-// knowing the CPU stands, as does its choice on a CPU without AVX2.
-TEST(BlasCore, OlderKernelsAreReplacedByWhatTheCpuRuns) {
-  const launch::CpuVectors avx512{true, true}, avx2{true, false}, neither{};
-  EXPECT_EQ(launch::better_blas_core("Prescott", avx512), "SkylakeX");
-  EXPECT_EQ(launch::better_blas_core("Prescott", avx2), "Haswell");
-  EXPECT_EQ(launch::better_blas_core("Sandybridge", avx2), "Haswell");
-  EXPECT_EQ(launch::better_blas_core("Prescott", neither), "");
-  for (const char* known : {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"}) {
-    EXPECT_EQ(launch::better_blas_core(known, avx512), "") << known;
-    EXPECT_EQ(launch::better_blas_core(known, avx2), "") << known;
-  }
-  // What this machine reports is consistent: AVX-512 implies AVX2 and FMA.
-  const launch::CpuVectors here = launch::cpu_vectors();
-  EXPECT_TRUE(!here.avx512 || here.avx2_fma);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <string>
 
+#include "kernels/cpu/blas_core.h"
 #include "launch/rank.h"
 
 namespace {
@@ -53,6 +54,7 @@ class RankVerdicts : public testing::EmptyTestEventListener {
 }  // namespace
 
 int main(int argc, char** argv) {
+  pentad::kernels::cpu::restart_with_better_blas_core(argv);  // as the executable does
   pentad::launch::prepare_singleton_start();  // as the executable does (one rank, no mpirun)
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);

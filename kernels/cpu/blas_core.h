@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-namespace pentad::launch {
+namespace pentad::kernels::cpu {
 
 // What this CPU and its OS can run, as far as OpenBLAS's single-precision kernels care.
 struct CpuVectors {
@@ -37,4 +37,4 @@ void restart_with_better_blas_core(char** argv);
 // started it with the same environment; empty otherwise.
 std::string blas_core_note();
 
-}  // namespace pentad::launch
+}  // namespace pentad::kernels::cpu

@@ -1,4 +1,4 @@
-#include "launch/blas_core.h"
+#include "kernels/cpu/blas_core.h"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -11,7 +11,7 @@
 
 extern "C" char* openblas_get_corename(void);  // OpenBLAS's own, beside its cblas.h
 
-namespace pentad::launch {
+namespace pentad::kernels::cpu {
 
 namespace {
 constexpr const char* kPicked = "PENTAD_BLAS_REPICKED";
@@ -71,4 +71,4 @@ std::string blas_core_note() {
       blas_core(), picked);
 }
 
-}  // namespace pentad::launch
+}  // namespace pentad::kernels::cpu
