@@ -1,7 +1,7 @@
 """The CPU peers run OpenBLAS's kernels as pentad does.
 
 pentad replaces OpenBLAS's generic kernels where OpenBLAS does not know the CPU's model
-(launch/blas_core.h). Debian's PyTorch takes its BLAS from the same OpenBLAS, which would
+(kernels/cpu/blas_core.h). Debian's PyTorch takes its BLAS from the same OpenBLAS, which would
 give it the generic ones (Prescott: 30 GFLOP/s a core against 130-185 on the machines where
 that happens): a comparison of kernels, not of trainers. A benchmark calls
 same_blas_kernels() before it imports torch; where pentad replaced OpenBLAS's choice, the

@@ -287,7 +287,7 @@ set_tests_properties(cli_inputs PROPERTIES TIMEOUT 300 RUN_SERIAL TRUE
   PASS_REGULAR_EXPRESSION "every input case behaves")
 
 # OpenBLAS's kernels: those the CPU allows where OpenBLAS does not know its model
-# (launch/blas_core.h), a user's OPENBLAS_CORETYPE kept, the replacement logged.
+# (kernels/cpu/blas_core.h), a user's OPENBLAS_CORETYPE kept, the replacement logged.
 add_test(NAME blas_core
   COMMAND ${PENTAD_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/python/blas_core.py $<TARGET_FILE:pentad>
           ${RECIPES}/gpt-tiny.toml ${CMAKE_CURRENT_BINARY_DIR}/blas-core)

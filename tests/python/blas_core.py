@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""pentad runs OpenBLAS's kernels for what the CPU can do (launch/blas_core.h).
+"""pentad runs OpenBLAS's kernels for what the CPU can do (kernels/cpu/blas_core.h).
 
 OpenBLAS picks its kernels by the CPU's model number, and gives a model it does not know its
 generic Prescott ones (Debian 12's 0.3.21 on family 6 model 207, 4-5x slower at SGEMM). Here:
@@ -21,6 +21,8 @@ AT_LEAST_HASWELL = AVX512 | {"Haswell", "Zen"}
 
 
 def cores(cmd, **env):
+    """The cores OpenBLAS names as `cmd` loads it (OpenBLAS's choice, then pentad's where it
+    replaced it), in an environment without a choice of its own but `env`; and the output."""
     base = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE",
                                                              "PENTAD_BLAS_REPICKED")}
     proc = subprocess.run(cmd, env=dict(base, OPENBLAS_VERBOSE="2", **env), capture_output=True,

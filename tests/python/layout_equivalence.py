@@ -81,6 +81,7 @@ from pathlib import Path
 
 import numpy as np
 
+import blas_core
 from shards import load_weights
 
 TOL = 1e-5
@@ -437,13 +438,9 @@ HASWELL_KERNELS = ("Haswell", "Zen")
 
 
 def openblas_core(pentad):
-    """The core type pentad runs OpenBLAS with on this CPU by itself (OpenBLAS says so when
-    loaded; the last one, where pentad replaced OpenBLAS's choice, launch/blas_core.h)."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OPENBLAS_CORETYPE", "PENTAD_BLAS_REPICKED")}
-    proc = subprocess.run([pentad, "--help"], env=dict(env, OPENBLAS_VERBOSE="2"),
-                          capture_output=True, text=True)
-    found = re.findall(r"Core: (\w+)", proc.stdout + proc.stderr)
+    """The core type pentad runs OpenBLAS with on this CPU by itself (the last OpenBLAS names:
+    pentad may replace its choice, kernels/cpu/blas_core.h)."""
+    found = blas_core.cores([pentad, "--help"])[0]
     return found[-1] if found else "unknown"
 
 
