@@ -1,5 +1,6 @@
 #include "parallel/trace.h"
 
+#include <mpi.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,7 +22,14 @@ struct CommTraceChannel {
 
 namespace {
 
-const auto kProcessStart = std::chrono::steady_clock::now();
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// The trace clock's zero on the steady clock: this process's start until align_trace_clock.
+std::atomic<int64_t> trace_zero_ns{steady_ns()};
 
 // One per process. The ring is static storage so recording never allocates; the mutex
 // is uncontended in the common case (one thread issuing communication).
@@ -105,9 +113,21 @@ const char* comm_kind_name(CommKind kind) {
 }
 
 int64_t trace_now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
-                                                              kProcessStart)
-      .count();
+  return steady_ns() - trace_zero_ns.load(std::memory_order_relaxed);
+}
+
+void align_trace_clock(MPI_Comm world) {
+  static bool aligned = false;  // every rank of a job calls this equally often
+  if (aligned) return;
+  aligned = true;
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  MPI_Barrier(world);
+  const int64_t left = steady_ns();
+  int64_t zero = left;
+  MPI_Allreduce(&left, &zero, 1, MPI_INT64_T, MPI_MIN, node);
+  MPI_Comm_free(&node);
+  trace_zero_ns.store(zero, std::memory_order_relaxed);
 }
 
 CommTraceChannel* trace_open_channel(const std::string& name) {

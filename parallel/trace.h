@@ -7,11 +7,13 @@
 // operation is first observed complete by Work::test() or Work::wait() (0 while
 // pending); NCCL operations, whose wait() does not block the host, are stamped when the
 // host first sees their completion event (parallel/comm.h), so their span is an upper
-// bound. Times are steady_clock nanoseconds since the process started.
+// bound. Times are on the trace clock (trace_now_ns, below).
 //
 // Fault detection (a hung collective: the newest event with leave_ns == 0 and the
 // sequence numbers of the other ranks), tracing and the planner's bandwidth
 // measurements read this; so does a person after SIGUSR1.
+#include <mpi.h>
+
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
@@ -72,7 +74,15 @@ struct CommTotals {
 std::map<std::string, CommTotals> comm_totals();
 void reset_comm_totals();
 
-int64_t trace_now_ns();  // the trace clock: steady_clock ns since process start
+// The trace clock: steady_clock ns since the process started, or since align_trace_clock.
+int64_t trace_now_ns();
+// Gives the ranks of `world` one trace clock, so that one rank's times compare with
+// another's (the pipeline timeline's transfers and step windows): the ranks of a machine,
+// which share its steady clock, take one zero, the earliest of their exits from a barrier
+// of all; machines differ by how far apart they left it. Collective over `world`; once a
+// process (later calls return at once). Before it each rank counted from its own start:
+// processes that mpirun started milliseconds apart measured transfers milliseconds long.
+void align_trace_clock(MPI_Comm world);
 
 // ---- used by communicators (parallel/comm.cpp), not by callers ----
 struct CommTraceChannel;  // one per communicator: id, name, totals; lives until exit

@@ -304,14 +304,14 @@ double sampled_replay(const Scan& scan, const pp::ScheduleSpec& spec,
   return sum / kDraws;
 }
 
-// Bubble: 1 - mean busy / window, averaged over the counted steps (scan_rows). Assumes the ranks'
-// steady clocks agree, as they do on one machine. The CPU-time bubble counts the cores' time
-// instead: 1 - CPU time in passes / (cores the ranks can use x window). It is the larger one when
-// ranks wait for a core (each other's or another program's) in the middle of a pass. The
-// compute-time bubble replays the schedule with each chunk's mean CPU time a pass; the replayed
-// one with its mean wall time, as the clock measured it (what the measured bubble is to match:
-// a pass whose rank lost its core is as long to the stage waiting for it); the timed one with
-// every pass as long as it took, step by step: what the lists cost without the executor's own
+// Bubble: 1 - mean busy / window, averaged over the counted steps (scan_rows), on the ranks' one
+// trace clock (parallel::align_trace_clock: exact on one machine). The CPU-time bubble counts the
+// cores' time instead: 1 - CPU time in passes / (cores the ranks can use x window). It is the
+// larger one when ranks wait for a core (each other's or another program's) in the middle of a
+// pass. The compute-time bubble replays the schedule with each chunk's mean CPU time a pass; the
+// replayed one with its mean wall time, as the clock measured it (what the measured bubble is to
+// match: a pass whose rank lost its core is as long to the stage waiting for it); the timed one
+// with every pass as long as it took, step by step: what the lists cost without the executor's own
 // gaps and transfers, so the measured bubble above it is theirs, and the replayed one below it
 // is the passes' spread about their means. The gap replay adds to each pass its stage's mean
 // executor time between spans (busy for the stage, not counted as compute) and to each

@@ -332,7 +332,13 @@ float Trainer::evaluate() {
                             static_cast<double>(t.eval_batches));
 }
 
+int64_t Trainer::last_step() const {
+  const TrainConfig& t = cfg_.train;
+  return t.stop_at > 0 ? std::min(t.stop_at, t.steps) : t.steps;
+}
+
 void Trainer::adapt_pipeline_group(int64_t step) {
+  if (step + 1 >= last_step()) return;
   if (pipeline_ && pipeline_->schedule().splits_backward()) return adapt_zero_bubble(step);
   if (!pipeline_ || cfg_.parallel.pp_schedule != "adaptive" ||
       (step + 1) % cfg_.parallel.pp_adapt_every != 0)

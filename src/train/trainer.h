@@ -181,8 +181,10 @@ class Trainer {
   double all_reduce_pp(double value);  // sum over the pipeline stages
   // Adaptive kFkB (parallel/pp/adaptive.h): re-chooses the group size k from this step's
   // measured pass times and a measured stage-to-stage transfer.
-  // After the step's backward, every pp_adapt_every steps.
+  // After the step's backward, every pp_adapt_every steps, never after the run's last step
+  // (lists no step would run, which the timeline would replay as if they had).
   void adapt_pipeline_group(int64_t step);
+  int64_t last_step() const;  // the step run() stops before: train.steps, or train.stop_at
   // zb-h1, zb-v: the lists rebuilt for each stage's measured forward, B and W.
   void adapt_zero_bubble(int64_t step);
   // This stage's activations under a schedule: each chunk's slots (the most micro-batches

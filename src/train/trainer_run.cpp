@@ -107,7 +107,7 @@ void Trainer::run() {
   std::unique_ptr<TrainingSampler> sampler;
   if (t.sample_every > 0 && logs()) sampler = std::make_unique<TrainingSampler>(cfg_);
   open_run_files();
-  const int64_t last = t.stop_at > 0 ? std::min(t.stop_at, t.steps) : t.steps;
+  const int64_t last = last_step();
   if (start_step_ >= last && logs())
     spdlog::info(
         "nothing to train: the run resumed at step {}, and it stops at step {} (train.steps{}); "

@@ -5,14 +5,17 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "comm_test_util.h"
 #include "parallel/comm.h"
+#include "parallel/trace.h"
 
 namespace pentad::parallel {
 namespace {
@@ -184,6 +187,28 @@ TEST_F(CommTest, TraceRecordsSequenceBytesPeersAndTimes) {
   for (int ch = std::fgetc(file); ch != EOF; ch = std::fgetc(file)) lines += ch == '\n';
   std::fclose(file);
   EXPECT_EQ(lines, int(comm_events().size()) + 1);
+}
+
+// The ranks of one machine read one trace clock once aligned: each clock's zero on the steady
+// clock is the same (before, each rank counted from its own start, milliseconds apart under
+// mpirun, which the pipeline timeline read as transfers that long).
+TEST_F(CommTest, RanksOfAMachineShareTheTraceClock) {
+  align_trace_clock(MPI_COMM_WORLD);
+  align_trace_clock(MPI_COMM_WORLD);  // once a process: a second call changes nothing
+  const auto zero_ns = [] {
+    const int64_t steady = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::steady_clock::now().time_since_epoch())
+                               .count();
+    return steady - trace_now_ns();
+  };
+  const int64_t mine = zero_ns();
+  std::vector<int64_t> zeros(static_cast<size_t>(n));
+  MPI_Allgather(&mine, 1, MPI_INT64_T, zeros.data(), 1, MPI_INT64_T, MPI_COMM_WORLD);
+  const auto [low, high] = std::minmax_element(zeros.begin(), zeros.end());
+  // The two readings of a rank lie a few microseconds apart (more when it loses its core).
+  EXPECT_LT(*high - *low, 1000000)
+      << "the ranks' trace clocks start " << double(*high - *low) * 1e-6 << " ms apart";
+  EXPECT_LT(std::abs(zero_ns() - mine), 1000000);  // the zero stays where it was set
 }
 
 TEST_F(CommTest, TraceRingKeepsTheNewestEvents) {
