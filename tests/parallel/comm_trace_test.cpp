@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -195,17 +196,23 @@ TEST_F(CommTest, TraceRecordsSequenceBytesPeersAndTimes) {
 TEST_F(CommTest, RanksOfAMachineShareTheTraceClock) {
   align_trace_clock(MPI_COMM_WORLD);
   align_trace_clock(MPI_COMM_WORLD);  // once a process: a second call changes nothing
+  // The trace clock's zero on the steady clock: the steady clock read first, so each reading
+  // is the zero less the time between the two reads; the largest of several is the zero within
+  // nanoseconds, even where the rank lost its core between the reads of one of them.
   const auto zero_ns = [] {
-    const int64_t steady = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                               std::chrono::steady_clock::now().time_since_epoch())
-                               .count();
-    return steady - trace_now_ns();
+    int64_t zero = std::numeric_limits<int64_t>::min();
+    for (int i = 0; i < 8; ++i) {
+      const int64_t steady = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                 std::chrono::steady_clock::now().time_since_epoch())
+                                 .count();
+      zero = std::max(zero, steady - trace_now_ns());
+    }
+    return zero;
   };
   const int64_t mine = zero_ns();
   std::vector<int64_t> zeros(static_cast<size_t>(n));
   MPI_Allgather(&mine, 1, MPI_INT64_T, zeros.data(), 1, MPI_INT64_T, MPI_COMM_WORLD);
   const auto [low, high] = std::minmax_element(zeros.begin(), zeros.end());
-  // The two readings of a rank lie a few microseconds apart (more when it loses its core).
   EXPECT_LT(*high - *low, 1000000)
       << "the ranks' trace clocks start " << double(*high - *low) * 1e-6 << " ms apart";
   EXPECT_LT(std::abs(zero_ns() - mine), 1000000);  // the zero stays where it was set
