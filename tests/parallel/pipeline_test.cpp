@@ -97,6 +97,20 @@ TEST(Pipeline, RebuiltZeroBubbleListsKeepToTheMemoryPlan) {
     EXPECT_EQ(trainer.model().slots_made(c), parallel::pp::peak_in_flight(planned, c)) << c;
 }
 
+// No lists are rebuilt after the run's last step: no step would run them, and the timeline,
+// which replays the lists as they are at the end, would replay them as if one had.
+TEST(Pipeline, NoListsAreRebuiltAfterTheLastStep) {
+  const int p = world_size();
+  if (p < 2) GTEST_SKIP() << "needs mpirun with at least 2 ranks";
+  Config cfg = pipeline_recipe(
+      {fmt::format("parallel.pp={}", p), "parallel.pp_schedule=zb-h1", "train.steps=2"});
+  launch::start_rank(cfg);
+  parallel::Mesh mesh = parallel::Mesh::create(mesh_config(cfg, p), MPI_COMM_WORLD);
+  Trainer trainer(cfg, &mesh);
+  for (int step = 0; step < 2; ++step) trainer.train_step(step);  // step 1 is the last
+  EXPECT_TRUE(trainer.pipeline()->schedule().zb_costs.empty());   // the unit-cost lists still
+}
+
 TEST(Pipeline, TimelineHasEveryPassAndABubble) {
   const int p = world_size();
   if (p < 2) GTEST_SKIP() << "needs mpirun with at least 2 ranks";
