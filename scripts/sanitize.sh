@@ -8,7 +8,7 @@
 #                program (the slowest model-training cases left to the main build) and
 #                short trainings on 2 ranks x 2 threads under mpirun (dp, tp + SP, MoE
 #                expert parallelism over dp and folded over tp, context parallelism ring
-#                with a resume and Ulysses, ZeRO-3 with NVMe offload), and the
+#                with a resume and Ulysses, ZeRO-3 with NVMe offload, a zb-v pipeline), and the
 #                context-parallel attention and ZeRO tests on 4;
 #   build-tsan/  ThreadSanitizer (clang, libomp + libarcher), one program (threads_tests):
 #                the kernels' tests, the checkpoint saver's background-thread tests and the
@@ -147,6 +147,11 @@ for kind in "${which[@]}"; do
       slow+=':Plan.EveryLayoutField*:Plan.TheWideHeaded*:Plan.FixedPipelineWith*'
       slow+=':Plan.TheGlobalBatchKeyIsTheSearchsBatch:Shrink.AfterLoss*:Replan.AroundASlowLink*'
       slow+=':Corpus.PreparesTheFortunesOnceAndDecodesBack'
+      # So do the default recipe learning the corpus under mpirun (14 s; the asan-train runs
+      # below take the binary through mpirun) and every schedule's rounds under NCCL's
+      # ordering (10 s of schedule arithmetic; the other Rounds tests run here).
+      slow+=':Training.DefaultRecipeLearnsTheCorpusUnderMpirun'
+      slow+=':Rounds.EveryScheduleFinishesUnderNcclOrdering'
       # The search on 1 and 4 threads (18 s here): ThreadSanitizer's build runs it.
       slow+=':PlanThreads.*'
       for t in "${tests[@]}"; do
@@ -194,6 +199,13 @@ for kind in "${which[@]}"; do
         train.threads=2 parallel.cp=2 parallel.cp_impl=ulysses train.steps=3 \
         train.eval_every=2 train.micro_batch=2 train.seq_len=32 data.source=random \
         train.out_dir="$work/run6"
+      # Pipelines: zb-v (the backward split into B and W, chunks in a V with the tied head
+      # apart, its lists rebuilt from measured passes after step 2) with the timeline written.
+      run asan-train-pp2-zb-v mpirun -np 2 $dir/pentad train recipes/gpt-tiny.toml \
+        train.threads=2 parallel.pp=2 parallel.pp_schedule=zb-v parallel.virtual_stages=2 \
+        model.n_layer=4 train.grad_accum=4 train.steps=4 train.eval_every=0 \
+        train.micro_batch=2 train.seq_len=32 data.source=random train.out_dir="$work/run8" \
+        --trace "$work/run8/trace.json"
       # ZeRO: shares, uneven collectives, discarded pages; stage 3 with its layer gathers
       # and the NVMe engine's I/O thread.
       run asan-zero mpirun -np 4 $dir/tests/parallel_tests --gtest_filter="Zero.*"
