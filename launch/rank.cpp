@@ -85,9 +85,7 @@ parallel::Backend select_device(const Config& cfg) {
 
 parallel::Backend start_rank(const Config& cfg) {
   const NodePlace place = node_place();
-  int mpi = 0;
-  MPI_Initialized(&mpi);
-  if (mpi) parallel::align_trace_clock(MPI_COMM_WORLD);  // one clock for the timeline's ranks
+  parallel::align_trace_clock(MPI_COMM_WORLD);  // one clock for the timeline's ranks
   const std::string threads = set_compute_threads(cfg.train.threads, place.size);
   if (place.rank == 0) {
     spdlog::info("{}", threads);

@@ -118,7 +118,9 @@ int64_t trace_now_ns() {
 
 void align_trace_clock(MPI_Comm world) {
   static bool aligned = false;  // every rank of a job calls this equally often
-  if (aligned) return;
+  int mpi = 0;
+  MPI_Initialized(&mpi);
+  if (aligned || !mpi) return;
   aligned = true;
   MPI_Comm node = MPI_COMM_NULL;
   MPI_Comm_split_type(world, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);

@@ -80,8 +80,9 @@ int64_t trace_now_ns();
 // another's (the pipeline timeline's transfers and step windows): the ranks of a machine,
 // which share its steady clock, take one zero, the earliest of their exits from a barrier
 // of all; machines differ by how far apart they left it. Collective over `world`; once a
-// process (later calls return at once). Before it each rank counted from its own start:
-// processes that mpirun started milliseconds apart measured transfers milliseconds long.
+// process (later calls, and calls before MPI_Init, return at once). Before it each rank counted
+// from its own start: processes that mpirun started milliseconds apart measured transfers
+// milliseconds long.
 void align_trace_clock(MPI_Comm world);
 
 // ---- used by communicators (parallel/comm.cpp), not by callers ----
