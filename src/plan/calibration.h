@@ -20,6 +20,9 @@ struct KernelRates {  // one thread count
   double elementwise_bytes_per_s = 0;  // norms, residual adds, activations: bytes touched
   double adamw_params_per_s = 0;       // AdamW update, parameters a second
   double copy_bytes_per_s = 0;         // memcpy: what shared-memory messages move at
+  // The share of this process's cores that other processes (and the hypervisor: steal) used
+  // while the table was timed; 0 in older files. Over kMaxOthersShare the rates read low.
+  double others_share = 0;
 };
 
 struct Calibration {
@@ -34,12 +37,39 @@ struct Calibration {
   // Seconds of attention of `counted_flops` done in calls that each see `keys` keys.
   static double attention_seconds(const KernelRates& r, double counted_flops, double keys);
 
-  static Calibration read(const std::string& path);  // pentad::Error naming the file
+  // The most any table's timing shared its cores with other processes (KernelRates).
+  double others_share() const;
+
+  // pentad::Error naming the file; a warning where the table was timed on busy cores.
+  static Calibration read(const std::string& path);
   void write(const std::string& path) const;
 };
 
-// Times the kernels (about 10 s on 2 cores). `log` gets one line per measurement.
+// Above this share of the cores used by other processes, a table is timed again (up to
+// three times, the least shared kept) and, if still above, written with a warning.
+inline constexpr double kMaxOthersShare = 0.1;
+
+// CPU time that other processes took from the cores this process may run on (its affinity
+// mask), from /proc/stat's per-core counters less this process's own CPU time. Unknown
+// (negative) where /proc/stat cannot be read.
+class OthersCpu {
+ public:
+  OthersCpu();  // starts counting
+  // Seconds of the cores' time used by others since the start, and that over the cores'
+  // wall time (the share); both negative where unknown.
+  double seconds() const;
+  double share() const;
+
+ private:
+  double busy_ = -1, own_ = 0, wall_ = 0;
+  int cores_ = 1;
+};
+
+// Times the kernels (about 4 s on 2 idle cores, up to three times that on busy ones).
+// `verbose`: one line per table.
 Calibration calibrate(bool verbose);
+// The warning for a table timed on busy cores (Calibration::read's, and --calibrate's).
+void warn_busy(const Calibration& c, const std::string& path);
 
 // The default calibration file: $PENTAD_CALIBRATION, else $XDG_CACHE_HOME/pentad or
 // ~/.cache/pentad, calibration.json.

@@ -1,7 +1,10 @@
 // `pentad plan` (plan/plan_command.h).
 #include "plan/plan_command.h"
 
+#include <spdlog/spdlog.h>
+
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 
@@ -14,6 +17,22 @@
 #include "recipe/recipe.h"
 
 namespace pentad {
+namespace {
+
+// Whether `path` holds this machine's table timed on quieter cores than `fresh`'s: a busy
+// machine's new table then does not replace it.
+bool keeps_quieter(const Calibration& fresh, const std::string& path) {
+  if (!std::filesystem::exists(path)) return false;
+  try {
+    const Calibration old = Calibration::read(path);
+    return old.machine == fresh.machine && old.cores == fresh.cores &&
+           old.others_share() < fresh.others_share();
+  } catch (const Error&) {
+    return false;  // unreadable: replaced
+  }
+}
+
+}  // namespace
 
 void plan_command(const PlanArgs& a, bool print) {
   auto out = [&](const std::string& s) {
@@ -23,9 +42,17 @@ void plan_command(const PlanArgs& a, bool print) {
       a.calibration.empty() ? default_calibration_path() : a.calibration;
   if (a.calibrate) {
     const Calibration c = calibrate(print);
-    c.write(calibration_path);
-    out(fmt::format("calibration of {} ({} cores) written to {}\n", c.machine, c.cores,
-                    calibration_path));
+    if (c.others_share() > kMaxOthersShare && keeps_quieter(c, calibration_path)) {
+      spdlog::warn(
+          "calibration: other processes used {:.0f}% of the cores while it timed, three times; "
+          "{} (this machine's, timed on quieter cores) is kept",
+          100 * c.others_share(), calibration_path);
+    } else {
+      c.write(calibration_path);
+      out(fmt::format("calibration of {} ({} cores) written to {}\n", c.machine, c.cores,
+                      calibration_path));
+      if (c.others_share() > kMaxOthersShare) warn_busy(c, calibration_path);
+    }
     if (a.recipe.empty()) return;
   }
   if (a.recipe.empty()) fail("pentad plan needs a recipe (or --calibrate alone)");

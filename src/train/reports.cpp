@@ -218,6 +218,19 @@ void Trainer::report_step(const StepStats& s, std::chrono::steady_clock::time_po
   j["flops_per_second_per_device"] = device_flops;
   if (peak_flops_per_device_ > 0) j["mfu"] = device_flops / peak_flops_per_device_;
   write_metrics(j);
+  if (peak_flops_per_device_ > 0 && device_flops > peak_flops_per_device_ && !above_peak_said_ &&
+      logs()) {
+    // Above 100%: the peak is wrong, not the step (a calibration timed on busy cores, or on
+    // other hardware under the same name).
+    spdlog::warn(
+        "step {}: {:.3g} GFLOP/s a device is above the peak MFU is against ({:.3g} GFLOP/s: {}); "
+        "that peak is too low{}",
+        step + 1, device_flops / 1e9, peak_flops_per_device_ / 1e9, peak_note_,
+        model_->params().device() == Device::CUDA
+            ? ""
+            : ": rerun `pentad plan --calibrate` on this machine while it is idle");
+    above_peak_said_ = true;
+  }
   if (t.log_every > 0 && ((step + 1) % t.log_every == 0 || step == start_step_ || step + 1 == last))
     spdlog::info(
         "step {:>5}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tokens/s ({:.0f} per "

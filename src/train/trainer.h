@@ -283,8 +283,9 @@ class Trainer {
   double flops_per_token_ = 0, peak_flops_per_device_ = 0;
   int devices_ = 1;
   std::string peak_note_;
-  double blocked_reported_ = 0;  // checkpoints_->blocked_seconds() at the last report_step()
-  int64_t start_step_ = 0;       // first step run() trains (after a resume)
+  bool above_peak_said_ = false;  // a step beat the peak: said once (report_step)
+  double blocked_reported_ = 0;   // checkpoints_->blocked_seconds() at the last report_step()
+  int64_t start_step_ = 0;        // first step run() trains (after a resume)
   int64_t data_step_ = 0, data_samples_ = 0;  // the data origin: first_sample(data_step_)
   std::string samples_dir_;                   // dump_sample_ids()
   // What fetch_batch() read, while samples_dir_ is set: (step, first sample, count).

@@ -1,8 +1,13 @@
 // The planner on CPU nodes (plan/calibration.h, plan/cost_model.h): cores shared by the ranks
 // oversubscribing them, pentad's ring moving only when polled, the kernel table's round trip
-// and interpolation, and compute that follows the keys attention sees and a GEMM's rows.
+// and interpolation, the meter of other processes' CPU time that a calibration is timed
+// against, and compute that follows the keys attention sees and a GEMM's rows.
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <string>
@@ -118,6 +123,63 @@ TEST(Plan, CalibrationRoundTripAndInterpolation) {
   EXPECT_NEAR(Calibration::attention_seconds(one, 1e9, std::sqrt(64.0 * 512)), 1 / 2.5, 1e-12);
   // A file without the table (older): the single rate throughout.
   EXPECT_DOUBLE_EQ(Calibration::attention_seconds(back.at_threads(2), 4e9, 64), 1.0);
+  EXPECT_EQ(back.others_share(), 0.0);
+  c.rates[1].others_share = 0.375;  // kept, and the table's most is the file's
+  c.write(path);
+  EXPECT_DOUBLE_EQ(Calibration::read(path).others_share(), 0.375);
+  std::filesystem::remove(path);
+}
+
+// The calibration's meter: a child process's busy loop is others' time, this process's own
+// is not. (Other tests beside this one add to "others", so only lower bounds on it hold.)
+TEST(Plan, OthersCpuCountsOtherProcessesOnly) {
+  auto spin_cpu = [](double seconds) {  // busy until this thread has used `seconds` of CPU
+    auto now = [] {
+      timespec t{};
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+      return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+    };
+    const double end = now() + seconds;
+    volatile double x = 1;
+    while (now() < end)
+      for (int i = 0; i < 10000; ++i) x = x * 1.0000001 + 1e-9;
+  };
+  {
+    const OthersCpu others;
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      spin_cpu(0.4);
+      _exit(0);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    ASSERT_GE(others.seconds(), 0) << "/proc/stat unreadable";
+    EXPECT_GT(others.seconds(), 0.35);  // the child's 0.4 s, less the counters' ticks
+    EXPECT_GT(others.share(), 0.0);
+    EXPECT_LE(others.share(), 1.0);
+  }
+  // On one core, this thread's own 0.5 s of CPU is not counted: the others' time is at most
+  // the core's wall time less it (with the counters' ticks of slack). Counted, it would exceed
+  // that unless the core idled half the time.
+  cpu_set_t all, one;
+  ASSERT_EQ(sched_getaffinity(0, sizeof all, &all), 0);
+  CPU_ZERO(&one);
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &all)) {
+      CPU_SET(c, &one);
+      break;
+    }
+  ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+  const auto start = std::chrono::steady_clock::now();
+  const OthersCpu others;
+  spin_cpu(0.5);
+  const double seconds = others.seconds();
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_EQ(sched_setaffinity(0, sizeof all, &all), 0);
+  EXPECT_GE(seconds, 0);
+  EXPECT_LE(seconds, wall - 0.5 + 0.03);
 }
 
 // The CPU compute model: attention calls that see fewer keys (ring attention's blocks) run at

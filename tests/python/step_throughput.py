@@ -11,6 +11,9 @@ per device and MFU, counted as `pentad plan` counts them.
    recipe and so does the peak; the step line shows the same numbers, labelled.
 3. Without a calibration: "MFU n/a (no calibration: run pentad plan --calibrate)" once, "MFU
    n/a" in the step lines, and no mfu field.
+4. A calibration timed on busy cores (others_share 0.5) whose peak the steps beat (1 MFLOP/s):
+   the log says the table was timed while others used 50% of the cores, and says once that
+   a step ran above the peak, naming `pentad plan --calibrate`.
 
 usage: step_throughput.py PENTAD RECIPE WORKDIR
 Prints "step throughput matches the plan's counting" on success.
@@ -30,16 +33,16 @@ SETS = ["train.steps=3", "train.log_every=1", "train.micro_batch=2", "train.seq_
 PEAK_PER_RANK = 10e9
 
 
-def calibration(path):
+def calibration(path, scale=1.0, others_share=0.0):
     def rates(threads, gemm):
         return {"threads": threads, "gemm": [{"flops": 1e6, "flops_per_s": gemm / 2},
                                              {"flops": 1e9, "flops_per_s": gemm}],
                 "attention_flops_per_s": 5e9, "attention_by_keys": [],
                 "elementwise_bytes_per_s": 1e10, "adamw_params_per_s": 1e9,
-                "copy_bytes_per_s": 1e10}
+                "copy_bytes_per_s": 1e10, "others_share": others_share}
     # One core 10 GFLOP/s (x 2 cores = 20), both 16: the node's peak is 20 GFLOP/s.
     path.write_text(json.dumps({"machine": "test", "cores": 2,
-                                "rates": [rates(1, 10e9), rates(2, 16e9)]}))
+                                "rates": [rates(1, 10e9 * scale), rates(2, 16e9 * scale)]}))
 
 
 def close(a, b, rel=1e-6):
@@ -108,6 +111,15 @@ def main():
         failures.append("without a calibration the log does not say why there is no MFU")
     if any("mfu" in s for s in steps) or log.count("| MFU n/a") != 3:
         failures.append("without a calibration: an mfu field, or step lines without MFU n/a")
+
+    busy = work / "busy.json"
+    calibration(busy, scale=1e-4, others_share=0.5)  # a peak of 1 MFLOP/s a rank
+    log, steps = train(pentad, recipe, work / "busy", dict(ENV, PENTAD_CALIBRATION=str(busy)))
+    if f"calibration {busy} was timed while other processes used 50% of the cores" not in log:
+        failures.append("a calibration timed on busy cores is not named as such")
+    if log.count("is above the peak MFU is against") != 1 or \
+            "rerun `pentad plan --calibrate` on this machine while it is idle" not in log:
+        failures.append("steps above the calibrated peak: not said exactly once")
     print("\n".join(lines))
     if failures:
         sys.exit("\n".join(failures))
