@@ -12,6 +12,12 @@ made, and a split backward's kept gradients), and the drain skew: the spread of 
 over the step (what the optimizer step's synchronisation costs, which the papers'
 post-validation would hide).
 
+Before each table, the cores' steadiness: the same 1024^3 SGEMM (about a pass's length) run
+over and over for 4 s on each core at once, bound, with pentad's OpenBLAS kernels
+(build/pentad_sgemm_bench N 1 S): its coefficient of variation and its half-second means.
+Identical work whose time varies is the machine's, not the schedule's; the measured bubble
+takes in that spread where a late pass delays the stage waiting for it.
+
   p = 2: one rank per core, one thread a rank, ranks bound to cores (--bind-to core): the
          case the issue's speed goals are about.
   p = 4: four ranks on two cores (oversubscribed): a waiting stage lends its core.
@@ -25,6 +31,9 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from blas_env import same_blas_kernels  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PENTAD = str(ROOT / "build" / "pentad")
@@ -74,9 +83,22 @@ def drain_skew(events):
     return statistics.mean(skews) if skews else 0.0
 
 
+def steadiness(seconds=4):
+    """Each core's run of the same SGEMM, all cores at once (bench/sgemm.cpp's steadiness)."""
+    sgemm = str(Path(PENTAD).parent / "pentad_sgemm_bench")
+    env = dict(ENV, OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen(["taskset", "-c", str(c), sgemm, "1024", "1", str(seconds)],
+                              env=env, stdout=subprocess.PIPE, text=True)
+             for c in sorted(os.sched_getaffinity(0))]
+    for c, proc in zip(sorted(os.sched_getaffinity(0)), procs):
+        print(f"core {c}: the same SGEMM, {proc.communicate()[0].strip()}")
+    print()
+
+
 def table(p, m, reps, steps, bind):
     print(f"p = {p}, m = {m}, {'ranks bound to cores' if bind else 'ranks sharing 2 cores'}")
     print()
+    steadiness()
     print("| schedule | v | step s (x 1F1B) | bubble measured | replayed as timed | replayed at "
           "the means | + executor gaps (ms a pass) and transfers (ms) | + the passes' spread | "
           "ideal | activations MiB (most on a rank) | drain skew |")
@@ -112,6 +134,7 @@ def main():
     args = [a for a in args if a != "--quick"]
     if args:
         PENTAD = args[0]
+    same_blas_kernels(PENTAD)  # the SGEMM control runs pentad's kernels
     reps, steps = (1, 6) if quick else (3, 10)
     table(2, 8, reps, steps, True)
     if not quick:
