@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
+#include "kernels/cpu/blas_core.h"
 #include "kernels/ops.h"
 
 namespace pentad {
@@ -139,8 +140,8 @@ KernelRates measure(int threads, bool verbose) {
 }
 
 // measure(threads), timed again while other processes took more than kMaxOthersShare of the
-// cores (a busy machine's table reads several times slow: 15-33 GFLOP/s a core for GEMMs
-// that run at 115-162 on the same idle cores); the least shared of three tries.
+// cores (beside two busy processes on 2 cores, 55-101 GFLOP/s a core for GEMMs that run at
+// 113-162 on the same idle cores); the least shared of three tries.
 KernelRates measure_when_idle(int threads, bool verbose) {
   KernelRates best;
   best.others_share = 2;
@@ -248,7 +249,9 @@ double OthersCpu::seconds() const {
 double OthersCpu::share() const {
   const double others = seconds();
   const double wall = wall_seconds() - wall_;
-  return others < 0 || wall <= 0 ? -1 : others / (wall * cores_);
+  // At most 1: the counters move in ticks (10 ms a core), so a fully busy interval can read
+  // a little over the cores' time.
+  return others < 0 || wall <= 0 ? -1 : std::min(1.0, others / (wall * cores_));
 }
 
 double Calibration::others_share() const {
@@ -315,6 +318,7 @@ Calibration calibrate(bool verbose) {
   gethostname(host, sizeof host - 1);
   c.machine = host;
   c.cores = std::max(1, omp_get_num_procs());
+  c.blas_core = kernels::cpu::blas_core();
   const int saved = omp_get_max_threads();
   c.rates.push_back(measure_when_idle(1, verbose));
   if (c.cores > 1) c.rates.push_back(measure_when_idle(c.cores, verbose));
@@ -329,7 +333,12 @@ void Calibration::write(const std::string& path) const {
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
   std::ofstream out(path);
   if (!out) fail("cannot write the calibration file {}", path);
-  out << json{{"version", 1}, {"machine", machine}, {"cores", cores}, {"rates", rates_j}}.dump(1)
+  out << json{{"version", 1},
+              {"machine", machine},
+              {"cores", cores},
+              {"blas_core", blas_core},
+              {"rates", rates_j}}
+             .dump(1)
       << "\n";
 }
 
@@ -349,6 +358,7 @@ Calibration Calibration::read(const std::string& path) {
   Calibration c;
   c.machine = j.value("machine", "");
   c.cores = j.value("cores", 1);
+  c.blas_core = j.value("blas_core", "");
   if (!j.contains("rates") || !j["rates"].is_array() || j["rates"].empty())
     fail("calibration file {}: no \"rates\"; rerun `pentad plan --calibrate`", path);
   for (const json& rj : j["rates"]) {
@@ -373,6 +383,13 @@ Calibration Calibration::read(const std::string& path) {
   std::sort(c.rates.begin(), c.rates.end(),
             [](const KernelRates& a, const KernelRates& b) { return a.threads < b.threads; });
   if (c.others_share() > kMaxOthersShare) warn_busy(c, path);
+  if (const std::string running = kernels::cpu::blas_core();
+      !c.blas_core.empty() && !running.empty() && c.blas_core != running)
+    spdlog::warn(
+        "calibration {} was timed with OpenBLAS's {} kernels and this process runs its {}: the "
+        "GEMM rates differ (several times between the generic and the AVX-512 ones); rerun "
+        "`pentad plan --calibrate`",
+        path, c.blas_core, running);
   return c;
 }
 

@@ -26,8 +26,11 @@ struct KernelRates {  // one thread count
 };
 
 struct Calibration {
-  std::string machine;             // hostname, CPU model
-  int cores = 1;                   // the cores the measuring process could use
+  std::string machine;  // hostname, CPU model
+  int cores = 1;        // the cores the measuring process could use
+  // OpenBLAS's kernels it was timed with (kernels/cpu/blas_core.h); empty in older files.
+  // Others (another OPENBLAS_CORETYPE, or a build before pentad chose them) run at other rates.
+  std::string blas_core;
   std::vector<KernelRates> rates;  // threads 1 and `cores` (one entry when cores == 1)
 
   // Rates at `threads` (interpolated in threads between the measured ones).
@@ -40,7 +43,8 @@ struct Calibration {
   // The most any table's timing shared its cores with other processes (KernelRates).
   double others_share() const;
 
-  // pentad::Error naming the file; a warning where the table was timed on busy cores.
+  // pentad::Error naming the file; a warning where the table was timed on busy cores or
+  // with other OpenBLAS kernels than this process runs.
   static Calibration read(const std::string& path);
   void write(const std::string& path) const;
 };
@@ -56,7 +60,7 @@ class OthersCpu {
  public:
   OthersCpu();  // starts counting
   // Seconds of the cores' time used by others since the start, and that over the cores'
-  // wall time (the share); both negative where unknown.
+  // wall time (the share, at most 1); both negative where unknown.
   double seconds() const;
   double share() const;
 

@@ -11,9 +11,10 @@ per device and MFU, counted as `pentad plan` counts them.
    recipe and so does the peak; the step line shows the same numbers, labelled.
 3. Without a calibration: "MFU n/a (no calibration: run pentad plan --calibrate)" once, "MFU
    n/a" in the step lines, and no mfu field.
-4. A calibration timed on busy cores (others_share 0.5) whose peak the steps beat (1 MFLOP/s):
-   the log says the table was timed while others used 50% of the cores, and says once that
-   a step ran above the peak, naming `pentad plan --calibrate`.
+4. A calibration timed on busy cores (others_share 0.5), with other OpenBLAS kernels, whose
+   peak the steps beat (1 MFLOP/s): the log says the table was timed while others used 50% of
+   the cores and with those kernels, and says once that a step ran above the peak, naming
+   `pentad plan --calibrate`.
 
 usage: step_throughput.py PENTAD RECIPE WORKDIR
 Prints "step throughput matches the plan's counting" on success.
@@ -33,7 +34,7 @@ SETS = ["train.steps=3", "train.log_every=1", "train.micro_batch=2", "train.seq_
 PEAK_PER_RANK = 10e9
 
 
-def calibration(path, scale=1.0, others_share=0.0):
+def calibration(path, scale=1.0, others_share=0.0, **extra):
     def rates(threads, gemm):
         return {"threads": threads, "gemm": [{"flops": 1e6, "flops_per_s": gemm / 2},
                                              {"flops": 1e9, "flops_per_s": gemm}],
@@ -41,7 +42,7 @@ def calibration(path, scale=1.0, others_share=0.0):
                 "elementwise_bytes_per_s": 1e10, "adamw_params_per_s": 1e9,
                 "copy_bytes_per_s": 1e10, "others_share": others_share}
     # One core 10 GFLOP/s (x 2 cores = 20), both 16: the node's peak is 20 GFLOP/s.
-    path.write_text(json.dumps({"machine": "test", "cores": 2,
+    path.write_text(json.dumps({"machine": "test", "cores": 2, **extra,
                                 "rates": [rates(1, 10e9 * scale), rates(2, 16e9 * scale)]}))
 
 
@@ -113,13 +114,16 @@ def main():
         failures.append("without a calibration: an mfu field, or step lines without MFU n/a")
 
     busy = work / "busy.json"
-    calibration(busy, scale=1e-4, others_share=0.5)  # a peak of 1 MFLOP/s a rank
+    # A peak of 1 MFLOP/s a rank, timed with kernels this process does not run.
+    calibration(busy, scale=1e-4, others_share=0.5, blas_core="NoSuchCore")
     log, steps = train(pentad, recipe, work / "busy", dict(ENV, PENTAD_CALIBRATION=str(busy)))
     if f"calibration {busy} was timed while other processes used 50% of the cores" not in log:
         failures.append("a calibration timed on busy cores is not named as such")
     if log.count("is above the peak MFU is against") != 1 or \
             "rerun `pentad plan --calibrate` on this machine while it is idle" not in log:
         failures.append("steps above the calibrated peak: not said exactly once")
+    if f"calibration {busy} was timed with OpenBLAS's NoSuchCore kernels" not in log:
+        failures.append("a calibration of other OpenBLAS kernels is not named as such")
     print("\n".join(lines))
     if failures:
         sys.exit("\n".join(failures))
