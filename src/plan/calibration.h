@@ -49,8 +49,9 @@ struct Calibration {
   void write(const std::string& path) const;
 };
 
-// Above this share of the cores used by other processes, a table is timed again (up to
-// three times, the least shared kept) and, if still above, written with a warning.
+// Above this share of the cores used by other processes, a table is timed again once they
+// have left (up to three times, the least shared kept) and, if still above, written with a
+// warning.
 inline constexpr double kMaxOthersShare = 0.1;
 
 // CPU time that other processes took from the cores this process may run on (its affinity
@@ -69,7 +70,7 @@ class OthersCpu {
   int cores_ = 1;
 };
 
-// Times the kernels (about 4 s on 2 idle cores, up to three times that on busy ones).
+// Times the kernels (about 4 s on 2 idle cores; longer where other processes come and go).
 // `verbose`: one line per table.
 Calibration calibrate(bool verbose);
 // The warning for a table timed on busy cores (Calibration::read's, and --calibrate's).

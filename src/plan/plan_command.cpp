@@ -44,8 +44,8 @@ void plan_command(const PlanArgs& a, bool print) {
     const Calibration c = calibrate(print);
     if (c.others_share() > kMaxOthersShare && keeps_quieter(c, calibration_path)) {
       spdlog::warn(
-          "calibration: other processes used {:.0f}% of the cores while it timed, three times; "
-          "{} (this machine's, timed on quieter cores) is kept",
+          "calibration: other processes used {:.0f}% of the cores while it timed; {} (this "
+          "machine's, timed on quieter cores) is kept",
           100 * c.others_share(), calibration_path);
     } else {
       c.write(calibration_path);
