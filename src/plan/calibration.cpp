@@ -213,6 +213,12 @@ double wall_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+std::string host_name() {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  return host;
+}
+
 cpu_set_t own_cpus() {
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
@@ -331,9 +337,7 @@ void warn_busy(const Calibration& c, const std::string& path) {
 
 Calibration calibrate(bool verbose) {
   Calibration c;
-  char host[256] = {};
-  gethostname(host, sizeof host - 1);
-  c.machine = host;
+  c.machine = host_name();
   c.cores = std::max(1, omp_get_num_procs());
   c.blas_core = kernels::cpu::blas_core();
   const int saved = omp_get_max_threads();
@@ -400,6 +404,12 @@ Calibration Calibration::read(const std::string& path) {
   std::sort(c.rates.begin(), c.rates.end(),
             [](const KernelRates& a, const KernelRates& b) { return a.threads < b.threads; });
   if (c.others_share() > kMaxOthersShare) warn_busy(c, path);
+  // A home directory shared by a cluster's nodes shares ~/.cache/pentad too.
+  if (const std::string host = host_name(); !c.machine.empty() && c.machine != host)
+    spdlog::warn(
+        "calibration {} was timed on {}, and this is {}: its rates are that machine's; run "
+        "`pentad plan --calibrate --calibration FILE` here for this one's",
+        path, c.machine, host);
   if (const std::string running = kernels::cpu::blas_core();
       !c.blas_core.empty() && !running.empty() && c.blas_core != running)
     spdlog::warn(

@@ -1,12 +1,15 @@
 // `pentad plan` (plan/plan_command.h).
 #include "plan/plan_command.h"
 
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <numeric>
+#include <optional>
 
 #include "core/check.h"
 #include "plan/calibration.h"
@@ -32,12 +35,36 @@ bool keeps_quieter(const Calibration& fresh, const std::string& path) {
   }
 }
 
+// While alive, the log goes to stderr: `--json` leaves stdout to the JSON, so that a warning
+// (a calibration of another machine, ...) still shows without breaking what reads it.
+class LogToStderr {
+ public:
+  LogToStderr() : saved_(spdlog::default_logger()) {
+    auto err = std::make_shared<spdlog::logger>(
+        kName, std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
+    spdlog::initialize_logger(err);  // the pattern and level set for every logger
+    spdlog::set_default_logger(err);
+  }
+  ~LogToStderr() {
+    spdlog::set_default_logger(saved_);
+    spdlog::drop(kName);
+  }
+  LogToStderr(const LogToStderr&) = delete;
+  LogToStderr& operator=(const LogToStderr&) = delete;
+
+ private:
+  static constexpr const char* kName = "pentad-stderr";
+  std::shared_ptr<spdlog::logger> saved_;
+};
+
 }  // namespace
 
 void plan_command(const PlanArgs& a, bool print) {
   auto out = [&](const std::string& s) {
     if (print) std::fputs(s.c_str(), stdout);
   };
+  std::optional<LogToStderr> log_to_stderr;
+  if (a.json) log_to_stderr.emplace();
   const std::string calibration_path =
       a.calibration.empty() ? default_calibration_path() : a.calibration;
   if (a.calibrate) {

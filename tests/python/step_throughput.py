@@ -11,10 +11,10 @@ per device and MFU, counted as `pentad plan` counts them.
    recipe and so does the peak; the step line shows the same numbers, labelled.
 3. Without a calibration: "MFU n/a (no calibration: run pentad plan --calibrate)" once, "MFU
    n/a" in the step lines, and no mfu field.
-4. A calibration timed on busy cores (others_share 0.5), with other OpenBLAS kernels, whose
-   peak the steps beat (1 MFLOP/s): the log says the table was timed while others used 50% of
-   the cores and with those kernels, and says once that a step ran above the peak, naming
-   `pentad plan --calibrate`.
+4. A calibration of a machine named "test", timed on busy cores (others_share 0.5) with other
+   OpenBLAS kernels, whose peak the steps beat (1 MFLOP/s): the log says the table was timed
+   while others used 50% of the cores, with those kernels and on that machine, and says once
+   that a step ran above the peak, naming `pentad plan --calibrate`.
 
 usage: step_throughput.py PENTAD RECIPE WORKDIR
 Prints "step throughput matches the plan's counting" on success.
@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -124,6 +125,8 @@ def main():
         failures.append("steps above the calibrated peak: not said exactly once")
     if f"calibration {busy} was timed with OpenBLAS's NoSuchCore kernels" not in log:
         failures.append("a calibration of other OpenBLAS kernels is not named as such")
+    if f"calibration {busy} was timed on test, and this is {socket.gethostname()}" not in log:
+        failures.append("a calibration of another machine is not named as such")
     print("\n".join(lines))
     if failures:
         sys.exit("\n".join(failures))
