@@ -377,29 +377,36 @@ Calibration Calibration::read(const std::string& path) {
     fail("calibration file {} is not JSON ({}); rerun `pentad plan --calibrate`", path, e.what());
   }
   Calibration c;
-  c.machine = j.value("machine", "");
-  c.cores = j.value("cores", 1);
-  c.blas_core = j.value("blas_core", "");
-  if (!j.contains("rates") || !j["rates"].is_array() || j["rates"].empty())
-    fail("calibration file {}: no \"rates\"; rerun `pentad plan --calibrate`", path);
-  for (const json& rj : j["rates"]) {
-    KernelRates r;
-    r.threads = rj.value("threads", 1);
-    for (const json& g : rj.value("gemm", json::array()))
-      r.gemm.emplace_back(calibration_positive(g, "flops", path),
-                          calibration_positive(g, "flops_per_s", path));
-    if (r.gemm.empty()) fail("calibration file {}: no \"gemm\" rates", path);
-    std::sort(r.gemm.begin(), r.gemm.end());
-    r.attention_flops_per_s = calibration_positive(rj, "attention_flops_per_s", path);
-    for (const json& a : rj.value("attention_by_keys", json::array()))
-      r.attention_by_keys.emplace_back(calibration_positive(a, "keys", path),
-                                       calibration_positive(a, "flops_per_s", path));
-    std::sort(r.attention_by_keys.begin(), r.attention_by_keys.end());
-    r.elementwise_bytes_per_s = calibration_positive(rj, "elementwise_bytes_per_s", path);
-    r.adamw_params_per_s = calibration_positive(rj, "adamw_params_per_s", path);
-    r.copy_bytes_per_s = calibration_positive(rj, "copy_bytes_per_s", path);
-    r.others_share = rj.value("others_share", 0.0);
-    c.rates.push_back(std::move(r));
+  try {  // a field of another type (a hand-edited file): its name, not an uncaught throw
+    c.machine = j.value("machine", "");
+    c.cores = j.value("cores", 1);
+    c.blas_core = j.value("blas_core", "");
+    if (!j.contains("rates") || !j["rates"].is_array() || j["rates"].empty())
+      fail("calibration file {}: no \"rates\"; rerun `pentad plan --calibrate`", path);
+    for (const json& rj : j["rates"]) {
+      KernelRates r;
+      r.threads = rj.value("threads", 1);
+      for (const json& g : rj.value("gemm", json::array()))
+        r.gemm.emplace_back(calibration_positive(g, "flops", path),
+                            calibration_positive(g, "flops_per_s", path));
+      if (r.gemm.empty()) fail("calibration file {}: no \"gemm\" rates", path);
+      std::sort(r.gemm.begin(), r.gemm.end());
+      r.attention_flops_per_s = calibration_positive(rj, "attention_flops_per_s", path);
+      for (const json& a : rj.value("attention_by_keys", json::array()))
+        r.attention_by_keys.emplace_back(calibration_positive(a, "keys", path),
+                                         calibration_positive(a, "flops_per_s", path));
+      std::sort(r.attention_by_keys.begin(), r.attention_by_keys.end());
+      r.elementwise_bytes_per_s = calibration_positive(rj, "elementwise_bytes_per_s", path);
+      r.adamw_params_per_s = calibration_positive(rj, "adamw_params_per_s", path);
+      r.copy_bytes_per_s = calibration_positive(rj, "copy_bytes_per_s", path);
+      r.others_share = rj.value("others_share", 0.0);
+      c.rates.push_back(std::move(r));
+    }
+  } catch (const json::exception& e) {
+    fail(
+        "calibration file {}: a field is not what pentad writes ({}); rerun `pentad plan "
+        "--calibrate`",
+        path, e.what());
   }
   std::sort(c.rates.begin(), c.rates.end(),
             [](const KernelRates& a, const KernelRates& b) { return a.threads < b.threads; });

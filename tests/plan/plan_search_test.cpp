@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -133,6 +134,14 @@ TEST(Plan, Refusals) {
   // A topology measured on other ranks: the topology file's own refusal.
   expect_error([&] { topo.check_ranks(16, "probe.json"); }, "probe.json");
   expect_error([] { Calibration::read("/nonexistent/calibration.json"); }, "--calibrate");
+  // Fields of another type (hand-edited): an Error naming the file, not nlohmann's throw.
+  const std::string bad = std::filesystem::temp_directory_path() / "pentad_bad_calibration.json";
+  for (const char* text : {"[1, 2]", R"({"machine": 3, "rates": [{"threads": 1}]})",
+                           R"({"rates": [{"threads": "one"}]})", R"({"rates": [7]})"}) {
+    std::ofstream(bad) << text;
+    expect_error([&] { Calibration::read(bad); }, "calibration file " + bad);
+  }
+  std::filesystem::remove(bad);
 }
 
 // Every --layout field alone and in pairs, on a small dense recipe and a MoE one: each search
