@@ -254,17 +254,16 @@ double calibration_positive(const json& j, const char* key, const std::string& p
 
 }  // namespace
 
-OthersCpu::OthersCpu() {
-  const cpu_set_t cpus = own_cpus();
-  cores_ = std::max(1, CPU_COUNT(&cpus));
-  busy_ = busy_seconds(cpus);
+OthersCpu::OthersCpu() : cpus_(own_cpus()) {
+  cores_ = std::max(1, CPU_COUNT(&cpus_));
+  busy_ = busy_seconds(cpus_);
   own_ = process_cpu_seconds();
   wall_ = wall_seconds();
 }
 
 double OthersCpu::seconds() const {
   if (busy_ < 0) return -1;
-  const double busy = busy_seconds(own_cpus());
+  const double busy = busy_seconds(cpus_);
   if (busy < 0) return -1;
   return std::max(0.0, (busy - busy_) - (process_cpu_seconds() - own_));
 }

@@ -4,6 +4,8 @@
 // `pentad plan --calibrate` and kept as JSON (default ~/.cache/pentad/calibration.json).
 // Measured at one thread and at every core, since a rank's threads are the cores over the
 // ranks on the machine (launch/rank.cpp): 8 ranks on 2 cores compute with one thread each.
+#include <sched.h>
+
 #include <string>
 #include <vector>
 
@@ -55,7 +57,7 @@ struct Calibration {
 inline constexpr double kMaxOthersShare = 0.1;
 
 // CPU time that other processes took from the cores this process may run on (its affinity
-// mask), from /proc/stat's per-core counters less this process's own CPU time. Unknown
+// mask at the start), from /proc/stat's per-core counters less this process's own CPU time. Unknown
 // (negative) where /proc/stat cannot be read.
 class OthersCpu {
  public:
@@ -66,6 +68,7 @@ class OthersCpu {
   double share() const;
 
  private:
+  cpu_set_t cpus_;  // counted at the end as at the start
   double busy_ = -1, own_ = 0, wall_ = 0;
   int cores_ = 1;
 };
