@@ -50,8 +50,8 @@ struct ScheduleSpec {
   std::vector<double> zb_costs = {};
   // ZB-H1 only: per stage, the most micro-batches held from forward to W, at least 1F1B's
   // p - s (its order of forwards and Bs needs them); empty: p on every stage. Set where the
-  // stages' slots differ in size (zero_bubble_held_limits), so no stage holds more bytes than
-  // 1F1B's fullest one.
+  // stages' activations differ in size (zero_bubble_held_limits), so no stage holds more
+  // bytes than 1F1B's fullest one.
   std::vector<int> zb_held_limits = {};
   // Whether backward runs as B and W (the zero-bubble schedules); where chunks sit.
   bool splits_backward() const { return kind == ScheduleKind::ZBH1 || kind == ScheduleKind::ZBV; }
@@ -88,11 +88,13 @@ std::vector<std::vector<Action>> schedule_actions(const ScheduleSpec& spec);
 std::vector<std::vector<Action>> zero_bubble_lists(const ScheduleSpec& spec);
 std::vector<Action> zero_bubble_stage_list(const ScheduleSpec& spec, int stage);  // one stage's
 // ZB-H1's limits (ScheduleSpec::zb_held_limits) for stages whose slots, one micro-batch's
-// activations, take slot_bytes[s]: stage s holds at most what 1F1B's fullest stage does,
-// max over s of (p - s) x slot_bytes[s], and at most p micro-batches. With equal slots (or
-// smaller ones further down) that is p everywhere, and the answer is empty. The last stage,
-// whose slots also keep the head's activations, usually holds fewer.
-std::vector<int> zero_bubble_held_limits(const std::vector<double>& slot_bytes);
+// activations, take slot_bytes[s], beside fixed_bytes[s] whatever the micro-batches (empty:
+// none): stage s holds at most what 1F1B's fullest stage does, max over s of
+// fixed_bytes[s] + (p - s) x slot_bytes[s], and at most p micro-batches. With equal slots (or
+// smaller ones further down) and no fixed bytes that is p everywhere, and the answer is
+// empty.
+std::vector<int> zero_bubble_held_limits(const std::vector<double>& slot_bytes,
+                                         const std::vector<double>& fixed_bytes = {});
 
 // Micro-batch activations alive at once on a stage running `actions` (a forward acquires
 // one set, its backward, or its W, frees it): the peak over the step; of one chunk's

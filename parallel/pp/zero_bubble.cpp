@@ -393,14 +393,18 @@ std::vector<Action> zero_bubble_stage_list(const ScheduleSpec& spec, int stage) 
   return shared_lists(spec)->at(size_t(stage));
 }
 
-std::vector<int> zero_bubble_held_limits(const std::vector<double>& slot_bytes) {
+std::vector<int> zero_bubble_held_limits(const std::vector<double>& slot_bytes,
+                                         const std::vector<double>& fixed_bytes) {
   const int p = int(slot_bytes.size());
+  const auto fixed = [&](int s) { return fixed_bytes.empty() ? 0.0 : fixed_bytes[size_t(s)]; };
   double fullest = 0;  // 1F1B's: stage s holds p - s micro-batches
-  for (int s = 0; s < p; ++s) fullest = std::max(fullest, double(p - s) * slot_bytes[size_t(s)]);
+  for (int s = 0; s < p; ++s)
+    fullest = std::max(fullest, fixed(s) + double(p - s) * slot_bytes[size_t(s)]);
   std::vector<int> limits;
   bool all_p = true;
   for (int s = 0; s < p; ++s) {
-    const double fit = slot_bytes[size_t(s)] > 0 ? fullest / slot_bytes[size_t(s)] : double(p);
+    const double fit =
+        slot_bytes[size_t(s)] > 0 ? (fullest - fixed(s)) / slot_bytes[size_t(s)] : double(p);
     // (1e-9: p - s slots that are 1F1B's fullest fit exactly, whatever the rounding)
     limits.push_back(std::clamp(int(std::floor(fit + 1e-9)), p - s, p));
     all_p = all_p && limits.back() == p;

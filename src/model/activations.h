@@ -9,10 +9,12 @@
 // Where each set lives, and for how long:
 //   a slot (one micro-batch in flight on a chunk): the batch's token ids, the chunk's
 //     layers + 1 residual streams, each layer's LayerActs (kept for its backward; none under
-//     model.recompute) and, on the last chunk, the head's;
+//     model.recompute);
 //   the scratch (one pass at a time, shared by every chunk, slot and layer): backward's
-//     gradients, the buffers apart from this rank's rows, the cross-entropy's statistics and,
-//     under model.recompute, the one LayerActs that each layer's backward rebuilds first.
+//     gradients, the buffers apart from this rank's rows, the head's final norm, logits,
+//     losses and cross-entropy statistics (the last chunk's forward runs the head's whole
+//     backward, so no slot keeps them; they lie over backward's layer gradients) and, under
+//     model.recompute, the one LayerActs that each layer's backward rebuilds first.
 //   a split backward's (zero-bubble pipelines), per slot from B to W: the output gradients
 //     W reads and, under model.recompute, its inputs (DeferredGrads).
 // An MoE layer's routing and routed rows (MoeBlock::Acts, one set per slot) are declared
@@ -151,9 +153,8 @@ struct SlotActs {
   Tensor tokens, targets;       // (b, t) I32
   std::vector<Tensor> resid;    // layers + 1 residual streams (Nl, C); resid[0] = input
   std::vector<LayerActs> acts;  // per layer (empty under recompute: the scratch's)
-  // The last chunk's: the final norm's output whole (N, C) and this rank's rows (Nl, C; the
-  // same buffer without SP), its statistics (Nl), the logits (N, V) and losses (N).
-  Tensor normf_local, normf, normf_mean, normf_rstd, logits, losses;
+  // Nothing of the head: the last chunk's forward runs the head's whole backward, so its
+  // buffers are the scratch's.
 };
 // Used by one pass at a time.
 struct ScratchActs {
@@ -162,6 +163,11 @@ struct ScratchActs {
   Tensor norm_local;         // (Nl, C): norm output before the SP all-gather (apart only)
   Tensor proj;               // (N, C): row-parallel partial sums before reduction
   Tensor row_max, ce_stats;  // (N), (2, N): vocabulary-parallel cross-entropy
+  // The head's (on the rank holding the last chunk), over the backward's d_att .. d_act and
+  // beyond them where those are too small: the final norm's output whole (N, C) and this
+  // rank's rows (Nl, C; the same buffer without SP), its statistics (Nl), the logits (N, V;
+  // d(logits) once the loss is known; kept until the next backward pass) and losses (N).
+  Tensor normf, normf_local, normf_mean, normf_rstd, logits, losses;
   LayerGrads grads;
 };
 
@@ -172,8 +178,6 @@ void declare_layer(const ActSizes& s, double ffn, bool moe, ActSink& sink, Layer
 void declare_batch(const ActSizes& s, ActSink& sink, SlotActs& slot);
 // One residual stream (a slot holds its chunk's layers + 1).
 Tensor declare_residual(const ActSizes& s, ActSink& sink);
-// The last chunk's final norm, logits and losses.
-void declare_head(const ActSizes& s, ActSink& sink, SlotActs& slot);
 // One layer's DeferredGrads, its MLP ffn wide (an MoE layer, moe: its shared experts', 0
 // without any: no MLP buffers; the routed experts' are declare_moe_deferred's, model/moe.h).
 // Under recompute (s.recompute) W's operands too. Without sequence parallelism d(att_out) is
@@ -186,12 +190,14 @@ void declare_deferred_layer(const ActSizes& s, double ffn, bool moe, const Tenso
 // parallelism B gathers it, so that the embedding's W needs no collective); without sequence
 // parallelism a view of `input` (the slot's resid[0], which B reads last in layer 0's norm1
 // backward, before d(chunk input) is written; nothing declared). The last chunk keeps
-// nothing more: the head's W reads the slot's dlogits and final norm output, and B computes
-// the final norm's gradients.
+// nothing more: its forward ran the head's and the final norm's whole backward.
 void declare_deferred_ends(const ActSizes& s, bool first, const Tensor& input, ActSink& sink,
                            Tensor& d_input);
 // The scratch, its MLP buffers widest_ffn wide (the widest MLP of the layers held here);
-// holds_last: this rank holds the head.
+// holds_last: this rank holds the head (its final norm, logits and losses, one micro-batch's,
+// laid over the backward's layer gradients: what they need beyond those is
+// head_scratch_extra_bytes).
+double head_scratch_extra_bytes(const ActSizes& s, double widest_ffn);
 void declare_scratch(const ActSizes& s, double widest_ffn, bool holds_last, ActSink& sink,
                      ScratchActs& scratch);
 

@@ -267,41 +267,81 @@ float Model::forward_chunk(int c, int slot_index, const int32_t* tokens, const i
   copy_ids(s.targets, targets, "targets");
   param_hooks_->need(final_ids_, false);
   const Tensor& last = s.resid.back();
+  const ScratchActs& h = scratch_;
   if (gpt2())
-    k::layernorm_forward(s.normf_local, s.normf_mean, s.normf_rstd, last, P(normf_w_), P(normf_b_),
+    k::layernorm_forward(h.normf_local, h.normf_mean, h.normf_rstd, last, P(normf_w_), P(normf_b_),
                          cfg_.norm_eps);
   else
-    k::rmsnorm_forward(s.normf_local, s.normf_rstd, last, P(normf_w_), cfg_.norm_eps);
-  tp_->f_forward(s.normf, s.normf_local);
-  k::linear_forward(s.logits, s.normf, P(head_), Tensor{});
-  s.have_dlogits = dloss != 0.0f;
-  const Tensor dlogits = s.have_dlogits ? s.logits : Tensor{};
+    k::rmsnorm_forward(h.normf_local, h.normf_rstd, last, P(normf_w_), cfg_.norm_eps);
+  tp_->f_forward(h.normf, h.normf_local);
+  k::linear_forward(h.logits, h.normf, P(head_), Tensor{});
+  const Tensor dlogits = dloss != 0.0f ? h.logits : Tensor{};
   if (tp_->degree() == 1) {
-    k::crossentropy_forward_backward(s.losses, dlogits, s.logits, s.targets, dloss);
+    k::crossentropy_forward_backward(h.losses, dlogits, h.logits, s.targets, dloss);
   } else {
-    k::vocab_parallel_ce_max(scratch_.row_max, s.logits);
+    k::vocab_parallel_ce_max(scratch_.row_max, h.logits);
     tp_->max(scratch_.row_max);
-    k::vocab_parallel_ce_stats(scratch_.ce_stats, s.logits, scratch_.row_max, s.targets,
+    k::vocab_parallel_ce_stats(scratch_.ce_stats, h.logits, scratch_.row_max, s.targets,
                                vocab_start_);
     tp_->sum(scratch_.ce_stats);
-    k::vocab_parallel_ce_finish(s.losses, dlogits, s.logits, scratch_.row_max, scratch_.ce_stats,
+    k::vocab_parallel_ce_finish(h.losses, dlogits, h.logits, scratch_.row_max, scratch_.ce_stats,
                                 s.targets, vocab_start_, dloss);
+  }
+  if (dloss != 0.0f) {
+    param_hooks_->need(final_ids_, true);  // ZeRO-3: as a backward's, prefetching the layers
+    head_backward(c, s);
+    param_hooks_->done(final_ids_);
   }
   param_hooks_->done(final_ids_);
   if (loss_total_.data) {
-    k::sum_into(loss_total_, s.losses, 1.0 / static_cast<double>(N));
+    k::sum_into(loss_total_, h.losses, 1.0 / static_cast<double>(N));
     return 0.0f;
   }
-  const float* losses = s.losses.f32();
-  if (s.losses.device != Device::CPU) {
+  const float* losses = h.losses.f32();
+  if (h.losses.device != Device::CPU) {
     host_losses_.resize(static_cast<size_t>(N));
-    copy_bytes(host_losses_.data(), Device::CPU, losses, s.losses.device, s.losses.bytes());
+    copy_bytes(host_losses_.data(), Device::CPU, losses, h.losses.device, h.losses.bytes());
     uploads_.rewind();  // the readback waited for every upload queued before it
     losses = host_losses_.data();
   }
   double sum = 0.0;
   for (int64_t i = 0; i < N; ++i) sum += losses[i];
   return static_cast<float>(sum / static_cast<double>(N));
+}
+
+// The head's and the final norm's whole backward, at the end of the last chunk's forward,
+// where the loss has just written d(logits) over the logits: the head's weight gradient
+// (+=), the final norm's (under set_reduce_each_pass into the slot's buffers, which its next
+// pass finishing gradients joins) and d(chunk output), written over the chunk's output,
+// which the final norm has read for the last time. So no slot keeps the logits or the final
+// norm's output: the scratch holds one micro-batch's. The same calls as the backward ran
+// them, so every gradient is the same; a parameter's micro-batches still add in their order.
+void Model::head_backward(int c, Slot& s) {
+  LayerGrads& g = scratch_.grads;
+  const ScratchActs& h = scratch_;
+  const NormGradsScope norms(*this, c, s);
+  k::zero(g.resid);  // the norm backward below accumulates into it
+  k::linear_backward(g.norm, head_grad(), Tensor{}, h.logits, h.normf, P(head_), false);
+  // The head is 1D over every tp rank (2D too): its rows apart only with SP.
+  const Tensor norm_local = tp_->sequence_parallel() ? g.norm_local : g.norm;
+  tp_->f_backward(norm_local, g.norm);
+  const Tensor& last = s.resid.back();
+  if (gpt2())
+    k::layernorm_backward(g.resid, GB(normf_w_), GB(normf_b_), norm_local, last, P(normf_w_),
+                          h.normf_mean, h.normf_rstd);
+  else
+    k::rmsnorm_backward(g.resid, GB(normf_w_), norm_local, last, P(normf_w_), h.normf_rstd);
+  copy(last, g.resid);
+  s.head_done = true;
+}
+
+// The last chunk's backward starts from d(chunk output), which its forward left over the
+// chunk's output (head_backward).
+void Model::take_chunk_output_grad(int c, int slot_index, Slot& s) {
+  PENTAD_CHECK(s.head_done, "backward needs a forward with dloss != 0 (chunk {} slot {})", c,
+               slot_index);
+  copy(scratch_.grads.resid, s.resid.back());
+  s.head_done = false;
 }
 
 void Model::mlp_backward(const LayerParams& p, LayerActs& a, int64_t ffn) {
@@ -411,23 +451,9 @@ void Model::backward_chunk(int c, int slot_index, const Tensor& d_output, bool l
     if (reported >= 0 && on_ready) on_ready(reported);
   };
   if (range.last) {
-    PENTAD_CHECK(s.have_dlogits, "backward needs a forward with dloss != 0 (chunk {} slot {})", c,
-                 slot_index);
-    k::zero(g.resid);  // the norm backward below accumulates into it
-    param_hooks_->need(final_ids_, true);
-    k::linear_backward(g.norm, G(head_), Tensor{}, s.logits, s.normf, P(head_), false);
-    // The head is 1D over every tp rank (2D too): its rows apart only with SP.
-    const Tensor norm_local = tp_->sequence_parallel() ? g.norm_local : g.norm;
-    tp_->f_backward(norm_local, g.norm);
-    const Tensor& last = s.resid.back();
-    if (gpt2())
-      k::layernorm_backward(g.resid, G(normf_w_), G(normf_b_), norm_local, last, P(normf_w_),
-                            s.normf_mean, s.normf_rstd);
-    else
-      k::rmsnorm_backward(g.resid, G(normf_w_), norm_local, last, P(normf_w_), s.normf_rstd);
-    param_hooks_->done(final_ids_);
+    take_chunk_output_grad(c, slot_index, s);
+    join_norm_grads(s, {normf_w_, normf_b_});
     ready(normf_w_, partial_.back());
-    s.have_dlogits = false;
   } else {
     PENTAD_CHECK(d_output.numel() == g.resid.numel(), "chunk {}: d_output has {} values, want {}",
                  c, d_output.numel(), g.resid.numel());

@@ -77,14 +77,16 @@ class Model {
 
   // ---- one chunk holding the whole model ----
   // Mean cross-entropy of the micro-batch. tokens, targets: (b, t). When dloss != 0 the
-  // gradient of (dloss * sum of token losses) w.r.t. logits is kept for backward().
+  // forward also runs the head's and the final norm's backward for (dloss * sum of token
+  // losses): their parameter gradients are added (+=), and d(last residual) is kept for
+  // backward(). So the logits need no slot of their own (model.cpp's head_backward).
   float forward(const int32_t* tokens, const int32_t* targets, float dloss);
   // Accumulates parameter gradients (+=) for the last forward, which must have had dloss != 0.
   // last_micro_batch: the step's gradients are complete after this backward, so replicated
   // parameters whose gradients are partial per tp rank (norms, under sequence parallelism)
   // are summed over tp, and on_ready (if given) hears of each finished range.
   void backward(bool last_micro_batch = true, const GradsReady& on_ready = {});
-  Tensor logits() const;  // (b*t, V); holds dlogits after a training forward
+  Tensor logits() const;  // (b*t, V); holds d(logits) after a training forward
 
   // ---- decoding with a cache of keys and values (model/decode.cpp) ----
   // Runs `tokens` (n >= 1 new ids, at positions cache.length() ..  + n - 1) through every
@@ -110,7 +112,8 @@ class Model {
   // others start from chunk_input; the last chunk returns the mean loss against `targets`
   // (others return 0). Either pointer may be null where it is not read; both are host memory.
   float forward_chunk(int c, int slot, const int32_t* tokens, const int32_t* targets, float dloss);
-  // Backward of chunk c: the last chunk starts from its kept dlogits, the others from
+  // Backward of chunk c: the last chunk starts from the d(chunk output) its forward kept
+  // (forward_chunk with dloss != 0 runs the head's backward), the others from
   // d_output (rows, C). Afterwards input_grad() holds d(chunk input) until the next backward.
   void backward_chunk(int c, int slot, const Tensor& d_output, bool last_micro_batch,
                       const GradsReady& on_ready = {});
@@ -223,7 +226,7 @@ class Model {
   // One micro-batch's activations in one chunk (model/activations.h), its MoE layers' too.
   struct Slot : SlotActs {
     Arena arena;
-    bool have_dlogits = false;
+    bool head_done = false;           // the forward ran the head's backward (head_backward)
     std::vector<MoeBlock::Acts> moe;  // per layer of the chunk (used by MoE layers)
     float moe_weight = 0.0f;          // the forward's micro-batch weight in the objective
     // A split backward's, from B to W (model/split_backward.cpp): per layer of the chunk, and
@@ -273,14 +276,12 @@ class Model {
   void split_moe_weights(int l, const LayerActs& a, MoeBlock::Acts* moe);
   // Their blocks' halves under tensor and context parallelism (model/split_backward_tp.cpp):
   // a dense MLP's and the attention's B (g.resid in, the reduced d(norm output) into
-  // g.norm_local, the output gradients W reads into d and a) and W, the head's and the
-  // embedding's B.
+  // g.norm_local, the output gradients W reads into d and a) and W, the embedding's B.
   void split_mlp_input(const LayerParams& p, LayerActs& a, int64_t ffn, const DeferredGrads& d);
   void split_mlp_weights(const LayerParams& p, const LayerActs& a, int64_t ffn,
                          const DeferredGrads& d);
   void split_attention_input(const LayerParams& p, LayerActs& a, const DeferredGrads& d);
   void split_attention_weights(const LayerParams& p, const LayerActs& a, const DeferredGrads& d);
-  void split_head_input(Slot& s);
   void split_embedding_input(Slot& s);
   Tensor embedding_weights_input(const Slot& s);
   // B: a row-parallel GEMM's output gradient, d(block output) with its rows made whole (g's
@@ -304,6 +305,22 @@ class Model {
   Tensor GB(int id) const { return id < 0 || !norm_grads_ ? G(id) : norm_grads_->at(size_t(id)); }
   void norm_grads_of(int c, Slot& s);  // the slot's buffers made (zeros), norm_grads_ on them
   void join_norm_grads(Slot& s, std::initializer_list<int> ids);
+  // While it lives, under set_reduce_each_pass: GB writes to slot s's buffers.
+  struct NormGradsScope {
+    NormGradsScope(Model& m, int c, Slot& s) : model(m) {
+      if (m.reduce_each_pass_) m.norm_grads_of(c, s);
+    }
+    ~NormGradsScope() { model.norm_grads_ = nullptr; }
+    NormGradsScope(const NormGradsScope&) = delete;
+    NormGradsScope& operator=(const NormGradsScope&) = delete;
+    Model& model;
+  };
+  // The last chunk's forward runs the head's backward; its backward (fused or B) starts from
+  // what that left (model.cpp).
+  void head_backward(int c, Slot& s);
+  void take_chunk_output_grad(int c, int slot_index, Slot& s);
+  bool tied_head_apart() const;  // set_tied_head_apart's and this rank holds both uses
+  Tensor head_grad();            // where the head's weight gradient adds
   bool gpt2() const { return cfg_.family == ModelFamily::GPT2; }
   bool holds_last() const;
 
@@ -332,7 +349,7 @@ class Model {
   const std::vector<Tensor>* norm_grads_ = nullptr;  // the slot's whose B runs (or none)
   Arena tied_head_arena_;
   Tensor tied_head_grad_;
-  int tied_heads_ = 0, tied_embeddings_ = 0;  // Ws of each since the last join
+  int tied_heads_ = 0, tied_embeddings_ = 0;  // forwards, Ws since the last join
   std::vector<LayerParams> layers_;           // every layer; ids -1 where not held here
   std::vector<int64_t> layer_ffn_;  // per layer: this rank's MLP width (MoE: shared experts')
   MoeScratch moe_scratch_;          // the MoE blocks' shared buffers

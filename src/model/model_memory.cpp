@@ -18,7 +18,6 @@ void Model::plan_slot(ActSink& sink, const LayerRange& chunk, Slot& s) {
     const size_t l = size_t(chunk.layer_begin) + i;
     declare_layer(sizes_, double(layer_ffn_[l]), moe_[l] != nullptr, sink, s.acts[i]);
   }
-  if (chunk.last) declare_head(sizes_, sink, s);
 }
 
 void Model::plan_shared(ActSink& sink) {
@@ -69,7 +68,7 @@ size_t Model::activation_bytes() const {
 
 Tensor Model::logits() const {
   PENTAD_CHECK(chunks() == 1 && chunk(0).last, "logits(): this rank does not hold the head");
-  return slot(0, 0).logits;
+  return scratch_.logits;
 }
 
 }  // namespace pentad

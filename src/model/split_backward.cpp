@@ -8,7 +8,7 @@
 // summed over tp at the last micro-batch's W, after every B has added to them.)
 //
 // What W reads and where it is kept:
-//   the GEMMs' inputs: the slot's LayerActs (norm1, att, norm2, act) and (last chunk) normf,
+//   the GEMMs' inputs: the slot's LayerActs (norm1, att, norm2, act),
 //     kept for backward anyway and reused until W; under model.recompute (no LayerActs in
 //     the slot) B rebuilds the layer's activations as backward_chunk does, those of them W
 //     reads (q, k, v, up, gate too, below) into the slot's DeferredGrads::inputs, the rest
@@ -23,15 +23,17 @@
 //     tensor parallelism), or under sequence parallelism this rank's rows, which W gathers
 //     again (split_backward_tp.cpp). They go over slot activations that B reads for the last
 //     time before it writes them, and W never reads: d(out) of layer l over the layer's output (the
-//     next layer's input, read last by that layer's B, which runs first; on the last chunk by the
-//     final norm's B), d(att_out) over its res1 (read last by its norm2 backward, just before),
-//     d(chunk input) over the embedding's output (layer 0's input, read last by its norm1
-//     backward). Nothing else writes them before the slot's W: a pipeline sends and receives
-//     through buffers of its own, and the slot's next forward waits for W. So for dense layers the
-//     split then holds no more than the fused backward. Under recompute res1 is the scratch's, so
-//     d(att_out) is kept apart, in an arena allocated on the slot's first B and held from then on
-//     (the layer's output is rebuilt by its own B, before d(out) goes over it);
-//   the head's: the slot's dlogits (in its logits), kept until W.
+//     next layer's input, read last by that layer's B, which runs first; on the last chunk the
+//     chunk's output, which already holds it: the forward's head backward wrote it there),
+//     d(att_out) over its res1 (read last by its norm2 backward, just before), d(chunk input) over
+//     the embedding's output (layer 0's input, read last by its norm1 backward). Nothing else
+//     writes them before the slot's W: a pipeline sends and receives through buffers of its own,
+//     and the slot's next forward waits for W. So for dense layers the split then holds no more
+//     than the fused backward. Under recompute res1 is the scratch's, so d(att_out) is kept apart,
+//     in an arena allocated on the slot's first B and held from then on (the layer's output is
+//     rebuilt by its own B, before d(out) goes over it);
+// The head's and the final norm's gradients are the last chunk's forward's (head_backward):
+// B starts from the d(chunk output) it left over the chunk's output, W joins the norm's.
 // An MoE layer's router and routed experts keep theirs in the slot's MoeBlock::Acts, sized
 // at each B (model/split_backward_moe.cpp).
 #include <utility>
@@ -126,18 +128,9 @@ void Model::backward_chunk_input(int c, int slot_index, const Tensor& d_output) 
   }
   LayerGrads& g = scratch_.grads;
   // Under set_reduce_each_pass the norms' gradients go to the slot's buffers until its W.
-  if (reduce_each_pass_) norm_grads_of(c, s);
-  struct Unset {
-    const std::vector<Tensor>*& at;
-    ~Unset() { at = nullptr; }
-  } unset{norm_grads_};
+  const NormGradsScope norms(*this, c, s);
   if (range.last) {
-    PENTAD_CHECK(s.have_dlogits, "backward needs a forward with dloss != 0 (chunk {} slot {})", c,
-                 slot_index);
-    param_hooks_->need(final_ids_, true);  // ZeRO-3: B and W each gather what they read
-    split_head_input(s);
-    param_hooks_->done(final_ids_);
-    s.have_dlogits = false;
+    take_chunk_output_grad(c, slot_index, s);
   } else {
     PENTAD_CHECK(d_output.numel() == g.resid.numel(), "chunk {}: d_output has {} values, want {}",
                  c, d_output.numel(), g.resid.numel());
@@ -213,25 +206,9 @@ void Model::backward_chunk_weights(int c, int slot_index, bool last_micro_batch,
   const std::function<void()> poll = [&] {
     if (reported >= 0 && on_ready) on_ready(reported);
   };
-  // The tied embedding's two uses in two chunks of this rank: the head's gradient apart
-  // (set_tied_head_apart).
-  const bool tied_apart =
-      tied_head_apart_ && wte_ >= 0 && head_ == wte_ && !(chunk(0).first && chunk(0).last);
-  if (tied_apart && tied_head_grad_.data == nullptr) {
-    const Tensor wte = G(wte_);
-    tied_head_arena_ = Arena("tied head gradient",
-                             size_t(wte.numel()) * dtype_bytes(wte.dtype) + 256, placement_.device);
-    tied_head_grad_ = tied_head_arena_.alloc(wte.shape, wte.dtype);
-    k::zero(tied_head_grad_);
-  }
-  if (range.last) {  // the head first: with tied embeddings wte's gradient adds in this order
-    const Tensor dhead = tied_apart ? tied_head_grad_ : G(head_);
-    param_hooks_->need(final_ids_, true);
-    k::linear_backward(Tensor{}, dhead, Tensor{}, s.logits, s.normf, P(head_), false);
-    param_hooks_->done(final_ids_);
-    tied_heads_ += tied_apart ? 1 : 0;
+  if (range.last) {  // the head's gradient is its forward's (head_backward)
     join_norm_grads(s, {normf_w_, normf_b_});
-    ready(normf_w_, partial_.back());  // the final norm's gradients: B's
+    ready(normf_w_, partial_.back());  // the final norm's gradients: the forward's
   }
   for (int64_t l = range.layer_end - 1; l >= range.layer_begin; --l) {
     const size_t i = static_cast<size_t>(l - range.layer_begin);
@@ -249,6 +226,7 @@ void Model::backward_chunk_weights(int c, int slot_index, bool last_micro_batch,
   k::embedding_backward(G(wte_), G(wpe_),
                         embedding_weights_input(s).reshaped(Shape{b_, t_, cfg_.d_model}), s.tokens,
                         vocab_start_, cp_->positions());
+  const bool tied_apart = tied_head_apart();
   tied_embeddings_ += tied_apart ? 1 : 0;
   if (tied_apart && last_micro_batch) {
     PENTAD_CHECK(tied_heads_ == tied_embeddings_,
@@ -259,6 +237,25 @@ void Model::backward_chunk_weights(int c, int slot_index, bool last_micro_batch,
     tied_heads_ = tied_embeddings_ = 0;
   }
   ready(wte_, {});
+}
+
+bool Model::tied_head_apart() const {
+  return tied_head_apart_ && wte_ >= 0 && head_ == wte_ && !(chunk(0).first && chunk(0).last);
+}
+
+// Where the head's weight gradient adds: the head's own, or with the tied embedding's two
+// uses in two chunks of this rank, set_tied_head_apart's buffer (made on first use).
+Tensor Model::head_grad() {
+  if (!tied_head_apart()) return G(head_);
+  if (tied_head_grad_.data == nullptr) {
+    const Tensor wte = G(wte_);
+    tied_head_arena_ = Arena("tied head gradient",
+                             size_t(wte.numel()) * dtype_bytes(wte.dtype) + 256, placement_.device);
+    tied_head_grad_ = tied_head_arena_.alloc(wte.shape, wte.dtype);
+    k::zero(tied_head_grad_);
+  }
+  ++tied_heads_;
+  return tied_head_grad_;
 }
 
 }  // namespace pentad

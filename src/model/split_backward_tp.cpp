@@ -164,24 +164,6 @@ void Model::split_attention_weights(const LayerParams& p, const LayerActs& a,
   k::linear_backward(Tensor{}, G(p.v_w), G(p.v_b), a.v, a.norm1, P(p.v_w), false);
 }
 
-// The head's and final norm's B, from the slot's dlogits, as backward_chunk's less the
-// head's weight gradient: d(final norm output) summed over tp into this rank's rows, the
-// final norm's gradients, d(last residual) into g.resid.
-void Model::split_head_input(Slot& s) {
-  LayerGrads& g = scratch_.grads;
-  k::zero(g.resid);  // the norm backward below accumulates into it
-  k::linear_backward(g.norm, Tensor{}, Tensor{}, s.logits, Tensor{}, P(head_), false);
-  // The head is 1D over every tp rank (2D too): its rows apart only with SP.
-  const Tensor norm_local = tp_->sequence_parallel() ? g.norm_local : g.norm;
-  tp_->f_backward(norm_local, g.norm);
-  const Tensor& last = s.resid.back();
-  if (gpt2())
-    k::layernorm_backward(g.resid, GB(normf_w_), GB(normf_b_), norm_local, last, P(normf_w_),
-                          s.normf_mean, s.normf_rstd);
-  else
-    k::rmsnorm_backward(g.resid, GB(normf_w_), norm_local, last, P(normf_w_), s.normf_rstd);
-}
-
 // The embedding's output gradient for its W: this rank's rows (1D over every tp rank, as the
 // head), which W gathers under sequence parallelism (embedding_weights_input).
 void Model::split_embedding_input(Slot& s) {

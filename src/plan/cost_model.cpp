@@ -293,10 +293,8 @@ Stages stage_costs(const Step& step, const LayerCosts& costs) {
         epc += mo ? moe_comm_fwd * (2 + (m.recompute ? 1 : 0)) : 0;
       }
       if (c.first) fwd += rates.elementwise(n * C * e * 2);
-      if (c.last) {
-        fwd += head.forward;
-        bwd += head.backward;
-        weight += head.weight;
+      if (c.last) {  // the head's whole backward runs in the forward (Model::head_backward)
+        fwd += head.forward + head.backward + head.weight;
         tpc += head_comm;
       }
     }

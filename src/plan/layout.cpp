@@ -43,7 +43,8 @@ parallel::pp::ScheduleSpec schedule_spec(const Config& cfg) {
 parallel::pp::ScheduleSpec schedule_spec(const Config& cfg, const parallel::MeshConfig& mesh) {
   parallel::pp::ScheduleSpec spec = schedule_spec(cfg);
   if (spec.kind == parallel::pp::ScheduleKind::ZBH1 && mesh.pp > 1)
-    spec.zb_held_limits = parallel::pp::zero_bubble_held_limits(stage_slot_bytes(cfg, mesh));
+    spec.zb_held_limits = parallel::pp::zero_bubble_held_limits(stage_slot_bytes(cfg, mesh),
+                                                                stage_head_bytes(cfg, mesh));
   return spec;
 }
 

@@ -42,8 +42,8 @@ parallel::pp::LayerCosts pipeline_layer_costs(const Config& cfg);
 // The pipeline schedule a recipe asks for (parallel.pp_schedule over train.grad_accum).
 parallel::pp::ScheduleSpec schedule_spec(const Config& cfg);
 // The same on `mesh`, as the stages run it: zb-h1 with its held limits where the stages'
-// slots differ (the last stage's keep the head's activations; zero_bubble_held_limits over
-// stage_slot_bytes). What the trainer runs, the memory plan counts and the planner predicts.
+// activations differ (zero_bubble_held_limits over stage_slot_bytes and stage_head_bytes). What the
+// trainer runs, the memory plan counts and the planner predicts.
 parallel::pp::ScheduleSpec schedule_spec(const Config& cfg, const parallel::MeshConfig& mesh);
 
 }  // namespace pentad

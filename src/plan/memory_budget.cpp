@@ -97,10 +97,9 @@ struct Sizes {
   double layer_values = 0, moe_values = 0, expert_values = 0, embedding = 0, table = 0,
          final_values = 0;
   // Bytes of the activation table's sets: a batch's ids, one residual stream, a dense layer's
-  // and an MoE layer's saved activations, the head's; an MoE layer's routed rows (dispatch)
-  // and its backward's scratch.
-  double batch = 0, resid = 0, layer_acts = 0, moe_acts = 0, head_acts = 0, dispatch = 0,
-         dispatch_backward = 0;
+  // and an MoE layer's saved activations; an MoE layer's routed rows (dispatch) and its
+  // backward's scratch. (A slot keeps nothing of the head: Model::head_backward.)
+  double batch = 0, resid = 0, layer_acts = 0, moe_acts = 0, dispatch = 0, dispatch_backward = 0;
   // A split backward's (zb-h1, zb-v), kept per slot from B to W: a dense layer's and an MoE
   // layer's output gradients (its routed experts' at the worst case) and, under recompute,
   // the inputs of its GEMMs (DeferredGrads), the first chunk's d(input); only what is not
@@ -170,7 +169,6 @@ Sizes sizes_of(const Config& cfg, const parallel::MeshConfig& mesh, const ParamT
   s.resid = bytes_of([&](ActSink& sink) { declare_residual(a, sink); });
   s.layer_acts = bytes_of([&](ActSink& sink) { declare_layer(a, a.F, false, sink, layer); });
   s.moe_acts = bytes_of([&](ActSink& sink) { declare_layer(a, a.Fs, true, sink, layer); });
-  s.head_acts = bytes_of([&](ActSink& sink) { declare_head(a, sink, slot); });
   DeferredGrads kept;
   Tensor d_input;
   s.deferred_layer = bytes_of([&](ActSink& sink) {
@@ -189,7 +187,7 @@ struct Holds {
 
 // One micro-batch's slot of a chunk (Model::plan_slot): layers + 1 residual streams, each
 // layer's activations unless recomputed (an MoE layer's dispatch buffers stay even then,
-// MoeBlock::Acts), the head's on the last chunk; a split backward keeps its output gradients
+// MoeBlock::Acts); a split backward keeps its output gradients
 // in the slot too, until W (under recompute W's inputs too).
 double chunk_slot_bytes(const Sizes& s, const Config& cfg, const parallel::pp::Chunk& chunk,
                         bool split) {
@@ -202,7 +200,7 @@ double chunk_slot_bytes(const Sizes& s, const Config& cfg, const parallel::pp::C
                                  : (layers - moe_layers) * s.deferred_layer +
                                        moe_layers * s.deferred_moe +
                                        (chunk.first ? s.deferred_first : 0);
-  return s.batch + (layers + 1) * s.resid + kept + (chunk.last ? s.head_acts : 0) + deferred;
+  return s.batch + (layers + 1) * s.resid + kept + deferred;
 }
 
 // Each chunk's parameter values and its activation slots, one per micro-batch the schedule
@@ -497,6 +495,22 @@ std::vector<double> stage_slot_bytes(const Config& cfg, const parallel::MeshConf
     for (const parallel::pp::Chunk& chunk : chunks_of_stage(cfg, mesh.pp, stage))
       bytes.back() += chunk_slot_bytes(s, cfg, chunk, split);
   }
+  return bytes;
+}
+
+std::vector<double> stage_head_bytes(const Config& cfg, const parallel::MeshConfig& mesh) {
+  const Sizes s = sizes_of(cfg, mesh, *shared_param_table(cfg.model));
+  std::vector<double> bytes(size_t(mesh.pp), 0.0);
+  const int last = mesh.pp - 1;
+  bool dense = false, moe = false;
+  for (const parallel::pp::Chunk& chunk : chunks_of_stage(cfg, mesh.pp, last)) {
+    const double layers = double(chunk.layer_end - chunk.layer_begin);
+    const double moe_layers = moe_layers_in(s.moe, chunk.layer_begin, chunk.layer_end);
+    dense = dense || moe_layers < layers;
+    moe = moe || moe_layers > 0;
+  }
+  const double widest = std::max(dense ? s.acts.F : 0, moe ? s.acts.Fs : 0);
+  bytes[size_t(last)] = head_scratch_extra_bytes(s.acts, widest);
   return bytes;
 }
 

@@ -97,7 +97,9 @@ struct Result {
 // micro-batch B of every chunk from the top, then W of every chunk. Interleaved: B(top), then
 // B(c) W(c + 1) down the chunks, then W(0). TwoInFlight: both micro-batches forward in two
 // slots, micro-batch 0's B, then B(c) of 1 with W(c) of 0 down the chunks, then 1's W.
-enum class Order { Fused, EveryBThenEveryW, Interleaved, TwoInFlight };
+// FusedTwoInFlight, its reference: both forwards, then each one's fused backward (a tied
+// head adds its gradient in the forward: wte's then sums in another order than Fused's).
+enum class Order { Fused, EveryBThenEveryW, Interleaved, TwoInFlight, FusedTwoInFlight };
 
 class Runner {
  public:
@@ -116,10 +118,18 @@ class Runner {
 
   Result run(Order order) {
     const int top = model_.chunks() - 1;
-    if (order == Order::TwoInFlight) {
+    if (order == Order::TwoInFlight || order == Order::FusedTwoInFlight) {
       for (int c = 0; c <= top; ++c) model_.add_slot(c);
       forward(0, 0);
       forward(1, 1);
+      if (order == Order::FusedTwoInFlight) {
+        for (int s = 0; s < 2; ++s)
+          for (int c = top; c >= 0; --c) {
+            model_.backward_chunk(c, s, d_, s == 1, listen_);
+            copy(d_, model_.input_grad());
+          }
+        return result();
+      }
       for (int c = top; c >= 0; --c) input(c, 0);
       for (int c = top; c >= 0; --c) {
         input(c, 1);
@@ -230,7 +240,8 @@ TEST_P(SplitBackwardParallel, EqualsTheFusedBackwardBitwise) {
                      name + ": every B, then every W");
       expect_bitwise(want, Runner(cfg, sharding, per_layer).run(Order::Interleaved),
                      name + ": B(c) W(c+1)");
-      expect_bitwise(want, Runner(cfg, sharding, per_layer).run(Order::TwoInFlight),
+      expect_bitwise(Runner(cfg, sharding, per_layer).run(Order::FusedTwoInFlight),
+                     Runner(cfg, sharding, per_layer).run(Order::TwoInFlight),
                      name + ": two micro-batches in flight");
     }
   }

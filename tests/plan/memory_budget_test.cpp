@@ -199,6 +199,8 @@ TEST(MemoryBudget, EstimateMatchesTheArenasOfEachZeroBubbleStage) {
        {"model.n_layer=4", "parallel.virtual_stages=2", "parallel.pp_schedule=zb-v",
         "model.recompute=true"}},
       {"gpt-tiny.toml", {"model.n_layer=4", "parallel.pp_schedule=zb-h1", "model.recompute=true"}},
+      // Logits (512 x 2048) larger than the backward's layer gradients they lie over.
+      {"gpt-tiny.toml", {"model.n_layer=4", "model.vocab_size=2048", "parallel.pp_schedule=zb-h1"}},
       // tp 2: without sequence parallelism whole rows over the activations; with it (N / 2
       // rows a residual stream) this rank's rows over them, which W gathers again; with
       // recompute too, d(attention output)'s rows in the arena.
@@ -224,10 +226,14 @@ TEST(MemoryBudget, EstimateMatchesTheArenasOfEachZeroBubbleStage) {
     const parallel::pp::ScheduleSpec spec = schedule_spec(cfg, mesh);
     const std::vector<int64_t> layers =
         parallel::pp::chunk_layers(cfg.model.n_layer, 2, spec.virtual_stages, "");
-    // zb-h1: the last stage's slots, which keep the head's activations too, are larger than
-    // the first stage's, so it holds one micro-batch (1F1B's), not p; zb-v has no limits.
+    // zb-h1: a slot keeps nothing of the head, whose buffers lie over the backward's scratch,
+    // so both stages hold p; but where the logits outgrow that scratch (a wide vocabulary)
+    // the last stage holds one micro-batch (1F1B's). zb-v has no limits.
     const bool h1 = spec.kind == parallel::pp::ScheduleKind::ZBH1;
-    EXPECT_EQ(spec.zb_held_limits, h1 ? std::vector<int>({2, 1}) : std::vector<int>());
+    const bool head_beyond = stage_head_bytes(cfg, mesh)[1] > 0;
+    EXPECT_EQ(head_beyond, cfg.model.vocab_size > 512);
+    EXPECT_EQ(spec.zb_held_limits,
+              h1 && head_beyond ? std::vector<int>({2, 1}) : std::vector<int>());
     for (int stage = 0; stage < 2; ++stage) {
       SCOPED_TRACE("stage " + std::to_string(stage));
       std::vector<LayerRange> layout;

@@ -121,10 +121,11 @@ TEST(Plan, BalancedPipelineChunksEvenTheHeadsStage) {
 // The gradient bucket left after backward is the embedding's, whole (a bucket never splits a
 // parameter, and the embedding's gradient is final last): 32768 x 1024 + GPT-2's 1024 x 1024
 // positions, 136 MB of fp32, far beyond bucket_mb's 4 MiB. On NVSwitch the rest hides behind
-// backward; that one reduction cannot.
+// the layers' backward at 4 sequences a micro-batch (the head's backward runs in the forward,
+// before any gradient is reduced); that one reduction cannot.
 TEST(Plan, TheEmbeddingsBucketIsWaitedForWhole) {
   const parallel::Topology topo = nvswitch();
-  const Prediction p = predict(gpt({"parallel.dp=8"}), topo);
+  const Prediction p = predict(gpt({"parallel.dp=8", "train.micro_batch=4"}), topo);
   const double embedding = 4.0 * (32768 + 1024) * 1024;
   const std::vector<int> all{0, 1, 2, 3, 4, 5, 6, 7};
   EXPECT_NEAR(p.dp, topo.collective_seconds(parallel::CollectiveOp::AllReduce, all, embedding),

@@ -232,18 +232,26 @@ TEST(ZeroBubble, ReplaysTimedPasses) {
   }
 }
 
-// zb-h1's held limits from the stages' slot sizes: what 1F1B's fullest stage holds, at most p.
+// zb-h1's held limits from the stages' slot sizes and fixed bytes: what 1F1B's fullest stage
+// holds, at most p.
 TEST(ZeroBubble, HeldLimitsFromSlotBytes) {
   EXPECT_TRUE(zero_bubble_held_limits({10, 10}).empty());
   EXPECT_TRUE(zero_bubble_held_limits({10, 10, 9, 8}).empty());
   EXPECT_TRUE(zero_bubble_held_limits({0, 0}).empty());
-  // The last stage's slots keep the head's activations too (the CPU benchmark: 1.5 MiB more).
+  // A last stage with larger slots (more layers, or a slot that kept the head's activations).
   EXPECT_EQ(zero_bubble_held_limits({34, 35.5}), (std::vector<int>{2, 1}));
   EXPECT_EQ(zero_bubble_held_limits({17, 17, 17, 18.5}), (std::vector<int>{4, 4, 4, 3}));
   EXPECT_EQ(zero_bubble_held_limits({10, 10, 10, 20}), (std::vector<int>{4, 4, 4, 2}));
   EXPECT_EQ(zero_bubble_held_limits({10, 10, 10, 50}), (std::vector<int>{4, 4, 4, 1}));
   // A larger middle stage is 1F1B's fullest (3 x 30): it keeps 1F1B's 3, the rest p.
   EXPECT_EQ(zero_bubble_held_limits({10, 30, 10, 10}), (std::vector<int>{4, 3, 4, 4}));
+  // Fixed bytes (the head's beyond the scratch it lies over) count against the same total.
+  EXPECT_TRUE(zero_bubble_held_limits({10, 10}, {0, 0}).empty());
+  EXPECT_EQ(zero_bubble_held_limits({10, 10}, {0, 1}), (std::vector<int>{2, 1}));
+  EXPECT_EQ(zero_bubble_held_limits({10, 10, 10, 10}, {0, 0, 0, 15}),
+            (std::vector<int>{4, 4, 4, 2}));
+  // There 1F1B's last stage is its fullest (25 + 10 against 20): it keeps its one.
+  EXPECT_EQ(zero_bubble_held_limits({10, 10}, {0, 25}), (std::vector<int>{2, 1}));
 }
 
 // Lists built under any limits from 1F1B's p - s to p, for any costs, hold no more than
