@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <utility>
 
 #include "core/check.h"
 #include "model/param_table.h"
@@ -133,36 +132,52 @@ Tensor declare_residual(const ActSizes& s, ActSink& sink) {
 
 namespace {
 
-// The head's buffers (HeadActs' order) as (elements, type): its final norm's output whole and
-// this rank's rows (without SP one buffer), the norm's statistics, the logits, the losses.
-std::vector<std::pair<double, DType>> head_buffers(const ActSizes& s) {
+// One of the head's buffers (ScratchActs): where it goes, its shape and type.
+struct HeadBuffer {
+  Tensor ScratchActs::*at;
+  Shape shape;
+  DType dtype;
+};
+
+// The final norm's output whole and this rank's rows (under SP only), the norm's statistics,
+// the logits, the losses; a buffer of no elements is absent.
+std::vector<HeadBuffer> head_buffers(const ActSizes& s) {
   const DType act = s.act, f32 = DType::F32;
-  return {{s.N * s.C, act},         {s.sp ? s.Nl * s.C : 0, act},
-          {s.gpt2 ? s.Nl : 0, f32}, {s.Nl, f32},
-          {s.N * s.V, act},         {s.N, f32}};
+  const auto n = [](double x) { return int64_t(x); };
+  return {{&ScratchActs::normf, Shape{n(s.N), n(s.C)}, act},
+          {&ScratchActs::normf_local, Shape{n(s.sp ? s.Nl : 0), n(s.C)}, act},
+          {&ScratchActs::normf_mean, Shape{n(s.gpt2 ? s.Nl : 0)}, f32},
+          {&ScratchActs::normf_rstd, Shape{n(s.Nl)}, f32},
+          {&ScratchActs::logits, Shape{n(s.N), n(s.V)}, act},
+          {&ScratchActs::losses, Shape{n(s.N)}, f32}};
 }
 
-double head_region_bytes(const ActSizes& s) {
-  double bytes = 0;
-  for (const auto& [n, dtype] : head_buffers(s))
-    bytes += double(Arena::aligned(size_t(n) * dtype_bytes(dtype)));
-  return bytes;
+size_t aligned_bytes(const HeadBuffer& b) {
+  return Arena::aligned(size_t(b.shape.numel()) * dtype_bytes(b.dtype));
 }
 
-// The head's buffers laid out from `start`, each aligned as an arena aligns; absent where
-// start is (a sink that allocates nothing) or a buffer has no elements.
+// The backward's layer gradients d_att .. d_act, which no forward touches: the head's
+// buffers lie over them.
+void declare_layer_grads(const ActSizes& s, double F, ActSink& sink, LayerGrads& g) {
+  const DType act = s.act;
+  g.att = sink.add("d_att", {s.N, s.Ca}, act);
+  g.q = sink.add("d_q", {s.N, s.Ca}, act);
+  g.k = sink.add("d_k", {s.N, s.Ckv}, act);
+  g.v = sink.add("d_v", {s.N, s.Ckv}, act);
+  if (F == 0) return;
+  g.up = sink.add("d_up", {s.N, F}, act);
+  if (!s.gpt2) g.gate = sink.add("d_gate", {s.N, F}, act);
+  g.act = sink.add("d_act", {s.N, F}, act);
+}
+
+// The head's buffers laid out from `start` (absent where it is: a sink that allocates
+// nothing), each aligned as an arena aligns, within `room` bytes.
 void place_head(const ActSizes& s, const Tensor& start, size_t room, ScratchActs& h) {
-  Tensor* at[] = {&h.normf, &h.normf_local, &h.normf_mean, &h.normf_rstd, &h.logits, &h.losses};
-  const std::vector<std::pair<double, DType>> buffers = head_buffers(s);
   size_t used = 0;
-  for (size_t i = 0; i < buffers.size(); ++i) {
-    const auto [n, dtype] = buffers[i];
-    if (!start.data || n == 0) continue;
-    const Shape shape = i == 0 || i == 1 ? Shape{int64_t(n / s.C), int64_t(s.C)}
-                        : i == 4         ? Shape{int64_t(s.N), int64_t(s.V)}
-                                         : Shape{int64_t(n)};
-    *at[i] = view_of(static_cast<char*>(start.data) + used, shape, dtype, start.device);
-    used += Arena::aligned(size_t(n) * dtype_bytes(dtype));
+  for (const HeadBuffer& b : head_buffers(s)) {
+    if (!start.data || b.shape.numel() == 0) continue;
+    h.*b.at = view_of(static_cast<char*>(start.data) + used, b.shape, b.dtype, start.device);
+    used += aligned_bytes(b);
   }
   PENTAD_CHECK(used <= room, "the head's buffers: {} bytes in a region of {}", used, room);
   if (!s.sp) h.normf_local = h.normf;
@@ -171,10 +186,11 @@ void place_head(const ActSizes& s, const Tensor& start, size_t room, ScratchActs
 }  // namespace
 
 double head_scratch_extra_bytes(const ActSizes& s, double widest_ffn) {
-  const double act = double(dtype_bytes(s.act));
-  const double backward =
-      act * s.N * (s.Ca + 2 * s.Ckv + s.Ca) + act * s.N * widest_ffn * (s.gpt2 ? 2 : 3);
-  return std::max(0.0, head_region_bytes(s) - backward);
+  double head = 0;
+  for (const HeadBuffer& b : head_buffers(s)) head += double(aligned_bytes(b));
+  LayerGrads g;
+  return std::max(
+      0.0, head - bytes_of([&](ActSink& sink) { declare_layer_grads(s, widest_ffn, sink, g); }));
 }
 
 void declare_scratch(const ActSizes& s, double F, bool holds_last, ActSink& sink,
@@ -194,20 +210,11 @@ void declare_scratch(const ActSizes& s, double F, bool holds_last, ActSink& sink
   g.full = s.apart ? sink.add("d_full", {s.N, s.C}, act) : g.resid;
   g.norm = sink.add("d_norm", {s.N, s.C}, act);
   g.norm_local = s.apart ? sink.add("d_norm_local", {s.Nl, s.C}, act) : g.norm;
-  // From here on one region: a backward's layer gradients, which no forward touches, and
-  // the head's buffers (holds_last), which only the last chunk's forward uses: there the
-  // head's backward reads d(logits) and the norm's output and writes g.resid and g.norm.
-  g.att = sink.add("d_att", {s.N, s.Ca}, act);
-  g.q = sink.add("d_q", {s.N, s.Ca}, act);
-  g.k = sink.add("d_k", {s.N, s.Ckv}, act);
-  g.v = sink.add("d_v", {s.N, s.Ckv}, act);
-  Tensor end = g.v;
-  if (F > 0) {
-    g.up = sink.add("d_up", {s.N, F}, act);
-    if (!s.gpt2) g.gate = sink.add("d_gate", {s.N, F}, act);
-    g.act = end = sink.add("d_act", {s.N, F}, act);
-  }
+  // From here on one region: the layer gradients and, holding the head, its buffers, which
+  // only the last chunk's forward uses (its backward there writes g.resid and g.norm).
+  declare_layer_grads(s, F, sink, g);
   if (!holds_last) return;
+  Tensor end = F > 0 ? g.act : g.v;
   if (const double extra = head_scratch_extra_bytes(s, F); extra > 0)
     end = sink.add("head_beyond_d_act", {std::ceil(extra / 4)}, f32);
   const size_t room =
