@@ -69,11 +69,13 @@ void residual_rmsnorm_forward(Tensor residual, Tensor out, Tensor rstd, const Te
 void rmsnorm_backward(Tensor dinp, Tensor dweight, const Tensor& dout, const Tensor& inp,
                       const Tensor& weight, const Tensor& rstd);
 
-// GELU, tanh approximation (GPT-2). dinp = dout * gelu'(inp).
+// GELU, tanh approximation (GPT-2). dinp = dout * gelu'(inp); dinp may be dout or inp (each
+// value is read before its gradient is written in its place).
 void gelu_forward(Tensor out, const Tensor& inp);
 void gelu_backward(Tensor dinp, const Tensor& dout, const Tensor& inp);
 
-// SwiGLU (LLaMA): out = silu(gate) * up, all (N, F). dgate, dup overwritten.
+// SwiGLU (LLaMA): out = silu(gate) * up, all (N, F). dgate, dup overwritten; each may be any
+// of dout, gate, up (every input value is read before either gradient is written).
 void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up);
 void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate,
                      const Tensor& up);

@@ -48,11 +48,13 @@ template <typename T>
 void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
-    const T g = gate[i];
+    const T g = gate[i], u = up[i], dy = dout[i];
     const T sig = T(1) / (T(1) + exp_vec(-g));
-    // d silu(g) / dg = sig * (1 + g * (1 - sig))
-    if (dgate) dgate[i] = dout[i] * up[i] * sig * (T(1) + g * (T(1) - sig));
-    if (dup) dup[i] = dout[i] * g * sig;
+    // d silu(g) / dg = sig * (1 + g * (1 - sig)); every input is read before either write, so
+    // dgate and dup may alias any input.
+    const T dg = dy * u * sig * (T(1) + g * (T(1) - sig)), du = dy * g * sig;
+    if (dgate) dgate[i] = dg;
+    if (dup) dup[i] = du;
   }
 }
 

@@ -265,9 +265,14 @@ class Model {
   // B and W.
   void plan_deferred(ActSink& sink, const LayerRange& chunk, Slot& slot);
   LayerActs rebuilt_acts(const DeferredGrads& d) const;  // recompute: where B rebuilds a layer
-  // B overwrites a's q, k, v, up and gate with their gradients, which W reads.
+  // B overwrites a's up and gate with their gradients, which W reads, and leaves d(q), d(k),
+  // d(v) in the scratch's g.q, g.k, g.v, which keep_attention_grads then trades with kept's
+  // q, k, v (a's, or under recompute the slot's DeferredGrads::inputs); a chunk's B ends with
+  // return_attention_scratch on its last layer's.
   void layer_backward_input(int l, const Tensor& x, LayerActs& a, const DeferredGrads& d,
                             MoeBlock::Acts* moe, float moe_weight);
+  void keep_attention_grads(LayerActs& kept);
+  void return_attention_scratch(LayerActs& top);
   void layer_backward_weights(int l, const LayerActs& a, const DeferredGrads& d,
                               MoeBlock::Acts* moe, const std::function<void()>& poll);
   // An MoE layer's routed experts and router (model/split_backward_moe.cpp): B (d(norm2

@@ -14,9 +14,15 @@
 //     reads (q, k, v, up, gate too, below) into the slot's DeferredGrads::inputs, the rest
 //     in the scratch;
 //   the column-parallel GEMMs' output gradients d(q), d(k), d(v) (after RoPE's backward),
-//     d(up) (GPT-2: pre-GELU) and d(gate): computed in the shared scratch as backward_chunk
-//     computes them, then copied over the slot's LayerActs q, k, v, up, gate, which only B
-//     reads (attention's backward, GELU's or SwiGLU's) and the slot's next forward rewrites;
+//     d(up) (GPT-2: pre-GELU) and d(gate), in place of the slot's LayerActs q, k, v, up, gate,
+//     which only B reads (attention's backward, GELU's or SwiGLU's) and the slot's next
+//     forward rewrites. The activation's backward writes d(up), d(gate) over up, gate
+//     elementwise, as it reads them. Attention's backward reads q, k, v whole while it writes
+//     their gradients, so it writes them into the scratch's buffers, and the layer's q, k, v
+//     buffers and the scratch's trade places (keep_attention_grads): the next layer's B
+//     writes into this layer's old q, k, v, and so on down the chunk. At the chunk's end the
+//     scratch takes its own buffers back, which its last layer (B's first) holds, with one
+//     copy a chunk (return_attention_scratch) where a copy a layer would be needed otherwise;
 //   the row-parallel GEMMs' output gradients d(att_out) and d(out), and the first chunk's
 //     d(chunk input) for the embedding: the scratch's d(residual), which B overwrites layer
 //     by layer, so kept in the slot: whole rows (per layer 2 Cj values a row, C without
@@ -148,11 +154,41 @@ void Model::backward_chunk_input(int c, int slot_index, const Tensor& d_output) 
       layer_forward(static_cast<int>(l), s.resid[i], s.resid[i + 1], a, moe, s.moe_weight, true);
       layer_backward_input(static_cast<int>(l), s.resid[i], a, s.deferred[i], moe, s.moe_weight);
     }
+    keep_attention_grads(cfg_.recompute ? s.deferred[i].inputs : s.acts[i]);
     param_hooks_->done(layer_ids_[size_t(l)]);
     if (progress_) progress_();
   }
+  if (range.layer_end > range.layer_begin) {
+    const size_t top = size_t(range.layer_end - range.layer_begin - 1);
+    return_attention_scratch(cfg_.recompute ? s.deferred[top].inputs : s.acts[top]);
+  }
   if (range.first) split_embedding_input(s);  // the embedding's output gradient, for W
   s.weights_pending = true;
+}
+
+// Layer B just wrote d(q), d(k), d(v) into the scratch's g.q, g.k, g.v, and read its own q,
+// k, v for the last time: the two trade buffers (same shapes), so W finds the gradients
+// where it reads them (kept's q, k, v) and the next layer's B writes over the dead values.
+void Model::keep_attention_grads(LayerActs& kept) {
+  LayerGrads& g = scratch_.grads;
+  for (auto [a, d] : {std::pair{&kept.q, &g.q}, {&kept.k, &g.k}, {&kept.v, &g.v}}) {
+    PENTAD_CHECK(a->bytes() == d->bytes(), "split backward: {} bytes of q, k or v, {} in scratch",
+                 a->bytes(), d->bytes());
+    std::swap(a->data, d->data);
+  }
+}
+
+// At a chunk's end the scratch holds the chunk's first layer's old q, k, v buffers, and its
+// own are top's (the chunk's last layer, whose B ran first): top's gradients move into the
+// buffers the scratch holds, and the scratch takes its own back. The scratch is whole again
+// for whatever pass comes next (the head's buffers lie over it).
+void Model::return_attention_scratch(LayerActs& top) {
+  LayerGrads& g = scratch_.grads;
+  for (auto [a, d] : {std::pair{&top.q, &g.q}, {&top.k, &g.k}, {&top.v, &g.v}}) {
+    if (a->data == d->data) continue;  // (none of this chunk's layers traded: never so)
+    copy(*d, *a);
+    std::swap(a->data, d->data);
+  }
 }
 
 void Model::norm_grads_of(int c, Slot& s) {

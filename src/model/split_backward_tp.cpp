@@ -75,15 +75,17 @@ Tensor Model::column_input_partial(const Tensor& reduced) const {
 
 // A dense MLP's B (model.cpp's mlp_backward without its weight gradients): g.resid holds
 // d(layer output); d(norm2 output) lands in g.norm_local, the down projection's output
-// gradient in d, d(pre-activation) (and d(gate)) over a.up (a.gate): computed in the scratch
-// first, as the activation's backward reads the pre-activations.
+// gradient in d, d(pre-activation) (and d(gate)) over a.up (a.gate): the activation's
+// backward reads each pre-activation just before it writes that value's gradient in its
+// place, so nothing is copied. (The fused backward's GELU step is the same two kernels on the
+// CPU; on CUDA it is the GEMM's DGELU epilogue there, a kernel of its own here.)
 void Model::split_mlp_input(const LayerParams& p, LayerActs& a, int64_t ffn,
                             const DeferredGrads& d) {
   PENTAD_CHECK(ffn > 0, "split backward: an MLP of width 0");
   const LayerGrads& g = scratch_.grads;
   const Tensor a_up = at_width(a.up, ffn), a_gate = at_width(a.gate, ffn),
                a_act = at_width(a.act, ffn);
-  const Tensor up = at_width(g.up, ffn), gate = at_width(g.gate, ffn), act = at_width(g.act, ffn);
+  const Tensor act = at_width(g.act, ffn);
   const Tensor partial = column_input_partial(g.norm_local);
   // The down projection's output gradient, whole rows; in 2D the activation's gradient is
   // summed over the d2 ranks before the activation's backward.
@@ -91,22 +93,16 @@ void Model::split_mlp_input(const LayerParams& p, LayerActs& a, int64_t ffn,
   if (tp_->hidden_degree() > 1) {
     row_gemm_backward(act, Tensor{}, Tensor{}, d_out, a_act, P(p.down_w));
     tp_->end_hidden_sums();
-    if (gpt2())
-      k::gelu_backward(up, act, a_up);
-    else
-      k::swiglu_backward(gate, up, act, a_gate, a_up);
-  } else if (gpt2()) {  // d(pre-GELU) straight from the projection's backward
-    k::linear_backward_gelu(up, Tensor{}, Tensor{}, d_out, a_act, P(p.down_w), a_up);
   } else {
     k::linear_backward(act, Tensor{}, Tensor{}, d_out, Tensor{}, P(p.down_w), false);
-    k::swiglu_backward(gate, up, act, a_gate, a_up);
   }
-  copy(a_up, up);  // for W: the pre-activations are read no more
-  if (!gpt2()) {
-    copy(a_gate, gate);
-    k::linear_backward(partial, Tensor{}, Tensor{}, gate, Tensor{}, P(p.gate_w), false);
+  if (gpt2()) {
+    k::gelu_backward(a_up, act, a_up);
+  } else {
+    k::swiglu_backward(a_gate, a_up, act, a_gate, a_up);
+    k::linear_backward(partial, Tensor{}, Tensor{}, a_gate, Tensor{}, P(p.gate_w), false);
   }
-  k::linear_backward(partial, Tensor{}, Tensor{}, up, Tensor{}, P(p.up_w), !gpt2());
+  k::linear_backward(partial, Tensor{}, Tensor{}, a_up, Tensor{}, P(p.up_w), !gpt2());
   tp_->reduce_hidden(g.norm_local, partial);
 }
 
@@ -124,8 +120,9 @@ void Model::split_mlp_weights(const LayerParams& p, const LayerActs& a, int64_t 
 }
 
 // The attention block's B: g.resid holds d(res1); the output projection's output gradient
-// lands in d, attention's (every cp rank's part included) over a.q, a.k, a.v (computed in the
-// scratch first, as attention's backward reads them), d(norm1 output) in g.norm_local.
+// lands in d, attention's (every cp rank's part included) in the scratch's g.q, g.k, g.v
+// (attention's backward reads a.q, a.k, a.v whole as it writes them), d(norm1 output) in
+// g.norm_local.
 void Model::split_attention_input(const LayerParams& p, LayerActs& a, const DeferredGrads& d) {
   const int64_t dh = cfg_.head_dim();
   const LayerGrads& g = scratch_.grads;
@@ -142,10 +139,8 @@ void Model::split_attention_input(const LayerParams& p, LayerActs& a, const Defe
     k::rope_backward(heads_of(g.q, b_, t_, dh), 0, cfg_.rope_theta, cp_->positions());
     k::rope_backward(heads_of(g.k, b_, t_, dh), 0, cfg_.rope_theta, cp_->positions());
   }
-  // For W: q, k, v are read no more.
-  copy(a.q, g.q);
-  copy(a.k, g.k);
-  copy(a.v, g.v);
+  // For W, d(q), d(k), d(v) stay in the scratch's buffers, which the layer's q, k, v (read no
+  // more) then replace (keep_attention_grads).
   const Tensor partial = column_input_partial(g.norm_local);
   k::linear_backward(partial, Tensor{}, Tensor{}, g.q, Tensor{}, P(p.q_w), false);
   k::linear_backward(partial, Tensor{}, Tensor{}, g.k, Tensor{}, P(p.k_w), true);

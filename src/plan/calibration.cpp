@@ -417,7 +417,13 @@ Calibration Calibration::read(const std::string& path) {
         "`pentad plan --calibrate --calibration FILE` here for this one's",
         path, c.machine, host);
   if (const std::string running = kernels::cpu::blas_core();
-      !c.blas_core.empty() && !running.empty() && c.blas_core != running)
+      c.blas_core.empty() && !running.empty())
+    spdlog::warn(
+        "calibration {} does not say which OpenBLAS kernels it was timed with (a file older than "
+        "that record): if they were others than this process's {}, its GEMM rates are off (several "
+        "times between the generic and the AVX-512 ones); rerun `pentad plan --calibrate`",
+        path, running);
+  else if (!c.blas_core.empty() && !running.empty() && c.blas_core != running)
     spdlog::warn(
         "calibration {} was timed with OpenBLAS's {} kernels and this process runs its {}: the "
         "GEMM rates differ (several times between the generic and the AVX-512 ones); rerun "

@@ -87,5 +87,28 @@ TEST(SwiGlu, BackwardMatchesFiniteDifferences) {
   expect_gradient("up", u, du, objective);
 }
 
+// A split backward (zero-bubble pipelines) writes each activation's gradient over the
+// pre-activation it reads: in place, the values are bitwise the out-of-place ones, at sizes
+// that take the vector and threaded paths.
+TEST(Activations, BackwardInPlaceEqualsOutOfPlace) {
+  for (int64_t n : {35, 70001}) {
+    const auto x = to_float(test_inputs(n, 7)), u = to_float(randn(n, 8)),
+               R = to_float(randn(n, 9));
+    std::vector<float> dx(n);
+    k::gelu_backward(view(dx, {n}), view(R, {n}), view(x, {n}));
+    auto x_in_place = x;
+    k::gelu_backward(view(x_in_place, {n}), view(R, {n}), view(x_in_place, {n}));
+    EXPECT_EQ(x_in_place, dx) << "gelu, n " << n;
+
+    std::vector<float> dg(n), du(n);
+    k::swiglu_backward(view(dg, {n}), view(du, {n}), view(R, {n}), view(x, {n}), view(u, {n}));
+    auto g_in_place = x, u_in_place = u;
+    k::swiglu_backward(view(g_in_place, {n}), view(u_in_place, {n}), view(R, {n}),
+                       view(g_in_place, {n}), view(u_in_place, {n}));
+    EXPECT_EQ(g_in_place, dg) << "swiglu d(gate), n " << n;
+    EXPECT_EQ(u_in_place, du) << "swiglu d(up), n " << n;
+  }
+}
+
 }  // namespace
 }  // namespace pentad

@@ -4,12 +4,16 @@
 // against, and compute that follows the keys attention sees and a GEMM's rows.
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -132,6 +136,33 @@ TEST(Plan, CalibrationRoundTripAndInterpolation) {
   EXPECT_DOUBLE_EQ(Calibration::read(path).others_share(), 0.375);
   EXPECT_EQ(Calibration::read(path).blas_core, c.blas_core);
   std::filesystem::remove(path);
+}
+
+// A file without its OpenBLAS kernels' name (older than that record) may hold the generic
+// kernels' GEMM rates, several times too slow: read, it says so and how to time again; a file
+// timed with this process's kernels says nothing.
+TEST(Plan, CalibrationWithoutItsKernelsWarns) {
+  if (kernels::cpu::blas_core().empty()) GTEST_SKIP() << "OpenBLAS does not name its kernels";
+  const std::string path = std::filesystem::temp_directory_path() / "pentad_plan_test_core.json";
+  std::ostringstream log;
+  const auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+      "plan_cpu_test", std::make_shared<spdlog::sinks::ostream_sink_mt>(log)));
+  Calibration c = two_cores();
+  c.machine = "";  // (no other machine's warning)
+  c.write(path);
+  Calibration::read(path);
+  const std::string older = log.str();
+  log.str("");
+  c.blas_core = kernels::cpu::blas_core();
+  c.write(path);
+  Calibration::read(path);
+  const std::string current = log.str();
+  spdlog::set_default_logger(previous);
+  std::filesystem::remove(path);
+  EXPECT_NE(older.find("does not say which OpenBLAS kernels"), std::string::npos) << older;
+  EXPECT_NE(older.find("rerun `pentad plan --calibrate`"), std::string::npos) << older;
+  EXPECT_EQ(current, "");
 }
 
 // The calibration's meter: a child process's busy loop is others' time, this process's own
