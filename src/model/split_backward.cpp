@@ -185,7 +185,6 @@ void Model::keep_attention_grads(LayerActs& kept) {
 void Model::return_attention_scratch(LayerActs& top) {
   LayerGrads& g = scratch_.grads;
   for (auto [a, d] : {std::pair{&top.q, &g.q}, {&top.k, &g.k}, {&top.v, &g.v}}) {
-    if (a->data == d->data) continue;  // nothing traded: nothing to give back
     copy(*d, *a);
     std::swap(a->data, d->data);
   }

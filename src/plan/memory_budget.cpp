@@ -185,6 +185,23 @@ struct Holds {
   bool last = false, moe = false, dense = false;
 };
 
+Holds holds_of(const Sizes& s, const std::vector<parallel::pp::Chunk>& chunks) {
+  Holds holds;
+  for (const parallel::pp::Chunk& chunk : chunks) {
+    const double layers = double(chunk.layer_end - chunk.layer_begin);
+    const double moe_layers = moe_layers_in(s.moe, chunk.layer_begin, chunk.layer_end);
+    holds.last = holds.last || chunk.last;
+    holds.moe = holds.moe || moe_layers > 0;
+    holds.dense = holds.dense || moe_layers < layers;
+  }
+  return holds;
+}
+
+// The MLP width the stage's scratch is made for (Model::plan_shared): its widest layer's.
+double widest_ffn(const Sizes& s, const Holds& holds) {
+  return std::max(holds.dense ? s.acts.F : 0, holds.moe ? s.acts.Fs : 0);
+}
+
 // One micro-batch's slot of a chunk (Model::plan_slot): layers + 1 residual streams, each
 // layer's activations unless recomputed (an MoE layer's dispatch buffers stay even then,
 // MoeBlock::Acts); a split backward keeps its output gradients
@@ -214,18 +231,14 @@ Holds add_chunks(MemoryEstimate& e, const Sizes& s, const Config& cfg,
   const bool vee = mesh.pp > 1 && spec.placement().vee;
   std::vector<parallel::pp::Action> actions;
   if (mesh.pp > 1) actions = parallel::pp::stage_actions(spec, stage);
-  Holds holds;
   for (size_t c = 0; c < chunks.size(); ++c) {
     const parallel::pp::Chunk& chunk = chunks[c];
     const double layers = double(chunk.layer_end - chunk.layer_begin);
     const double moe_layers = moe_layers_in(s.moe, chunk.layer_begin, chunk.layer_end);
-    holds.moe = holds.moe || moe_layers > 0;
-    holds.dense = holds.dense || moe_layers < layers;
     e.values += (layers - moe_layers) * s.layer_values + moe_layers * s.moe_values;
     e.expert_values += moe_layers * s.expert_values;
     if (chunk.first) e.values += s.embedding;
     if (chunk.last) {
-      holds.last = true;
       e.values += s.final_values;
       // A tied head is the embedding itself on one stage, a copy of it on the last stage;
       // under zb-v's V the first stage holds both, its head's gradient kept apart
@@ -238,7 +251,7 @@ Holds add_chunks(MemoryEstimate& e, const Sizes& s, const Config& cfg,
     e.activations += in_flight * chunk_slot_bytes(s, cfg, chunk, split);
     e.dispatch += in_flight * moe_layers * s.dispatch;
   }
-  return holds;
+  return holds_of(s, chunks);
 }
 
 // The model's scratch (Model::plan_shared), with the MLP widths of the layers held here; an
@@ -248,10 +261,10 @@ void add_shared_scratch(MemoryEstimate& e, const Sizes& s, const Config& cfg,
                         const parallel::MeshConfig& mesh, const Holds& holds) {
   const ModelConfig& m = cfg.model;
   const double N = s.acts.N, C = s.acts.C, d1 = s.d1, act = s.act, f32 = s.f32;
-  const double widest = std::max(holds.dense ? s.acts.F : 0, holds.moe ? s.acts.Fs : 0);
   ScratchActs scratch;
-  e.activations +=
-      bytes_of([&](ActSink& sink) { declare_scratch(s.acts, widest, holds.last, sink, scratch); });
+  e.activations += bytes_of([&](ActSink& sink) {
+    declare_scratch(s.acts, widest_ffn(s, holds), holds.last, sink, scratch);
+  });
   // 2D tp's exchange buffers (parallel/tp/tensor_parallel.cpp): two of N C values without
   // SP, two of N C / tp with it.
   if (s.d2 > 1) e.activations += act * 2 * N * C / (s.acts.sp ? s.p : 1);
@@ -501,16 +514,9 @@ std::vector<double> stage_slot_bytes(const Config& cfg, const parallel::MeshConf
 std::vector<double> stage_head_bytes(const Config& cfg, const parallel::MeshConfig& mesh) {
   const Sizes s = sizes_of(cfg, mesh, *shared_param_table(cfg.model));
   std::vector<double> bytes(size_t(mesh.pp), 0.0);
-  const int last = mesh.pp - 1;
-  bool dense = false, moe = false;
-  for (const parallel::pp::Chunk& chunk : chunks_of_stage(cfg, mesh.pp, last)) {
-    const double layers = double(chunk.layer_end - chunk.layer_begin);
-    const double moe_layers = moe_layers_in(s.moe, chunk.layer_begin, chunk.layer_end);
-    dense = dense || moe_layers < layers;
-    moe = moe || moe_layers > 0;
-  }
-  const double widest = std::max(dense ? s.acts.F : 0, moe ? s.acts.Fs : 0);
-  bytes[size_t(last)] = head_scratch_extra_bytes(s.acts, widest);
+  for (int stage = 0; stage < mesh.pp; ++stage)
+    if (const Holds holds = holds_of(s, chunks_of_stage(cfg, mesh.pp, stage)); holds.last)
+      bytes[size_t(stage)] = head_scratch_extra_bytes(s.acts, widest_ffn(s, holds));
   return bytes;
 }
 

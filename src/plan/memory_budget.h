@@ -66,9 +66,9 @@ MemoryEstimate estimate_memory(const Config& cfg, const parallel::MeshConfig& me
 // of every chunk the stage holds (with a split backward's kept gradients). From the recipe
 // and the mesh alone, so every rank gets the same (zb-h1's held limits, plan/layout.h).
 std::vector<double> stage_slot_bytes(const Config& cfg, const parallel::MeshConfig& mesh);
-// Per stage, what the head's buffers (the last stage's scratch) take beyond the backward's
-// layer gradients they lie over (model/activations.h): 0 but on the last stage, and there
-// often 0 too. The same whatever the micro-batches in flight.
+// Per stage, what the head's buffers (the scratch of the stage holding the head) take beyond
+// the backward's layer gradients they lie over (model/activations.h): 0 on every other
+// stage, and often there too. The same whatever the micro-batches in flight.
 std::vector<double> stage_head_bytes(const Config& cfg, const parallel::MeshConfig& mesh);
 
 // The ranks on this machine and what they share. Collective over MPI_COMM_WORLD (one rank
